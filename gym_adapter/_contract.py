@@ -1,0 +1,277 @@
+"""The Gym contract: what the runtime may ask of a Gym deployment, typed with attrs.
+
+The runtime depends on ``GymBackend`` only, never on a backend. A backend is a deployment of
+instances (replicas); every call names its instance.
+
+Data plane
+----------
+``await run(instance, rows)`` submits rows and returns a ``ReplyStream`` at once; the stream
+yields *batches* of replies, one reply per row: ``Completed``, ``Failed`` (classed infra or data)
+or ``Refused`` (``admission_closed`` — a sidecar row that names its row and does not end the
+stream). A stream may end early, missing rows. Asking a stream for its next batch acknowledges
+the previous one: until then Gym lists those replies as *on the wire* in its commit reply.
+
+Control plane
+-------------
+Every control call carries an absolute ``deadline_ts`` on the caller's clock
+(``trio.current_time()``; a remote backend converts it to the remaining time and re-anchors it on
+its own clock). Gym enforces it only once it runs the call, so the caller bounds each call as
+well (S5). Calls: ``prepare`` (close admission; park every episode at its next step boundary),
+``commit`` (write each participant's records under ``state_root`` and report them, the exported
+episodes with their owner and ``capture_keys``, the replies on the wire, and the agent
+sessions), ``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify, then
+install committed state), ``retire_restored``; ``topology`` and ``inventory`` serve checks.
+
+Errors a backend raises: ``GymControlError`` (Gym's control plane refused or failed),
+``GymInstanceDead``, ``TimeoutError``; a backend replaces any error that cannot be pickled with
+``runtime.GymCheckpointUnavailable``. ``restore`` raises ``runtime.TopologyMismatch`` on any
+difference and then has changed nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+import attrs
+
+from runtime import EpisodeRecord, InstanceRecord
+
+__all__ = [
+    "ADMISSION_CLOSED",
+    "AgentSession",
+    "CommitReply",
+    "Completed",
+    "ExportedEpisode",
+    "Failed",
+    "GymBackend",
+    "GymControlError",
+    "GymInstanceDead",
+    "InstanceInventory",
+    "InstanceTopology",
+    "ParticipantInfo",
+    "PrepareReply",
+    "Refused",
+    "ReplyStream",
+    "RestoreReply",
+    "RetireReply",
+    "RunReply",
+    "RunRow",
+    "Topology",
+]
+
+ADMISSION_CLOSED = "admission_closed"
+
+
+class GymControlError(RuntimeError):
+    """Gym's control plane refused or failed a call (retryable for the checkpoint, S6)."""
+
+    def __init__(self, instance: str, operation: str, message: str) -> None:
+        super().__init__(instance, operation, message)
+        self.instance = instance
+        self.operation = operation
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.instance} {self.operation}: {self.message}"
+
+
+class GymInstanceDead(RuntimeError):
+    """The instance is gone (its actor died); every later call fails the same way."""
+
+    def __init__(self, instance: str, operation: str = "") -> None:
+        super().__init__(instance, operation)
+        self.instance = instance
+        self.operation = operation
+
+    def __str__(self) -> str:
+        tail = f" (during {self.operation})" if self.operation else ""
+        return f"instance {self.instance} is dead{tail}"
+
+
+# -- data plane --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RunRow:
+    """One attempt sent to ``/run``. ``restored_from`` names the exported attempt a restored
+    replacement claims (attempt + 1 on the same instance, S11)."""
+
+    rollout_id: str
+    row: int
+    slot: int
+    attempt: int
+    restored_from: str | None = None
+
+
+@attrs.frozen
+class Completed:
+    rollout_id: str
+    reward: float
+    turns: int
+
+
+@attrs.frozen
+class Failed:
+    rollout_id: str
+    failure_class: Literal["infra", "data"]
+    message: str
+
+
+@attrs.frozen
+class Refused:
+    """A sidecar row: Gym refused this row (``admission_closed``); the stream goes on."""
+
+    rollout_id: str
+    code: str = ADMISSION_CLOSED
+
+
+RunReply = Completed | Failed | Refused
+
+
+@runtime_checkable
+class ReplyStream(Protocol):
+    """Batches of replies. ``__anext__`` acknowledges the previous batch; ``aclose`` is
+    idempotent and abandons the rest of the stream (its rows keep running in Gym)."""
+
+    def __aiter__(self) -> ReplyStream: ...
+
+    async def __anext__(self) -> Sequence[RunReply]: ...
+
+    async def aclose(self) -> None: ...
+
+
+# -- control plane -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ParticipantInfo:
+    """A participant as committed; ``state_dir`` is relative to the commit's ``state_root``."""
+
+    server_name: str
+    kind: str
+    state_dir: str
+    records_digest: str
+
+
+@attrs.frozen
+class ExportedEpisode:
+    """An episode parked at a step boundary and exported by ``owner``."""
+
+    rollout_id: str
+    owner: str
+    capture_keys: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class AgentSession:
+    """An agent session record. A legacy agent session with a ``step_boundary`` owns its episode
+    when no environment participant exported it (S10); a parked one without a boundary is
+    stranded."""
+
+    rollout_id: str
+    participant: str
+    kind: str
+    step_boundary: int | None
+
+
+@attrs.frozen
+class PrepareReply:
+    instance: str
+    checkpoint_id: str
+    parked: int
+    on_wire: int
+
+
+@attrs.frozen
+class CommitReply:
+    instance: str
+    checkpoint_id: str
+    participants: tuple[ParticipantInfo, ...]
+    exported: tuple[ExportedEpisode, ...]
+    on_wire: tuple[str, ...]
+    sessions: tuple[AgentSession, ...] = ()
+
+
+@attrs.frozen
+class RetireReply:
+    instance: str
+    retired: tuple[str, ...]
+    unknown: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class RestoreReply:
+    instance: str
+    restored: tuple[str, ...]
+
+
+@attrs.frozen
+class InstanceTopology:
+    """An instance's participants as ``(server_name, kind)`` pairs, in order."""
+
+    name: str
+    participants: tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
+class Topology:
+    instances: tuple[InstanceTopology, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.instances)
+
+
+@attrs.frozen
+class InstanceInventory:
+    """What an instance holds right now (for checks and tests)."""
+
+    instance: str
+    admission_open: bool
+    prepared: bool
+    running: tuple[str, ...]
+    parked: tuple[str, ...]
+    unclaimed: tuple[str, ...]
+    on_wire: tuple[str, ...]
+    lease_reopened: int
+
+
+class GymBackend(Protocol):
+    """A Gym deployment. Implemented by the embedded simulated Gym and the Ray deployment."""
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        """Instance names, in topology order."""
+        ...
+
+    async def topology(self) -> Topology: ...
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> ReplyStream: ...
+
+    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply: ...
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply: ...
+
+    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None: ...
+
+    async def retire(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply: ...
+
+    async def restore(
+        self,
+        instance: str,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply: ...
+
+    async def retire_restored(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply: ...
+
+    async def inventory(self, instance: str) -> InstanceInventory: ...

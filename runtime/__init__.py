@@ -1,0 +1,113 @@
+"""gymckpt runtime: state and synchronisation for rollout checkpoints, with no Gym I/O.
+
+Public names are re-exported here; the modules behind them are private.
+"""
+
+from ._barrier import ANY, BarrierStatistics, MutationBarrier
+from ._config import RuntimeConfig
+from ._converter import converter
+from ._deadlines import DeadlineRegistry, DeadlineStatistics
+from ._errors import (
+    BudgetExhausted,
+    CheckpointInvariantError,
+    CheckpointsFailed,
+    DeadlineExpired,
+    DrainTimeout,
+    GymAdmissionClosed,
+    GymCheckpointUnavailable,
+    ManifestError,
+    StrandedSessionError,
+    TopologyMismatch,
+    sample_ids,
+)
+from ._gate import DispatchGate, GateStatistics
+from ._ledger import (
+    Attempt,
+    AttemptState,
+    CompletedGroup,
+    EpisodeResult,
+    FailureClass,
+    LedgerStatistics,
+    RecoveryLedger,
+    RestoredGymState,
+    RetireItem,
+    rollout_id_for,
+)
+from ._manifest import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    PARTICIPANT_KINDS,
+    EpisodeRecord,
+    GymManifest,
+    InstanceRecord,
+    ParticipantRecord,
+)
+from ._metrics import ADMISSION_CLOSED_ROWS, Metrics
+from ._store import (
+    COMMIT_MARKER,
+    GYM_STATE_DIR,
+    CommitMarker,
+    LoadedSnapshot,
+    SnapshotInfo,
+    SnapshotStore,
+    check_snapshot,
+    fsync_dir,
+    load_snapshot,
+    records_digest,
+    verify_snapshot,
+    write_atomic,
+)
+
+__all__ = [
+    "ADMISSION_CLOSED_ROWS",
+    "ANY",
+    "COMMIT_MARKER",
+    "GYM_STATE_DIR",
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "PARTICIPANT_KINDS",
+    "Attempt",
+    "AttemptState",
+    "BarrierStatistics",
+    "BudgetExhausted",
+    "CheckpointInvariantError",
+    "CheckpointsFailed",
+    "CommitMarker",
+    "CompletedGroup",
+    "DeadlineExpired",
+    "DeadlineRegistry",
+    "DeadlineStatistics",
+    "DispatchGate",
+    "DrainTimeout",
+    "EpisodeRecord",
+    "EpisodeResult",
+    "FailureClass",
+    "GateStatistics",
+    "GymAdmissionClosed",
+    "GymCheckpointUnavailable",
+    "GymManifest",
+    "InstanceRecord",
+    "LedgerStatistics",
+    "LoadedSnapshot",
+    "ManifestError",
+    "Metrics",
+    "MutationBarrier",
+    "ParticipantRecord",
+    "RecoveryLedger",
+    "RestoredGymState",
+    "RetireItem",
+    "RuntimeConfig",
+    "SnapshotInfo",
+    "SnapshotStore",
+    "StrandedSessionError",
+    "TopologyMismatch",
+    "check_snapshot",
+    "converter",
+    "fsync_dir",
+    "load_snapshot",
+    "records_digest",
+    "rollout_id_for",
+    "sample_ids",
+    "verify_snapshot",
+    "write_atomic",
+]

@@ -1,0 +1,202 @@
+"""MutationBarrier: every ledger change runs inside a barrier mutation (S9).
+
+Why this shape
+--------------
+The checkpoint has two needs that pull in different directions. It must *stop* the ledger from
+changing while it copies a consistent cut, and it must *wait* for a handful of pending replies
+without looking at the whole ledger. One object serves both:
+
+* ``mutate_nowait(fn, touched)`` runs a synchronous change. Because the change is synchronous, no
+  other task can observe the ledger half-changed, and a hold can never interrupt one.
+* ``hold()`` is taken by a checkpoint. While it is held, ``mutate()`` parks in FIFO order and
+  ``mutate_nowait()`` raises ``trio.WouldBlock``; queued mutations are otherwise undisturbed and
+  run, in order, when the hold is released.
+* ``wait_until(predicate, keys)`` parks a waiter under the keys its predicate depends on (the
+  drain uses rollout IDs). After a mutation, only waiters registered under a key the mutation
+  touched have their predicate evaluated — trio-util's AsyncValue, made O(touched) rather than
+  O(waiters) so the drain's per-wakeup cost is O(pending) and never O(in-flight). A waiter
+  registered under ``ANY`` is evaluated after every mutation.
+
+No wakeup can be missed: a waiter checks its predicate before it parks, and every later change
+goes through ``_after_mutation``, which runs before any other task can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
+from contextlib import asynccontextmanager
+from typing import Final, TypeVar, final
+
+import attrs
+import trio
+
+__all__ = ["ANY", "BarrierStatistics", "MutationBarrier"]
+
+T = TypeVar("T")
+
+
+@final
+class _AnyKey:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Final = _AnyKey()
+"""Register a waiter under ``ANY`` to have its predicate checked after every mutation."""
+
+
+@attrs.define(eq=False, slots=True)
+class _Waiter:
+    predicate: Callable[[], bool]
+    event: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.frozen
+class BarrierStatistics:
+    """A read-only view of a barrier, for tests and ``repr``."""
+
+    held: bool
+    holder: str | None
+    mutations: int
+    queued_mutations: int
+    waiters: int
+    predicate_evaluations: int
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class MutationBarrier:
+    """Serialises ledger changes, lets a checkpoint hold them, and wakes waiters selectively."""
+
+    _holder: str | None = attrs.field(default=None, init=False)
+    _queued: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _holders: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _by_key: dict[Hashable, set[_Waiter]] = attrs.field(factory=dict, init=False)
+    _mutating: bool = attrs.field(default=False, init=False)
+    _mutations: int = attrs.field(default=0, init=False)
+    _evaluations: int = attrs.field(default=0, init=False)
+
+    # -- mutations -----------------------------------------------------------------------------
+
+    @property
+    def in_mutation(self) -> bool:
+        """True while a mutation's function runs (the ledger asserts this on every change)."""
+        return self._mutating
+
+    def mutate_nowait(self, fn: Callable[[], T], touched: Iterable[Hashable] = ()) -> T:
+        """Run ``fn()`` as one mutation, then wake waiters on the keys it ``touched``.
+
+        Raises ``trio.WouldBlock`` while a checkpoint holds the barrier. ``touched`` is read after
+        ``fn`` returns, so a mutation may pass a collection it fills in.
+        """
+        if self._holder is not None:
+            raise trio.WouldBlock
+        if self._mutating:
+            raise RuntimeError("mutations do not nest")
+        self._mutating = True
+        try:
+            result = fn()
+        finally:
+            self._mutating = False
+            self._mutations += 1
+            self._after_mutation(touched)
+        return result
+
+    async def mutate(self, fn: Callable[[], T], touched: Iterable[Hashable] = ()) -> T:
+        """Run ``fn()`` as one mutation, first waiting (FIFO) while the barrier is held."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self._holder is not None:
+            await self._queued.park()
+        try:
+            return self.mutate_nowait(fn, touched)
+        finally:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _after_mutation(self, touched: Iterable[Hashable]) -> None:
+        by_key = self._by_key
+        if not by_key:
+            return
+        candidates: set[_Waiter] = set(by_key.get(ANY, ()))
+        for key in touched:
+            waiters = by_key.get(key)
+            if waiters:
+                candidates.update(waiters)
+        for waiter in candidates:
+            if waiter.event.is_set():
+                continue
+            self._evaluations += 1
+            if waiter.predicate():
+                waiter.event.set()
+
+    # -- holding ---------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def hold(self, holder: str) -> AsyncIterator[None]:
+        """Hold the barrier as ``holder``: mutations queue until the block exits.
+
+        Holders exclude each other (a second holder parks). Exiting, even by cancellation,
+        releases the hold and lets queued mutations run in order.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self._holder is not None:
+            await self._holders.park()
+        self._holder = holder
+        try:
+            yield
+        finally:
+            self._holder = None
+            self._queued.unpark_all()
+            self._holders.unpark()
+
+    @property
+    def holder(self) -> str | None:
+        """Name of the current holder, or None."""
+        return self._holder
+
+    # -- waiting ---------------------------------------------------------------------------------
+
+    async def wait_until(self, predicate: Callable[[], bool], keys: Collection[Hashable]) -> None:
+        """Return once ``predicate()`` is true, checking it after mutations that touch ``keys``.
+
+        The predicate is checked once on entry (with a checkpoint, like trio-util's
+        ``wait_value``). It must depend only on ledger state reached through ``keys`` — that is
+        what lets unrelated mutations skip it. Cancellation unregisters the waiter at once.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._evaluations += 1
+        if predicate():
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        waiter = _Waiter(predicate)
+        for key in keys:
+            self._by_key.setdefault(key, set()).add(waiter)
+        try:
+            await waiter.event.wait()
+        finally:
+            for key in keys:
+                group = self._by_key.get(key)
+                if group is not None:
+                    group.discard(waiter)
+                    if not group:
+                        del self._by_key[key]
+
+    def statistics(self) -> BarrierStatistics:
+        """Counts for tests: mutations run, mutations queued, distinct waiters, evaluations."""
+        waiters: set[_Waiter] = set()
+        for group in self._by_key.values():
+            waiters.update(group)
+        return BarrierStatistics(
+            held=self._holder is not None,
+            holder=self._holder,
+            mutations=self._mutations,
+            queued_mutations=len(self._queued),
+            waiters=len(waiters),
+            predicate_evaluations=self._evaluations,
+        )
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (
+            f"<MutationBarrier holder={s.holder!r} mutations={s.mutations} "
+            f"queued={s.queued_mutations} waiters={s.waiters}>"
+        )

@@ -1,0 +1,62 @@
+"""Configuration of the runtime: one frozen attrs record, validated on construction."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["RuntimeConfig"]
+
+
+def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attr.name} must be > 0, got {value!r}")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{attr.name} must be >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeConfig:
+    """Knobs of the checkpoint runtime.
+
+    Invariants checked on construction (each error names both knobs involved):
+    - a control call's deadline plus its reply grace is shorter than the Gym lease, so giving up
+      on a call always leaves the lease to reopen Gym (S5);
+    - the drain fits in the lease as well, since Gym is parked while we drain.
+    """
+
+    control_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    reply_grace_s: float = attrs.field(default=1.0, validator=_non_negative)
+    drain_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    lease_s: float = attrs.field(default=60.0, validator=_positive)
+    max_consecutive_failures: int = attrs.field(default=3, validator=_non_negative)
+    max_row_attempts: int = attrs.field(default=3, validator=_positive)
+    data_failure_budget: int = attrs.field(default=16, validator=_non_negative)
+    infra_backoff_initial_s: float = attrs.field(default=0.05, validator=_non_negative)
+    infra_backoff_max_s: float = attrs.field(default=2.0, validator=_non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        if self.control_timeout_s + self.reply_grace_s >= self.lease_s:
+            raise ValueError(
+                f"control_timeout_s + reply_grace_s ({self.control_timeout_s:g} + "
+                f"{self.reply_grace_s:g}) must be < lease_s ({self.lease_s:g}): an abandoned "
+                "call must leave the lease time to reopen Gym"
+            )
+        if self.drain_timeout_s >= self.lease_s:
+            raise ValueError(
+                f"drain_timeout_s ({self.drain_timeout_s:g}) must be < lease_s "
+                f"({self.lease_s:g}): Gym stays parked while the drain waits"
+            )
+        if self.infra_backoff_initial_s > self.infra_backoff_max_s:
+            raise ValueError(
+                f"infra_backoff_initial_s ({self.infra_backoff_initial_s:g}) must be <= "
+                f"infra_backoff_max_s ({self.infra_backoff_max_s:g})"
+            )
+
+    def backoff_s(self, failures: int) -> float:
+        """Exponential backoff before the retry that follows ``failures`` infra failures."""
+        if failures <= 0:
+            return 0.0
+        return float(min(self.infra_backoff_max_s, self.infra_backoff_initial_s * 2 ** (failures - 1)))

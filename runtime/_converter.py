@@ -1,0 +1,84 @@
+"""The library's one cattrs converter (never cattrs' global one).
+
+It is the orjson preconf converter with ``forbid_extra_keys=True``: snapshot data is JSON, never
+pickle, and a misspelt or unknown key is an error naming it. ``loads``/``dumps`` wrap it and turn
+every structural problem into ``ManifestError`` with the path of the offending field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import cattrs
+import orjson
+from cattrs.preconf.orjson import make_converter
+
+from ._errors import ManifestError
+
+__all__ = ["converter", "dumps", "loads", "structure", "unstructure"]
+
+T = TypeVar("T")
+
+converter = make_converter(forbid_extra_keys=True, detailed_validation=True)
+
+
+def _strict_str(value: object, _type: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _strict_int(value: object, _type: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _strict_float(value: object, _type: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _strict_bool(value: object, _type: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {type(value).__name__}")
+    return value
+
+
+# cattrs would coerce 1 → "1" and "3" → 3; a manifest with the wrong type is bad input instead.
+converter.register_structure_hook(str, _strict_str)
+converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(float, _strict_float)
+converter.register_structure_hook(bool, _strict_bool)
+
+
+def structure(data: Any, cls: type[T], what: str) -> T:
+    """Structure ``data`` as ``cls``; any problem becomes a ``ManifestError`` naming the field."""
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, cattrs.errors.ForbiddenExtraKeysError) as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path="$")) or str(exc)
+        raise ManifestError(f"{what}: {problems}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ManifestError(f"{what}: {exc}") from None
+
+
+def unstructure(obj: Any) -> Any:
+    return converter.unstructure(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialise an attrs record to JSON bytes (indented, keys in field order)."""
+    return orjson.dumps(converter.unstructure(obj), option=orjson.OPT_INDENT_2)
+
+
+def loads(data: bytes, cls: type[T], what: str) -> T:
+    """Parse JSON bytes strictly as ``cls``; bad JSON or bad structure is ``ManifestError``."""
+    if not data.strip():
+        raise ManifestError(f"{what}: file is empty")
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ManifestError(f"{what}: not valid JSON ({exc})") from None
+    return structure(raw, cls, what)

@@ -1,0 +1,149 @@
+"""Errors of the runtime, one module for all of them.
+
+Every class here is a plain subclass of a built-in exception whose constructor arguments are
+exactly its ``args``, so each pickles and unpickles unchanged: these errors cross Ray.
+Messages say what differs and what to do; errors about many episodes carry a count and a short
+sample, never every identity (S9, S10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "BudgetExhausted",
+    "CheckpointInvariantError",
+    "CheckpointsFailed",
+    "DeadlineExpired",
+    "DrainTimeout",
+    "GymAdmissionClosed",
+    "GymCheckpointUnavailable",
+    "ManifestError",
+    "StrandedSessionError",
+    "TopologyMismatch",
+    "sample_ids",
+]
+
+SAMPLE_SIZE = 5
+
+
+def sample_ids(ids: Iterable[str], limit: int = SAMPLE_SIZE) -> str:
+    """Render ``count`` and at most ``limit`` sorted ids: ``"3 (a, b, c)"`` or ``"9 (a, b, …)"``."""
+    items = sorted(ids)
+    shown = ", ".join(items[:limit])
+    more = ", …" if len(items) > limit else ""
+    return f"{len(items)} ({shown}{more})"
+
+
+class GymAdmissionClosed(RuntimeError):
+    """Gym refused a ``/run`` row with ``admission_closed`` because a checkpoint is open (S2).
+
+    The attempt goes back to RESERVED with its identity and is re-sent when admission reopens;
+    it spends no row attempt and no data budget.
+    """
+
+    def __init__(self, rollout_id: str, instance: str = "") -> None:
+        super().__init__(rollout_id, instance)
+        self.rollout_id = rollout_id
+        self.instance = instance
+
+    def __str__(self) -> str:
+        where = f" on {self.instance}" if self.instance else ""
+        return f"row {self.rollout_id} refused{where}: admission_closed"
+
+
+class GymCheckpointUnavailable(RuntimeError):
+    """A checkpoint failed in a way that changed nothing the trainer holds (S6): retryable.
+
+    Raised for a checkpoint that could not park, went unanswered, hit a dead actor, or failed in
+    Gym's control plane, and in place of any Gym error that cannot be pickled.
+    """
+
+    def __init__(self, message: str, instance: str = "", operation: str = "") -> None:
+        super().__init__(message, instance, operation)
+        self.message = message
+        self.instance = instance
+        self.operation = operation
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.instance, self.operation) if p]
+        prefix = f"{' '.join(parts)}: " if parts else ""
+        return f"{prefix}{self.message}"
+
+
+class CheckpointInvariantError(RuntimeError):
+    """An ownership, topology or reply mismatch: the run must abort (S6, exit code 3)."""
+
+
+class DrainTimeout(TimeoutError):
+    """Pending episodes whose reply was on the wire did not arrive before the drain deadline."""
+
+    def __init__(self, pending: Iterable[str], timeout_s: float) -> None:
+        ids = tuple(sorted(pending))
+        super().__init__(ids, timeout_s)
+        self.pending = ids
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return (
+            f"drain timed out after {self.timeout_s:g}s with {sample_ids(self.pending)} "
+            "episodes still pending; raise drain_timeout_s or look for lost replies"
+        )
+
+
+class StrandedSessionError(CheckpointInvariantError):
+    """A parked legacy agent session that no participant owns: its reply cannot arrive (S10)."""
+
+    def __init__(self, instance: str, sessions: Iterable[str]) -> None:
+        ids = tuple(sorted(sessions))
+        super().__init__(instance, ids)
+        self.instance = instance
+        self.sessions = ids
+
+    def __str__(self) -> str:
+        return (
+            f"instance {self.instance}: {sample_ids(self.sessions)} parked legacy agent sessions "
+            "are owned by no participant and cannot reply while Gym is prepared"
+        )
+
+
+class ManifestError(ValueError):
+    """A manifest or snapshot on disk is unreadable or invalid (C6; exit code 2)."""
+
+
+class TopologyMismatch(ValueError):
+    """The live deployment or the state on disk differs from the manifest (S8; exit code 2).
+
+    ``differences`` lists every difference, one line each (instance, participant, expected vs
+    found). Gym is left untouched.
+    """
+
+    def __init__(self, differences: Iterable[str]) -> None:
+        diffs = tuple(differences)
+        super().__init__(diffs)
+        self.differences = diffs
+
+    def __str__(self) -> str:
+        head = f"{len(self.differences)} difference(s) between manifest and deployment"
+        return head + ": " + "; ".join(self.differences)
+
+
+class DeadlineExpired(TimeoutError):
+    """A request deadline expired; ``what`` says what the request was for (S7)."""
+
+    def __init__(self, key: str, what: str, budget_s: float) -> None:
+        super().__init__(key, what, budget_s)
+        self.key = key
+        self.what = what
+        self.budget_s = budget_s
+
+    def __str__(self) -> str:
+        return f"deadline of {self.budget_s:g}s expired for {self.key} ({self.what})"
+
+
+class BudgetExhausted(RuntimeError):
+    """A row ran out of attempts, or the run ran out of data-failure budget."""
+
+
+class CheckpointsFailed(RuntimeError):
+    """Checkpoints failed more than ``max_consecutive_failures`` times in a row (exit code 4)."""

@@ -1,0 +1,66 @@
+"""The Gym manifest ``gym_checkpoint.json`` and its records (S8, C6).
+
+Per instance: its participants (server name, kind, state directory relative to the snapshot,
+records digest). Per episode: its owner (the participant that exported it), replica and
+``capture_keys``. A manifest without participant topology is invalid. Parsing is strict through
+the library's converter (see ``_converter``): unknown or missing keys and wrong types are errors
+that name the field.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "PARTICIPANT_KINDS",
+    "EpisodeRecord",
+    "GymManifest",
+    "InstanceRecord",
+    "ParticipantRecord",
+]
+
+MANIFEST_NAME: Final = "gym_checkpoint.json"
+MANIFEST_VERSION: Final = 1
+PARTICIPANT_KINDS: Final = frozenset({"simple_agent", "legacy_agent", "environment", "model_proxy"})
+
+
+@attrs.frozen
+class ParticipantRecord:
+    """One participant of one instance as committed: where its records are, and their digest."""
+
+    server_name: str
+    kind: str
+    state_dir: str
+    records_digest: str
+
+
+@attrs.frozen
+class InstanceRecord:
+    """One Gym instance (replica) and its participants, in topology order."""
+
+    name: str
+    participants: tuple[ParticipantRecord, ...]
+
+
+@attrs.frozen
+class EpisodeRecord:
+    """An episode Gym exported at commit: who owns it, where it runs, its staged model calls."""
+
+    rollout_id: str
+    owner: str
+    replica: str
+    capture_keys: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class GymManifest:
+    """The whole manifest. ``version`` must equal ``MANIFEST_VERSION``."""
+
+    version: int
+    checkpoint_id: str
+    instances: tuple[InstanceRecord, ...]
+    episodes: tuple[EpisodeRecord, ...]

@@ -1,0 +1,144 @@
+"""MutationBarrier: holds, queued mutations, selective wakeups, cancellation."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from runtime import ANY, MutationBarrier
+
+
+async def test_mutation_runs_and_counts() -> None:
+    barrier = MutationBarrier()
+    box: list[int] = []
+    assert await barrier.mutate(lambda: box.append(1) or 7) == 7
+    assert barrier.mutate_nowait(lambda: len(box)) == 1
+    assert barrier.statistics().mutations == 2
+
+
+async def test_in_mutation_flag_only_inside_fn() -> None:
+    barrier = MutationBarrier()
+    seen: list[bool] = []
+    barrier.mutate_nowait(lambda: seen.append(barrier.in_mutation))
+    assert seen == [True]
+    assert not barrier.in_mutation
+
+
+async def test_mutations_do_not_nest() -> None:
+    barrier = MutationBarrier()
+    with pytest.raises(RuntimeError, match="do not nest"):
+        barrier.mutate_nowait(lambda: barrier.mutate_nowait(lambda: None))
+    assert not barrier.in_mutation
+
+
+async def test_hold_queues_mutations_in_order_undisturbed() -> None:
+    barrier = MutationBarrier()
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        async with barrier.hold("checkpoint"):
+            with pytest.raises(trio.WouldBlock):
+                barrier.mutate_nowait(lambda: None)
+            for name in "abc":
+                nursery.start_soon(barrier.mutate, lambda n=name: order.append(n))
+                await trio.testing.wait_all_tasks_blocked()
+            assert order == []
+            assert barrier.statistics().queued_mutations == 3
+            assert barrier.holder == "checkpoint"
+        # released: queued mutations run in FIFO order
+    assert order == ["a", "b", "c"]
+    assert barrier.statistics().held is False
+
+
+async def test_second_holder_waits_for_first() -> None:
+    barrier = MutationBarrier()
+    order: list[str] = []
+
+    async def second() -> None:
+        async with barrier.hold("second"):
+            order.append("second")
+
+    async with trio.open_nursery() as nursery:
+        async with barrier.hold("first"):
+            nursery.start_soon(second)
+            await trio.testing.wait_all_tasks_blocked()
+            order.append("first")
+    assert order == ["first", "second"]
+
+
+async def test_wait_until_returns_at_once_when_true() -> None:
+    barrier = MutationBarrier()
+    await barrier.wait_until(lambda: True, keys=["x"])
+    assert barrier.statistics().waiters == 0
+
+
+async def test_waiter_woken_on_its_key_only() -> None:
+    barrier = MutationBarrier()
+    state = {"x": 0, "y": 0}
+    calls = {"n": 0}
+
+    def pred() -> bool:
+        calls["n"] += 1
+        return state["x"] >= 2
+
+    done = trio.Event()
+
+    async def waiter() -> None:
+        await barrier.wait_until(pred, keys=["x"])
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls["n"] == 1
+        # mutations that do not touch "x" never evaluate the predicate
+        for _ in range(100):
+            await barrier.mutate(lambda: state.__setitem__("y", state["y"] + 1), touched=["y"])
+        assert calls["n"] == 1
+        await barrier.mutate(lambda: state.__setitem__("x", 1), touched=["x"])
+        assert calls["n"] == 2 and not done.is_set()
+        await barrier.mutate(lambda: state.__setitem__("x", 2), touched=["x"])
+        await done.wait()
+    assert calls["n"] == 3
+    assert barrier.statistics().waiters == 0
+
+
+async def test_any_waiter_sees_every_mutation() -> None:
+    barrier = MutationBarrier()
+    counter = {"n": 0}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(barrier.wait_until, lambda: counter["n"] == 3, [ANY])
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(3):
+            await barrier.mutate(lambda: counter.__setitem__("n", counter["n"] + 1))
+    assert counter["n"] == 3
+
+
+async def test_cancelled_waiter_predicate_not_evaluated_again() -> None:
+    # trio-util's test_predicate_eval_scope, for our barrier
+    barrier = MutationBarrier()
+    calls = {"n": 0}
+
+    def pred() -> bool:
+        calls["n"] += 1
+        return False
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(barrier.wait_until, pred, ["k"])
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert calls["n"] == 1
+    await barrier.mutate(lambda: None, touched=["k"])
+    assert calls["n"] == 1
+    assert barrier.statistics().waiters == 0
+
+
+async def test_cancelled_queued_mutation_never_runs() -> None:
+    barrier = MutationBarrier()
+    ran: list[int] = []
+    async with barrier.hold("ckpt"):
+        with trio.move_on_after(1) as scope:  # autojump is not on; cancel explicitly
+            scope.cancel()
+            await barrier.mutate(lambda: ran.append(1))
+    assert ran == []
+    assert barrier.statistics().queued_mutations == 0

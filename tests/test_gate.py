@@ -1,0 +1,96 @@
+"""DispatchGate: admission, closing waits for admissions, gate IDs, cancelled waiters."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from runtime import DispatchGate
+
+
+async def test_admit_yields_gate_id_and_reopen_changes_it() -> None:
+    gate = DispatchGate()
+    async with gate.admit() as gid:
+        assert gid == 1
+    await gate.close("ckpt")
+    assert not gate.is_open
+    assert await gate.reopen() == 2
+    async with gate.admit() as gid:
+        assert gid == 2
+    assert await gate.reopen() == 2  # idempotent while open
+
+
+async def test_close_waits_for_admission_in_progress() -> None:
+    gate = DispatchGate()
+    events: list[str] = []
+    inside = trio.Event()
+    submit = trio.Event()
+
+    async def admission() -> None:
+        async with gate.admit():
+            inside.set()
+            await submit.wait()  # the caller submits to Gym here
+            events.append("dispatched")
+
+    async def closer() -> None:
+        await gate.close("ckpt")
+        events.append("closed")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(admission)
+        await inside.wait()
+        nursery.start_soon(closer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert events == [] and gate.statistics().admitting == 1
+        submit.set()
+    assert events == ["dispatched", "closed"]
+
+
+async def test_waiters_park_while_closed_and_run_after_reopen() -> None:
+    gate = DispatchGate()
+    await gate.close("ckpt")
+    admitted: list[int] = []
+
+    async def waiter() -> None:
+        async with gate.admit() as gid:
+            admitted.append(gid)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == [] and gate.statistics().waiting == 3
+        await gate.reopen()
+    assert admitted == [2, 2, 2]
+    assert gate.statistics().waiting == 0
+
+
+async def test_cancelled_gate_waiter_leaves_nothing_behind() -> None:
+    gate = DispatchGate()
+    await gate.close("ckpt")
+    body_ran = False
+
+    async def waiter() -> None:
+        nonlocal body_ran
+        async with gate.admit():
+            body_ran = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.statistics().waiting == 1
+        nursery.cancel_scope.cancel()
+    stats = gate.statistics()
+    assert (stats.waiting, stats.admitting, body_ran) == (0, 0, False)
+    # the condition's lock is free: close/reopen and admission work at once
+    await gate.reopen()
+    async with gate.admit() as gid:
+        assert gid == 2
+
+
+async def test_double_close_is_misuse() -> None:
+    gate = DispatchGate()
+    await gate.close("a")
+    with pytest.raises(RuntimeError, match="already closed by 'a'"):
+        await gate.close("b")
