@@ -310,11 +310,12 @@ class RecoveryLedger:
     def _retire_later(self, att: Attempt) -> None:
         """Queue ``att`` for retirement if Gym may still hold it (S4)."""
         if att.state is AttemptState.DISPATCHED and att.replica is not None:
-            self._retire[att.rollout_id] = RetireItem(att.rollout_id, att.replica)
-        elif att.state is AttemptState.RESERVED and att.restored is not None:
-            self._retire[att.rollout_id] = RetireItem(
-                att.restored.from_rollout_id, att.restored.instance, restored=True
-            )
+            item = RetireItem(att.rollout_id, att.replica)
+        elif att.state is AttemptState.RESERVED and att.restored is not None and att.unclaimed:
+            item = RetireItem(att.restored.from_rollout_id, att.restored.instance, restored=True)
+        else:
+            return
+        self._retire[item.rollout_id] = item  # keyed by the ID Gym knows
 
     def _replace(self, att: Attempt, final: AttemptState, *, spend: bool) -> Attempt | None:
         """Retire ``att`` from the ledger as ``final``; start the slot's next attempt unless the
@@ -674,6 +675,7 @@ class RecoveryLedger:
                             )
                         ledger._set_state(att, AttemptState.COMPLETED)
                         att.result = ar.result
+                        att.replica, att.gate_id = ar.replica, ar.gate_id
                         done += 1
                         completed += 1
                     else:

@@ -234,9 +234,9 @@ class LedgerMachine(RuleBasedStateMachine):
             att = self.ledger.get(rid)
             assert att is not None
             self.spent[(att.row, att.slot)] += 1
-            queued_before = len(self.ledger._retire)
             self.m(lambda: self.ledger.abandon([rid]))
-            assert len(self.ledger._retire) == queued_before + 1
+            queued = {i.rollout_id for items in self.ledger.retire_queue().values() for i in items}
+            assert rid in queued
 
     @rule(data=st.data())
     def drop(self, data: st.DataObject) -> None:

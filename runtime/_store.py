@@ -1,0 +1,734 @@
+"""The rollout snapshot store: atomic publish, strict load, offline verify (S8, S13, C6).
+
+What a snapshot is
+------------------
+A rollout snapshot is one self-contained directory ``<root>/ckpt-NNNNNN``::
+
+    gym_checkpoint.json      the GymManifest (topology, digests, exported episodes)
+    ledger.json, ...         other top-level files, given to ``publish`` as bytes
+    gym/<instance>/<participant>/...
+                             each participant's committed state, written there by Gym
+    COMMITTED                the commit marker: a JSON CommitMarker naming every top-level
+                             file with its sha256
+
+Every path in the manifest is relative to the directory, so a snapshot can be copied, moved and
+verified offline.
+
+What "complete" means
+---------------------
+A directory is a complete snapshot iff it holds a valid ``COMMITTED`` marker. The marker is the
+last thing written, and a snapshot is built under ``<root>/.staging-<checkpoint_id>`` (which
+nothing lists) and becomes visible by one ``rename``. Every file is fsynced before the marker is
+written, the marker before the rename, the root after it. So a crash at any point leaves either
+no new complete snapshot or a complete one, never a half-written one that looks complete.
+Pruning renames a snapshot out of the ``ckpt-`` namespace before deleting it, for the same
+reason.
+
+The chain of trust on load: the marker's sha256 covers every top-level file, including the
+manifest; the manifest's records digests cover each participant's state. ``load_snapshot``
+checks the first link and the manifest's structure; ``verify_snapshot`` the second, and the live
+topology. Snapshot data is JSON through the library's converter, never pickle.
+
+All I/O here is blocking; async callers run it with ``trio.to_thread.run_sync``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import stat
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Final, final
+
+import attrs
+import orjson
+
+from ._converter import dumps, loads, structure
+from ._errors import ManifestError, TopologyMismatch
+from ._manifest import MANIFEST_NAME, MANIFEST_VERSION, PARTICIPANT_KINDS, GymManifest
+
+__all__ = [
+    "COMMIT_MARKER",
+    "GYM_STATE_DIR",
+    "MARKER_VERSION",
+    "CommitMarker",
+    "LoadedSnapshot",
+    "SnapshotInfo",
+    "SnapshotStore",
+    "check_snapshot",
+    "fsync_dir",
+    "load_snapshot",
+    "records_digest",
+    "verify_snapshot",
+    "write_atomic",
+]
+
+COMMIT_MARKER: Final = "COMMITTED"
+GYM_STATE_DIR: Final = "gym"
+MARKER_VERSION: Final = 1
+
+_SNAPSHOT_PREFIX: Final = "ckpt-"
+_STAGING_PREFIX: Final = ".staging-"
+_PRUNING_PREFIX: Final = ".pruning-"
+_PIN_TMP_PREFIX: Final = ".pin-"
+_SNAPSHOT_RE: Final = re.compile(r"ckpt-(\d{6,})")
+_DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
+_RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR})
+_CHUNK: Final = 1 << 20
+
+
+# -- low-level durable writes ------------------------------------------------------------------
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync directory ``path`` so the entries created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: readers see the old file or the new one.
+
+    Writes a temp file in the same directory, flushes and fsyncs it, ``os.replace``s it over
+    ``path`` and fsyncs the directory. On any error the temp file is removed.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _fsync_tree(top: Path) -> None:
+    """fsync every regular file and every directory under ``top`` (symlinks not followed)."""
+    for dirpath, _dirnames, filenames in os.walk(top):
+        for name in filenames:
+            file = Path(dirpath, name)
+            if stat.S_ISREG(file.lstat().st_mode):
+                _fsync_file(file)
+        fsync_dir(Path(dirpath))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _short(hexdigest: str) -> str:
+    """``sha256:0123456789ab…`` / ``0123456789ab…``: enough to tell two digests apart."""
+    head, sep, tail = hexdigest.rpartition(":")
+    return f"{head}{sep}{tail[:12]}…"
+
+
+def records_digest(state_dir: Path) -> str:
+    """``"sha256:<hex>"`` over a participant's state directory, deterministic and streaming.
+
+    Covers every regular file under ``state_dir`` in sorted relative POSIX path order: for each,
+    the path bytes, a NUL, then the sha256 of its content, so renaming, moving, adding or
+    removing a file changes the digest as surely as editing one. Symlinks are never followed;
+    one is covered by its target string. Directories themselves (empty ones included) are not
+    covered. Raises ``FileNotFoundError`` / ``NotADirectoryError`` if ``state_dir`` is not a
+    directory. Gym uses this same function for the digests in its commit replies.
+    """
+    state_dir = Path(state_dir)
+    if not state_dir.is_dir():
+        if state_dir.exists():
+            raise NotADirectoryError(f"state directory {state_dir} is not a directory")
+        raise FileNotFoundError(f"state directory {state_dir} does not exist")
+    entries: list[tuple[str, Path]] = []
+    for dirpath, _dirnames, filenames in os.walk(state_dir):
+        for name in filenames:
+            file = Path(dirpath, name)
+            entries.append((file.relative_to(state_dir).as_posix(), file))
+    entries.sort(key=lambda e: e[0].encode())
+    outer = hashlib.sha256()
+    for rel, file in entries:
+        mode = file.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            inner = hashlib.sha256(b"symlink\0" + os.fsencode(os.readlink(file)))
+        elif stat.S_ISREG(mode):
+            inner = hashlib.sha256()
+            with open(file, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    inner.update(chunk)
+        else:
+            continue
+        outer.update(rel.encode() + b"\0" + inner.digest())
+    return f"sha256:{outer.hexdigest()}"
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CommitMarker:
+    """Contents of ``COMMITTED``: the checkpoint, its sequence number, and the sha256 (hex) of
+    every top-level file of the snapshot, ``gym_checkpoint.json`` included."""
+
+    version: int
+    checkpoint_id: str
+    seq: int
+    files: dict[str, str]
+
+
+@attrs.frozen
+class SnapshotInfo:
+    """A complete snapshot on disk: where it is, which checkpoint, its sequence number."""
+
+    path: Path
+    checkpoint_id: str
+    seq: int
+
+
+@attrs.frozen
+class LoadedSnapshot:
+    """A snapshot that passed ``load_snapshot``: marker checked, manifest validated.
+
+    ``files`` holds every top-level file named by the marker except the manifest.
+    """
+
+    path: Path
+    manifest: GymManifest
+    files: dict[str, bytes]
+    marker: CommitMarker
+
+
+def _check_plain_name(name: str, what: str) -> None:
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or name != name.strip()
+    ):
+        raise ValueError(f"{what} {name!r} must be a plain file name")
+
+
+def _read_marker(path: Path) -> CommitMarker | None:
+    """The marker of ``path``, or None if it has none or an invalid one."""
+    try:
+        marker = loads((path / COMMIT_MARKER).read_bytes(), CommitMarker, COMMIT_MARKER)
+    except (OSError, ManifestError):
+        return None
+    return marker if marker.version == MARKER_VERSION else None
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class SnapshotStore:
+    """Rollout snapshots under ``root``: staging, atomic publish, listing, pinning, pruning.
+
+    Invariants:
+    - only directories named ``ckpt-NNNNNN`` with a valid ``COMMITTED`` marker are listed;
+    - sequence numbers grow: a new snapshot gets 1 + the highest ``ckpt-`` seq present (or
+      published by this store);
+    - ``prune`` never removes a snapshot in ``protect`` or pinned by this store, nor a staging
+      directory that this store's ``begin`` created and that is not yet published or aborted.
+
+    Methods are blocking and thread-safe (one lock around the namespace of ``root``).
+    """
+
+    root: Path = attrs.field(converter=Path)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _pinned: set[Path] = attrs.field(factory=set, init=False)
+    _staging: set[Path] = attrs.field(factory=set, init=False)
+    _last_seq: int = attrs.field(default=0, init=False)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def begin(self, checkpoint_id: str) -> Path:
+        """Create a fresh, empty staging directory for ``checkpoint_id`` and return it.
+
+        A leftover staging directory of the same id is removed first. ``<staging>/gym`` is
+        created too: Gym commits each participant's state into it before ``publish``.
+        """
+        _check_plain_name(checkpoint_id, "checkpoint id")
+        staging = self.root / f"{_STAGING_PREFIX}{checkpoint_id}"
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if staging.exists() or staging.is_symlink():
+                _remove(staging)
+            staging.mkdir()
+            (staging / GYM_STATE_DIR).mkdir()
+            self._staging.add(staging)
+        return staging
+
+    def publish(
+        self, staging: Path, manifest: GymManifest, files: Mapping[str, bytes]
+    ) -> SnapshotInfo:
+        """Make ``staging`` a complete snapshot ``ckpt-{seq:06d}`` and return where it is.
+
+        Order (each step durable before the next): every file in ``files``, then the manifest,
+        written atomically; every file and directory under ``staging/gym`` fsynced; the
+        ``COMMITTED`` marker; the rename to ``ckpt-{seq:06d}``; an fsync of ``root``.
+
+        Raises ``ValueError`` on a bad file name, a staging directory this store does not own,
+        or a manifest whose ``checkpoint_id`` is not the one staged. The manifest's structure
+        is validated as ``load_snapshot`` would (``ManifestError``), so nothing is published
+        that could not be loaded; participant digests are not recomputed here.
+        """
+        staging = Path(staging)
+        if staging.parent != self.root or not staging.name.startswith(_STAGING_PREFIX):
+            raise ValueError(f"{staging} is not a staging directory of {self.root}")
+        if staging.name != f"{_STAGING_PREFIX}{manifest.checkpoint_id}":
+            raise ValueError(
+                f"manifest is for checkpoint {manifest.checkpoint_id!r} but {staging.name} "
+                "was staged for another"
+            )
+        if not staging.is_dir():
+            raise ValueError(f"staging directory {staging} does not exist")
+        for name in files:
+            _check_plain_name(name, "snapshot file name")
+            if name in _RESERVED_NAMES:
+                raise ValueError(f"snapshot file name {name!r} is reserved")
+        _validate_manifest(manifest, staging)
+
+        manifest_bytes = dumps(manifest)
+        digests: dict[str, str] = {}
+        for name, data in files.items():
+            write_atomic(staging / name, bytes(data))
+            digests[name] = _sha256(data)
+        write_atomic(staging / MANIFEST_NAME, manifest_bytes)
+        digests[MANIFEST_NAME] = _sha256(manifest_bytes)
+        gym_dir = staging / GYM_STATE_DIR
+        if gym_dir.is_dir():
+            _fsync_tree(gym_dir)
+
+        with self._lock:
+            seq = max(self._last_seq, self._highest_seq()) + 1
+            marker = CommitMarker(
+                version=MARKER_VERSION,
+                checkpoint_id=manifest.checkpoint_id,
+                seq=seq,
+                files=dict(sorted(digests.items())),
+            )
+            write_atomic(staging / COMMIT_MARKER, dumps(marker))
+            final_path = self.root / f"{_SNAPSHOT_PREFIX}{seq:06d}"
+            os.rename(staging, final_path)
+            fsync_dir(self.root)
+            self._last_seq = seq
+            self._staging.discard(staging)
+        return SnapshotInfo(final_path, manifest.checkpoint_id, seq)
+
+    def abort(self, staging: Path) -> None:
+        """Remove a staging directory (no error if it is gone)."""
+        staging = Path(staging)
+        with self._lock:
+            self._staging.discard(staging)
+            _remove(staging)
+
+    def _highest_seq(self) -> int:
+        highest = 0
+        if self.root.is_dir():
+            for entry in os.scandir(self.root):
+                m = _SNAPSHOT_RE.fullmatch(entry.name)
+                if m:
+                    highest = max(highest, int(m.group(1)))
+        return highest
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def list_complete(self) -> list[SnapshotInfo]:
+        """Every complete snapshot (valid marker) under ``root``, by ascending seq."""
+        if not self.root.is_dir():
+            return []
+        found: list[SnapshotInfo] = []
+        for entry in os.scandir(self.root):
+            if not _SNAPSHOT_RE.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+                continue
+            path = Path(entry.path)
+            marker = _read_marker(path)
+            if marker is not None:
+                found.append(SnapshotInfo(path, marker.checkpoint_id, marker.seq))
+        found.sort(key=lambda info: (info.seq, info.path.name))
+        return found
+
+    def latest_complete(self) -> SnapshotInfo | None:
+        """The complete snapshot with the highest seq, or None."""
+        complete = self.list_complete()
+        return complete[-1] if complete else None
+
+    # -- retention -------------------------------------------------------------------------
+
+    def pin(self, info: SnapshotInfo, dest: Path) -> SnapshotInfo:
+        """Copy the snapshot chosen for restore to ``dest`` and protect the copy (S13).
+
+        The copy is built next to ``dest`` under a temp name, fsynced, then renamed into place,
+        so ``dest`` is either absent or complete. Symlinks are copied as links (never followed),
+        so a bad link stays detectable. If ``dest`` already holds a complete copy of the same
+        checkpoint it is reused. ``dest`` must not sit in the ``ckpt-``/staging namespace of
+        ``root``. Raises ``FileExistsError`` if ``dest`` holds anything else, ``ManifestError``
+        if ``info`` is no longer a complete snapshot.
+        """
+        dest = Path(dest)
+        if dest.parent.resolve() == self.root.resolve() and (
+            _SNAPSHOT_RE.fullmatch(dest.name) or dest.name.startswith(".")
+        ):
+            raise ValueError(f"pin destination {dest.name!r} would collide with the store")
+        with self._lock:
+            if dest.exists() or dest.is_symlink():
+                existing = _read_marker(dest)
+                if existing is None or existing.checkpoint_id != info.checkpoint_id:
+                    raise FileExistsError(f"pin destination {dest} exists and is not this copy")
+                self._pinned.add(dest.resolve())
+                return SnapshotInfo(dest, existing.checkpoint_id, existing.seq)
+            marker = _read_marker(info.path)
+            if marker is None or marker.checkpoint_id != info.checkpoint_id:
+                raise ManifestError(
+                    f"{info.path}: not a complete rollout snapshot of {info.checkpoint_id}"
+                )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{_PIN_TMP_PREFIX}{dest.name}.{secrets.token_hex(6)}")
+            try:
+                shutil.copytree(info.path, tmp, symlinks=True)
+                _fsync_tree(tmp)
+                os.rename(tmp, dest)
+            except BaseException:
+                _remove(tmp)
+                raise
+            fsync_dir(dest.parent)
+            self._pinned.add(dest.resolve())
+        return SnapshotInfo(dest, marker.checkpoint_id, marker.seq)
+
+    def unpin(self, path: Path) -> None:
+        """Let ``prune`` consider ``path`` again (no error if it was not pinned)."""
+        with self._lock:
+            self._pinned.discard(Path(path).resolve())
+
+    @property
+    def pinned(self) -> frozenset[Path]:
+        """Resolved paths this store will never prune."""
+        return frozenset(self._pinned)
+
+    def prune(self, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
+        """Delete all but the newest ``keep`` complete snapshots; return what was removed.
+
+        Never removes a snapshot in ``protect`` or pinned by this store (so a snapshot chosen
+        for restore survives retention). Also removes stale staging directories (ones this
+        store is not currently using) and leftovers of interrupted prunes and pins. Incomplete
+        ``ckpt-`` directories are left alone. A snapshot leaves the ``ckpt-`` namespace by one
+        rename before it is deleted, so a crash mid-prune never leaves a damaged snapshot that
+        looks complete. Returned: removed snapshot paths by seq, then removed staging paths.
+        """
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep!r}")
+        keep_safe = {Path(p).resolve() for p in protect}
+        removed: list[Path] = []
+        with self._lock:
+            keep_safe |= self._pinned
+            complete = self.list_complete()
+            doomed = complete[: max(0, len(complete) - keep)]
+            for info in doomed:
+                if info.path.resolve() in keep_safe:
+                    continue
+                trash = self.root / f"{_PRUNING_PREFIX}{info.path.name}.{secrets.token_hex(4)}"
+                os.rename(info.path, trash)
+                fsync_dir(self.root)
+                _remove(trash)
+                removed.append(info.path)
+            if self.root.is_dir():
+                for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+                    path = Path(entry.path)
+                    if entry.name.startswith((_PRUNING_PREFIX, _PIN_TMP_PREFIX)):
+                        _remove(path)
+                    elif entry.name.startswith(_STAGING_PREFIX) and path not in self._staging:
+                        _remove(path)
+                        removed.append(path)
+        return removed
+
+    def __repr__(self) -> str:
+        return (
+            f"<SnapshotStore root={str(self.root)!r} staging={len(self._staging)} "
+            f"pinned={len(self._pinned)} last_seq={self._last_seq}>"
+        )
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, link or directory tree; no error if it is gone."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+# -- loading and validation ----------------------------------------------------------------
+
+
+def load_snapshot(path: Path) -> LoadedSnapshot:
+    """Load and strictly validate the snapshot at ``path``.
+
+    Checks, each failure a one-line ``ManifestError`` naming the file and field: the directory
+    exists; ``COMMITTED`` exists and is a valid marker; every file the marker names is present
+    with the committed sha256; the manifest is non-empty JSON of the supported version with
+    exactly the known keys; it has participant topology; kinds are known; names are unique;
+    every ``state_dir`` is relative, free of ``..`` and stays inside the snapshot with symlinks
+    followed; every episode's replica is an instance and its owner a participant of it.
+    Participant state itself is checked by ``verify_snapshot``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ManifestError(f"{path}: no such snapshot directory")
+    marker_path = path / COMMIT_MARKER
+    if not marker_path.is_file():
+        raise ManifestError(f"{path}: not a complete rollout snapshot: no {COMMIT_MARKER} marker")
+    try:
+        marker = loads(marker_path.read_bytes(), CommitMarker, COMMIT_MARKER)
+    except ManifestError as exc:
+        raise ManifestError(
+            f"{path}: not a complete rollout snapshot: invalid {COMMIT_MARKER} marker ({exc})"
+        ) from None
+    if marker.version != MARKER_VERSION:
+        raise ManifestError(
+            f"{COMMIT_MARKER}: marker version {marker.version} is not supported "
+            f"(this runtime reads version {MARKER_VERSION})"
+        )
+    if MANIFEST_NAME not in marker.files:
+        raise ManifestError(f"{COMMIT_MARKER}: does not list {MANIFEST_NAME}")
+
+    contents: dict[str, bytes] = {}
+    for name, committed in marker.files.items():
+        try:
+            _check_plain_name(name, "file name")
+        except ValueError as exc:
+            raise ManifestError(f"{COMMIT_MARKER}: {exc}") from None
+        file = path / name
+        if file.is_symlink() or not file.is_file():
+            raise ManifestError(f"{name}: listed in {COMMIT_MARKER} but missing from {path}")
+        data = file.read_bytes()
+        found = _sha256(data)
+        if found != committed:
+            raise ManifestError(
+                f"{name}: sha256 {_short(found)} on disk, {_short(committed)} committed"
+            )
+        contents[name] = data
+
+    manifest = _parse_manifest(contents.pop(MANIFEST_NAME))
+    if manifest.checkpoint_id != marker.checkpoint_id:
+        raise ManifestError(
+            f"{MANIFEST_NAME}: checkpoint_id {manifest.checkpoint_id!r}, but {COMMIT_MARKER} "
+            f"is for {marker.checkpoint_id!r}"
+        )
+    _validate_manifest(manifest, path)
+    return LoadedSnapshot(path=path, manifest=manifest, files=contents, marker=marker)
+
+
+def _parse_manifest(data: bytes) -> GymManifest:
+    raw = _loads_json(data)
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{MANIFEST_NAME}: expected a JSON object, got {type(raw).__name__}")
+    version = raw.get("version")
+    if "version" in raw and version != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{MANIFEST_NAME}: version {version!r} is not supported "
+            f"(this runtime reads version {MANIFEST_VERSION})"
+        )
+    return structure(raw, GymManifest, MANIFEST_NAME)
+
+
+def _loads_json(data: bytes) -> object:
+    if not data.strip():
+        raise ManifestError(f"{MANIFEST_NAME}: file is empty")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ManifestError(f"{MANIFEST_NAME}: not valid JSON, truncated? ({exc})") from None
+
+
+def _validate_manifest(manifest: GymManifest, base: Path) -> None:
+    """Structural checks of a manifest whose state directories are relative to ``base``."""
+    bad = f"{MANIFEST_NAME}:"
+    if manifest.version != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{bad} version {manifest.version} is not supported "
+            f"(this runtime reads version {MANIFEST_VERSION})"
+        )
+    if not manifest.instances:
+        raise ManifestError(f"{bad} manifest has no participant topology (no instances)")
+    base_resolved = base.resolve()
+    participants: dict[str, set[str]] = {}
+    state_dirs: dict[str, str] = {}
+    for instance in manifest.instances:
+        where = f"{bad} instance {instance.name}"
+        if not instance.name:
+            raise ManifestError(f"{bad} instance with an empty name")
+        if instance.name in participants:
+            raise ManifestError(f"{where} listed twice")
+        if not instance.participants:
+            raise ManifestError(
+                f"{bad} manifest has no participant topology "
+                f"(instance {instance.name} has no participants)"
+            )
+        names: set[str] = set()
+        for p in instance.participants:
+            who = f"{where}: participant {p.server_name}"
+            if not p.server_name:
+                raise ManifestError(f"{where}: participant with an empty server_name")
+            if p.server_name in names:
+                raise ManifestError(f"{who} listed twice")
+            names.add(p.server_name)
+            if p.kind not in PARTICIPANT_KINDS:
+                raise ManifestError(
+                    f"{who}: unknown kind {p.kind!r} "
+                    f"(expected one of {', '.join(sorted(PARTICIPANT_KINDS))})"
+                )
+            if not _DIGEST_RE.fullmatch(p.records_digest):
+                raise ManifestError(
+                    f"{who}: records_digest {p.records_digest!r} is not sha256:<64 hex digits>"
+                )
+            _check_state_dir(p.state_dir, who, base, base_resolved)
+            key = PurePosixPath(p.state_dir).as_posix()
+            if key in state_dirs:
+                raise ManifestError(
+                    f"{who}: state_dir {p.state_dir!r} is also used by {state_dirs[key]}"
+                )
+            state_dirs[key] = f"{instance.name}/{p.server_name}"
+        participants[instance.name] = names
+    seen: set[str] = set()
+    for ep in manifest.episodes:
+        which = f"{bad} episode {ep.rollout_id}"
+        if ep.rollout_id in seen:
+            raise ManifestError(f"{which} listed twice")
+        seen.add(ep.rollout_id)
+        owners = participants.get(ep.replica)
+        if owners is None:
+            raise ManifestError(f"{which}: replica {ep.replica!r} is not an instance")
+        if ep.owner not in owners:
+            raise ManifestError(
+                f"{which}: owner {ep.owner!r} is not a participant of instance {ep.replica}"
+            )
+
+
+def _check_state_dir(state_dir: str, who: str, base: Path, base_resolved: Path) -> None:
+    rel = PurePosixPath(state_dir)
+    if not state_dir or rel == PurePosixPath("."):
+        raise ManifestError(f"{who}: state_dir {state_dir!r} must name a directory in the snapshot")
+    if rel.is_absolute() or state_dir.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", state_dir):
+        raise ManifestError(f"{who}: state_dir {state_dir!r} is absolute; it must be relative")
+    if ".." in rel.parts or "\\" in state_dir or "\0" in state_dir:
+        raise ManifestError(f"{who}: state_dir {state_dir!r} contains '..'; it must stay inside")
+    resolved = (base / rel).resolve()
+    if resolved == base_resolved or not resolved.is_relative_to(base_resolved):
+        raise ManifestError(
+            f"{who}: state_dir {state_dir!r} resolves to {resolved}, outside the snapshot"
+        )
+
+
+# -- verification --------------------------------------------------------------------------
+
+
+def verify_snapshot(
+    snapshot: LoadedSnapshot, live: Mapping[str, Sequence[tuple[str, str]]] | None = None
+) -> list[str]:
+    """Every difference between the snapshot's manifest and the disk (and ``live``), one line each.
+
+    Always recomputes ``records_digest`` of each participant's state directory and compares it
+    with the committed digest. If ``live`` (instance name → ``[(server_name, kind)]`` in
+    topology order) is given, the live deployment must match the recorded topology exactly:
+    same instances, same participants in the same order, same kinds. An empty list means the
+    snapshot may be installed.
+    """
+    diffs: list[str] = []
+    base_resolved = snapshot.path.resolve()
+    for instance in snapshot.manifest.instances:
+        for p in instance.participants:
+            where = f"instance {instance.name}: participant {p.server_name}"
+            state = snapshot.path / p.state_dir
+            if not state.resolve().is_relative_to(base_resolved):
+                diffs.append(f"{where} state directory {p.state_dir} leaves the snapshot")
+                continue
+            try:
+                found = records_digest(state)
+            except OSError:
+                diffs.append(f"{where} state directory {p.state_dir} missing on disk")
+                continue
+            if found != p.records_digest:
+                diffs.append(
+                    f"{where} digest {_short(found)} on disk, {_short(p.records_digest)} committed"
+                )
+    if live is not None:
+        diffs.extend(_topology_differences(snapshot.manifest, live))
+    return diffs
+
+
+def _topology_differences(
+    manifest: GymManifest, live: Mapping[str, Sequence[tuple[str, str]]]
+) -> list[str]:
+    diffs: list[str] = []
+    recorded = {instance.name for instance in manifest.instances}
+    for instance in manifest.instances:
+        if instance.name not in live:
+            diffs.append(f"instance {instance.name}: missing from the live deployment")
+            continue
+        where = f"instance {instance.name}"
+        live_kinds: dict[str, str] = {}
+        live_order: list[str] = []
+        for server_name, live_kind in live[instance.name]:
+            if server_name in live_kinds:
+                diffs.append(f"{where}: live participant {server_name} listed twice")
+                continue
+            live_kinds[server_name] = live_kind
+            live_order.append(server_name)
+        committed_order = [p.server_name for p in instance.participants]
+        for p in instance.participants:
+            kind = live_kinds.get(p.server_name)
+            if kind is None:
+                diffs.append(
+                    f"{where}: participant {p.server_name} missing from the live deployment"
+                )
+            elif kind != p.kind:
+                diffs.append(
+                    f"{where}: participant {p.server_name} kind {p.kind} committed, {kind} live"
+                )
+        committed_names = set(committed_order)
+        for server_name in live_order:
+            if server_name not in committed_names:
+                diffs.append(f"{where}: extra live participant {server_name}")
+        common_committed = [n for n in committed_order if n in live_kinds]
+        common_live = [n for n in live_order if n in committed_names]
+        if common_committed != common_live:
+            diffs.append(
+                f"{where}: participant order {', '.join(common_committed)} committed, "
+                f"{', '.join(common_live)} live"
+            )
+    for name in sorted(set(live) - recorded):
+        diffs.append(f"instance {name}: live but not in the manifest")
+    return diffs
+
+
+def check_snapshot(
+    snapshot: LoadedSnapshot, live: Mapping[str, Sequence[tuple[str, str]]] | None = None
+) -> None:
+    """Raise ``TopologyMismatch`` listing every difference ``verify_snapshot`` finds."""
+    diffs = verify_snapshot(snapshot, live)
+    if diffs:
+        raise TopologyMismatch(diffs)

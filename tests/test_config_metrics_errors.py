@@ -1,0 +1,114 @@
+"""RuntimeConfig invariants, Metrics, and that every runtime error pickles unchanged."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+
+import pytest
+
+from runtime import ADMISSION_CLOSED_ROWS, Metrics, RuntimeConfig, _errors
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_config_defaults_are_valid() -> None:
+    config = RuntimeConfig()
+    assert config.control_timeout_s + config.reply_grace_s < config.lease_s
+    assert config.drain_timeout_s < config.lease_s
+
+
+@pytest.mark.parametrize(("timeout", "grace"), [(59.0, 1.0), (60.0, 0.0), (50.0, 20.0)])
+def test_control_call_must_fit_in_lease(timeout: float, grace: float) -> None:
+    with pytest.raises(ValueError) as info:
+        RuntimeConfig(control_timeout_s=timeout, reply_grace_s=grace, lease_s=60.0)
+    message = str(info.value)
+    assert "control_timeout_s" in message
+    assert "reply_grace_s" in message
+    assert "lease_s" in message
+
+
+def test_drain_must_fit_in_lease() -> None:
+    with pytest.raises(ValueError) as info:
+        RuntimeConfig(drain_timeout_s=60.0, lease_s=60.0)
+    assert "drain_timeout_s" in str(info.value) and "lease_s" in str(info.value)
+
+
+def test_config_rejects_non_positive_knobs() -> None:
+    with pytest.raises(ValueError, match="control_timeout_s must be > 0"):
+        RuntimeConfig(control_timeout_s=0.0)
+    with pytest.raises(ValueError, match="reply_grace_s must be >= 0"):
+        RuntimeConfig(reply_grace_s=-1.0)
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    config = RuntimeConfig(infra_backoff_initial_s=0.5, infra_backoff_max_s=3.0)
+    assert [config.backoff_s(n) for n in range(6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def test_metrics_snapshot() -> None:
+    metrics = Metrics()
+    metrics.inc(ADMISSION_CLOSED_ROWS)
+    metrics.inc(ADMISSION_CLOSED_ROWS, 2)
+    metrics.set("checkpoint/drain_pending", 7)
+    metrics.set("checkpoint/drain_pending", 3)
+    snap = metrics.snapshot()
+    assert snap == {
+        "rollout/gym_admission_closed_rows_total": 3.0,
+        "checkpoint/drain_pending": 3.0,
+    }
+    snap["checkpoint/drain_pending"] = 99.0  # a copy: the registry is unchanged
+    assert metrics.get("checkpoint/drain_pending") == 3.0
+    assert metrics.get("checkpoint/unknown") == 0.0
+
+
+def test_metric_names_are_validated() -> None:
+    metrics = Metrics()
+    with pytest.raises(ValueError, match="must start with"):
+        metrics.inc("gym_admission_closed_rows_total")
+    with pytest.raises(ValueError, match="must start with"):
+        metrics.set("drain_pending", 1.0)
+    with pytest.raises(ValueError, match="cannot decrease"):
+        metrics.inc(ADMISSION_CLOSED_ROWS, -1)
+    assert metrics.snapshot() == {}
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
+    "GymAdmissionClosed": ("r-1-0-1", "gym-0"),
+    "GymCheckpointUnavailable": ("lease lost", "gym-1", "commit"),
+    "CheckpointInvariantError": ("owner mismatch",),
+    "DrainTimeout": (("r-2", "r-1", "r-3"), 2.5),
+    "StrandedSessionError": ("gym-0", ("s-1", "s-2")),
+    "ManifestError": ("gym_checkpoint.json: file is empty",),
+    "TopologyMismatch": (("instance gym-2: missing from the live deployment",),),
+    "DeadlineExpired": ("row-1", "generate", 3.0),
+    "BudgetExhausted": ("row 4 ran out of attempts",),
+    "CheckpointsFailed": ("3 consecutive failures",),
+}
+
+
+def _error_classes() -> list[type[BaseException]]:
+    return [
+        obj
+        for name in _errors.__all__
+        if inspect.isclass(obj := getattr(_errors, name)) and issubclass(obj, BaseException)
+    ]
+
+
+def test_every_error_class_has_sample_args() -> None:
+    assert {cls.__name__ for cls in _error_classes()} == set(SAMPLE_ARGS)
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda cls: cls.__name__)
+def test_errors_round_trip_through_pickle(cls: type[BaseException]) -> None:
+    exc = cls(*SAMPLE_ARGS[cls.__name__])
+    clone = pickle.loads(pickle.dumps(exc))
+    assert type(clone) is cls
+    assert str(clone) == str(exc)
+    assert clone.args == exc.args
+    assert vars(clone) == vars(exc)
