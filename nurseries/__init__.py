@@ -1,0 +1,21 @@
+"""gymckpt orchestration: dispatcher, checkpoint coordinator, restore, trainer facade, CLI."""
+
+from ._coordinator import PAUSE_HOLDER, STAGES, CheckpointCoordinator, CheckpointOutcome
+from ._dispatcher import READY, Dispatcher, DispatcherStatistics
+from ._restore import RestoredRun, restore_latest
+from ._trainer import TRAINER_STATE_FILE, Rollouts, open_rollouts
+
+__all__ = [
+    "PAUSE_HOLDER",
+    "READY",
+    "STAGES",
+    "TRAINER_STATE_FILE",
+    "CheckpointCoordinator",
+    "CheckpointOutcome",
+    "Dispatcher",
+    "DispatcherStatistics",
+    "RestoredRun",
+    "Rollouts",
+    "open_rollouts",
+    "restore_latest",
+]

@@ -1,33 +1,237 @@
-"""The ``gymckpt`` command line (C2). ``python -m nurseries`` is the same program."""
+"""The ``gymckpt`` command line (C2). ``python -m nurseries`` is the same program.
+
+Exit codes (C4): 0 success; 2 bad input (flag, manifest, topology or digest mismatch);
+3 run aborted by an invariant violation; 4 checkpoints failed more than
+``max_consecutive_failures`` times in a row. Errors are one line, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from runtime import (
+    COMMIT_MARKER,
+    LoadedSnapshot,
+    ManifestError,
+    SnapshotStore,
+    TopologyMismatch,
+    load_snapshot,
+    verify_snapshot,
+)
 
 __all__ = ["build_parser", "main"]
 
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gymckpt",
         description=(
             "Consistent checkpoints of RL rollouts while they run in a Gym service, and "
             "exactly-once restore after a crash."
         ),
+        epilog="exit codes: 0 ok, 2 bad input, 3 run aborted (invariant), "
+        "4 checkpoints failed too often",
     )
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run a toy trio trainer against Gym with checkpoints, a SIGKILL and a restore",
+        description=(
+            "Runs a toy trainer (a running reward estimate) on prompt groups from Gym, takes a "
+            "rollout checkpoint every --checkpoint-every steps, kills the trainer process with "
+            "SIGKILL after checkpoint --crash-after-checkpoint (0: no crash), restores in a new "
+            "process and finishes; then judges exactly-once from the training journal and the "
+            "saved environment state."
+        ),
+    )
+    demo.add_argument("--backend", choices=["embedded", "ray"], default="embedded",
+                      help="Gym deployment: in-process simulated Gym, or one Ray actor per instance")
+    demo.add_argument("--rows", type=int, default=64, help="dataset rows (prompts); default 64")
+    demo.add_argument("--group-size", type=int, default=4, help="generations per prompt group")
+    demo.add_argument("--instances", type=int, default=2, help="Gym instances (replicas)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the simulated Gym")
+    demo.add_argument("--checkpoint-every", type=int, default=2, metavar="STEPS",
+                      help="rollout checkpoint every this many training steps")
+    demo.add_argument("--crash-after-checkpoint", type=int, default=1, metavar="N",
+                      help="SIGKILL the trainer after its N-th checkpoint; 0 disables (default 1)")
+    demo.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                      help="inject a Gym fault, OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1")
+    demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
+                      "(default: a fresh temporary directory)")
+    demo.add_argument("--agent-kind", choices=["simple_agent", "legacy_agent"],
+                      default="simple_agent", help="agent participant of every instance")
+    demo.add_argument("--ray-address", help="join this Ray cluster ('auto' or an address); "
+                      "default: start a local one")
+    demo.add_argument("--json", action="store_true", help="print one JSON object (C2)")
+
+    phase = sub.add_parser("_phase", help=argparse.SUPPRESS)
+    phase.add_argument("--phase", type=int, required=True)
+    phase.add_argument("--crash-after", type=int, default=0)
+    phase.add_argument("--workdir", required=True)
+    phase.add_argument("--options", required=True)
+
+    for name, text in (
+        ("inspect", "summarise a rollout snapshot offline"),
+        ("verify", "check a rollout snapshot offline: marker, manifest, topology, digests, ledger"),
+    ):
+        p = sub.add_parser(name, help=text, description=text + ". DIR is a snapshot directory "
+                           "or a demo workdir (its latest complete snapshot is used).")
+        p.add_argument("dir", metavar="DIR")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    bench = sub.add_parser("bench", help="run benchmarks (see gymckpt bench --help)",
+                           add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _resolve_snapshot(raw: str) -> Path:
+    path = Path(raw)
+    if not path.exists():
+        raise ManifestError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise ManifestError(f"{path}: not a directory")
+    if (path / COMMIT_MARKER).exists() or (path / "gym_checkpoint.json").exists():
+        return path
+    for root in (path / "snapshots", path):
+        if root.is_dir():
+            info = SnapshotStore(root).latest_complete()
+            if info is not None:
+                return info.path
+    raise ManifestError(f"{path}: no complete rollout snapshot here (no {COMMIT_MARKER} marker)")
+
+
+def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
+    from runtime._ledger import load_ledger_snapshot
+
+    out: dict[str, Any] = {
+        "path": str(snap.path),
+        "checkpoint_id": snap.manifest.checkpoint_id,
+        "instances": {
+            i.name: [
+                {"server_name": p.server_name, "kind": p.kind, "state_dir": p.state_dir,
+                 "records_digest": p.records_digest}
+                for p in i.participants
+            ]
+            for i in snap.manifest.instances
+        },
+        "episodes": len(snap.manifest.episodes),
+        "files": sorted(snap.files),
+    }
+    if "ledger.json" in snap.files:
+        led = load_ledger_snapshot(snap.files["ledger.json"])
+        states: dict[str, int] = {}
+        for a in led.attempts:
+            states[a.state] = states.get(a.state, 0) + 1
+        out["ledger"] = {
+            "group_size": led.group_size,
+            "next_row": led.next_row,
+            "rows_trained": sum(b - a + 1 for a, b in led.trained),
+            "rows_failed": sum(b - a + 1 for a, b in led.failed),
+            "attempts_by_state": states,
+        }
+    if "trainer.json" in snap.files:
+        out["trainer_state"] = json.loads(snap.files["trainer.json"])
+    return out
+
+
+def _verify(snap: LoadedSnapshot) -> list[str]:
+    from runtime._ledger import load_ledger_snapshot, rollout_id_for
+
+    problems = verify_snapshot(snap)
+    if "ledger.json" not in snap.files:
+        return [*problems, "ledger.json: missing from the snapshot"]
+    led = load_ledger_snapshot(snap.files["ledger.json"])
+    dispatched = {rollout_id_for(a.row, a.slot, a.attempt) for a in led.attempts
+                  if a.state == "dispatched"}
+    unclaimed = {a.restored.from_rollout_id for a in led.attempts
+                 if a.unclaimed and a.restored is not None}
+    exported = {e.rollout_id for e in snap.manifest.episodes}
+    for rid in sorted(dispatched - exported)[:5]:
+        problems.append(f"ledger.json: {rid} in flight but not exported in gym_checkpoint.json")
+    for rid in sorted(exported - dispatched - unclaimed)[:5]:
+        problems.append(f"gym_checkpoint.json: episode {rid} exported but not in flight in the "
+                        "ledger")
+    return problems
+
+
+def _offline(command: str, raw_dir: str, as_json: bool) -> int:
+    snap = load_snapshot(_resolve_snapshot(raw_dir))
+    if command == "inspect":
+        info = _inspect(snap)
+        if as_json:
+            print(json.dumps(info, sort_keys=True))
+        else:
+            print(f"snapshot {info['checkpoint_id']} at {info['path']}")
+            for name, parts in info["instances"].items():
+                print(f"  {name}: " + ", ".join(f"{p['server_name']}({p['kind']}) "
+                                                 f"{p['records_digest'][:19]}…" for p in parts))
+            print(f"  episodes parked: {info['episodes']}")
+            if "ledger" in info:
+                print(f"  ledger: {info['ledger']}")
+            if "trainer_state" in info:
+                print(f"  trainer: {info['trainer_state']}")
+        return 0
+    problems = _verify(snap)
+    if as_json:
+        print(json.dumps({"path": str(snap.path), "ok": not problems, "problems": problems}))
+    elif problems:
+        for p in problems:
+            print(f"gymckpt: verify: {p}", file=sys.stderr)
+    else:
+        print(f"ok: {snap.path} (checkpoint {snap.manifest.checkpoint_id}: marker, manifest, "
+              f"{sum(len(i.participants) for i in snap.manifest.instances)} participant digests, "
+              "ledger consistent)")
+    return EXIT_BAD_INPUT if problems else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
-    return 0
+    try:
+        if args.command is None:
+            parser.print_help()
+            return 0
+        if args.command == "bench":
+            from benchmarks.cli import main as bench_main
+
+            return bench_main(args.args)
+        if args.command in ("inspect", "verify"):
+            return _offline(args.command, args.dir, args.json)
+        from ._demo import DemoOptions, phase_main, run_demo
+
+        if args.command == "_phase":
+            opts = DemoOptions.from_json(args.options)
+            return phase_main(opts, Path(args.workdir), args.phase, args.crash_after)
+        from gym_adapter import FaultSpec
+
+        for spec in args.fault:
+            FaultSpec.parse(spec)
+        opts = DemoOptions(
+            backend=args.backend, rows=args.rows, group_size=args.group_size,
+            instances=args.instances, seed=args.seed, checkpoint_every=args.checkpoint_every,
+            crash_after_checkpoint=args.crash_after_checkpoint, faults=tuple(args.fault),
+            workdir=args.workdir, ray_address=args.ray_address, agent_kind=args.agent_kind,
+        )
+        return run_demo(opts, args.json)
+    except (ManifestError, TopologyMismatch, ValueError) as exc:
+        print(f"gymckpt: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

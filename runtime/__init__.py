@@ -7,6 +7,7 @@ from ._barrier import ANY, BarrierStatistics, MutationBarrier
 from ._config import RuntimeConfig
 from ._converter import converter
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
+from ._drain import wait_drained
 from ._errors import (
     BudgetExhausted,
     CheckpointInvariantError,
@@ -109,5 +110,6 @@ __all__ = [
     "rollout_id_for",
     "sample_ids",
     "verify_snapshot",
+    "wait_drained",
     "write_atomic",
 ]

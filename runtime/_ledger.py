@@ -473,6 +473,19 @@ class RecoveryLedger:
                 out.append(nxt)
         return out
 
+    def unpin(self, rollout_id: str) -> None:
+        """Forget the restored Gym state of a RESERVED attempt whose replica died: it will run
+        from scratch on any instance (its episode's state died with the replica)."""
+        self._assert_mutating()
+        att = self._current(rollout_id)
+        if att.state is not AttemptState.RESERVED or att.restored is None:
+            raise ValueError(f"{rollout_id} is not a reserved restored attempt")
+        self._unhold(att)
+        if att.unclaimed:
+            att.unclaimed = False
+            self._unclaimed -= 1
+        att.restored = None
+
     def drop_row(self, row: int) -> None:
         """Discard a whole group; queue what Gym may still hold for retirement (S4)."""
         self._assert_mutating()

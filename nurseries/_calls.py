@@ -1,0 +1,142 @@
+"""Bounded Gym control calls, one cancel scope per call, fanned out over instances (S5, S6).
+
+Every control call gets an absolute ``deadline_ts`` (the Gym enforces it once it runs the call)
+and is itself bounded by that deadline plus a short reply grace, in its own cancel scope. An
+instance that does not answer is reported as a ``TimeoutError`` naming it; the cancelled call is
+abandoned (a Ray backend cancels the task) and Gym's lease covers a lost resume.
+
+``fan_out`` runs one call per instance concurrently in a nursery, in the shape of trio's
+``open_tcp_stream``: each call in its own scope, failures gathered, one error raised ``from`` an
+``ExceptionGroup`` of the per-instance errors. The error is a ``CheckpointInvariantError`` if any
+instance's reply broke an invariant (the run must abort), else ``GymCheckpointUnavailable`` (the
+checkpoint is retried, S6).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+import trio
+
+from gym_adapter import GymControlError, GymInstanceDead
+from runtime import (
+    CheckpointInvariantError,
+    GymCheckpointUnavailable,
+    RuntimeConfig,
+    TopologyMismatch,
+)
+
+__all__ = ["bounded_call", "classify", "fan_out"]
+
+T = TypeVar("T")
+
+RETRYABLE = (GymCheckpointUnavailable, GymControlError, GymInstanceDead, TimeoutError)
+
+
+def classify(exc: BaseException) -> str:
+    """``"invariant"`` or ``"gym_unavailable"`` for an error raised by a checkpoint stage.
+
+    Follows the cause chain: an invariant anywhere wins; a retryable Gym failure is
+    ``gym_unavailable``; anything unknown is an invariant (we cannot prove it changed nothing).
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    kinds: set[str] = set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (CheckpointInvariantError, TopologyMismatch)):
+            return "invariant"
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+            continue
+        if isinstance(e, RETRYABLE):
+            kinds.add("gym_unavailable")
+        else:
+            kinds.add("unknown")
+        if e.__cause__ is not None:
+            stack.append(e.__cause__)
+    return "gym_unavailable" if kinds == {"gym_unavailable"} else "invariant"
+
+
+def _picklable(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True
+
+
+async def bounded_call(
+    instance: str,
+    operation: str,
+    call: Callable[[float], Awaitable[T]],
+    config: RuntimeConfig,
+) -> T:
+    """Run ``call(deadline_ts)`` bounded by ``deadline_ts + reply_grace_s``.
+
+    Raises ``TimeoutError`` naming the instance when no reply came in time, and
+    ``GymCheckpointUnavailable`` in place of a Gym error that cannot be pickled.
+    """
+    deadline = trio.current_time() + config.control_timeout_s
+    with trio.move_on_at(deadline + config.reply_grace_s) as scope:
+        try:
+            return await call(deadline)
+        except (CheckpointInvariantError, TopologyMismatch, *RETRYABLE):
+            raise
+        except Exception as exc:
+            if not _picklable(exc):
+                raise GymCheckpointUnavailable(
+                    f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
+                    instance,
+                    operation,
+                ) from None
+            raise
+    assert scope.cancelled_caught
+    raise TimeoutError(
+        f"instance {instance} did not answer {operation} within "
+        f"{config.control_timeout_s:g}s + {config.reply_grace_s:g}s grace; call cancelled"
+    )
+
+
+async def fan_out(
+    operation: str,
+    calls: Mapping[str, Callable[[float], Awaitable[T]]],
+    config: RuntimeConfig,
+) -> dict[str, T]:
+    """Run one bounded call per instance concurrently; return replies by instance or raise."""
+    results: dict[str, T] = {}
+    errors: dict[str, Exception] = {}
+
+    async def one(instance: str, call: Callable[[float], Awaitable[T]]) -> None:
+        try:
+            results[instance] = await bounded_call(instance, operation, call, config)
+        except Exception as exc:
+            errors[instance] = exc
+
+    async with trio.open_nursery() as nursery:
+        for instance, call in calls.items():
+            nursery.start_soon(one, instance, call)
+    if errors:
+        raise _gathered(operation, errors)
+    return results
+
+
+def _gathered(operation: str, errors: Mapping[str, Exception]) -> Exception:
+    order: Sequence[str] = sorted(errors)
+    group = ExceptionGroup(f"{operation} failed on {len(errors)} instance(s)", [errors[i] for i in order])
+    detail = "; ".join(f"{i}: {errors[i]}" for i in order)
+    err: Exception
+    mismatches = [e for e in errors.values() if isinstance(e, TopologyMismatch)]
+    if mismatches:
+        err = TopologyMismatch(d for m in mismatches for d in m.differences)
+    elif classify(group) == "invariant":
+        err = CheckpointInvariantError(f"{operation}: {detail}")
+    else:
+        err = GymCheckpointUnavailable(detail, ",".join(order), operation)
+    err.__cause__ = group
+    return err

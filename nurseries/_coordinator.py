@@ -1,0 +1,401 @@
+"""CheckpointCoordinator: a consistent rollout checkpoint while rollouts keep running.
+
+The protocol, and why it is in this order
+-----------------------------------------
+1. **Close admission, pause deadlines** (S1, S7). ``DispatchGate.close`` returns only once no
+   admission is in progress, so from here on the ledger's DISPATCHED set is exactly what reached
+   Gym. The checkpoint's deadline pause (holder ``"gym-checkpoint"``) stops request deadlines
+   while Gym is parked; it never touches another holder's pause.
+2. **Retire dropped attempts** (S4) while Gym is still idle — Gym refuses a retire once a
+   checkpoint is open. Only what was retired is forgotten; a failure here fails the checkpoint
+   (retryable) rather than letting Gym export an episode the ledger no longer owns.
+3. **Prepare** every instance: Gym closes its own admission and parks each episode at its next
+   step boundary.
+4. **Commit** every instance: participants write their records under the staging snapshot; the
+   replies list participants and digests, exported episodes, and replies on the wire.
+5. **Ownership** (S10), off the loop: an episode is owned by the participant that exported it,
+   else by a legacy agent session with a step boundary; a parked session nobody owns fails the
+   checkpoint at once instead of waiting out the drain.
+6. **Drain** (S9): wait only for the episodes whose reply was on the wire and that the ledger
+   still has in flight, sleeping on the barrier keyed by exactly those rollout IDs. No polling;
+   per-wakeup cost O(pending).
+7. **Snapshot**: hold the barrier (replies and trainer hand-offs queue, undisturbed), and in a
+   worker thread check that the ledger's inventory equals what Gym exported, copy the ledger and
+   the completed-but-untrained results, build ``gym_checkpoint.json``; release; publish the
+   snapshot atomically with its commit marker (also in a thread).
+8. **Resume** Gym, release the pause, reopen admission (new gate ID).
+
+Whatever happens, step 8's pause release and reopen run (shielded, in ``finally``); if we parked
+Gym and fail, we try to resume it, and Gym's lease reopens it if that resume is lost too. Every
+control call is bounded by its deadline plus reply grace (S5). Failures are classified (S6):
+``gym_unavailable`` is retried by the caller up to ``max_consecutive_failures``; ownership,
+topology and reply mismatches raise ``CheckpointInvariantError`` and the run aborts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from gym_adapter import CommitReply, GymBackend, Topology
+from runtime import (
+    GYM_STATE_DIR,
+    CheckpointInvariantError,
+    CheckpointsFailed,
+    DeadlineRegistry,
+    DispatchGate,
+    EpisodeRecord,
+    GymManifest,
+    InstanceRecord,
+    Metrics,
+    ParticipantRecord,
+    RecoveryLedger,
+    RuntimeConfig,
+    SnapshotInfo,
+    SnapshotStore,
+    StrandedSessionError,
+    sample_ids,
+    wait_drained,
+)
+from runtime._ledger import dump_ledger_snapshot
+from runtime._manifest import MANIFEST_VERSION
+
+from ._calls import classify, fan_out
+from ._offload import offload
+
+__all__ = ["PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
+
+PAUSE_HOLDER = "gym-checkpoint"
+STAGES = ("close", "retire", "prepare", "commit", "ownership", "drain", "snapshot", "publish",
+          "resume")
+LEDGER_FILE = "ledger.json"
+
+
+@attrs.frozen
+class CheckpointOutcome:
+    """What one checkpoint did. ``ok`` False means it failed as ``gym_unavailable`` and changed
+    nothing the trainer holds (an invariant failure raises instead)."""
+
+    checkpoint_id: str
+    ok: bool
+    snapshot: SnapshotInfo | None
+    reason: str | None
+    error: str | None
+    stage_s: Mapping[str, float]
+    episodes: int = 0
+    drained: int = 0
+
+
+@attrs.frozen
+class _Ownership:
+    episodes: tuple[EpisodeRecord, ...]
+    by_instance: Mapping[str, frozenset[str]]
+    on_wire: frozenset[str]
+
+
+def _ownership(replies: Mapping[str, CommitReply], order: Sequence[str]) -> _Ownership:
+    """The ownership rule (S10), a pure function of the commit replies (runs off the loop)."""
+    episodes: list[EpisodeRecord] = []
+    by_instance: dict[str, frozenset[str]] = {}
+    on_wire: set[str] = set()
+    for name in order:
+        reply = replies[name]
+        owned: dict[str, EpisodeRecord] = {}
+        for ep in reply.exported:
+            if ep.rollout_id in owned:
+                raise CheckpointInvariantError(
+                    f"instance {name}: episode {ep.rollout_id} exported twice"
+                )
+            owned[ep.rollout_id] = EpisodeRecord(ep.rollout_id, ep.owner, name, ep.capture_keys)
+        stranded: list[str] = []
+        for sess in reply.sessions:
+            if sess.rollout_id in owned:
+                continue
+            if sess.kind == "legacy_agent" and sess.step_boundary is not None:
+                owned[sess.rollout_id] = EpisodeRecord(sess.rollout_id, sess.participant, name)
+            elif sess.rollout_id not in reply.on_wire:
+                stranded.append(sess.rollout_id)
+        if stranded:
+            raise StrandedSessionError(name, stranded)
+        episodes.extend(owned.values())
+        by_instance[name] = frozenset(owned)
+        on_wire.update(reply.on_wire)
+    return _Ownership(tuple(episodes), by_instance, frozenset(on_wire))
+
+
+def _check_replies(
+    replies: Mapping[str, CommitReply], topology: Topology, checkpoint_id: str
+) -> tuple[InstanceRecord, ...]:
+    """Validate commit replies against the live topology; build the manifest's instances."""
+    records: list[InstanceRecord] = []
+    problems: list[str] = []
+    for inst in topology.instances:
+        reply = replies[inst.name]
+        if reply.instance != inst.name or reply.checkpoint_id != checkpoint_id:
+            problems.append(
+                f"instance {inst.name}: reply is for {reply.instance}/{reply.checkpoint_id}, "
+                f"expected {inst.name}/{checkpoint_id}"
+            )
+            continue
+        got = tuple((p.server_name, p.kind) for p in reply.participants)
+        if got != inst.participants:
+            problems.append(
+                f"instance {inst.name}: committed participants {list(got)}, "
+                f"topology {list(inst.participants)}"
+            )
+            continue
+        parts = []
+        for p in reply.participants:
+            if not p.records_digest.startswith("sha256:"):
+                problems.append(
+                    f"instance {inst.name}: participant {p.server_name} digest "
+                    f"{p.records_digest!r} is not a sha256 digest"
+                )
+            rel = Path(p.state_dir)
+            if rel.is_absolute() or ".." in rel.parts:
+                problems.append(
+                    f"instance {inst.name}: participant {p.server_name} state_dir "
+                    f"{p.state_dir!r} leaves the snapshot"
+                )
+            parts.append(
+                ParticipantRecord(
+                    p.server_name, p.kind, f"{GYM_STATE_DIR}/{rel.as_posix()}", p.records_digest
+                )
+            )
+        records.append(InstanceRecord(inst.name, tuple(parts)))
+    if problems:
+        raise CheckpointInvariantError("commit reply mismatch: " + "; ".join(problems))
+    return tuple(records)
+
+
+@attrs.define(eq=False, slots=True)
+class CheckpointCoordinator:
+    """Runs rollout checkpoints; one nursery per checkpoint, one cancel scope per control call.
+
+    ``checkpoint()`` returns a ``CheckpointOutcome`` for success and for a ``gym_unavailable``
+    failure; it raises ``CheckpointInvariantError`` (abort, exit 3) and ``CheckpointsFailed``
+    once failures in a row exceed ``max_consecutive_failures`` (exit 4).
+    """
+
+    gym: GymBackend
+    ledger: RecoveryLedger
+    gate: DispatchGate
+    deadlines: DeadlineRegistry
+    store: SnapshotStore
+    config: RuntimeConfig
+    metrics: Metrics
+    run_id: str = "run"
+    _seq: int = attrs.field(default=0, init=False)
+    _consecutive_failures: int = attrs.field(default=0, init=False)
+    _topology: Topology | None = attrs.field(default=None, init=False)
+    ok_total: int = attrs.field(default=0, init=False)
+    failed_total: int = attrs.field(default=0, init=False)
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._consecutive_failures
+
+    async def checkpoint(self, extra_files: Mapping[str, bytes] | None = None) -> CheckpointOutcome:
+        """Take one rollout checkpoint; ``extra_files`` (e.g. trainer state) join the snapshot."""
+        self._seq += 1
+        checkpoint_id = f"{self.run_id}-{self._seq:04d}"
+        stage_s: dict[str, float] = {}
+        try:
+            info, episodes, drained = await self._run(checkpoint_id, dict(extra_files or {}), stage_s)
+        except Exception as exc:
+            kind = classify(exc)
+            self.failed_total += 1
+            self.metrics.inc("checkpoint/failed_total")
+            self._record_stages(stage_s)
+            if kind == "invariant":
+                self.metrics.inc("checkpoint/invariant_failures_total")
+                if isinstance(exc, CheckpointInvariantError):
+                    raise
+                raise CheckpointInvariantError(f"checkpoint {checkpoint_id}: {exc}") from exc
+            self._consecutive_failures += 1
+            self.metrics.inc("checkpoint/gym_unavailable_total")
+            self.metrics.set("checkpoint/consecutive_failures", self._consecutive_failures)
+            if self._consecutive_failures > self.config.max_consecutive_failures:
+                raise CheckpointsFailed(
+                    f"{self._consecutive_failures} checkpoints failed in a row "
+                    f"(max_consecutive_failures={self.config.max_consecutive_failures}); "
+                    f"last: {exc}"
+                ) from exc
+            return CheckpointOutcome(checkpoint_id, False, None, "gym_unavailable", str(exc), stage_s)
+        self._consecutive_failures = 0
+        self.ok_total += 1
+        self.metrics.inc("checkpoint/ok_total")
+        self.metrics.set("checkpoint/consecutive_failures", 0)
+        self._record_stages(stage_s)
+        return CheckpointOutcome(checkpoint_id, True, info, None, None, stage_s, episodes, drained)
+
+    def _record_stages(self, stage_s: Mapping[str, float]) -> None:
+        for name, seconds in stage_s.items():
+            self.metrics.set(f"checkpoint/stage_{name}_s", seconds)
+
+    async def _topology_now(self) -> Topology:
+        if self._topology is None:
+            self._topology = await self.gym.topology()
+        return self._topology
+
+    async def _run(
+        self, checkpoint_id: str, files: dict[str, bytes], stage_s: dict[str, float]
+    ) -> tuple[SnapshotInfo, int, int]:
+        clock = trio.current_time
+        gym, ledger, config = self.gym, self.ledger, self.config
+        topology = await self._topology_now()
+        names = topology.names
+        t0 = clock()
+        await self.gate.close(by=checkpoint_id)
+        paused = False
+        parked = False
+        staging: Path | None = None
+        try:
+            self.deadlines.pause(PAUSE_HOLDER)
+            paused = True
+            stage_s["close"] = clock() - t0
+
+            # 2. retire dropped attempts while Gym is idle (S4)
+            t = clock()
+            await self._retire_dropped()
+            stage_s["retire"] = clock() - t
+
+            # 3. prepare
+            t = clock()
+            parked = True  # from the first prepare call on, Gym may be parked
+            await fan_out(
+                "prepare",
+                {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names},
+                config,
+            )
+            stage_s["prepare"] = clock() - t
+
+            # 4. commit into the staging snapshot
+            t = clock()
+            staging = await offload(lambda: self.store.begin(checkpoint_id))
+            state_root = str(staging / GYM_STATE_DIR)
+            replies = await fan_out(
+                "commit",
+                {n: functools.partial(gym.commit, n, checkpoint_id, state_root) for n in names},
+                config,
+            )
+            stage_s["commit"] = clock() - t
+
+            # 5. ownership (S10), off the loop
+            t = clock()
+            instances = _check_replies(replies, topology, checkpoint_id)
+            owned = await offload(lambda: _ownership(replies, names))
+            stage_s["ownership"] = clock() - t
+
+            # 6. drain replies on the wire (S9)
+            t = clock()
+            drained = await self._drain(owned.on_wire)
+            stage_s["drain"] = clock() - t
+
+            # 7. snapshot under the barrier hold, serialised off the loop
+            t = clock()
+            async with ledger.barrier.hold(checkpoint_id):
+                ledger_bytes = await offload(lambda: self._cut(owned, names))
+            stage_s["snapshot"] = clock() - t
+            t = clock()
+            manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, owned.episodes)
+            files[LEDGER_FILE] = ledger_bytes
+            info = await offload(lambda: self.store.publish(staging, manifest, files))  # type: ignore[arg-type]
+            staging = None
+            stage_s["publish"] = clock() - t
+
+            # 8. resume
+            t = clock()
+            parked = False
+            try:
+                await fan_out(
+                    "resume",
+                    {n: functools.partial(gym.resume, n, checkpoint_id) for n in names},
+                    config,
+                )
+            except Exception:  # the snapshot is published; Gym's lease reopens Gym
+                self.metrics.inc("checkpoint/resume_failures_total")
+            stage_s["resume"] = clock() - t
+            return info, len(owned.episodes), drained
+        finally:
+            with trio.CancelScope(shield=True):
+                if parked:
+                    await self._resume_best_effort(checkpoint_id, names)
+                if staging is not None:
+                    s = staging
+                    await offload(lambda: self.store.abort(s))
+                if paused:
+                    self.deadlines.release(PAUSE_HOLDER)
+                await self.gate.reopen()
+
+    async def _resume_best_effort(self, checkpoint_id: str, names: Sequence[str]) -> None:
+        """After a failure with Gym possibly parked: try to resume; the lease covers a loss."""
+        try:
+            await fan_out(
+                "resume",
+                {n: functools.partial(self.gym.resume, n, checkpoint_id) for n in names},
+                self.config,
+            )
+        except Exception:
+            self.metrics.inc("checkpoint/resume_failures_total")
+
+    async def _retire_dropped(self) -> None:
+        queue = self.ledger.retire_queue()
+        if not queue:
+            return
+        calls = {}
+        for instance, items in queue.items():
+            live = [i.rollout_id for i in items if not i.restored]
+            restored = [i.rollout_id for i in items if i.restored]
+
+            async def call(deadline: float, instance: str = instance, live: list[str] = live,
+                           restored: list[str] = restored) -> list[str]:
+                done: list[str] = []
+                if live:
+                    reply = await self.gym.retire(instance, live, deadline)
+                    done.extend(reply.retired)
+                    done.extend(reply.unknown)
+                if restored:
+                    reply = await self.gym.retire_restored(instance, restored, deadline)
+                    done.extend(reply.retired)
+                    done.extend(reply.unknown)
+                    self.metrics.inc("checkpoint/restore_retire_total", len(reply.retired))
+                return done
+
+            calls[instance] = call
+        results = await fan_out("retire", calls, self.config)
+        retired = [rid for done in results.values() for rid in done]
+        await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))
+        self.metrics.inc("checkpoint/retired_dropped_total", len(retired))
+
+    async def _drain(self, on_wire: frozenset[str]) -> int:
+        """Wait for the in-flight episodes whose reply is on the wire (S9)."""
+        self.metrics.set("checkpoint/drain_pending", len(self.ledger.pending_among(on_wire)))
+        return await wait_drained(self.ledger, on_wire, self.config.drain_timeout_s)
+
+    def _cut(self, owned: _Ownership, names: Sequence[str]) -> bytes:
+        """Inventory check and ledger copy; runs in a thread while the barrier is held."""
+        ledger = self.ledger
+        for name in names:
+            held = ledger.held_by(name)
+            exported = owned.by_instance.get(name, frozenset())
+            missing = held - exported
+            extra = exported - held
+            if missing or extra:
+                parts = []
+                if missing:
+                    parts.append(
+                        f"the ledger has {sample_ids(missing)} episodes in flight there that "
+                        "Gym neither exported nor replied to"
+                    )
+                if extra:
+                    parts.append(
+                        f"Gym exported {sample_ids(extra)} episodes the ledger does not hold"
+                    )
+                raise CheckpointInvariantError(f"instance {name}: " + "; ".join(parts))
+        return dump_ledger_snapshot(ledger.to_snapshot())
+

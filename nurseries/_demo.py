@@ -1,0 +1,426 @@
+"""``gymckpt demo``: a toy trio trainer against Gym, checkpoints, a real SIGKILL, a restore.
+
+The parent process runs no trainer. It starts phase 1 as a child process; phase 1 trains steps
+from prompt groups, checkpoints every ``--checkpoint-every`` steps and prints a line once its
+N-th checkpoint is published; the parent then kills it with SIGKILL (phase 1 keeps training until
+the signal lands, so work after the checkpoint is lost for real). Phase 2 is a new process: it
+restores the latest complete snapshot and finishes the dataset. The parent then judges the run
+from files alone:
+
+* the **training journal** (``journal.jsonl``, one fsynced line per trained step, plus a
+  ``restore_to_step`` line per restore) gives the lineage of the final model: steps after the
+  restored one are discarded, as their weights died with the process;
+* the **final snapshot**'s committed calendar state gives every sentinel the environment holds;
+* the final ledger gives the rows that failed for good.
+
+Exactly once means: every row trained once in the lineage (no duplicates, none lost), every step
+once, and every sentinel a trained episode's plan calls for present exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import attrs
+import orjson
+import trio
+
+from gym_adapter import EmbeddedGym, GymBackend, SimConfig
+from gym_adapter._sim import plan_episode, sentinel
+from runtime import (
+    CheckpointInvariantError,
+    CheckpointsFailed,
+    RuntimeConfig,
+    SnapshotStore,
+    load_snapshot,
+    write_atomic,
+)
+from runtime._ledger import load_ledger_snapshot
+
+from ._trainer import open_rollouts
+
+__all__ = ["DemoOptions", "run_demo", "run_phase"]
+
+PUBLISHED = "GYMCKPT-CHECKPOINT-PUBLISHED"
+JOURNAL = "journal.jsonl"
+
+
+@attrs.frozen(kw_only=True)
+class DemoOptions:
+    """The demo's flags (C2). ``crash_after_checkpoint`` 0 means no crash."""
+
+    backend: str = "embedded"
+    rows: int = 64
+    group_size: int = 4
+    instances: int = 2
+    seed: int = 0
+    checkpoint_every: int = 2
+    crash_after_checkpoint: int = 1
+    faults: tuple[str, ...] = ()
+    workdir: str | None = None
+    groups_per_step: int = 4
+    max_rows_in_flight: int = 16
+    ray_address: str | None = None
+    agent_kind: str = "simple_agent"
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("rows", "group_size", "instances", "checkpoint_every", "groups_per_step",
+                     "max_rows_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.crash_after_checkpoint < 0:
+            raise ValueError("--crash-after-checkpoint must be >= 0")
+        if self.backend not in ("embedded", "ray"):
+            raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
+
+    def sim_config(self) -> SimConfig:
+        return SimConfig(turns=(2, 4), turn_s=(0.005, 0.02), mutation_p=0.5, lease_s=30.0)
+
+    def runtime_config(self) -> RuntimeConfig:
+        return RuntimeConfig(control_timeout_s=5.0, reply_grace_s=0.5, drain_timeout_s=5.0,
+                             lease_s=30.0, max_consecutive_failures=3)
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DemoOptions:
+        raw = json.loads(text)
+        raw["faults"] = tuple(raw["faults"])
+        return cls(**raw)
+
+
+# -- the toy trainer ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ToyTrainer:
+    """A running reward estimate: enough state to make a restored step observable."""
+
+    step: int = 0
+    reward_ema: float = 0.0
+    rows_trained: int = 0
+
+    def train(self, rewards: Sequence[float], rows: int) -> ToyTrainer:
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        return ToyTrainer(self.step + 1, 0.9 * self.reward_ema + 0.1 * mean,
+                          self.rows_trained + rows)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(attrs.asdict(self))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ToyTrainer:
+        raw = orjson.loads(data)
+        return cls(int(raw["step"]), float(raw["reward_ema"]), int(raw["rows_trained"]))
+
+
+class Journal:
+    """Append-only, one fsynced JSON line per record: the trained-steps audit trail."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "ab") as f:
+            f.write(orjson.dumps(record) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# -- one phase (a trainer process) ----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend]:
+    """The Gym deployment the demo runs on."""
+    if opts.backend == "ray":
+        from gym_adapter._ray import RayGym  # type: ignore[import-not-found]
+
+        async with RayGym.open(
+            instances=opts.instances, agent_kinds=opts.agent_kind, seed=opts.seed,
+            work_dir=workdir / "gym-live", config=opts.sim_config(), faults=opts.faults,
+            address=opts.ray_address,
+        ) as gym:
+            yield gym
+        return
+    async with EmbeddedGym.open(
+        instances=opts.instances, agent_kinds=opts.agent_kind, seed=opts.seed,
+        work_dir=workdir / "gym-live", config=opts.sim_config(), faults=opts.faults,
+    ) as gym:
+        yield gym
+
+
+def _progress(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
+
+
+async def run_phase(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> dict[str, Any]:
+    """Run one trainer process's worth of the demo; returns its result record."""
+    show = sys.stderr.isatty()
+    journal = Journal(workdir / JOURNAL)
+    total_steps = -(-opts.rows // opts.groups_per_step)
+    outcomes = []
+    async with open_gym(opts, workdir) as gym, open_rollouts(
+        gym, workdir, rows=opts.rows, group_size=opts.group_size,
+        config=opts.runtime_config(), max_rows_in_flight=opts.max_rows_in_flight,
+        run_id=f"p{phase}",
+    ) as rollouts:
+        trainer = ToyTrainer()
+        if rollouts.trainer_state is not None:
+            trainer = ToyTrainer.from_bytes(rollouts.trainer_state)
+        if rollouts.restored is not None:
+            summary = rollouts.restore_summary
+            journal.append({"phase": phase, "restore_to_step": trainer.step,
+                            "snapshot": rollouts.restored.snapshot.checkpoint_id})
+            _progress(show, f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
+                            f" at step {trainer.step}: {summary}")
+        published = 0
+        async for batch in rollouts.batches(opts.groups_per_step):
+            rewards = [r.reward for g in batch for r in g.results]
+            trainer = trainer.train(rewards, len(batch))
+            journal.append({"phase": phase, "step": trainer.step, "rows": [g.row for g in batch]})
+            _progress(show, f"[phase {phase}] step {trainer.step}/{total_steps} "
+                            f"rows {trainer.rows_trained}/{opts.rows} "
+                            f"reward≈{trainer.reward_ema:.3f}")
+            if trainer.step % opts.checkpoint_every == 0:
+                outcome = await rollouts.checkpoint(trainer.to_bytes())
+                outcomes.append(outcome)
+                _progress(show, f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
+                                f"{'ok' if outcome.ok else outcome.reason} "
+                                f"({outcome.episodes} episodes parked, {outcome.drained} drained)")
+                if outcome.ok:
+                    published += 1
+                    if crash_after and published == crash_after:
+                        print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
+        # a last checkpoint saves the environment state the verdict reads
+        final = None
+        for _ in range(opts.runtime_config().max_consecutive_failures + 1):
+            final = await rollouts.checkpoint(trainer.to_bytes())
+            outcomes.append(final)
+            if final.ok:
+                break
+        assert final is not None
+        metrics = rollouts.metrics.snapshot()
+        restore_summary = rollouts.restore_summary
+    return {
+        "phase": phase,
+        "steps": trainer.step,
+        "checkpoints_ok": sum(o.ok for o in outcomes),
+        "checkpoints_failed": sum(not o.ok for o in outcomes),
+        "stage_s": [dict(o.stage_s) for o in outcomes if o.ok],
+        "final_snapshot": str(final.snapshot.path) if final.snapshot else None,
+        "restored": attrs.asdict(restore_summary) if restore_summary else None,
+        "metrics": metrics,
+    }
+
+
+def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:
+    """Entry point of a phase process; exit codes per C4."""
+    try:
+        result = trio.run(run_phase, opts, workdir, phase, crash_after)
+    except CheckpointInvariantError as exc:
+        print(f"gymckpt: run aborted: {exc}", file=sys.stderr)
+        return 3
+    except CheckpointsFailed as exc:
+        print(f"gymckpt: {exc}", file=sys.stderr)
+        return 4
+    write_atomic(workdir / f"phase-{phase}.json", orjson.dumps(result))
+    return 0
+
+
+# -- the parent: processes, SIGKILL, verdict ------------------------------------------------------
+
+
+def _phase_cmd(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> list[str]:
+    return [sys.executable, "-m", "nurseries", "_phase", "--phase", str(phase),
+            "--crash-after", str(crash_after), "--workdir", str(workdir),
+            "--options", opts.to_json()]
+
+
+def _run_until_published(cmd: list[str], timeout_s: float) -> tuple[int, bool]:
+    """Run phase 1; SIGKILL it as soon as it reports its checkpoint. (returncode, killed)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    watchdog = threading.Timer(timeout_s, proc.kill)
+    watchdog.start()
+    killed = False
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if raw.decode(errors="replace").startswith(PUBLISHED):
+                os.kill(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+        rc = proc.wait()
+    finally:
+        watchdog.cancel()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return rc, killed
+
+
+def _lineage(journal: Path) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    if not journal.exists():
+        return steps
+    for line in journal.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        if "restore_to_step" in rec:
+            keep = int(rec["restore_to_step"])
+            steps = [s for s in steps if s["step"] <= keep]
+        else:
+            steps.append(rec)
+    return steps
+
+
+def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Judge the run from files only (journal, final snapshot)."""
+    lineage = _lineage(workdir / JOURNAL)
+    step_counts = Counter(s["step"] for s in lineage)
+    row_counts = Counter(r for s in lineage for r in s["rows"])
+    final_path = next((p["final_snapshot"] for p in reversed(phases) if p.get("final_snapshot")),
+                      None)
+    failed_rows: set[int] = set()
+    sentinel_counts: Counter[str] = Counter()
+    if final_path is not None:
+        snap = load_snapshot(Path(final_path))
+        led = load_ledger_snapshot(snap.files["ledger.json"])
+        for first, last in led.failed:
+            failed_rows.update(range(first, last + 1))
+        for inst in snap.manifest.instances:
+            for part in inst.participants:
+                if part.kind != "environment":
+                    continue
+                records = orjson.loads((snap.path / part.state_dir / "records.json").read_bytes())
+                for sess in records["sessions"]:
+                    sentinel_counts.update(e["sentinel"] for e in sess["events"])
+    expected: set[str] = set()
+    cfg = opts.sim_config()
+    for row in row_counts:
+        for slot in range(opts.group_size):
+            plan = plan_episode(opts.seed, row, slot, cfg)
+            expected.update(sentinel(row, slot, t) for t, m in enumerate(plan.mutates) if m)
+    trained = set(row_counts)
+    lost = len(set(range(opts.rows)) - trained - failed_rows)
+    duplicates = sum(c - 1 for c in row_counts.values() if c > 1)
+    twice = sum(c - 1 for c in step_counts.values() if c > 1)
+    dup_sentinels = sum(1 for s, c in sentinel_counts.items() if c > 1 and s in expected)
+    missing_sentinels = len(expected - set(sentinel_counts))
+    stages: dict[str, list[float]] = {}
+    for p in phases:
+        for st in p["stage_s"]:
+            for k, v in st.items():
+                stages.setdefault(k, []).append(v)
+    ok = sum(p["checkpoints_ok"] for p in phases)
+    failed = sum(p["checkpoints_failed"] for p in phases)
+    restores = sum(1 for p in phases if p.get("restored"))
+    return {
+        "rows": opts.rows,
+        "rows_trained": len(trained),
+        "rows_failed": len(failed_rows),
+        "duplicates": duplicates,
+        "lost": lost,
+        "steps": len(step_counts),
+        "steps_trained_twice": twice,
+        "sentinels_total": sum(sentinel_counts[s] for s in expected),
+        "sentinels_expected": len(expected),
+        "sentinels_duplicated": dup_sentinels,
+        "sentinels_missing": missing_sentinels,
+        "checkpoints_ok": ok,
+        "checkpoints_failed": failed,
+        "restores": restores,
+        "stage_ms_median": {k: round(median(v) * 1000, 3) for k, v in stages.items()},
+        "exactly_once": (duplicates == 0 and lost == 0 and twice == 0 and dup_sentinels == 0
+                         and missing_sentinels == 0 and len(trained) + len(failed_rows) == opts.rows),
+    }
+
+
+def run_demo(opts: DemoOptions, as_json: bool) -> int:
+    """The whole demo; prints a report (or the C2 JSON object) and returns the exit code."""
+    show = sys.stderr.isatty() and not as_json
+    if opts.workdir:
+        workdir = Path(opts.workdir)
+        if workdir.exists() and any(workdir.iterdir()):
+            print(f"gymckpt: error: --workdir {workdir} is not empty; give a new or empty "
+                  "directory", file=sys.stderr)
+            return 2
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="gymckpt-demo-"))
+    t0 = time.monotonic()
+    killed = False
+    timeout = 600.0
+    if opts.crash_after_checkpoint:
+        _progress(show, f"phase 1: trainer process, SIGKILL after checkpoint "
+                        f"{opts.crash_after_checkpoint} (workdir {workdir})")
+        rc, killed = _run_until_published(
+            _phase_cmd(opts, workdir, 1, opts.crash_after_checkpoint), timeout)
+        if not killed:
+            if rc != 0:
+                return rc
+            _progress(show, "phase 1 finished before its checkpoint was published; no crash")
+        else:
+            _progress(show, f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
+            rc = subprocess.run(_phase_cmd(opts, workdir, 2, 0), stdin=subprocess.DEVNULL,
+                                timeout=timeout, check=False).returncode
+            if rc != 0:
+                return rc
+    else:
+        rc = subprocess.run(_phase_cmd(opts, workdir, 1, 0), stdin=subprocess.DEVNULL,
+                            timeout=timeout, check=False).returncode
+        if rc != 0:
+            return rc
+    phases = []
+    for p in (1, 2):
+        path = workdir / f"phase-{p}.json"
+        if path.exists():
+            phases.append(orjson.loads(path.read_bytes()))
+    report = verdict(opts, workdir, phases)
+    report.update({
+        "killed_with_sigkill": killed,
+        "backend": opts.backend,
+        "instances": opts.instances,
+        "group_size": opts.group_size,
+        "seed": opts.seed,
+        "workdir": str(workdir),
+        "elapsed_s": round(time.monotonic() - t0, 3),
+        "snapshots": [str(i.path) for i in SnapshotStore(workdir / "snapshots").list_complete()],
+    })
+    if as_json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        _print_report(report)
+    return 0 if report["exactly_once"] else 3
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    lines = [
+        "gymckpt demo",
+        f"  backend {r['backend']}, {r['instances']} instances, group size {r['group_size']},"
+        f" seed {r['seed']}",
+        f"  rows trained        {r['rows_trained']}/{r['rows']} (failed {r['rows_failed']},"
+        f" lost {r['lost']}, duplicates {r['duplicates']})",
+        f"  steps               {r['steps']} (trained twice: {r['steps_trained_twice']})",
+        f"  sentinels           {r['sentinels_total']}/{r['sentinels_expected']}"
+        f" (duplicated {r['sentinels_duplicated']}, missing {r['sentinels_missing']})",
+        f"  checkpoints         {r['checkpoints_ok']} ok, {r['checkpoints_failed']} failed",
+        f"  restores            {r['restores']} (SIGKILL: {'yes' if r['killed_with_sigkill'] else 'no'})",
+        "  stage medians (ms)  " + ", ".join(f"{k} {v:g}" for k, v in r["stage_ms_median"].items()),
+        f"  elapsed             {r['elapsed_s']:.1f}s, workdir {r['workdir']}",
+        f"  exactly once        {'YES' if r['exactly_once'] else 'NO'}",
+    ]
+    print("\n".join(lines))

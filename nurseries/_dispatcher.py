@@ -1,0 +1,338 @@
+"""Dispatcher: streams rows to Gym through the DispatchGate and applies the replies.
+
+Invariants
+----------
+* An attempt becomes DISPATCHED inside gate admission, in the same ledger mutation that follows
+  its submission to Gym with no checkpoint in between (S1). A submission that fails leaves the
+  attempts RESERVED and queued.
+* Every reply is applied in one barrier mutation per batch, touching exactly the batch's rollout
+  IDs (plus ``READY`` when a group became complete), so drain waiters wake on their own
+  episodes only (S9).
+* ``admission_closed`` refusals go back to RESERVED at no cost and are re-sent when admission
+  reopens (S2); counted in ``rollout/gym_admission_closed_rows_total``.
+* A stream that ends early: rows that never came back (and were not refused) are abandoned,
+  queued for retirement and retired at once under dispatch admission; a failed retire is not
+  fatal — they stay queued for the next checkpoint. Their siblings are re-sent as fresh attempts
+  under new rollout IDs (S3).
+* Completions are accepted only when identity and gate ID match the ledger (stale ones counted).
+* Failures are classified infra vs data by Gym; infra re-sends wait an exponential backoff.
+* Restored attempts go to their original replica with ``restored_from`` set, once (S11).
+
+The queue of rollout IDs to send is the only work list: every producer of a RESERVED attempt
+(new rows, refusals, replacements, restore) enqueues it. Each wait has an owner: the dispatcher
+runs in the caller's nursery and stops when that nursery is cancelled.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+
+import attrs
+import trio
+
+from gym_adapter import (
+    Completed,
+    Failed,
+    GymBackend,
+    GymControlError,
+    GymInstanceDead,
+    Refused,
+    ReplyStream,
+    RunReply,
+    RunRow,
+)
+from runtime import (
+    ADMISSION_CLOSED_ROWS,
+    AttemptState,
+    DeadlineExpired,
+    DeadlineRegistry,
+    DispatchGate,
+    EpisodeResult,
+    GymCheckpointUnavailable,
+    Metrics,
+    RecoveryLedger,
+    RuntimeConfig,
+)
+
+from ._calls import bounded_call
+
+__all__ = ["READY", "Dispatcher", "DispatcherStatistics"]
+
+READY = "rollout/groups-ready"
+"""Barrier key touched whenever a prompt group becomes complete (the trainer waits on it)."""
+
+_STREAM_ERRORS = (GymInstanceDead, GymControlError, GymCheckpointUnavailable, TimeoutError,
+                  DeadlineExpired)
+
+
+@attrs.frozen
+class DispatcherStatistics:
+    queued: int
+    streams_open: int
+    rows_sent: int
+    refused: int
+    early_ends: int
+    retired_now: int
+    retire_failures: int
+    dead_instances: tuple[str, ...]
+
+
+@attrs.define(eq=False, slots=True)
+class Dispatcher:
+    """Feeds rows ``rows`` (dataset order) to Gym, keeping ``max_rows_in_flight`` rows open."""
+
+    gym: GymBackend
+    ledger: RecoveryLedger
+    gate: DispatchGate
+    deadlines: DeadlineRegistry
+    config: RuntimeConfig
+    metrics: Metrics
+    rows: Iterator[int]
+    max_rows_in_flight: int = 64
+    batch_size: int = 64
+    request_timeout_s: float = 300.0
+
+    _queue: deque[str] = attrs.field(factory=deque, init=False)
+    _kick: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _dead: set[str] = attrs.field(factory=set, init=False)
+    _rr: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    _rows_exhausted: bool = attrs.field(default=False, init=False)
+    _streams: int = attrs.field(default=0, init=False)
+    _sent: int = attrs.field(default=0, init=False)
+    _refused: int = attrs.field(default=0, init=False)
+    _early: int = attrs.field(default=0, init=False)
+    _retired_now: int = attrs.field(default=0, init=False)
+    _retire_failures: int = attrs.field(default=0, init=False)
+    _stream_ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+
+    # -- work list ---------------------------------------------------------------------------
+
+    def enqueue(self, rollout_ids: Iterable[str]) -> None:
+        """Queue RESERVED attempts for sending and wake the loop."""
+        self._queue.extend(rollout_ids)
+        self._kick.set()
+
+    def enqueue_reserved(self) -> None:
+        """Queue every RESERVED attempt already in the ledger (after a restore). O(ledger)."""
+        self.enqueue(a.rollout_id for a in self.ledger.reserved())
+
+    @property
+    def rows_exhausted(self) -> bool:
+        """Every row of the dataset has been reserved."""
+        return self._rows_exhausted
+
+    @property
+    def finished(self) -> bool:
+        """No rows left to reserve and none in flight: every row trained or failed."""
+        return self._rows_exhausted and not self.ledger.rows() and not self._queue
+
+    def poke(self) -> None:
+        """Wake the loop (e.g. the trainer took groups, so there is room for new rows)."""
+        self._kick.set()
+
+    def _plan(self, touched: list[str]) -> list[tuple[str, list[RunRow]]]:
+        """One mutation: reserve new rows up to the in-flight limit, then pop up to
+        ``batch_size`` still-RESERVED attempts grouped by target instance."""
+        ledger = self.ledger
+        room = self.max_rows_in_flight - len(ledger.rows())
+        while room > 0 and not self._rows_exhausted:
+            row = next(self.rows, None)
+            if row is None:
+                self._rows_exhausted = True
+                touched.append(READY)  # the trainer may now be at the end
+                break
+            self._queue.extend(a.rollout_id for a in ledger.reserve_row(row))
+            room -= 1
+        if not self._queue:
+            return []
+        live = [n for n in self.gym.instances if n not in self._dead]
+        if not live:
+            raise GymInstanceDead(",".join(self.gym.instances), "run")
+        groups: dict[str, list[RunRow]] = {}
+        taken = 0
+        while self._queue and taken < self.batch_size:
+            rid = self._queue.popleft()
+            att = ledger.get(rid)
+            if att is None or att.state is not AttemptState.RESERVED:
+                continue  # superseded or already sent
+            restored_from = None
+            if att.restored is not None and att.restored.instance in self._dead:
+                ledger.unpin(rid)  # its Gym state died with the replica: run it from scratch
+                self.metrics.inc("rollout/restored_on_dead_instance_total")
+            if att.restored is not None:
+                instance = att.restored.instance
+                restored_from = att.restored.from_rollout_id
+            else:
+                instance = live[next(self._rr) % len(live)]
+            groups.setdefault(instance, []).append(
+                RunRow(rid, att.row, att.slot, att.attempt, restored_from)
+            )
+            touched.append(rid)
+            taken += 1
+        return list(groups.items())
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch until cancelled. Streams run as children of this call's nursery."""
+        async with trio.open_nursery() as streams:
+            task_status.started()
+            while True:
+                touched: list[str] = []
+                self._kick = trio.Event()  # before planning, so no enqueue can be missed
+                batch = await self.ledger.barrier.mutate(lambda: self._plan(touched), touched)
+                if not batch:
+                    await self._kick.wait()
+                    continue
+                for instance, rows in batch:
+                    await self._submit(streams, instance, rows)
+
+    async def _submit(self, streams: trio.Nursery, instance: str, rows: Sequence[RunRow]) -> None:
+        ids = [r.rollout_id for r in rows]
+        async with self.gate.admit() as gate_id:
+            try:
+                stream = await self.gym.run(instance, rows)
+            except GymInstanceDead:
+                self._dead.add(instance)
+                self.metrics.inc("rollout/dead_instances_total")
+                self._queue.extendleft(reversed(ids))
+                return
+            # same mutation as the submission: nothing ran in between (S1)
+            self.ledger.barrier.mutate_nowait(
+                lambda: self.ledger.mark_dispatched(ids, instance, gate_id), ids
+            )
+        self._sent += len(ids)
+        self.metrics.inc("rollout/rows_dispatched_total", len(ids))
+        streams.start_soon(self._consume, instance, gate_id, stream, ids)
+
+    async def _consume(
+        self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str]
+    ) -> None:
+        outstanding = set(ids)
+        refused: list[str] = []
+        self._streams += 1
+        key = f"stream-{next(self._stream_ids)}"
+        try:
+            with self.deadlines.scope(key, f"/run of {len(ids)} rows on {instance}",
+                                      self.request_timeout_s):
+                async for replies in stream:
+                    await self._apply(replies, gate_id, outstanding, refused)
+        except _STREAM_ERRORS as exc:
+            if isinstance(exc, GymInstanceDead):
+                self._dead.add(instance)
+            self.metrics.inc("rollout/stream_errors_total")
+        finally:
+            self._streams -= 1
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+        if refused:
+            await self._requeue_refused(refused, gate_id)
+        if outstanding:
+            await self._early_end(instance, outstanding)
+
+    async def _apply(
+        self,
+        replies: Sequence[RunReply],
+        gate_id: int,
+        outstanding: set[str],
+        refused: list[str],
+    ) -> None:
+        ledger = self.ledger
+        touched: list[str] = []
+        resend: list[str] = []
+        backoff: list[str] = []
+
+        def apply() -> None:
+            ready_before = ledger.ready_groups
+            rows_before = len(ledger.rows())
+            for reply in replies:
+                rid = reply.rollout_id
+                if rid not in outstanding:
+                    continue  # not ours (or duplicated): ignore
+                outstanding.discard(rid)
+                touched.append(rid)
+                if isinstance(reply, Completed):
+                    ledger.complete(rid, gate_id, EpisodeResult(reply.reward, reply.turns))
+                elif isinstance(reply, Failed):
+                    nxt = ledger.fail(rid, gate_id, reply.failure_class, reply.message)
+                    if nxt is not None:
+                        (backoff if reply.failure_class == "infra" else resend).append(
+                            nxt.rollout_id
+                        )
+                elif isinstance(reply, Refused):
+                    if ledger.refuse(rid):
+                        refused.append(rid)
+                        self._refused += 1
+                        self.metrics.inc(ADMISSION_CLOSED_ROWS)
+            if ledger.ready_groups > ready_before or len(ledger.rows()) < rows_before:
+                touched.append(READY)  # a group is ready, or a row failed: the trainer looks
+
+        await ledger.barrier.mutate(apply, touched)
+        if resend:
+            self.enqueue(resend)
+        if backoff:
+            await self._after_backoff(backoff)
+
+    async def _after_backoff(self, ids: list[str]) -> None:
+        spent = max(
+            (self.ledger.row_attempts_spent(a.row, a.slot) for a in
+             filter(None, (self.ledger.get(i) for i in ids))),
+            default=1,
+        )
+        delay = self.config.backoff_s(spent)
+        if delay > 0:
+            await trio.sleep(delay)
+        self.enqueue(ids)
+
+    async def _requeue_refused(self, ids: list[str], gate_id: int) -> None:
+        # Refused under the gate ID we still hold open: Gym closed admission on its own (a
+        # checkpoint we do not run, or a fault). Back off briefly instead of spinning.
+        if self.gate.is_open and self.gate.gate_id == gate_id:
+            await trio.sleep(self.config.backoff_s(1))
+        self.enqueue(ids)
+
+    async def _early_end(self, instance: str, outstanding: set[str]) -> None:
+        """S3: abandon, queue for retire, retire now under admission, re-send fresh."""
+        self._early += 1
+        self.metrics.inc("rollout/early_stream_ends_total")
+        ledger = self.ledger
+        abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]
+        replacements = await ledger.barrier.mutate(lambda: ledger.abandon(abandoned), abandoned)
+        self.enqueue(a.rollout_id for a in replacements)
+        if not abandoned or instance in self._dead:
+            return
+        try:
+            async with self.gate.admit():
+                reply = await bounded_call(
+                    instance, "retire",
+                    functools.partial(self.gym.retire, instance, abandoned), self.config,
+                )
+        except (GymControlError, GymInstanceDead, GymCheckpointUnavailable, TimeoutError):
+            self._retire_failures += 1
+            self.metrics.inc("rollout/retire_failures_total")
+            return  # still queued: the next checkpoint retires them before it commits
+        done = list(reply.retired) + list(reply.unknown)
+        await ledger.barrier.mutate(lambda: ledger.forget_retired(done))
+        self._retired_now += len(done)
+
+    def statistics(self) -> DispatcherStatistics:
+        return DispatcherStatistics(
+            queued=len(self._queue),
+            streams_open=self._streams,
+            rows_sent=self._sent,
+            refused=self._refused,
+            early_ends=self._early,
+            retired_now=self._retired_now,
+            retire_failures=self._retire_failures,
+            dead_instances=tuple(sorted(self._dead)),
+        )
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (
+            f"<Dispatcher queued={s.queued} streams={s.streams_open} sent={s.rows_sent} "
+            f"refused={s.refused} early_ends={s.early_ends}>"
+        )
