@@ -38,7 +38,7 @@ import attrs
 import orjson
 import trio
 
-from gym_adapter import EmbeddedGym, GymBackend, SimConfig
+from gym_adapter import EmbeddedGym, GymBackend, RunRow, SimConfig
 from gym_adapter._sim import plan_episode, sentinel
 from runtime import (
     CheckpointInvariantError,
@@ -50,6 +50,7 @@ from runtime import (
 )
 from runtime._ledger import load_ledger_snapshot
 
+from ._coordinator import CheckpointOutcome
 from ._trainer import open_rollouts
 
 __all__ = ["DemoOptions", "run_demo", "run_phase"]
@@ -75,6 +76,9 @@ class DemoOptions:
     max_rows_in_flight: int = 16
     ray_address: str | None = None
     agent_kind: str = "simple_agent"
+    hold_first_mutation: bool = False
+    """Test agent (S12): the episode making an instance's first calendar mutation holds at its
+    next step boundary until a checkpoint parks it."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("rows", "group_size", "instances", "checkpoint_every", "groups_per_step",
@@ -87,7 +91,8 @@ class DemoOptions:
             raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
 
     def sim_config(self) -> SimConfig:
-        return SimConfig(turns=(2, 4), turn_s=(0.005, 0.02), mutation_p=0.5, lease_s=30.0)
+        return SimConfig(turns=(2, 4), turn_s=(0.005, 0.02), mutation_p=0.5, lease_s=30.0,
+                         hold_after_first_mutation=self.hold_first_mutation)
 
     def runtime_config(self) -> RuntimeConfig:
         return RuntimeConfig(control_timeout_s=5.0, reply_grace_s=0.5, drain_timeout_s=5.0,
@@ -175,10 +180,17 @@ async def run_phase(opts: DemoOptions, workdir: Path, phase: int, crash_after: i
     journal = Journal(workdir / JOURNAL)
     total_steps = -(-opts.rows // opts.groups_per_step)
     outcomes = []
+
+    def audit(instance: str, rows: Sequence[RunRow]) -> None:
+        for r in rows:
+            if r.restored_from is not None:  # a restored episode's one dispatch (S11)
+                journal.append({"phase": phase, "dispatch": r.rollout_id, "instance": instance,
+                                "restored_from": r.restored_from})
+
     async with open_gym(opts, workdir) as gym, open_rollouts(
         gym, workdir, rows=opts.rows, group_size=opts.group_size,
         config=opts.runtime_config(), max_rows_in_flight=opts.max_rows_in_flight,
-        run_id=f"p{phase}",
+        run_id=f"p{phase}", on_dispatch=audit,
     ) as rollouts:
         trainer = ToyTrainer()
         if rollouts.trainer_state is not None:
@@ -200,6 +212,7 @@ async def run_phase(opts: DemoOptions, workdir: Path, phase: int, crash_after: i
             if trainer.step % opts.checkpoint_every == 0:
                 outcome = await rollouts.checkpoint(trainer.to_bytes())
                 outcomes.append(outcome)
+                journal.append(_checkpoint_record(phase, outcome))
                 _progress(show, f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
                                 f"{'ok' if outcome.ok else outcome.reason} "
                                 f"({outcome.episodes} episodes parked, {outcome.drained} drained)")
@@ -212,6 +225,7 @@ async def run_phase(opts: DemoOptions, workdir: Path, phase: int, crash_after: i
         for _ in range(opts.runtime_config().max_consecutive_failures + 1):
             final = await rollouts.checkpoint(trainer.to_bytes())
             outcomes.append(final)
+            journal.append(_checkpoint_record(phase, final))
             if final.ok:
                 break
         assert final is not None
@@ -220,13 +234,15 @@ async def run_phase(opts: DemoOptions, workdir: Path, phase: int, crash_after: i
     return {
         "phase": phase,
         "steps": trainer.step,
-        "checkpoints_ok": sum(o.ok for o in outcomes),
-        "checkpoints_failed": sum(not o.ok for o in outcomes),
-        "stage_s": [dict(o.stage_s) for o in outcomes if o.ok],
         "final_snapshot": str(final.snapshot.path) if final.snapshot else None,
         "restored": attrs.asdict(restore_summary) if restore_summary else None,
         "metrics": metrics,
     }
+
+
+def _checkpoint_record(phase: int, outcome: CheckpointOutcome) -> dict[str, Any]:
+    return {"phase": phase, "checkpoint": outcome.checkpoint_id, "ok": outcome.ok,
+            "reason": outcome.reason, "stage_s": dict(outcome.stage_s)}
 
 
 def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:
@@ -273,23 +289,29 @@ def _run_until_published(cmd: list[str], timeout_s: float) -> tuple[int, bool]:
     return rc, killed
 
 
-def _lineage(journal: Path) -> list[dict[str, Any]]:
+def _read_journal(journal: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(lineage of trained steps, every checkpoint record) from the journal."""
     steps: list[dict[str, Any]] = []
+    checkpoints: list[dict[str, Any]] = []
     if not journal.exists():
-        return steps
+        return steps, checkpoints
     for line in journal.read_bytes().splitlines():
         rec = orjson.loads(line)
         if "restore_to_step" in rec:
             keep = int(rec["restore_to_step"])
             steps = [s for s in steps if s["step"] <= keep]
+        elif "checkpoint" in rec:
+            checkpoints.append(rec)
+        elif "dispatch" in rec:
+            continue
         else:
             steps.append(rec)
-    return steps
+    return steps, checkpoints
 
 
 def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Judge the run from files only (journal, final snapshot)."""
-    lineage = _lineage(workdir / JOURNAL)
+    lineage, checkpoints = _read_journal(workdir / JOURNAL)
     step_counts = Counter(s["step"] for s in lineage)
     row_counts = Counter(r for s in lineage for r in s["rows"])
     final_path = next((p["final_snapshot"] for p in reversed(phases) if p.get("final_snapshot")),
@@ -321,12 +343,12 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
     dup_sentinels = sum(1 for s, c in sentinel_counts.items() if c > 1 and s in expected)
     missing_sentinels = len(expected - set(sentinel_counts))
     stages: dict[str, list[float]] = {}
-    for p in phases:
-        for st in p["stage_s"]:
-            for k, v in st.items():
+    for c in checkpoints:
+        if c["ok"]:
+            for k, v in c["stage_s"].items():
                 stages.setdefault(k, []).append(v)
-    ok = sum(p["checkpoints_ok"] for p in phases)
-    failed = sum(p["checkpoints_failed"] for p in phases)
+    ok = sum(1 for c in checkpoints if c["ok"])
+    failed = len(checkpoints) - ok
     restores = sum(1 for p in phases if p.get("restored"))
     return {
         "rows": opts.rows,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import attrs
 import trio
@@ -94,6 +94,8 @@ class Dispatcher:
     max_rows_in_flight: int = 64
     batch_size: int = 64
     request_timeout_s: float = 300.0
+    on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None
+    """Called with (instance, rows) right after rows are marked DISPATCHED (audit hooks)."""
 
     _queue: deque[str] = attrs.field(factory=deque, init=False)
     _kick: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -204,6 +206,8 @@ class Dispatcher:
             self.ledger.barrier.mutate_nowait(
                 lambda: self.ledger.mark_dispatched(ids, instance, gate_id), ids
             )
+        if self.on_dispatch is not None:
+            self.on_dispatch(instance, rows)
         self._sent += len(ids)
         self.metrics.inc("rollout/rows_dispatched_total", len(ids))
         streams.start_soon(self._consume, instance, gate_id, stream, ids)

@@ -14,14 +14,14 @@ invariant violations and too many failures in a row raise (exit codes 3 and 4).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
 import trio
 
-from gym_adapter import GymBackend
+from gym_adapter import GymBackend, RunRow
 from runtime import (
     CompletedGroup,
     DeadlineRegistry,
@@ -122,11 +122,13 @@ async def open_rollouts(
     restore: bool = True,
     run_id: str = "run",
     extra_metrics: Mapping[str, float] | None = None,
+    on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None,
 ) -> AsyncIterator[Rollouts]:
     """Open the rollout runtime on ``gym`` with snapshots under ``workdir/snapshots``.
 
     ``rows`` is the dataset: a count (rows ``0..rows-1``) or an iterable of row indices in
     order. With ``restore`` (default) the latest complete snapshot is restored first.
+    ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
     """
     config = config or RuntimeConfig()
     workdir = Path(workdir)
@@ -155,7 +157,7 @@ async def open_rollouts(
     deadlines = DeadlineRegistry()
     dispatcher = Dispatcher(
         gym, ledger, gate, deadlines, config, metrics, remaining,
-        max_rows_in_flight=max_rows_in_flight, batch_size=batch_size,
+        max_rows_in_flight=max_rows_in_flight, batch_size=batch_size, on_dispatch=on_dispatch,
     )
     coordinator = CheckpointCoordinator(
         gym, ledger, gate, deadlines, store, config, metrics, run_id=run_id
