@@ -129,7 +129,9 @@ async def fan_out(
 def _gathered(operation: str, errors: Mapping[str, Exception]) -> Exception:
     order: Sequence[str] = sorted(errors)
     group = ExceptionGroup(f"{operation} failed on {len(errors)} instance(s)", [errors[i] for i in order])
-    detail = "; ".join(f"{i}: {errors[i]}" for i in order)
+    detail = "; ".join(
+        str(errors[i]) if i in str(errors[i]) else f"{i}: {errors[i]}" for i in order
+    )
     err: Exception
     mismatches = [e for e in errors.values() if isinstance(e, TopologyMismatch)]
     if mismatches:
@@ -137,6 +139,6 @@ def _gathered(operation: str, errors: Mapping[str, Exception]) -> Exception:
     elif classify(group) == "invariant":
         err = CheckpointInvariantError(f"{operation}: {detail}")
     else:
-        err = GymCheckpointUnavailable(detail, ",".join(order), operation)
+        err = GymCheckpointUnavailable(detail, "", operation)
     err.__cause__ = group
     return err

@@ -35,7 +35,8 @@ topology and reply mismatches raise ``CheckpointInvariantError`` and the run abo
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -245,81 +246,75 @@ class CheckpointCoordinator:
     async def _run(
         self, checkpoint_id: str, files: dict[str, bytes], stage_s: dict[str, float]
     ) -> tuple[SnapshotInfo, int, int]:
-        clock = trio.current_time
         gym, ledger, config = self.gym, self.ledger, self.config
         topology = await self._topology_now()
         names = topology.names
-        t0 = clock()
-        await self.gate.close(by=checkpoint_id)
-        paused = False
-        parked = False
+
+        @contextmanager
+        def stage(name: str) -> Iterator[None]:
+            t = trio.current_time()
+            try:
+                yield
+            finally:  # failed stages are timed too
+                stage_s[name] = trio.current_time() - t
+
+        paused = parked = False
         staging: Path | None = None
+        with stage("close"):
+            await self.gate.close(by=checkpoint_id)
         try:
             self.deadlines.pause(PAUSE_HOLDER)
             paused = True
-            stage_s["close"] = clock() - t0
 
-            # 2. retire dropped attempts while Gym is idle (S4)
-            t = clock()
-            await self._retire_dropped()
-            stage_s["retire"] = clock() - t
+            with stage("retire"):  # dropped attempts, while Gym is idle (S4)
+                await self._retire_dropped()
 
-            # 3. prepare
-            t = clock()
-            parked = True  # from the first prepare call on, Gym may be parked
-            await fan_out(
-                "prepare",
-                {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names},
-                config,
-            )
-            stage_s["prepare"] = clock() - t
-
-            # 4. commit into the staging snapshot
-            t = clock()
-            staging = await offload(lambda: self.store.begin(checkpoint_id))
-            state_root = str(staging / GYM_STATE_DIR)
-            replies = await fan_out(
-                "commit",
-                {n: functools.partial(gym.commit, n, checkpoint_id, state_root) for n in names},
-                config,
-            )
-            stage_s["commit"] = clock() - t
-
-            # 5. ownership (S10), off the loop
-            t = clock()
-            instances = _check_replies(replies, topology, checkpoint_id)
-            owned = await offload(lambda: _ownership(replies, names))
-            stage_s["ownership"] = clock() - t
-
-            # 6. drain replies on the wire (S9)
-            t = clock()
-            drained = await self._drain(owned.on_wire)
-            stage_s["drain"] = clock() - t
-
-            # 7. snapshot under the barrier hold, serialised off the loop
-            t = clock()
-            async with ledger.barrier.hold(checkpoint_id):
-                ledger_bytes = await offload(lambda: self._cut(owned, names))
-            stage_s["snapshot"] = clock() - t
-            t = clock()
-            manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, owned.episodes)
-            files[LEDGER_FILE] = ledger_bytes
-            info = await offload(lambda: self.store.publish(staging, manifest, files))  # type: ignore[arg-type]
-            staging = None
-            stage_s["publish"] = clock() - t
-
-            # 8. resume
-            t = clock()
-            parked = False
-            try:
+            with stage("prepare"):
+                parked = True  # from the first prepare call on, Gym may be parked
                 await fan_out(
-                    "resume",
-                    {n: functools.partial(gym.resume, n, checkpoint_id) for n in names},
+                    "prepare",
+                    {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names},
                     config,
                 )
-            except Exception:  # the snapshot is published; Gym's lease reopens Gym
-                self.metrics.inc("checkpoint/resume_failures_total")
-            stage_s["resume"] = clock() - t
+
+            with stage("commit"):  # into the staging snapshot
+                staging = await offload(lambda: self.store.begin(checkpoint_id))
+                state_root = str(staging / GYM_STATE_DIR)
+                replies = await fan_out(
+                    "commit",
+                    {n: functools.partial(gym.commit, n, checkpoint_id, state_root)
+                     for n in names},
+                    config,
+                )
+
+            with stage("ownership"):  # S10, off the loop
+                instances = _check_replies(replies, topology, checkpoint_id)
+                owned = await offload(lambda: _ownership(replies, names))
+
+            with stage("drain"):  # replies on the wire (S9)
+                drained = await self._drain(owned.on_wire)
+
+            with stage("snapshot"):  # a consistent cut under the hold, serialised off the loop
+                async with ledger.barrier.hold(checkpoint_id):
+                    ledger_bytes = await offload(lambda: self._cut(owned, names))
+
+            with stage("publish"):
+                manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, owned.episodes)
+                files[LEDGER_FILE] = ledger_bytes
+                ready = staging
+                info = await offload(lambda: self.store.publish(ready, manifest, files))
+                staging = None
+
+            with stage("resume"):
+                parked = False
+                try:
+                    await fan_out(
+                        "resume",
+                        {n: functools.partial(gym.resume, n, checkpoint_id) for n in names},
+                        config,
+                    )
+                except Exception:  # the snapshot is published; Gym's lease reopens Gym
+                    self.metrics.inc("checkpoint/resume_failures_total")
             return info, len(owned.episodes), drained
         finally:
             with trio.CancelScope(shield=True):

@@ -193,21 +193,32 @@ class Dispatcher:
                     await self._submit(streams, instance, rows)
 
     async def _submit(self, streams: trio.Nursery, instance: str, rows: Sequence[RunRow]) -> None:
-        ids = [r.rollout_id for r in rows]
+        ledger = self.ledger
         async with self.gate.admit() as gate_id:
+            # the wait at the gate may have outlived some attempts (dropped, superseded)
+            ok = set(ledger.sendable(r.rollout_id for r in rows)[0])
+            rows = [r for r in rows if r.rollout_id in ok]
+            if not rows:
+                return
             try:
                 stream = await self.gym.run(instance, rows)
             except GymInstanceDead:
                 self._dead.add(instance)
                 self.metrics.inc("rollout/dead_instances_total")
-                self._queue.extendleft(reversed(ids))
+                self._queue.extendleft(reversed([r.rollout_id for r in rows]))
                 return
-            # same mutation as the submission: nothing ran in between (S1)
-            self.ledger.barrier.mutate_nowait(
-                lambda: self.ledger.mark_dispatched(ids, instance, gate_id), ids
-            )
+            # the same mutation as the submission, nothing in between but the submission (S1);
+            # rows the ledger dropped while Gym accepted them are queued for retirement (S4)
+            ids, orphans = ledger.sendable(r.rollout_id for r in rows)
+
+            def dispatched() -> None:
+                ledger.mark_dispatched(ids, instance, gate_id)
+                if orphans:
+                    ledger.record_orphans(orphans, instance)
+
+            ledger.barrier.mutate_nowait(dispatched, ids)
         if self.on_dispatch is not None:
-            self.on_dispatch(instance, rows)
+            self.on_dispatch(instance, [r for r in rows if r.rollout_id not in orphans])
         self._sent += len(ids)
         self.metrics.inc("rollout/rows_dispatched_total", len(ids))
         streams.start_soon(self._consume, instance, gate_id, stream, ids)

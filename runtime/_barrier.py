@@ -8,9 +8,9 @@ without looking at the whole ledger. One object serves both:
 
 * ``mutate_nowait(fn, touched)`` runs a synchronous change. Because the change is synchronous, no
   other task can observe the ledger half-changed, and a hold can never interrupt one.
-* ``hold()`` is taken by a checkpoint. While it is held, ``mutate()`` parks in FIFO order and
-  ``mutate_nowait()`` raises ``trio.WouldBlock``; queued mutations are otherwise undisturbed and
-  run, in order, when the hold is released.
+* ``hold()`` is taken by a checkpoint. While it is held, ``mutate()`` queues its change and
+  ``mutate_nowait()`` raises ``trio.WouldBlock``; queued changes are otherwise undisturbed and
+  run in FIFO order within the release itself, before any task can observe the ledger.
 * ``wait_until(predicate, keys)`` parks a waiter under the keys its predicate depends on (the
   drain uses rollout IDs). After a mutation, only waiters registered under a key the mutation
   touched have their predicate evaluated — trio-util's AsyncValue, made O(touched) rather than
@@ -23,6 +23,7 @@ goes through ``_after_mutation``, which runs before any other task can run.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar, final
@@ -51,6 +52,16 @@ class _Waiter:
     event: trio.Event = attrs.field(factory=trio.Event)
 
 
+@attrs.define(eq=False, slots=True)
+class _Queued:
+    fn: Callable[[], object]
+    touched: Iterable[Hashable]
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: object = None
+    error: Exception | None = None
+    cancelled: bool = False
+
+
 @attrs.frozen
 class BarrierStatistics:
     """A read-only view of a barrier, for tests and ``repr``."""
@@ -69,7 +80,7 @@ class MutationBarrier:
     """Serialises ledger changes, lets a checkpoint hold them, and wakes waiters selectively."""
 
     _holder: str | None = attrs.field(default=None, init=False)
-    _queued: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _queue: deque[_Queued] = attrs.field(factory=deque, init=False)
     _holders: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
     _by_key: dict[Hashable, set[_Waiter]] = attrs.field(factory=dict, init=False)
     _mutating: bool = attrs.field(default=False, init=False)
@@ -103,14 +114,40 @@ class MutationBarrier:
         return result
 
     async def mutate(self, fn: Callable[[], T], touched: Iterable[Hashable] = ()) -> T:
-        """Run ``fn()`` as one mutation, first waiting (FIFO) while the barrier is held."""
+        """Run ``fn()`` as one mutation; while the barrier is held, queue it (FIFO).
+
+        Queued mutations run, in order, inside the release of the hold — before any other task
+        can see the ledger — and their callers get each result or exception back. A caller
+        cancelled while queued is skipped: its mutation never runs.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while self._holder is not None:
-            await self._queued.park()
+        if self._holder is None:
+            try:
+                return self.mutate_nowait(fn, touched)
+            finally:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+        item = _Queued(fn, touched)
+        self._queue.append(item)
         try:
-            return self.mutate_nowait(fn, touched)
-        finally:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await item.done.wait()
+        except BaseException:
+            item.cancelled = True  # single-threaded: it has not run, and now never will
+            raise
+        if item.error is not None:
+            raise item.error
+        return item.result  # type: ignore[no-any-return]
+
+    def _run_queued(self) -> None:
+        queue = self._queue
+        while queue and self._holder is None:
+            item = queue.popleft()
+            if item.cancelled:
+                continue
+            try:
+                item.result = self.mutate_nowait(item.fn, item.touched)
+            except Exception as exc:
+                item.error = exc
+            item.done.set()
 
     def _after_mutation(self, touched: Iterable[Hashable]) -> None:
         by_key = self._by_key
@@ -145,7 +182,7 @@ class MutationBarrier:
             yield
         finally:
             self._holder = None
-            self._queued.unpark_all()
+            self._run_queued()
             self._holders.unpark()
 
     @property
@@ -189,7 +226,7 @@ class MutationBarrier:
             held=self._holder is not None,
             holder=self._holder,
             mutations=self._mutations,
-            queued_mutations=len(self._queued),
+            queued_mutations=sum(not q.cancelled for q in self._queue),
             waiters=len(waiters),
             predicate_evaluations=self._evaluations,
         )

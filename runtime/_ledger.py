@@ -390,6 +390,21 @@ class RecoveryLedger:
                 self._unclaimed -= 1
             self._hold(att, instance)
 
+    def sendable(self, rollout_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Split IDs into (current RESERVED attempts, the rest). O(len(rollout_ids))."""
+        ok: list[str] = []
+        stale: list[str] = []
+        for rid in rollout_ids:
+            att = self._by_id.get(rid)
+            (ok if att is not None and att.state is AttemptState.RESERVED else stale).append(rid)
+        return ok, stale
+
+    def record_orphans(self, rollout_ids: Iterable[str], instance: str) -> None:
+        """Gym accepted rows the ledger dropped meanwhile: queue them for retirement (S4)."""
+        self._assert_mutating()
+        for rid in rollout_ids:
+            self._retire[rid] = RetireItem(rid, instance)
+
     def refuse(self, rollout_id: str) -> bool:
         """``admission_closed``: DISPATCHED → RESERVED, identity kept, nothing spent (S2).
 

@@ -142,3 +142,29 @@ async def test_cancelled_queued_mutation_never_runs() -> None:
             await barrier.mutate(lambda: ran.append(1))
     assert ran == []
     assert barrier.statistics().queued_mutations == 0
+
+
+async def test_queued_mutation_error_reaches_its_caller_only() -> None:
+    barrier = MutationBarrier()
+    order: list[int] = []
+    errors: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("bad change")
+
+    async def failing() -> None:
+        try:
+            await barrier.mutate(boom)
+        except ValueError as exc:
+            errors.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        async with barrier.hold("ckpt"):
+            for i in range(20):
+                if i == 7:
+                    nursery.start_soon(failing)
+                    await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(barrier.mutate, lambda i=i: order.append(i))
+                await trio.testing.wait_all_tasks_blocked()  # queue in a known order
+            assert barrier.statistics().queued_mutations == 21
+    assert order == list(range(20)) and errors == ["bad change"]
