@@ -128,7 +128,9 @@ async def fan_out(
 
 def _gathered(operation: str, errors: Mapping[str, Exception]) -> Exception:
     order: Sequence[str] = sorted(errors)
-    group = ExceptionGroup(f"{operation} failed on {len(errors)} instance(s)", [errors[i] for i in order])
+    group = ExceptionGroup(
+        f"{operation} failed on {len(errors)} instance(s)", [errors[i] for i in order]
+    )
     detail = "; ".join(
         str(errors[i]) if i in str(errors[i]) else f"{i}: {errors[i]}" for i in order
     )

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument("--backend", choices=["embedded", "ray"], default="embedded",
-                      help="Gym deployment: in-process simulated Gym, or one Ray actor per instance")
+                      help="Gym deployment: in-process simulated Gym, or a Ray actor per instance")
     demo.add_argument("--rows", type=int, default=64, help="dataset rows (prompts); default 64")
     demo.add_argument("--group-size", type=int, default=4, help="generations per prompt group")
     demo.add_argument("--instances", type=int, default=2, help="Gym instances (replicas)")
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--crash-after-checkpoint", type=int, default=1, metavar="N",
                       help="SIGKILL the trainer after its N-th checkpoint; 0 disables (default 1)")
     demo.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                      help="inject a Gym fault, OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1")
+                      help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1")
     demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
                       "(default: a fresh temporary directory)")
     demo.add_argument("--agent-kind", choices=["simple_agent", "legacy_agent"],

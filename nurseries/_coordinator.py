@@ -206,7 +206,8 @@ class CheckpointCoordinator:
         checkpoint_id = f"{self.run_id}-{self._seq:04d}"
         stage_s: dict[str, float] = {}
         try:
-            info, episodes, drained = await self._run(checkpoint_id, dict(extra_files or {}), stage_s)
+            files = dict(extra_files or {})
+            info, episodes, drained = await self._run(checkpoint_id, files, stage_s)
         except Exception as exc:
             kind = classify(exc)
             self.failed_total += 1
@@ -226,7 +227,9 @@ class CheckpointCoordinator:
                     f"(max_consecutive_failures={self.config.max_consecutive_failures}); "
                     f"last: {exc}"
                 ) from exc
-            return CheckpointOutcome(checkpoint_id, False, None, "gym_unavailable", str(exc), stage_s)
+            return CheckpointOutcome(
+                checkpoint_id, False, None, "gym_unavailable", str(exc), stage_s
+            )
         self._consecutive_failures = 0
         self.ok_total += 1
         self.metrics.inc("checkpoint/ok_total")

@@ -153,7 +153,7 @@ class Journal:
 async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend]:
     """The Gym deployment the demo runs on."""
     if opts.backend == "ray":
-        from gym_adapter._ray import RayGym  # type: ignore[import-not-found]
+        from gym_adapter._ray import RayGym
 
         async with RayGym.open(
             instances=opts.instances, agent_kinds=opts.agent_kind, seed=opts.seed,
@@ -174,7 +174,9 @@ def _progress(enabled: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-async def run_phase(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> dict[str, Any]:
+async def run_phase(
+    opts: DemoOptions, workdir: Path, phase: int, crash_after: int
+) -> dict[str, Any]:
     """Run one trainer process's worth of the demo; returns its result record."""
     show = sys.stderr.isatty()
     journal = Journal(workdir / JOURNAL)
@@ -366,8 +368,10 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
         "checkpoints_failed": failed,
         "restores": restores,
         "stage_ms_median": {k: round(median(v) * 1000, 3) for k, v in stages.items()},
-        "exactly_once": (duplicates == 0 and lost == 0 and twice == 0 and dup_sentinels == 0
-                         and missing_sentinels == 0 and len(trained) + len(failed_rows) == opts.rows),
+        "exactly_once": (
+            duplicates == 0 and lost == 0 and twice == 0 and dup_sentinels == 0
+            and missing_sentinels == 0 and len(trained) + len(failed_rows) == opts.rows
+        ),
     }
 
 
@@ -440,7 +444,8 @@ def _print_report(r: dict[str, Any]) -> None:
         f"  sentinels           {r['sentinels_total']}/{r['sentinels_expected']}"
         f" (duplicated {r['sentinels_duplicated']}, missing {r['sentinels_missing']})",
         f"  checkpoints         {r['checkpoints_ok']} ok, {r['checkpoints_failed']} failed",
-        f"  restores            {r['restores']} (SIGKILL: {'yes' if r['killed_with_sigkill'] else 'no'})",
+        f"  restores            {r['restores']}"
+        f" (SIGKILL: {'yes' if r['killed_with_sigkill'] else 'no'})",
         "  stage medians (ms)  " + ", ".join(f"{k} {v:g}" for k, v in r["stage_ms_median"].items()),
         f"  elapsed             {r['elapsed_s']:.1f}s, workdir {r['workdir']}",
         f"  exactly once        {'YES' if r['exactly_once'] else 'NO'}",

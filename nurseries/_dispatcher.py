@@ -185,7 +185,8 @@ class Dispatcher:
             while True:
                 touched: list[str] = []
                 self._kick = trio.Event()  # before planning, so no enqueue can be missed
-                batch = await self.ledger.barrier.mutate(lambda: self._plan(touched), touched)
+                plan = functools.partial(self._plan, touched)
+                batch = await self.ledger.barrier.mutate(plan, touched)
                 if not batch:
                     await self._kick.wait()
                     continue
@@ -277,11 +278,10 @@ class Dispatcher:
                         (backoff if reply.failure_class == "infra" else resend).append(
                             nxt.rollout_id
                         )
-                elif isinstance(reply, Refused):
-                    if ledger.refuse(rid):
-                        refused.append(rid)
-                        self._refused += 1
-                        self.metrics.inc(ADMISSION_CLOSED_ROWS)
+                elif isinstance(reply, Refused) and ledger.refuse(rid):
+                    refused.append(rid)
+                    self._refused += 1
+                    self.metrics.inc(ADMISSION_CLOSED_ROWS)
             if ledger.ready_groups > ready_before or len(ledger.rows()) < rows_before:
                 touched.append(READY)  # a group is ready, or a row failed: the trainer looks
 

@@ -70,7 +70,8 @@ class Rollouts:
         return None if self.restored is None else self.restored.summary
 
     def _finished(self) -> bool:
-        return self.dispatcher.rows_exhausted and self.ledger.ready_groups == len(self.ledger.rows())
+        ledger = self.ledger
+        return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
 
     async def next_batch(self, groups: int) -> list[CompletedGroup]:
         """Wait for ``groups`` complete prompt groups and take them (fewer at the very end;

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
 from contextlib import asynccontextmanager
-from typing import Final, TypeVar, final
+from typing import Final, TypeVar, cast, final
 
 import attrs
 import trio
@@ -135,7 +135,7 @@ class MutationBarrier:
             raise
         if item.error is not None:
             raise item.error
-        return item.result  # type: ignore[no-any-return]
+        return cast(T, item.result)
 
     def _run_queued(self) -> None:
         queue = self._queue

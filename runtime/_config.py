@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 __all__ = ["RuntimeConfig"]
 
 
-def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
         raise ValueError(f"{attr.name} must be > 0, got {value!r}")
 
 
-def _non_negative(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
         raise ValueError(f"{attr.name} must be >= 0, got {value!r}")
 
@@ -59,4 +61,5 @@ class RuntimeConfig:
         """Exponential backoff before the retry that follows ``failures`` infra failures."""
         if failures <= 0:
             return 0.0
-        return float(min(self.infra_backoff_max_s, self.infra_backoff_initial_s * 2 ** (failures - 1)))
+        delay = self.infra_backoff_initial_s * 2 ** (failures - 1)
+        return float(min(self.infra_backoff_max_s, delay))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Iterable, Iterator
-from typing import Literal, final
+from typing import Any, Literal, cast, final
 
 import attrs
 import orjson
@@ -44,17 +44,17 @@ from ._errors import BudgetExhausted, ManifestError
 from ._manifest import EpisodeRecord
 
 __all__ = [
+    "LEDGER_SNAPSHOT_VERSION",
     "Attempt",
     "AttemptRow",
     "AttemptState",
     "CompletedGroup",
     "EpisodeResult",
     "FailureClass",
-    "LEDGER_SNAPSHOT_VERSION",
     "LedgerSnapshot",
     "LedgerStatistics",
-    "RestoreSummary",
     "RecoveryLedger",
+    "RestoreSummary",
     "RestoredGymState",
     "RetireItem",
     "dump_ledger_snapshot",
@@ -678,7 +678,9 @@ class RecoveryLedger:
                 try:
                     state = AttemptState(ar.state)
                 except ValueError:
-                    raise ManifestError(f"ledger.json: unknown attempt state {ar.state!r}") from None
+                    raise ManifestError(
+                        f"ledger.json: unknown attempt state {ar.state!r}"
+                    ) from None
                 if state is AttemptState.DISPATCHED:
                     old_id = rollout_id_for(ar.row, ar.slot, ar.attempt)
                     att = ledger._new_attempt(ar.row, ar.slot, ar.attempt + 1)
@@ -781,9 +783,9 @@ def _structure_attempt_row(value: object, _t: object) -> AttemptRow:
         _conv.structure(slot, int),
         _conv.structure(attempt, int),
         _conv.structure(state, str),
-        _conv.structure(replica, str | None),
-        _conv.structure(gate_id, int | None),
-        _conv.structure(restored, RestoredGymState | None),
+        _conv.structure(replica, cast(Any, str | None)),
+        _conv.structure(gate_id, cast(Any, int | None)),
+        _conv.structure(restored, cast(Any, RestoredGymState | None)),
         _conv.structure(unclaimed, bool),
         res,
     )

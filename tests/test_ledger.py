@@ -35,7 +35,7 @@ def test_rollout_ids() -> None:
 
 def test_changes_outside_a_mutation_are_refused() -> None:
     ledger = RecoveryLedger(group_size=1)
-    with pytest.raises(RuntimeError, match="inside barrier.mutate"):
+    with pytest.raises(RuntimeError, match=r"inside barrier\.mutate"):
         ledger.reserve_row(0)
 
 
@@ -128,7 +128,7 @@ def test_restore_replaces_exported_with_unclaimed_attempt_plus_one() -> None:
 
 
 def test_snapshot_rejects_bad_input() -> None:
-    with pytest.raises(ManifestError, match="ledger.json"):
+    with pytest.raises(ManifestError, match=r"ledger\.json"):
         load_ledger_snapshot(b"{}")
     with pytest.raises(ManifestError, match="empty"):
         load_ledger_snapshot(b"")

@@ -1,4 +1,4 @@
-"""Behaviour of the orchestration (S1–S11, S13) on the embedded Gym, under the autojump clock.
+"""Behaviour of the orchestration (S1-S11, S13) on the embedded Gym, under the autojump clock.
 
 Each test asserts what a user of the runtime cares about: counts, identities, budgets spent,
 messages, and that admission reopens and the deadline pause is released whatever happens.
@@ -6,9 +6,9 @@ messages, and that admission reopens and the deadline pause is released whatever
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-import re
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ async def test_s1_nothing_is_dispatched_before_admission(
 async def test_s2_refusals_cost_nothing_and_are_resent(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running(tmp_path, faults=["run:refuse@1"]) as (gym, ro):
+    async with running(tmp_path, faults=["run:refuse@1"]) as (_gym, ro):
         rows = await train_all(ro)
         assert sorted(rows) == list(range(12))
         refused = ro.metrics.get(ADMISSION_CLOSED_ROWS)
@@ -129,7 +129,7 @@ async def test_s2_refused_rows_keep_their_identity(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     ids: list[str] = []
-    async with running(tmp_path, faults=["run:refuse@1"]) as (gym, ro):
+    async with running(tmp_path, faults=["run:refuse@1"]) as (_gym, ro):
         async for batch in ro.batches(2):
             ids.extend(rid for g in batch for rid in g.rollout_ids)
     assert all("-a" not in rid for rid in ids)  # re-sent as the same attempt
@@ -177,7 +177,7 @@ async def test_s4_dropped_group_is_retired_before_prepare(
             inv = await gym.inventory(n)
             assert not {f"{row}-0", f"{row}-1"} & set(inv.running + inv.parked)
         rows = await train_all(ro)
-        assert row not in rows and sorted(rows + [row]) == list(range(12))
+        assert row not in rows and sorted([*rows, row]) == list(range(12))
 
 
 # -- S5 -----------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ async def test_s4_dropped_group_is_retired_before_prepare(
 async def test_s5_hung_prepare_is_bounded_and_named(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running(tmp_path, faults=["prepare:hang@1"]) as (gym, ro):
+    async with running(tmp_path, faults=["prepare:hang@1"]) as (_gym, ro):
         await trio.sleep(1)
         t0 = trio.current_time()
         outcome = await ro.checkpoint()
@@ -224,7 +224,7 @@ async def test_s5_lost_resume_lease_reopens_gym(
 async def test_s6_gym_failures_are_retryable(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, fault: str
 ) -> None:
-    async with running(tmp_path, faults=[fault]) as (gym, ro):
+    async with running(tmp_path, faults=[fault]) as (_gym, ro):
         await trio.sleep(1)
         outcome = await ro.checkpoint()
         assert not outcome.ok and outcome.reason == "gym_unavailable"
@@ -242,7 +242,7 @@ async def test_s6_gym_failures_are_retryable(
 async def test_s6_too_many_failures_in_a_row_raise(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running(tmp_path, faults=["commit:error"]) as (gym, ro):
+    async with running(tmp_path, faults=["commit:error"]) as (_gym, ro):
         for _ in range(CONFIG.max_consecutive_failures):
             assert not (await ro.checkpoint()).ok
         with pytest.raises(CheckpointsFailed, match="3 checkpoints failed in a row"):
@@ -291,7 +291,7 @@ async def test_s6_ownership_mismatch_aborts(
 async def test_s7_deadlines_pause_while_parked_and_other_holders_stay(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running(tmp_path, faults=["commit:delay@1:1.5"]) as (gym, ro):
+    async with running(tmp_path, faults=["commit:delay@1:1.5"]) as (_gym, ro):
         deadlines = ro.coordinator.deadlines
         deadlines.register("request-x", "a test request", 10.0)
         deadlines.pause("refit")  # a colocated engine's own pause
@@ -312,7 +312,7 @@ async def test_s7_deadlines_pause_while_parked_and_other_holders_stay(
 
 
 async def _one_snapshot(tmp_path: Path) -> Path:
-    async with running(tmp_path, rows=40) as (gym, ro):
+    async with running(tmp_path, rows=40) as (_gym, ro):
         await trio.sleep(1)
         outcome = await ro.checkpoint()
         assert outcome.ok and outcome.episodes > 0
@@ -361,7 +361,7 @@ async def test_s9_checkpoints_drain_replies_on_the_wire(
 ) -> None:
     sim = SimConfig(turns=(1, 2), turn_s=(0.05, 0.2), lease_s=30.0, flush_interval_s=0.5)
     trained: list[int] = []
-    async with running(tmp_path, rows=400, sim=sim) as (gym, ro):
+    async with running(tmp_path, rows=400, sim=sim) as (_gym, ro):
 
         async def trainer() -> None:
             trained.extend(await train_all(ro))
@@ -389,7 +389,7 @@ async def test_s9_checkpoints_drain_replies_on_the_wire(
 async def test_s10_legacy_sessions_own_their_episodes(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running(tmp_path, agent_kinds="legacy_agent") as (gym, ro):
+    async with running(tmp_path, agent_kinds="legacy_agent") as (_gym, ro):
         await trio.sleep(1)
         outcome = await ro.checkpoint()
         assert outcome.ok and outcome.episodes > 0
@@ -402,7 +402,7 @@ async def test_s10_stranded_legacy_session_fails_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     sim = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), lease_s=30.0, strand_legacy_session=True)
-    async with running(tmp_path, agent_kinds="legacy_agent", sim=sim) as (gym, ro):
+    async with running(tmp_path, agent_kinds="legacy_agent", sim=sim) as (_gym, ro):
         await trio.sleep(1)
         t0 = trio.current_time()
         with pytest.raises(StrandedSessionError, match="parked legacy agent sessions"):
@@ -496,7 +496,7 @@ async def test_s13_snapshot_chosen_for_restore_outlives_pruning(
 async def test_attempt_states_after_a_full_run(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running(tmp_path) as (gym, ro):
+    async with running(tmp_path) as (_gym, ro):
         await train_all(ro)
         stats = ro.ledger.statistics()
         assert stats.rows_trained == 12 and stats.attempts == 0
