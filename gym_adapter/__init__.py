@@ -22,17 +22,37 @@ from ._contract import (
     RunRow,
     Topology,
 )
+from ._embedded import EmbeddedGym, GymStatistics
+from ._faults import FAULT_GRAMMAR, FaultPlan, FaultSpec
+from ._sim import (
+    CalendarEvent,
+    CalendarSession,
+    EpisodePlan,
+    SimConfig,
+    SimInstance,
+    SimReplyStream,
+    SimStatistics,
+    plan_episode,
+)
 
 __all__ = [
     "ADMISSION_CLOSED",
+    "FAULT_GRAMMAR",
     "AgentSession",
+    "CalendarEvent",
+    "CalendarSession",
     "CommitReply",
     "Completed",
+    "EmbeddedGym",
+    "EpisodePlan",
     "ExportedEpisode",
     "Failed",
+    "FaultPlan",
+    "FaultSpec",
     "GymBackend",
     "GymControlError",
     "GymInstanceDead",
+    "GymStatistics",
     "InstanceInventory",
     "InstanceTopology",
     "ParticipantInfo",
@@ -43,5 +63,10 @@ __all__ = [
     "RetireReply",
     "RunReply",
     "RunRow",
+    "SimConfig",
+    "SimInstance",
+    "SimReplyStream",
+    "SimStatistics",
     "Topology",
+    "plan_episode",
 ]

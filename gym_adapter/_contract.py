@@ -22,6 +22,10 @@ episodes with their owner and ``capture_keys``, the replies on the wire, and the
 sessions), ``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify, then
 install committed state), ``retire_restored``; ``topology`` and ``inventory`` serve checks.
 
+Paths: a commit reply's ``ParticipantInfo.state_dir`` is relative to that commit's
+``state_root``; ``restore`` resolves each ``ParticipantRecord.state_dir`` of the manifest against
+its own ``state_root`` (the snapshot directory, since the manifest's paths are relative to it).
+
 Errors a backend raises: ``GymControlError`` (Gym's control plane refused or failed),
 ``GymInstanceDead``, ``TimeoutError``; a backend replaces any error that cannot be pickled with
 ``runtime.GymCheckpointUnavailable``. ``restore`` raises ``runtime.TopologyMismatch`` on any
@@ -249,7 +253,9 @@ class GymBackend(Protocol):
 
     async def run(self, instance: str, rows: Sequence[RunRow]) -> ReplyStream: ...
 
-    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply: ...
+    async def prepare(
+        self, instance: str, checkpoint_id: str, deadline_ts: float
+    ) -> PrepareReply: ...
 
     async def commit(
         self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float

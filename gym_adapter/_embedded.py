@@ -1,0 +1,272 @@
+"""EmbeddedGym: the simulated Gym deployment in-process, as a ``GymBackend``.
+
+K ``SimInstance`` named ``gym-0`` … ``gym-{K-1}`` share one task-group lifetime (the
+``EmbeddedGym.open`` context) and one ``FaultPlan``, so ``@N`` in a fault spec counts calls
+across the deployment. Every call is delegated to its instance; the adapter adds only what a
+remote backend adds too:
+
+- fault injection (C3) before the call reaches the instance (``hang``, ``delay``, ``error``,
+  ``unpicklable``, ``dead``; ``refuse`` and ``drop`` shape a ``run``);
+- dead instances: after a ``dead`` fault every call to that instance raises
+  ``GymInstanceDead`` without reaching it (and without being counted by the plan);
+- the picklability rule (S6): any error raised by Gym that cannot be pickled is replaced by
+  ``runtime.GymCheckpointUnavailable`` naming the instance and operation.
+
+Deadlines (``deadline_ts``, on ``anyio.current_time()``) are enforced by the instance once the
+call runs; a ``delay`` fault happens before that, so a delay past the deadline surfaces as Gym's
+``TimeoutError`` naming the instance, while a ``hang`` is left to the caller's own bound (S5).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
+
+from ._contract import (
+    CommitReply,
+    GymBackend,
+    GymControlError,
+    GymInstanceDead,
+    InstanceInventory,
+    PrepareReply,
+    ReplyStream,
+    RestoreReply,
+    RetireReply,
+    RunRow,
+    Topology,
+)
+from ._faults import FaultPlan, FaultSpec
+from ._sim import (
+    AGENT_KINDS,
+    CalendarSession,
+    CoordinationError,
+    SimConfig,
+    SimInstance,
+    SimStatistics,
+)
+
+__all__ = ["EmbeddedGym", "GymStatistics"]
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class GymStatistics:
+    """Counts of the whole deployment: per instance, and the faults that fired."""
+
+    instances: tuple[SimStatistics, ...]
+    faults_fired: tuple[tuple[str, int], ...]
+
+
+def _can_pickle(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True
+
+
+@final
+class EmbeddedGym:
+    """The embedded Gym deployment. Build it with ``EmbeddedGym.open(...)``."""
+
+    def __init__(self, sims: Sequence[SimInstance], plan: FaultPlan) -> None:
+        self._sims = {sim.name: sim for sim in sims}
+        self._names = tuple(sim.name for sim in sims)
+        self._plan = plan
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        instances: int = 1,
+        agent_kinds: str | Sequence[str] = "simple_agent",
+        seed: int = 0,
+        work_dir: str | Path | None = None,
+        config: SimConfig | None = None,
+        faults: Sequence[str | FaultSpec] = (),
+    ) -> AsyncIterator[EmbeddedGym]:
+        """Serve ``instances`` simulated instances until the context exits.
+
+        ``agent_kinds`` is one kind for all instances or one per instance. ``faults`` are C3
+        specs (strings or ``FaultSpec``); a bad spec raises ``ValueError`` before anything runs.
+        """
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances!r}")
+        kinds = (agent_kinds,) * instances if isinstance(agent_kinds, str) else tuple(agent_kinds)
+        if len(kinds) != instances:
+            raise ValueError(f"got {len(kinds)} agent kinds for {instances} instances")
+        for kind in kinds:
+            if kind not in AGENT_KINDS:
+                raise ValueError(
+                    f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {kind!r}"
+                )
+        plan = FaultPlan(faults)
+        cfg = config if config is not None else SimConfig()
+        wd = Path(work_dir) if work_dir is not None else None
+        sims = [SimInstance(f"gym-{i}", kinds[i], seed, wd, cfg) for i in range(instances)]
+        async with AsyncExitStack() as stack:
+            for sim in sims:
+                await stack.enter_async_context(sim)
+            yield cls(sims, plan)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def faults(self) -> FaultPlan:
+        return self._plan
+
+    def sim(self, instance: str) -> SimInstance:
+        """The instance itself (tests and the demo only; bypasses faults)."""
+        try:
+            return self._sims[instance]
+        except KeyError:
+            raise ValueError(
+                f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
+            ) from None
+
+    def _live(self, instance: str, op: str) -> SimInstance:
+        sim = self.sim(instance)
+        if sim.dead:
+            raise GymInstanceDead(instance, op)
+        return sim
+
+    async def _inject(self, sim: SimInstance, spec: FaultSpec, op: str) -> None:
+        if spec.kind == "hang":
+            await anyio.sleep_forever()
+        elif spec.kind == "delay":
+            assert spec.arg is not None
+            await anyio.sleep(spec.arg)
+        elif spec.kind == "error":
+            raise GymControlError(sim.name, op, f"injected fault {spec}")
+        elif spec.kind == "unpicklable":
+            raise CoordinationError(sim.name, op, f"injected fault {spec}")
+        elif spec.kind == "dead":
+            sim.kill()
+            raise GymInstanceDead(sim.name, op)
+
+    async def _call(self, instance: str, op: str, call: Callable[[SimInstance], Awaitable[T]]) -> T:
+        sim = self._live(instance, op)
+        spec = self._plan.check(op)
+        try:
+            if spec is not None:
+                await self._inject(sim, spec, op)
+            return await call(sim)
+        except Exception as exc:
+            if _can_pickle(exc):
+                raise
+            raise GymCheckpointUnavailable(
+                f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
+                instance,
+                op,
+            ) from None
+
+    # -- GymBackend ----------------------------------------------------------------------------
+
+    async def topology(self) -> Topology:
+        await anyio.lowlevel.checkpoint()
+        return Topology(tuple(self._live(n, "topology").topology() for n in self._names))
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> ReplyStream:
+        """Submit ``rows``; a ``refuse`` fault refuses them all (``admission_closed``), a ``drop``
+        fault ends the stream after ``len(rows) // 2`` replies."""
+        sim = self._live(instance, "run")
+        spec = self._plan.check("run")
+        refuse = spec is not None and spec.kind == "refuse"
+        drop = len(rows) // 2 if spec is not None and spec.kind == "drop" else None
+        try:
+            if spec is not None and not (refuse or drop is not None):
+                await self._inject(sim, spec, "run")
+            return await sim.run(rows, refuse_all=refuse, drop_after=drop)
+        except Exception as exc:
+            if _can_pickle(exc):
+                raise
+            raise GymCheckpointUnavailable(
+                f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
+                instance,
+                "run",
+            ) from None
+
+    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+        return await self._call(
+            instance, "prepare", lambda sim: sim.prepare(checkpoint_id, deadline_ts)
+        )
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply:
+        return await self._call(
+            instance, "commit", lambda sim: sim.commit(checkpoint_id, state_root, deadline_ts)
+        )
+
+    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
+        await self._call(instance, "resume", lambda sim: sim.resume(checkpoint_id, deadline_ts))
+
+    async def retire(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        ids = tuple(rollout_ids)
+        return await self._call(instance, "retire", lambda sim: sim.retire(ids, deadline_ts))
+
+    async def restore(
+        self,
+        instance: str,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply:
+        eps = tuple(episodes)
+        return await self._call(
+            instance, "restore", lambda sim: sim.restore(state_root, record, eps, deadline_ts)
+        )
+
+    async def retire_restored(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        ids = tuple(rollout_ids)
+        return await self._call(
+            instance, "retire_restored", lambda sim: sim.retire_restored(ids, deadline_ts)
+        )
+
+    async def inventory(self, instance: str) -> InstanceInventory:
+        await anyio.lowlevel.checkpoint()
+        return self._live(instance, "inventory").inventory()
+
+    # -- extras (tests, demo) ------------------------------------------------------------------
+
+    async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
+        """The environment's live sessions of ``instance`` (for sentinel checks)."""
+        await anyio.lowlevel.checkpoint()
+        return self._live(instance, "calendar_state").calendar_state()
+
+    async def statistics(self) -> GymStatistics:
+        """Per-instance counts (dead instances included) and the faults that fired."""
+        await anyio.lowlevel.checkpoint()
+        return GymStatistics(
+            instances=tuple(self._sims[n].statistics() for n in self._names),
+            faults_fired=self._plan.fired,
+        )
+
+    def __repr__(self) -> str:
+        dead = sum(1 for s in self._sims.values() if s.dead)
+        return f"<EmbeddedGym instances={len(self._names)} dead={dead} faults={self._plan!r}>"
+
+
+if TYPE_CHECKING:  # mypy checks that EmbeddedGym implements the contract
+
+    def _is_a_backend(gym: EmbeddedGym) -> GymBackend:
+        return gym
