@@ -1,11 +1,18 @@
 """gymckpt orchestration: dispatcher, checkpoint coordinator, restore, trainer facade, CLI."""
 
-from ._coordinator import PAUSE_HOLDER, STAGES, CheckpointCoordinator, CheckpointOutcome
+from ._coordinator import (
+    HOOK_POINTS,
+    PAUSE_HOLDER,
+    STAGES,
+    CheckpointCoordinator,
+    CheckpointOutcome,
+)
 from ._dispatcher import READY, Dispatcher, DispatcherStatistics
 from ._restore import RestoredRun, restore_latest
 from ._trainer import TRAINER_STATE_FILE, Rollouts, open_rollouts
 
 __all__ = [
+    "HOOK_POINTS",
     "PAUSE_HOLDER",
     "READY",
     "STAGES",

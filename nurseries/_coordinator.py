@@ -35,7 +35,7 @@ topology and reply mismatches raise ``CheckpointInvariantError`` and the run abo
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -68,12 +68,14 @@ from runtime._manifest import MANIFEST_VERSION
 from ._calls import classify, fan_out
 from ._offload import offload
 
-__all__ = ["PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
+__all__ = ["HOOK_POINTS", "PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
 
 PAUSE_HOLDER = "gym-checkpoint"
 STAGES = ("close", "retire", "prepare", "commit", "ownership", "drain", "snapshot", "publish",
           "resume")
 LEDGER_FILE = "ledger.json"
+HOOK_POINTS = ("before_prepare", "after_prepare", "after_commit", "before_publish",
+               "after_publish", "before_resume")
 
 
 @attrs.frozen
@@ -190,6 +192,9 @@ class CheckpointCoordinator:
     config: RuntimeConfig
     metrics: Metrics
     run_id: str = "run"
+    on_stage: Callable[[str, str], None] | None = None
+    """Test hook, called as ``on_stage(checkpoint_id, point)`` at each point of ``HOOK_POINTS``
+    (fault injection kills the process there)."""
     _seq: int = attrs.field(default=0, init=False)
     _consecutive_failures: int = attrs.field(default=0, init=False)
     _topology: Topology | None = attrs.field(default=None, init=False)
@@ -263,6 +268,11 @@ class CheckpointCoordinator:
 
         paused = parked = False
         staging: Path | None = None
+
+        def hook(point: str) -> None:
+            if self.on_stage is not None:
+                self.on_stage(checkpoint_id, point)
+
         with stage("close"):
             await self.gate.close(by=checkpoint_id)
         try:
@@ -272,6 +282,7 @@ class CheckpointCoordinator:
             with stage("retire"):  # dropped attempts, while Gym is idle (S4)
                 await self._retire_dropped()
 
+            hook("before_prepare")
             with stage("prepare"):
                 parked = True  # from the first prepare call on, Gym may be parked
                 await fan_out(
@@ -280,6 +291,7 @@ class CheckpointCoordinator:
                     config,
                 )
 
+            hook("after_prepare")
             with stage("commit"):  # into the staging snapshot
                 staging = await offload(lambda: self.store.begin(checkpoint_id))
                 state_root = str(staging / GYM_STATE_DIR)
@@ -290,6 +302,7 @@ class CheckpointCoordinator:
                     config,
                 )
 
+            hook("after_commit")
             with stage("ownership"):  # S10, off the loop
                 instances = _check_replies(replies, topology, checkpoint_id)
                 owned = await offload(lambda: _ownership(replies, names))
@@ -301,6 +314,7 @@ class CheckpointCoordinator:
                 async with ledger.barrier.hold(checkpoint_id):
                     ledger_bytes = await offload(lambda: self._cut(owned, names))
 
+            hook("before_publish")
             with stage("publish"):
                 manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, owned.episodes)
                 files[LEDGER_FILE] = ledger_bytes
@@ -308,6 +322,8 @@ class CheckpointCoordinator:
                 info = await offload(lambda: self.store.publish(ready, manifest, files))
                 staging = None
 
+            hook("after_publish")
+            hook("before_resume")
             with stage("resume"):
                 parked = False
                 try:
