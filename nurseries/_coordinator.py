@@ -294,7 +294,7 @@ class CheckpointCoordinator:
             hook("after_prepare")
             with stage("commit"):  # into the staging snapshot
                 staging = await offload(lambda: self.store.begin(checkpoint_id))
-                state_root = str(staging / GYM_STATE_DIR)
+                state_root = str((staging / GYM_STATE_DIR).resolve())  # Gym may run elsewhere
                 replies = await fan_out(
                     "commit",
                     {n: functools.partial(gym.commit, n, checkpoint_id, state_root)

@@ -68,7 +68,7 @@ async def restore_latest(
     episodes_by_replica: dict[str, list] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
-    state_root = str(pinned.path)
+    state_root = str(pinned.path.resolve())
     await fan_out(
         "restore",
         {

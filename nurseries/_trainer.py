@@ -132,7 +132,7 @@ async def open_rollouts(
     ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
     """
     config = config or RuntimeConfig()
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()
     store = SnapshotStore(workdir / "snapshots")
     await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
     restored = await restore_latest(gym, store, workdir / "restored", config) if restore else None

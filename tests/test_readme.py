@@ -1,0 +1,39 @@
+"""The README stays true: its trainer example runs, and CI runs its test command."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _block(marker: str) -> str:
+    m = re.search(rf"<!-- {marker} -->\n```[a-z]*\n(.*?)```\n<!-- /{marker} -->", README, re.S)
+    assert m, f"README has no {marker} block"
+    return m.group(1)
+
+
+def test_readme_example_runs_and_restores(tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(_block("example"))
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.split()
+    assert lines[:3] == ["2", "run-0001", "True"]
+    assert (tmp_path / "work" / "snapshots").is_dir()
+    # the same program again restores the latest snapshot and has nothing left to do
+    again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == ""
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "test-command" in ci and "README.md" in ci
+    assert "pytest" in _block("test-command")
