@@ -35,6 +35,7 @@ topology and reply mismatches raise ``CheckpointInvariantError`` and the run abo
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -294,7 +295,7 @@ class CheckpointCoordinator:
             hook("after_prepare")
             with stage("commit"):  # into the staging snapshot
                 staging = await offload(lambda: self.store.begin(checkpoint_id))
-                state_root = str((staging / GYM_STATE_DIR).resolve())  # Gym may run elsewhere
+                state_root = os.path.abspath(staging / GYM_STATE_DIR)  # Gym's cwd may differ
                 replies = await fan_out(
                     "commit",
                     {n: functools.partial(gym.commit, n, checkpoint_id, state_root)

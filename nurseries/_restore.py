@@ -16,6 +16,7 @@ Order matters, and each step leaves Gym untouched until the one that installs st
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import attrs
@@ -68,7 +69,7 @@ async def restore_latest(
     episodes_by_replica: dict[str, list] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
-    state_root = str(pinned.path.resolve())
+    state_root = os.path.abspath(pinned.path)
     await fan_out(
         "restore",
         {
