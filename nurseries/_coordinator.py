@@ -35,7 +35,6 @@ topology and reply mismatches raise ``CheckpointInvariantError`` and the run abo
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -294,8 +293,9 @@ class CheckpointCoordinator:
 
             hook("after_prepare")
             with stage("commit"):  # into the staging snapshot
-                staging = await offload(lambda: self.store.begin(checkpoint_id))
-                state_root = os.path.abspath(staging / GYM_STATE_DIR)  # Gym's cwd may differ
+                # absolute: Gym's working directory may differ from ours
+                staging = await offload(lambda: self.store.begin(checkpoint_id).resolve())
+                state_root = str(staging / GYM_STATE_DIR)
                 replies = await fan_out(
                     "commit",
                     {n: functools.partial(gym.commit, n, checkpoint_id, state_root)

@@ -16,7 +16,6 @@ Order matters, and each step leaves Gym untouched until the one that installs st
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import attrs
@@ -69,7 +68,7 @@ async def restore_latest(
     episodes_by_replica: dict[str, list] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
-    state_root = os.path.abspath(pinned.path)
+    state_root = str(await offload(pinned.path.resolve))
     await fan_out(
         "restore",
         {

@@ -14,7 +14,6 @@ invariant violations and too many failures in a row raise (exit codes 3 and 4).
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -133,7 +132,7 @@ async def open_rollouts(
     ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
     """
     config = config or RuntimeConfig()
-    workdir = Path(os.path.abspath(workdir))
+    workdir = await offload(Path(workdir).resolve)
     store = SnapshotStore(workdir / "snapshots")
     await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
     restored = await restore_latest(gym, store, workdir / "restored", config) if restore else None
