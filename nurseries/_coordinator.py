@@ -294,8 +294,9 @@ class CheckpointCoordinator:
             hook("after_prepare")
             with stage("commit"):  # into the staging snapshot
                 # absolute: Gym's working directory may differ from ours
-                staging = await offload(lambda: self.store.begin(checkpoint_id).resolve())
-                state_root = str(staging / GYM_STATE_DIR)
+                staging = await offload(lambda: self.store.begin(checkpoint_id))
+                gym_dir = staging / GYM_STATE_DIR
+                state_root = str(await offload(gym_dir.resolve))
                 replies = await fan_out(
                     "commit",
                     {n: functools.partial(gym.commit, n, checkpoint_id, state_root)
