@@ -49,6 +49,7 @@ from runtime import (
     CheckpointsFailed,
     DeadlineRegistry,
     DispatchGate,
+    DrainTimeout,
     EpisodeRecord,
     GymManifest,
     InstanceRecord,
@@ -390,8 +391,13 @@ class CheckpointCoordinator:
 
     async def _drain(self, on_wire: frozenset[str]) -> int:
         """Wait for the in-flight episodes whose reply is on the wire (S9)."""
-        self.metrics.set("checkpoint/drain_pending", len(self.ledger.pending_among(on_wire)))
-        return await wait_drained(self.ledger, on_wire, self.config.drain_timeout_s)
+        try:
+            drained = await wait_drained(self.ledger, on_wire, self.config.drain_timeout_s)
+        except DrainTimeout as exc:
+            self.metrics.set("checkpoint/drain_pending", len(exc.pending))
+            raise
+        self.metrics.set("checkpoint/drain_pending", drained)
+        return drained
 
     def _cut(self, owned: _Ownership, names: Sequence[str]) -> bytes:
         """Inventory check and ledger copy; runs in a thread while the barrier is held."""

@@ -31,6 +31,7 @@ for a per-reply path.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any, Literal, cast, final
 
@@ -513,7 +514,7 @@ class RecoveryLedger:
         ledger as trained rows. O(groups taken)."""
         self._assert_mutating()
         out: list[CompletedGroup] = []
-        for row_index in list(self._ready)[:limit]:
+        for row_index in list(itertools.islice(self._ready, limit)):
             del self._ready[row_index]
             row = self._rows.pop(row_index)
             results = []
