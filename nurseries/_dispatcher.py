@@ -46,6 +46,7 @@ from gym_adapter import (
 )
 from runtime import (
     ADMISSION_CLOSED_ROWS,
+    Attempt,
     AttemptState,
     DeadlineExpired,
     DeadlineRegistry,
@@ -201,12 +202,29 @@ class Dispatcher:
             rows = [r for r in rows if r.rollout_id in ok]
             if not rows:
                 return
+            config = self.config
             try:
-                stream = await self.gym.run(instance, rows)
+                # bounded like a control call: a hung submission must not hold the gate (a
+                # checkpoint's close waits for admissions in progress)
+                with trio.fail_after(config.control_timeout_s + config.reply_grace_s):
+                    stream = await self.gym.run(instance, rows)
             except GymInstanceDead:
                 self._dead.add(instance)
                 self.metrics.inc("rollout/dead_instances_total")
                 self._queue.extendleft(reversed([r.rollout_id for r in rows]))
+                return
+            except trio.TooSlowError:
+                # Gym may or may not run these rows: treat them as dispatched and lost, like an
+                # early stream end (S3): abandon, queue for retirement, re-send fresh.
+                self.metrics.inc("rollout/run_submit_timeouts_total")
+                lost = ledger.sendable(r.rollout_id for r in rows)[0]
+
+                def submitted_and_lost() -> list[Attempt]:
+                    ledger.mark_dispatched(lost, instance, gate_id)
+                    return ledger.abandon(lost)
+
+                fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost)
+                self.enqueue(a.rollout_id for a in fresh)
                 return
             # the same mutation as the submission, nothing in between but the submission (S1);
             # rows the ledger dropped while Gym accepted them are queued for retirement (S4)

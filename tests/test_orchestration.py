@@ -501,3 +501,20 @@ async def test_attempt_states_after_a_full_run(
         stats = ro.ledger.statistics()
         assert stats.rows_trained == 12 and stats.attempts == 0
         assert stats.by_state == {s.value: 0 for s in AttemptState}
+
+
+async def test_hung_run_submission_does_not_hold_the_gate(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    ids: list[str] = []
+    async with running(tmp_path, faults=["run:hang@1"]) as (_gym, ro):
+        t0 = trio.current_time()
+        outcome = await ro.checkpoint()  # closing the gate waits for the hung admission
+        assert outcome.ok, outcome.error
+        assert trio.current_time() - t0 <= CONFIG.control_timeout_s + CONFIG.reply_grace_s + 0.1
+        assert ro.metrics.get("rollout/run_submit_timeouts_total") == 1
+        async for batch in ro.batches(2):
+            ids.extend(rid for g in batch for rid in g.rollout_ids)
+        assert ro.ledger.statistics().retire_queue == 0  # retired before the next prepare
+    assert len(ids) == 24 and len(set(ids)) == 24
+    assert any(rid.endswith("-a1") for rid in ids)  # the lost submission was re-sent fresh
