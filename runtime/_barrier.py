@@ -16,6 +16,9 @@ without looking at the whole ledger. One object serves both:
   touched have their predicate evaluated — trio-util's AsyncValue, made O(touched) rather than
   O(waiters) so the drain's per-wakeup cost is O(pending) and never O(in-flight). A waiter
   registered under ``ANY`` is evaluated after every mutation.
+* ``wait_settled(keys, settled)`` is the drain's sharper form: a per-key predicate, checked
+  only for the keys a mutation touched, with settled keys dropped as they land — O(1) per reply
+  and an O(1) final wake, however many episodes were pending.
 
 No wakeup can be missed: a waiter checks its predicate before it parks, and every later change
 goes through ``_after_mutation``, which runs before any other task can run.
@@ -53,6 +56,13 @@ class _Waiter:
 
 
 @attrs.define(eq=False, slots=True)
+class _SettleWaiter:
+    settled: Callable[[Hashable], bool]
+    remaining: set[Hashable]
+    event: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False, slots=True)
 class _Queued:
     fn: Callable[[], object]
     touched: Iterable[Hashable]
@@ -83,6 +93,7 @@ class MutationBarrier:
     _queue: deque[_Queued] = attrs.field(factory=deque, init=False)
     _holders: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
     _by_key: dict[Hashable, set[_Waiter]] = attrs.field(factory=dict, init=False)
+    _settle: dict[Hashable, set[_SettleWaiter]] = attrs.field(factory=dict, init=False)
     _mutating: bool = attrs.field(default=False, init=False)
     _mutations: int = attrs.field(default=0, init=False)
     _evaluations: int = attrs.field(default=0, init=False)
@@ -150,7 +161,25 @@ class MutationBarrier:
             item.done.set()
 
     def _after_mutation(self, touched: Iterable[Hashable]) -> None:
-        by_key = self._by_key
+        by_key, settle = self._by_key, self._settle
+        if not by_key and not settle:
+            return
+        if not isinstance(touched, (list, tuple, set, frozenset)):
+            touched = list(touched)
+        if settle:
+            for key in touched:
+                group = settle.get(key)
+                if not group:
+                    continue
+                for sw in list(group):
+                    self._evaluations += 1
+                    if sw.settled(key):
+                        group.discard(sw)
+                        sw.remaining.discard(key)
+                        if not sw.remaining:
+                            sw.event.set()
+                if not group:
+                    del settle[key]
         if not by_key:
             return
         candidates: set[_Waiter] = set(by_key.get(ANY, ()))
@@ -217,11 +246,46 @@ class MutationBarrier:
                     if not group:
                         del self._by_key[key]
 
+    async def wait_settled(
+        self, keys: Iterable[Hashable], settled: Callable[[Hashable], bool]
+    ) -> None:
+        """Return once ``settled(key)`` holds for every key; the drain's wait (S9).
+
+        Each key is checked once on entry, then only after a mutation that touches it; a key
+        found settled is dropped from the waiter at once. So a wakeup costs O(keys the mutation
+        touched) — O(1) per reply — and the final wake has nothing left to unregister. A key
+        must not become unsettled again (a landed reply stays landed). Cancellation unregisters
+        the keys still outstanding.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        remaining: set[Hashable] = set()
+        for key in keys:
+            self._evaluations += 1
+            if not settled(key):
+                remaining.add(key)
+        if not remaining:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        waiter = _SettleWaiter(settled, remaining)
+        for key in remaining:
+            self._settle.setdefault(key, set()).add(waiter)
+        try:
+            await waiter.event.wait()
+        finally:
+            for key in waiter.remaining:  # empty after a normal wake
+                group = self._settle.get(key)
+                if group is not None:
+                    group.discard(waiter)
+                    if not group:
+                        del self._settle[key]
+
     def statistics(self) -> BarrierStatistics:
         """Counts for tests: mutations run, mutations queued, distinct waiters, evaluations."""
-        waiters: set[_Waiter] = set()
+        waiters: set[object] = set()
         for group in self._by_key.values():
             waiters.update(group)
+        for sgroup in self._settle.values():
+            waiters.update(sgroup)
         return BarrierStatistics(
             held=self._holder is not None,
             holder=self._holder,

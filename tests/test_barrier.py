@@ -168,3 +168,48 @@ async def test_queued_mutation_error_reaches_its_caller_only() -> None:
                 await trio.testing.wait_all_tasks_blocked()  # queue in a known order
             assert barrier.statistics().queued_mutations == 21
     assert order == list(range(20)) and errors == ["bad change"]
+
+
+async def test_wait_settled_checks_only_touched_keys_and_wakes_once() -> None:
+    barrier = MutationBarrier()
+    landed: set[str] = set()
+    checked: list[str] = []
+
+    def settled(key: object) -> bool:
+        checked.append(str(key))
+        return key in landed
+
+    keys = [f"k{i}" for i in range(100)]
+    done = trio.Event()
+
+    async def drain() -> None:
+        await barrier.wait_settled(keys, settled)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(checked) == 100  # once each on entry
+        checked.clear()
+        for i in range(1000):  # unrelated traffic costs the waiter nothing
+            await barrier.mutate(lambda: None, touched=[f"other{i}"])
+        assert checked == []
+        for key in keys:
+            await barrier.mutate(lambda k=key: landed.add(k), touched=[key])
+        await done.wait()
+    assert checked == keys  # one check per landed key, nothing re-evaluated
+    assert barrier.statistics().waiters == 0
+
+
+async def test_cancelled_wait_settled_unregisters_everything() -> None:
+    barrier = MutationBarrier()
+    with trio.move_on_after(0) as scope:
+        scope.cancel()
+        await barrier.wait_settled(["a", "b"], lambda k: False)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(barrier.wait_settled, ["a", "b"], lambda k: False)
+        await trio.testing.wait_all_tasks_blocked()
+        assert barrier.statistics().waiters == 1
+        nursery.cancel_scope.cancel()
+    assert barrier.statistics().waiters == 0
+    assert barrier._settle == {}
