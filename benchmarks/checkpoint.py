@@ -1,0 +1,510 @@
+"""Checkpoint end to end on the embedded Gym (phase 2 of issue 7), and dispatch throughput on it.
+
+Checkpoint at N in flight (default 200k)
+----------------------------------------
+The trainer facade ``nurseries.open_rollouts`` runs on ``gym_adapter.EmbeddedGym`` (K = 4
+instances) with ``max_rows_in_flight = N / group_size``, so the dispatcher fills Gym with N
+episodes (40 to 60 turns of 20 to 40 simulated seconds each: none finishes during the measurement).
+Then one ``Rollouts.checkpoint()`` runs its whole protocol (close, retire, prepare, commit,
+ownership, drain, snapshot, publish, resume).
+
+Time. 200k simulated episodes cannot tick in real time on one core, so the run starts on a
+*warp clock*: virtual time that jumps to the next deadline whenever every task is blocked (what
+``MockClock(autojump_threshold=0)`` does, driven here by a task waiting for quiescence). It is
+deliberately not a ``MockClock``: ``nurseries`` runs its heavy work inline under a MockClock and
+in a worker thread otherwise, and we want the worker threads. At the coordinator's
+``after_prepare`` hook — Gym parked, so no episode ticks any more — the clock switches to real
+time, and everything after runs as in production. Consequences, stated in the results:
+
+* ``prepare``'s *simulated* duration is the wait for every episode to reach its next step
+  boundary (a property of the simulated turn length); its *wall* duration is the embedded Gym's
+  own work of moving 200k episodes to a boundary, on this loop.
+* ``commit`` is the embedded Gym exporting 200k episodes' records to disk, synchronously, on this
+  loop (in production each instance is a Ray actor in its own process). The Gym proxy times every
+  control call so each stage says how much of it was spent inside Gym.
+* The remaining stages are the runtime's own and are measured exactly as they run: their heavy
+  work goes through ``trio.to_thread``.
+
+Per stage: wall duration, the longest loop stall (``benchmarks._common.LoopStallMonitor``, wall
+and loop-thread CPU), GC pauses, time inside Gym calls, and ledger mutations that ran (replies
+keep flowing). Also: snapshot size on disk, files, ``ledger.json`` size.
+
+Because a process with 200k simulated episodes holds ~3 GB and takes half a minute to tear down,
+the measurement runs in a fresh subprocess which exits without tearing down.
+
+Dispatch throughput on the embedded Gym
+---------------------------------------
+``open_rollouts`` over short episodes (one turn) under ``MockClock(autojump_threshold=0)``:
+every row goes through gate, ledger, ``EmbeddedGym.run``, the simulated episode, the streamed
+reply and the completion mutation, and the trainer takes the groups. Rows (attempts) per wall
+second, for dispatcher batch sizes 64 and 512. Gym's own work shares the core, so this is a lower
+bound on what the runtime sustains against a remote Gym.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import trio
+import trio.testing
+
+from ._common import GcMonitor, LoopStallMonitor, Progress, label
+
+__all__ = ["CheckpointConfig", "WarpClock", "run_checkpoint"]
+
+perf_ns = time.perf_counter_ns
+
+
+@attrs.define
+class CheckpointConfig:
+    in_flight: int = 200_000
+    instances: int = 4
+    group_size: int = 8
+    dispatch_batch: int = 512
+    turns: tuple[int, int] = (40, 60)
+    turn_s: tuple[float, float] = (20.0, 40.0)
+    dispatch_rows: int = 16_384
+    dispatch_batches: tuple[int, ...] = (64, 512)
+    seed: int = 3
+    quick: bool = False
+
+    @classmethod
+    def quick_defaults(cls) -> CheckpointConfig:
+        return cls(in_flight=2_000, dispatch_rows=512, quick=True)
+
+
+# -- the warp clock -------------------------------------------------------------------------------
+
+
+class WarpClock(trio.abc.Clock):
+    """Virtual time (jumped forward by ``warp_driver`` whenever the loop is idle) until
+    ``go_realtime()``; real time (``perf_counter``) from then on, continuing from where the
+    virtual time was."""
+
+    def __init__(self) -> None:
+        self._virtual_base = 0.0
+        self._real_base = time.perf_counter()
+        self._rate = 0.0
+
+    @property
+    def realtime(self) -> bool:
+        return self._rate > 0
+
+    def start_clock(self) -> None:
+        pass
+
+    def current_time(self) -> float:
+        return self._virtual_base + self._rate * (time.perf_counter() - self._real_base)
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        dt = deadline - self.current_time()
+        if dt <= 0:
+            return 0.0
+        return dt / self._rate if self._rate > 0 else 999_999_999.0
+
+    def jump(self, seconds: float) -> None:
+        self._virtual_base += seconds
+
+    def go_realtime(self) -> None:
+        now = self.current_time()
+        self._virtual_base, self._real_base, self._rate = now, time.perf_counter(), 1.0
+
+
+async def warp_driver(clock: WarpClock) -> None:
+    """While the clock is virtual: whenever every other task is blocked, jump to the next
+    deadline."""
+    while not clock.realtime:
+        await trio.testing.wait_all_tasks_blocked()
+        if clock.realtime:
+            return
+        ahead = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        if 0 < ahead < math.inf:
+            clock.jump(ahead)
+        await trio.lowlevel.checkpoint()
+
+
+# -- a timing proxy for Gym -----------------------------------------------------------------------
+
+
+class _TimedGym:
+    """Delegates to the embedded Gym; adds up wall time spent in each control call."""
+
+    def __init__(self, gym: Any) -> None:
+        self._gym = gym
+        self.spans: list[tuple[str, int, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._gym, name)
+        if name not in ("prepare", "commit", "resume", "retire", "retire_restored"):
+            return attr
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = perf_ns()
+            try:
+                return await attr(*args, **kwargs)
+            finally:
+                self.spans.append((name, t0, perf_ns()))
+
+        return timed
+
+
+# -- the checkpoint measurement -------------------------------------------------------------------
+
+
+def _dir_size(path: Path) -> tuple[int, int]:
+    total = files = 0
+    for root, _dirs, names in os.walk(path):
+        for n in names:
+            total += os.lstat(os.path.join(root, n)).st_size
+            files += 1
+    return total, files
+
+
+def _union(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s0, s1 in sorted(spans):
+        if out and s0 <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], s1))
+        else:
+            out.append((s0, s1))
+    return out
+
+
+def _overlap(a0: int, a1: int, spans: Sequence[tuple[int, int]]) -> int:
+    return sum(max(0, min(a1, s1) - max(a0, s0)) for s0, s1 in spans)
+
+
+async def _checkpoint_main(
+    cfg: CheckpointConfig, clock: WarpClock, verbose: bool, finish: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
+    from gym_adapter import EmbeddedGym, SimConfig
+    from nurseries import STAGES, open_rollouts
+    from runtime import RuntimeConfig
+
+    def say(msg: str) -> None:
+        if verbose:
+            print(f"[checkpoint] {msg}", file=sys.stderr, flush=True)
+
+    n, g = cfg.in_flight, cfg.group_size
+    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, max_batch=cfg.dispatch_batch,
+                    lease_s=3600.0, flush_interval_s=0.05)
+    rc = RuntimeConfig(control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0,
+                       lease_s=3600.0)
+    out: dict[str, Any] = {}
+    async with trio.open_nursery() as top:
+        top.start_soon(warp_driver, clock, name="warp-clock")
+        with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
+            async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
+                                        work_dir=Path(tmp) / "gym", config=sim) as gym:
+                timed = _TimedGym(gym)
+                async with open_rollouts(
+                    cast(Any, timed), Path(tmp) / "run", rows=2 * n // g + 1, group_size=g,
+                    config=rc, max_rows_in_flight=n // g, batch_size=cfg.dispatch_batch,
+                    restore=False, keep_snapshots=0,
+                ) as ro:
+                    ledger = ro.ledger
+                    t0 = time.perf_counter()
+                    last = 0.0
+                    while ledger.statistics().by_state["dispatched"] < n:
+                        await trio.sleep(1.0)
+                        if time.perf_counter() - last > 5:
+                            last = time.perf_counter()
+                            say(f"dispatched {ledger.statistics().by_state['dispatched']:,}/{n:,}")
+                    fill_s = time.perf_counter() - t0
+                    dispatched = ledger.statistics().by_state["dispatched"]
+                    say(f"{dispatched:,} in flight after {fill_s:.1f} s; checkpointing")
+
+                    marks: dict[str, int] = {}
+                    mutations: dict[str, int] = {}
+                    virtual_at: dict[str, float] = {}
+
+                    heartbeat: list[tuple[int, int]] = []
+                    beating = [True]
+
+                    async def beat() -> None:
+                        # lateness of a 1 ms sleep: also catches the loop waiting for the GIL
+                        # (a worker thread collecting garbage), which task steps cannot show
+                        while beating[0]:
+                            t = perf_ns()
+                            await trio.sleep(0.001)
+                            late = perf_ns() - t - 1_000_000
+                            if late > 1_000_000:
+                                heartbeat.append((t, late))
+
+                    def hook(_cid: str, point: str) -> None:
+                        marks[point] = perf_ns()
+                        mutations[point] = ledger.barrier.statistics().mutations
+                        virtual_at[point] = trio.current_time()
+                        if point == "after_prepare":
+                            clock.go_realtime()
+                            top.start_soon(beat, name="heartbeat")
+
+                    ro.coordinator.on_stage = hook
+                    stall = LoopStallMonitor(cpu=True, keep_over_ns=100_000, keep_max=500_000)
+                    with GcMonitor() as gcm:
+                        trio.lowlevel.add_instrument(stall)
+                        stall.active = gcm.active = True
+                        marks["start"] = perf_ns()
+                        mutations["start"] = ledger.barrier.statistics().mutations
+                        outcome = await ro.checkpoint()
+                        marks["end"] = perf_ns()
+                        beating[0] = False
+                        mutations["end"] = ledger.barrier.statistics().mutations
+                        stall.active = gcm.active = False
+                        trio.lowlevel.remove_instrument(stall)
+                    took = (marks["end"] - marks["start"]) / 1e9
+                    say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
+                    size = files = ledger_bytes = 0
+                    if outcome.snapshot is not None:
+                        snap = outcome.snapshot.path
+                        size, files = await trio.to_thread.run_sync(_dir_size, snap)
+                        lj = snap / "ledger.json"
+                        ledger_bytes = lj.stat().st_size if lj.exists() else 0
+                    out = _checkpoint_report(
+                        cfg, outcome, marks, mutations, virtual_at, stall, gcm, timed.spans,
+                        STAGES, heartbeat,
+                    )
+                    out.update({
+                        "in_flight": dispatched,
+                        "fill_wall_s": round(fill_s, 2),
+                        "embedded_fill_rows_per_s": round(dispatched / fill_s),
+                        "snapshot_bytes": size,
+                        "snapshot_mib": round(size / 2**20, 1),
+                        "snapshot_files": files,
+                        "ledger_json_bytes": ledger_bytes,
+                        "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
+                    })
+                    finish(out)
+                    return out
+    return out  # pragma: no cover - the return above always runs
+
+
+def _checkpoint_report(
+    cfg: CheckpointConfig,
+    outcome: Any,
+    marks: dict[str, int],
+    mutations: dict[str, int],
+    virtual_at: dict[str, float],
+    stall: LoopStallMonitor,
+    gcm: GcMonitor,
+    spans: list[tuple[str, int, int]],
+    stages: Collection[str],
+    heartbeat: list[tuple[int, int]],
+) -> dict[str, Any]:
+    s = dict(outcome.stage_s)
+    # stage windows on the perf_counter timeline, from hook points and (for the stages between
+    # after_commit and before_publish, timed by the coordinator in real time) stage durations
+    own0 = marks.get("after_commit", marks["end"])
+    drain0 = own0 + int(s.get("ownership", 0.0) * 1e9)
+    snap0 = drain0 + int(s.get("drain", 0.0) * 1e9)
+    windows = {
+        "close+retire": (marks["start"], marks.get("before_prepare", marks["end"])),
+        "prepare": (marks.get("before_prepare", marks["end"]), marks.get("after_prepare",
+                                                                        marks["end"])),
+        "commit": (marks.get("after_prepare", marks["end"]), own0),
+        "ownership": (own0, drain0),
+        "drain": (drain0, snap0),
+        "snapshot": (snap0, marks.get("before_publish", marks["end"])),
+        "publish": (marks.get("before_publish", marks["end"]), marks.get("after_publish",
+                                                                        marks["end"])),
+        "resume": (marks.get("before_resume", marks["end"]), marks["end"]),
+    }
+    mut_points = {
+        "close+retire": ("start", "before_prepare"), "prepare": ("before_prepare",
+                                                                 "after_prepare"),
+        "commit": ("after_prepare", "after_commit"),
+        "publish": ("before_publish", "after_publish"), "resume": ("before_resume", "end"),
+    }
+    gym_spans = _union([(a, b) for _op, a, b in spans])  # calls to K instances overlap
+    rows: list[dict[str, Any]] = []
+    for name, (w0, w1) in windows.items():
+        longest = longest_cpu = 0
+        who = ""
+        over = 0
+        runtime_worst = runtime_cpu = 0
+        runtime_who = ""
+        gc_spans = [(g0, g1) for g0, g1, _ in gcm.pauses]
+        for a, b, task, cpu in stall.long:
+            if w0 <= a < w1:
+                if b - a > longest:
+                    longest, who = b - a, task
+                longest_cpu = max(longest_cpu, cpu)
+                over += (b - a) > 10_000_000
+                # the runtime's own work: not a task of the embedded Gym, not inside a Gym
+                # call, and with the collector's pauses taken out
+                if task.startswith("gym_adapter.") or _overlap(a, b, gym_spans):
+                    continue
+                gc_in = _overlap(a, b, gc_spans)
+                if b - a - gc_in > runtime_worst:
+                    runtime_worst, runtime_who = b - a - gc_in, task
+                    runtime_cpu = max(0, cpu - gc_in)
+        gc_ns = _overlap(w0, w1, gc_spans)
+        late = [d for t, d in heartbeat if w0 <= t < w1]
+        row: dict[str, Any] = {
+            "stage": name,
+            "wall_ms": round((w1 - w0) / 1e6, 3),
+            # null: no interval over 0.1 ms in this stage
+            "max_loop_stall_ms": round(longest / 1e6, 3) if longest else None,
+            "max_loop_stall_cpu_ms": round(longest_cpu / 1e6, 3) if longest else None,
+            "max_stall_task": who,
+            "stalls_over_10ms": over,
+            "max_runtime_stall_excluding_gc_ms": (round(runtime_worst / 1e6, 3)
+                                                  if runtime_worst else None),
+            "max_runtime_stall_cpu_ms": round(runtime_cpu / 1e6, 3) if runtime_worst else None,
+            "max_runtime_stall_task": runtime_who,
+            "gc_pause_ms": round(gc_ns / 1e6, 3),
+            "heartbeat_max_late_ms": round(max(late) / 1e6, 3) if late else None,
+            "in_gym_calls_ms": round(_overlap(w0, w1, gym_spans) / 1e6, 3),
+        }
+        if name in mut_points:
+            p0, p1 = mut_points[name]
+            if p0 in mutations and p1 in mutations:
+                row["ledger_mutations"] = mutations[p1] - mutations[p0]
+        if name == "prepare" and "before_prepare" in virtual_at and "after_prepare" in virtual_at:
+            row["simulated_wait_s"] = round(virtual_at["after_prepare"]
+                                            - virtual_at["before_prepare"], 3)
+        rows.append(row)
+    def num(v: Any) -> float:
+        return float(v) if isinstance(v, int | float) else 0.0
+
+    worst_rt = max(rows, key=lambda r: num(r["max_runtime_stall_excluding_gc_ms"]))
+
+    return {
+        "checkpoint_ok": bool(outcome.ok),
+        "checkpoint_error": outcome.error,
+        "episodes_exported": outcome.episodes,
+        "pending_drained": outcome.drained,
+        "checkpoint_wall_s": round((marks["end"] - marks["start"]) / 1e9, 3),
+        "coordinator_stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},
+        "stages": rows,
+        "max_loop_stall_ms": round(stall.max_ns / 1e6, 3),
+        "max_loop_stall_task": stall.max_task,
+        "max_runtime_stall_excluding_gc_ms": num(worst_rt["max_runtime_stall_excluding_gc_ms"]),
+        "max_runtime_stall_cpu_ms": worst_rt["max_runtime_stall_cpu_ms"],
+        "max_runtime_stall_stage": worst_rt["stage"],
+        "max_runtime_stall_task": worst_rt["max_runtime_stall_task"],
+        "max_gc_pause_ms": round(gcm.max_pause_ns / 1e6, 3),
+        "gc_collections_by_generation": list(gcm.collections),
+        "heartbeat_max_late_ms": round(max((d for _t, d in heartbeat), default=0) / 1e6, 3),
+        "gym_calls": _gym_call_summary(spans),
+    }
+
+
+def _gym_call_summary(spans: list[tuple[str, int, int]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for op, a, b in spans:
+        out[f"{op}_ms_max"] = max(out.get(f"{op}_ms_max", 0.0), round((b - a) / 1e6, 3))
+    return out
+
+
+def checkpoint_worker(
+    cfg: CheckpointConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    clock = WarpClock()
+    result: dict[str, Any] = trio.run(_checkpoint_main, cfg, clock, verbose, finish, clock=clock)
+    return result
+
+
+# -- dispatch throughput on the embedded Gym ------------------------------------------------------
+
+
+async def _dispatch_main(cfg: CheckpointConfig, batch: int) -> dict[str, Any]:
+    from gym_adapter import EmbeddedGym, SimConfig
+    from nurseries import open_rollouts
+
+    g = cfg.group_size
+    rows = cfg.dispatch_rows // g
+    sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
+    with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
+        async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
+                                    work_dir=Path(tmp) / "gym", config=sim) as gym:
+            t0 = perf_ns()
+            trained = 0
+            async with open_rollouts(
+                gym, Path(tmp) / "run", rows=rows, group_size=g,
+                max_rows_in_flight=max(64, 4 * batch // g), batch_size=batch, restore=False,
+            ) as ro:
+                async for got in ro.batches(groups_per_step=max(1, batch // g)):
+                    trained += len(got)
+            wall = (perf_ns() - t0) / 1e9
+    return {
+        "batch": batch,
+        "rows_trained": trained,
+        "attempts": trained * g,
+        "seconds": round(wall, 3),
+        "rows_per_s": round(trained * g / wall),
+        "groups_per_s": round(trained / wall, 1),
+    }
+
+
+def dispatch_worker(cfg: CheckpointConfig) -> list[dict[str, Any]]:
+    return [
+        trio.run(_dispatch_main, cfg, b, clock=trio.testing.MockClock(autojump_threshold=0))
+        for b in cfg.dispatch_batches
+    ]
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+
+def run_checkpoint(cfg: CheckpointConfig, progress: Progress) -> dict[str, Any]:
+    """Run both measurements in a fresh subprocess (see the module docstring)."""
+    progress(f"checkpoint N={cfg.in_flight:,} on the embedded Gym (fresh subprocess)")
+    cmd = [sys.executable, "-m", "benchmarks.checkpoint", "--worker",
+           json.dumps(attrs.asdict(cfg))]
+    if progress.enabled:
+        cmd.append("--verbose")
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress.enabled else
+                          subprocess.PIPE, text=True, check=False, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"checkpoint worker failed:\n{(done.stderr or '').strip()[-4000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    result["config"] = attrs.asdict(cfg)
+    for r in result.get("embedded_dispatch", []):
+        result[f"embedded_rows_per_s_batch{r['batch']}"] = r["rows_per_s"]
+    progress(f"checkpoint N={cfg.in_flight:,}: {result['checkpoint_wall_s']:.1f} s wall, "
+             f"longest stall {result['max_loop_stall_ms']:.1f} ms")
+    result["label"] = label(cfg.in_flight)
+    return result
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "--worker":
+        raw = json.loads(argv[1])
+        raw["turns"] = tuple(raw["turns"])
+        raw["turn_s"] = tuple(raw["turn_s"])
+        raw["dispatch_batches"] = tuple(raw["dispatch_batches"])
+        cfg = CheckpointConfig(**raw)
+        verbose = "--verbose" in argv
+        if verbose:
+            print("[checkpoint] dispatch throughput on the embedded Gym", file=sys.stderr,
+                  flush=True)
+        embedded_dispatch = dispatch_worker(cfg)
+
+        def finish(result: dict[str, Any]) -> None:
+            result["embedded_dispatch"] = embedded_dispatch
+            sys.stdout.write(json.dumps(result) + "\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # skip tearing down 200k simulated episodes (tens of seconds)
+
+        checkpoint_worker(cfg, verbose, finish)
+        return 1  # finish() exits
+    print("usage: python -m benchmarks.checkpoint --worker CONFIG_JSON [--verbose]",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

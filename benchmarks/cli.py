@@ -1,0 +1,332 @@
+"""``gymckpt bench ...`` (and ``python -m benchmarks ...``): reproduce the figures of DESIGN §5.
+
+The project CLI calls ``main(argv_after_bench)``. Results go to stdout (one JSON object with
+``--json``, a short table otherwise); progress lines go to stderr when it is a terminal.
+Exit codes: 0 success, 2 bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint as _checkpoint_mod
+from . import dispatch as _dispatch_mod
+from . import drain as _drain_mod
+from . import memory as _memory_mod
+from ._common import Progress, ints, machine_info, source_info
+
+__all__ = ["build_parser", "main"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+_DESCRIPTION = """\
+Benchmarks for gymckpt's checkpoint runtime (DESIGN S9 and §5). Every figure is measured on this
+machine; the machine is shared, so medians (and p99) are quoted, never means or best cases.
+
+  drain     checkpoint drain with N rollouts in flight and P pending replies on the wire:
+            wake latency (last pending reply's mutation -> wait_drained returning), CPU cost
+            per wakeup of the drain's predicate, loop stall; and the same for a polling drain
+            (full inventory every 50 ms) in the same run, swept over in-flight sizes
+  memory    ledger bytes per attempt at 200k and 1M attempts (tracemalloc and RSS, fresh
+            subprocesses, realistic mix of states)
+  dispatch  rows/s through DispatchGate.admit + ledger.mark_dispatched + completion mutation,
+            batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit)
+  checkpoint  one whole checkpoint at 200k in flight on the embedded Gym: per-stage wall time,
+            loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym
+  all       everything (full sweep), then benchmarks/results/*.json, PNG plots, SUMMARY.md
+  report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
+"""
+
+_DRAIN_HELP = """\
+Measures the drain of a rollout checkpoint (S9). A RecoveryLedger holds N attempts DISPATCHED;
+P of them are "on the wire". runtime.wait_drained parks on the ledger's MutationBarrier under
+those P rollout IDs while another task delivers the P replies (each an `await barrier.mutate(...
+ledger.complete ...)`) interleaved with unrelated completions and new dispatches, so the barrier
+is as busy as in a real run.
+
+  wake latency     perf_counter_ns at the end of the last pending reply's mutation function ->
+                   right after wait_drained returns (median, p99 over --trials)
+  per wakeup       CPU time of one evaluation of the drain's predicate (timed directly around the
+                   real predicate, wrapper cost subtracted); cross-checked by an A/B of a pending
+                   reply's mutation with and without the drain parked
+  loop stall       longest trio task step during the trials (a trio Instrument)
+  baseline         the reference design's polling drain (rebuild the full inventory every 50 ms)
+                   in the same run: wake latency, cost per poll, loop stall
+  trio floor       Event.set() -> waiter running, in the same trio.run
+
+The sweep shows per-wakeup cost flat in N for the event-driven drain and linear for polling.
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--quick", action="store_true",
+                   help="small smoke configuration (seconds, small N); CI runs this")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress lines on stderr (default: only when stderr is a terminal)")
+
+
+def _drain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rollouts", type=int, default=None,
+                   help="in-flight attempts for the headline figures (default 200000; quick 10000)")
+    p.add_argument("--pending", type=int, default=None,
+                   help="episodes whose reply is on the wire (default 300; quick 100)")
+    p.add_argument("--sweep", type=ints, default=None,
+                   help="in-flight sizes, comma-separated, k/M suffixes "
+                        "(default 2k,20k,200k; quick 2k,10k); --rollouts is always included")
+    p.add_argument("--million", action="store_true", help="add 1M in flight to the sweep")
+    p.add_argument("--trials", type=int, default=None,
+                   help="event-driven trials per size (default 200)")
+    p.add_argument("--baseline-trials", type=int, default=None,
+                   help="polling trials per size (default 20; fewer above 200k)")
+    p.add_argument("--interleave", type=int, default=None,
+                   help="unrelated completions before each pending reply (default 3)")
+    p.add_argument("--poll-period-ms", type=float, default=None,
+                   help="polling baseline period (default 50, as the reference design)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="gc.freeze() after building each ledger and gc.collect()+gc.freeze() "
+                        "between trials (the remedy for collector pauses; default: off)")
+
+
+def _memory_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", type=ints, default=None,
+                   help="ledger sizes in attempts (default 200k,1M; quick 20k)")
+
+
+def _dispatch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--in-flight", type=ints, default=None,
+                   help="attempts already in flight (default 200k; 200k,1M with --million)")
+    p.add_argument("--batch-sizes", type=ints, default=None, help="default 1,64,512")
+    p.add_argument("--rows", type=int, default=None,
+                   help="attempts pushed per configuration (default 65536; quick 2048)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gymckpt bench", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    raw = argparse.RawDescriptionHelpFormatter
+    d = sub.add_parser("drain", help="drain wake latency and per-wakeup cost vs polling",
+                       description=_DRAIN_HELP, formatter_class=raw)
+    _drain_args(d)
+    _common(d)
+    m = sub.add_parser("memory", help="ledger memory per attempt at 200k and 1M",
+                       description=_memory_mod.__doc__,
+                       formatter_class=raw)
+    _memory_args(m)
+    _common(m)
+    dp = sub.add_parser("dispatch", help="rows/s through gate + ledger (no Gym)",
+                        description=_dispatch_mod.__doc__,
+                        formatter_class=raw)
+    _dispatch_args(dp)
+    dp.add_argument("--million", action="store_true", help="also measure with 1M in flight")
+    _common(dp)
+    c = sub.add_parser("checkpoint",
+                       help="whole checkpoint at 200k on the embedded Gym, by stage",
+                       description=_checkpoint_mod.__doc__, formatter_class=raw)
+    c.add_argument("--in-flight", type=int, default=None,
+                   help="episodes in flight (default 200000; quick 2000)")
+    c.add_argument("--instances", type=int, default=None, help="Gym instances (default 4)")
+    _common(c)
+    a = sub.add_parser(
+        "all", help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
+        description=(
+            "Runs drain (full sweep), memory and dispatch, then writes drain.json, memory.json, "
+            "dispatch.json, drain_wake_latency.png, drain_per_wakeup_cost.png and SUMMARY.md "
+            "(headline figures against the targets of issue 7) into --out."
+        ),
+    )
+    a.add_argument("--out", type=Path, default=None,
+                   help=f"output directory (default {RESULTS_DIR}; quick: {RESULTS_DIR}/quick)")
+    rr = sub.add_parser(
+        "report", help="re-render the plots and SUMMARY.md from the JSON results in --out",
+        description="Rewrites the PNG plots and SUMMARY.md from drain.json, memory.json, "
+                    "dispatch.json and checkpoint.json in --out, without measuring anything.",
+    )
+    rr.add_argument("--out", type=Path, default=None, help=f"default {RESULTS_DIR}")
+    _common(rr)
+    a.add_argument("--million", action=argparse.BooleanOptionalAction, default=None,
+                   help="include 1M in flight (default: yes when 6 GiB are free; no with --quick)")
+    _common(a)
+    return parser
+
+
+# -- configurations from flags ---------------------------------------------------------------------
+
+
+def _drain_config(args: argparse.Namespace) -> _drain_mod.DrainConfig:
+    cfg = (_drain_mod.DrainConfig.quick_defaults() if args.quick
+           else _drain_mod.DrainConfig())
+    for name in ("rollouts", "pending", "trials", "baseline_trials", "interleave", "seed"):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    if getattr(args, "sweep", None) is not None:
+        cfg.sweep = tuple(args.sweep)
+    if getattr(args, "gc_freeze", False):
+        cfg.gc_freeze = True
+    if getattr(args, "poll_period_ms", None) is not None:
+        cfg.poll_period_s = args.poll_period_ms / 1e3
+    if args.bench == "drain" and args.million:
+        cfg.sweep = (*cfg.sweep, 1_000_000)
+    return cfg
+
+
+def _memory_sizes(args: argparse.Namespace) -> tuple[int, ...]:
+    if getattr(args, "sizes", None) is not None:
+        return tuple(args.sizes)
+    return (20_000,) if args.quick else (200_000, 1_000_000)
+
+
+def _dispatch_config(args: argparse.Namespace) -> _dispatch_mod.DispatchConfig:
+    cfg = (_dispatch_mod.DispatchConfig.quick_defaults() if args.quick
+           else _dispatch_mod.DispatchConfig())
+    if args.bench == "dispatch" and args.in_flight is not None:
+        cfg.in_flight = tuple(args.in_flight)
+    elif args.bench == "dispatch" and args.million:
+        cfg.in_flight = (*cfg.in_flight, 1_000_000)
+    if getattr(args, "batch_sizes", None) is not None:
+        cfg.batch_sizes = tuple(args.batch_sizes)
+    if getattr(args, "rows", None) is not None:
+        cfg.rows = args.rows
+    return cfg
+
+
+def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointConfig:
+    cfg = (_checkpoint_mod.CheckpointConfig.quick_defaults() if args.quick
+           else _checkpoint_mod.CheckpointConfig())
+    if args.bench == "checkpoint":
+        if args.in_flight is not None:
+            cfg.in_flight = args.in_flight
+        if args.instances is not None:
+            cfg.instances = args.instances
+    if cfg.in_flight < cfg.group_size or cfg.instances < 1:
+        raise ValueError("--in-flight must be >= the group size and --instances >= 1")
+    return cfg
+
+
+def _want_million(args: argparse.Namespace) -> bool:
+    if args.million is not None:
+        return bool(args.million)
+    if args.quick:
+        return False
+    import psutil
+
+    return psutil.virtual_memory().available > 6 * 2**30
+
+
+def invocation(argv: Sequence[str]) -> str:
+    """The command line that produced a result, as a user would type it."""
+    main_mod = sys.modules.get("__main__")
+    spec = getattr(main_mod, "__spec__", None)
+    if spec is not None and spec.name == "benchmarks.__main__":
+        exe = sys.executable
+        try:
+            rel = os.path.relpath(exe)
+            exe = rel if not rel.startswith("..") else exe
+        except ValueError:
+            pass
+        prefix = [exe, "-m", "benchmarks"]
+    else:
+        prefix = ["gymckpt", "bench"]
+    return shlex.join([*prefix, *argv])
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: turn it into null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    result = _clean(result)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    for key, value in result.items():
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            for v in value:
+                print(f"{key:40s} {v}")
+        elif not isinstance(value, dict | list):
+            print(f"{key:40s} {value}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``gymckpt bench ARGV``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) and bad flags (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.bench is None:
+        parser.print_help()
+        return 0
+    progress = Progress(args.progress)
+    meta = {"command": invocation(argv), "machine": machine_info(), "source": source_info(),
+            "quick": args.quick}
+    try:
+        drain_cfg = _drain_config(args)
+        drain_cfg.validate()
+        dispatch_cfg = _dispatch_config(args)
+        memory_sizes = _memory_sizes(args)
+        checkpoint_cfg = _checkpoint_config(args)
+    except ValueError as exc:
+        print(f"gymckpt bench {args.bench}: error: {exc}", file=sys.stderr)
+        return 2
+    result: dict[str, Any]
+    if args.bench == "drain":
+        result = {**_drain_mod.run_drain(drain_cfg, progress), "meta": meta}
+    elif args.bench == "memory":
+        result = {**_memory_mod.run_memory(memory_sizes, progress), "meta": meta}
+    elif args.bench == "dispatch":
+        result = {**_dispatch_mod.run_dispatch(dispatch_cfg, progress), "meta": meta}
+    elif args.bench == "report":
+        from .report import rerender
+
+        try:
+            result = rerender(args.out or RESULTS_DIR)
+        except ValueError as exc:
+            print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
+            return 2
+    elif args.bench == "checkpoint":
+        result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
+    else:
+        from .report import run_all
+
+        out = args.out
+        if out is None:
+            out = RESULTS_DIR / "quick" if args.quick else RESULTS_DIR
+        if _want_million(args):
+            drain_cfg.sweep = (*drain_cfg.sweep, 1_000_000)
+            dispatch_cfg.in_flight = (*dispatch_cfg.in_flight, 1_000_000)
+        result = run_all(
+            drain_cfg=drain_cfg,
+            memory_sizes=memory_sizes,
+            dispatch_cfg=dispatch_cfg,
+            checkpoint_cfg=checkpoint_cfg,
+            out=out,
+            meta=meta,
+            progress=progress,
+        )
+    _emit(result, args.json)
+    return 0

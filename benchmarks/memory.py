@@ -1,0 +1,107 @@
+"""Ledger memory per attempt (DESIGN §5), at 200k and 1M attempts, in a realistic mix of states.
+
+Each measurement runs in a fresh Python subprocess (``python -m benchmarks.memory --worker N
+MODE``) so that memory freed by earlier work cannot be reused and hide the cost. Two modes, both
+reported, because they answer different questions:
+
+* ``tracemalloc``: bytes the Python allocator holds for the ledger after it is built (current
+  traced memory after minus before, after ``gc.collect()``): objects, strings, dicts, sets.
+  Exact and repeatable; excludes allocator slack.
+* ``rss``: growth of the process's resident set (psutil) over the same build, without tracing.
+  What the operating system actually charges, including pymalloc arenas and dict over-allocation.
+
+The mix (``benchmarks._fixture.build_mixed_ledger``): 15 % of rows reserved; of the dispatched
+slots, 25 % completed with a result, 2 % failed and re-sent, 1 % refused, 1 % abandoned (in the
+retire queue), the rest DISPATCHED.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ._common import Progress, label
+
+__all__ = ["METHOD", "run_memory", "worker"]
+
+METHOD = (
+    "fresh subprocess per measurement; tracemalloc = Python-allocator bytes held by the ledger "
+    "after build (gc.collect before and after); rss = psutil resident-set growth over the same "
+    "build without tracing; realistic mix of states (see build_mixed_ledger)"
+)
+
+
+def worker(attempts: int, mode: str) -> dict[str, Any]:
+    """Build one mixed ledger in this process and measure it (``mode``: tracemalloc or rss)."""
+    import psutil
+
+    from ._fixture import build_mixed_ledger
+
+    gc.collect()
+    proc = psutil.Process()
+    if mode == "tracemalloc":
+        import tracemalloc
+
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+    elif mode == "rss":
+        before = proc.memory_info().rss
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    t0 = time.perf_counter()
+    ledger = build_mixed_ledger(attempts)
+    build_s = time.perf_counter() - t0
+    gc.collect()
+    if mode == "tracemalloc":
+        import tracemalloc
+
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    else:
+        after = proc.memory_info().rss
+    stats = ledger.statistics()
+    return {
+        "mode": mode,
+        "attempts": stats.attempts,
+        "by_state": stats.by_state,
+        "retire_queue": stats.retire_queue,
+        "bytes": after - before,
+        "bytes_per_attempt": round((after - before) / stats.attempts, 1),
+        "build_s": round(build_s, 2),
+        "build_attempts_per_s": round(stats.attempts / build_s),
+    }
+
+
+def _spawn(attempts: int, mode: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.memory", "--worker", str(attempts), mode]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory worker {attempts} {mode} failed:\n{done.stderr.strip()}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def run_memory(sizes: tuple[int, ...], progress: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"sizes": list(sizes), "method": METHOD}
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        for mode in ("tracemalloc", "rss"):
+            progress(f"memory N={n:,}: {mode} (fresh subprocess)")
+            r = _spawn(n, mode)
+            rows.append({"target_attempts": n, **r})
+            out[f"{mode}_bytes_per_attempt_{label(n)}"] = r["bytes_per_attempt"]
+            progress(f"memory N={n:,}: {mode} {r['bytes_per_attempt']:.0f} B/attempt")
+    out["results"] = rows
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(int(sys.argv[2]), sys.argv[3])))
+        sys.exit(0)
+    print("usage: python -m benchmarks.memory --worker ATTEMPTS tracemalloc|rss", file=sys.stderr)
+    sys.exit(2)
