@@ -1,4 +1,11 @@
-"""gymckpt Gym adapter: the Gym contract, the embedded simulated Gym, and the Ray deployment."""
+"""gymckpt Gym adapter: the Gym contract, the embedded simulated Gym, and the Ray deployment.
+
+``RayGym`` is exported lazily (and left out of ``__all__``): Ray is an optional extra, so
+``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or ``from gym_adapter import
+RayGym``) does.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from ._contract import (
     ADMISSION_CLOSED,
@@ -34,6 +41,18 @@ from ._sim import (
     SimStatistics,
     plan_episode,
 )
+
+if TYPE_CHECKING:
+    from ._ray import RayGym as RayGym
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RayGym":
+        from ._ray import RayGym
+
+        return RayGym
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ADMISSION_CLOSED",

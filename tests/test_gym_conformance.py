@@ -51,7 +51,8 @@ Factory = Callable[..., AbstractAsyncContextManager[Any]]
 
 BACKENDS = [
     pytest.param(EmbeddedGym.open, id="embedded"),
-    # pytest.param(RayGym.open, id="ray", marks=pytest.mark.ray),
+    pytest.param(lambda **kw: __import__("test_ray_backend").open_for_conformance(**kw),
+                 id="ray", marks=pytest.mark.ray),  # imports Ray only when a ray test runs
 ]
 
 SEED = 7

@@ -1,0 +1,878 @@
+"""RayGym: the Gym deployment on a Ray cluster, reached from trio through trio-asyncio.
+
+Why it looks like this
+----------------------
+Each instance is a Ray **async actor** (``_ray_actor.GymActor``) hosting the same anyio
+``SimInstance`` the embedded Gym runs, on the actor's asyncio loop. The control plane is actor
+methods; the data plane is one Ray streaming generator per ``run``. The trainer is trio. This
+module is the only place that touches trio-asyncio, and the only place the trio side touches Ray.
+
+**trio → asyncio → Ray.** ``RayGym.open`` opens one trio-asyncio loop for the deployment's
+lifetime. Submitting a call (``actor.method.remote(...)``) is a plain synchronous call; *waiting*
+for it always happens in an asyncio task on that loop (``_Bridge``), never from trio directly: an
+``ObjectRef`` awaited outside an asyncio loop has no loop to wrap its future in, and one awaited
+on some other loop resolves there. The task returns an ``outcome`` (errors of the Ray task are
+values), so the only thing that can interrupt the wait is the trio side.
+
+**Cancellation is real.** The runtime bounds every control call by its deadline plus reply grace
+in its own trio cancel scope (``nurseries._calls.bounded_call``, S5). When that scope fires,
+``trio_asyncio.run_aio_future`` cancels the asyncio task and waits until it has *finished* — so
+no asyncio task or future is left pending — and then ``_Bridge.resolve`` calls ``ray.cancel`` on
+the Ray task before the ``Cancelled`` propagates: Ray drops it if it has not started (queued
+behind a stuck loop, or never scheduled because its actor cannot be placed) and cancels its
+coroutine at its next ``await`` if it has. ``BridgeStatistics`` and ``RayGym.calls`` let tests
+prove that nothing was left behind, on either side.
+
+**Deadlines** are absolute on the caller's trio clock. The driver sends the time left and the
+wall-clock time of sending; the actor re-anchors on its own clock, counting time spent in Ray
+(queues, a stuck loop) as spent (``_ray_actor.local_deadline``).
+
+**Acknowledgement (data plane).** The generator's first object is an admission header, so
+``run`` returns only once the rows were admitted or refused (as in-process; a checkpoint must
+never overtake a submission the ledger counts, S1). Then each object is one batch of ready
+replies (several timer-flushed batches of the instance coalesce into one object, because Ray
+charges about 0.4 ms per streamed object). Replies stay "on the wire" in every commit reply from
+the moment Gym produced them, while they travel in Ray, and until the consumer asks for the next
+batch: ``RayReplyStream.__anext__`` then acknowledges the batch it returned last time. It
+records the acknowledgement in the deployment, which hands every recorded acknowledgement of an
+instance to that instance's next control or view call, and the actor applies them before
+anything else; every ``ACK_INTERVAL_S`` a stream also sends its latest one on its own (an
+``ack`` call, not awaited), so the actor frees what was delivered; no batch costs a round trip.
+By the time a ``commit`` or ``inventory`` runs, every batch the consumer asked past is off the
+wire, whatever order Ray delivered the calls in. An acknowledgement is never early (it is only
+sent once the consumer asked for more) and may be late (the wire list is then a superset: the
+drain waits for a reply the ledger already holds, harmless). ``aclose`` acknowledges what was
+received, and Gym discards what was not.
+
+**Errors crossing Ray** (S6): a dead actor (``ActorDiedError``) marks the instance dead and
+raises ``GymInstanceDead`` (its streams end early; later calls fail without reaching Ray), an
+unavailable actor, a cancelled task or any other Ray failure raises
+``runtime.GymCheckpointUnavailable``; a Gym error crosses as itself (``GymControlError``,
+``TimeoutError``, ``TopologyMismatch``…) when it pickles, else as ``GymCheckpointUnavailable``
+(the actor replaces it before it crosses; if Ray itself cannot serialise an error, the same
+replacement happens here). Every replacement is raised ``from None``: a Ray exception in the
+cause chain would make the runtime classify a retryable failure as an invariant.
+
+**Faults** (C3): one ``FaultPlan`` in the driver counts calls across the deployment, exactly as
+the embedded Gym does; the actor executes the fault for real (see ``_ray_actor``).
+
+**Placement**: instances spread over the cluster's nodes (``SPREAD``), ask for no GPU and
+``num_cpus`` (0.1 by default) so a 2-core machine runs several. A process already connected to
+Ray keeps its connection; otherwise ``address=None`` starts a local cluster (no dashboard, small
+object store) for the deployment's lifetime, and ``address="auto"`` or an address joins a
+cluster and leaves it running. State directories (``work_dir``, commit ``state_root``) are
+paths the actors open themselves: on a multi-node cluster they must be on shared storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+
+import attrs
+import outcome
+import ray
+import trio
+import trio_asyncio
+from ray.exceptions import (
+    ActorUnavailableError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    TaskCancelledError,
+)
+
+from runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
+
+from ._contract import (
+    CommitReply,
+    GymBackend,
+    GymInstanceDead,
+    InstanceInventory,
+    PrepareReply,
+    RestoreReply,
+    RetireReply,
+    RunReply,
+    RunRow,
+    Topology,
+)
+from ._embedded import GymStatistics
+from ._faults import FaultPlan, FaultSpec
+from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor, _can_pickle
+from ._sim import AGENT_KINDS, CalendarSession, SimConfig, SimStatistics
+
+__all__ = [
+    "NO_SUCH_RESOURCE",
+    "BridgeStatistics",
+    "RayGym",
+    "RayReplyStream",
+    "local_cluster_options",
+]
+
+T = TypeVar("T")
+
+NO_SUCH_RESOURCE: Final = "gymckpt_unplaceable"
+"""A custom resource no node offers: an actor asking for it is never placed."""
+CLOSE_TIMEOUT_S: Final = 2.0
+"""How long ``aclose`` waits for the actor (it runs shielded in the dispatcher: keep it bounded)."""
+STOP_TIMEOUT_S: Final = 5.0
+"""How long closing the deployment waits for each instance to stop before killing its actor."""
+VIEW_TIMEOUT_S: Final = 30.0
+"""Bound on the calls that carry no deadline (topology, inventory, statistics…): past it they
+raise ``TimeoutError`` naming the instance instead of waiting for ever on an actor Ray never
+schedules."""
+ACK_INTERVAL_S: Final = 0.05
+"""A stream sends its latest acknowledgement on its own at most this often (they also travel
+with every control and view call): it frees the actor's copies of delivered replies."""
+BACKPRESSURE_OBJECTS: Final = 2
+"""Streamed objects a generator may run ahead of its consumer; the rest coalesce in Gym (with
+one object per reply there is nothing to coalesce: no backpressure then)."""
+_END: Final = object()
+
+_Result = outcome.Value[Any] | outcome.Error
+"""A Ray result on the trio side: a value, or the error the Ray call raised."""
+
+
+def local_cluster_options() -> dict[str, Any]:
+    """``ray.init`` arguments of the local cluster started when no address is given: no
+    dashboard, a small object store, worker output kept out of the driver's."""
+    return {
+        "include_dashboard": False,
+        "object_store_memory": 100 * 2**20,
+        "log_to_driver": False,
+    }
+
+
+# -- the cluster connection -----------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _ClusterUse:
+    """This process's use of Ray: connected by us (and disconnected by the last user)?"""
+
+    users: int = 0
+    ours: bool = False
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def connect(self, address: str | None) -> bool:
+        with self.lock:
+            if ray.is_initialized():
+                return False
+            if address is None:
+                ray.init(**local_cluster_options())
+            else:
+                ray.init(address=address, log_to_driver=False)
+            return True
+
+
+_CLUSTER = _ClusterUse()
+
+
+async def _acquire_cluster(address: str | None) -> None:
+    _CLUSTER.users += 1
+    try:
+        if await trio.to_thread.run_sync(_CLUSTER.connect, address):
+            _CLUSTER.ours = True
+    except BaseException:
+        _CLUSTER.users -= 1
+        raise
+
+
+async def _release_cluster() -> None:
+    _CLUSTER.users -= 1
+    if _CLUSTER.users == 0 and _CLUSTER.ours:
+        _CLUSTER.ours = False
+        await trio.to_thread.run_sync(ray.shutdown)
+
+
+# -- the bridge ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class BridgeStatistics:
+    """The trio↔asyncio↔Ray bridge of one deployment."""
+
+    waits: int
+    """Ray results waited for (control calls, views, stream objects)."""
+    cancelled: int
+    """Ray calls cancelled with ``ray.cancel`` because the trio side gave up on them."""
+    calls_pending: int
+    """asyncio tasks waiting for a call's result (0 whenever no call is in progress)."""
+    asyncio_pending: int
+    """asyncio tasks not done on the deployment's loop: the calls, plus one per stream whose
+    consumer is waiting for its next batch (0 whenever nobody waits)."""
+
+
+async def _outcome_of(ref: Any) -> _Result:
+    try:
+        return outcome.Value(await ref)
+    except Exception as exc:
+        return outcome.Error(exc)
+
+
+async def _advance(stream: RayReplyStream) -> _Result:
+    """The stream's next object (value or error, ``_END`` at the end). Interrupted anywhere, it
+    loses nothing: a ref taken from the generator is kept on the stream for the next call.
+
+    An object already there is taken without a round trip through the event loop (``Ray``'s
+    awaitables each hop from a Ray thread to the loop); otherwise it is awaited."""
+    gen = stream._gen
+    if stream._ref is None:
+        try:
+            if gen.next_ready():
+                stream._ref = next(gen)
+            else:
+                stream._ref = await gen.__anext__()
+        except (StopIteration, StopAsyncIteration):
+            return outcome.Value(_END)
+        except Exception as exc:
+            return outcome.Error(exc)
+    ref: Any = stream._ref
+    try:
+        # ready *here* (no fetch from another node on the loop's thread), or awaited
+        ready, _ = ray.wait([ref], timeout=0, fetch_local=True)
+        result: _Result = outcome.Value(ray.get(ref) if ready else await ref)
+    except Exception as exc:
+        result = outcome.Error(exc)
+    stream._ref = None
+    return result
+
+
+@final
+class _Bridge:
+    """trio → asyncio → Ray: every wait on Ray is an asyncio task on the deployment's
+    trio-asyncio loop, awaited from trio with ``trio_asyncio.run_aio_future``."""
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+        self._tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        self._calls: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        self.waits = 0
+        self.cancelled = 0
+        self.cancelled_refs: deque[Any] = deque(maxlen=64)
+
+    async def _run(self, coro: Coroutine[Any, Any, T], *, call: bool = False) -> T:
+        task: asyncio.Task[T] = self._loop.create_task(coro)
+        self._tasks.add(task)
+        if call:
+            self._calls.add(task)
+        self.waits += 1
+        # On trio cancellation this cancels the task and returns only once it has finished.
+        result: T = await trio_asyncio.run_aio_future(task)
+        return result
+
+    async def resolve(self, ref: Any) -> _Result:
+        """``ref``'s result. If the wait is interrupted (trio cancellation), the Ray call is
+        cancelled before the interruption propagates."""
+        try:
+            return await self._run(_outcome_of(ref), call=True)
+        except BaseException:
+            self.cancel(ref)
+            raise
+
+    async def advance(self, stream: RayReplyStream) -> _Result:
+        """The next object of ``stream`` (an interrupted wait leaves the stream usable)."""
+        return await self._run(_advance(stream))
+
+    def cancel(self, ref: Any) -> None:
+        self.cancelled += 1
+        self.cancelled_refs.append(ref)
+        with suppress(Exception):  # finished meanwhile, or its actor is gone: nothing to cancel
+            ray.cancel(ref)
+
+    def statistics(self) -> BridgeStatistics:
+        calls = sum(1 for t in self._calls if not t.done())
+        pending = {t for t in self._tasks if not t.done()}
+        pending |= asyncio.all_tasks(self._loop)
+        return BridgeStatistics(self.waits, self.cancelled, calls, len(pending))
+
+
+# -- the reply stream ------------------------------------------------------------------------
+
+
+def _stream_ends(exc: BaseException) -> bool:
+    """Ray failures that end a stream early (its rows are missing) rather than raise."""
+    return isinstance(exc, (RayActorError, TaskCancelledError))
+
+
+@final
+class RayReplyStream:
+    """The consumer's side of one ``run`` on Ray (``ReplyStream``).
+
+    ``__anext__`` acknowledges the batch it returned last time, then returns the next batch;
+    the stream ends when the instance has replied to every row, or early (drop fault, dead or
+    unreachable actor, cancelled generator). ``aclose`` is idempotent: it acknowledges what was
+    received, has Gym discard the rest and end the stream (its rows keep running), and cancels
+    the Ray generator; it waits at most ``CLOSE_TIMEOUT_S`` for the actor.
+    """
+
+    __slots__ = (
+        "_ack_sent_at",
+        "_ack_sent_seq",
+        "_acked",
+        "_actor",
+        "_closed",
+        "_delivered",
+        "_ended",
+        "_gen",
+        "_gym",
+        "_instance",
+        "_natural_end",
+        "_ref",
+        "_sid",
+    )
+
+    def __init__(self, gym: RayGym, instance: str, actor: Any, sid: int, gen: Any) -> None:
+        self._gym = gym
+        self._instance = instance
+        self._actor = actor
+        self._sid = sid
+        self._gen = gen
+        self._delivered = HEADER_SEQ  # seq of the last batch handed to the consumer
+        self._acked = HEADER_SEQ
+        self._ack_sent_at = time.monotonic()
+        self._ack_sent_seq = HEADER_SEQ
+        self._ref: Any = None  # taken from the generator, its value not read yet
+        self._ended = False
+        self._natural_end = False
+        self._closed = False
+
+    async def _admitted(self) -> None:
+        """Wait for the admission header (errors of the ``run`` itself surface here)."""
+        try:
+            item = await self._gym._bridge.advance(self)
+        except BaseException:
+            self._ended = self._closed = True
+            self._gym._cancel_quietly(self._gen)
+            raise
+        if isinstance(item, outcome.Error):
+            self._ended = self._closed = True
+            raise self._gym._translate(self._instance, "run", item.error) from None
+        if item.value is _END or item.value[0] != HEADER_SEQ:
+            self._ended = self._closed = True
+            raise GymCheckpointUnavailable(
+                f"instance {self._instance} run: the stream ended before admission",
+                self._instance,
+                "run",
+            )
+
+    def __aiter__(self) -> RayReplyStream:
+        return self
+
+    def _send_ack(self) -> None:
+        if self._instance not in self._gym._dead:
+            self._actor.ack.remote(self._sid, self._acked)  # not awaited
+        self._ack_sent_at = time.monotonic()
+        self._ack_sent_seq = self._acked
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        if self._ended:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        if self._delivered > self._acked:
+            self._gym._ack(self._instance, self._sid, self._delivered)
+            self._acked = self._delivered
+            if time.monotonic() - self._ack_sent_at >= ACK_INTERVAL_S:
+                self._send_ack()
+        item = await self._gym._bridge.advance(self)
+        if isinstance(item, outcome.Error):
+            self._ended = True
+            self._gym._ack_done(self._instance, self._sid)
+            exc = item.error
+            if _stream_ends(exc):
+                if isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError):
+                    self._gym._dead.add(self._instance)
+                raise StopAsyncIteration
+            raise self._gym._translate(self._instance, "run", exc) from None
+        if item.value is _END:
+            self._ended = self._natural_end = True
+            self._gym._ack_done(self._instance, self._sid)
+            if self._acked > self._ack_sent_seq:
+                self._send_ack()  # the last one, so the actor lets go of the stream
+            raise StopAsyncIteration
+        seq, replies = item.value
+        self._delivered = seq
+        return replies
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = self._ended = True
+        gym = self._gym
+        gym._ack_done(self._instance, self._sid)
+        if self._natural_end or self._instance in gym._dead:
+            await trio.lowlevel.checkpoint()
+            return
+        ref = self._actor.close_stream.remote(self._sid, self._delivered)
+        try:
+            with trio.move_on_after(CLOSE_TIMEOUT_S):
+                closed = await gym._bridge.resolve(ref)
+                if isinstance(closed, outcome.Value):
+                    gym._acks[self._instance].pop(self._sid, None)
+        finally:
+            gym._cancel_quietly(self._gen)  # a generator held by backpressure lets go too
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "ended" if self._ended else "open"
+        return (
+            f"<RayReplyStream of {self._instance} #{self._sid} {state} "
+            f"delivered={self._delivered} acked={self._acked}>"
+        )
+
+
+# -- the deployment --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Spawn:
+    """What an instance's actor is built from (kept to build a replacement)."""
+
+    name: str
+    agent_kind: str
+    seed: int
+    work_dir: str
+    config: SimConfig
+    stuck_loop_s: float
+
+
+@final
+class RayGym:
+    """The Gym deployment on Ray. Build it with ``RayGym.open(...)``."""
+
+    def __init__(
+        self,
+        bridge: _Bridge,
+        actors: dict[str, Any],
+        spawns: dict[str, _Spawn],
+        placement: dict[str, str],
+        plan: FaultPlan,
+        *,
+        batch_replies: bool,
+        max_batch_replies: int,
+    ) -> None:
+        self._bridge = bridge
+        self._actors = actors
+        self._spawns = spawns
+        self._placement = placement
+        self._names = tuple(actors)
+        self._plan = plan
+        self._dead: set[str] = set()
+        self._sids = itertools.count(1)
+        self._batch_replies = batch_replies
+        self._max_batch_replies = max_batch_replies
+        self._last_stats: dict[str, SimStatistics] = {}
+        # acknowledgements recorded per instance (sid -> seq), handed to its next call
+        self._acks: dict[str, dict[int, int]] = {name: {} for name in actors}
+        self._acks_ended: dict[str, set[int]] = {name: set() for name in actors}
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        instances: int = 1,
+        agent_kinds: str | Sequence[str] = "simple_agent",
+        seed: int = 0,
+        work_dir: str | Path | None = None,
+        config: SimConfig | None = None,
+        faults: Sequence[str | FaultSpec] = (),
+        address: str | None = None,
+        *,
+        num_cpus: float = 0.1,
+        stuck_loop_s: float = 0.0,
+        batch_replies: bool = True,
+        max_batch_replies: int = 1024,
+        startup_timeout_s: float = 60.0,
+    ) -> AsyncIterator[RayGym]:
+        """Serve ``instances`` simulated instances as Ray actors until the context exits.
+
+        The arguments up to ``faults`` are ``EmbeddedGym.open``'s. ``address``: None starts a
+        local cluster and stops it on exit; ``"auto"`` or an address joins that cluster and
+        leaves it running; either way, a process already connected to Ray keeps its connection
+        (and ``address`` is not used). ``num_cpus`` is each actor's CPU request (no GPU). A
+        ``hang`` fault first blocks the actor's event loop for ``stuck_loop_s`` (0: a plain
+        hang). ``batch_replies=False`` streams one object per reply (for comparison); a batch
+        carries up to about ``max_batch_replies`` replies. ``work_dir`` (default: the current
+        directory) is resolved here, since actors run elsewhere. Raises ``TimeoutError`` if an
+        actor is not placed and started within ``startup_timeout_s``.
+        """
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances!r}")
+        kinds = (agent_kinds,) * instances if isinstance(agent_kinds, str) else tuple(agent_kinds)
+        if len(kinds) != instances:
+            raise ValueError(f"got {len(kinds)} agent kinds for {instances} instances")
+        for kind in kinds:
+            if kind not in AGENT_KINDS:
+                raise ValueError(
+                    f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {kind!r}"
+                )
+        if not num_cpus >= 0:
+            raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
+        if not stuck_loop_s >= 0:
+            raise ValueError(f"stuck_loop_s must be >= 0, got {stuck_loop_s!r}")
+        if max_batch_replies < 1:
+            raise ValueError(f"max_batch_replies must be >= 1, got {max_batch_replies!r}")
+        plan = FaultPlan(faults)
+        cfg = config if config is not None else SimConfig()
+        wd = _absolute(work_dir)
+        spawns = {
+            f"gym-{i}": _Spawn(f"gym-{i}", kinds[i], seed, wd, cfg, stuck_loop_s)
+            for i in range(instances)
+        }
+        await _acquire_cluster(address)
+        try:
+            async with trio_asyncio.open_loop() as loop:
+                bridge = _Bridge(loop)
+                actors: dict[str, Any] = {}
+                try:
+                    for name, spawn in spawns.items():
+                        actors[name] = _spawn(spawn, num_cpus=num_cpus)
+                    placement = await _start_all(bridge, actors, startup_timeout_s)
+                    yield cls(bridge, actors, spawns, placement, plan,
+                              batch_replies=batch_replies, max_batch_replies=max_batch_replies)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await _stop_all(bridge, actors)
+        finally:
+            with trio.CancelScope(shield=True):
+                await _release_cluster()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def faults(self) -> FaultPlan:
+        return self._plan
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """The Ray node ID each instance's actor was placed on."""
+        return dict(self._placement)
+
+    def _actor(self, instance: str) -> Any:
+        try:
+            return self._actors[instance]
+        except KeyError:
+            raise ValueError(
+                f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
+            ) from None
+
+    def _live(self, instance: str, op: str) -> Any:
+        actor = self._actor(instance)
+        if instance in self._dead:
+            raise GymInstanceDead(instance, op)
+        return actor
+
+    def _cancel_quietly(self, ref: Any) -> None:
+        with suppress(Exception):
+            ray.cancel(ref)
+
+    def _translate(self, instance: str, op: str, exc: BaseException) -> BaseException:
+        """The error the runtime sees for ``exc`` raised by Ray for ``op`` on ``instance``."""
+        if isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError):
+            self._dead.add(instance)
+            return GymInstanceDead(instance, op)
+        if isinstance(exc, ActorUnavailableError):
+            return GymCheckpointUnavailable(
+                f"instance {instance} {op}: actor unavailable ({_first_line(exc)})", instance, op
+            )
+        if isinstance(exc, TaskCancelledError):
+            return GymCheckpointUnavailable(
+                f"instance {instance} {op}: the Ray call was cancelled", instance, op
+            )
+        if isinstance(exc, RayTaskError):
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception) and not isinstance(cause, RayError):
+                if _can_pickle(cause):
+                    return cause
+                detail = f"{type(cause).__name__}: {cause}"
+            else:
+                detail = _first_line(cause if cause is not None else exc)
+            return GymCheckpointUnavailable(
+                f"Gym raised an error that cannot be pickled: {detail}", instance, op
+            )
+        if isinstance(exc, RayError):
+            return GymCheckpointUnavailable(
+                f"instance {instance} {op}: {type(exc).__name__}: {_first_line(exc)}",
+                instance,
+                op,
+            )
+        return exc
+
+    def _ack(self, instance: str, sid: int, seq: int) -> None:
+        """Stream ``sid`` asked past batch ``seq``: the instance's next call says so."""
+        self._acks[instance][sid] = seq
+
+    def _ack_done(self, instance: str, sid: int) -> None:
+        """Stream ``sid`` will acknowledge nothing more: forget it once a call carried it."""
+        self._acks_ended[instance].add(sid)
+
+    def _carried(self, instance: str, acks: dict[int, int]) -> None:
+        """A call that carried ``acks`` succeeded: the ended streams among them are settled."""
+        pending, ended = self._acks[instance], self._acks_ended[instance]
+        for sid in ended & acks.keys():
+            if pending.get(sid) == acks[sid]:
+                del pending[sid]
+                ended.discard(sid)
+        ended &= pending.keys()
+
+    async def _wait(self, instance: str, op: str, ref: Any) -> Any:
+        result = await self._bridge.resolve(ref)
+        if isinstance(result, outcome.Error):
+            raise self._translate(instance, op, result.error) from None
+        return result.value
+
+    async def _control(
+        self, instance: str, op: str, args: tuple[Any, ...], deadline_ts: float
+    ) -> Any:
+        actor = self._live(instance, op)
+        spec = self._plan.check(op)
+        acks = dict(self._acks[instance])
+        remaining = deadline_ts - trio.current_time()
+        ref = actor.control.remote(op, args, remaining, time.time(), spec, acks)
+        reply = await self._wait(instance, op, ref)
+        self._carried(instance, acks)
+        return reply
+
+    async def _view(self, instance: str, what: str) -> Any:
+        actor = self._live(instance, what)
+        acks = dict(self._acks[instance])
+        with trio.move_on_after(VIEW_TIMEOUT_S):
+            reply = await self._wait(instance, what, actor.view.remote(what, acks))
+            self._carried(instance, acks)
+            return reply
+        raise TimeoutError(f"instance {instance} did not answer {what} within {VIEW_TIMEOUT_S:g}s")
+
+    # -- GymBackend ----------------------------------------------------------------------------
+
+    async def topology(self) -> Topology:
+        for name in self._names:
+            self._live(name, "topology")
+        return Topology(tuple([await self._view(n, "topology") for n in self._names]))
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> RayReplyStream:
+        """Submit ``rows`` and wait for their admission; a ``refuse`` fault refuses them all
+        (``admission_closed``), a ``drop`` fault ends the stream after ``len(rows) // 2``
+        replies."""
+        actor = self._live(instance, "run")
+        spec = self._plan.check("run")
+        refuse = spec is not None and spec.kind == "refuse"
+        drop = len(rows) // 2 if spec is not None and spec.kind == "drop" else None
+        inject = spec if spec is not None and not (refuse or drop is not None) else None
+        sid = next(self._sids)
+        backpressure = BACKPRESSURE_OBJECTS if self._batch_replies else -1
+        gen = actor.run.options(
+            num_returns="streaming", _generator_backpressure_num_objects=backpressure
+        ).remote(sid, tuple(rows), refuse, drop, inject, not self._batch_replies,
+                 self._max_batch_replies)
+        stream = RayReplyStream(self, instance, actor, sid, gen)
+        await stream._admitted()
+        return stream
+
+    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+        reply: PrepareReply = await self._control(
+            instance, "prepare", (checkpoint_id,), deadline_ts
+        )
+        return reply
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply:
+        reply: CommitReply = await self._control(
+            instance, "commit", (checkpoint_id, state_root), deadline_ts
+        )
+        return reply
+
+    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
+        await self._control(instance, "resume", (checkpoint_id,), deadline_ts)
+
+    async def retire(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        reply: RetireReply = await self._control(
+            instance, "retire", (tuple(rollout_ids),), deadline_ts
+        )
+        return reply
+
+    async def restore(
+        self,
+        instance: str,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply:
+        reply: RestoreReply = await self._control(
+            instance, "restore", (state_root, record, tuple(episodes)), deadline_ts
+        )
+        return reply
+
+    async def retire_restored(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        reply: RetireReply = await self._control(
+            instance, "retire_restored", (tuple(rollout_ids),), deadline_ts
+        )
+        return reply
+
+    async def inventory(self, instance: str) -> InstanceInventory:
+        inv: InstanceInventory = await self._view(instance, "inventory")
+        return inv
+
+    # -- extras (tests, demo) ------------------------------------------------------------------
+
+    async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
+        """The environment's live sessions of ``instance`` (for sentinel checks)."""
+        state: dict[str, CalendarSession] = await self._view(instance, "calendar_state")
+        return state
+
+    async def statistics(self) -> GymStatistics:
+        """Per-instance counts and the faults that fired. A dead instance reports the counts
+        last seen (zeros if none) with ``dead`` set: its actor is gone."""
+        stats = []
+        for name in self._names:
+            try:
+                st: SimStatistics = await self._view(name, "statistics")
+                self._last_stats[name] = st
+            except GymInstanceDead:
+                st = _dead_statistics(name, self._last_stats.get(name))
+            stats.append(st)
+        return GymStatistics(instances=tuple(stats), faults_fired=self._plan.fired)
+
+    async def calls(self, instance: str) -> ActorCallStatistics:
+        """What ``instance``'s actor is running right now (proof that cancelled calls left
+        nothing behind)."""
+        calls: ActorCallStatistics = await self._wait(
+            instance, "calls", self._live(instance, "calls").calls.remote()
+        )
+        return calls
+
+    def bridge_statistics(self) -> BridgeStatistics:
+        return self._bridge.statistics()
+
+    @property
+    def cancelled_refs(self) -> tuple[Any, ...]:
+        """The Ray calls cancelled after the trio side gave up on them (latest 64)."""
+        return tuple(self._bridge.cancelled_refs)
+
+    @asynccontextmanager
+    async def unschedulable(self, instance: str) -> AsyncIterator[None]:
+        """Fault hook: inside, ``instance``'s calls go to an actor that asks for a resource no
+        node has, so Ray never schedules them; they wait until the caller gives up and cancels
+        them. Streams already open keep running on the real actor, which is back on exit. A
+        ``run`` inside waits for its admission for ever: dispatch nothing there meanwhile."""
+        real = self._actor(instance)
+        ghost = _spawn(self._spawns[instance], num_cpus=0.0, resources={NO_SUCH_RESOURCE: 1.0})
+        self._actors[instance] = ghost
+        try:
+            yield
+        finally:
+            self._actors[instance] = real
+            self._cancel_quietly_kill(ghost)
+            await trio.lowlevel.checkpoint()
+
+    @staticmethod
+    def _cancel_quietly_kill(actor: Any) -> None:
+        with suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"<RayGym instances={len(self._names)} dead={len(self._dead)} "
+            f"faults={self._plan!r}>"
+        )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _absolute(work_dir: str | Path | None) -> str:
+    return os.path.abspath(work_dir if work_dir is not None else os.curdir)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@functools.cache
+def _actor_class() -> Any:
+    return ray.remote(GymActor)
+
+
+def _spawn(spawn: _Spawn, *, num_cpus: float, resources: dict[str, float] | None = None) -> Any:
+    options: dict[str, Any] = {
+        "num_cpus": num_cpus,
+        "num_gpus": 0,
+        "scheduling_strategy": "SPREAD",
+        "max_restarts": 0,
+        "max_task_retries": 0,
+    }
+    if resources:
+        options["resources"] = resources
+    return _actor_class().options(**options).remote(
+        spawn.name, spawn.agent_kind, spawn.seed, spawn.work_dir, spawn.config,
+        spawn.stuck_loop_s,
+    )
+
+
+async def _start_all(bridge: _Bridge, actors: dict[str, Any], timeout_s: float) -> dict[str, str]:
+    placement: dict[str, str] = {}
+    errors: list[str] = []
+
+    async def start(name: str, actor: Any) -> None:
+        with trio.move_on_after(timeout_s):
+            result = await bridge.resolve(actor.start.remote())
+            if isinstance(result, outcome.Error):
+                errors.append(f"{name}: {type(result.error).__name__}: "
+                              f"{_first_line(result.error)}")
+            else:
+                placement[name] = result.value
+            return
+        errors.append(f"{name}: not placed and started within {timeout_s:g}s "
+                      f"(cluster resources: {ray.available_resources()})")
+
+    async with trio.open_nursery() as nursery:
+        for name, actor in actors.items():
+            nursery.start_soon(start, name, actor)
+    if errors:
+        raise TimeoutError("could not start the Ray Gym deployment: " + "; ".join(errors))
+    return placement
+
+
+async def _stop_all(bridge: _Bridge, actors: dict[str, Any]) -> None:
+    async def stop(actor: Any) -> None:
+        with trio.move_on_after(STOP_TIMEOUT_S):
+            await bridge.resolve(actor.stop.remote())
+        RayGym._cancel_quietly_kill(actor)
+
+    async with trio.open_nursery() as nursery:
+        for actor in actors.values():
+            nursery.start_soon(stop, actor)
+
+
+def _dead_statistics(name: str, last: SimStatistics | None) -> SimStatistics:
+    if last is not None:
+        return attrs.evolve(last, dead=True, admission_open=False, prepared=False)
+    zeros: dict[str, Any] = {f.name: 0 for f in attrs.fields(SimStatistics)}
+    zeros.update(instance=name, dead=True, admission_open=False, prepared=False)
+    return SimStatistics(**zeros)
+
+
+if TYPE_CHECKING:  # mypy checks that RayGym implements the contract
+
+    def _is_a_backend(gym: RayGym) -> GymBackend:
+        return gym

@@ -1,0 +1,381 @@
+"""One Gym instance as a Ray async actor: a ``SimInstance`` on the actor's asyncio loop.
+
+This module runs inside a Ray worker process, under asyncio only (the trio side reaches Ray
+through ``gym_adapter._ray``, the one module that touches trio-asyncio). The driver decides
+everything deployment-wide (the ``FaultPlan`` counts, dead instances, stream ids); the actor
+executes: it re-anchors each deadline on its own clock, applies the fault it was handed for
+real, runs the call on its instance and makes sure whatever it raises can cross Ray.
+
+Data plane and acknowledgement
+------------------------------
+``run`` is a Ray streaming generator. Its first object is the admission header ``(0, ())``:
+the rows' fate (admitted, refused, fenced) is decided before the driver's ``run`` returns, as it
+is in-process (S1: a checkpoint must never overtake a submission the ledger counts). Then every
+object is one batch ``(seq, replies)``: whatever the instance's flusher has produced by the time
+the generator looks (several of its timer-flushed batches coalesce into one Ray object, up to
+``max_replies``), because Ray charges a fixed cost per streamed object.
+
+The generator reads the instance's batches *without* acknowledging them: a reply stays on the
+wire (listed by ``commit``) after it entered Ray and until the consumer asks for the batch after
+the one that carried it. The consumer says so with ``ack(sid, seq)`` (every batch up to ``seq``),
+and the driver repeats its latest acknowledgements with every control and view call, which apply
+them before anything else (``acks``): acks may arrive late or twice (the wire list is then a
+superset, which only makes a drain wait for a reply the ledger already has), never early.
+``close_stream`` acknowledges what the consumer received, discards what it did not (yielded into
+Ray but never read), and ends the stream: its rows keep running. Ray's generator backpressure
+stops the generator a couple of objects ahead of the consumer, so a slow consumer gets fewer,
+larger batches.
+
+Faults (C3) are executed here for real: ``hang`` never answers (optionally after blocking the
+event loop for ``stuck_loop_s`` — a stuck loop: nothing on the instance moves, no other call is
+served, not even the lease timer); ``delay`` sleeps; ``error`` raises ``GymControlError``;
+``unpicklable`` raises Gym's own unpicklable ``CoordinationError``; ``dead`` ends the worker
+process (``os._exit``), so Ray reports the actor dead to every caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final, final
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from runtime import GymCheckpointUnavailable
+
+from ._contract import GymControlError, Refused, RunReply, RunRow
+from ._faults import FaultSpec
+from ._sim import CoordinationError, SimConfig, SimInstance, SimReplyStream
+
+__all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
+
+HEADER_SEQ: Final = 0
+"""Sequence number of the admission header, the first object of every ``run`` stream."""
+
+_CONTROL_OPS: Final = frozenset(
+    {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
+)
+_VIEWS: Final = frozenset({"topology", "inventory", "calendar_state", "statistics"})
+_STREAM_ENDED = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+
+@attrs.frozen
+class ActorCallStatistics:
+    """What one actor has on its hands (for tests: a cancelled call must leave nothing)."""
+
+    instance: str
+    active: tuple[tuple[str, int], ...]
+    """Calls running right now, by operation (the asking ``calls()`` is not counted)."""
+    started: int
+    cancelled: tuple[tuple[str, int], ...]
+    """Calls cancelled while running (``ray.cancel``), by operation."""
+    streams: int
+    """Streams whose outbox is still registered (not yet fully acknowledged or closed)."""
+
+    @property
+    def in_progress(self) -> int:
+        return sum(n for _, n in self.active)
+
+
+def _can_pickle(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True
+
+
+def _crossable(exc: Exception, instance: str, op: str) -> Exception:
+    """``exc`` if it can cross Ray as itself, else ``GymCheckpointUnavailable`` (S6)."""
+    if _can_pickle(exc):
+        return exc
+    return GymCheckpointUnavailable(
+        f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
+        instance,
+        op,
+    )
+
+
+def local_deadline(remaining_s: float, sent_wall: float) -> float:
+    """Re-anchor a deadline on this process's clock (``anyio.current_time()``).
+
+    The driver sends the time left on its own clock and the wall-clock time it sent the call;
+    the time since then (queueing in Ray, a stuck loop) is spent. Clocks that disagree the other
+    way count as no time spent; across hosts the result is as good as their clock sync.
+    """
+    spent = max(0.0, time.time() - sent_wall)
+    return anyio.current_time() + remaining_s - spent
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class _Outbox:
+    """The actor's side of one ``run``: batches taken from the instance, acknowledged later."""
+
+    sim: SimInstance
+    stream: SimReplyStream  # kept alive: its finaliser closes the instance's receive side
+    unacked: deque[tuple[int, tuple[RunReply, ...]]] = attrs.field(factory=deque)
+    seq: int = HEADER_SEQ
+    finished: bool = False
+    closed: bool = False
+
+    @property
+    def _st(self) -> Any:
+        return self.stream._st
+
+    async def take(self, cap: int) -> list[RunReply] | None:
+        """The next replies (one or more of the instance's batches, up to about ``cap``), or
+        None once the stream has ended."""
+        receive = self._st.receive
+        try:
+            replies = list(await receive.receive())
+        except _STREAM_ENDED:
+            self._ended()
+            return None
+        while len(replies) < cap:
+            try:
+                replies.extend(receive.receive_nowait())
+            except anyio.WouldBlock:
+                break
+            except _STREAM_ENDED:
+                self._ended()
+                break
+        return replies
+
+    def register(self, replies: Sequence[RunReply]) -> int:
+        """Number ``replies`` as the next batch; they stay on the wire until acknowledged."""
+        self.seq += 1
+        self.unacked.append((self.seq, tuple(replies)))
+        return self.seq
+
+    def _ended(self) -> None:
+        self._st.receive.close()
+        self.sim._forget(self._st)
+
+    def ack(self, upto: int) -> None:
+        """The consumer asked for the batch after ``upto``: every batch up to it is received."""
+        while self.unacked and self.unacked[0][0] <= upto:
+            _, replies = self.unacked.popleft()
+            self.sim._ack(self._st, [r.rollout_id for r in replies if not isinstance(r, Refused)])
+
+    def close(self, upto: int) -> None:
+        """Acknowledge up to ``upto``, discard the rest and end the stream (rows run on)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.ack(upto)
+        lost = [r for _, replies in self.unacked for r in replies]
+        self.unacked.clear()
+        if lost:
+            self.sim._discard(self._st, lost)
+        self.sim._consumer_closed(self._st)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will be produced and nothing waits for an acknowledgement."""
+        return self.closed or (self.finished and not self.unacked)
+
+
+class GymActor:
+    """A Ray async actor hosting one ``SimInstance`` (wrapped with ``ray.remote`` by the
+    driver). ``start`` serves the instance in a task of the actor's loop; ``stop`` ends it."""
+
+    def __init__(
+        self,
+        name: str,
+        agent_kind: str,
+        seed: int,
+        work_dir: str | None,
+        config: SimConfig,
+        stuck_loop_s: float = 0.0,
+    ) -> None:
+        self._sim = SimInstance(name, agent_kind, seed, Path(work_dir) if work_dir else None,
+                                config)
+        self._stuck_loop_s = stuck_loop_s
+        self._serving: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._streams: dict[int, _Outbox] = {}
+        self._active: Counter[str] = Counter()
+        self._cancelled: Counter[str] = Counter()
+        self._started = 0
+
+    @property
+    def name(self) -> str:
+        return self._sim.name
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Serve the instance; returns the Ray node ID the actor was placed on."""
+        if self._serving is None:
+            loop = asyncio.get_running_loop()
+            ready: asyncio.Future[None] = loop.create_future()
+            self._stop = asyncio.Event()
+            self._serving = loop.create_task(self._serve(ready, self._stop))
+            await ready
+        import ray  # only ever imported inside a Ray worker
+
+        node_id: str = ray.get_runtime_context().get_node_id()
+        return node_id
+
+    async def _serve(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
+        try:
+            async with self._sim:
+                ready.set_result(None)
+                await stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    async def stop(self) -> None:
+        """End the instance cleanly (every episode cancelled, every stream ended)."""
+        if self._serving is not None and self._stop is not None:
+            self._stop.set()
+            await self._serving
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    @contextmanager
+    def _track(self, op: str) -> Iterator[None]:
+        self._active[op] += 1
+        self._started += 1
+        try:
+            yield
+        except asyncio.CancelledError:
+            self._cancelled[op] += 1
+            raise
+        finally:
+            self._active[op] -= 1
+
+    async def calls(self) -> ActorCallStatistics:
+        return ActorCallStatistics(
+            instance=self.name,
+            active=tuple(sorted((op, n) for op, n in self._active.items() if n)),
+            started=self._started,
+            cancelled=tuple(sorted(self._cancelled.items())),
+            streams=len(self._streams),
+        )
+
+    async def _inject(self, spec: FaultSpec, op: str) -> None:
+        if spec.kind == "hang":
+            if self._stuck_loop_s > 0:
+                time.sleep(self._stuck_loop_s)  # noqa: ASYNC251 - the fault: a stuck event loop
+            await anyio.sleep_forever()
+        elif spec.kind == "delay":
+            assert spec.arg is not None
+            await anyio.sleep(spec.arg)
+        elif spec.kind == "error":
+            raise GymControlError(self.name, op, f"injected fault {spec}")
+        elif spec.kind == "unpicklable":
+            raise CoordinationError(self.name, op, f"injected fault {spec}")
+        elif spec.kind == "dead":
+            os._exit(1)  # the instance dies for real: Ray reports ActorDiedError to every caller
+
+    # -- control plane ---------------------------------------------------------------------------
+
+    def _apply_acks(self, acks: dict[int, int]) -> None:
+        for sid, seq in acks.items():
+            box = self._streams.get(sid)
+            if box is not None:
+                box.ack(seq)
+                if box.settled:
+                    del self._streams[sid]
+
+    async def control(
+        self,
+        op: str,
+        args: tuple[Any, ...],
+        remaining_s: float,
+        sent_wall: float,
+        fault: FaultSpec | None,
+        acks: dict[int, int],
+    ) -> Any:
+        """Run control call ``op`` with a deadline ``remaining_s`` after the driver sent it,
+        once the stream acknowledgements ``acks`` (sid -> seq) are applied."""
+        self._apply_acks(acks)
+        with self._track(op):
+            deadline = local_deadline(remaining_s, sent_wall)
+            try:
+                if fault is not None:
+                    await self._inject(fault, op)
+                if op not in _CONTROL_OPS:
+                    raise ValueError(f"unknown control operation {op!r}")
+                call: Callable[..., Any] = getattr(self._sim, op)
+                return await call(*args, deadline)
+            except Exception as exc:
+                raise _crossable(exc, self.name, op) from None
+
+    async def view(self, what: str, acks: dict[int, int]) -> Any:
+        """``topology``, ``inventory``, ``calendar_state`` or ``statistics`` of the instance,
+        once the stream acknowledgements ``acks`` are applied."""
+        self._apply_acks(acks)
+        with self._track(what):
+            await anyio.lowlevel.checkpoint()
+            if what not in _VIEWS:
+                raise ValueError(f"unknown view {what!r}")
+            try:
+                return getattr(self._sim, what)()
+            except Exception as exc:
+                raise _crossable(exc, self.name, what) from None
+
+    # -- data plane ------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        sid: int,
+        rows: Sequence[RunRow],
+        refuse_all: bool,
+        drop_after: int | None,
+        fault: FaultSpec | None,
+        per_row: bool,
+        max_replies: int,
+    ) -> AsyncIterator[tuple[int, tuple[RunReply, ...]]]:
+        """Streaming generator: the admission header, then ``(seq, replies)`` batches."""
+        with self._track("run"):
+            try:
+                if fault is not None:
+                    await self._inject(fault, "run")
+                stream = await self._sim.run(rows, refuse_all=refuse_all, drop_after=drop_after)
+            except Exception as exc:
+                raise _crossable(exc, self.name, "run") from None
+            box = _Outbox(self._sim, stream)
+            self._streams[sid] = box
+            completed = False
+            try:
+                yield HEADER_SEQ, ()
+                while True:
+                    replies = await box.take(1 if per_row else max_replies)
+                    if replies is None:
+                        break
+                    if per_row:
+                        seqs = [box.register((r,)) for r in replies]
+                        for seq, r in zip(seqs, replies, strict=True):
+                            yield seq, (r,)
+                    else:
+                        yield box.register(replies), tuple(replies)
+                completed = True
+            finally:
+                box.finished = True
+                if not completed:  # cancelled: the consumer is gone, nothing more is delivered
+                    box.close(HEADER_SEQ)
+                if box.settled:
+                    self._streams.pop(sid, None)
+
+    async def ack(self, sid: int, upto: int) -> None:
+        """The consumer asked for the batch after ``upto``."""
+        self._apply_acks({sid: upto})
+
+    async def close_stream(self, sid: int, upto: int) -> None:
+        """The consumer closed the stream having received every batch up to ``upto``."""
+        box = self._streams.pop(sid, None)
+        if box is not None:
+            box.close(upto)

@@ -1,0 +1,73 @@
+"""Shared fixtures: one local Ray cluster per session for every test marked ``ray``.
+
+Tests marked ``ray`` (including the ``ray`` variant of the Gym conformance suite) get the
+session's cluster automatically and run on trio's real clock: Ray answers from other threads and
+processes, which a virtual clock would leap past. The conformance tests that only make sense in
+virtual time are skipped for Ray, each with its reason (``RAY_SKIPS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import trio.testing
+
+RAY_SKIPS = {
+    "test_replies_are_batched_per_flush_interval_and_max_batch":
+        "asserts batch boundaries at exact virtual instants; real-time replies of one instant "
+        "spread over a few ms and Ray re-batches them (batching on Ray: test_ray_backend.py)",
+    "test_nothing_progresses_while_prepared":
+        "waits 20 s of virtual time for nothing to happen",
+    "test_prepare_parks_at_the_next_step_boundary":
+        "asserts prepare returns at an exact virtual instant",
+    "test_fault_hang_never_answers":
+        "waits 30 s of virtual time; the Ray hang faults are covered with short real "
+        "deadlines in test_ray_faults.py",
+    "test_fault_delay_then_deadline":
+        "asserts a delay of exactly 2 virtual seconds",
+    "test_fault_unpicklable_becomes_checkpoint_unavailable":
+        "sleeps the default 60 s lease; unpicklable errors on Ray are covered in "
+        "test_ray_backend.py and test_ray_faults.py",
+    "test_same_seed_same_replies_and_timings":
+        "compares reply timings to the nanosecond, which only virtual time reproduces",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("open_gym") is None:
+            continue
+        if "ray" in callspec.id.split("-") and item.originalname in RAY_SKIPS:  # type: ignore[attr-defined]
+            item.add_marker(pytest.mark.skip(reason="Ray: " + RAY_SKIPS[item.originalname]))  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster for the whole session (started once: about 2-4 s)."""
+    ray = pytest.importorskip("ray")
+    from gym_adapter._ray import local_cluster_options
+
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(**local_cluster_options())
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _ray_cluster_for_ray_tests(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("ray") is not None:
+        request.getfixturevalue("ray_cluster")
+
+
+@pytest.fixture
+def autojump_clock(request: pytest.FixtureRequest) -> trio.testing.MockClock | None:
+    """pytest-trio's autojump clock, except for tests marked ``ray`` (real time)."""
+    if request.node.get_closest_marker("ray") is not None:
+        return None
+    return trio.testing.MockClock(autojump_threshold=0)

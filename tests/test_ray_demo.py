@@ -1,0 +1,45 @@
+"""``gymckpt demo --backend ray --json``: the two-process crash and restore on Ray.
+
+Phase 1 (a real SIGKILL after its first checkpoint) and phase 2 (a fresh deployment with the
+same topology restoring it) are separate processes. Without ``--ray-address`` each phase starts
+and stops its own local cluster; with it, both join the session's cluster and leave it running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
+
+
+def demo(workdir: Path, *extra: str) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "nurseries", "demo", "--backend", "ray", "--json",
+           "--rows", "32", "--workdir", str(workdir), *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, object] = json.loads(done.stdout)
+    return report
+
+
+def test_demo_on_its_own_local_clusters_is_exactly_once(tmp_path: Path) -> None:
+    report = demo(tmp_path / "w")
+    assert report["exactly_once"] is True
+    assert report["killed_with_sigkill"] is True and report["restores"] == 1
+    assert report["backend"] == "ray"
+    assert report["duplicates"] == report["lost"] == report["steps_trained_twice"] == 0
+
+
+def test_demo_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path) -> None:
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    report = demo(tmp_path / "w", "--ray-address", address, "--fault", "commit:error@2")
+    assert report["exactly_once"] is True and report["restores"] == 1
+    assert report["checkpoints_failed"] >= 1  # the injected commit error, retried
+    assert ray.is_initialized() and ray.cluster_resources().get("CPU", 0) > 0  # still up
