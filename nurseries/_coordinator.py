@@ -311,15 +311,15 @@ class CheckpointCoordinator:
                 owned = await offload(lambda: _ownership(replies, names))
 
             with stage("drain"):  # replies on the wire (S9)
-                drained = await self._drain(owned.on_wire)
+                drained = await self._drain(owned, names)
 
             with stage("snapshot"):  # a consistent cut under the hold, serialised off the loop
                 async with ledger.barrier.hold(checkpoint_id):
-                    ledger_bytes = await offload(lambda: self._cut(owned, names))
+                    ledger_bytes, episodes = await offload(lambda: self._cut(owned, names))
 
             hook("before_publish")
             with stage("publish"):
-                manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, owned.episodes)
+                manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, episodes)
                 files[LEDGER_FILE] = ledger_bytes
                 ready = staging
                 info = await offload(lambda: self.store.publish(ready, manifest, files))
@@ -328,7 +328,6 @@ class CheckpointCoordinator:
             hook("after_publish")
             hook("before_resume")
             with stage("resume"):
-                parked = False
                 try:
                     await fan_out(
                         "resume",
@@ -337,7 +336,11 @@ class CheckpointCoordinator:
                     )
                 except Exception:  # the snapshot is published; Gym's lease reopens Gym
                     self.metrics.inc("checkpoint/resume_failures_total")
-            return info, len(owned.episodes), drained
+                # Only now: a resume cut short by the caller's cancellation leaves ``parked``
+                # set, so the shielded clean-up below resumes Gym instead of leaving it parked
+                # until its lease (found by the cancellation tests).
+                parked = False
+            return info, len(episodes), drained
         finally:
             with trio.CancelScope(shield=True):
                 if parked:
@@ -389,24 +392,63 @@ class CheckpointCoordinator:
         await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))
         self.metrics.inc("checkpoint/retired_dropped_total", len(retired))
 
-    async def _drain(self, on_wire: frozenset[str]) -> int:
-        """Wait for the in-flight episodes whose reply is on the wire (S9)."""
+    async def _drain(self, owned: _Ownership, names: Sequence[str]) -> int:
+        """Wait for the in-flight episodes whose reply is on the wire (S9).
+
+        Also for the few the ledger has in flight on an instance that Gym neither exported
+        nor listed on the wire: a refusal (``admission_closed``, S2) is a sidecar reply that
+        Gym does not list, and rows refused while our admission was open (Gym parked by a lost
+        resume, a ``refuse`` fault) stay DISPATCHED until the consumer reads it. Found by the
+        simulation: such a refusal read after the commit aborted the run as an ownership
+        mismatch. One whose reply never comes is that mismatch, reported after the drain
+        timeout (``CheckpointInvariantError``), not a retryable ``DrainTimeout``.
+        """
+        ledger = self.ledger
+        unaccounted = frozenset(
+            rid
+            for name in names
+            for rid in ledger.held_by(name) - owned.by_instance.get(name, frozenset())
+            if rid not in owned.on_wire
+        )
         try:
-            drained = await wait_drained(self.ledger, on_wire, self.config.drain_timeout_s)
+            drained = await wait_drained(
+                ledger, owned.on_wire | unaccounted, self.config.drain_timeout_s
+            )
         except DrainTimeout as exc:
             self.metrics.set("checkpoint/drain_pending", len(exc.pending))
+            lost = unaccounted.intersection(exc.pending)
+            if lost:
+                raise CheckpointInvariantError(
+                    f"the ledger has {sample_ids(lost)} episodes in flight that Gym neither "
+                    f"exported nor replied to within {self.config.drain_timeout_s:g}s"
+                ) from exc
             raise
         self.metrics.set("checkpoint/drain_pending", drained)
         return drained
 
-    def _cut(self, owned: _Ownership, names: Sequence[str]) -> bytes:
-        """Inventory check and ledger copy; runs in a thread while the barrier is held."""
+    def _cut(
+        self, owned: _Ownership, names: Sequence[str]
+    ) -> tuple[bytes, tuple[EpisodeRecord, ...]]:
+        """Inventory check and ledger copy; runs in a thread while the barrier is held.
+
+        Returns the ledger bytes and the exported episodes the manifest records. An exported
+        episode the ledger dropped after the retire stage (an early stream end during the
+        checkpoint: S4's "a drop recorded meanwhile waits for the next checkpoint") is in the
+        retire queue: Gym still ran it, so it was exported, but it is not ours to restore. It
+        is neither an ownership violation nor recorded in the manifest (a restore would install
+        it unclaimed, with no ledger entry and no retire queue to ever retire it). Found by the
+        simulation: that race used to abort the run as an invariant violation.
+        """
         ledger = self.ledger
+        queued = ledger.retire_queue()
+        dropped: set[str] = set()
         for name in names:
             held = ledger.held_by(name)
             exported = owned.by_instance.get(name, frozenset())
+            gone = exported & {item.rollout_id for item in queued.get(name, ())}
+            dropped |= gone
             missing = held - exported
-            extra = exported - held
+            extra = exported - held - gone
             if missing or extra:
                 parts = []
                 if missing:
@@ -419,5 +461,6 @@ class CheckpointCoordinator:
                         f"Gym exported {sample_ids(extra)} episodes the ledger does not hold"
                     )
                 raise CheckpointInvariantError(f"instance {name}: " + "; ".join(parts))
-        return dump_ledger_snapshot(ledger.to_snapshot())
+        episodes = tuple(e for e in owned.episodes if e.rollout_id not in dropped)
+        return dump_ledger_snapshot(ledger.to_snapshot()), episodes
 

@@ -28,35 +28,57 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import orjson
 import trio
 
-from gym_adapter import EmbeddedGym, GymBackend, RunRow, SimConfig
+from gym_adapter import EmbeddedGym, GymBackend, GymInstanceDead, RunRow, SimConfig
 from gym_adapter._sim import plan_episode, sentinel
 from runtime import (
+    MANIFEST_NAME,
     CheckpointInvariantError,
     CheckpointsFailed,
+    CompletedGroup,
+    GymCheckpointUnavailable,
+    GymManifest,
+    ManifestError,
     RuntimeConfig,
+    SnapshotInfo,
     SnapshotStore,
+    TopologyMismatch,
     load_snapshot,
     write_atomic,
 )
 from runtime._ledger import load_ledger_snapshot
 
-from ._coordinator import CheckpointOutcome
+from ._coordinator import HOOK_POINTS, CheckpointOutcome
 from ._trainer import open_rollouts
 
-__all__ = ["DemoOptions", "run_demo", "run_phase"]
+__all__ = [
+    "CRASH_STAGES",
+    "DemoOptions",
+    "expected_sentinels",
+    "leaf_errors",
+    "run_demo",
+    "run_exit",
+    "run_phase",
+    "single_error",
+    "snapshot_sentinels",
+]
 
 PUBLISHED = "GYMCKPT-CHECKPOINT-PUBLISHED"
 JOURNAL = "journal.jsonl"
+MID_PUBLISH = "mid_publish"
+CRASH_STAGES = (*HOOK_POINTS, MID_PUBLISH)
+"""Where ``crash_stage`` may SIGKILL phase 1: the coordinator's hook points, and
+``mid_publish`` (after the snapshot's files and manifest are written, before its commit marker).
+"""
 
 
 @attrs.frozen(kw_only=True)
@@ -79,6 +101,10 @@ class DemoOptions:
     hold_first_mutation: bool = False
     """Test agent (S12): the episode making an instance's first calendar mutation holds at its
     next step boundary until a checkpoint parks it."""
+    crash_stage: str | None = None
+    """Fault matrix: phase 1 SIGKILLs itself at this point (one of ``CRASH_STAGES``) of its
+    checkpoint number ``crash_after_checkpoint`` (counting attempts, 1-based), instead of the
+    parent killing it after that checkpoint is published."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("rows", "group_size", "instances", "checkpoint_every", "groups_per_step",
@@ -87,6 +113,14 @@ class DemoOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.crash_after_checkpoint < 0:
             raise ValueError("--crash-after-checkpoint must be >= 0")
+        if self.crash_stage is not None:
+            if self.crash_stage not in CRASH_STAGES:
+                raise ValueError(
+                    f"--crash-at-stage must be one of {', '.join(CRASH_STAGES)}, "
+                    f"got {self.crash_stage!r}"
+                )
+            if self.crash_after_checkpoint < 1:
+                raise ValueError("--crash-at-stage needs --crash-after-checkpoint >= 1")
         if self.backend not in ("embedded", "ray"):
             raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
 
@@ -174,6 +208,47 @@ def _progress(enabled: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def _sigkill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _CrashingStore:
+    """A ``SnapshotStore`` whose ``publish`` of one checkpoint SIGKILLs the process after the
+    manifest is written and before the commit marker (``mid_publish``); all else delegates."""
+
+    def __init__(self, inner: SnapshotStore, checkpoint_id: str) -> None:
+        self._inner = inner
+        self._checkpoint_id = checkpoint_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def publish(
+        self, staging: Path, manifest: GymManifest, files: Mapping[str, bytes]
+    ) -> SnapshotInfo:
+        def on_write(name: str) -> None:
+            if name == MANIFEST_NAME and manifest.checkpoint_id == self._checkpoint_id:
+                _sigkill_self()
+
+        return self._inner.publish(staging, manifest, files, on_write=on_write)
+
+
+def _install_crash(opts: DemoOptions, phase: int, crash_after: int, rollouts: Any) -> None:
+    """SIGKILL this process at ``opts.crash_stage`` of checkpoint ``crash_after``."""
+    stage = opts.crash_stage
+    target = f"p{phase}-{crash_after:04d}"
+    coordinator = rollouts.coordinator
+    if stage == MID_PUBLISH:
+        coordinator.store = cast(SnapshotStore, _CrashingStore(coordinator.store, target))
+        return
+
+    def on_stage(checkpoint_id: str, point: str) -> None:
+        if checkpoint_id == target and point == stage:
+            _sigkill_self()
+
+    coordinator.on_stage = on_stage
+
+
 async def run_phase(
     opts: DemoOptions, workdir: Path, phase: int, crash_after: int
 ) -> dict[str, Any]:
@@ -194,6 +269,8 @@ async def run_phase(
         config=opts.runtime_config(), max_rows_in_flight=opts.max_rows_in_flight,
         run_id=f"p{phase}", on_dispatch=audit,
     ) as rollouts:
+        if crash_after and opts.crash_stage is not None:
+            _install_crash(opts, phase, crash_after, rollouts)
         trainer = ToyTrainer()
         if rollouts.trainer_state is not None:
             trainer = ToyTrainer.from_bytes(rollouts.trainer_state)
@@ -204,24 +281,30 @@ async def run_phase(
             _progress(show, f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
                             f" at step {trainer.step}: {summary}")
         published = 0
-        async for batch in rollouts.batches(opts.groups_per_step):
-            rewards = [r.reward for g in batch for r in g.results]
-            trainer = trainer.train(rewards, len(batch))
-            journal.append({"phase": phase, "step": trainer.step, "rows": [g.row for g in batch]})
-            _progress(show, f"[phase {phase}] step {trainer.step}/{total_steps} "
-                            f"rows {trainer.rows_trained}/{opts.rows} "
-                            f"reward≈{trainer.reward_ema:.3f}")
-            if trainer.step % opts.checkpoint_every == 0:
-                outcome = await rollouts.checkpoint(trainer.to_bytes())
-                outcomes.append(outcome)
-                journal.append(_checkpoint_record(phase, outcome))
-                _progress(show, f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
-                                f"{'ok' if outcome.ok else outcome.reason} "
-                                f"({outcome.episodes} episodes parked, {outcome.drained} drained)")
-                if outcome.ok:
-                    published += 1
-                    if crash_after and published == crash_after:
-                        print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
+        # an async generator (annotated as an iterator): close it here, not at garbage collection
+        batches = cast(AsyncGenerator[list[CompletedGroup], None],
+                       rollouts.batches(opts.groups_per_step))
+        async with aclosing(batches):  # an abort mid-loop finalises the generator here
+            async for batch in batches:
+                rewards = [r.reward for g in batch for r in g.results]
+                trainer = trainer.train(rewards, len(batch))
+                journal.append({"phase": phase, "step": trainer.step,
+                                "rows": [g.row for g in batch]})
+                _progress(show, f"[phase {phase}] step {trainer.step}/{total_steps} "
+                                f"rows {trainer.rows_trained}/{opts.rows} "
+                                f"reward≈{trainer.reward_ema:.3f}")
+                if trainer.step % opts.checkpoint_every == 0:
+                    outcome = await rollouts.checkpoint(trainer.to_bytes())
+                    outcomes.append(outcome)
+                    journal.append(_checkpoint_record(phase, outcome))
+                    _progress(show, f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
+                                    f"{'ok' if outcome.ok else outcome.reason} "
+                                    f"({outcome.episodes} episodes parked, "
+                                    f"{outcome.drained} drained)")
+                    if outcome.ok:
+                        published += 1
+                        if crash_after and published == crash_after:
+                            print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
         # a last checkpoint saves the environment state the verdict reads
         final = None
         for _ in range(opts.runtime_config().max_consecutive_failures + 1):
@@ -247,16 +330,72 @@ def _checkpoint_record(phase: int, outcome: CheckpointOutcome) -> dict[str, Any]
             "reason": outcome.reason, "stage_s": dict(outcome.stage_s)}
 
 
+def single_error(exc: BaseException) -> BaseException:
+    """The one error inside nested single-error exception groups, else ``exc`` itself.
+
+    Trio nurseries (``open_rollouts``, the Gym's task groups) wrap an error raised in their body
+    in an ``ExceptionGroup``; exit codes are decided on the error itself.
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def leaf_errors(exc: BaseException) -> list[BaseException]:
+    """Every error inside ``exc``'s (nested) exception groups, or ``[exc]``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaf_errors(e)]
+    return [exc]
+
+
+def run_exit(exc: BaseException) -> tuple[int, BaseException] | None:
+    """The C4 exit code an error that ended a run maps to, with the error that decides it.
+
+    Trio nurseries wrap errors in exception groups, and two tasks may fail together (the
+    dispatcher finding every instance dead while a checkpoint gives up): an invariant
+    violation anywhere is 3; checkpoints failing too often, every instance dead, or a restore
+    Gym could not serve (``GymCheckpointUnavailable`` only escapes a run from the restore;
+    checkpoints retry it), 4; a lone bad-input error, 2. None for anything else (a bug: let
+    it surface).
+    """
+    leaves = leaf_errors(exc)
+    for leaf in leaves:
+        if isinstance(leaf, CheckpointInvariantError):
+            return 3, leaf
+    unavailable = (CheckpointsFailed, GymInstanceDead, GymCheckpointUnavailable)
+    if all(isinstance(leaf, unavailable) for leaf in leaves):
+        failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
+        return 4, (failed or leaves)[0]
+    if len(leaves) == 1 and isinstance(leaves[0], (ManifestError, TopologyMismatch, ValueError)):
+        return 2, leaves[0]
+    return None
+
+
 def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:
-    """Entry point of a phase process; exit codes per C4."""
+    """Entry point of a phase process; exit codes per C4 (see ``run_exit``).
+
+    Found by the fault matrix: the run's error arrives wrapped in the nurseries' exception
+    groups, so ``CheckpointsFailed`` used to escape as a traceback with exit 1. Bad input
+    (manifest, topology) is re-raised bare for the CLI to report with exit 2. Every Gym
+    instance dead leaves nothing to dispatch to or checkpoint: exit 4, like checkpoints that
+    keep failing.
+    """
     try:
         result = trio.run(run_phase, opts, workdir, phase, crash_after)
-    except CheckpointInvariantError as exc:
-        print(f"gymckpt: run aborted: {exc}", file=sys.stderr)
-        return 3
-    except CheckpointsFailed as exc:
-        print(f"gymckpt: {exc}", file=sys.stderr)
-        return 4
+    except Exception as exc:
+        decided = run_exit(exc)
+        if decided is None:
+            raise
+        code, err = decided
+        if code == 2:
+            raise err from None
+        if isinstance(err, (GymInstanceDead, GymCheckpointUnavailable)):
+            print(f"gymckpt: Gym unavailable: {err}", file=sys.stderr)
+        elif code == 3:
+            print(f"gymckpt: run aborted: {err}", file=sys.stderr)
+        else:
+            print(f"gymckpt: {err}", file=sys.stderr)
+        return code
     write_atomic(workdir / f"phase-{phase}.json", orjson.dumps(result))
     return 0
 
@@ -311,6 +450,37 @@ def _read_journal(journal: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     return steps, checkpoints
 
 
+def snapshot_sentinels(path: Path) -> tuple[Counter[str], set[int]]:
+    """(every sentinel in the snapshot's committed environment state with its count, the rows
+    the snapshot's ledger failed for good)."""
+    snap = load_snapshot(path)
+    led = load_ledger_snapshot(snap.files["ledger.json"])
+    failed_rows: set[int] = set()
+    for first, last in led.failed:
+        failed_rows.update(range(first, last + 1))
+    sentinel_counts: Counter[str] = Counter()
+    for inst in snap.manifest.instances:
+        for part in inst.participants:
+            if part.kind != "environment":
+                continue
+            records = orjson.loads((snap.path / part.state_dir / "records.json").read_bytes())
+            for sess in records["sessions"]:
+                sentinel_counts.update(e["sentinel"] for e in sess["events"])
+    return sentinel_counts, failed_rows
+
+
+def expected_sentinels(
+    seed: int, config: SimConfig, rows: Iterable[int], group_size: int
+) -> set[str]:
+    """Every sentinel the plans of these rows' episodes call for (one per mutating turn)."""
+    expected: set[str] = set()
+    for row in rows:
+        for slot in range(group_size):
+            plan = plan_episode(seed, row, slot, config)
+            expected.update(sentinel(row, slot, t) for t, m in enumerate(plan.mutates) if m)
+    return expected
+
+
 def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Judge the run from files only (journal, final snapshot)."""
     lineage, checkpoints = _read_journal(workdir / JOURNAL)
@@ -321,23 +491,8 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
     failed_rows: set[int] = set()
     sentinel_counts: Counter[str] = Counter()
     if final_path is not None:
-        snap = load_snapshot(Path(final_path))
-        led = load_ledger_snapshot(snap.files["ledger.json"])
-        for first, last in led.failed:
-            failed_rows.update(range(first, last + 1))
-        for inst in snap.manifest.instances:
-            for part in inst.participants:
-                if part.kind != "environment":
-                    continue
-                records = orjson.loads((snap.path / part.state_dir / "records.json").read_bytes())
-                for sess in records["sessions"]:
-                    sentinel_counts.update(e["sentinel"] for e in sess["events"])
-    expected: set[str] = set()
-    cfg = opts.sim_config()
-    for row in row_counts:
-        for slot in range(opts.group_size):
-            plan = plan_episode(opts.seed, row, slot, cfg)
-            expected.update(sentinel(row, slot, t) for t, m in enumerate(plan.mutates) if m)
+        sentinel_counts, failed_rows = snapshot_sentinels(Path(final_path))
+    expected = expected_sentinels(opts.seed, opts.sim_config(), row_counts, opts.group_size)
     trained = set(row_counts)
     lost = len(set(range(opts.rows)) - trained - failed_rows)
     duplicates = sum(c - 1 for c in row_counts.values() if c > 1)
@@ -395,6 +550,8 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
                         f"{opts.crash_after_checkpoint} (workdir {workdir})")
         rc, killed = _run_until_published(
             _phase_cmd(opts, workdir, 1, opts.crash_after_checkpoint), timeout)
+        if opts.crash_stage is not None and rc == -signal.SIGKILL:
+            killed = True  # phase 1 killed itself at its crash stage
         if not killed:
             if rc != 0:
                 return rc

@@ -213,17 +213,35 @@ class Dispatcher:
                 self.metrics.inc("rollout/dead_instances_total")
                 self._queue.extendleft(reversed([r.rollout_id for r in rows]))
                 return
+            except (GymControlError, GymCheckpointUnavailable):
+                # Gym's control plane failed the submission (C3 ``run:error`` /
+                # ``run:unpicklable``): nothing was admitted. The rows stay RESERVED with their
+                # identity and are re-sent after a backoff, at no cost (like S2). Found by the
+                # fault matrix: this error used to escape the dispatcher and kill the run.
+                self.metrics.inc("rollout/run_errors_total")
+                streams.start_soon(self._resend_later, [r.rollout_id for r in rows])
+                return
             except trio.TooSlowError:
                 # Gym may or may not run these rows: treat them as dispatched and lost, like an
                 # early stream end (S3): abandon, queue for retirement, re-send fresh.
                 self.metrics.inc("rollout/run_submit_timeouts_total")
                 lost = ledger.sendable(r.rollout_id for r in rows)[0]
+                lost_touched = list(lost)
+                # A lost claim of a restored episode (S11) may not have reached Gym, which then
+                # still holds the exported episode unclaimed under its old ID: queue that for
+                # ``retire_restored`` too (unknown if the claim did arrive). Found by the
+                # simulation: the next checkpoint aborted, Gym exporting an episode the ledger
+                # no longer held.
+                origins = [r.restored_from for r in rows
+                           if r.rollout_id in lost and r.restored_from is not None]
 
                 def submitted_and_lost() -> list[Attempt]:
                     ledger.mark_dispatched(lost, instance, gate_id)
-                    return ledger.abandon(lost)
+                    if origins:
+                        ledger.record_orphans(origins, instance, restored=True)
+                    return self._abandon(lost, lost_touched)
 
-                fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost)
+                fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
                 self.enqueue(a.rollout_id for a in fresh)
                 return
             # the same mutation as the submission, nothing in between but the submission (S1);
@@ -320,6 +338,24 @@ class Dispatcher:
             await trio.sleep(delay)
         self.enqueue(ids)
 
+    def _abandon(self, rollout_ids: Sequence[str], touched: list[str]) -> list[Attempt]:
+        """``ledger.abandon`` inside a mutation; touches ``READY`` when a row failed for good.
+
+        An abandoned attempt spends a row attempt, so the row may fail as a whole and leave
+        the ledger. The trainer waits on ``READY`` for "enough groups, or the dataset is done":
+        found by the simulation, without this touch the trainer slept forever when the last
+        rows failed through abandonment (every stream dropped or every submission unanswered).
+        """
+        rows_before = len(self.ledger.rows())
+        replacements = self.ledger.abandon(rollout_ids)
+        if len(self.ledger.rows()) < rows_before:
+            touched.append(READY)
+        return replacements
+
+    async def _resend_later(self, ids: list[str]) -> None:
+        await trio.sleep(self.config.backoff_s(1))
+        self.enqueue(ids)
+
     async def _requeue_refused(self, ids: list[str], gate_id: int) -> None:
         # Refused under the gate ID we still hold open: Gym closed admission on its own (a
         # checkpoint we do not run, or a fault). Back off briefly instead of spinning.
@@ -333,7 +369,10 @@ class Dispatcher:
         self.metrics.inc("rollout/early_stream_ends_total")
         ledger = self.ledger
         abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]
-        replacements = await ledger.barrier.mutate(lambda: ledger.abandon(abandoned), abandoned)
+        touched = list(abandoned)
+        replacements = await ledger.barrier.mutate(
+            lambda: self._abandon(abandoned, touched), touched
+        )
         self.enqueue(a.rollout_id for a in replacements)
         if not abandoned or instance in self._dead:
             return

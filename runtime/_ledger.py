@@ -400,11 +400,17 @@ class RecoveryLedger:
             (ok if att is not None and att.state is AttemptState.RESERVED else stale).append(rid)
         return ok, stale
 
-    def record_orphans(self, rollout_ids: Iterable[str], instance: str) -> None:
-        """Gym accepted rows the ledger dropped meanwhile: queue them for retirement (S4)."""
+    def record_orphans(
+        self, rollout_ids: Iterable[str], instance: str, *, restored: bool = False
+    ) -> None:
+        """Gym accepted rows the ledger dropped meanwhile: queue them for retirement (S4).
+
+        With ``restored``, the IDs are restored episodes Gym may still hold unclaimed (retired
+        with ``retire_restored``).
+        """
         self._assert_mutating()
         for rid in rollout_ids:
-            self._retire[rid] = RetireItem(rid, instance)
+            self._retire[rid] = RetireItem(rid, instance, restored)
 
     def refuse(self, rollout_id: str) -> bool:
         """``admission_closed``: DISPATCHED → RESERVED, identity kept, nothing spent (S2).

@@ -41,7 +41,7 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Final, final
 
@@ -281,7 +281,12 @@ class SnapshotStore:
         return staging
 
     def publish(
-        self, staging: Path, manifest: GymManifest, files: Mapping[str, bytes]
+        self,
+        staging: Path,
+        manifest: GymManifest,
+        files: Mapping[str, bytes],
+        *,
+        on_write: Callable[[str], None] | None = None,
     ) -> SnapshotInfo:
         """Make ``staging`` a complete snapshot ``ckpt-{seq:06d}`` and return where it is.
 
@@ -293,6 +298,10 @@ class SnapshotStore:
         or a manifest whose ``checkpoint_id`` is not the one staged. The manifest's structure
         is validated as ``load_snapshot`` would (``ManifestError``), so nothing is published
         that could not be loaded; participant digests are not recomputed here.
+
+        ``on_write(name)`` (fault injection only) is called after each top-level file is
+        written, the manifest last, before the commit marker: a crash there must leave no new
+        complete snapshot.
         """
         staging = Path(staging)
         if staging.parent != self.root or not staging.name.startswith(_STAGING_PREFIX):
@@ -315,8 +324,12 @@ class SnapshotStore:
         for name, data in files.items():
             write_atomic(staging / name, bytes(data))
             digests[name] = _sha256(data)
+            if on_write is not None:
+                on_write(name)
         write_atomic(staging / MANIFEST_NAME, manifest_bytes)
         digests[MANIFEST_NAME] = _sha256(manifest_bytes)
+        if on_write is not None:
+            on_write(MANIFEST_NAME)
         gym_dir = staging / GYM_STATE_DIR
         if gym_dir.is_dir():
             _fsync_tree(gym_dir)
@@ -371,9 +384,33 @@ class SnapshotStore:
         return found
 
     def latest_complete(self) -> SnapshotInfo | None:
-        """The complete snapshot with the highest seq, or None."""
+        """The complete snapshot with the highest seq, or None.
+
+        Raises ``ManifestError`` if a ``ckpt-`` directory newer than that one has no valid
+        commit marker. A ``ckpt-`` name is only ever given by the rename that follows a durable
+        marker, and only taken away by a rename, so such a directory is a published snapshot
+        that was damaged, not a crash artefact: restoring an older snapshot instead (or starting
+        afresh) would silently lose its work. (Found by the fault matrix's bad-input cases.)
+        """
         complete = self.list_complete()
-        return complete[-1] if complete else None
+        latest = complete[-1] if complete else None
+        if self.root.is_dir():
+            for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+                m = _SNAPSHOT_RE.fullmatch(entry.name)
+                if not m or not entry.is_dir(follow_symlinks=False):
+                    continue
+                if latest is not None and int(m.group(1)) <= latest.seq:
+                    continue
+                if _read_marker(Path(entry.path)) is None:
+                    what = "no" if not os.path.lexists(Path(entry.path, COMMIT_MARKER)) else (
+                        "an invalid")
+                    older = latest.path.name if latest is not None else "none"
+                    raise ManifestError(
+                        f"{entry.path}: newest rollout snapshot has {what} {COMMIT_MARKER} "
+                        f"marker (latest complete one: {older}); it was damaged after it was "
+                        "published — repair it or move it out of the way to restore an older one"
+                    )
+        return latest
 
     # -- retention -------------------------------------------------------------------------
 

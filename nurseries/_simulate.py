@@ -1,0 +1,783 @@
+"""Deterministic simulation of the checkpoint protocol: ``gymckpt simulate --seeds N``.
+
+Why it exists
+-------------
+The fault matrix (tests/test_fault_matrix.py) tries every fault we can name, one at a time.
+Bugs in a protocol like this one hide in *combinations*: a dropped stream while a retire fails,
+while a checkpoint is cut short by a crash, restored from a snapshot taken two checkpoints
+earlier into a Gym whose restore fails once. The simulation draws such a combination from a
+seed — the workload (rows, group size, instances, agent kinds, turn durations, batching), a
+fault schedule in the C3 grammar, crash points, sometimes a rollback to an older snapshot —
+runs it on the embedded Gym entirely in virtual time, and checks the invariants a user relies
+on after every scenario:
+
+* nothing lost, nothing duplicated: every row of the dataset is trained exactly once in the
+  final model's lineage, or failed for good;
+* every training step once (the lineage of the final model is steps 1..n);
+* every environment mutation once: each sentinel a trained episode's plan calls for is in the
+  final snapshot's committed environment state exactly once;
+* budgets consistent: every row attempt spent is a failed or abandoned attempt (refusals cost
+  nothing), no data failure (no poisoned or invalid row), checkpoint counters add up and never
+  exceed ``max_consecutive_failures`` in a row;
+* every restored episode dispatched once, on its original replica; Gym installed exactly what
+  the ledger restored;
+* after every incarnation, crashed or not: admission open, the deadline pause released, the
+  barrier free, no stream left open; Gym not parked beyond its lease;
+* every published snapshot verifies offline; no trio task is left behind.
+
+A *crash* abandons the whole runtime and its embedded Gym at a random virtual time or at a
+coordinator hook point (the incarnation's cancel scope is cancelled), and the next incarnation
+restores the latest complete snapshot into a fresh embedded Gym in the same trio run — or, with
+``rollback``, an older snapshot copied into a fresh work directory. Aborts the contract documents
+(checkpoints failing too often, every instance dead, a restore Gym cannot serve) end an
+incarnation the same way. The last incarnation runs without faults or crashes, so every scenario
+must end with the whole dataset judged.
+
+Determinism (each seed replays exactly)
+---------------------------------------
+* Time: ``trio.testing.MockClock(autojump_threshold=0)``; ``offload`` runs inline under a
+  MockClock, so no thread and no wall-clock time enters the run.
+* Scheduling: trio shuffles each batch of runnable tasks with ``trio._core._run._r``, an
+  unseeded module-level ``random.Random``. **Hack (private trio API):** per scenario we seed
+  it, and set ``trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING`` — the switch trio's
+  Hypothesis plugin flips — so each batch is first sorted by task creation order and then
+  shuffled by that seeded Random. The order then no longer depends on the order in which
+  wakeups were issued (e.g. iterating a set of objects hashed by ``id``).
+* String hashing: set iteration order of strings depends on ``PYTHONHASHSEED``; the CLI
+  re-executes itself with ``PYTHONHASHSEED=0`` so a replay in another process sees the same
+  order. (In-process callers get determinism within the process.)
+* Everything random in a scenario comes from ``random.Random`` seeded with the seed.
+
+The replay command of a failing seed is ``gymckpt simulate --seeds 1 --start SEED``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import orjson
+import trio
+import trio.testing
+
+from gym_adapter import EmbeddedGym, GymInstanceDead, RunRow, SimConfig
+from gym_adapter._faults import FAULT_KINDS
+from runtime import (
+    ADMISSION_CLOSED_ROWS,
+    CompletedGroup,
+    ManifestError,
+    RuntimeConfig,
+    SnapshotStore,
+    TopologyMismatch,
+    load_snapshot,
+)
+
+from ._coordinator import HOOK_POINTS
+from ._demo import ToyTrainer, expected_sentinels, run_exit, single_error, snapshot_sentinels
+from ._trainer import Rollouts, open_rollouts
+
+__all__ = [
+    "Crash",
+    "IncarnationReport",
+    "Scenario",
+    "ScenarioReport",
+    "draw_scenario",
+    "main_simulate",
+    "replay_command",
+    "run_scenario",
+    "run_seed",
+]
+
+MAX_INCARNATIONS = 4
+"""Incarnations per scenario; the last one runs without faults or crashes."""
+STALL_S = 5_000.0
+"""Virtual seconds an incarnation may take before it counts as stalled (a violation)."""
+STEP_BUDGET = 3_000_000
+"""Task steps a scenario may take before it counts as a livelock (zero virtual time spin)."""
+
+# (op, kind) pairs a fault schedule may use every call (no @N) without stalling the run for
+# good: the rest would refuse or fail every submission forever, which no runtime can finish.
+_EVERY_CALL_OK = frozenset(
+    {(op, k) for op in ("prepare", "commit", "resume", "retire", "restore")
+     for k in ("hang", "delay", "error", "unpicklable", "dead")}
+    | {("run", "drop"), ("run", "delay"), ("run", "hang"), ("run", "dead")}
+)
+
+
+def replay_command(seed: int) -> str:
+    return f"gymckpt simulate --seeds 1 --start {seed}"
+
+
+# -- scenarios ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Crash:
+    """Abandon an incarnation ``at_s`` virtual seconds after it starts, or at hook ``point`` of
+    its checkpoint number ``checkpoint`` (1-based, counting attempts)."""
+
+    at_s: float | None = None
+    checkpoint: int | None = None
+    point: str | None = None
+
+    def __str__(self) -> str:
+        if self.at_s is not None:
+            return f"crash at {self.at_s:g}s"
+        return f"crash at {self.point} of checkpoint {self.checkpoint}"
+
+
+@attrs.frozen(kw_only=True)
+class Scenario:
+    """One simulated run. Defaults are a small healthy run; tests override what they need."""
+
+    seed: int = 0
+    rows: int = 12
+    group_size: int = 2
+    instances: int = 2
+    agent_kinds: tuple[str, ...] = ()
+    """One per instance; empty means ``simple_agent`` everywhere."""
+    turns: tuple[int, int] = (2, 4)
+    turn_s: tuple[float, float] = (0.5, 2.0)
+    mutation_p: float = 0.5
+    flush_interval_s: float = 0.005
+    max_batch: int = 64
+    max_rows_in_flight: int = 6
+    batch_size: int = 64
+    groups_per_step: int = 2
+    checkpoint_every: int = 1
+    keep_snapshots: int = 3
+    max_consecutive_failures: int = 2
+    lease_s: float = 30.0
+    faults: tuple[str, ...] = ()
+    """C3 specs of the first incarnation's Gym."""
+    restore_faults: tuple[str, ...] = ()
+    """C3 specs of the second incarnation's Gym (the one restored into after a crash)."""
+    crashes: tuple[Crash | None, ...] = ()
+    """Per incarnation (index), where it is abandoned; None or absent: no crash."""
+    rollback: bool = False
+    """After the first crash or abort, restore an older snapshot than the latest, if any."""
+    max_incarnations: int = MAX_INCARNATIONS
+
+    def sim_config(self) -> SimConfig:
+        return SimConfig(turns=self.turns, turn_s=self.turn_s, mutation_p=self.mutation_p,
+                         lease_s=self.lease_s, flush_interval_s=self.flush_interval_s,
+                         max_batch=self.max_batch)
+
+    def runtime_config(self) -> RuntimeConfig:
+        return RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
+                             lease_s=self.lease_s,
+                             max_consecutive_failures=self.max_consecutive_failures)
+
+    def kinds(self) -> tuple[str, ...]:
+        return self.agent_kinds or ("simple_agent",) * self.instances
+
+    def describe(self) -> str:
+        kinds = ",".join(k.replace("_agent", "") for k in self.kinds())
+        crashes = "; ".join(f"#{i}: {c}" for i, c in enumerate(self.crashes) if c) or "none"
+        return (
+            f"rows {self.rows} x group {self.group_size} on {self.instances} instance(s) "
+            f"[{kinds}], turns {self.turns} of {self.turn_s}s, in flight "
+            f"{self.max_rows_in_flight}, batch {self.batch_size}, {self.groups_per_step} "
+            f"groups/step, checkpoint every {self.checkpoint_every}, max failures "
+            f"{self.max_consecutive_failures}; faults {list(self.faults)}, restore faults "
+            f"{list(self.restore_faults)}; crashes {crashes}; rollback {self.rollback}"
+        )
+
+
+def _draw_faults(rng: random.Random, n: int, ops: Sequence[str]) -> tuple[str, ...]:
+    specs: list[str] = []
+    for _ in range(n):
+        op = rng.choice(ops)
+        kinds = [k for k in FAULT_KINDS if op == "run" or k not in ("refuse", "drop")]
+        kind = rng.choice(kinds)
+        every = (op, kind) in _EVERY_CALL_OK and rng.random() < 0.2
+        at = "" if every else f"@{rng.randint(1, 6)}"
+        arg = f":{rng.choice((0.05, 0.5, 3.0)):g}" if kind == "delay" else ""
+        specs.append(f"{op}:{kind}{at}{arg}")
+    return tuple(specs)
+
+
+def draw_scenario(seed: int) -> Scenario:
+    """The scenario of ``seed``: a pure function of the seed."""
+    rng = random.Random(seed)
+    instances = rng.randint(1, 3)
+    groups_per_step = rng.randint(1, 4)
+    low = rng.randint(1, 3)
+    turn_low = rng.choice((0.01, 0.1, 0.3))
+    crashes: list[Crash | None] = []
+    for p in (0.5, 0.25):
+        if rng.random() >= p:
+            crashes.append(None)
+        elif rng.random() < 0.5:
+            crashes.append(Crash(at_s=round(rng.uniform(0.0, 30.0), 3)))
+        else:
+            crashes.append(Crash(checkpoint=rng.randint(1, 4), point=rng.choice(HOOK_POINTS)))
+    return Scenario(
+        seed=seed,
+        rows=rng.randint(2, 32),
+        group_size=rng.randint(1, 4),
+        instances=instances,
+        agent_kinds=tuple(rng.choice(("simple_agent", "legacy_agent"))
+                          for _ in range(instances)),
+        turns=(low, low + rng.randint(0, 3)),
+        turn_s=(turn_low, round(turn_low * rng.choice((1, 2, 5)), 6)),
+        mutation_p=rng.choice((0.0, 0.3, 0.5, 1.0)),
+        flush_interval_s=rng.choice((0.005, 0.05, 0.5)),
+        max_batch=rng.choice((1, 4, 64)),
+        # fewer rows in flight than groups per step can never fill a step: trained groups are
+        # the only ones that leave the ledger (a facade trap, reported, not simulated)
+        max_rows_in_flight=rng.randint(groups_per_step, 12),
+        batch_size=rng.choice((1, 3, 64)),
+        groups_per_step=groups_per_step,
+        checkpoint_every=rng.randint(1, 3),
+        keep_snapshots=rng.randint(1, 3),
+        max_consecutive_failures=rng.randint(1, 3),
+        faults=_draw_faults(rng, rng.choice((0, 1, 1, 2, 3)),
+                            ("prepare", "commit", "resume", "retire", "run")),
+        restore_faults=_draw_faults(rng, rng.choice((0, 0, 1, 2)),
+                                    ("restore", "restore", "prepare", "commit", "retire", "run")),
+        crashes=tuple(crashes),
+        rollback=rng.random() < 0.2,
+    )
+
+
+# -- reports --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class IncarnationReport:
+    """How one incarnation (one trainer process's worth of the run) ended.
+
+    ``end``: ``finished`` (dataset done, final snapshot published), ``crashed`` (abandoned by
+    the scenario), ``checkpoints_failed`` (exit 4), ``gym_dead`` (every instance dead),
+    ``restore_failed`` (Gym could not restore; exit 4), or a violation: ``invariant`` (exit 3),
+    ``bad_snapshot`` (one of our own snapshots did not load), ``stalled``, ``error``.
+    """
+
+    index: int
+    faults: tuple[str, ...]
+    end: str
+    error: str | None
+    restored_from: str | None
+    checkpoints: tuple[tuple[str, bool, str | None], ...]
+    faults_fired: tuple[tuple[str, int], ...]
+    steps_trained: int
+    claims: int
+    lease_reopened: int
+    metrics: dict[str, float] = attrs.field(factory=dict)
+    """The runtime's metrics when the incarnation ended (C5)."""
+
+
+@attrs.frozen
+class ScenarioReport:
+    seed: int
+    scenario: Scenario
+    ok: bool
+    violations: tuple[str, ...]
+    incarnations: tuple[IncarnationReport, ...]
+    rows_trained: int
+    rows_failed: int
+    steps: int
+    sentinels: int
+    virtual_s: float
+    task_steps: int
+    fingerprint: str
+    rolled_back: bool = False
+    """An older snapshot than the latest was restored (``Scenario.rollback``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "ok": self.ok,
+            "violations": list(self.violations),
+            "replay": replay_command(self.seed),
+            "scenario": self.scenario.describe(),
+            "incarnations": [
+                {"end": i.end, "error": i.error, "restored_from": i.restored_from,
+                 "faults": list(i.faults), "faults_fired": [list(f) for f in i.faults_fired],
+                 "checkpoints": [list(c) for c in i.checkpoints], "steps": i.steps_trained,
+                 "claims": i.claims, "lease_reopened": i.lease_reopened}
+                for i in self.incarnations
+            ],
+            "rows_trained": self.rows_trained,
+            "rows_failed": self.rows_failed,
+            "steps": self.steps,
+            "sentinels": self.sentinels,
+            "virtual_s": self.virtual_s,
+            "fingerprint": self.fingerprint,
+        }
+
+
+# -- running a scenario ---------------------------------------------------------------------------
+
+
+class _StepBudget(trio.abc.Instrument):
+    """Counts task steps; past the budget, cancels the scenario (a livelock in zero time)."""
+
+    def __init__(self, budget: int, scope: trio.CancelScope) -> None:
+        self.steps = 0
+        self.budget = budget
+        self.scope = scope
+        self.exceeded = False
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+        if self.steps > self.budget and not self.exceeded:
+            self.exceeded = True
+            self.scope.cancel()
+
+
+def _all_tasks() -> set[trio.lowlevel.Task]:
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    seen: set[trio.lowlevel.Task] = set()
+    stack = [root]
+    while stack:
+        task = stack.pop()
+        seen.add(task)
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return seen
+
+
+@attrs.define(eq=False)
+class _Run:
+    """State of one scenario across its incarnations."""
+
+    sc: Scenario
+    root: Path
+    rng: random.Random
+    workdir: Path
+    lineage: list[tuple[int, tuple[int, ...]]] = attrs.field(factory=list)
+    violations: list[str] = attrs.field(factory=list)
+    reports: list[IncarnationReport] = attrs.field(factory=list)
+    final_snapshot: Path | None = None
+    rolled_back: bool = False
+
+    def violation(self, inc: int, text: str) -> None:
+        self.violations.append(f"incarnation {inc}: {text}")
+
+
+def _check_released(run: _Run, inc: int, ro: Rollouts) -> None:
+    """Whatever ended the incarnation: admission open, pause released, barrier free."""
+    gate = ro.coordinator.gate.statistics()
+    if not gate.open:
+        run.violation(inc, f"admission left closed by {gate.closed_by}")
+    if gate.admitting:
+        run.violation(inc, f"{gate.admitting} admissions left in progress")
+    holders = ro.coordinator.deadlines.holders
+    if holders:
+        run.violation(inc, f"deadline pause left held by {sorted(holders)}")
+    barrier = ro.ledger.barrier.statistics()
+    if barrier.held or barrier.waiters or barrier.queued_mutations:
+        run.violation(inc, f"barrier left busy: {barrier}")
+    if ro.dispatcher.statistics().streams_open:
+        run.violation(inc, f"{ro.dispatcher.statistics().streams_open} reply streams left open")
+
+
+def _check_budgets(
+    run: _Run, inc: int, ro: Rollouts, initial_spent: int, checkpoint_calls: int
+) -> None:
+    stats = ro.ledger.statistics()
+    spent = initial_spent + stats.failed_total + stats.abandoned_total
+    if stats.row_attempts_spent != spent:
+        run.violation(inc, f"row attempts spent {stats.row_attempts_spent}, but {spent} attempts "
+                           "failed or were abandoned (refusals must cost nothing)")
+    if stats.data_failures:
+        run.violation(inc, f"{stats.data_failures} data failures (invalid or poisoned rows)")
+    refused = ro.metrics.get(ADMISSION_CLOSED_ROWS)
+    if refused != ro.dispatcher.statistics().refused:
+        run.violation(inc, f"admission-closed metric {refused:g} != refusals "
+                           f"{ro.dispatcher.statistics().refused}")
+    coord = ro.coordinator
+    if coord.ok_total + coord.failed_total != checkpoint_calls:
+        run.violation(inc, f"{checkpoint_calls} checkpoints taken but ok {coord.ok_total} + "
+                           f"failed {coord.failed_total}")
+    if coord.consecutive_failures > run.sc.max_consecutive_failures:
+        run.violation(inc, f"{coord.consecutive_failures} failures in a row were tolerated")
+    for att in ro.ledger.reserved():
+        if ro.ledger.row_attempts_spent(att.row, att.slot) >= ro.ledger.max_row_attempts:
+            run.violation(inc, f"{att.rollout_id} reserved with its row attempts spent")
+            break
+
+
+async def _incarnation(
+    run: _Run, inc: int, faults: tuple[str, ...], crash: Crash | None
+) -> IncarnationReport:
+    sc = run.sc
+    cfg = sc.runtime_config()
+    run.final_snapshot = None
+    end, error = "finished", None
+    restored_from: str | None = None
+    outcomes: list[tuple[str, bool, str | None]] = []
+    claims: list[tuple[str, RunRow]] = []
+    steps = 0
+    lease_reopened = 0
+    gym_ref: list[EmbeddedGym] = []
+    ro_ref: list[Rollouts] = []
+    crash_scope = trio.CancelScope()
+    if crash is not None and crash.at_s is not None:
+        crash_scope.deadline = trio.current_time() + crash.at_s
+
+    def on_stage(checkpoint_id: str, point: str) -> None:
+        assert crash is not None and crash.checkpoint is not None
+        if checkpoint_id == f"i{inc}-{crash.checkpoint:04d}" and point == crash.point:
+            crash_scope.cancel()
+
+    async def body() -> None:
+        nonlocal restored_from, steps, lease_reopened
+        async with EmbeddedGym.open(
+            instances=sc.instances, agent_kinds=sc.kinds(), seed=sc.seed,
+            work_dir=run.root / f"gym-{inc}", config=sc.sim_config(), faults=faults,
+        ) as gym:
+            gym_ref.append(gym)
+            async with open_rollouts(
+                gym, run.workdir, rows=sc.rows, group_size=sc.group_size, config=cfg,
+                max_rows_in_flight=sc.max_rows_in_flight, batch_size=sc.batch_size,
+                keep_snapshots=sc.keep_snapshots, run_id=f"i{inc}",
+                on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows),
+            ) as ro:
+                ro_ref.append(ro)
+                if crash is not None and crash.point is not None:
+                    ro.coordinator.on_stage = on_stage
+                trainer = ToyTrainer()
+                if ro.trainer_state is not None:
+                    trainer = ToyTrainer.from_bytes(ro.trainer_state)
+                if ro.restored is not None:
+                    restored_from = ro.restored.snapshot.checkpoint_id
+                # the final model descends from the restored step; later steps died
+                run.lineage[:] = [s for s in run.lineage if s[0] <= trainer.step]
+                # what Gym installed: the restored manifest's episodes (the dispatcher may
+                # already be claiming some, so the ledger's unclaimed set is a moving target)
+                replicas: dict[str, str] = {}
+                if ro.restored is not None:
+                    manifest = load_snapshot(ro.restored.pinned.path).manifest
+                    replicas = {e.rollout_id: e.replica for e in manifest.episodes}
+                initial_spent = ro.ledger.statistics().row_attempts_spent
+                calls = 0
+
+                async def checkpoint() -> bool:
+                    nonlocal calls
+                    calls += 1
+                    outcome = await ro.checkpoint(trainer.to_bytes())
+                    outcomes.append((outcome.checkpoint_id, outcome.ok, outcome.reason))
+                    if outcome.ok and outcome.snapshot is not None:
+                        run.final_snapshot = outcome.snapshot.path
+                    return outcome.ok
+
+                batches = cast(AsyncGenerator[list[CompletedGroup], None],
+                               ro.batches(sc.groups_per_step))
+                async with aclosing(batches):  # an abort mid-loop must finalise it here
+                    async for batch in batches:
+                        rewards = [r.reward for g in batch for r in g.results]
+                        trainer = trainer.train(rewards, len(batch))
+                        run.lineage.append((trainer.step, tuple(g.row for g in batch)))
+                        steps += 1
+                        if trainer.step % sc.checkpoint_every == 0:
+                            await checkpoint()
+                run.final_snapshot = None
+                for _ in range(cfg.max_consecutive_failures + 1):
+                    if await checkpoint():
+                        break
+                _check_budgets(run, inc, ro, initial_spent, calls)
+                restored_claims = [(i, r) for i, r in claims if r.restored_from is not None]
+                seen = Counter(r.restored_from for _, r in restored_claims)
+                refused = ro.metrics.get(ADMISSION_CLOSED_ROWS) > 0
+                for rid, n in seen.items():
+                    if n > 1 and not refused:  # a refused claim is re-sent, same identity (S2)
+                        run.violation(inc, f"restored episode {rid} dispatched {n} times")
+                for i, r in restored_claims:
+                    if r.restored_from not in replicas:
+                        run.violation(inc, f"{r.rollout_id} claims {r.restored_from}, which was "
+                                           "not restored")
+                    elif replicas[r.restored_from] != i:
+                        run.violation(inc, f"{r.rollout_id} dispatched to {i}, but "
+                                           f"{r.restored_from} was restored on "
+                                           f"{replicas[r.restored_from]}")
+                gs = await gym.statistics()
+                claimed = sum(s.episodes_claimed for s in gs.instances)
+                if claimed != len(seen):  # each restored episode continued exactly once
+                    run.violation(inc, f"Gym continued {claimed} restored episodes, the "
+                                       f"runtime claimed {len(seen)}")
+                installed = sum(s.restored for s in gs.instances)
+                if installed != len(replicas):
+                    run.violation(inc, f"Gym installed {installed} restored episodes, the "
+                                       f"ledger holds {len(replicas)} unclaimed")
+                # Gym is never left parked beyond its lease, whatever the last resume did
+                await trio.sleep(sc.lease_s + 1.0)
+                for name in gym.instances:
+                    sim = gym.sim(name)
+                    if sim.dead:
+                        continue
+                    inv = sim.inventory()
+                    lease_reopened += inv.lease_reopened
+                    if inv.prepared or not inv.admission_open:
+                        run.violation(inc, f"{name} still parked {sc.lease_s + 1:g}s after the "
+                                           "last checkpoint")
+
+    try:
+        with crash_scope, trio.move_on_after(STALL_S) as stall_scope:
+            await body()
+        if crash_scope.cancelled_caught:
+            end = "crashed"
+        elif stall_scope.cancelled_caught:
+            end = "stalled"
+            run.violation(inc, f"no progress for {STALL_S:g} virtual seconds")
+    except Exception as exc:
+        decided = run_exit(exc)
+        err = decided[1] if decided is not None else single_error(exc)
+        error = f"{type(err).__name__}: {err}"
+        if decided is not None and decided[0] == 4:
+            end = "gym_dead" if isinstance(err, GymInstanceDead) else "checkpoints_failed"
+            if not ro_ref:  # open_rollouts never yielded: the restore gave up
+                end = "restore_failed"
+        elif decided is not None and decided[0] == 3:
+            end = "invariant"
+            run.violation(inc, f"run aborted by an invariant violation: {error}")
+        elif decided is not None and decided[0] == 2:
+            end = "bad_snapshot"
+            run.violation(inc, f"our own snapshot was refused: {error}")
+        else:
+            end = "error"
+            run.violation(inc, f"unexpected error {error}")
+    if end in ("checkpoints_failed", "gym_dead", "restore_failed") and not faults:
+        run.violation(inc, f"aborted ({end}) without any fault: {error}")
+    if ro_ref:
+        _check_released(run, inc, ro_ref[0])
+    fired: tuple[tuple[str, int], ...] = ()
+    if gym_ref:
+        fired = gym_ref[0].faults.fired
+    metrics = ro_ref[0].metrics.snapshot() if ro_ref else {}
+    return IncarnationReport(inc, faults, end, error, restored_from, tuple(outcomes), fired,
+                             steps, sum(1 for _, r in claims if r.restored_from), lease_reopened,
+                             metrics)
+
+
+def _rollback(run: _Run, inc: int) -> None:
+    """Restore an older snapshot next: copy it alone into a fresh work directory."""
+    complete = SnapshotStore(run.workdir / "snapshots").list_complete()
+    if len(complete) < 2:
+        return
+    chosen = complete[run.rng.randrange(len(complete) - 1)]
+    fresh = run.root / f"work-{inc + 1}"
+    shutil.copytree(chosen.path, fresh / "snapshots" / chosen.path.name, symlinks=True)
+    run.workdir = fresh
+    run.rolled_back = True
+
+
+def _judge(run: _Run) -> tuple[int, int, int]:
+    """The final verdict over the whole scenario: (rows trained, rows failed, sentinels)."""
+    sc = run.sc
+    steps = [s for s, _ in run.lineage]
+    if steps != list(range(1, len(steps) + 1)):
+        dup = [s for s, n in Counter(steps).items() if n > 1]
+        run.violations.append(f"lineage steps are not 1..n once each (trained twice: {dup[:5]})")
+    rows = Counter(r for _, rs in run.lineage for r in rs)
+    dups = sorted(r for r, n in rows.items() if n > 1)
+    if dups:
+        run.violations.append(f"{len(dups)} rows trained more than once: {dups[:5]}")
+    if run.final_snapshot is None:
+        run.violations.append("no final snapshot: the last incarnation did not finish")
+        return len(rows), 0, 0
+    problems = _verify_offline(run.final_snapshot)
+    if problems:
+        run.violations.append(f"final snapshot does not verify: {problems[:3]}")
+    counts, failed = snapshot_sentinels(run.final_snapshot)
+    trained = set(rows)
+    if trained & failed:
+        run.violations.append(f"rows both trained and failed: {sorted(trained & failed)[:5]}")
+    lost = sorted(set(range(sc.rows)) - trained - failed)
+    if lost:
+        run.violations.append(f"{len(lost)} rows lost: {lost[:5]}")
+    expected = expected_sentinels(sc.seed, sc.sim_config(), trained, sc.group_size)
+    missing = sorted(expected - set(counts))
+    twice = sorted(s for s in expected if counts.get(s, 0) > 1)
+    if missing:
+        run.violations.append(f"{len(missing)} sentinels missing: {missing[:3]}")
+    if twice:
+        run.violations.append(f"{len(twice)} sentinels more than once: {twice[:3]}")
+    return len(trained), len(failed), sum(counts[s] for s in expected)
+
+
+def _verify_offline(path: Path) -> list[str]:
+    from ._cli import _verify
+
+    try:
+        return _verify(load_snapshot(path))
+    except (ManifestError, TopologyMismatch) as exc:
+        return [str(exc)]
+
+
+async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
+    """Run ``sc`` with its files under ``root`` (which must exist); judge it.
+
+    Needs a trio run whose clock is a ``MockClock`` with autojump (the pytest-trio
+    ``autojump_clock`` fixture, or ``run_seed``).
+    """
+    t0 = trio.current_time()
+    tasks_before = _all_tasks()
+    run = _Run(sc, root, random.Random(f"gymckpt-simulate:{sc.seed}"), root / "work-0")
+    budget_scope = trio.CancelScope()
+    budget = _StepBudget(STEP_BUDGET, budget_scope)
+    trio.lowlevel.add_instrument(budget)
+    try:
+        with budget_scope:
+            for inc in range(sc.max_incarnations):
+                last = inc == sc.max_incarnations - 1
+                faults = () if last else sc.faults if inc == 0 else (
+                    sc.restore_faults if inc == 1 else ())
+                crash = None if last or inc >= len(sc.crashes) else sc.crashes[inc]
+                report = await _incarnation(run, inc, faults, crash)
+                run.reports.append(report)
+                if report.end == "finished":
+                    break
+                if sc.rollback and not run.rolled_back:
+                    _rollback(run, inc)
+    finally:
+        trio.lowlevel.remove_instrument(budget)
+    if budget.exceeded:
+        run.violations.append(f"livelock: more than {STEP_BUDGET} task steps")
+    rows_trained = rows_failed = sentinels = 0
+    if not budget.exceeded:
+        rows_trained, rows_failed, sentinels = _judge(run)
+    leaked = _all_tasks() - tasks_before
+    if leaked:
+        names = sorted(t.name for t in leaked)
+        run.violations.append(f"{len(leaked)} trio tasks left behind: {names[:3]}")
+    virtual_s = trio.current_time() - t0
+    trace = {
+        "lineage": run.lineage,
+        "incarnations": [attrs.asdict(r) for r in run.reports],
+        "virtual_s": round(virtual_s, 9),
+        "violations": run.violations,
+    }
+    fingerprint = hashlib.sha256(orjson.dumps(trace)).hexdigest()[:16]
+    return ScenarioReport(
+        seed=sc.seed, scenario=sc, ok=not run.violations, violations=tuple(run.violations),
+        incarnations=tuple(run.reports), rows_trained=rows_trained, rows_failed=rows_failed,
+        steps=len(run.lineage), sentinels=sentinels, virtual_s=virtual_s,
+        task_steps=budget.steps, fingerprint=fingerprint, rolled_back=run.rolled_back,
+    )
+
+
+def run_seed(seed: int, tmp_root: Path | None = None, scenario: Scenario | None = None
+             ) -> ScenarioReport:
+    """Run the scenario of ``seed`` in its own trio run under a MockClock; deterministic.
+
+    Seeds trio's scheduler (see the module docstring) and removes the scenario's files after.
+    """
+    sc = scenario if scenario is not None else draw_scenario(seed)
+    trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    trio._core._run._r.seed(seed)
+    root = Path(tempfile.mkdtemp(prefix=f"gymckpt-sim-{seed}-", dir=tmp_root))
+    try:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        try:
+            return trio.run(run_scenario, sc, root, clock=clock)
+        except Exception as exc:  # the simulator itself broke: report, never hide
+            err = single_error(exc)
+            return ScenarioReport(
+                seed=seed, scenario=sc, ok=False,
+                violations=(f"simulator crashed: {type(err).__name__}: {err}",),
+                incarnations=(), rows_trained=0, rows_failed=0, steps=0, sentinels=0,
+                virtual_s=0.0, task_steps=0, fingerprint="",
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _fired_summary(fired: Sequence[tuple[str, int]]) -> str:
+    counts = Counter(spec for spec, _ in fired)
+    return ", ".join(f"{spec} x{n}" if n > 1 else spec for spec, n in counts.items()) or "none"
+
+
+def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> int:
+    """``gymckpt simulate``: run seeds ``start .. start+seeds-1``; exit 0, or 3 on a violation."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if start < 0:
+        raise ValueError(f"--start must be >= 0, got {start}")
+    show = progress is not None or (sys.stderr.isatty() and not as_json)
+    failed: list[ScenarioReport] = []
+    ends: Counter[str] = Counter()
+    fired = restores = rollbacks = 0
+    virtual = 0.0
+    t0 = time.monotonic()
+    last_shown = 0.0
+    reports: list[ScenarioReport] = []
+    for i, seed in enumerate(range(start, start + seeds)):
+        report = run_seed(seed, tmp_root)
+        ends.update(inc.end for inc in report.incarnations)
+        fired += sum(len(inc.faults_fired) for inc in report.incarnations)
+        restores += sum(inc.restored_from is not None for inc in report.incarnations)
+        rollbacks += report.rolled_back
+        virtual += report.virtual_s
+        if seeds == 1:
+            reports.append(report)
+        if not report.ok:
+            failed.append(report)
+            if not as_json:
+                print(f"seed {seed}: FAIL: {report.violations[0]}  replay: "
+                      f"{replay_command(seed)}", flush=True)
+        now = time.monotonic()
+        if show and (now - last_shown > 0.5 or i == seeds - 1):
+            last_shown = now
+            rate = (i + 1) / max(now - t0, 1e-9)
+            line = (f"simulate: {i + 1}/{seeds} seeds, {len(failed)} failed, "
+                    f"{rate:.1f} seeds/s")
+            if progress is not None:
+                progress(line)
+            else:
+                print(f"\r{line}", end="\n" if i == seeds - 1 else "", file=sys.stderr,
+                      flush=True)
+    elapsed = time.monotonic() - t0
+    rate = seeds / max(elapsed, 1e-9)
+    if as_json:
+        out: dict[str, Any] = {
+            "seeds": seeds, "start": start, "passed": seeds - len(failed),
+            "failed": [r.to_json() for r in failed], "elapsed_s": round(elapsed, 3),
+            "seeds_per_s": round(rate, 2), "virtual_s": round(virtual, 3),
+            "incarnation_ends": dict(sorted(ends.items())), "faults_fired": fired,
+            "restores": restores, "rollbacks": rollbacks,
+        }
+        if seeds == 1:
+            out["scenario"] = reports[0].to_json()
+        print(json.dumps(out, sort_keys=True))
+    else:
+        if seeds == 1:
+            r = reports[0]
+            print(f"seed {r.seed}: {r.scenario.describe()}")
+            for inc in r.incarnations:
+                print(f"  incarnation {inc.index}: {inc.end}"
+                      + (f" ({inc.error})" if inc.error else "")
+                      + (f", restored {inc.restored_from}" if inc.restored_from else "")
+                      + f", {inc.steps_trained} steps, {len(inc.checkpoints)} checkpoints "
+                      f"({sum(ok for _, ok, _ in inc.checkpoints)} ok), faults fired "
+                      f"{_fired_summary(inc.faults_fired)}")
+            for v in r.violations:
+                print(f"  VIOLATION: {v}")
+            print(f"  rows trained {r.rows_trained}, failed {r.rows_failed}, steps {r.steps}, "
+                  f"sentinels {r.sentinels}, {r.virtual_s:.3f} virtual s, fingerprint "
+                  f"{r.fingerprint}")
+        print(f"{seeds} seeds from {start}: {seeds - len(failed)} passed, {len(failed)} failed "
+              f"in {elapsed:.1f}s ({rate:.1f} seeds/s, {virtual:.0f} virtual s); incarnation "
+              f"ends {dict(sorted(ends.items()))}; {fired} faults fired; {restores} restores "
+              f"({rollbacks} to an older snapshot)")
+        if failed:
+            print("failing seeds: " + " ".join(str(r.seed) for r in failed))
+    return 3 if failed else 0

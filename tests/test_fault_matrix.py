@@ -1,0 +1,355 @@
+"""The fault matrix: every C3 fault kind at every operation where it can occur, on the embedded
+Gym under the autojump clock, plus the trainer process SIGKILLed at each checkpoint stage.
+
+Each in-process case runs a scenario through the simulation harness (``nurseries._simulate``):
+the first incarnation runs with the fault; if it aborts the way the contract says (exit 4), the
+next incarnation restores the latest complete snapshot into a fresh Gym and finishes. The
+harness checks, for every case, that nothing was lost or duplicated, every step and every
+sentinel is there once, budgets add up, admission reopened, the deadline pause was released,
+no task was left behind, and Gym was not parked beyond its lease. Each case then asserts its
+documented outcome and that the fault really fired.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import orjson
+import pytest
+import trio
+import trio.testing
+
+from nurseries._cli import main
+from nurseries._demo import (
+    CRASH_STAGES,
+    JOURNAL,
+    DemoOptions,
+    _phase_cmd,
+    _read_journal,
+    verdict,
+)
+from nurseries._simulate import Crash, IncarnationReport, Scenario, ScenarioReport, run_scenario
+from runtime import ADMISSION_CLOSED_ROWS, RetireItem, SnapshotStore, load_snapshot
+
+BASE = Scenario(seed=5, rows=12, group_size=2, instances=2, turns=(2, 4), turn_s=(0.2, 1.0),
+                max_rows_in_flight=6, groups_per_step=2, checkpoint_every=1,
+                max_consecutive_failures=2)
+
+# a fault variant: (C3 suffix after OP:, label); "@1" variants hit the first call only
+CONTROL_KINDS = ("hang", "delay:0.5", "delay:3", "error", "unpicklable", "dead")
+RUN_KINDS = (*CONTROL_KINDS, "refuse", "drop")
+
+
+def _spec(op: str, kind: str, first_only: bool) -> str:
+    name, _, arg = kind.partition(":")
+    at = "@1" if first_only else ""
+    return f"{op}:{name}{at}{':' + arg if arg else ''}"
+
+
+def _expected(op: str, kind: str, first_only: bool) -> str:
+    """The documented outcome of one fault (C3 against S2, S3, S5, S6 and C4)."""
+    slow = kind in ("hang", "delay:3")  # past the control deadline: the call is given up
+    if kind == "delay:0.5":
+        return "restore_ok" if op == "restore" else "ok"
+    if op == "restore":
+        return "restore_exit4"  # Gym cannot serve the restore: exit 4; a new process restores
+    if kind == "dead":
+        return "gym_dead" if op == "run" and not first_only else "exit4"
+    if op in ("prepare", "commit"):
+        return "retried" if first_only else "exit4"
+    if op == "resume":
+        return "lease"  # the snapshot is published; Gym's lease reopens what resume did not
+    if op == "retire":
+        return "retire_later" if first_only else "exit4"
+    assert op == "run"
+    if kind == "drop":
+        return "ok" if first_only else "rows_fail_or_ok"
+    if slow:
+        return "resent_fresh" if first_only else "all_rows_fail"
+    # refuse, error, unpicklable: nothing admitted, re-sent with identity at no cost
+    return "resent_same" if first_only else "no_progress"
+
+
+CASES = [
+    (op, kind, first_only)
+    for op in ("prepare", "commit", "resume", "retire", "restore", "run")
+    for kind in (RUN_KINDS if op == "run" else CONTROL_KINDS)
+    for first_only in (True, False)
+]
+
+
+def _scenario(op: str, kind: str, first_only: bool) -> Scenario:
+    spec = _spec(op, kind, first_only)
+    if op == "restore":
+        # checkpoint 1 is published, then the trainer dies; the Gym it restores into faults
+        return attrs.evolve(BASE, restore_faults=(spec,),
+                            crashes=(Crash(checkpoint=2, point="before_prepare"),))
+    if op == "retire":  # retires happen after a dropped stream (S3) and before prepare (S4)
+        return attrs.evolve(BASE, faults=("run:drop@1", spec))
+    if _expected(op, kind, first_only) == "no_progress":
+        # Gym refuses or fails every submission: stop that trainer after a while
+        return attrs.evolve(BASE, faults=(spec,), crashes=(Crash(at_s=120.0),))
+    return attrs.evolve(BASE, faults=(spec,))
+
+
+def _fired(inc: IncarnationReport, op: str) -> list[str]:
+    return [spec for spec, _ in inc.faults_fired if spec.startswith(op + ":")]
+
+
+def _all_ok(inc: IncarnationReport) -> bool:
+    return all(ok for _, ok, _ in inc.checkpoints)
+
+
+@pytest.mark.parametrize(("op", "kind", "first_only"), CASES,
+                         ids=[_spec(*c) for c in CASES])
+async def test_fault(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, op: str, kind: str, first_only: bool
+) -> None:
+    expect = _expected(op, kind, first_only)
+    report: ScenarioReport = await run_scenario(_scenario(op, kind, first_only), tmp_path)
+    assert report.ok, report.violations
+    incs = report.incarnations
+    planted = incs[1] if op == "restore" else incs[0]
+    assert _fired(planted, op), f"{_spec(op, kind, first_only)} never fired: {planted}"
+    assert report.rows_trained + report.rows_failed == BASE.rows  # the final verdict holds
+    first = incs[0]
+    m = first.metrics
+
+    if expect == "ok":
+        assert first.end == "finished" and _all_ok(first), first
+    elif expect == "retried":  # fails as gym_unavailable once, retried within the bound
+        assert first.end == "finished", first
+        failed = [c for c in first.checkpoints if not c[1]]
+        assert [c[2] for c in failed] == ["gym_unavailable"]
+        assert first.checkpoints[-1][1]
+    elif expect == "exit4":  # CheckpointsFailed (exit 4); a new process restores and finishes
+        assert first.end in ("checkpoints_failed", "gym_dead"), first
+        oks = [ok for _, ok, _ in first.checkpoints]
+        trailing = len(oks) - (max(i for i, ok in enumerate([True, *oks]) if ok))
+        if first.end == "checkpoints_failed":  # raised by the failure past the bound
+            assert trailing == BASE.max_consecutive_failures, first.checkpoints
+            assert m["checkpoint/gym_unavailable_total"] >= BASE.max_consecutive_failures + 1
+            assert all(r == "gym_unavailable" for _, ok, r in first.checkpoints if not ok)
+        else:  # every instance died; the dispatcher has nowhere to send rows
+            assert "dead" in (first.error or "")
+        assert incs[-1].end == "finished"
+    elif expect == "gym_dead":  # every instance died under the dispatcher
+        assert first.end in ("gym_dead", "checkpoints_failed"), first
+        assert incs[-1].end == "finished"
+    elif expect == "lease":
+        assert first.end == "finished" and _all_ok(first), first
+        if kind != "delay:0.5":
+            assert m["checkpoint/resume_failures_total"] == (1 if first_only else
+                                                            len(first.checkpoints))
+        if kind != "delay:0.5" and not first_only:
+            # the last resume was lost too: Gym reopened by itself, within its lease (a lost
+            # resume before that is taken over by the next checkpoint's prepare)
+            assert first.lease_reopened >= 1
+    elif expect == "retire_later":  # the immediate retire failed; a checkpoint retired them
+        assert first.end == "finished" and _all_ok(first), first
+        assert m["rollout/retire_failures_total"] == 1
+        assert m["checkpoint/retired_dropped_total"] >= 1
+    elif expect == "restore_ok":
+        assert incs[1].end == "finished" and incs[1].restored_from == "i0-0001", incs[1]
+    elif expect == "restore_exit4":
+        assert incs[1].end == "restore_failed", incs[1]
+        assert incs[2].end == "finished" and incs[2].restored_from == "i0-0001", incs[2]
+    elif expect == "resent_fresh":  # unanswered submission: abandoned, re-sent fresh (S3)
+        assert first.end == "finished" and _all_ok(first), first
+        assert m["rollout/run_submit_timeouts_total"] == 1
+        assert first.metrics.get("rollout/rows_dispatched_total", 0) > 0
+    elif expect == "resent_same":  # nothing admitted: same identity, no cost (S2)
+        assert first.end == "finished" and _all_ok(first), first
+        if kind == "refuse":
+            assert m[ADMISSION_CLOSED_ROWS] > 0
+        else:
+            assert m["rollout/run_errors_total"] == 1
+        assert report.rows_failed == 0
+    elif expect == "rows_fail_or_ok":  # every stream dropped: rows spend their attempts
+        assert first.end == "finished", first
+        assert m["rollout/early_stream_ends_total"] >= 1
+    elif expect == "all_rows_fail":  # every submission unanswered: every row spends 3 attempts
+        assert first.end == "finished", first
+        assert report.rows_failed == BASE.rows and report.rows_trained == 0
+    elif expect == "no_progress":  # Gym refuses everything: nothing trained, nothing spent
+        assert first.end == "crashed" and first.steps_trained == 0, first
+        if kind == "refuse":
+            assert m[ADMISSION_CLOSED_ROWS] > 0
+        else:
+            assert m["rollout/run_errors_total"] > 0
+        assert "checkpoint/failed_total" not in m
+        assert incs[-1].end == "finished"
+    else:  # pragma: no cover
+        raise AssertionError(expect)
+
+
+def test_matrix_covers_every_fault_kind_at_every_operation() -> None:
+    from gym_adapter._faults import FAULT_KINDS, FAULT_OPS
+
+    covered = {(op, kind.partition(":")[0]) for op, kind, _ in CASES}
+    possible = {(op, k) for op in FAULT_OPS for k in FAULT_KINDS
+                if op == "run" or k not in ("refuse", "drop")}
+    assert covered == possible
+    assert len(CASES) == 76
+
+
+# -- through the CLI: exit codes (C4) ------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+def test_cli_checkpoints_failing_exit_4_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "nurseries", "demo", "--rows", "8", "--crash-after-checkpoint",
+         "0", "--fault", "commit:error", "--json", "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 4, done.stderr
+    assert "checkpoints failed in a row" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_cli_run_error_is_resent_and_exactly_once(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["demo", "--rows", "8", "--crash-after-checkpoint", "0", "--fault", "run:error@1",
+               "--json", "--workdir", str(tmp_path / "w")])
+    report = orjson.loads(capsys.readouterr().out)
+    assert rc == 0 and report["exactly_once"], report
+
+
+def test_cli_restore_gym_cannot_serve_exit_4(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    opts = DemoOptions(rows=8, group_size=2, instances=2, crash_after_checkpoint=0,
+                       faults=("restore:error",))
+    args = ["_phase", "--workdir", str(tmp_path), "--options", opts.to_json()]
+    assert main([*args, "--phase", "1"]) == 0  # no restore in phase 1: the fault never fires
+    capsys.readouterr()
+    assert main([*args, "--phase", "2"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("gymckpt: Gym unavailable:") and "restore" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+# -- SIGKILL at each checkpoint stage: two real processes each -----------------------------------
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("stage", CRASH_STAGES)
+def test_sigkill_at_stage_then_restore_is_exactly_once(tmp_path: Path, stage: str) -> None:
+    opts = DemoOptions(rows=16, group_size=2, instances=2, seed=11, checkpoint_every=1,
+                       crash_after_checkpoint=2, crash_stage=stage, groups_per_step=2,
+                       max_rows_in_flight=8)
+    phase1 = subprocess.run(_phase_cmd(opts, tmp_path, 1, 2), stdin=subprocess.DEVNULL,
+                            capture_output=True, timeout=120, check=False)
+    assert phase1.returncode == -signal.SIGKILL, phase1.stderr  # a real SIGKILL, at the stage
+    store = SnapshotStore(tmp_path / "snapshots")
+    published = [i.checkpoint_id for i in store.list_complete()]
+    done_before = stage in ("after_publish", "before_resume")
+    assert published == (["p1-0001", "p1-0002"] if done_before else ["p1-0001"])
+    latest = store.latest_complete()
+    assert latest is not None
+    exported = {e.rollout_id for e in load_snapshot(latest.path).manifest.episodes}
+    staging = tmp_path / "snapshots" / ".staging-p1-0002"
+    if stage in ("after_commit", "before_publish", "mid_publish"):
+        assert any((staging / "gym").iterdir())  # Gym's committed state, never published
+        assert (staging / "gym_checkpoint.json").exists() == (stage == "mid_publish")
+        assert not (staging / "COMMITTED").exists()
+    else:
+        assert not staging.exists()
+
+    phase2 = subprocess.run(_phase_cmd(opts, tmp_path, 2, 0), stdin=subprocess.DEVNULL,
+                            capture_output=True, timeout=120, check=False)
+    assert phase2.returncode == 0, phase2.stderr
+    journal = [orjson.loads(x) for x in (tmp_path / JOURNAL).read_bytes().splitlines()]
+    restores = [r["snapshot"] for r in journal if "restore_to_step" in r]
+    assert restores == [published[-1]]  # the latest complete snapshot, never the torn one
+    claims = [r["restored_from"] for r in journal if "restored_from" in r]
+    assert len(claims) == len(set(claims))  # every restored episode dispatched once
+    assert set(claims) <= exported
+    phases = [orjson.loads((tmp_path / "phase-2.json").read_bytes())]
+    report = verdict(opts, tmp_path, phases)
+    assert report["exactly_once"], report
+    assert report["lost"] == 0 and report["duplicates"] == 0
+    assert report["steps_trained_twice"] == 0 and report["sentinels_duplicated"] == 0
+    assert report["rows_trained"] == opts.rows
+    lineage, _ = _read_journal(tmp_path / JOURNAL)
+    assert [s["step"] for s in lineage] == list(range(1, len(lineage) + 1))
+    assert not staging.exists()  # the torn staging directory was pruned
+    final = Path(phases[0]["final_snapshot"])
+    assert main(["verify", str(final)]) == 0
+
+
+def test_crash_stages_cover_the_issue() -> None:
+    assert set(CRASH_STAGES) == {"before_prepare", "after_prepare", "after_commit",
+                                 "before_publish", "after_publish", "before_resume",
+                                 "mid_publish"}
+
+
+# -- regressions: bugs the simulation found, pinned down deterministically -----------------------
+
+
+async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An early stream end applied between commit and the cut (simulation seed 1716): Gym
+    exported the dropped episode, the ledger no longer holds it. The checkpoint succeeds, the
+    manifest leaves it out, the next checkpoint retires it, and every row is trained once."""
+    from gym_adapter import EmbeddedGym, SimConfig
+    from nurseries import open_rollouts
+
+    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    async with EmbeddedGym.open(instances=1, seed=3, work_dir=tmp_path / "gym",
+                                config=sim) as gym:
+        async with open_rollouts(gym, tmp_path, rows=8, group_size=2,
+                                 config=BASE.runtime_config()) as ro:
+            await trio.sleep(0.5)
+            ledger = ro.ledger
+            victim = sorted(ledger.held_by("gym-0"))[0]
+            replacement: list[str] = []
+
+            def stream_ends_now(_cid: str, point: str) -> None:
+                if point == "after_commit":  # the dispatcher's own S3 path, at the worst time
+                    touched = [victim]
+                    fresh = ledger.barrier.mutate_nowait(
+                        lambda: ro.dispatcher._abandon([victim], touched), touched)
+                    replacement.extend(a.rollout_id for a in fresh)
+                    ro.dispatcher.enqueue(replacement)
+
+            ro.coordinator.on_stage = stream_ends_now
+            outcome = await ro.checkpoint()
+            assert outcome.ok, outcome.error
+            ro.coordinator.on_stage = None
+            assert outcome.snapshot is not None
+            manifest = load_snapshot(outcome.snapshot.path).manifest
+            assert victim not in {e.rollout_id for e in manifest.episodes}
+            assert main(["verify", str(outcome.snapshot.path)]) == 0
+            assert ledger.retire_queue() == {"gym-0": [RetireItem(victim, "gym-0")]}
+            assert (await ro.checkpoint()).ok  # retires it before prepare (S4)
+            assert ledger.statistics().retire_queue == 0
+            rows = []
+            async for batch in ro.batches(2):
+                rows.extend(g.row for g in batch)
+                for g in batch:
+                    assert victim not in g.rollout_ids
+            assert sorted(rows) == list(range(8))
+            assert replacement == [f"{victim}-a1"]
+
+
+async def test_lost_claim_of_a_restored_episode_is_retired(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """After a restore, the submission carrying the restored claims goes unanswered (simulation
+    seed 281): the claims are abandoned and re-sent fresh, and the exported episodes Gym may
+    still hold unclaimed are retired with ``retire_restored`` before the next prepare."""
+    sc = attrs.evolve(BASE, restore_faults=("run:hang@1",),
+                      crashes=(Crash(checkpoint=2, point="before_prepare"),))
+    report = await run_scenario(sc, tmp_path)
+    assert report.ok, report.violations
+    restored = report.incarnations[1]
+    assert restored.end == "finished" and restored.restored_from == "i0-0001"
+    assert _all_ok(restored) and restored.faults_fired == (("run:hang@1", 1),)
+    assert restored.metrics["rollout/run_submit_timeouts_total"] == 1
+    assert restored.metrics["checkpoint/restore_retire_total"] >= 1
