@@ -561,7 +561,7 @@ class SimInstance:
         for row in rows:
             if refuse_all or not self._admission_open:
                 self._count.refused_rows += 1
-                self._push(st, Refused(row.rollout_id), final=False)
+                self._push(st, Refused(row.rollout_id), final=True)
                 self._row_done(st)
                 continue
             reply = self._admit(st, row)

@@ -10,7 +10,7 @@ O(1) — never O(pending), let alone O(in-flight).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import trio
 
@@ -20,13 +20,25 @@ from ._ledger import RecoveryLedger
 __all__ = ["wait_drained"]
 
 
-async def wait_drained(ledger: RecoveryLedger, on_wire: Iterable[str], timeout_s: float) -> int:
+async def wait_drained(
+    ledger: RecoveryLedger,
+    on_wire: Iterable[str] | Mapping[str, Iterable[str]],
+    timeout_s: float,
+) -> int:
     """Return once no episode of ``on_wire`` is in flight; the number that was pending.
+
+    ``on_wire`` is a set of rollout IDs, or a mapping instance → IDs that instance lists on
+    the wire (then only attempts in flight on that very instance are waited for).
 
     Raises ``DrainTimeout`` (count and a short sample) if some are still pending after
     ``timeout_s``. Cost: O(len(on_wire)) on entry, then O(1) per reply that lands.
     """
-    pending = ledger.pending_among(on_wire)
+    if isinstance(on_wire, Mapping):
+        pending: set[str] = set()
+        for instance, ids in on_wire.items():
+            pending |= ledger.pending_among(ids, instance)
+    else:
+        pending = ledger.pending_among(on_wire)
     if not pending:
         await trio.lowlevel.checkpoint()
         return 0

@@ -553,10 +553,23 @@ class RecoveryLedger:
         att = self._by_id.get(rollout_id)
         return att is not None and att.state is AttemptState.DISPATCHED
 
-    def pending_among(self, rollout_ids: Iterable[str]) -> set[str]:
-        """The drain's question: which of these are still in flight. O(len(rollout_ids))."""
-        is_in_flight = self.is_in_flight
-        return {rid for rid in rollout_ids if is_in_flight(rid)}
+    def pending_among(self, rollout_ids: Iterable[str], instance: str | None = None) -> set[str]:
+        """The drain's question: which of these are still in flight (on ``instance``, if
+        given). O(len(rollout_ids)).
+
+        The instance matters because a refused attempt keeps its rollout ID: an
+        ``admission_closed`` reply one instance still lists on the wire may name an attempt
+        that has since been re-sent to another instance, whose reply it is not.
+        """
+        by_id = self._by_id
+        out: set[str] = set()
+        for rid in rollout_ids:
+            att = by_id.get(rid)
+            if att is not None and att.state is AttemptState.DISPATCHED and (
+                instance is None or att.replica == instance
+            ):
+                out.add(rid)
+        return out
 
     def held_by(self, instance: str) -> frozenset[str]:
         """Inventory of one instance, by the IDs Gym knows: every attempt in flight there
