@@ -175,23 +175,15 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
 
 
 def _verify(snap: LoadedSnapshot) -> list[str]:
-    from runtime._ledger import load_ledger_snapshot, rollout_id_for
+    from runtime._ledger import load_ledger_snapshot
+
+    from ._restore import ledger_manifest_differences
 
     problems = verify_snapshot(snap) + _unlisted_state(snap)
     if "ledger.json" not in snap.files:
         return [*problems, "ledger.json: missing from the snapshot"]
     led = load_ledger_snapshot(snap.files["ledger.json"])
-    dispatched = {rollout_id_for(a.row, a.slot, a.attempt) for a in led.attempts
-                  if a.state == "dispatched"}
-    unclaimed = {a.restored.from_rollout_id for a in led.attempts
-                 if a.unclaimed and a.restored is not None}
-    exported = {e.rollout_id for e in snap.manifest.episodes}
-    for rid in sorted(dispatched - exported)[:5]:
-        problems.append(f"ledger.json: {rid} in flight but not exported in gym_checkpoint.json")
-    for rid in sorted(exported - dispatched - unclaimed)[:5]:
-        problems.append(f"gym_checkpoint.json: episode {rid} exported but not in flight in the "
-                        "ledger")
-    return problems
+    return problems + ledger_manifest_differences(snap.manifest, led)
 
 
 def _unlisted_state(snap: LoadedSnapshot) -> list[str]:
@@ -261,6 +253,11 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # its own parser, --help included
+        from benchmarks.cli import main as bench_main
+
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -66,7 +66,7 @@ from runtime import (
 from runtime._ledger import dump_ledger_snapshot
 from runtime._manifest import MANIFEST_VERSION
 
-from ._calls import classify, fan_out
+from ._calls import bounded_call, classify, fan_out
 from ._offload import offload
 
 __all__ = ["HOOK_POINTS", "PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
@@ -249,8 +249,11 @@ class CheckpointCoordinator:
             self.metrics.set(f"checkpoint/stage_{name}_s", seconds)
 
     async def _topology_now(self) -> Topology:
+        """The live topology, asked once and bounded like any control call (S5)."""
         if self._topology is None:
-            self._topology = await self.gym.topology()
+            self._topology = await bounded_call(
+                "deployment", "topology", lambda _deadline: self.gym.topology(), self.config
+            )
         return self._topology
 
     async def _run(

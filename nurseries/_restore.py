@@ -22,7 +22,9 @@ import attrs
 
 from gym_adapter import GymBackend
 from runtime import (
+    GymManifest,
     LoadedSnapshot,
+    ManifestError,
     RecoveryLedger,
     RuntimeConfig,
     SnapshotInfo,
@@ -30,12 +32,12 @@ from runtime import (
     check_snapshot,
     load_snapshot,
 )
-from runtime._ledger import RestoreSummary, load_ledger_snapshot
+from runtime._ledger import LedgerSnapshot, RestoreSummary, load_ledger_snapshot, rollout_id_for
 
 from ._calls import fan_out
 from ._offload import offload
 
-__all__ = ["RestoredRun", "restore_latest"]
+__all__ = ["RestoredRun", "ledger_manifest_differences", "restore_latest"]
 
 LEDGER_FILE = "ledger.json"
 
@@ -51,6 +53,22 @@ class RestoredRun:
     files: dict[str, bytes]
 
 
+def ledger_manifest_differences(manifest: GymManifest, ledger: LedgerSnapshot) -> list[str]:
+    """Where ``ledger.json`` and ``gym_checkpoint.json`` of one snapshot disagree (a short
+    sample of each kind): every attempt in flight must be exported, and every exported episode
+    must be in flight or held unclaimed by a restored attempt."""
+    dispatched = {rollout_id_for(a.row, a.slot, a.attempt) for a in ledger.attempts
+                  if a.state == "dispatched"}
+    unclaimed = {a.restored.from_rollout_id for a in ledger.attempts
+                 if a.unclaimed and a.restored is not None}
+    exported = {e.rollout_id for e in manifest.episodes}
+    problems = [f"ledger.json: {rid} in flight but not exported in gym_checkpoint.json"
+                for rid in sorted(dispatched - exported)[:5]]
+    problems += [f"gym_checkpoint.json: episode {rid} exported but not in flight in the ledger"
+                 for rid in sorted(exported - dispatched - unclaimed)[:5]]
+    return problems
+
+
 async def restore_latest(
     gym: GymBackend, store: SnapshotStore, pin_dir: Path, config: RuntimeConfig
 ) -> RestoredRun | None:
@@ -64,7 +82,12 @@ async def restore_latest(
     topology = await gym.topology()
     live = {i.name: list(i.participants) for i in topology.instances}
     await offload(lambda: check_snapshot(snap, live))
+    if LEDGER_FILE not in snap.files:
+        raise ManifestError(f"{pinned.path}: {LEDGER_FILE} missing from the snapshot")
     ledger_snap = await offload(lambda: load_ledger_snapshot(snap.files[LEDGER_FILE]))
+    problems = ledger_manifest_differences(snap.manifest, ledger_snap)
+    if problems:  # before Gym installs anything
+        raise ManifestError(f"{pinned.path}: " + "; ".join(problems))
     episodes_by_replica: dict[str, list] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)

@@ -74,13 +74,15 @@ class Rollouts:
         return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
 
     async def next_batch(self, groups: int) -> list[CompletedGroup]:
-        """Wait for ``groups`` complete prompt groups and take them (fewer at the very end;
-        an empty list once every row is trained or failed)."""
+        """Wait for ``groups`` complete prompt groups and take them (fewer at the very end, or
+        at most ``max_rows_in_flight``; an empty list once every row is trained or failed)."""
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         ledger = self.ledger
+        # never more than the rows kept in flight can be ready at once
+        want = min(groups, self.dispatcher.max_rows_in_flight)
         await ledger.barrier.wait_until(
-            lambda: ledger.ready_groups >= groups or self._finished(), [READY]
+            lambda: ledger.ready_groups >= want or self._finished(), [READY]
         )
         taken = await ledger.barrier.mutate(lambda: ledger.take_ready(groups))
         self.dispatcher.poke()

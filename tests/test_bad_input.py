@@ -256,10 +256,6 @@ def test_ledger_inconsistent_with_the_manifest_fails_verify(
             in capsys.readouterr().err)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gap in nurseries/_restore.py (outside this change): restore does not cross-check ledger "
-    "and manifest before installing into Gym; the run starts and its first checkpoint aborts "
-    "with exit 3 instead of a bad-input exit 2 at restore"))
 def test_ledger_inconsistent_with_the_manifest_is_refused_at_restore(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -518,3 +518,13 @@ async def test_hung_run_submission_does_not_hold_the_gate(
         assert ro.ledger.statistics().retire_queue == 0  # retired before the next prepare
     assert len(ids) == 24 and len(set(ids)) == 24
     assert any(rid.endswith("-a1") for rid in ids)  # the lost submission was re-sent fresh
+
+
+async def test_asking_for_more_groups_than_rows_in_flight_does_not_deadlock(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path) as (_gym, ro):  # max_rows_in_flight=6
+        sizes = []
+        async for batch in ro.batches(10):
+            sizes.append(len(batch))
+    assert sum(sizes) == 12 and max(sizes) <= 6
