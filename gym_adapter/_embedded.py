@@ -34,7 +34,6 @@ from runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
 from ._contract import (
     CommitReply,
     GymBackend,
-    GymControlError,
     GymInstanceDead,
     InstanceInventory,
     PrepareReply,
@@ -48,10 +47,10 @@ from ._faults import FaultPlan, FaultSpec
 from ._sim import (
     AGENT_KINDS,
     CalendarSession,
-    CoordinationError,
     SimConfig,
     SimInstance,
     SimStatistics,
+    inject_fault,
 )
 
 __all__ = ["EmbeddedGym", "GymStatistics"]
@@ -145,18 +144,7 @@ class EmbeddedGym:
         return sim
 
     async def _inject(self, sim: SimInstance, spec: FaultSpec, op: str) -> None:
-        if spec.kind == "hang":
-            await anyio.sleep_forever()
-        elif spec.kind == "delay":
-            assert spec.arg is not None
-            await anyio.sleep(spec.arg)
-        elif spec.kind == "error":
-            raise GymControlError(sim.name, op, f"injected fault {spec}")
-        elif spec.kind == "unpicklable":
-            raise CoordinationError(sim.name, op, f"injected fault {spec}")
-        elif spec.kind == "dead":
-            sim.kill()
-            raise GymInstanceDead(sim.name, op)
+        await inject_fault(spec, sim.name, op, sim.kill)
 
     async def _call(self, instance: str, op: str, call: Callable[[SimInstance], Awaitable[T]]) -> T:
         sim = self._live(instance, op)

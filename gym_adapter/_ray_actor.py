@@ -51,9 +51,9 @@ import attrs
 
 from runtime import GymCheckpointUnavailable
 
-from ._contract import GymControlError, Refused, RunReply, RunRow
+from ._contract import RunReply, RunRow
 from ._faults import FaultSpec
-from ._sim import CoordinationError, SimConfig, SimInstance, SimReplyStream
+from ._sim import SimConfig, SimInstance, SimReplyStream, inject_fault
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
@@ -164,7 +164,7 @@ class _Outbox:
         """The consumer asked for the batch after ``upto``: every batch up to it is received."""
         while self.unacked and self.unacked[0][0] <= upto:
             _, replies = self.unacked.popleft()
-            self.sim._ack(self._st, [r.rollout_id for r in replies if not isinstance(r, Refused)])
+            self.sim._ack(self._st, [r.rollout_id for r in replies])
 
     def close(self, upto: int) -> None:
         """Acknowledge up to ``upto``, discard the rest and end the stream (rows run on)."""
@@ -266,19 +266,8 @@ class GymActor:
         )
 
     async def _inject(self, spec: FaultSpec, op: str) -> None:
-        if spec.kind == "hang":
-            if self._stuck_loop_s > 0:
-                time.sleep(self._stuck_loop_s)  # noqa: ASYNC251 - the fault: a stuck event loop
-            await anyio.sleep_forever()
-        elif spec.kind == "delay":
-            assert spec.arg is not None
-            await anyio.sleep(spec.arg)
-        elif spec.kind == "error":
-            raise GymControlError(self.name, op, f"injected fault {spec}")
-        elif spec.kind == "unpicklable":
-            raise CoordinationError(self.name, op, f"injected fault {spec}")
-        elif spec.kind == "dead":
-            os._exit(1)  # the instance dies for real: Ray reports ActorDiedError to every caller
+        # ``dead``: the process exits for real; Ray reports ActorDiedError to every caller
+        await inject_fault(spec, self.name, op, lambda: os._exit(1), self._stuck_loop_s)
 
     # -- control plane ---------------------------------------------------------------------------
 

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any, Final, final
@@ -78,6 +79,7 @@ from ._contract import (
     RunReply,
     RunRow,
 )
+from ._faults import FaultSpec
 
 __all__ = [
     "AGENT_KINDS",
@@ -379,7 +381,7 @@ class SimReplyStream:
             self._st.receive.close()
             self._inst._forget(self._st)
             raise StopAsyncIteration from None
-        self._delivered = tuple(r.rollout_id for r in batch if not isinstance(r, Refused))
+        self._delivered = tuple(r.rollout_id for r in batch)
         return batch
 
     async def aclose(self) -> None:
@@ -1421,3 +1423,31 @@ def _write_records(directory: Path, records: Mapping[str, Any]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     data = orjson.dumps(records, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
     write_atomic(directory / RECORDS_FILE, data)
+
+
+async def inject_fault(
+    spec: FaultSpec, instance: str, op: str, die: Callable[[], None], stuck_loop_s: float = 0.0
+) -> None:
+    """Carry out the control-plane part of a C3 fault before the call reaches the instance.
+
+    Shared by the embedded backend and the Ray actor, so a spec means the same on both:
+    ``hang`` never answers (after blocking the event loop ``stuck_loop_s`` seconds, the Ray
+    "stuck loop" case); ``delay`` sleeps ARG; ``error`` raises ``GymControlError``;
+    ``unpicklable`` raises Gym's own unpicklable ``CoordinationError``; ``dead`` calls ``die``
+    (which kills the instance) and raises ``GymInstanceDead``. ``refuse`` and ``drop`` act on the
+    data plane and are handled by the caller.
+    """
+    if spec.kind == "hang":
+        if stuck_loop_s > 0:
+            time.sleep(stuck_loop_s)  # noqa: ASYNC251 - the fault: a stuck event loop
+        await anyio.sleep_forever()
+    elif spec.kind == "delay":
+        assert spec.arg is not None
+        await anyio.sleep(spec.arg)
+    elif spec.kind == "error":
+        raise GymControlError(instance, op, f"injected fault {spec}")
+    elif spec.kind == "unpicklable":
+        raise CoordinationError(instance, op, f"injected fault {spec}")
+    elif spec.kind == "dead":
+        die()
+        raise GymInstanceDead(instance, op)

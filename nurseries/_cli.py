@@ -253,6 +253,7 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # its own parser, --help included
         from benchmarks.cli import main as bench_main
@@ -271,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("inspect", "verify"):
             return _offline(args.command, args.dir, args.json)
         if args.command == "simulate":
-            return _simulate(args, reexec=argv is None)
+            return _simulate(args, reexec=as_program)
         from ._demo import DemoOptions, phase_main, run_demo
 
         if args.command == "_phase":
