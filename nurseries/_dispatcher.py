@@ -106,6 +106,7 @@ class Dispatcher:
     _streams: int = attrs.field(default=0, init=False)
     _sent: int = attrs.field(default=0, init=False)
     _refused: int = attrs.field(default=0, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _early: int = attrs.field(default=0, init=False)
     _retired_now: int = attrs.field(default=0, init=False)
     _retire_failures: int = attrs.field(default=0, init=False)
@@ -182,6 +183,7 @@ class Dispatcher:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Dispatch until cancelled. Streams run as children of this call's nursery."""
         async with trio.open_nursery() as streams:
+            self._nursery = streams  # streams and delayed re-sends live here
             task_status.started()
             while True:
                 touched: list[str] = []
@@ -264,14 +266,13 @@ class Dispatcher:
         self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str]
     ) -> None:
         outstanding = set(ids)
-        refused: list[str] = []
         self._streams += 1
         key = f"stream-{next(self._stream_ids)}"
         try:
             with self.deadlines.scope(key, f"/run of {len(ids)} rows on {instance}",
                                       self.request_timeout_s):
                 async for replies in stream:
-                    await self._apply(replies, gate_id, outstanding, refused)
+                    await self._apply(replies, gate_id, outstanding)
         except _STREAM_ERRORS as exc:
             if isinstance(exc, GymInstanceDead):
                 self._dead.add(instance)
@@ -280,8 +281,6 @@ class Dispatcher:
             self._streams -= 1
             with trio.CancelScope(shield=True):
                 await stream.aclose()
-        if refused:
-            await self._requeue_refused(refused, gate_id)
         if outstanding:
             await self._early_end(instance, outstanding)
 
@@ -290,9 +289,11 @@ class Dispatcher:
         replies: Sequence[RunReply],
         gate_id: int,
         outstanding: set[str],
-        refused: list[str],
     ) -> None:
+        """Apply one batch in one mutation. Re-sends are scheduled, never awaited here: the
+        consumer asks for the next batch at once, so replies leave the wire promptly (S9)."""
         ledger = self.ledger
+        refused: list[str] = []
         touched: list[str] = []
         resend: list[str] = []
         backoff: list[str] = []
@@ -324,8 +325,11 @@ class Dispatcher:
         await ledger.barrier.mutate(apply, touched)
         if resend:
             self.enqueue(resend)
+        assert self._nursery is not None
         if backoff:
-            await self._after_backoff(backoff)
+            self._nursery.start_soon(self._after_backoff, backoff)
+        if refused:  # back to RESERVED now; re-sent as soon as admission allows (S2)
+            self._nursery.start_soon(self._requeue_refused, refused, gate_id)
 
     async def _after_backoff(self, ids: list[str]) -> None:
         spent = max(
