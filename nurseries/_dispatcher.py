@@ -128,11 +128,6 @@ class Dispatcher:
         """Every row of the dataset has been reserved."""
         return self._rows_exhausted
 
-    @property
-    def finished(self) -> bool:
-        """No rows left to reserve and none in flight: every row trained or failed."""
-        return self._rows_exhausted and not self.ledger.rows() and not self._queue
-
     def poke(self) -> None:
         """Wake the loop (e.g. the trainer took groups, so there is room for new rows)."""
         self._kick.set()
