@@ -42,7 +42,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, final
 
@@ -57,6 +57,7 @@ from runtime import (
     EpisodeRecord,
     InstanceRecord,
     TopologyMismatch,
+    participant_state_problem,
     records_digest,
     write_atomic,
 )
@@ -118,11 +119,6 @@ def capture_key(row: int, slot: int, turn: int) -> str:
 def sentinel(row: int, slot: int, turn: int) -> str:
     """The sentinel carried by the calendar event a turn creates."""
     return f"sentinel:{row}-{slot}:t{turn}"
-
-
-def _short(digest: str) -> str:
-    head, sep, tail = digest.rpartition(":")
-    return f"{head}{sep}{tail[:12]}…"
 
 
 # -- configuration and plans ---------------------------------------------------------------
@@ -1287,29 +1283,13 @@ class SimInstance:
                 f"{', '.join(common_live)} live"
             )
         loaded: dict[str, dict[str, Any]] = {}
-        root_resolved = root.resolve()
         for p in record.participants:
             who = f"{where}: participant {p.server_name}"
-            rel = PurePosixPath(p.state_dir)
-            directory = root / rel
-            if (
-                not p.state_dir
-                or rel.is_absolute()
-                or ".." in rel.parts
-                or not directory.resolve().is_relative_to(root_resolved)
-            ):
-                diffs.append(f"{who} state directory {p.state_dir!r} leaves the state root")
+            problem = participant_state_problem(root, p, who)
+            if problem is not None:
+                diffs.append(problem)
                 continue
-            try:
-                found = records_digest(directory)
-            except OSError:
-                diffs.append(f"{who} state directory {p.state_dir} missing on disk")
-                continue
-            if found != p.records_digest:
-                diffs.append(
-                    f"{who} digest {_short(found)} on disk, {_short(p.records_digest)} committed"
-                )
-                continue
+            directory = root / p.state_dir
             try:
                 data = orjson.loads((directory / RECORDS_FILE).read_bytes())
             except (OSError, orjson.JSONDecodeError) as exc:

@@ -50,7 +50,13 @@ import orjson
 
 from ._converter import dumps, loads, structure
 from ._errors import ManifestError, TopologyMismatch
-from ._manifest import MANIFEST_NAME, MANIFEST_VERSION, PARTICIPANT_KINDS, GymManifest
+from ._manifest import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    PARTICIPANT_KINDS,
+    GymManifest,
+    ParticipantRecord,
+)
 
 __all__ = [
     "COMMIT_MARKER",
@@ -63,6 +69,7 @@ __all__ = [
     "check_snapshot",
     "fsync_dir",
     "load_snapshot",
+    "participant_state_problem",
     "records_digest",
     "verify_snapshot",
     "write_atomic",
@@ -135,6 +142,36 @@ def _fsync_tree(top: Path) -> None:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def participant_state_problem(
+    root: Path, participant: ParticipantRecord, where: str
+) -> str | None:
+    """Why ``participant``'s committed state under ``root`` cannot be trusted, or None.
+
+    The one check both sides make (S8): the runtime before it asks Gym to restore, and Gym
+    before it installs anything. The state directory must stay inside ``root`` (no empty,
+    absolute or ``..`` path, no symlink out), exist, and carry the committed records digest.
+    """
+    rel = PurePosixPath(participant.state_dir)
+    state = root / rel
+    if (
+        not participant.state_dir
+        or rel.is_absolute()
+        or ".." in rel.parts
+        or not state.resolve().is_relative_to(root.resolve())
+    ):
+        return f"{where} state directory {participant.state_dir!r} leaves {root.name or root}"
+    try:
+        found = records_digest(state)
+    except OSError:
+        return f"{where} state directory {participant.state_dir} missing on disk"
+    if found != participant.records_digest:
+        return (
+            f"{where} digest {_short(found)} on disk, "
+            f"{_short(participant.records_digest)} committed"
+        )
+    return None
 
 
 def _short(hexdigest: str) -> str:
@@ -695,23 +732,12 @@ def verify_snapshot(
     snapshot may be installed.
     """
     diffs: list[str] = []
-    base_resolved = snapshot.path.resolve()
     for instance in snapshot.manifest.instances:
         for p in instance.participants:
             where = f"instance {instance.name}: participant {p.server_name}"
-            state = snapshot.path / p.state_dir
-            if not state.resolve().is_relative_to(base_resolved):
-                diffs.append(f"{where} state directory {p.state_dir} leaves the snapshot")
-                continue
-            try:
-                found = records_digest(state)
-            except OSError:
-                diffs.append(f"{where} state directory {p.state_dir} missing on disk")
-                continue
-            if found != p.records_digest:
-                diffs.append(
-                    f"{where} digest {_short(found)} on disk, {_short(p.records_digest)} committed"
-                )
+            problem = participant_state_problem(snapshot.path, p, where)
+            if problem is not None:
+                diffs.append(problem)
     if live is not None:
         diffs.extend(_topology_differences(snapshot.manifest, live))
     return diffs
