@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import attrs
 
-from runtime import EpisodeResult, RecoveryLedger
+from gymckpt.runtime import EpisodeResult, RecoveryLedger
 
 __all__ = ["RESULT", "InFlightFixture", "build_mixed_ledger"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 
 import trio
 
-from runtime import Attempt, AttemptState, DrainTimeout, RecoveryLedger
+from gymckpt.runtime import Attempt, AttemptState, DrainTimeout, RecoveryLedger
 
 __all__ = ["full_inventory", "group_by_instance", "polling_drain"]
 

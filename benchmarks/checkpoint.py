@@ -188,9 +188,9 @@ async def _checkpoint_main(
     cfg: CheckpointConfig, clock: WarpClock, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
-    from gym_adapter import EmbeddedGym, SimConfig
-    from nurseries import STAGES, open_rollouts
-    from runtime import RuntimeConfig
+    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.nurseries import STAGES, open_rollouts
+    from gymckpt.runtime import RuntimeConfig
 
     def say(msg: str) -> None:
         if verbose:
@@ -343,7 +343,7 @@ def _checkpoint_report(
                 over += (b - a) > 10_000_000
                 # the runtime's own work: not a task of the embedded Gym, not inside a Gym
                 # call, and with the collector's pauses taken out
-                if task.startswith("gym_adapter.") or _overlap(a, b, gym_spans):
+                if task.startswith("gymckpt.gym_adapter.") or _overlap(a, b, gym_spans):
                     continue
                 gc_in = _overlap(a, b, gc_spans)
                 if b - a - gc_in > runtime_worst:
@@ -420,8 +420,8 @@ def checkpoint_worker(
 
 
 async def _dispatch_main(cfg: CheckpointConfig, batch: int) -> dict[str, Any]:
-    from gym_adapter import EmbeddedGym, SimConfig
-    from nurseries import open_rollouts
+    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.nurseries import open_rollouts
 
     g = cfg.group_size
     rows = cfg.dispatch_rows // g
@@ -461,7 +461,7 @@ def dispatch_worker(cfg: CheckpointConfig) -> list[dict[str, Any]]:
 def run_checkpoint(cfg: CheckpointConfig, progress: Progress) -> dict[str, Any]:
     """Run both measurements in a fresh subprocess (see the module docstring)."""
     progress(f"checkpoint N={cfg.in_flight:,} on the embedded Gym (fresh subprocess)")
-    cmd = [sys.executable, "-m", "benchmarks.checkpoint", "--worker",
+    cmd = [sys.executable, "-m", "gymckpt.benchmarks.checkpoint", "--worker",
            json.dumps(attrs.asdict(cfg))]
     if progress.enabled:
         cmd.append("--verbose")

@@ -230,14 +230,14 @@ def invocation(argv: Sequence[str]) -> str:
     """The command line that produced a result, as a user would type it."""
     main_mod = sys.modules.get("__main__")
     spec = getattr(main_mod, "__spec__", None)
-    if spec is not None and spec.name == "benchmarks.__main__":
+    if spec is not None and spec.name == "gymckpt.benchmarks.__main__":
         exe = sys.executable
         try:
             rel = os.path.relpath(exe)
             exe = rel if not rel.startswith("..") else exe
         except ValueError:
             pass
-        prefix = [exe, "-m", "benchmarks"]
+        prefix = [exe, "-m", "gymckpt.benchmarks"]
     else:
         prefix = ["gymckpt", "bench"]
     return shlex.join([*prefix, *argv])

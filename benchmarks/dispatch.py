@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import trio
 
-from runtime import DispatchGate, RecoveryLedger
+from gymckpt.runtime import DispatchGate, RecoveryLedger
 
 from ._common import Progress, label
 from ._fixture import RESULT, InFlightFixture

@@ -73,7 +73,7 @@ import attrs
 import trio
 import trio.testing
 
-from runtime import DrainTimeout, MutationBarrier, RecoveryLedger, wait_drained
+from gymckpt.runtime import DrainTimeout, MutationBarrier, RecoveryLedger, wait_drained
 
 from ._common import (
     GcMonitor,

@@ -77,7 +77,7 @@ def worker(attempts: int, mode: str) -> dict[str, Any]:
 
 
 def _spawn(attempts: int, mode: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.memory", "--worker", str(attempts), mode]
+    cmd = [sys.executable, "-m", "gymckpt.benchmarks.memory", "--worker", str(attempts), mode]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"memory worker {attempts} {mode} failed:\n{done.stderr.strip()}")

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from runtime import write_atomic
+from gymckpt.runtime import write_atomic
 
 from ._common import Progress, label
 from .checkpoint import CheckpointConfig, run_checkpoint

@@ -39,7 +39,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import attrs
 
-from runtime import EpisodeRecord, InstanceRecord
+from gymckpt.runtime import EpisodeRecord, InstanceRecord
 
 __all__ = [
     "ADMISSION_CLOSED",

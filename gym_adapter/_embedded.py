@@ -29,7 +29,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
+from gymckpt.runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
 
 from ._contract import (
     CommitReply,

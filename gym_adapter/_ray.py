@@ -92,7 +92,7 @@ from ray.exceptions import (
     TaskCancelledError,
 )
 
-from runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
+from gymckpt.runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
 
 from ._contract import (
     CommitReply,

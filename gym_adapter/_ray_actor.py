@@ -49,7 +49,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from runtime import GymCheckpointUnavailable
+from gymckpt.runtime import GymCheckpointUnavailable
 
 from ._contract import RunReply, RunRow
 from ._faults import FaultSpec

@@ -53,7 +53,7 @@ import attrs
 import orjson
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from runtime import (
+from gymckpt.runtime import (
     EpisodeRecord,
     InstanceRecord,
     TopologyMismatch,

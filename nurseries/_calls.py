@@ -20,8 +20,8 @@ from typing import TypeVar
 
 import trio
 
-from gym_adapter import GymControlError, GymInstanceDead
-from runtime import (
+from gymckpt.gym_adapter import GymControlError, GymInstanceDead
+from gymckpt.runtime import (
     CheckpointInvariantError,
     GymCheckpointUnavailable,
     RuntimeConfig,

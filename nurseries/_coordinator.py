@@ -42,8 +42,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from gym_adapter import CommitReply, GymBackend, Topology
-from runtime import (
+from gymckpt.gym_adapter import CommitReply, GymBackend, Topology
+from gymckpt.runtime import (
     GYM_STATE_DIR,
     CheckpointInvariantError,
     CheckpointsFailed,
@@ -63,8 +63,8 @@ from runtime import (
     sample_ids,
     wait_drained,
 )
-from runtime._ledger import dump_ledger_snapshot
-from runtime._manifest import MANIFEST_VERSION
+from gymckpt.runtime._ledger import dump_ledger_snapshot
+from gymckpt.runtime._manifest import MANIFEST_VERSION
 
 from ._calls import bounded_call, classify, fan_out
 from ._offload import offload

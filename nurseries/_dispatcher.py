@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import attrs
 import trio
 
-from gym_adapter import (
+from gymckpt.gym_adapter import (
     Completed,
     Failed,
     GymBackend,
@@ -44,7 +44,7 @@ from gym_adapter import (
     RunReply,
     RunRow,
 )
-from runtime import (
+from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     Attempt,
     AttemptState,

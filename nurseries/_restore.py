@@ -20,8 +20,8 @@ from pathlib import Path
 
 import attrs
 
-from gym_adapter import GymBackend
-from runtime import (
+from gymckpt.gym_adapter import GymBackend
+from gymckpt.runtime import (
     GymManifest,
     LoadedSnapshot,
     ManifestError,
@@ -32,7 +32,7 @@ from runtime import (
     check_snapshot,
     load_snapshot,
 )
-from runtime._ledger import LedgerSnapshot, RestoreSummary, load_ledger_snapshot, rollout_id_for
+from gymckpt.runtime._ledger import LedgerSnapshot, RestoreSummary, load_ledger_snapshot, rollout_id_for
 
 from ._calls import fan_out
 from ._offload import offload

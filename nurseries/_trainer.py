@@ -21,8 +21,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from gym_adapter import GymBackend, RunRow
-from runtime import (
+from gymckpt.gym_adapter import GymBackend, RunRow
+from gymckpt.runtime import (
     CompletedGroup,
     DeadlineRegistry,
     DispatchGate,
@@ -31,7 +31,7 @@ from runtime import (
     RuntimeConfig,
     SnapshotStore,
 )
-from runtime._ledger import RestoreSummary
+from gymckpt.runtime._ledger import RestoreSummary
 
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher

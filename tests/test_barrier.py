@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import ANY, MutationBarrier
+from gymckpt.runtime import ANY, MutationBarrier
 
 
 async def test_mutation_runs_and_counts() -> None:

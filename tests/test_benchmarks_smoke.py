@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.cli import main
+from gymckpt.benchmarks.cli import main
 
 DRAIN_KEYS = {
     "rollouts": int,

@@ -17,10 +17,10 @@ import pytest
 import trio
 import trio.testing
 
-from gym_adapter import EmbeddedGym, SimConfig
-from nurseries import HOOK_POINTS, Rollouts, open_rollouts
-from nurseries._cli import _verify
-from runtime import RuntimeConfig, SnapshotStore, load_snapshot
+from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts
+from gymckpt.nurseries.app.cli import _verify
+from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
@@ -63,7 +63,7 @@ def checkpoint_tasks() -> list[str]:
         names.append(task.name)
         for nursery in task.child_nurseries:
             stack.extend(nursery.child_tasks)
-    return [n for n in names if "nurseries._calls" in n or "nurseries._coordinator" in n]
+    return [n for n in names if "gymckpt.nurseries._calls" in n or "gymckpt.nurseries._coordinator" in n]
 
 
 async def assert_released(gym: EmbeddedGym, ro: Rollouts, workdir: Path) -> None:

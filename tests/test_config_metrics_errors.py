@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from runtime import ADMISSION_CLOSED_ROWS, Metrics, RuntimeConfig, _errors
+from gymckpt.runtime import ADMISSION_CLOSED_ROWS, Metrics, RuntimeConfig, _errors
 
 # -- config ------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import DeadlineExpired, DeadlineRegistry, DeadlineStatistics
+from gymckpt.runtime import DeadlineExpired, DeadlineRegistry, DeadlineStatistics
 
 
 async def test_deadline_expires_at_budget(autojump_clock: trio.testing.MockClock) -> None:

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import DrainTimeout, EpisodeResult, RecoveryLedger, rollout_id_for, wait_drained
+from gymckpt.runtime import DrainTimeout, EpisodeResult, RecoveryLedger, rollout_id_for, wait_drained
 
 R = EpisodeResult(1.0, 1)
 

@@ -23,8 +23,8 @@ import pytest
 import trio
 import trio.testing
 
-from nurseries._cli import main
-from nurseries._demo import (
+from gymckpt.nurseries.app.cli import main
+from gymckpt.nurseries.app.demo import (
     CRASH_STAGES,
     JOURNAL,
     DemoOptions,
@@ -32,8 +32,8 @@ from nurseries._demo import (
     _read_journal,
     verdict,
 )
-from nurseries._simulate import Crash, IncarnationReport, Scenario, ScenarioReport, run_scenario
-from runtime import ADMISSION_CLOSED_ROWS, RetireItem, SnapshotStore, load_snapshot
+from gymckpt.nurseries.app.simulate import Crash, IncarnationReport, Scenario, ScenarioReport, run_scenario
+from gymckpt.runtime import ADMISSION_CLOSED_ROWS, RetireItem, SnapshotStore, load_snapshot
 
 BASE = Scenario(seed=5, rows=12, group_size=2, instances=2, turns=(2, 4), turn_s=(0.2, 1.0),
                 max_rows_in_flight=6, groups_per_step=2, checkpoint_every=1,
@@ -188,7 +188,7 @@ async def test_fault(
 
 
 def test_matrix_covers_every_fault_kind_at_every_operation() -> None:
-    from gym_adapter._faults import FAULT_KINDS, FAULT_OPS
+    from gymckpt.gym_adapter._faults import FAULT_KINDS, FAULT_OPS
 
     covered = {(op, kind.partition(":")[0]) for op, kind, _ in CASES}
     possible = {(op, k) for op in FAULT_OPS for k in FAULT_KINDS
@@ -203,7 +203,7 @@ def test_matrix_covers_every_fault_kind_at_every_operation() -> None:
 @pytest.mark.subprocess
 def test_cli_checkpoints_failing_exit_4_with_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "nurseries", "demo", "--rows", "8", "--crash-after-checkpoint",
+        [sys.executable, "-m", "gymckpt", "demo", "--rows", "8", "--crash-after-checkpoint",
          "0", "--fault", "commit:error", "--json", "--workdir", str(tmp_path / "w")],
         capture_output=True, text=True, timeout=120, check=False,
     )
@@ -297,8 +297,8 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
     """An early stream end applied between commit and the cut (simulation seed 1716): Gym
     exported the dropped episode, the ledger no longer holds it. The checkpoint succeeds, the
     manifest leaves it out, the next checkpoint retires it, and every row is trained once."""
-    from gym_adapter import EmbeddedGym, SimConfig
-    from nurseries import open_rollouts
+    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     async with EmbeddedGym.open(instances=1, seed=3, work_dir=tmp_path / "gym",

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from gym_adapter import FAULT_GRAMMAR, FaultPlan, FaultSpec
-from gym_adapter._faults import FAULT_KINDS, FAULT_OPS
+from gymckpt.gym_adapter import FAULT_GRAMMAR, FaultPlan, FaultSpec
+from gymckpt.gym_adapter._faults import FAULT_KINDS, FAULT_OPS
 
 VALID = [
     (op, kind)

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import DispatchGate
+from gymckpt.runtime import DispatchGate
 
 
 async def test_admit_yields_gate_id_and_reopen_changes_it() -> None:

@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from gym_adapter import (
+from gymckpt.gym_adapter import (
     ADMISSION_CLOSED,
     CommitReply,
     Completed,
@@ -36,8 +36,8 @@ from gym_adapter import (
     SimConfig,
     plan_episode,
 )
-from gym_adapter._sim import RECORDS_FILE, capture_key, sentinel
-from runtime import (
+from gymckpt.gym_adapter._sim import RECORDS_FILE, capture_key, sentinel
+from gymckpt.runtime import (
     EpisodeRecord,
     GymCheckpointUnavailable,
     InstanceRecord,

@@ -10,7 +10,7 @@ import trio
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime import (
+from gymckpt.runtime import (
     AttemptState,
     BudgetExhausted,
     EpisodeRecord,
@@ -19,7 +19,7 @@ from runtime import (
     RecoveryLedger,
     rollout_id_for,
 )
-from runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
+from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
 
 R = EpisodeResult(1.0, 2)
 

@@ -16,10 +16,10 @@ import pytest
 import trio
 import trio.testing
 
-from gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow, SimConfig
-from nurseries import PAUSE_HOLDER, CheckpointCoordinator, Rollouts, open_rollouts
-from nurseries._cli import _verify
-from runtime import (
+from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow, SimConfig
+from gymckpt.nurseries import PAUSE_HOLDER, CheckpointCoordinator, Rollouts, open_rollouts
+from gymckpt.nurseries.app.cli import _verify
+from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     AttemptState,
     CheckpointInvariantError,
@@ -34,7 +34,7 @@ from runtime import (
     TopologyMismatch,
     load_snapshot,
 )
-from runtime._ledger import load_ledger_snapshot
+from gymckpt.runtime._ledger import load_ledger_snapshot
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,

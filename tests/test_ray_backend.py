@@ -21,7 +21,7 @@ import attrs
 import pytest
 import trio
 
-from gym_adapter import (
+from gymckpt.gym_adapter import (
     Completed,
     GymControlError,
     GymInstanceDead,
@@ -30,8 +30,8 @@ from gym_adapter import (
     RunRow,
     SimConfig,
 )
-from nurseries._calls import bounded_call, classify
-from runtime import GymCheckpointUnavailable, RuntimeConfig, TopologyMismatch, rollout_id_for
+from gymckpt.nurseries._calls import bounded_call, classify
+from gymckpt.runtime import GymCheckpointUnavailable, RuntimeConfig, TopologyMismatch, rollout_id_for
 
 RAY_TIME_SCALE = 5.0
 """The conformance suite's episodes run this many times slower on Ray: its scenarios were timed
@@ -41,7 +41,7 @@ few ms each way. Stretching the turns keeps every assertion and widens the margi
 
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
     """``RayGym.open`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
-    from gym_adapter import RayGym
+    from gymckpt.gym_adapter import RayGym
 
     config: SimConfig = kwargs.pop("config", None) or SimConfig()
     lo, hi = config.turn_s
@@ -66,7 +66,7 @@ async def drain(stream: ReplyStream) -> list[RunReply]:
 
 @asynccontextmanager
 async def ray_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[Any]:
-    from gym_adapter import RayGym
+    from gymckpt.gym_adapter import RayGym
 
     kwargs.setdefault("config", CONFIG)
     async with RayGym.open(work_dir=tmp_path, seed=5, **kwargs) as gym:
@@ -307,7 +307,7 @@ async def test_errors_cross_ray_as_retryable_gym_errors(tmp_path: Path) -> None:
 
 @pytest.mark.ray
 async def test_topology_mismatch_arrives_as_itself(tmp_path: Path) -> None:
-    from runtime import InstanceRecord, ParticipantRecord
+    from gymckpt.runtime import InstanceRecord, ParticipantRecord
 
     planner = ParticipantRecord("planner", "environment", "gym-0/planner", "sha256:" + "0" * 64)
     record = InstanceRecord("gym-0", (planner,))

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
 
 
 def demo(workdir: Path, *extra: str) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "nurseries", "demo", "--backend", "ray", "--json",
+    cmd = [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--json",
            "--rows", "32", "--workdir", str(workdir), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                           stdin=subprocess.DEVNULL, check=False)

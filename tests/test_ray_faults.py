@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import trio
 
-from gym_adapter import SimConfig
-from nurseries import Rollouts, open_rollouts
-from runtime import CheckpointsFailed, RuntimeConfig
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.nurseries import Rollouts, open_rollouts
+from gymckpt.runtime import CheckpointsFailed, RuntimeConfig
 
 pytestmark = pytest.mark.ray
 
@@ -40,7 +40,7 @@ async def running(
     max_rows_in_flight: int = 6,
     restore: bool = True,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
-    from gym_adapter import RayGym
+    from gymckpt.gym_adapter import RayGym
 
     async with RayGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM,
                            faults=faults, stuck_loop_s=stuck_loop_s) as gym:

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import trio
 
-from gym_adapter import EmbeddedGym, RunRow, SimConfig
-from nurseries import open_rollouts
-from runtime import RuntimeConfig, rollout_id_for
+from gymckpt.gym_adapter import EmbeddedGym, RunRow, SimConfig
+from gymckpt.nurseries import open_rollouts
+from gymckpt.runtime import RuntimeConfig, rollout_id_for
 
 FREE = SimConfig(turns=(1, 1), turn_s=(0.0, 0.0), mutation_p=0.0)
 
@@ -66,7 +66,7 @@ async def dispatch_rate(opener: Any, rows: int, work_dir: Path, **kwargs: Any) -
 
 
 async def measure(rows: int, work_dir: Path) -> dict[str, float]:
-    from gym_adapter import RayGym
+    from gymckpt.gym_adapter import RayGym
 
     out = {
         "stream/embedded": await stream_rate(EmbeddedGym.open, rows, work_dir / "e"),
@@ -83,7 +83,7 @@ async def measure(rows: int, work_dir: Path) -> dict[str, float]:
 
 @pytest.mark.ray
 async def test_batching_beats_one_object_per_row(tmp_path: Path) -> None:
-    from gym_adapter import RayGym
+    from gymckpt.gym_adapter import RayGym
 
     batched = await stream_rate(RayGym.open, 3000, tmp_path / "b")
     per_row = await stream_rate(RayGym.open, 3000, tmp_path / "r", batch_replies=False)
@@ -93,7 +93,7 @@ async def test_batching_beats_one_object_per_row(tmp_path: Path) -> None:
 if __name__ == "__main__":
     import ray
 
-    from gym_adapter._ray import local_cluster_options
+    from gymckpt.gym_adapter._ray import local_cluster_options
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     ray.init(**local_cluster_options())

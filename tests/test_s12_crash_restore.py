@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nurseries._demo import (
+from gymckpt.nurseries.app.demo import (
     JOURNAL,
     DemoOptions,
     _phase_cmd,
@@ -16,7 +16,7 @@ from nurseries._demo import (
     _run_until_published,
     verdict,
 )
-from runtime import SnapshotStore, load_snapshot
+from gymckpt.runtime import SnapshotStore, load_snapshot
 
 pytestmark = pytest.mark.subprocess
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import sniffio
 
-from gym_adapter import (
+from gymckpt.gym_adapter import (
     Completed,
     EmbeddedGym,
     Refused,
@@ -22,8 +22,8 @@ from gym_adapter import (
     SimInstance,
     plan_episode,
 )
-from gym_adapter._sim import sentinel
-from runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
+from gymckpt.gym_adapter._sim import sentinel
+from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
 CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
 SEED = 11

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nurseries import _dispatcher
-from nurseries._simulate import (
+from gymckpt.nurseries import _dispatcher
+from gymckpt.nurseries.app.simulate import (
     Scenario,
     _judge,
     _Run,
@@ -30,7 +30,7 @@ CI_SEEDS = 300
 
 def _simulate(*args: str, hash_seed: str = "random") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    return subprocess.run([sys.executable, "-m", "nurseries", "simulate", *args],
+    return subprocess.run([sys.executable, "-m", "gymckpt", "simulate", *args],
                           capture_output=True, text=True, timeout=600, env=env, check=False)
 
 
@@ -108,7 +108,7 @@ def test_the_verdict_catches_duplicates_and_losses(tmp_path: Path) -> None:
     import trio
     import trio.testing
 
-    from nurseries._simulate import run_scenario
+    from gymckpt.nurseries.app.simulate import run_scenario
 
     sc = Scenario(seed=1, rows=6, group_size=2, instances=1)
     clock = trio.testing.MockClock(autojump_threshold=0)

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import pytest
 
-from runtime import (
+from gymckpt.runtime import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
     MANIFEST_NAME,
@@ -30,7 +30,7 @@ from runtime import (
     verify_snapshot,
     write_atomic,
 )
-from runtime._store import CommitMarker
+from gymckpt.runtime._store import CommitMarker
 
 TOPOLOGY = {
     "gym-0": [

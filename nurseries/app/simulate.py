@@ -71,9 +71,9 @@ import orjson
 import trio
 import trio.testing
 
-from gym_adapter import EmbeddedGym, GymInstanceDead, RunRow, SimConfig
-from gym_adapter._faults import FAULT_KINDS
-from runtime import (
+from gymckpt.gym_adapter import EmbeddedGym, GymInstanceDead, RunRow, SimConfig
+from gymckpt.gym_adapter._faults import FAULT_KINDS
+from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     CompletedGroup,
     ManifestError,
@@ -83,9 +83,9 @@ from runtime import (
     load_snapshot,
 )
 
-from ._coordinator import HOOK_POINTS
-from ._demo import ToyTrainer, expected_sentinels, run_exit, single_error, snapshot_sentinels
-from ._trainer import Rollouts, open_rollouts
+from gymckpt.nurseries._coordinator import HOOK_POINTS
+from .demo import ToyTrainer, expected_sentinels, run_exit, single_error, snapshot_sentinels
+from gymckpt.nurseries._trainer import Rollouts, open_rollouts
 
 __all__ = [
     "Crash",
@@ -611,7 +611,7 @@ def _judge(run: _Run) -> tuple[int, int, int]:
 
 
 def _verify_offline(path: Path) -> list[str]:
-    from ._cli import _verify
+    from .cli import _verify
 
     try:
         return _verify(load_snapshot(path))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
-from runtime import (
+from gymckpt.runtime import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
     LoadedSnapshot,
@@ -141,7 +141,7 @@ def _resolve_snapshot(raw: str) -> Path:
 
 
 def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
-    from runtime._ledger import load_ledger_snapshot
+    from gymckpt.runtime._ledger import load_ledger_snapshot
 
     out: dict[str, Any] = {
         "path": str(snap.path),
@@ -175,9 +175,9 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
 
 
 def _verify(snap: LoadedSnapshot) -> list[str]:
-    from runtime._ledger import load_ledger_snapshot
+    from gymckpt.runtime._ledger import load_ledger_snapshot
 
-    from ._restore import ledger_manifest_differences
+    from gymckpt.nurseries._restore import ledger_manifest_differences
 
     problems = verify_snapshot(snap) + _unlisted_state(snap)
     if "ledger.json" not in snap.files:
@@ -243,8 +243,8 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
     seed's replay command reproduces it exactly (see ``nurseries._simulate``)."""
     if reexec and os.environ.get("PYTHONHASHSEED") != "0":
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        os.execve(sys.executable, [sys.executable, "-m", "nurseries", *sys.argv[1:]], env)
-    from ._simulate import main_simulate
+        os.execve(sys.executable, [sys.executable, "-m", "gymckpt", *sys.argv[1:]], env)
+    from .simulate import main_simulate
 
     tmp = Path(args.tmp) if args.tmp else None
     if tmp is None and os.access("/dev/shm", os.W_OK):
@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # its own parser, --help included
-        from benchmarks.cli import main as bench_main
+        from gymckpt.benchmarks.cli import main as bench_main
 
         return bench_main(argv[1:])
     parser = build_parser()
@@ -266,19 +266,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0
         if args.command == "bench":
-            from benchmarks.cli import main as bench_main
+            from gymckpt.benchmarks.cli import main as bench_main
 
             return bench_main(args.args)
         if args.command in ("inspect", "verify"):
             return _offline(args.command, args.dir, args.json)
         if args.command == "simulate":
             return _simulate(args, reexec=as_program)
-        from ._demo import DemoOptions, phase_main, run_demo
+        from .demo import DemoOptions, phase_main, run_demo
 
         if args.command == "_phase":
             opts = DemoOptions.from_json(args.options)
             return phase_main(opts, Path(args.workdir), args.phase, args.crash_after)
-        from gym_adapter import FaultSpec
+        from gymckpt.gym_adapter import FaultSpec
 
         for spec in args.fault:
             FaultSpec.parse(spec)

@@ -38,9 +38,9 @@ import attrs
 import orjson
 import trio
 
-from gym_adapter import EmbeddedGym, GymBackend, GymInstanceDead, RunRow, SimConfig
-from gym_adapter._sim import plan_episode, sentinel
-from runtime import (
+from gymckpt.gym_adapter import EmbeddedGym, GymBackend, GymInstanceDead, RunRow, SimConfig
+from gymckpt.gym_adapter._sim import plan_episode, sentinel
+from gymckpt.runtime import (
     MANIFEST_NAME,
     CheckpointInvariantError,
     CheckpointsFailed,
@@ -55,10 +55,10 @@ from runtime import (
     load_snapshot,
     write_atomic,
 )
-from runtime._ledger import load_ledger_snapshot
+from gymckpt.runtime._ledger import load_ledger_snapshot
 
-from ._coordinator import HOOK_POINTS, CheckpointOutcome
-from ._trainer import open_rollouts
+from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
+from gymckpt.nurseries._trainer import open_rollouts
 
 __all__ = [
     "CRASH_STAGES",
@@ -187,7 +187,7 @@ class Journal:
 async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend]:
     """The Gym deployment the demo runs on."""
     if opts.backend == "ray":
-        from gym_adapter._ray import RayGym
+        from gymckpt.gym_adapter._ray import RayGym
 
         async with RayGym.open(
             instances=opts.instances, agent_kinds=opts.agent_kind, seed=opts.seed,
@@ -404,7 +404,7 @@ def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -
 
 
 def _phase_cmd(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> list[str]:
-    return [sys.executable, "-m", "nurseries", "_phase", "--phase", str(phase),
+    return [sys.executable, "-m", "gymckpt", "_phase", "--phase", str(phase),
             "--crash-after", str(crash_after), "--workdir", str(workdir),
             "--options", opts.to_json()]
 

@@ -1,0 +1,68 @@
+"""gymckpt: consistent checkpoints of RL rollouts while they run in a Gym service, restored
+exactly once after a crash.
+
+What a trainer needs is importable from here::
+
+    import gymckpt
+
+    async with gymckpt.EmbeddedGym.open(instances=2, seed=0, work_dir="gym-live") as gym:
+        async with gymckpt.open_rollouts(gym, "work", rows=32, group_size=4) as rollouts:
+            ...
+
+The packages behind it are ``gymckpt.runtime`` (state and synchronisation, no Gym I/O),
+``gymckpt.gym_adapter`` (the Gym contract, the embedded and Ray deployments) and
+``gymckpt.nurseries`` (dispatch, checkpoint, restore, the trainer facade); dependencies point
+one way, in that order. ``RayGym`` is imported lazily: Ray is an optional extra
+(``pip install 'gymckpt[ray]'``).
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .gym_adapter import EmbeddedGym, FaultSpec, GymControlError, GymInstanceDead
+from .nurseries import CheckpointOutcome, Rollouts, open_rollouts
+from .runtime import (
+    BudgetExhausted,
+    CheckpointInvariantError,
+    CheckpointsFailed,
+    DrainTimeout,
+    GymAdmissionClosed,
+    GymCheckpointUnavailable,
+    ManifestError,
+    RuntimeConfig,
+    StrandedSessionError,
+    TopologyMismatch,
+)
+
+if TYPE_CHECKING:
+    from .gym_adapter import RayGym as RayGym
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RayGym":
+        from .gym_adapter import RayGym
+
+        return RayGym
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "BudgetExhausted",
+    "CheckpointInvariantError",
+    "CheckpointOutcome",
+    "CheckpointsFailed",
+    "DrainTimeout",
+    "EmbeddedGym",
+    "FaultSpec",
+    "GymAdmissionClosed",
+    "GymCheckpointUnavailable",
+    "GymControlError",
+    "GymInstanceDead",
+    "ManifestError",
+    "Rollouts",
+    "RuntimeConfig",
+    "StrandedSessionError",
+    "TopologyMismatch",
+    "__version__",
+    "open_rollouts",
+]
