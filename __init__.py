@@ -18,10 +18,13 @@ one way, in that order. ``RayGym`` is imported lazily: Ray is an optional extra
 
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
-from .gym_adapter import EmbeddedGym, FaultSpec, GymControlError, GymInstanceDead
-from .nurseries import CheckpointOutcome, Rollouts, open_rollouts
-from .runtime import (
+# Absolute imports: pytest imports this file as a plain module named ``__init__`` when the
+# checkout's directory is not a valid package name (a worktree such as ``wt-1``), and relative imports fail there.
+
+from gymckpt._version import __version__
+from gymckpt.gym_adapter import EmbeddedGym, FaultSpec, GymControlError, GymInstanceDead
+from gymckpt.nurseries import CheckpointOutcome, Rollouts, open_rollouts
+from gymckpt.runtime import (
     BudgetExhausted,
     CheckpointInvariantError,
     CheckpointsFailed,
@@ -35,12 +38,12 @@ from .runtime import (
 )
 
 if TYPE_CHECKING:
-    from .gym_adapter import RayGym as RayGym
+    from gymckpt.gym_adapter import RayGym as RayGym
 
 
 def __getattr__(name: str) -> Any:
     if name == "RayGym":
-        from .gym_adapter import RayGym
+        from gymckpt.gym_adapter import RayGym
 
         return RayGym
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
