@@ -10,6 +10,10 @@ reported, because they answer different questions:
 * ``rss``: growth of the process's resident set (psutil) over the same build, without tracing.
   What the operating system actually charges, including pymalloc arenas and dict over-allocation.
 
+Also, in the ``rss`` worker: the cost of one full collection (``gc.collect()``, median of 7)
+before the ledger is built and with it held, and the number of objects the collector tracks in
+both states: what a generation-2 collection pauses the event loop for because of the ledger.
+
 The mix (``benchmarks._fixture.build_mixed_ledger``): 15 % of rows reserved; of the dispatched
 slots, 25 % completed with a result, 2 % failed and re-sent, 1 % refused, 1 % abandoned (in the
 retire queue), the rest DISPATCHED.
@@ -35,6 +39,15 @@ METHOD = (
 )
 
 
+def _full_collection_ms(runs: int = 7) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        gc.collect()
+        times.append(time.perf_counter_ns() - t0)
+    return round(sorted(times)[runs // 2] / 1e6, 3)
+
+
 def worker(attempts: int, mode: str) -> dict[str, Any]:
     """Build one mixed ledger in this process and measure it (``mode``: tracemalloc or rss)."""
     import psutil
@@ -42,6 +55,8 @@ def worker(attempts: int, mode: str) -> dict[str, Any]:
     from ._fixture import build_mixed_ledger
 
     gc.collect()
+    gc_before_ms = _full_collection_ms() if mode == "rss" else None
+    tracked_before = len(gc.get_objects())
     proc = psutil.Process()
     if mode == "tracemalloc":
         import tracemalloc
@@ -64,6 +79,14 @@ def worker(attempts: int, mode: str) -> dict[str, Any]:
     else:
         after = proc.memory_info().rss
     stats = ledger.statistics()
+    gc_after_ms = _full_collection_ms() if mode == "rss" else None
+    extra: dict[str, Any] = {}
+    if mode == "rss":
+        extra = {
+            "gc_full_ms_without_ledger": gc_before_ms,
+            "gc_full_ms_with_ledger": gc_after_ms,
+            "gc_tracked_objects_added": len(gc.get_objects()) - tracked_before,
+        }
     return {
         "mode": mode,
         "attempts": stats.attempts,
@@ -73,6 +96,7 @@ def worker(attempts: int, mode: str) -> dict[str, Any]:
         "bytes_per_attempt": round((after - before) / stats.attempts, 1),
         "build_s": round(build_s, 2),
         "build_attempts_per_s": round(stats.attempts / build_s),
+        **extra,
     }
 
 
@@ -95,6 +119,9 @@ def run_memory(sizes: tuple[int, ...], progress: Progress) -> dict[str, Any]:
             rows.append({"target_attempts": n, **r})
             out[f"{mode}_bytes_per_attempt_{label(n)}"] = r["bytes_per_attempt"]
             progress(f"memory N={n:,}: {mode} {r['bytes_per_attempt']:.0f} B/attempt")
+            if mode == "rss":
+                out[f"gc_full_ms_{label(n)}"] = r["gc_full_ms_with_ledger"]
+                out[f"gc_full_ms_empty_{label(n)}"] = r["gc_full_ms_without_ledger"]
     out["results"] = rows
     return out
 

@@ -24,15 +24,36 @@ Invariants (checked by the stateful test):
   touched so drain waiters wake on exactly those (S9).
 
 Costs: every change is O(attempts it names). ``pending_among(ids)`` is O(len(ids)).
-``held_by(instance)`` and snapshots are O(in-flight) and are meant for a thread or a check, never
-for a per-reply path.
+``held_by(instance)`` is O(held there); snapshots are O(in-flight) and are meant for a thread or a
+check, never for a per-reply path.
+
+Storage: columns, not objects
+-----------------------------
+A trainer holds 200k to 1M attempts. Kept as one Python object per attempt (plus its ID string,
+dict entries and sets), they cost ~300 B each and — worse — millions of objects the cyclic
+garbage collector walks on every full collection (0.5 s at 1M, a stall of the event loop).
+So the ledger keeps no object per attempt. A row owns a *block* of ``group_size`` consecutive
+*slots*; each slot is one generation slot's current attempt, stored in typed columns
+(``array``/``bytearray``: attempt number, state, replica as an interned instance index, gate ID,
+result) that the collector never traverses. A rollout ID is not stored: it is derived from
+``(row, slot, attempt)`` and parsed back on lookup (``row → block`` is one dict of ints, which
+the collector does not track either). What each instance holds is an intrusive doubly linked
+list over slots, so ``held_by`` stays O(held) without a set of IDs. A block is recycled when its
+row leaves (trained, or failed as a whole); an ended attempt's slot is reused by its successor.
+
+``Attempt`` is a view of one slot. The ledger hands out one view per slot while someone holds
+it (a weak cache: ``get(rid) is att``); when the attempt ends, its held view is detached and
+keeps the values of that moment. Sparse data stays in dicts keyed by slot: the restored Gym
+state (only after a restore), and the rows' spent attempts and retire queue (few entries).
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Collection, Iterable, Iterator
+import weakref
+from array import array
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal, cast, final
 
 import attrs
@@ -102,23 +123,6 @@ class RestoredGymState:
     owner: str
     from_rollout_id: str
     capture_keys: tuple[str, ...] = ()
-
-
-@attrs.define(eq=False, slots=True)
-class Attempt:
-    """One attempt. Read it; change it only through the ledger."""
-
-    row: int
-    slot: int
-    attempt: int
-    rollout_id: str
-    state: AttemptState = AttemptState.RESERVED
-    replica: str | None = None
-    gate_id: int | None = None
-    restored: RestoredGymState | None = None
-    unclaimed: bool = False
-    result: EpisodeResult | None = None
-    failure: str | None = None
 
 
 @attrs.frozen
@@ -220,10 +224,199 @@ def _from_ranges(ranges: Iterable[tuple[int, int]]) -> set[int]:
     return out
 
 
-@attrs.define(eq=False, slots=True)
-class _Row:
+def _parse_rollout_id(rollout_id: str) -> tuple[int, int, int] | None:
+    """``(row, slot, attempt)`` of a canonical rollout ID (``rollout_id_for``), else None."""
+    head, _, tail = rollout_id.rpartition("-")
+    try:
+        if tail[:1] == "a":
+            attempt = int(tail[1:])
+            head, _, tail = head.rpartition("-")
+        else:
+            attempt = 0
+        row, slot = int(head), int(tail)
+    except ValueError:
+        return None
+    if rollout_id_for(row, slot, attempt) != rollout_id:  # "01-0", "1-0-a0", " 1-0", …
+        return None
+    return row, slot, attempt
+
+
+# State codes in the ``_state`` column, in ``AttemptState`` order. FAILED and ABANDONED only
+# ever mark a slot whose attempt just ended (a view detaches with them); a live slot is current.
+_STATES: tuple[AttemptState, ...] = tuple(AttemptState)
+_CODE = {s: i for i, s in enumerate(_STATES)}
+_RESERVED, _DISPATCHED, _COMPLETED, _FAILED, _ABANDONED = range(5)
+_NO_GATE = -(1 << 63)  # gate_id None
+_NO_LINK = -1
+
+# The result columns hold exactly EpisodeResult's fields; a new field needs a column here.
+assert tuple(f.name for f in attrs.fields(EpisodeResult)) == ("reward", "turns")
+
+
+@final
+class Attempt:
+    """One attempt, as a read-only view of the ledger's columns. Change it only through the
+    ledger.
+
+    While you hold a view, the ledger hands out the same object for the same attempt
+    (``ledger.get(rid) is att``). Once the attempt ends (completed and trained, failed,
+    abandoned, its row dropped) the view keeps the values it had at that moment, as a record
+    of what happened, and no longer follows the slot (which the ledger reuses).
+    """
+
+    __slots__ = ("__weakref__", "_final", "_ledger", "_slot")
+
+    _ledger: RecoveryLedger | None
+    _slot: int
+    _final: tuple[Any, ...]
+
+    def __init__(self, ledger: RecoveryLedger, slot: int) -> None:
+        self._ledger = ledger
+        self._slot = slot
+        self._final = ()
+
+    def _detach(self, fields: tuple[Any, ...]) -> None:
+        self._final = fields
+        self._ledger = None
+
+    def _fields(self) -> tuple[Any, ...]:
+        led = self._ledger
+        return self._final if led is None else led._fields(self._slot)
+
+    @property
+    def row(self) -> int:
+        led = self._ledger
+        return self._final[0] if led is None else led._blk_row[self._slot // led.group_size]
+
+    @property
+    def slot(self) -> int:
+        led = self._ledger
+        return self._final[1] if led is None else self._slot % led.group_size
+
+    @property
+    def attempt(self) -> int:
+        led = self._ledger
+        return self._final[2] if led is None else led._att[self._slot]
+
+    @property
+    def rollout_id(self) -> str:
+        led = self._ledger
+        return self._final[3] if led is None else led._rid(self._slot)
+
+    @property
+    def state(self) -> AttemptState:
+        led = self._ledger
+        return self._final[4] if led is None else _STATES[led._state[self._slot]]
+
+    @property
+    def replica(self) -> str | None:
+        led = self._ledger
+        if led is None:
+            return cast("str | None", self._final[5])
+        i = led._rep[self._slot]
+        return None if i < 0 else led._inst_names[i]
+
+    @property
+    def gate_id(self) -> int | None:
+        led = self._ledger
+        if led is None:
+            return cast("int | None", self._final[6])
+        g = led._gate[self._slot]
+        return None if g == _NO_GATE else g
+
+    @property
+    def restored(self) -> RestoredGymState | None:
+        led = self._ledger
+        if led is None:
+            return cast("RestoredGymState | None", self._final[7])
+        return led._restored.get(self._slot)
+
+    @property
+    def unclaimed(self) -> bool:
+        led = self._ledger
+        return bool(self._final[8] if led is None else led._unclaimed_col[self._slot])
+
+    @property
+    def result(self) -> EpisodeResult | None:
+        led = self._ledger
+        if led is None:
+            return cast("EpisodeResult | None", self._final[9])
+        return led._result(self._slot)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the attempt failed (``"infra: …"`` / ``"data: …"``), once it has."""
+        return None if self._ledger is not None else cast("str | None", self._final[10])
+
+    def __repr__(self) -> str:
+        f = self._fields()
+        return f"<Attempt {f[3]} {f[4].value} replica={f[5]!r} gate_id={f[6]!r}>"
+
+
+@final
+class _AttemptIndex(Mapping[str, Attempt]):
+    """The current attempts by rollout ID: a read-only mapping of views over the columns
+    (no entry per attempt is stored). ``get`` parses the ID; iteration walks rows in order."""
+
+    __slots__ = ("_ledger",)
+
+    def __init__(self, ledger: RecoveryLedger) -> None:
+        self._ledger = ledger
+
+    def get(self, key: object, default: Any = None) -> Any:
+        led = self._ledger
+        s = led._slot_of(key) if isinstance(key, str) else -1
+        return default if s < 0 else led._view(s)
+
+    def __getitem__(self, key: str) -> Attempt:
+        att = self.get(key)
+        if att is None:
+            raise KeyError(key)
+        return cast(Attempt, att)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._ledger._slot_of(key) >= 0
+
+    def __iter__(self) -> Iterator[str]:
+        led = self._ledger
+        for s in led._live_slots():
+            yield led._rid(s)
+
+    def __len__(self) -> int:
+        return self._ledger._n_current()
+
+
+@final
+@attrs.frozen
+class _RowView:
     slots: list[Attempt]
-    completed: int = 0
+    completed: int
+
+
+@final
+class _RowIndex(Mapping[int, _RowView]):
+    """Rows in flight, each with its current attempts (views), in reservation order."""
+
+    __slots__ = ("_ledger",)
+
+    def __init__(self, ledger: RecoveryLedger) -> None:
+        self._ledger = ledger
+
+    def __getitem__(self, row: int) -> _RowView:
+        led = self._ledger
+        b = led._row_block[row]
+        g = led.group_size
+        return _RowView([led._view(s) for s in range(b * g, b * g + g)], led._blk_done[b])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ledger._row_block)
+
+    def __len__(self) -> int:
+        return len(self._ledger._row_block)
+
+
+def _column(typecode: str) -> array[Any]:
+    return array(typecode)
 
 
 @final
@@ -236,9 +429,33 @@ class RecoveryLedger:
     data_failure_budget: int = 16
     barrier: MutationBarrier = attrs.field(factory=MutationBarrier)
 
-    _rows: dict[int, _Row] = attrs.field(factory=dict, init=False)
-    _by_id: dict[str, Attempt] = attrs.field(factory=dict, init=False)
-    _held: dict[str, set[str]] = attrs.field(factory=dict, init=False)
+    # rows → blocks of ``group_size`` slots; a slot is one generation slot's current attempt
+    _row_block: dict[int, int] = attrs.field(factory=dict, init=False)
+    _blk_row: array[int] = attrs.field(factory=lambda: _column("q"), init=False)
+    _blk_done: array[int] = attrs.field(factory=lambda: _column("I"), init=False)
+    _free_blocks: array[int] = attrs.field(factory=lambda: _column("q"), init=False)
+    # per-slot columns
+    _att: array[int] = attrs.field(factory=lambda: _column("I"), init=False)
+    _state: bytearray = attrs.field(factory=bytearray, init=False)
+    _unclaimed_col: bytearray = attrs.field(factory=bytearray, init=False)
+    _rep: array[int] = attrs.field(factory=lambda: _column("h"), init=False)
+    _gate: array[int] = attrs.field(factory=lambda: _column("q"), init=False)
+    _reward: array[float] = attrs.field(factory=lambda: _column("d"), init=False)
+    _turns: array[int] = attrs.field(factory=lambda: _column("q"), init=False)
+    # what each instance holds (S9's inventory): intrusive doubly linked lists over slots
+    _hlist: array[int] = attrs.field(factory=lambda: _column("h"), init=False)
+    _hnext: array[int] = attrs.field(factory=lambda: _column("q"), init=False)
+    _hprev: array[int] = attrs.field(factory=lambda: _column("q"), init=False)
+    _hhead: list[int] = attrs.field(factory=list, init=False)
+    _inst_names: list[str] = attrs.field(factory=list, init=False)
+    _inst_index: dict[str, int] = attrs.field(factory=dict, init=False)
+    # sparse: restored Gym state (after a restore only), views someone holds
+    _restored: dict[int, RestoredGymState] = attrs.field(factory=dict, init=False)
+    _views: weakref.WeakValueDictionary[int, Attempt] = attrs.field(
+        factory=weakref.WeakValueDictionary, init=False
+    )
+    _by_id: Mapping[str, Attempt] = attrs.field(init=False)
+
     _spent: dict[tuple[int, int], int] = attrs.field(factory=dict, init=False)
     _ready: dict[int, None] = attrs.field(factory=dict, init=False)
     _trained: set[int] = attrs.field(factory=set, init=False)
@@ -258,113 +475,233 @@ class RecoveryLedger:
             raise ValueError(f"max_row_attempts must be >= 1, got {self.max_row_attempts}")
         self._counts = dict.fromkeys(AttemptState, 0)
         self._ended = dict.fromkeys(AttemptState, 0)
+        self._by_id = _AttemptIndex(self)
 
-    # -- internal helpers ------------------------------------------------------------------------
+    # -- storage ---------------------------------------------------------------------------------
+
+    @property
+    def _rows(self) -> Mapping[int, _RowView]:
+        """Rows in flight with their attempts, as views (for inspection; O(row) per row)."""
+        return _RowIndex(self)
 
     def _assert_mutating(self) -> None:
         if not self.barrier.in_mutation:
             raise RuntimeError("ledger changes must run inside barrier.mutate()")
 
-    def _set_state(self, att: Attempt, state: AttemptState) -> None:
-        self._counts[att.state] -= 1
-        self._counts[state] += 1
-        att.state = state
+    def _intern(self, instance: str) -> int:
+        i = self._inst_index.get(instance)
+        if i is None:
+            i = self._inst_index[instance] = len(self._inst_names)
+            self._inst_names.append(instance)
+            self._hhead.append(_NO_LINK)
+        return i
 
-    @staticmethod
-    def _gym_id(att: Attempt) -> str:
+    def _new_block(self, row: int) -> int:
+        g = self.group_size
+        if self._free_blocks:
+            b = self._free_blocks.pop()
+            self._blk_row[b] = row
+            self._blk_done[b] = 0
+            for s in range(b * g, b * g + g):
+                self._reset_slot(s, 0)
+        else:
+            b = len(self._blk_row)
+            self._blk_row.append(row)
+            self._blk_done.append(0)
+            self._att.extend(array("I", bytes(4 * g)))
+            self._state.extend(bytes(g))
+            self._unclaimed_col.extend(bytes(g))
+            self._rep.extend(array("h", [-1]) * g)
+            self._gate.extend(array("q", [_NO_GATE]) * g)
+            self._reward.extend(array("d", bytes(8 * g)))
+            self._turns.extend(array("q", bytes(8 * g)))
+            self._hlist.extend(array("h", [-1]) * g)
+            self._hnext.extend(array("q", [_NO_LINK]) * g)
+            self._hprev.extend(array("q", [_NO_LINK]) * g)
+        self._row_block[row] = b
+        return b
+
+    def _reset_slot(self, s: int, attempt: int) -> None:
+        """Slot ``s`` holds a fresh RESERVED attempt (no replica, gate, result or restore)."""
+        self._att[s] = attempt
+        self._state[s] = _RESERVED
+        self._unclaimed_col[s] = 0
+        self._rep[s] = -1
+        self._gate[s] = _NO_GATE
+        self._restored.pop(s, None)
+
+    def _free_block(self, row: int, b: int) -> None:
+        """The row left the ledger: detach held views, recycle the block."""
+        del self._row_block[row]
+        g = self.group_size
+        for s in range(b * g, b * g + g):
+            view = self._views.pop(s, None)
+            if view is not None:
+                view._detach(self._fields(s))
+            self._restored.pop(s, None)
+        self._free_blocks.append(b)
+
+    def _fields(self, s: int, state: int | None = None, failure: str | None = None) -> tuple[
+        Any, ...
+    ]:
+        g = self.group_size
+        rep, gate = self._rep[s], self._gate[s]
+        return (
+            self._blk_row[s // g], s % g, self._att[s], self._rid(s),
+            _STATES[self._state[s] if state is None else state],
+            None if rep < 0 else self._inst_names[rep], None if gate == _NO_GATE else gate,
+            self._restored.get(s), bool(self._unclaimed_col[s]), self._result(s), failure,
+        )
+
+    def _rid(self, s: int) -> str:
+        g = self.group_size
+        return rollout_id_for(self._blk_row[s // g], s % g, self._att[s])
+
+    def _result(self, s: int) -> EpisodeResult | None:
+        if self._state[s] != _COMPLETED:
+            return None
+        return EpisodeResult(self._reward[s], self._turns[s])
+
+    def _slot_of(self, rollout_id: str) -> int:
+        """The slot of the current attempt with this ID, or -1. O(1)."""
+        parsed = _parse_rollout_id(rollout_id)
+        if parsed is None:
+            return -1
+        row, slot, attempt = parsed
+        b = self._row_block.get(row)
+        if b is None or not 0 <= slot < self.group_size:
+            return -1
+        s = b * self.group_size + slot
+        return s if self._att[s] == attempt else -1
+
+    def _need(self, rollout_id: str) -> int:
+        s = self._slot_of(rollout_id)
+        if s < 0:
+            raise KeyError(f"unknown rollout ID {rollout_id!r}")
+        return s
+
+    def _view(self, s: int) -> Attempt:
+        view = self._views.get(s)
+        if view is None:
+            view = self._views[s] = Attempt(self, s)
+        return view
+
+    def _live_slots(self) -> Iterator[int]:
+        g = self.group_size
+        for b in list(self._row_block.values()):
+            yield from range(b * g, b * g + g)
+
+    def _n_current(self) -> int:
+        c = self._counts
+        return c[AttemptState.RESERVED] + c[AttemptState.DISPATCHED] + c[AttemptState.COMPLETED]
+
+    def _set_state(self, s: int, code: int) -> None:
+        self._counts[_STATES[self._state[s]]] -= 1
+        self._counts[_STATES[code]] += 1
+        self._state[s] = code
+
+    def _gym_id(self, s: int) -> str:
         """The ID Gym knows this attempt by: an unclaimed restored attempt is still the
         exported attempt it will replace."""
-        if att.unclaimed and att.restored is not None:
-            return att.restored.from_rollout_id
-        return att.rollout_id
+        if self._unclaimed_col[s]:
+            restored = self._restored.get(s)
+            if restored is not None:
+                return restored.from_rollout_id
+        return self._rid(s)
 
-    def _hold(self, att: Attempt, instance: str) -> None:
-        self._held.setdefault(instance, set()).add(self._gym_id(att))
+    def _hold(self, s: int, instance: str) -> None:
+        self._unhold(s)
+        i = self._intern(instance)
+        head = self._hhead[i]
+        self._hlist[s] = i
+        self._hprev[s] = _NO_LINK
+        self._hnext[s] = head
+        if head != _NO_LINK:
+            self._hprev[head] = s
+        self._hhead[i] = s
 
-    def _unhold(self, att: Attempt) -> None:
-        if att.state is AttemptState.DISPATCHED and att.replica is not None:
-            instance: str | None = att.replica
-        elif att.unclaimed and att.restored is not None:
-            instance = att.restored.instance
+    def _unhold(self, s: int) -> None:
+        i = self._hlist[s]
+        if i < 0:
+            return
+        prv, nxt = self._hprev[s], self._hnext[s]
+        if prv == _NO_LINK:
+            self._hhead[i] = nxt
         else:
-            instance = None
-        if instance is not None:
-            held = self._held.get(instance)
-            if held is not None:
-                held.discard(self._gym_id(att))
+            self._hnext[prv] = nxt
+        if nxt != _NO_LINK:
+            self._hprev[nxt] = prv
+        self._hlist[s] = -1
 
-    def _new_attempt(self, row: int, slot: int, attempt: int) -> Attempt:
-        rid = rollout_id_for(row, slot, attempt)
-        if rid in self._by_id:
-            raise RuntimeError(f"rollout ID {rid} already exists")
-        att = Attempt(row=row, slot=slot, attempt=attempt, rollout_id=rid)
-        self._by_id[rid] = att
-        self._counts[AttemptState.RESERVED] += 1
-        return att
+    def _clear_unclaimed(self, s: int) -> None:
+        if self._unclaimed_col[s]:
+            self._unclaimed_col[s] = 0
+            self._unclaimed -= 1
 
-    def _current(self, rollout_id: str) -> Attempt:
-        att = self._by_id.get(rollout_id)
-        if att is None:
-            raise KeyError(f"unknown rollout ID {rollout_id!r}")
-        return att
-
-    def _retire_later(self, att: Attempt) -> None:
-        """Queue ``att`` for retirement if Gym may still hold it (S4)."""
-        if att.state is AttemptState.DISPATCHED and att.replica is not None:
-            item = RetireItem(att.rollout_id, att.replica)
-        elif att.state is AttemptState.RESERVED and att.restored is not None and att.unclaimed:
-            item = RetireItem(att.restored.from_rollout_id, att.restored.instance, restored=True)
+    def _retire_later(self, s: int) -> None:
+        """Queue slot ``s``'s attempt for retirement if Gym may still hold it (S4)."""
+        code, rep = self._state[s], self._rep[s]
+        restored = self._restored.get(s)
+        if code == _DISPATCHED and rep >= 0:
+            item = RetireItem(self._rid(s), self._inst_names[rep])
+        elif code == _RESERVED and restored is not None and self._unclaimed_col[s]:
+            item = RetireItem(restored.from_rollout_id, restored.instance, restored=True)
         else:
             return
         self._retire[item.rollout_id] = item  # keyed by the ID Gym knows
 
-    def _replace(self, att: Attempt, final: AttemptState, *, spend: bool) -> Attempt | None:
-        """Retire ``att`` from the ledger as ``final``; start the slot's next attempt unless the
+    def _replace(
+        self, s: int, final: int, *, spend: bool, failure: str | None = None
+    ) -> Attempt | None:
+        """End slot ``s``'s attempt as ``final``; start the slot's next attempt unless the
         slot's row attempts are spent (then the whole row fails)."""
-        self._unhold(att)
-        if att.unclaimed:
-            att.unclaimed = False
-            self._unclaimed -= 1
-        self._counts[att.state] -= 1
-        att.state = final
-        self._ended[final] += 1
-        del self._by_id[att.rollout_id]
-        key = (att.row, att.slot)
+        self._unhold(s)
+        self._clear_unclaimed(s)
+        self._counts[_STATES[self._state[s]]] -= 1
+        self._ended[_STATES[final]] += 1
+        view = self._views.pop(s, None)
+        if view is not None:
+            view._detach(self._fields(s, final, failure))
+        g = self.group_size
+        row, slot = self._blk_row[s // g], s % g
+        self._state[s] = final  # not current: a row failure below skips it
         if spend:
-            self._spent[key] = self._spent.get(key, 0) + 1
-            if self._spent[key] >= self.max_row_attempts:
-                self._fail_row(att.row)
+            key = (row, slot)
+            n = self._spent[key] = self._spent.get(key, 0) + 1
+            if n >= self.max_row_attempts:
+                self._fail_row(row)
                 return None
-        nxt = self._new_attempt(att.row, att.slot, att.attempt + 1)
-        self._rows[att.row].slots[att.slot] = nxt
-        return nxt
+        self._reset_slot(s, self._att[s] + 1)
+        self._counts[AttemptState.RESERVED] += 1
+        return self._view(s)
 
     def _fail_row(self, row_index: int) -> None:
-        row = self._rows.pop(row_index)
+        b = self._row_block[row_index]
         self._failed_rows.add(row_index)
         self._ready.pop(row_index, None)
-        for att in row.slots:
-            if self._by_id.get(att.rollout_id) is not att:
+        g = self.group_size
+        for s in range(b * g, b * g + g):
+            code = self._state[s]
+            if code >= _FAILED:
                 continue  # already ended
-            self._retire_later(att)
-            self._unhold(att)  # before the unclaimed flag changes: it picks the Gym-side ID
-            if att.unclaimed:
-                att.unclaimed = False
-                self._unclaimed -= 1
-            self._counts[att.state] -= 1
-            del self._by_id[att.rollout_id]
+            self._retire_later(s)
+            self._unhold(s)
+            self._clear_unclaimed(s)
+            self._counts[_STATES[code]] -= 1
+        self._free_block(row_index, b)
 
     # -- changes (each inside barrier.mutate) ------------------------------------------------------
 
     def reserve_row(self, row: int) -> list[Attempt]:
         """Reserve attempt 0 of every generation slot of ``row``."""
         self._assert_mutating()
-        if row in self._rows or row in self._trained or row in self._failed_rows:
+        if row in self._row_block or row in self._trained or row in self._failed_rows:
             raise ValueError(f"row {row} is already in the ledger")
-        atts = [self._new_attempt(row, slot, 0) for slot in range(self.group_size)]
-        self._rows[row] = _Row(slots=atts)
+        b = self._new_block(row)
+        g = self.group_size
+        self._counts[AttemptState.RESERVED] += g
         self._next_row = max(self._next_row, row + 1)
-        return atts
+        return [self._view(s) for s in range(b * g, b * g + g)]
 
     def mark_dispatched(self, rollout_ids: Iterable[str], instance: str, gate_id: int) -> None:
         """RESERVED → DISPATCHED on ``instance`` under ``gate_id`` (inside gate admission, S1).
@@ -372,32 +709,33 @@ class RecoveryLedger:
         A restored attempt must go to its original replica; dispatching it claims it.
         """
         self._assert_mutating()
-        atts = [self._current(rid) for rid in rollout_ids]
-        for att in atts:
-            if att.state is not AttemptState.RESERVED:
-                raise ValueError(f"{att.rollout_id} is {att.state.value}, not reserved")
-            if att.restored is not None and att.restored.instance != instance:
+        slots = [self._need(rid) for rid in rollout_ids]
+        state, restored_of = self._state, self._restored
+        for s in slots:
+            if state[s] != _RESERVED:
+                raise ValueError(f"{self._rid(s)} is {_STATES[state[s]].value}, not reserved")
+            restored = restored_of.get(s)
+            if restored is not None and restored.instance != instance:
                 raise ValueError(
-                    f"{att.rollout_id} was restored on {att.restored.instance}; "
+                    f"{self._rid(s)} was restored on {restored.instance}; "
                     f"it cannot be dispatched to {instance}"
                 )
-        for att in atts:
-            self._unhold(att)
-            self._set_state(att, AttemptState.DISPATCHED)
-            att.replica = instance
-            att.gate_id = gate_id
-            if att.unclaimed:
-                att.unclaimed = False
-                self._unclaimed -= 1
-            self._hold(att, instance)
+        i = self._intern(instance)
+        for s in slots:
+            self._set_state(s, _DISPATCHED)
+            self._rep[s] = i
+            self._gate[s] = gate_id
+            self._clear_unclaimed(s)
+            self._hold(s, instance)
 
     def sendable(self, rollout_ids: Iterable[str]) -> tuple[list[str], list[str]]:
         """Split IDs into (current RESERVED attempts, the rest). O(len(rollout_ids))."""
         ok: list[str] = []
         stale: list[str] = []
+        state = self._state
         for rid in rollout_ids:
-            att = self._by_id.get(rid)
-            (ok if att is not None and att.state is AttemptState.RESERVED else stale).append(rid)
+            s = self._slot_of(rid)
+            (ok if s >= 0 and state[s] == _RESERVED else stale).append(rid)
         return ok, stale
 
     def record_orphans(
@@ -419,18 +757,19 @@ class RecoveryLedger:
         dispatched attempt.
         """
         self._assert_mutating()
-        att = self._by_id.get(rollout_id)
-        if att is None or att.state is not AttemptState.DISPATCHED:
+        s = self._slot_of(rollout_id)
+        if s < 0 or self._state[s] != _DISPATCHED:
             self._stale += 1
             return False
-        self._unhold(att)
-        self._set_state(att, AttemptState.RESERVED)
-        att.replica = None
-        att.gate_id = None
-        if att.restored is not None:
-            att.unclaimed = True
+        self._unhold(s)
+        self._set_state(s, _RESERVED)
+        self._rep[s] = -1
+        self._gate[s] = _NO_GATE
+        restored = self._restored.get(s)
+        if restored is not None:
+            self._unclaimed_col[s] = 1
             self._unclaimed += 1
-            self._hold(att, att.restored.instance)
+            self._hold(s, restored.instance)
         return True
 
     def complete(self, rollout_id: str, gate_id: int, result: EpisodeResult) -> bool:
@@ -440,17 +779,18 @@ class RecoveryLedger:
         counted and ignored.
         """
         self._assert_mutating()
-        att = self._by_id.get(rollout_id)
-        if att is None or att.state is not AttemptState.DISPATCHED or att.gate_id != gate_id:
+        s = self._slot_of(rollout_id)
+        if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:
             self._stale += 1
             return False
-        self._unhold(att)
-        self._set_state(att, AttemptState.COMPLETED)
-        att.result = result
-        row = self._rows[att.row]
-        row.completed += 1
-        if row.completed == self.group_size:
-            self._ready[att.row] = None
+        self._unhold(s)
+        self._set_state(s, _COMPLETED)
+        self._reward[s] = result.reward
+        self._turns[s] = result.turns
+        b = s // self.group_size
+        done = self._blk_done[b] = self._blk_done[b] + 1
+        if done == self.group_size:
+            self._ready[self._blk_row[b]] = None
         return True
 
     def fail(self, rollout_id: str, gate_id: int, cls: FailureClass, reason: str) -> Attempt | None:
@@ -461,14 +801,13 @@ class RecoveryLedger:
         ``BudgetExhausted`` when the run's data-failure budget is spent.
         """
         self._assert_mutating()
-        att = self._by_id.get(rollout_id)
-        if att is None or att.state is not AttemptState.DISPATCHED or att.gate_id != gate_id:
+        s = self._slot_of(rollout_id)
+        if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:
             self._stale += 1
             return None
-        att.failure = f"{cls}: {reason}"
         if cls == "data":
             self._data_failures += 1
-        nxt = self._replace(att, AttemptState.FAILED, spend=True)
+        nxt = self._replace(s, _FAILED, spend=True, failure=f"{cls}: {reason}")
         if cls == "data" and self._data_failures > self.data_failure_budget:
             raise BudgetExhausted(
                 f"data-failure budget of {self.data_failure_budget} spent "
@@ -486,11 +825,11 @@ class RecoveryLedger:
         self._assert_mutating()
         out: list[Attempt] = []
         for rid in rollout_ids:
-            att = self._by_id.get(rid)
-            if att is None or att.state is not AttemptState.DISPATCHED:
+            s = self._slot_of(rid)
+            if s < 0 or self._state[s] != _DISPATCHED:
                 continue
-            self._retire_later(att)
-            nxt = self._replace(att, AttemptState.ABANDONED, spend=True)
+            self._retire_later(s)
+            nxt = self._replace(s, _ABANDONED, spend=True)
             if nxt is not None:
                 out.append(nxt)
         return out
@@ -499,19 +838,17 @@ class RecoveryLedger:
         """Forget the restored Gym state of a RESERVED attempt whose replica died: it will run
         from scratch on any instance (its episode's state died with the replica)."""
         self._assert_mutating()
-        att = self._current(rollout_id)
-        if att.state is not AttemptState.RESERVED or att.restored is None:
+        s = self._need(rollout_id)
+        if self._state[s] != _RESERVED or s not in self._restored:
             raise ValueError(f"{rollout_id} is not a reserved restored attempt")
-        self._unhold(att)
-        if att.unclaimed:
-            att.unclaimed = False
-            self._unclaimed -= 1
-        att.restored = None
+        self._unhold(s)
+        self._clear_unclaimed(s)
+        del self._restored[s]
 
     def drop_row(self, row: int) -> None:
         """Discard a whole group; queue what Gym may still hold for retirement (S4)."""
         self._assert_mutating()
-        if row not in self._rows:
+        if row not in self._row_block:
             raise KeyError(f"row {row} is not in flight")
         self._fail_row(row)
 
@@ -520,19 +857,17 @@ class RecoveryLedger:
         ledger as trained rows. O(groups taken)."""
         self._assert_mutating()
         out: list[CompletedGroup] = []
+        g = self.group_size
         for row_index in list(itertools.islice(self._ready, limit)):
             del self._ready[row_index]
-            row = self._rows.pop(row_index)
-            results = []
-            for att in row.slots:
-                assert att.result is not None
-                results.append(att.result)
-                self._counts[att.state] -= 1
-                del self._by_id[att.rollout_id]
+            b = self._row_block[row_index]
+            slots = range(b * g, b * g + g)
+            results = tuple(EpisodeResult(self._reward[s], self._turns[s]) for s in slots)
+            ids = tuple(self._rid(s) for s in slots)
+            self._counts[AttemptState.COMPLETED] -= g
+            self._free_block(row_index, b)
             self._trained.add(row_index)
-            out.append(
-                CompletedGroup(row_index, tuple(results), tuple(a.rollout_id for a in row.slots))
-            )
+            out.append(CompletedGroup(row_index, results, ids))
         return out
 
     def forget_retired(self, rollout_ids: Iterable[str]) -> None:
@@ -545,13 +880,14 @@ class RecoveryLedger:
 
     def get(self, rollout_id: str) -> Attempt | None:
         """The current attempt with this rollout ID, or None."""
-        return self._by_id.get(rollout_id)
+        s = self._slot_of(rollout_id)
+        return None if s < 0 else self._view(s)
 
     def is_in_flight(self, rollout_id: str) -> bool:
         """The ownership rule shared by the inventory and the drain: Gym runs this current
         attempt for us and owes us its reply (DISPATCHED). O(1)."""
-        att = self._by_id.get(rollout_id)
-        return att is not None and att.state is AttemptState.DISPATCHED
+        s = self._slot_of(rollout_id)
+        return s >= 0 and self._state[s] == _DISPATCHED
 
     def pending_among(self, rollout_ids: Iterable[str], instance: str | None = None) -> set[str]:
         """The drain's question: which of these are still in flight (on ``instance``, if
@@ -574,15 +910,23 @@ class RecoveryLedger:
     def held_by(self, instance: str) -> frozenset[str]:
         """Inventory of one instance, by the IDs Gym knows: every attempt in flight there
         (``is_in_flight``), plus each unclaimed restored episode under its exported ID.
-        Maintained incrementally; the copy is O(held)."""
-        return frozenset(self._held.get(instance, ()))
+        Maintained incrementally (a linked list per instance); the copy is O(held)."""
+        i = self._inst_index.get(instance)
+        if i is None:
+            return frozenset()
+        out: list[str] = []
+        s, nxt = self._hhead[i], self._hnext
+        while s != _NO_LINK:
+            out.append(self._gym_id(s))
+            s = nxt[s]
+        return frozenset(out)
 
     def reserved(self) -> Iterator[Attempt]:
         """Current RESERVED attempts of untrained rows (restored ones included). O(ledger)."""
-        for row in self._rows.values():
-            for att in row.slots:
-                if att.state is AttemptState.RESERVED:
-                    yield att
+        state = self._state
+        for s in self._live_slots():
+            if state[s] == _RESERVED:
+                yield self._view(s)
 
     def retire_queue(self) -> dict[str, list[RetireItem]]:
         """The dropped attempts Gym may still hold, grouped by instance (a copy)."""
@@ -592,8 +936,9 @@ class RecoveryLedger:
         return out
 
     def unclaimed(self) -> list[Attempt]:
-        """Restored attempts no replacement has claimed yet. O(ledger)."""
-        return [a for a in self._by_id.values() if a.unclaimed]
+        """Restored attempts no replacement has claimed yet. O(restored)."""
+        col = self._unclaimed_col
+        return [self._view(s) for s in sorted(self._restored) if col[s]]
 
     @property
     def ready_groups(self) -> int:
@@ -609,7 +954,7 @@ class RecoveryLedger:
 
     def rows(self) -> Collection[int]:
         """Rows in flight (reserved and untrained)."""
-        return self._rows.keys()
+        return self._row_block.keys()
 
     def row_attempts_spent(self, row: int, slot: int) -> int:
         return self._spent.get((row, slot), 0)
@@ -625,18 +970,25 @@ class RecoveryLedger:
 
     # -- snapshot and restore ------------------------------------------------------------------
 
+    def _attempt_rows(self) -> Iterator[AttemptRow]:
+        g = self.group_size
+        names, restored_of = self._inst_names, self._restored
+        att, state, rep, gate, unclaimed = (
+            self._att, self._state, self._rep, self._gate, self._unclaimed_col
+        )
+        for row, b in self._row_block.items():
+            for s in range(b * g, b * g + g):
+                code, r, gid = state[s], rep[s], gate[s]
+                yield AttemptRow(
+                    row, s - b * g, att[s], _STATES[code].value,
+                    None if r < 0 else names[r], None if gid == _NO_GATE else gid,
+                    restored_of.get(s), bool(unclaimed[s]),
+                    EpisodeResult(self._reward[s], self._turns[s]) if code == _COMPLETED else None,
+                )
+
     def to_snapshot(self) -> LedgerSnapshot:
         """A consistent copy of the ledger. O(ledger): call it while holding the barrier, from a
         thread (``trio.to_thread.run_sync``) so the event loop keeps running."""
-        rows: list[AttemptRow] = []
-        for row in self._rows.values():
-            for a in row.slots:
-                rows.append(
-                    AttemptRow(
-                        a.row, a.slot, a.attempt, a.state.value, a.replica, a.gate_id,
-                        a.restored, a.unclaimed, a.result,
-                    )
-                )
         return LedgerSnapshot(
             version=LEDGER_SNAPSHOT_VERSION,
             group_size=self.group_size,
@@ -646,8 +998,8 @@ class RecoveryLedger:
             next_row=self._next_row,
             trained=_to_ranges(self._trained),
             failed=_to_ranges(self._failed_rows),
-            spent=tuple((r, s, n) for (r, s), n in self._spent.items() if r in self._rows),
-            attempts=tuple(rows),
+            spent=tuple((r, s, n) for (r, s), n in self._spent.items() if r in self._row_block),
+            attempts=tuple(self._attempt_rows()),
         )
 
     @classmethod
@@ -686,13 +1038,15 @@ class RecoveryLedger:
         grouped: dict[int, list[AttemptRow]] = {}
         for ar in snap.attempts:
             grouped.setdefault(ar.row, []).append(ar)
+        g = snap.group_size
+        counts = ledger._counts
         for row_index, ars in grouped.items():
-            if sorted(a.slot for a in ars) != list(range(snap.group_size)):
+            if sorted(a.slot for a in ars) != list(range(g)):
                 raise ManifestError(
                     f"ledger.json: row {row_index} has slots {sorted(a.slot for a in ars)}, "
-                    f"expected 0..{snap.group_size - 1}"
+                    f"expected 0..{g - 1}"
                 )
-            slots: list[Attempt] = [None] * snap.group_size  # type: ignore[list-item]
+            b = ledger._new_block(row_index)
             done = 0
             for ar in ars:
                 try:
@@ -701,47 +1055,55 @@ class RecoveryLedger:
                     raise ManifestError(
                         f"ledger.json: unknown attempt state {ar.state!r}"
                     ) from None
+                s = b * g + ar.slot
                 if state is AttemptState.DISPATCHED:
                     old_id = rollout_id_for(ar.row, ar.slot, ar.attempt)
-                    att = ledger._new_attempt(ar.row, ar.slot, ar.attempt + 1)
+                    ledger._reset_slot(s, ar.attempt + 1)
+                    counts[AttemptState.RESERVED] += 1
                     ep = by_id.get(old_id)
                     if ep is not None:
-                        att.restored = RestoredGymState(
+                        ledger._restored[s] = RestoredGymState(
                             ep.replica, ep.owner, old_id, tuple(ep.capture_keys)
                         )
-                        att.unclaimed = True
+                        ledger._unclaimed_col[s] = 1
                         ledger._unclaimed += 1
-                        ledger._hold(att, ep.replica)
+                        ledger._hold(s, ep.replica)
                         restored += 1
                     else:
                         fresh += 1
                 elif state in (AttemptState.RESERVED, AttemptState.COMPLETED):
-                    att = ledger._new_attempt(ar.row, ar.slot, ar.attempt)
-                    att.restored = ar.restored
+                    ledger._reset_slot(s, ar.attempt)
+                    counts[AttemptState.RESERVED] += 1
+                    if ar.restored is not None:
+                        ledger._restored[s] = ar.restored
                     if state is AttemptState.COMPLETED:
                         if ar.result is None:
                             raise ManifestError(
-                                f"ledger.json: completed attempt {att.rollout_id} has no result"
+                                "ledger.json: completed attempt "
+                                f"{rollout_id_for(ar.row, ar.slot, ar.attempt)} has no result"
                             )
-                        ledger._set_state(att, AttemptState.COMPLETED)
-                        att.result = ar.result
-                        att.replica, att.gate_id = ar.replica, ar.gate_id
+                        ledger._set_state(s, _COMPLETED)
+                        ledger._reward[s] = ar.result.reward
+                        ledger._turns[s] = ar.result.turns
+                        if ar.replica is not None:
+                            ledger._rep[s] = ledger._intern(ar.replica)
+                        if ar.gate_id is not None:
+                            ledger._gate[s] = ar.gate_id
                         done += 1
                         completed += 1
                     else:
                         if ar.restored is not None and ar.unclaimed:
-                            att.unclaimed = True
+                            ledger._unclaimed_col[s] = 1
                             ledger._unclaimed += 1
-                            ledger._hold(att, ar.restored.instance)
+                            ledger._hold(s, ar.restored.instance)
                         reserved += 1
                 else:
                     raise ManifestError(
                         f"ledger.json: attempt {rollout_id_for(ar.row, ar.slot, ar.attempt)} is "
                         f"{state.value}; only current attempts are stored"
                     )
-                slots[ar.slot] = att
-            ledger._rows[row_index] = _Row(slots=slots, completed=done)
-            if done == snap.group_size:
+            ledger._blk_done[b] = done
+            if done == g:
                 ledger._ready[row_index] = None
         for r, sl, n in snap.spent:
             ledger._spent[(r, sl)] = n
@@ -749,11 +1111,11 @@ class RecoveryLedger:
 
     def statistics(self) -> LedgerStatistics:
         return LedgerStatistics(
-            attempts=len(self._by_id),
+            attempts=self._n_current(),
             by_state={s.value: n for s, n in self._counts.items()},
             failed_total=self._ended[AttemptState.FAILED],
             abandoned_total=self._ended[AttemptState.ABANDONED],
-            rows_reserved=len(self._rows),
+            rows_reserved=len(self._row_block),
             rows_trained=len(self._trained),
             rows_failed=len(self._failed_rows),
             groups_ready=len(self._ready),
