@@ -19,11 +19,11 @@ one way, in that order. ``RayGym`` is imported lazily: Ray is an optional extra
 from typing import TYPE_CHECKING, Any
 
 # Absolute imports: pytest imports this file as a plain module named ``__init__`` when the
-# checkout's directory is not a valid package name (a worktree such as ``wt-1``), and relative imports fail there.
+# checkout's directory is not a valid package name (``wt-1``); relative imports fail there.
 
 from gymckpt._version import __version__
 from gymckpt.gym_adapter import EmbeddedGym, FaultSpec, GymControlError, GymInstanceDead
-from gymckpt.nurseries import CheckpointOutcome, Rollouts, open_rollouts
+from gymckpt.nurseries import CheckpointOutcome, Rollouts, open_rollouts, run
 from gymckpt.runtime import (
     BudgetExhausted,
     CheckpointInvariantError,
@@ -35,6 +35,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
     StrandedSessionError,
     TopologyMismatch,
+    WorkDirLocked,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ __all__ = [
     "RuntimeConfig",
     "StrandedSessionError",
     "TopologyMismatch",
+    "WorkDirLocked",
     "__version__",
     "open_rollouts",
+    "run",
 ]

@@ -9,6 +9,7 @@ from ._coordinator import (
 )
 from ._dispatcher import READY, Dispatcher, DispatcherStatistics
 from ._restore import RestoredRun, restore_latest
+from ._run import leaf_errors, run, run_exit
 from ._trainer import TRAINER_STATE_FILE, Rollouts, open_rollouts
 
 __all__ = [
@@ -23,6 +24,9 @@ __all__ = [
     "DispatcherStatistics",
     "RestoredRun",
     "Rollouts",
+    "leaf_errors",
     "open_rollouts",
     "restore_latest",
+    "run",
+    "run_exit",
 ]

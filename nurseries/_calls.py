@@ -14,6 +14,7 @@ checkpoint is retried, S6).
 
 from __future__ import annotations
 
+import errno
 import pickle
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
@@ -28,18 +29,29 @@ from gymckpt.runtime import (
     TopologyMismatch,
 )
 
-__all__ = ["bounded_call", "classify", "fan_out"]
+__all__ = ["STORAGE_ERRNOS", "bounded_call", "classify", "fan_out", "is_storage_error"]
 
 T = TypeVar("T")
 
 RETRYABLE = (GymCheckpointUnavailable, GymControlError, GymInstanceDead, TimeoutError)
 
 
-def classify(exc: BaseException) -> str:
-    """``"invariant"`` or ``"gym_unavailable"`` for an error raised by a checkpoint stage.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+"""Errors writing a snapshot (full disk, quota, I/O error) that fail the checkpoint, retryably:
+the snapshot is staged out of sight and published by one rename, so nothing changed."""
 
-    Follows the cause chain: an invariant anywhere wins; a retryable Gym failure is
-    ``gym_unavailable``; anything unknown is an invariant (we cannot prove it changed nothing).
+
+def is_storage_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
+
+def classify(exc: BaseException) -> str:
+    """``"invariant"``, ``"gym_unavailable"`` or ``"snapshot_io"`` for a checkpoint stage's error.
+
+    Follows the cause chain: an invariant anywhere wins; anything unknown is an invariant (we
+    cannot prove it changed nothing); a full disk or I/O error while writing the snapshot (in
+    our publish or in Gym's commit into the staging directory) is ``snapshot_io``; otherwise a
+    retryable Gym failure is ``gym_unavailable``.
     """
     seen: set[int] = set()
     stack: list[BaseException] = [exc]
@@ -56,11 +68,15 @@ def classify(exc: BaseException) -> str:
             continue
         if isinstance(e, RETRYABLE):
             kinds.add("gym_unavailable")
+        elif is_storage_error(e):
+            kinds.add("snapshot_io")
         else:
             kinds.add("unknown")
         if e.__cause__ is not None:
             stack.append(e.__cause__)
-    return "gym_unavailable" if kinds == {"gym_unavailable"} else "invariant"
+    if not kinds or "unknown" in kinds:
+        return "invariant"
+    return "snapshot_io" if "snapshot_io" in kinds else "gym_unavailable"
 
 
 def _picklable(exc: BaseException) -> bool:

@@ -35,6 +35,8 @@ topology and reply mismatches raise ``CheckpointInvariantError`` and the run abo
 from __future__ import annotations
 
 import functools
+import logging
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +73,8 @@ from ._offload import offload
 
 __all__ = ["HOOK_POINTS", "PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
 
+logger = logging.getLogger("gymckpt")
+
 PAUSE_HOLDER = "gym-checkpoint"
 STAGES = ("close", "retire", "prepare", "commit", "ownership", "drain", "snapshot", "publish",
           "resume")
@@ -81,8 +85,10 @@ HOOK_POINTS = ("before_prepare", "after_prepare", "after_commit", "before_publis
 
 @attrs.frozen
 class CheckpointOutcome:
-    """What one checkpoint did. ``ok`` False means it failed as ``gym_unavailable`` and changed
-    nothing the trainer holds (an invariant failure raises instead)."""
+    """What one checkpoint did. ``ok`` False means it failed retryably and changed nothing the
+    trainer holds; ``reason`` is ``gym_unavailable`` (Gym could not park, answer or commit) or
+    ``snapshot_io`` (a full disk or an I/O error writing the snapshot). An invariant failure
+    raises instead."""
 
     checkpoint_id: str
     ok: bool
@@ -92,6 +98,15 @@ class CheckpointOutcome:
     stage_s: Mapping[str, float]
     episodes: int = 0
     drained: int = 0
+
+
+def _storage_detail(root: Path) -> str:
+    """Where snapshots are written and how much room is left there, for a failed write."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return f"snapshots under {root}"
+    return f"snapshots under {root}, {free} bytes free"
 
 
 @attrs.frozen
@@ -209,10 +224,12 @@ class CheckpointCoordinator:
 
     async def checkpoint(self, extra_files: Mapping[str, bytes] | None = None) -> CheckpointOutcome:
         """Take one rollout checkpoint; ``extra_files`` (e.g. trainer state) join the snapshot."""
-        self._seq += 1
-        checkpoint_id = f"{self.run_id}-{self._seq:04d}"
+        checkpoint_id = f"{self.run_id}-{self._seq + 1:04d}"
         stage_s: dict[str, float] = {}
         try:
+            # unique across incarnations: the store keeps a durable high-water mark
+            self._seq = await offload(self.store.reserve_checkpoint_seq)
+            checkpoint_id = f"{self.run_id}-{self._seq:04d}"
             files = dict(extra_files or {})
             info, episodes, drained = await self._run(checkpoint_id, files, stage_s)
         except Exception as exc:
@@ -222,21 +239,27 @@ class CheckpointCoordinator:
             self._record_stages(stage_s)
             if kind == "invariant":
                 self.metrics.inc("checkpoint/invariant_failures_total")
+                logger.error("checkpoint %s aborted the run: %s", checkpoint_id, exc)
                 if isinstance(exc, CheckpointInvariantError):
                     raise
                 raise CheckpointInvariantError(f"checkpoint {checkpoint_id}: {exc}") from exc
             self._consecutive_failures += 1
-            self.metrics.inc("checkpoint/gym_unavailable_total")
+            self.metrics.inc(f"checkpoint/{kind}_total")
             self.metrics.set("checkpoint/consecutive_failures", self._consecutive_failures)
+            detail = str(exc)
+            if kind == "snapshot_io":
+                detail = f"{detail} ({_storage_detail(self.store.root)})"
+            logger.warning(
+                "checkpoint %s failed (%s, %d in a row, retried at the next checkpoint): %s",
+                checkpoint_id, kind, self._consecutive_failures, detail,
+            )
             if self._consecutive_failures > self.config.max_consecutive_failures:
                 raise CheckpointsFailed(
                     f"{self._consecutive_failures} checkpoints failed in a row "
                     f"(max_consecutive_failures={self.config.max_consecutive_failures}); "
-                    f"last: {exc}"
+                    f"last ({kind}): {detail}"
                 ) from exc
-            return CheckpointOutcome(
-                checkpoint_id, False, None, "gym_unavailable", str(exc), stage_s
-            )
+            return CheckpointOutcome(checkpoint_id, False, None, kind, detail, stage_s)
         self._consecutive_failures = 0
         self.ok_total += 1
         self.metrics.inc("checkpoint/ok_total")

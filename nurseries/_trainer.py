@@ -14,6 +14,10 @@ invariant violations and too many failures in a row raise (exit codes 3 and 4).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +33,9 @@ from gymckpt.runtime import (
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
+    SnapshotInfo,
     SnapshotStore,
+    WorkDirLock,
 )
 from gymckpt.runtime._ledger import RestoreSummary
 
@@ -41,11 +47,24 @@ from ._restore import RestoredRun, restore_latest
 __all__ = ["TRAINER_STATE_FILE", "Rollouts", "open_rollouts"]
 
 TRAINER_STATE_FILE = "trainer.json"
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+logger = logging.getLogger("gymckpt")
+
+
+StateFn = Callable[[], bytes]
+"""The trainer's current state, serialised: called at each checkpoint ``batches`` takes."""
 
 
 @attrs.define(eq=False, slots=True)
 class Rollouts:
-    """A running rollout service for one trainer. Create it with ``open_rollouts``."""
+    """A running rollout service for one trainer. Create it with ``open_rollouts``.
+
+    Preemption: ``preempt`` (what SIGTERM and SIGINT call while ``open_rollouts`` is open) lets
+    the step being trained finish, stops ``next_batch`` from waiting or handing out more, and
+    makes ``batches`` take one final checkpoint, bounded by ``preempt_timeout_s``, with the
+    trainer's current state before it ends. A second signal cuts that checkpoint short.
+    """
 
     ledger: RecoveryLedger
     dispatcher: Dispatcher
@@ -55,8 +74,15 @@ class Rollouts:
     restored: RestoredRun | None
     keep_snapshots: int
     checkpoint_every: int | None
+    preempt_timeout_s: float = 60.0
     _steps: int = attrs.field(default=0, init=False)
     outcomes: list[CheckpointOutcome] = attrs.field(factory=list, init=False)
+    preempted_by: signal.Signals | None = attrs.field(default=None, init=False)
+    """The signal that preempted the run (``preempt``), or None."""
+    final_snapshot: SnapshotInfo | None = attrs.field(default=None, init=False)
+    """The snapshot the final checkpoint of a preempted run left, or None."""
+    _waits: set[trio.CancelScope] = attrs.field(factory=set, init=False)
+    _final_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     @property
     def trainer_state(self) -> bytes | None:
@@ -69,36 +95,96 @@ class Rollouts:
     def restore_summary(self) -> RestoreSummary | None:
         return None if self.restored is None else self.restored.summary
 
+    @property
+    def steps(self) -> int:
+        """Batches ``batches`` handed out and the trainer finished in this process."""
+        return self._steps
+
     def _finished(self) -> bool:
         ledger = self.ledger
         return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
 
+    def preempt(self, signum: signal.Signals = signal.SIGTERM) -> None:
+        """Stop after the current step with a final checkpoint (see the class docstring)."""
+        if self.preempted_by is not None:
+            if self._final_scope is not None:
+                logger.warning("%s again: cutting the final checkpoint short", signum.name)
+                self._final_scope.cancel()
+            return
+        self.preempted_by = signum
+        logger.info("%s received: finishing the current step, then a final checkpoint",
+                    signum.name)
+        for scope in self._waits:
+            scope.cancel()
+
     async def next_batch(self, groups: int) -> list[CompletedGroup]:
         """Wait for ``groups`` complete prompt groups and take them (fewer at the very end, or
-        at most ``max_rows_in_flight``; an empty list once every row is trained or failed)."""
+        at most ``max_rows_in_flight``; an empty list once every row is trained or failed, and
+        once the run is preempted)."""
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         ledger = self.ledger
         # never more than the rows kept in flight can be ready at once
         want = min(groups, self.dispatcher.max_rows_in_flight)
-        await ledger.barrier.wait_until(
-            lambda: ledger.ready_groups >= want or self._finished(), [READY]
-        )
+        with trio.CancelScope() as waiting:  # cancelled by ``preempt``
+            self._waits.add(waiting)
+            try:
+                if self.preempted_by is None:
+                    await ledger.barrier.wait_until(
+                        lambda: ledger.ready_groups >= want or self._finished(), [READY]
+                    )
+            finally:
+                self._waits.discard(waiting)
+        if self.preempted_by is not None:
+            return []
         taken = await ledger.barrier.mutate(lambda: ledger.take_ready(groups))
         self.dispatcher.poke()
         return taken
 
-    async def batches(self, groups_per_step: int) -> AsyncIterator[list[CompletedGroup]]:
-        """Yield batches of complete groups until the dataset is done; with ``checkpoint_every``
-        set, checkpoint (without trainer state) every that many batches."""
+    async def batches(
+        self, groups_per_step: int, *, state: StateFn | None = None
+    ) -> AsyncIterator[list[CompletedGroup]]:
+        """Yield batches of complete groups until the dataset is done or the run is preempted.
+
+        With ``checkpoint_every`` set, checkpoint every that many batches; ``state()`` (the
+        trainer's current state, serialised) is saved with each of these checkpoints and with
+        the final one a preemption takes before the iteration ends.
+        """
         while True:
             batch = await self.next_batch(groups_per_step)
             if not batch:
-                return
+                break
             yield batch
             self._steps += 1
+            if self.preempted_by is not None:
+                break
             if self.checkpoint_every and self._steps % self.checkpoint_every == 0:
-                await self.checkpoint()
+                await self.checkpoint(None if state is None else state())
+        if self.preempted_by is not None:
+            await self._final_checkpoint(state)
+
+    async def _final_checkpoint(self, state: StateFn | None) -> None:
+        signame = self.preempted_by.name if self.preempted_by is not None else "preempt"
+        outcome: CheckpointOutcome | None = None
+        with trio.move_on_after(self.preempt_timeout_s) as scope:
+            self._final_scope = scope
+            try:
+                outcome = await self.checkpoint(None if state is None else state())
+            finally:
+                self._final_scope = None
+        if outcome is not None and outcome.ok and outcome.snapshot is not None:
+            self.final_snapshot = outcome.snapshot
+            logger.warning(
+                "gymckpt: %s: stopped after step %d; final snapshot %s (checkpoint %s)",
+                signame, self._steps, outcome.snapshot.path, outcome.checkpoint_id,
+            )
+            return
+        latest = await offload(self.store.latest_complete)
+        why = "cut short" if outcome is None else f"failed ({outcome.reason}: {outcome.error})"
+        logger.warning(
+            "gymckpt: %s: stopped after step %d; the final checkpoint %s, latest snapshot %s",
+            signame, self._steps, why, latest.path if latest is not None else "none",
+        )
 
     async def checkpoint(self, trainer_state: bytes | None = None) -> CheckpointOutcome:
         """Take a rollout checkpoint now; ``trainer_state`` is stored with it."""
@@ -126,54 +212,87 @@ async def open_rollouts(
     run_id: str = "run",
     extra_metrics: Mapping[str, float] | None = None,
     on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None,
+    handle_signals: bool = True,
+    preempt_timeout_s: float = 60.0,
 ) -> AsyncIterator[Rollouts]:
     """Open the rollout runtime on ``gym`` with snapshots under ``workdir/snapshots``.
 
     ``rows`` is the dataset: a count (rows ``0..rows-1``) or an iterable of row indices in
     order. With ``restore`` (default) the latest complete snapshot is restored first.
     ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
+
+    One trainer holds ``workdir`` at a time: a second one raises ``WorkDirLocked`` here, naming
+    the holder's pid (an OS lock, released when the holder exits or is killed).
+
+    With ``handle_signals`` (default; only in the main thread) SIGTERM and SIGINT received while
+    the block is open preempt the run (``Rollouts.preempt``) instead of killing the process or
+    raising ``KeyboardInterrupt``: the current step finishes, ``batches`` takes a final
+    checkpoint bounded by ``preempt_timeout_s`` and ends, and a line naming the snapshot is
+    logged (logger ``gymckpt``).
     """
     config = config or RuntimeConfig()
     workdir = await offload(Path(workdir).resolve)
-    store = SnapshotStore(workdir / "snapshots")
-    await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
-    restored = await restore_latest(gym, store, workdir / "restored", config) if restore else None
-    if restored is not None:
-        ledger = restored.ledger
-        if ledger.group_size != group_size:
-            raise ValueError(
-                f"snapshot has group_size {ledger.group_size}, this run asks for {group_size}"
+    lock = WorkDirLock(workdir)
+    await offload(lock.acquire)  # one trainer per work directory; raises WorkDirLocked
+    try:
+        with contextlib.ExitStack() as stack:
+            signals = None
+            if handle_signals and threading.current_thread() is threading.main_thread():
+                # opened first: a signal during the restore is queued, not lost
+                signals = stack.enter_context(trio.open_signal_receiver(*PREEMPT_SIGNALS))
+            store = SnapshotStore(workdir / "snapshots")
+            await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
+            restored = None
+            if restore:
+                restored = await restore_latest(gym, store, workdir / "restored", config)
+            if restored is not None:
+                ledger = restored.ledger
+                if ledger.group_size != group_size:
+                    raise ValueError(
+                        f"snapshot has group_size {ledger.group_size}, this run asks for "
+                        f"{group_size}"
+                    )
+            else:
+                ledger = RecoveryLedger(
+                    group_size=group_size,
+                    max_row_attempts=config.max_row_attempts,
+                    data_failure_budget=config.data_failure_budget,
+                )
+            all_rows = range(rows) if isinstance(rows, int) else list(rows)
+            start = ledger.next_row
+            remaining = iter([r for r in all_rows if r >= start])
+            metrics = Metrics()
+            for name, value in (extra_metrics or {}).items():
+                metrics.set(name, value)
+            gate = DispatchGate()
+            deadlines = DeadlineRegistry()
+            dispatcher = Dispatcher(
+                gym, ledger, gate, deadlines, config, metrics, remaining,
+                max_rows_in_flight=max_rows_in_flight, batch_size=batch_size,
+                on_dispatch=on_dispatch,
             )
-    else:
-        ledger = RecoveryLedger(
-            group_size=group_size,
-            max_row_attempts=config.max_row_attempts,
-            data_failure_budget=config.data_failure_budget,
-        )
-    all_rows = range(rows) if isinstance(rows, int) else list(rows)
-    start = ledger.next_row
-    remaining = iter([r for r in all_rows if r >= start])
-    metrics = Metrics()
-    for name, value in (extra_metrics or {}).items():
-        metrics.set(name, value)
-    gate = DispatchGate()
-    deadlines = DeadlineRegistry()
-    dispatcher = Dispatcher(
-        gym, ledger, gate, deadlines, config, metrics, remaining,
-        max_rows_in_flight=max_rows_in_flight, batch_size=batch_size, on_dispatch=on_dispatch,
-    )
-    coordinator = CheckpointCoordinator(
-        gym, ledger, gate, deadlines, store, config, metrics, run_id=run_id
-    )
-    rollouts = Rollouts(
-        ledger, dispatcher, coordinator, store, metrics, restored, keep_snapshots, checkpoint_every
-    )
-    if restored is not None:
-        metrics.inc("rollout/restores_total")
-        dispatcher.enqueue_reserved()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(dispatcher.run)
-        try:
-            yield rollouts
-        finally:
-            nursery.cancel_scope.cancel()
+            coordinator = CheckpointCoordinator(
+                gym, ledger, gate, deadlines, store, config, metrics, run_id=run_id
+            )
+            rollouts = Rollouts(
+                ledger, dispatcher, coordinator, store, metrics, restored, keep_snapshots,
+                checkpoint_every, preempt_timeout_s,
+            )
+            if restored is not None:
+                metrics.inc("rollout/restores_total")
+                dispatcher.enqueue_reserved()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(dispatcher.run)
+                if signals is not None:
+                    nursery.start_soon(_watch_signals, signals, rollouts)
+                try:
+                    yield rollouts
+                finally:
+                    nursery.cancel_scope.cancel()
+    finally:
+        lock.release()
+
+
+async def _watch_signals(signals: AsyncIterator[int], rollouts: Rollouts) -> None:
+    async for signum in signals:
+        rollouts.preempt(signal.Signals(signum))

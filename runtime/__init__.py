@@ -19,6 +19,7 @@ from ._errors import (
     ManifestError,
     StrandedSessionError,
     TopologyMismatch,
+    WorkDirLocked,
     sample_ids,
 )
 from ._gate import DispatchGate, GateStatistics
@@ -59,12 +60,14 @@ from ._store import (
     verify_snapshot,
     write_atomic,
 )
+from ._workdir import LOCK_FILE, WorkDirLock
 
 __all__ = [
     "ADMISSION_CLOSED_ROWS",
     "ANY",
     "COMMIT_MARKER",
     "GYM_STATE_DIR",
+    "LOCK_FILE",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "PARTICIPANT_KINDS",
@@ -103,6 +106,8 @@ __all__ = [
     "SnapshotStore",
     "StrandedSessionError",
     "TopologyMismatch",
+    "WorkDirLock",
+    "WorkDirLocked",
     "check_snapshot",
     "converter",
     "fsync_dir",

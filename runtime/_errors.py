@@ -21,6 +21,7 @@ __all__ = [
     "ManifestError",
     "StrandedSessionError",
     "TopologyMismatch",
+    "WorkDirLocked",
     "sample_ids",
 ]
 
@@ -147,3 +148,20 @@ class BudgetExhausted(RuntimeError):
 
 class CheckpointsFailed(RuntimeError):
     """Checkpoints failed more than ``max_consecutive_failures`` times in a row (exit code 4)."""
+
+
+class WorkDirLocked(RuntimeError):
+    """Another trainer holds the work directory (exit code 2): two trainers on one work
+    directory would race on its snapshots."""
+
+    def __init__(self, workdir: str, pid: int | None) -> None:
+        super().__init__(workdir, pid)
+        self.workdir = workdir
+        self.pid = pid
+
+    def __str__(self) -> str:
+        holder = f"process {self.pid}" if self.pid is not None else "another process"
+        return (
+            f"work directory {self.workdir} is in use by {holder}; one trainer per work "
+            "directory — stop that one or choose another directory"
+        )

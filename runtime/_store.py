@@ -83,6 +83,7 @@ _SNAPSHOT_PREFIX: Final = "ckpt-"
 _STAGING_PREFIX: Final = ".staging-"
 _PRUNING_PREFIX: Final = ".pruning-"
 _PIN_TMP_PREFIX: Final = ".pin-"
+_CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 _SNAPSHOT_RE: Final = re.compile(r"ckpt-(\d{6,})")
 _DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 _RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR})
@@ -312,8 +313,12 @@ class SnapshotStore:
             self.root.mkdir(parents=True, exist_ok=True)
             if staging.exists() or staging.is_symlink():
                 _remove(staging)
-            staging.mkdir()
-            (staging / GYM_STATE_DIR).mkdir()
+            try:
+                staging.mkdir()
+                (staging / GYM_STATE_DIR).mkdir()
+            except BaseException:  # a full disk leaves nothing behind
+                _remove(staging)
+                raise
             self._staging.add(staging)
         return staging
 
@@ -386,6 +391,28 @@ class SnapshotStore:
             self._last_seq = seq
             self._staging.discard(staging)
         return SnapshotInfo(final_path, manifest.checkpoint_id, seq)
+
+    def reserve_checkpoint_seq(self) -> int:
+        """A checkpoint number never handed out before by any store on ``root``, durably.
+
+        Checkpoint ids name Gym's prepare/commit calls and the staging directory, and Gym may
+        outlive a trainer process; an id reused by the next incarnation could be confused with
+        an old checkpoint. The high-water mark lives in ``<root>/.checkpoint-seq`` (written
+        atomically before the number is returned) and never falls below the highest snapshot
+        seq or marker seq present, so ids stay unique across incarnations even if the file is
+        lost. An ``OSError`` (a full disk) leaves the mark unchanged.
+        """
+        mark = self.root / _CHECKPOINT_SEQ_FILE
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                stored = int(mark.read_text().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                stored = 0
+            seqs = [info.seq for info in self.list_complete()]
+            seq = max([stored, self._last_seq, self._highest_seq(), *seqs]) + 1
+            write_atomic(mark, f"{seq}\n".encode())
+        return seq
 
     def abort(self, staging: Path) -> None:
         """Remove a staging directory (no error if it is gone)."""

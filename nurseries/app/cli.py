@@ -22,6 +22,7 @@ from gymckpt.runtime import (
     ManifestError,
     SnapshotStore,
     TopologyMismatch,
+    WorkDirLocked,
     load_snapshot,
     verify_snapshot,
 )
@@ -290,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             crash_stage=args.crash_at_stage,
         )
         return run_demo(opts, args.json)
-    except (ManifestError, TopologyMismatch, ValueError) as exc:
+    except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

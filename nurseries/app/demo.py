@@ -42,22 +42,19 @@ from gymckpt.gym_adapter import EmbeddedGym, GymBackend, GymInstanceDead, RunRow
 from gymckpt.gym_adapter._sim import plan_episode, sentinel
 from gymckpt.runtime import (
     MANIFEST_NAME,
-    CheckpointInvariantError,
-    CheckpointsFailed,
     CompletedGroup,
     GymCheckpointUnavailable,
     GymManifest,
-    ManifestError,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
-    TopologyMismatch,
     load_snapshot,
     write_atomic,
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
 
 from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
+from gymckpt.nurseries._run import leaf_errors, run_exit
 from gymckpt.nurseries._trainer import open_rollouts
 
 __all__ = [
@@ -339,36 +336,6 @@ def single_error(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def leaf_errors(exc: BaseException) -> list[BaseException]:
-    """Every error inside ``exc``'s (nested) exception groups, or ``[exc]``."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in leaf_errors(e)]
-    return [exc]
-
-
-def run_exit(exc: BaseException) -> tuple[int, BaseException] | None:
-    """The C4 exit code an error that ended a run maps to, with the error that decides it.
-
-    Trio nurseries wrap errors in exception groups, and two tasks may fail together (the
-    dispatcher finding every instance dead while a checkpoint gives up): an invariant
-    violation anywhere is 3; checkpoints failing too often, every instance dead, or a restore
-    Gym could not serve (``GymCheckpointUnavailable`` only escapes a run from the restore;
-    checkpoints retry it), 4; a lone bad-input error, 2. None for anything else (a bug: let
-    it surface).
-    """
-    leaves = leaf_errors(exc)
-    for leaf in leaves:
-        if isinstance(leaf, CheckpointInvariantError):
-            return 3, leaf
-    unavailable = (CheckpointsFailed, GymInstanceDead, GymCheckpointUnavailable)
-    if all(isinstance(leaf, unavailable) for leaf in leaves):
-        failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
-        return 4, (failed or leaves)[0]
-    if len(leaves) == 1 and isinstance(leaves[0], (ManifestError, TopologyMismatch, ValueError)):
-        return 2, leaves[0]
-    return None
 
 
 def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:

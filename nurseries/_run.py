@@ -1,0 +1,86 @@
+"""``gymckpt.run(main)``: run a trio trainer as a program, ending with an exit code, not a trace.
+
+A trainer's errors arrive wrapped in the nurseries' exception groups (``open_rollouts`` runs the
+dispatcher beside the trainer's body), so a plain ``trio.run`` ends a run that lost its Gym or
+broke an invariant with a long nested traceback and exit 1. ``run`` decides the exit code from
+the errors inside the groups (the command line's codes: 2 bad input or work directory in use,
+3 invariant violation, 4 checkpoints failed too often, 130 interrupted) and prints one line.
+Anything else is a bug in the trainer or here, and propagates unchanged.
+
+Preemption (SIGTERM, SIGINT) needs nothing from ``run``: ``open_rollouts`` handles both signals
+while it is open — the trainer finishes its step, a final checkpoint is taken, and ``main``
+returns normally, so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import trio
+
+from gymckpt.gym_adapter import GymInstanceDead
+from gymckpt.runtime import (
+    CheckpointInvariantError,
+    CheckpointsFailed,
+    GymCheckpointUnavailable,
+    ManifestError,
+    TopologyMismatch,
+    WorkDirLocked,
+)
+
+__all__ = ["EXIT_INTERRUPTED", "leaf_errors", "run", "run_exit"]
+
+T = TypeVar("T")
+
+EXIT_INTERRUPTED = 130
+
+
+def leaf_errors(exc: BaseException) -> list[BaseException]:
+    """Every error inside ``exc``'s (nested) exception groups, or ``[exc]``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaf_errors(e)]
+    return [exc]
+
+
+def run_exit(exc: BaseException) -> tuple[int, BaseException] | None:
+    """The exit code an error that ended a run maps to, with the error that decides it.
+
+    Two tasks may fail together (the dispatcher finding every instance dead while a checkpoint
+    gives up): an invariant violation anywhere is 3; checkpoints failing too often, every
+    instance dead, or a restore Gym could not serve (``GymCheckpointUnavailable`` only escapes
+    a run from the restore; checkpoints retry it), 4; a lone bad-input error or a work
+    directory in use, 2. None for anything else (a bug: let it surface).
+    """
+    leaves = leaf_errors(exc)
+    for leaf in leaves:
+        if isinstance(leaf, CheckpointInvariantError):
+            return 3, leaf
+    unavailable = (CheckpointsFailed, GymInstanceDead, GymCheckpointUnavailable)
+    if all(isinstance(leaf, unavailable) for leaf in leaves):
+        failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
+        return 4, (failed or leaves)[0]
+    bad_input = (ManifestError, TopologyMismatch, ValueError, WorkDirLocked)
+    if len(leaves) == 1 and isinstance(leaves[0], bad_input):
+        return 2, leaves[0]
+    return None
+
+
+def run(main: Callable[[], Awaitable[T]]) -> T:
+    """``trio.run(main)``; a run-ending gymckpt error prints one line and exits with its code."""
+    try:
+        return trio.run(main)
+    except BaseException as exc:
+        leaves = leaf_errors(exc)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            # only outside open_rollouts, which handles SIGINT itself
+            print("gymckpt: interrupted", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED) from None
+        decided = run_exit(exc) if isinstance(exc, Exception) else None
+        if decided is None:
+            raise
+        code, err = decided
+        what = {2: "error", 3: "run aborted", 4: "run stopped"}[code]
+        print(f"gymckpt: {what}: {err}", file=sys.stderr)
+        raise SystemExit(code) from None

@@ -1,0 +1,89 @@
+"""One trainer per work directory: an OS-level lock on ``<workdir>/.gymckpt.lock``.
+
+Two trainers on one work directory (a second launch by mistake, a scheduler retry while the first
+still runs) would race on the snapshot namespace: one of them dies at its next checkpoint with a
+confusing rename error, after both have dispatched work to Gym. The lock makes the second one
+fail at start instead, naming the holder.
+
+Why ``fcntl.flock`` and not a pid file: the kernel drops an ``flock`` when the holding process
+dies in any way, SIGKILL included, so a crashed trainer never leaves a stale lock behind that a
+human must remove — exactly the case a restore exists for. The pid written into the file is only
+for the message; the lock itself is the open file description.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from pathlib import Path
+from typing import Final, final
+
+import attrs
+
+from ._errors import WorkDirLocked
+
+__all__ = ["LOCK_FILE", "WorkDirLock"]
+
+LOCK_FILE: Final = ".gymckpt.lock"
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class WorkDirLock:
+    """An exclusive, non-blocking lock on a work directory held by this process.
+
+    Invariants: while ``held``, no other process (or other ``WorkDirLock`` in this process) can
+    acquire the same directory; the lock is released by ``release`` or by the death of the
+    process, whichever comes first. Blocking I/O: call it off the event loop.
+    """
+
+    workdir: Path = attrs.field(converter=Path)
+    _fd: int | None = attrs.field(default=None, init=False)
+
+    @property
+    def path(self) -> Path:
+        return self.workdir / LOCK_FILE
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``WorkDirLocked`` naming the holder's pid. Never waits."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self.workdir} is already locked by this WorkDirLock")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise WorkDirLocked(str(self.workdir), holder) from None
+            raise
+        with contextlib.suppress(OSError):  # a full disk must not stop the holder
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (no error if not held)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    def __repr__(self) -> str:
+        return f"<WorkDirLock {str(self.workdir)!r} held={self.held}>"
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        raw = os.pread(fd, 32, 0).decode().strip()
+        return int(raw) if raw else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,336 @@
+"""In a training job: unique checkpoint ids, a full disk, one trainer per work directory,
+preemption by SIGTERM/SIGINT. The process-level tests run real trainer programs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.nurseries import Rollouts, open_rollouts
+from gymckpt.nurseries._calls import classify
+from gymckpt.nurseries.app.cli import _verify
+from gymckpt.runtime import (
+    CheckpointsFailed,
+    RuntimeConfig,
+    SnapshotStore,
+    WorkDirLock,
+    WorkDirLocked,
+    load_snapshot,
+)
+from gymckpt.runtime import _store
+
+SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
+                       lease_s=30.0, max_consecutive_failures=2)
+
+
+@asynccontextmanager
+async def running(workdir: Path, gym_dir: Path, rows: int = 12, **kw: Any
+                  ) -> AsyncIterator[Rollouts]:
+    async with EmbeddedGym.open(instances=2, seed=3, work_dir=gym_dir, config=SIM) as gym:
+        async with open_rollouts(gym, workdir, rows=rows, group_size=2, config=CONFIG,
+                                 max_rows_in_flight=6, **kw) as ro:
+            yield ro
+
+
+def staging_dirs(workdir: Path) -> list[str]:
+    return [p.name for p in (workdir / "snapshots").iterdir() if p.name.startswith(".staging")]
+
+
+# -- checkpoint ids --------------------------------------------------------------------------
+
+
+async def test_checkpoint_ids_are_unique_across_incarnations(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    ids: list[str] = []
+    async with running(tmp_path / "w", tmp_path / "gym") as ro:
+        await trio.sleep(1)
+        ids += [(await ro.checkpoint()).checkpoint_id for _ in range(2)]
+    # a new incarnation (restore) goes on from the last id, it does not restart at run-0001
+    async with running(tmp_path / "w", tmp_path / "gym2") as ro:
+        assert ro.restored is not None
+        await trio.sleep(1)
+        ids.append((await ro.checkpoint()).checkpoint_id)
+    assert ids == ["run-0001", "run-0002", "run-0003"]
+
+
+def test_reserved_checkpoint_seq_survives_a_lost_mark(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    assert [store.reserve_checkpoint_seq() for _ in range(3)] == [1, 2, 3]
+    assert SnapshotStore(tmp_path).reserve_checkpoint_seq() == 4  # a new process goes on
+    (tmp_path / "ckpt-000009").mkdir()  # published folders count even without the mark
+    (tmp_path / ".checkpoint-seq").unlink()
+    assert SnapshotStore(tmp_path).reserve_checkpoint_seq() == 10
+
+
+# -- a full disk -----------------------------------------------------------------------------
+
+
+def test_storage_errors_are_retryable_and_other_os_errors_are_not() -> None:
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+        assert classify(OSError(code, os.strerror(code))) == "snapshot_io"
+    group = ExceptionGroup("commit", [OSError(errno.ENOSPC, "No space left on device")])
+    assert classify(group) == "snapshot_io"
+    assert classify(OSError(errno.EACCES, "Permission denied")) == "invariant"
+
+
+async def test_enospc_while_publishing_is_a_failed_retryable_checkpoint(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    real_write = _store.write_atomic
+    full = True
+
+    def write_atomic(path: Path, data: bytes) -> None:
+        if full and path.name == "gym_checkpoint.json":  # some files are written already
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, data)
+
+    monkeypatch.setattr(_store, "write_atomic", write_atomic)
+    workdir = tmp_path / "w"
+    with caplog.at_level(logging.WARNING, logger="gymckpt"):
+        async with running(workdir, tmp_path / "gym") as ro:
+            await trio.sleep(1)
+            first = await ro.checkpoint(b'{"step": 1}')
+            assert not first.ok and first.reason == "snapshot_io"
+            assert "No space left on device" in (first.error or "")
+            assert staging_dirs(workdir) == []  # staging removed, nothing published
+            assert ro.store.list_complete() == []
+            assert ro.coordinator.consecutive_failures == 1
+            assert ro.metrics.get("checkpoint/snapshot_io_total") == 1
+            full = False
+            again = await ro.checkpoint(b'{"step": 1}')
+            assert again.ok and ro.coordinator.consecutive_failures == 0
+            rows = [g.row for batch in [b async for b in ro.batches(2)] for g in batch]
+            assert sorted(rows) == list(range(12))
+    lines = [r.getMessage() for r in caplog.records if "snapshot_io" in r.getMessage()]
+    assert len(lines) == 1
+    assert str(workdir / "snapshots") in lines[0] and "bytes free" in lines[0]
+    assert _verify(load_snapshot(again.snapshot.path)) == []  # type: ignore[union-attr]
+
+
+async def test_a_disk_that_stays_full_stops_the_run_naming_the_cause(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def write_atomic(path: Path, data: bytes) -> None:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
+
+    async with running(tmp_path / "w", tmp_path / "gym") as ro:
+        await trio.sleep(1)
+        monkeypatch.setattr(_store, "write_atomic", write_atomic)
+        for _ in range(CONFIG.max_consecutive_failures):
+            assert (await ro.checkpoint()).reason == "snapshot_io"
+        with pytest.raises(CheckpointsFailed, match=r"last \(snapshot_io\).*quota"):
+            await ro.checkpoint()
+        assert staging_dirs(tmp_path / "w") == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 3 MiB tmpfs (root only: ``mount -t tmpfs``); skipped where it cannot mount."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(ballast: Path) -> None:
+    """Fill the file system holding ``ballast`` to the last byte."""
+    with open(ballast, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def test_a_small_file_system_filling_mid_run(small_tmpfs: Path, tmp_path: Path) -> None:
+    """Snapshots on a real 3 MiB tmpfs; a ballast file fills it between checkpoints."""
+    workdir = small_tmpfs / "work"
+    ballast = small_tmpfs / "ballast"
+    outcomes: list[tuple[bool, str | None]] = []
+
+    async def main() -> list[int]:
+        trained: list[int] = []
+        sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005), mutation_p=1.0)
+        async with EmbeddedGym.open(instances=2, seed=1, work_dir=tmp_path / "gym",
+                                    config=sim) as gym:
+            async with open_rollouts(gym, workdir, rows=40, group_size=2, config=CONFIG,
+                                     max_rows_in_flight=8) as ro:
+                async for batch in ro.batches(2):
+                    trained += [g.row for g in batch]
+                    step = ro.steps + 1
+                    if step == 2:
+                        assert (await ro.checkpoint(b"x" * 1000)).ok
+                        fill(ballast)
+                    if 3 <= step <= 4:  # the disk is full: failed, retryable
+                        out = await ro.checkpoint(b"y" * 1000)
+                        outcomes.append((out.ok, out.reason))
+                    if step == 5:
+                        ballast.unlink()  # space returns: the run goes on
+                        out = await ro.checkpoint(b"z" * 1000)
+                        outcomes.append((out.ok, out.reason))
+        return trained
+
+    trained = trio.run(main)
+    assert sorted(trained) == list(range(40))
+    assert outcomes == [(False, "snapshot_io"), (False, "snapshot_io"), (True, None)]
+    assert staging_dirs(workdir) == []
+    latest = SnapshotStore(workdir / "snapshots").latest_complete()
+    assert latest is not None
+    snap = load_snapshot(latest.path)
+    assert snap.files["trainer.json"] == b"z" * 1000 and _verify(snap) == []
+
+
+# -- one trainer per work directory ----------------------------------------------------------
+
+
+def test_work_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
+    first = WorkDirLock(tmp_path)
+    first.acquire()
+    with pytest.raises(WorkDirLocked, match=rf"in use by process {os.getpid()}"):
+        WorkDirLock(tmp_path).acquire()
+    first.release()
+    second = WorkDirLock(tmp_path)
+    second.acquire()  # free again
+    second.release()
+
+
+TRAINER = textwrap.dedent('''
+    import json, os, sys
+    import trio
+    import gymckpt
+    from gymckpt.gym_adapter import SimConfig
+
+    WORK, ROWS, HOLD = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"
+    SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
+
+    async def main() -> None:
+        async with gymckpt.EmbeddedGym.open(instances=2, seed=0, work_dir=WORK + "-gym",
+                                            config=SIM) as gym:
+            async with gymckpt.open_rollouts(gym, WORK, rows=ROWS, group_size=2,
+                                             checkpoint_every=3) as rollouts:
+                state = json.loads(rollouts.trainer_state or b'{"step": 0}')
+                print("holding", flush=True)
+                if HOLD:
+                    await trio.to_thread.run_sync(sys.stdin.readline)
+                journal = open(os.path.join(WORK, "journal.jsonl"), "a")
+                async for batch in rollouts.batches(
+                        2, state=lambda: json.dumps(state).encode()):
+                    await trio.sleep(0.05)  # train
+                    state["step"] += 1
+                    journal.write(json.dumps({"step": state["step"],
+                                              "rows": [g.row for g in batch]}) + "\\n")
+                    journal.flush()
+                    os.fsync(journal.fileno())
+                    print("step", state["step"], flush=True)
+
+    gymckpt.run(main)
+''')
+
+
+def _trainer(tmp_path: Path, work: Path, rows: int, hold: bool = False) -> subprocess.Popen[str]:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(work), str(rows), "hold" if hold else "go"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _journal(work: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (work / "journal.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.subprocess
+def test_a_second_trainer_on_the_same_work_dir_fails_at_start(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    first = _trainer(tmp_path, work, rows=12, hold=True)
+    try:
+        assert first.stdout is not None and first.stdin is not None
+        assert first.stdout.readline() == "holding\n"
+        second = _trainer(tmp_path, work, rows=12)
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 2, err
+        assert err.strip().splitlines() == [
+            f"gymckpt: error: work directory {work} is in use by process {first.pid}; one "
+            "trainer per work directory — stop that one or choose another directory"
+        ]
+        assert "holding" not in out
+        first.stdin.write("\n")
+        first.stdin.flush()
+        _out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err  # the first one is unharmed
+    rows = [r for entry in _journal(work) for r in entry["rows"]]
+    assert sorted(rows) == list(range(12))
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    work = tmp_path / "work"
+    rows = 60
+    first = _trainer(tmp_path, work, rows)
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline() == "holding\n"
+        line = first.stdout.readline()
+        while line != "step 4\n":  # mid-run: some steps done, between two checkpoints
+            assert line.startswith("step"), line
+            line = first.stdout.readline()
+        first.send_signal(sig)
+        _out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gymckpt: {sig.name}: stopped after step")
+    journal = _journal(work)
+    steps = len(journal)
+    assert steps < rows // 2  # it really stopped early
+    latest = SnapshotStore(work / "snapshots").latest_complete()
+    assert latest is not None and str(latest.path) in lines[0]
+    snap = load_snapshot(latest.path)
+    # the final snapshot holds every finished step
+    assert json.loads(snap.files["trainer.json"]) == {"step": steps}
+    assert _verify(snap) == []
+
+    again = _trainer(tmp_path, work, rows)
+    _out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    journal = _journal(work)
+    assert [e["step"] for e in journal] == list(range(1, len(journal) + 1))  # each step once
+    trained = Counter(r for e in journal for r in e["rows"])
+    assert sorted(trained) == list(range(rows)) and set(trained.values()) == {1}
