@@ -89,6 +89,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "DeadlineExpired": ("row-1", "generate", 3.0),
     "BudgetExhausted": ("row 4 ran out of attempts",),
     "CheckpointsFailed": ("3 consecutive failures",),
+    "WorkDirLocked": ("/data/work", 4242),
 }
 
 
