@@ -30,7 +30,24 @@ from ._contract import (
     Topology,
 )
 from ._embedded import EmbeddedGym, GymStatistics
+from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment, load_environment
+from ._episode import (
+    ROLES,
+    AgentParticipant,
+    Done,
+    EnvironmentSpecError,
+    EpisodeContext,
+    EpisodeFenced,
+    EpisodeInfo,
+    Participant,
+    PayloadTooLarge,
+    StateParticipant,
+    participant_kinds,
+    register_participant_kind,
+)
 from ._faults import FAULT_GRAMMAR, FaultPlan, FaultSpec
+from ._host import GymHost, HostConfig, HostStatistics
+from ._host_episodes import capture_key as host_capture_key
 from ._sim import (
     CalendarEvent,
     CalendarSession,
@@ -56,13 +73,22 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADMISSION_CLOSED",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "FAULT_GRAMMAR",
+    "ROLES",
+    "AgentParticipant",
     "AgentSession",
     "CalendarEvent",
     "CalendarSession",
     "CommitReply",
     "Completed",
+    "Done",
     "EmbeddedGym",
+    "Environment",
+    "EnvironmentSpecError",
+    "EpisodeContext",
+    "EpisodeFenced",
+    "EpisodeInfo",
     "EpisodePlan",
     "ExportedEpisode",
     "Failed",
@@ -70,11 +96,16 @@ __all__ = [
     "FaultSpec",
     "GymBackend",
     "GymControlError",
+    "GymHost",
     "GymInstanceDead",
     "GymStatistics",
+    "HostConfig",
+    "HostStatistics",
     "InstanceInventory",
     "InstanceTopology",
+    "Participant",
     "ParticipantInfo",
+    "PayloadTooLarge",
     "PrepareReply",
     "Refused",
     "ReplyStream",
@@ -86,6 +117,11 @@ __all__ = [
     "SimInstance",
     "SimReplyStream",
     "SimStatistics",
+    "StateParticipant",
     "Topology",
+    "host_capture_key",
+    "load_environment",
+    "participant_kinds",
     "plan_episode",
+    "register_participant_kind",
 ]

@@ -35,7 +35,7 @@ difference and then has changed nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -110,9 +110,13 @@ class RunRow:
 
 @attrs.frozen
 class Completed:
+    """A finished episode: its reward, its turns, and its trajectory payload (a JSON value, or
+    None) for the trainer."""
+
     rollout_id: str
     reward: float
     turns: int
+    payload: Any = None
 
 
 @attrs.frozen

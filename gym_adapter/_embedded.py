@@ -1,8 +1,9 @@
-"""EmbeddedGym: the simulated Gym deployment in-process, as a ``GymBackend``.
+"""EmbeddedGym: a Gym deployment in-process, as a ``GymBackend``.
 
-K ``SimInstance`` named ``gym-0`` … ``gym-{K-1}`` share one task-group lifetime (the
-``EmbeddedGym.open`` context) and one ``FaultPlan``, so ``@N`` in a fault spec counts calls
-across the deployment. Every call is delegated to its instance; the adapter adds only what a
+``EmbeddedGym.open`` serves the simulated calendar workplace; ``EmbeddedGym.host`` serves a
+user's ``Environment`` on Gym hosts (``GymHost``). Either way, K instances named ``gym-0`` …
+``gym-{K-1}`` share one task-group lifetime (the context) and one ``FaultPlan``, so ``@N`` in a
+fault spec counts calls across the deployment. Every call is delegated to its instance; the adapter adds only what a
 remote backend adds too:
 
 - fault injection (C3) before the call reaches the instance (``hang``, ``delay``, ``error``,
@@ -23,7 +24,7 @@ import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, final
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -36,6 +37,7 @@ from ._contract import (
     GymBackend,
     GymInstanceDead,
     InstanceInventory,
+    InstanceTopology,
     PrepareReply,
     ReplyStream,
     RestoreReply,
@@ -43,7 +45,9 @@ from ._contract import (
     RunRow,
     Topology,
 )
+from ._environment import Environment, load_environment
 from ._faults import FaultPlan, FaultSpec
+from ._host import GymHost, HostConfig, HostStatistics
 from ._sim import (
     AGENT_KINDS,
     CalendarSession,
@@ -58,11 +62,55 @@ __all__ = ["EmbeddedGym", "GymStatistics"]
 T = TypeVar("T")
 
 
+class _Instance(Protocol):
+    """What the deployment asks of an instance (``SimInstance`` and ``GymHost`` alike)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dead(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def topology(self) -> InstanceTopology: ...
+
+    def inventory(self) -> InstanceInventory: ...
+
+    def statistics(self) -> Any: ...
+
+    async def run(
+        self, rows: Sequence[RunRow], *, refuse_all: bool = ..., drop_after: int | None = ...
+    ) -> ReplyStream: ...
+
+    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply: ...
+
+    async def commit(
+        self, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply: ...
+
+    async def resume(self, checkpoint_id: str, deadline_ts: float) -> None: ...
+
+    async def retire(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply: ...
+
+    async def retire_restored(
+        self, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply: ...
+
+    async def restore(
+        self,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply: ...
+
+
 @attrs.frozen
 class GymStatistics:
     """Counts of the whole deployment: per instance, and the faults that fired."""
 
-    instances: tuple[SimStatistics, ...]
+    instances: tuple[SimStatistics | HostStatistics, ...]
     faults_fired: tuple[tuple[str, int], ...]
 
 
@@ -78,7 +126,7 @@ def _can_pickle(exc: BaseException) -> bool:
 class EmbeddedGym:
     """The embedded Gym deployment. Build it with ``EmbeddedGym.open(...)``."""
 
-    def __init__(self, sims: Sequence[SimInstance], plan: FaultPlan) -> None:
+    def __init__(self, sims: Sequence[_Instance], plan: FaultPlan) -> None:
         self._sims = {sim.name: sim for sim in sims}
         self._names = tuple(sim.name for sim in sims)
         self._plan = plan
@@ -118,6 +166,33 @@ class EmbeddedGym:
                 await stack.enter_async_context(sim)
             yield cls(sims, plan)
 
+    @classmethod
+    @asynccontextmanager
+    async def host(
+        cls,
+        environment: Environment | str,
+        instances: int = 1,
+        seed: int = 0,
+        work_dir: str | Path | None = None,
+        config: HostConfig | None = None,
+        faults: Sequence[str | FaultSpec] = (),
+    ) -> AsyncIterator[EmbeddedGym]:
+        """Serve ``environment`` (an ``Environment`` or its import path
+        ``package.module:name``) on ``instances`` Gym hosts until the context exits. The
+        environment is checked first: ``EnvironmentSpecError`` names what cannot be hosted."""
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances!r}")
+        env = load_environment(environment)
+        env.check()
+        plan = FaultPlan(faults)
+        cfg = config if config is not None else HostConfig()
+        wd = Path(work_dir) if work_dir is not None else None
+        hosts = [GymHost(f"gym-{i}", env, seed, wd, cfg) for i in range(instances)]
+        async with AsyncExitStack() as stack:
+            for h in hosts:
+                await stack.enter_async_context(h)
+            yield cls(hosts, plan)
+
     # -- plumbing ----------------------------------------------------------------------------
 
     @property
@@ -128,7 +203,7 @@ class EmbeddedGym:
     def faults(self) -> FaultPlan:
         return self._plan
 
-    def sim(self, instance: str) -> SimInstance:
+    def sim(self, instance: str) -> Any:
         """The instance itself (tests and the demo only; bypasses faults)."""
         try:
             return self._sims[instance]
@@ -137,16 +212,16 @@ class EmbeddedGym:
                 f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
             ) from None
 
-    def _live(self, instance: str, op: str) -> SimInstance:
+    def _live(self, instance: str, op: str) -> Any:
         sim = self.sim(instance)
         if sim.dead:
             raise GymInstanceDead(instance, op)
         return sim
 
-    async def _inject(self, sim: SimInstance, spec: FaultSpec, op: str) -> None:
+    async def _inject(self, sim: _Instance, spec: FaultSpec, op: str) -> None:
         await inject_fault(spec, sim.name, op, sim.kill)
 
-    async def _call(self, instance: str, op: str, call: Callable[[SimInstance], Awaitable[T]]) -> T:
+    async def _call(self, instance: str, op: str, call: Callable[[Any], Awaitable[T]]) -> T:
         sim = self._live(instance, op)
         spec = self._plan.check(op)
         try:

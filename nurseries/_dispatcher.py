@@ -303,7 +303,8 @@ class Dispatcher:
                 outstanding.discard(rid)
                 touched.append(rid)
                 if isinstance(reply, Completed):
-                    ledger.complete(rid, gate_id, EpisodeResult(reply.reward, reply.turns))
+                    result = EpisodeResult(reply.reward, reply.turns, reply.payload)
+                    ledger.complete(rid, gate_id, result)
                 elif isinstance(reply, Failed):
                     nxt = ledger.fail(rid, gate_id, reply.failure_class, reply.message)
                     if nxt is not None:

@@ -54,7 +54,7 @@ import itertools
 import weakref
 from array import array
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from typing import Any, Literal, cast, final
+from typing import Any, Literal, TypeVar, cast, final
 
 import attrs
 import orjson
@@ -62,6 +62,7 @@ import orjson
 from ._barrier import MutationBarrier
 from ._converter import converter as _conv
 from ._converter import loads
+from ._converter import structure as _conv_structure
 from ._errors import BudgetExhausted, ManifestError
 from ._manifest import EpisodeRecord
 
@@ -84,6 +85,7 @@ __all__ = [
     "rollout_id_for",
 ]
 
+T = TypeVar("T")
 FailureClass = Literal["infra", "data"]
 LEDGER_SNAPSHOT_VERSION = 1
 
@@ -104,10 +106,18 @@ class AttemptState(enum.Enum):
 
 @attrs.frozen
 class EpisodeResult:
-    """What a completed episode gives the trainer."""
+    """What a completed episode gives the trainer: its reward, turns and trajectory payload
+    (a JSON value from the episode, or None). Held with its completed attempt until trained,
+    and part of the rollout snapshot meanwhile."""
 
     reward: float
     turns: int
+    payload: Any = None
+
+    def payload_as(self, cls: type[T]) -> T:
+        """The payload structured as ``cls`` (an attrs class) through the project's converter;
+        ``ManifestError`` naming the field if it does not fit."""
+        return _conv_structure(self.payload, cls, "episode payload")
 
 
 @attrs.frozen
@@ -250,7 +260,9 @@ _NO_GATE = -(1 << 63)  # gate_id None
 _NO_LINK = -1
 
 # The result columns hold exactly EpisodeResult's fields; a new field needs a column here.
-assert tuple(f.name for f in attrs.fields(EpisodeResult)) == ("reward", "turns")
+# The payload (a JSON value, None for most environments) is sparse: a dict keyed by slot, held
+# only while the result waits to be trained.
+assert tuple(f.name for f in attrs.fields(EpisodeResult)) == ("reward", "turns", "payload")
 
 
 @final
@@ -451,6 +463,8 @@ class RecoveryLedger:
     _inst_index: dict[str, int] = attrs.field(factory=dict, init=False)
     # sparse: restored Gym state (after a restore only), views someone holds
     _restored: dict[int, RestoredGymState] = attrs.field(factory=dict, init=False)
+    _payload: dict[int, Any] = attrs.field(factory=dict, init=False)
+    """Trajectory payloads of completed, untrained attempts, by slot."""
     _views: weakref.WeakValueDictionary[int, Attempt] = attrs.field(
         factory=weakref.WeakValueDictionary, init=False
     )
@@ -529,6 +543,7 @@ class RecoveryLedger:
         self._rep[s] = -1
         self._gate[s] = _NO_GATE
         self._restored.pop(s, None)
+        self._payload.pop(s, None)
 
     def _free_block(self, row: int, b: int) -> None:
         """The row left the ledger: detach held views, recycle the block."""
@@ -539,6 +554,7 @@ class RecoveryLedger:
             if view is not None:
                 view._detach(self._fields(s))
             self._restored.pop(s, None)
+            self._payload.pop(s, None)
         self._free_blocks.append(b)
 
     def _fields(self, s: int, state: int | None = None, failure: str | None = None) -> tuple[
@@ -560,7 +576,7 @@ class RecoveryLedger:
     def _result(self, s: int) -> EpisodeResult | None:
         if self._state[s] != _COMPLETED:
             return None
-        return EpisodeResult(self._reward[s], self._turns[s])
+        return EpisodeResult(self._reward[s], self._turns[s], self._payload.get(s))
 
     def _slot_of(self, rollout_id: str) -> int:
         """The slot of the current attempt with this ID, or -1. O(1)."""
@@ -787,6 +803,8 @@ class RecoveryLedger:
         self._set_state(s, _COMPLETED)
         self._reward[s] = result.reward
         self._turns[s] = result.turns
+        if result.payload is not None:
+            self._payload[s] = result.payload
         b = s // self.group_size
         done = self._blk_done[b] = self._blk_done[b] + 1
         if done == self.group_size:
@@ -862,7 +880,10 @@ class RecoveryLedger:
             del self._ready[row_index]
             b = self._row_block[row_index]
             slots = range(b * g, b * g + g)
-            results = tuple(EpisodeResult(self._reward[s], self._turns[s]) for s in slots)
+            results = tuple(
+                EpisodeResult(self._reward[s], self._turns[s], self._payload.get(s))
+                for s in slots
+            )
             ids = tuple(self._rid(s) for s in slots)
             self._counts[AttemptState.COMPLETED] -= g
             self._free_block(row_index, b)
@@ -983,7 +1004,7 @@ class RecoveryLedger:
                     row, s - b * g, att[s], _STATES[code].value,
                     None if r < 0 else names[r], None if gid == _NO_GATE else gid,
                     restored_of.get(s), bool(unclaimed[s]),
-                    EpisodeResult(self._reward[s], self._turns[s]) if code == _COMPLETED else None,
+                    self._result(s),
                 )
 
     def to_snapshot(self) -> LedgerSnapshot:
@@ -1085,6 +1106,8 @@ class RecoveryLedger:
                         ledger._set_state(s, _COMPLETED)
                         ledger._reward[s] = ar.result.reward
                         ledger._turns[s] = ar.result.turns
+                        if ar.result.payload is not None:
+                            ledger._payload[s] = ar.result.payload
                         if ar.replica is not None:
                             ledger._rep[s] = ledger._intern(ar.replica)
                         if ar.gate_id is not None:
@@ -1145,8 +1168,14 @@ def _unstructure_attempt_row(a: AttemptRow) -> list[object]:
         a.row, a.slot, a.attempt, a.state, a.replica, a.gate_id,
         None if a.restored is None else _conv.unstructure(a.restored),
         a.unclaimed,
-        None if a.result is None else [a.result.reward, a.result.turns],
+        None if a.result is None else _unstructure_result(a.result),
     ]
+
+
+def _unstructure_result(r: EpisodeResult) -> list[object]:
+    if r.payload is None:
+        return [r.reward, r.turns]
+    return [r.reward, r.turns, r.payload]
 
 
 def _structure_attempt_row(value: object, _t: object) -> AttemptRow:
@@ -1155,10 +1184,12 @@ def _structure_attempt_row(value: object, _t: object) -> AttemptRow:
     row, slot, attempt, state, replica, gate_id, restored, unclaimed, result = value
     res = None
     if result is not None:
-        if not isinstance(result, list) or len(result) != 2:
-            raise ValueError("an attempt's result is [reward, turns]")
+        if not isinstance(result, list) or len(result) not in (2, 3):
+            raise ValueError("an attempt's result is [reward, turns] or [reward, turns, payload]")
         res = EpisodeResult(
-            _conv.structure(result[0], float), _conv.structure(result[1], int)
+            _conv.structure(result[0], float),
+            _conv.structure(result[1], int),
+            result[2] if len(result) == 3 else None,
         )
     return AttemptRow(
         _conv.structure(row, int),

@@ -1,0 +1,273 @@
+"""The episode API: what a user writes to run their own environment on the Gym host.
+
+An **environment** is an agent (the episode's loop), zero or more environment participants and
+an optional model (or policy). The host owns everything about checkpoints; the user's code only
+has to keep its per-session state exportable as plain data:
+
+    class Counter:                      # an environment participant
+        name, kind = "counter", "environment"
+        def open(self, info): return {"n": 0}
+        def export(self, state): return state          # JSON value
+        def restore(self, data): return data
+
+    class Agent:                        # the agent: one call of ``step`` per turn
+        name, kind = "agent", "simple_agent"
+        def open(self, info): return {"rewards": []}
+        def export(self, state): return state
+        def restore(self, data): return data
+        async def step(self, ctx, state):
+            action = await ctx.model(state["rewards"])          # captured under a capture key
+            counter = ctx.session("counter")                    # fenced: only the owner gets it
+            counter["n"] += action
+            state["rewards"].append(1.0)
+            return Done(sum(state["rewards"]), payload=state) if ctx.turn >= 3 else None
+
+    env = Environment(agent=Agent(), participants=(Counter(),), model=my_policy)
+
+Why it is shaped like this
+--------------------------
+- **Step boundaries are between calls of** ``step``. A checkpoint parks an episode there, so every
+  session state is between two turns: exported state never holds half a mutation, and a restored
+  continuation calls ``step`` for turn ``ctx.turn`` exactly where the exported attempt stopped.
+  A coroutine's stack cannot be exported; a session state can.
+- **Sessions are per (row, slot)** and owned by one attempt. A fresh attempt of a slot opens new
+  sessions; the old attempt is *fenced*: ``ctx.session`` raises ``EpisodeFenced`` for it, and
+  whatever it still mutates lives in state objects the host no longer holds (never exported,
+  never replied). That is how a mutation happens once across any crash.
+- **Model calls are captured.** ``await ctx.model(request)`` stages the response under a capture
+  key (``"{row}-{slot}/t{turn}/c{n}"``); the keys of a parked episode go into the manifest, and
+  after a restore a call under a staged key returns the staged response without calling the
+  model again.
+- **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
+  None), or an attrs instance which the host unstructures through the project's strict cattrs
+  converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
+  does the attrs round trip for you.
+- **Kinds are open.** A participant's ``kind`` names its *role* through a registry
+  (``register_participant_kind``): ``agent``, ``legacy_agent``, ``environment``,
+  ``model_proxy``, or ``passive`` (state only). ``check_environment`` runs when a deployment
+  starts and names what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+
+import attrs
+
+from gymckpt.runtime import converter
+
+__all__ = [
+    "ROLES",
+    "AgentParticipant",
+    "Done",
+    "EnvironmentSpecError",
+    "EpisodeContext",
+    "EpisodeFenced",
+    "EpisodeInfo",
+    "Participant",
+    "PayloadTooLarge",
+    "StateParticipant",
+    "check_environment",
+    "participant_kinds",
+    "register_participant_kind",
+    "to_plain",
+]
+
+S = TypeVar("S")
+JSONValue = Any
+
+ROLES: Final = ("agent", "legacy_agent", "environment", "model_proxy", "passive")
+_KIND_RE: Final = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_KINDS: dict[str, str] = {
+    "simple_agent": "agent",
+    "legacy_agent": "legacy_agent",
+    "environment": "environment",
+    "model_proxy": "model_proxy",
+}
+
+
+def register_participant_kind(kind: str, role: str) -> None:
+    """Declare a participant kind and the role the host gives it (one of ``ROLES``).
+
+    Registering the same kind with the same role again is a no-op; another role is an error.
+    """
+    if not _KIND_RE.fullmatch(kind):
+        raise ValueError(f"participant kind {kind!r} must match {_KIND_RE.pattern}")
+    if role not in ROLES:
+        raise ValueError(f"role of kind {kind!r} must be one of {', '.join(ROLES)}, got {role!r}")
+    have = _KINDS.get(kind)
+    if have is not None and have != role:
+        raise ValueError(f"participant kind {kind!r} is already registered as role {have!r}")
+    _KINDS[kind] = role
+
+
+def participant_kinds() -> Mapping[str, str]:
+    """Every registered kind and its role."""
+    return dict(_KINDS)
+
+
+class EnvironmentSpecError(ValueError):
+    """An environment cannot be hosted as given (raised when the deployment starts)."""
+
+
+class EpisodeFenced(RuntimeError):
+    """This attempt no longer owns its sessions (a newer attempt of the slot exists); the host
+    stops the episode and drops its reply."""
+
+
+class PayloadTooLarge(ValueError):
+    """An episode's trajectory payload is over the host's limit."""
+
+
+@attrs.frozen
+class EpisodeInfo:
+    """Who an episode is: its attempt identity, the deployment seed, and the instance."""
+
+    rollout_id: str
+    row: int
+    slot: int
+    attempt: int
+    seed: int
+    instance: str
+
+    @property
+    def session_key(self) -> str:
+        """The slot's sessions, shared by its attempts: ``"{row}-{slot}"``."""
+        return f"{self.row}-{self.slot}"
+
+
+@attrs.frozen
+class Done:
+    """The end of an episode: its reward and its trajectory payload for the trainer (a JSON
+    value or an attrs instance, unstructured through the project's converter)."""
+
+    reward: float
+    payload: Any = None
+
+
+@runtime_checkable
+class Participant(Protocol):
+    """A participant of every instance. ``open`` makes a session's state for an episode;
+    ``export``/``restore`` turn it into plain data and back (the host checks the round trip
+    is JSON). ``name`` is the server name, ``kind`` a registered participant kind."""
+
+    name: str
+    kind: str
+
+    def open(self, info: EpisodeInfo) -> Any: ...
+
+    def export(self, state: Any) -> JSONValue: ...
+
+    def restore(self, data: JSONValue) -> Any: ...
+
+
+@runtime_checkable
+class AgentParticipant(Participant, Protocol):
+    """The agent: a participant whose ``step`` runs one turn of the episode (between two step
+    boundaries) and returns ``Done`` to finish it, or None to go on."""
+
+    async def step(self, ctx: EpisodeContext, state: Any) -> Done | None: ...
+
+
+@attrs.frozen
+class StateParticipant:
+    """A participant whose session state is an attrs class (``state_type``), made by
+    ``factory(info)``; export and restore go through the project's strict cattrs converter."""
+
+    name: str
+    kind: str
+    state_type: type[Any]
+    factory: Callable[[EpisodeInfo], Any]
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return self.factory(info)
+
+    def export(self, state: Any) -> JSONValue:
+        return converter.unstructure(state)
+
+    def restore(self, data: JSONValue) -> Any:
+        return converter.structure(data, self.state_type)
+
+
+def to_plain(value: Any) -> JSONValue:
+    """``value`` as a JSON value: attrs instances through the project's converter."""
+    if attrs.has(type(value)):
+        return converter.unstructure(value)
+    return value
+
+
+Model = Callable[[str, Any, EpisodeInfo], Any | Awaitable[Any]]
+"""A model or policy: ``model(capture_key, request, info)`` returns (or awaits) a JSON value."""
+
+
+class EpisodeContext(Protocol):
+    """What ``AgentParticipant.step`` gets from the host for one turn."""
+
+    @property
+    def info(self) -> EpisodeInfo: ...
+
+    @property
+    def turn(self) -> int:
+        """Turns done before this one (the step boundary the episode is at)."""
+        ...
+
+    def session(self, name: str) -> Any:
+        """The state of participant ``name``'s session; ``EpisodeFenced`` if this attempt no
+        longer owns the slot."""
+        ...
+
+    def replace_session(self, name: str, state: Any) -> None:
+        """Replace participant ``name``'s session state (for immutable states)."""
+        ...
+
+    async def model(self, request: Any) -> Any:
+        """Call the environment's model under the next capture key of this turn; a staged
+        response (restored) is returned without calling it."""
+        ...
+
+
+def check_environment(agent: Any, participants: tuple[Any, ...], has_model: bool) -> None:
+    """Check an environment before a deployment starts; ``EnvironmentSpecError`` names every
+    problem (unknown kind, missing method, duplicate or reserved name, roles)."""
+    problems: list[str] = []
+    every = (agent, *participants)
+    names: list[str] = []
+    for p in every:
+        label = f"participant {getattr(p, 'name', p)!r}"
+        name, kind = getattr(p, "name", None), getattr(p, "kind", None)
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            problems.append(f"{label}: name must be a string matching {_NAME_RE.pattern}")
+        else:
+            names.append(name)
+        if not isinstance(kind, str) or kind not in _KINDS:
+            problems.append(
+                f"{label}: kind {kind!r} is not registered (known: {', '.join(sorted(_KINDS))}; "
+                "add one with gymckpt.gym_adapter.register_participant_kind(kind, role))"
+            )
+        for method in ("open", "export", "restore"):
+            if not callable(getattr(p, method, None)):
+                problems.append(f"{label}: has no {method}() method")
+    if not callable(getattr(agent, "step", None)):
+        problems.append(f"agent {getattr(agent, 'name', agent)!r}: has no async step(ctx, state)")
+    if _KINDS.get(getattr(agent, "kind", ""), "") not in ("agent", "legacy_agent"):
+        problems.append(
+            f"agent {getattr(agent, 'name', agent)!r}: kind {getattr(agent, 'kind', None)!r} "
+            "does not have the agent or legacy_agent role"
+        )
+    for p in participants:
+        role = _KINDS.get(getattr(p, "kind", ""), "")
+        if role in ("agent", "legacy_agent", "model_proxy"):
+            problems.append(
+                f"participant {getattr(p, 'name', p)!r}: role {role} is the host's "
+                "(give the agent as agent=, the model as model=)"
+            )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"participant names used twice: {', '.join(dupes)}")
+    if has_model and "model_proxy" in names:
+        problems.append("participant name 'model_proxy' is reserved for the model proxy")
+    if problems:
+        raise EnvironmentSpecError("environment cannot be hosted: " + "; ".join(problems))

@@ -1,0 +1,165 @@
+"""State codecs for Gymnasium environments: a live ``gymnasium.Env`` as plain JSON data and back.
+
+A Gymnasium environment has no checkpoint contract, so the host cannot export it by itself. A
+**state codec** knows which attributes of the unwrapped environment change while it runs; with
+the environment's random generator (its ``np_random`` bit generator state) and the
+``TimeLimit`` wrapper's step count, that is everything a continuation needs to produce the same
+observations, rewards and terminations, bit for bit, as an uninterrupted run.
+
+Values are encoded as JSON with tags for what JSON lacks: ``{"$nd": dtype, "shape", "data"}``
+for arrays, ``{"$np": dtype, "v"}`` for numpy scalars, ``{"$tuple": [...]}``,
+``{"$dict": {...}}`` and ``{"$int": "..."}`` for integers beyond 64 bits (the PCG64 state).
+Floats round-trip exactly through JSON (shortest repr), float32 through float64.
+
+Built-in codecs cover the classic-control (CartPole, MountainCar, MountainCarContinuous,
+Acrobot, Pendulum) and toy-text (FrozenLake, Taxi, CliffWalking, Blackjack) environments; a user
+registers their own with ``register_state_codec(name, codec)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
+
+import attrs
+import gymnasium
+import numpy as np
+
+__all__ = [
+    "AttributeCodec",
+    "StateCodec",
+    "builtin_codec_names",
+    "codec_for",
+    "decode_value",
+    "encode_value",
+    "register_state_codec",
+]
+
+_INT64: Final = 1 << 63
+
+
+def encode_value(value: Any) -> Any:
+    """``value`` (numpy arrays and scalars, tuples, dicts, big ints included) as JSON data."""
+    if isinstance(value, np.ndarray):
+        return {"$nd": value.dtype.str, "shape": list(value.shape), "data": value.ravel().tolist()}
+    if isinstance(value, np.generic):
+        return {"$np": value.dtype.str, "v": value.item()}
+    if isinstance(value, bool) or value is None or isinstance(value, (float, str)):
+        return value
+    if isinstance(value, int):
+        return value if -_INT64 <= value < _INT64 else {"$int": str(value)}
+    if isinstance(value, tuple):
+        return {"$tuple": [encode_value(v) for v in value]}
+    if isinstance(value, list):
+        return [encode_value(v) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("only dicts with string keys can be encoded")
+        return {"$dict": {k: encode_value(v) for k, v in value.items()}}
+    raise TypeError(f"cannot encode a {type(value).__name__} as state")
+
+
+def decode_value(data: Any) -> Any:
+    """The inverse of ``encode_value``."""
+    if isinstance(data, list):
+        return [decode_value(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if "$nd" in data:
+        return np.array(data["data"], dtype=np.dtype(data["$nd"])).reshape(data["shape"])
+    if "$np" in data:
+        return np.dtype(data["$np"]).type(data["v"])
+    if "$int" in data:
+        return int(data["$int"])
+    if "$tuple" in data:
+        return tuple(decode_value(v) for v in data["$tuple"])
+    if "$dict" in data:
+        return {k: decode_value(v) for k, v in data["$dict"].items()}
+    raise ValueError(f"unknown encoded value with keys {sorted(data)}")
+
+
+class StateCodec(Protocol):
+    """Exports a live environment's dynamic state and restores it into a fresh one made by
+    ``gymnasium.make`` of the same id (and reset once)."""
+
+    def export(self, env: gymnasium.Env[Any, Any]) -> Any: ...
+
+    def restore(self, env: gymnasium.Env[Any, Any], data: Any) -> None: ...
+
+
+def _time_limit(env: gymnasium.Env[Any, Any]) -> Any:
+    e: Any = env
+    while isinstance(e, gymnasium.Wrapper):
+        if isinstance(e, gymnasium.wrappers.TimeLimit):
+            return e
+        e = e.env
+    return None
+
+
+@attrs.frozen
+class AttributeCodec:
+    """A codec that saves ``fields`` of the unwrapped environment (missing ones as absent),
+    its ``np_random`` state and the ``TimeLimit`` step count."""
+
+    fields: tuple[str, ...]
+
+    def export(self, env: gymnasium.Env[Any, Any]) -> Any:
+        u = env.unwrapped
+        tl = _time_limit(env)
+        return {
+            "fields": {f: encode_value(getattr(u, f)) for f in self.fields if hasattr(u, f)},
+            "rng": encode_value(u.np_random.bit_generator.state),
+            "elapsed_steps": None if tl is None else tl._elapsed_steps,
+        }
+
+    def restore(self, env: gymnasium.Env[Any, Any], data: Any) -> None:
+        u = env.unwrapped
+        unknown = set(data["fields"]) - set(self.fields)
+        if unknown:
+            raise ValueError(f"state has fields this codec does not know: {sorted(unknown)}")
+        for name, value in data["fields"].items():
+            setattr(u, name, decode_value(value))
+        u.np_random.bit_generator.state = decode_value(data["rng"])
+        tl = _time_limit(env)
+        if tl is not None and data["elapsed_steps"] is not None:
+            tl._elapsed_steps = int(data["elapsed_steps"])
+
+
+_CODECS: dict[str, StateCodec] = {
+    "CartPole": AttributeCodec(("state", "steps_beyond_terminated")),
+    "MountainCar": AttributeCodec(("state",)),
+    "MountainCarContinuous": AttributeCodec(("state",)),
+    "Acrobot": AttributeCodec(("state",)),
+    "Pendulum": AttributeCodec(("state", "last_u")),
+    "FrozenLake": AttributeCodec(("s", "lastaction")),
+    "Taxi": AttributeCodec(("s", "lastaction", "taxi_orientation", "fickle_step")),
+    "CliffWalking": AttributeCodec(("s", "lastaction")),
+    "Blackjack": AttributeCodec(
+        ("dealer", "player", "dealer_top_card_suit", "dealer_top_card_value_str")
+    ),
+}
+_BUILTIN: Final = tuple(_CODECS)
+
+
+def builtin_codec_names() -> tuple[str, ...]:
+    """Environment names (ids without version) with a built-in codec."""
+    return _BUILTIN
+
+
+def register_state_codec(name: str, codec: StateCodec) -> None:
+    """Register ``codec`` for environment ``name``: an id (``"MyEnv-v2"``) or a name without
+    version (``"MyEnv"``, every version). An id takes precedence over its name."""
+    if not callable(getattr(codec, "export", None)) or not callable(
+        getattr(codec, "restore", None)
+    ):
+        raise TypeError("a state codec has export(env) and restore(env, data)")
+    _CODECS[name] = codec
+
+
+def codec_for(env_id: str, codecs: Mapping[str, StateCodec] | None = None) -> StateCodec | None:
+    """The codec of ``env_id`` (by id, then by name without version), or None."""
+    table = _CODECS if codecs is None else codecs
+    if env_id in table:
+        return table[env_id]
+    name = env_id.split(":")[-1].rsplit("-v", 1)[0]
+    return table.get(name)

@@ -1,0 +1,505 @@
+"""The Gym host: one instance serving a user's ``Environment`` under the checkpoint protocol.
+
+What the host owns, and the user's code never sees
+--------------------------------------------------
+- **Admission and refusals.** ``run`` admits rows while admission is open; while a checkpoint
+  holds it closed (or under a ``refuse`` fault) each row is answered ``Refused`` as a sidecar
+  row and the stream goes on.
+- **Streams and acknowledgements** (``_host_streams``): batched replies, the on-the-wire list.
+- **Parking at step boundaries.** Between two calls of the agent's ``step`` an episode passes a
+  boundary; while prepared it parks there. ``prepare`` returns once nothing moves.
+- **The lease.** A prepared instance reopens by itself after ``lease_s`` without a resume.
+- **Fencing by attempt.** A slot's sessions belong to one attempt. A fresh attempt replaces them
+  (the old one is stopped at its next boundary or context call, and its reply is dropped); an
+  older attempt's run is ignored; a claim of a restored episode (attempt + 1,
+  ``RunRow.restored_from``) takes the sessions over.
+- **Commit and export.** ``commit`` writes each participant's session states of every parked
+  and unclaimed episode (plain data), the agent sessions with their step boundary, and the
+  staged model calls, and reports their digests and capture keys.
+- **Restore and claims.** ``restore`` verifies topology and digests, then installs the sessions;
+  restored episodes wait unclaimed until attempt + 1 claims them on this instance.
+- **Retire.** Stops attempts and frees their sessions (refused while a checkpoint is open).
+
+Everything runs on anyio, so the same host serves under trio in-process and under asyncio in
+a Ray actor. Time: ``anyio.current_time()``; deadlines are enforced once a call runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import attrs
+import orjson
+
+from ._contract import (
+    Completed,
+    Failed,
+    GymInstanceDead,
+    InstanceInventory,
+    InstanceTopology,
+    Refused,
+    RunReply,
+    RunRow,
+)
+from ._environment import Environment
+from ._episode import Done, EpisodeFenced, EpisodeInfo, participant_kinds, to_plain
+from ._host_control import HostControl
+from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext
+from ._host_streams import HostReplyStream, ReplyStreams, RunStream
+
+__all__ = ["GymHost", "HostConfig", "HostStatistics"]
+
+
+def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attr.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class HostConfig:
+    """Knobs of a host (picklable: the same config goes to every instance)."""
+
+    lease_s: float = attrs.field(default=60.0, validator=_positive)
+    flush_interval_s: float = attrs.field(default=0.005, validator=_positive)
+    max_batch: int = attrs.field(default=64, validator=_positive)
+
+
+@attrs.frozen
+class HostStatistics:
+    """Counts of one host instance (a snapshot)."""
+
+    instance: str
+    dead: bool
+    admission_open: bool
+    prepared: bool
+    running: int
+    parked: int
+    unclaimed: int
+    on_wire: int
+    streams: int
+    episodes_started: int
+    episodes_claimed: int
+    completed: int
+    failed: int
+    refused_rows: int
+    retired: int
+    restored: int
+    turns: int
+    model_calls: int
+    model_replays: int
+    fenced_episodes: int
+    fenced_replies: int
+    stale_runs: int
+    commits: int
+    lease_reopened: int
+    batches: int
+    discarded_replies: int
+
+
+@attrs.define(eq=False, slots=True)
+class _Counters:
+    episodes_started: int = 0
+    episodes_claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    refused_rows: int = 0
+    retired: int = 0
+    restored: int = 0
+    turns: int = 0
+    model_calls: int = 0
+    model_replays: int = 0
+    fenced_episodes: int = 0
+    fenced_replies: int = 0
+    stale_runs: int = 0
+    commits: int = 0
+    lease_reopened: int = 0
+
+
+@final
+@attrs.define(eq=False, slots=True, repr=False)
+class GymHost(HostControl):
+    """One Gym instance hosting ``environment``. Serve it with ``async with GymHost(...)``: its
+    task group runs the episodes, stream flushers and the lease timer; leaving it cancels them.
+    A call after ``kill()`` raises ``GymInstanceDead``."""
+
+    name: str
+    environment: Environment
+    seed: int = 0
+    work_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    config: HostConfig = attrs.field(factory=HostConfig)
+
+    _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
+    _dead: bool = attrs.field(default=False, init=False)
+    _admission_open: bool = attrs.field(default=True, init=False)
+    _prepared: bool = attrs.field(default=False, init=False)
+    _checkpoint_id: str | None = attrs.field(default=None, init=False)
+    _gen: int = attrs.field(default=0, init=False)
+    _resumed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _all_parked: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _lease_scope: anyio.CancelScope | None = attrs.field(default=None, init=False)
+    _episodes: dict[str, Episode] = attrs.field(factory=dict, init=False)
+    _unclaimed: dict[str, Episode] = attrs.field(factory=dict, init=False)
+    _owners: dict[str, tuple[str, int]] = attrs.field(factory=dict, init=False)
+    """Session key → (rollout ID, attempt) of the attempt that owns the slot's sessions."""
+    _finished: dict[str, str] = attrs.field(factory=dict, init=False)
+    _n_moving: int = attrs.field(default=0, init=False)
+    _streams: ReplyStreams = attrs.field(init=False)
+    count: _Counters = attrs.field(factory=_Counters, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.environment.check()
+        self._streams = ReplyStreams(self.config.flush_interval_s, self.config.max_batch)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> GymHost:
+        if self._tg is not None:
+            raise RuntimeError(f"instance {self.name} is already serving")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._tg
+        assert tg is not None
+        self._shutdown()
+        tg.cancel_scope.cancel()
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+
+    def kill(self) -> None:
+        """The instance dies: episodes stop, streams end at once, later calls fail."""
+        if not self._dead:
+            self._dead = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._admission_open = False
+        self._cancel_lease()
+        for ep in [*self._episodes.values(), *self._unclaimed.values()]:
+            ep.scope.cancel()
+            self.end_episode(ep, None)
+        self._unclaimed.clear()
+        self._streams.end_all()
+        self._all_parked.set()
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    @property
+    def participants(self) -> tuple[tuple[str, str], ...]:
+        return self.environment.topology
+
+    @property
+    def _legacy(self) -> bool:
+        return participant_kinds()[self.environment.agent.kind] == "legacy_agent"
+
+    @property
+    def _owner_name(self) -> str:
+        """The participant that exports parked episodes: the first environment, else the
+        agent (a legacy agent's sessions own their episodes)."""
+        if not self._legacy:
+            kinds = participant_kinds()
+            for p in self.environment.participants:
+                if kinds[p.kind] == "environment":
+                    return p.name
+        return self.environment.agent.name
+
+    def _check_call(self, op: str, deadline_ts: float | None = None) -> anyio.abc.TaskGroup:
+        if self._dead:
+            raise GymInstanceDead(self.name, op)
+        if self._tg is None:
+            raise RuntimeError(f"instance {self.name} is not serving: use 'async with'")
+        if deadline_ts is not None:
+            now = anyio.current_time()
+            if now >= deadline_ts:
+                raise TimeoutError(
+                    f"instance {self.name} {op}: deadline passed {now - deadline_ts:.3f}s "
+                    "before the call ran"
+                )
+        return self._tg
+
+    # -- data plane --------------------------------------------------------------------------
+
+    async def run(
+        self, rows: Sequence[RunRow], *, refuse_all: bool = False, drop_after: int | None = None
+    ) -> HostReplyStream:
+        """Admit ``rows`` and return their reply stream at once (see the module docstring)."""
+        self._check_call("run")
+        await anyio.lowlevel.checkpoint()
+        tg = self._check_call("run")
+        st = self._streams.open(len(rows), drop_after)
+        for row in rows:
+            if refuse_all or not self._admission_open:
+                self.count.refused_rows += 1
+                self._streams.push(st, Refused(row.rollout_id))
+                self._streams.row_done(st)
+                continue
+            reply = self._admit(st, row)
+            if reply is not None:
+                self._streams.push(st, reply)
+                self._streams.row_done(st)
+        self._streams.start(tg, st)
+        return HostReplyStream(self._streams, st)
+
+    def _info(self, row: RunRow) -> EpisodeInfo:
+        return EpisodeInfo(row.rollout_id, row.row, row.slot, row.attempt, self.seed, self.name)
+
+    def _admit(self, st: RunStream, row: RunRow) -> RunReply | None:
+        rid = row.rollout_id
+        if rid in self._episodes or rid in self._unclaimed:
+            self.count.failed += 1
+            return Failed(rid, "data", f"{self.name}: rollout {rid} is already running here")
+        if row.restored_from is not None:
+            return self._claim(st, row)
+        info = self._info(row)
+        current = self._owners.get(info.session_key)
+        if current is not None and current[1] > row.attempt:
+            self.count.stale_runs += 1
+            self._streams.row_done(st)
+            return None
+        if current is not None:
+            self._fence(current[0])
+            self._finished.pop(current[0], None)
+        try:
+            sessions = {p.name: p.open(info) for p in self._session_participants()}
+        except Exception as exc:
+            self.count.failed += 1
+            return Failed(rid, "data", f"{self.name}: opening the sessions of {rid}: {exc!r}")
+        self._owners[info.session_key] = (rid, row.attempt)
+        ep = Episode(info, sessions, anyio.CancelScope(), MOVING, stream=st)
+        self._start(ep)
+        self.count.episodes_started += 1
+        return None
+
+    def _session_participants(self) -> tuple[Any, ...]:
+        return (self.environment.agent, *self.environment.participants)
+
+    def _claim(self, st: RunStream, row: RunRow) -> RunReply | None:
+        rid, old_id = row.rollout_id, row.restored_from
+        old = self._unclaimed.get(old_id) if old_id is not None else None
+        problem = None
+        if old is None:
+            problem = (
+                f"{self.name}: no unclaimed restored episode {old_id} here (a restored episode "
+                "is claimed once, on its original replica)"
+            )
+        elif (row.row, row.slot) != (old.info.row, old.info.slot):
+            problem = (
+                f"{self.name}: claim {rid} is row {row.row} slot {row.slot}, but restored "
+                f"episode {old_id} is row {old.info.row} slot {old.info.slot}"
+            )
+        elif row.attempt != old.info.attempt + 1:
+            problem = (
+                f"{self.name}: claim {rid} is attempt {row.attempt}, restored episode "
+                f"{old_id} must be claimed by attempt {old.info.attempt + 1}"
+            )
+        if problem is not None or old is None:
+            self.count.failed += 1
+            return Failed(rid, "data", problem or "")
+        del self._unclaimed[old.rollout_id]
+        old.state = DONE
+        self._owners[old.key] = (rid, row.attempt)
+        ep = Episode(
+            self._info(row), old.sessions, anyio.CancelScope(), MOVING, turn=old.turn,
+            stream=st, staged=old.staged, replay=old.replay, restored=True,
+        )
+        self._start(ep)
+        self.count.episodes_claimed += 1
+        return None
+
+    def _start(self, ep: Episode) -> None:
+        assert self._tg is not None
+        self._episodes[ep.rollout_id] = ep
+        self._n_moving += 1
+        self._tg.start_soon(self._episode_main, ep)
+
+    def _fence(self, owner: str) -> None:
+        """A newer attempt takes the slot: stop ``owner`` where it waits; a moving one stops at
+        its next boundary or context call."""
+        old = self._unclaimed.pop(owner, None)
+        if old is not None:
+            self.count.fenced_episodes += 1
+            old.state = DONE
+            return
+        ep = self._episodes.get(owner)
+        if ep is not None and ep.state == BOUNDARY:
+            self.count.fenced_episodes += 1
+            ep.scope.cancel()
+            self.end_episode(ep, None)
+
+    def fenced(self, ep: Episode) -> bool:
+        owner = self._owners.get(ep.key)
+        return owner is None or owner[0] != ep.rollout_id
+
+    # -- episodes ------------------------------------------------------------------------------
+
+    async def _episode_main(self, ep: Episode) -> None:
+        with ep.scope:
+            if ep.state == DONE:
+                return
+            try:
+                reply = await self._play(ep)
+            except EpisodeFenced:
+                self.count.fenced_episodes += 1
+                self.end_episode(ep, None)
+                return
+            self.end_episode(ep, reply)
+
+    async def _play(self, ep: Episode) -> RunReply:
+        rid = ep.rollout_id
+        if ep.restored and not self._legacy and ep.replay != ep.capture_keys:
+            return Failed(
+                rid, "data",
+                f"{self.name}: restored episode of {rid} has capture keys {list(ep.replay)} in "
+                f"the manifest, {list(ep.capture_keys)} staged by the model proxy",
+            )
+        agent = self.environment.agent
+        while True:
+            await self._step_boundary(ep)
+            ctx = StepContext(self, ep)
+            try:
+                done = await agent.step(ctx, ep.sessions[agent.name])
+            except EpisodeFenced:
+                raise
+            except Exception as exc:
+                return Failed(rid, "data", f"{self.name}: episode {rid} turn {ep.turn}: {exc!r}")
+            if self.fenced(ep):
+                raise EpisodeFenced(rid)
+            ep.turn += 1
+            self.count.turns += 1
+            if done is not None:
+                return self._completed(ep, done)
+
+    def _completed(self, ep: Episode, done: Done) -> RunReply:
+        rid = ep.rollout_id
+        if not isinstance(done, Done):
+            got = type(done).__name__
+            return Failed(rid, "data", f"step returned {got}, expected Done or None")
+        try:
+            payload = to_plain(done.payload)
+            size = len(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            return Failed(rid, "data", f"{self.name}: payload of {rid} is not plain data: {exc}")
+        limit = self.environment.max_payload_bytes
+        if size > limit:
+            return Failed(
+                rid, "data",
+                f"{self.name}: payload of {rid} is {size} bytes as JSON, over the limit of "
+                f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
+            )
+        return Completed(rid, float(done.reward), ep.turn, payload)
+
+    async def _step_boundary(self, ep: Episode) -> None:
+        """Pass step boundary ``ep.turn``: park here while a checkpoint is prepared."""
+        if self.fenced(ep):
+            raise EpisodeFenced(ep.rollout_id)
+        await anyio.lowlevel.checkpoint()
+        if not self._prepared:
+            return
+        ep.state = BOUNDARY
+        self._n_moving -= 1
+        self._check_parked()
+        try:
+            while self._prepared:
+                await self._resumed.wait()
+        finally:
+            if ep.state == BOUNDARY:
+                ep.state = MOVING
+                self._n_moving += 1
+        if self.fenced(ep):
+            raise EpisodeFenced(ep.rollout_id)
+
+    def _check_parked(self) -> None:
+        if self._prepared and self._n_moving == 0:
+            self._all_parked.set()
+
+    def end_episode(self, ep: Episode, reply: RunReply | None) -> None:
+        """The one exit of an active episode: bookkeeping, then its reply (if any)."""
+        if ep.state == DONE:
+            return
+        was, ep.state = ep.state, DONE
+        if self._episodes.get(ep.rollout_id) is ep:
+            del self._episodes[ep.rollout_id]
+        if was == MOVING:
+            self._n_moving -= 1
+            self._check_parked()
+        if reply is not None and self.fenced(ep):
+            self.count.fenced_replies += 1
+            reply = None
+        if reply is not None:
+            self._finished[ep.rollout_id] = ep.key
+            if isinstance(reply, Completed):
+                self.count.completed += 1
+            else:
+                self.count.failed += 1
+        st = ep.stream
+        if st is not None:
+            if reply is not None:
+                self._streams.push(st, reply)
+            self._streams.row_done(st)
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def topology(self) -> InstanceTopology:
+        if self._dead:
+            raise GymInstanceDead(self.name, "topology")
+        return InstanceTopology(self.name, self.participants)
+
+    def inventory(self) -> InstanceInventory:
+        if self._dead:
+            raise GymInstanceDead(self.name, "inventory")
+        parked = {r for r, ep in self._episodes.items() if self._prepared and ep.state == BOUNDARY}
+        return InstanceInventory(
+            instance=self.name,
+            admission_open=self._admission_open,
+            prepared=self._prepared,
+            running=tuple(sorted(set(self._episodes) - parked)),
+            parked=tuple(sorted(parked)),
+            unclaimed=tuple(sorted(self._unclaimed)),
+            on_wire=tuple(sorted(self._streams.on_wire)),
+            lease_reopened=self.count.lease_reopened,
+        )
+
+    def statistics(self) -> HostStatistics:
+        parked = sum(
+            1 for ep in self._episodes.values() if self._prepared and ep.state == BOUNDARY
+        )
+        return HostStatistics(
+            instance=self.name,
+            dead=self._dead,
+            admission_open=self._admission_open,
+            prepared=self._prepared,
+            running=len(self._episodes) - parked,
+            parked=parked,
+            unclaimed=len(self._unclaimed),
+            on_wire=len(self._streams.on_wire),
+            streams=len(self._streams.streams),
+            batches=self._streams.batches,
+            discarded_replies=self._streams.discarded,
+            **attrs.asdict(self.count),
+        )
+
+    def __repr__(self) -> str:
+        state = "dead" if self._dead else "prepared" if self._prepared else "open"
+        return (
+            f"<GymHost {self.name} {state} episodes={len(self._episodes)} "
+            f"moving={self._n_moving} unclaimed={len(self._unclaimed)} "
+            f"on_wire={len(self._streams.on_wire)}>"
+        )
+

@@ -1,0 +1,386 @@
+"""The Gym host's control plane: prepare, commit, resume, the lease, retire, restore.
+
+A mixin of ``GymHost`` (kept apart so each module stays one concept): it reads and changes the
+host's episode table only through the fields declared below. Every call checks the instance is
+alive and serving and enforces its ``deadline_ts`` once it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from gymckpt.runtime import EpisodeRecord, InstanceRecord, TopologyMismatch, records_digest
+
+from ._contract import (
+    AgentSession,
+    CommitReply,
+    ExportedEpisode,
+    GymControlError,
+    GymInstanceDead,
+    ParticipantInfo,
+    PrepareReply,
+    RestoreReply,
+    RetireReply,
+)
+from ._episode import EpisodeInfo, to_plain
+from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode
+from ._host_records import read_verified, write_records
+
+if TYPE_CHECKING:
+    from ._environment import Environment
+    from ._host import HostConfig, _Counters
+    from ._host_streams import ReplyStreams
+
+__all__ = ["HostControl"]
+
+MODEL_PROXY = "model_proxy"
+
+
+class HostControl:
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        name: str
+        environment: Environment
+        seed: int
+        work_dir: Path | None
+        config: HostConfig
+        count: _Counters
+        _tg: anyio.abc.TaskGroup | None
+        _dead: bool
+        _admission_open: bool
+        _prepared: bool
+        _checkpoint_id: str | None
+        _gen: int
+        _resumed: anyio.Event
+        _all_parked: anyio.Event
+        _lease_scope: anyio.CancelScope | None
+        _episodes: dict[str, Episode]
+        _unclaimed: dict[str, Episode]
+        _owners: dict[str, tuple[str, int]]
+        _finished: dict[str, str]
+        _n_moving: int
+        _streams: ReplyStreams
+        _legacy: bool
+        _owner_name: str
+        participants: tuple[tuple[str, str], ...]
+
+        def _check_call(self, op: str, deadline_ts: float | None = None) -> Any: ...
+        def end_episode(self, ep: Episode, reply: Any) -> None: ...
+
+    # -- prepare / commit / resume -------------------------------------------------------------
+
+    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+        """Close admission and park every episode at its next step boundary; returns once
+        nothing moves. Past ``deadline_ts``: ``TimeoutError`` (admission stays closed until a
+        resume or the lease). Reopened meanwhile: ``GymControlError``."""
+        self._check_call("prepare", deadline_ts)
+        self._admission_open = False
+        self._checkpoint_id = checkpoint_id
+        if not self._prepared:
+            self._prepared = True
+            self._gen += 1
+            self._resumed = anyio.Event()
+            self._all_parked = anyio.Event()
+        gen = self._gen
+        if self._n_moving and self._all_parked.is_set():
+            self._all_parked = anyio.Event()
+        self._arm_lease()
+        with anyio.move_on_at(deadline_ts) as scope:
+            while self._n_moving and self._prepared and self._gen == gen and not self._dead:
+                await self._all_parked.wait()
+        await anyio.lowlevel.checkpoint()
+        if self._dead:
+            raise GymInstanceDead(self.name, "prepare")
+        if not self._prepared or self._gen != gen:
+            raise GymControlError(
+                self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
+            )
+        if scope.cancelled_caught or self._n_moving:
+            raise TimeoutError(
+                f"instance {self.name} prepare: {self._n_moving} episodes did not reach a step "
+                "boundary before the deadline"
+            )
+        parked = sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
+        return PrepareReply(self.name, checkpoint_id, parked, len(self._streams.on_wire))
+
+    def _held(self) -> list[Episode]:
+        eps = [ep for ep in self._episodes.values() if ep.state == BOUNDARY]
+        eps.extend(self._unclaimed.values())
+        return sorted(eps, key=lambda ep: ep.rollout_id)
+
+    async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
+        """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
+        report them; needs a finished prepare of the same checkpoint."""
+        self._check_call("commit", deadline_ts)
+        await anyio.lowlevel.checkpoint()
+        self._check_call("commit", deadline_ts)
+        if not self._prepared or self._checkpoint_id != checkpoint_id:
+            now = f"checkpoint {self._checkpoint_id} is open" if self._prepared else "none is open"
+            raise GymControlError(
+                self.name, "commit", f"checkpoint {checkpoint_id} is not prepared ({now})"
+            )
+        if self._n_moving:
+            raise GymControlError(
+                self.name, "commit", f"{self._n_moving} episodes have not parked yet"
+            )
+        held = self._held()
+        try:
+            records = self._records(checkpoint_id, held)
+        except Exception as exc:
+            raise GymControlError(
+                self.name, "commit", f"exporting session state failed: {exc!r}"
+            ) from None
+        root = self._root(state_root)
+        participants = []
+        for server, kind in self.participants:
+            directory = root / self.name / server
+            write_records(directory, records[server])
+            participants.append(
+                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
+            )
+        owner = self._owner_name
+        exported = () if self._legacy else tuple(
+            ExportedEpisode(ep.rollout_id, owner, ep.capture_keys) for ep in held
+        )
+        agent = self.environment.agent
+        sessions = tuple(
+            AgentSession(ep.rollout_id, agent.name, agent.kind, ep.turn) for ep in held
+        )
+        self.count.commits += 1
+        self._arm_lease()
+        return CommitReply(
+            self.name, checkpoint_id, tuple(participants), exported,
+            tuple(sorted(self._streams.on_wire)), sessions,
+        )
+
+    def _records(self, checkpoint_id: str, held: Sequence[Episode]) -> dict[str, Any]:
+        env = self.environment
+        agent = env.agent
+        owner = self._owner_name
+        records: dict[str, Any] = {
+            agent.name: {
+                "participant": agent.name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
+                "sessions": [
+                    {"rollout_id": ep.rollout_id, "row": ep.info.row, "slot": ep.info.slot,
+                     "attempt": ep.info.attempt, "step_boundary": ep.turn,
+                     "state": to_plain(agent.export(ep.sessions[agent.name]))}
+                    for ep in held
+                ],
+            }
+        }
+        for p in env.participants:
+            records[p.name] = {
+                "participant": p.name, "kind": p.kind, "checkpoint_id": checkpoint_id,
+                "exported": [ep.rollout_id for ep in held] if p.name == owner else [],
+                "sessions": [
+                    {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
+                     "state": to_plain(p.export(ep.sessions[p.name]))}
+                    for ep in held
+                ],
+            }
+        if env.model is not None:
+            records[MODEL_PROXY] = {
+                "participant": MODEL_PROXY, "kind": "model_proxy", "checkpoint_id": checkpoint_id,
+                "staged": [
+                    {"rollout_id": ep.rollout_id,
+                     "calls": [{"key": k, "response": r} for k, r in ep.staged]}
+                    for ep in held
+                ],
+            }
+        return records
+
+    async def resume(self, checkpoint_id: str, deadline_ts: float) -> None:
+        """Reopen admission and unpark; a no-op when nothing is prepared."""
+        self._check_call("resume", deadline_ts)
+        await anyio.lowlevel.checkpoint()
+        self._check_call("resume", deadline_ts)
+        if not self._prepared:
+            return
+        if self._checkpoint_id != checkpoint_id:
+            raise GymControlError(
+                self.name,
+                "resume",
+                f"checkpoint {self._checkpoint_id} is open, not {checkpoint_id}",
+            )
+        self._reopen()
+
+    def _reopen(self) -> None:
+        self._cancel_lease()
+        self._prepared = False
+        self._checkpoint_id = None
+        self._admission_open = True
+        self._resumed.set()
+        self._all_parked.set()
+
+    def _arm_lease(self) -> None:
+        assert self._tg is not None
+        self._cancel_lease()
+        scope = self._lease_scope = anyio.CancelScope()
+        self._tg.start_soon(self._lease_watch, scope, self._gen)
+
+    def _cancel_lease(self) -> None:
+        if self._lease_scope is not None:
+            self._lease_scope.cancel()
+            self._lease_scope = None
+
+    async def _lease_watch(self, scope: anyio.CancelScope, gen: int) -> None:
+        with scope:
+            await anyio.sleep(self.config.lease_s)
+            if self._prepared and self._gen == gen and not self._dead:
+                self.count.lease_reopened += 1
+                self._reopen()
+
+    # -- retire ----------------------------------------------------------------------------------
+
+    async def retire(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
+        """Stop these attempts and free their sessions; refused while a checkpoint is open."""
+        return await self._retire("retire", rollout_ids, deadline_ts, restored_only=False)
+
+    async def retire_restored(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
+        """Drop unclaimed restored episodes; any other ID is reported unknown."""
+        return await self._retire("retire_restored", rollout_ids, deadline_ts, restored_only=True)
+
+    async def _retire(
+        self, op: str, rollout_ids: Sequence[str], deadline_ts: float, *, restored_only: bool
+    ) -> RetireReply:
+        self._check_call(op, deadline_ts)
+        await anyio.lowlevel.checkpoint()
+        self._check_call(op, deadline_ts)
+        if self._prepared:
+            raise GymControlError(
+                self.name, op, f"checkpoint {self._checkpoint_id} is open; retire after it resumes"
+            )
+        retired: list[str] = []
+        unknown: list[str] = []
+        for rid in dict.fromkeys(rollout_ids):
+            ep = self._unclaimed.pop(rid, None)
+            if ep is not None:
+                ep.state = DONE
+            elif not restored_only and (ep := self._episodes.get(rid)) is not None:
+                ep.scope.cancel()
+                self.end_episode(ep, None)
+            key = ep.key if ep is not None else None
+            if key is None and not restored_only and rid in self._finished:
+                key = self._finished[rid]
+            if key is None:
+                unknown.append(rid)
+                continue
+            self._finished.pop(rid, None)
+            if self._owners.get(key, ("",))[0] == rid:
+                del self._owners[key]
+            retired.append(rid)
+            self.count.retired += 1
+        return RetireReply(self.name, tuple(retired), tuple(unknown))
+
+    # -- restore ---------------------------------------------------------------------------------
+
+    def _root(self, state_root: str | Path) -> Path:
+        root = Path(state_root)
+        if not root.is_absolute() and self.work_dir is not None:
+            root = self.work_dir / root
+        return root
+
+    async def restore(
+        self,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply:
+        """Verify, then install committed sessions; restored episodes wait unclaimed.
+
+        Any difference (topology, digests, an episode the records do not hold, a session state
+        the participant cannot restore) raises ``TopologyMismatch`` listing all of them, with
+        nothing changed. The instance must be idle and not prepared (``GymControlError``).
+        """
+        self._check_call("restore", deadline_ts)
+        await anyio.lowlevel.checkpoint()
+        self._check_call("restore", deadline_ts)
+        diffs, loaded = read_verified(self.name, self.participants, self._root(state_root), record)
+        restored: dict[str, Episode] = {}
+        if not diffs:
+            restored = self._rebuild(loaded, episodes, diffs)
+        if diffs:
+            raise TopologyMismatch(diffs)
+        if self._prepared:
+            raise GymControlError(self.name, "restore", f"checkpoint {self._checkpoint_id} is open")
+        if self._episodes or self._unclaimed:
+            raise GymControlError(
+                self.name, "restore",
+                f"restore needs an idle instance; {len(self._episodes)} running and "
+                f"{len(self._unclaimed)} unclaimed episodes here",
+            )
+        self._unclaimed = restored
+        self._owners = {ep.key: (ep.rollout_id, ep.info.attempt) for ep in restored.values()}
+        self._finished = {}
+        self.count.restored += len(restored)
+        return RestoreReply(self.name, tuple(restored))
+
+    def _rebuild(
+        self,
+        loaded: Mapping[str, Mapping[str, Any]],
+        episodes: Sequence[EpisodeRecord],
+        diffs: list[str],
+    ) -> dict[str, Episode]:
+        """The unclaimed episodes ``episodes`` as the records hold them; problems into diffs."""
+        env = self.environment
+        agent = env.agent
+        owner = self._owner_name
+        out: dict[str, Episode] = {}
+        try:
+            agent_sessions = {s["rollout_id"]: s for s in loaded[agent.name]["sessions"]}
+            by_participant = {
+                p.name: {s["rollout_id"]: s for s in loaded[p.name]["sessions"]}
+                for p in env.participants
+            }
+            exported = set(loaded[owner]["exported"]) if not self._legacy else set()
+            staged = (
+                {s["rollout_id"]: s["calls"] for s in loaded[MODEL_PROXY]["staged"]}
+                if env.model is not None else {}
+            )
+        except (KeyError, TypeError) as exc:
+            diffs.append(f"instance {self.name}: committed records malformed ({exc!r})")
+            return out
+        for rec in episodes:
+            which = f"instance {self.name}: episode {rec.rollout_id}"
+            if rec.rollout_id in out:
+                diffs.append(f"{which} listed twice")
+                continue
+            if rec.replica != self.name:
+                diffs.append(f"{which} belongs to replica {rec.replica}")
+            if rec.owner != owner:
+                diffs.append(f"{which} owner {rec.owner} recorded, {owner} exports it here")
+            s = agent_sessions.get(rec.rollout_id)
+            if s is None:
+                diffs.append(f"{which} has no agent session in the committed records")
+                continue
+            if s.get("step_boundary") is None:
+                diffs.append(f"{which} agent session has no step boundary (stranded)")
+                continue
+            if not self._legacy and rec.rollout_id not in exported:
+                diffs.append(f"{which} not exported by {owner} in the committed records")
+            try:
+                info = EpisodeInfo(rec.rollout_id, int(s["row"]), int(s["slot"]),
+                                   int(s["attempt"]), self.seed, self.name)
+                sessions = {agent.name: agent.restore(s["state"])}
+                for p in env.participants:
+                    ps = by_participant[p.name].get(rec.rollout_id)
+                    if ps is None:
+                        raise KeyError(f"no {p.name} session")
+                    sessions[p.name] = p.restore(ps["state"])
+                calls = [(c["key"], c["response"]) for c in staged.get(rec.rollout_id, ())]
+            except Exception as exc:
+                diffs.append(f"{which}: committed session state cannot be restored ({exc!r})")
+                continue
+            out[rec.rollout_id] = Episode(
+                info, sessions, anyio.CancelScope(), UNCLAIMED, turn=int(s["step_boundary"]),
+                staged=calls, replay=tuple(rec.capture_keys),
+            )
+        return out

@@ -1,0 +1,125 @@
+"""Episodes on the Gym host: one attempt's sessions, its turn loop's context, its capture keys.
+
+An ``_Episode`` holds every participant's session state for one attempt (the agent's included)
+and the model calls staged for it. The host moves it between states:
+
+    moving ──(step boundary while prepared)──▶ boundary ──(resume)──▶ moving
+    (restore) ──▶ unclaimed ──(claim by attempt + 1)──▶ a new moving episode
+    any ──▶ done (completed, failed, fenced, retired, instance shut down)
+
+Only ``done`` is final; the host's ``end_episode`` is its one way in.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import attrs
+
+from ._episode import EpisodeFenced, EpisodeInfo, to_plain
+
+if TYPE_CHECKING:
+    from ._host import GymHost
+    from ._host_streams import RunStream
+
+__all__ = ["BOUNDARY", "DONE", "MOVING", "UNCLAIMED", "Episode", "StepContext", "capture_key"]
+
+MOVING: Final = "moving"
+BOUNDARY: Final = "boundary"
+UNCLAIMED: Final = "unclaimed"
+DONE: Final = "done"
+
+
+def capture_key(info: EpisodeInfo, turn: int, call: int) -> str:
+    """The key a model call is staged under: ``"{row}-{slot}/t{turn}/c{call}"``."""
+    return f"{info.session_key}/t{turn}/c{call}"
+
+
+@attrs.define(eq=False, slots=True)
+class Episode:
+    """One attempt on one instance (the host's record; users see ``StepContext``)."""
+
+    info: EpisodeInfo
+    sessions: dict[str, Any]
+    scope: anyio.CancelScope
+    state: str
+    turn: int = 0
+    stream: RunStream | None = None
+    staged: list[tuple[str, Any]] = attrs.field(factory=list)
+    replay: tuple[str, ...] | None = None
+    """A restored continuation's capture keys as the manifest recorded them."""
+    restored: bool = False
+
+    @property
+    def rollout_id(self) -> str:
+        return self.info.rollout_id
+
+    @property
+    def key(self) -> str:
+        return self.info.session_key
+
+    @property
+    def capture_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.staged)
+
+
+@attrs.define(eq=False, slots=True)
+class StepContext:
+    """The ``EpisodeContext`` of one turn of one episode."""
+
+    _host: GymHost
+    _ep: Episode
+    _calls: int = 0
+
+    @property
+    def info(self) -> EpisodeInfo:
+        return self._ep.info
+
+    @property
+    def turn(self) -> int:
+        return self._ep.turn
+
+    def session(self, name: str) -> Any:
+        self._check_owner()
+        try:
+            return self._ep.sessions[name]
+        except KeyError:
+            raise KeyError(
+                f"no participant {name!r} (participants: {', '.join(self._ep.sessions)})"
+            ) from None
+
+    def replace_session(self, name: str, state: Any) -> None:
+        self._check_owner()
+        if name not in self._ep.sessions:
+            raise KeyError(f"no participant {name!r}")
+        self._ep.sessions[name] = state
+
+    async def model(self, request: Any) -> Any:
+        host, ep = self._host, self._ep
+        model = host.environment.model
+        if model is None:
+            raise RuntimeError("this environment has no model (give Environment(model=...))")
+        self._check_owner()
+        key = capture_key(ep.info, ep.turn, self._calls)
+        self._calls += 1
+        for staged_key, response in ep.staged:
+            if staged_key == key:  # staged before a checkpoint: never asked twice
+                host.count.model_replays += 1
+                return response
+        response = model(key, request, ep.info)
+        if inspect.isawaitable(response):
+            response = await response
+        self._check_owner()
+        response = to_plain(response)
+        ep.staged.append((key, response))
+        host.count.model_calls += 1
+        return response
+
+    def _check_owner(self) -> None:
+        if self._host.fenced(self._ep):
+            raise EpisodeFenced(
+                f"{self._ep.rollout_id} no longer owns session {self._ep.key} "
+                "(a newer attempt of this slot exists)"
+            )

@@ -1,0 +1,213 @@
+"""Reply streams of the Gym host: batching, the on-the-wire list, acknowledgements.
+
+A ``run`` gets one stream. Final replies are batched (one batch per flush interval, or as soon
+as ``max_batch`` are pending) and every batch is sorted by rollout ID, so the same calls give
+the same batches. A reply is *on the wire* from the moment it is pushed until the consumer asks
+for the batch after the one that carried it (``HostReplyStream.__anext__`` acknowledges the
+previous batch); ``commit`` reports that list and the runtime drains it. Replies that can no
+longer be delivered (the stream was dropped, closed or the instance died) are discarded and
+leave the list. Written against anyio only: the same code under trio and under asyncio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import attrs
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._contract import RunReply
+
+__all__ = ["HostReplyStream", "ReplyStreams", "RunStream"]
+
+Batch = tuple[RunReply, ...]
+
+
+@attrs.define(eq=False, slots=True)
+class RunStream:
+    """The host's side of one ``run``."""
+
+    send: MemoryObjectSendStream[Batch]
+    receive: MemoryObjectReceiveStream[Batch]
+    rows_left: int
+    drop_after: int | None
+    wake: anyio.Event
+    scope: anyio.CancelScope
+    pending: list[RunReply] = attrs.field(factory=list)
+    sent: int = 0
+    ended: bool = False
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class ReplyStreams:
+    """Every open stream of one instance and the replies on the wire.
+
+    Invariant: ``on_wire[rid]`` is the stream that carries ``rid``'s final reply, for every reply
+    pushed and neither acknowledged nor discarded.
+    """
+
+    flush_interval_s: float
+    max_batch: int
+    on_wire: dict[str, RunStream] = attrs.field(factory=dict, init=False)
+    streams: dict[RunStream, None] = attrs.field(factory=dict, init=False)
+    batches: int = attrs.field(default=0, init=False)
+    discarded: int = attrs.field(default=0, init=False)
+
+    def open(self, rows: int, drop_after: int | None) -> RunStream:
+        send, receive = anyio.create_memory_object_stream[Batch](math.inf)
+        st = RunStream(send, receive, rows, drop_after, anyio.Event(), anyio.CancelScope())
+        self.streams[st] = None
+        return st
+
+    def start(self, tg: anyio.abc.TaskGroup, st: RunStream) -> None:
+        if st.drop_after is not None and st.drop_after <= 0:
+            self.end(st)
+        tg.start_soon(self._flush_loop, st)
+
+    def push(self, st: RunStream, reply: RunReply) -> None:
+        """Queue a final reply; it is on the wire from now on."""
+        if st.ended:
+            self.discarded += 1
+            return
+        st.pending.append(reply)
+        self.on_wire[reply.rollout_id] = st
+        if len(st.pending) == 1 or len(st.pending) >= self.max_batch:
+            st.wake.set()
+
+    def row_done(self, st: RunStream) -> None:
+        st.rows_left -= 1
+        if st.rows_left <= 0:
+            st.wake.set()
+
+    async def _flush_loop(self, st: RunStream) -> None:
+        with st.scope:
+            try:
+                while not st.ended:
+                    if not st.pending:
+                        if st.rows_left <= 0:
+                            break
+                        st.wake = anyio.Event()
+                        await st.wake.wait()
+                        continue
+                    if len(st.pending) < self.max_batch and st.rows_left > 0:
+                        st.wake = anyio.Event()
+                        with anyio.move_on_after(self.flush_interval_s):
+                            await st.wake.wait()
+                    self._deliver(st)
+            finally:
+                self.end(st)
+
+    def _deliver(self, st: RunStream) -> None:
+        if st.ended or not st.pending:
+            return
+        size = self.max_batch
+        if st.drop_after is not None:
+            size = min(size, st.drop_after - st.sent)
+        if len(st.pending) > size:  # replies of one instant arrive in scheduler order
+            st.pending.sort(key=lambda r: r.rollout_id)
+        batch = sorted(st.pending[:size], key=lambda r: r.rollout_id)
+        del st.pending[:size]
+        if batch:
+            try:
+                st.send.send_nowait(tuple(batch))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._discard(st, batch)
+            else:
+                st.sent += len(batch)
+                self.batches += 1
+        if st.drop_after is not None and st.sent >= st.drop_after:
+            self.end(st)
+
+    def _discard(self, st: RunStream, replies: Sequence[RunReply]) -> None:
+        for r in replies:
+            if self.on_wire.get(r.rollout_id) is st:
+                del self.on_wire[r.rollout_id]
+            self.discarded += 1
+
+    def end(self, st: RunStream, *, hard: bool = False) -> None:
+        """No more replies go out on ``st``; with ``hard``, sent batches are lost too."""
+        if not st.ended:
+            st.ended = True
+            self._discard(st, st.pending)
+            st.pending.clear()
+            st.send.close()
+            st.wake.set()
+            st.scope.cancel()
+        if hard:
+            while True:
+                try:
+                    batch = st.receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+                self._discard(st, batch)
+            st.receive.close()
+            self.forget(st)
+
+    def end_all(self) -> None:
+        for st in list(self.streams):
+            self.end(st, hard=True)
+
+    def forget(self, st: RunStream) -> None:
+        self.streams.pop(st, None)
+
+    def ack(self, st: RunStream, rollout_ids: Sequence[str]) -> None:
+        for rid in rollout_ids:
+            if self.on_wire.get(rid) is st:
+                del self.on_wire[rid]
+
+
+@final
+class HostReplyStream:
+    """The consumer's side of one ``run`` (a ``ReplyStream``).
+
+    ``__anext__`` first acknowledges the batch it returned last time, then waits for the next;
+    the stream ends when every row replied, or early (drop fault, dead instance). ``aclose``
+    acknowledges the last batch, discards the undelivered ones and leaves the rows running.
+    """
+
+    __slots__ = ("_closed", "_delivered", "_st", "_streams")
+
+    def __init__(self, streams: ReplyStreams, st: RunStream) -> None:
+        self._streams = streams
+        self._st = st
+        self._delivered: tuple[str, ...] = ()
+        self._closed = False
+
+    def __aiter__(self) -> HostReplyStream:
+        return self
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        self._streams.ack(self._st, self._delivered)
+        self._delivered = ()
+        try:
+            batch = await self._st.receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._st.receive.close()
+            self._streams.forget(self._st)
+            raise StopAsyncIteration from None
+        self._delivered = tuple(r.rollout_id for r in batch)
+        return batch
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._streams.ack(self._st, self._delivered)
+            self._delivered = ()
+            self._streams.end(self._st, hard=True)
+        await anyio.lowlevel.checkpoint()
+
+    def __del__(self) -> None:
+        self._st.receive.close()
+
+    def __repr__(self) -> str:
+        st = self._st
+        return (
+            f"<HostReplyStream rows_left={st.rows_left} pending={len(st.pending)} "
+            f"ended={st.ended}>"
+        )
