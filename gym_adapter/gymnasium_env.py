@@ -104,6 +104,12 @@ class Trajectory:
     truncated: bool = False
 
 
+def _make(env_id: str, max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
+    if max_episode_steps is None:
+        return gymnasium.make(env_id)
+    return gymnasium.make(env_id, max_episode_steps=max_episode_steps)
+
+
 def _to_action(action: Any, space: gymnasium.Space[Any]) -> Any:
     if isinstance(space, gymnasium.spaces.Box):
         return np.asarray(action, dtype=space.dtype).reshape(space.shape)
@@ -127,11 +133,15 @@ class GymnasiumParticipant:
 
     env_id: str
     codec: StateCodec
+    max_episode_steps: int | None = None
     name: str = ENV_PARTICIPANT
     kind: str = "environment"
 
+    def _make(self) -> gymnasium.Env[Any, Any]:
+        return _make(self.env_id, self.max_episode_steps)
+
     def open(self, info: EpisodeInfo) -> GymSession:
-        env = gymnasium.make(self.env_id)
+        env = self._make()
         obs, _ = env.reset(seed=episode_seed(info.seed, info.row, info.slot))
         return GymSession(env, plain(obs))
 
@@ -139,7 +149,7 @@ class GymnasiumParticipant:
         return {"observation": state.observation, "env": self.codec.export(state.env)}
 
     def restore(self, data: Any) -> GymSession:
-        env = gymnasium.make(self.env_id)
+        env = self._make()
         env.reset(seed=0)
         self.codec.restore(env, data["env"])
         return GymSession(env, data["observation"])
@@ -199,9 +209,11 @@ def gymnasium_environment(
     *,
     codec: StateCodec | None = None,
     pace_s: float = 0.0,
+    max_episode_steps: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Environment:
-    """An ``Environment`` running Gymnasium ``env_id`` with ``policy``.
+    """An ``Environment`` running Gymnasium ``env_id`` with ``policy``; ``max_episode_steps``
+    overrides the id's time limit (episodes are truncated there).
 
     ``codec`` defaults to the registered one; an id without any raises
     ``EnvironmentSpecError`` naming ``register_state_codec``.
@@ -220,18 +232,23 @@ def gymnasium_environment(
         raise EnvironmentSpecError(f"Gymnasium environment {env_id!r}: {exc}") from None
     return Environment(
         agent=GymnasiumAgent(pace_s=pace_s),
-        participants=(GymnasiumParticipant(env_id, codec),),
+        participants=(GymnasiumParticipant(env_id, codec, max_episode_steps),),
         model=_model(env_id, policy),
         max_payload_bytes=max_payload_bytes,
     )
 
 
 def reference_trajectory(
-    env_id: str, seed: int, row: int, slot: int, policy: Policy = random_policy
+    env_id: str,
+    seed: int,
+    row: int,
+    slot: int,
+    policy: Policy = random_policy,
+    max_episode_steps: int | None = None,
 ) -> Trajectory:
     """The uninterrupted run of episode (row, slot) with plain Gymnasium: the trajectory a
     hosted episode must reproduce exactly, crash and restore or not."""
-    env = gymnasium.make(env_id)
+    env = _make(env_id, max_episode_steps)
     obs, _ = env.reset(seed=episode_seed(seed, row, slot))
     traj = Trajectory(observations=[plain(obs)])
     info = EpisodeInfo("", row, slot, 0, seed, "")

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1")
     demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
                       "(default: a fresh temporary directory)")
+    demo.add_argument("--env", default="calendar", metavar="ENV",
+                      help="environment: calendar (the simulated workplace, default) or "
+                      "gymnasium:ID (e.g. gymnasium:CartPole-v1; needs the gymnasium extra)")
     demo.add_argument("--agent-kind", choices=["simple_agent", "legacy_agent"],
                       default="simple_agent", help="agent participant of every instance")
     demo.add_argument("--ray-address", help="join this Ray cluster ('auto' or an address); "
@@ -288,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             instances=args.instances, seed=args.seed, checkpoint_every=args.checkpoint_every,
             crash_after_checkpoint=args.crash_after_checkpoint, faults=tuple(args.fault),
             workdir=args.workdir, ray_address=args.ray_address, agent_kind=args.agent_kind,
-            crash_stage=args.crash_at_stage,
+            crash_stage=args.crash_at_stage, env=args.env,
         )
         return run_demo(opts, args.json)
     except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:

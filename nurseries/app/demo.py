@@ -57,6 +57,13 @@ from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
 from gymckpt.nurseries._run import leaf_errors, run_exit
 from gymckpt.nurseries._trainer import open_rollouts
 
+from .demo_gymnasium import (
+    environment_id,
+    journal_episodes,
+    open_gymnasium_gym,
+    trajectory_verdict,
+)
+
 __all__ = [
     "CRASH_STAGES",
     "DemoOptions",
@@ -98,6 +105,8 @@ class DemoOptions:
     hold_first_mutation: bool = False
     """Test agent (S12): the episode making an instance's first calendar mutation holds at its
     next step boundary until a checkpoint parks it."""
+    env: str = "calendar"
+    """The environment: the calendar workplace, or ``gymnasium:ID``."""
     crash_stage: str | None = None
     """Fault matrix: phase 1 SIGKILLs itself at this point (one of ``CRASH_STAGES``) of its
     checkpoint number ``crash_after_checkpoint`` (counting attempts, 1-based), instead of the
@@ -120,6 +129,12 @@ class DemoOptions:
                 raise ValueError("--crash-at-stage needs --crash-after-checkpoint >= 1")
         if self.backend not in ("embedded", "ray"):
             raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
+        if environment_id(self.env) is not None and self.backend != "embedded":
+            raise ValueError("--env gymnasium:ID runs on --backend embedded")
+
+    @property
+    def gymnasium_id(self) -> str | None:
+        return environment_id(self.env)
 
     def sim_config(self) -> SimConfig:
         return SimConfig(turns=(2, 4), turn_s=(0.005, 0.02), mutation_p=0.5, lease_s=30.0,
@@ -183,6 +198,13 @@ class Journal:
 @asynccontextmanager
 async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend]:
     """The Gym deployment the demo runs on."""
+    if opts.gymnasium_id is not None:
+        async with open_gymnasium_gym(
+            opts.gymnasium_id, opts.instances, opts.seed, workdir / "gym-live", opts.faults,
+            opts.runtime_config().lease_s,
+        ) as gym:
+            yield gym
+        return
     if opts.backend == "ray":
         from gymckpt.gym_adapter._ray import RayGym
 
@@ -285,8 +307,11 @@ async def run_phase(
             async for batch in batches:
                 rewards = [r.reward for g in batch for r in g.results]
                 trainer = trainer.train(rewards, len(batch))
-                journal.append({"phase": phase, "step": trainer.step,
-                                "rows": [g.row for g in batch]})
+                record: dict[str, Any] = {"phase": phase, "step": trainer.step,
+                                          "rows": [g.row for g in batch]}
+                if opts.gymnasium_id is not None:
+                    record["episodes"] = journal_episodes(batch)
+                journal.append(record)
                 _progress(show, f"[phase {phase}] step {trainer.step}/{total_steps} "
                                 f"rows {trainer.rows_trained}/{opts.rows} "
                                 f"reward≈{trainer.reward_ema:.3f}")
@@ -417,16 +442,16 @@ def _read_journal(journal: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     return steps, checkpoints
 
 
-def snapshot_sentinels(path: Path) -> tuple[Counter[str], set[int]]:
+def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[str], set[int]]:
     """(every sentinel in the snapshot's committed environment state with its count, the rows
-    the snapshot's ledger failed for good)."""
+    the snapshot's ledger failed for good). Without ``calendar`` only the failed rows."""
     snap = load_snapshot(path)
     led = load_ledger_snapshot(snap.files["ledger.json"])
     failed_rows: set[int] = set()
     for first, last in led.failed:
         failed_rows.update(range(first, last + 1))
     sentinel_counts: Counter[str] = Counter()
-    for inst in snap.manifest.instances:
+    for inst in snap.manifest.instances if calendar else ():
         for part in inst.participants:
             if part.kind != "environment":
                 continue
@@ -457,9 +482,13 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
                       None)
     failed_rows: set[int] = set()
     sentinel_counts: Counter[str] = Counter()
+    calendar = opts.gymnasium_id is None
     if final_path is not None:
-        sentinel_counts, failed_rows = snapshot_sentinels(Path(final_path))
-    expected = expected_sentinels(opts.seed, opts.sim_config(), row_counts, opts.group_size)
+        sentinel_counts, failed_rows = snapshot_sentinels(Path(final_path), calendar=calendar)
+    expected = (
+        expected_sentinels(opts.seed, opts.sim_config(), row_counts, opts.group_size)
+        if calendar else set()
+    )
     trained = set(row_counts)
     lost = len(set(range(opts.rows)) - trained - failed_rows)
     duplicates = sum(c - 1 for c in row_counts.values() if c > 1)
@@ -474,7 +503,10 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
     ok = sum(1 for c in checkpoints if c["ok"])
     failed = len(checkpoints) - ok
     restores = sum(1 for p in phases if p.get("restored"))
-    return {
+    extra: dict[str, Any] = {}
+    if opts.gymnasium_id is not None:
+        extra = trajectory_verdict(opts.gymnasium_id, opts.seed, lineage)
+    return extra | {
         "rows": opts.rows,
         "rows_trained": len(trained),
         "rows_failed": len(failed_rows),
@@ -493,6 +525,7 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
         "exactly_once": (
             duplicates == 0 and lost == 0 and twice == 0 and dup_sentinels == 0
             and missing_sentinels == 0 and len(trained) + len(failed_rows) == opts.rows
+            and extra.get("trajectories_match", True)
         ),
     }
 
@@ -546,6 +579,7 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         "instances": opts.instances,
         "group_size": opts.group_size,
         "seed": opts.seed,
+        "env": opts.env,
         "workdir": str(workdir),
         "elapsed_s": round(time.monotonic() - t0, 3),
         "snapshots": [str(i.path) for i in SnapshotStore(workdir / "snapshots").list_complete()],
@@ -572,6 +606,9 @@ def _print_report(r: dict[str, Any]) -> None:
         f" (SIGKILL: {'yes' if r['killed_with_sigkill'] else 'no'})",
         "  stage medians (ms)  " + ", ".join(f"{k} {v:g}" for k, v in r["stage_ms_median"].items()),
         f"  elapsed             {r['elapsed_s']:.1f}s, workdir {r['workdir']}",
+        *([f"  trajectories        {r['episodes']} episodes of {r['env']}, identical to an "
+           f"uninterrupted run: {'YES' if r['trajectories_match'] else 'NO'}"]
+          if "trajectories_match" in r else []),
         f"  exactly once        {'YES' if r['exactly_once'] else 'NO'}",
     ]
     print("\n".join(lines))

@@ -1,0 +1,103 @@
+"""The demo on a Gymnasium environment (``gymckpt demo --env gymnasium:ID``).
+
+The trainer process journals, with every trained step, a digest of each episode's trajectory
+payload (observations, actions, rewards, termination). The parent then runs every trained
+episode again with plain Gymnasium, uninterrupted, with the same seed and policy
+(``reference_trajectory``), and compares digests: ``trajectories_match`` is true when every
+trained episode's trajectory is bit-identical to its uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gymckpt.gym_adapter import EmbeddedGym, GymBackend, HostConfig
+from gymckpt.runtime import CompletedGroup
+
+__all__ = [
+    "GYMNASIUM_PREFIX",
+    "environment_id",
+    "journal_episodes",
+    "open_gymnasium_gym",
+    "trajectory_digest",
+    "trajectory_verdict",
+]
+
+GYMNASIUM_PREFIX = "gymnasium:"
+PACE_S = 0.002
+"""Per-turn wait of the demo's agent, so checkpoints find episodes mid-way."""
+MAX_EPISODE_STEPS = 200
+"""The demo truncates every episode here (some ids have no time limit of their own)."""
+
+
+def environment_id(env: str) -> str | None:
+    """The Gymnasium id of ``--env gymnasium:ID``, None for the calendar; ValueError else."""
+    if env == "calendar":
+        return None
+    if env.startswith(GYMNASIUM_PREFIX) and len(env) > len(GYMNASIUM_PREFIX):
+        return env[len(GYMNASIUM_PREFIX):]
+    raise ValueError(f"--env must be calendar or gymnasium:ID, got {env!r}")
+
+
+def trajectory_digest(payload: Any) -> str:
+    """sha256 of a trajectory's canonical JSON (sorted keys)."""
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def journal_episodes(batch: Sequence[CompletedGroup]) -> list[list[Any]]:
+    """``[row, slot, digest]`` of every episode of a trained batch."""
+    return [
+        [g.row, slot, trajectory_digest(r.payload)]
+        for g in batch
+        for slot, r in enumerate(g.results)
+    ]
+
+
+@asynccontextmanager
+async def open_gymnasium_gym(
+    env_id: str, instances: int, seed: int, work_dir: Path, faults: Sequence[str], lease_s: float
+) -> AsyncIterator[GymBackend]:
+    from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+
+    env = gymnasium_environment(env_id, pace_s=PACE_S, max_episode_steps=MAX_EPISODE_STEPS)
+    async with EmbeddedGym.host(
+        env, instances=instances, seed=seed, work_dir=work_dir,
+        config=HostConfig(lease_s=lease_s), faults=faults,
+    ) as gym:
+        yield gym
+
+
+def trajectory_verdict(
+    env_id: str, seed: int, lineage: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``episodes`` trained in the lineage and whether each equals its uninterrupted run."""
+    from gymckpt.gym_adapter.gymnasium_env import reference_trajectory
+
+    got: dict[tuple[int, int], list[str]] = {}
+    for step in lineage:
+        for row, slot, digest in step.get("episodes", ()):
+            got.setdefault((row, slot), []).append(digest)
+    mismatched = 0
+    for (row, slot), digests in got.items():
+        ref = trajectory_digest(_plain_trajectory(
+            reference_trajectory(env_id, seed, row, slot, max_episode_steps=MAX_EPISODE_STEPS)
+        ))
+        mismatched += sum(1 for d in digests if d != ref)
+    return {
+        "env": f"{GYMNASIUM_PREFIX}{env_id}",
+        "episodes": sum(len(d) for d in got.values()),
+        "trajectories_mismatched": mismatched,
+        "trajectories_match": bool(got) and mismatched == 0,
+    }
+
+
+def _plain_trajectory(traj: Any) -> Any:
+    from gymckpt.runtime import converter
+
+    return converter.unstructure(traj)
