@@ -3,8 +3,8 @@
 ``EmbeddedGym.open`` serves the simulated calendar workplace; ``EmbeddedGym.host`` serves a
 user's ``Environment`` on Gym hosts (``GymHost``). Either way, K instances named ``gym-0`` …
 ``gym-{K-1}`` share one task-group lifetime (the context) and one ``FaultPlan``, so ``@N`` in a
-fault spec counts calls across the deployment. Every call is delegated to its instance; the adapter adds only what a
-remote backend adds too:
+fault spec counts calls across the deployment. Every call is delegated to its instance; the
+adapter adds only what a remote backend adds too:
 
 - fault injection (C3) before the call reaches the instance (``hang``, ``delay``, ``error``,
   ``unpicklable``, ``dead``; ``refuse`` and ``drop`` shape a ``run``);

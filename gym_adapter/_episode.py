@@ -56,7 +56,7 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from gymckpt.runtime import converter
+from gymckpt.runtime import converter, structure
 
 __all__ = [
     "ROLES",
@@ -189,7 +189,7 @@ class StateParticipant:
         return converter.unstructure(state)
 
     def restore(self, data: JSONValue) -> Any:
-        return converter.structure(data, self.state_type)
+        return structure(data, self.state_type, f"participant {self.name} session state")
 
 
 def to_plain(value: Any) -> JSONValue:

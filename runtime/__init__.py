@@ -5,7 +5,7 @@ Public names are re-exported here; the modules behind them are private.
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
 from ._config import RuntimeConfig
-from ._converter import converter
+from ._converter import converter, structure
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
 from ._errors import (
@@ -116,6 +116,7 @@ __all__ = [
     "records_digest",
     "rollout_id_for",
     "sample_ids",
+    "structure",
     "verify_snapshot",
     "wait_drained",
     "write_atomic",

@@ -1,0 +1,306 @@
+"""The Gym host and the episode API, on a small user environment (a counter and a scripted model).
+
+Every test runs the host in-process under trio's autojump clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from gymckpt.gym_adapter import (
+    Completed,
+    Done,
+    EmbeddedGym,
+    Environment,
+    EnvironmentSpecError,
+    EpisodeContext,
+    EpisodeInfo,
+    Failed,
+    GymHost,
+    HostConfig,
+    RunReply,
+    RunRow,
+    StateParticipant,
+    register_participant_kind,
+)
+from gymckpt.runtime import (
+    EpisodeRecord,
+    EpisodeResult,
+    InstanceRecord,
+    ManifestError,
+    ParticipantRecord,
+    RecoveryLedger,
+    TopologyMismatch,
+)
+from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
+
+FAR = 1e9
+
+
+@attrs.define
+class Tally:
+    """The environment participant's session: every increment applied, by turn."""
+
+    applied: list[int] = attrs.field(factory=list)
+
+
+class Counter:
+    name, kind = "counter", "environment"
+
+    def open(self, info: EpisodeInfo) -> Tally:
+        return Tally()
+
+    def export(self, state: Tally) -> Any:
+        return state.applied
+
+    def restore(self, data: Any) -> Tally:
+        return Tally(list(data))
+
+
+@attrs.define
+class AgentState:
+    rewards: list[float] = attrs.field(factory=list)
+
+
+@attrs.define
+class Script:
+    """An agent playing ``turns`` turns, ``turn_s`` each; the model's answer is added to the
+    counter every turn."""
+
+    turns: int = 3
+    turn_s: float = 1.0
+    payload_items: int = 0
+    name: str = "agent"
+    kind: str = "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> AgentState:
+        return AgentState()
+
+    def export(self, state: AgentState) -> Any:
+        return attrs.asdict(state)
+
+    def restore(self, data: Any) -> AgentState:
+        return AgentState(**data)
+
+    async def step(self, ctx: EpisodeContext, state: AgentState) -> Done | None:
+        answer = await ctx.model({"turn": ctx.turn})
+        await anyio.sleep(self.turn_s)
+        ctx.session("counter").applied.append(answer)
+        state.rewards.append(1.0)
+        if ctx.turn + 1 >= self.turns:
+            return Done(sum(state.rewards), payload={"rewards": state.rewards,
+                                                      "pad": [0] * self.payload_items})
+        return None
+
+
+@attrs.define
+class Model:
+    calls: list[str] = attrs.field(factory=list)
+
+    def __call__(self, key: str, request: Any, info: EpisodeInfo) -> int:
+        self.calls.append(key)
+        return 10 * info.slot + request["turn"]
+
+
+def environment(model: Model | None = None, **script: Any) -> Environment:
+    return Environment(agent=Script(**script), participants=(Counter(),),
+                       model=model if model is not None else Model())
+
+
+async def replies(stream: Any) -> list[RunReply]:
+    out: list[RunReply] = []
+    async for batch in stream:
+        out.extend(batch)
+    return out
+
+
+def rows(*specs: tuple[int, int, int]) -> Sequence[RunRow]:
+    return [RunRow(f"{r}-{s}" + (f"-a{a}" if a else ""), r, s, a) for r, s, a in specs]
+
+
+# -- the environment is checked when the deployment starts -------------------------------------
+
+
+def test_unknown_kind_fails_at_start_naming_the_registry() -> None:
+    class Odd(Counter):
+        kind = "ledger_of_odds"
+
+    env = Environment(agent=Script(), participants=(Odd(),), model=Model())
+    with pytest.raises(EnvironmentSpecError, match="register_participant_kind") as info:
+        GymHost("gym-0", env)
+    assert "'counter'" in str(info.value) and "ledger_of_odds" in str(info.value)
+    register_participant_kind("ledger_of_odds", "environment")
+    GymHost("gym-0", env)  # open kinds: registered, it is hosted
+
+
+def test_spec_errors_name_every_problem() -> None:
+    class NoStep:
+        name, kind = "agent", "simple_agent"
+
+        def open(self, info: EpisodeInfo) -> None: ...
+        def export(self, state: Any) -> None: ...
+        def restore(self, data: Any) -> None: ...
+
+    env = Environment(agent=NoStep(), participants=(Counter(), Counter()))  # type: ignore[arg-type]
+    with pytest.raises(EnvironmentSpecError) as info:
+        env.check()
+    text = str(info.value)
+    assert "has no async step" in text and "names used twice: counter" in text
+
+
+def test_state_participant_round_trips_attrs_through_the_converter() -> None:
+    p = StateParticipant("counter", "environment", Tally, lambda info: Tally([1]))
+    state = p.open(EpisodeInfo("0-0", 0, 0, 0, 0, "gym-0"))
+    assert p.restore(p.export(state)) == Tally([1])
+    with pytest.raises(ManifestError, match="extra"):
+        p.restore({"applied": [1], "extra": 2})  # strict: unknown keys are errors
+
+
+# -- episodes, payloads, fencing ----------------------------------------------------------------
+
+
+async def test_episode_payload_reaches_the_reply(autojump_clock: trio.testing.MockClock) -> None:
+    model = Model()
+    async with GymHost("gym-0", environment(model)) as host:
+        got = await replies(await host.run(rows((0, 1, 0))))
+    assert got == [Completed("0-1", 3.0, 3, {"rewards": [1.0, 1.0, 1.0], "pad": []})]
+    assert model.calls == ["0-1/t0/c0", "0-1/t1/c0", "0-1/t2/c0"]
+
+
+async def test_payload_over_the_limit_fails_the_episode_clearly(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = attrs.evolve(environment(payload_items=100), max_payload_bytes=100)
+    async with GymHost("gym-0", env) as host:
+        (reply,) = await replies(await host.run(rows((0, 0, 0))))
+    assert isinstance(reply, Failed) and reply.failure_class == "data"
+    assert "over the limit of 100" in reply.message and "max_payload_bytes" in reply.message
+
+
+async def test_a_fresh_attempt_fences_the_old_one(autojump_clock: trio.testing.MockClock) -> None:
+    async with GymHost("gym-0", environment(turns=3, turn_s=1.0)) as host, \
+            trio.open_nursery() as nursery:
+        old_stream = await host.run(rows((0, 0, 0)))
+        old: list[RunReply] = []
+
+        async def read_old() -> None:
+            old.extend(await replies(old_stream))
+
+        nursery.start_soon(read_old)
+        await trio.sleep(1.5)  # attempt 0 is inside its second turn
+        new = await replies(await host.run(rows((0, 0, 1))))
+        stale = await replies(await host.run(rows((0, 0, 0))))  # an older attempt: ignored
+    assert old == [] and stale == []
+    assert [type(r) for r in new] == [Completed]
+    stats = host.statistics()
+    assert stats.fenced_episodes == 1 and stats.completed == 1 and stats.stale_runs == 1
+
+
+# -- checkpoint, restore, claim ------------------------------------------------------------------
+
+
+async def test_commit_restore_claim_continues_without_repeating_model_calls(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    model = Model()
+    env = environment(model, turns=4, turn_s=1.0)
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        stream = await host.run(rows((3, 1, 0)))
+        await trio.sleep(1.5)
+        prep = await host.prepare("c1", FAR)
+        assert prep.parked == 1
+        reply = await host.commit("c1", "snap", FAR)
+        await stream.aclose()
+    assert [e.capture_keys for e in reply.exported] == [("3-1/t0/c0", "3-1/t1/c0")]
+    assert [(e.owner, e.rollout_id) for e in reply.exported] == [("counter", "3-1")]
+    assert [s.step_boundary for s in reply.sessions] == [2]
+    record = InstanceRecord("gym-0", tuple(
+        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+        for p in reply.participants))
+    episode = EpisodeRecord("3-1", "counter", "gym-0", reply.exported[0].capture_keys)
+
+    model2 = Model()
+    async with GymHost("gym-0", environment(model2, turns=4), work_dir=tmp_path) as fresh:
+        restored = await fresh.restore("snap", record, [episode], FAR)
+        assert restored.restored == ("3-1",)
+        claim = RunRow("3-1-a1", 3, 1, 1, restored_from="3-1")
+        (done,) = await replies(await fresh.run([claim]))
+    assert isinstance(done, Completed) and done.turns == 4
+    assert done.payload["rewards"] == [1.0] * 4
+    assert model2.calls == ["3-1/t2/c0", "3-1/t3/c0"]  # turns 0 and 1 were not asked again
+
+
+async def test_restore_refuses_tampered_state_and_changes_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with GymHost("gym-0", environment(turns=4), work_dir=tmp_path) as host:
+        stream = await host.run(rows((0, 0, 0)))
+        await trio.sleep(1.5)
+        await host.prepare("c1", FAR)
+        reply = await host.commit("c1", "snap", FAR)
+        await stream.aclose()
+    (tmp_path / "snap" / "gym-0" / "counter" / "records.json").write_bytes(b"{}")
+    record = InstanceRecord("gym-0", tuple(
+        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+        for p in reply.participants))
+    async with GymHost("gym-0", environment(turns=4), work_dir=tmp_path) as fresh:
+        with pytest.raises(TopologyMismatch, match="counter"):
+            await fresh.restore("snap", record, [EpisodeRecord("0-0", "counter", "gym-0")], FAR)
+        assert fresh.inventory().unclaimed == ()
+
+
+# -- the trainer gets the payload, exactly once across a restore ------------------------------
+
+
+async def test_ledger_snapshot_keeps_completed_payloads() -> None:
+    ledger = RecoveryLedger(group_size=2)
+    payload = {"observations": [[0.1, 0.2]], "actions": [1], "rewards": [0.5]}
+
+    def play() -> None:
+        ledger.reserve_row(0)
+        ledger.mark_dispatched(["0-0", "0-1"], "gym-0", 1)
+        ledger.complete("0-0", 1, EpisodeResult(0.5, 1, payload))
+        ledger.complete("0-1", 1, EpisodeResult(0.25, 2))
+
+    await ledger.barrier.mutate(play)
+    snap = load_ledger_snapshot(dump_ledger_snapshot(ledger.to_snapshot()))
+    restored, summary = RecoveryLedger.from_snapshot(snap)
+    assert summary.completed_untrained == 2
+    (group,) = await restored.barrier.mutate(lambda: restored.take_ready(1))
+    assert [r.payload for r in group.results] == [payload, None]
+    assert group.results[0] == EpisodeResult(0.5, 1, payload)
+
+
+async def test_trainer_gets_every_payload_once_across_a_restore(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    from gymckpt.nurseries import open_rollouts
+
+    env = environment(turns=3, turn_s=1.0)
+    seen: list[tuple[int, int]] = []
+    for phase in (1, 2):
+        async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "gym",
+                                    config=HostConfig(lease_s=30.0)) as gym, \
+                open_rollouts(gym, tmp_path, rows=12, group_size=2, max_rows_in_flight=6) as ro:
+            if phase == 2:
+                assert ro.restore_summary is not None and ro.restore_summary.restored > 0
+            async with aclosing(ro.batches(2)) as batches:  # type: ignore[type-var]
+                async for batch in batches:
+                    for g in batch:
+                        for slot, r in enumerate(g.results):
+                            assert r.payload["rewards"] == [1.0, 1.0, 1.0]
+                            seen.append((g.row, slot))
+                    outcome = await ro.checkpoint()
+                    assert outcome.ok
+                    if phase == 1 and len(seen) >= 8:
+                        break
+    assert sorted(seen) == [(r, s) for r in range(12) for s in range(2)]
