@@ -47,6 +47,7 @@ import trio
 from gymckpt.gym_adapter import CommitReply, GymBackend, Topology
 from gymckpt.runtime import (
     GYM_STATE_DIR,
+    TRAINER_FILES_DIR,
     CheckpointInvariantError,
     CheckpointsFailed,
     DeadlineRegistry,
@@ -68,7 +69,7 @@ from gymckpt.runtime import (
 from gymckpt.runtime._ledger import dump_ledger_snapshot
 from gymckpt.runtime._manifest import MANIFEST_VERSION
 
-from ._calls import bounded_call, classify, fan_out
+from ._calls import bounded_call, classify, fan_out, is_storage_error
 from ._offload import offload
 
 __all__ = ["HOOK_POINTS", "PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
@@ -76,8 +77,8 @@ __all__ = ["HOOK_POINTS", "PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "Ch
 logger = logging.getLogger("gymckpt")
 
 PAUSE_HOLDER = "gym-checkpoint"
-STAGES = ("close", "retire", "prepare", "commit", "ownership", "drain", "snapshot", "publish",
-          "resume")
+STAGES = ("trainer_files", "close", "retire", "prepare", "commit", "ownership", "drain",
+          "snapshot", "publish", "resume")
 LEDGER_FILE = "ledger.json"
 HOOK_POINTS = ("before_prepare", "after_prepare", "after_commit", "before_publish",
                "after_publish", "before_resume")
@@ -107,6 +108,28 @@ def _storage_detail(root: Path) -> str:
     except OSError:
         return f"snapshots under {root}"
     return f"snapshots under {root}, {free} bytes free"
+
+
+class _TrainerFilesFailed(Exception):
+    """Carries an error the trainer's ``trainer_files`` callback raised (not a storage error)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _write_trainer_files(write: Callable[[Path], None], target: Path) -> None:
+    """Run the trainer's writer into a fresh ``target``; its own errors are carried out as is,
+    a full disk or I/O error stays an ``OSError`` (a retryable checkpoint failure)."""
+    target.mkdir()
+    try:
+        write(target)
+    except OSError as exc:
+        if is_storage_error(exc):
+            raise
+        raise _TrainerFilesFailed(exc) from exc
+    except Exception as exc:
+        raise _TrainerFilesFailed(exc) from exc
 
 
 @attrs.frozen
@@ -222,8 +245,18 @@ class CheckpointCoordinator:
     def consecutive_failures(self) -> int:
         return self._consecutive_failures
 
-    async def checkpoint(self, extra_files: Mapping[str, bytes] | None = None) -> CheckpointOutcome:
-        """Take one rollout checkpoint; ``extra_files`` (e.g. trainer state) join the snapshot."""
+    async def checkpoint(
+        self,
+        extra_files: Mapping[str, bytes] | None = None,
+        trainer_files: Callable[[Path], None] | None = None,
+    ) -> CheckpointOutcome:
+        """Take one rollout checkpoint; ``extra_files`` (e.g. trainer state) join the snapshot.
+
+        ``trainer_files(directory)`` (weights, optimizer shards) runs in a worker thread before
+        admission closes, writing into the snapshot's ``trainer/`` directory; the files are
+        published with the rollouts in one rename and digested in the commit marker. An error
+        it raises propagates unchanged (a full disk is a failed, retryable checkpoint).
+        """
         checkpoint_id = f"{self.run_id}-{self._seq + 1:04d}"
         stage_s: dict[str, float] = {}
         try:
@@ -231,7 +264,11 @@ class CheckpointCoordinator:
             self._seq = await offload(self.store.reserve_checkpoint_seq)
             checkpoint_id = f"{self.run_id}-{self._seq:04d}"
             files = dict(extra_files or {})
-            info, episodes, drained = await self._run(checkpoint_id, files, stage_s)
+            info, episodes, drained = await self._run(checkpoint_id, files, stage_s, trainer_files)
+        except _TrainerFilesFailed as exc:  # the trainer's own code failed: its error
+            self.failed_total += 1
+            self.metrics.inc("checkpoint/failed_total")
+            raise exc.error from None
         except Exception as exc:
             kind = classify(exc)
             self.failed_total += 1
@@ -280,7 +317,11 @@ class CheckpointCoordinator:
         return self._topology
 
     async def _run(
-        self, checkpoint_id: str, files: dict[str, bytes], stage_s: dict[str, float]
+        self,
+        checkpoint_id: str,
+        files: dict[str, bytes],
+        stage_s: dict[str, float],
+        trainer_files: Callable[[Path], None] | None = None,
     ) -> tuple[SnapshotInfo, int, int]:
         gym, ledger, config = self.gym, self.ledger, self.config
         topology = await self._topology_now()
@@ -301,8 +342,20 @@ class CheckpointCoordinator:
             if self.on_stage is not None:
                 self.on_stage(checkpoint_id, point)
 
-        with stage("close"):
-            await self.gate.close(by=checkpoint_id)
+        try:
+            if trainer_files is not None:
+                with stage("trainer_files"):  # before Gym parks: weights may take a while
+                    staging = await offload(lambda: self.store.begin(checkpoint_id))
+                    target = staging / TRAINER_FILES_DIR
+                    await offload(lambda: _write_trainer_files(trainer_files, target))
+            with stage("close"):
+                await self.gate.close(by=checkpoint_id)
+        except BaseException:
+            if staging is not None:
+                s = staging
+                with trio.CancelScope(shield=True):
+                    await offload(lambda: self.store.abort(s))
+            raise
         try:
             self.deadlines.pause(PAUSE_HOLDER)
             paused = True
@@ -322,7 +375,8 @@ class CheckpointCoordinator:
             hook("after_prepare")
             with stage("commit"):  # into the staging snapshot
                 # absolute: Gym's working directory may differ from ours
-                staging = await offload(lambda: self.store.begin(checkpoint_id))
+                if staging is None:
+                    staging = await offload(lambda: self.store.begin(checkpoint_id))
                 gym_dir = staging / GYM_STATE_DIR
                 state_root = str(await offload(gym_dir.resolve))
                 replies = await fan_out(

@@ -34,6 +34,7 @@ from gymckpt.runtime import (
     RecoveryLedger,
     RuntimeConfig,
     SnapshotInfo,
+    TRAINER_FILES_DIR,
     SnapshotStore,
     WorkDirLock,
 )
@@ -54,6 +55,9 @@ logger = logging.getLogger("gymckpt")
 
 StateFn = Callable[[], bytes]
 """The trainer's current state, serialised: called at each checkpoint ``batches`` takes."""
+FilesFn = Callable[[Path], None]
+"""Writes the trainer's own files (weights, optimizer shards) into the directory it is given;
+runs in a worker thread, before Gym is parked."""
 
 
 @attrs.define(eq=False, slots=True)
@@ -90,6 +94,16 @@ class Rollouts:
         if self.restored is None:
             return None
         return self.restored.files.get(TRAINER_STATE_FILE)
+
+    @property
+    def trainer_files(self) -> Path | None:
+        """The directory of trainer files (weights, optimizer) restored with the snapshot, or
+        None. It is the restore's own copy, digest-checked against the commit marker before
+        anything was restored; read it before the next restore replaces it."""
+        if self.restored is None:
+            return None
+        path = self.restored.pinned.path / TRAINER_FILES_DIR
+        return path if path.is_dir() else None
 
     @property
     def restore_summary(self) -> RestoreSummary | None:
@@ -142,13 +156,18 @@ class Rollouts:
         return taken
 
     async def batches(
-        self, groups_per_step: int, *, state: StateFn | None = None
+        self,
+        groups_per_step: int,
+        *,
+        state: StateFn | None = None,
+        files: FilesFn | None = None,
     ) -> AsyncIterator[list[CompletedGroup]]:
         """Yield batches of complete groups until the dataset is done or the run is preempted.
 
         With ``checkpoint_every`` set, checkpoint every that many batches; ``state()`` (the
-        trainer's current state, serialised) is saved with each of these checkpoints and with
-        the final one a preemption takes before the iteration ends.
+        trainer's current state, serialised) and ``files(directory)`` (its weights) are saved
+        with each of these checkpoints and with the final one a preemption takes before the
+        iteration ends.
         """
         while True:
             batch = await self.next_batch(groups_per_step)
@@ -159,17 +178,17 @@ class Rollouts:
             if self.preempted_by is not None:
                 break
             if self.checkpoint_every and self._steps % self.checkpoint_every == 0:
-                await self.checkpoint(None if state is None else state())
+                await self.checkpoint(None if state is None else state(), files=files)
         if self.preempted_by is not None:
-            await self._final_checkpoint(state)
+            await self._final_checkpoint(state, files)
 
-    async def _final_checkpoint(self, state: StateFn | None) -> None:
+    async def _final_checkpoint(self, state: StateFn | None, files: FilesFn | None) -> None:
         signame = self.preempted_by.name if self.preempted_by is not None else "preempt"
         outcome: CheckpointOutcome | None = None
         with trio.move_on_after(self.preempt_timeout_s) as scope:
             self._final_scope = scope
             try:
-                outcome = await self.checkpoint(None if state is None else state())
+                outcome = await self.checkpoint(None if state is None else state(), files=files)
             finally:
                 self._final_scope = None
         if outcome is not None and outcome.ok and outcome.snapshot is not None:
@@ -186,10 +205,15 @@ class Rollouts:
             signame, self._steps, why, latest.path if latest is not None else "none",
         )
 
-    async def checkpoint(self, trainer_state: bytes | None = None) -> CheckpointOutcome:
-        """Take a rollout checkpoint now; ``trainer_state`` is stored with it."""
-        files = {} if trainer_state is None else {TRAINER_STATE_FILE: trainer_state}
-        outcome = await self.coordinator.checkpoint(files)
+    async def checkpoint(
+        self, trainer_state: bytes | None = None, *, files: FilesFn | None = None
+    ) -> CheckpointOutcome:
+        """Take a rollout checkpoint now; ``trainer_state`` is stored with it, and
+        ``files(directory)`` writes the trainer's own files (model and optimizer shards, any
+        size) into the same atomic snapshot: they are published together with the rollouts or
+        not at all, digested in the commit marker, and come back as ``trainer_files``."""
+        extra = {} if trainer_state is None else {TRAINER_STATE_FILE: trainer_state}
+        outcome = await self.coordinator.checkpoint(extra, files)
         self.outcomes.append(outcome)
         if outcome.ok and self.keep_snapshots > 0:
             await offload(lambda: self.store.prune(self.keep_snapshots))

@@ -48,6 +48,7 @@ from ._metrics import ADMISSION_CLOSED_ROWS, Metrics
 from ._store import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
+    TRAINER_FILES_DIR,
     CommitMarker,
     LoadedSnapshot,
     SnapshotInfo,
@@ -71,6 +72,7 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "PARTICIPANT_KINDS",
+    "TRAINER_FILES_DIR",
     "Attempt",
     "AttemptState",
     "BarrierStatistics",

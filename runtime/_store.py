@@ -62,6 +62,7 @@ __all__ = [
     "COMMIT_MARKER",
     "GYM_STATE_DIR",
     "MARKER_VERSION",
+    "TRAINER_FILES_DIR",
     "CommitMarker",
     "LoadedSnapshot",
     "SnapshotInfo",
@@ -71,12 +72,15 @@ __all__ = [
     "load_snapshot",
     "participant_state_problem",
     "records_digest",
+    "trainer_files_problems",
     "verify_snapshot",
     "write_atomic",
 ]
 
 COMMIT_MARKER: Final = "COMMITTED"
 GYM_STATE_DIR: Final = "gym"
+TRAINER_FILES_DIR: Final = "trainer"
+"""The directory of a snapshot holding the trainer's own files (weights, optimizer shards)."""
 MARKER_VERSION: Final = 1
 
 _SNAPSHOT_PREFIX: Final = "ckpt-"
@@ -86,7 +90,8 @@ _PIN_TMP_PREFIX: Final = ".pin-"
 _CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 _SNAPSHOT_RE: Final = re.compile(r"ckpt-(\d{6,})")
 _DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
-_RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR})
+_RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR,
+                                    TRAINER_FILES_DIR})
 _CHUNK: Final = 1 << 20
 
 
@@ -224,12 +229,15 @@ def records_digest(state_dir: Path) -> str:
 @attrs.frozen
 class CommitMarker:
     """Contents of ``COMMITTED``: the checkpoint, its sequence number, and the sha256 (hex) of
-    every top-level file of the snapshot, ``gym_checkpoint.json`` included."""
+    every top-level file of the snapshot, ``gym_checkpoint.json`` included; ``trees`` maps a
+    top-level directory the trainer wrote (``trainer/``: weights, optimizer shards) to its
+    ``records_digest``."""
 
     version: int
     checkpoint_id: str
     seq: int
     files: dict[str, str]
+    trees: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -375,6 +383,11 @@ class SnapshotStore:
         gym_dir = staging / GYM_STATE_DIR
         if gym_dir.is_dir():
             _fsync_tree(gym_dir)
+        trees: dict[str, str] = {}
+        trainer_dir = staging / TRAINER_FILES_DIR
+        if trainer_dir.is_dir() and not trainer_dir.is_symlink():
+            _fsync_tree(trainer_dir)
+            trees[TRAINER_FILES_DIR] = records_digest(trainer_dir)
 
         with self._lock:
             seq = max(self._last_seq, self._highest_seq()) + 1
@@ -383,6 +396,7 @@ class SnapshotStore:
                 checkpoint_id=manifest.checkpoint_id,
                 seq=seq,
                 files=dict(sorted(digests.items())),
+                trees=trees,
             )
             write_atomic(staging / COMMIT_MARKER, dumps(marker))
             final_path = self.root / f"{_SNAPSHOT_PREFIX}{seq:06d}"
@@ -747,18 +761,46 @@ def _check_state_dir(state_dir: str, who: str, base: Path, base_resolved: Path) 
 # -- verification --------------------------------------------------------------------------
 
 
+def trainer_files_problems(snapshot: LoadedSnapshot) -> list[str]:
+    """Where the trainer's files on disk differ from the digests in the commit marker."""
+    problems: list[str] = []
+    if TRAINER_FILES_DIR not in snapshot.marker.trees and os.path.lexists(
+        snapshot.path / TRAINER_FILES_DIR
+    ):
+        problems.append(
+            f"{TRAINER_FILES_DIR}/: on disk but not committed in {COMMIT_MARKER}"
+        )
+    for name, committed in sorted(snapshot.marker.trees.items()):
+        tree = snapshot.path / name
+        if name != TRAINER_FILES_DIR or tree.is_symlink():
+            problems.append(f"{COMMIT_MARKER}: {name!r} is not a trainer files directory")
+            continue
+        try:
+            found = records_digest(tree)
+        except OSError:
+            problems.append(f"{name}/: trainer files missing from {snapshot.path}")
+            continue
+        if found != committed:
+            problems.append(
+                f"{name}/: trainer files digest {_short(found)} on disk, {_short(committed)} "
+                "committed (a weight or optimizer file was edited, added or removed)"
+            )
+    return problems
+
+
 def verify_snapshot(
     snapshot: LoadedSnapshot, live: Mapping[str, Sequence[tuple[str, str]]] | None = None
 ) -> list[str]:
     """Every difference between the snapshot's manifest and the disk (and ``live``), one line each.
 
-    Always recomputes ``records_digest`` of each participant's state directory and compares it
-    with the committed digest. If ``live`` (instance name → ``[(server_name, kind)]`` in
-    topology order) is given, the live deployment must match the recorded topology exactly:
+    Always recomputes ``records_digest`` of each participant's state directory and of the
+    trainer's files, and compares them with the committed digests. If ``live`` (instance
+    name → ``[(server_name, kind)]`` in topology order) is given, the live deployment must
+    match the recorded topology exactly:
     same instances, same participants in the same order, same kinds. An empty list means the
     snapshot may be installed.
     """
-    diffs: list[str] = []
+    diffs = trainer_files_problems(snapshot)
     for instance in snapshot.manifest.instances:
         for p in instance.participants:
             where = f"instance {instance.name}: participant {p.server_name}"

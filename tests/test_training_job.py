@@ -4,9 +4,11 @@ preemption by SIGTERM/SIGINT. The process-level tests run real trainer programs.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +28,7 @@ from gymckpt.gym_adapter import EmbeddedGym, SimConfig
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries._calls import classify
 from gymckpt.nurseries.app.cli import _verify
+from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import (
     CheckpointsFailed,
     RuntimeConfig,
@@ -334,3 +337,71 @@ def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
     assert [e["step"] for e in journal] == list(range(1, len(journal) + 1))  # each step once
     trained = Counter(r for e in journal for r in e["rows"])
     assert sorted(trained) == list(range(rows)) and set(trained.values()) == {1}
+
+
+# -- the trainer's own files in the snapshot ---------------------------------------------------
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+async def test_trainer_files_are_committed_with_the_rollouts_and_restored(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    weights = random.Random(7).randbytes(1 << 20)
+    gate_open_while_writing: list[bool] = []
+
+    async with running(tmp_path / "w", tmp_path / "gym") as ro:
+        def write(directory: Path) -> None:
+            gate_open_while_writing.append(ro.coordinator.gate.is_open)  # Gym not parked
+            (directory / "model").mkdir()
+            (directory / "model" / "shard-0.bin").write_bytes(weights)
+            (directory / "optimizer.bin").write_bytes(weights[:1000])
+
+        await trio.sleep(1)
+        outcome = await ro.checkpoint(b'{"step": 3}', files=write)
+        assert outcome.ok and outcome.snapshot is not None
+        assert gate_open_while_writing == [True]
+        published = outcome.snapshot.path
+        written = _digests(published / "trainer")
+        assert set(written) == {"model/shard-0.bin", "optimizer.bin"}
+        assert "trainer" in load_snapshot(published).marker.trees
+
+    async with running(tmp_path / "w", tmp_path / "gym2") as ro:
+        assert ro.trainer_state == b'{"step": 3}'
+        assert ro.trainer_files is not None
+        assert _digests(ro.trainer_files) == written  # the same bytes come back
+        assert (ro.trainer_files / "model" / "shard-0.bin").read_bytes() == weights
+
+    assert cli_main(["verify", str(published)]) == 0
+    capsys.readouterr()
+    edited = bytearray(weights)
+    edited[12345] ^= 1
+    (published / "trainer" / "model" / "shard-0.bin").write_bytes(bytes(edited))
+    assert cli_main(["verify", str(published)]) == 2
+    err = capsys.readouterr().err
+    assert "trainer/: trainer files digest" in err and "committed" in err
+
+
+async def test_a_failing_weights_writer_publishes_nothing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    def broken(directory: Path) -> None:
+        (directory / "half.bin").write_bytes(b"x")
+        raise ValueError("model not on this rank")
+
+    def full(directory: Path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "w.bin"))
+
+    async with running(tmp_path / "w", tmp_path / "gym") as ro:
+        await trio.sleep(1)
+        with pytest.raises(ValueError, match="model not on this rank"):  # the trainer's error
+            await ro.checkpoint(files=broken)
+        assert staging_dirs(tmp_path / "w") == [] and ro.store.list_complete() == []
+        assert ro.coordinator.gate.is_open
+        outcome = await ro.checkpoint(files=full)
+        assert not outcome.ok and outcome.reason == "snapshot_io"
+        assert staging_dirs(tmp_path / "w") == [] and ro.store.list_complete() == []
+        assert (await ro.checkpoint()).ok
