@@ -37,3 +37,24 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "test-command" in ci and "README.md" in ci
     assert "pytest" in _block("test-command")
+
+
+def test_readme_byo_example_runs_and_restores(tmp_path: Path) -> None:
+    block = _block("byo-example")
+    assert len(block.splitlines()) <= 40
+    script = tmp_path / "byo.py"
+    script.write_text(block)
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert len(lines) == 4  # 16 rows, 4 groups per step
+    for line in lines:  # each payload is the bisection's guesses, ending on the secret
+        row, guesses = line.split(" ", 1)
+        seq = [int(g) for g in guesses.strip("[]").split(", ")]
+        assert seq[0] == 50 and len(set(seq)) == len(seq)
+    # the same program again restores the latest snapshot and has nothing left to do
+    again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == ""
