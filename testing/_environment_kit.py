@@ -1,0 +1,204 @@
+"""Conformance of a user's ``Environment``: does it survive a checkpoint the way gymckpt needs?
+
+The kit hosts the environment on an in-process ``GymHost`` and checks, with real files:
+
+1. ``spec``: the environment can be hosted (kinds registered, methods present, names unique).
+2. ``completes``: every episode of ``rows`` completes uninterrupted, with a plain-data payload.
+3. ``restore_equivalence[k]``: park every episode after about ``k`` turns, commit (export every
+   session to plain data, on disk), tear the host down, restore the commit into a fresh host and
+   let attempt + 1 claim each parked episode: every payload and reward equals the uninterrupted
+   run's. This needs an environment that is deterministic given (seed, row, slot) — as
+   reproducible training needs anyway.
+4. ``model_calls_once[k]``: no model call is repeated across the park and restore (the calls of
+   both hosts add up to the uninterrupted run's).
+5. ``fencing``: a fresh attempt of a slot silences the older one (no reply from it) and
+   completes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import attrs
+
+from gymckpt.gym_adapter import (
+    Completed,
+    Environment,
+    EnvironmentSpecError,
+    EpisodeInfo,
+    GymHost,
+    ReplyStream,
+    RunReply,
+    RunRow,
+    load_environment,
+)
+from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, rollout_id_for
+
+from ._report import Checks, ConformanceReport
+
+__all__ = ["check_environment"]
+
+_INSTANCE = "conformance-0"
+
+
+@attrs.define
+class _CountingModel:
+    inner: Callable[[str, Any, EpisodeInfo], Any]
+    calls: int = 0
+
+    async def __call__(self, key: str, request: Any, info: EpisodeInfo) -> Any:
+        self.calls += 1
+        out = self.inner(key, request, info)
+        return await out if inspect.isawaitable(out) else out
+
+
+def _with_counter(env: Environment) -> tuple[Environment, _CountingModel | None]:
+    if env.model is None:
+        return env, None
+    counter = _CountingModel(env.model)
+    return attrs.evolve(env, model=counter), counter
+
+
+async def _read(stream: ReplyStream, into: dict[str, RunReply]) -> None:
+    async for batch in stream:
+        for r in batch:
+            into[r.rollout_id] = r
+
+
+def _rows(n: int, group_size: int, attempt: int = 0) -> list[RunRow]:
+    return [
+        RunRow(rollout_id_for(r, s, attempt), r, s, attempt)
+        for r in range(n)
+        for s in range(group_size)
+    ]
+
+
+def _same(a: RunReply | None, b: RunReply | None) -> bool:
+    return (
+        isinstance(a, Completed) and isinstance(b, Completed)
+        and (a.reward, a.payload) == (b.reward, b.payload)
+    )
+
+
+async def check_environment(
+    environment: Environment | str,
+    workdir: str | Path,
+    *,
+    rows: int = 4,
+    group_size: int = 2,
+    seed: int = 0,
+    park_after: Sequence[int] = (1, 2, 3),
+    timeout_s: float = 120.0,
+) -> ConformanceReport:
+    """Run the checks above on ``environment`` (or its import path); files go under
+    ``workdir``. Raises ``ConformanceError`` listing every failed check."""
+    workdir = Path(workdir)
+    name = environment if isinstance(environment, str) else type(environment.agent).__name__
+    checks = Checks(f"environment {name}")
+    try:
+        env = load_environment(environment)
+        env.check()
+    except (EnvironmentSpecError, ValueError) as exc:
+        checks.check("spec", False, str(exc))
+        return checks.finish()
+    checks.check("spec", True)
+    with anyio.fail_after(timeout_s):
+        ref_env, ref_model = _with_counter(env)
+        ref: dict[str, RunReply] = {}
+        async with GymHost(_INSTANCE, ref_env, seed, workdir / "reference") as host:
+            await _read(await host.run(_rows(rows, group_size)), ref)
+        bad = {rid: r for rid, r in ref.items() if not isinstance(r, Completed)}
+        checks.episodes += len(ref)
+        if not checks.check(
+            "completes", len(ref) == rows * group_size and not bad,
+            f"{len(ref)} of {rows * group_size} replied; not completed: {list(bad.values())[:3]}",
+        ):
+            return checks.finish()
+        ref_calls = ref_model.calls if ref_model is not None else 0
+        for k in park_after:
+            await _park_and_restore(env, workdir / f"park-{k}", rows, group_size, seed, k,
+                                    ref, ref_calls, checks)
+        await _fencing(env, workdir / "fencing", seed, checks)
+    return checks.finish()
+
+
+async def _park_and_restore(
+    env: Environment,
+    where: Path,
+    rows: int,
+    group_size: int,
+    seed: int,
+    k: int,
+    ref: dict[str, RunReply],
+    ref_calls: int,
+    checks: Checks,
+) -> None:
+    got: dict[str, RunReply] = {}
+    first_env, first_model = _with_counter(env)
+    async with GymHost(_INSTANCE, first_env, seed, where) as host, \
+            anyio.create_task_group() as tg:
+        tg.start_soon(_read, await host.run(_rows(rows, group_size)), got)
+        target = k * rows * group_size
+        while host.statistics().turns < target and len(got) < rows * group_size:
+            await anyio.lowlevel.checkpoint()
+        await host.prepare("conformance", anyio.current_time() + 60)
+        commit = await host.commit("conformance", "snapshot", anyio.current_time() + 60)
+        await anyio.sleep(0.05)  # let replies produced before the park reach the reader
+        tg.cancel_scope.cancel()
+    held = [s.rollout_id for s in commit.sessions]
+    record = InstanceRecord(_INSTANCE, tuple(
+        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+        for p in commit.participants
+    ))
+    owners = {e.rollout_id: e for e in commit.exported}
+    episodes = [
+        EpisodeRecord(rid, owners[rid].owner if rid in owners else env.agent.name, _INSTANCE,
+                      owners[rid].capture_keys if rid in owners else ())
+        for rid in held
+    ]
+    second_env, second_model = _with_counter(env)
+    async with GymHost(_INSTANCE, second_env, seed, where) as fresh:
+        await fresh.restore("snapshot", record, episodes, anyio.current_time() + 60)
+        claims = []
+        for rid in held:
+            row, slot = (int(x) for x in rid.split("-")[:2])
+            claims.append(RunRow(rollout_id_for(row, slot, 1), row, slot, 1, restored_from=rid))
+        continued: dict[str, RunReply] = {}
+        if claims:
+            await _read(await fresh.run(claims), continued)
+    for rid, reply in continued.items():
+        got[rid.rsplit("-a", 1)[0]] = reply
+    checks.episodes += len(held)
+    mismatched = [rid for rid in ref if not _same(ref[rid], got.get(rid))]
+    checks.check(
+        f"restore_equivalence[{k}]", not mismatched,
+        f"{len(held)} episodes parked after ~{k} turns; {len(mismatched)} differ from the "
+        f"uninterrupted run after restore (e.g. {mismatched[:3]}: "
+        f"{[got.get(r) for r in mismatched[:1]]} vs {[ref[r] for r in mismatched[:1]]})",
+    )
+    if first_model is not None and second_model is not None:
+        calls = first_model.calls + second_model.calls
+        checks.check(
+            f"model_calls_once[{k}]", calls == ref_calls,
+            f"{calls} model calls across park and restore, {ref_calls} uninterrupted",
+        )
+
+
+async def _fencing(env: Environment, where: Path, seed: int, checks: Checks) -> None:
+    old: dict[str, RunReply] = {}
+    new: dict[str, RunReply] = {}
+    async with GymHost(_INSTANCE, env, seed, where) as host, anyio.create_task_group() as tg:
+        tg.start_soon(_read, await host.run([RunRow("0-0", 0, 0, 0)]), old)
+        await _read(await host.run([RunRow("0-0-a1", 0, 0, 1)]), new)
+        await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    checks.check(
+        "fencing", not old and isinstance(new.get("0-0-a1"), Completed),
+        f"older attempt replied {list(old.values())}, newer {list(new.values())}",
+    )

@@ -1,0 +1,121 @@
+"""The conformance kit (``gymckpt.testing``) on the project's own environments and backends,
+and on a broken environment it must reject."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio.testing
+
+from gymckpt.gym_adapter import (
+    Done,
+    EmbeddedGym,
+    Environment,
+    EpisodeContext,
+    EpisodeInfo,
+    HostConfig,
+    SimConfig,
+)
+from gymckpt.testing import ConformanceError, check_backend, check_environment
+
+gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")
+
+BUILTIN_IDS = ["CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1",
+               "Pendulum-v1", "FrozenLake-v1", "Taxi-v4", "CliffWalking-v1", "Blackjack-v1"]
+
+
+class Walk:
+    """A deterministic environment: a position that the agent moves by the model's answer."""
+
+    name, kind = "walk", "environment"
+
+    def __init__(self, forget: bool = False) -> None:
+        self.forget = forget
+
+    def open(self, info: EpisodeInfo) -> dict[str, int]:
+        return {"pos": info.row}
+
+    def export(self, state: dict[str, int]) -> Any:
+        return {"pos": 0} if self.forget else state  # forget: a broken export
+
+    def restore(self, data: Any) -> dict[str, int]:
+        return dict(data)
+
+
+class Walker:
+    name, kind = "agent", "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> list[int]:
+        return []
+
+    def export(self, state: list[int]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> list[int]:
+        return list(data)
+
+    async def step(self, ctx: EpisodeContext, state: list[int]) -> Done | None:
+        walk = ctx.session("walk")
+        walk["pos"] += await ctx.model(walk["pos"])
+        state.append(walk["pos"])
+        return Done(float(walk["pos"]), payload=state) if len(state) >= 6 else None
+
+
+def _walk(forget: bool = False) -> Environment:
+    return Environment(agent=Walker(), participants=(Walk(forget),),
+                       model=lambda key, pos, info: 1 + pos % 3)
+
+
+async def test_kit_accepts_a_deterministic_environment(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    report = await check_environment(_walk(), tmp_path)
+    assert {"spec", "completes", "restore_equivalence[2]", "model_calls_once[2]",
+            "fencing"} <= set(report.checks)
+    assert report.episodes > 8
+
+
+async def test_kit_rejects_an_export_that_loses_state(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    with pytest.raises(ConformanceError, match=r"restore_equivalence\[1\]"):
+        await check_environment(_walk(forget=True), tmp_path)
+
+
+async def test_kit_rejects_an_unhostable_environment(tmp_path: Path) -> None:
+    class Stranger(Walk):
+        kind = "stranger"
+
+    env = Environment(agent=Walker(), participants=(Stranger(),))
+    with pytest.raises(ConformanceError, match="spec: .*register_participant_kind"):
+        await check_environment(env, tmp_path)
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_IDS)
+async def test_kit_on_every_builtin_gymnasium_codec(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, env_id: str
+) -> None:
+    env = gymnasium_env.gymnasium_environment(env_id, max_episode_steps=40)
+    report = await check_environment(env, tmp_path, rows=2, park_after=(1, 5))
+    assert "restore_equivalence[5]" in report.checks
+
+
+async def test_backend_kit_on_the_embedded_calendar(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with EmbeddedGym.open(instances=2, work_dir=tmp_path / "live",
+                                config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))) as gym:
+        report = await check_backend(gym, tmp_path)
+    assert "commit" in report.checks and report.episodes == 16
+
+
+async def test_backend_kit_on_the_embedded_host(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    env = gymnasium_env.gymnasium_environment("CartPole-v1", pace_s=0.001)
+    async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "live",
+                                config=HostConfig()) as gym:
+        report = await check_backend(gym, tmp_path)
+    assert "restore_refuses_mismatch" in report.checks
