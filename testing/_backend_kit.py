@@ -60,7 +60,9 @@ async def check_backend(
 ) -> ConformanceReport:
     """Run the checks above on an open backend; files go under ``workdir`` (absolute). Raises
     ``ConformanceError`` listing every failed check."""
-    workdir = Path(workdir).resolve()
+    workdir = Path(workdir)
+    if not workdir.is_absolute():
+        raise ValueError(f"workdir must be absolute, got {workdir}")
     checks = Checks(f"backend {type(gym).__name__}")
     with trio.fail_after(timeout_s):
         topo = await gym.topology()
@@ -84,7 +86,7 @@ async def check_backend(
         replies: list[RunReply] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read, await gym.run(first, run_rows), replies)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             deadline = trio.current_time() + 30
             for name in names:
                 await gym.prepare(name, "conformance", deadline)

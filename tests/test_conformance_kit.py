@@ -89,7 +89,7 @@ async def test_kit_rejects_an_unhostable_environment(tmp_path: Path) -> None:
         kind = "stranger"
 
     env = Environment(agent=Walker(), participants=(Stranger(),))
-    with pytest.raises(ConformanceError, match="spec: .*register_participant_kind"):
+    with pytest.raises(ConformanceError, match=r"spec: .*register_participant_kind"):
         await check_environment(env, tmp_path)
 
 

@@ -50,7 +50,7 @@ def test_readme_byo_example_runs_and_restores(tmp_path: Path) -> None:
     lines = first.stdout.splitlines()
     assert len(lines) == 4  # 16 rows, 4 groups per step
     for line in lines:  # each payload is the bisection's guesses, ending on the secret
-        row, guesses = line.split(" ", 1)
+        _row, guesses = line.split(" ", 1)
         seq = [int(g) for g in guesses.strip("[]").split(", ")]
         assert seq[0] == 50 and len(set(seq)) == len(seq)
     # the same program again restores the latest snapshot and has nothing left to do
