@@ -140,6 +140,14 @@ class _Ownership:
     """Per instance: replies on the wire for episodes it did not export."""
 
 
+@attrs.frozen
+class _Cut:
+    ledger_bytes: bytes
+    episodes: tuple[EpisodeRecord, ...]
+    unaccounted: Mapping[str, frozenset[str]]
+    """Per instance: in flight in the ledger, neither exported nor on the wire."""
+
+
 def _ownership(replies: Mapping[str, CommitReply], order: Sequence[str]) -> _Ownership:
     """The ownership rule (S10), a pure function of the commit replies (runs off the loop)."""
     episodes: list[EpisodeRecord] = []
@@ -392,11 +400,19 @@ class CheckpointCoordinator:
                 owned = await offload(lambda: _ownership(replies, names))
 
             with stage("drain"):  # replies on the wire (S9)
-                drained = await self._drain(owned)
+                drain_deadline = trio.current_time() + config.drain_timeout_s
+                drained = await self._drain(owned.on_wire, drain_deadline)
 
             with stage("snapshot"):  # a consistent cut under the hold, serialised off the loop
-                async with ledger.barrier.hold(checkpoint_id):
-                    ledger_bytes, episodes = await offload(lambda: self._cut(owned, names))
+                while True:
+                    async with ledger.barrier.hold(checkpoint_id):
+                        cut = await offload(lambda: self._cut(owned, names))
+                    if not cut.unaccounted:
+                        break
+                    # a stream that ended while its replies were discarded, not yet seen by
+                    # its consumer: transient, it abandons them soon (bounded by the drain)
+                    drained += await self._drain(cut.unaccounted, drain_deadline)
+                ledger_bytes, episodes = cut.ledger_bytes, cut.episodes
 
             hook("before_publish")
             with stage("publish"):
@@ -445,66 +461,79 @@ class CheckpointCoordinator:
             self.metrics.inc("checkpoint/resume_failures_total")
 
     async def _retire_dropped(self) -> None:
+        """Retire the queued dropped attempts (S4), forgetting exactly what Gym retired — on
+        the instances that answered, even when another one failed (the failure still fails the
+        checkpoint, retryable)."""
         queue = self.ledger.retire_queue()
         if not queue:
             return
+        done: dict[str, list[str]] = {}
         calls = {}
         for instance, items in queue.items():
             live = [i.rollout_id for i in items if not i.restored]
             restored = [i.rollout_id for i in items if i.restored]
+            got = done[instance] = []
 
             async def call(deadline: float, instance: str = instance, live: list[str] = live,
-                           restored: list[str] = restored) -> list[str]:
-                done: list[str] = []
+                           restored: list[str] = restored, got: list[str] = got) -> None:
                 if live:
                     reply = await self.gym.retire(instance, live, deadline)
-                    done.extend(reply.retired)
-                    done.extend(reply.unknown)
+                    got.extend((*reply.retired, *reply.unknown))
                 if restored:
                     reply = await self.gym.retire_restored(instance, restored, deadline)
-                    done.extend(reply.retired)
-                    done.extend(reply.unknown)
+                    got.extend((*reply.retired, *reply.unknown))
                     self.metrics.inc("checkpoint/restore_retire_total", len(reply.retired))
-                return done
 
             calls[instance] = call
-        results = await fan_out("retire", calls, self.config)
-        retired = [rid for done in results.values() for rid in done]
-        await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))
-        self.metrics.inc("checkpoint/retired_dropped_total", len(retired))
-
-    async def _drain(self, owned: _Ownership) -> int:
-        """Wait for the in-flight episodes whose reply is on the wire (S9). O(on the wire).
-
-        Refusals count: an ``admission_closed`` sidecar reply stays on the wire until the
-        consumer acknowledges it, like any reply (the simulation found a refusal read after
-        the commit; Gym now lists it). An episode the ledger has in flight that Gym neither
-        exported nor lists is caught by the inventory check under the hold (``_cut``).
-        """
         try:
-            drained = await wait_drained(self.ledger, owned.on_wire, self.config.drain_timeout_s)
+            await fan_out("retire", calls, self.config)
+        finally:
+            retired = [rid for ids in done.values() for rid in ids]
+            if retired:
+                with trio.CancelScope(shield=True):
+                    await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))
+                self.metrics.inc("checkpoint/retired_dropped_total", len(retired))
+
+    async def _drain(self, pending: Mapping[str, frozenset[str]], deadline: float) -> int:
+        """Wait until none of ``pending`` (per instance) is in flight there, by ``deadline``
+        (S9). O(pending).
+
+        First for the replies on the wire. Refusals count: an ``admission_closed`` sidecar
+        reply stays on the wire until the consumer acknowledges it, like any reply. Then, if
+        the cut finds episodes the ledger has in flight that Gym neither exported nor lists
+        (a stream Gym ended whose end the consumer has not read yet), for those too: the
+        consumer abandons them when it reads the end. A drain that times out fails the
+        checkpoint as ``gym_unavailable`` (retried), never as an invariant violation.
+        """
+        timeout = max(0.0, deadline - trio.current_time())
+        try:
+            drained = await wait_drained(self.ledger, pending, timeout)
         except DrainTimeout as exc:
             self.metrics.set("checkpoint/drain_pending", len(exc.pending))
             raise
         self.metrics.set("checkpoint/drain_pending", drained)
         return drained
 
-    def _cut(
-        self, owned: _Ownership, names: Sequence[str]
-    ) -> tuple[bytes, tuple[EpisodeRecord, ...]]:
+    def _cut(self, owned: _Ownership, names: Sequence[str]) -> _Cut:
         """Inventory check and ledger copy; runs in a thread while the barrier is held.
 
-        Returns the ledger bytes and the exported episodes the manifest records. An exported
-        episode the ledger dropped after the retire stage (an early stream end during the
-        checkpoint: S4's "a drop recorded meanwhile waits for the next checkpoint") is in the
-        retire queue: Gym still ran it, so it was exported, but it is not ours to restore. It
-        is neither an ownership violation nor recorded in the manifest (a restore would install
-        it unclaimed, with no ledger entry and no retire queue to ever retire it). Found by the
-        simulation: that race used to abort the run as an invariant violation.
+        Per instance, what the ledger holds there must equal what Gym exported, except:
+
+        * an exported episode the ledger dropped after the retire stage (an early stream end
+          during the checkpoint: S4's "a drop recorded meanwhile waits for the next
+          checkpoint") is in the retire queue. It is not recorded in the manifest (not ours to
+          restore); the ledger copy carries the retire queue, so a restore retires it before
+          dispatching its replacement;
+        * an episode the ledger has in flight that Gym neither exported nor listed on the wire
+          is *unaccounted*: its stream ended and the consumer has not read the end yet. Nothing
+          is copied; the caller waits for them and cuts again.
+
+        An exported episode the ledger neither holds nor dropped is an ownership violation.
         """
         ledger = self.ledger
         queued = ledger.retire_queue()
         dropped: set[str] = set()
+        unaccounted: dict[str, frozenset[str]] = {}
         for name in names:
             held = ledger.held_by(name)
             exported = owned.by_instance.get(name, frozenset())
@@ -512,18 +541,14 @@ class CheckpointCoordinator:
             dropped |= gone
             missing = held - exported
             extra = exported - held - gone
-            if missing or extra:
-                parts = []
-                if missing:
-                    parts.append(
-                        f"the ledger has {sample_ids(missing)} episodes in flight there that "
-                        "Gym neither exported nor replied to"
-                    )
-                if extra:
-                    parts.append(
-                        f"Gym exported {sample_ids(extra)} episodes the ledger does not hold"
-                    )
-                raise CheckpointInvariantError(f"instance {name}: " + "; ".join(parts))
+            if extra:
+                raise CheckpointInvariantError(
+                    f"instance {name}: Gym exported {sample_ids(extra)} episodes the ledger "
+                    "does not hold"
+                )
+            if missing:
+                unaccounted[name] = frozenset(missing)
+        if unaccounted:
+            return _Cut(b"", (), unaccounted)
         episodes = tuple(e for e in owned.episodes if e.rollout_id not in dropped)
-        return dump_ledger_snapshot(ledger.to_snapshot()), episodes
-
+        return _Cut(dump_ledger_snapshot(ledger.to_snapshot()), episodes, {})

@@ -1,27 +1,45 @@
 """Restore: from the latest complete rollout snapshot back to a running ledger (S8, S11, S13).
 
-Order matters, and each step leaves Gym untouched until the one that installs state:
+Order matters. Nothing reaches Gym until every check that can reject the snapshot has passed,
+and what reaches Gym is all-or-nothing across instances:
 
 1. pick the latest complete snapshot and **copy it first** (pin), so trainer-checkpoint
    retention can never prune what we restore from (S13);
 2. load it strictly (marker, digests of its files, manifest structure, paths inside it);
-3. check the live topology and every participant's on-disk digest against the manifest — any
-   difference raises ``TopologyMismatch`` listing all of them, and Gym is untouched (S8);
+3. ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
+   on-disk digest, committed state the manifest does not list, the live topology (bounded like
+   any control call), the ledger (version, states, slots, its retire queue, this run's
+   ``group_size``) and ledger vs manifest. Any problem raises before Gym is asked anything
+   (``TopologyMismatch`` for state and topology, ``ManifestError`` for the ledger); the
+   ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far as Gym;
 4. ask every instance, concurrently and each bounded, to restore its committed state;
-5. rebuild the ledger: each exported episode becomes attempt + 1, pinned to its original
-   replica and **unclaimed** until its dispatch claims it (S11); completed-but-untrained
-   results go straight to the trainer.
+5. retire, on each instance, the dropped attempts the snapshot carries: Gym committed their
+   state, the ledger no longer owns them, and a replacement dispatched elsewhere would repeat
+   their environment mutations;
+6. if step 4 or 5 fails anywhere, every instance is asked to drop the episodes it may have
+   installed (``retire_restored``; an instance that never installed reports them unknown), so
+   none holds a claimable restored episode and a corrected restart into the same Gym restores
+   cleanly; then the error is raised;
+7. hand over the ledger: each exported episode is attempt + 1, pinned to its original replica
+   and **unclaimed** until its dispatch claims it (S11); completed-but-untrained results go
+   straight to the trainer.
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
 
 import attrs
+import trio
 
 from gymckpt.gym_adapter import GymBackend
 from gymckpt.runtime import (
+    GYM_STATE_DIR,
+    EpisodeRecord,
     GymManifest,
     LoadedSnapshot,
     ManifestError,
@@ -29,17 +47,30 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
-    check_snapshot,
+    TopologyMismatch,
     load_snapshot,
+    verify_snapshot,
 )
-from gymckpt.runtime._ledger import LedgerSnapshot, RestoreSummary, load_ledger_snapshot, rollout_id_for
+from gymckpt.runtime._ledger import (
+    LedgerSnapshot,
+    RestoreSummary,
+    load_ledger_snapshot,
+    rollout_id_for,
+)
 
-from ._calls import fan_out
+from ._calls import bounded_call, fan_out
 from ._offload import offload
 
-__all__ = ["RestoredRun", "ledger_manifest_differences", "restore_latest"]
+__all__ = [
+    "RestoredRun",
+    "SnapshotProblems",
+    "ledger_manifest_differences",
+    "restore_latest",
+    "snapshot_problems",
+]
 
 LEDGER_FILE = "ledger.json"
+log = logging.getLogger("gymckpt")
 
 
 @attrs.frozen
@@ -69,38 +100,172 @@ def ledger_manifest_differences(manifest: GymManifest, ledger: LedgerSnapshot) -
     return problems
 
 
+@attrs.frozen
+class SnapshotProblems:
+    """What ``snapshot_problems`` found: ``state`` (participant state, digests, topology) and
+    ``ledger`` (the ledger and its agreement with the manifest); ``ledger_snapshot`` is the
+    parsed ledger when it could be read."""
+
+    state: tuple[str, ...]
+    ledger: tuple[str, ...]
+    ledger_snapshot: LedgerSnapshot | None = None
+
+    @property
+    def all(self) -> list[str]:
+        return [*self.state, *self.ledger]
+
+    def raise_if_any(self, where: Path) -> None:
+        """``TopologyMismatch`` for state problems, else ``ManifestError`` for ledger ones."""
+        if self.state:
+            raise TopologyMismatch(self.state)
+        if self.ledger:
+            raise ManifestError(f"{where}: " + "; ".join(self.ledger))
+
+
+def snapshot_problems(
+    snap: LoadedSnapshot,
+    live: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    group_size: int | None = None,
+) -> SnapshotProblems:
+    """Every reason ``snap`` cannot be restored: the one check shared by ``gymckpt verify``
+    (offline: ``live`` and ``group_size`` None) and ``restore_latest`` (before Gym installs
+    anything). Blocking (reads and hashes every participant's state): run it off the loop."""
+    state = verify_snapshot(snap, live) + _unlisted_state(snap)
+    if LEDGER_FILE not in snap.files:
+        return SnapshotProblems(tuple(state), (f"{LEDGER_FILE}: missing from the snapshot",))
+    try:
+        led = load_ledger_snapshot(snap.files[LEDGER_FILE])
+    except ManifestError as exc:
+        return SnapshotProblems(tuple(state), (str(exc),))
+    problems: list[str] = []
+    if group_size is not None and led.group_size != group_size:
+        problems.append(
+            f"{LEDGER_FILE}: snapshot has group_size {led.group_size}, this run asks for "
+            f"{group_size}; restart with --group-size {led.group_size} or a fresh work directory"
+        )
+    try:
+        RecoveryLedger.from_snapshot(led, snap.manifest.episodes)
+    except ManifestError as exc:
+        problems.append(str(exc))
+    instances = {i.name for i in snap.manifest.instances}
+    problems += [f"{LEDGER_FILE}: {item.rollout_id} queued for retirement on {item.instance}, "
+                 "which is not an instance of gym_checkpoint.json"
+                 for item in led.retire if item.instance not in instances][:5]
+    problems += ledger_manifest_differences(snap.manifest, led)
+    return SnapshotProblems(tuple(state), tuple(problems), led)
+
+
+def _unlisted_state(snap: LoadedSnapshot) -> list[str]:
+    """Committed participant state in the snapshot that no manifest participant covers.
+
+    Offline there is no live topology to compare with, so a participant removed from a
+    hand-edited manifest would otherwise verify clean; its state directory is still on disk
+    and gives it away.
+    """
+    gym = snap.path / GYM_STATE_DIR
+    if not gym.is_dir():
+        return []
+    listed = [PurePosixPath(p.state_dir) for i in snap.manifest.instances for p in i.participants]
+    unlisted: set[str] = set()
+    for dirpath, _dirnames, filenames in os.walk(gym):
+        for name in filenames:
+            rel = PurePosixPath(Path(dirpath, name).relative_to(snap.path).as_posix())
+            if not any(rel.is_relative_to(d) for d in listed):
+                unlisted.add(str(rel.parent))
+    return [f"{d}: participant state on disk that gym_checkpoint.json does not list "
+            "(a participant missing from the manifest?)" for d in sorted(unlisted)]
+
+
 async def restore_latest(
-    gym: GymBackend, store: SnapshotStore, pin_dir: Path, config: RuntimeConfig
+    gym: GymBackend,
+    store: SnapshotStore,
+    pin_dir: Path,
+    config: RuntimeConfig,
+    *,
+    group_size: int | None = None,
 ) -> RestoredRun | None:
-    """Restore the latest complete snapshot in ``store``; None when there is none."""
+    """Restore the latest complete snapshot in ``store``; None when there is none.
+
+    ``group_size`` is this run's: a snapshot of another group size is rejected before Gym
+    installs anything. See the module docstring for the order and the all-or-nothing rule.
+    """
     info = await offload(store.latest_complete)
     if info is None:
         return None
     dest = pin_dir / info.path.name
     pinned = await offload(lambda: store.pin(info, dest))
     snap: LoadedSnapshot = await offload(lambda: load_snapshot(pinned.path))
-    topology = await gym.topology()
+    topology = await bounded_call(
+        "deployment", "topology", lambda _deadline: gym.topology(), config
+    )
     live = {i.name: list(i.participants) for i in topology.instances}
-    await offload(lambda: check_snapshot(snap, live))
-    if LEDGER_FILE not in snap.files:
-        raise ManifestError(f"{pinned.path}: {LEDGER_FILE} missing from the snapshot")
-    ledger_snap = await offload(lambda: load_ledger_snapshot(snap.files[LEDGER_FILE]))
-    problems = ledger_manifest_differences(snap.manifest, ledger_snap)
-    if problems:  # before Gym installs anything
-        raise ManifestError(f"{pinned.path}: " + "; ".join(problems))
-    episodes_by_replica: dict[str, list] = {}
+    found = await offload(lambda: snapshot_problems(snap, live, group_size))
+    found.raise_if_any(pinned.path)
+    assert found.ledger_snapshot is not None
+    ledger_snap = found.ledger_snapshot
+    ledger, summary = RecoveryLedger.from_snapshot(ledger_snap, snap.manifest.episodes)
+    episodes_by_replica: dict[str, list[EpisodeRecord]] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
     state_root = str(await offload(pinned.path.resolve))
-    await fan_out(
-        "restore",
-        {
-            rec.name: functools.partial(
-                gym.restore, rec.name, state_root, rec, tuple(episodes_by_replica.get(rec.name, ()))
-            )
-            for rec in snap.manifest.instances
-        },
-        config,
-    )
-    ledger, summary = RecoveryLedger.from_snapshot(ledger_snap, snap.manifest.episodes)
+    try:
+        await fan_out(
+            "restore",
+            {
+                rec.name: functools.partial(
+                    gym.restore, rec.name, state_root, rec,
+                    tuple(episodes_by_replica.get(rec.name, ())),
+                )
+                for rec in snap.manifest.instances
+            },
+            config,
+        )
+        await _retire_carried(gym, ledger, config)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await _roll_back(gym, snap.manifest, episodes_by_replica, config)
+        raise
     return RestoredRun(info, pinned, ledger, summary, dict(snap.files))
+
+
+async def _retire_carried(gym: GymBackend, ledger: RecoveryLedger, config: RuntimeConfig) -> None:
+    """Retire the dropped attempts the snapshot carries, before anything is dispatched.
+
+    After a restore Gym holds such an attempt only as committed state of a session that no
+    longer runs (the manifest left it out), which a plain ``retire`` frees; an ID Gym does not
+    know is reported unknown. Either way the ledger forgets it.
+    """
+    queue = ledger.retire_queue()
+    if not queue:
+        return
+    calls = {
+        instance: functools.partial(gym.retire, instance, [i.rollout_id for i in items])
+        for instance, items in queue.items()
+    }
+    replies = await fan_out("retire", calls, config)
+    done = [rid for r in replies.values() for rid in (*r.retired, *r.unknown)]
+    await ledger.barrier.mutate(lambda: ledger.forget_retired(done))
+
+
+async def _roll_back(
+    gym: GymBackend,
+    manifest: GymManifest,
+    episodes_by_replica: Mapping[str, Sequence[EpisodeRecord]],
+    config: RuntimeConfig,
+) -> None:
+    """Best effort, bounded: every instance drops the restored episodes it may hold."""
+    calls = {
+        rec.name: functools.partial(
+            gym.retire_restored, rec.name,
+            [e.rollout_id for e in episodes_by_replica.get(rec.name, ())],
+        )
+        for rec in manifest.instances
+        if episodes_by_replica.get(rec.name)
+    }
+    if not calls:
+        return
+    try:
+        await fan_out("restore_retire", calls, config)
+    except Exception as exc:
+        log.warning("restore rollback incomplete, an instance may still hold restored "
+                    "episodes until the next restore replaces them: %s", exc)

@@ -268,14 +268,11 @@ async def open_rollouts(
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
             restored = None
             if restore:
-                restored = await restore_latest(gym, store, workdir / "restored", config)
+                restored = await restore_latest(
+                    gym, store, workdir / "restored", config, group_size=group_size
+                )
             if restored is not None:
                 ledger = restored.ledger
-                if ledger.group_size != group_size:
-                    raise ValueError(
-                        f"snapshot has group_size {ledger.group_size}, this run asks for "
-                        f"{group_size}"
-                    )
             else:
                 ledger = RecoveryLedger(
                     group_size=group_size,

@@ -17,7 +17,9 @@ Invariants (checked by the stateful test):
 * a refusal (``admission_closed``) returns the attempt to RESERVED with its identity and spends
   neither a row attempt nor data budget (S2);
 * the retire queue holds every dropped attempt Gym may still run (dispatched, or reserved with
-  restored Gym state) and forgets only what ``forget_retired`` names (S4); it is memory-only;
+  restored Gym state) and forgets only what ``forget_retired`` names (S4); between checkpoints it
+  lives in memory, and a snapshot carries what it holds at the cut (Gym committed those
+  attempts' state too, so a restore must retire them before it dispatches);
 * a restored attempt is RESERVED, pinned to its original replica, and *unclaimed* until the
   dispatch of its replacement claims it (S11);
 * every change runs inside a ``MutationBarrier`` mutation (asserted), and names the rollout IDs it
@@ -190,7 +192,11 @@ class LedgerSnapshot:
     """The versioned on-disk form of a ledger (``ledger.json``).
 
     ``trained`` and ``failed`` are rows as inclusive ``[first, last]`` ranges; ``spent`` lists
-    ``[row, slot, attempts_spent]``. The retire queue is memory-only by design (S4) and absent.
+    ``[row, slot, attempts_spent]``. ``retire`` is the retire queue at the cut: dropped
+    attempts Gym may still hold in the state it committed with this snapshot (an attempt dropped
+    between the checkpoint's retire stage and its cut). A restore retires them before it
+    dispatches anything, so a dropped episode's environment mutations never stay next to its
+    replacement's.
     """
 
     version: int
@@ -203,6 +209,7 @@ class LedgerSnapshot:
     failed: tuple[tuple[int, int], ...]
     spent: tuple[tuple[int, int, int], ...]
     attempts: tuple[AttemptRow, ...]
+    retire: tuple[RetireItem, ...] = ()
 
 
 @attrs.frozen
@@ -1021,6 +1028,7 @@ class RecoveryLedger:
             failed=_to_ranges(self._failed_rows),
             spent=tuple((r, s, n) for (r, s), n in self._spent.items() if r in self._row_block),
             attempts=tuple(self._attempt_rows()),
+            retire=tuple(self._retire.values()),
         )
 
     @classmethod
@@ -1130,6 +1138,12 @@ class RecoveryLedger:
                 ledger._ready[row_index] = None
         for r, sl, n in snap.spent:
             ledger._spent[(r, sl)] = n
+        for item in snap.retire:
+            if ledger.get(item.rollout_id) is not None:
+                raise ManifestError(
+                    f"ledger.json: {item.rollout_id} is queued for retirement and also current"
+                )
+            ledger._retire[item.rollout_id] = item
         return ledger, RestoreSummary(restored, completed, reserved, fresh)
 
     def statistics(self) -> LedgerStatistics:

@@ -12,19 +12,17 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, NoReturn
 
 from gymckpt.runtime import (
     COMMIT_MARKER,
-    GYM_STATE_DIR,
     LoadedSnapshot,
     ManifestError,
     SnapshotStore,
     TopologyMismatch,
     WorkDirLocked,
     load_snapshot,
-    verify_snapshot,
 )
 
 __all__ = ["build_parser", "main"]
@@ -179,36 +177,10 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
 
 
 def _verify(snap: LoadedSnapshot) -> list[str]:
-    from gymckpt.runtime._ledger import load_ledger_snapshot
+    """The restore path's own check (``snapshot_problems``), offline: no live topology."""
+    from gymckpt.nurseries._restore import snapshot_problems
 
-    from gymckpt.nurseries._restore import ledger_manifest_differences
-
-    problems = verify_snapshot(snap) + _unlisted_state(snap)
-    if "ledger.json" not in snap.files:
-        return [*problems, "ledger.json: missing from the snapshot"]
-    led = load_ledger_snapshot(snap.files["ledger.json"])
-    return problems + ledger_manifest_differences(snap.manifest, led)
-
-
-def _unlisted_state(snap: LoadedSnapshot) -> list[str]:
-    """Committed participant state in the snapshot that no manifest participant covers.
-
-    Offline there is no live topology to compare with, so a participant removed from a
-    hand-edited manifest would otherwise verify clean (found by the fault matrix); its state
-    directory is still on disk and gives it away.
-    """
-    gym = snap.path / GYM_STATE_DIR
-    if not gym.is_dir():
-        return []
-    listed = [PurePosixPath(p.state_dir) for i in snap.manifest.instances for p in i.participants]
-    unlisted: set[str] = set()
-    for dirpath, _dirnames, filenames in os.walk(gym):
-        for name in filenames:
-            rel = PurePosixPath(Path(dirpath, name).relative_to(snap.path).as_posix())
-            if not any(rel.is_relative_to(d) for d in listed):
-                unlisted.add(str(rel.parent))
-    return [f"{d}: participant state on disk that gym_checkpoint.json does not list "
-            "(a participant missing from the manifest?)" for d in sorted(unlisted)]
+    return snapshot_problems(snap).all
 
 
 def _offline(command: str, raw_dir: str, as_json: bool) -> int:
