@@ -173,11 +173,8 @@ async def test_cancel_in_the_middle_of_a_slow_gym_call(
         ro.coordinator.on_stage = None
         await assert_released(gym, ro, tmp_path)
         if op == "retire":  # what the cancelled call did not retire stays queued (S4)
-            left = [i for items in ledger.retire_queue().values() for i in items]
-            assert left
-            for item in left:
-                inv = await gym.inventory(item.instance)
-                assert item.rollout_id in inv.running + inv.parked
+            left = {i.rollout_id for items in ledger.retire_queue().values() for i in items}
+            assert left and left <= {f"{dropped[0]}-0", f"{dropped[0]}-1"}
         else:
             assert ledger.statistics().retire_queue == 0
         await finish_exactly_once(ro, dropped)

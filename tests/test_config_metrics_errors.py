@@ -113,3 +113,38 @@ def test_errors_round_trip_through_pickle(cls: type[BaseException]) -> None:
     assert str(clone) == str(exc)
     assert clone.args == exc.args
     assert vars(clone) == vars(exc)
+
+
+def test_classify_unknown_errors_are_invariants_and_io_errors_retryable() -> None:
+    from gymckpt.gym_adapter import GymControlError, GymInstanceDead
+    from gymckpt.nurseries._calls import classify
+    from gymckpt.runtime import CheckpointInvariantError, GymCheckpointUnavailable
+
+    assert classify(RuntimeError("reply from another protocol version")) == "invariant"
+    assert classify(KeyError("episodes")) == "invariant"
+    assert classify(GymControlError("gym-0", "commit", "x")) == "gym_unavailable"
+    assert classify(OSError(28, "No space left on device")) == "gym_unavailable"
+    assert classify(TimeoutError("gym-1 did not answer")) == "gym_unavailable"
+    both = ExceptionGroup("commit", [GymInstanceDead("gym-0"), ValueError("bad reply")])
+    assert classify(both) == "invariant"
+    wrapped = GymCheckpointUnavailable("x")
+    wrapped.__cause__ = CheckpointInvariantError("owned twice")
+    assert classify(wrapped) == "invariant"
+
+
+def test_exit_codes_of_the_errors_that_end_a_run() -> None:
+    from gymckpt.gym_adapter import GymInstanceDead
+    from gymckpt.nurseries.app.demo import run_exit
+    from gymckpt.runtime import CheckpointInvariantError, CheckpointsFailed, ManifestError
+
+    def code(exc: BaseException) -> int | None:
+        got = run_exit(exc)
+        return None if got is None else got[0]
+
+    assert code(ExceptionGroup("run", [CheckpointInvariantError("x")])) == 3
+    both = ExceptionGroup("run", [CheckpointsFailed("x"), CheckpointInvariantError("y")])
+    assert code(both) == 3
+    assert code(CheckpointsFailed("3 in a row")) == 4
+    assert code(ExceptionGroup("run", [GymInstanceDead("gym-0")])) == 4
+    assert code(ManifestError("ledger.json: bad")) == 2
+    assert code(ZeroDivisionError()) is None

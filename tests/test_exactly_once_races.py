@@ -131,7 +131,7 @@ async def test_a_bad_ledger_is_rejected_by_verify_and_before_any_install(
     assert main(["verify", str(snap)]) == 2
     assert "ledger.json" in capsys.readouterr().err
     async with gym_at(tmp_path, "gym-b") as gym:
-        with pytest.raises(ManifestError, match="ledger.json"):
+        with pytest.raises(ManifestError, match=r"ledger\.json"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
         await nothing_installed(gym)

@@ -308,6 +308,51 @@ async def test_s7_deadlines_pause_while_parked_and_other_holders_stay(
         deadlines.discard("request-x")
 
 
+async def test_s7_the_checkpoint_pauses_deadlines_by_itself(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """No other holder: only the checkpoint's own pause keeps a request deadline still while
+    Gym is parked (and it is released after)."""
+    async with running(tmp_path, faults=["commit:delay:1.5"]) as (_gym, ro):
+        deadlines = ro.coordinator.deadlines
+        seen: list[frozenset[str]] = []
+        ro.coordinator.on_stage = lambda _cid, point: seen.append(frozenset(deadlines.holders))
+        deadlines.register("request-y", "a test request", 10.0)
+        t0 = trio.current_time()
+        outcome = await ro.checkpoint()
+        assert outcome.ok and trio.current_time() - t0 >= 1.5
+        assert seen and all(h == {PAUSE_HOLDER} for h in seen)
+        assert deadlines.holders == frozenset()
+        assert deadlines.remaining("request-y") == pytest.approx(10.0, abs=0.01)
+        deadlines.discard("request-y")
+
+
+async def test_s4_a_drop_recorded_during_the_retire_stage_waits_for_the_next_checkpoint(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path, rows=40) as (gym, ro):
+        ledger = ro.ledger
+        await trio.sleep(1)
+        rows = sorted(r for r in ledger.rows()
+                      if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2)))
+        first, later = rows[0], rows[1]
+        await ledger.barrier.mutate(lambda: ledger.drop_row(first))
+        real_retire = gym.retire
+
+        async def retire(instance: str, ids: Any, deadline: float) -> Any:
+            if ledger.get(f"{later}-0") is not None:  # a drop lands while Gym retires
+                await ledger.barrier.mutate(lambda: ledger.drop_row(later))
+            return await real_retire(instance, ids, deadline)
+
+        gym.retire = retire  # type: ignore[method-assign]
+        outcome = await ro.checkpoint()
+        assert outcome.ok, outcome.error
+        left = {i.rollout_id for items in ledger.retire_queue().values() for i in items}
+        assert left == {f"{later}-0", f"{later}-1"}
+        assert (await ro.checkpoint()).ok
+        assert ledger.statistics().retire_queue == 0
+
+
 # -- S8 -----------------------------------------------------------------------------------------
 
 
