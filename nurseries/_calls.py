@@ -33,10 +33,7 @@ __all__ = ["STORAGE_ERRNOS", "bounded_call", "classify", "fan_out", "is_storage_
 
 T = TypeVar("T")
 
-RETRYABLE = (GymCheckpointUnavailable, GymControlError, GymInstanceDead, OSError)
-"""Failures that changed nothing the trainer holds (S6): Gym's control plane, a dead actor, an
-unanswered call (``TimeoutError``) and any I/O error (``OSError``: a transport failure, or a
-disk that filled while a snapshot was written)."""
+RETRYABLE = (GymCheckpointUnavailable, GymControlError, GymInstanceDead, TimeoutError)
 
 
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})

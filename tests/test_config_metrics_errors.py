@@ -123,7 +123,7 @@ def test_classify_unknown_errors_are_invariants_and_io_errors_retryable() -> Non
     assert classify(RuntimeError("reply from another protocol version")) == "invariant"
     assert classify(KeyError("episodes")) == "invariant"
     assert classify(GymControlError("gym-0", "commit", "x")) == "gym_unavailable"
-    assert classify(OSError(28, "No space left on device")) == "gym_unavailable"
+    assert classify(OSError(28, "No space left on device")) == "snapshot_io"
     assert classify(TimeoutError("gym-1 did not answer")) == "gym_unavailable"
     both = ExceptionGroup("commit", [GymInstanceDead("gym-0"), ValueError("bad reply")])
     assert classify(both) == "invariant"

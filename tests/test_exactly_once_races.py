@@ -289,7 +289,7 @@ async def test_an_os_error_in_the_control_plane_is_retried_and_an_unknown_error_
                                  max_rows_in_flight=6) as ro:
             await trio.sleep(1)
             outcome = await ro.checkpoint()
-            assert not outcome.ok and outcome.reason == "gym_unavailable"
+            assert not outcome.ok and outcome.reason == "snapshot_io"
             assert "No space left" in (outcome.error or "")
             assert (await ro.checkpoint()).ok
             failures.append(RuntimeError("commit reply from another protocol version"))
