@@ -50,9 +50,14 @@ class Environment:
 
 def load_environment(path: str | Environment | Callable[[], Environment]) -> Environment:
     """An ``Environment`` from ``"package.module:name"`` (an ``Environment`` or a zero-argument
-    factory of one), a factory, or an environment (returned as is)."""
+    factory of one), ``"gymnasium:ID"`` (that Gymnasium id with a random policy), a factory, or
+    an environment (returned as is)."""
     if isinstance(path, Environment):
         return path
+    if isinstance(path, str) and path.startswith("gymnasium:"):
+        from .gymnasium_env import gymnasium_environment
+
+        return gymnasium_environment(path.removeprefix("gymnasium:"))
     if callable(path):
         env: Any = path()
     else:

@@ -454,6 +454,20 @@ class GymHost(HostControl):
                 self._streams.push(st, reply)
             self._streams.row_done(st)
 
+    # -- the Ray actor's outbox reads batches itself and acknowledges them later ----------------
+
+    def _ack(self, st: RunStream, rollout_ids: Sequence[str]) -> None:
+        self._streams.ack(st, rollout_ids)
+
+    def _discard(self, st: RunStream, replies: Sequence[RunReply]) -> None:
+        self._streams.discard(st, replies)
+
+    def _forget(self, st: RunStream) -> None:
+        self._streams.forget(st)
+
+    def _consumer_closed(self, st: RunStream) -> None:
+        self._streams.end(st, hard=True)
+
     # -- views ---------------------------------------------------------------------------------
 
     def topology(self) -> InstanceTopology:

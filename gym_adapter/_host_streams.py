@@ -124,6 +124,10 @@ class ReplyStreams:
         if st.drop_after is not None and st.sent >= st.drop_after:
             self.end(st)
 
+    def discard(self, st: RunStream, replies: Sequence[RunReply]) -> None:
+        """Replies that will never be delivered leave the wire."""
+        self._discard(st, replies)
+
     def _discard(self, st: RunStream, replies: Sequence[RunReply]) -> None:
         for r in replies:
             if self.on_wire.get(r.rollout_id) is st:

@@ -109,6 +109,8 @@ from ._contract import (
 from ._embedded import GymStatistics
 from ._faults import FaultPlan, FaultSpec
 from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor, _can_pickle
+from ._environment import load_environment
+from ._host import HostConfig
 from ._sim import AGENT_KINDS, CalendarSession, SimConfig, SimStatistics
 
 __all__ = [
@@ -442,8 +444,9 @@ class _Spawn:
     agent_kind: str
     seed: int
     work_dir: str
-    config: SimConfig
+    config: SimConfig | HostConfig
     stuck_loop_s: float
+    environment: str | None = None
 
 
 @final
@@ -516,19 +519,78 @@ class RayGym:
                 raise ValueError(
                     f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {kind!r}"
                 )
-        if not num_cpus >= 0:
-            raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
         if not stuck_loop_s >= 0:
             raise ValueError(f"stuck_loop_s must be >= 0, got {stuck_loop_s!r}")
-        if max_batch_replies < 1:
-            raise ValueError(f"max_batch_replies must be >= 1, got {max_batch_replies!r}")
-        plan = FaultPlan(faults)
         cfg = config if config is not None else SimConfig()
         wd = _absolute(work_dir)
         spawns = {
             f"gym-{i}": _Spawn(f"gym-{i}", kinds[i], seed, wd, cfg, stuck_loop_s)
             for i in range(instances)
         }
+        async with cls._deploy(
+            spawns, faults, address, num_cpus=num_cpus, batch_replies=batch_replies,
+            max_batch_replies=max_batch_replies, startup_timeout_s=startup_timeout_s,
+        ) as gym:
+            yield gym
+
+    @classmethod
+    @asynccontextmanager
+    async def host(
+        cls,
+        environment: str,
+        instances: int = 1,
+        seed: int = 0,
+        work_dir: str | Path | None = None,
+        config: HostConfig | None = None,
+        faults: Sequence[str | FaultSpec] = (),
+        address: str | None = None,
+        *,
+        num_cpus: float = 0.1,
+        batch_replies: bool = True,
+        max_batch_replies: int = 1024,
+        startup_timeout_s: float = 60.0,
+    ) -> AsyncIterator[RayGym]:
+        """Serve the user environment ``environment`` — an import path
+        (``package.module:name``, an ``Environment`` or a factory of one) or ``gymnasium:ID``
+        — on ``instances`` Gym hosts, one Ray actor each, with the semantics of
+        ``EmbeddedGym.host``. Each actor imports the path itself (user code is never pickled);
+        it is loaded and checked here first, so a bad environment fails before any actor
+        starts. Other arguments as ``open``."""
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances!r}")
+        if not isinstance(environment, str):
+            raise TypeError("RayGym.host takes the environment's import path, not an object")
+        load_environment(environment).check()
+        cfg = config if config is not None else HostConfig()
+        wd = _absolute(work_dir)
+        spawns = {
+            f"gym-{i}": _Spawn(f"gym-{i}", "", seed, wd, cfg, 0.0, environment)
+            for i in range(instances)
+        }
+        async with cls._deploy(
+            spawns, faults, address, num_cpus=num_cpus, batch_replies=batch_replies,
+            max_batch_replies=max_batch_replies, startup_timeout_s=startup_timeout_s,
+        ) as gym:
+            yield gym
+
+    @classmethod
+    @asynccontextmanager
+    async def _deploy(
+        cls,
+        spawns: dict[str, _Spawn],
+        faults: Sequence[str | FaultSpec],
+        address: str | None,
+        *,
+        num_cpus: float,
+        batch_replies: bool,
+        max_batch_replies: int,
+        startup_timeout_s: float,
+    ) -> AsyncIterator[RayGym]:
+        if not num_cpus >= 0:
+            raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
+        if max_batch_replies < 1:
+            raise ValueError(f"max_batch_replies must be >= 1, got {max_batch_replies!r}")
+        plan = FaultPlan(faults)
         await _acquire_cluster(address)
         try:
             async with trio_asyncio.open_loop() as loop:
@@ -825,7 +887,7 @@ def _spawn(spawn: _Spawn, *, num_cpus: float, resources: dict[str, float] | None
         options["resources"] = resources
     return _actor_class().options(**options).remote(
         spawn.name, spawn.agent_kind, spawn.seed, spawn.work_dir, spawn.config,
-        spawn.stuck_loop_s,
+        spawn.stuck_loop_s, spawn.environment,
     )
 
 

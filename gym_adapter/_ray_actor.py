@@ -53,6 +53,9 @@ from gymckpt.runtime import GymCheckpointUnavailable
 
 from ._contract import RunReply, RunRow
 from ._faults import FaultSpec
+from ._environment import load_environment
+from ._host import GymHost, HostConfig
+from ._host_streams import HostReplyStream
 from ._sim import SimConfig, SimInstance, SimReplyStream, inject_fault
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
@@ -120,8 +123,9 @@ def local_deadline(remaining_s: float, sent_wall: float) -> float:
 class _Outbox:
     """The actor's side of one ``run``: batches taken from the instance, acknowledged later."""
 
-    sim: SimInstance
-    stream: SimReplyStream  # kept alive: its finaliser closes the instance's receive side
+    sim: SimInstance | GymHost
+    stream: SimReplyStream | HostReplyStream
+    """Kept alive: its finaliser closes the instance's receive side."""
     unacked: deque[tuple[int, tuple[RunReply, ...]]] = attrs.field(factory=deque)
     seq: int = HEADER_SEQ
     finished: bool = False
@@ -185,8 +189,10 @@ class _Outbox:
 
 
 class GymActor:
-    """A Ray async actor hosting one ``SimInstance`` (wrapped with ``ray.remote`` by the
-    driver). ``start`` serves the instance in a task of the actor's loop; ``stop`` ends it."""
+    """A Ray async actor hosting one instance (wrapped with ``ray.remote`` by the driver): the
+    simulated calendar ``SimInstance``, or a ``GymHost`` serving the user environment named by
+    the import path ``environment``. ``start`` serves it in a task of the actor's loop;
+    ``stop`` ends it."""
 
     def __init__(
         self,
@@ -194,11 +200,18 @@ class GymActor:
         agent_kind: str,
         seed: int,
         work_dir: str | None,
-        config: SimConfig,
+        config: SimConfig | HostConfig,
         stuck_loop_s: float = 0.0,
+        environment: str | None = None,
     ) -> None:
-        self._sim = SimInstance(name, agent_kind, seed, Path(work_dir) if work_dir else None,
-                                config)
+        wd = Path(work_dir) if work_dir else None
+        self._sim: SimInstance | GymHost
+        if environment is not None:  # a user environment, imported here by its path
+            assert isinstance(config, HostConfig)
+            self._sim = GymHost(name, load_environment(environment), seed, wd, config)
+        else:
+            assert isinstance(config, SimConfig)
+            self._sim = SimInstance(name, agent_kind, seed, wd, config)
         self._stuck_loop_s = stuck_loop_s
         self._serving: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None

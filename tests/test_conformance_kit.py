@@ -119,3 +119,10 @@ async def test_backend_kit_on_the_embedded_host(
                                 config=HostConfig()) as gym:
         report = await check_backend(gym, tmp_path)
     assert "restore_refuses_mismatch" in report.checks
+
+
+async def test_kit_by_import_path_on_the_example(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    report = await check_environment("gymckpt.testing.examples:guess_the_number", tmp_path)
+    assert "restore_equivalence[3]" in report.checks

@@ -1,0 +1,62 @@
+"""Small environments on the episode API, importable by path (``gymckpt.testing.examples:NAME``)
+so Ray actors and the conformance kit can load them: the README's guess-the-number game."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
+
+__all__ = ["Game", "Player", "guess_the_number"]
+
+
+class Game:
+    """The environment participant: one secret number per session."""
+
+    name, kind = "game", "environment"
+
+    def open(self, info: EpisodeInfo) -> dict[str, int]:
+        return {"secret": random.Random(f"{info.seed}:{info.session_key}").randint(1, 100)}
+
+    def export(self, state: dict[str, int]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, int]:
+        return dict(data)
+
+
+class Player:
+    """The agent: one guess per turn between the bounds it knows; the payload is its guesses."""
+
+    name, kind = "agent", "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> dict[str, Any]:
+        return {"low": 1, "high": 100, "guesses": []}
+
+    def export(self, state: dict[str, Any]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, Any]:
+        return dict(data)
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        guess = await ctx.model([state["low"], state["high"]])
+        secret = ctx.session("game")["secret"]
+        state["guesses"].append(guess)
+        if guess == secret:
+            return Done(reward=1 / len(state["guesses"]), payload=state["guesses"])
+        if guess < secret:
+            state["low"] = guess + 1
+        else:
+            state["high"] = guess - 1
+        return None
+
+
+def _bisect(key: str, bounds: list[int], info: EpisodeInfo) -> int:
+    return (bounds[0] + bounds[1]) // 2
+
+
+def guess_the_number() -> Environment:
+    """Guess-the-number with a bisecting policy."""
+    return Environment(agent=Player(), participants=(Game(),), model=_bisect)
