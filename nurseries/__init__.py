@@ -10,12 +10,20 @@ from ._coordinator import (
 from ._dispatcher import READY, Dispatcher, DispatcherStatistics
 from ._restore import RestoredRun, restore_latest
 from ._run import leaf_errors, run, run_exit
-from ._trainer import TRAINER_STATE_FILE, Rollouts, open_rollouts
+from ._trainer import (
+    RESTORED_DIR,
+    SNAPSHOTS_DIR,
+    TRAINER_STATE_FILE,
+    Rollouts,
+    open_rollouts,
+)
 
 __all__ = [
     "HOOK_POINTS",
     "PAUSE_HOLDER",
     "READY",
+    "RESTORED_DIR",
+    "SNAPSHOTS_DIR",
     "STAGES",
     "TRAINER_STATE_FILE",
     "CheckpointCoordinator",

@@ -45,9 +45,11 @@ from ._dispatcher import READY, Dispatcher
 from ._offload import offload
 from ._restore import RestoredRun, restore_latest
 
-__all__ = ["TRAINER_STATE_FILE", "Rollouts", "open_rollouts"]
+__all__ = ["RESTORED_DIR", "SNAPSHOTS_DIR", "TRAINER_STATE_FILE", "Rollouts", "open_rollouts"]
 
 TRAINER_STATE_FILE = "trainer.json"
+SNAPSHOTS_DIR = "snapshots"
+RESTORED_DIR = "restored"
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 logger = logging.getLogger("gymckpt")
@@ -182,6 +184,12 @@ class Rollouts:
         if self.preempted_by is not None:
             await self._final_checkpoint(state, files)
 
+    def _prune(self) -> None:
+        """Retention: the newest ``keep_snapshots`` snapshots, and of the restore copies
+        only the one this run restored from (older incarnations' copies go)."""
+        self.store.prune(self.keep_snapshots)
+        self.store.prune_copies(self.store.root.parent / RESTORED_DIR)
+
     async def _final_checkpoint(self, state: StateFn | None, files: FilesFn | None) -> None:
         signame = self.preempted_by.name if self.preempted_by is not None else "preempt"
         outcome: CheckpointOutcome | None = None
@@ -216,7 +224,7 @@ class Rollouts:
         outcome = await self.coordinator.checkpoint(extra, files)
         self.outcomes.append(outcome)
         if outcome.ok and self.keep_snapshots > 0:
-            await offload(lambda: self.store.prune(self.keep_snapshots))
+            await offload(self._prune)
         return outcome
 
 
@@ -264,12 +272,12 @@ async def open_rollouts(
             if handle_signals and threading.current_thread() is threading.main_thread():
                 # opened first: a signal during the restore is queued, not lost
                 signals = stack.enter_context(trio.open_signal_receiver(*PREEMPT_SIGNALS))
-            store = SnapshotStore(workdir / "snapshots")
+            store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
             restored = None
             if restore:
                 restored = await restore_latest(
-                    gym, store, workdir / "restored", config, group_size=group_size
+                    gym, store, workdir / RESTORED_DIR, config, group_size=group_size
                 )
             if restored is not None:
                 ledger = restored.ledger

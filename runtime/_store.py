@@ -578,6 +578,27 @@ class SnapshotStore:
                         removed.append(path)
         return removed
 
+    def prune_copies(self, pin_dir: Path) -> list[Path]:
+        """Remove the restore copies under ``pin_dir`` this store does not pin; return them.
+
+        Each restore copies its snapshot there (``pin``); once this store has restored (or
+        not), the copies earlier incarnations made are stale: they are pruned with the
+        snapshots, never the one this store pins. Leftover ``.pin-`` temp copies go too.
+        """
+        pin_dir = Path(pin_dir)
+        removed: list[Path] = []
+        with self._lock:
+            if not pin_dir.is_dir():
+                return removed
+            for entry in sorted(os.scandir(pin_dir), key=lambda e: e.name):
+                path = Path(entry.path)
+                stale_copy = (_SNAPSHOT_RE.fullmatch(entry.name) is not None
+                              and path.resolve() not in self._pinned)
+                if stale_copy or entry.name.startswith(_PIN_TMP_PREFIX):
+                    _remove(path)
+                    removed.append(path)
+        return removed
+
     def __repr__(self) -> str:
         return (
             f"<SnapshotStore root={str(self.root)!r} staging={len(self._staging)} "

@@ -405,3 +405,65 @@ async def test_a_failing_weights_writer_publishes_nothing(
         assert not outcome.ok and outcome.reason == "snapshot_io"
         assert staging_dirs(tmp_path / "w") == [] and ro.store.list_complete() == []
         assert (await ro.checkpoint()).ok
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+async def test_restore_copies_are_pruned_with_the_snapshots(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    work = tmp_path / "w"
+    for incarnation in range(3):
+        async with running(work, tmp_path / f"gym{incarnation}") as ro:
+            await trio.sleep(1)
+            assert (await ro.checkpoint()).ok
+            pinned = ro.restored.pinned.path.name if ro.restored is not None else None
+    # the third run restored ckpt-000002; the second run's copy (ckpt-000001) is gone
+    assert pinned == "ckpt-000002"
+    assert sorted(p.name for p in (work / "restored").iterdir()) == ["ckpt-000002"]
+
+
+def test_snapshots_list_and_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def make() -> None:
+        async with running(tmp_path / "w", tmp_path / "gym", keep_snapshots=0) as ro:
+            for _ in range(3):
+                await trio.sleep(1)
+                assert (await ro.checkpoint()).ok
+        async with running(tmp_path / "w", tmp_path / "gym2", keep_snapshots=0) as ro:
+            await trio.sleep(1)
+            assert (await ro.checkpoint()).ok
+
+    trio.run(make, clock=trio.testing.MockClock(autojump_threshold=0))
+    capsys.readouterr()
+    assert cli_main(["snapshots", "list", str(tmp_path / "w"), "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [(r["name"], r["pinned"]) for r in listing["snapshots"]] == [
+        ("ckpt-000001", False), ("ckpt-000002", False), ("ckpt-000003", False),
+        ("ckpt-000004", False), ("ckpt-000003", True)]
+    assert [r["checkpoint_id"] for r in listing["snapshots"]][:4] == [
+        "run-0001", "run-0002", "run-0003", "run-0004"]
+    assert all(r["bytes"] > 0 for r in listing["snapshots"])
+
+    holder = WorkDirLock(tmp_path / "w")
+    holder.acquire()  # a trainer is running: prune refuses
+    assert cli_main(["snapshots", "prune", str(tmp_path / "w"), "--keep", "1"]) == 2
+    assert f"in use by process {os.getpid()}" in capsys.readouterr().err
+    holder.release()
+
+    assert cli_main(["snapshots", "prune", str(tmp_path / "w"), "--keep", "1", "--json"]) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert [Path(p).name for p in pruned["removed"]] == [
+        "ckpt-000001", "ckpt-000002", "ckpt-000003"]
+    assert [(r["name"], r["pinned"]) for r in pruned["snapshots"]] == [
+        ("ckpt-000004", False), ("ckpt-000003", True)]  # the pinned copy is kept
+    assert cli_main(["snapshots", "list", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("ckpt-000004") and "(pinned)" in out[1]
+
+
+def test_help_lists_no_hidden_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    out = capsys.readouterr().out
+    assert "SUPPRESS" not in out and "_phase" not in out and "snapshots" in out

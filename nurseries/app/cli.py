@@ -86,11 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
                       "default: start a local one")
     demo.add_argument("--json", action="store_true", help="print one JSON object (C2)")
 
-    phase = sub.add_parser("_phase", help=argparse.SUPPRESS)
-    phase.add_argument("--phase", type=int, required=True)
-    phase.add_argument("--crash-after", type=int, default=0)
-    phase.add_argument("--workdir", required=True)
-    phase.add_argument("--options", required=True)
+    snaps = sub.add_parser(
+        "snapshots", help="list or prune the rollout snapshots of a work directory",
+        description="List or prune the rollout snapshots of a trainer's work directory (or of "
+        "a snapshot root). Copies under restored/ are pinned: a restore works from them.",
+    )
+    snaps_sub = snaps.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                     parser_class=_Parser)
+    snaps_list = snaps_sub.add_parser("list", help="every complete snapshot, oldest first")
+    snaps_list.add_argument("dir", metavar="DIR")
+    snaps_list.add_argument("--json", action="store_true", help="print one JSON object")
+    snaps_prune = snaps_sub.add_parser(
+        "prune", help="remove all but the newest N snapshots (pinned copies kept); refused "
+        "while a trainer holds DIR")
+    snaps_prune.add_argument("dir", metavar="DIR")
+    snaps_prune.add_argument("--keep", type=int, required=True, metavar="N",
+                             help="how many of the newest snapshots to keep")
+    snaps_prune.add_argument("--json", action="store_true", help="print one JSON object")
 
     for name, text in (
         ("inspect", "summarise a rollout snapshot offline"),
@@ -124,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _phase_parser() -> argparse.ArgumentParser:
+    """The demo's child processes (``gymckpt _phase``): internal, so not in ``--help``."""
+    phase = _Parser(prog="gymckpt _phase")
+    phase.add_argument("--phase", type=int, required=True)
+    phase.add_argument("--crash-after", type=int, default=0)
+    phase.add_argument("--workdir", required=True)
+    phase.add_argument("--options", required=True)
+    return phase
 
 
 def _resolve_snapshot(raw: str) -> Path:
@@ -235,8 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gymckpt.benchmarks.cli import main as bench_main
 
         return bench_main(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv[:1] == ["_phase"]:
+        parser = _phase_parser()
+        args = parser.parse_args(argv[1:])
+        args.command = "_phase"
+    else:
+        parser = build_parser()
+        args = parser.parse_args(argv)
     try:
         if args.command is None:
             parser.print_help()
@@ -247,6 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_main(args.args)
         if args.command in ("inspect", "verify"):
             return _offline(args.command, args.dir, args.json)
+        if args.command == "snapshots":
+            from .snapshots import list_snapshots, prune_snapshots
+
+            if args.action == "list":
+                return list_snapshots(args.dir, args.json)
+            return prune_snapshots(args.dir, args.keep, args.json)
         if args.command == "simulate":
             return _simulate(args, reexec=as_program)
         from .demo import DemoOptions, phase_main, run_demo
