@@ -19,6 +19,7 @@ from typing import Any
 
 from . import checkpoint as _checkpoint_mod
 from . import dispatch as _dispatch_mod
+from . import host as _host_mod
 from . import drain as _drain_mod
 from . import memory as _memory_mod
 from ._common import Progress, ints, machine_info, source_info
@@ -41,6 +42,8 @@ machine; the machine is shared, so medians (and p99) are quoted, never means or 
             batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit)
   checkpoint  one whole checkpoint at 200k in flight on the embedded Gym: per-stage wall time,
             loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym
+  host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
+            stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
   all       everything (full sweep), then benchmarks/results/*.json, PNG plots, SUMMARY.md
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
@@ -139,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episodes in flight (default 200000; quick 2000)")
     c.add_argument("--instances", type=int, default=None, help="Gym instances (default 4)")
     _common(c)
+    h = sub.add_parser("host", help="Gym host per-step overhead vs plain Gymnasium; episodes/s",
+                       description=_host_mod.__doc__, formatter_class=raw)
+    h.add_argument("--episodes", type=int, default=None,
+                   help="episodes per trial of the per-step comparison (default 256)")
+    h.add_argument("--no-ray", action="store_true", help="skip the Ray throughput run")
+    _common(h)
     a = sub.add_parser(
         "all", help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
         description=(
@@ -310,6 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     elif args.bench == "checkpoint":
         result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
+    elif args.bench == "host":
+        host_cfg = (_host_mod.HostBenchConfig.quick_defaults() if args.quick
+                    else _host_mod.HostBenchConfig())
+        if args.episodes is not None:
+            host_cfg.episodes = args.episodes
+        if args.no_ray:
+            host_cfg.ray = False
+        result = {**_host_mod.run_host(host_cfg, progress), "meta": meta}
     else:
         from .report import run_all
 

@@ -51,14 +51,13 @@ class Episode:
     replay: tuple[str, ...] | None = None
     """A restored continuation's capture keys as the manifest recorded them."""
     restored: bool = False
+    rollout_id: str = attrs.field(init=False)
+    key: str = attrs.field(init=False)
+    """The slot's session key (``info.session_key``), kept: fencing checks it every turn."""
 
-    @property
-    def rollout_id(self) -> str:
-        return self.info.rollout_id
-
-    @property
-    def key(self) -> str:
-        return self.info.session_key
+    def __attrs_post_init__(self) -> None:
+        self.rollout_id = self.info.rollout_id
+        self.key = self.info.session_key
 
     @property
     def capture_keys(self) -> tuple[str, ...]:
@@ -104,14 +103,15 @@ class StepContext:
         self._check_owner()
         key = capture_key(ep.info, ep.turn, self._calls)
         self._calls += 1
-        for staged_key, response in ep.staged:
-            if staged_key == key:  # staged before a checkpoint: never asked twice
-                host.count.model_replays += 1
-                return response
+        if ep.restored:
+            for staged_key, response in ep.staged:
+                if staged_key == key:  # staged before a checkpoint: never asked twice
+                    host.count.model_replays += 1
+                    return response
         response = model(key, request, ep.info)
         if inspect.isawaitable(response):
             response = await response
-        self._check_owner()
+            self._check_owner()  # still the owner after the wait
         response = to_plain(response)
         ep.staged.append((key, response))
         host.count.model_calls += 1

@@ -98,6 +98,16 @@ def test_dispatch_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(result["rows_per_s_batch64_2k"], int)
 
 
+def test_host_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("gymnasium")
+    result = _run(capsys, "host", "--quick", "--json")
+    step = result["per_step"]
+    assert step["episodes"] == 32 and step["steps_per_trial"] > 32
+    assert step["plain_us_per_step_median"] > 0 and step["host_us_per_step_median"] > 0
+    assert result["loop"]["embedded_2_instances_episodes"] == 64
+    assert "ray_2_actors_episodes_per_s" not in result["loop"]  # quick: no Ray
+
+
 def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     result = _run(capsys, "memory", "--json", "--sizes", "4000")
     modes = {r["mode"]: r for r in result["results"]}

@@ -1,0 +1,157 @@
+"""The Gym host's cost on a real environment (Gymnasium CartPole-v1, random policy).
+
+1. **Per-step overhead against plain Gymnasium**, same environment and policy, same run. The
+   baseline plays E episodes with plain Gymnasium: ``make``, ``reset(seed)``, then per step the
+   policy (its per-call generator included, as the host does) and ``env.step``. The host plays
+   the same E episodes as one ``run`` of E rows on an in-process ``GymHost`` (trio): per step a
+   step boundary, the agent's ``step``, a model call through the model proxy (captured under its
+   capture key), the environment's session lookup (fenced), and per episode the payload check
+   and the reply stream. Both produce the same trajectories (checked). Reported: µs per step of
+   each (medians over trials), the host's overhead per step and the ratio.
+2. **Episodes per second through the whole loop** (``open_rollouts``: dispatcher, ledger,
+   streams, trainer batches; no checkpoints), embedded with 2 instances vs Ray with 2 actors,
+   same rows. Ray's cluster and actor start-up are outside the timed part.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import aclosing
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import attrs
+import trio
+
+from gymckpt.gym_adapter import Completed, EmbeddedGym, GymHost, RunReply, RunRow
+from gymckpt.nurseries import open_rollouts
+from gymckpt.runtime import RuntimeConfig, converter
+
+from ._common import Progress
+
+__all__ = ["HostBenchConfig", "run_host"]
+
+ENV_ID = "CartPole-v1"
+
+
+@attrs.define
+class HostBenchConfig:
+    episodes: int = 256
+    trials: int = 5
+    loop_rows: int = 256
+    group_size: int = 4
+    ray: bool = True
+    quick: bool = False
+
+    @classmethod
+    def quick_defaults(cls) -> HostBenchConfig:
+        return cls(episodes=32, trials=2, loop_rows=16, ray=False, quick=True)
+
+
+def _plain(episodes: int, seed: int) -> tuple[float, int, list[Any]]:
+    from gymckpt.gym_adapter.gymnasium_env import reference_trajectory
+
+    t0 = time.perf_counter()
+    trajs = [reference_trajectory(ENV_ID, seed, row, 0) for row in range(episodes)]
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(len(t.actions) for t in trajs), trajs
+
+
+async def _hosted(episodes: int, seed: int, work: Path) -> tuple[float, int, dict[int, Any]]:
+    from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+
+    env = gymnasium_environment(ENV_ID)
+    got: dict[int, Any] = {}
+    async with GymHost("bench-0", env, seed, work) as host:
+        rows = [RunRow(f"{r}-0", r, 0, 0) for r in range(episodes)]
+        t0 = time.perf_counter()
+        replies: list[RunReply] = []
+        async for batch in await host.run(rows):
+            replies.extend(batch)
+        elapsed = time.perf_counter() - t0
+    for r in replies:
+        assert isinstance(r, Completed), r
+        got[int(r.rollout_id.split("-")[0])] = r.payload
+    return elapsed, sum(len(p["actions"]) for p in got.values()), got
+
+
+def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
+    plain_us: list[float] = []
+    host_us: list[float] = []
+    steps = 0
+    _plain(4, 99)  # warm-up, not counted: imports, converter hooks built on first use
+    with TemporaryDirectory() as tmp:
+        trio.run(_hosted, 4, 99, Path(tmp))
+    for trial in range(cfg.trials):
+        seed = 100 + trial
+        p_s, p_steps, trajs = _plain(cfg.episodes, seed)
+        with TemporaryDirectory() as tmp:
+            h_s, h_steps, got = trio.run(_hosted, cfg.episodes, seed, Path(tmp))
+        if p_steps != h_steps or any(
+            converter.unstructure(t) != got[row] for row, t in enumerate(trajs)
+        ):
+            raise AssertionError("hosted trajectories differ from plain Gymnasium's")
+        steps = p_steps
+        plain_us.append(p_s / p_steps * 1e6)
+        host_us.append(h_s / h_steps * 1e6)
+        progress(f"host overhead trial {trial + 1}/{cfg.trials}: plain {plain_us[-1]:.1f} "
+                 f"µs/step, host {host_us[-1]:.1f} µs/step")
+    plain_med, host_med = statistics.median(plain_us), statistics.median(host_us)
+    return {
+        "env": ENV_ID,
+        "episodes": cfg.episodes,
+        "steps_per_trial": steps,
+        "plain_us_per_step_median": round(plain_med, 2),
+        "host_us_per_step_median": round(host_med, 2),
+        "host_overhead_us_per_step": round(host_med - plain_med, 2),
+        "host_over_plain_ratio": round(host_med / plain_med, 3),
+    }
+
+
+async def _loop(gym: Any, rows: int, group_size: int, work: Path) -> tuple[float, int]:
+    config = RuntimeConfig(control_timeout_s=30.0, drain_timeout_s=30.0)
+    episodes = 0
+    async with open_rollouts(gym, work, rows=rows, group_size=group_size, config=config,
+                             max_rows_in_flight=64, restore=False) as ro:
+        t0 = time.perf_counter()
+        async with aclosing(ro.batches(8)) as batches:  # type: ignore[type-var]
+            async for batch in batches:
+                episodes += sum(len(g.results) for g in batch)
+        elapsed = time.perf_counter() - t0
+    return elapsed, episodes
+
+
+async def _embedded_loop(rows: int, group_size: int, work: Path) -> tuple[float, int]:
+    from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+
+    async with EmbeddedGym.host(gymnasium_environment(ENV_ID), instances=2,
+                                work_dir=work / "live") as gym:
+        return await _loop(gym, rows, group_size, work)
+
+
+async def _ray_loop(rows: int, group_size: int, work: Path) -> tuple[float, int]:
+    from gymckpt.gym_adapter._ray import RayGym
+
+    async with RayGym.host(f"gymnasium:{ENV_ID}", instances=2, work_dir=work / "live") as gym:
+        return await _loop(gym, rows, group_size, work)
+
+
+def _throughput(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"rows": cfg.loop_rows, "group_size": cfg.group_size}
+    runs = [("embedded_2_instances", _embedded_loop)]
+    if cfg.ray:
+        runs.append(("ray_2_actors", _ray_loop))
+    for name, fn in runs:
+        with TemporaryDirectory() as tmp:
+            elapsed, episodes = trio.run(fn, cfg.loop_rows, cfg.group_size, Path(tmp))
+        out[f"{name}_episodes_per_s"] = round(episodes / elapsed, 1)
+        out[f"{name}_episodes"] = episodes
+        progress(f"{name}: {episodes} episodes in {elapsed:.2f}s")
+    return out
+
+
+def run_host(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
+    """Both measurements; a flat dict of figures."""
+    return {"per_step": _overhead(cfg, progress), "loop": _throughput(cfg, progress)}
