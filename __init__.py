@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 # Absolute imports: pytest imports this file as a plain module named ``__init__`` when the
 # checkout's directory is not a valid package name (``wt-1``); relative imports fail there.
-
 from gymckpt._version import __version__
-from gymckpt.gym_adapter import EmbeddedGym, FaultSpec, GymControlError, GymInstanceDead
+from gymckpt.gym_adapter import EmbeddedGym, FaultSpec
 from gymckpt.nurseries import CheckpointOutcome, Rollouts, open_rollouts, run
 from gymckpt.runtime import (
     BudgetExhausted,
@@ -30,7 +29,11 @@ from gymckpt.runtime import (
     CheckpointsFailed,
     DrainTimeout,
     GymAdmissionClosed,
+    GymCallTimeout,
     GymCheckpointUnavailable,
+    GymControlError,
+    GymInstanceDead,
+    GymUnavailable,
     ManifestError,
     RuntimeConfig,
     StrandedSessionError,
@@ -59,9 +62,11 @@ __all__ = [
     "EmbeddedGym",
     "FaultSpec",
     "GymAdmissionClosed",
+    "GymCallTimeout",
     "GymCheckpointUnavailable",
     "GymControlError",
     "GymInstanceDead",
+    "GymUnavailable",
     "ManifestError",
     "Rollouts",
     "RuntimeConfig",

@@ -1,11 +1,16 @@
 """gymckpt Gym adapter: the Gym contract, the embedded simulated Gym, and the Ray deployment.
 
+``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
+``GymUnavailable`` family; they are re-exported here, where backends raise them.
+
 ``RayGym`` is exported lazily (and left out of ``__all__``): Ray is an optional extra, so
 ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or ``from gym_adapter import
 RayGym``) does.
 """
 
 from typing import TYPE_CHECKING, Any
+
+from gymckpt.runtime import GymControlError, GymInstanceDead
 
 from ._contract import (
     ADMISSION_CLOSED,
@@ -15,8 +20,6 @@ from ._contract import (
     ExportedEpisode,
     Failed,
     GymBackend,
-    GymControlError,
-    GymInstanceDead,
     InstanceInventory,
     InstanceTopology,
     ParticipantInfo,

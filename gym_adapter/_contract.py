@@ -26,9 +26,11 @@ Paths: a commit reply's ``ParticipantInfo.state_dir`` is relative to that commit
 ``state_root``; ``restore`` resolves each ``ParticipantRecord.state_dir`` of the manifest against
 its own ``state_root`` (the snapshot directory, since the manifest's paths are relative to it).
 
-Errors a backend raises: ``GymControlError`` (Gym's control plane refused or failed),
-``GymInstanceDead``, ``TimeoutError``; a backend replaces any error that cannot be pickled with
-``runtime.GymCheckpointUnavailable``. ``restore`` raises ``runtime.TopologyMismatch`` on any
+Errors a backend raises belong to ``runtime.GymUnavailable`` (retryable): ``GymControlError``
+(Gym's control plane refused or failed), ``GymInstanceDead``, ``GymCallTimeout`` (no reply in
+time, or the deadline passed before the call ran); a backend passes every other error through
+``runtime.crossable_error``, which replaces one that cannot be pickled with
+``GymCheckpointUnavailable``. ``restore`` raises ``runtime.TopologyMismatch`` on any
 difference and then has changed nothing.
 """
 
@@ -49,8 +51,6 @@ __all__ = [
     "ExportedEpisode",
     "Failed",
     "GymBackend",
-    "GymControlError",
-    "GymInstanceDead",
     "InstanceInventory",
     "InstanceTopology",
     "ParticipantInfo",
@@ -65,32 +65,6 @@ __all__ = [
 ]
 
 ADMISSION_CLOSED = "admission_closed"
-
-
-class GymControlError(RuntimeError):
-    """Gym's control plane refused or failed a call (retryable for the checkpoint, S6)."""
-
-    def __init__(self, instance: str, operation: str, message: str) -> None:
-        super().__init__(instance, operation, message)
-        self.instance = instance
-        self.operation = operation
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.instance} {self.operation}: {self.message}"
-
-
-class GymInstanceDead(RuntimeError):
-    """The instance is gone (its actor died); every later call fails the same way."""
-
-    def __init__(self, instance: str, operation: str = "") -> None:
-        super().__init__(instance, operation)
-        self.instance = instance
-        self.operation = operation
-
-    def __str__(self) -> str:
-        tail = f" (during {self.operation})" if self.operation else ""
-        return f"instance {self.instance} is dead{tail}"
 
 
 # -- data plane --------------------------------------------------------------------------------

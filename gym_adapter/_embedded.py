@@ -10,17 +10,17 @@ adapter adds only what a remote backend adds too:
   ``unpicklable``, ``dead``; ``refuse`` and ``drop`` shape a ``run``);
 - dead instances: after a ``dead`` fault every call to that instance raises
   ``GymInstanceDead`` without reaching it (and without being counted by the plan);
-- the picklability rule (S6): any error raised by Gym that cannot be pickled is replaced by
-  ``runtime.GymCheckpointUnavailable`` naming the instance and operation.
+- the picklability rule (S6): every error raised by Gym passes through
+  ``runtime.crossing_boundary``, which replaces one that cannot be pickled by
+  ``GymCheckpointUnavailable`` naming the instance and operation.
 
 Deadlines (``deadline_ts``, on ``anyio.current_time()``) are enforced by the instance once the
 call runs; a ``delay`` fault happens before that, so a delay past the deadline surfaces as Gym's
-``TimeoutError`` naming the instance, while a ``hang`` is left to the caller's own bound (S5).
+``GymCallTimeout`` naming the instance, while a ``hang`` is left to the caller's own bound (S5).
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -30,12 +30,11 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
+from gymckpt.runtime import EpisodeRecord, GymInstanceDead, InstanceRecord, crossing_boundary
 
 from ._contract import (
     CommitReply,
     GymBackend,
-    GymInstanceDead,
     InstanceInventory,
     InstanceTopology,
     PrepareReply,
@@ -112,14 +111,6 @@ class GymStatistics:
 
     instances: tuple[SimStatistics | HostStatistics, ...]
     faults_fired: tuple[tuple[str, int], ...]
-
-
-def _can_pickle(exc: BaseException) -> bool:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return False
-    return True
 
 
 @final
@@ -224,18 +215,10 @@ class EmbeddedGym:
     async def _call(self, instance: str, op: str, call: Callable[[Any], Awaitable[T]]) -> T:
         sim = self._live(instance, op)
         spec = self._plan.check(op)
-        try:
+        with crossing_boundary(instance, op):
             if spec is not None:
                 await self._inject(sim, spec, op)
             return await call(sim)
-        except Exception as exc:
-            if _can_pickle(exc):
-                raise
-            raise GymCheckpointUnavailable(
-                f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
-                instance,
-                op,
-            ) from None
 
     # -- GymBackend ----------------------------------------------------------------------------
 
@@ -250,18 +233,10 @@ class EmbeddedGym:
         spec = self._plan.check("run")
         refuse = spec is not None and spec.kind == "refuse"
         drop = len(rows) // 2 if spec is not None and spec.kind == "drop" else None
-        try:
+        with crossing_boundary(instance, "run"):
             if spec is not None and not (refuse or drop is not None):
                 await self._inject(sim, spec, "run")
             return await sim.run(rows, refuse_all=refuse, drop_after=drop)
-        except Exception as exc:
-            if _can_pickle(exc):
-                raise
-            raise GymCheckpointUnavailable(
-                f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
-                instance,
-                "run",
-            ) from None
 
     async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
         return await self._call(

@@ -48,7 +48,7 @@ received, and Gym discards what was not.
 raises ``GymInstanceDead`` (its streams end early; later calls fail without reaching Ray), an
 unavailable actor, a cancelled task or any other Ray failure raises
 ``runtime.GymCheckpointUnavailable``; a Gym error crosses as itself (``GymControlError``,
-``TimeoutError``, ``TopologyMismatch``…) when it pickles, else as ``GymCheckpointUnavailable``
+``GymCallTimeout``, ``TopologyMismatch``…) when it pickles, else as ``GymCheckpointUnavailable``
 (the actor replaces it before it crosses; if Ray itself cannot serialise an error, the same
 replacement happens here). Every replacement is raised ``from None``: a Ray exception in the
 cause chain would make the runtime classify a retryable failure as an invariant.
@@ -92,12 +92,18 @@ from ray.exceptions import (
     TaskCancelledError,
 )
 
-from gymckpt.runtime import EpisodeRecord, GymCheckpointUnavailable, InstanceRecord
+from gymckpt.runtime import (
+    EpisodeRecord,
+    GymCallTimeout,
+    GymCheckpointUnavailable,
+    GymInstanceDead,
+    InstanceRecord,
+    crossable_error,
+)
 
 from ._contract import (
     CommitReply,
     GymBackend,
-    GymInstanceDead,
     InstanceInventory,
     PrepareReply,
     RestoreReply,
@@ -107,10 +113,10 @@ from ._contract import (
     Topology,
 )
 from ._embedded import GymStatistics
-from ._faults import FaultPlan, FaultSpec
-from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor, _can_pickle
 from ._environment import load_environment
+from ._faults import FaultPlan, FaultSpec
 from ._host import HostConfig
+from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor
 from ._sim import AGENT_KINDS, CalendarSession, SimConfig, SimStatistics
 
 __all__ = [
@@ -131,7 +137,7 @@ STOP_TIMEOUT_S: Final = 5.0
 """How long closing the deployment waits for each instance to stop before killing its actor."""
 VIEW_TIMEOUT_S: Final = 30.0
 """Bound on the calls that carry no deadline (topology, inventory, statistics…): past it they
-raise ``TimeoutError`` naming the instance instead of waiting for ever on an actor Ray never
+raise ``GymCallTimeout`` naming the instance instead of waiting for ever on an actor Ray never
 schedules."""
 ACK_INTERVAL_S: Final = 0.05
 """A stream sends its latest acknowledgement on its own at most this often (they also travel
@@ -658,11 +664,8 @@ class RayGym:
         if isinstance(exc, RayTaskError):
             cause = getattr(exc, "cause", None)
             if isinstance(cause, Exception) and not isinstance(cause, RayError):
-                if _can_pickle(cause):
-                    return cause
-                detail = f"{type(cause).__name__}: {cause}"
-            else:
-                detail = _first_line(cause if cause is not None else exc)
+                return crossable_error(cause, instance, op)
+            detail = _first_line(cause if cause is not None else exc)
             return GymCheckpointUnavailable(
                 f"Gym raised an error that cannot be pickled: {detail}", instance, op
             )
@@ -716,7 +719,9 @@ class RayGym:
             reply = await self._wait(instance, what, actor.view.remote(what, acks))
             self._carried(instance, acks)
             return reply
-        raise TimeoutError(f"instance {instance} did not answer {what} within {VIEW_TIMEOUT_S:g}s")
+        raise GymCallTimeout(
+            f"instance {instance} did not answer {what} within {VIEW_TIMEOUT_S:g}s", instance, what
+        )
 
     # -- GymBackend ----------------------------------------------------------------------------
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -49,11 +48,11 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import GymCheckpointUnavailable
+from gymckpt.runtime import crossing_boundary
 
 from ._contract import RunReply, RunRow
-from ._faults import FaultSpec
 from ._environment import load_environment
+from ._faults import FaultSpec
 from ._host import GymHost, HostConfig
 from ._host_streams import HostReplyStream
 from ._sim import SimConfig, SimInstance, SimReplyStream, inject_fault
@@ -86,25 +85,6 @@ class ActorCallStatistics:
     @property
     def in_progress(self) -> int:
         return sum(n for _, n in self.active)
-
-
-def _can_pickle(exc: BaseException) -> bool:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return False
-    return True
-
-
-def _crossable(exc: Exception, instance: str, op: str) -> Exception:
-    """``exc`` if it can cross Ray as itself, else ``GymCheckpointUnavailable`` (S6)."""
-    if _can_pickle(exc):
-        return exc
-    return GymCheckpointUnavailable(
-        f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
-        instance,
-        op,
-    )
 
 
 def local_deadline(remaining_s: float, sent_wall: float) -> float:
@@ -306,15 +286,13 @@ class GymActor:
         self._apply_acks(acks)
         with self._track(op):
             deadline = local_deadline(remaining_s, sent_wall)
-            try:
+            with crossing_boundary(self.name, op):
                 if fault is not None:
                     await self._inject(fault, op)
                 if op not in _CONTROL_OPS:
                     raise ValueError(f"unknown control operation {op!r}")
                 call: Callable[..., Any] = getattr(self._sim, op)
                 return await call(*args, deadline)
-            except Exception as exc:
-                raise _crossable(exc, self.name, op) from None
 
     async def view(self, what: str, acks: dict[int, int]) -> Any:
         """``topology``, ``inventory``, ``calendar_state`` or ``statistics`` of the instance,
@@ -324,10 +302,8 @@ class GymActor:
             await anyio.lowlevel.checkpoint()
             if what not in _VIEWS:
                 raise ValueError(f"unknown view {what!r}")
-            try:
+            with crossing_boundary(self.name, what):
                 return getattr(self._sim, what)()
-            except Exception as exc:
-                raise _crossable(exc, self.name, what) from None
 
     # -- data plane ------------------------------------------------------------------------------
 
@@ -343,12 +319,10 @@ class GymActor:
     ) -> AsyncIterator[tuple[int, tuple[RunReply, ...]]]:
         """Streaming generator: the admission header, then ``(seq, replies)`` batches."""
         with self._track("run"):
-            try:
+            with crossing_boundary(self.name, "run"):
                 if fault is not None:
                     await self._inject(fault, "run")
                 stream = await self._sim.run(rows, refuse_all=refuse_all, drop_after=drop_after)
-            except Exception as exc:
-                raise _crossable(exc, self.name, "run") from None
             box = _Outbox(self._sim, stream)
             self._streams[sid] = box
             completed = False

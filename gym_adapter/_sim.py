@@ -55,6 +55,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from gymckpt.runtime import (
     EpisodeRecord,
+    GymCallTimeout,
+    GymControlError,
+    GymInstanceDead,
     InstanceRecord,
     TopologyMismatch,
     participant_state_problem,
@@ -68,8 +71,6 @@ from ._contract import (
     Completed,
     ExportedEpisode,
     Failed,
-    GymControlError,
-    GymInstanceDead,
     InstanceInventory,
     InstanceTopology,
     ParticipantInfo,
@@ -413,7 +414,7 @@ class SimInstance:
     Serve it with ``async with SimInstance(...) as inst:`` (or ``await tg.start(inst.serve)``):
     the instance's task group runs its episodes, stream flushers and lease timer, and leaving it
     cancels them all. Control calls take an absolute ``deadline_ts`` on the running loop's clock
-    (``anyio.current_time()``) and enforce it once they run: past it, ``TimeoutError`` naming the
+    (``anyio.current_time()``) and enforce it once they run: past it, ``GymCallTimeout`` naming the
     instance. A call after ``kill()`` raises ``GymInstanceDead``.
     """
 
@@ -523,9 +524,11 @@ class SimInstance:
         if deadline_ts is not None:
             now = anyio.current_time()
             if now >= deadline_ts:
-                raise TimeoutError(
+                raise GymCallTimeout(
                     f"instance {self.name} {op}: deadline passed {now - deadline_ts:.3f}s "
-                    "before the call ran"
+                    "before the call ran",
+                    self.name,
+                    op,
                 )
         return self._tg
 
@@ -913,7 +916,7 @@ class SimInstance:
         """Close admission and park every episode at its next step boundary.
 
         Returns once nothing runs (parked or finished). A prepare for another checkpoint while
-        one is open takes it over. Past ``deadline_ts``: ``TimeoutError``, admission stays closed
+        one is open takes it over. Past ``deadline_ts``: ``GymCallTimeout``, admission stays closed
         until a resume or the lease reopens it. Reopened meanwhile: ``GymControlError``.
         """
         self._check_call("prepare", deadline_ts)
@@ -943,9 +946,11 @@ class SimInstance:
                 self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
             )
         if scope.cancelled_caught or self._n_moving:
-            raise TimeoutError(
+            raise GymCallTimeout(
                 f"instance {self.name} prepare: {self._n_moving} episodes did not reach a step "
-                f"boundary before the deadline"
+                f"boundary before the deadline",
+                self.name,
+                "prepare",
             )
         parked = sum(1 for ep in self._episodes.values() if ep.state == _BOUNDARY)
         return PrepareReply(self.name, checkpoint_id, parked=parked, on_wire=len(self._on_wire))

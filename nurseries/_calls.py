@@ -2,7 +2,7 @@
 
 Every control call gets an absolute ``deadline_ts`` (the Gym enforces it once it runs the call)
 and is itself bounded by that deadline plus a short reply grace, in its own cancel scope. An
-instance that does not answer is reported as a ``TimeoutError`` naming it; the cancelled call is
+instance that does not answer is reported as a ``GymCallTimeout`` naming it; the cancelled call is
 abandoned (a Ray backend cancels the task) and Gym's lease covers a lost resume.
 
 ``fan_out`` runs one call per instance concurrently in a nursery, in the shape of trio's
@@ -15,26 +15,24 @@ checkpoint is retried, S6).
 from __future__ import annotations
 
 import errno
-import pickle
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import trio
 
-from gymckpt.gym_adapter import GymControlError, GymInstanceDead
 from gymckpt.runtime import (
     CheckpointInvariantError,
+    GymCallTimeout,
     GymCheckpointUnavailable,
+    GymUnavailable,
     RuntimeConfig,
     TopologyMismatch,
+    crossing_boundary,
 )
 
 __all__ = ["STORAGE_ERRNOS", "bounded_call", "classify", "fan_out", "is_storage_error"]
 
 T = TypeVar("T")
-
-RETRYABLE = (GymCheckpointUnavailable, GymControlError, GymInstanceDead, TimeoutError)
-
 
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 """Errors writing a snapshot (full disk, quota, I/O error) that fail the checkpoint, retryably:
@@ -51,7 +49,7 @@ def classify(exc: BaseException) -> str:
     Follows the cause chain: an invariant anywhere wins; anything unknown is an invariant (we
     cannot prove it changed nothing); a full disk or I/O error while writing the snapshot (in
     our publish or in Gym's commit into the staging directory) is ``snapshot_io``; otherwise a
-    retryable Gym failure is ``gym_unavailable``.
+    ``GymUnavailable`` is ``gym_unavailable``.
     """
     seen: set[int] = set()
     stack: list[BaseException] = [exc]
@@ -66,7 +64,7 @@ def classify(exc: BaseException) -> str:
         if isinstance(e, BaseExceptionGroup):
             stack.extend(e.exceptions)
             continue
-        if isinstance(e, RETRYABLE):
+        if isinstance(e, GymUnavailable):
             kinds.add("gym_unavailable")
         elif is_storage_error(e):
             kinds.add("snapshot_io")
@@ -79,14 +77,6 @@ def classify(exc: BaseException) -> str:
     return "snapshot_io" if "snapshot_io" in kinds else "gym_unavailable"
 
 
-def _picklable(exc: BaseException) -> bool:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return False
-    return True
-
-
 async def bounded_call(
     instance: str,
     operation: str,
@@ -95,27 +85,19 @@ async def bounded_call(
 ) -> T:
     """Run ``call(deadline_ts)`` bounded by ``deadline_ts + reply_grace_s``.
 
-    Raises ``TimeoutError`` naming the instance when no reply came in time, and
+    Raises ``GymCallTimeout`` naming the instance when no reply came in time, and
     ``GymCheckpointUnavailable`` in place of a Gym error that cannot be pickled.
     """
     deadline = trio.current_time() + config.control_timeout_s
     with trio.move_on_at(deadline + config.reply_grace_s) as scope:
-        try:
+        with crossing_boundary(instance, operation):
             return await call(deadline)
-        except (CheckpointInvariantError, TopologyMismatch, *RETRYABLE):
-            raise
-        except Exception as exc:
-            if not _picklable(exc):
-                raise GymCheckpointUnavailable(
-                    f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
-                    instance,
-                    operation,
-                ) from None
-            raise
     assert scope.cancelled_caught
-    raise TimeoutError(
+    raise GymCallTimeout(
         f"instance {instance} did not answer {operation} within "
-        f"{config.control_timeout_s:g}s + {config.reply_grace_s:g}s grace; call cancelled"
+        f"{config.control_timeout_s:g}s + {config.reply_grace_s:g}s grace; call cancelled",
+        instance,
+        operation,
     )
 
 

@@ -37,8 +37,6 @@ from gymckpt.gym_adapter import (
     Completed,
     Failed,
     GymBackend,
-    GymControlError,
-    GymInstanceDead,
     Refused,
     ReplyStream,
     RunReply,
@@ -52,7 +50,9 @@ from gymckpt.runtime import (
     DeadlineRegistry,
     DispatchGate,
     EpisodeResult,
-    GymCheckpointUnavailable,
+    GymCallTimeout,
+    GymInstanceDead,
+    GymUnavailable,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
@@ -64,10 +64,6 @@ __all__ = ["READY", "Dispatcher", "DispatcherStatistics"]
 
 READY = "rollout/groups-ready"
 """Barrier key touched whenever a prompt group becomes complete (the trainer waits on it)."""
-
-_STREAM_ERRORS = (GymInstanceDead, GymControlError, GymCheckpointUnavailable, TimeoutError,
-                  DeadlineExpired)
-
 
 @attrs.frozen
 class DispatcherStatistics:
@@ -210,15 +206,7 @@ class Dispatcher:
                 self.metrics.inc("rollout/dead_instances_total")
                 self._queue.extendleft(reversed([r.rollout_id for r in rows]))
                 return
-            except (GymControlError, GymCheckpointUnavailable):
-                # Gym's control plane failed the submission (C3 ``run:error`` /
-                # ``run:unpicklable``): nothing was admitted. The rows stay RESERVED with their
-                # identity and are re-sent after a backoff, at no cost (like S2). Found by the
-                # fault matrix: this error used to escape the dispatcher and kill the run.
-                self.metrics.inc("rollout/run_errors_total")
-                streams.start_soon(self._resend_later, [r.rollout_id for r in rows])
-                return
-            except trio.TooSlowError:
+            except (trio.TooSlowError, GymCallTimeout):
                 # Gym may or may not run these rows: treat them as dispatched and lost, like an
                 # early stream end (S3): abandon, queue for retirement, re-send fresh.
                 self.metrics.inc("rollout/run_submit_timeouts_total")
@@ -240,6 +228,14 @@ class Dispatcher:
 
                 fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
                 self.enqueue(a.rollout_id for a in fresh)
+                return
+            except GymUnavailable:
+                # Gym's control plane failed the submission (C3 ``run:error`` /
+                # ``run:unpicklable``): nothing was admitted. The rows stay RESERVED with their
+                # identity and are re-sent after a backoff, at no cost (like S2). Found by the
+                # fault matrix: this error used to escape the dispatcher and kill the run.
+                self.metrics.inc("rollout/run_errors_total")
+                streams.start_soon(self._resend_later, [r.rollout_id for r in rows])
                 return
             # the same mutation as the submission, nothing in between but the submission (S1);
             # rows the ledger dropped while Gym accepted them are queued for retirement (S4)
@@ -268,7 +264,7 @@ class Dispatcher:
                                       self.request_timeout_s):
                 async for replies in stream:
                     await self._apply(replies, gate_id, outstanding)
-        except _STREAM_ERRORS as exc:
+        except (GymUnavailable, DeadlineExpired) as exc:
             if isinstance(exc, GymInstanceDead):
                 self._dead.add(instance)
             self.metrics.inc("rollout/stream_errors_total")
@@ -382,7 +378,7 @@ class Dispatcher:
                     instance, "retire",
                     functools.partial(self.gym.retire, instance, abandoned), self.config,
                 )
-        except (GymControlError, GymInstanceDead, GymCheckpointUnavailable, TimeoutError):
+        except GymUnavailable:
             self._retire_failures += 1
             self.metrics.inc("rollout/retire_failures_total")
             return  # still queued: the next checkpoint retires them before it commits

@@ -27,6 +27,7 @@ import trio
 
 from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.runtime import (
+    TRAINER_FILES_DIR,
     CompletedGroup,
     DeadlineRegistry,
     DispatchGate,
@@ -34,7 +35,6 @@ from gymckpt.runtime import (
     RecoveryLedger,
     RuntimeConfig,
     SnapshotInfo,
-    TRAINER_FILES_DIR,
     SnapshotStore,
     WorkDirLock,
 )

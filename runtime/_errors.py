@@ -4,11 +4,18 @@ Every class here is a plain subclass of a built-in exception whose constructor a
 exactly its ``args``, so each pickles and unpickles unchanged: these errors cross Ray.
 Messages say what differs and what to do; errors about many episodes carry a count and a short
 sample, never every identity (S9, S10).
+
+"Gym is unavailable, the checkpoint may be retried" is one family: ``GymUnavailable`` and its
+subclasses (a control-plane failure, a dead instance, an unanswered call, an error that could not
+cross a process boundary, replies that never arrived). Classifying a failure is an ``isinstance``
+check against that base; nothing keeps a tuple of "retryable" types by hand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import pickle
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 __all__ = [
     "BudgetExhausted",
@@ -17,11 +24,17 @@ __all__ = [
     "DeadlineExpired",
     "DrainTimeout",
     "GymAdmissionClosed",
+    "GymCallTimeout",
     "GymCheckpointUnavailable",
+    "GymControlError",
+    "GymInstanceDead",
+    "GymUnavailable",
     "ManifestError",
     "StrandedSessionError",
     "TopologyMismatch",
     "WorkDirLocked",
+    "crossable_error",
+    "crossing_boundary",
     "sample_ids",
 ]
 
@@ -53,7 +66,16 @@ class GymAdmissionClosed(RuntimeError):
         return f"row {self.rollout_id} refused{where}: admission_closed"
 
 
-class GymCheckpointUnavailable(RuntimeError):
+class GymUnavailable(RuntimeError):
+    """Gym could not serve a call, and nothing the trainer holds changed: retryable (S6).
+
+    The base of every "Gym is unavailable" error; a checkpoint that fails with one of these (and
+    nothing else) is reported as ``gym_unavailable`` and retried, up to
+    ``max_consecutive_failures``.
+    """
+
+
+class GymCheckpointUnavailable(GymUnavailable):
     """A checkpoint failed in a way that changed nothing the trainer holds (S6): retryable.
 
     Raised for a checkpoint that could not park, went unanswered, hit a dead actor, or failed in
@@ -72,12 +94,92 @@ class GymCheckpointUnavailable(RuntimeError):
         return f"{prefix}{self.message}"
 
 
+class GymControlError(GymUnavailable):
+    """Gym's control plane refused or failed a call (retryable for the checkpoint, S6)."""
+
+    def __init__(self, instance: str, operation: str, message: str) -> None:
+        super().__init__(instance, operation, message)
+        self.instance = instance
+        self.operation = operation
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.instance} {self.operation}: {self.message}"
+
+
+class GymInstanceDead(GymUnavailable):
+    """The instance is gone (its actor died); every later call fails the same way."""
+
+    def __init__(self, instance: str, operation: str = "") -> None:
+        super().__init__(instance, operation)
+        self.instance = instance
+        self.operation = operation
+
+    def __str__(self) -> str:
+        tail = f" (during {self.operation})" if self.operation else ""
+        return f"instance {self.instance} is dead{tail}"
+
+
+class GymCallTimeout(GymUnavailable, TimeoutError):
+    """A Gym call got no reply in time, or Gym found its deadline passed (S5); retryable.
+
+    ``message`` names the instance and the call; ``instance`` and ``operation`` say the same for
+    code. Also a ``TimeoutError``, so callers that only care about time can catch that.
+    """
+
+    def __init__(self, message: str, instance: str = "", operation: str = "") -> None:
+        super().__init__(message, instance, operation)
+        self.message = message
+        self.instance = instance
+        self.operation = operation
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def crossable_error(exc: Exception, instance: str, operation: str) -> Exception:
+    """``exc`` itself if it survives pickling, else a ``GymCheckpointUnavailable`` naming it.
+
+    Every backend passes a Gym error through this before it crosses a process boundary (Ray) or
+    reaches the runtime: an error that cannot be pickled would turn into a Ray error whose cause
+    chain the runtime would classify as an invariant, although Gym changed nothing (S6).
+    """
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return GymCheckpointUnavailable(
+            f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
+            instance,
+            operation,
+        )
+    return exc
+
+
+@contextmanager
+def crossing_boundary(instance: str, operation: str) -> Iterator[None]:
+    """Every ``Exception`` leaving the block is safe to pickle (``crossable_error``).
+
+    One that pickles leaves unchanged, cause chain included; one that does not is replaced by
+    ``GymCheckpointUnavailable`` raised ``from None`` (its unpicklable cause stays behind).
+    """
+    try:
+        yield
+    except Exception as exc:
+        crossing = crossable_error(exc, instance, operation)
+        if crossing is exc:
+            raise
+        raise crossing from None
+
+
 class CheckpointInvariantError(RuntimeError):
     """An ownership, topology or reply mismatch: the run must abort (S6, exit code 3)."""
 
 
-class DrainTimeout(TimeoutError):
-    """Pending episodes whose reply was on the wire did not arrive before the drain deadline."""
+class DrainTimeout(GymUnavailable, TimeoutError):
+    """Pending episodes whose reply was on the wire did not arrive before the drain deadline.
+
+    Gym did not deliver replies it listed; the checkpoint changed nothing and may be retried.
+    """
 
     def __init__(self, pending: Iterable[str], timeout_s: float) -> None:
         ids = tuple(sorted(pending))

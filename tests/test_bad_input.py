@@ -24,7 +24,13 @@ from gymckpt.gym_adapter import EmbeddedGym, SimConfig
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import DemoOptions
-from gymckpt.runtime import COMMIT_MARKER, MANIFEST_NAME, ManifestError, RuntimeConfig, TopologyMismatch
+from gymckpt.runtime import (
+    COMMIT_MARKER,
+    MANIFEST_NAME,
+    ManifestError,
+    RuntimeConfig,
+    TopologyMismatch,
+)
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,

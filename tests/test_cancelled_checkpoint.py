@@ -63,7 +63,8 @@ def checkpoint_tasks() -> list[str]:
         names.append(task.name)
         for nursery in task.child_nurseries:
             stack.extend(nursery.child_tasks)
-    return [n for n in names if "gymckpt.nurseries._calls" in n or "gymckpt.nurseries._coordinator" in n]
+    ours = ("gymckpt.nurseries._calls", "gymckpt.nurseries._coordinator")
+    return [n for n in names if any(m in n for m in ours)]
 
 
 async def assert_released(gym: EmbeddedGym, ro: Rollouts, workdir: Path) -> None:

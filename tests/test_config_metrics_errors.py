@@ -80,7 +80,11 @@ def test_metric_names_are_validated() -> None:
 
 SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "GymAdmissionClosed": ("r-1-0-1", "gym-0"),
+    "GymUnavailable": ("gym-0 is restarting",),
     "GymCheckpointUnavailable": ("lease lost", "gym-1", "commit"),
+    "GymControlError": ("gym-0", "prepare", "checkpoint c-1 reopened before it parked"),
+    "GymInstanceDead": ("gym-1", "commit"),
+    "GymCallTimeout": ("instance gym-0 did not answer prepare within 2s", "gym-0", "prepare"),
     "CheckpointInvariantError": ("owner mismatch",),
     "DrainTimeout": (("r-2", "r-1", "r-3"), 2.5),
     "StrandedSessionError": ("gym-0", ("s-1", "s-2")),

@@ -6,7 +6,13 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.runtime import DrainTimeout, EpisodeResult, RecoveryLedger, rollout_id_for, wait_drained
+from gymckpt.runtime import (
+    DrainTimeout,
+    EpisodeResult,
+    RecoveryLedger,
+    rollout_id_for,
+    wait_drained,
+)
 
 R = EpisodeResult(1.0, 1)
 

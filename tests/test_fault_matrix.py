@@ -32,7 +32,13 @@ from gymckpt.nurseries.app.demo import (
     _read_journal,
     verdict,
 )
-from gymckpt.nurseries.app.simulate import Crash, IncarnationReport, Scenario, ScenarioReport, run_scenario
+from gymckpt.nurseries.app.simulate import (
+    Crash,
+    IncarnationReport,
+    Scenario,
+    ScenarioReport,
+    run_scenario,
+)
 from gymckpt.runtime import ADMISSION_CLOSED_ROWS, RetireItem, SnapshotStore, load_snapshot
 
 BASE = Scenario(seed=5, rows=12, group_size=2, instances=2, turns=(2, 4), turn_s=(0.2, 1.0),

@@ -39,6 +39,7 @@ from gymckpt.gym_adapter import (
 from gymckpt.gym_adapter._sim import RECORDS_FILE, capture_key, sentinel
 from gymckpt.runtime import (
     EpisodeRecord,
+    GymCallTimeout,
     GymCheckpointUnavailable,
     InstanceRecord,
     ParticipantRecord,
@@ -296,7 +297,7 @@ async def test_prepare_past_its_deadline_times_out_naming_the_instance(
     async with open_gym(config=SimConfig(turn_s=(5.0, 5.0))) as gym:
         await gym.run("gym-0", make_rows(2))
         await trio.sleep(0.1)
-        with pytest.raises(TimeoutError, match="gym-0"):
+        with pytest.raises(GymCallTimeout, match="gym-0"):
             await gym.prepare("gym-0", "c", deadline(1.0))
         with pytest.raises(GymControlError, match="have not parked"):
             await gym.commit("gym-0", "c", "s", deadline())
@@ -317,7 +318,7 @@ async def test_control_calls_past_their_deadline_time_out(
             gym.retire_restored("gym-0", ["x"], past),
         ]
         for call in calls:
-            with pytest.raises(TimeoutError, match="gym-0"):
+            with pytest.raises(GymCallTimeout, match="gym-0"):
                 await call
         assert (await gym.inventory("gym-0")).admission_open
 
@@ -747,7 +748,7 @@ async def test_fault_delay_then_deadline(
         await gym.prepare("gym-0", "c", deadline(5))
         assert trio.current_time() - t0 == pytest.approx(2)
         await gym.resume("gym-0", "c", deadline())
-        with pytest.raises(TimeoutError, match="gym-0 prepare: deadline passed"):
+        with pytest.raises(GymCallTimeout, match="gym-0 prepare: deadline passed"):
             await gym.prepare("gym-0", "c", deadline(1))
         assert not (await gym.inventory("gym-0")).prepared
 

@@ -15,6 +15,7 @@ import pytest
 gymnasium = pytest.importorskip("gymnasium")
 
 from gymckpt.gym_adapter import EnvironmentSpecError  # noqa: E402
+from gymckpt.gym_adapter._gym_codecs import codec_for, decode_value  # noqa: E402
 from gymckpt.gym_adapter.gymnasium_env import (  # noqa: E402
     AttributeCodec,
     builtin_codec_names,
@@ -24,7 +25,6 @@ from gymckpt.gym_adapter.gymnasium_env import (  # noqa: E402
     reference_trajectory,
     register_state_codec,
 )
-from gymckpt.gym_adapter._gym_codecs import codec_for, decode_value  # noqa: E402
 from gymckpt.nurseries.app.demo import (  # noqa: E402
     CRASH_STAGES,
     JOURNAL,

@@ -31,7 +31,13 @@ from gymckpt.gym_adapter import (
     SimConfig,
 )
 from gymckpt.nurseries._calls import bounded_call, classify
-from gymckpt.runtime import GymCheckpointUnavailable, RuntimeConfig, TopologyMismatch, rollout_id_for
+from gymckpt.runtime import (
+    GymCallTimeout,
+    GymCheckpointUnavailable,
+    RuntimeConfig,
+    TopologyMismatch,
+    rollout_id_for,
+)
 
 RAY_TIME_SCALE = 5.0
 """The conformance suite's episodes run this many times slower on Ray: its scenarios were timed
@@ -241,7 +247,7 @@ async def test_a_call_ray_never_schedules_is_bounded_and_cancelled(tmp_path: Pat
     async with ray_gym(tmp_path) as gym:
         async with gym.unschedulable("gym-0"):
             t0 = trio.current_time()
-            with pytest.raises(TimeoutError, match=r"instance gym-0 did not answer prepare"):
+            with pytest.raises(GymCallTimeout, match=r"instance gym-0 did not answer prepare"):
                 await bounded_call("gym-0", "prepare",
                                    functools.partial(gym.prepare, "gym-0", "c"), config)
             elapsed = trio.current_time() - t0
@@ -320,9 +326,9 @@ async def test_topology_mismatch_arrives_as_itself(tmp_path: Path) -> None:
 @pytest.mark.ray
 async def test_deadline_is_re_anchored_on_the_actor(tmp_path: Path) -> None:
     async with ray_gym(tmp_path, faults=["prepare:delay@1:0.4"]) as gym:
-        with pytest.raises(TimeoutError, match="gym-0 prepare: deadline passed"):
+        with pytest.raises(GymCallTimeout, match="gym-0 prepare: deadline passed"):
             await gym.prepare("gym-0", "c", deadline(0.2))
         assert not (await gym.inventory("gym-0")).prepared
         past: Callable[[], float] = lambda: trio.current_time() - 1  # noqa: E731
-        with pytest.raises(TimeoutError, match="gym-0"):
+        with pytest.raises(GymCallTimeout, match="gym-0"):
             await gym.resume("gym-0", "c", past())

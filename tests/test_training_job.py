@@ -35,9 +35,9 @@ from gymckpt.runtime import (
     SnapshotStore,
     WorkDirLock,
     WorkDirLocked,
+    _store,
     load_snapshot,
 )
-from gymckpt.runtime import _store
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,

@@ -40,6 +40,9 @@ import trio
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend, GymInstanceDead, RunRow, SimConfig
 from gymckpt.gym_adapter._sim import plan_episode, sentinel
+from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
+from gymckpt.nurseries._run import leaf_errors, run_exit
+from gymckpt.nurseries._trainer import open_rollouts
 from gymckpt.runtime import (
     MANIFEST_NAME,
     CompletedGroup,
@@ -52,10 +55,6 @@ from gymckpt.runtime import (
     write_atomic,
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
-
-from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
-from gymckpt.nurseries._run import leaf_errors, run_exit
-from gymckpt.nurseries._trainer import open_rollouts
 
 from .demo_gymnasium import (
     environment_id,

@@ -73,6 +73,8 @@ import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, GymInstanceDead, RunRow, SimConfig
 from gymckpt.gym_adapter._faults import FAULT_KINDS
+from gymckpt.nurseries._coordinator import HOOK_POINTS
+from gymckpt.nurseries._trainer import Rollouts, open_rollouts
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     CompletedGroup,
@@ -83,9 +85,7 @@ from gymckpt.runtime import (
     load_snapshot,
 )
 
-from gymckpt.nurseries._coordinator import HOOK_POINTS
 from .demo import ToyTrainer, expected_sentinels, run_exit, single_error, snapshot_sentinels
-from gymckpt.nurseries._trainer import Rollouts, open_rollouts
 
 __all__ = [
     "Crash",
