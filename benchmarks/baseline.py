@@ -25,7 +25,7 @@ __all__ = ["full_inventory", "group_by_instance", "polling_drain"]
 
 
 def _attempts(ledger: RecoveryLedger) -> Iterable[Attempt]:
-    by_id: dict[str, Attempt] = ledger._by_id  # every current attempt (see module docstring)
+    by_id: Mapping[str, Attempt] = ledger._by_id  # every current attempt (see module docstring)
     return by_id.values()
 
 
