@@ -41,7 +41,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from gymckpt.runtime import EpisodeRecord, InstanceRecord
+# re-exported: the contract names the errors a backend raises; they live with the rest of the
+# ``GymUnavailable`` family in the runtime
+from gymckpt.runtime import EpisodeRecord, GymControlError, GymInstanceDead, InstanceRecord
 
 __all__ = [
     "ADMISSION_CLOSED",
@@ -51,6 +53,8 @@ __all__ = [
     "ExportedEpisode",
     "Failed",
     "GymBackend",
+    "GymControlError",
+    "GymInstanceDead",
     "InstanceInventory",
     "InstanceTopology",
     "ParticipantInfo",
