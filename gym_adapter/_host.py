@@ -37,6 +37,8 @@ import anyio.lowlevel
 import attrs
 import orjson
 
+from gymckpt.runtime import GymCallTimeout
+
 from ._contract import (
     Completed,
     Failed,
@@ -228,9 +230,11 @@ class GymHost(HostControl):
         if deadline_ts is not None:
             now = anyio.current_time()
             if now >= deadline_ts:
-                raise TimeoutError(
+                raise GymCallTimeout(
                     f"instance {self.name} {op}: deadline passed {now - deadline_ts:.3f}s "
-                    "before the call ran"
+                    "before the call ran",
+                    self.name,
+                    op,
                 )
         return self._tg
 

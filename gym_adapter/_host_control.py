@@ -15,7 +15,13 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from gymckpt.runtime import EpisodeRecord, InstanceRecord, TopologyMismatch, records_digest
+from gymckpt.runtime import (
+    EpisodeRecord,
+    GymCallTimeout,
+    InstanceRecord,
+    TopologyMismatch,
+    records_digest,
+)
 
 from ._contract import (
     AgentSession,
@@ -78,7 +84,7 @@ class HostControl:
 
     async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
         """Close admission and park every episode at its next step boundary; returns once
-        nothing moves. Past ``deadline_ts``: ``TimeoutError`` (admission stays closed until a
+        nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
         resume or the lease). Reopened meanwhile: ``GymControlError``."""
         self._check_call("prepare", deadline_ts)
         self._admission_open = False
@@ -103,9 +109,11 @@ class HostControl:
                 self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
             )
         if scope.cancelled_caught or self._n_moving:
-            raise TimeoutError(
+            raise GymCallTimeout(
                 f"instance {self.name} prepare: {self._n_moving} episodes did not reach a step "
-                "boundary before the deadline"
+                "boundary before the deadline",
+                self.name,
+                "prepare",
             )
         parked = sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
         return PrepareReply(self.name, checkpoint_id, parked, len(self._streams.on_wire))

@@ -85,13 +85,22 @@ async def bounded_call(
 ) -> T:
     """Run ``call(deadline_ts)`` bounded by ``deadline_ts + reply_grace_s``.
 
-    Raises ``GymCallTimeout`` naming the instance when no reply came in time, and
-    ``GymCheckpointUnavailable`` in place of a Gym error that cannot be pickled.
+    Raises ``GymCallTimeout`` naming the instance when no reply came in time (or the backend
+    raised a plain ``TimeoutError``), and ``GymCheckpointUnavailable`` in place of a Gym error
+    that cannot be pickled.
     """
     deadline = trio.current_time() + config.control_timeout_s
     with trio.move_on_at(deadline + config.reply_grace_s) as scope:
         with crossing_boundary(instance, operation):
-            return await call(deadline)
+            try:
+                return await call(deadline)
+            except TimeoutError as exc:
+                if isinstance(exc, GymUnavailable):
+                    raise
+                # a backend's own timeout: Gym did not answer in time, retryable like ours
+                raise GymCallTimeout(
+                    f"instance {instance} {operation}: {exc}", instance, operation
+                ) from None
     assert scope.cancelled_caught
     raise GymCallTimeout(
         f"instance {instance} did not answer {operation} within "

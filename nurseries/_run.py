@@ -20,11 +20,10 @@ from typing import TypeVar
 
 import trio
 
-from gymckpt.gym_adapter import GymInstanceDead
 from gymckpt.runtime import (
     CheckpointInvariantError,
     CheckpointsFailed,
-    GymCheckpointUnavailable,
+    GymUnavailable,
     ManifestError,
     TopologyMismatch,
     WorkDirLocked,
@@ -49,16 +48,15 @@ def run_exit(exc: BaseException) -> tuple[int, BaseException] | None:
 
     Two tasks may fail together (the dispatcher finding every instance dead while a checkpoint
     gives up): an invariant violation anywhere is 3; checkpoints failing too often, every
-    instance dead, or a restore Gym could not serve (``GymCheckpointUnavailable`` only escapes
-    a run from the restore; checkpoints retry it), 4; a lone bad-input error or a work
+    instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
+    run from the restore; checkpoints retry it), 4; a lone bad-input error or a work
     directory in use, 2. None for anything else (a bug: let it surface).
     """
     leaves = leaf_errors(exc)
     for leaf in leaves:
         if isinstance(leaf, CheckpointInvariantError):
             return 3, leaf
-    unavailable = (CheckpointsFailed, GymInstanceDead, GymCheckpointUnavailable)
-    if all(isinstance(leaf, unavailable) for leaf in leaves):
+    if all(isinstance(leaf, (CheckpointsFailed, GymUnavailable)) for leaf in leaves):
         failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
         return 4, (failed or leaves)[0]
     bad_input = (ManifestError, TopologyMismatch, ValueError, WorkDirLocked)

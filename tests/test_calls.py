@@ -109,3 +109,12 @@ async def test_bounded_call_replaces_an_unpicklable_error() -> None:
 
     with pytest.raises(GymCheckpointUnavailable, match="gym-0 commit: Gym raised an error"):
         await bounded_call("gym-0", "commit", broken, CONFIG)
+
+
+async def test_bounded_call_turns_a_backends_plain_timeout_into_a_gym_call_timeout() -> None:
+    async def slow_backend(deadline: float) -> None:
+        raise TimeoutError("no reply from the environment server")
+
+    with pytest.raises(GymCallTimeout, match="instance gym-1 commit: no reply") as info:
+        await bounded_call("gym-1", "commit", slow_backend, CONFIG)
+    assert classify(info.value) == "gym_unavailable"

@@ -122,13 +122,17 @@ def test_errors_round_trip_through_pickle(cls: type[BaseException]) -> None:
 def test_classify_unknown_errors_are_invariants_and_io_errors_retryable() -> None:
     from gymckpt.gym_adapter import GymControlError, GymInstanceDead
     from gymckpt.nurseries._calls import classify
-    from gymckpt.runtime import CheckpointInvariantError, GymCheckpointUnavailable
+    from gymckpt.runtime import CheckpointInvariantError, GymCallTimeout, GymCheckpointUnavailable
 
     assert classify(RuntimeError("reply from another protocol version")) == "invariant"
     assert classify(KeyError("episodes")) == "invariant"
     assert classify(GymControlError("gym-0", "commit", "x")) == "gym_unavailable"
     assert classify(OSError(28, "No space left on device")) == "snapshot_io"
-    assert classify(TimeoutError("gym-1 did not answer")) == "gym_unavailable"
+    assert classify(GymCallTimeout("gym-1 did not answer", "gym-1", "prepare")) == (
+        "gym_unavailable"
+    )
+    # a bare TimeoutError is not ours to retry; bounded_call turns a backend's into the above
+    assert classify(TimeoutError("gym-1 did not answer")) == "invariant"
     both = ExceptionGroup("commit", [GymInstanceDead("gym-0"), ValueError("bad reply")])
     assert classify(both) == "invariant"
     wrapped = GymCheckpointUnavailable("x")

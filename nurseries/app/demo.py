@@ -38,7 +38,7 @@ import attrs
 import orjson
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend, GymInstanceDead, RunRow, SimConfig
+from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow, SimConfig
 from gymckpt.gym_adapter._sim import plan_episode, sentinel
 from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
 from gymckpt.nurseries._run import leaf_errors, run_exit
@@ -46,8 +46,8 @@ from gymckpt.nurseries._trainer import open_rollouts
 from gymckpt.runtime import (
     MANIFEST_NAME,
     CompletedGroup,
-    GymCheckpointUnavailable,
     GymManifest,
+    GymUnavailable,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
@@ -380,7 +380,7 @@ def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -
         code, err = decided
         if code == 2:
             raise err from None
-        if isinstance(err, (GymInstanceDead, GymCheckpointUnavailable)):
+        if isinstance(err, GymUnavailable):
             print(f"gymckpt: Gym unavailable: {err}", file=sys.stderr)
         elif code == 3:
             print(f"gymckpt: run aborted: {err}", file=sys.stderr)
