@@ -56,7 +56,7 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from gymckpt.runtime import converter, structure
+from gymckpt.runtime import PARTICIPANT_KIND_RE, converter, structure
 
 __all__ = [
     "ROLES",
@@ -79,7 +79,7 @@ S = TypeVar("S")
 JSONValue = Any
 
 ROLES: Final = ("agent", "legacy_agent", "environment", "model_proxy", "passive")
-_KIND_RE: Final = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+_KIND_RE: Final = PARTICIPANT_KIND_RE
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _KINDS: dict[str, str] = {
     "simple_agent": "agent",

@@ -44,6 +44,7 @@ from ._ledger import (
 from ._manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
+    PARTICIPANT_KIND_RE,
     PARTICIPANT_KINDS,
     EpisodeRecord,
     GymManifest,
@@ -78,6 +79,7 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "PARTICIPANT_KINDS",
+    "PARTICIPANT_KIND_RE",
     "TRAINER_FILES_DIR",
     "Attempt",
     "AttemptState",

@@ -9,6 +9,7 @@ that name the field.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import attrs
@@ -17,6 +18,7 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "PARTICIPANT_KINDS",
+    "PARTICIPANT_KIND_RE",
     "EpisodeRecord",
     "GymManifest",
     "InstanceRecord",
@@ -26,6 +28,10 @@ __all__ = [
 MANIFEST_NAME: Final = "gym_checkpoint.json"
 MANIFEST_VERSION: Final = 1
 PARTICIPANT_KINDS: Final = frozenset({"simple_agent", "legacy_agent", "environment", "model_proxy"})
+"""The built-in participant kinds. Kinds are open: a deployment may register more (the Gym host's
+``register_participant_kind``), so a manifest's kind must only be a well-formed name; whether the
+live deployment has it is the restore's topology check."""
+PARTICIPANT_KIND_RE: Final = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 
 
 @attrs.frozen

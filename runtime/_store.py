@@ -53,6 +53,7 @@ from ._errors import ManifestError, TopologyMismatch
 from ._manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
+    PARTICIPANT_KIND_RE,
     PARTICIPANT_KINDS,
     GymManifest,
     ParticipantRecord,
@@ -732,10 +733,11 @@ def _validate_manifest(manifest: GymManifest, base: Path) -> None:
             if p.server_name in names:
                 raise ManifestError(f"{who} listed twice")
             names.add(p.server_name)
-            if p.kind not in PARTICIPANT_KINDS:
+            if not PARTICIPANT_KIND_RE.fullmatch(p.kind):
                 raise ManifestError(
-                    f"{who}: unknown kind {p.kind!r} "
-                    f"(expected one of {', '.join(sorted(PARTICIPANT_KINDS))})"
+                    f"{who}: kind {p.kind!r} is not a participant kind name "
+                    f"({PARTICIPANT_KIND_RE.pattern}, "
+                    f"e.g. {', '.join(sorted(PARTICIPANT_KINDS))})"
                 )
             if not _DIGEST_RE.fullmatch(p.records_digest):
                 raise ManifestError(

@@ -280,12 +280,22 @@ async def test_ledger_snapshot_keeps_completed_payloads() -> None:
     assert group.results[0] == EpisodeResult(0.5, 1, payload)
 
 
+class Scoreboard(Counter):
+    """A participant of a kind the project does not know (registered by the user)."""
+
+    name, kind = "scoreboard", "scoreboard"
+
+
+@pytest.mark.parametrize("custom_kind", [False, True])
 async def test_trainer_gets_every_payload_once_across_a_restore(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, custom_kind: bool
 ) -> None:
     from gymckpt.nurseries import open_rollouts
 
     env = environment(turns=3, turn_s=1.0)
+    if custom_kind:  # open kinds: committed, published, verified and restored like any other
+        register_participant_kind("scoreboard", "passive")
+        env = attrs.evolve(env, participants=(*env.participants, Scoreboard()))
     seen: list[tuple[int, int]] = []
     for phase in (1, 2):
         async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "gym",

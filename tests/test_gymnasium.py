@@ -153,3 +153,21 @@ def test_sigkill_at_stage_trajectories_bit_identical(tmp_path: Path, env: str, s
     journal = [orjson.loads(x) for x in (tmp_path / JOURNAL).read_bytes().splitlines()]
     claims = [r["restored_from"] for r in journal if "restored_from" in r]
     assert len(claims) == len(set(claims))  # a restored episode is dispatched once
+
+
+@pytest.mark.subprocess
+def test_demo_json_on_gymnasium_with_faults(tmp_path: Path) -> None:
+    """The fault grammar acts on the hosted Gym as on the calendar; the verdict holds."""
+    import json
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gymckpt", "demo", "--env", "gymnasium:CartPole-v1", "--rows",
+         "16", "--json", "--workdir", str(tmp_path / "w"), "--fault", "prepare:error@1",
+         "--fault", "run:drop@3", "--fault", "commit:delay@2:0.05"],
+        capture_output=True, text=True, timeout=180, check=False, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["exactly_once"] and report["trajectories_match"], report
+    assert report["episodes"] == 64 and report["checkpoints_failed"] >= 1
+    assert report["killed_with_sigkill"] and report["restores"] == 1

@@ -355,9 +355,10 @@ def test_missing_key(tmp_path: Path) -> None:
             "(instance gym-1 has no participants)",
         ),
         (
-            lambda raw: raw["instances"][0]["participants"][0].update(kind="robot"),
-            "gym_checkpoint.json: instance gym-0: participant agent: unknown kind 'robot' "
-            "(expected one of environment, legacy_agent, model_proxy, simple_agent)",
+            lambda raw: raw["instances"][0]["participants"][0].update(kind="Robot!"),
+            "gym_checkpoint.json: instance gym-0: participant agent: kind 'Robot!' is not a "
+            "participant kind name ([a-z][a-z0-9_.-]{0,63}, e.g. environment, legacy_agent, "
+            "model_proxy, simple_agent)",
         ),
         (
             lambda raw: raw["instances"][1].update(name="gym-0"),
