@@ -19,8 +19,8 @@ from typing import Any
 
 from . import checkpoint as _checkpoint_mod
 from . import dispatch as _dispatch_mod
-from . import host as _host_mod
 from . import drain as _drain_mod
+from . import host as _host_mod
 from . import memory as _memory_mod
 from ._common import Progress, ints, machine_info, source_info
 

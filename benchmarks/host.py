@@ -132,7 +132,7 @@ async def _embedded_loop(rows: int, group_size: int, work: Path) -> tuple[float,
 
 
 async def _ray_loop(rows: int, group_size: int, work: Path) -> tuple[float, int]:
-    from gymckpt.gym_adapter._ray import RayGym
+    from gymckpt.gym_adapter import RayGym
 
     async with RayGym.host(f"gymnasium:{ENV_ID}", instances=2, work_dir=work / "live") as gym:
         return await _loop(gym, rows, group_size, work)

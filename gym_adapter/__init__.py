@@ -33,7 +33,7 @@ from ._contract import (
     Topology,
 )
 from ._embedded import EmbeddedGym, GymStatistics
-from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment, load_environment
+from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
 from ._episode import (
     ROLES,
     AgentParticipant,
@@ -48,9 +48,11 @@ from ._episode import (
     participant_kinds,
     register_participant_kind,
 )
-from ._faults import FAULT_GRAMMAR, FaultPlan, FaultSpec
+from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
 from ._host import GymHost, HostConfig, HostStatistics
 from ._host_episodes import capture_key as host_capture_key
+from ._host_records import RECORDS_FILE
+from ._load import load_environment
 from ._sim import (
     CalendarEvent,
     CalendarSession,
@@ -60,6 +62,7 @@ from ._sim import (
     SimReplyStream,
     SimStatistics,
     plan_episode,
+    sentinel,
 )
 
 if TYPE_CHECKING:
@@ -78,6 +81,9 @@ __all__ = [
     "ADMISSION_CLOSED",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "FAULT_GRAMMAR",
+    "FAULT_KINDS",
+    "FAULT_OPS",
+    "RECORDS_FILE",
     "ROLES",
     "AgentParticipant",
     "AgentSession",
@@ -127,4 +133,5 @@ __all__ = [
     "participant_kinds",
     "plan_episode",
     "register_participant_kind",
+    "sentinel",
 ]

@@ -44,9 +44,10 @@ from ._contract import (
     RunRow,
     Topology,
 )
-from ._environment import Environment, load_environment
+from ._environment import Environment
 from ._faults import FaultPlan, FaultSpec
 from ._host import GymHost, HostConfig, HostStatistics
+from ._load import load_environment
 from ._sim import (
     AGENT_KINDS,
     CalendarSession,

@@ -7,15 +7,13 @@ crosses Ray as a string and the actor imports it, so the environment need not pi
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
 from ._episode import AgentParticipant, Model, Participant, check_environment
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Environment", "load_environment"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Environment"]
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1 << 20
 
@@ -46,36 +44,3 @@ class Environment:
         if self.model is not None:
             parts.append(("model_proxy", "model_proxy"))
         return tuple(parts)
-
-
-def load_environment(path: str | Environment | Callable[[], Environment]) -> Environment:
-    """An ``Environment`` from ``"package.module:name"`` (an ``Environment`` or a zero-argument
-    factory of one), ``"gymnasium:ID"`` (that Gymnasium id with a random policy), a factory, or
-    an environment (returned as is)."""
-    if isinstance(path, Environment):
-        return path
-    if isinstance(path, str) and path.startswith("gymnasium:"):
-        from .gymnasium_env import gymnasium_environment
-
-        return gymnasium_environment(path.removeprefix("gymnasium:"))
-    if callable(path):
-        env: Any = path()
-    else:
-        module_name, _, attr = path.partition(":")
-        if not module_name or not attr:
-            raise ValueError(f"environment path {path!r} must look like 'package.module:name'")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(
-                f"environment path {path!r}: cannot import {module_name}: {exc}"
-            ) from None
-        try:
-            env = getattr(module, attr)
-        except AttributeError:
-            raise ValueError(f"environment path {path!r}: {module_name} has no {attr}") from None
-        if not isinstance(env, Environment) and callable(env):
-            env = env()
-    if not isinstance(env, Environment):
-        raise ValueError(f"environment {path!r} is a {type(env).__name__}, not an Environment")
-    return env

@@ -15,7 +15,12 @@ from typing import Any, Final
 
 import orjson
 
-from gymckpt.runtime import InstanceRecord, participant_state_problem, write_atomic
+from gymckpt.runtime import (
+    InstanceRecord,
+    participant_differences,
+    participant_state_problem,
+    write_atomic,
+)
 
 __all__ = ["RECORDS_FILE", "read_verified", "topology_differences", "write_records"]
 
@@ -37,26 +42,7 @@ def topology_differences(
     diffs: list[str] = []
     if record.name != instance:
         diffs.append(f"{where}: manifest record is for instance {record.name}")
-    live_kinds = dict(live)
-    committed = {p.server_name: p.kind for p in record.participants}
-    for p in record.participants:
-        kind = live_kinds.get(p.server_name)
-        if kind is None:
-            diffs.append(f"{where}: participant {p.server_name} missing from the live instance")
-        elif kind != p.kind:
-            diffs.append(
-                f"{where}: participant {p.server_name} kind {p.kind} committed, {kind} live"
-            )
-    for server, kind in live:
-        if server not in committed:
-            diffs.append(f"{where}: extra live participant {server} ({kind})")
-    common_committed = [p.server_name for p in record.participants if p.server_name in live_kinds]
-    common_live = [s for s, _ in live if s in committed]
-    if common_committed != common_live:
-        diffs.append(
-            f"{where}: participant order {', '.join(common_committed)} committed, "
-            f"{', '.join(common_live)} live"
-        )
+    diffs += participant_differences(where, record.participants, live)
     return diffs
 
 

@@ -113,9 +113,9 @@ from ._contract import (
     Topology,
 )
 from ._embedded import GymStatistics
-from ._environment import load_environment
 from ._faults import FaultPlan, FaultSpec
 from ._host import HostConfig
+from ._load import load_environment
 from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor
 from ._sim import AGENT_KINDS, CalendarSession, SimConfig, SimStatistics
 

@@ -51,10 +51,10 @@ import attrs
 from gymckpt.runtime import crossing_boundary
 
 from ._contract import RunReply, RunRow
-from ._environment import load_environment
 from ._faults import FaultSpec
 from ._host import GymHost, HostConfig
 from ._host_streams import HostReplyStream
+from ._load import load_environment
 from ._sim import SimConfig, SimInstance, SimReplyStream, inject_fault
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]

@@ -60,7 +60,6 @@ from gymckpt.runtime import (
     GymInstanceDead,
     InstanceRecord,
     TopologyMismatch,
-    participant_state_problem,
     records_digest,
     write_atomic,
 )
@@ -82,6 +81,7 @@ from ._contract import (
     RunRow,
 )
 from ._faults import FaultSpec
+from ._host_records import RECORDS_FILE, read_verified
 
 __all__ = [
     "AGENT_KINDS",
@@ -101,7 +101,6 @@ __all__ = [
 ]
 
 AGENT_KINDS: Final = ("simple_agent", "legacy_agent")
-RECORDS_FILE: Final = "records.json"
 AGENT, CALENDAR, MODEL_PROXY = "agent", "calendar", "model_proxy"
 
 Batch = tuple[RunReply, ...]
@@ -1263,48 +1262,7 @@ class SimInstance:
     def _verify(
         self, root: Path, record: InstanceRecord
     ) -> tuple[list[str], dict[str, dict[str, Any]]]:
-        where = f"instance {self.name}"
-        diffs: list[str] = []
-        if record.name != self.name:
-            diffs.append(f"{where}: manifest record is for instance {record.name}")
-        live = dict(self.participants)
-        committed = {p.server_name: p.kind for p in record.participants}
-        for p in record.participants:
-            kind = live.get(p.server_name)
-            if kind is None:
-                diffs.append(f"{where}: participant {p.server_name} missing from the live instance")
-            elif kind != p.kind:
-                diffs.append(
-                    f"{where}: participant {p.server_name} kind {p.kind} committed, {kind} live"
-                )
-        for server, kind in self.participants:
-            if server not in committed:
-                diffs.append(f"{where}: extra live participant {server} ({kind})")
-        common_committed = [p.server_name for p in record.participants if p.server_name in live]
-        common_live = [s for s, _ in self.participants if s in committed]
-        if common_committed != common_live:
-            diffs.append(
-                f"{where}: participant order {', '.join(common_committed)} committed, "
-                f"{', '.join(common_live)} live"
-            )
-        loaded: dict[str, dict[str, Any]] = {}
-        for p in record.participants:
-            who = f"{where}: participant {p.server_name}"
-            problem = participant_state_problem(root, p, who)
-            if problem is not None:
-                diffs.append(problem)
-                continue
-            directory = root / p.state_dir
-            try:
-                data = orjson.loads((directory / RECORDS_FILE).read_bytes())
-            except (OSError, orjson.JSONDecodeError) as exc:
-                diffs.append(f"{who} records unreadable ({exc})")
-                continue
-            if not isinstance(data, dict):
-                diffs.append(f"{who} records are not a JSON object")
-                continue
-            loaded[p.server_name] = data
-        return diffs, loaded
+        return read_verified(self.name, self.participants, root, record)
 
     def _episode_differences(
         self,

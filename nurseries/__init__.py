@@ -8,7 +8,7 @@ from ._coordinator import (
     CheckpointOutcome,
 )
 from ._dispatcher import READY, Dispatcher, DispatcherStatistics
-from ._restore import RestoredRun, restore_latest
+from ._restore import RestoredRun, SnapshotProblems, restore_latest, snapshot_problems
 from ._run import leaf_errors, run, run_exit
 from ._trainer import (
     RESTORED_DIR,
@@ -32,9 +32,11 @@ __all__ = [
     "DispatcherStatistics",
     "RestoredRun",
     "Rollouts",
+    "SnapshotProblems",
     "leaf_errors",
     "open_rollouts",
     "restore_latest",
     "run",
     "run_exit",
+    "snapshot_problems",
 ]

@@ -47,6 +47,8 @@ import trio
 from gymckpt.gym_adapter import CommitReply, GymBackend, Topology
 from gymckpt.runtime import (
     GYM_STATE_DIR,
+    LEDGER_FILE,
+    MANIFEST_VERSION,
     TRAINER_FILES_DIR,
     CheckpointInvariantError,
     CheckpointsFailed,
@@ -63,11 +65,10 @@ from gymckpt.runtime import (
     SnapshotInfo,
     SnapshotStore,
     StrandedSessionError,
+    dump_ledger_snapshot,
     sample_ids,
     wait_drained,
 )
-from gymckpt.runtime._ledger import dump_ledger_snapshot
-from gymckpt.runtime._manifest import MANIFEST_VERSION
 
 from ._calls import bounded_call, classify, fan_out, is_storage_error
 from ._offload import offload
@@ -79,7 +80,6 @@ logger = logging.getLogger("gymckpt")
 PAUSE_HOLDER = "gym-checkpoint"
 STAGES = ("trainer_files", "close", "retire", "prepare", "commit", "ownership", "drain",
           "snapshot", "publish", "resume")
-LEDGER_FILE = "ledger.json"
 HOOK_POINTS = ("before_prepare", "after_prepare", "after_commit", "before_publish",
                "after_publish", "before_resume")
 

@@ -39,23 +39,22 @@ import trio
 from gymckpt.gym_adapter import GymBackend
 from gymckpt.runtime import (
     GYM_STATE_DIR,
+    LEDGER_FILE,
     EpisodeRecord,
     GymManifest,
+    LedgerSnapshot,
     LoadedSnapshot,
     ManifestError,
     RecoveryLedger,
+    RestoreSummary,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
     TopologyMismatch,
-    load_snapshot,
-    verify_snapshot,
-)
-from gymckpt.runtime._ledger import (
-    LedgerSnapshot,
-    RestoreSummary,
     load_ledger_snapshot,
+    load_snapshot,
     rollout_id_for,
+    verify_snapshot,
 )
 
 from ._calls import bounded_call, fan_out
@@ -69,7 +68,6 @@ __all__ = [
     "snapshot_problems",
 ]
 
-LEDGER_FILE = "ledger.json"
 log = logging.getLogger("gymckpt")
 
 

@@ -27,18 +27,21 @@ import trio
 
 from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.runtime import (
+    RESTORED_DIR,
+    SNAPSHOTS_DIR,
     TRAINER_FILES_DIR,
+    TRAINER_STATE_FILE,
     CompletedGroup,
     DeadlineRegistry,
     DispatchGate,
     Metrics,
     RecoveryLedger,
+    RestoreSummary,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
     WorkDirLock,
 )
-from gymckpt.runtime._ledger import RestoreSummary
 
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher
@@ -47,9 +50,6 @@ from ._restore import RestoredRun, restore_latest
 
 __all__ = ["RESTORED_DIR", "SNAPSHOTS_DIR", "TRAINER_STATE_FILE", "Rollouts", "open_rollouts"]
 
-TRAINER_STATE_FILE = "trainer.json"
-SNAPSHOTS_DIR = "snapshots"
-RESTORED_DIR = "restored"
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 logger = logging.getLogger("gymckpt")

@@ -66,6 +66,7 @@ from ._converter import converter as _conv
 from ._converter import loads
 from ._converter import structure as _conv_structure
 from ._errors import BudgetExhausted, ManifestError
+from ._layout import LEDGER_FILE
 from ._manifest import EpisodeRecord
 
 __all__ = [
@@ -1229,4 +1230,4 @@ def dump_ledger_snapshot(snap: LedgerSnapshot) -> bytes:
 
 def load_ledger_snapshot(data: bytes) -> LedgerSnapshot:
     """Parse ``ledger.json`` strictly; any problem is a ``ManifestError`` naming the field."""
-    return loads(data, LedgerSnapshot, "ledger.json")
+    return loads(data, LedgerSnapshot, LEDGER_FILE)

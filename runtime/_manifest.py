@@ -13,6 +13,11 @@ import re
 from typing import Final
 
 import attrs
+import orjson
+
+from ._converter import dumps, structure
+from ._errors import ManifestError
+from ._layout import MANIFEST_NAME
 
 __all__ = [
     "MANIFEST_NAME",
@@ -23,9 +28,10 @@ __all__ = [
     "GymManifest",
     "InstanceRecord",
     "ParticipantRecord",
+    "dump_manifest",
+    "load_manifest",
 ]
 
-MANIFEST_NAME: Final = "gym_checkpoint.json"
 MANIFEST_VERSION: Final = 1
 PARTICIPANT_KINDS: Final = frozenset({"simple_agent", "legacy_agent", "environment", "model_proxy"})
 """The built-in participant kinds. Kinds are open: a deployment may register more (the Gym host's
@@ -70,3 +76,30 @@ class GymManifest:
     checkpoint_id: str
     instances: tuple[InstanceRecord, ...]
     episodes: tuple[EpisodeRecord, ...]
+
+
+def dump_manifest(manifest: GymManifest) -> bytes:
+    """The manifest's bytes on disk (JSON through the library's converter)."""
+    return dumps(manifest)
+
+
+def load_manifest(data: bytes) -> GymManifest:
+    """Parse ``gym_checkpoint.json`` strictly: a non-empty JSON object of the supported version
+    with exactly the known keys, else a ``ManifestError`` naming the file and the field.
+
+    Structure only: ``load_snapshot`` also checks names, kinds, digests and paths."""
+    if not data.strip():
+        raise ManifestError(f"{MANIFEST_NAME}: file is empty")
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ManifestError(f"{MANIFEST_NAME}: not valid JSON, truncated? ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{MANIFEST_NAME}: expected a JSON object, got {type(raw).__name__}")
+    version = raw.get("version")
+    if "version" in raw and version != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{MANIFEST_NAME}: version {version!r} is not supported "
+            f"(this runtime reads version {MANIFEST_VERSION})"
+        )
+    return structure(raw, GymManifest, MANIFEST_NAME)

@@ -46,18 +46,20 @@ from pathlib import Path, PurePosixPath
 from typing import Final, final
 
 import attrs
-import orjson
 
-from ._converter import dumps, loads, structure
+from ._converter import dumps, loads
 from ._errors import ManifestError, TopologyMismatch
+from ._layout import COMMIT_MARKER, GYM_STATE_DIR, MANIFEST_NAME, TRAINER_FILES_DIR
 from ._manifest import (
-    MANIFEST_NAME,
     MANIFEST_VERSION,
     PARTICIPANT_KIND_RE,
     PARTICIPANT_KINDS,
     GymManifest,
     ParticipantRecord,
+    dump_manifest,
+    load_manifest,
 )
+from ._topology import topology_differences
 
 __all__ = [
     "COMMIT_MARKER",
@@ -78,10 +80,6 @@ __all__ = [
     "write_atomic",
 ]
 
-COMMIT_MARKER: Final = "COMMITTED"
-GYM_STATE_DIR: Final = "gym"
-TRAINER_FILES_DIR: Final = "trainer"
-"""The directory of a snapshot holding the trainer's own files (weights, optimizer shards)."""
 MARKER_VERSION: Final = 1
 
 _SNAPSHOT_PREFIX: Final = "ckpt-"
@@ -160,17 +158,11 @@ def participant_state_problem(
     before it installs anything. The state directory must stay inside ``root`` (no empty,
     absolute or ``..`` path, no symlink out), exist, and carry the committed records digest.
     """
-    rel = PurePosixPath(participant.state_dir)
-    state = root / rel
-    if (
-        not participant.state_dir
-        or rel.is_absolute()
-        or ".." in rel.parts
-        or not state.resolve().is_relative_to(root.resolve())
-    ):
-        return f"{where} state directory {participant.state_dir!r} leaves {root.name or root}"
+    outside = _state_dir_problem(participant.state_dir, root)
+    if outside is not None:
+        return f"{where} state directory {outside}"
     try:
-        found = records_digest(state)
+        found = records_digest(root / participant.state_dir)
     except OSError:
         return f"{where} state directory {participant.state_dir} missing on disk"
     if found != participant.records_digest:
@@ -370,7 +362,7 @@ class SnapshotStore:
                 raise ValueError(f"snapshot file name {name!r} is reserved")
         _validate_manifest(manifest, staging)
 
-        manifest_bytes = dumps(manifest)
+        manifest_bytes = dump_manifest(manifest)
         digests: dict[str, str] = {}
         for name, data in files.items():
             write_atomic(staging / name, bytes(data))
@@ -669,7 +661,7 @@ def load_snapshot(path: Path) -> LoadedSnapshot:
             )
         contents[name] = data
 
-    manifest = _parse_manifest(contents.pop(MANIFEST_NAME))
+    manifest = load_manifest(contents.pop(MANIFEST_NAME))
     if manifest.checkpoint_id != marker.checkpoint_id:
         raise ManifestError(
             f"{MANIFEST_NAME}: checkpoint_id {manifest.checkpoint_id!r}, but {COMMIT_MARKER} "
@@ -677,28 +669,6 @@ def load_snapshot(path: Path) -> LoadedSnapshot:
         )
     _validate_manifest(manifest, path)
     return LoadedSnapshot(path=path, manifest=manifest, files=contents, marker=marker)
-
-
-def _parse_manifest(data: bytes) -> GymManifest:
-    raw = _loads_json(data)
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{MANIFEST_NAME}: expected a JSON object, got {type(raw).__name__}")
-    version = raw.get("version")
-    if "version" in raw and version != MANIFEST_VERSION:
-        raise ManifestError(
-            f"{MANIFEST_NAME}: version {version!r} is not supported "
-            f"(this runtime reads version {MANIFEST_VERSION})"
-        )
-    return structure(raw, GymManifest, MANIFEST_NAME)
-
-
-def _loads_json(data: bytes) -> object:
-    if not data.strip():
-        raise ManifestError(f"{MANIFEST_NAME}: file is empty")
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ManifestError(f"{MANIFEST_NAME}: not valid JSON, truncated? ({exc})") from None
 
 
 def _validate_manifest(manifest: GymManifest, base: Path) -> None:
@@ -711,7 +681,6 @@ def _validate_manifest(manifest: GymManifest, base: Path) -> None:
         )
     if not manifest.instances:
         raise ManifestError(f"{bad} manifest has no participant topology (no instances)")
-    base_resolved = base.resolve()
     participants: dict[str, set[str]] = {}
     state_dirs: dict[str, str] = {}
     for instance in manifest.instances:
@@ -743,7 +712,7 @@ def _validate_manifest(manifest: GymManifest, base: Path) -> None:
                 raise ManifestError(
                     f"{who}: records_digest {p.records_digest!r} is not sha256:<64 hex digits>"
                 )
-            _check_state_dir(p.state_dir, who, base, base_resolved)
+            _check_state_dir(p.state_dir, who, base)
             key = PurePosixPath(p.state_dir).as_posix()
             if key in state_dirs:
                 raise ManifestError(
@@ -766,19 +735,32 @@ def _validate_manifest(manifest: GymManifest, base: Path) -> None:
             )
 
 
-def _check_state_dir(state_dir: str, who: str, base: Path, base_resolved: Path) -> None:
+def _state_dir_problem(state_dir: str, root: Path) -> str | None:
+    """Why ``state_dir`` does not name a directory strictly inside ``root``, or None.
+
+    The one "state stays inside the snapshot" rule, for the manifest's structure and for each
+    participant's state: not empty or ``.``, relative (no leading slash, backslash or drive),
+    no ``..``, backslash or NUL, and inside ``root`` once resolved (symlinks followed). The
+    reason starts with the quoted ``state_dir``.
+    """
     rel = PurePosixPath(state_dir)
     if not state_dir or rel == PurePosixPath("."):
-        raise ManifestError(f"{who}: state_dir {state_dir!r} must name a directory in the snapshot")
+        return f"{state_dir!r} must name a directory in the snapshot"
     if rel.is_absolute() or state_dir.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", state_dir):
-        raise ManifestError(f"{who}: state_dir {state_dir!r} is absolute; it must be relative")
+        return f"{state_dir!r} is absolute; it must be relative"
     if ".." in rel.parts or "\\" in state_dir or "\0" in state_dir:
-        raise ManifestError(f"{who}: state_dir {state_dir!r} contains '..'; it must stay inside")
-    resolved = (base / rel).resolve()
-    if resolved == base_resolved or not resolved.is_relative_to(base_resolved):
-        raise ManifestError(
-            f"{who}: state_dir {state_dir!r} resolves to {resolved}, outside the snapshot"
-        )
+        return f"{state_dir!r} contains '..'; it must stay inside"
+    root_resolved = root.resolve()
+    resolved = (root / rel).resolve()
+    if resolved == root_resolved or not resolved.is_relative_to(root_resolved):
+        return f"{state_dir!r} resolves to {resolved}, outside the snapshot"
+    return None
+
+
+def _check_state_dir(state_dir: str, who: str, base: Path) -> None:
+    problem = _state_dir_problem(state_dir, base)
+    if problem is not None:
+        raise ManifestError(f"{who}: state_dir {problem}")
 
 
 # -- verification --------------------------------------------------------------------------
@@ -831,52 +813,7 @@ def verify_snapshot(
             if problem is not None:
                 diffs.append(problem)
     if live is not None:
-        diffs.extend(_topology_differences(snapshot.manifest, live))
-    return diffs
-
-
-def _topology_differences(
-    manifest: GymManifest, live: Mapping[str, Sequence[tuple[str, str]]]
-) -> list[str]:
-    diffs: list[str] = []
-    recorded = {instance.name for instance in manifest.instances}
-    for instance in manifest.instances:
-        if instance.name not in live:
-            diffs.append(f"instance {instance.name}: missing from the live deployment")
-            continue
-        where = f"instance {instance.name}"
-        live_kinds: dict[str, str] = {}
-        live_order: list[str] = []
-        for server_name, live_kind in live[instance.name]:
-            if server_name in live_kinds:
-                diffs.append(f"{where}: live participant {server_name} listed twice")
-                continue
-            live_kinds[server_name] = live_kind
-            live_order.append(server_name)
-        committed_order = [p.server_name for p in instance.participants]
-        for p in instance.participants:
-            kind = live_kinds.get(p.server_name)
-            if kind is None:
-                diffs.append(
-                    f"{where}: participant {p.server_name} missing from the live deployment"
-                )
-            elif kind != p.kind:
-                diffs.append(
-                    f"{where}: participant {p.server_name} kind {p.kind} committed, {kind} live"
-                )
-        committed_names = set(committed_order)
-        for server_name in live_order:
-            if server_name not in committed_names:
-                diffs.append(f"{where}: extra live participant {server_name}")
-        common_committed = [n for n in committed_order if n in live_kinds]
-        common_live = [n for n in live_order if n in committed_names]
-        if common_committed != common_live:
-            diffs.append(
-                f"{where}: participant order {', '.join(common_committed)} committed, "
-                f"{', '.join(common_live)} live"
-            )
-    for name in sorted(set(live) - recorded):
-        diffs.append(f"instance {name}: live but not in the manifest")
+        diffs.extend(topology_differences(snapshot.manifest, live))
     return diffs
 
 

@@ -18,15 +18,15 @@ import errno
 import fcntl
 import os
 from pathlib import Path
-from typing import Final, final
+from typing import final
 
 import attrs
 
 from ._errors import WorkDirLocked
+from ._layout import LOCK_FILE
 
 __all__ = ["LOCK_FILE", "WorkDirLock"]
 
-LOCK_FILE: Final = ".gymckpt.lock"
 
 
 @final

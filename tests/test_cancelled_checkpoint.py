@@ -18,8 +18,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, SimConfig
-from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts
-from gymckpt.nurseries.app.cli import _verify
+from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
@@ -83,7 +82,7 @@ async def assert_released(gym: EmbeddedGym, ro: Rollouts, workdir: Path) -> None
 async def finish_exactly_once(ro: Rollouts, dropped: Sequence[int] = ()) -> None:
     again = await ro.checkpoint()
     assert again.ok, again.error
-    assert _verify(load_snapshot(again.snapshot.path)) == []  # type: ignore[union-attr]
+    assert snapshot_problems(load_snapshot(again.snapshot.path)).all == []  # type: ignore[union-attr]
     rows: list[int] = []
     async for batch in ro.batches(2):
         rows.extend(g.row for g in batch)

@@ -621,7 +621,7 @@ async def test_restore_refuses_a_changed_topology_and_changes_nothing(
         text = str(info.value)
         for words in [
             "manifest record is for instance gym-0",
-            "participant planner missing from the live instance",
+            "participant planner missing from the live deployment",
             "extra live participant agent",
             "participant planner digest",
         ]:

@@ -17,8 +17,13 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow, SimConfig
-from gymckpt.nurseries import PAUSE_HOLDER, CheckpointCoordinator, Rollouts, open_rollouts
-from gymckpt.nurseries.app.cli import _verify
+from gymckpt.nurseries import (
+    PAUSE_HOLDER,
+    CheckpointCoordinator,
+    Rollouts,
+    open_rollouts,
+    snapshot_problems,
+)
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     AttemptState,
@@ -101,7 +106,7 @@ async def test_s1_nothing_is_dispatched_before_admission(
         assert outcome.ok
         snap = load_snapshot(outcome.snapshot.path)  # type: ignore[union-attr]
         # a checkpoint counts only attempts that reached Gym: ledger and manifest agree
-        assert _verify(snap) == []
+        assert snapshot_problems(snap).all == []
         led = load_ledger_snapshot(snap.files["ledger.json"])
         assert sum(a.state == "dispatched" for a in led.attempts) == outcome.episodes
         assert sorted(await train_all(ro)) == list(range(12))
@@ -418,7 +423,7 @@ async def test_s9_checkpoints_drain_replies_on_the_wire(
                 await trio.sleep(0.37)
                 outcome = await ro.checkpoint()
                 assert outcome.ok, outcome.error
-                assert _verify(load_snapshot(outcome.snapshot.path)) == []  # type: ignore[union-attr]
+                assert snapshot_problems(load_snapshot(outcome.snapshot.path)).all == []  # type: ignore[union-attr]
                 drained += outcome.drained
                 if drained:
                     break

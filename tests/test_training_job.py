@@ -25,9 +25,8 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, SimConfig
-from gymckpt.nurseries import Rollouts, open_rollouts
+from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
-from gymckpt.nurseries.app.cli import _verify
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import (
     CheckpointsFailed,
@@ -127,7 +126,7 @@ async def test_enospc_while_publishing_is_a_failed_retryable_checkpoint(
     lines = [r.getMessage() for r in caplog.records if "snapshot_io" in r.getMessage()]
     assert len(lines) == 1
     assert str(workdir / "snapshots") in lines[0] and "bytes free" in lines[0]
-    assert _verify(load_snapshot(again.snapshot.path)) == []  # type: ignore[union-attr]
+    assert snapshot_problems(load_snapshot(again.snapshot.path)).all == []  # type: ignore[union-attr]
 
 
 async def test_a_disk_that_stays_full_stops_the_run_naming_the_cause(
@@ -209,7 +208,7 @@ def test_a_small_file_system_filling_mid_run(small_tmpfs: Path, tmp_path: Path) 
     latest = SnapshotStore(workdir / "snapshots").latest_complete()
     assert latest is not None
     snap = load_snapshot(latest.path)
-    assert snap.files["trainer.json"] == b"z" * 1000 and _verify(snap) == []
+    assert snap.files["trainer.json"] == b"z" * 1000 and snapshot_problems(snap).all == []
 
 
 # -- one trainer per work directory ----------------------------------------------------------
@@ -328,7 +327,7 @@ def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
     snap = load_snapshot(latest.path)
     # the final snapshot holds every finished step
     assert json.loads(snap.files["trainer.json"]) == {"step": steps}
-    assert _verify(snap) == []
+    assert snapshot_problems(snap).all == []
 
     again = _trainer(tmp_path, work, rows)
     _out, err = again.communicate(timeout=120)

@@ -15,13 +15,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gymckpt import __version__
+from gymckpt.nurseries import snapshot_problems
 from gymckpt.runtime import (
     COMMIT_MARKER,
+    LEDGER_FILE,
+    MANIFEST_NAME,
+    SNAPSHOTS_DIR,
+    TRAINER_STATE_FILE,
     LoadedSnapshot,
     ManifestError,
     SnapshotStore,
     TopologyMismatch,
     WorkDirLocked,
+    load_ledger_snapshot,
     load_snapshot,
 )
 
@@ -45,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 2 bad input, 3 run aborted (invariant), "
         "4 checkpoints failed too often",
     )
+    parser.add_argument("--version", action="version", version=f"gymckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     demo = sub.add_parser(
@@ -154,9 +162,9 @@ def _resolve_snapshot(raw: str) -> Path:
         raise ManifestError(f"{path}: no such directory")
     if not path.is_dir():
         raise ManifestError(f"{path}: not a directory")
-    if (path / COMMIT_MARKER).exists() or (path / "gym_checkpoint.json").exists():
+    if (path / COMMIT_MARKER).exists() or (path / MANIFEST_NAME).exists():
         return path
-    for root in (path / "snapshots", path):
+    for root in (path / SNAPSHOTS_DIR, path):
         if root.is_dir():
             info = SnapshotStore(root).latest_complete()
             if info is not None:
@@ -165,8 +173,6 @@ def _resolve_snapshot(raw: str) -> Path:
 
 
 def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
-    from gymckpt.runtime._ledger import load_ledger_snapshot
-
     out: dict[str, Any] = {
         "path": str(snap.path),
         "checkpoint_id": snap.manifest.checkpoint_id,
@@ -181,8 +187,8 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
         "episodes": len(snap.manifest.episodes),
         "files": sorted(snap.files),
     }
-    if "ledger.json" in snap.files:
-        led = load_ledger_snapshot(snap.files["ledger.json"])
+    if LEDGER_FILE in snap.files:
+        led = load_ledger_snapshot(snap.files[LEDGER_FILE])
         states: dict[str, int] = {}
         for a in led.attempts:
             states[a.state] = states.get(a.state, 0) + 1
@@ -193,16 +199,9 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
             "rows_failed": sum(b - a + 1 for a, b in led.failed),
             "attempts_by_state": states,
         }
-    if "trainer.json" in snap.files:
-        out["trainer_state"] = json.loads(snap.files["trainer.json"])
+    if TRAINER_STATE_FILE in snap.files:
+        out["trainer_state"] = json.loads(snap.files[TRAINER_STATE_FILE])
     return out
-
-
-def _verify(snap: LoadedSnapshot) -> list[str]:
-    """The restore path's own check (``snapshot_problems``), offline: no live topology."""
-    from gymckpt.nurseries._restore import snapshot_problems
-
-    return snapshot_problems(snap).all
 
 
 def _offline(command: str, raw_dir: str, as_json: bool) -> int:
@@ -222,7 +221,7 @@ def _offline(command: str, raw_dir: str, as_json: bool) -> int:
             if "trainer_state" in info:
                 print(f"  trainer: {info['trainer_state']}")
         return 0
-    problems = _verify(snap)
+    problems = snapshot_problems(snap).all
     if as_json:
         print(json.dumps({"path": str(snap.path), "ok": not problems, "problems": problems}))
     elif problems:

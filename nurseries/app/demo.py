@@ -38,23 +38,30 @@ import attrs
 import orjson
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow, SimConfig
-from gymckpt.gym_adapter._sim import plan_episode, sentinel
-from gymckpt.nurseries._coordinator import HOOK_POINTS, CheckpointOutcome
-from gymckpt.nurseries._run import leaf_errors, run_exit
-from gymckpt.nurseries._trainer import open_rollouts
+from gymckpt.gym_adapter import (
+    RECORDS_FILE,
+    EmbeddedGym,
+    GymBackend,
+    RunRow,
+    SimConfig,
+    plan_episode,
+    sentinel,
+)
+from gymckpt.nurseries import HOOK_POINTS, CheckpointOutcome, leaf_errors, open_rollouts, run_exit
 from gymckpt.runtime import (
+    LEDGER_FILE,
     MANIFEST_NAME,
+    SNAPSHOTS_DIR,
     CompletedGroup,
     GymManifest,
     GymUnavailable,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
+    load_ledger_snapshot,
     load_snapshot,
     write_atomic,
 )
-from gymckpt.runtime._ledger import load_ledger_snapshot
 
 from .demo_gymnasium import (
     environment_id,
@@ -205,7 +212,7 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
             yield gym
         return
     if opts.backend == "ray":
-        from gymckpt.gym_adapter._ray import RayGym
+        from gymckpt.gym_adapter import RayGym
 
         async with RayGym.open(
             instances=opts.instances, agent_kinds=opts.agent_kind, seed=opts.seed,
@@ -445,7 +452,7 @@ def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[st
     """(every sentinel in the snapshot's committed environment state with its count, the rows
     the snapshot's ledger failed for good). Without ``calendar`` only the failed rows."""
     snap = load_snapshot(path)
-    led = load_ledger_snapshot(snap.files["ledger.json"])
+    led = load_ledger_snapshot(snap.files[LEDGER_FILE])
     failed_rows: set[int] = set()
     for first, last in led.failed:
         failed_rows.update(range(first, last + 1))
@@ -454,7 +461,7 @@ def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[st
         for part in inst.participants:
             if part.kind != "environment":
                 continue
-            records = orjson.loads((snap.path / part.state_dir / "records.json").read_bytes())
+            records = orjson.loads((snap.path / part.state_dir / RECORDS_FILE).read_bytes())
             for sess in records["sessions"]:
                 sentinel_counts.update(e["sentinel"] for e in sess["events"])
     return sentinel_counts, failed_rows
@@ -581,7 +588,7 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         "env": opts.env,
         "workdir": str(workdir),
         "elapsed_s": round(time.monotonic() - t0, 3),
-        "snapshots": [str(i.path) for i in SnapshotStore(workdir / "snapshots").list_complete()],
+        "snapshots": [str(i.path) for i in SnapshotStore(workdir / SNAPSHOTS_DIR).list_complete()],
     })
     if as_json:
         print(json.dumps(report, sort_keys=True))

@@ -71,12 +71,11 @@ import orjson
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, GymInstanceDead, RunRow, SimConfig
-from gymckpt.gym_adapter._faults import FAULT_KINDS
-from gymckpt.nurseries._coordinator import HOOK_POINTS
-from gymckpt.nurseries._trainer import Rollouts, open_rollouts
+from gymckpt.gym_adapter import FAULT_KINDS, EmbeddedGym, GymInstanceDead, RunRow, SimConfig
+from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
+    SNAPSHOTS_DIR,
     CompletedGroup,
     ManifestError,
     RuntimeConfig,
@@ -566,12 +565,12 @@ async def _incarnation(
 
 def _rollback(run: _Run, inc: int) -> None:
     """Restore an older snapshot next: copy it alone into a fresh work directory."""
-    complete = SnapshotStore(run.workdir / "snapshots").list_complete()
+    complete = SnapshotStore(run.workdir / SNAPSHOTS_DIR).list_complete()
     if len(complete) < 2:
         return
     chosen = complete[run.rng.randrange(len(complete) - 1)]
     fresh = run.root / f"work-{inc + 1}"
-    shutil.copytree(chosen.path, fresh / "snapshots" / chosen.path.name, symlinks=True)
+    shutil.copytree(chosen.path, fresh / SNAPSHOTS_DIR / chosen.path.name, symlinks=True)
     run.workdir = fresh
     run.rolled_back = True
 
@@ -611,10 +610,8 @@ def _judge(run: _Run) -> tuple[int, int, int]:
 
 
 def _verify_offline(path: Path) -> list[str]:
-    from .cli import _verify
-
     try:
-        return _verify(load_snapshot(path))
+        return snapshot_problems(load_snapshot(path)).all
     except (ManifestError, TopologyMismatch) as exc:
         return [str(exc)]
 
