@@ -8,8 +8,10 @@ synchronous O(ledger) step on the event loop, as it was in the reference design;
 is the remaining poll period plus one scan.
 
 The ledger has no public iterator over every attempt (by design: nothing on a per-reply path
-should walk it), so the scan reads the ledger's attempt table directly; that is the cheapest
-faithful way to "iterate every attempt", cheaper than ``to_snapshot()``.
+should walk it), so the scan reads the ledger's columns directly (state and replica per slot,
+every row's block) and derives the rollout ID of each attempt in flight: the cheapest faithful
+way to "iterate every attempt" on that storage, far cheaper than ``to_snapshot()`` or a walk
+over attempt views.
 """
 
 from __future__ import annotations
@@ -19,26 +21,28 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 
 import trio
 
-from gymckpt.runtime import Attempt, AttemptState, DrainTimeout, RecoveryLedger
+from gymckpt.runtime import DrainTimeout, RecoveryLedger, rollout_id_for
 
 __all__ = ["full_inventory", "group_by_instance", "polling_drain"]
-
-
-def _attempts(ledger: RecoveryLedger) -> Iterable[Attempt]:
-    by_id: Mapping[str, Attempt] = ledger._by_id  # every current attempt (see module docstring)
-    return by_id.values()
 
 
 def full_inventory(ledger: RecoveryLedger) -> dict[str, set[str]]:
     """Rollout IDs in flight, by instance, from a walk over every attempt. O(ledger)."""
     inventory: dict[str, set[str]] = {}
-    dispatched = AttemptState.DISPATCHED
-    for att in _attempts(ledger):
-        if att.state is dispatched and att.replica is not None:
-            held = inventory.get(att.replica)
-            if held is None:
-                held = inventory[att.replica] = set()
-            held.add(att.rollout_id)
+    g = ledger.group_size
+    state, replica, attempt = ledger._state, ledger._rep, ledger._att
+    names = ledger._inst_names
+    dispatched = 1  # the ledger's state code for DISPATCHED
+    for row, block in ledger._row_block.items():
+        base = block * g
+        for slot in range(g):
+            s = base + slot
+            if state[s] == dispatched:
+                name = names[replica[s]]
+                held = inventory.get(name)
+                if held is None:
+                    held = inventory[name] = set()
+                held.add(rollout_id_for(row, slot, attempt[s]))
     return inventory
 
 
@@ -78,7 +82,7 @@ async def polling_drain(
             ]
             polls += 1
             if on_scan is not None:
-                on_scan(time.perf_counter_ns() - t0, len(ledger._by_id))
+                on_scan(time.perf_counter_ns() - t0, ledger.statistics().attempts)
             if not remaining:
                 return polls
             await trio.sleep(period_s)

@@ -74,6 +74,7 @@ class CheckpointConfig:
     turns: tuple[int, int] = (40, 60)
     turn_s: tuple[float, float] = (20.0, 40.0)
     dispatch_rows: int = 16_384
+    after_s: float = 2.0
     dispatch_batches: tuple[int, ...] = (64, 512)
     seed: int = 3
     quick: bool = False
@@ -161,6 +162,39 @@ class _TimedGym:
 # -- the checkpoint measurement -------------------------------------------------------------------
 
 
+class _AfterWindow:
+    """Loop stalls and collector pauses in the seconds after the checkpoint returned (the
+    collector is switched back on then, and pays for what the checkpoint allocated)."""
+
+    def __init__(self, stall: Any, gcm: Any, t0: int) -> None:
+        self._stall, self._gcm = stall, gcm
+        self._t0 = t0
+        self._t1 = 0
+
+    def close(self) -> None:
+        self._t1 = perf_ns()
+
+    def report(self) -> dict[str, Any]:
+        t0 = self._t0
+        stalls = [b - a for a, b, _task, _cpu in self._stall.long if b > t0]
+        pauses = [(b - a, gen) for a, b, gen in self._gcm.pauses if b > t0]
+        worst = max(pauses, default=(0, -1))
+        return {
+            "after_checkpoint_s": round((self._t1 - t0) / 1e9, 3),
+            "after_checkpoint_max_loop_stall_ms": round(max(stalls, default=0) / 1e6, 3),
+            "after_checkpoint_gc_max_pause_ms": round(worst[0] / 1e6, 3),
+            "after_checkpoint_gc_max_pause_generation": worst[1],
+        }
+
+
+def _ledger_bytes(ledger: Any) -> int:
+    """What the ledger's storage occupies: its columns and tables (``sys.getsizeof``)."""
+    names = ("_row_block", "_blk_row", "_blk_done", "_free_blocks", "_att", "_state",
+             "_unclaimed_col", "_rep", "_gate", "_reward", "_turns", "_hlist", "_hnext",
+             "_hprev", "_restored", "_spent", "_ready", "_retire")
+    return sum(sys.getsizeof(getattr(ledger, n)) for n in names if hasattr(ledger, n))
+
+
 def _dir_size(path: Path) -> tuple[int, int]:
     total = files = 0
     for root, _dirs, names in os.walk(path):
@@ -190,7 +224,7 @@ async def _checkpoint_main(
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
     from gymckpt.gym_adapter import EmbeddedGym, SimConfig
     from gymckpt.nurseries import STAGES, open_rollouts
-    from gymckpt.runtime import RuntimeConfig
+    from gymckpt.runtime import RuntimeConfig, collector_paused
 
     def say(msg: str) -> None:
         if verbose:
@@ -257,10 +291,17 @@ async def _checkpoint_main(
                         stall.active = gcm.active = True
                         marks["start"] = perf_ns()
                         mutations["start"] = ledger.barrier.statistics().mutations
-                        outcome = await ro.checkpoint()
-                        marks["end"] = perf_ns()
-                        beating[0] = False
+                        # nested in the coordinator's own pause, so that the collection the
+                        # collector owes once switched back on falls after the mark
+                        with collector_paused(rc.pause_collector):
+                            outcome = await ro.checkpoint()
+                            marks["end"] = perf_ns()
+                        after = _AfterWindow(stall, gcm, marks["end"])
                         mutations["end"] = ledger.barrier.statistics().mutations
+                        # the collector is back on: watch what its first collections cost
+                        await trio.sleep(cfg.after_s)
+                        after.close()
+                        beating[0] = False
                         stall.active = gcm.active = False
                         trio.lowlevel.remove_instrument(stall)
                     took = (marks["end"] - marks["start"]) / 1e9
@@ -275,6 +316,8 @@ async def _checkpoint_main(
                         cfg, outcome, marks, mutations, virtual_at, stall, gcm, timed.spans,
                         STAGES, heartbeat,
                     )
+                    out.update(after.report())
+                    out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
                     out.update({
                         "in_flight": dispatched,
                         "fill_wall_s": round(fill_s, 2),
@@ -380,15 +423,29 @@ def _checkpoint_report(
 
     worst_rt = max(rows, key=lambda r: num(r["max_runtime_stall_excluding_gc_ms"]))
 
+    checkpoint_wall_s = (marks["end"] - marks["start"]) / 1e9
+    prepare_row = next(r for r in rows if r["stage"] == "prepare")
+    turn_wall_s = prepare_row["wall_ms"] / 1e3
     return {
+        # close → resume, less the episodes' own time to reach their next step boundary (the
+        # prepare stage: the embedded Gym running every episode's turn to its end on this loop)
+        "e2e_s": round(checkpoint_wall_s - turn_wall_s, 3),
+        "turn_time_wall_s": round(turn_wall_s, 3),
+        "turn_time_simulated_s": prepare_row.get("simulated_wait_s"),
+        "stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},
+        "gc_max_pause_ms": round(max((b - a for a, b, _g in gcm.pauses if b <= marks["end"]),
+                                     default=0) / 1e6, 3),
         "checkpoint_ok": bool(outcome.ok),
         "checkpoint_error": outcome.error,
         "episodes_exported": outcome.episodes,
         "pending_drained": outcome.drained,
-        "checkpoint_wall_s": round((marks["end"] - marks["start"]) / 1e9, 3),
+        "checkpoint_wall_s": round(checkpoint_wall_s, 3),
         "coordinator_stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},
         "stages": rows,
-        "max_loop_stall_ms": round(stall.max_ns / 1e6, 3),
+        # the checkpoint's window only (the seconds after it are reported as after_checkpoint_*)
+        "max_loop_stall_ms": round(max((min(b, marks["end"]) - a for a, b, _t, _c in stall.long
+                                        if marks["start"] <= a < marks["end"]), default=0)
+                                   / 1e6, 3),
         "max_loop_stall_task": stall.max_task,
         "max_runtime_stall_excluding_gc_ms": num(worst_rt["max_runtime_stall_excluding_gc_ms"]),
         "max_runtime_stall_cpu_ms": worst_rt["max_runtime_stall_cpu_ms"],
@@ -473,8 +530,9 @@ def run_checkpoint(cfg: CheckpointConfig, progress: Progress) -> dict[str, Any]:
     result["config"] = attrs.asdict(cfg)
     for r in result.get("embedded_dispatch", []):
         result[f"embedded_rows_per_s_batch{r['batch']}"] = r["rows_per_s"]
-    progress(f"checkpoint N={cfg.in_flight:,}: {result['checkpoint_wall_s']:.1f} s wall, "
-             f"longest stall {result['max_loop_stall_ms']:.1f} ms")
+    progress(f"checkpoint N={cfg.in_flight:,}: {result['e2e_s']:.2f} s close to resume "
+             f"(+ {result['turn_time_wall_s']:.1f} s turn time), longest stall "
+             f"{result['max_loop_stall_ms']:.1f} ms")
     result["label"] = label(cfg.in_flight)
     return result
 

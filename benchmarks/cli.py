@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("checkpoint",
                        help="whole checkpoint at 200k on the embedded Gym, by stage",
                        description=_checkpoint_mod.__doc__, formatter_class=raw)
-    c.add_argument("--in-flight", type=int, default=None,
+    c.add_argument("--rollouts", "--in-flight", dest="in_flight", type=int, default=None,
                    help="episodes in flight (default 200000; quick 2000)")
     c.add_argument("--instances", type=int, default=None, help="Gym instances (default 4)")
     _common(c)

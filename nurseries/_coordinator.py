@@ -25,6 +25,10 @@ The protocol, and why it is in this order
    snapshot atomically with its commit marker (also in a thread).
 8. **Resume** Gym, release the pause, reopen admission (new gate ID).
 
+No full garbage collection runs during a checkpoint (``runtime.collector_paused``; young ones
+do): it would pause the loop and the stages' worker threads for as long as it walks all of the
+process's objects, exactly while replies must land and the drain must wake.
+
 Whatever happens, step 8's pause release and reopen run (shielded, in ``finally``); if we parked
 Gym and fail, we try to resume it, and Gym's lease reopens it if that resume is lost too. Every
 control call is bounded by its deadline plus reply grace (S5). Failures are classified (S6):
@@ -65,7 +69,7 @@ from gymckpt.runtime import (
     SnapshotInfo,
     SnapshotStore,
     StrandedSessionError,
-    dump_ledger_snapshot,
+    collector_paused,
     sample_ids,
     wait_drained,
 )
@@ -272,7 +276,10 @@ class CheckpointCoordinator:
             self._seq = await offload(self.store.reserve_checkpoint_seq)
             checkpoint_id = f"{self.run_id}-{self._seq:04d}"
             files = dict(extra_files or {})
-            info, episodes, drained = await self._run(checkpoint_id, files, stage_s, trainer_files)
+            with collector_paused(self.config.pause_collector):
+                info, episodes, drained = await self._run(
+                    checkpoint_id, files, stage_s, trainer_files
+                )
         except _TrainerFilesFailed as exc:  # the trainer's own code failed: its error
             self.failed_total += 1
             self.metrics.inc("checkpoint/failed_total")
@@ -551,4 +558,4 @@ class CheckpointCoordinator:
         if unaccounted:
             return _Cut(b"", (), unaccounted)
         episodes = tuple(e for e in owned.episodes if e.rollout_id not in dropped)
-        return _Cut(dump_ledger_snapshot(ledger.to_snapshot()), episodes, {})
+        return _Cut(ledger.snapshot_bytes(), episodes, {})

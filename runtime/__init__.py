@@ -4,6 +4,7 @@ Public names are re-exported here; the modules behind them are private.
 """
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
+from ._collector import collector_paused
 from ._config import RuntimeConfig
 from ._converter import converter, structure
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
@@ -146,6 +147,7 @@ __all__ = [
     "WorkDirLock",
     "WorkDirLocked",
     "check_snapshot",
+    "collector_paused",
     "converter",
     "crossable_error",
     "crossing_boundary",

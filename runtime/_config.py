@@ -38,6 +38,9 @@ class RuntimeConfig:
     data_failure_budget: int = attrs.field(default=16, validator=_non_negative)
     infra_backoff_initial_s: float = attrs.field(default=0.05, validator=_non_negative)
     infra_backoff_max_s: float = attrs.field(default=2.0, validator=_non_negative)
+    pause_collector: bool = True
+    """No automatic full garbage collection while a checkpoint runs (``collector_paused``): one
+    pauses the loop and every thread for as long as it walks all of the process's objects."""
 
     def __attrs_post_init__(self) -> None:
         if self.control_timeout_s + self.reply_grace_s >= self.lease_s:

@@ -1,10 +1,16 @@
 """DispatchGate: admission to Gym, a ``trio.Condition`` (S1).
 
 An attempt becomes DISPATCHED *inside* ``admit()``, in the same ledger mutation as its
-submission to Gym — never before it waited here. ``close()`` takes the condition's lock, so it
-returns only after every admission in progress has finished; from then on a checkpoint counts
-only attempts that really reached Gym. Each ``reopen()`` starts a new gate ID, which the ledger
-records per attempt so a streamed completion can be matched to the admission it came from.
+submission to Gym — never before it waited here. ``close()`` shuts the gate under the
+condition's lock and then returns only after every admission in progress has finished; from
+then on a checkpoint counts only attempts that really reached Gym. Each ``reopen()`` starts a
+new gate ID, which the ledger records per attempt so a streamed completion can be matched to the
+admission it came from.
+
+Admissions do not exclude each other: the lock is held only to pass the gate (and to close or
+reopen it), not across the body, so a submission to one Gym instance never waits for a slow
+submission to another. The gate ID cannot change under an admission in progress, because a
+reopen needs a close first, and a close waits for every admission to finish.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class DispatchGate:
     _admitting: int = attrs.field(default=0, init=False)
     _waiting: int = attrs.field(default=0, init=False)
     _closed_by: str | None = attrs.field(default=None, init=False)
+    _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
 
     @property
     def is_open(self) -> bool:
@@ -55,9 +62,10 @@ class DispatchGate:
     async def admit(self) -> AsyncIterator[int]:
         """Wait for admission, then hold it while the body submits; yields the gate ID.
 
-        The body should submit to Gym and mark the attempts DISPATCHED before it exits; it holds
-        the condition's lock, so keep it short. A waiter cancelled while the gate is closed
-        leaves nothing behind (the condition re-acquires its lock, then ``Cancelled`` unwinds).
+        The body should submit to Gym and mark the attempts DISPATCHED before it exits; a
+        checkpoint's ``close`` waits for it, so keep it bounded. Other admissions run meanwhile.
+        A waiter cancelled while the gate is closed leaves nothing behind (the condition
+        re-acquires its lock, then ``Cancelled`` unwinds).
         """
         async with self._cond:
             self._waiting += 1
@@ -67,18 +75,34 @@ class DispatchGate:
             finally:
                 self._waiting -= 1
             self._admitting += 1
-            try:
-                yield self._gate_id
-            finally:
-                self._admitting -= 1
+            gate_id = self._gate_id
+        try:
+            yield gate_id
+        finally:
+            self._admitting -= 1
+            if not self._admitting:
+                self._idle.unpark_all()
 
     async def close(self, by: str) -> None:
-        """Close admission; returns once no admission is in progress."""
+        """Close admission; returns once no admission is in progress.
+
+        Cancelled while it waits for admissions in progress, it reopens the gate (same gate ID:
+        nothing was counted under the close), so a caller that never got the close owes no
+        reopen.
+        """
         async with self._cond:
             if not self._open:
                 raise RuntimeError(f"gate already closed by {self._closed_by!r}")
             self._open = False
             self._closed_by = by
+            try:
+                while self._admitting:
+                    await self._idle.park()
+            except BaseException:
+                self._open = True
+                self._closed_by = None
+                self._cond.notify_all()
+                raise
 
     async def reopen(self) -> int:
         """Reopen admission under a new gate ID and wake every waiter; returns the new ID.

@@ -1018,6 +1018,37 @@ class RecoveryLedger:
     def to_snapshot(self) -> LedgerSnapshot:
         """A consistent copy of the ledger. O(ledger): call it while holding the barrier, from a
         thread (``trio.to_thread.run_sync``) so the event loop keeps running."""
+        return attrs.evolve(self._snapshot_header(), attempts=tuple(self._attempt_rows()))
+
+    def snapshot_bytes(self) -> bytes:
+        """``dump_ledger_snapshot(self.to_snapshot())``, in one pass over the columns: no
+        record per attempt is built. Same rules as ``to_snapshot`` (barrier held, a thread)."""
+        out = _conv.unstructure(self._snapshot_header())
+        g = self.group_size
+        names, restored_of = self._inst_names, self._restored
+        att, state, rep, gate, unclaimed = (
+            self._att, self._state, self._rep, self._gate, self._unclaimed_col
+        )
+        reward, turns = self._reward, self._turns
+        values = [s.value for s in _STATES]
+        rows: list[tuple[object, ...]] = []
+        append = rows.append
+        for row, b in self._row_block.items():
+            base = b * g
+            for s in range(base, base + g):
+                code, r, gid = state[s], rep[s], gate[s]
+                restored = restored_of.get(s)
+                append((
+                    row, s - base, att[s], values[code],
+                    None if r < 0 else names[r], None if gid == _NO_GATE else gid,
+                    None if restored is None else _conv.unstructure(restored),
+                    bool(unclaimed[s]),
+                    (reward[s], turns[s]) if code == _COMPLETED else None,
+                ))
+        out["attempts"] = rows
+        return orjson.dumps(out)
+
+    def _snapshot_header(self) -> LedgerSnapshot:
         return LedgerSnapshot(
             version=LEDGER_SNAPSHOT_VERSION,
             group_size=self.group_size,
@@ -1028,7 +1059,7 @@ class RecoveryLedger:
             trained=_to_ranges(self._trained),
             failed=_to_ranges(self._failed_rows),
             spent=tuple((r, s, n) for (r, s), n in self._spent.items() if r in self._row_block),
-            attempts=tuple(self._attempt_rows()),
+            attempts=(),
             retire=tuple(self._retire.values()),
         )
 

@@ -94,3 +94,58 @@ async def test_double_close_is_misuse() -> None:
     await gate.close("a")
     with pytest.raises(RuntimeError, match="already closed by 'a'"):
         await gate.close("b")
+
+
+async def test_admissions_do_not_wait_for_each_other() -> None:
+    gate = DispatchGate()
+    slow_inside, release_slow = trio.Event(), trio.Event()
+    order: list[str] = []
+
+    async def slow() -> None:
+        async with gate.admit():
+            slow_inside.set()
+            await release_slow.wait()  # a submission to a slow instance
+            order.append("slow")
+
+    async def fast() -> None:
+        async with gate.admit():
+            order.append("fast")
+
+    async def closer() -> None:
+        await gate.close("ckpt")
+        order.append("closed")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow)
+        await slow_inside.wait()
+        nursery.start_soon(fast)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["fast"] and gate.statistics().admitting == 1
+        nursery.start_soon(closer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["fast"]  # the close waits for the slow admission still in progress
+        release_slow.set()
+    assert order == ["fast", "slow", "closed"]
+
+
+async def test_a_close_cancelled_while_admissions_finish_reopens_the_gate(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gate = DispatchGate()
+    inside, release = trio.Event(), trio.Event()
+
+    async def admission() -> None:
+        async with gate.admit():
+            inside.set()
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(admission)
+        await inside.wait()
+        with trio.move_on_after(1) as scope:
+            await gate.close("ckpt")
+        assert scope.cancelled_caught
+        assert gate.is_open and gate.gate_id == 1 and gate.statistics().closed_by is None
+        release.set()
+    async with gate.admit() as gid:
+        assert gid == 1

@@ -98,3 +98,19 @@ def test_a_dropped_row_frees_its_slots_and_queues_what_gym_holds() -> None:
     assert ledger.statistics().attempts == 3
     with pytest.raises(ValueError, match="already in the ledger"):
         _m(ledger, lambda: ledger.reserve_row(4))
+
+
+def test_snapshot_bytes_equal_the_snapshot_record_dumped() -> None:
+    from gymckpt.runtime import EpisodeRecord
+    from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
+
+    ledger = _busy_ledger(40)
+    _m(ledger, lambda: ledger.fail("3-1", 1, "infra", "x"))
+    _m(ledger, lambda: ledger.drop_row(5))
+    assert ledger.snapshot_bytes() == dump_ledger_snapshot(ledger.to_snapshot())
+    restored, summary = RecoveryLedger.from_snapshot(
+        load_ledger_snapshot(ledger.snapshot_bytes()),
+        [EpisodeRecord("7-1", "calendar", "gym-1", ("7-1/t0", "7-1/t1"))],
+    )
+    assert summary.restored == 1 and restored.get("7-1-a1").unclaimed  # type: ignore[union-attr]
+    assert restored.snapshot_bytes() == dump_ledger_snapshot(restored.to_snapshot())

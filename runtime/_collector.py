@@ -1,0 +1,56 @@
+"""The cyclic garbage collector's full collections stay out of a checkpoint.
+
+Why
+---
+A checkpoint is a short, bounded window (seconds) in which the event loop must keep answering:
+replies land and the drain wakes. CPython's cyclic collector pauses the whole process — the loop
+and every worker thread, since it holds the GIL — for a time proportional to the objects it
+walks. A young-generation collection walks only recent survivors (bounded by the collector's
+thresholds: well under a millisecond). A full collection walks every tracked object in the
+process. The ledger keeps no collector-tracked object per attempt, but a process can still hold
+millions of them (an embedded Gym host keeps a task per episode), and a checkpoint allocates
+heavily (commit replies, manifests, serialised snapshots), which is exactly what makes a full
+collection due: pauses of seconds, inside the window that must not stall.
+
+So, while a checkpoint runs, the oldest generation's threshold is raised out of reach: young
+collections go on as usual (garbage keeps being freed, nothing piles up), full collections wait.
+When the last checkpoint in the process ends, the threshold is put back, and a full collection
+that became due runs at the trainer's pace, as it would have without us (its cost is the size of
+what the process holds, not the checkpoint's). Nothing is frozen, nothing leaks. A collector the
+user switched off or re-tuned meanwhile is left as the user set it.
+``RuntimeConfig.pause_collector = False`` opts out.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["collector_paused"]
+
+_OUT_OF_REACH = 1 << 30
+_depth = 0
+_saved: tuple[int, ...] | None = None
+
+
+@contextmanager
+def collector_paused(enabled: bool = True) -> Iterator[None]:
+    """No automatic full (oldest-generation) collection inside the block; young collections go
+    on. Nestable; restores the thresholds it found unless they were changed meanwhile."""
+    global _depth, _saved
+    if not enabled:
+        yield
+        return
+    if _depth == 0:
+        _saved = gc.get_threshold()
+        gc.set_threshold(_saved[0], _saved[1], _OUT_OF_REACH)
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0 and _saved is not None:
+            if gc.get_threshold()[2] == _OUT_OF_REACH:
+                gc.set_threshold(*_saved)
+            _saved = None

@@ -1,0 +1,69 @@
+"""No full collection while a checkpoint runs; the collector comes back as it was."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.nurseries import open_rollouts
+from gymckpt.runtime import RuntimeConfig, collector_paused
+
+SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    was, thresholds = gc.isenabled(), gc.get_threshold()
+    gc.enable()
+    gc.set_threshold(700, 10, 10)
+    try:
+        yield
+    finally:
+        (gc.enable if was else gc.disable)()
+        gc.set_threshold(*thresholds)
+
+
+def _full_collections_allowed() -> bool:
+    return gc.isenabled() and gc.get_threshold()[2] < 1 << 20
+
+
+def test_nested_pauses_restore_the_prior_state(collector_on: None) -> None:
+    with collector_paused():
+        assert gc.isenabled() and gc.get_threshold()[:2] == (700, 10)  # young ones go on
+        assert not _full_collections_allowed()
+        with collector_paused():
+            assert not _full_collections_allowed()
+        assert not _full_collections_allowed()  # the outer pause still holds
+    assert gc.get_threshold() == (700, 10, 10)
+    with collector_paused():
+        gc.set_threshold(500, 5, 5)  # re-tuned by the user meanwhile: theirs stays
+    assert gc.get_threshold() == (500, 5, 5)
+    with collector_paused(enabled=False):
+        assert gc.get_threshold() == (500, 5, 5)
+
+
+@pytest.mark.parametrize("pause", [True, False])
+async def test_a_checkpoint_runs_without_the_collector(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, collector_on: None, pause: bool
+) -> None:
+    seen: dict[str, bool] = {}
+    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
+                           lease_s=30.0, pause_collector=pause)
+    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                config=SIM) as gym:
+        async with open_rollouts(gym, tmp_path, rows=8, group_size=2, config=config,
+                                 max_rows_in_flight=6) as ro:
+            ro.coordinator.on_stage = lambda _cid, point: seen.update(
+                {point: _full_collections_allowed()}
+            )
+            await trio.sleep(1)
+            assert _full_collections_allowed()
+            outcome = await ro.checkpoint()
+            assert outcome.ok and gc.get_threshold() == (700, 10, 10)
+    assert seen and set(seen.values()) == {not pause}
