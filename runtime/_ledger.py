@@ -1029,7 +1029,7 @@ class RecoveryLedger:
         att, state, rep, gate, unclaimed = (
             self._att, self._state, self._rep, self._gate, self._unclaimed_col
         )
-        reward, turns = self._reward, self._turns
+        reward, turns, payload = self._reward, self._turns, self._payload
         values = [s.value for s in _STATES]
         rows: list[tuple[object, ...]] = []
         append = rows.append
@@ -1043,7 +1043,10 @@ class RecoveryLedger:
                     None if r < 0 else names[r], None if gid == _NO_GATE else gid,
                     None if restored is None else _conv.unstructure(restored),
                     bool(unclaimed[s]),
-                    (reward[s], turns[s]) if code == _COMPLETED else None,
+                    None if code != _COMPLETED else (
+                        (reward[s], turns[s]) if (p := payload.get(s)) is None
+                        else (reward[s], turns[s], p)
+                    ),
                 ))
         out["attempts"] = rows
         return orjson.dumps(out)

@@ -107,6 +107,7 @@ def test_snapshot_bytes_equal_the_snapshot_record_dumped() -> None:
     ledger = _busy_ledger(40)
     _m(ledger, lambda: ledger.fail("3-1", 1, "infra", "x"))
     _m(ledger, lambda: ledger.drop_row(5))
+    _m(ledger, lambda: ledger.complete("9-1", 1, EpisodeResult(1.0, 2, {"moves": [1, 2]})))
     assert ledger.snapshot_bytes() == dump_ledger_snapshot(ledger.to_snapshot())
     restored, summary = RecoveryLedger.from_snapshot(
         load_ledger_snapshot(ledger.snapshot_bytes()),
