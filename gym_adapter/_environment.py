@@ -7,6 +7,7 @@ crosses Ray as a string and the actor imports it, so the environment need not pi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 import attrs
@@ -18,6 +19,10 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Environment"]
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1 << 20
 
 
+def _as_tuple(participants: Iterable[Participant]) -> tuple[Participant, ...]:
+    return tuple(participants)
+
+
 @attrs.frozen(kw_only=True)
 class Environment:
     """What every instance hosts: the ``agent`` (the episode loop), environment
@@ -26,7 +31,7 @@ class Environment:
     fails the episode (data) with ``PayloadTooLarge``'s message."""
 
     agent: AgentParticipant
-    participants: tuple[Participant, ...] = attrs.field(default=(), converter=tuple)
+    participants: tuple[Participant, ...] = attrs.field(default=(), converter=_as_tuple)
     model: Model | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 

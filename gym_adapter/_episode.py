@@ -154,8 +154,11 @@ class Participant(Protocol):
     ``export``/``restore`` turn it into plain data and back (the host checks the round trip
     is JSON). ``name`` is the server name, ``kind`` a registered participant kind."""
 
-    name: str
-    kind: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
 
     def open(self, info: EpisodeInfo) -> Any: ...
 

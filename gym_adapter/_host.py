@@ -370,8 +370,9 @@ class GymHost(HostControl):
         if ep.restored and not self._legacy and ep.replay != ep.capture_keys:
             return Failed(
                 rid, "data",
-                f"{self.name}: restored episode of {rid} has capture keys {list(ep.replay)} in "
-                f"the manifest, {list(ep.capture_keys)} staged by the model proxy",
+                f"{self.name}: restored episode of {rid} has capture keys "
+                f"{list(ep.replay or ())} in the manifest, {list(ep.capture_keys)} staged by "
+                "the model proxy",
             )
         agent = self.environment.agent
         while True:

@@ -49,9 +49,11 @@ MODEL_PROXY = "model_proxy"
 
 
 class HostControl:
-    __slots__ = ()
+    """The control plane of ``GymHost`` (a mixin: the fields are the host's)."""
 
-    if TYPE_CHECKING:
+    if not TYPE_CHECKING:
+        __slots__ = ()
+    else:
         name: str
         environment: Environment
         seed: int
@@ -73,9 +75,18 @@ class HostControl:
         _finished: dict[str, str]
         _n_moving: int
         _streams: ReplyStreams
-        _legacy: bool
-        _owner_name: str
-        participants: tuple[tuple[str, str], ...]
+
+        @property
+        def _legacy(self) -> bool:
+            raise NotImplementedError
+
+        @property
+        def _owner_name(self) -> str:
+            raise NotImplementedError
+
+        @property
+        def participants(self) -> tuple[tuple[str, str], ...]:
+            raise NotImplementedError
 
         def _check_call(self, op: str, deadline_ts: float | None = None) -> Any: ...
         def end_episode(self, ep: Episode, reply: Any) -> None: ...
