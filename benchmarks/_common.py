@@ -37,7 +37,7 @@ __all__ = [
     "label",
     "machine_info",
     "median",
-    "percentile",
+    "p99",
     "source_info",
     "stall_breakdown",
     "summarize_ns",
@@ -61,17 +61,11 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else math.nan
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0 to 100), linear interpolation between closest ranks."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return float(ordered[0])
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile: ``statistics.quantiles``, inclusive (linear between closest ranks)."""
+    if len(values) < 2:
+        return float(values[0]) if values else math.nan
+    return float(statistics.quantiles(values, n=100, method="inclusive")[98])
 
 
 def summarize_ns(samples_ns: Sequence[int], unit: str = "us") -> dict[str, float | int]:
@@ -80,7 +74,7 @@ def summarize_ns(samples_ns: Sequence[int], unit: str = "us") -> dict[str, float
     vals = [s / div for s in samples_ns]
     return {
         f"median_{unit}": round(median(vals), 3),
-        f"p99_{unit}": round(percentile(vals, 99), 3),
+        f"p99_{unit}": round(p99(vals), 3),
         f"max_{unit}": round(max(vals), 3) if vals else math.nan,
         "samples": len(vals),
     }

@@ -58,6 +58,8 @@ import attrs
 import trio
 import trio.testing
 
+from gymckpt.nurseries import ExitCode
+
 from ._common import GcMonitor, LoopStallMonitor, Progress, label
 
 __all__ = ["CheckpointConfig", "WarpClock", "run_checkpoint"]
@@ -559,9 +561,9 @@ def _main(argv: list[str]) -> int:
 
         checkpoint_worker(cfg, verbose, finish)
         return 1  # finish() exits
-    print("usage: python -m benchmarks.checkpoint --worker CONFIG_JSON [--verbose]",
+    print("usage: python -m gymckpt.benchmarks.checkpoint --worker CONFIG_JSON [--verbose]",
           file=sys.stderr)
-    return 2
+    return ExitCode.BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from gymckpt.nurseries import ExitCode
+
 from . import checkpoint as _checkpoint_mod
 from . import dispatch as _dispatch_mod
 from . import drain as _drain_mod
@@ -175,21 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _drain_config(args: argparse.Namespace) -> _drain_mod.DrainConfig:
-    cfg = (_drain_mod.DrainConfig.quick_defaults() if args.quick
-           else _drain_mod.DrainConfig())
+    """The drain configuration the flags ask for; ``ValueError`` if it cannot run."""
+    base = (_drain_mod.DrainConfig.quick_defaults() if args.quick
+            else _drain_mod.DrainConfig())
+    changes: dict[str, Any] = {}
     for name in ("rollouts", "pending", "trials", "baseline_trials", "interleave", "seed"):
         value = getattr(args, name, None)
         if value is not None:
-            setattr(cfg, name, value)
-    if getattr(args, "sweep", None) is not None:
-        cfg.sweep = tuple(args.sweep)
-    if getattr(args, "gc_freeze", False):
-        cfg.gc_freeze = True
-    if getattr(args, "poll_period_ms", None) is not None:
-        cfg.poll_period_s = args.poll_period_ms / 1e3
+            changes[name] = value
+    sweep = tuple(args.sweep) if getattr(args, "sweep", None) is not None else base.sweep
     if args.bench == "drain" and args.million:
-        cfg.sweep = (*cfg.sweep, 1_000_000)
-    return cfg
+        sweep = (*sweep, 1_000_000)
+    changes["sweep"] = sweep
+    if getattr(args, "gc_freeze", False):
+        changes["gc_freeze"] = True
+    if getattr(args, "poll_period_ms", None) is not None:
+        changes["poll_period_s"] = args.poll_period_ms / 1e3
+    return attrs.evolve(base, **changes)
 
 
 def _memory_sizes(args: argparse.Namespace) -> tuple[int, ...]:
@@ -295,13 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick}
     try:
         drain_cfg = _drain_config(args)
-        drain_cfg.validate()
         dispatch_cfg = _dispatch_config(args)
         memory_sizes = _memory_sizes(args)
         checkpoint_cfg = _checkpoint_config(args)
     except ValueError as exc:
         print(f"gymckpt bench {args.bench}: error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     result: dict[str, Any]
     if args.bench == "drain":
         result = {**_drain_mod.run_drain(drain_cfg, progress), "meta": meta}
@@ -316,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = rerender(args.out or RESULTS_DIR)
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.BAD_INPUT
     elif args.bench == "checkpoint":
         result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
     elif args.bench == "host":
@@ -334,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out is None:
             out = RESULTS_DIR / "quick" if args.quick else RESULTS_DIR
         if _want_million(args):
-            drain_cfg.sweep = (*drain_cfg.sweep, 1_000_000)
+            drain_cfg = attrs.evolve(drain_cfg, sweep=(*drain_cfg.sweep, 1_000_000))
             dispatch_cfg.in_flight = (*dispatch_cfg.in_flight, 1_000_000)
         result = run_all(
             drain_cfg=drain_cfg,

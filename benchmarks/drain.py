@@ -82,7 +82,7 @@ from ._common import (
     Progress,
     label,
     median,
-    percentile,
+    p99,
     stall_breakdown,
     summarize_ns,
 )
@@ -94,17 +94,19 @@ __all__ = ["DrainConfig", "run_drain"]
 perf_ns = time.perf_counter_ns
 
 
-@attrs.define
+@attrs.frozen
 class DrainConfig:
+    """The drain benchmark's knobs, validated on construction (and by ``attrs.evolve``)."""
+
     rollouts: int = 200_000
     sweep: tuple[int, ...] = (2_000, 20_000, 200_000)
-    pending: int = 300
-    trials: int = 200
-    baseline_trials: int = 20
+    pending: int = attrs.field(default=300, validator=attrs.validators.ge(1))
+    trials: int = attrs.field(default=200, validator=attrs.validators.ge(1))
+    baseline_trials: int = attrs.field(default=20, validator=attrs.validators.ge(1))
     cost_trials: int = 10
     floor_iterations: int = 2000
-    interleave: int = 3
-    poll_period_s: float = 0.05
+    interleave: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    poll_period_s: float = attrs.field(default=0.05, validator=attrs.validators.gt(0.0))
     group_size: int = 8
     instances: int = 16
     timeout_s: float = 60.0
@@ -125,14 +127,7 @@ class DrainConfig:
             quick=True,
         )
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` for a configuration that cannot run."""
-        if self.pending < 1:
-            raise ValueError(f"--pending must be >= 1, got {self.pending}")
-        if self.trials < 1 or self.baseline_trials < 1:
-            raise ValueError("--trials and --baseline-trials must be >= 1")
-        if self.interleave < 0 or self.poll_period_s <= 0:
-            raise ValueError("--interleave must be >= 0 and --poll-period-ms > 0")
+    def __attrs_post_init__(self) -> None:
         for n in self.sizes():
             if n < 4 * self.pending:
                 raise ValueError(
@@ -529,7 +524,7 @@ async def _measure_size(
         "wake": summarize_ns(ours.latency_ns, "us"),
         "per_wakeup_us": round(max(0.0, per_wakeup_raw - wrapper_ns) / 1e3, 3),
         "per_wakeup_p99_us": round(
-            max(0.0, percentile(ours.predicate_ns, 99) - wrapper_ns) / 1e3, 3
+            max(0.0, p99(ours.predicate_ns) - wrapper_ns) / 1e3, 3
         ),
         "per_wakeup_raw_median_us": round(per_wakeup_raw / 1e3, 3),
         "timing_wrapper_overhead_us": round(wrapper_ns / 1e3, 3),
@@ -584,7 +579,7 @@ async def _measure_size(
                     "pending": p,
                     "trials": len(rec.latency_ns),
                     "wake_us_median": round(median(rec.latency_ns) / 1e3, 3),
-                    "wake_us_p99": round(percentile(rec.latency_ns, 99) / 1e3, 3),
+                    "wake_us_p99": round(p99(rec.latency_ns) / 1e3, 3),
                     "reply_to_drain_running_us_median": round(
                         median(rec.to_drain_step_ns) / 1e3, 3
                     ),
@@ -649,7 +644,7 @@ async def _measure_size(
         "trials": trials,
         "wake": summarize_ns(base.latency_ns, "ms"),
         "per_wakeup_us": round(median(base.scan_ns) / 1e3, 3),
-        "per_wakeup_p99_us": round(percentile(base.scan_ns, 99) / 1e3, 3),
+        "per_wakeup_p99_us": round(p99(base.scan_ns) / 1e3, 3),
         "scans": len(base.scan_ns),
         "polls_per_trial": median(base.polls),
         "attempts_scanned_per_wakeup": median(base.scanned),
@@ -700,7 +695,6 @@ def run_drain(
     trials (what it would take to remove the collector's pauses), reported under
     ``gc_freeze_variant``.
     """
-    cfg.validate()
     sweep: list[dict[str, Any]] = []
     head_n = min(cfg.sizes(), key=lambda k: abs(k - cfg.rollouts))
     for n in cfg.sizes():

@@ -127,8 +127,11 @@ def run_memory(sizes: tuple[int, ...], progress: Progress) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from gymckpt.nurseries import ExitCode
+
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         print(json.dumps(worker(int(sys.argv[2]), sys.argv[3])))
         sys.exit(0)
-    print("usage: python -m benchmarks.memory --worker ATTEMPTS tracemalloc|rss", file=sys.stderr)
-    sys.exit(2)
+    print("usage: python -m gymckpt.benchmarks.memory --worker ATTEMPTS tracemalloc|rss",
+          file=sys.stderr)
+    sys.exit(ExitCode.BAD_INPUT)

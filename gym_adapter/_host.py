@@ -58,18 +58,13 @@ from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 __all__ = ["GymHost", "HostConfig", "HostStatistics"]
 
 
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attr.name} must be > 0, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class HostConfig:
     """Knobs of a host (picklable: the same config goes to every instance)."""
 
-    lease_s: float = attrs.field(default=60.0, validator=_positive)
-    flush_interval_s: float = attrs.field(default=0.005, validator=_positive)
-    max_batch: int = attrs.field(default=64, validator=_positive)
+    lease_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+    flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
+    max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
 
 
 @attrs.frozen

@@ -143,14 +143,7 @@ def _range_of(kind: type) -> Any:
     return check
 
 
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attr.name} must be > 0, got {value!r}")
-
-
-def _probability(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{attr.name} must be in [0, 1], got {value!r}")
+_probability = attrs.validators.and_(attrs.validators.ge(0.0), attrs.validators.le(1.0))
 
 
 @attrs.frozen(kw_only=True)
@@ -169,9 +162,9 @@ class SimConfig:
     turns: tuple[int, int] = attrs.field(default=(2, 5), validator=_range_of(int))
     turn_s: tuple[float, float] = attrs.field(default=(0.01, 0.05), validator=_range_of(float))
     mutation_p: float = attrs.field(default=0.5, validator=_probability)
-    lease_s: float = attrs.field(default=60.0, validator=_positive)
-    flush_interval_s: float = attrs.field(default=0.005, validator=_positive)
-    max_batch: int = attrs.field(default=64, validator=_positive)
+    lease_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+    flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
+    max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     hold_after_first_mutation: bool = False
     strand_legacy_session: bool = False
 

@@ -6,10 +6,11 @@ from ._coordinator import (
     STAGES,
     CheckpointCoordinator,
     CheckpointOutcome,
+    CoordinatorStatistics,
 )
 from ._dispatcher import READY, Dispatcher, DispatcherStatistics
 from ._restore import RestoredRun, SnapshotProblems, restore_latest, snapshot_problems
-from ._run import leaf_errors, run, run_exit
+from ._run import ExitCode, leaf_errors, run, run_exit
 from ._trainer import (
     RESTORED_DIR,
     SNAPSHOTS_DIR,
@@ -28,8 +29,10 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "CheckpointCoordinator",
     "CheckpointOutcome",
+    "CoordinatorStatistics",
     "Dispatcher",
     "DispatcherStatistics",
+    "ExitCode",
     "RestoredRun",
     "Rollouts",
     "SnapshotProblems",

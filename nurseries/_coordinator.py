@@ -77,7 +77,14 @@ from gymckpt.runtime import (
 from ._calls import bounded_call, classify, fan_out, is_storage_error
 from ._offload import offload
 
-__all__ = ["HOOK_POINTS", "PAUSE_HOLDER", "STAGES", "CheckpointCoordinator", "CheckpointOutcome"]
+__all__ = [
+    "HOOK_POINTS",
+    "PAUSE_HOLDER",
+    "STAGES",
+    "CheckpointCoordinator",
+    "CheckpointOutcome",
+    "CoordinatorStatistics",
+]
 
 logger = logging.getLogger("gymckpt")
 
@@ -86,6 +93,20 @@ STAGES = ("trainer_files", "close", "retire", "prepare", "commit", "ownership", 
           "snapshot", "publish", "resume")
 HOOK_POINTS = ("before_prepare", "after_prepare", "after_commit", "before_publish",
                "after_publish", "before_resume")
+
+
+@attrs.frozen
+class CoordinatorStatistics:
+    """Counts of one coordinator (a snapshot; for checks and tests).
+
+    ``checkpoints_ok + checkpoints_failed`` is every checkpoint that returned an outcome or
+    raised; ``consecutive_failures`` never exceeds ``max_consecutive_failures`` while the run
+    goes on (one more raises ``CheckpointsFailed``)."""
+
+    checkpoints_ok: int
+    checkpoints_failed: int
+    consecutive_failures: int
+    last_checkpoint_seq: int
 
 
 @attrs.frozen
@@ -256,6 +277,14 @@ class CheckpointCoordinator:
     @property
     def consecutive_failures(self) -> int:
         return self._consecutive_failures
+
+    def statistics(self) -> CoordinatorStatistics:
+        return CoordinatorStatistics(
+            checkpoints_ok=self.ok_total,
+            checkpoints_failed=self.failed_total,
+            consecutive_failures=self._consecutive_failures,
+            last_checkpoint_seq=self._seq,
+        )
 
     async def checkpoint(
         self,

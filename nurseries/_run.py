@@ -14,6 +14,7 @@ returns normally, so the process exits 0.
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -29,11 +30,27 @@ from gymckpt.runtime import (
     WorkDirLocked,
 )
 
-__all__ = ["EXIT_INTERRUPTED", "leaf_errors", "run", "run_exit"]
+__all__ = ["EXIT_INTERRUPTED", "ExitCode", "leaf_errors", "run", "run_exit"]
 
 T = TypeVar("T")
 
-EXIT_INTERRUPTED = 130
+
+class ExitCode(enum.IntEnum):
+    """The exit codes of every gymckpt program (the CLI, ``gymckpt.run``, the demo's phases,
+    the simulation, the benchmarks): one place, so they cannot drift apart."""
+
+    OK = 0
+    BAD_INPUT = 2
+    """A bad flag, manifest, topology or digest; a work directory in use."""
+    INVARIANT = 3
+    """The run aborted on an invariant violation (or a simulated seed violated one)."""
+    CHECKPOINTS_FAILED = 4
+    """Checkpoints failed too often in a row, or Gym was unavailable for good."""
+    INTERRUPTED = 130
+    """SIGINT outside the trainer facade (which handles it itself)."""
+
+
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
 
 
 def leaf_errors(exc: BaseException) -> list[BaseException]:
@@ -43,7 +60,7 @@ def leaf_errors(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def run_exit(exc: BaseException) -> tuple[int, BaseException] | None:
+def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
     """The exit code an error that ended a run maps to, with the error that decides it.
 
     Two tasks may fail together (the dispatcher finding every instance dead while a checkpoint
@@ -55,13 +72,13 @@ def run_exit(exc: BaseException) -> tuple[int, BaseException] | None:
     leaves = leaf_errors(exc)
     for leaf in leaves:
         if isinstance(leaf, CheckpointInvariantError):
-            return 3, leaf
+            return ExitCode.INVARIANT, leaf
     if all(isinstance(leaf, (CheckpointsFailed, GymUnavailable)) for leaf in leaves):
         failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
-        return 4, (failed or leaves)[0]
+        return ExitCode.CHECKPOINTS_FAILED, (failed or leaves)[0]
     bad_input = (ManifestError, TopologyMismatch, ValueError, WorkDirLocked)
     if len(leaves) == 1 and isinstance(leaves[0], bad_input):
-        return 2, leaves[0]
+        return ExitCode.BAD_INPUT, leaves[0]
     return None
 
 
@@ -79,6 +96,7 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
         if decided is None:
             raise
         code, err = decided
-        what = {2: "error", 3: "run aborted", 4: "run stopped"}[code]
+        what = {ExitCode.BAD_INPUT: "error", ExitCode.INVARIANT: "run aborted",
+                ExitCode.CHECKPOINTS_FAILED: "run stopped"}[code]
         print(f"gymckpt: {what}: {err}", file=sys.stderr)
         raise SystemExit(code) from None

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 __all__ = ["RuntimeConfig"]
-
-
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attr.name} must be > 0, got {value!r}")
-
-
-def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if value < 0:
-        raise ValueError(f"{attr.name} must be >= 0, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -29,15 +17,15 @@ class RuntimeConfig:
     - the drain fits in the lease as well, since Gym is parked while we drain.
     """
 
-    control_timeout_s: float = attrs.field(default=10.0, validator=_positive)
-    reply_grace_s: float = attrs.field(default=1.0, validator=_non_negative)
-    drain_timeout_s: float = attrs.field(default=10.0, validator=_positive)
-    lease_s: float = attrs.field(default=60.0, validator=_positive)
-    max_consecutive_failures: int = attrs.field(default=3, validator=_non_negative)
-    max_row_attempts: int = attrs.field(default=3, validator=_positive)
-    data_failure_budget: int = attrs.field(default=16, validator=_non_negative)
-    infra_backoff_initial_s: float = attrs.field(default=0.05, validator=_non_negative)
-    infra_backoff_max_s: float = attrs.field(default=2.0, validator=_non_negative)
+    control_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
+    reply_grace_s: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
+    drain_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
+    lease_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+    max_consecutive_failures: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    max_row_attempts: int = attrs.field(default=3, validator=attrs.validators.gt(0))
+    data_failure_budget: int = attrs.field(default=16, validator=attrs.validators.ge(0))
+    infra_backoff_initial_s: float = attrs.field(default=0.05, validator=attrs.validators.ge(0.0))
+    infra_backoff_max_s: float = attrs.field(default=2.0, validator=attrs.validators.ge(0.0))
     pause_collector: bool = True
     """No automatic full garbage collection while a checkpoint runs (``collector_paused``): one
     pauses the loop and every thread for as long as it walks all of the process's objects."""

@@ -35,9 +35,9 @@ def test_drain_must_fit_in_lease() -> None:
 
 
 def test_config_rejects_non_positive_knobs() -> None:
-    with pytest.raises(ValueError, match="control_timeout_s must be > 0"):
+    with pytest.raises(ValueError, match="'control_timeout_s' must be > 0"):
         RuntimeConfig(control_timeout_s=0.0)
-    with pytest.raises(ValueError, match="reply_grace_s must be >= 0"):
+    with pytest.raises(ValueError, match="'reply_grace_s' must be >= 0"):
         RuntimeConfig(reply_grace_s=-1.0)
 
 

@@ -236,12 +236,18 @@ async def test_s6_gym_failures_are_retryable(
         if "unpicklable" in fault:
             assert "cannot be pickled" in (outcome.error or "")
         assert ro.coordinator.consecutive_failures == 1
+        failed = ro.coordinator.statistics()
+        assert (failed.checkpoints_ok, failed.checkpoints_failed) == (0, 1)
+        assert failed.consecutive_failures == 1
         assert_released(ro)
         rows = await train_all(ro)
         assert sorted(rows) == list(range(12))  # nothing lost, nothing twice
         if "dead" not in fault:
             assert (await ro.checkpoint()).ok
             assert ro.coordinator.consecutive_failures == 0
+            after = ro.coordinator.statistics()
+            assert (after.checkpoints_ok, after.consecutive_failures) == (1, 0)
+            assert after.last_checkpoint_seq > failed.last_checkpoint_seq
 
 
 async def test_s6_too_many_failures_in_a_row_raise(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gymckpt import __version__
-from gymckpt.nurseries import snapshot_problems
+from gymckpt.nurseries import ExitCode, snapshot_problems
 from gymckpt.runtime import (
     COMMIT_MARKER,
     LEDGER_FILE,
@@ -34,12 +34,11 @@ from gymckpt.runtime import (
 
 __all__ = ["build_parser", "main"]
 
-EXIT_BAD_INPUT = 2
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,7 +230,7 @@ def _offline(command: str, raw_dir: str, as_json: bool) -> int:
         print(f"ok: {snap.path} (checkpoint {snap.manifest.checkpoint_id}: marker, manifest, "
               f"{sum(len(i.participants) for i in snap.manifest.instances)} participant digests, "
               "ledger consistent)")
-    return EXIT_BAD_INPUT if problems else 0
+    return ExitCode.BAD_INPUT if problems else ExitCode.OK
 
 
 def _simulate(args: argparse.Namespace, reexec: bool) -> int:
@@ -300,9 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(opts, args.json)
     except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

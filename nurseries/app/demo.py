@@ -47,7 +47,14 @@ from gymckpt.gym_adapter import (
     plan_episode,
     sentinel,
 )
-from gymckpt.nurseries import HOOK_POINTS, CheckpointOutcome, leaf_errors, open_rollouts, run_exit
+from gymckpt.nurseries import (
+    HOOK_POINTS,
+    CheckpointOutcome,
+    ExitCode,
+    leaf_errors,
+    open_rollouts,
+    run_exit,
+)
 from gymckpt.runtime import (
     LEDGER_FILE,
     MANIFEST_NAME,
@@ -385,11 +392,11 @@ def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -
         if decided is None:
             raise
         code, err = decided
-        if code == 2:
+        if code == ExitCode.BAD_INPUT:
             raise err from None
         if isinstance(err, GymUnavailable):
             print(f"gymckpt: Gym unavailable: {err}", file=sys.stderr)
-        elif code == 3:
+        elif code == ExitCode.INVARIANT:
             print(f"gymckpt: run aborted: {err}", file=sys.stderr)
         else:
             print(f"gymckpt: {err}", file=sys.stderr)
@@ -544,7 +551,7 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         if workdir.exists() and any(workdir.iterdir()):
             print(f"gymckpt: error: --workdir {workdir} is not empty; give a new or empty "
                   "directory", file=sys.stderr)
-            return 2
+            return ExitCode.BAD_INPUT
         workdir.mkdir(parents=True, exist_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="gymckpt-demo-"))
@@ -594,7 +601,7 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         print(json.dumps(report, sort_keys=True))
     else:
         _print_report(report)
-    return 0 if report["exactly_once"] else 3
+    return ExitCode.OK if report["exactly_once"] else ExitCode.INVARIANT
 
 
 def _print_report(r: dict[str, Any]) -> None:

@@ -72,7 +72,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import FAULT_KINDS, EmbeddedGym, GymInstanceDead, RunRow, SimConfig
-from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
+from gymckpt.nurseries import HOOK_POINTS, ExitCode, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     SNAPSHOTS_DIR,
@@ -399,10 +399,10 @@ def _check_budgets(
     if refused != ro.dispatcher.statistics().refused:
         run.violation(inc, f"admission-closed metric {refused:g} != refusals "
                            f"{ro.dispatcher.statistics().refused}")
-    coord = ro.coordinator
-    if coord.ok_total + coord.failed_total != checkpoint_calls:
-        run.violation(inc, f"{checkpoint_calls} checkpoints taken but ok {coord.ok_total} + "
-                           f"failed {coord.failed_total}")
+    coord = ro.coordinator.statistics()
+    if coord.checkpoints_ok + coord.checkpoints_failed != checkpoint_calls:
+        run.violation(inc, f"{checkpoint_calls} checkpoints taken but ok {coord.checkpoints_ok} "
+                           f"+ failed {coord.checkpoints_failed}")
     if coord.consecutive_failures > run.sc.max_consecutive_failures:
         run.violation(inc, f"{coord.consecutive_failures} failures in a row were tolerated")
     for att in ro.ledger.reserved():
@@ -777,4 +777,4 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
               f"({rollbacks} to an older snapshot)")
         if failed:
             print("failing seeds: " + " ".join(str(r.seed) for r in failed))
-    return 3 if failed else 0
+    return ExitCode.INVARIANT if failed else ExitCode.OK
