@@ -27,8 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from statistics import median
@@ -39,13 +38,10 @@ import orjson
 import trio
 
 from gymckpt.gym_adapter import (
-    RECORDS_FILE,
     EmbeddedGym,
     GymBackend,
     RunRow,
     SimConfig,
-    plan_episode,
-    sentinel,
 )
 from gymckpt.nurseries import (
     HOOK_POINTS,
@@ -56,7 +52,6 @@ from gymckpt.nurseries import (
     run_exit,
 )
 from gymckpt.runtime import (
-    LEDGER_FILE,
     MANIFEST_NAME,
     SNAPSHOTS_DIR,
     CompletedGroup,
@@ -65,8 +60,6 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
-    load_ledger_snapshot,
-    load_snapshot,
     write_atomic,
 )
 
@@ -76,6 +69,7 @@ from .demo_gymnasium import (
     open_gymnasium_gym,
     trajectory_verdict,
 )
+from .verdict import expected_sentinels, judge, snapshot_sentinels
 
 __all__ = [
     "CRASH_STAGES",
@@ -455,59 +449,17 @@ def _read_journal(journal: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     return steps, checkpoints
 
 
-def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[str], set[int]]:
-    """(every sentinel in the snapshot's committed environment state with its count, the rows
-    the snapshot's ledger failed for good). Without ``calendar`` only the failed rows."""
-    snap = load_snapshot(path)
-    led = load_ledger_snapshot(snap.files[LEDGER_FILE])
-    failed_rows: set[int] = set()
-    for first, last in led.failed:
-        failed_rows.update(range(first, last + 1))
-    sentinel_counts: Counter[str] = Counter()
-    for inst in snap.manifest.instances if calendar else ():
-        for part in inst.participants:
-            if part.kind != "environment":
-                continue
-            records = orjson.loads((snap.path / part.state_dir / RECORDS_FILE).read_bytes())
-            for sess in records["sessions"]:
-                sentinel_counts.update(e["sentinel"] for e in sess["events"])
-    return sentinel_counts, failed_rows
-
-
-def expected_sentinels(
-    seed: int, config: SimConfig, rows: Iterable[int], group_size: int
-) -> set[str]:
-    """Every sentinel the plans of these rows' episodes call for (one per mutating turn)."""
-    expected: set[str] = set()
-    for row in rows:
-        for slot in range(group_size):
-            plan = plan_episode(seed, row, slot, config)
-            expected.update(sentinel(row, slot, t) for t, m in enumerate(plan.mutates) if m)
-    return expected
-
-
 def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Judge the run from files only (journal, final snapshot)."""
     lineage, checkpoints = _read_journal(workdir / JOURNAL)
-    step_counts = Counter(s["step"] for s in lineage)
-    row_counts = Counter(r for s in lineage for r in s["rows"])
     final_path = next((p["final_snapshot"] for p in reversed(phases) if p.get("final_snapshot")),
                       None)
-    failed_rows: set[int] = set()
-    sentinel_counts: Counter[str] = Counter()
-    calendar = opts.gymnasium_id is None
-    if final_path is not None:
-        sentinel_counts, failed_rows = snapshot_sentinels(Path(final_path), calendar=calendar)
-    expected = (
-        expected_sentinels(opts.seed, opts.sim_config(), row_counts, opts.group_size)
-        if calendar else set()
+    judged = judge(
+        [(s["step"], s["rows"]) for s in lineage], opts.rows,
+        Path(final_path) if final_path is not None else None,
+        seed=opts.seed, config=opts.sim_config(), group_size=opts.group_size,
+        calendar=opts.gymnasium_id is None,
     )
-    trained = set(row_counts)
-    lost = len(set(range(opts.rows)) - trained - failed_rows)
-    duplicates = sum(c - 1 for c in row_counts.values() if c > 1)
-    twice = sum(c - 1 for c in step_counts.values() if c > 1)
-    dup_sentinels = sum(1 for s, c in sentinel_counts.items() if c > 1 and s in expected)
-    missing_sentinels = len(expected - set(sentinel_counts))
     stages: dict[str, list[float]] = {}
     for c in checkpoints:
         if c["ok"]:
@@ -521,25 +473,21 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
         extra = trajectory_verdict(opts.gymnasium_id, opts.seed, lineage)
     return extra | {
         "rows": opts.rows,
-        "rows_trained": len(trained),
-        "rows_failed": len(failed_rows),
-        "duplicates": duplicates,
-        "lost": lost,
-        "steps": len(step_counts),
-        "steps_trained_twice": twice,
-        "sentinels_total": sum(sentinel_counts[s] for s in expected),
-        "sentinels_expected": len(expected),
-        "sentinels_duplicated": dup_sentinels,
-        "sentinels_missing": missing_sentinels,
+        "rows_trained": judged.rows_trained,
+        "rows_failed": judged.rows_failed,
+        "duplicates": judged.duplicates,
+        "lost": len(judged.lost),
+        "steps": judged.steps,
+        "steps_trained_twice": judged.steps_trained_twice,
+        "sentinels_total": judged.sentinels_total,
+        "sentinels_expected": judged.sentinels_expected,
+        "sentinels_duplicated": len(judged.sentinels_twice),
+        "sentinels_missing": len(judged.sentinels_missing),
         "checkpoints_ok": ok,
         "checkpoints_failed": failed,
         "restores": restores,
         "stage_ms_median": {k: round(median(v) * 1000, 3) for k, v in stages.items()},
-        "exactly_once": (
-            duplicates == 0 and lost == 0 and twice == 0 and dup_sentinels == 0
-            and missing_sentinels == 0 and len(trained) + len(failed_rows) == opts.rows
-            and extra.get("trajectories_match", True)
-        ),
+        "exactly_once": judged.ok and extra.get("trajectories_match", True),
     }
 
 

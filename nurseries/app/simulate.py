@@ -84,7 +84,8 @@ from gymckpt.runtime import (
     load_snapshot,
 )
 
-from .demo import ToyTrainer, expected_sentinels, run_exit, single_error, snapshot_sentinels
+from .demo import ToyTrainer, run_exit, single_error
+from .verdict import judge
 
 __all__ = [
     "Crash",
@@ -578,35 +579,16 @@ def _rollback(run: _Run, inc: int) -> None:
 def _judge(run: _Run) -> tuple[int, int, int]:
     """The final verdict over the whole scenario: (rows trained, rows failed, sentinels)."""
     sc = run.sc
-    steps = [s for s, _ in run.lineage]
-    if steps != list(range(1, len(steps) + 1)):
-        dup = [s for s, n in Counter(steps).items() if n > 1]
-        run.violations.append(f"lineage steps are not 1..n once each (trained twice: {dup[:5]})")
-    rows = Counter(r for _, rs in run.lineage for r in rs)
-    dups = sorted(r for r, n in rows.items() if n > 1)
-    if dups:
-        run.violations.append(f"{len(dups)} rows trained more than once: {dups[:5]}")
     if run.final_snapshot is None:
         run.violations.append("no final snapshot: the last incarnation did not finish")
-        return len(rows), 0, 0
-    problems = _verify_offline(run.final_snapshot)
-    if problems:
-        run.violations.append(f"final snapshot does not verify: {problems[:3]}")
-    counts, failed = snapshot_sentinels(run.final_snapshot)
-    trained = set(rows)
-    if trained & failed:
-        run.violations.append(f"rows both trained and failed: {sorted(trained & failed)[:5]}")
-    lost = sorted(set(range(sc.rows)) - trained - failed)
-    if lost:
-        run.violations.append(f"{len(lost)} rows lost: {lost[:5]}")
-    expected = expected_sentinels(sc.seed, sc.sim_config(), trained, sc.group_size)
-    missing = sorted(expected - set(counts))
-    twice = sorted(s for s in expected if counts.get(s, 0) > 1)
-    if missing:
-        run.violations.append(f"{len(missing)} sentinels missing: {missing[:3]}")
-    if twice:
-        run.violations.append(f"{len(twice)} sentinels more than once: {twice[:3]}")
-    return len(trained), len(failed), sum(counts[s] for s in expected)
+    else:
+        problems = _verify_offline(run.final_snapshot)
+        if problems:
+            run.violations.append(f"final snapshot does not verify: {problems[:3]}")
+    judged = judge(run.lineage, sc.rows, run.final_snapshot, seed=sc.seed,
+                   config=sc.sim_config(), group_size=sc.group_size)
+    run.violations.extend(judged.violations())
+    return judged.rows_trained, judged.rows_failed, judged.sentinels_total
 
 
 def _verify_offline(path: Path) -> list[str]:
