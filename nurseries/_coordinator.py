@@ -71,6 +71,7 @@ from gymckpt.runtime import (
     StrandedSessionError,
     collector_paused,
     sample_ids,
+    tree_size,
     wait_drained,
 )
 
@@ -274,6 +275,10 @@ class CheckpointCoordinator:
     ok_total: int = attrs.field(default=0, init=False)
     failed_total: int = attrs.field(default=0, init=False)
 
+    def __attrs_post_init__(self) -> None:
+        for name in ("completed_total", "failed_total", "restored_total"):
+            self.metrics.inc(f"checkpoint/{name}", 0)  # present from the start, like Flink's
+
     @property
     def consecutive_failures(self) -> int:
         return self._consecutive_failures
@@ -300,6 +305,7 @@ class CheckpointCoordinator:
         """
         checkpoint_id = f"{self.run_id}-{self._seq + 1:04d}"
         stage_s: dict[str, float] = {}
+        started = trio.current_time()
         try:
             # unique across incarnations: the store keeps a durable high-water mark
             self._seq = await offload(self.store.reserve_checkpoint_seq)
@@ -321,6 +327,7 @@ class CheckpointCoordinator:
             if kind == "invariant":
                 self.metrics.inc("checkpoint/invariant_failures_total")
                 logger.error("checkpoint %s aborted the run: %s", checkpoint_id, exc)
+                self._record_last(started, None)
                 if isinstance(exc, CheckpointInvariantError):
                     raise
                 raise CheckpointInvariantError(f"checkpoint {checkpoint_id}: {exc}") from exc
@@ -334,7 +341,10 @@ class CheckpointCoordinator:
                 "checkpoint %s failed (%s, %d in a row, retried at the next checkpoint): %s",
                 checkpoint_id, kind, self._consecutive_failures, detail,
             )
+            self._record_last(started, None)
             if self._consecutive_failures > self.config.max_consecutive_failures:
+                logger.error("checkpoints failed %d times in a row: the run stops",
+                             self._consecutive_failures)
                 raise CheckpointsFailed(
                     f"{self._consecutive_failures} checkpoints failed in a row "
                     f"(max_consecutive_failures={self.config.max_consecutive_failures}); "
@@ -344,9 +354,20 @@ class CheckpointCoordinator:
         self._consecutive_failures = 0
         self.ok_total += 1
         self.metrics.inc("checkpoint/ok_total")
+        self.metrics.inc("checkpoint/completed_total")
+        self.metrics.mark("checkpoint/since_last_completed_s")
         self.metrics.set("checkpoint/consecutive_failures", 0)
         self._record_stages(stage_s)
+        size = await offload(lambda: tree_size(info.path))
+        self._record_last(started, size)
         return CheckpointOutcome(checkpoint_id, True, info, None, None, stage_s, episodes, drained)
+
+    def _record_last(self, started: float, size: int | None) -> None:
+        """Flink's last-checkpoint gauges: duration of the last checkpoint (completed or not),
+        size in bytes of the last completed one."""
+        self.metrics.set("checkpoint/last_duration_s", trio.current_time() - started)
+        if size is not None:
+            self.metrics.set("checkpoint/last_size_bytes", size)
 
     def _record_stages(self, stage_s: Mapping[str, float]) -> None:
         for name, seconds in stage_s.items():

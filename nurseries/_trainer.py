@@ -163,13 +163,15 @@ class Rollouts:
         *,
         state: StateFn | None = None,
         files: FilesFn | None = None,
+        log_metrics: Callable[[dict[str, float], int], None] | None = None,
     ) -> AsyncIterator[list[CompletedGroup]]:
         """Yield batches of complete groups until the dataset is done or the run is preempted.
 
         With ``checkpoint_every`` set, checkpoint every that many batches; ``state()`` (the
         trainer's current state, serialised) and ``files(directory)`` (its weights) are saved
         with each of these checkpoints and with the final one a preemption takes before the
-        iteration ends.
+        iteration ends. ``log_metrics(metrics, step)`` gets ``metrics.snapshot()`` after each
+        step — the shape W&B, MLflow and TensorBoard loggers take (``wandb.log(m, step=s)``).
         """
         while True:
             batch = await self.next_batch(groups_per_step)
@@ -177,10 +179,13 @@ class Rollouts:
                 break
             yield batch
             self._steps += 1
+            periodic = self.checkpoint_every and self._steps % self.checkpoint_every == 0
+            if periodic and self.preempted_by is None:
+                await self.checkpoint(None if state is None else state(), files=files)
+            if log_metrics is not None:
+                log_metrics(self.metrics.snapshot(), self._steps)
             if self.preempted_by is not None:
                 break
-            if self.checkpoint_every and self._steps % self.checkpoint_every == 0:
-                await self.checkpoint(None if state is None else state(), files=files)
         if self.preempted_by is not None:
             await self._final_checkpoint(state, files)
 
@@ -309,6 +314,8 @@ async def open_rollouts(
             )
             if restored is not None:
                 metrics.inc("rollout/restores_total")
+                metrics.inc("checkpoint/restored_total")
+                _log_restore(restored, ledger)
                 dispatcher.enqueue_reserved()
             async with trio.open_nursery() as nursery:
                 await nursery.start(dispatcher.run)
@@ -320,6 +327,17 @@ async def open_rollouts(
                     nursery.cancel_scope.cancel()
     finally:
         lock.release()
+
+
+def _log_restore(restored: RestoredRun, ledger: RecoveryLedger) -> None:
+    stats = ledger.statistics()
+    logger.info(
+        "restored %s (checkpoint %s): %d episodes parked in Gym resume as attempt + 1, "
+        "%d completed-but-untrained results back to the trainer, %d rows trained before, "
+        "%d to re-dispatch", restored.snapshot.path, restored.snapshot.checkpoint_id,
+        restored.summary.restored, restored.summary.completed_untrained, stats.rows_trained,
+        restored.summary.reserved + restored.summary.redispatched_fresh,
+    )
 
 
 async def _watch_signals(signals: AsyncIterator[int], rollouts: Rollouts) -> None:

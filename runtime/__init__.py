@@ -80,6 +80,7 @@ from ._store import (
     load_snapshot,
     participant_state_problem,
     records_digest,
+    tree_size,
     verify_snapshot,
     write_atomic,
 )
@@ -164,6 +165,7 @@ __all__ = [
     "sample_ids",
     "structure",
     "topology_differences",
+    "tree_size",
     "verify_snapshot",
     "wait_drained",
     "write_atomic",

@@ -6,6 +6,9 @@ metric is a dict operation: cheap enough for the per-reply hot path.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import attrs
 
 __all__ = ["ADMISSION_CLOSED_ROWS", "Metrics"]
@@ -17,10 +20,13 @@ _PREFIXES = ("rollout/", "checkpoint/")
 
 @attrs.define(eq=False, slots=True)
 class Metrics:
-    """A registry of counters (monotonic) and gauges (last value)."""
+    """A registry of counters (monotonic), gauges (last value) and ages (seconds since a
+    ``mark``, read at each ``snapshot``: e.g. the time since the last completed checkpoint)."""
 
+    clock: Callable[[], float] = attrs.field(default=time.monotonic, kw_only=True)
     _counters: dict[str, float] = attrs.field(factory=dict, init=False)
     _gauges: dict[str, float] = attrs.field(factory=dict, init=False)
+    _marks: dict[str, float] = attrs.field(factory=dict, init=False)
 
     @staticmethod
     def _check(name: str) -> None:
@@ -43,14 +49,25 @@ class Metrics:
             self._check(name)
         self._gauges[name] = float(value)
 
+    def mark(self, name: str) -> None:
+        """From now on, ``name`` reads the seconds since this call."""
+        if name not in self._marks:
+            self._check(name)
+        self._marks[name] = self.clock()
+
     def get(self, name: str, default: float = 0.0) -> float:
-        """The current value of a counter or gauge."""
+        """The current value of a counter, gauge or age."""
         if name in self._counters:
             return self._counters[name]
+        if name in self._marks:
+            return self.clock() - self._marks[name]
         return self._gauges.get(name, default)
 
     def snapshot(self) -> dict[str, float]:
-        """Every metric by name, as a new dict."""
+        """Every metric by name, as a new dict (ages computed now)."""
         out = dict(self._counters)
         out.update(self._gauges)
+        if self._marks:
+            now = self.clock()
+            out.update({name: now - t for name, t in self._marks.items()})
         return out

@@ -34,6 +34,7 @@ All I/O here is blocking; async callers run it with ``trio.to_thread.run_sync``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -76,6 +77,7 @@ __all__ = [
     "participant_state_problem",
     "records_digest",
     "trainer_files_problems",
+    "tree_size",
     "verify_snapshot",
     "write_atomic",
 ]
@@ -143,6 +145,18 @@ def _fsync_tree(top: Path) -> None:
             if stat.S_ISREG(file.lstat().st_mode):
                 _fsync_file(file)
         fsync_dir(Path(dirpath))
+
+
+def tree_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symlinks not followed, vanished ones skipped)."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    return total
 
 
 def _sha256(data: bytes) -> str:

@@ -44,9 +44,10 @@ CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s
 
 
 @asynccontextmanager
-async def running(workdir: Path, gym_dir: Path, rows: int = 12, **kw: Any
-                  ) -> AsyncIterator[Rollouts]:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=gym_dir, config=SIM) as gym:
+async def running(workdir: Path, gym_dir: Path, rows: int = 12, faults: tuple[str, ...] = (),
+                  **kw: Any) -> AsyncIterator[Rollouts]:
+    async with EmbeddedGym.open(instances=2, seed=3, work_dir=gym_dir, config=SIM,
+                                faults=faults) as gym:
         async with open_rollouts(gym, workdir, rows=rows, group_size=2, config=CONFIG,
                                  max_rows_in_flight=6, **kw) as ro:
             yield ro
@@ -466,3 +467,42 @@ def test_help_lists_no_hidden_command(capsys: pytest.CaptureFixture[str]) -> Non
         cli_main(["--help"])
     out = capsys.readouterr().out
     assert "SUPPRESS" not in out and "_phase" not in out and "snapshots" in out
+
+
+# -- metrics and logs ------------------------------------------------------------------------
+
+
+async def test_checkpoint_metrics_and_logs_per_step(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    logged: list[tuple[int, dict[str, float]]] = []
+    async with running(tmp_path / "w", tmp_path / "gym", checkpoint_every=2) as ro:
+        ro.metrics.clock = trio.current_time  # ages in virtual time
+        async for _batch in ro.batches(2, log_metrics=lambda m, step: logged.append((step, m))):
+            if ro.steps == 2:
+                await trio.sleep(7)
+        m = ro.metrics.snapshot()
+    assert [step for step, _ in logged] == list(range(1, 7))
+    at_two = logged[1][1]
+    assert at_two["checkpoint/completed_total"] == 1  # the periodic checkpoint of step 2
+    assert at_two["checkpoint/since_last_completed_s"] == 0
+    assert logged[2][1]["checkpoint/since_last_completed_s"] >= 7
+    assert at_two["checkpoint/last_size_bytes"] == _store.tree_size(ro.outcomes[0].snapshot.path)  # type: ignore[union-attr]
+    assert at_two["checkpoint/last_duration_s"] == pytest.approx(
+        sum(ro.outcomes[0].stage_s.values()), abs=1e-6)
+    assert {f"checkpoint/stage_{s}_s" for s in ("close", "prepare", "commit", "publish")} <= set(m)
+    assert m["checkpoint/completed_total"] == 3 and m["checkpoint/failed_total"] == 0
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gymckpt"):
+        async with running(tmp_path / "w", tmp_path / "gym2", faults=("prepare:error@1",)) as ro:
+            await trio.sleep(1)
+            failed = await ro.checkpoint()
+            assert ro.metrics.get("checkpoint/restored_total") == 1
+            assert ro.metrics.get("checkpoint/failed_total") == 1
+    messages = [r.getMessage() for r in caplog.records]
+    restore_lines = [m for m in messages if m.startswith("restored")]
+    assert len(restore_lines) == 1 and "ckpt-000003" in restore_lines[0]
+    assert "completed-but-untrained" in restore_lines[0] and "parked" in restore_lines[0]
+    fail_lines = [m for m in messages if "failed (gym_unavailable" in m]
+    assert len(fail_lines) == 1 and failed.checkpoint_id in fail_lines[0]

@@ -9,14 +9,12 @@ from it — and is never pruned here; a running trainer removes its predecessors
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from gymckpt.nurseries import RESTORED_DIR, SNAPSHOTS_DIR
-from gymckpt.runtime import ManifestError, SnapshotInfo, SnapshotStore, WorkDirLock
+from gymckpt.runtime import ManifestError, SnapshotInfo, SnapshotStore, WorkDirLock, tree_size
 
 __all__ = ["list_snapshots", "prune_snapshots"]
 
@@ -30,18 +28,9 @@ def _roots(raw: str) -> tuple[Path, SnapshotStore, Path | None]:
     return path, SnapshotStore(path), None
 
 
-def _size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            with contextlib.suppress(OSError):  # removed meanwhile
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
 def _row(info: SnapshotInfo, pinned: bool) -> dict[str, Any]:
     return {"name": info.path.name, "path": str(info.path), "checkpoint_id": info.checkpoint_id,
-            "seq": info.seq, "bytes": _size(info.path), "pinned": pinned}
+            "seq": info.seq, "bytes": tree_size(info.path), "pinned": pinned}
 
 
 def _listing(raw: str) -> dict[str, Any]:
