@@ -39,6 +39,7 @@ from gymckpt.runtime import (
     StrandedSessionError,
     TopologyMismatch,
     WorkDirLocked,
+    runtime_config_from_toml,
 )
 
 if TYPE_CHECKING:
@@ -76,4 +77,5 @@ __all__ = [
     "__version__",
     "open_rollouts",
     "run",
+    "runtime_config_from_toml",
 ]

@@ -6,6 +6,7 @@ Public names are re-exported here; the modules behind them are private.
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
 from ._collector import collector_paused
 from ._config import RuntimeConfig
+from ._config_file import runtime_config_from_toml
 from ._converter import converter, structure
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
@@ -162,6 +163,7 @@ __all__ = [
     "participant_state_problem",
     "records_digest",
     "rollout_id_for",
+    "runtime_config_from_toml",
     "sample_ids",
     "structure",
     "topology_differences",

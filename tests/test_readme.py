@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -17,9 +19,11 @@ def _block(marker: str) -> str:
     return m.group(1)
 
 
-def test_readme_example_runs_and_restores(tmp_path: Path) -> None:
+@pytest.mark.parametrize("marker", ["example", "example-asyncio"])
+def test_readme_example_runs_and_restores(tmp_path: Path, marker: str) -> None:
+    """The trio example, and the asyncio one (through trio-asyncio)."""
     script = tmp_path / "example.py"
-    script.write_text(_block("example"))
+    script.write_text(_block(marker))
     first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr

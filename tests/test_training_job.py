@@ -34,8 +34,10 @@ from gymckpt.runtime import (
     SnapshotStore,
     WorkDirLock,
     WorkDirLocked,
+    ManifestError,
     _store,
     load_snapshot,
+    runtime_config_from_toml,
 )
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
@@ -259,9 +261,40 @@ TRAINER = textwrap.dedent('''
 ''')
 
 
-def _trainer(tmp_path: Path, work: Path, rows: int, hold: bool = False) -> subprocess.Popen[str]:
+TRAINER_ASYNCIO = textwrap.dedent('''
+    import asyncio, json, os, sys
+    import gymckpt.aio
+    from gymckpt.gym_adapter import SimConfig
+
+    WORK, ROWS = sys.argv[1], int(sys.argv[2])
+    SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
+
+    async def main() -> None:
+        async with gymckpt.aio.open_embedded_gym(instances=2, seed=0, work_dir=WORK + "-gym",
+                                                 config=SIM) as gym:
+            async with gymckpt.aio.open_rollouts(gym, WORK, rows=ROWS, group_size=2,
+                                                 checkpoint_every=3) as rollouts:
+                state = json.loads(rollouts.trainer_state or b'{"step": 0}')
+                print("holding", flush=True)
+                journal = open(os.path.join(WORK, "journal.jsonl"), "a")
+                async for batch in rollouts.batches(
+                        2, state=lambda: json.dumps(state).encode()):
+                    await asyncio.sleep(0.05)  # train
+                    state["step"] += 1
+                    journal.write(json.dumps({"step": state["step"],
+                                              "rows": [g.row for g in batch]}) + "\\n")
+                    journal.flush()
+                    os.fsync(journal.fileno())
+                    print("step", state["step"], flush=True)
+
+    gymckpt.aio.run(main)
+''')
+
+
+def _trainer(tmp_path: Path, work: Path, rows: int, hold: bool = False,
+             flavor: str = "trio") -> subprocess.Popen[str]:
     script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
+    script.write_text(TRAINER if flavor == "trio" else TRAINER_ASYNCIO)
     return subprocess.Popen(
         [sys.executable, str(script), str(work), str(rows), "hold" if hold else "go"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -298,13 +331,14 @@ def test_a_second_trainer_on_the_same_work_dir_fails_at_start(tmp_path: Path) ->
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(("flavor", "sig"), [("trio", signal.SIGTERM), ("trio", signal.SIGINT),
+                                             ("asyncio", signal.SIGTERM)])
 def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
-    tmp_path: Path, sig: signal.Signals
+    tmp_path: Path, flavor: str, sig: signal.Signals
 ) -> None:
     work = tmp_path / "work"
     rows = 60
-    first = _trainer(tmp_path, work, rows)
+    first = _trainer(tmp_path, work, rows, flavor=flavor)
     try:
         assert first.stdout is not None
         assert first.stdout.readline() == "holding\n"
@@ -330,7 +364,7 @@ def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
     assert json.loads(snap.files["trainer.json"]) == {"step": steps}
     assert snapshot_problems(snap).all == []
 
-    again = _trainer(tmp_path, work, rows)
+    again = _trainer(tmp_path, work, rows, flavor=flavor)
     _out, err = again.communicate(timeout=120)
     assert again.returncode == 0, err
     journal = _journal(work)
@@ -506,3 +540,35 @@ async def test_checkpoint_metrics_and_logs_per_step(
     assert "completed-but-untrained" in restore_lines[0] and "parked" in restore_lines[0]
     fail_lines = [m for m in messages if "failed (gym_unavailable" in m]
     assert len(fail_lines) == 1 and failed.checkpoint_id in fail_lines[0]
+
+
+# -- configuration from a file ---------------------------------------------------------------
+
+
+def test_runtime_config_from_toml_is_strict(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text("[demo]\nrows = 3\n[runtime]\nlease_s = 90\nmax_consecutive_failures = 5\n")
+    config = runtime_config_from_toml(job)
+    assert config.lease_s == 90.0 and config.max_consecutive_failures == 5
+    assert config.control_timeout_s == RuntimeConfig().control_timeout_s  # defaults kept
+    for body, says in [
+        ("[runtime]\nlease_seconds = 9\n", r"\[runtime\]: extra fields found \(lease_seconds\)"),
+        ("[runtime]\nlease_s = 'long'\n", r"\[runtime\]: .*expected float @ \$.lease_s"),
+        ("[runtime]\nmax_row_attempts = 0\n", r"\[runtime\]: max_row_attempts must be > 0"),
+        ("[runtime\n", r"job.toml: not valid TOML"),
+    ]:
+        job.write_text(body)
+        with pytest.raises(ManifestError, match=says):
+            runtime_config_from_toml(job)
+
+
+def test_demo_config_file_unknown_or_ill_typed_key_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "demo.toml"
+    for body, says in [("[demo]\nrows = 8\nbogus = 1\n", "extra fields found (bogus)"),
+                       ("[demo]\ngroup_size = 'two'\n", "@ $.group_size")]:
+        conf.write_text(body)
+        assert cli_main(["demo", "--config", str(conf)]) == 2
+        err = capsys.readouterr().err
+        assert str(conf) in err and "[demo]" in err and says in err

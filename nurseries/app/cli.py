@@ -41,7 +41,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+DEMO_FLAG_DEST = {"faults": "fault", "crash_stage": "crash_at_stage"}
+"""``DemoOptions`` fields whose command-line flag stores under another name."""
+
+
+def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gymckpt",
         description=(
@@ -91,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                       default="simple_agent", help="agent participant of every instance")
     demo.add_argument("--ray-address", help="join this Ray cluster ('auto' or an address); "
                       "default: start a local one")
-    demo.add_argument("--json", action="store_true", help="print one JSON object (C2)")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument("--config", metavar="FILE",
+                      help="read the options from table [demo] of a TOML file (keys are the "
+                      "option names with underscores, e.g. group_size = 4); flags given on "
+                      "the command line win")
+    if demo_defaults:
+        demo.set_defaults(**demo_defaults)
 
     snaps = sub.add_parser(
         "snapshots", help="list or prune the rollout snapshots of a work directory",
@@ -153,6 +163,18 @@ def _phase_parser() -> argparse.ArgumentParser:
     phase.add_argument("--workdir", required=True)
     phase.add_argument("--options", required=True)
     return phase
+
+
+def _demo_file_defaults(path: str) -> dict[str, Any]:
+    """Table ``[demo]`` of a TOML file, checked strictly as the demo's options, as defaults of
+    the demo's flags."""
+    from gymckpt.runtime._config_file import load_toml_table, structure_table
+
+    from .demo import DemoOptions
+
+    table = load_toml_table(path, "demo")
+    structure_table(table, DemoOptions, f"{path} [demo]")  # unknown or ill-typed: named
+    return {DEMO_FLAG_DEST.get(k, k): (list(v) if k == "faults" else v) for k, v in table.items()}
 
 
 def _resolve_snapshot(raw: str) -> Path:
@@ -262,6 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         parser = build_parser()
         args = parser.parse_args(argv)
+        if args.command == "demo" and args.config:  # the file's values become the defaults
+            try:
+                parser = build_parser(_demo_file_defaults(args.config))
+            except ManifestError as exc:
+                print(f"gymckpt: error: {exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            args = parser.parse_args(argv)
     try:
         if args.command is None:
             parser.print_help()
@@ -289,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for spec in args.fault:
             FaultSpec.parse(spec)
-        opts = DemoOptions(
+        hidden = {k: getattr(args, k) for k in ("groups_per_step", "max_rows_in_flight",
+                                                "hold_first_mutation") if hasattr(args, k)}
+        opts = DemoOptions(**hidden,
             backend=args.backend, rows=args.rows, group_size=args.group_size,
             instances=args.instances, seed=args.seed, checkpoint_every=args.checkpoint_every,
             crash_after_checkpoint=args.crash_after_checkpoint, faults=tuple(args.fault),
