@@ -294,7 +294,8 @@ async def open_rollouts(
                 )
             all_rows = range(rows) if isinstance(rows, int) else list(rows)
             start = ledger.next_row
-            remaining = iter([r for r in all_rows if r >= start])
+            remaining_rows = [r for r in all_rows if r >= start]
+            remaining = iter(remaining_rows)
             metrics = Metrics()
             for name, value in (extra_metrics or {}).items():
                 metrics.set(name, value)
@@ -312,6 +313,12 @@ async def open_rollouts(
                 ledger, dispatcher, coordinator, store, metrics, restored, keep_snapshots,
                 checkpoint_every, preempt_timeout_s,
             )
+            if restored is not None and not remaining_rows and not ledger.rows():
+                logger.warning(
+                    "gymckpt: nothing left to do: every row of the dataset was trained "
+                    "(restored %s, checkpoint %s)", restored.snapshot.path,
+                    restored.snapshot.checkpoint_id,
+                )
             if restored is not None:
                 metrics.inc("rollout/restores_total")
                 metrics.inc("checkpoint/restored_total")

@@ -572,3 +572,35 @@ def test_demo_config_file_unknown_or_ill_typed_key_exits_2(
         assert cli_main(["demo", "--config", str(conf)]) == 2
         err = capsys.readouterr().err
         assert str(conf) in err and "[demo]" in err and says in err
+
+
+# -- rough edges -------------------------------------------------------------------------------
+
+
+def test_demo_on_ray_without_the_extra_is_one_line_exit_2() -> None:
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from gymckpt.nurseries.app.cli import main\n"
+            "sys.exit(main(['demo', '--backend', 'ray']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "gymckpt: error: --backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"]
+
+
+async def test_inspect_shows_non_json_trainer_state_as_its_size_and_a_finished_rerun_says_so(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with running(tmp_path / "w", tmp_path / "gym") as ro:
+        async for _batch in ro.batches(2):
+            pass
+        outcome = await ro.checkpoint(b"\x00\xffweights")
+        assert outcome.ok and outcome.snapshot is not None
+    assert cli_main(["inspect", str(outcome.snapshot.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer_state"] == "9 bytes (not JSON)"
+    with caplog.at_level(logging.WARNING, logger="gymckpt"):
+        async with running(tmp_path / "w", tmp_path / "gym2") as ro:
+            assert [b async for b in ro.batches(2)] == []
+    said = [r.getMessage() for r in caplog.records if "nothing left to do" in r.getMessage()]
+    assert len(said) == 1 and "every row of the dataset was trained" in said[0]

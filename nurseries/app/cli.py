@@ -22,6 +22,7 @@ from gymckpt.runtime import (
     LEDGER_FILE,
     MANIFEST_NAME,
     SNAPSHOTS_DIR,
+    TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
     LoadedSnapshot,
     ManifestError,
@@ -30,6 +31,7 @@ from gymckpt.runtime import (
     WorkDirLocked,
     load_ledger_snapshot,
     load_snapshot,
+    tree_size,
 )
 
 __all__ = ["build_parser", "main"]
@@ -134,7 +136,7 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         "simulate",
         help="run N randomized scenarios (workload, faults, crashes) in virtual time",
         description=(
-            "Deterministic simulation: each seed draws a workload, a C3 fault schedule and crash "
+            "Deterministic simulation: each seed draws a workload, a fault schedule and crash "
             "points, runs them on the embedded Gym under trio's MockClock (milliseconds of real "
             "time each), restores after every crash, and checks the invariants: nothing lost or "
             "duplicated, every step and every sentinel once, budgets consistent, no task left "
@@ -153,6 +155,14 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                            add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _ray_installed() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _phase_parser() -> argparse.ArgumentParser:
@@ -221,7 +231,13 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
             "attempts_by_state": states,
         }
     if TRAINER_STATE_FILE in snap.files:
-        out["trainer_state"] = json.loads(snap.files[TRAINER_STATE_FILE])
+        raw = snap.files[TRAINER_STATE_FILE]
+        try:
+            out["trainer_state"] = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):  # the API takes any bytes
+            out["trainer_state"] = f"{len(raw)} bytes (not JSON)"
+    if TRAINER_FILES_DIR in snap.marker.trees:
+        out["trainer_files_bytes"] = tree_size(snap.path / TRAINER_FILES_DIR)
     return out
 
 
@@ -327,6 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             workdir=args.workdir, ray_address=args.ray_address, agent_kind=args.agent_kind,
             crash_stage=args.crash_at_stage, env=args.env,
         )
+        if opts.backend == "ray" and not _ray_installed():
+            print("gymckpt: error: --backend ray needs Ray, an optional extra: "
+                  "pip install 'gymckpt[ray]'", file=sys.stderr)
+            return EXIT_BAD_INPUT
         return run_demo(opts, args.json)
     except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
