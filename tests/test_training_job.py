@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -604,3 +605,35 @@ async def test_inspect_shows_non_json_trainer_state_as_its_size_and_a_finished_r
             assert [b async for b in ro.batches(2)] == []
     said = [r.getMessage() for r in caplog.records if "nothing left to do" in r.getMessage()]
     assert len(said) == 1 and "every row of the dataset was trained" in said[0]
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_gymckpt_demo_leaves_a_snapshot_and_exits_0(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gymckpt", "demo", "--rows", "2000", "--group-size", "2",
+         "--crash-after-checkpoint", "0", "--checkpoint-every", "1", "--workdir", str(work)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        journal = work / "journal.jsonl"
+        for _ in range(600):  # until the trainer has trained a few steps (bounded)
+            if journal.exists() and journal.read_text().count('"step"') >= 3:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the demo trained nothing in 30 s")
+        demo.send_signal(signal.SIGTERM)
+        out, err = demo.communicate(timeout=120)
+    finally:
+        demo.kill()
+    assert demo.returncode == 0, err
+    assert "Traceback" not in err and out == ""
+    latest = SnapshotStore(work / "snapshots").latest_complete()
+    assert latest is not None
+    assert err.strip().splitlines() == [
+        f"gymckpt: demo stopped by SIGTERM; the trainer left snapshot {latest.path}"]
+    state = json.loads(load_snapshot(latest.path).files["trainer.json"])
+    trained_steps = [json.loads(line)["step"] for line in journal.read_text().splitlines()
+                     if '"step"' in line and '"rows"' in line]
+    assert state["step"] == len(trained_steps) < 1000  # stopped early, every step in it

@@ -20,6 +20,7 @@ once, and every sentinel a trained episode's plan calls for present exactly once
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -309,7 +310,8 @@ async def run_phase(
         published = 0
         # an async generator (annotated as an iterator): close it here, not at garbage collection
         batches = cast(AsyncGenerator[list[CompletedGroup], None],
-                       rollouts.batches(opts.groups_per_step))
+                       rollouts.batches(opts.groups_per_step,
+                                        state=lambda: trainer.to_bytes()))
         async with aclosing(batches):  # an abort mid-loop finalises the generator here
             async for batch in batches:
                 rewards = [r.reward for g in batch for r in g.results]
@@ -335,8 +337,9 @@ async def run_phase(
                         if crash_after and published == crash_after:
                             print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
         # a last checkpoint saves the environment state the verdict reads
-        final = None
-        for _ in range(opts.runtime_config().max_consecutive_failures + 1):
+        final = rollouts.outcomes[-1] if rollouts.final_snapshot is not None else None  # preempted
+        for _ in range(0 if final is not None else
+                       opts.runtime_config().max_consecutive_failures + 1):
             final = await rollouts.checkpoint(trainer.to_bytes())
             outcomes.append(final)
             journal.append(_checkpoint_record(phase, final))
@@ -379,6 +382,8 @@ def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -
     instance dead leaves nothing to dispatch to or checkpoint: exit 4, like checkpoints that
     keep failing.
     """
+    # the parent reports for the whole demo (a preemption included): no lines from here
+    logging.getLogger("gymckpt").addHandler(logging.NullHandler())
     try:
         result = trio.run(run_phase, opts, workdir, phase, crash_after)
     except Exception as exc:
@@ -408,9 +413,46 @@ def _phase_cmd(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -
             "--options", opts.to_json()]
 
 
+@attrs.define(eq=False, slots=True)
+class _Preemption:
+    """The demo parent's SIGTERM/SIGINT: passed on to the running phase process, whose trainer
+    finishes its step and leaves a final snapshot; then the parent stops with one line.
+    Phase processes run in their own session, so a terminal's Ctrl-C reaches them once."""
+
+    child: subprocess.Popen[bytes] | None = None
+    received: signal.Signals | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received = signal.Signals(signum)
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self, cmd: list[str], timeout_s: float, **kw: Any) -> int:
+        proc = self.start(cmd, **kw)
+        try:
+            return proc.wait(timeout=timeout_s)
+        finally:
+            self.child = None
+
+    def start(self, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+        self.child = proc
+        if self.received is not None:  # arrived while starting
+            proc.send_signal(self.received)
+        return proc
+
+
+_PREEMPTION = _Preemption()
+
+
 def _run_until_published(cmd: list[str], timeout_s: float) -> tuple[int, bool]:
     """Run phase 1; SIGKILL it as soon as it reports its checkpoint. (returncode, killed)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = _PREEMPTION.start(cmd, stdout=subprocess.PIPE)
     watchdog = threading.Timer(timeout_s, proc.kill)
     watchdog.start()
     killed = False
@@ -423,6 +465,7 @@ def _run_until_published(cmd: list[str], timeout_s: float) -> tuple[int, bool]:
                 break
         rc = proc.wait()
     finally:
+        _PREEMPTION.child = None
         watchdog.cancel()
         if proc.stdout is not None:
             proc.stdout.close()
@@ -506,6 +549,7 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
     t0 = time.monotonic()
     killed = False
     timeout = 600.0
+    _PREEMPTION.install()
     if opts.crash_after_checkpoint:
         _progress(show, f"phase 1: trainer process, SIGKILL after checkpoint "
                         f"{opts.crash_after_checkpoint} (workdir {workdir})")
@@ -513,19 +557,23 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
             _phase_cmd(opts, workdir, 1, opts.crash_after_checkpoint), timeout)
         if opts.crash_stage is not None and rc == -signal.SIGKILL:
             killed = True  # phase 1 killed itself at its crash stage
+        if _PREEMPTION.received is not None:
+            return _preempted(workdir, rc)
         if not killed:
             if rc != 0:
                 return rc
             _progress(show, "phase 1 finished before its checkpoint was published; no crash")
         else:
             _progress(show, f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
-            rc = subprocess.run(_phase_cmd(opts, workdir, 2, 0), stdin=subprocess.DEVNULL,
-                                timeout=timeout, check=False).returncode
+            rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 2, 0), timeout)
+            if _PREEMPTION.received is not None:
+                return _preempted(workdir, rc)
             if rc != 0:
                 return rc
     else:
-        rc = subprocess.run(_phase_cmd(opts, workdir, 1, 0), stdin=subprocess.DEVNULL,
-                            timeout=timeout, check=False).returncode
+        rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 1, 0), timeout)
+        if _PREEMPTION.received is not None:
+            return _preempted(workdir, rc)
         if rc != 0:
             return rc
     phases = []
@@ -550,6 +598,16 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
     else:
         _print_report(report)
     return ExitCode.OK if report["exactly_once"] else ExitCode.INVARIANT
+
+
+def _preempted(workdir: Path, rc: int) -> int:
+    """One line for a demo stopped by SIGTERM/SIGINT: the snapshot the trainer left."""
+    received = _PREEMPTION.received
+    name = received.name if received is not None else "signal"
+    latest = SnapshotStore(workdir / SNAPSHOTS_DIR).latest_complete()
+    left = f"snapshot {latest.path}" if latest is not None else "no snapshot"
+    print(f"gymckpt: demo stopped by {name}; the trainer left {left}", file=sys.stderr)
+    return 0 if rc == 0 else rc
 
 
 def _print_report(r: dict[str, Any]) -> None:
