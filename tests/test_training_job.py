@@ -631,9 +631,24 @@ def test_sigterm_to_gymckpt_demo_leaves_a_snapshot_and_exits_0(tmp_path: Path) -
     assert "Traceback" not in err and out == ""
     latest = SnapshotStore(work / "snapshots").latest_complete()
     assert latest is not None
-    assert err.strip().splitlines() == [
-        f"gymckpt: demo stopped by SIGTERM; the trainer left snapshot {latest.path}"]
+    lines = err.strip().splitlines()  # rate-limited progress lines, then the one line
+    assert lines[-1] == f"gymckpt: demo stopped by SIGTERM; the trainer left snapshot {latest.path}"
+    assert all(line.startswith(("phase", "[phase")) for line in lines[:-1]), lines
     state = json.loads(load_snapshot(latest.path).files["trainer.json"])
     trained_steps = [json.loads(line)["step"] for line in journal.read_text().splitlines()
                      if '"step"' in line and '"rows"' in line]
     assert state["step"] == len(trained_steps) < 1000  # stopped early, every step in it
+
+
+def test_progress_lines_are_rate_limited_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from gymckpt.nurseries.app.demo import _Progress
+
+    progress = _Progress(enabled=True, tty=False, every_s=3600.0)
+    for step in range(5):
+        progress(f"step {step}", frequent=True)
+    progress("phase 2 restores")
+    assert capsys.readouterr().err.splitlines() == ["step 0", "phase 2 restores"]
+    on_a_terminal = _Progress(enabled=True, tty=True)
+    for step in range(3):
+        on_a_terminal(f"step {step}", frequent=True)
+    assert capsys.readouterr().err.splitlines() == ["step 0", "step 1", "step 2"]

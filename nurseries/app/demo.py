@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -230,8 +231,29 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
         yield gym
 
 
-def _progress(enabled: bool, text: str) -> None:
-    if enabled:
+PROGRESS_ENV = "GYMCKPT_DEMO_PROGRESS"
+"""Set by the demo for its phase processes: "1" to show progress lines, "0" not to."""
+
+
+@attrs.define(eq=False, slots=True)
+class _Progress:
+    """Progress lines on stderr: every one on a terminal; elsewhere (a log file, a CI job) the
+    frequent ones (steps, checkpoints) at most every ``every_s``, so a long run still shows it
+    is alive without flooding the log."""
+
+    enabled: bool
+    tty: bool = attrs.field(factory=lambda: sys.stderr.isatty())
+    every_s: float = 10.0
+    _last: float = attrs.field(default=-math.inf, init=False)
+
+    def __call__(self, text: str, *, frequent: bool = False) -> None:
+        if not self.enabled:
+            return
+        if frequent and not self.tty:
+            now = time.monotonic()
+            if now - self._last < self.every_s:
+                return
+            self._last = now
         print(text, file=sys.stderr, flush=True)
 
 
@@ -280,7 +302,8 @@ async def run_phase(
     opts: DemoOptions, workdir: Path, phase: int, crash_after: int
 ) -> dict[str, Any]:
     """Run one trainer process's worth of the demo; returns its result record."""
-    show = sys.stderr.isatty()
+    default = "1" if sys.stderr.isatty() else "0"
+    progress = _Progress(enabled=os.environ.get(PROGRESS_ENV, default) == "1")
     journal = Journal(workdir / JOURNAL)
     total_steps = -(-opts.rows // opts.groups_per_step)
     outcomes = []
@@ -305,7 +328,7 @@ async def run_phase(
             summary = rollouts.restore_summary
             journal.append({"phase": phase, "restore_to_step": trainer.step,
                             "snapshot": rollouts.restored.snapshot.checkpoint_id})
-            _progress(show, f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
+            progress(f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
                             f" at step {trainer.step}: {summary}")
         published = 0
         # an async generator (annotated as an iterator): close it here, not at garbage collection
@@ -321,17 +344,17 @@ async def run_phase(
                 if opts.gymnasium_id is not None:
                     record["episodes"] = journal_episodes(batch)
                 journal.append(record)
-                _progress(show, f"[phase {phase}] step {trainer.step}/{total_steps} "
-                                f"rows {trainer.rows_trained}/{opts.rows} "
-                                f"reward≈{trainer.reward_ema:.3f}")
+                progress(f"[phase {phase}] step {trainer.step}/{total_steps} "
+                         f"rows {trainer.rows_trained}/{opts.rows} "
+                         f"reward≈{trainer.reward_ema:.3f}", frequent=True)
                 if trainer.step % opts.checkpoint_every == 0:
                     outcome = await rollouts.checkpoint(trainer.to_bytes())
                     outcomes.append(outcome)
                     journal.append(_checkpoint_record(phase, outcome))
-                    _progress(show, f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
-                                    f"{'ok' if outcome.ok else outcome.reason} "
-                                    f"({outcome.episodes} episodes parked, "
-                                    f"{outcome.drained} drained)")
+                    progress(f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
+                             f"{'ok' if outcome.ok else outcome.reason} "
+                             f"({outcome.episodes} episodes parked, "
+                             f"{outcome.drained} drained)", frequent=True)
                     if outcome.ok:
                         published += 1
                         if crash_after and published == crash_after:
@@ -536,7 +559,8 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
 
 def run_demo(opts: DemoOptions, as_json: bool) -> int:
     """The whole demo; prints a report (or the C2 JSON object) and returns the exit code."""
-    show = sys.stderr.isatty() and not as_json
+    progress = _Progress(enabled=not as_json)
+    os.environ[PROGRESS_ENV] = "1" if progress.enabled else "0"  # for the phase processes
     if opts.workdir:
         workdir = Path(opts.workdir)
         if workdir.exists() and any(workdir.iterdir()):
@@ -551,7 +575,7 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
     timeout = 600.0
     _PREEMPTION.install()
     if opts.crash_after_checkpoint:
-        _progress(show, f"phase 1: trainer process, SIGKILL after checkpoint "
+        progress(f"phase 1: trainer process, SIGKILL after checkpoint "
                         f"{opts.crash_after_checkpoint} (workdir {workdir})")
         rc, killed = _run_until_published(
             _phase_cmd(opts, workdir, 1, opts.crash_after_checkpoint), timeout)
@@ -562,9 +586,9 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         if not killed:
             if rc != 0:
                 return rc
-            _progress(show, "phase 1 finished before its checkpoint was published; no crash")
+            progress("phase 1 finished before its checkpoint was published; no crash")
         else:
-            _progress(show, f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
+            progress(f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
             rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 2, 0), timeout)
             if _PREEMPTION.received is not None:
                 return _preempted(workdir, rc)
