@@ -33,7 +33,7 @@ __all__ = ["build_parser", "main"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 _DESCRIPTION = """\
-Benchmarks for gymckpt's checkpoint runtime (DESIGN S9 and §5). Every figure is measured on this
+Benchmarks for gymckpt's checkpoint runtime (the drain and the figures it must reach). Every figure is measured on this
 machine; the machine is shared, so medians (and p99) are quoted, never means or best cases.
 
   drain     checkpoint drain with N rollouts in flight and P pending replies on the wire:
@@ -53,7 +53,7 @@ machine; the machine is shared, so medians (and p99) are quoted, never means or 
 """
 
 _DRAIN_HELP = """\
-Measures the drain of a rollout checkpoint (S9). A RecoveryLedger holds N attempts DISPATCHED;
+Measures the drain of a rollout checkpoint. A RecoveryLedger holds N attempts DISPATCHED;
 P of them are "on the wire". runtime.wait_drained parks on the ledger's MutationBarrier under
 those P rollout IDs while another task delivers the P replies (each an `await barrier.mutate(...
 ledger.complete ...)`) interleaved with unrelated completions and new dispatches, so the barrier
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Runs drain (full sweep), memory and dispatch, then writes drain.json, memory.json, "
             "dispatch.json, drain_wake_latency.png, drain_per_wakeup_cost.png and SUMMARY.md "
-            "(headline figures against the targets of issue 7) into --out."
+            "(headline figures against their targets) into --out."
         ),
     )
     a.add_argument("--out", type=Path, default=None,

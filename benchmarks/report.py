@@ -1,5 +1,5 @@
 """``gymckpt bench all``: run every benchmark, then write the JSON results, the plots and
-``SUMMARY.md`` (headline figures against the targets of issue 7, saying plainly what is missed,
+``SUMMARY.md`` (headline figures against their targets, saying plainly what is missed,
 why, and what it would take)."""
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def write_summary(
         "The machine is shared with other work and noisy, so every figure is a **median** "
         "(p99 where stated) over many trials; nothing here is a best case.")
     add("")
-    add("## Headline figures against the targets of issue 7")
+    add("## Headline figures against their targets")
     add("")
     add(f"Drain at **{n_head:,} rollouts in flight**, **{drain['pending']} episodes pending** "
         "(reply on the wire after commit), replies delivered as barrier mutations interleaved "
@@ -428,7 +428,7 @@ def write_summary(
             f"{_fmt(checkpoint['max_gc_pause_ms'], ' ms', 1)} | info |")
     else:
         add("| longest loop stall during a whole checkpoint at 200k | ≤ 10 ms | not run | — |")
-    add(f"| bare trio wake on this machine (floor) | ≈ 4 µs (issue's reference) | "
+    add(f"| bare trio wake on this machine (floor) | ≈ 4 µs (reference) | "
         f"{_fmt(floor, ' µs')} | info |")
     add("")
     if small is not None:
@@ -508,7 +508,7 @@ def write_summary(
                 "take:* fewer tasks runnable at once on the trainer's loop (replies applied in "
                 "batches, as the dispatcher does), and a core of its own.")
         if p1 is not None and p1["wake_us_median"] > 50:
-            text += (" Even the 1-pending wake is above 50 µs on this machine; the issue's "
+            text += (" Even the 1-pending wake is above 50 µs on this machine; the target's "
                      "4 µs floor assumes a quiet one.")
         add(text)
     g = head["ours"]
