@@ -34,7 +34,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 _DESCRIPTION = """\
 Benchmarks for gymckpt's checkpoint runtime: the drain and the figures it must reach. Every
-figure is measured on this machine; the machine is shared, so medians (and p99) are quoted, never means or best cases.
+figure is measured on this machine; the machine is shared, so medians (and p99) are quoted,
+never means or best cases.
 
   drain     checkpoint drain with N rollouts in flight and P pending replies on the wire:
             wake latency (last pending reply's mutation -> wait_drained returning), CPU cost
