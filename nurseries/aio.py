@@ -112,10 +112,10 @@ class AioRollouts:
         it = self.trio_rollouts.batches(
             groups_per_step, state=state, files=files, log_metrics=log_metrics
         )
-        return trio_asyncio.trio_as_aio(it)  # type: ignore[no-any-return]
+        return trio_asyncio.trio_as_aio(it)
 
     async def next_batch(self, groups: int) -> list[CompletedGroup]:
-        return await trio_asyncio.trio_as_aio(self.trio_rollouts.next_batch)(groups)  # type: ignore[no-any-return]
+        return await trio_asyncio.trio_as_aio(self.trio_rollouts.next_batch)(groups)
 
     async def checkpoint(
         self, trainer_state: bytes | None = None, *, files: FilesFn | None = None
@@ -123,7 +123,7 @@ class AioRollouts:
         async def call() -> CheckpointOutcome:
             return await self.trio_rollouts.checkpoint(trainer_state, files=files)
 
-        return await trio_asyncio.trio_as_aio(call)()  # type: ignore[no-any-return]
+        return await trio_asyncio.trio_as_aio(call)()
 
 
 @asynccontextmanager
