@@ -6,7 +6,7 @@ Public names are re-exported here; the modules behind them are private.
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
 from ._collector import collector_paused
 from ._config import RuntimeConfig
-from ._config_file import runtime_config_from_toml
+from ._config_file import load_toml_table, runtime_config_from_toml, structure_table
 from ._converter import converter, structure
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
@@ -159,6 +159,7 @@ __all__ = [
     "load_ledger_snapshot",
     "load_manifest",
     "load_snapshot",
+    "load_toml_table",
     "participant_differences",
     "participant_state_problem",
     "records_digest",
@@ -166,6 +167,7 @@ __all__ = [
     "runtime_config_from_toml",
     "sample_ids",
     "structure",
+    "structure_table",
     "topology_differences",
     "tree_size",
     "verify_snapshot",

@@ -178,7 +178,7 @@ def _phase_parser() -> argparse.ArgumentParser:
 def _demo_file_defaults(path: str) -> dict[str, Any]:
     """Table ``[demo]`` of a TOML file, checked strictly as the demo's options, as defaults of
     the demo's flags."""
-    from gymckpt.runtime._config_file import load_toml_table, structure_table
+    from gymckpt.runtime import load_toml_table, structure_table
 
     from .demo import DemoOptions
 
