@@ -63,11 +63,12 @@ class Metrics:
             return self.clock() - self._marks[name]
         return self._gauges.get(name, default)
 
-    def snapshot(self) -> dict[str, float]:
-        """Every metric by name, as a new dict (ages computed now)."""
+    def snapshot(self, *, ages: bool = True) -> dict[str, float]:
+        """Every metric by name, as a new dict (ages computed now; without them with
+        ``ages=False``: they read the wall clock, so a deterministic replay leaves them out)."""
         out = dict(self._counters)
         out.update(self._gauges)
-        if self._marks:
+        if ages and self._marks:
             now = self.clock()
             out.update({name: now - t for name, t in self._marks.items()})
         return out

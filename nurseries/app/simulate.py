@@ -558,7 +558,7 @@ async def _incarnation(
     fired: tuple[tuple[str, int], ...] = ()
     if gym_ref:
         fired = gym_ref[0].faults.fired
-    metrics = ro_ref[0].metrics.snapshot() if ro_ref else {}
+    metrics = ro_ref[0].metrics.snapshot(ages=False) if ro_ref else {}  # replayable
     return IncarnationReport(inc, faults, end, error, restored_from, tuple(outcomes), fired,
                              steps, sum(1 for _, r in claims if r.restored_from), lease_reopened,
                              metrics)
