@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser = build_parser(_demo_file_defaults(args.config))
             except ManifestError as exc:
                 print(f"gymckpt: error: {exc}", file=sys.stderr)
-                return EXIT_BAD_INPUT
+                return ExitCode.BAD_INPUT
             args = parser.parse_args(argv)
     try:
         if args.command is None:
@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if opts.backend == "ray" and not _ray_installed():
             print("gymckpt: error: --backend ray needs Ray, an optional extra: "
                   "pip install 'gymckpt[ray]'", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return ExitCode.BAD_INPUT
         return run_demo(opts, args.json)
     except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
