@@ -555,7 +555,7 @@ def test_runtime_config_from_toml_is_strict(tmp_path: Path) -> None:
     for body, says in [
         ("[runtime]\nlease_seconds = 9\n", r"\[runtime\]: extra fields found \(lease_seconds\)"),
         ("[runtime]\nlease_s = 'long'\n", r"\[runtime\]: .*expected float @ \$.lease_s"),
-        ("[runtime]\nmax_row_attempts = 0\n", r"\[runtime\]: max_row_attempts must be > 0"),
+        ("[runtime]\nmax_row_attempts = 0\n", r"\[runtime\]: '?max_row_attempts'? must be > 0"),
         ("[runtime\n", r"job.toml: not valid TOML"),
     ]:
         job.write_text(body)
