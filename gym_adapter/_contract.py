@@ -153,12 +153,13 @@ class ExportedEpisode:
 class AgentSession:
     """An agent session record. A legacy agent session with a ``step_boundary`` owns its episode
     when no environment participant exported it (S10); a parked one without a boundary is
-    stranded."""
+    stranded. ``capture_keys`` are the model calls staged for its episode."""
 
     rollout_id: str
     participant: str
     kind: str
     step_boundary: int | None
+    capture_keys: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -508,6 +508,16 @@ class SimInstance:
     def dead(self) -> bool:
         return self._dead
 
+    def drop_stream(self, pick: Callable[[int], int] = lambda n: 0) -> bool:
+        """End one open reply stream now, as a ``drop`` fault would: undelivered replies are
+        discarded, its rows run on. ``pick(n)`` chooses among the ``n`` open streams (oldest
+        first). False if no stream is open. For fault injection between checkpoint stages."""
+        open_streams = [st for st in self._streams if not st.ended]
+        if not open_streams:
+            return False
+        self._end_stream(open_streams[pick(len(open_streams))])
+        return True
+
     @property
     def participants(self) -> tuple[tuple[str, str], ...]:
         """``(server_name, kind)`` of each participant, in topology order."""
@@ -1012,15 +1022,15 @@ class SimInstance:
         stranded = (
             held[0].rollout_id if legacy and self.config.strand_legacy_session and held else None
         )
-        owner = AGENT if legacy else CALENDAR
-        exported = tuple(
+        # a legacy agent's environment only relays /run: nothing exports the episode, the
+        # agent session (with its step boundary and staged model calls) holds it (S10)
+        exported = () if legacy else tuple(
             ExportedEpisode(
                 ep.rollout_id,
-                owner,
+                CALENDAR,
                 tuple(k for k, _ in staged.get(ep.rollout_id, ())),
             )
             for ep in held
-            if ep.rollout_id != stranded
         )
         sessions = tuple(
             AgentSession(
@@ -1028,6 +1038,7 @@ class SimInstance:
                 AGENT,
                 self.agent_kind,
                 None if ep.rollout_id == stranded else ep.boundary,
+                tuple(k for k, _ in staged.get(ep.rollout_id, ())),
             )
             for ep in held
         )

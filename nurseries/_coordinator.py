@@ -193,7 +193,9 @@ def _ownership(replies: Mapping[str, CommitReply], order: Sequence[str]) -> _Own
             if sess.rollout_id in owned:
                 continue
             if sess.kind == "legacy_agent" and sess.step_boundary is not None:
-                owned[sess.rollout_id] = EpisodeRecord(sess.rollout_id, sess.participant, name)
+                owned[sess.rollout_id] = EpisodeRecord(
+                    sess.rollout_id, sess.participant, name, sess.capture_keys
+                )
             elif sess.rollout_id not in reply.on_wire:
                 stranded.append(sess.rollout_id)
         if stranded:
@@ -466,6 +468,11 @@ class CheckpointCoordinator:
                         cut = await offload(lambda: self._cut(owned, names))
                     if not cut.unaccounted:
                         break
+                    if trio.current_time() >= drain_deadline:
+                        raise DrainTimeout(
+                            [r for ids in cut.unaccounted.values() for r in ids],
+                            config.drain_timeout_s,
+                        )
                     # a stream that ended while its replies were discarded, not yet seen by
                     # its consumer: transient, it abandons them soon (bounded by the drain)
                     drained += await self._drain(cut.unaccounted, drain_deadline)

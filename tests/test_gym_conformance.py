@@ -120,6 +120,12 @@ def manifest_parts(
     episodes = [
         EpisodeRecord(e.rollout_id, e.owner, reply.instance, e.capture_keys) for e in reply.exported
     ]
+    exported = {e.rollout_id for e in reply.exported}
+    episodes += [  # a legacy agent session owns what no participant exported (S10)
+        EpisodeRecord(s.rollout_id, s.participant, reply.instance, s.capture_keys)
+        for s in reply.sessions
+        if s.rollout_id not in exported and s.kind == "legacy_agent" and s.step_boundary is not None
+    ]
     return record, episodes
 
 
@@ -379,8 +385,9 @@ async def test_legacy_agent_sessions_own_their_episodes(
     root = tmp_path / "snap"
     async with checkpointed(open_gym, root, agent_kinds="legacy_agent") as (reply, _gym):
         assert reply.participants[0].kind == "legacy_agent"
-        assert {e.owner for e in reply.exported} == {"agent"}
+        assert reply.exported == ()  # only the agent session holds a legacy episode
         assert {s.kind for s in reply.sessions} == {"legacy_agent"}
+        assert all(s.capture_keys for s in reply.sessions)
         assert all(s.step_boundary is not None for s in reply.sessions)
         assert read_records(root, "gym-0/calendar")["exported"] == []
 
@@ -394,8 +401,8 @@ async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
     ) as (reply, _gym):
         stranded = [s.rollout_id for s in reply.sessions if s.step_boundary is None]
         assert stranded == ["0-0"]
-        assert "0-0" not in {e.rollout_id for e in reply.exported}
-        assert len(reply.exported) == 3
+        assert reply.exported == ()
+        assert len(reply.sessions) == 4
 
 
 # -- retire and lease ----------------------------------------------------------------------------

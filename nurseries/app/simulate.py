@@ -71,7 +71,16 @@ import orjson
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import FAULT_KINDS, EmbeddedGym, GymInstanceDead, RunRow, SimConfig
+from gymckpt.gym_adapter import (
+    FAULT_KINDS,
+    EmbeddedGym,
+    GymBackend,
+    GymInstanceDead,
+    ReplyStream,
+    RunReply,
+    RunRow,
+    SimConfig,
+)
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
@@ -167,6 +176,13 @@ class Scenario:
     """Per incarnation (index), where it is abandoned; None or absent: no crash."""
     rollback: bool = False
     """After the first crash or abort, restore an older snapshot than the latest, if any."""
+    stage_drops: tuple[tuple[int, str], ...] = ()
+    """(checkpoint number within an incarnation, hook point): Gym ends one open reply stream
+    there (its rows run on), between two checkpoint stages. Every incarnation but the last."""
+    late_end_s: float = 0.0
+    """Every stream's end reaches the consumer this many seconds after Gym ended it."""
+    restore_retry: bool = False
+    """A restore Gym could not serve is retried once, into the same Gym (all-or-nothing)."""
     max_incarnations: int = MAX_INCARNATIONS
 
     def sim_config(self) -> SimConfig:
@@ -191,7 +207,9 @@ class Scenario:
             f"{self.max_rows_in_flight}, batch {self.batch_size}, {self.groups_per_step} "
             f"groups/step, checkpoint every {self.checkpoint_every}, max failures "
             f"{self.max_consecutive_failures}; faults {list(self.faults)}, restore faults "
-            f"{list(self.restore_faults)}; crashes {crashes}; rollback {self.rollback}"
+            f"{list(self.restore_faults)}; crashes {crashes}; rollback {self.rollback}; "
+            f"stream drops at {list(self.stage_drops)}; late stream ends {self.late_end_s:g}s; "
+            f"restore retried into the same Gym {self.restore_retry}"
         )
 
 
@@ -223,6 +241,7 @@ def draw_scenario(seed: int) -> Scenario:
             crashes.append(Crash(at_s=round(rng.uniform(0.0, 30.0), 3)))
         else:
             crashes.append(Crash(checkpoint=rng.randint(1, 4), point=rng.choice(HOOK_POINTS)))
+    races = _draw_races(seed, instances)
     return Scenario(
         seed=seed,
         rows=rng.randint(2, 32),
@@ -246,10 +265,28 @@ def draw_scenario(seed: int) -> Scenario:
         faults=_draw_faults(rng, rng.choice((0, 1, 1, 2, 3)),
                             ("prepare", "commit", "resume", "retire", "run")),
         restore_faults=_draw_faults(rng, rng.choice((0, 0, 1, 2)),
-                                    ("restore", "restore", "prepare", "commit", "retire", "run")),
+                                    ("restore", "restore", "prepare", "commit", "retire", "run"))
+        + races.pop("restore_faults", ()),
         crashes=tuple(crashes),
         rollback=rng.random() < 0.2,
+        **races,
     )
+
+
+def _draw_races(seed: int, instances: int) -> dict[str, Any]:
+    """Race-prone additions, from their own generator so the draws above stay as they were:
+    stream drops between checkpoint stages, late stream ends, and a restore that fails on one
+    instance of several and is retried into the same Gym."""
+    rng = random.Random(f"races:{seed}")
+    drops = tuple((rng.randint(1, 3), rng.choice(HOOK_POINTS))
+                  for _ in range(rng.choice((0, 0, 1, 2))))
+    late = rng.choice((0.0, 0.0, 0.2, 1.0, 3.0))
+    extra: dict[str, Any] = {"stage_drops": drops, "late_end_s": late}
+    if instances > 1 and rng.random() < 0.3:
+        extra["restore_retry"] = True
+        kind = rng.choice(("error", "unpicklable", "hang"))
+        extra["restore_faults"] = (f"restore:{kind}@2",)
+    return extra
 
 
 # -- reports --------------------------------------------------------------------------------------
@@ -413,7 +450,7 @@ def _check_budgets(
 
 
 async def _incarnation(
-    run: _Run, inc: int, faults: tuple[str, ...], crash: Crash | None
+    run: _Run, inc: int, faults: tuple[str, ...], crash: Crash | None, races: bool = True
 ) -> IncarnationReport:
     sc = run.sc
     cfg = sc.runtime_config()
@@ -430,101 +467,127 @@ async def _incarnation(
     if crash is not None and crash.at_s is not None:
         crash_scope.deadline = trio.current_time() + crash.at_s
 
+    checkpoint_ids: list[str] = []  # this incarnation's, in order (ids go on across them)
+
     def on_stage(checkpoint_id: str, point: str) -> None:
-        assert crash is not None and crash.checkpoint is not None
-        if checkpoint_id == f"i{inc}-{crash.checkpoint:04d}" and point == crash.point:
+        if checkpoint_id not in checkpoint_ids:
+            checkpoint_ids.append(checkpoint_id)
+        n = len(checkpoint_ids)
+        if races and (n, point) in sc.stage_drops and gym_ref:
+            gym = gym_ref[0]
+            live = [name for name in gym.instances if not gym.sim(name).dead]
+            if live:  # a stream ends between two checkpoint stages
+                gym.sim(live[run.rng.randrange(len(live))]).drop_stream(run.rng.randrange)
+        if crash is not None and crash.checkpoint == n and point == crash.point:
             crash_scope.cancel()
 
     async def body() -> None:
-        nonlocal restored_from, steps, lease_reopened
         async with EmbeddedGym.open(
             instances=sc.instances, agent_kinds=sc.kinds(), seed=sc.seed,
             work_dir=run.root / f"gym-{inc}", config=sc.sim_config(), faults=faults,
         ) as gym:
             gym_ref.append(gym)
-            async with open_rollouts(
-                gym, run.workdir, rows=sc.rows, group_size=sc.group_size, config=cfg,
-                max_rows_in_flight=sc.max_rows_in_flight, batch_size=sc.batch_size,
-                keep_snapshots=sc.keep_snapshots, run_id=f"i{inc}",
-                on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows),
-            ) as ro:
-                ro_ref.append(ro)
-                if crash is not None and crash.point is not None:
-                    ro.coordinator.on_stage = on_stage
-                trainer = ToyTrainer()
-                if ro.trainer_state is not None:
-                    trainer = ToyTrainer.from_bytes(ro.trainer_state)
-                if ro.restored is not None:
-                    restored_from = ro.restored.snapshot.checkpoint_id
-                # the final model descends from the restored step; later steps died
-                run.lineage[:] = [s for s in run.lineage if s[0] <= trainer.step]
-                # what Gym installed: the restored manifest's episodes (the dispatcher may
-                # already be claiming some, so the ledger's unclaimed set is a moving target)
-                replicas: dict[str, str] = {}
-                if ro.restored is not None:
-                    manifest = load_snapshot(ro.restored.pinned.path).manifest
-                    replicas = {e.rollout_id: e.replica for e in manifest.episodes}
-                initial_spent = ro.ledger.statistics().row_attempts_spent
-                calls = 0
+            backend = cast(GymBackend, _LateEnds(gym, sc.late_end_s)) if sc.late_end_s else gym
+            for attempt in (1, 2):
+                try:
+                    await with_rollouts(gym, backend)
+                    return
+                except Exception as exc:
+                    decided = run_exit(exc)
+                    if (ro_ref or attempt == 2 or not sc.restore_retry or decided is None
+                            or decided[0] != 4):
+                        raise
+                    # the restore failed into this Gym; it rolled back, so a restart into
+                    # the same Gym must restore cleanly (all-or-nothing across instances)
+                    installed_before.append(
+                        sum(s.restored for s in (await gym.statistics()).instances))
 
-                async def checkpoint() -> bool:
-                    nonlocal calls
-                    calls += 1
-                    outcome = await ro.checkpoint(trainer.to_bytes())
-                    outcomes.append((outcome.checkpoint_id, outcome.ok, outcome.reason))
-                    if outcome.ok and outcome.snapshot is not None:
-                        run.final_snapshot = outcome.snapshot.path
-                    return outcome.ok
+    installed_before: list[int] = []
 
-                batches = cast(AsyncGenerator[list[CompletedGroup], None],
-                               ro.batches(sc.groups_per_step))
-                async with aclosing(batches):  # an abort mid-loop must finalise it here
-                    async for batch in batches:
-                        rewards = [r.reward for g in batch for r in g.results]
-                        trainer = trainer.train(rewards, len(batch))
-                        run.lineage.append((trainer.step, tuple(g.row for g in batch)))
-                        steps += 1
-                        if trainer.step % sc.checkpoint_every == 0:
-                            await checkpoint()
-                run.final_snapshot = None
-                for _ in range(cfg.max_consecutive_failures + 1):
-                    if await checkpoint():
-                        break
-                _check_budgets(run, inc, ro, initial_spent, calls)
-                restored_claims = [(i, r) for i, r in claims if r.restored_from is not None]
-                seen = Counter(r.restored_from for _, r in restored_claims)
-                refused = ro.metrics.get(ADMISSION_CLOSED_ROWS) > 0
-                for rid, n in seen.items():
-                    if n > 1 and not refused:  # a refused claim is re-sent, same identity (S2)
-                        run.violation(inc, f"restored episode {rid} dispatched {n} times")
-                for i, r in restored_claims:
-                    if r.restored_from not in replicas:
-                        run.violation(inc, f"{r.rollout_id} claims {r.restored_from}, which was "
-                                           "not restored")
-                    elif replicas[r.restored_from] != i:
-                        run.violation(inc, f"{r.rollout_id} dispatched to {i}, but "
-                                           f"{r.restored_from} was restored on "
-                                           f"{replicas[r.restored_from]}")
-                gs = await gym.statistics()
-                claimed = sum(s.episodes_claimed for s in gs.instances)
-                if claimed != len(seen):  # each restored episode continued exactly once
-                    run.violation(inc, f"Gym continued {claimed} restored episodes, the "
-                                       f"runtime claimed {len(seen)}")
-                installed = sum(s.restored for s in gs.instances)
-                if installed != len(replicas):
-                    run.violation(inc, f"Gym installed {installed} restored episodes, the "
-                                       f"ledger holds {len(replicas)} unclaimed")
-                # Gym is never left parked beyond its lease, whatever the last resume did
-                await trio.sleep(sc.lease_s + 1.0)
-                for name in gym.instances:
-                    sim = gym.sim(name)
-                    if sim.dead:
-                        continue
-                    inv = sim.inventory()
-                    lease_reopened += inv.lease_reopened
-                    if inv.prepared or not inv.admission_open:
-                        run.violation(inc, f"{name} still parked {sc.lease_s + 1:g}s after the "
-                                           "last checkpoint")
+    async def with_rollouts(gym: EmbeddedGym, backend: GymBackend) -> None:
+        nonlocal restored_from, steps, lease_reopened
+        async with open_rollouts(
+            backend, run.workdir, rows=sc.rows, group_size=sc.group_size, config=cfg,
+            max_rows_in_flight=sc.max_rows_in_flight, batch_size=sc.batch_size,
+            keep_snapshots=sc.keep_snapshots, run_id=f"i{inc}",
+            on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows),
+        ) as ro:
+            ro_ref.append(ro)
+            ro.coordinator.on_stage = on_stage
+            trainer = ToyTrainer()
+            if ro.trainer_state is not None:
+                trainer = ToyTrainer.from_bytes(ro.trainer_state)
+            if ro.restored is not None:
+                restored_from = ro.restored.snapshot.checkpoint_id
+            # the final model descends from the restored step; later steps died
+            run.lineage[:] = [s for s in run.lineage if s[0] <= trainer.step]
+            # what Gym installed: the restored manifest's episodes (the dispatcher may
+            # already be claiming some, so the ledger's unclaimed set is a moving target)
+            replicas: dict[str, str] = {}
+            if ro.restored is not None:
+                manifest = load_snapshot(ro.restored.pinned.path).manifest
+                replicas = {e.rollout_id: e.replica for e in manifest.episodes}
+            initial_spent = ro.ledger.statistics().row_attempts_spent
+            calls = 0
+
+            async def checkpoint() -> bool:
+                nonlocal calls
+                calls += 1
+                outcome = await ro.checkpoint(trainer.to_bytes())
+                outcomes.append((outcome.checkpoint_id, outcome.ok, outcome.reason))
+                if outcome.ok and outcome.snapshot is not None:
+                    run.final_snapshot = outcome.snapshot.path
+                return outcome.ok
+
+            batches = cast(AsyncGenerator[list[CompletedGroup], None],
+                           ro.batches(sc.groups_per_step))
+            async with aclosing(batches):  # an abort mid-loop must finalise it here
+                async for batch in batches:
+                    rewards = [r.reward for g in batch for r in g.results]
+                    trainer = trainer.train(rewards, len(batch))
+                    run.lineage.append((trainer.step, tuple(g.row for g in batch)))
+                    steps += 1
+                    if trainer.step % sc.checkpoint_every == 0:
+                        await checkpoint()
+            run.final_snapshot = None
+            for _ in range(cfg.max_consecutive_failures + 1):
+                if await checkpoint():
+                    break
+            _check_budgets(run, inc, ro, initial_spent, calls)
+            restored_claims = [(i, r) for i, r in claims if r.restored_from is not None]
+            seen = Counter(r.restored_from for _, r in restored_claims)
+            refused = ro.metrics.get(ADMISSION_CLOSED_ROWS) > 0
+            for rid, n in seen.items():
+                if n > 1 and not refused:  # a refused claim is re-sent, same identity (S2)
+                    run.violation(inc, f"restored episode {rid} dispatched {n} times")
+            for i, r in restored_claims:
+                if r.restored_from not in replicas:
+                    run.violation(inc, f"{r.rollout_id} claims {r.restored_from}, which was "
+                                       "not restored")
+                elif replicas[r.restored_from] != i:
+                    run.violation(inc, f"{r.rollout_id} dispatched to {i}, but "
+                                       f"{r.restored_from} was restored on "
+                                       f"{replicas[r.restored_from]}")
+            gs = await gym.statistics()
+            claimed = sum(s.episodes_claimed for s in gs.instances)
+            if claimed != len(seen):  # each restored episode continued exactly once
+                run.violation(inc, f"Gym continued {claimed} restored episodes, the "
+                                   f"runtime claimed {len(seen)}")
+            installed = sum(s.restored for s in gs.instances) - sum(installed_before)
+            if installed != len(replicas):
+                run.violation(inc, f"Gym installed {installed} restored episodes, the "
+                                   f"ledger holds {len(replicas)} unclaimed")
+            # Gym is never left parked beyond its lease, whatever the last resume did
+            await trio.sleep(sc.lease_s + 1.0)
+            for name in gym.instances:
+                sim = gym.sim(name)
+                if sim.dead:
+                    continue
+                inv = sim.inventory()
+                lease_reopened += inv.lease_reopened
+                if inv.prepared or not inv.admission_open:
+                    run.violation(inc, f"{name} still parked {sc.lease_s + 1:g}s after the "
+                                       "last checkpoint")
 
     try:
         with crash_scope, trio.move_on_after(STALL_S) as stall_scope:
@@ -562,6 +625,40 @@ async def _incarnation(
     return IncarnationReport(inc, faults, end, error, restored_from, tuple(outcomes), fired,
                              steps, sum(1 for _, r in claims if r.restored_from), lease_reopened,
                              metrics)
+
+
+class _LateEnd:
+    """A reply stream whose end reaches the consumer ``late_s`` after Gym ended it (transport
+    latency: on Ray the shielded close of a stream can take seconds)."""
+
+    def __init__(self, inner: ReplyStream, late_s: float) -> None:
+        self._inner, self._late_s = inner, late_s
+
+    def __aiter__(self) -> _LateEnd:
+        return self
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        try:
+            return await self._inner.__anext__()
+        except StopAsyncIteration:
+            await trio.sleep(self._late_s)
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _LateEnds:
+    """The embedded Gym with every stream's end delivered late (``Scenario.late_end_s``)."""
+
+    def __init__(self, gym: EmbeddedGym, late_s: float) -> None:
+        self._gym, self._late_s = gym, late_s
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> ReplyStream:
+        return _LateEnd(await self._gym.run(instance, rows), self._late_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gym, name)
 
 
 def _rollback(run: _Run, inc: int) -> None:
@@ -617,7 +714,8 @@ async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
                 faults = () if last else sc.faults if inc == 0 else (
                     sc.restore_faults if inc == 1 else ())
                 crash = None if last or inc >= len(sc.crashes) else sc.crashes[inc]
-                report = await _incarnation(run, inc, faults, crash)
+                races = not last
+                report = await _incarnation(run, inc, faults, crash, races)
                 run.reports.append(report)
                 if report.end == "finished":
                     break
