@@ -204,20 +204,19 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
     assert RetireItem(victim, "gym-0") in carried
     assert main(["verify", str(path)]) == 0
 
-    holders: list[set[str]] = []
     async with gym_at(tmp_path, "gym-b") as gym:
-
-        def on_dispatch(_instance: str, _rows: Sequence[RunRow]) -> None:
-            holders.append({n for n in gym.instances
-                            if any(s.rollout_id == victim
-                                   for s in gym.sim(n).calendar_state().values())})
-
         async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6, on_dispatch=on_dispatch) as ro:
+                                 max_rows_in_flight=6) as ro:
+            # nothing is dispatched yet (the dispatcher runs once we wait): the dropped
+            # attempt's committed session must already be gone from every instance
+            holders = {n for n in gym.instances
+                       if any(s.rollout_id == victim for s in gym.sim(n).calendar_state().values())}
+            assert ro.dispatcher.statistics().rows_sent == 0
+            assert holders == set(), "the dropped attempt outlived the restore"
+            assert ro.ledger.statistics().retire_queue == 0
             await train_all(ro)
             final = await ro.checkpoint()
             assert final.ok and final.snapshot is not None
-    assert holders and holders[0] == set(), "the dropped attempt outlived the restore"
     counts, _failed = snapshot_sentinels(final.snapshot.path)
     assert counts and max(counts.values()) == 1, {k: v for k, v in counts.items() if v > 1}
 

@@ -113,6 +113,24 @@ async def test_s1_nothing_is_dispatched_before_admission(
         assert_released(ro)
 
 
+async def test_s1_a_checkpoint_keeps_admission_closed_from_close_to_resume(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Nothing reaches Gym between the checkpoint's close and its resume (even while Gym's
+    own admission is open again, e.g. during the retire stage)."""
+    async with running(tmp_path, rows=40, faults=["commit:delay:1.5"]) as (_gym, ro):
+        await trio.sleep(1)
+        seen: list[tuple[str, bool, int]] = []
+        ro.coordinator.on_stage = lambda _cid, point: seen.append(
+            (point, ro.coordinator.gate.is_open, ro.dispatcher.statistics().rows_sent))
+        outcome = await ro.checkpoint()
+        assert outcome.ok, outcome.error
+        assert [p for p, _, _ in seen][0] == "before_prepare" and len(seen) >= 4
+        assert not any(is_open for _, is_open, _ in seen), seen
+        assert len({sent for _, _, sent in seen}) == 1, seen
+        assert ro.coordinator.gate.is_open
+
+
 # -- S2 -----------------------------------------------------------------------------------------
 
 
@@ -388,9 +406,11 @@ async def test_s8_tampered_state_is_refused_and_gym_untouched(
         with pytest.raises(TopologyMismatch, match="gym-1: participant calendar digest"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
-        for n in gym.instances:
+        for n in gym.instances:  # refused before any instance installed anything
             inv = await gym.inventory(n)
             assert inv.unclaimed == () and inv.parked == () and inv.running == ()
+            assert gym.sim(n).calendar_state() == {}
+            assert gym.sim(n).statistics().restored == 0
 
 
 async def test_s8_changed_topology_is_refused(

@@ -1,0 +1,262 @@
+"""Protocol mutants: does the suite (plus a short simulation) notice when a rule is broken?
+
+    python tests/mutation.py                 # every mutant; prints the mutation score
+    python tests/mutation.py s9 bug2         # only mutants whose name contains one of these
+    python tests/mutation.py --sim-only bug  # the simulation alone against the bug mutants
+    python tests/mutation.py --list
+
+Each mutant is a one-line change that breaks one behaviour rule the way a careless edit would:
+the six checks that once could not fail, the three exactly-once races put back, and others
+across S1-S13 and fencing. One at a time, the tree is copied to a temporary directory (the
+working tree is never touched), the line is replaced, and the copy is imported as ``gymckpt``
+(``PYTHONPATH``) by:
+
+1. the mutant's relevant tests (``pytest -x``; a hang fails through pytest-timeout);
+2. if they all pass, ``gymckpt simulate`` over ``--seeds`` seeds.
+
+A mutant is *killed* when either fails. The score is killed / total; a mutant whose line is no
+longer in the tree is reported *stale* (edit its entry). Not part of CI: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RACES = "tests/test_exactly_once_races.py"
+ORCH = "tests/test_orchestration.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    rule: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    nth: int = 1
+    """Which occurrence of ``old`` in ``path`` is replaced (1-based)."""
+    keyword: str = ""
+    """``pytest -k`` expression narrowing ``tests`` (empty: all of them)."""
+    sim_seeds: int | None = None
+    """Seeds for the simulation step (None: the command-line default)."""
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- the six checks that could not fail --------------------------------------------------
+    Mutant("s7-checkpoint-pauses-only-beside-another-holder", "S7", "nurseries/_coordinator.py",
+           "self.deadlines.pause(PAUSE_HOLDER)",
+           "self.deadlines.pause(PAUSE_HOLDER) if self.deadlines.holders else None",
+           (ORCH,), keyword="s7"),
+    Mutant("s10-legacy-ownership-rule-off", "S10", "nurseries/_coordinator.py",
+           'if sess.kind == "legacy_agent" and sess.step_boundary is not None:', "if False:",
+           (ORCH,), keyword="s10"),
+    Mutant("s4-forget-the-whole-retire-queue", "S4", "nurseries/_coordinator.py",
+           "await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))",
+           "await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired("
+           "list(self.ledger._retire)))",
+           (ORCH, RACES), keyword="s4 or retire"),
+    Mutant("s6-unknown-errors-retryable", "S6", "nurseries/_calls.py",
+           'kinds.add("unknown")', 'kinds.add("gym_unavailable")',
+           ("tests/test_config_metrics_errors.py", RACES), keyword="classify or error"),
+    Mutant("c4-invariant-exits-4", "C4", "nurseries/_run.py",
+           "return 3, leaf", "return 4, leaf",
+           ("tests/test_config_metrics_errors.py",), keyword="exit_codes"),
+    Mutant("s5-control-call-unbounded", "S5", "nurseries/_calls.py",
+           "with trio.move_on_at(deadline + config.reply_grace_s) as scope:",
+           "with trio.CancelScope() as scope:",
+           (ORCH,), keyword="s5"),
+    # -- the three races put back -------------------------------------------------------------
+    Mutant("bug1-restore-installs-before-the-ledger-checks", "S8/C6", "nurseries/_restore.py",
+           "found.raise_if_any(pinned.path)", "found.raise_if_any(pinned.path) if found.state "
+           "else None", (RACES,), keyword="rejected"),
+    Mutant("bug1-verify-skips-the-ledger", "C2/C6", "nurseries/app/cli.py",
+           "return snapshot_problems(snap).all", "return list(snapshot_problems(snap).state)",
+           (RACES, "tests/test_bad_input.py"), keyword="ledger or verify"),
+    Mutant("bug1-restore-not-all-or-nothing", "S8", "nurseries/_restore.py",
+           "await _roll_back(gym, snap.manifest, episodes_by_replica, config)", "pass",
+           (RACES,), keyword="restore_failing"),
+    Mutant("bug2-snapshot-forgets-the-retire-queue", "S4/S11", "runtime/_ledger.py",
+           "retire=tuple(self._retire.values()),", "retire=(),",
+           (RACES,), keyword="dropped"),
+    Mutant("bug2-restore-does-not-retire-dropped-attempts", "S4/S11", "nurseries/_restore.py",
+           "await _retire_carried(gym, ledger, config)", "pass",
+           (RACES,), keyword="dropped"),
+    Mutant("bug3-late-stream-end-aborts", "S3/S6", "nurseries/_coordinator.py",
+           "unaccounted[name] = frozenset(missing)",
+           'raise CheckpointInvariantError(f"{name}: {sample_ids(missing)} neither exported '
+           'nor on the wire")',
+           (RACES,), keyword="late"),
+    # -- other rules --------------------------------------------------------------------------
+    Mutant("s1-checkpoint-does-not-close-admission", "S1", "nurseries/_coordinator.py",
+           "await self.gate.close(by=checkpoint_id)", "pass", (ORCH,), keyword="s1 or s9"),
+    Mutant("s2-refusal-spends-an-attempt", "S2", "nurseries/_dispatcher.py",
+           "elif isinstance(reply, Refused) and ledger.refuse(rid):",
+           "elif isinstance(reply, Refused) and bool(ledger.abandon([rid])):",
+           (ORCH,), keyword="s2"),
+    Mutant("s3-early-end-not-abandoned", "S3", "nurseries/_dispatcher.py",
+           "abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]",
+           "abandoned: list[str] = []", (ORCH,), keyword="s3"),
+    Mutant("s4-no-retire-stage", "S4", "nurseries/_coordinator.py",
+           "await self._retire_dropped()", "pass", (ORCH,), keyword="s4"),
+    Mutant("s4-drop-during-checkpoint-is-an-ownership-violation", "S4",
+           "nurseries/_coordinator.py",
+           "gone = exported & {item.rollout_id for item in queued.get(name, ())}",
+           "gone: frozenset[str] = frozenset()",
+           (RACES, "tests/test_fault_matrix.py"), keyword="dropped"),
+    Mutant("s8-live-topology-unchecked", "S8", "runtime/_store.py",
+           "diffs.extend(_topology_differences(snapshot.manifest, live))", "pass",
+           (ORCH,), keyword="s8"),
+    Mutant("s8-digests-unchecked-before-install", "S8", "runtime/_store.py",
+           "problem = participant_state_problem(snapshot.path, p, where)", "problem = None",
+           (ORCH,), keyword="s8"),
+    Mutant("s9-drain-wakes-before-the-replies", "S9", "runtime/_drain.py",
+           "is_in_flight = ledger.is_in_flight", "is_in_flight = lambda _rid: False  # noqa",
+           (ORCH,), keyword="s9"),
+    Mutant("s11-restored-episode-sent-to-any-replica", "S11", "nurseries/_dispatcher.py",
+           "instance = att.restored.instance", "instance = live[next(self._rr) % len(live)]",
+           (ORCH,), keyword="s11"),
+    Mutant("s11-dropped-unclaimed-episode-not-retired", "S11", "runtime/_ledger.py",
+           "item = RetireItem(restored.from_rollout_id, restored.instance, restored=True)",
+           "return", (ORCH,), keyword="s11"),
+    Mutant("s13-restore-reads-the-unpinned-snapshot", "S13", "nurseries/_restore.py",
+           "pinned = await offload(lambda: store.pin(info, dest))", "pinned = info",
+           (ORCH,), keyword="s13"),
+    Mutant("fencing-stale-completion-accepted", "fencing", "runtime/_ledger.py",
+           "if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:",
+           "if s < 0 or self._state[s] != _DISPATCHED:",
+           ("tests/test_ledger.py",)),
+    Mutant("fencing-gym-lets-a-stale-attempt-mutate", "fencing", "gym_adapter/_sim.py",
+           "return session is None or session.rollout_id != ep.rollout_id",
+           "return session is None", ("tests/test_gym_conformance.py",),
+           keyword="stale or fence"),
+)
+
+
+def _copy_tree(dest: Path) -> Path:
+    """Copy the tracked and untracked-but-not-ignored files to ``dest/gymckpt``."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+        capture_output=True,
+    ).stdout.decode().split("\0")
+    root = dest / "gymckpt"
+    for rel in filter(None, files):
+        src = REPO / rel
+        if not src.is_file():
+            continue
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return root
+
+
+def _apply(root: Path, m: Mutant) -> str | None:
+    """Apply ``m`` in the copy; None, or why it could not be applied (stale)."""
+    assert "\n" not in m.old and "\n" not in m.new, m.name
+    file = root / m.path
+    if not file.is_file():
+        return f"{m.path} does not exist"
+    text = file.read_text()
+    at = -1
+    for _ in range(m.nth):
+        at = text.find(m.old, at + 1)
+        if at < 0:
+            return f"{m.old!r} not found ({m.nth}. occurrence) in {m.path}"
+    file.write_text(text[:at] + m.new + text[at + len(m.old):])
+    return None
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, "timed out"
+    return p.returncode, p.stdout[-3000:] + p.stderr[-2000:]
+
+
+def _last_line(out: str, *marks: str) -> str:
+    lines = [ln for ln in out.splitlines() if any(k in ln for k in marks)]
+    return (lines[-1] if lines else out.strip().splitlines()[-1] if out.strip() else "")[:160]
+
+
+def run_mutant(m: Mutant, seeds: int, sim_only: bool, test_timeout: int,
+               control: bool = False) -> tuple[str, str]:
+    """("killed" | "survived" | "stale", by what). With ``control`` the line is left as it
+    is: the same selection must pass on the unchanged tree, or a kill means nothing."""
+    with tempfile.TemporaryDirectory(prefix=f"gymckpt-mutant-{m.name}-") as tmp:
+        root = _copy_tree(Path(tmp))
+        why = _apply(root, m if not control else Mutant(m.name, m.rule, m.path, m.old, m.old,
+                                                          m.tests, m.nth, m.keyword))
+        if why is not None:
+            return "stale", why
+        env = {**os.environ, "PYTHONPATH": tmp, "PYTHONHASHSEED": "0"}
+        env.pop("PYTEST_ADDOPTS", None)
+        if not sim_only:
+            cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                   "-m", "not ray and not slow", "-o", f"timeout={test_timeout}", *m.tests]
+            if m.keyword:
+                cmd += ["-k", m.keyword]
+            rc, out = _run(cmd, root, env, timeout=20 * test_timeout)
+            if rc == 5:
+                return "stale", f"no test selected by {m.tests} -k {m.keyword!r}"
+            if rc != 0:
+                return "killed", "tests: " + _last_line(out, "FAILED", "ERROR", "Timeout",
+                                                        "failed")
+        n = m.sim_seeds if m.sim_seeds is not None else seeds
+        if n > 0:
+            cmd = [sys.executable, "-m", "gymckpt", "simulate", "--seeds", str(n)]
+            rc, out = _run(cmd, root, env, timeout=max(600, 5 * n))
+            if rc != 0:
+                return "killed", "simulate: " + _last_line(out, "FAIL", "failed")
+        return "survived", "tests and simulation passed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("only", nargs="*", help="run mutants whose name contains one of these")
+    parser.add_argument("--seeds", type=int, default=30,
+                        help="simulation seeds for a mutant the tests did not kill (default 30)")
+    parser.add_argument("--sim-only", action="store_true",
+                        help="skip the tests: does the simulation alone kill the mutants?")
+    parser.add_argument("--test-timeout", type=int, default=60,
+                        help="per-test timeout in seconds (a hang is a kill); default 60")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--control", action="store_true",
+                        help="run each mutant's selection on the unchanged tree (must survive)")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:55} {m.rule:8} {m.path}")
+        return 0
+    t0 = time.monotonic()
+    results: list[tuple[Mutant, str, str, float]] = []
+    for m in chosen:
+        t = time.monotonic()
+        status, by = run_mutant(m, args.seeds, args.sim_only, args.test_timeout, args.control)
+        dt = time.monotonic() - t
+        results.append((m, status, by, dt))
+        print(f"{status.upper():8} {m.name:55} {dt:6.1f}s  {by}", flush=True)
+    killed = sum(s == "killed" for _, s, _, _ in results)
+    stale = sum(s == "stale" for _, s, _, _ in results)
+    total = len(results)
+    if args.control:
+        print(f"control: {total - killed - stale}/{total} selections pass on the unchanged tree")
+        return 0 if killed == 0 and stale == 0 else 1
+    print(f"mutation score: {killed}/{total} killed ({100 * killed / max(total, 1):.0f}%), "
+          f"{total - killed - stale} survived, {stale} stale, in {time.monotonic() - t0:.0f}s")
+    return 0 if killed == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
