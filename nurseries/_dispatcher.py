@@ -46,10 +46,12 @@ from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     Attempt,
     AttemptState,
+    BudgetExhausted,
     DeadlineExpired,
     DeadlineRegistry,
     DispatchGate,
     EpisodeResult,
+    GymAdmissionClosed,
     GymCallTimeout,
     GymInstanceDead,
     GymUnavailable,
@@ -58,7 +60,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
 )
 
-from ._calls import bounded_call
+from ._calls import bounded_call, fan_out
 
 __all__ = ["READY", "Dispatcher", "DispatcherStatistics"]
 
@@ -206,6 +208,15 @@ class Dispatcher:
                 self.metrics.inc("rollout/dead_instances_total")
                 self._queue.extendleft(reversed([r.rollout_id for r in rows]))
                 return
+            except GymAdmissionClosed:
+                # a backend that refuses a whole submission at once (rather than row by row
+                # on the stream): nothing was admitted; like refused rows (S2), the rows stay
+                # RESERVED with their identity and are re-sent when admission reopens, free
+                ids = [r.rollout_id for r in rows]
+                self._refused += len(ids)
+                self.metrics.inc(ADMISSION_CLOSED_ROWS, len(ids))
+                streams.start_soon(self._requeue_refused, ids, gate_id)
+                return
             except (trio.TooSlowError, GymCallTimeout):
                 # Gym may or may not run these rows: treat them as dispatched and lost, like an
                 # early stream end (S3): abandon, queue for retirement, re-send fresh.
@@ -268,6 +279,13 @@ class Dispatcher:
             if isinstance(exc, GymInstanceDead):
                 self._dead.add(instance)
             self.metrics.inc("rollout/stream_errors_total")
+        except BudgetExhausted:
+            # prompt-group recovery (S3): the run cannot go on. Retire what Gym still runs or
+            # holds for us, so nothing goes on mutating environment state for a run that ends,
+            # then re-raise: the caller's retry (a restart from the last snapshot) takes over.
+            with trio.CancelScope(shield=True):
+                await self._retire_everything()
+            raise
         finally:
             self._streams -= 1
             with trio.CancelScope(shield=True):
@@ -385,6 +403,27 @@ class Dispatcher:
         done = list(reply.retired) + list(reply.unknown)
         await ledger.barrier.mutate(lambda: ledger.forget_retired(done))
         self._retired_now += len(done)
+
+    async def _retire_everything(self) -> None:
+        """Best effort and bounded: retire every attempt Gym runs or holds for this ledger."""
+        ledger = self.ledger
+        queued = ledger.retire_queue()
+        calls = {}
+        for instance in self.gym.instances:
+            if instance in self._dead:
+                continue
+            held = ledger.held_by(instance)
+            ids = sorted(held | {i.rollout_id for i in queued.get(instance, ())})
+            if ids:
+                calls[instance] = functools.partial(self.gym.retire, instance, ids)
+        if not calls:
+            return
+        with trio.move_on_after(self.config.control_timeout_s + self.config.reply_grace_s):
+            async with self.gate.admit():  # never while a checkpoint holds Gym parked
+                try:
+                    await fan_out("retire", calls, self.config)
+                except Exception:
+                    self.metrics.inc("rollout/retire_failures_total")
 
     def statistics(self) -> DispatcherStatistics:
         return DispatcherStatistics(

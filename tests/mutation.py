@@ -217,7 +217,7 @@ def run_mutant(m: Mutant, seeds: int, sim_only: bool, test_timeout: int,
             cmd = [sys.executable, "-m", "gymckpt", "simulate", "--seeds", str(n)]
             rc, out = _run(cmd, root, env, timeout=max(600, 5 * n))
             if rc != 0:
-                return "killed", "simulate: " + _last_line(out, "FAIL", "failed")
+                return "killed", "simulate: " + _last_line(out, "FAIL:", "failing seeds")
         return "survived", "tests and simulation passed"
 
 

@@ -26,6 +26,7 @@ import trio.testing
 
 from gymckpt.gym_adapter import (
     EmbeddedGym,
+    Failed,
     GymControlError,
     ReplyStream,
     RetireReply,
@@ -37,8 +38,11 @@ from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import snapshot_sentinels
 from gymckpt.runtime import (
+    ADMISSION_CLOSED_ROWS,
     COMMIT_MARKER,
+    BudgetExhausted,
     CheckpointInvariantError,
+    GymAdmissionClosed,
     GymCheckpointUnavailable,
     ManifestError,
     RetireItem,
@@ -339,3 +343,72 @@ async def test_an_unanswered_topology_call_bounds_the_restore(
         assert trio.current_time() - start == pytest.approx(2.5)
         await nothing_installed(gym)
 
+
+
+async def test_a_submission_refused_as_a_whole_costs_nothing_and_is_resent(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A backend may refuse a whole ``run`` with ``GymAdmissionClosed`` instead of refusing row
+    by row (S2): the rows keep their identity, spend nothing and go out again."""
+    async with gym_at(tmp_path, "gym-a") as inner:
+        refusals = [2]
+
+        async def run(instance: str, rows: Sequence[RunRow]) -> ReplyStream:
+            if refusals[0]:
+                refusals[0] -= 1
+                raise GymAdmissionClosed(rows[0].rollout_id, instance)
+            return await inner.run(instance, rows)
+
+        gym = Wrapped(inner, run=run)
+        async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
+                                 max_rows_in_flight=6) as ro:
+            trained = await train_all(ro)
+            stats = ro.ledger.statistics()
+    assert sorted(trained) == list(range(12))
+    assert stats.row_attempts_spent == 0 and stats.abandoned_total == 0
+    assert ro.metrics.get(ADMISSION_CLOSED_ROWS) > 0
+    assert ro.dispatcher.statistics().refused > 0
+
+
+class FirstRowFails:
+    """A reply stream that turns the first completion it carries into a data failure."""
+
+    def __init__(self, inner: ReplyStream, failed: list[str]) -> None:
+        self._inner, self._failed = inner, failed
+
+    def __aiter__(self) -> FirstRowFails:
+        return self
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        batch = list(await self._inner.__anext__())
+        if not self._failed and batch:
+            self._failed.append(batch[0].rollout_id)
+            batch[0] = Failed(batch[0].rollout_id, "data", "poisoned row")
+        return batch
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_an_exhausted_budget_retires_what_gym_runs_and_re_raises(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Prompt-group recovery (S3): the run ends with ``BudgetExhausted``, and Gym is left
+    running nothing for it."""
+    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=30.0,
+                           lease_s=60.0, data_failure_budget=0)
+    async with gym_at(tmp_path, "gym-a") as inner:
+        failed: list[str] = []
+
+        async def run(instance: str, rows: Sequence[RunRow]) -> ReplyStream:
+            return FirstRowFails(await inner.run(instance, rows), failed)
+
+        gym = Wrapped(inner, run=run)
+        with pytest.RaisesGroup(BudgetExhausted, flatten_subgroups=True, allow_unwrapped=True):
+            async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=config,
+                                     max_rows_in_flight=6) as ro:
+                await train_all(ro)
+        assert failed
+        for n in inner.instances:
+            inv = await inner.inventory(n)
+            assert inv.running == () and inv.unclaimed == (), inv

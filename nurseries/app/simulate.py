@@ -92,6 +92,7 @@ from gymckpt.runtime import (
     TopologyMismatch,
     load_snapshot,
 )
+from gymckpt.runtime._ledger import load_ledger_snapshot
 
 from .demo import ToyTrainer, run_exit, single_error
 from .verdict import judge
@@ -242,6 +243,9 @@ def draw_scenario(seed: int) -> Scenario:
         else:
             crashes.append(Crash(checkpoint=rng.randint(1, 4), point=rng.choice(HOOK_POINTS)))
     races = _draw_races(seed, instances)
+    after = races.pop("crash_after_drop", None)
+    if after is not None:  # the drop's checkpoint publishes, then the trainer dies
+        crashes[:1] = [Crash(checkpoint=after, point="after_publish")]
     return Scenario(
         seed=seed,
         rows=rng.randint(2, 32),
@@ -282,6 +286,8 @@ def _draw_races(seed: int, instances: int) -> dict[str, Any]:
                   for _ in range(rng.choice((0, 0, 1, 2))))
     late = rng.choice((0.0, 0.0, 0.2, 1.0, 3.0))
     extra: dict[str, Any] = {"stage_drops": drops, "late_end_s": late}
+    if drops and rng.random() < 0.5:
+        extra["crash_after_drop"] = drops[0][0]
     if instances > 1 and rng.random() < 0.3:
         extra["restore_retry"] = True
         kind = rng.choice(("error", "unpicklable", "hang"))
@@ -514,6 +520,8 @@ async def _incarnation(
         ) as ro:
             ro_ref.append(ro)
             ro.coordinator.on_stage = on_stage
+            if ro.restored is not None:  # nothing dispatched yet
+                _check_dropped_state_retired(run, inc, gym, ro.restored.files)
             trainer = ToyTrainer()
             if ro.trainer_state is not None:
                 trainer = ToyTrainer.from_bytes(ro.trainer_state)
@@ -625,6 +633,21 @@ async def _incarnation(
     return IncarnationReport(inc, faults, end, error, restored_from, tuple(outcomes), fired,
                              steps, sum(1 for _, r in claims if r.restored_from), lease_reopened,
                              metrics)
+
+
+def _check_dropped_state_retired(
+    run: _Run, inc: int, gym: EmbeddedGym, files: dict[str, bytes]
+) -> None:
+    """Before anything is dispatched after a restore, Gym holds no state of an attempt the
+    snapshot's ledger dropped: a replacement dispatched elsewhere would mutate twice."""
+    dropped = {item.rollout_id for item in load_ledger_snapshot(files["ledger.json"]).retire}
+    for name in gym.instances:
+        if gym.sim(name).dead:
+            continue
+        held = {s.rollout_id for s in gym.sim(name).calendar_state().values()} & dropped
+        if held:
+            run.violation(inc, f"after the restore {name} still holds the state of dropped "
+                               f"attempts {sorted(held)[:3]}")
 
 
 class _LateEnd:
