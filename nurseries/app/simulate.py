@@ -25,6 +25,13 @@ on after every scenario:
   barrier free, no stream left open; Gym not parked beyond its lease;
 * every published snapshot verifies offline; no trio task is left behind.
 
+Races are drawn too (from their own generator, so the draws above stay put): Gym ends a reply
+stream between two checkpoint stages (sometimes followed by a crash right after that checkpoint
+publishes, so the replacement of a dropped attempt may run on another instance), stream ends
+reach the consumer late, and a restore that fails on one instance of several is retried into
+the same Gym. After each restore, before anything is dispatched, no instance may hold the state
+of an attempt the snapshot's ledger dropped.
+
 A *crash* abandons the whole runtime and its embedded Gym at a random virtual time or at a
 coordinator hook point (the incarnation's cancel scope is cancelled), and the next incarnation
 restores the latest complete snapshot into a fresh embedded Gym in the same trio run — or, with
