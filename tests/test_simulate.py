@@ -138,13 +138,13 @@ def test_the_simulation_finds_a_dropped_attempt_left_in_gym_state(
 
     from gymckpt.runtime import RecoveryLedger
 
-    real = RecoveryLedger.to_snapshot
+    real = RecoveryLedger._snapshot_header
 
     def forgetful(self: RecoveryLedger) -> object:
         return attrs.evolve(real(self), retire=())
 
     with monkeypatch.context() as m:
-        m.setattr(RecoveryLedger, "to_snapshot", forgetful)
+        m.setattr(RecoveryLedger, "_snapshot_header", forgetful)
         assert main_simulate(1, 65, as_json=False, tmp_root=tmp_path) + main_simulate(
             1, 122, as_json=False, tmp_root=tmp_path) + main_simulate(
             1, 226, as_json=False, tmp_root=tmp_path) >= 3
