@@ -91,15 +91,16 @@ from gymckpt.gym_adapter import (
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
+    LEDGER_FILE,
     SNAPSHOTS_DIR,
     CompletedGroup,
     ManifestError,
     RuntimeConfig,
     SnapshotStore,
     TopologyMismatch,
+    load_ledger_snapshot,
     load_snapshot,
 )
-from gymckpt.runtime._ledger import load_ledger_snapshot
 
 from .demo import ToyTrainer, run_exit, single_error
 from .verdict import judge
@@ -647,7 +648,7 @@ def _check_dropped_state_retired(
 ) -> None:
     """Before anything is dispatched after a restore, Gym holds no state of an attempt the
     snapshot's ledger dropped: a replacement dispatched elsewhere would mutate twice."""
-    dropped = {item.rollout_id for item in load_ledger_snapshot(files["ledger.json"]).retire}
+    dropped = {item.rollout_id for item in load_ledger_snapshot(files[LEDGER_FILE]).retire}
     for name in gym.instances:
         if gym.sim(name).dead:
             continue
