@@ -412,9 +412,10 @@ class CheckpointCoordinator:
         try:
             if trainer_files is not None:
                 with stage("trainer_files"):  # before Gym parks: weights may take a while
-                    staging = await offload(lambda: self.store.begin(checkpoint_id))
-                    target = staging / TRAINER_FILES_DIR
+                    staging = staged = await offload(lambda: self.store.begin(checkpoint_id))
+                    target = staged / TRAINER_FILES_DIR
                     await offload(lambda: _write_trainer_files(trainer_files, target))
+                    await offload(lambda: self.store.seal_trainer_files(staged))
             with stage("close"):
                 await self.gate.close(by=checkpoint_id)
         except BaseException:

@@ -312,6 +312,7 @@ class SnapshotStore:
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _pinned: set[Path] = attrs.field(factory=set, init=False)
     _staging: set[Path] = attrs.field(factory=set, init=False)
+    _sealed: dict[Path, str] = attrs.field(factory=dict, init=False)
     _last_seq: int = attrs.field(default=0, init=False)
 
     # -- writing ---------------------------------------------------------------------------
@@ -392,9 +393,11 @@ class SnapshotStore:
             _fsync_tree(gym_dir)
         trees: dict[str, str] = {}
         trainer_dir = staging / TRAINER_FILES_DIR
-        if trainer_dir.is_dir() and not trainer_dir.is_symlink():
-            _fsync_tree(trainer_dir)
-            trees[TRAINER_FILES_DIR] = records_digest(trainer_dir)
+        sealed = self._sealed.pop(staging, None)
+        if sealed is not None:
+            trees[TRAINER_FILES_DIR] = sealed
+        elif trainer_dir.is_dir() and not trainer_dir.is_symlink():
+            trees[TRAINER_FILES_DIR] = self.seal_trainer_files(staging, remember=False)
 
         with self._lock:
             seq = max(self._last_seq, self._highest_seq()) + 1
@@ -412,6 +415,20 @@ class SnapshotStore:
             self._last_seq = seq
             self._staging.discard(staging)
         return SnapshotInfo(final_path, manifest.checkpoint_id, seq)
+
+    def seal_trainer_files(self, staging: Path, *, remember: bool = True) -> str:
+        """fsync and digest ``staging/trainer`` now; ``publish`` then reuses the digest.
+
+        Weights can be large: sealing them when they are written, before Gym is parked, keeps
+        their fsync and sha256 out of the window in which Gym waits for the checkpoint.
+        """
+        trainer_dir = Path(staging) / TRAINER_FILES_DIR
+        _fsync_tree(trainer_dir)
+        digest = records_digest(trainer_dir)
+        if remember:
+            with self._lock:
+                self._sealed[Path(staging)] = digest
+        return digest
 
     def reserve_checkpoint_seq(self) -> int:
         """A checkpoint number never handed out before by any store on ``root``, durably.
@@ -440,6 +457,7 @@ class SnapshotStore:
         staging = Path(staging)
         with self._lock:
             self._staging.discard(staging)
+            self._sealed.pop(staging, None)
             _remove(staging)
 
     def _highest_seq(self) -> int:
