@@ -125,11 +125,23 @@ class WarpClock(trio.abc.Clock):
 
 async def warp_driver(clock: WarpClock) -> None:
     """While the clock is virtual: whenever every other task is blocked, jump to the next
-    deadline."""
+    deadline — but never while a worker thread runs.
+
+    A task waiting for ``trio.to_thread`` counts as blocked, so jumping then would age every
+    deadline by however long the thread takes to return (the checkpoint's first stage offloads
+    its file work): the dispatcher's stream deadlines expired inside a few real milliseconds
+    and the episodes in flight were abandoned before the checkpoint began. While a thread holds
+    a token of trio's default limiter (what ``offload`` uses), the driver polls every 0.5 ms of
+    real time instead.
+    """
+    threads = trio.to_thread.current_default_thread_limiter()
     while not clock.realtime:
         await trio.testing.wait_all_tasks_blocked()
         if clock.realtime:
             return
+        if threads.borrowed_tokens:
+            await trio.testing.wait_all_tasks_blocked(cushion=0.0005)
+            continue
         ahead = trio.lowlevel.current_statistics().seconds_to_next_deadline
         if 0 < ahead < math.inf:
             clock.jump(ahead)
