@@ -152,9 +152,12 @@ _Result = outcome.Value[Any] | outcome.Error
 
 
 def local_cluster_options() -> dict[str, Any]:
-    """``ray.init`` arguments of the local cluster started when no address is given: no
-    dashboard, a small object store, worker output kept out of the driver's."""
+    """``ray.init`` arguments of the local cluster started when no address is given: always a
+    new cluster of our own (``address="local"``: never one that happens to run on this machine,
+    which ``ray.init()`` would join and then refuse these options), no dashboard, a small
+    object store, worker output kept out of the driver's."""
     return {
+        "address": "local",
         "include_dashboard": False,
         "object_store_memory": 100 * 2**20,
         "log_to_driver": False,

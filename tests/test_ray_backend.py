@@ -8,6 +8,7 @@ Gym conformance suite (``tests/test_gym_conformance.py``).
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 import subprocess
 import sys
@@ -332,3 +333,23 @@ async def test_deadline_is_re_anchored_on_the_actor(tmp_path: Path) -> None:
         past: Callable[[], float] = lambda: trio.current_time() - 1  # noqa: E731
         with pytest.raises(GymCallTimeout, match="gym-0"):
             await gym.resume("gym-0", "c", past())
+
+
+@pytest.mark.ray
+def test_no_address_starts_our_own_cluster_whatever_the_environment_says() -> None:
+    """Without ``--ray-address`` we start a local cluster of our own. ``ray.init()`` left to
+    itself joins whatever ``RAY_ADDRESS`` (or the last ``ray start`` on this machine) names, and
+    then refuses our object-store option: the suite's whole Ray group errored on a machine where
+    another cluster ran."""
+    script = (
+        "import ray\n"
+        "from gymckpt.gym_adapter._ray import local_cluster_options\n"
+        "ray.init(**local_cluster_options())\n"
+        "print('nodes', len(ray.nodes()))\n"
+        "ray.shutdown()\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}  # nothing listens there
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nodes 1" in proc.stdout
