@@ -31,11 +31,11 @@ from gymckpt.nurseries._calls import classify
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import (
     CheckpointsFailed,
+    ManifestError,
     RuntimeConfig,
     SnapshotStore,
     WorkDirLock,
     WorkDirLocked,
-    ManifestError,
     _store,
     load_snapshot,
     runtime_config_from_toml,
