@@ -1,0 +1,298 @@
+"""Control fan-out on Ray: what one checkpoint's control calls cost as the actors grow.
+
+For K = 1, 2, 4, 8, 16 Ray actors (``--quick``: 1 and 2), on one local Ray cluster started
+for the sweep (``address="local"``: never another process's cluster), ``RayGym.open`` starts
+K simulated Gym instances and ``open_rollouts`` runs the trainer facade on them. A few short
+rows go through first (so every instance holds sessions and records to export), then the
+trainer takes ``--checkpoints`` whole checkpoints (after one warm-up checkpoint that is not
+counted). A proxy around the Gym times every control call per instance, as the trainer's loop
+sees it (Ray round trip included).
+
+Per K and per stage (prepare, commit, resume), medians over the checkpoints of:
+
+* ``stage_ms``: the coordinator's stage wall time — the per-call cost the trainer pays;
+* ``slowest_ms``: the slowest instance's call in that stage (what the stage must wait for);
+* ``median_instance_ms``: the median instance's call;
+* ``fanout_overhead_ms``: ``stage_ms - slowest_ms``, the trainer's own cost of fanning out.
+
+The instances hold **no episode in flight** during the measured checkpoints, so ``prepare``
+does not wait for a step boundary (that wait is the environment's turn time, which the
+checkpoint benchmark reports): these are control-plane costs.
+
+A model for 64 and more actors: each figure is fitted by least squares to ``a + b * K`` over
+the measured K (R² reported), and evaluated at 64, 128 and 256. On this machine every actor is a
+process sharing the same 2 cores, so the slope includes the actors' own work serialised on
+those cores; the slope of ``fanout_overhead_ms`` is the part that stays on the trainer with a
+core per actor.
+
+Ray on 2 shared cores is slow and can fail to start (actors not placed, the GCS not
+reachable): the sweep runs in a fresh subprocess with a deadline per size, and a size that fails
+or times out is a result (``ok: false`` with the error), not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import trio
+
+from gymckpt.nurseries import ExitCode
+
+from ._common import Progress, median
+
+__all__ = ["OPS", "FanoutConfig", "fit_linear", "run_fanout"]
+
+OPS = ("prepare", "commit", "resume")
+MODEL_AT = (64, 128, 256)
+
+perf = time.perf_counter
+
+
+@attrs.define
+class FanoutConfig:
+    actors: tuple[int, ...] = (1, 2, 4, 8, 16)
+    checkpoints: int = 5
+    warmup: int = 1
+    rows_per_actor: int = 2
+    group_size: int = 2
+    startup_timeout_s: float = 240.0
+    size_timeout_s: float = 420.0
+    gap_s: float = 0.3
+    quick: bool = False
+
+    @classmethod
+    def quick_defaults(cls) -> FanoutConfig:
+        return cls(actors=(1, 2), checkpoints=2, size_timeout_s=240.0, quick=True)
+
+
+# -- the model -----------------------------------------------------------------------------
+
+
+def fit_linear(xs: list[float], ys: list[float]) -> dict[str, Any] | None:
+    """Least squares ``y = a + b x``: intercept, slope, R² and the fit at ``MODEL_AT``;
+    None with fewer than two points."""
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None and math.isfinite(y)]
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    a = my - b * mx
+    ss_tot = sum((y - my) ** 2 for _, y in pts)
+    ss_res = sum((y - (a + b * x)) ** 2 for x, y in pts)
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return {
+        "model": "a + b*K",
+        "a_ms": round(a, 3),
+        "b_ms_per_actor": round(b, 3),
+        "r2": round(r2, 3),
+        "points": n,
+        "at": {str(k): round(a + b * k, 1) for k in MODEL_AT},
+    }
+
+
+# -- the measurement (in the worker subprocess) ---------------------------------------------
+
+
+class _CallTimer:
+    """Delegates to the Gym; records (op, instance, seconds) of every control call."""
+
+    def __init__(self, gym: Any) -> None:
+        self._gym = gym
+        self.calls: list[tuple[str, str, float]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._gym, name)
+        if name not in OPS:
+            return attr
+
+        async def timed(instance: str, *args: Any, **kwargs: Any) -> Any:
+            t0 = perf()
+            try:
+                return await attr(instance, *args, **kwargs)
+            finally:
+                self.calls.append((name, instance, perf() - t0))
+
+        return timed
+
+
+async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str, Any]:
+    from gymckpt.gym_adapter import RayGym, SimConfig
+    from gymckpt.nurseries import open_rollouts
+    from gymckpt.runtime import RuntimeConfig
+
+    sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005))
+    rc = RuntimeConfig(control_timeout_s=45.0, drain_timeout_s=45.0)
+    t0 = perf()
+    async with RayGym.open(instances=k, config=sim, work_dir=work / "gym",
+                           startup_timeout_s=cfg.startup_timeout_s) as gym:
+        started_s = perf() - t0
+        say(f"{k} actors started in {started_s:.1f} s")
+        timer = _CallTimer(gym)
+        rows = cfg.rows_per_actor * k
+        per_ckpt: list[dict[str, Any]] = []
+        async with open_rollouts(
+            cast(Any, timer), work / "run", rows=rows, group_size=cfg.group_size, config=rc,
+            max_rows_in_flight=rows, restore=False, handle_signals=False, keep_snapshots=1,
+        ) as ro:
+            trained = 0
+            async for batch in ro.batches(groups_per_step=rows):
+                trained += len(batch)
+            for i in range(cfg.warmup + cfg.checkpoints):
+                timer.calls.clear()
+                c0 = perf()
+                outcome = await ro.checkpoint()
+                wall = perf() - c0
+                if not outcome.ok:
+                    raise RuntimeError(f"checkpoint {i} with {k} actors failed: "
+                                       f"{outcome.reason}: {outcome.error}")
+                if i >= cfg.warmup:
+                    rec: dict[str, Any] = {"wall_ms": wall * 1e3}
+                    for op in OPS:
+                        calls = [s * 1e3 for o, _i, s in timer.calls if o == op]
+                        rec[op] = {
+                            "stage_ms": outcome.stage_s.get(op, math.nan) * 1e3,
+                            "slowest_ms": max(calls, default=math.nan),
+                            "median_instance_ms": median(calls),
+                            "calls": len(calls),
+                        }
+                    per_ckpt.append(rec)
+                await trio.sleep(cfg.gap_s)
+    out: dict[str, Any] = {"actors": k, "ok": True, "actor_start_s": round(started_s, 2),
+                           "rows_trained": trained, "checkpoints": len(per_ckpt),
+                           "checkpoint_wall_ms": round(median([r["wall_ms"] for r in per_ckpt]),
+                                                       2)}
+    for op in OPS:
+        recs = [r[op] for r in per_ckpt]
+        stage = median([r["stage_ms"] for r in recs])
+        slow = median([r["slowest_ms"] for r in recs])
+        out[op] = {
+            "stage_ms": round(stage, 2),
+            "slowest_ms": round(slow, 2),
+            "median_instance_ms": round(median([r["median_instance_ms"] for r in recs]), 2),
+            "fanout_overhead_ms": round(median([r["stage_ms"] - r["slowest_ms"]
+                                                for r in recs]), 2),
+            "calls_per_checkpoint": recs[0]["calls"] if recs else 0,
+        }
+    return out
+
+
+def _worker(cfg: FanoutConfig, verbose: bool) -> None:
+    """One JSON line per size on stdout, as each finishes (the parent keeps what arrived)."""
+    def say(msg: str) -> None:
+        if verbose:
+            print(f"[fanout] {msg}", file=sys.stderr, flush=True)
+
+    def emit(rec: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(rec) + "\n")
+        sys.stdout.flush()
+
+    try:
+        import ray
+
+        t0 = perf()
+        ray.init(address="local", include_dashboard=False, object_store_memory=100 * 2**20,
+                 log_to_driver=False)
+        emit({"cluster_start_s": round(perf() - t0, 2)})
+        say(f"local Ray cluster up in {perf() - t0:.1f} s")
+    except Exception as exc:  # noqa: BLE001 - reported as the result
+        emit({"cluster_error": f"{type(exc).__name__}: {exc}"[:2000]})
+        return
+    for k in cfg.actors:
+        say(f"{k} actors: starting")
+        try:
+            with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
+                rec = trio.run(_measure, k, cfg, Path(tmp), say)
+        except Exception as exc:  # noqa: BLE001 - a size that fails is a result
+            rec = {"actors": k, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        say(f"{k} actors: " + (f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
+                               f"{rec['commit']['stage_ms']:.1f} ms, resume "
+                               f"{rec['resume']['stage_ms']:.1f} ms (medians)"
+                               if rec["ok"] else f"FAILED: {rec['error']}"))
+        emit(rec)
+    ray.shutdown()
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
+    """The sweep in a fresh subprocess; sizes that did not finish are reported as failed."""
+    progress(f"fan-out on Ray: {', '.join(map(str, cfg.actors))} actors (fresh subprocess)")
+    cmd = [sys.executable, "-m", "gymckpt.benchmarks.fanout", "--worker",
+           json.dumps(attrs.asdict(cfg))]
+    if progress.enabled:
+        cmd.append("--verbose")
+    deadline = 120.0 + cfg.size_timeout_s * len(cfg.actors)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            stderr=None if progress.enabled else subprocess.PIPE)
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker and the Ray processes it started
+        stdout, stderr = proc.communicate()
+    lines = [json.loads(line) for line in (stdout or "").splitlines() if line.startswith("{")]
+    sizes = {r["actors"]: r for r in lines if "actors" in r}
+    cluster = next((r for r in lines if "cluster_start_s" in r or "cluster_error" in r), {})
+    why = (cluster.get("cluster_error")
+           or (f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None)
+           or f"the worker exited with code {proc.returncode}: "
+              f"{(stderr or '').strip()[-1500:]}")
+    results = [sizes.get(k) or {"actors": k, "ok": False, "error": f"not measured: {why}"}
+               for k in cfg.actors]
+    ok = [r for r in results if r["ok"]]
+    xs = [float(r["actors"]) for r in ok]
+    models = {f"{op}_{fig}": fit_linear(xs, [r[op][fig] for r in ok])
+              for op in OPS for fig in ("stage_ms", "slowest_ms", "fanout_overhead_ms")}
+    out: dict[str, Any] = {
+        "actors": list(cfg.actors),
+        "sizes_ok": len(ok),
+        "sizes_failed": [r["actors"] for r in results if not r["ok"]],
+        "cluster_start_s": cluster.get("cluster_start_s"),
+        "results": results,
+        "models": models,
+        "config": attrs.asdict(cfg),
+    }
+    for r in ok:
+        for op in OPS:
+            out[f"{op}_ms_{r['actors']}_actors"] = r[op]["stage_ms"]
+            out[f"{op}_slowest_ms_{r['actors']}_actors"] = r[op]["slowest_ms"]
+    for op in OPS:
+        m = models[f"{op}_stage_ms"]
+        out[f"{op}_ms_model_64_actors"] = None if m is None else m["at"]["64"]
+    for r in results:
+        progress(f"fan-out {r['actors']} actors: " + (
+            f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
+            f"resume {r['resume']['stage_ms']} ms" if r["ok"] else f"FAILED ({r['error']})"))
+    return out
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "--worker":
+        raw = json.loads(argv[1])
+        raw["actors"] = tuple(raw["actors"])
+        _worker(FanoutConfig(**raw), "--verbose" in argv)
+        return 0
+    print("usage: python -m gymckpt.benchmarks.fanout --worker CONFIG_JSON [--verbose]",
+          file=sys.stderr)
+    return ExitCode.BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
