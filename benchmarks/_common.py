@@ -279,22 +279,25 @@ def _cpu_model() -> str:
 
 
 def source_info() -> dict[str, Any]:
-    """Which code was measured: the git commit, and whether the measured packages had
-    uncommitted changes (read-only git calls)."""
+    """Which code was measured: the git commit (short and full) and the files of the tree
+    with uncommitted changes (untracked ones included), except the benchmark results the run
+    itself writes (read-only git calls). ``clean`` is None outside a git checkout."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        full = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "runtime", "nurseries",
-             "gym_adapter"], capture_output=True, text=True, timeout=10, check=True).stdout
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=normal",
+             "--", ".", ":(exclude)benchmarks/results"],
+            capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "uncommitted_changes": None}
-    return {"commit": commit.strip(), "uncommitted_changes": sorted(
-        line[3:] for line in dirty.splitlines() if line.strip())}
+        return {"commit": None, "commit_full": None, "uncommitted_changes": None, "clean": None}
+    changes = sorted(line[3:] for line in dirty.splitlines() if line.strip())
+    return {"commit": full.strip()[:7], "commit_full": full.strip(),
+            "uncommitted_changes": changes, "clean": not changes}
 
 
 def machine_info() -> dict[str, Any]:

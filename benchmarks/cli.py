@@ -24,8 +24,10 @@ from gymckpt.nurseries import ExitCode
 from . import checkpoint as _checkpoint_mod
 from . import dispatch as _dispatch_mod
 from . import drain as _drain_mod
+from . import fanout as _fanout_mod
 from . import host as _host_mod
 from . import memory as _memory_mod
+from . import preserved as _preserved_mod
 from ._common import Progress, ints, machine_info, source_info
 
 __all__ = ["build_parser", "main"]
@@ -49,6 +51,10 @@ never means or best cases.
             loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
+  fanout    control fan-out on Ray, 1 to 16 actors: prepare/commit/resume per checkpoint, the
+            slowest instance, a linear model for 64 and more; rows/s on Ray with 2 actors
+  preserved work preserved across a crash: the fraction of in-flight rollout-seconds redone
+            after a real restore, gymckpt against a step-boundary baseline, over 10 kill times
   all       everything (full sweep), then benchmarks/results/*.json, PNG plots, SUMMARY.md
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
@@ -153,16 +159,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episodes per trial of the per-step comparison (default 256)")
     h.add_argument("--no-ray", action="store_true", help="skip the Ray throughput run")
     _common(h)
+    f = sub.add_parser("fanout", help="control fan-out on Ray from 1 to 16 actors, with a model",
+                       description=_fanout_mod.__doc__, formatter_class=raw)
+    f.add_argument("--actors", type=ints, default=None,
+                   help="actor counts (default 1,2,4,8,16; quick 1,2)")
+    f.add_argument("--checkpoints", type=int, default=None,
+                   help="measured checkpoints per size (default 5; quick 2), after one warm-up")
+    _common(f)
+    pv = sub.add_parser("preserved", help="work preserved across a crash vs a step-boundary "
+                        "baseline", description=_preserved_mod.__doc__, formatter_class=raw)
+    pv.add_argument("--kills", type=int, default=None, help="kill times (default 10)")
+    _common(pv)
     a = sub.add_parser(
         "all", help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
         description=(
-            "Runs drain (full sweep), memory and dispatch, then writes drain.json, memory.json, "
-            "dispatch.json, drain_wake_latency.png, drain_per_wakeup_cost.png and SUMMARY.md "
-            "(headline figures against their targets) into --out."
+            "Runs drain (full sweep), memory, dispatch, checkpoint, fanout (Ray) and preserved, "
+            "then writes their JSON, the plots and SUMMARY.md (issue 13's targets, each met or "
+            "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
+            "default directory it refuses to run from a tree with uncommitted changes."
         ),
     )
     a.add_argument("--out", type=Path, default=None,
                    help=f"output directory (default {RESULTS_DIR}; quick: {RESULTS_DIR}/quick)")
+    a.add_argument("--no-ray", action="store_true",
+                   help="skip the Ray parts (fan-out and rows/s on Ray): reported as not run")
+    a.add_argument("--allow-dirty", action="store_true",
+                   help="write into the default directory although the tree has uncommitted "
+                        "changes (SUMMARY.md says so at the top)")
     rr = sub.add_parser(
         "report", help="re-render the plots and SUMMARY.md from the JSON results in --out",
         description="Rewrites the PNG plots and SUMMARY.md from drain.json, memory.json, "
@@ -229,6 +252,29 @@ def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointCo
             cfg.instances = args.instances
     if cfg.in_flight < cfg.group_size or cfg.instances < 1:
         raise ValueError("--in-flight must be >= the group size and --instances >= 1")
+    return cfg
+
+
+def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
+    cfg = (_fanout_mod.FanoutConfig.quick_defaults() if args.quick
+           else _fanout_mod.FanoutConfig())
+    if args.bench == "fanout":
+        if args.actors is not None:
+            cfg.actors = tuple(args.actors)
+        if args.checkpoints is not None:
+            cfg.checkpoints = args.checkpoints
+    if not cfg.actors or min(cfg.actors) < 1 or cfg.checkpoints < 1:
+        raise ValueError("--actors must be >= 1 each and --checkpoints >= 1")
+    return cfg
+
+
+def _preserved_config(args: argparse.Namespace) -> _preserved_mod.PreservedConfig:
+    cfg = (_preserved_mod.PreservedConfig.quick_defaults() if args.quick
+           else _preserved_mod.PreservedConfig())
+    if args.bench == "preserved" and args.kills is not None:
+        cfg.kills = args.kills
+    if cfg.kills < 1:
+        raise ValueError("--kills must be >= 1")
     return cfg
 
 
@@ -305,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dispatch_cfg = _dispatch_config(args)
         memory_sizes = _memory_sizes(args)
         checkpoint_cfg = _checkpoint_config(args)
+        fanout_cfg = _fanout_config(args)
+        preserved_cfg = _preserved_config(args)
     except ValueError as exc:
         print(f"gymckpt bench {args.bench}: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
@@ -325,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return ExitCode.BAD_INPUT
     elif args.bench == "checkpoint":
         result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
+    elif args.bench == "fanout":
+        result = {**_fanout_mod.run_fanout(fanout_cfg, progress), "meta": meta}
+    elif args.bench == "preserved":
+        result = {**_preserved_mod.run_preserved(preserved_cfg, progress), "meta": meta}
     elif args.bench == "host":
         host_cfg = (_host_mod.HostBenchConfig.quick_defaults() if args.quick
                     else _host_mod.HostBenchConfig())
@@ -339,6 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = args.out
         if out is None:
             out = RESULTS_DIR / "quick" if args.quick else RESULTS_DIR
+        dirty = meta["source"].get("uncommitted_changes")
+        if dirty and out.resolve() == RESULTS_DIR.resolve() and not args.allow_dirty:
+            print(f"gymckpt bench all: error: the tree has uncommitted changes "
+                  f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
+                  f"{RESULTS_DIR} must come from a clean commit. Commit or stash them, or pass "
+                  "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).", file=sys.stderr)
+            return ExitCode.BAD_INPUT
         if _want_million(args):
             drain_cfg = attrs.evolve(drain_cfg, sweep=(*drain_cfg.sweep, 1_000_000))
             dispatch_cfg.in_flight = (*dispatch_cfg.in_flight, 1_000_000)
@@ -347,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory_sizes=memory_sizes,
             dispatch_cfg=dispatch_cfg,
             checkpoint_cfg=checkpoint_cfg,
+            fanout_cfg=None if args.no_ray else fanout_cfg,
+            preserved_cfg=preserved_cfg,
             out=out,
             meta=meta,
             progress=progress,

@@ -68,11 +68,14 @@ class FanoutConfig:
     startup_timeout_s: float = 240.0
     size_timeout_s: float = 420.0
     gap_s: float = 0.3
+    dispatch_attempts: int = 16_384
+    dispatch_batch: int = 512
     quick: bool = False
 
     @classmethod
     def quick_defaults(cls) -> FanoutConfig:
-        return cls(actors=(1, 2), checkpoints=2, size_timeout_s=240.0, quick=True)
+        return cls(actors=(1, 2), checkpoints=2, size_timeout_s=240.0, dispatch_attempts=1_024,
+                   quick=True)
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -191,6 +194,30 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
     return out
 
 
+async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
+    """Rows/s through the whole loop on Ray with 2 actors: one-turn episodes (10-20 ms),
+    dispatcher batches of ``dispatch_batch``, the trainer taking every group; real time."""
+    from gymckpt.gym_adapter import RayGym, SimConfig
+    from gymckpt.nurseries import open_rollouts
+
+    g, batch = 8, cfg.dispatch_batch
+    sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), max_batch=batch)
+    async with RayGym.open(instances=2, config=sim, work_dir=work / "gym",
+                           startup_timeout_s=cfg.startup_timeout_s) as gym:
+        trained = 0
+        t0 = perf()
+        async with open_rollouts(
+            gym, work / "run", rows=max(1, cfg.dispatch_attempts // g), group_size=g,
+            max_rows_in_flight=max(64, 4 * batch // g), batch_size=batch, restore=False,
+            handle_signals=False,
+        ) as ro:
+            async for got in ro.batches(groups_per_step=max(1, batch // g)):
+                trained += len(got)
+        wall = perf() - t0
+    return {"ok": True, "actors": 2, "attempts": trained * g, "batch": batch,
+            "seconds": round(wall, 3), "rows_per_s": round(trained * g / wall)}
+
+
 def _worker(cfg: FanoutConfig, verbose: bool) -> None:
     """One JSON line per size on stdout, as each finishes (the parent keeps what arrived)."""
     def say(msg: str) -> None:
@@ -209,7 +236,7 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
                  log_to_driver=False)
         emit({"cluster_start_s": round(perf() - t0, 2)})
         say(f"local Ray cluster up in {perf() - t0:.1f} s")
-    except Exception as exc:  # noqa: BLE001 - reported as the result
+    except Exception as exc:
         emit({"cluster_error": f"{type(exc).__name__}: {exc}"[:2000]})
         return
     for k in cfg.actors:
@@ -217,13 +244,22 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
         try:
             with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
                 rec = trio.run(_measure, k, cfg, Path(tmp), say)
-        except Exception as exc:  # noqa: BLE001 - a size that fails is a result
+        except Exception as exc:
             rec = {"actors": k, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         say(f"{k} actors: " + (f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
                                f"{rec['commit']['stage_ms']:.1f} ms, resume "
                                f"{rec['resume']['stage_ms']:.1f} ms (medians)"
                                if rec["ok"] else f"FAILED: {rec['error']}"))
         emit(rec)
+    if cfg.dispatch_attempts > 0:
+        say(f"dispatch on Ray, 2 actors: {cfg.dispatch_attempts:,} one-turn episodes")
+        try:
+            with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
+                disp = trio.run(_dispatch, cfg, Path(tmp))
+            say(f"dispatch on Ray: {disp['rows_per_s']:,} rows/s")
+        except Exception as exc:
+            disp = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        emit({"ray_dispatch": disp})
     ray.shutdown()
 
 
@@ -249,7 +285,8 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
         stdout, stderr = proc.communicate()
     lines = [json.loads(line) for line in (stdout or "").splitlines() if line.startswith("{")]
     sizes = {r["actors"]: r for r in lines if "actors" in r}
-    cluster = next((r for r in lines if "cluster_start_s" in r or "cluster_error" in r), {})
+    cluster: dict[str, Any] = next(
+        (r for r in lines if "cluster_start_s" in r or "cluster_error" in r), {})
     why = (cluster.get("cluster_error")
            or (f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None)
            or f"the worker exited with code {proc.returncode}: "
@@ -260,8 +297,12 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
     xs = [float(r["actors"]) for r in ok]
     models = {f"{op}_{fig}": fit_linear(xs, [r[op][fig] for r in ok])
               for op in OPS for fig in ("stage_ms", "slowest_ms", "fanout_overhead_ms")}
+    disp = next((r["ray_dispatch"] for r in lines if "ray_dispatch" in r),
+                {"ok": False, "error": f"not measured: {why}"})
     out: dict[str, Any] = {
         "actors": list(cfg.actors),
+        "ray_dispatch": disp,
+        "ray_2_actors_rows_per_s": disp.get("rows_per_s"),
         "sizes_ok": len(ok),
         "sizes_failed": [r["actors"] for r in results if not r["ok"]],
         "cluster_start_s": cluster.get("cluster_start_s"),

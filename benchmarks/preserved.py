@@ -1,0 +1,351 @@
+"""Work preserved across a crash: gymckpt against a step-boundary baseline.
+
+The workload
+------------
+``open_rollouts`` on the embedded simulated Gym (``--instances`` instances), rows kept in
+flight all the time (``max_rows_in_flight``), multi-turn episodes of random length (``turns``
+turns of ``turn_s`` simulated seconds each, drawn per episode by ``plan_episode``). The
+trainer takes ``groups_per_step`` complete groups, trains for ``train_s`` and checkpoints: a
+checkpoint at **every training-step boundary**, the same boundaries for both systems. Time is
+``MockClock(autojump_threshold=0)``: minutes of rollouts run in seconds, and every snapshot and
+restore is the runtime's real one (real files, the real protocol).
+
+The crash
+---------
+``kills`` kill times are drawn uniformly (seeded) in ``kill_window_s``. For each one the same
+workload runs from scratch to the kill time and is then torn down without a further checkpoint
+(its cancel scope is cancelled: no final checkpoint, nothing flushed — whatever is on disk is
+what a SIGKILL would leave, including a checkpoint cut short). Then a fresh embedded Gym and a
+fresh trainer open the same work directory with ``restore=True``: the real restore of the latest
+complete snapshot. A proxy records the episodes the restore hands to Gym (each is continued at
+its step boundary: its staged model calls, one per turn done, are its ``capture_keys``).
+
+What is counted
+---------------
+*At risk* at a kill: every episode started before the kill that no training step had consumed
+at the restored checkpoint — its rollout-seconds done before the kill (moving time, not time
+parked during a checkpoint) are the *in-flight rollout-seconds*.
+
+* **gymckpt** keeps, per at-risk episode: all of it if its result was in the snapshot
+  (completed, not yet trained); the turns before its step boundary if the restore handed it
+  back; nothing if it started after that checkpoint. Redone = done before the kill - kept.
+* **Step-boundary baseline** — how verl, OpenRLHF and TRL resume today: the same checkpoint at
+  the same training-step boundary saves the trainer (weights, optimizer, data position) and
+  nothing of the rollouts; after the restore every at-risk prompt is generated again from the
+  start. It is not run: its redone work is computed from the same run's timeline, and is 100 %
+  of the in-flight rollout-seconds by construction. What varies is how many rollout-seconds
+  that is. (In their synchronous mode nothing is in flight at a step boundary and there is
+  nothing for either system to keep from before it; this workload is asynchronous — rows stay
+  in flight across steps — which is where the difference lies.)
+
+Per episode, the rollout-seconds done by a time are computed from its plan, its start (the
+dispatch callback) and the checkpoint windows (an episode parks at the first step boundary it
+reaches while Gym is prepared). The same model predicts each restored episode's step boundary,
+and the benchmark reports how many predictions differ from the boundary the restore handed
+back (``boundary_mismatches``: 0 means the accounting agrees with the snapshot, episode by
+episode).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import trio
+import trio.testing
+
+from ._common import Progress, median
+
+__all__ = ["PreservedConfig", "moving_time", "park_boundary", "run_preserved"]
+
+INF = math.inf
+ROWS = 100_000  # more than any run gets to (a list of them is built)
+
+
+@attrs.define
+class PreservedConfig:
+    kills: int = 10
+    instances: int = 4
+    rows_in_flight: int = 32
+    group_size: int = 4
+    groups_per_step: int = 8
+    train_s: float = 5.0
+    turns: tuple[int, int] = (4, 24)
+    turn_s: tuple[float, float] = (1.0, 6.0)
+    kill_window_s: tuple[float, float] = (60.0, 600.0)
+    seed: int = 7
+    quick: bool = False
+
+    @classmethod
+    def quick_defaults(cls) -> PreservedConfig:
+        return cls(kills=10, instances=2, rows_in_flight=8, groups_per_step=2,
+                   kill_window_s=(60.0, 200.0), quick=True)
+
+    def kill_times(self) -> list[float]:
+        rng = random.Random(f"gymckpt-preserved:{self.seed}")
+        lo, hi = self.kill_window_s
+        return sorted(round(rng.uniform(lo, hi), 3) for _ in range(self.kills))
+
+
+# -- the episode timeline model -------------------------------------------------------------
+
+
+def _park(t: float, windows: Sequence[tuple[float, float]]) -> float:
+    """Where an episode reaching a step boundary at ``t`` moves on: at the end of the window
+    that holds ``t`` (Gym prepared), else at ``t``. Windows are sorted and disjoint."""
+    for p, r in windows:
+        if p <= t < r:
+            t = r
+    return t
+
+
+def moving_time(start: float, durations: Sequence[float],
+                windows: Sequence[tuple[float, float]], t: float) -> float:
+    """Rollout-seconds an episode started at ``start`` has done by ``t``: its turns run back to
+    back, and at every step boundary it waits out a checkpoint window that holds it."""
+    tau, done = start, 0.0
+    for d in durations:
+        tau = _park(tau, windows)
+        if tau >= t:
+            return done
+        if tau + d > t:
+            return done + (t - tau)
+        tau += d
+        done += d
+    return done
+
+
+def park_boundary(start: float, durations: Sequence[float],
+                  windows: Sequence[tuple[float, float]], window: tuple[float, float]
+                  ) -> int | None:
+    """The step boundary at which the episode is parked in ``window`` (a member of
+    ``windows``): the first boundary it reaches at or after the window opens. None if it had
+    not started when the window opened."""
+    p = window[0]
+    if start >= p:
+        return None
+    tau = start
+    for i in range(len(durations) + 1):
+        if tau >= p:
+            return i
+        tau = _park(tau, windows)
+        if tau >= p:  # waited out an earlier window into this one: cannot happen (disjoint)
+            return i
+        if i < len(durations):
+            tau += durations[i]
+    return len(durations)  # completed before the window opened
+
+
+# -- one kill -------------------------------------------------------------------------------
+
+
+@attrs.define
+class _Run:
+    """What the trainer side saw up to the kill (all times on the virtual clock)."""
+
+    starts: dict[str, tuple[float, int, int]] = attrs.field(factory=dict)
+    taken: list[str] = attrs.field(factory=list)
+    windows: list[list[float]] = attrs.field(factory=list)
+    # checkpoint_id -> (window index, ids taken before it, publish time)
+    published: dict[str, tuple[int, int, float]] = attrs.field(factory=dict)
+
+
+class _RestoreRecorder:
+    """Delegates to the Gym; records the episodes each ``restore`` call hands to it."""
+
+    def __init__(self, gym: Any) -> None:
+        self._gym = gym
+        self.episodes: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._gym, name)
+        if name != "restore":
+            return attr
+
+        async def restore(instance: str, state_root: str, record: Any, episodes: Any,
+                          deadline_ts: float) -> Any:
+            for ep in episodes:
+                self.episodes[ep.rollout_id] = len(ep.capture_keys)
+            return await attr(instance, state_root, record, episodes, deadline_ts)
+
+        return restore
+
+
+async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
+    from gymckpt.gym_adapter import EmbeddedGym, RunRow, SimConfig
+    from gymckpt.nurseries import open_rollouts
+
+    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
+    run = _Run()
+
+    def dispatched(_instance: str, rows: Sequence[RunRow]) -> None:
+        now = trio.current_time()
+        for row in rows:
+            run.starts[row.rollout_id] = (now, row.row, row.slot)
+
+    with trio.CancelScope() as crash:
+        async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
+                                    work_dir=work / "gym", config=sim) as gym:
+            async with open_rollouts(
+                gym, work / "run", rows=ROWS, group_size=cfg.group_size,
+                max_rows_in_flight=cfg.rows_in_flight, restore=False, handle_signals=False,
+                on_dispatch=dispatched,
+            ) as ro:
+                def hook(cid: str, point: str) -> None:
+                    now = trio.current_time()
+                    if point == "before_prepare":
+                        run.windows.append([now, INF])
+                    elif point == "before_resume":
+                        run.windows[-1][1] = now
+                    elif point == "after_publish":
+                        run.published[cid] = (len(run.windows) - 1, len(run.taken), now)
+
+                ro.coordinator.on_stage = hook
+
+                async def trainer() -> None:
+                    async for batch in ro.batches(groups_per_step=cfg.groups_per_step):
+                        for group in batch:
+                            run.taken.extend(group.rollout_ids)
+                        await trio.sleep(cfg.train_s)
+                        await ro.checkpoint()
+                        if run.windows and run.windows[-1][1] == INF:  # no before_resume
+                            run.windows[-1][1] = trio.current_time()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trainer)
+                    await trio.sleep_until(kill_at)
+                    crash.cancel()  # the crash: nothing more runs, nothing is flushed
+    return run
+
+
+async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
+    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.nurseries import open_rollouts
+
+    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
+    async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
+                                work_dir=work / "gym-after", config=sim) as gym:
+        rec = _RestoreRecorder(gym)
+        t0 = time.perf_counter()
+        async with open_rollouts(
+            cast(Any, rec), work / "run", rows=ROWS, group_size=cfg.group_size,
+            max_rows_in_flight=cfg.rows_in_flight, restore=True, handle_signals=False,
+        ) as ro:
+            wall = time.perf_counter() - t0
+            restored = ro.restored
+            summary = ro.restore_summary
+            out = {
+                "checkpoint_id": None if restored is None else restored.snapshot.checkpoint_id,
+                "episodes": dict(rec.episodes),
+                "restore_wall_s": wall,
+                "summary": None if summary is None else attrs.asdict(summary),
+            }
+    return out
+
+
+def _account(cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, Any]
+             ) -> dict[str, Any]:
+    from gymckpt.gym_adapter import SimConfig, plan_episode
+
+    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
+    windows = [(p, r) for p, r in run.windows if p < kill_at]
+    windows = [(p, min(r, INF) if r <= kill_at else INF) for p, r in windows]
+    cid = after["checkpoint_id"]
+    restored_eps: dict[str, int] = after["episodes"]
+    if cid is None:
+        w_idx, n_taken, t_ckpt = -1, 0, 0.0
+    else:
+        w_idx, n_taken, _pub = run.published[cid]
+        t_ckpt = windows[w_idx][0]
+    trained = set(run.taken[:n_taken])
+    at_risk = done_total = kept_total = 0.0
+    episodes = in_flight_at_kill = kept_whole = kept_partly = mismatches = 0
+    for rid, (start, row, slot) in run.starts.items():
+        if start >= kill_at or rid in trained:
+            continue
+        plan = plan_episode(cfg.seed, row, slot, sim)
+        durs = plan.durations
+        total = sum(durs)
+        done = moving_time(start, durs, windows, kill_at)
+        episodes += 1
+        in_flight_at_kill += done < total
+        at_risk += done
+        kept = 0.0
+        if w_idx >= 0:
+            b = park_boundary(start, durs, windows, windows[w_idx])
+            if rid in restored_eps:
+                got = restored_eps[rid]
+                mismatches += b != got
+                kept = sum(durs[:got])
+                kept_partly += 1
+            elif b is not None and b >= len(durs):  # result in the snapshot, untrained
+                kept = total
+                kept_whole += 1
+            elif b is not None:
+                mismatches += 1  # the model says in flight at the checkpoint, restore disagrees
+        kept_total += min(kept, done)
+        done_total += done
+    redone = done_total - kept_total
+    return {
+        "kill_s": kill_at,
+        "restored_checkpoint": cid,
+        "checkpoint_s": round(t_ckpt, 3),
+        "since_checkpoint_s": round(kill_at - t_ckpt, 3),
+        "at_risk_episodes": episodes,
+        "in_flight_at_kill": in_flight_at_kill,
+        "kept_whole_results": kept_whole,
+        "restored_episodes": len(restored_eps),
+        "continued_episodes": kept_partly,
+        "boundary_mismatches": mismatches,
+        "in_flight_rollout_s": round(at_risk, 3),
+        "gymckpt_redone_rollout_s": round(redone, 3),
+        "baseline_redone_rollout_s": round(done_total, 3),
+        "gymckpt_redone_fraction": round(redone / done_total, 4) if done_total else None,
+        "baseline_redone_fraction": 1.0 if done_total else None,
+        "restore_wall_s": round(after["restore_wall_s"], 3),
+        "restore_summary": after["summary"],
+    }
+
+
+async def _one_kill(cfg: PreservedConfig, kill_at: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gymckpt-preserved-") as tmp:
+        work = Path(tmp)
+        run = await _until_kill(cfg, kill_at, work)
+        after = await _restore(cfg, work)
+        return _account(cfg, kill_at, run, after)
+
+
+def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
+    """One run per kill time; the figures per kill and over all kills."""
+    kills: list[dict[str, Any]] = []
+    for i, kill_at in enumerate(cfg.kill_times()):
+        t0 = time.perf_counter()
+        rec = trio.run(_one_kill, cfg, kill_at,
+                       clock=trio.testing.MockClock(autojump_threshold=0))
+        rec["wall_s"] = round(time.perf_counter() - t0, 2)
+        kills.append(rec)
+        progress(f"crash {i + 1}/{cfg.kills} at {kill_at:.0f} s: {rec['in_flight_rollout_s']:.0f}"
+                 f" in-flight rollout-s, gymckpt redoes {rec['gymckpt_redone_rollout_s']:.0f}, "
+                 f"the baseline {rec['baseline_redone_rollout_s']:.0f} ({rec['wall_s']:.1f} s)")
+    fr = [k["gymckpt_redone_fraction"] for k in kills if k["gymckpt_redone_fraction"] is not None]
+    ours = sum(k["gymckpt_redone_rollout_s"] for k in kills)
+    base = sum(k["baseline_redone_rollout_s"] for k in kills)
+    return {
+        "kills": len(kills),
+        "gymckpt_redone_fraction_median": round(median(fr), 4) if fr else None,
+        "gymckpt_redone_fraction_max": round(max(fr), 4) if fr else None,
+        "gymckpt_redone_fraction_pooled": round(ours / base, 4) if base else None,
+        "baseline_redone_fraction": 1.0,
+        "gymckpt_redone_rollout_s_total": round(ours, 1),
+        "baseline_redone_rollout_s_total": round(base, 1),
+        "boundary_mismatches": sum(k["boundary_mismatches"] for k in kills),
+        "restores": sum(k["restored_checkpoint"] is not None for k in kills),
+        "per_kill": kills,
+        "config": attrs.asdict(cfg),
+    }
