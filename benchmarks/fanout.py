@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, cast
 
@@ -153,8 +154,9 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
             max_rows_in_flight=rows, restore=False, handle_signals=False, keep_snapshots=1,
         ) as ro:
             trained = 0
-            async for batch in ro.batches(groups_per_step=rows):
-                trained += len(batch)
+            async with aclosing(ro.batches(rows)) as batches:  # type: ignore[type-var]
+                async for batch in batches:
+                    trained += len(batch)
             for i in range(cfg.warmup + cfg.checkpoints):
                 timer.calls.clear()
                 c0 = perf()
@@ -211,8 +213,10 @@ async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
             max_rows_in_flight=max(64, 4 * batch // g), batch_size=batch, restore=False,
             handle_signals=False,
         ) as ro:
-            async for got in ro.batches(groups_per_step=max(1, batch // g)):
-                trained += len(got)
+            steps = ro.batches(groups_per_step=max(1, batch // g))
+            async with aclosing(steps) as batches:  # type: ignore[type-var]
+                async for got in batches:
+                    trained += len(got)
         wall = perf() - t0
     return {"ok": True, "actors": 2, "attempts": trained * g, "batch": batch,
             "seconds": round(wall, 3), "rows_per_s": round(trained * g / wall)}

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import random
+from contextlib import aclosing
 import tempfile
 import time
 from collections.abc import Sequence
@@ -209,13 +210,15 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
                 ro.coordinator.on_stage = hook
 
                 async def trainer() -> None:
-                    async for batch in ro.batches(groups_per_step=cfg.groups_per_step):
-                        for group in batch:
-                            run.taken.extend(group.rollout_ids)
-                        await trio.sleep(cfg.train_s)
-                        await ro.checkpoint()
-                        if run.windows and run.windows[-1][1] == INF:  # no before_resume
-                            run.windows[-1][1] = trio.current_time()
+                    steps = ro.batches(groups_per_step=cfg.groups_per_step)
+                    async with aclosing(steps) as batches:  # type: ignore[type-var]
+                        async for batch in batches:
+                            for group in batch:
+                                run.taken.extend(group.rollout_ids)
+                            await trio.sleep(cfg.train_s)
+                            await ro.checkpoint()
+                            if run.windows and run.windows[-1][1] == INF:  # no before_resume
+                                run.windows[-1][1] = trio.current_time()
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(trainer)

@@ -122,20 +122,41 @@ def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    result = _run(capsys, "all", "--quick", "--json", "--out", str(tmp_path))
+    result = _run(capsys, "all", "--quick", "--no-ray", "--json", "--out", str(tmp_path))
     _check_drain(result["drain"])
     names = {Path(p).name for p in result["files"]}
-    assert {"drain.json", "memory.json", "dispatch.json", "checkpoint.json", "SUMMARY.md",
-            "drain_wake_latency.png", "drain_per_wakeup_cost.png",
-            "checkpoint_stages.png"} <= names
+    assert {"drain.json", "memory.json", "dispatch.json", "checkpoint.json", "preserved.json",
+            "SUMMARY.md", "drain_wake_latency.png", "drain_per_wakeup_cost.png",
+            "checkpoint_stages.png", "preserved_work.png"} <= names
+    assert "fanout.json" not in names and result["fanout"] is None  # --no-ray
     for name in names:
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "drain_wake_latency.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "preserved_work.png").read_bytes()[:4] == b"\x89PNG"
     summary = (tmp_path / "SUMMARY.md").read_text()
+    assert "## Targets (issue 13)" in summary
     assert "| drain wake latency, median | ≤ 50 µs |" in summary
+    assert "| ledger bytes per attempt at 1M attempts | ≤ 100 B |" in summary
     assert "## Checkpoint end to end on the embedded Gym" in summary
-    assert "## Pending" in summary  # what was not measured is said, not omitted
+    assert "## Work preserved across a crash" in summary
+    assert "not run (--no-ray)" in summary  # what was not measured is said, not omitted
+    assert "## Not measured here" in summary
     assert "all --quick" in summary  # the command that produced it
+    src = result["meta"]["source"]
+    assert src["commit_full"] in summary
+    assert ("clean tree" in summary) == bool(src["clean"])
+    assert ("NOT FROM A CLEAN TREE" in summary) == (not src["clean"])
+    # every target has a verdict, and one row per figure of issue 13
+    keys = [t["key"] for t in result["targets"]]
+    assert keys == ["ledger_bytes_per_attempt", "gc_full_ms_1M", "drain_wake_median",
+                    "drain_wake_p99", "drain_speedup", "drain_stall", "checkpoint_stall",
+                    "checkpoint_e2e", "dispatch_embedded", "checkpoint_e2e_ray", "dispatch_ray",
+                    "fanout", "preserved"]
+    assert {t["status"] for t in result["targets"]} <= {"met", "MISSED", "not measured"}
+    # quick sizes are not the targets' sizes: those figures are not passed off as met
+    by_key = {t["key"]: t for t in result["targets"]}
+    assert by_key["drain_wake_median"]["status"] == "not measured"
+    assert by_key["fanout"]["status"] == "not measured"
     ck = json.loads((tmp_path / "checkpoint.json").read_text())
     assert ck["checkpoint_ok"] is True
     assert ck["in_flight"] == 2_000
@@ -144,9 +165,158 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert ck["snapshot_bytes"] > 0 and ck["snapshot_files"] > 0
     assert [r["batch"] for r in ck["embedded_dispatch"]] == [64, 512]
     assert all(r["attempts"] == 512 for r in ck["embedded_dispatch"])
+    for key in ("e2e_s", "max_loop_stall_ms", "gc_max_pause_ms", "bytes_per_attempt"):
+        assert isinstance(ck[key], int | float), key
+        assert f"`{key}` = " in summary
+    assert set(ck["stage_s"]) >= {"prepare", "commit", "resume"}
     drain = json.loads((tmp_path / "drain.json").read_text())
     assert drain["rollouts"] == result["drain"]["rollouts"]
     _check_sweep(drain)
+    _check_preserved(json.loads((tmp_path / "preserved.json").read_text()))
+    # the report re-renders from the JSON, and marks a dirty tree at the top
+    drain["meta"]["source"] = {"commit": "abc1234", "commit_full": "abc1234" * 5 + "ab",
+                               "uncommitted_changes": ["runtime/_ledger.py"], "clean": False}
+    (tmp_path / "drain.json").write_text(json.dumps(drain))
+    assert main(["report", "--out", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    summary = (tmp_path / "SUMMARY.md").read_text()
+    assert summary.split("\n")[2].startswith("> **NOT FROM A CLEAN TREE.**")
+    assert "`runtime/_ledger.py`" in summary
+    assert "## Work preserved across a crash" in summary
+
+
+def _check_preserved(pv: dict[str, Any]) -> None:
+    assert pv["kills"] == len(pv["per_kill"]) == 10
+    kills = [k["kill_s"] for k in pv["per_kill"]]
+    assert kills == sorted(kills) and len(set(kills)) == 10
+    # the timeline model agrees with every step boundary the real restore handed back
+    assert pv["boundary_mismatches"] == 0
+    assert pv["restores"] > 0
+    assert pv["baseline_redone_fraction"] == 1.0
+    kept_any = False
+    for k in pv["per_kill"]:
+        assert 0 <= k["gymckpt_redone_rollout_s"] <= k["baseline_redone_rollout_s"]
+        assert k["baseline_redone_rollout_s"] == k["in_flight_rollout_s"]
+        if k["restored_checkpoint"] is None:  # nothing to restore yet: both redo it all
+            assert k["gymckpt_redone_fraction"] == 1.0 and k["restored_episodes"] == 0
+        else:
+            summary = k["restore_summary"]
+            assert summary["restored"] == k["restored_episodes"] > 0
+            assert k["kill_s"] >= k["checkpoint_s"]
+            kept_any |= k["gymckpt_redone_fraction"] < 1.0
+    assert kept_any
+    assert 0 <= pv["gymckpt_redone_fraction_median"] <= 1.0
+
+
+def test_preserved_timeline_model() -> None:
+    from gymckpt.benchmarks.preserved import moving_time, park_boundary
+
+    durs = [2.0, 3.0, 5.0]  # boundaries at 10, 12, 15, 20 without checkpoints
+    assert moving_time(10.0, durs, [], 11.0) == 1.0
+    assert moving_time(10.0, durs, [], 13.0) == 3.0
+    assert moving_time(10.0, durs, [], 99.0) == 10.0
+    assert moving_time(10.0, durs, [], 5.0) == 0.0
+    # a checkpoint prepared at 11 and resumed at 14: the episode finishes its first turn at
+    # 12, parks until 14, and is 1 s into its second turn at 15
+    win = [(11.0, 14.0)]
+    assert moving_time(10.0, durs, win, 15.0) == 3.0
+    assert park_boundary(10.0, durs, win, win[0]) == 1
+    # prepared exactly at a boundary: parked there
+    assert park_boundary(10.0, durs, [(12.0, 13.0)], (12.0, 13.0)) == 1
+    # started after the window opened, or completed before it
+    assert park_boundary(11.5, durs, win, win[0]) is None
+    assert park_boundary(0.0, durs, win, win[0]) == 3
+    # a later window sees the delay of the earlier one: boundaries at 10, 12, (14), 17, 22
+    wins = [(11.0, 14.0), (16.0, 30.0)]
+    assert park_boundary(10.0, durs, wins, wins[1]) == 2
+    assert moving_time(10.0, durs, wins, 40.0) == 10.0
+
+
+def test_targets_verdicts() -> None:
+    from gymckpt.benchmarks.report import targets
+
+    drain = {"rollouts": 200_000, "drain_wake_us_median": 40.0, "drain_wake_ms_p99": 0.3,
+             "speedup": 3000.0, "max_loop_stall_ms": 9.0}
+    memory = {"results": [
+        {"target_attempts": 1_000_000, "mode": "tracemalloc", "bytes_per_attempt": 101.0},
+        {"target_attempts": 1_000_000, "mode": "rss", "bytes_per_attempt": 90.0,
+         "gc_full_ms_with_ledger": 3.0}]}
+    ck = {"in_flight": 200_000, "max_loop_stall_ms": 11.0, "e2e_s": 1.5,
+          "turn_time_wall_s": 30.0, "embedded_dispatch": [{"batch": 64, "rows_per_s": 60_000}]}
+    fo = {"results": [{"actors": k, "ok": k < 16, "error": "TimeoutError: x",
+                       **{op: {"stage_ms": 1.0, "slowest_ms": 1.0} for op in
+                          ("prepare", "commit", "resume")}} for k in (1, 2, 4, 8, 16)],
+          "sizes_failed": [16], "models": {}, "ray_dispatch": {"ok": True, "rows_per_s": 9_999}}
+    pv = {"kills": 10, "gymckpt_redone_fraction_median": 0.1,
+          "gymckpt_redone_fraction_pooled": 0.12, "boundary_mismatches": 0, "restores": 10}
+    got = {t["key"]: t["status"] for t in targets(drain, memory, ck, fo, pv)}
+    assert got == {
+        "ledger_bytes_per_attempt": "MISSED", "gc_full_ms_1M": "met",
+        "drain_wake_median": "met", "drain_wake_p99": "MISSED", "drain_speedup": "met",
+        "drain_stall": "met", "checkpoint_stall": "MISSED", "checkpoint_e2e": "met",
+        "dispatch_embedded": "met", "checkpoint_e2e_ray": "not measured",
+        "dispatch_ray": "MISSED", "fanout": "not measured", "preserved": "met",
+    }
+    fo["results"][-1]["ok"] = True
+    fo["sizes_failed"] = []
+    pv["boundary_mismatches"] = 1
+    got = {t["key"]: t["status"] for t in targets(drain, memory, ck, fo, pv)}
+    assert got["fanout"] == "met" and got["preserved"] == "MISSED"
+    assert targets(drain, {"results": []}, None, None, None)[0]["status"] == "not measured"
+
+
+def test_fit_linear() -> None:
+    from gymckpt.benchmarks.fanout import fit_linear
+
+    m = fit_linear([1, 2, 4, 8, 16], [3 + 2 * k for k in (1, 2, 4, 8, 16)])
+    assert m is not None
+    assert (m["a_ms"], m["b_ms_per_actor"], m["r2"]) == (3.0, 2.0, 1.0)
+    assert m["at"]["64"] == 131.0
+    noisy = fit_linear([1, 2, 4], [1.0, 5.0, 2.0])
+    assert noisy is not None and noisy["r2"] < 0.5
+    assert fit_linear([4], [1.0]) is None
+    assert fit_linear([4, 4], [1.0, 2.0]) is None
+
+
+def test_all_refuses_a_dirty_tree_for_the_results(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gymckpt.benchmarks import cli
+
+    monkeypatch.setattr(cli, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(cli, "source_info", lambda: {
+        "commit": "abc1234", "commit_full": None, "uncommitted_changes": ["runtime/_gate.py"],
+        "clean": False})
+    assert main(["all"]) == 2
+    err = capsys.readouterr().err
+    assert "uncommitted changes" in err and "runtime/_gate.py" in err
+    assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_fanout_quick_json_and_a_failed_size(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray")
+    result = _run(capsys, "fanout", "--quick", "--json")
+    assert result["actors"] == [1, 2] and result["sizes_failed"] == []
+    for r in result["results"]:
+        assert r["ok"] and r["checkpoints"] == 2
+        for op in ("prepare", "commit", "resume"):
+            assert r[op]["calls_per_checkpoint"] == r["actors"]  # one call per instance
+            assert r[op]["slowest_ms"] >= r[op]["median_instance_ms"] > 0
+            assert r[op]["stage_ms"] > 0
+    assert result["models"]["commit_stage_ms"]["points"] == 2
+    assert result["ray_dispatch"]["ok"] and result["ray_dispatch"]["attempts"] == 1_024
+    assert result["ray_2_actors_rows_per_s"] > 0
+    # a size whose actors do not start in time is a result, not a crash
+    from gymckpt.benchmarks._common import Progress
+    from gymckpt.benchmarks.fanout import FanoutConfig, run_fanout
+
+    bad = run_fanout(FanoutConfig(actors=(2,), checkpoints=1, startup_timeout_s=0.001,
+                                  dispatch_attempts=0), Progress(False))
+    assert bad["sizes_failed"] == [2] and bad["results"][0]["ok"] is False
+    assert "Timeout" in bad["results"][0]["error"]
+    assert bad["models"]["commit_stage_ms"] is None
 
 
 def test_help_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
