@@ -222,6 +222,13 @@ async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
             "seconds": round(wall, 3), "rows_per_s": round(trained * g / wall)}
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of the exception, or of each leaf of an exception group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _worker(cfg: FanoutConfig, verbose: bool) -> None:
     """One JSON line per size on stdout, as each finishes (the parent keeps what arrived)."""
     def say(msg: str) -> None:
@@ -241,7 +248,7 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
         emit({"cluster_start_s": round(perf() - t0, 2)})
         say(f"local Ray cluster up in {perf() - t0:.1f} s")
     except Exception as exc:
-        emit({"cluster_error": f"{type(exc).__name__}: {exc}"[:2000]})
+        emit({"cluster_error": _describe(exc)[:2000]})
         return
     for k in cfg.actors:
         say(f"{k} actors: starting")
@@ -249,7 +256,7 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
             with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
                 rec = trio.run(_measure, k, cfg, Path(tmp), say)
         except Exception as exc:
-            rec = {"actors": k, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            rec = {"actors": k, "ok": False, "error": _describe(exc)[:2000]}
         say(f"{k} actors: " + (f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
                                f"{rec['commit']['stage_ms']:.1f} ms, resume "
                                f"{rec['resume']['stage_ms']:.1f} ms (medians)"
@@ -262,7 +269,7 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
                 disp = trio.run(_dispatch, cfg, Path(tmp))
             say(f"dispatch on Ray: {disp['rows_per_s']:,} rows/s")
         except Exception as exc:
-            disp = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            disp = {"ok": False, "error": _describe(exc)[:2000]}
         emit({"ray_dispatch": disp})
     ray.shutdown()
 
