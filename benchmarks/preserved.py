@@ -50,10 +50,10 @@ from __future__ import annotations
 
 import math
 import random
-from contextlib import aclosing
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, cast
 
