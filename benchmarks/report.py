@@ -212,6 +212,7 @@ def plot_fanout(fo: dict[str, Any], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     ok = [r for r in fo["results"] if r["ok"]]
     if not ok:
@@ -232,6 +233,7 @@ def plot_fanout(fo: dict[str, Any], out: Path) -> list[Path]:
                     label=f"{op}: model {m['a_ms']:.1f} + {m['b_ms_per_actor']:.2f}·K ms "
                           f"(R² {m['r2']})")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_yscale("log")
     ax.set_xlabel("Ray actors (Gym instances)")
     ax.set_ylabel("ms per checkpoint (median)")
@@ -699,9 +701,14 @@ def _fanout_section(add: Any, fo: dict[str, Any]) -> None:
                 f"{m['b_ms_per_actor']} | {m['r2']} | {_fmt(m['at']['64'], ' ms', 0)} | "
                 f"{_fmt(m['at']['128'], ' ms', 0)} | {_fmt(m['at']['256'], ' ms', 0)} |")
         add("")
+        res = {r["actors"]: r for r in fo["results"] if r["ok"]}
+        lo, hi = res[min(ok)], res[max(ok)]
         add("Reading the model: on this machine all K actors are processes on the same 2 "
             "cores, so the slowest instance's call grows with K because the actors' own work "
-            "is served a couple at a time; that is the machine, not the protocol, and on a "
+            "is served a couple at a time — every instance slows down, not one straggler (the "
+            f"median instance's commit: {_fmt(lo['commit']['median_instance_ms'], ' ms')} with "
+            f"{lo['actors']}, {_fmt(hi['commit']['median_instance_ms'], ' ms')} with "
+            f"{hi['actors']} actors); that is the machine, not the protocol, and on a "
             "cluster with a core per actor it would stay near the 1-actor figure. What stays "
             "on the trainer with a core per actor is the fan-out overhead (stage less slowest "
             "call), whose slope is the per-actor cost of issuing and collecting the calls. A "
