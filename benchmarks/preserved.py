@@ -44,6 +44,11 @@ reaches while Gym is prepared). The same model predicts each restored episode's 
 and the benchmark reports how many predictions differ from the boundary the restore handed
 back (``boundary_mismatches``: 0 means the accounting agrees with the snapshot, episode by
 episode).
+
+What gymckpt's checkpoints cost is reported beside it: ``parked_fraction_of_rollout_time``,
+the time episodes spent parked at a step boundary while Gym was prepared (each checkpoint
+waits for the slowest episode's turn to end) over the time they moved. The step-boundary
+baseline does not stop rollouts for its checkpoints.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ import trio.testing
 
 from ._common import Progress, median
 
-__all__ = ["PreservedConfig", "moving_time", "park_boundary", "run_preserved"]
+__all__ = ["PreservedConfig", "moving_time", "park_boundary", "parked_time", "run_preserved"]
 
 INF = math.inf
 ROWS = 100_000  # more than any run gets to (a list of them is built)
@@ -120,6 +125,20 @@ def moving_time(start: float, durations: Sequence[float],
         tau += d
         done += d
     return done
+
+
+def parked_time(start: float, durations: Sequence[float],
+                windows: Sequence[tuple[float, float]], t: float) -> float:
+    """Seconds the episode spent parked at a step boundary in a checkpoint window by ``t``
+    (from its start to its end or ``t``, less its moving time)."""
+    tau = start
+    for d in durations:
+        tau = _park(tau, windows)
+        if tau >= t:
+            return t - start - moving_time(start, durations, windows, t)
+        tau += d
+    end = min(_park(tau, windows), t)  # the last boundary parks too, before it completes
+    return max(0.0, end - start - moving_time(start, durations, windows, t))
 
 
 def park_boundary(start: float, durations: Sequence[float],
@@ -267,15 +286,20 @@ def _account(cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, A
         w_idx, n_taken, _pub = run.published[cid]
         t_ckpt = windows[w_idx][0]
     trained = set(run.taken[:n_taken])
-    at_risk = done_total = kept_total = 0.0
+    at_risk = done_total = kept_total = moved_all = parked_all = 0.0
     episodes = in_flight_at_kill = kept_whole = kept_partly = mismatches = 0
     for rid, (start, row, slot) in run.starts.items():
-        if start >= kill_at or rid in trained:
+        if start >= kill_at:
             continue
         plan = plan_episode(cfg.seed, row, slot, sim)
         durs = plan.durations
         total = sum(durs)
         done = moving_time(start, durs, windows, kill_at)
+        # the checkpoints' cost in rollout time, over every episode of the run so far
+        moved_all += done
+        parked_all += parked_time(start, durs, windows, kill_at)
+        if rid in trained:
+            continue
         episodes += 1
         in_flight_at_kill += done < total
         at_risk += done
@@ -313,6 +337,9 @@ def _account(cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, A
         "baseline_redone_fraction": 1.0 if done_total else None,
         "restore_wall_s": round(after["restore_wall_s"], 3),
         "restore_summary": after["summary"],
+        "checkpoints_before_kill": len([w for w in windows if w[0] < kill_at]),
+        "rollout_s_before_kill": round(moved_all, 3),
+        "parked_rollout_s_before_kill": round(parked_all, 3),
     }
 
 
@@ -348,6 +375,11 @@ def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
         "gymckpt_redone_rollout_s_total": round(ours, 1),
         "baseline_redone_rollout_s_total": round(base, 1),
         "boundary_mismatches": sum(k["boundary_mismatches"] for k in kills),
+        # what gymckpt's checkpoints cost: episodes parked at a step boundary while Gym is
+        # prepared (the baseline's step-boundary checkpoint does not stop rollouts)
+        "parked_fraction_of_rollout_time": round(
+            sum(k["parked_rollout_s_before_kill"] for k in kills)
+            / max(1e-9, sum(k["rollout_s_before_kill"] for k in kills)), 4),
         "restores": sum(k["restored_checkpoint"] is not None for k in kills),
         "per_kill": kills,
         "config": attrs.asdict(cfg),

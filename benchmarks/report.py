@@ -573,6 +573,9 @@ def targets(
                 f"{preserved['kills']} kills; pooled "
                 f"{_fmt(100 * (preserved['gymckpt_redone_fraction_pooled'] or 0), ' %')}), the "
                 "step-boundary baseline 100 %")
+        pf = preserved.get("parked_fraction_of_rollout_time")
+        if pf is not None:
+            text += f"; gymckpt's checkpoints parked episodes {_fmt(100 * pf, ' %')} of the time"
         if preserved["boundary_mismatches"]:
             text += f"; {preserved['boundary_mismatches']} boundary mismatches"
         row("preserved", "work preserved across a crash (in-flight rollout-seconds redone)",
@@ -760,6 +763,14 @@ def _preserved_section(add: Any, pv: dict[str, Any]) -> None:
         f"against {pv['baseline_redone_rollout_s_total']:,.0f} for the step-boundary baseline. "
         f"The timeline model predicted every restored episode's step boundary "
         f"({pv['boundary_mismatches']} mismatches).")
+    pf = pv.get("parked_fraction_of_rollout_time")
+    if pf is not None:
+        add("")
+        add(f"What keeping it costs: gymckpt's checkpoints parked episodes at a step boundary "
+            f"for {_fmt(100 * pf, ' %')} of the time they moved (each checkpoint waits for the "
+            "slowest episode's turn to end, here up to "
+            f"{pv['config']['turn_s'][1]:g} s, while the others wait parked). The baseline's "
+            "step-boundary checkpoint does not stop rollouts.")
     add("")
     add("*In-flight rollout-seconds*: the moving time (not time parked in a checkpoint) done "
         "before the kill on every episode no training step had consumed at the restored "

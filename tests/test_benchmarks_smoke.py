@@ -193,6 +193,7 @@ def _check_preserved(pv: dict[str, Any]) -> None:
     assert pv["boundary_mismatches"] == 0
     assert pv["restores"] > 0
     assert pv["baseline_redone_fraction"] == 1.0
+    assert 0 < pv["parked_fraction_of_rollout_time"] < 1
     kept_any = False
     for k in pv["per_kill"]:
         assert 0 <= k["gymckpt_redone_rollout_s"] <= k["baseline_redone_rollout_s"]
@@ -209,7 +210,7 @@ def _check_preserved(pv: dict[str, Any]) -> None:
 
 
 def test_preserved_timeline_model() -> None:
-    from gymckpt.benchmarks.preserved import moving_time, park_boundary
+    from gymckpt.benchmarks.preserved import moving_time, park_boundary, parked_time
 
     durs = [2.0, 3.0, 5.0]  # boundaries at 10, 12, 15, 20 without checkpoints
     assert moving_time(10.0, durs, [], 11.0) == 1.0
@@ -220,6 +221,10 @@ def test_preserved_timeline_model() -> None:
     # 12, parks until 14, and is 1 s into its second turn at 15
     win = [(11.0, 14.0)]
     assert moving_time(10.0, durs, win, 15.0) == 3.0
+    assert parked_time(10.0, durs, win, 13.0) == 1.0
+    assert parked_time(10.0, durs, win, 40.0) == 2.0  # ends at 22, not 20
+    assert parked_time(10.0, durs, [], 40.0) == 0.0
+    assert parked_time(10.0, durs, [(20.0, 25.0)], 40.0) == 5.0  # parked at its last boundary
     assert park_boundary(10.0, durs, win, win[0]) == 1
     # prepared exactly at a boundary: parked there
     assert park_boundary(10.0, durs, [(12.0, 13.0)], (12.0, 13.0)) == 1
