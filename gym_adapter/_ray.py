@@ -86,6 +86,8 @@ import trio
 import trio_asyncio
 from ray.exceptions import (
     ActorUnavailableError,
+    NodeDiedError,
+    ObjectLostError,
     RayActorError,
     RayError,
     RayTaskError,
@@ -124,6 +126,7 @@ __all__ = [
     "BridgeStatistics",
     "RayGym",
     "RayReplyStream",
+    "Replacement",
     "local_cluster_options",
 ]
 
@@ -135,6 +138,8 @@ CLOSE_TIMEOUT_S: Final = 2.0
 """How long ``aclose`` waits for the actor (it runs shielded in the dispatcher: keep it bounded)."""
 STOP_TIMEOUT_S: Final = 5.0
 """How long closing the deployment waits for each instance to stop before killing its actor."""
+REPLACE_POLL_S: Final = 0.05
+"""How often ``replace`` asks again whether Ray has ended the old actor."""
 VIEW_TIMEOUT_S: Final = 30.0
 """Bound on the calls that carry no deadline (topology, inventory, statistics…): past it they
 raise ``GymCallTimeout`` naming the instance instead of waiting for ever on an actor Ray never
@@ -154,8 +159,10 @@ _Result = outcome.Value[Any] | outcome.Error
 def local_cluster_options() -> dict[str, Any]:
     """``ray.init`` arguments of the local cluster started when no address is given: always a
     new cluster of our own (``address="local"``: never one that happens to run on this machine,
-    which ``ray.init()`` would join and then refuse these options), no dashboard, a small
-    object store, worker output kept out of the driver's."""
+    which ``ray.init()`` would join and then refuse these options, nor one a ``ray start`` or a
+    test cluster recorded in Ray's temp directory and that is gone — Ray's client then spends
+    60 s failing to reach its GCS and ends the process), no dashboard, a small object store,
+    worker output kept out of the driver's."""
     return {
         "address": "local",
         "include_dashboard": False,
@@ -312,8 +319,17 @@ class _Bridge:
 
 
 def _stream_ends(exc: BaseException) -> bool:
-    """Ray failures that end a stream early (its rows are missing) rather than raise."""
-    return isinstance(exc, (RayActorError, TaskCancelledError))
+    """Ray failures that end a stream early (its rows are missing) rather than raise: the actor
+    is gone or unreachable, the generator was cancelled, or a batch was lost with its node."""
+    return isinstance(exc, (RayActorError, TaskCancelledError, NodeDiedError, ObjectLostError))
+
+
+def _actor_gone(exc: BaseException) -> bool:
+    """Ray says the actor is gone for good: it died (its process, or its node), or its node
+    did. (``ActorUnavailableError`` is not: Ray may reach the actor again.)"""
+    if isinstance(exc, ActorUnavailableError):
+        return False
+    return isinstance(exc, (RayActorError, NodeDiedError))
 
 
 @final
@@ -336,6 +352,7 @@ class RayReplyStream:
         "_delivered",
         "_ended",
         "_gen",
+        "_generation",
         "_gym",
         "_instance",
         "_natural_end",
@@ -343,10 +360,13 @@ class RayReplyStream:
         "_sid",
     )
 
-    def __init__(self, gym: RayGym, instance: str, actor: Any, sid: int, gen: Any) -> None:
+    def __init__(
+        self, gym: RayGym, instance: str, actor: Any, generation: int, sid: int, gen: Any
+    ) -> None:
         self._gym = gym
         self._instance = instance
         self._actor = actor
+        self._generation = generation  # the incarnation of the instance this stream runs on
         self._sid = sid
         self._gen = gen
         self._delivered = HEADER_SEQ  # seq of the last batch handed to the consumer
@@ -368,7 +388,9 @@ class RayReplyStream:
             raise
         if isinstance(item, outcome.Error):
             self._ended = self._closed = True
-            raise self._gym._translate(self._instance, "run", item.error) from None
+            raise self._gym._translate(
+                self._instance, "run", item.error, self._generation
+            ) from None
         if item.value is _END or item.value[0] != HEADER_SEQ:
             self._ended = self._closed = True
             raise GymCheckpointUnavailable(
@@ -381,7 +403,7 @@ class RayReplyStream:
         return self
 
     def _send_ack(self) -> None:
-        if self._instance not in self._gym._dead:
+        if self._gym._serving(self._instance, self._generation):
             self._actor.ack.remote(self._sid, self._acked)  # not awaited
         self._ack_sent_at = time.monotonic()
         self._ack_sent_seq = self._acked
@@ -401,10 +423,10 @@ class RayReplyStream:
             self._gym._ack_done(self._instance, self._sid)
             exc = item.error
             if _stream_ends(exc):
-                if isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError):
-                    self._gym._dead.add(self._instance)
+                if _actor_gone(exc):
+                    self._gym._mark_dead(self._instance, self._generation)
                 raise StopAsyncIteration
-            raise self._gym._translate(self._instance, "run", exc) from None
+            raise self._gym._translate(self._instance, "run", exc, self._generation) from None
         if item.value is _END:
             self._ended = self._natural_end = True
             self._gym._ack_done(self._instance, self._sid)
@@ -422,8 +444,8 @@ class RayReplyStream:
         self._closed = self._ended = True
         gym = self._gym
         gym._ack_done(self._instance, self._sid)
-        if self._natural_end or self._instance in gym._dead:
-            await trio.lowlevel.checkpoint()
+        if self._natural_end or not gym._serving(self._instance, self._generation):
+            await trio.lowlevel.checkpoint()  # its actor is gone (dead, or replaced)
             return
         ref = self._actor.close_stream.remote(self._sid, self._delivered)
         try:
@@ -458,9 +480,34 @@ class _Spawn:
     environment: str | None = None
 
 
+@attrs.frozen
+class Replacement:
+    """One replacement of a dead instance by ``RayGym.replace``."""
+
+    instance: str
+    old_node: str
+    """The Ray node ID the dead actor was placed on."""
+    new_node: str
+    """The Ray node ID the replacement was placed on."""
+    fence_s: float
+    """Killing the old actor until Ray confirmed it gone (nothing of it can act any more)."""
+    start_s: float
+    """Creating the replacement until it serves (placed, constructed, its state replayed)."""
+
+    @property
+    def total_s(self) -> float:
+        return self.fence_s + self.start_s
+
+
 @final
 class RayGym:
-    """The Gym deployment on Ray. Build it with ``RayGym.open(...)``."""
+    """The Gym deployment on Ray. Build it with ``RayGym.open(...)``.
+
+    Each instance name has one live incarnation at a time: ``replace`` ends the dead one's
+    actor and starts a new one under the same name (its *generation* goes up). Every call and
+    stream remembers the generation it went to, so a late failure of the old incarnation never
+    marks the new one dead, and nothing is sent to an actor that was replaced.
+    """
 
     def __init__(
         self,
@@ -472,6 +519,7 @@ class RayGym:
         *,
         batch_replies: bool,
         max_batch_replies: int,
+        num_cpus: float = 0.1,
     ) -> None:
         self._bridge = bridge
         self._actors = actors
@@ -479,7 +527,10 @@ class RayGym:
         self._placement = placement
         self._names = tuple(actors)
         self._plan = plan
+        self._num_cpus = num_cpus
         self._dead: set[str] = set()
+        self._generation: dict[str, int] = dict.fromkeys(actors, 0)
+        self._replacements: list[Replacement] = []
         self._sids = itertools.count(1)
         self._batch_replies = batch_replies
         self._max_batch_replies = max_batch_replies
@@ -610,7 +661,8 @@ class RayGym:
                         actors[name] = _spawn(spawn, num_cpus=num_cpus)
                     placement = await _start_all(bridge, actors, startup_timeout_s)
                     yield cls(bridge, actors, spawns, placement, plan,
-                              batch_replies=batch_replies, max_batch_replies=max_batch_replies)
+                              batch_replies=batch_replies, max_batch_replies=max_batch_replies,
+                              num_cpus=num_cpus)
                 finally:
                     with trio.CancelScope(shield=True):
                         await _stop_all(bridge, actors)
@@ -641,20 +693,40 @@ class RayGym:
                 f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
             ) from None
 
-    def _live(self, instance: str, op: str) -> Any:
+    @property
+    def replacements(self) -> tuple[Replacement, ...]:
+        """Every replacement so far, oldest first."""
+        return tuple(self._replacements)
+
+    def _live(self, instance: str, op: str) -> tuple[Any, int]:
+        """``instance``'s actor and generation; ``GymInstanceDead`` if it is dead."""
         actor = self._actor(instance)
         if instance in self._dead:
             raise GymInstanceDead(instance, op)
-        return actor
+        return actor, self._generation[instance]
+
+    def _serving(self, instance: str, generation: int) -> bool:
+        """Is incarnation ``generation`` of ``instance`` the live one?"""
+        return self._generation[instance] == generation and instance not in self._dead
+
+    def _mark_dead(self, instance: str, generation: int) -> None:
+        """Incarnation ``generation`` of ``instance`` is gone (a replaced one changes nothing)."""
+        if self._generation[instance] == generation:
+            self._dead.add(instance)
 
     def _cancel_quietly(self, ref: Any) -> None:
         with suppress(Exception):
             ray.cancel(ref)
 
-    def _translate(self, instance: str, op: str, exc: BaseException) -> BaseException:
-        """The error the runtime sees for ``exc`` raised by Ray for ``op`` on ``instance``."""
-        if isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError):
-            self._dead.add(instance)
+    def _translate(
+        self, instance: str, op: str, exc: BaseException, generation: int
+    ) -> BaseException:
+        """The error the runtime sees for ``exc`` raised by Ray for ``op`` on incarnation
+        ``generation`` of ``instance``. An actor or node that is gone marks the instance dead
+        (``GymInstanceDead``): Ray will not bring it back (actors never restart by themselves
+        here); ``replace`` does."""
+        if _actor_gone(exc):
+            self._mark_dead(instance, generation)
             return GymInstanceDead(instance, op)
         if isinstance(exc, ActorUnavailableError):
             return GymCheckpointUnavailable(
@@ -697,30 +769,32 @@ class RayGym:
                 ended.discard(sid)
         ended &= pending.keys()
 
-    async def _wait(self, instance: str, op: str, ref: Any) -> Any:
+    async def _wait(self, instance: str, op: str, ref: Any, generation: int) -> Any:
         result = await self._bridge.resolve(ref)
         if isinstance(result, outcome.Error):
-            raise self._translate(instance, op, result.error) from None
+            raise self._translate(instance, op, result.error, generation) from None
         return result.value
 
     async def _control(
         self, instance: str, op: str, args: tuple[Any, ...], deadline_ts: float
     ) -> Any:
-        actor = self._live(instance, op)
+        actor, generation = self._live(instance, op)
         spec = self._plan.check(op)
         acks = dict(self._acks[instance])
         remaining = deadline_ts - trio.current_time()
         ref = actor.control.remote(op, args, remaining, time.time(), spec, acks)
-        reply = await self._wait(instance, op, ref)
-        self._carried(instance, acks)
+        reply = await self._wait(instance, op, ref, generation)
+        if self._serving(instance, generation):
+            self._carried(instance, acks)
         return reply
 
     async def _view(self, instance: str, what: str) -> Any:
-        actor = self._live(instance, what)
+        actor, generation = self._live(instance, what)
         acks = dict(self._acks[instance])
         with trio.move_on_after(VIEW_TIMEOUT_S):
-            reply = await self._wait(instance, what, actor.view.remote(what, acks))
-            self._carried(instance, acks)
+            reply = await self._wait(instance, what, actor.view.remote(what, acks), generation)
+            if self._serving(instance, generation):
+                self._carried(instance, acks)
             return reply
         raise GymCallTimeout(
             f"instance {instance} did not answer {what} within {VIEW_TIMEOUT_S:g}s", instance, what
@@ -737,7 +811,7 @@ class RayGym:
         """Submit ``rows`` and wait for their admission; a ``refuse`` fault refuses them all
         (``admission_closed``), a ``drop`` fault ends the stream after ``len(rows) // 2``
         replies."""
-        actor = self._live(instance, "run")
+        actor, generation = self._live(instance, "run")
         spec = self._plan.check("run")
         refuse = spec is not None and spec.kind == "refuse"
         drop = len(rows) // 2 if spec is not None and spec.kind == "drop" else None
@@ -748,7 +822,7 @@ class RayGym:
             num_returns="streaming", _generator_backpressure_num_objects=backpressure
         ).remote(sid, tuple(rows), refuse, drop, inject, not self._batch_replies,
                  self._max_batch_replies)
-        stream = RayReplyStream(self, instance, actor, sid, gen)
+        stream = RayReplyStream(self, instance, actor, generation, sid, gen)
         await stream._admitted()
         return stream
 
@@ -802,6 +876,86 @@ class RayGym:
         inv: InstanceInventory = await self._view(instance, "inventory")
         return inv
 
+    async def replace(self, instance: str, deadline_ts: float) -> None:
+        """Bring up a fresh actor under ``instance``'s name, in place of its dead one.
+
+        Fence first: the old actor is killed (``no_restart``) and Ray must confirm it gone
+        before the new one opens the same ``work_dir`` (a partitioned actor that still ran
+        could otherwise write the state the new one replays). Then a new actor is created with
+        the same constructor arguments, placed ``SPREAD`` — Ray never places an actor on a
+        dead node, so a lost node's instance lands on a live one — and started. It holds no
+        episodes, streams or unclaimed episodes; its environment state is whatever its
+        ``SimInstance`` replays from ``work_dir``.
+
+        From the first line on, the instance counts as dead (no call reaches either actor) and
+        its generation is new (a late error of the old actor or its streams marks nothing).
+        Raises ``GymCallTimeout`` if the old actor is not confirmed gone, or the new one does not
+        serve, by ``deadline_ts``; ``GymInstanceDead`` if the new one dies while starting; the
+        instance then stays dead and ``replace`` may be called again. Cancellation cancels the
+        Ray calls and kills a replacement that did not start.
+        """
+        old = self._actor(instance)
+        t0 = trio.current_time()
+        self._dead.add(instance)
+        self._generation[instance] += 1
+        generation = self._generation[instance]
+        self._cancel_quietly_kill(old)
+        with trio.move_on_at(deadline_ts):
+            await self._confirm_gone(old)
+        if trio.current_time() >= deadline_ts:
+            raise GymCallTimeout(
+                f"instance {instance} replace: Ray did not confirm its old actor gone within "
+                "the deadline; not replaced (it might still write its state)",
+                instance,
+                "replace",
+            )
+        t1 = trio.current_time()
+        new = _spawn(self._spawns[instance], num_cpus=self._num_cpus)
+        installed = False
+        try:
+            node = await self._start_replacement(instance, new, generation, deadline_ts)
+            self._actors[instance] = new
+            self._placement[instance], old_node = node, self._placement.get(instance, "")
+            self._acks[instance].clear()
+            self._acks_ended[instance].clear()
+            self._dead.discard(instance)
+            installed = True
+        finally:
+            if not installed:
+                self._cancel_quietly_kill(new)
+        t2 = trio.current_time()
+        self._replacements.append(Replacement(instance, old_node, node, t1 - t0, t2 - t1))
+
+    async def _confirm_gone(self, actor: Any) -> None:
+        """Wait until a call to the killed ``actor`` fails the way a dead actor's calls do
+        (the caller bounds the wait). A call it still answers, or one Ray cannot deliver for
+        now (``ActorUnavailableError``: its node unreachable), is asked again shortly."""
+        while True:
+            result = await self._bridge.resolve(actor.calls.remote())
+            if isinstance(result, outcome.Error) and _actor_gone(result.error):
+                return
+            await trio.sleep(REPLACE_POLL_S)
+
+    async def _start_replacement(
+        self, instance: str, actor: Any, generation: int, deadline_ts: float
+    ) -> str:
+        """Start the replacement ``actor``; the Ray node ID it serves on."""
+        with trio.move_on_at(deadline_ts):
+            result = await self._bridge.resolve(actor.start.remote())
+            if isinstance(result, outcome.Error):
+                exc = result.error
+                if _actor_gone(exc):
+                    raise GymInstanceDead(instance, "replace") from None
+                raise self._translate(instance, "replace", exc, generation) from None
+            node: str = result.value
+            return node
+        raise GymCallTimeout(
+            f"instance {instance} replace: the new actor was not placed and serving within the "
+            f"deadline (cluster resources: {ray.available_resources()})",
+            instance,
+            "replace",
+        )
+
     # -- extras (tests, demo) ------------------------------------------------------------------
 
     async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
@@ -825,8 +979,9 @@ class RayGym:
     async def calls(self, instance: str) -> ActorCallStatistics:
         """What ``instance``'s actor is running right now (proof that cancelled calls left
         nothing behind)."""
+        actor, generation = self._live(instance, "calls")
         calls: ActorCallStatistics = await self._wait(
-            instance, "calls", self._live(instance, "calls").calls.remote()
+            instance, "calls", actor.calls.remote(), generation
         )
         return calls
 
