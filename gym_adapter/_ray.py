@@ -69,13 +69,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import math
 import os
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
@@ -98,6 +99,7 @@ from gymckpt.runtime import (
     EpisodeRecord,
     GymCallTimeout,
     GymCheckpointUnavailable,
+    GymConnectionLost,
     GymInstanceDead,
     InstanceRecord,
     crossable_error,
@@ -138,6 +140,15 @@ CLOSE_TIMEOUT_S: Final = 2.0
 """How long ``aclose`` waits for the actor (it runs shielded in the dispatcher: keep it bounded)."""
 STOP_TIMEOUT_S: Final = 5.0
 """How long closing the deployment waits for each instance to stop before killing its actor."""
+GCS_PROBE_INTERVAL_S: Final = 1.0
+"""How often a deployment checks that the cluster's GCS still accepts connections."""
+GCS_PROBE_TIMEOUT_S: Final = 2.0
+"""How long one such check waits for the connection."""
+CLUSTER_LOSS_S: Final = 10.0
+"""Default ``cluster_loss_s``: a GCS silent this long is the cluster lost (Ray's client itself
+ends the process after 60 s by default)."""
+SHUTDOWN_TIMEOUT_S: Final = 5.0
+"""How long leaving a lost cluster may take (``ray.shutdown``)."""
 REPLACE_POLL_S: Final = 0.05
 """How often ``replace`` asks again whether Ray has ended the old actor."""
 VIEW_TIMEOUT_S: Final = 30.0
@@ -199,6 +210,8 @@ _CLUSTER = _ClusterUse()
 async def _acquire_cluster(address: str | None) -> None:
     _CLUSTER.users += 1
     try:
+        if address is not None and not ray.is_initialized():
+            await _check_reachable(address)
         if await trio.to_thread.run_sync(_CLUSTER.connect, address):
             _CLUSTER.ours = True
     except BaseException:
@@ -206,11 +219,95 @@ async def _acquire_cluster(address: str | None) -> None:
         raise
 
 
-async def _release_cluster() -> None:
+async def _release_cluster(lost: bool) -> None:
     _CLUSTER.users -= 1
     if _CLUSTER.users == 0 and _CLUSTER.ours:
         _CLUSTER.ours = False
-        await trio.to_thread.run_sync(ray.shutdown)
+        # with the cluster gone, Ray's shutdown may wait on it: never longer than this
+        with trio.move_on_after(SHUTDOWN_TIMEOUT_S if lost else math.inf):
+            await trio.to_thread.run_sync(ray.shutdown, abandon_on_cancel=True)
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``host:port`` GCS address; None for anything else (``auto``, a
+    ``ray://`` client address), which is left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or "/" in host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+async def _gcs_answers(host: str, port: int, timeout_s: float) -> bool:
+    """Does the GCS at ``host:port`` accept a connection within ``timeout_s``?"""
+    with trio.move_on_after(timeout_s):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return False
+        await stream.aclose()
+        return True
+    return False
+
+
+async def _check_reachable(address: str) -> None:
+    """Before ``ray.init(address=...)``: a GCS that does not answer makes Ray's client retry for
+    60 s and then end the process (exit 1, no word of ours); say so at once instead."""
+    where = _host_port(address)
+    if where is None:
+        return
+    if not await _gcs_answers(*where, GCS_PROBE_TIMEOUT_S * 2):
+        raise GymConnectionLost(
+            f"cannot reach the Ray cluster: nothing answers at {address} (its GCS); start it "
+            "(ray start --head) or give the address of a running cluster",
+            address,
+        )
+
+
+@contextmanager
+def _as_if_no_nursery() -> Iterator[None]:
+    """The watch's nursery wraps whatever leaves it in an exception group: an error of the
+    ``async with RayGym.open()`` body (or the watch's own) comes out as it went in."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+@attrs.define(eq=False)
+class _GcsWatch:
+    """The trainer's connection to the cluster, watched: ``run`` raises ``GymConnectionLost``
+    once the GCS has not accepted a connection for ``loss_s`` (probed every
+    ``GCS_PROBE_INTERVAL_S``).
+
+    Why: a Ray client that cannot reach its GCS gives up after
+    ``gcs_rpc_server_reconnect_timeout_s`` (60 s by default) by ending the process — exit 1,
+    no exception, nothing of ours. Until then every actor call fails as *unavailable*, which
+    would read as Gym failing. ``loss_s`` must be well below Ray's limit: the run has to
+    stop (its last snapshot intact) before Ray ends the process."""
+
+    address: str
+    loss_s: float
+    lost: bool = False
+
+    async def run(self) -> None:
+        where = _host_port(self.address)
+        if where is None:
+            return
+        last_ok = trio.current_time()
+        while True:
+            if await _gcs_answers(*where, GCS_PROBE_TIMEOUT_S):
+                last_ok = trio.current_time()
+            elif (silent := trio.current_time() - last_ok) >= self.loss_s:
+                self.lost = True
+                raise GymConnectionLost(
+                    f"lost the Ray cluster: its GCS at {self.address} has not answered for "
+                    f"{silent:.0f}s; the last snapshot is intact: restart once the cluster is "
+                    "back to resume from it",
+                    self.address,
+                )
+            await trio.sleep(GCS_PROBE_INTERVAL_S)
 
 
 # -- the bridge ------------------------------------------------------------------------------
@@ -556,6 +653,7 @@ class RayGym:
         batch_replies: bool = True,
         max_batch_replies: int = 1024,
         startup_timeout_s: float = 60.0,
+        cluster_loss_s: float = CLUSTER_LOSS_S,
     ) -> AsyncIterator[RayGym]:
         """Serve ``instances`` simulated instances as Ray actors until the context exits.
 
@@ -567,7 +665,10 @@ class RayGym:
         hang). ``batch_replies=False`` streams one object per reply (for comparison); a batch
         carries up to about ``max_batch_replies`` replies. ``work_dir`` (default: the current
         directory) is resolved here, since actors run elsewhere. Raises ``TimeoutError`` if an
-        actor is not placed and started within ``startup_timeout_s``.
+        actor is not placed and started within ``startup_timeout_s``. The cluster's GCS is
+        watched: ``GymConnectionLost`` if nothing answers at ``address``, or (raised out of
+        the context, the body cancelled) once the GCS has not answered for
+        ``cluster_loss_s``.
         """
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances!r}")
@@ -590,6 +691,7 @@ class RayGym:
         async with cls._deploy(
             spawns, faults, address, num_cpus=num_cpus, batch_replies=batch_replies,
             max_batch_replies=max_batch_replies, startup_timeout_s=startup_timeout_s,
+            cluster_loss_s=cluster_loss_s,
         ) as gym:
             yield gym
 
@@ -609,6 +711,7 @@ class RayGym:
         batch_replies: bool = True,
         max_batch_replies: int = 1024,
         startup_timeout_s: float = 60.0,
+        cluster_loss_s: float = CLUSTER_LOSS_S,
     ) -> AsyncIterator[RayGym]:
         """Serve the user environment ``environment`` — an import path
         (``package.module:name``, an ``Environment`` or a factory of one) or ``gymnasium:ID``
@@ -630,6 +733,7 @@ class RayGym:
         async with cls._deploy(
             spawns, faults, address, num_cpus=num_cpus, batch_replies=batch_replies,
             max_batch_replies=max_batch_replies, startup_timeout_s=startup_timeout_s,
+            cluster_loss_s=cluster_loss_s,
         ) as gym:
             yield gym
 
@@ -645,30 +749,38 @@ class RayGym:
         batch_replies: bool,
         max_batch_replies: int,
         startup_timeout_s: float,
+        cluster_loss_s: float,
     ) -> AsyncIterator[RayGym]:
         if not num_cpus >= 0:
             raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
         if max_batch_replies < 1:
             raise ValueError(f"max_batch_replies must be >= 1, got {max_batch_replies!r}")
         plan = FaultPlan(faults)
+        if not cluster_loss_s > 0:
+            raise ValueError(f"cluster_loss_s must be > 0, got {cluster_loss_s!r}")
         await _acquire_cluster(address)
+        watch = _GcsWatch(ray.get_runtime_context().gcs_address, cluster_loss_s)
         try:
-            async with trio_asyncio.open_loop() as loop:
-                bridge = _Bridge(loop)
-                actors: dict[str, Any] = {}
-                try:
-                    for name, spawn in spawns.items():
-                        actors[name] = _spawn(spawn, num_cpus=num_cpus)
-                    placement = await _start_all(bridge, actors, startup_timeout_s)
-                    yield cls(bridge, actors, spawns, placement, plan,
-                              batch_replies=batch_replies, max_batch_replies=max_batch_replies,
-                              num_cpus=num_cpus)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await _stop_all(bridge, actors)
+            with _as_if_no_nursery():
+                async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
+                    nursery.start_soon(watch.run)
+                    bridge = _Bridge(loop)
+                    actors: dict[str, Any] = {}
+                    try:
+                        for name, spawn in spawns.items():
+                            actors[name] = _spawn(spawn, num_cpus=num_cpus)
+                        placement = await _start_all(bridge, actors, startup_timeout_s)
+                        yield cls(bridge, actors, spawns, placement, plan,
+                                  batch_replies=batch_replies, max_batch_replies=max_batch_replies,
+                                  num_cpus=num_cpus)
+                        nursery.cancel_scope.cancel()  # the watch
+                    finally:
+                        if not watch.lost:  # else nothing answers: leave the actors to Ray
+                            with trio.CancelScope(shield=True):
+                                await _stop_all(bridge, actors)
         finally:
             with trio.CancelScope(shield=True):
-                await _release_cluster()
+                await _release_cluster(watch.lost)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -719,14 +831,16 @@ class RayGym:
             ray.cancel(ref)
 
     def _translate(
-        self, instance: str, op: str, exc: BaseException, generation: int
+        self, instance: str, op: str, exc: BaseException, generation: int | None = None
     ) -> BaseException:
         """The error the runtime sees for ``exc`` raised by Ray for ``op`` on incarnation
-        ``generation`` of ``instance``. An actor or node that is gone marks the instance dead
-        (``GymInstanceDead``): Ray will not bring it back (actors never restart by themselves
-        here); ``replace`` does."""
+        ``generation`` (default: the live one) of ``instance``. An actor or node that is gone
+        marks the instance dead (``GymInstanceDead``): Ray will not bring it back (actors never
+        restart by themselves here); ``replace`` does."""
         if _actor_gone(exc):
-            self._mark_dead(instance, generation)
+            self._mark_dead(
+                instance, self._generation[instance] if generation is None else generation
+            )
             return GymInstanceDead(instance, op)
         if isinstance(exc, ActorUnavailableError):
             return GymCheckpointUnavailable(

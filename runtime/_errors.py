@@ -26,6 +26,7 @@ __all__ = [
     "GymAdmissionClosed",
     "GymCallTimeout",
     "GymCheckpointUnavailable",
+    "GymConnectionLost",
     "GymControlError",
     "GymInstanceDead",
     "GymUnavailable",
@@ -118,6 +119,22 @@ class GymInstanceDead(GymUnavailable):
     def __str__(self) -> str:
         tail = f" (during {self.operation})" if self.operation else ""
         return f"instance {self.instance} is dead{tail}"
+
+
+class GymConnectionLost(ConnectionError):
+    """The trainer cannot reach the cluster its Gym deployment runs on (a Ray cluster whose GCS
+    does not answer): nothing can be dispatched, checkpointed or replaced, so the run stops.
+    Not retryable from inside the run (not a ``GymUnavailable``); the last published snapshot
+    is intact, and a trainer restarted once the cluster is back resumes from it. ``address``
+    is the GCS address."""
+
+    def __init__(self, message: str, address: str) -> None:
+        super().__init__(message, address)
+        self.message = message
+        self.address = address
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class GymCallTimeout(GymUnavailable, TimeoutError):

@@ -65,8 +65,8 @@ def ray_cluster() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _ray_cluster_for_ray_tests(request: pytest.FixtureRequest) -> None:
-    if "ray_nodes" in request.fixturenames:
-        return  # a multi-node cluster of its own
+    if {"ray_nodes", "ray_head"} & set(request.fixturenames):
+        return  # a cluster of its own
     if request.node.get_closest_marker("ray") is not None:
         request.getfixturevalue("ray_cluster")
 

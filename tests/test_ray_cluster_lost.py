@@ -1,0 +1,181 @@
+"""The trainer losing its Ray cluster (issue 15): one clear line, exit code 5, the last snapshot
+intact and verifiable, and a restart resumes from it.
+
+The cluster is a real ``ray start --head --block`` in a temporary directory of its own; the
+trainer is ``gymckpt demo --backend ray --ray-address ...`` (its phase process joins the
+cluster). Once the first snapshot is published the head's GCS is killed with SIGKILL, which
+takes the cluster down with it (``--block`` ends the head's other processes).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gymckpt.nurseries import ExitCode
+from gymckpt.runtime import SNAPSHOTS_DIR, SnapshotStore
+
+pytestmark = [pytest.mark.ray, pytest.mark.subprocess, pytest.mark.timeout(300)]
+
+ROWS = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.2)
+
+
+class Head:
+    """One ``ray start --head --block`` cluster (a single node) in a temp dir of its own."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        # short: Ray's socket paths live under it
+        self.temp_dir = tempfile.mkdtemp(prefix="gr", dir="/tmp")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+             f"--port={self.port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+             "--include-dashboard=false", f"--temp-dir={self.temp_dir}",
+             f"--object-store-memory={100 * 2**20}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._ps = psutil.Process(self.proc.pid)
+        _wait_for(lambda: self.gcs() is not None and self._raylet_up(), 60, "the Ray head")
+
+    def _children(self) -> list[object]:
+        import psutil
+
+        with_pid = []
+        try:
+            with_pid = self._ps.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        return with_pid
+
+    def gcs(self) -> object | None:
+        return next((p for p in self._children() if "gcs_server" in p.name()), None)  # type: ignore[attr-defined]
+
+    def _raylet_up(self) -> bool:
+        return any("raylet" in p.name() for p in self._children())  # type: ignore[attr-defined]
+
+    def kill_gcs(self) -> None:
+        gcs = self.gcs()
+        assert gcs is not None
+        gcs.kill()  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        import psutil
+
+        left = self._children()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for proc in left:
+            try:
+                proc.kill()  # type: ignore[attr-defined]
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.fixture
+def ray_head() -> Iterator[Callable[[], Head]]:
+    """Start heads on demand; every one is stopped at the end."""
+    heads: list[Head] = []
+
+    def start() -> Head:
+        heads.append(Head())
+        return heads[-1]
+
+    try:
+        yield start
+    finally:
+        for head in heads:
+            head.stop()
+
+
+def gymckpt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gymckpt", *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+
+
+def our_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("gymckpt")]
+
+
+def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resumes(
+    ray_head: Callable[[], Head], tmp_path: Path
+) -> None:
+    from gymckpt.nurseries.app.demo import DemoOptions, verdict
+
+    head = ray_head()
+    workdir = tmp_path / "w"
+    store = SnapshotStore(workdir / SNAPSHOTS_DIR)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--ray-address",
+         head.address, "--rows", str(ROWS), "--crash-after-checkpoint", "0", "--workdir",
+         str(workdir), "--json"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _wait_for(lambda: store.latest_complete() is not None or demo.poll() is not None,
+                  120, "the first snapshot")
+        assert demo.poll() is None, "the demo finished before its cluster was lost"
+        t0 = time.monotonic()
+        head.kill_gcs()
+        _, stderr = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    stopped_s = time.monotonic() - t0
+    assert demo.returncode == ExitCode.CLUSTER_LOST, stderr[-3000:]
+    lines = our_lines(stderr)
+    assert len(lines) == 1 and "lost the Ray cluster" in lines[0], stderr[-3000:]
+    assert stopped_s < 45  # well before Ray's client would end the process (60 s)
+
+    latest = store.latest_complete()
+    assert latest is not None
+    verified = gymckpt("verify", str(latest.path))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    head = ray_head()  # the cluster is back (a new one): the trainer resumes
+    opts = DemoOptions(backend="ray", rows=ROWS, crash_after_checkpoint=0,
+                       ray_address=head.address)
+    resumed = gymckpt("_phase", "--phase", "2", "--workdir", str(workdir),
+                      "--options", opts.to_json())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    phase2 = json.loads((workdir / "phase-2.json").read_text())
+    assert phase2["restored"] is not None
+    journal = [json.loads(line) for line in (workdir / "journal.jsonl").read_text().splitlines()]
+    restores = [r["snapshot"] for r in journal if "restore_to_step" in r]
+    assert restores == [latest.checkpoint_id]  # from the snapshot the lost run left
+    report = verdict(opts, workdir, [phase2])
+    assert report["exactly_once"] is True, report
+    assert report["rows_trained"] == ROWS
