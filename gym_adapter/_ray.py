@@ -199,8 +199,13 @@ class _ClusterUse:
                 return False
             if address is None:
                 ray.init(**local_cluster_options())
-            else:
+                return True
+            try:
                 ray.init(address=address, log_to_driver=False)
+            except ConnectionError as exc:
+                raise GymConnectionLost(
+                    f"cannot join the Ray cluster at {address}: {_first_line(exc)}", address
+                ) from None
             return True
 
 

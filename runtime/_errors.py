@@ -121,7 +121,7 @@ class GymInstanceDead(GymUnavailable):
         return f"instance {self.instance} is dead{tail}"
 
 
-class GymConnectionLost(ConnectionError):
+class GymConnectionLost(RuntimeError):
     """The trainer cannot reach the cluster its Gym deployment runs on (a Ray cluster whose GCS
     does not answer): nothing can be dispatched, checkpointed or replaced, so the run stops.
     Not retryable from inside the run (not a ``GymUnavailable``); the last published snapshot

@@ -142,8 +142,14 @@ def test_classify_unknown_errors_are_invariants_and_io_errors_retryable() -> Non
 
 def test_exit_codes_of_the_errors_that_end_a_run() -> None:
     from gymckpt.gym_adapter import GymInstanceDead
+    from gymckpt.nurseries import ExitCode
     from gymckpt.nurseries.app.demo import run_exit
-    from gymckpt.runtime import CheckpointInvariantError, CheckpointsFailed, ManifestError
+    from gymckpt.runtime import (
+        CheckpointInvariantError,
+        CheckpointsFailed,
+        GymConnectionLost,
+        ManifestError,
+    )
 
     def code(exc: BaseException) -> int | None:
         got = run_exit(exc)
@@ -156,3 +162,8 @@ def test_exit_codes_of_the_errors_that_end_a_run() -> None:
     assert code(ExceptionGroup("run", [GymInstanceDead("gym-0")])) == 4
     assert code(ManifestError("ledger.json: bad")) == 2
     assert code(ZeroDivisionError()) is None
+    lost = GymConnectionLost("lost the Ray cluster", "10.0.0.1:6379")
+    assert code(lost) == ExitCode.CLUSTER_LOST == 5
+    # whatever failed with it (instances unreachable, checkpoints failing) was the cluster going
+    assert code(ExceptionGroup("run", [CheckpointsFailed("x"), lost])) == 5
+    assert code(ExceptionGroup("run", [CheckpointInvariantError("y"), lost])) == 3

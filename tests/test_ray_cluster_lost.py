@@ -10,6 +10,8 @@ takes the cluster down with it (``--block`` ends the head's other processes).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +19,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +30,7 @@ from gymckpt.runtime import SNAPSHOTS_DIR, SnapshotStore
 
 pytestmark = [pytest.mark.ray, pytest.mark.subprocess, pytest.mark.timeout(300)]
 
-ROWS = 600
+ROWS = 200
 
 
 def _free_port() -> int:
@@ -50,46 +54,41 @@ class Head:
     def __init__(self) -> None:
         import psutil
 
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
         # short: Ray's socket paths live under it
         self.temp_dir = tempfile.mkdtemp(prefix="gr", dir="/tmp")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-             f"--port={self.port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+             f"--port={_free_port()}", "--num-cpus=2",
              "--include-dashboard=false", f"--temp-dir={self.temp_dir}",
              f"--object-store-memory={100 * 2**20}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
+            # its auth token would live in its own temp dir, where no client looks for it
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
         )
         self._ps = psutil.Process(self.proc.pid)
-        _wait_for(lambda: self.gcs() is not None and self._raylet_up(), 60, "the Ray head")
+        recorded = Path(self.temp_dir) / "ray_current_cluster"  # not Ray's shared temp dir
+        _wait_for(lambda: recorded.exists() and self._named("raylet"), 60, "the Ray head")
+        self.address = recorded.read_text().strip()
 
-    def _children(self) -> list[object]:
+    def _processes(self) -> list[Any]:
         import psutil
 
-        with_pid = []
-        try:
-            with_pid = self._ps.children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        return with_pid
+        with suppress(psutil.NoSuchProcess):
+            return list(self._ps.children(recursive=True))
+        return []
 
-    def gcs(self) -> object | None:
-        return next((p for p in self._children() if "gcs_server" in p.name()), None)  # type: ignore[attr-defined]
-
-    def _raylet_up(self) -> bool:
-        return any("raylet" in p.name() for p in self._children())  # type: ignore[attr-defined]
+    def _named(self, name: str) -> list[Any]:
+        return [p for p in self._processes() if name in p.name()]
 
     def kill_gcs(self) -> None:
-        gcs = self.gcs()
-        assert gcs is not None
-        gcs.kill()  # type: ignore[attr-defined]
+        (gcs,) = self._named("gcs_server")
+        gcs.kill()
 
     def stop(self) -> None:
         import psutil
 
-        left = self._children()
+        left = self._processes()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -98,10 +97,9 @@ class Head:
                 self.proc.kill()
                 self.proc.wait()
         for proc in left:
-            try:
-                proc.kill()  # type: ignore[attr-defined]
-            except psutil.NoSuchProcess:
-                pass
+            with suppress(psutil.NoSuchProcess):
+                proc.kill()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -179,3 +177,17 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
     report = verdict(opts, workdir, [phase2])
     assert report["exactly_once"] is True, report
     assert report["rows_trained"] == ROWS
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_not_a_60s_hang(
+    ray_head: Callable[[], Head], tmp_path: Path
+) -> None:
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    done = gymckpt("demo", "--backend", "ray", "--ray-address", address, "--rows", "8",
+                   "--workdir", str(tmp_path / "w"), "--json", timeout=60)
+    assert done.returncode == ExitCode.CLUSTER_LOST, done.stderr[-3000:]
+    lines = our_lines(done.stderr)
+    assert len(lines) == 1 and f"cannot reach the Ray cluster: nothing answers at {address}" \
+        in lines[0], done.stderr[-3000:]
+    assert time.monotonic() - t0 < 40  # Ray's client alone would try for 60 s, then exit 1
