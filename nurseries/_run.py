@@ -4,7 +4,7 @@ A trainer's errors arrive wrapped in the nurseries' exception groups (``open_rol
 dispatcher beside the trainer's body), so a plain ``trio.run`` ends a run that lost its Gym or
 broke an invariant with a long nested traceback and exit 1. ``run`` decides the exit code from
 the errors inside the groups (the command line's codes: 2 bad input or work directory in use,
-3 invariant violation, 4 checkpoints failed too often, 5 the cluster lost, 130 interrupted) and
+3 invariant violation, 4 checkpoints failed too often, 6 the cluster lost, 130 interrupted) and
 prints one line.
 Anything else is a bug in the trainer or here, and propagates unchanged.
 
@@ -48,7 +48,7 @@ class ExitCode(enum.IntEnum):
     """The run aborted on an invariant violation (or a simulated seed violated one)."""
     CHECKPOINTS_FAILED = 4
     """Checkpoints failed too often in a row, or Gym was unavailable for good."""
-    CLUSTER_LOST = 5
+    CLUSTER_LOST = 6
     """The trainer lost its connection to the cluster Gym runs on (``GymConnectionLost``):
     its last snapshot is intact; restart once the cluster is back to resume from it."""
     INTERRUPTED = 130
@@ -72,7 +72,7 @@ def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
     gives up): an invariant violation anywhere is 3; checkpoints failing too often, every
     instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
     run from the restore; checkpoints retry it), 4; the cluster lost (``GymConnectionLost``,
-    whatever failed with it), 5; a lone bad-input error or a work directory in use, 2. None for
+    whatever failed with it), 6; a lone bad-input error or a work directory in use, 2. None for
     anything else (a bug: let it surface).
     """
     leaves = leaf_errors(exc)

@@ -163,7 +163,7 @@ def test_exit_codes_of_the_errors_that_end_a_run() -> None:
     assert code(ManifestError("ledger.json: bad")) == 2
     assert code(ZeroDivisionError()) is None
     lost = GymConnectionLost("lost the Ray cluster", "10.0.0.1:6379")
-    assert code(lost) == ExitCode.CLUSTER_LOST == 5
+    assert code(lost) == ExitCode.CLUSTER_LOST == 6
     # whatever failed with it (instances unreachable, checkpoints failing) was the cluster going
-    assert code(ExceptionGroup("run", [CheckpointsFailed("x"), lost])) == 5
+    assert code(ExceptionGroup("run", [CheckpointsFailed("x"), lost])) == 6
     assert code(ExceptionGroup("run", [CheckpointInvariantError("y"), lost])) == 3

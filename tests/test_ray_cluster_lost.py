@@ -1,5 +1,6 @@
-"""The trainer losing its Ray cluster (issue 15): one clear line, exit code 5, the last snapshot
-intact and verifiable, and a restart resumes from it.
+"""The trainer losing its Ray cluster (issue 15): one clear line, exit code 6
+(``ExitCode.CLUSTER_LOST``), the last snapshot intact and verifiable, and a restart resumes
+from it.
 
 The cluster is a real ``ray start --head --block`` in a temporary directory of its own; the
 trainer is ``gymckpt demo --backend ray --ray-address ...`` (its phase process joins the

@@ -55,7 +55,7 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "exactly-once restore after a crash."
         ),
         epilog="exit codes: 0 ok, 2 bad input, 3 run aborted (invariant), "
-        "4 checkpoints failed too often, 5 the Ray cluster is unreachable or was lost",
+        "4 checkpoints failed too often, 6 the Ray cluster is unreachable or was lost",
     )
     parser.add_argument("--version", action="version", version=f"gymckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
