@@ -3,7 +3,8 @@
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
-``RayGym`` is exported lazily (and left out of ``__all__``): Ray is an optional extra, so
+``RayGym`` and ``local_cluster_options`` are exported lazily (and left out of ``__all__``): Ray
+is an optional extra, so
 ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or ``from gym_adapter import
 RayGym``) does.
 """
@@ -67,13 +68,17 @@ from ._sim import (
 
 if TYPE_CHECKING:
     from ._ray import RayGym as RayGym
+    from ._ray import local_cluster_options as local_cluster_options
+
+_LAZY = ("RayGym", "local_cluster_options")
+"""Names from ``_ray``, imported (with Ray) on first use."""
 
 
 def __getattr__(name: str) -> Any:
-    if name == "RayGym":
-        from ._ray import RayGym
+    if name in _LAZY:
+        from . import _ray
 
-        return RayGym
+        return getattr(_ray, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
