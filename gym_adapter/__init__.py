@@ -4,9 +4,8 @@
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
 ``RayGym`` and ``local_cluster_options`` are exported lazily (and left out of ``__all__``): Ray
-is an optional extra, so
-``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or ``from gym_adapter import
-RayGym``) does.
+is an optional extra, so ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or
+``from gym_adapter import RayGym``) does.
 """
 
 from typing import TYPE_CHECKING, Any
