@@ -25,12 +25,14 @@ from ._contract import (
     ParticipantInfo,
     PrepareReply,
     Refused,
+    ReplaceableGym,
     ReplyStream,
     RestoreReply,
     RetireReply,
     RunReply,
     RunRow,
     Topology,
+    can_replace,
 )
 from ._embedded import EmbeddedGym, GymStatistics
 from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
@@ -121,6 +123,7 @@ __all__ = [
     "PayloadTooLarge",
     "PrepareReply",
     "Refused",
+    "ReplaceableGym",
     "ReplyStream",
     "RestoreReply",
     "RetireReply",
@@ -132,6 +135,7 @@ __all__ = [
     "SimStatistics",
     "StateParticipant",
     "Topology",
+    "can_replace",
     "host_capture_key",
     "load_environment",
     "participant_kinds",

@@ -22,6 +22,20 @@ episodes with their owner and ``capture_keys``, the replies on the wire, and the
 sessions), ``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify, then
 install committed state), ``retire_restored``; ``topology`` and ``inventory`` serve checks.
 
+Replacing a dead instance
+-------------------------
+An instance may die (its actor or node is gone; the ``dead`` fault): every later call to it
+raises ``GymInstanceDead``, and so does iterating one of its open reply streams. A backend that
+can bring it back implements ``ReplaceableGym.replace(instance, deadline_ts)``. Postcondition:
+``instance`` names a fresh live instance under the same name and topology, with admission open,
+holding no episodes, streams, unclaimed restored episodes or retire work; its *environment
+state* (what participants keep outside episodes, e.g. the calendar's sessions and events)
+continues the dead one's where the backend can keep it (the simulated calendar replays a
+durable log under ``work_dir/<instance>/``; a user's participants start empty unless their
+state lives outside the instance). It raises a ``GymUnavailable`` when it cannot (the runtime
+retries within its replacement budget). Replacing a live instance kills it first. A backend
+without ``replace`` keeps a dead instance dead: checkpoints then fail until the run stops.
+
 Paths: a commit reply's ``ParticipantInfo.state_dir`` is relative to that commit's
 ``state_root``; ``restore`` resolves each ``ParticipantRecord.state_dir`` of the manifest against
 its own ``state_root`` (the snapshot directory, since the manifest's paths are relative to it).
@@ -60,12 +74,14 @@ __all__ = [
     "ParticipantInfo",
     "PrepareReply",
     "Refused",
+    "ReplaceableGym",
     "ReplyStream",
     "RestoreReply",
     "RetireReply",
     "RunReply",
     "RunRow",
     "Topology",
+    "can_replace",
 ]
 
 ADMISSION_CLOSED = "admission_closed"
@@ -264,3 +280,18 @@ class GymBackend(Protocol):
     ) -> RetireReply: ...
 
     async def inventory(self, instance: str) -> InstanceInventory: ...
+
+
+@runtime_checkable
+class ReplaceableGym(GymBackend, Protocol):
+    """A Gym deployment that can replace a dead instance (see the module docstring)."""
+
+    async def replace(self, instance: str, deadline_ts: float) -> None:
+        """Bring up a fresh instance under ``instance``'s name, by ``deadline_ts`` (caller's
+        clock). Raises a ``GymUnavailable`` if it cannot; the runtime retries."""
+        ...
+
+
+def can_replace(gym: object) -> bool:
+    """Whether ``gym`` implements ``ReplaceableGym.replace``."""
+    return callable(getattr(gym, "replace", None))

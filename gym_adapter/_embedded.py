@@ -10,6 +10,12 @@ adapter adds only what a remote backend adds too:
   ``unpicklable``, ``dead``; ``refuse`` and ``drop`` shape a ``run``);
 - dead instances: after a ``dead`` fault every call to that instance raises
   ``GymInstanceDead`` without reaching it (and without being counted by the plan);
+- replacement (``replace``, the ``ReplaceableGym`` contract): a new instance of the same name,
+  seed and config takes the dead one's place. The calendar simulation's replacement replays the
+  dead one's durable environment log (``work_dir/<instance>/``), so the calendar sessions and
+  events survive; a user's environment on ``host`` starts with empty participants. Every
+  instance is served as a task of the deployment's task group, so a replacement lives exactly as
+  long as the deployment, like the instances it started with;
 - the picklability rule (S6): every error raised by Gym passes through
   ``runtime.crossing_boundary``, which replaces one that cannot be pickled by
   ``GymCheckpointUnavailable`` naming the instance and operation.
@@ -22,15 +28,22 @@ call runs; a ``delay`` fault happens before that, so a delay past the deadline s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, final
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import EpisodeRecord, GymInstanceDead, InstanceRecord, crossing_boundary
+from gymckpt.runtime import (
+    EpisodeRecord,
+    GymCallTimeout,
+    GymInstanceDead,
+    InstanceRecord,
+    crossing_boundary,
+)
 
 from ._contract import (
     CommitReply,
@@ -38,6 +51,7 @@ from ._contract import (
     InstanceInventory,
     InstanceTopology,
     PrepareReply,
+    ReplaceableGym,
     ReplyStream,
     RestoreReply,
     RetireReply,
@@ -72,6 +86,8 @@ class _Instance(Protocol):
     def dead(self) -> bool: ...
 
     def kill(self) -> None: ...
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None: ...
 
     def topology(self) -> InstanceTopology: ...
 
@@ -112,16 +128,29 @@ class GymStatistics:
 
     instances: tuple[SimStatistics | HostStatistics, ...]
     faults_fired: tuple[tuple[str, int], ...]
+    replaced: tuple[SimStatistics | HostStatistics, ...] = ()
+    """The last counts of every instance that was replaced, in the order they were."""
 
 
 @final
 class EmbeddedGym:
     """The embedded Gym deployment. Build it with ``EmbeddedGym.open(...)``."""
 
-    def __init__(self, sims: Sequence[_Instance], plan: FaultPlan) -> None:
+    def __init__(
+        self,
+        sims: Sequence[_Instance],
+        plan: FaultPlan,
+        make: Callable[[str], _Instance] | None = None,
+        tg: anyio.abc.TaskGroup | None = None,
+    ) -> None:
         self._sims = {sim.name: sim for sim in sims}
         self._names = tuple(sim.name for sim in sims)
         self._plan = plan
+        self._make = make
+        self._tg = tg
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._replacements: dict[str, int] = dict.fromkeys(self._names, 0)
+        self._replaced: list[_Instance] = []
 
     @classmethod
     @asynccontextmanager
@@ -138,6 +167,8 @@ class EmbeddedGym:
 
         ``agent_kinds`` is one kind for all instances or one per instance. ``faults`` are C3
         specs (strings or ``FaultSpec``); a bad spec raises ``ValueError`` before anything runs.
+        With ``work_dir``, each instance keeps its calendar sessions in a durable log there,
+        which a replacement (``replace``) continues.
         """
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances!r}")
@@ -152,11 +183,14 @@ class EmbeddedGym:
         plan = FaultPlan(faults)
         cfg = config if config is not None else SimConfig()
         wd = Path(work_dir) if work_dir is not None else None
-        sims = [SimInstance(f"gym-{i}", kinds[i], seed, wd, cfg) for i in range(instances)]
-        async with AsyncExitStack() as stack:
-            for sim in sims:
-                await stack.enter_async_context(sim)
-            yield cls(sims, plan)
+        kind_of = {f"gym-{i}": kinds[i] for i in range(instances)}
+
+        def make(name: str, *, recover: bool = True) -> SimInstance:
+            return SimInstance(name, kind_of[name], seed, wd, cfg, recover=recover)
+
+        sims = [make(name, recover=False) for name in kind_of]
+        async with cls._serving(sims, plan, make) as gym:
+            yield gym
 
     @classmethod
     @asynccontextmanager
@@ -171,7 +205,8 @@ class EmbeddedGym:
     ) -> AsyncIterator[EmbeddedGym]:
         """Serve ``environment`` (an ``Environment`` or its import path
         ``package.module:name``) on ``instances`` Gym hosts until the context exits. The
-        environment is checked first: ``EnvironmentSpecError`` names what cannot be hosted."""
+        environment is checked first: ``EnvironmentSpecError`` names what cannot be hosted.
+        A replacement (``replace``) hosts the same environment with empty participants."""
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances!r}")
         env = load_environment(environment)
@@ -179,11 +214,67 @@ class EmbeddedGym:
         plan = FaultPlan(faults)
         cfg = config if config is not None else HostConfig()
         wd = Path(work_dir) if work_dir is not None else None
-        hosts = [GymHost(f"gym-{i}", env, seed, wd, cfg) for i in range(instances)]
-        async with AsyncExitStack() as stack:
-            for h in hosts:
-                await stack.enter_async_context(h)
-            yield cls(hosts, plan)
+
+        def make(name: str) -> GymHost:
+            return GymHost(name, env, seed, wd, cfg)
+
+        hosts = [make(f"gym-{i}") for i in range(instances)]
+        async with cls._serving(hosts, plan, make) as gym:
+            yield gym
+
+    @classmethod
+    @asynccontextmanager
+    async def _serving(
+        cls, sims: Sequence[_Instance], plan: FaultPlan, make: Callable[[str], _Instance]
+    ) -> AsyncIterator[EmbeddedGym]:
+        async with anyio.create_task_group() as tg:
+            gym = cls(sims, plan, make, tg)
+            try:
+                for sim in sims:
+                    await gym._start(sim)
+                yield gym
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _start(self, sim: _Instance) -> None:
+        """Serve ``sim`` as a task of the deployment, in a cancel scope of its own."""
+        assert self._tg is not None
+        scope = self._scopes[sim.name] = anyio.CancelScope()
+
+        async def serve(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with scope:
+                await sim.serve(task_status=task_status)
+
+        await self._tg.start(serve)
+
+    async def replace(self, instance: str, deadline_ts: float) -> None:
+        """Replace ``instance`` by a new one of the same name, seed and config (killing it
+        first if it still lives); ``GymCallTimeout`` past ``deadline_ts``. The new instance
+        holds no episodes, streams, unclaimed episodes or retire work; a calendar simulation's
+        replacement continues the dead one's calendar from its durable log."""
+        old = self.sim(instance)
+        if self._make is None or self._tg is None:
+            raise GymInstanceDead(instance, "replace")
+        with anyio.move_on_at(deadline_ts) as scope:
+            old.kill()
+            old_scope = self._scopes.get(instance)
+            if old_scope is not None:
+                old_scope.cancel()  # the old instance leaves its context (its tasks end)
+            new = self._make(instance)
+            await self._start(new)
+            self._sims[instance] = new
+            self._replaced.append(old)
+            self._replacements[instance] += 1
+            return
+        assert scope.cancelled_caught
+        raise GymCallTimeout(
+            f"instance {instance} replace: not serving before the deadline", instance, "replace"
+        )
+
+    def replacements(self, instance: str) -> int:
+        """How often ``instance`` was replaced."""
+        self.sim(instance)
+        return self._replacements[instance]
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -298,6 +389,7 @@ class EmbeddedGym:
         return GymStatistics(
             instances=tuple(self._sims[n].statistics() for n in self._names),
             faults_fired=self._plan.fired,
+            replaced=tuple(old.statistics() for old in self._replaced),
         )
 
     def __repr__(self) -> str:
@@ -308,4 +400,7 @@ class EmbeddedGym:
 if TYPE_CHECKING:  # mypy checks that EmbeddedGym implements the contract
 
     def _is_a_backend(gym: EmbeddedGym) -> GymBackend:
+        return gym
+
+    def _can_replace(gym: EmbeddedGym) -> ReplaceableGym:
         return gym

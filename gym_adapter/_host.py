@@ -178,10 +178,20 @@ class GymHost(HostControl):
         finally:
             self._tg = None
 
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled (for ``await task_group.start(host.serve)``)."""
+        async with self:
+            task_status.started()
+            await anyio.sleep_forever()
+
     def kill(self) -> None:
-        """The instance dies: episodes stop, streams end at once, later calls fail."""
+        """The instance dies: episodes stop, streams end at once (reading one raises
+        ``GymInstanceDead``), later calls fail."""
         if not self._dead:
             self._dead = True
+            self._streams.dead_instance = self.name
             self._shutdown()
 
     def _shutdown(self) -> None:

@@ -21,7 +21,7 @@ import anyio.lowlevel
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._contract import RunReply
+from ._contract import GymInstanceDead, RunReply
 
 __all__ = ["HostReplyStream", "ReplyStreams", "RunStream"]
 
@@ -58,6 +58,8 @@ class ReplyStreams:
     streams: dict[RunStream, None] = attrs.field(factory=dict, init=False)
     batches: int = attrs.field(default=0, init=False)
     discarded: int = attrs.field(default=0, init=False)
+    dead_instance: str | None = attrs.field(default=None, init=False)
+    """Set when the instance died: its streams then raise ``GymInstanceDead``."""
 
     def open(self, rows: int, drop_after: int | None) -> RunStream:
         send, receive = anyio.create_memory_object_stream[Batch](math.inf)
@@ -194,6 +196,8 @@ class HostReplyStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._st.receive.close()
             self._streams.forget(self._st)
+            if self._streams.dead_instance is not None:
+                raise GymInstanceDead(self._streams.dead_instance, "run") from None
             raise StopAsyncIteration from None
         self._delivered = tuple(r.rollout_id for r in batch)
         return batch

@@ -31,6 +31,16 @@ simulation keeps every property the protocol relies on, and nothing else:
   trio's ``MockClock`` in tests, and under asyncio inside a Ray actor. Every wait has a cancel
   path; leaving the instance's context cancels every episode and ends every stream.
 
+- **Durable environment state.** With a ``work_dir``, every change of the calendar's sessions
+  (a session opened or taken over, an event, a session freed) is appended to
+  ``work_dir/<instance>/calendar-sessions.log`` as it happens, and a restore rewrites the file.
+  A ``SimInstance(..., recover=True)`` of the same name on the same ``work_dir`` replays it: the
+  replacement of a dead instance continues its environment state the way a real environment
+  service outlives one of its servers (``EmbeddedGym.replace``, a fresh Ray actor). Each change
+  is one ``write`` (no buffering in the process, no fsync): a process that dies loses nothing,
+  a machine that crashes loses what the OS had not written back yet. Several machines need a
+  shared filesystem for it (a fresh actor on another node reads the same file).
+
 Time and determinism: all waits are ``anyio.sleep``/``move_on_*`` on the running loop's clock,
 and every batch is sorted by rollout ID, so the same calls with the same seed produce the same
 replies at the same (virtual) times.
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -90,6 +101,7 @@ T = TypeVar("T")
 
 __all__ = [
     "AGENT_KINDS",
+    "ENV_LOG",
     "RECORDS_FILE",
     "CalendarEvent",
     "CalendarSession",
@@ -106,6 +118,8 @@ __all__ = [
 ]
 
 AGENT_KINDS: Final = ("simple_agent", "legacy_agent")
+ENV_LOG: Final = "calendar-sessions.log"
+"""The calendar's durable session log, under ``work_dir/<instance>/``."""
 AGENT, CALENDAR, MODEL_PROXY = "agent", "calendar", "model_proxy"
 
 Batch = tuple[RunReply, ...]
@@ -350,7 +364,8 @@ class SimReplyStream:
 
     ``__anext__`` first acknowledges the batch it returned last time (its replies leave the
     instance's on-the-wire list), then waits for the next batch; the stream ends when every row
-    replied, or early (drop fault, dead instance). ``aclose`` acknowledges the last batch,
+    replied, or early (drop fault); one of an instance that died raises ``GymInstanceDead``.
+    ``aclose`` acknowledges the last batch,
     discards the undelivered ones and leaves the rows running in Gym. Works under trio and
     asyncio alike.
     """
@@ -374,6 +389,8 @@ class SimReplyStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._st.receive.close()
             self._inst._forget(self._st)
+            if self._inst.dead:
+                raise GymInstanceDead(self._inst.name, "run") from None
             raise StopAsyncIteration from None
         self._delivered = tuple(r.rollout_id for r in batch)
         return batch
@@ -420,8 +437,13 @@ class SimInstance:
     seed: int = 0
     work_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     config: SimConfig = attrs.field(factory=SimConfig)
+    recover: bool = attrs.field(default=False, kw_only=True)
+    """Continue the environment state of ``work_dir/<name>/`` (a replacement of a dead
+    instance); False starts a fresh log there."""
 
     _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
+    _log_fd: int | None = attrs.field(default=None, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
     _dead: bool = attrs.field(default=False, init=False)
     _admission_open: bool = attrs.field(default=True, init=False)
     _prepared: bool = attrs.field(default=False, init=False)
@@ -453,6 +475,8 @@ class SimInstance:
     async def __aenter__(self) -> SimInstance:
         if self._tg is not None:
             raise RuntimeError(f"instance {self.name} is already serving")
+        self._open_log()
+        self._closing = False
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -470,6 +494,7 @@ class SimInstance:
         tg = self._tg
         assert tg is not None
         self._shutdown()
+        self._close_log()
         tg.cancel_scope.cancel()
         try:
             return await tg.__aexit__(exc_type, exc, tb)
@@ -491,8 +516,55 @@ class SimInstance:
             return
         self._dead = True
         self._shutdown()
+        self._close_log()
+
+    # -- the durable environment log ---------------------------------------------------------
+
+    @property
+    def env_log(self) -> Path | None:
+        """The calendar's session log (None without a ``work_dir``)."""
+        return None if self.work_dir is None else self.work_dir / self.name / ENV_LOG
+
+    def _open_log(self) -> None:
+        path = self.env_log
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.recover and path.exists():
+            self._sessions = replay_env_log(path.read_bytes())
+            # each session is retirable by the attempt that owns it (freeing it, as on the
+            # dead instance); the replacement runs no episode yet
+            self._finished = {s.rollout_id: key for key, s in self._sessions.items()}
+            self._first_mutation_seen = any(s.events for s in self._sessions.values())
+        self._rewrite_log()  # compact (or start empty), then append from here
+
+    def _rewrite_log(self) -> None:
+        """Write the current sessions as the whole log, atomically; reopen it for appends."""
+        path = self.env_log
+        if path is None:
+            return
+        self._close_log()
+        lines = []
+        for key in sorted(self._sessions):
+            sess = self._sessions[key]
+            lines.append(orjson.dumps(["n", key, sess.rollout_id, sess.attempt]))
+            lines.extend(orjson.dumps(["e", key, e.turn, e.title, e.sentinel])
+                         for e in sess.events)
+        write_atomic(path, b"".join(line + b"\n" for line in lines))
+        self._log_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def _log(self, record: list[Any]) -> None:
+        """Append one change (one ``write``: the OS has it even if this process dies next)."""
+        if self._log_fd is not None:
+            os.write(self._log_fd, orjson.dumps(record) + b"\n")
+
+    def _close_log(self) -> None:
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
 
     def _shutdown(self) -> None:
+        self._closing = True  # no new task in the task group from here (lease watchers)
         self._admission_open = False
         self._cancel_lease()
         for ep in [*self._episodes.values(), *self._unclaimed.values()]:
@@ -599,6 +671,7 @@ class SimInstance:
             self._fence(current.rollout_id)
             self._finished.pop(current.rollout_id, None)
         self._sessions[key] = _Session(key, rid, row.attempt)
+        self._log(["n", key, rid, row.attempt])
         ep = _Episode(
             rollout_id=rid,
             row=row.row,
@@ -641,7 +714,9 @@ class SimInstance:
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _Session(key, old_id, old.attempt)
+            self._log(["n", key, old_id, old.attempt])
         session.rollout_id, session.attempt = rid, row.attempt
+        self._log(["o", key, rid, row.attempt])
         self._staged[rid] = self._staged.pop(old_id, [])
         ep = _Episode(
             rollout_id=rid,
@@ -774,9 +849,9 @@ class SimInstance:
             self._end_episode(ep, None)
             raise _EpisodeStopped
         session = self._sessions[ep.key]
-        session.events.append(
-            CalendarEvent(turn, f"meeting {ep.key} t{turn}", sentinel(ep.row, ep.slot, turn))
-        )
+        event = CalendarEvent(turn, f"meeting {ep.key} t{turn}", sentinel(ep.row, ep.slot, turn))
+        session.events.append(event)
+        self._log(["e", ep.key, event.turn, event.title, event.sentinel])
         self._count.mutations += 1
         if self.config.hold_after_first_mutation and not self._first_mutation_seen:
             self._first_mutation_seen = True
@@ -993,6 +1068,8 @@ class SimInstance:
             functools.partial(self._export, checkpoint_id, root, episodes, unclaimed, staged,
                               sessions_now)
         )
+        if self._dead:  # died while exporting: what it committed died with it
+            raise GymInstanceDead(self.name, "commit")
         self._count.commits += 1
         self._arm_lease()
         return CommitReply(
@@ -1131,6 +1208,8 @@ class SimInstance:
     def _arm_lease(self) -> None:
         assert self._tg is not None
         self._cancel_lease()
+        if self._closing:  # shutting down (or dead): its task group takes no new task
+            return
         scope = self._lease_scope = anyio.CancelScope()
         self._tg.start_soon(self._lease_watch, scope, self._gen)
 
@@ -1196,6 +1275,7 @@ class SimInstance:
         session = self._sessions.get(key)
         if session is not None and session.rollout_id == rollout_id:
             del self._sessions[key]
+            self._log(["d", key])
 
     async def restore(
         self,
@@ -1277,6 +1357,7 @@ class SimInstance:
             )
             restored.append(rec.rollout_id)
         self._sessions = sessions
+        self._rewrite_log()
         self._staged = {rid: staged.get(rid, []) for rid in unclaimed}
         self._unclaimed = unclaimed
         self._finished = {
@@ -1414,6 +1495,38 @@ async def _offload(fn: Callable[[], T]) -> T:
         limiter = anyio.CapacityLimiter(1)
         _EXPORT_THREADS.set(limiter)
     return await anyio.to_thread.run_sync(fn, limiter=limiter)
+
+
+def replay_env_log(data: bytes) -> dict[str, _Session]:
+    """The calendar sessions a durable log holds (see ``SimInstance.env_log``).
+
+    Records: ``["n", key, rollout_id, attempt]`` a session (re)opened empty, ``["o", key,
+    rollout_id, attempt]`` taken over by a claim, ``["e", key, turn, title, sentinel]`` an event,
+    ``["d", key]`` freed. A torn last line (a machine crash during the append) is ignored; a bad
+    line anywhere else raises ``ValueError`` naming it."""
+    sessions: dict[str, _Session] = {}
+    lines = data.split(b"\n")
+    for n, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            rec = orjson.loads(line)
+            op, key = rec[0], rec[1]
+            if op == "n":
+                sessions[key] = _Session(key, rec[2], int(rec[3]))
+            elif op == "o":
+                sessions[key].rollout_id, sessions[key].attempt = rec[2], int(rec[3])
+            elif op == "e":
+                sessions[key].events.append(CalendarEvent(int(rec[2]), rec[3], rec[4]))
+            elif op == "d":
+                del sessions[key]
+            else:
+                raise ValueError(f"unknown record {op!r}")
+        except (orjson.JSONDecodeError, ValueError, KeyError, IndexError, TypeError) as exc:
+            if n == len(lines) and not data.endswith(b"\n"):
+                break  # torn last append
+            raise ValueError(f"environment log line {n}: {exc!r}") from None
+    return sessions
 
 
 def _write_records(directory: Path, records: Mapping[str, Any]) -> None:

@@ -29,6 +29,11 @@ No full garbage collection runs during a checkpoint (``runtime.collector_paused`
 do): it would pause the loop and the stages' worker threads for as long as it walks all of the
 process's objects, exactly while replies must land and the drain must wake.
 
+A dead instance (``GymInstanceDead`` anywhere in a failed checkpoint's errors) is reported to the
+``InstanceReplacer``; that checkpoint fails as ``gym_unavailable`` (retryable, counted). A
+checkpoint first waits (bounded by ``replace_timeout_s``) for instances being replaced, so the
+next one runs with the replacement in the topology.
+
 Whatever happens, step 8's pause release and reopen run (shielded, in ``finally``); if we parked
 Gym and fail, we try to resume it, and Gym's lease reopens it if that resume is lost too. Every
 control call is bounded by its deadline plus reply grace (S5). Failures are classified (S6):
@@ -77,6 +82,7 @@ from gymckpt.runtime import (
 
 from ._calls import bounded_call, classify, fan_out, is_storage_error
 from ._offload import offload
+from ._replace import InstanceReplacer, dead_in
 
 __all__ = [
     "HOOK_POINTS",
@@ -268,12 +274,16 @@ class CheckpointCoordinator:
     config: RuntimeConfig
     metrics: Metrics
     run_id: str = "run"
+    replacer: InstanceReplacer | None = None
+    """Told about instances a checkpoint found dead; the checkpoint waits for replacements."""
     on_stage: Callable[[str, str], None] | None = None
     """Test hook, called as ``on_stage(checkpoint_id, point)`` at each point of ``HOOK_POINTS``
     (fault injection kills the process there)."""
     _seq: int = attrs.field(default=0, init=False)
     _consecutive_failures: int = attrs.field(default=0, init=False)
     _topology: Topology | None = attrs.field(default=None, init=False)
+    _generations: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The generation of each instance the running checkpoint talks to (``replacer``)."""
     ok_total: int = attrs.field(default=0, init=False)
     failed_total: int = attrs.field(default=0, init=False)
 
@@ -308,7 +318,14 @@ class CheckpointCoordinator:
         checkpoint_id = f"{self.run_id}-{self._seq + 1:04d}"
         stage_s: dict[str, float] = {}
         started = trio.current_time()
+        self._generations = {}
         try:
+            if self.replacer is not None:  # not against an instance that is coming back
+                config = self.config
+                await self.replacer.wait_up(
+                    trio.current_time() + config.replace_timeout_s + config.reply_grace_s
+                )
+                self._generations = {n: self.replacer.generation(n) for n in self.gym.instances}
             # unique across incarnations: the store keeps a durable high-water mark
             self._seq = await offload(self.store.reserve_checkpoint_seq)
             checkpoint_id = f"{self.run_id}-{self._seq:04d}"
@@ -322,6 +339,7 @@ class CheckpointCoordinator:
             self.metrics.inc("checkpoint/failed_total")
             raise exc.error from None
         except Exception as exc:
+            self._report_deaths(exc)
             kind = classify(exc)
             self.failed_total += 1
             self.metrics.inc("checkpoint/failed_total")
@@ -363,6 +381,15 @@ class CheckpointCoordinator:
         size = await offload(lambda: tree_size(info.path))
         self._record_last(started, size)
         return CheckpointOutcome(checkpoint_id, True, info, None, None, stage_s, episodes, drained)
+
+    def _report_deaths(self, exc: BaseException) -> None:
+        """Tell the replacer about every dead instance among ``exc``'s errors."""
+        if self.replacer is None:
+            return
+        generations = self._generations
+        for dead in dead_in(exc):
+            if dead.instance in generations:
+                self.replacer.report_dead(dead.instance, generations[dead.instance], str(dead))
 
     def _record_last(self, started: float, size: int | None) -> None:
         """Flink's last-checkpoint gauges: duration of the last checkpoint (completed or not),
@@ -496,8 +523,9 @@ class CheckpointCoordinator:
                         {n: functools.partial(gym.resume, n, checkpoint_id) for n in names},
                         config,
                     )
-                except Exception:  # the snapshot is published; Gym's lease reopens Gym
+                except Exception as exc:  # the snapshot is published; Gym's lease reopens Gym
                     self.metrics.inc("checkpoint/resume_failures_total")
+                    self._report_deaths(exc)
                 # Only now: a resume cut short by the caller's cancellation leaves ``parked``
                 # set, so the shielded clean-up below resumes Gym instead of leaving it parked
                 # until its lease (found by the cancellation tests).
@@ -522,8 +550,9 @@ class CheckpointCoordinator:
                 {n: functools.partial(self.gym.resume, n, checkpoint_id) for n in names},
                 self.config,
             )
-        except Exception:
+        except Exception as exc:
             self.metrics.inc("checkpoint/resume_failures_total")
+            self._report_deaths(exc)
 
     async def _retire_dropped(self) -> None:
         """Retire the queued dropped attempts (S4), forgetting exactly what Gym retired — on

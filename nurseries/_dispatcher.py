@@ -17,6 +17,10 @@ Invariants
 * Completions are accepted only when identity and gate ID match the ledger (stale ones counted).
 * Failures are classified infra vs data by Gym; infra re-sends wait an exponential backoff.
 * Restored attempts go to their original replica with ``restored_from`` set, once (S11).
+* A dead instance (``GymInstanceDead`` from a submission or a stream) is reported to the
+  ``InstanceReplacer``; nothing is sent or retired there until its replacement serves. A
+  stream of a dead instance abandons its rows without spending a row attempt: they are re-sent
+  fresh elsewhere (the replacer releases the rest of what the instance held).
 
 The queue of rollout IDs to send is the only work list: every producer of a RESERVED attempt
 (new rows, refusals, replacements, restore) enqueues it. Each wait has an owner: the dispatcher
@@ -61,6 +65,7 @@ from gymckpt.runtime import (
 )
 
 from ._calls import bounded_call, fan_out
+from ._replace import InstanceReplacer
 
 __all__ = ["READY", "Dispatcher", "DispatcherStatistics"]
 
@@ -90,6 +95,7 @@ class Dispatcher:
     config: RuntimeConfig
     metrics: Metrics
     rows: Iterator[int]
+    replacer: InstanceReplacer
     max_rows_in_flight: int = 64
     batch_size: int = 64
     request_timeout_s: float = 300.0
@@ -98,7 +104,6 @@ class Dispatcher:
 
     _queue: deque[str] = attrs.field(factory=deque, init=False)
     _kick: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _dead: set[str] = attrs.field(factory=set, init=False)
     _rr: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
     _rows_exhausted: bool = attrs.field(default=False, init=False)
     _streams: int = attrs.field(default=0, init=False)
@@ -130,7 +135,7 @@ class Dispatcher:
         """Wake the loop (e.g. the trainer took groups, so there is room for new rows)."""
         self._kick.set()
 
-    def _plan(self, touched: list[str]) -> list[tuple[str, list[RunRow]]]:
+    def _plan(self, touched: list[str]) -> list[tuple[str, int, list[RunRow]]]:
         """One mutation: reserve new rows up to the in-flight limit, then pop up to
         ``batch_size`` still-RESERVED attempts grouped by target instance."""
         ledger = self.ledger
@@ -145,20 +150,26 @@ class Dispatcher:
             room -= 1
         if not self._queue:
             return []
-        live = [n for n in self.gym.instances if n not in self._dead]
+        replacer = self.replacer
+        live = replacer.live()
         if not live:
-            raise GymInstanceDead(",".join(self.gym.instances), "run")
+            if replacer.all_lost:
+                raise GymInstanceDead(",".join(self.gym.instances), "run")
+            return []  # every instance is being replaced: ``on_up`` wakes us
         groups: dict[str, list[RunRow]] = {}
         taken = 0
+        seen: set[str] = set()
         while self._queue and taken < self.batch_size:
             rid = self._queue.popleft()
             att = ledger.get(rid)
-            if att is None or att.state is not AttemptState.RESERVED:
-                continue  # superseded or already sent
+            if att is None or att.state is not AttemptState.RESERVED or rid in seen:
+                continue  # superseded, already sent, or queued twice
+            seen.add(rid)
             restored_from = None
-            if att.restored is not None and att.restored.instance in self._dead:
-                ledger.unpin(rid)  # its Gym state died with the replica: run it from scratch
+            if att.restored is not None and not replacer.is_up(att.restored.instance):
+                # its replica died: the replacer releases it (unpinned, re-queued) soon
                 self.metrics.inc("rollout/restored_on_dead_instance_total")
+                continue
             if att.restored is not None:
                 instance = att.restored.instance
                 restored_from = att.restored.from_rollout_id
@@ -169,7 +180,7 @@ class Dispatcher:
             )
             touched.append(rid)
             taken += 1
-        return list(groups.items())
+        return [(name, replacer.generation(name), rows) for name, rows in groups.items()]
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -186,10 +197,12 @@ class Dispatcher:
                 if not batch:
                     await self._kick.wait()
                     continue
-                for instance, rows in batch:
-                    await self._submit(streams, instance, rows)
+                for instance, generation, rows in batch:
+                    await self._submit(streams, instance, generation, rows)
 
-    async def _submit(self, streams: trio.Nursery, instance: str, rows: Sequence[RunRow]) -> None:
+    async def _submit(
+        self, streams: trio.Nursery, instance: str, generation: int, rows: Sequence[RunRow]
+    ) -> None:
         ledger = self.ledger
         async with self.gate.admit() as gate_id:
             # the wait at the gate may have outlived some attempts (dropped, superseded)
@@ -197,16 +210,22 @@ class Dispatcher:
             rows = [r for r in rows if r.rollout_id in ok]
             if not rows:
                 return
+            replacer = self.replacer
+            if not replacer.is_up(instance) or replacer.generation(instance) != generation:
+                # it died while we waited at the gate (and may be back): the plan was for the
+                # dead one (a restored claim pinned there is now unpinned); plan them again
+                self.enqueue(r.rollout_id for r in rows)
+                return
             config = self.config
             try:
                 # bounded like a control call: a hung submission must not hold the gate (a
                 # checkpoint's close waits for admissions in progress)
                 with trio.fail_after(config.control_timeout_s + config.reply_grace_s):
                     stream = await self.gym.run(instance, rows)
-            except GymInstanceDead:
-                self._dead.add(instance)
-                self.metrics.inc("rollout/dead_instances_total")
-                self._queue.extendleft(reversed([r.rollout_id for r in rows]))
+            except GymInstanceDead as exc:
+                # nothing was admitted: the rows keep their identity and go elsewhere
+                self.replacer.report_dead(instance, generation, str(exc))
+                self.enqueue(r.rollout_id for r in rows)
                 return
             except GymAdmissionClosed:
                 # a backend that refuses a whole submission at once (rather than row by row
@@ -262,12 +281,14 @@ class Dispatcher:
             self.on_dispatch(instance, [r for r in rows if r.rollout_id not in orphans])
         self._sent += len(ids)
         self.metrics.inc("rollout/rows_dispatched_total", len(ids))
-        streams.start_soon(self._consume, instance, gate_id, stream, ids)
+        streams.start_soon(self._consume, instance, gate_id, stream, ids, generation)
 
     async def _consume(
-        self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str]
+        self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str],
+        generation: int = 0,
     ) -> None:
         outstanding = set(ids)
+        dead: GymInstanceDead | None = None
         self._streams += 1
         key = f"stream-{next(self._stream_ids)}"
         try:
@@ -277,7 +298,7 @@ class Dispatcher:
                     await self._apply(replies, gate_id, outstanding)
         except (GymUnavailable, DeadlineExpired) as exc:
             if isinstance(exc, GymInstanceDead):
-                self._dead.add(instance)
+                dead = exc
             self.metrics.inc("rollout/stream_errors_total")
         except BudgetExhausted:
             # prompt-group recovery (S3): the run cannot go on. Retire what Gym still runs or
@@ -290,8 +311,21 @@ class Dispatcher:
             self._streams -= 1
             with trio.CancelScope(shield=True):
                 await stream.aclose()
-        if outstanding:
+        if dead is not None:
+            self.replacer.report_dead(instance, generation, str(dead))
+            if outstanding:
+                await self._lost_to_death(outstanding)
+        elif outstanding:
             await self._early_end(instance, outstanding)
+
+    async def _lost_to_death(self, outstanding: set[str]) -> None:
+        """A dead instance's stream: its rows in flight are abandoned and re-sent fresh, at no
+        cost (the replacer does the same for everything else the instance held)."""
+        ledger = self.ledger
+        lost = [rid for rid in outstanding if ledger.is_in_flight(rid)]
+        touched = list(lost)
+        fresh = await ledger.barrier.mutate(lambda: ledger.abandon(lost, spend=False), touched)
+        self.enqueue(a.rollout_id for a in fresh)
 
     async def _apply(
         self,
@@ -388,15 +422,18 @@ class Dispatcher:
             lambda: self._abandon(abandoned, touched), touched
         )
         self.enqueue(a.rollout_id for a in replacements)
-        if not abandoned or instance in self._dead:
+        if not abandoned or not self.replacer.is_up(instance):
             return
+        generation = self.replacer.generation(instance)
         try:
             async with self.gate.admit():
                 reply = await bounded_call(
                     instance, "retire",
                     functools.partial(self.gym.retire, instance, abandoned), self.config,
                 )
-        except GymUnavailable:
+        except GymUnavailable as exc:
+            if isinstance(exc, GymInstanceDead):
+                self.replacer.report_dead(instance, generation, str(exc))
             self._retire_failures += 1
             self.metrics.inc("rollout/retire_failures_total")
             return  # still queued: the next checkpoint retires them before it commits
@@ -410,7 +447,7 @@ class Dispatcher:
         queued = ledger.retire_queue()
         calls = {}
         for instance in self.gym.instances:
-            if instance in self._dead:
+            if not self.replacer.is_up(instance):
                 continue
             held = ledger.held_by(instance)
             ids = sorted(held | {i.rollout_id for i in queued.get(instance, ())})
@@ -434,7 +471,7 @@ class Dispatcher:
             early_ends=self._early,
             retired_now=self._retired_now,
             retire_failures=self._retire_failures,
-            dead_instances=tuple(sorted(self._dead)),
+            dead_instances=tuple(n for n in self.gym.instances if not self.replacer.is_up(n)),
         )
 
     def __repr__(self) -> str:

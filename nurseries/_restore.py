@@ -19,7 +19,10 @@ and what reaches Gym is all-or-nothing across instances:
 6. if step 4 or 5 fails anywhere, every instance is asked to drop the episodes it may have
    installed (``retire_restored``; an instance that never installed reports them unknown), so
    none holds a claimable restored episode and a corrected restart into the same Gym restores
-   cleanly; then the error is raised;
+   cleanly; then the error is raised — unless instances were found dead and the backend can
+   replace them (``ReplaceableGym``): then they are replaced, step 4 runs again on the
+   replacements only (a replacement holds nothing restored) and step 5 again, at most
+   ``max_replacements`` times in all;
 7. hand over the ledger: each exported episode is attempt + 1, pinned to its original replica
    and **unclaimed** until its dispatch claims it (S11); completed-but-untrained results go
    straight to the trainer.
@@ -30,18 +33,19 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 import attrs
 import trio
 
-from gymckpt.gym_adapter import GymBackend
+from gymckpt.gym_adapter import GymBackend, can_replace
 from gymckpt.runtime import (
     GYM_STATE_DIR,
     LEDGER_FILE,
     EpisodeRecord,
     GymManifest,
+    InstanceRecord,
     LedgerSnapshot,
     LoadedSnapshot,
     ManifestError,
@@ -59,6 +63,7 @@ from gymckpt.runtime import (
 
 from ._calls import bounded_call, fan_out
 from ._offload import offload
+from ._replace import dead_in, replace_now
 
 __all__ = [
     "RestoredRun",
@@ -206,24 +211,59 @@ async def restore_latest(
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
     state_root = str(await offload(pinned.path.resolve))
-    try:
-        await fan_out(
-            "restore",
-            {
-                rec.name: functools.partial(
-                    gym.restore, rec.name, state_root, rec,
-                    tuple(episodes_by_replica.get(rec.name, ())),
-                )
-                for rec in snap.manifest.instances
-            },
-            config,
-        )
-        await _retire_carried(gym, ledger, config)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await _roll_back(gym, snap.manifest, episodes_by_replica, config)
-        raise
+    records = {rec.name: rec for rec in snap.manifest.instances}
+    installed: set[str] = set()
+    replaced = 0
+    while True:
+        try:
+            await _install(gym, state_root, records, episodes_by_replica, installed, config)
+            await _retire_carried(gym, ledger, config)
+        except Exception as exc:
+            dead = sorted({d.instance for d in dead_in(exc)} & set(records))
+            if dead and can_replace(gym) and replaced < config.max_replacements:
+                # a replacement holds nothing restored: install it again there, keep the rest
+                replaced += 1
+                log.warning("restore found %s dead: replacing, then restoring there again",
+                            ", ".join(dead))
+                try:
+                    for name in dead:
+                        installed.discard(name)
+                        await replace_now(gym, name, config)
+                    continue
+                except Exception as replace_error:  # roll back, raise the restore's error
+                    log.warning("replacing %s for the restore failed: %s",
+                                ", ".join(dead), replace_error)
+            with trio.CancelScope(shield=True):
+                await _roll_back(gym, snap.manifest, episodes_by_replica, config)
+            raise
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await _roll_back(gym, snap.manifest, episodes_by_replica, config)
+            raise
+        break
     return RestoredRun(info, pinned, ledger, summary, dict(snap.files))
+
+
+async def _install(
+    gym: GymBackend,
+    state_root: str,
+    records: Mapping[str, InstanceRecord],
+    episodes_by_replica: Mapping[str, Sequence[EpisodeRecord]],
+    installed: set[str],
+    config: RuntimeConfig,
+) -> None:
+    """Step 4 on every instance not yet in ``installed``, concurrently; adds each that
+    restored (so a retry after a replacement restores only the replacement)."""
+
+    def call(name: str) -> Callable[[float], Awaitable[None]]:
+        async def restore(deadline: float) -> None:
+            await gym.restore(name, state_root, records[name],
+                              tuple(episodes_by_replica.get(name, ())), deadline)
+            installed.add(name)
+
+        return restore
+
+    await fan_out("restore", {n: call(n) for n in records if n not in installed}, config)
 
 
 async def _retire_carried(gym: GymBackend, ledger: RecoveryLedger, config: RuntimeConfig) -> None:

@@ -4,8 +4,8 @@ A trainer's errors arrive wrapped in the nurseries' exception groups (``open_rol
 dispatcher beside the trainer's body), so a plain ``trio.run`` ends a run that lost its Gym or
 broke an invariant with a long nested traceback and exit 1. ``run`` decides the exit code from
 the errors inside the groups (the command line's codes: 2 bad input or work directory in use,
-3 invariant violation, 4 checkpoints failed too often, 6 the cluster lost, 130 interrupted) and
-prints one line.
+3 invariant violation, 4 checkpoints failed too often, 5 a Gym instance died past its
+replacement budget, 6 the cluster lost, 130 interrupted) and prints one line.
 Anything else is a bug in the trainer or here, and propagates unchanged.
 
 Preemption (SIGTERM, SIGINT) needs nothing from ``run``: ``open_rollouts`` handles both signals
@@ -28,6 +28,7 @@ from gymckpt.runtime import (
     GymConnectionLost,
     GymUnavailable,
     ManifestError,
+    ReplacementsExhausted,
     TopologyMismatch,
     WorkDirLocked,
 )
@@ -48,6 +49,9 @@ class ExitCode(enum.IntEnum):
     """The run aborted on an invariant violation (or a simulated seed violated one)."""
     CHECKPOINTS_FAILED = 4
     """Checkpoints failed too often in a row, or Gym was unavailable for good."""
+    REPLACEMENTS_EXHAUSTED = 5
+    """A Gym instance died more often than its replacement budget allows
+    (``max_replacements`` within ``replacement_window_s``)."""
     CLUSTER_LOST = 6
     """The trainer lost its connection to the cluster Gym runs on (``GymConnectionLost``):
     its last snapshot is intact; restart once the cluster is back to resume from it."""
@@ -71,9 +75,10 @@ def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
     Two tasks may fail together (the dispatcher finding every instance dead while a checkpoint
     gives up): an invariant violation anywhere is 3; checkpoints failing too often, every
     instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
-    run from the restore; checkpoints retry it), 4; the cluster lost (``GymConnectionLost``,
-    whatever failed with it), 6; a lone bad-input error or a work directory in use, 2. None for
-    anything else (a bug: let it surface).
+    run from the restore; checkpoints retry it), 4; an instance that died past its
+    replacement budget, 5; the cluster lost (``GymConnectionLost``, whatever failed with it),
+    6; a lone bad-input error or a work directory in use, 2. None for anything else (a bug:
+    let it surface).
     """
     leaves = leaf_errors(exc)
     for leaf in leaves:
@@ -82,6 +87,9 @@ def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
     for leaf in leaves:  # whatever else failed with it was the cluster going away
         if isinstance(leaf, GymConnectionLost):
             return ExitCode.CLUSTER_LOST, leaf
+    for leaf in leaves:
+        if isinstance(leaf, ReplacementsExhausted):
+            return ExitCode.REPLACEMENTS_EXHAUSTED, leaf
     if all(isinstance(leaf, (CheckpointsFailed, GymUnavailable)) for leaf in leaves):
         failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
         return ExitCode.CHECKPOINTS_FAILED, (failed or leaves)[0]
@@ -107,6 +115,7 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
         code, err = decided
         what = {ExitCode.BAD_INPUT: "error", ExitCode.INVARIANT: "run aborted",
                 ExitCode.CHECKPOINTS_FAILED: "run stopped",
+                ExitCode.REPLACEMENTS_EXHAUSTED: "run stopped",
                 ExitCode.CLUSTER_LOST: "run stopped"}[code]
         print(f"gymckpt: {what}: {err}", file=sys.stderr)
         raise SystemExit(code) from None

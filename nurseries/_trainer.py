@@ -46,6 +46,7 @@ from gymckpt.runtime import (
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher
 from ._offload import offload
+from ._replace import InstanceReplacer
 from ._restore import RestoredRun, restore_latest
 
 __all__ = ["RESTORED_DIR", "SNAPSHOTS_DIR", "TRAINER_STATE_FILE", "Rollouts", "open_rollouts"]
@@ -301,13 +302,17 @@ async def open_rollouts(
                 metrics.set(name, value)
             gate = DispatchGate()
             deadlines = DeadlineRegistry()
+            replacer = InstanceReplacer(gym, ledger, config, metrics)
             dispatcher = Dispatcher(
-                gym, ledger, gate, deadlines, config, metrics, remaining,
+                gym, ledger, gate, deadlines, config, metrics, remaining, replacer,
                 max_rows_in_flight=max_rows_in_flight, batch_size=batch_size,
                 on_dispatch=on_dispatch,
             )
+            replacer.on_released = dispatcher.enqueue
+            replacer.on_up = lambda _instance: dispatcher.poke()
             coordinator = CheckpointCoordinator(
-                gym, ledger, gate, deadlines, store, config, metrics, run_id=run_id
+                gym, ledger, gate, deadlines, store, config, metrics, run_id=run_id,
+                replacer=replacer,
             )
             rollouts = Rollouts(
                 ledger, dispatcher, coordinator, store, metrics, restored, keep_snapshots,
@@ -325,6 +330,7 @@ async def open_rollouts(
                 _log_restore(restored, ledger)
                 dispatcher.enqueue_reserved()
             async with trio.open_nursery() as nursery:
+                await nursery.start(replacer.run)  # replacements live as long as the run
                 await nursery.start(dispatcher.run)
                 if signals is not None:
                     nursery.start_soon(_watch_signals, signals, rollouts)

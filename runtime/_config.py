@@ -26,6 +26,13 @@ class RuntimeConfig:
     data_failure_budget: int = attrs.field(default=16, validator=attrs.validators.ge(0))
     infra_backoff_initial_s: float = attrs.field(default=0.05, validator=attrs.validators.ge(0.0))
     infra_backoff_max_s: float = attrs.field(default=2.0, validator=attrs.validators.ge(0.0))
+    max_replacements: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    """How often one instance may be replaced within ``replacement_window_s`` (a dead Gym
+    instance is brought back under its name); one more death stops the run
+    (``ReplacementsExhausted``). 0: never replace."""
+    replacement_window_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0))
+    replace_timeout_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+    """Bound of one ``replace`` call (a new Ray actor may take a while to schedule)."""
     pause_collector: bool = True
     """No automatic full garbage collection while a checkpoint runs (``collector_paused``): one
     pauses the loop and every thread for as long as it walks all of the process's objects."""

@@ -31,6 +31,7 @@ __all__ = [
     "GymInstanceDead",
     "GymUnavailable",
     "ManifestError",
+    "ReplacementsExhausted",
     "StrandedSessionError",
     "TopologyMismatch",
     "WorkDirLocked",
@@ -267,6 +268,27 @@ class BudgetExhausted(RuntimeError):
 
 class CheckpointsFailed(RuntimeError):
     """Checkpoints failed more than ``max_consecutive_failures`` times in a row (exit code 4)."""
+
+
+class ReplacementsExhausted(RuntimeError):
+    """An instance died more often than its replacement budget allows: the run stops (exit
+    code 5). ``replacements`` were made or tried within the last ``window_s`` seconds."""
+
+    def __init__(self, instance: str, replacements: int, window_s: float, last: str = "") -> None:
+        super().__init__(instance, replacements, window_s, last)
+        self.instance = instance
+        self.replacements = replacements
+        self.window_s = window_s
+        self.last = last
+
+    def __str__(self) -> str:
+        tail = f" (last replace error: {self.last})" if self.last else ""
+        return (
+            f"instance {self.instance} died again after {self.replacements} replacements "
+            f"within {self.window_s:g}s, its budget (max_replacements per "
+            f"replacement_window_s){tail}: find out why it keeps dying, or raise "
+            "max_replacements"
+        )
 
 
 class WorkDirLocked(RuntimeError):

@@ -171,6 +171,9 @@ class LedgerStatistics:
     row_attempts_spent: int
     data_failures: int
     stale_replies: int
+    released_total: int = 0
+    """Attempts abandoned because their instance died (``release_instance``,
+    ``abandon(spend=False)``): counted in ``abandoned_total`` but spending no row attempt."""
 
 
 @attrs.frozen
@@ -488,6 +491,7 @@ class RecoveryLedger:
     _unclaimed: int = attrs.field(default=0, init=False)
     _data_failures: int = attrs.field(default=0, init=False)
     _stale: int = attrs.field(default=0, init=False)
+    _released: int = attrs.field(default=0, init=False)
     _next_row: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -689,6 +693,8 @@ class RecoveryLedger:
         g = self.group_size
         row, slot = self._blk_row[s // g], s % g
         self._state[s] = final  # not current: a row failure below skips it
+        if not spend and final == _ABANDONED:
+            self._released += 1
         if spend:
             key = (row, slot)
             n = self._spent[key] = self._spent.get(key, 0) + 1
@@ -841,10 +847,11 @@ class RecoveryLedger:
             )
         return nxt
 
-    def abandon(self, rollout_ids: Iterable[str]) -> list[Attempt]:
+    def abandon(self, rollout_ids: Iterable[str], *, spend: bool = True) -> list[Attempt]:
         """Rows a stream never returned (S3): abandon, queue for retirement, re-send fresh.
 
-        Each abandoned attempt spends one row attempt; its replacement gets a new rollout ID.
+        Each abandoned attempt spends one row attempt (not with ``spend=False``: its instance
+        died, the row did nothing wrong); its replacement gets a new rollout ID.
         Attempts that are not DISPATCHED (never reached Gym) are left alone and keep their
         identity. Returns the replacements.
         """
@@ -855,7 +862,7 @@ class RecoveryLedger:
             if s < 0 or self._state[s] != _DISPATCHED:
                 continue
             self._retire_later(s)
-            nxt = self._replace(s, _ABANDONED, spend=True)
+            nxt = self._replace(s, _ABANDONED, spend=spend)
             if nxt is not None:
                 out.append(nxt)
         return out
@@ -870,6 +877,57 @@ class RecoveryLedger:
         self._unhold(s)
         self._clear_unclaimed(s)
         del self._restored[s]
+
+    def release_instance(self, instance: str) -> tuple[list[Attempt], list[Attempt]]:
+        """Instance ``instance`` died: nothing it ran or held for us comes back. O(held there).
+
+        * Each attempt in flight there (DISPATCHED) is abandoned and replaced by a fresh attempt
+          under a new rollout ID, spending **no** row attempt and no data budget (the row did
+          nothing wrong); the stale attempt's late replies are rejected by identity (fencing).
+        * Each unclaimed restored episode pinned there loses its restored state and will run
+          from scratch, anywhere, under its own identity (never both claimed and re-run).
+        * Both stay queued for retirement on ``instance`` under the ID Gym knew them by (a
+          claimed restored attempt under its exported ID as well): a replacement that continues
+          the dead one's environment state frees their sessions there before the next
+          checkpoint commits, so the fresh attempts' mutations are the only ones kept.
+
+        Returns (fresh attempts, unpinned attempts): both are RESERVED and must be dispatched.
+        """
+        self._assert_mutating()
+        i = self._inst_index.get(instance)
+        if i is None:
+            return [], []
+        slots: list[int] = []
+        s, nxt = self._hhead[i], self._hnext
+        while s != _NO_LINK:
+            slots.append(s)
+            s = nxt[s]
+        fresh: list[Attempt] = []
+        unpinned: list[Attempt] = []
+        for s in slots:
+            restored = self._restored.get(s)
+            if self._state[s] == _DISPATCHED:
+                self._retire_later(s)
+                if restored is not None and restored.instance == instance:
+                    self._retire[restored.from_rollout_id] = RetireItem(
+                        restored.from_rollout_id, instance
+                    )
+                nxt_att = self._replace(s, _ABANDONED, spend=False)
+                if nxt_att is not None:
+                    fresh.append(nxt_att)
+            elif self._state[s] == _RESERVED and restored is not None:
+                self._retire[restored.from_rollout_id] = RetireItem(
+                    restored.from_rollout_id, instance
+                )
+                self._unhold(s)
+                self._clear_unclaimed(s)
+                del self._restored[s]
+                unpinned.append(self._view(s))
+        for rid, item in list(self._retire.items()):
+            if item.instance == instance and item.restored:
+                # the replacement holds no unclaimed episodes: a plain retire frees the session
+                self._retire[rid] = RetireItem(rid, instance)
+        return fresh, unpinned
 
     def drop_row(self, row: int) -> None:
         """Discard a whole group; queue what Gym may still hold for retirement (S4)."""
@@ -1196,6 +1254,7 @@ class RecoveryLedger:
             row_attempts_spent=sum(self._spent.values()),
             data_failures=self._data_failures,
             stale_replies=self._stale,
+            released_total=self._released,
         )
 
     def __repr__(self) -> str:

@@ -96,6 +96,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "BudgetExhausted": ("row 4 ran out of attempts",),
     "CheckpointsFailed": ("3 consecutive failures",),
     "WorkDirLocked": ("/data/work", 4242),
+    "ReplacementsExhausted": ("gym-2", 3, 600.0, "instance gym-2 replace: not serving"),
 }
 
 

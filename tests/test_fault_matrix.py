@@ -12,6 +12,7 @@ documented outcome and that the fault really fired.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -61,10 +62,12 @@ def _expected(op: str, kind: str, first_only: bool) -> str:
     slow = kind in ("hang", "delay:3")  # past the control deadline: the call is given up
     if kind == "delay:0.5":
         return "restore_ok" if op == "restore" else "ok"
-    if op == "restore":
+    if op == "restore" and kind != "dead":
         return "restore_exit4"  # Gym cannot serve the restore: exit 4; a new process restores
-    if kind == "dead":
-        return "gym_dead" if op == "run" and not first_only else "exit4"
+    if kind == "dead":  # the instance is replaced and the run goes on
+        if op == "restore":
+            return "restore_replaced" if first_only else "restore_exit4"
+        return "replaced" if first_only else "dies_again"
     if op in ("prepare", "commit"):
         return "retried" if first_only else "exit4"
     if op == "resume":
@@ -143,9 +146,23 @@ async def test_fault(
         else:  # every instance died; the dispatcher has nowhere to send rows
             assert "dead" in (first.error or "")
         assert incs[-1].end == "finished"
-    elif expect == "gym_dead":  # every instance died under the dispatcher
-        assert first.end in ("gym_dead", "checkpoints_failed"), first
+    elif expect == "replaced":  # one death: replaced, the run goes on in the same process
+        assert first.end == "finished", first
+        assert first.replacements == 1 and m["rollout/instances_replaced_total"] == 1, first
+        failed = [c[2] for c in first.checkpoints if not c[1]]
+        # the checkpoint that met the death fails (retryable); the next one succeeds
+        assert failed == (["gym_unavailable"] if op in ("prepare", "commit") else []), first
+        assert first.checkpoints[-1][1]
+        assert report.rows_failed == 0  # a death costs no row attempt
+    elif expect == "dies_again":  # every call kills: the budget or the checkpoint bound stops it
+        assert first.end in ("replacements_exhausted", "checkpoints_failed"), first
+        assert first.replacements >= 1, first
+        if first.end == "replacements_exhausted":
+            assert "max_replacements" in (first.error or "") and "gym-" in (first.error or "")
         assert incs[-1].end == "finished"
+    elif expect == "restore_replaced":  # the restore replaced the dead instance and went on
+        assert incs[1].end == "finished" and incs[1].restored_from == "i0-0001", incs[1]
+        assert incs[1].replacements == 1, incs[1]
     elif expect == "lease":
         assert first.end == "finished" and _all_ok(first), first
         if kind != "delay:0.5":
@@ -215,7 +232,10 @@ def test_cli_checkpoints_failing_exit_4_with_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 4, done.stderr
     assert "checkpoints failed in a row" in done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert "Traceback" not in done.stderr
+    report = json.loads(done.stdout)  # --json prints its object on every exit path
+    assert report["exactly_once"] is False and report["exit_code"] == 4
+    assert "checkpoints failed in a row" in report["error"]
 
 
 def test_cli_run_error_is_resent_and_exactly_once(tmp_path: Path,

@@ -34,6 +34,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     SimConfig,
+    can_replace,
     plan_episode,
 )
 from gymckpt.gym_adapter._sim import RECORDS_FILE, capture_key, sentinel
@@ -800,7 +801,9 @@ async def test_fault_dead_instance(
         await trio.sleep(0.02)
         with pytest.raises(GymInstanceDead, match="gym-0"):
             await gym.retire("gym-0", [], deadline())
-        assert await drain(stream) == []  # ended early
+        # its stream says so (the runtime tells a death from an early end by it)
+        with pytest.raises(GymInstanceDead, match="gym-0"):
+            await drain(stream)
         for call in [
             gym.run("gym-0", make_rows(1)),
             gym.prepare("gym-0", "c", deadline()),
@@ -811,6 +814,45 @@ async def test_fault_dead_instance(
                 await call
         assert len(await drain(other)) == 2
         assert (await gym.statistics()).instances[0].dead
+
+
+async def test_replace_brings_a_dead_instance_back_with_its_environment_state(
+    open_gym: Factory, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``replace`` (``ReplaceableGym``): the same name and topology, admission open, nothing
+    running, unclaimed or on the wire; the calendar's sessions and events survive the death
+    (durable log), and a retire of a dead attempt frees its session there."""
+    async with open_gym(instances=2, faults=["prepare:dead@1"]) as gym:
+        if not can_replace(gym):
+            pytest.skip(f"{type(gym).__name__} cannot replace instances")
+        done = await drain(await gym.run("gym-0", make_rows(2)))
+        assert {r.rollout_id for r in done} == {"0-0", "1-0"}
+        running = await gym.run("gym-0", make_rows(1, start=5))  # dies mid-episode
+        await trio.sleep(0.02)
+        before = await gym.calendar_state("gym-0")
+        assert before["0-0"].sentinels and "5-0" in before  # the dead one's session opened
+        topology = await gym.topology()
+        with pytest.raises(GymInstanceDead, match="gym-0"):
+            await gym.prepare("gym-0", "c-1", deadline())
+        with pytest.raises(GymInstanceDead, match="gym-0"):
+            await drain(running)
+        await gym.replace("gym-0", deadline(30.0))
+        assert await gym.topology() == topology
+        inv = await gym.inventory("gym-0")
+        assert inv.admission_open and not inv.prepared
+        assert inv.running == inv.parked == inv.unclaimed == inv.on_wire == ()
+        after = await gym.calendar_state("gym-0")
+        assert after == before  # every session and event of the dead instance, once
+        retired = await gym.retire("gym-0", ["5-0"], deadline())
+        assert retired.retired == ("5-0",)  # the dead attempt's session is freed there
+        assert "5-0" not in await gym.calendar_state("gym-0")
+        assert (await gym.calendar_state("gym-0"))["0-0"] == before["0-0"]
+        replies = await drain(await gym.run("gym-0", make_rows(1, start=5, attempt=1)))
+        assert [r.rollout_id for r in replies] == ["5-0-a1"]
+        assert (await gym.calendar_state("gym-0"))["5-0"].sentinels == tuple(
+            expected_sentinels(5))
+        # the other instance never noticed
+        assert len(await drain(await gym.run("gym-1", make_rows(1, start=9)))) == 1
 
 
 async def test_fault_refuse_refuses_every_row(

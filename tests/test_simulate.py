@@ -44,7 +44,10 @@ def test_ci_seeds_all_hold_their_invariants() -> None:
     # the seeds really exercise crashes, aborts and restores, not just happy runs
     assert ends["finished"] == CI_SEEDS
     assert ends["crashed"] > CI_SEEDS // 5
-    assert ends["checkpoints_failed"] > 0 and ends["gym_dead"] > 0
+    assert ends["checkpoints_failed"] > 0
+    # instances die (faults, and between checkpoint stages) and are replaced; a few keep dying
+    assert report["replacements"] > CI_SEEDS // 5 and ends["replacements_exhausted"] > 0
+    assert "gym_dead" not in ends  # a dead instance no longer ends a run
     assert report["faults_fired"] > CI_SEEDS
     assert report["restores"] > CI_SEEDS // 5 and report["rollbacks"] > 0
 

@@ -2,7 +2,9 @@
 
 Exit codes (C4): 0 success; 2 bad input (flag, manifest, topology or digest mismatch);
 3 run aborted by an invariant violation; 4 checkpoints failed more than
-``max_consecutive_failures`` times in a row. Errors are one line, never a traceback.
+``max_consecutive_failures`` times in a row; 5 a Gym instance died more often than its
+replacement budget allows; 6 the Ray cluster is unreachable or was lost. Errors are one line,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gymckpt.runtime import (
     TRAINER_STATE_FILE,
     LoadedSnapshot,
     ManifestError,
+    RuntimeConfig,
     SnapshotStore,
     TopologyMismatch,
     WorkDirLocked,
@@ -39,9 +42,23 @@ __all__ = ["build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
+    last_error: str | None = None
+    """The last flag error (for ``demo --json``, which reports it in its JSON object too)."""
+
     def error(self, message: str) -> NoReturn:
+        _Parser.last_error = message
         self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
+
+def _demo_json_error(error: str) -> None:
+    """``demo --json`` prints its JSON object on every exit path, a bad flag included."""
+    from .demo import error_report
+
+    print(json.dumps(error_report(error, ExitCode.BAD_INPUT), sort_keys=True))
+
+
+_BUDGET = RuntimeConfig()
+"""The replacement budget the demo runs with (the runtime's defaults)."""
 
 DEMO_FLAG_DEST = {"faults": "fault", "crash_stage": "crash_at_stage"}
 """``DemoOptions`` fields whose command-line flag stores under another name."""
@@ -55,7 +72,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "exactly-once restore after a crash."
         ),
         epilog="exit codes: 0 ok, 2 bad input, 3 run aborted (invariant), "
-        "4 checkpoints failed too often, 6 the Ray cluster is unreachable or was lost",
+        "4 checkpoints failed too often, 5 a Gym instance kept dying (replacement budget spent), "
+        "6 the Ray cluster is unreachable or was lost",
     )
     parser.add_argument("--version", action="version", version=f"gymckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -68,7 +86,13 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "rollout checkpoint every --checkpoint-every steps, kills the trainer process with "
             "SIGKILL after checkpoint --crash-after-checkpoint (0: no crash), restores in a new "
             "process and finishes; then judges exactly-once from the training journal and the "
-            "saved environment state."
+            "saved environment state. A Gym instance that dies (--fault OP:dead) is replaced "
+            "under the same name: its rows in flight are re-sent fresh at no cost, its "
+            "environment state (the calendar) continues from a durable log, and the run goes "
+            f"on; an instance that dies more than {_BUDGET.max_replacements} times in "
+            f"{_BUDGET.replacement_window_s / 60:g} minutes stops the run (exit 5). "
+            "With --json one JSON object is printed on every exit, with exactly_once false and "
+            "an error line when the run did not finish."
         ),
     )
     demo.add_argument("--backend", choices=["embedded", "ray"], default="embedded",
@@ -87,7 +111,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                       "before_publish, mid_publish (files written, no commit marker yet), "
                       "after_publish or before_resume")
     demo.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                      help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1")
+                      help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1; "
+                      "KIND dead kills the instance, which is then replaced")
     demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
                       "(default: a fresh temporary directory)")
     demo.add_argument("--env", default="calendar", metavar="ENV",
@@ -97,7 +122,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                       default="simple_agent", help="agent participant of every instance")
     demo.add_argument("--ray-address", help="join this Ray cluster ('auto' or an address); "
                       "default: start a local one")
-    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument("--json", action="store_true",
+                      help="print one JSON object (on every exit, finished or not)")
     demo.add_argument("--config", metavar="FILE",
                       help="read the options from table [demo] of a TOML file (keys are the "
                       "option names with underscores, e.g. group_size = 4); flags given on "
@@ -298,15 +324,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv[1:])
         args.command = "_phase"
     else:
+        demo_json = argv[:1] == ["demo"] and "--json" in argv
         parser = build_parser()
-        args = parser.parse_args(argv)
-        if args.command == "demo" and args.config:  # the file's values become the defaults
-            try:
-                parser = build_parser(_demo_file_defaults(args.config))
-            except ManifestError as exc:
-                print(f"gymckpt: error: {exc}", file=sys.stderr)
-                return ExitCode.BAD_INPUT
+        try:
             args = parser.parse_args(argv)
+            if args.command == "demo" and args.config:  # the file's values become defaults
+                try:
+                    parser = build_parser(_demo_file_defaults(args.config))
+                except ManifestError as exc:
+                    print(f"gymckpt: error: {exc}", file=sys.stderr)
+                    if demo_json:
+                        _demo_json_error(str(exc))
+                    return ExitCode.BAD_INPUT
+                args = parser.parse_args(argv)
+        except SystemExit as exc:  # a bad flag (argparse printed why), or --help
+            if demo_json and exc.code == ExitCode.BAD_INPUT:
+                _demo_json_error(_Parser.last_error or "bad flags")
+            raise
     try:
         if args.command is None:
             parser.print_help()
@@ -344,12 +378,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             crash_stage=args.crash_at_stage, env=args.env,
         )
         if opts.backend == "ray" and not _ray_installed():
-            print("gymckpt: error: --backend ray needs Ray, an optional extra: "
-                  "pip install 'gymckpt[ray]'", file=sys.stderr)
+            error = "--backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"
+            print(f"gymckpt: error: {error}", file=sys.stderr)
+            if args.json:
+                _demo_json_error(error)
             return ExitCode.BAD_INPUT
         return run_demo(opts, args.json)
     except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
+        if args.command == "demo" and args.json:
+            _demo_json_error(str(exc))
         return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED

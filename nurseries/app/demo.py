@@ -19,6 +19,7 @@ once, and every sentinel a trained episode's plan calls for present exactly once
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -412,19 +413,35 @@ def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -
     except Exception as exc:
         decided = run_exit(exc)
         if decided is None:
+            _record_phase_error(workdir, phase, f"{type(exc).__name__}: {exc}", 1)
             raise
         code, err = decided
+        if isinstance(err, GymUnavailable):
+            line = f"Gym unavailable: {err}"
+        elif code == ExitCode.INVARIANT:
+            line = f"run aborted: {err}"
+        elif code == ExitCode.BAD_INPUT:
+            line = f"error: {err}"
+        else:
+            line = str(err)
+        _record_phase_error(workdir, phase, line, code)
         if code == ExitCode.BAD_INPUT:
             raise err from None
-        if isinstance(err, GymUnavailable):
-            print(f"gymckpt: Gym unavailable: {err}", file=sys.stderr)
-        elif code == ExitCode.INVARIANT:
-            print(f"gymckpt: run aborted: {err}", file=sys.stderr)
-        else:
-            print(f"gymckpt: {err}", file=sys.stderr)
+        print(f"gymckpt: {line}", file=sys.stderr)
         return code
     write_atomic(workdir / f"phase-{phase}.json", orjson.dumps(result))
     return 0
+
+
+def _phase_error_file(workdir: Path, phase: int) -> Path:
+    return workdir / f"phase-{phase}-error.json"
+
+
+def _record_phase_error(workdir: Path, phase: int, error: str, code: int) -> None:
+    """Leave the phase's one-line error for the parent's report (``--json``)."""
+    with contextlib.suppress(OSError):  # the error line on stderr still says it
+        write_atomic(_phase_error_file(workdir, phase),
+                     orjson.dumps({"error": error, "exit_code": int(code)}))
 
 
 # -- the parent: processes, SIGKILL, verdict ------------------------------------------------------
@@ -558,20 +575,45 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
 
 
 def run_demo(opts: DemoOptions, as_json: bool) -> int:
-    """The whole demo; prints a report (or the C2 JSON object) and returns the exit code."""
+    """The whole demo; prints a report (or the C2 JSON object) and returns the exit code.
+
+    With ``as_json`` the JSON object is printed on every exit path: a run that did not finish
+    (a phase failed, the demo was preempted, a bad work directory) reports ``exactly_once``
+    false, an ``error`` line and its ``exit_code``, with whatever the journal holds so far.
+    """
     progress = _Progress(enabled=not as_json)
     os.environ[PROGRESS_ENV] = "1" if progress.enabled else "0"  # for the phase processes
+    t0 = time.monotonic()
     if opts.workdir:
         workdir = Path(opts.workdir)
         if workdir.exists() and any(workdir.iterdir()):
-            print(f"gymckpt: error: --workdir {workdir} is not empty; give a new or empty "
-                  "directory", file=sys.stderr)
+            error = (f"--workdir {workdir} is not empty; give a new or empty directory")
+            print(f"gymckpt: error: {error}", file=sys.stderr)
+            if as_json:
+                print(json.dumps(error_report(error, ExitCode.BAD_INPUT, opts),
+                                 sort_keys=True))
             return ExitCode.BAD_INPUT
         workdir.mkdir(parents=True, exist_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="gymckpt-demo-"))
-    t0 = time.monotonic()
     killed = False
+
+    def finish(rc: int, error: str | None = None, phase: int | None = None) -> int:
+        """Report the run (finished or not) and return its exit code."""
+        if error is None and rc != 0 and phase is not None:
+            error = _phase_error(workdir, phase, rc)
+        report = _report(opts, workdir, killed, t0)
+        if error is not None:
+            report.update(exactly_once=False, error=error, exit_code=int(rc))
+        else:
+            rc = ExitCode.OK if report["exactly_once"] else ExitCode.INVARIANT
+            report["exit_code"] = int(rc)
+        if as_json:
+            print(json.dumps(report, sort_keys=True))
+        elif error is None:
+            _print_report(report)
+        return rc
+
     timeout = 600.0
     _PREEMPTION.install()
     if opts.crash_after_checkpoint:
@@ -582,24 +624,47 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         if opts.crash_stage is not None and rc == -signal.SIGKILL:
             killed = True  # phase 1 killed itself at its crash stage
         if _PREEMPTION.received is not None:
-            return _preempted(workdir, rc)
+            return finish(*_preempted(workdir, rc))
         if not killed:
             if rc != 0:
-                return rc
+                return finish(rc, phase=1)
             progress("phase 1 finished before its checkpoint was published; no crash")
         else:
             progress(f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
             rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 2, 0), timeout)
             if _PREEMPTION.received is not None:
-                return _preempted(workdir, rc)
+                return finish(*_preempted(workdir, rc))
             if rc != 0:
-                return rc
+                return finish(rc, phase=2)
     else:
         rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 1, 0), timeout)
         if _PREEMPTION.received is not None:
-            return _preempted(workdir, rc)
+            return finish(*_preempted(workdir, rc))
         if rc != 0:
-            return rc
+            return finish(rc, phase=1)
+    return finish(0)
+
+
+def _phase_error(workdir: Path, phase: int, rc: int) -> str:
+    """The error line a failed phase left, or what its exit code says."""
+    path = _phase_error_file(workdir, phase)
+    try:
+        return str(orjson.loads(path.read_bytes())["error"])
+    except (OSError, ValueError, KeyError, TypeError):
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        return f"phase {phase} {how}"
+
+
+def error_report(error: str, exit_code: int, opts: DemoOptions | None = None) -> dict[str, Any]:
+    """The JSON object of a demo that stopped before it ran (bad flags or work directory)."""
+    rows = opts.rows if opts is not None else 0
+    return {"rows": rows, "rows_trained": 0, "rows_failed": 0, "duplicates": 0, "lost": 0,
+            "steps": 0, "steps_trained_twice": 0, "sentinels_duplicated": 0,
+            "sentinels_missing": 0, "checkpoints_ok": 0, "checkpoints_failed": 0, "restores": 0,
+            "exactly_once": False, "error": error, "exit_code": int(exit_code)}
+
+
+def _report(opts: DemoOptions, workdir: Path, killed: bool, t0: float) -> dict[str, Any]:
     phases = []
     for p in (1, 2):
         path = workdir / f"phase-{p}.json"
@@ -616,22 +681,22 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         "workdir": str(workdir),
         "elapsed_s": round(time.monotonic() - t0, 3),
         "snapshots": [str(i.path) for i in SnapshotStore(workdir / SNAPSHOTS_DIR).list_complete()],
+        "replacements": int(sum(p.get("metrics", {}).get("rollout/instances_replaced_total", 0)
+                                for p in phases)),
     })
-    if as_json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        _print_report(report)
-    return ExitCode.OK if report["exactly_once"] else ExitCode.INVARIANT
+    return report
 
 
-def _preempted(workdir: Path, rc: int) -> int:
-    """One line for a demo stopped by SIGTERM/SIGINT: the snapshot the trainer left."""
+def _preempted(workdir: Path, rc: int) -> tuple[int, str]:
+    """One line for a demo stopped by SIGTERM/SIGINT: the snapshot the trainer left.
+    (exit code, that line)."""
     received = _PREEMPTION.received
     name = received.name if received is not None else "signal"
     latest = SnapshotStore(workdir / SNAPSHOTS_DIR).latest_complete()
     left = f"snapshot {latest.path}" if latest is not None else "no snapshot"
-    print(f"gymckpt: demo stopped by {name}; the trainer left {left}", file=sys.stderr)
-    return 0 if rc == 0 else rc
+    line = f"demo stopped by {name}; the trainer left {left}"
+    print(f"gymckpt: {line}", file=sys.stderr)
+    return (0 if rc == 0 else rc), line
 
 
 def _print_report(r: dict[str, Any]) -> None:

@@ -28,9 +28,12 @@ on after every scenario:
 Races are drawn too (from their own generator, so the draws above stay put): Gym ends a reply
 stream between two checkpoint stages (sometimes followed by a crash right after that checkpoint
 publishes, so the replacement of a dropped attempt may run on another instance), stream ends
-reach the consumer late, and a restore that fails on one instance of several is retried into
-the same Gym. After each restore, before anything is dispatched, no instance may hold the state
-of an attempt the snapshot's ledger dropped.
+reach the consumer late, a restore that fails on one instance of several is retried into
+the same Gym, and Gym instances die between two checkpoint stages (their replacement must leave
+nothing lost or duplicated: every sentinel of the dead instance's calendar survives through its
+durable log, and the dead attempts' sessions are freed there). After each restore, before
+anything is dispatched, no instance may hold the state of an attempt the snapshot's ledger
+dropped.
 
 A *crash* abandons the whole runtime and its embedded Gym at a random virtual time or at a
 coordinator hook point (the incarnation's cancel scope is cancelled), and the next incarnation
@@ -188,6 +191,9 @@ class Scenario:
     stage_drops: tuple[tuple[int, str], ...] = ()
     """(checkpoint number within an incarnation, hook point): Gym ends one open reply stream
     there (its rows run on), between two checkpoint stages. Every incarnation but the last."""
+    stage_deaths: tuple[tuple[int, str], ...] = ()
+    """(checkpoint number within an incarnation, hook point): one live Gym instance dies there
+    (and is replaced). Every incarnation but the last."""
     late_end_s: float = 0.0
     """Every stream's end reaches the consumer this many seconds after Gym ended it."""
     restore_retry: bool = False
@@ -217,7 +223,8 @@ class Scenario:
             f"groups/step, checkpoint every {self.checkpoint_every}, max failures "
             f"{self.max_consecutive_failures}; faults {list(self.faults)}, restore faults "
             f"{list(self.restore_faults)}; crashes {crashes}; rollback {self.rollback}; "
-            f"stream drops at {list(self.stage_drops)}; late stream ends {self.late_end_s:g}s; "
+            f"stream drops at {list(self.stage_drops)}; instance deaths at "
+            f"{list(self.stage_deaths)}; late stream ends {self.late_end_s:g}s; "
             f"restore retried into the same Gym {self.restore_retry}"
         )
 
@@ -251,6 +258,7 @@ def draw_scenario(seed: int) -> Scenario:
         else:
             crashes.append(Crash(checkpoint=rng.randint(1, 4), point=rng.choice(HOOK_POINTS)))
     races = _draw_races(seed, instances)
+    races.update(_draw_deaths(seed))
     after = races.pop("crash_after_drop", None)
     if after is not None:  # the drop's checkpoint publishes, then the trainer dies
         crashes[:1] = [Crash(checkpoint=after, point="after_publish")]
@@ -303,6 +311,17 @@ def _draw_races(seed: int, instances: int) -> dict[str, Any]:
     return extra
 
 
+def _draw_deaths(seed: int) -> dict[str, Any]:
+    """Instance deaths between checkpoint stages, from their own generator (the draws above
+    stay as they were): about a third of the seeds lose one or two instances."""
+    rng = random.Random(f"deaths:{seed}")
+    if rng.random() >= 0.35:
+        return {}
+    deaths = tuple((rng.randint(1, 3), rng.choice(HOOK_POINTS))
+                   for _ in range(rng.choice((1, 1, 2))))
+    return {"stage_deaths": deaths}
+
+
 # -- reports --------------------------------------------------------------------------------------
 
 
@@ -312,7 +331,8 @@ class IncarnationReport:
 
     ``end``: ``finished`` (dataset done, final snapshot published), ``crashed`` (abandoned by
     the scenario), ``checkpoints_failed`` (exit 4), ``gym_dead`` (every instance dead),
-    ``restore_failed`` (Gym could not restore; exit 4), or a violation: ``invariant`` (exit 3),
+    ``restore_failed`` (Gym could not restore; exit 4), ``replacements_exhausted`` (an
+    instance died past its replacement budget; exit 5), or a violation: ``invariant`` (exit 3),
     ``bad_snapshot`` (one of our own snapshots did not load), ``stalled``, ``error``.
     """
 
@@ -328,6 +348,8 @@ class IncarnationReport:
     lease_reopened: int
     metrics: dict[str, float] = attrs.field(factory=dict)
     """The runtime's metrics when the incarnation ended (C5)."""
+    replacements: int = 0
+    """Gym instances replaced after they died."""
 
 
 @attrs.frozen
@@ -441,10 +463,11 @@ def _check_budgets(
     run: _Run, inc: int, ro: Rollouts, initial_spent: int, checkpoint_calls: int
 ) -> None:
     stats = ro.ledger.statistics()
-    spent = initial_spent + stats.failed_total + stats.abandoned_total
+    spent = initial_spent + stats.failed_total + stats.abandoned_total - stats.released_total
     if stats.row_attempts_spent != spent:
         run.violation(inc, f"row attempts spent {stats.row_attempts_spent}, but {spent} attempts "
-                           "failed or were abandoned (refusals must cost nothing)")
+                           "failed or were abandoned (refusals and instance deaths must cost "
+                           "nothing)")
     if stats.data_failures:
         run.violation(inc, f"{stats.data_failures} data failures (invalid or poisoned rows)")
     refused = ro.metrics.get(ADMISSION_CLOSED_ROWS)
@@ -492,6 +515,11 @@ async def _incarnation(
             live = [name for name in gym.instances if not gym.sim(name).dead]
             if live:  # a stream ends between two checkpoint stages
                 gym.sim(live[run.rng.randrange(len(live))]).drop_stream(run.rng.randrange)
+        if races and (n, point) in sc.stage_deaths and gym_ref:
+            gym = gym_ref[0]
+            live = [name for name in gym.instances if not gym.sim(name).dead]
+            if live:  # an instance dies between two checkpoint stages
+                gym.sim(live[run.rng.randrange(len(live))]).kill()
         if crash is not None and crash.checkpoint == n and point == crash.point:
             crash_scope.cancel()
 
@@ -527,6 +555,7 @@ async def _incarnation(
             on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows),
         ) as ro:
             ro_ref.append(ro)
+            replaced_at_open = len((await gym.statistics()).replaced)
             ro.coordinator.on_stage = on_stage
             if ro.restored is not None:  # nothing dispatched yet
                 _check_dropped_state_retired(run, inc, gym, ro.restored.files)
@@ -585,11 +614,14 @@ async def _incarnation(
                                        f"{r.restored_from} was restored on "
                                        f"{replicas[r.restored_from]}")
             gs = await gym.statistics()
-            claimed = sum(s.episodes_claimed for s in gs.instances)
+            # counts of instances replaced meanwhile too; installs of those replaced during
+            # the restore died with them (their replacements installed again)
+            claimed = sum(s.episodes_claimed for s in (*gs.instances, *gs.replaced))
             if claimed != len(seen):  # each restored episode continued exactly once
                 run.violation(inc, f"Gym continued {claimed} restored episodes, the "
                                    f"runtime claimed {len(seen)}")
-            installed = sum(s.restored for s in gs.instances) - sum(installed_before)
+            installed = (sum(s.restored for s in (*gs.instances, *gs.replaced[replaced_at_open:]))
+                         - sum(installed_before))
             if installed != len(replicas):
                 run.violation(inc, f"Gym installed {installed} restored episodes, the "
                                    f"ledger holds {len(replicas)} unclaimed")
@@ -617,7 +649,9 @@ async def _incarnation(
         decided = run_exit(exc)
         err = decided[1] if decided is not None else single_error(exc)
         error = f"{type(err).__name__}: {err}"
-        if decided is not None and decided[0] == 4:
+        if decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED:
+            end = "replacements_exhausted"
+        elif decided is not None and decided[0] == 4:
             end = "gym_dead" if isinstance(err, GymInstanceDead) else "checkpoints_failed"
             if not ro_ref:  # open_rollouts never yielded: the restore gave up
                 end = "restore_failed"
@@ -630,17 +664,20 @@ async def _incarnation(
         else:
             end = "error"
             run.violation(inc, f"unexpected error {error}")
-    if end in ("checkpoints_failed", "gym_dead", "restore_failed") and not faults:
+    if end in ("checkpoints_failed", "gym_dead", "restore_failed",
+               "replacements_exhausted") and not faults and not (races and sc.stage_deaths):
         run.violation(inc, f"aborted ({end}) without any fault: {error}")
     if ro_ref:
         _check_released(run, inc, ro_ref[0])
     fired: tuple[tuple[str, int], ...] = ()
+    replacements = 0
     if gym_ref:
         fired = gym_ref[0].faults.fired
+        replacements = sum(gym_ref[0].replacements(n) for n in gym_ref[0].instances)
     metrics = ro_ref[0].metrics.snapshot(ages=False) if ro_ref else {}  # replayable
     return IncarnationReport(inc, faults, end, error, restored_from, tuple(outcomes), fired,
                              steps, sum(1 for _, r in claims if r.restored_from), lease_reopened,
-                             metrics)
+                             metrics, replacements)
 
 
 def _check_dropped_state_retired(
@@ -823,7 +860,7 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
     show = progress is not None or (sys.stderr.isatty() and not as_json)
     failed: list[ScenarioReport] = []
     ends: Counter[str] = Counter()
-    fired = restores = rollbacks = 0
+    fired = restores = rollbacks = replacements = 0
     virtual = 0.0
     t0 = time.monotonic()
     last_shown = 0.0
@@ -834,6 +871,7 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
         fired += sum(len(inc.faults_fired) for inc in report.incarnations)
         restores += sum(inc.restored_from is not None for inc in report.incarnations)
         rollbacks += report.rolled_back
+        replacements += sum(inc.replacements for inc in report.incarnations)
         virtual += report.virtual_s
         if seeds == 1:
             reports.append(report)
@@ -861,7 +899,7 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
             "failed": [r.to_json() for r in failed], "elapsed_s": round(elapsed, 3),
             "seeds_per_s": round(rate, 2), "virtual_s": round(virtual, 3),
             "incarnation_ends": dict(sorted(ends.items())), "faults_fired": fired,
-            "restores": restores, "rollbacks": rollbacks,
+            "restores": restores, "rollbacks": rollbacks, "replacements": replacements,
         }
         if seeds == 1:
             out["scenario"] = reports[0].to_json()
@@ -885,7 +923,7 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
         print(f"{seeds} seeds from {start}: {seeds - len(failed)} passed, {len(failed)} failed "
               f"in {elapsed:.1f}s ({rate:.1f} seeds/s, {virtual:.0f} virtual s); incarnation "
               f"ends {dict(sorted(ends.items()))}; {fired} faults fired; {restores} restores "
-              f"({rollbacks} to an older snapshot)")
+              f"({rollbacks} to an older snapshot); {replacements} instances replaced")
         if failed:
             print("failing seeds: " + " ".join(str(r.seed) for r in failed))
     return ExitCode.INVARIANT if failed else ExitCode.OK
