@@ -35,6 +35,7 @@ def _simulate(*args: str, hash_seed: str = "random") -> subprocess.CompletedProc
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(600)  # ~25 s on an idle 2-core machine; over 120 s on a shared one
 def test_ci_seeds_all_hold_their_invariants() -> None:
     done = _simulate("--seeds", str(CI_SEEDS), "--json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
