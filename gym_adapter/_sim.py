@@ -530,13 +530,19 @@ class SimInstance:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        if self.recover and path.exists():
-            self._sessions = replay_env_log(path.read_bytes())
-            # each session is retirable by the attempt that owns it (freeing it, as on the
-            # dead instance); the replacement runs no episode yet
-            self._finished = {s.rollout_id: key for key, s in self._sessions.items()}
-            self._first_mutation_seen = any(s.events for s in self._sessions.values())
-        self._rewrite_log()  # compact (or start empty), then append from here
+        if not (self.recover and path.exists()):
+            self._log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+            return
+        data = path.read_bytes()
+        self._sessions = replay_env_log(data)
+        # each session is retirable by the attempt that owns it (freeing it, as on the dead
+        # instance); the replacement runs no episode yet
+        self._finished = {s.rollout_id: key for key, s in self._sessions.items()}
+        self._first_mutation_seen = any(s.events for s in self._sessions.values())
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        if data and not data.endswith(b"\n"):  # a torn last append: cut it, then go on
+            os.ftruncate(fd, data.rfind(b"\n") + 1)
+        self._log_fd = fd  # appends go on where the dead one stopped
 
     def _rewrite_log(self) -> None:
         """Write the current sessions as the whole log, atomically; reopen it for appends."""

@@ -410,3 +410,15 @@ def test_demo_json_on_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert rc == 2
     report = json.loads(out.out)
     assert report["exactly_once"] is False and report["exit_code"] == 2 and report["error"]
+
+
+async def test_env_log_torn_tail_is_cut_before_the_replacement_appends(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    log = tmp_path / "gym-0" / "calendar-sessions.log"
+    log.parent.mkdir()
+    log.write_bytes(b'["n","0-0","0-0",0]\n["e","0-0",0,"m","s0"]\n["e","0-0",1,"m"')
+    async with SimInstance("gym-0", work_dir=tmp_path, recover=True) as sim:
+        assert sim.calendar_state()["0-0"].sentinels == ("s0",)
+        await sim.retire(["0-0"], trio.current_time() + 1)
+    assert replay_env_log(log.read_bytes()) == {}  # the freeing replays after the cut
