@@ -185,8 +185,15 @@ async def test_a_late_reply_of_the_dead_instance_is_rejected(
         trained = await _train_all(ro)
         assert late, "the dead instance's stream never delivered its late replies"
         assert ro.ledger.statistics().stale_replies >= len(late)
-    assert sorted(int(ids[0].split("-")[0]) for ids in trained) == list(range(10))
+        assert ro.ledger.statistics().released_total >= len(late)  # released by the replacer
+        final = ro.outcomes[-1].snapshot
+    rows = [int(ids[0].split("-")[0]) for ids in trained]
+    assert sorted(rows) == list(range(10))
     assert not set(late) & {rid for ids in trained for rid in ids}
+    assert final is not None  # the dead attempts' sessions were freed on the replacement
+    verdict = judge([(i + 1, (r,)) for i, r in enumerate(rows)], 10, final.path, seed=4,
+                    config=SIM, group_size=2)
+    assert verdict.ok, verdict.violations()
 
 
 @pytest.mark.parametrize("point", HOOK_POINTS)
@@ -422,3 +429,44 @@ async def test_env_log_torn_tail_is_cut_before_the_replacement_appends(
         assert sim.calendar_state()["0-0"].sentinels == ("s0",)
         await sim.retire(["0-0"], trio.current_time() + 1)
     assert replay_env_log(log.read_bytes()) == {}  # the freeing replays after the cut
+
+
+async def test_the_next_checkpoint_waits_for_a_slow_replacement(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A replacement that takes a while (a Ray actor being scheduled): the checkpoint after
+    the one that met the death waits for it (bounded by replace_timeout_s) and succeeds with
+    the replacement in the topology, instead of failing against the dead instance again."""
+
+    class SlowReplace:
+        def __init__(self, gym: EmbeddedGym) -> None:
+            self.gym = gym
+
+        async def replace(self, instance: str, deadline_ts: float) -> None:
+            await trio.sleep(5.0)
+            await self.gym.replace(instance, deadline_ts)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.gym, name)
+
+    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                config=SIM) as gym, \
+            open_rollouts(SlowReplace(gym), tmp_path, rows=8,  # type: ignore[arg-type]
+                          group_size=2, config=CONFIG, handle_signals=False) as ro:
+        await trio.sleep(0.5)
+
+        def kill(_cid: str, point: str) -> None:
+            if point == "before_prepare":
+                gym.sim("gym-1").kill()
+
+        ro.coordinator.on_stage = kill
+        first = await ro.checkpoint()
+        ro.coordinator.on_stage = None
+        assert not first.ok and first.reason == "gym_unavailable" and "gym-1" in str(first.error)
+        started = trio.current_time()
+        second = await ro.checkpoint()
+        assert second.ok, second.error
+        assert trio.current_time() - started >= 4.0  # it waited for the replacement
+        assert gym.replacements("gym-1") == 1
+        assert second.snapshot is not None
+        await _train_all(ro, checkpoint=False)
