@@ -34,9 +34,10 @@ simulation keeps every property the protocol relies on, and nothing else:
 - **Durable environment state.** With a ``work_dir``, every change of the calendar's sessions
   (a session opened or taken over, an event, a session freed) is appended to
   ``work_dir/<instance>/calendar-sessions.log`` as it happens, and a restore rewrites the file.
-  A ``SimInstance(..., recover=True)`` of the same name on the same ``work_dir`` replays it: the
-  replacement of a dead instance continues its environment state the way a real environment
-  service outlives one of its servers (``EmbeddedGym.replace``, a fresh Ray actor). Each change
+  A ``SimInstance`` of the same name opened on the same ``work_dir`` replays it (``recover``,
+  the default; a new deployment passes ``recover=False``): the replacement of a dead instance
+  continues its environment state the way a real environment service outlives one of its
+  servers (``EmbeddedGym.replace``, a fresh Ray actor). Each change
   is one ``write`` (no buffering in the process, no fsync): a process that dies loses nothing,
   a machine that crashes loses what the OS had not written back yet. Several machines need a
   shared filesystem for it (a fresh actor on another node reads the same file).
@@ -437,9 +438,10 @@ class SimInstance:
     seed: int = 0
     work_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     config: SimConfig = attrs.field(factory=SimConfig)
-    recover: bool = attrs.field(default=False, kw_only=True)
-    """Continue the environment state of ``work_dir/<name>/`` (a replacement of a dead
-    instance); False starts a fresh log there."""
+    recover: bool = attrs.field(default=True, kw_only=True)
+    """Continue the environment state logged under ``work_dir/<name>/`` — what the
+    replacement of a dead instance does by opening on the same ``work_dir``; False (a new
+    deployment: ``EmbeddedGym.open``) starts a fresh log there."""
 
     _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
     _log_fd: int | None = attrs.field(default=None, init=False)

@@ -346,18 +346,18 @@ async def test_env_log_fresh_instance_starts_empty_and_recovers_only_when_asked(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg) as sim:
+    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=False) as sim:
         stream = await sim.run([RunRow("0-0", 0, 0, 0)])
         assert [r.rollout_id async for batch in stream for r in batch] == ["0-0"]
         state = sim.calendar_state()
         assert state["0-0"].sentinels
     assert sim.env_log is not None and sim.env_log.exists()
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=True) as again:
+    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg) as again:  # recovers
         assert again.calendar_state() == state
         assert (await again.retire(["0-0"], trio.current_time() + 1)).retired == ("0-0",)
     async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=True) as third:
         assert third.calendar_state() == {}  # the freeing was logged too
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg) as fresh:
+    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=False) as fresh:
         assert fresh.calendar_state() == {}
 
 
