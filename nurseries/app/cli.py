@@ -111,8 +111,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                       "before_publish, mid_publish (files written, no commit marker yet), "
                       "after_publish or before_resume")
     demo.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                      help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. prepare:hang@1; "
-                      "KIND dead kills the instance, which is then replaced")
+                      help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. "
+                      "prepare:hang@1; KIND dead kills the instance, which is then replaced")
     demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
                       "(default: a fresh temporary directory)")
     demo.add_argument("--env", default="calendar", metavar="ENV",
