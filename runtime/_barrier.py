@@ -17,8 +17,9 @@ without looking at the whole ledger. One object serves both:
   O(waiters) so the drain's per-wakeup cost is O(pending) and never O(in-flight). A waiter
   registered under ``ANY`` is evaluated after every mutation.
 * ``wait_settled(keys, settled)`` is the drain's sharper form: a per-key predicate, checked
-  only for the keys a mutation touched, with settled keys dropped as they land — O(1) per reply
-  and an O(1) final wake, however many episodes were pending.
+  only for the keys a mutation touched, with settled keys removed from the caller's set as they
+  land — O(1) per reply and an O(1) final wake (one reschedule, nothing left to free),
+  however many episodes were pending.
 
 No wakeup can be missed: a waiter checks its predicate before it parks, and every later change
 goes through ``_after_mutation``, which runs before any other task can run.
@@ -37,6 +38,8 @@ import trio
 __all__ = ["ANY", "BarrierStatistics", "MutationBarrier"]
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+_reschedule = trio.lowlevel.reschedule
 
 
 @final
@@ -57,9 +60,13 @@ class _Waiter:
 
 @attrs.define(eq=False, slots=True)
 class _SettleWaiter:
+    """A parked ``wait_settled`` call. ``task`` is the parked task while it may still be woken,
+    and None once it has been rescheduled (all keys settled) or its wait was aborted
+    (cancelled): whoever clears it owns the task's wakeup, so it happens exactly once."""
+
     settled: Callable[[Hashable], bool]
     remaining: set[Hashable]
-    event: trio.Event = attrs.field(factory=trio.Event)
+    task: trio.lowlevel.Task | None
 
 
 @attrs.define(eq=False, slots=True)
@@ -169,15 +176,17 @@ class MutationBarrier:
         if settle:
             for key in touched:
                 group = settle.get(key)
-                if not group:
+                if group is None:
                     continue
-                for sw in list(group):
+                for sw in tuple(group):
                     self._evaluations += 1
                     if sw.settled(key):
                         group.discard(sw)
-                        sw.remaining.discard(key)
-                        if not sw.remaining:
-                            sw.event.set()
+                        remaining = sw.remaining
+                        remaining.discard(key)
+                        if not remaining and (task := sw.task) is not None:
+                            sw.task = None
+                            _reschedule(task)  # the drain's wake: it runs in the next batch
                 if not group:
                     del settle[key]
         if not by_key:
@@ -246,38 +255,58 @@ class MutationBarrier:
                     if not group:
                         del self._by_key[key]
 
-    async def wait_settled(
-        self, keys: Iterable[Hashable], settled: Callable[[Hashable], bool]
-    ) -> None:
-        """Return once ``settled(key)`` holds for every key; the drain's wait (S9).
+    async def wait_settled(self, keys: set[K], settled: Callable[[K], bool]) -> None:
+        """Return once ``settled(key)`` holds for every key of ``keys``; the drain's wait (S9).
 
-        Each key is checked once on entry, then only after a mutation that touches it; a key
-        found settled is dropped from the waiter at once. So a wakeup costs O(keys the mutation
-        touched) — O(1) per reply — and the final wake has nothing left to unregister. A key
-        must not become unsettled again (a landed reply stays landed). Cancellation unregisters
-        the keys still outstanding.
+        Each key is checked once on entry, then only after a mutation that touches it. The
+        waiter works on ``keys`` itself: a key found settled is removed from the set at once,
+        so the set is empty on return, and after a cancellation it holds exactly the keys still
+        unsettled. Nothing is left to release when the last key lands: a wakeup costs O(keys
+        the mutation touched) — O(1) per reply — and the final wake is one reschedule of the
+        parked task, however many keys there were. A key must not become unsettled again (a
+        landed reply stays landed). Cancellation unregisters the keys still outstanding.
         """
+        if not isinstance(keys, set):
+            raise TypeError(
+                f"wait_settled takes a set of keys (it removes them as they settle), "
+                f"not {type(keys).__name__}; pass set(keys)"
+            )
         await trio.lowlevel.checkpoint_if_cancelled()
-        remaining: set[Hashable] = set()
-        for key in keys:
-            self._evaluations += 1
-            if not settled(key):
-                remaining.add(key)
-        if not remaining:
+        done = [key for key in keys if settled(key)]
+        self._evaluations += len(keys)
+        keys.difference_update(done)
+        del done
+        if not keys:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        waiter = _SettleWaiter(settled, remaining)
-        for key in remaining:
-            self._settle.setdefault(key, set()).add(waiter)
+        waiter = _SettleWaiter(
+            cast(Callable[[Hashable], bool], settled),
+            cast(set[Hashable], keys),
+            trio.lowlevel.current_task(),
+        )
+        settle = self._settle
+        for key in keys:
+            group = settle.get(key)
+            if group is None:
+                settle[key] = {waiter}
+            else:
+                group.add(waiter)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            waiter.task = None  # cancelled while parked: no mutation may wake it any more
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        # Parked on the task itself rather than a trio.Event: the wake is one reschedule, and
+        # no other task runs between the registration above and the park.
         try:
-            await waiter.event.wait()
+            await trio.lowlevel.wait_task_rescheduled(abort)
         finally:
-            for key in waiter.remaining:  # empty after a normal wake
-                group = self._settle.get(key)
+            for key in keys:  # empty after a normal wake
+                group = settle.get(key)
                 if group is not None:
                     group.discard(waiter)
                     if not group:
-                        del self._settle[key]
+                        del settle[key]
 
     def statistics(self) -> BarrierStatistics:
         """Counts for tests: mutations run, mutations queued, distinct waiters, evaluations."""

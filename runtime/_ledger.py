@@ -55,7 +55,7 @@ import enum
 import itertools
 import weakref
 from array import array
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, cast, final
 
 import attrs
@@ -975,6 +975,40 @@ class RecoveryLedger:
         attempt for us and owes us its reply (DISPATCHED). O(1)."""
         s = self._slot_of(rollout_id)
         return s >= 0 and self._state[s] == _DISPATCHED
+
+    def settled_check(self, rollout_ids: Iterable[str]) -> Callable[[Hashable], bool]:
+        """The drain's per-reply check (S9): ``settled(rid)`` is ``not is_in_flight(rid)``,
+        without parsing ``rid`` on every call.
+
+        Each ID is located once, here (O(len(rollout_ids))): its slot, block, row and attempt.
+        A call then reads two columns and the row's block. That is exact for as long as the
+        check lives: a row keeps its block until it leaves the ledger (``row_block[row]`` is
+        then gone, and a row never comes back), and a slot's attempt number only grows, so
+        the located attempt is current and in flight exactly when the row still owns the block,
+        the slot still holds that attempt number, and its state is DISPATCHED. An ID found
+        settled is forgotten (a settled attempt never returns to flight), and an ID not current
+        here is asked through ``is_in_flight``. O(1) per call.
+        """
+        g = self.group_size
+        blk_row, att = self._blk_row, self._att
+        where: dict[Hashable, tuple[int, int, int, int]] = {}
+        for rid in rollout_ids:
+            s = self._slot_of(rid)
+            if s >= 0:
+                where[rid] = (s, s // g, blk_row[s // g], att[s])
+        state, row_block, is_in_flight = self._state, self._row_block, self.is_in_flight
+
+        def settled(rid: Hashable) -> bool:
+            loc = where.get(rid)
+            if loc is None:
+                return not (isinstance(rid, str) and is_in_flight(rid))
+            s, b, row, attempt = loc
+            if state[s] == _DISPATCHED and att[s] == attempt and row_block.get(row) == b:
+                return False
+            del where[rid]  # settled for good: free its entry now, not when the check is freed
+            return True
+
+        return settled
 
     def pending_among(self, rollout_ids: Iterable[str], instance: str | None = None) -> set[str]:
         """The drain's question: which of these are still in flight (on ``instance``, if

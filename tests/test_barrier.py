@@ -183,7 +183,7 @@ async def test_wait_settled_checks_only_touched_keys_and_wakes_once() -> None:
     done = trio.Event()
 
     async def drain() -> None:
-        await barrier.wait_settled(keys, settled)
+        await barrier.wait_settled(set(keys), settled)
         done.set()
 
     async with trio.open_nursery() as nursery:
@@ -205,9 +205,9 @@ async def test_cancelled_wait_settled_unregisters_everything() -> None:
     barrier = MutationBarrier()
     with trio.move_on_after(0) as scope:
         scope.cancel()
-        await barrier.wait_settled(["a", "b"], lambda k: False)
+        await barrier.wait_settled({"a", "b"}, lambda k: False)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(barrier.wait_settled, ["a", "b"], lambda k: False)
+        nursery.start_soon(barrier.wait_settled, {"a", "b"}, lambda k: False)
         await trio.testing.wait_all_tasks_blocked()
         assert barrier.statistics().waiters == 1
         nursery.cancel_scope.cancel()
