@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable
 
 import hypothesis.strategies as st
 import pytest
@@ -171,6 +172,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.next_row = 0
         self.gate = 1
         self.spent: Counter[tuple[int, int]] = Counter()
+        # drain checks made along the way, each with the IDs it was made for
+        self.checks: list[tuple[Callable[[Hashable], bool], list[str]]] = []
 
     def m(self, fn):  # type: ignore[no-untyped-def]
         return self.ledger.barrier.mutate_nowait(fn)
@@ -264,6 +267,21 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def reopen_gate(self) -> None:
         self.gate += 1
+
+    @precondition(lambda self: len(self.checks) < 4)
+    @rule()
+    def make_drain_check(self) -> None:
+        ids = sorted(self.ledger._by_id) + [rollout_id_for(self.next_row, 0, 0), "not-an-id"]
+        self.checks.append((self.ledger.settled_check(ids), ids))
+
+    @precondition(lambda self: bool(self.checks))
+    @rule(data=st.data())
+    def ask_drain_check(self, data: st.DataObject) -> None:
+        """A drain asks only about the IDs a mutation touched, possibly many changes after it
+        located them: it answers exactly as ``is_in_flight``, however the ledger moved."""
+        settled, ids = data.draw(st.sampled_from(self.checks))
+        for rid in data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=3)):
+            assert settled(rid) is not self.ledger.is_in_flight(rid), rid
 
     @precondition(lambda self: not self._in_state(AttemptState.DISPATCHED))
     @rule()
