@@ -271,7 +271,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.checks) < 4)
     @rule()
     def make_drain_check(self) -> None:
-        ids = sorted(self.ledger._by_id) + [rollout_id_for(self.next_row, 0, 0), "not-an-id"]
+        ids = [*sorted(self.ledger._by_id), rollout_id_for(self.next_row, 0, 0), "not-an-id"]
         self.checks.append((self.ledger.settled_check(ids), ids))
 
     @precondition(lambda self: bool(self.checks))
