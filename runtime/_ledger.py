@@ -986,8 +986,9 @@ class RecoveryLedger:
         then gone, and a row never comes back), and a slot's attempt number only grows, so
         the located attempt is current and in flight exactly when the row still owns the block,
         the slot still holds that attempt number, and its state is DISPATCHED. An ID found
-        settled is forgotten (a settled attempt never returns to flight), and an ID not current
-        here is asked through ``is_in_flight``. O(1) per call.
+        settled is forgotten (its entry freed as its reply lands, not at the drain's wake), and
+        from then on, like an ID not current here, is asked through ``is_in_flight`` — so a
+        refused attempt sent again under its ID is seen in flight again. O(1) per call.
         """
         g = self.group_size
         blk_row, att = self._blk_row, self._att
