@@ -184,11 +184,9 @@ class _TimedBarrier:
         self.primitive = "wait_until"
         await self._barrier.wait_until(_timed(predicate, self._samples), keys)
 
-    async def wait_settled(
-        self, keys: set[Hashable], settled: Callable[[Hashable], bool], **kw: Any
-    ) -> bool:
+    async def wait_settled(self, keys: set[Hashable], settled: Callable[[Hashable], bool]) -> None:
         self.primitive = "wait_settled"
-        return await self._barrier.wait_settled(keys, _timed_key(settled, self._samples), **kw)
+        await self._barrier.wait_settled(keys, _timed_key(settled, self._samples))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._barrier, name)

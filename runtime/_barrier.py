@@ -27,8 +27,6 @@ goes through ``_after_mutation``, which runs before any other task can run.
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
 from contextlib import asynccontextmanager
@@ -61,68 +59,14 @@ class _Waiter:
 
 
 @attrs.define(eq=False, slots=True)
-class _Parked:
-    """A task parked in ``wait_settled``. ``task`` is set until one party takes the wakeup —
-    the mutation that settles the last key, a cancellation, or the deadline — and clears it;
-    so the task is rescheduled exactly once. ``timed_out`` says the deadline took it."""
-
-    task: trio.lowlevel.Task | None
-    timed_out: bool = False
-
-
-@attrs.define(eq=False, slots=True)
 class _SettleWaiter:
+    """A parked ``wait_settled`` call. ``task`` is the parked task while it may still be woken,
+    and None once it has been rescheduled (all keys settled) or its wait was aborted
+    (cancelled): whoever clears it owns the task's wakeup, so it happens exactly once."""
+
     settled: Callable[[Hashable], bool]
     remaining: set[Hashable]
-    parked: _Parked
-
-
-@final
-@attrs.define(eq=False, slots=True)
-class _DeadlineKeeper:
-    """Ends ``wait_settled`` waits whose deadline passed, so that a waiter needs no cancel scope
-    of its own for its timeout: leaving one is the costliest step of a drain's wake.
-
-    One trio system task per run (``token``), started by the first wait with a deadline,
-    sleeps until the earliest deadline in ``heap`` and reschedules every parked task whose
-    deadline has passed. Nothing here runs on a wake: an entry whose task was woken or cancelled
-    stays until it reaches the top of the heap, or until ``add`` compacts the heap (when it has
-    doubled since the last compaction), so the heap is O(waits with a deadline still pending)
-    amortised. Entries hold only ``_Parked`` (a task reference, cleared on wake), never the
-    waiter's keys or check. The keeper's own wait ends at the next deadline, or with the run.
-    """
-
-    token: trio.lowlevel.TrioToken
-    heap: list[tuple[float, int, _Parked]] = attrs.field(factory=list)
-    seq: int = 0
-    compact_at: int = 64
-    sleep: trio.CancelScope | None = None
-
-    def add(self, deadline: float, parked: _Parked) -> None:
-        heap = self.heap
-        if len(heap) >= self.compact_at:
-            heap[:] = [e for e in heap if e[2].task is not None]
-            heapq.heapify(heap)
-            self.compact_at = max(64, 2 * len(heap))
-        self.seq += 1
-        heapq.heappush(heap, (deadline, self.seq, parked))
-        if self.sleep is not None and deadline < self.sleep.deadline:
-            self.sleep.deadline = deadline
-
-    async def run(self) -> None:
-        heap = self.heap
-        while True:
-            now = trio.current_time()
-            while heap and (heap[0][0] <= now or heap[0][2].task is None):
-                parked = heapq.heappop(heap)[2]
-                task = parked.task
-                if task is not None:  # its deadline passed while it was still parked
-                    parked.task = None
-                    parked.timed_out = True
-                    _reschedule(task)
-            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self.sleep:
-                await trio.sleep_forever()
-            self.sleep = None
+    task: trio.lowlevel.Task | None
 
 
 @attrs.define(eq=False, slots=True)
@@ -157,7 +101,6 @@ class MutationBarrier:
     _holders: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
     _by_key: dict[Hashable, set[_Waiter]] = attrs.field(factory=dict, init=False)
     _settle: dict[Hashable, set[_SettleWaiter]] = attrs.field(factory=dict, init=False)
-    _keeper: _DeadlineKeeper | None = attrs.field(default=None, init=False)
     _mutating: bool = attrs.field(default=False, init=False)
     _mutations: int = attrs.field(default=0, init=False)
     _evaluations: int = attrs.field(default=0, init=False)
@@ -241,12 +184,9 @@ class MutationBarrier:
                         group.discard(sw)
                         remaining = sw.remaining
                         remaining.discard(key)
-                        if not remaining:
-                            parked = sw.parked
-                            task = parked.task
-                            if task is not None:
-                                parked.task = None
-                                _reschedule(task)  # the drain's wake: it runs next batch
+                        if not remaining and (task := sw.task) is not None:
+                            sw.task = None
+                            _reschedule(task)  # the drain's wake: it runs in the next batch
                 if not group:
                     del settle[key]
         if not by_key:
@@ -315,22 +255,16 @@ class MutationBarrier:
                     if not group:
                         del self._by_key[key]
 
-    async def wait_settled(
-        self, keys: set[K], settled: Callable[[K], bool], *, deadline: float = math.inf
-    ) -> bool:
-        """Wait until ``settled(key)`` holds for every key of ``keys``; the drain's wait (S9).
+    async def wait_settled(self, keys: set[K], settled: Callable[[K], bool]) -> None:
+        """Return once ``settled(key)`` holds for every key of ``keys``; the drain's wait (S9).
 
-        Returns True once all are settled, False if ``deadline`` (``trio.current_time()``
-        scale) passed first. Each key is checked once on entry, then only after a mutation that
-        touches it. The waiter works on ``keys`` itself: a key found settled is removed from
-        the set at once, so the set is empty on a True return and holds exactly the keys still
-        unsettled after a False return or a cancellation.
-
-        The final wake is one reschedule of the parked task, whatever the number of keys:
-        nothing is left to unregister or free, and the deadline needs no cancel scope around
-        the wait (a per-run keeper task ends expired waits). A mutation costs the waiter
-        O(keys it touched) — O(1) per reply. A key must not become unsettled again (a landed
-        reply stays landed). Cancellation unregisters the keys still outstanding.
+        Each key is checked once on entry, then only after a mutation that touches it. The
+        waiter works on ``keys`` itself: a key found settled is removed from the set at once,
+        so the set is empty on return, and after a cancellation it holds exactly the keys still
+        unsettled. Nothing is left to release when the last key lands: a wakeup costs O(keys
+        the mutation touched) — O(1) per reply — and the final wake is one reschedule of the
+        parked task, however many keys there were. A key must not become unsettled again (a
+        landed reply stays landed). Cancellation unregisters the keys still outstanding.
         """
         if not isinstance(keys, set):
             raise TypeError(
@@ -344,10 +278,11 @@ class MutationBarrier:
         del done
         if not keys:
             await trio.lowlevel.cancel_shielded_checkpoint()
-            return True
-        parked = _Parked(trio.lowlevel.current_task())
+            return
         waiter = _SettleWaiter(
-            cast(Callable[[Hashable], bool], settled), cast(set[Hashable], keys), parked
+            cast(Callable[[Hashable], bool], settled),
+            cast(set[Hashable], keys),
+            trio.lowlevel.current_task(),
         )
         settle = self._settle
         for key in keys:
@@ -356,11 +291,9 @@ class MutationBarrier:
                 settle[key] = {waiter}
             else:
                 group.add(waiter)
-        if deadline != math.inf:
-            self._deadline_keeper().add(deadline, parked)
 
         def abort(_: object) -> trio.lowlevel.Abort:
-            parked.task = None  # cancelled while parked: nothing may wake it any more
+            waiter.task = None  # cancelled while parked: no mutation may wake it any more
             return trio.lowlevel.Abort.SUCCEEDED
 
         # Parked on the task itself rather than a trio.Event: the wake is one reschedule, and
@@ -368,21 +301,12 @@ class MutationBarrier:
         try:
             await trio.lowlevel.wait_task_rescheduled(abort)
         finally:
-            for key in keys:  # empty after a wake by the last key
+            for key in keys:  # empty after a normal wake
                 group = settle.get(key)
                 if group is not None:
                     group.discard(waiter)
                     if not group:
                         del settle[key]
-        return not parked.timed_out
-
-    def _deadline_keeper(self) -> _DeadlineKeeper:
-        token = trio.lowlevel.current_trio_token()
-        keeper = self._keeper
-        if keeper is None or keeper.token is not token:  # first deadline in this trio run
-            keeper = self._keeper = _DeadlineKeeper(token)
-            trio.lowlevel.spawn_system_task(keeper.run, name="gymckpt barrier deadlines")
-        return keeper
 
     def statistics(self) -> BarrierStatistics:
         """Counts for tests: mutations run, mutations queued, distinct waiters, evaluations."""

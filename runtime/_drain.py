@@ -44,10 +44,10 @@ async def wait_drained(
         return 0
     count = len(pending)
     settled = ledger.settled_check(pending)  # locates each ID now: no parsing per reply
-    # The barrier removes each ID from ``pending`` as its reply lands, so the wake has nothing
-    # left to free and a timeout finds exactly the IDs still outstanding; the deadline is kept
-    # by the barrier, so no cancel scope is left on the wake path either.
-    deadline = trio.current_time() + timeout_s
-    if not await ledger.barrier.wait_settled(pending, settled, deadline=deadline):
+    with trio.move_on_after(timeout_s) as scope:
+        # the barrier removes each ID from ``pending`` as its reply lands, so the wake has
+        # nothing left to free, and a timeout finds exactly the IDs still outstanding
+        await ledger.barrier.wait_settled(pending, settled)
+    if scope.cancelled_caught:
         raise DrainTimeout(ledger.pending_among(pending), timeout_s)
     return count
