@@ -215,88 +215,44 @@ async def test_cancelled_wait_settled_unregisters_everything() -> None:
     assert barrier._settle == {}
 
 
-async def test_wait_settled_deadline_returns_false_with_the_unsettled_keys(
+
+async def test_wait_settled_empties_the_callers_set_and_a_cancel_leaves_the_unsettled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     barrier = MutationBarrier()
     landed: set[str] = set()
     keys = {"a", "b", "c"}
-    async with trio.open_nursery() as nursery:
+    with trio.move_on_after(4):
+        async with trio.open_nursery() as nursery:
 
-        async def land_a() -> None:
-            await trio.sleep(1)
-            await barrier.mutate(lambda: landed.add("a"), touched=["a"])
+            async def land_a() -> None:
+                await trio.sleep(1)
+                await barrier.mutate(lambda: landed.add("a"), touched=["a"])
 
-        nursery.start_soon(land_a)
-        ok = await barrier.wait_settled(keys, lambda k: k in landed, deadline=4.0)
-    assert (ok, trio.current_time(), keys) == (False, 4.0, {"b", "c"})
+            nursery.start_soon(land_a)
+            await barrier.wait_settled(keys, lambda k: k in landed)
+    assert (trio.current_time(), keys) == (4.0, {"b", "c"})
     assert barrier.statistics().waiters == 0 and barrier._settle == {}
-    # all settled before the deadline: True, at once, and the set is emptied
-    done = {"x"}
-    assert await barrier.wait_settled(done, lambda k: True, deadline=trio.current_time() + 1)
+    with pytest.raises(TypeError, match="set of keys"):
+        await barrier.wait_settled(["x"], lambda k: True)  # type: ignore[arg-type]
+    done = {"x", "y"}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(barrier.wait_settled, done, lambda k: k in landed)
+        await trio.testing.wait_all_tasks_blocked()
+        for key in ("x", "y"):
+            await barrier.mutate(lambda k=key: landed.add(k), touched=[key])
     assert done == set()
 
 
-async def test_later_wait_with_an_earlier_deadline_wakes_first(
+async def test_cancelled_wait_settled_is_not_woken_by_a_later_mutation(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The keeper shortens its sleep when a new wait's deadline comes before the ones it has."""
+    """Its task is parked directly: a cancelled wait must never be rescheduled again."""
     barrier = MutationBarrier()
-    ended: dict[str, tuple[bool, float]] = {}
-
-    async def wait(name: str, deadline: float) -> None:
-        ok = await barrier.wait_settled({name}, lambda k: False, deadline=deadline)
-        ended[name] = (ok, trio.current_time())
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait, "long", 100.0)
-        await trio.sleep(1)
-        nursery.start_soon(wait, "short", 3.0)
-    assert ended == {"short": (False, 3.0), "long": (False, 100.0)}
-
-
-async def test_cancelled_wait_is_never_woken_by_its_deadline(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    barrier = MutationBarrier()
+    landed: set[str] = set()
     keys = {"a"}
     with trio.move_on_after(1):
-        await barrier.wait_settled(keys, lambda k: False, deadline=2.0)
-    assert keys == {"a"} and barrier._settle == {}
-    # the keeper reaches 2.0 while this task sleeps: it must not reschedule it
+        await barrier.wait_settled(keys, lambda k: k in landed)
+    await barrier.mutate(lambda: landed.add("a"), touched=["a"])
     await trio.sleep(5)
-    assert trio.current_time() == 6.0
-
-
-async def test_deadlines_of_woken_waits_do_not_pile_up(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    barrier = MutationBarrier()
-    landed: set[int] = set()
-
-    async def wait(key: int) -> None:
-        await barrier.wait_settled({key}, lambda k: k in landed, deadline=1000.0)
-
-    async with trio.open_nursery() as nursery:
-        for key in range(1000):
-            nursery.start_soon(wait, key)
-            await trio.testing.wait_all_tasks_blocked()
-            await barrier.mutate(lambda k=key: landed.add(k), touched=[key])
-    assert trio.current_time() < 1000.0
-    keeper = barrier._keeper
-    assert keeper is not None and len(keeper.heap) <= 128  # compacted, not 1000
-    t0 = trio.current_time()
-    await trio.sleep(2000)  # past their deadline: the keeper must leave the woken tasks alone
-    assert trio.current_time() == t0 + 2000.0
-
-
-def test_deadlines_work_in_each_trio_run_of_one_barrier() -> None:
-    barrier = MutationBarrier()
-
-    async def one_run() -> float:
-        with trio.fail_after(50):  # a keeper left from an earlier run would never fire
-            assert not await barrier.wait_settled({"a"}, lambda k: False, deadline=2.0)
-        return trio.current_time()
-
-    for _ in range(2):
-        assert trio.run(one_run, clock=trio.testing.MockClock(autojump_threshold=0)) == 2.0
+    assert trio.current_time() == 6.0 and keys == {"a"}
