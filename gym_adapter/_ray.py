@@ -439,10 +439,12 @@ class RayReplyStream:
     """The consumer's side of one ``run`` on Ray (``ReplyStream``).
 
     ``__anext__`` acknowledges the batch it returned last time, then returns the next batch;
-    the stream ends when the instance has replied to every row, or early (drop fault, dead or
-    unreachable actor, cancelled generator). ``aclose`` is idempotent: it acknowledges what was
-    received, has Gym discard the rest and end the stream (its rows keep running), and cancels
-    the Ray generator; it waits at most ``CLOSE_TIMEOUT_S`` for the actor.
+    the stream ends when the instance has replied to every row, or early (drop fault,
+    unreachable actor, cancelled generator, a batch lost with its node); it raises
+    ``GymInstanceDead`` if its actor died (its process or its node). ``aclose`` is idempotent:
+    it acknowledges what was received, has Gym discard the rest and end the stream (its rows
+    keep running), and cancels the Ray generator; it waits at most ``CLOSE_TIMEOUT_S`` for the
+    actor.
     """
 
     __slots__ = (
@@ -524,9 +526,10 @@ class RayReplyStream:
             self._ended = True
             self._gym._ack_done(self._instance, self._sid)
             exc = item.error
+            if _actor_gone(exc):  # the runtime tells a death from an early end by this
+                self._gym._mark_dead(self._instance, self._generation)
+                raise GymInstanceDead(self._instance, "run") from None
             if _stream_ends(exc):
-                if _actor_gone(exc):
-                    self._gym._mark_dead(self._instance, self._generation)
                 raise StopAsyncIteration
             raise self._gym._translate(self._instance, "run", exc, self._generation) from None
         if item.value is _END:
@@ -1003,8 +1006,8 @@ class RayGym:
         could otherwise write the state the new one replays). Then a new actor is created with
         the same constructor arguments, placed ``SPREAD`` — Ray never places an actor on a
         dead node, so a lost node's instance lands on a live one — and started. It holds no
-        episodes, streams or unclaimed episodes; its environment state is whatever its
-        ``SimInstance`` replays from ``work_dir``.
+        episodes, streams or unclaimed episodes; a simulated calendar continues the dead one's
+        from its durable log in ``work_dir`` (``SimInstance(recover=True)``).
 
         From the first line on, the instance counts as dead (no call reaches either actor) and
         its generation is new (a late error of the old actor or its streams marks nothing).
@@ -1029,7 +1032,7 @@ class RayGym:
                 "replace",
             )
         t1 = trio.current_time()
-        new = _spawn(self._spawns[instance], num_cpus=self._num_cpus)
+        new = _spawn(self._spawns[instance], num_cpus=self._num_cpus, recover=True)
         installed = False
         try:
             node = await self._start_replacement(instance, new, generation, deadline_ts)
@@ -1157,7 +1160,13 @@ def _actor_class() -> Any:
     return ray.remote(GymActor)
 
 
-def _spawn(spawn: _Spawn, *, num_cpus: float, resources: dict[str, float] | None = None) -> Any:
+def _spawn(
+    spawn: _Spawn,
+    *,
+    num_cpus: float,
+    resources: dict[str, float] | None = None,
+    recover: bool = False,
+) -> Any:
     options: dict[str, Any] = {
         "num_cpus": num_cpus,
         "num_gpus": 0,
@@ -1169,7 +1178,7 @@ def _spawn(spawn: _Spawn, *, num_cpus: float, resources: dict[str, float] | None
         options["resources"] = resources
     return _actor_class().options(**options).remote(
         spawn.name, spawn.agent_kind, spawn.seed, spawn.work_dir, spawn.config,
-        spawn.stuck_loop_s, spawn.environment,
+        spawn.stuck_loop_s, spawn.environment, recover,
     )
 
 

@@ -172,7 +172,8 @@ class GymActor:
     """A Ray async actor hosting one instance (wrapped with ``ray.remote`` by the driver): the
     simulated calendar ``SimInstance``, or a ``GymHost`` serving the user environment named by
     the import path ``environment``. ``start`` serves it in a task of the actor's loop;
-    ``stop`` ends it."""
+    ``stop`` ends it. ``recover``: a replacement, whose simulated calendar continues from the
+    durable log the instance of the same name left in ``work_dir``."""
 
     def __init__(
         self,
@@ -183,6 +184,7 @@ class GymActor:
         config: SimConfig | HostConfig,
         stuck_loop_s: float = 0.0,
         environment: str | None = None,
+        recover: bool = False,
     ) -> None:
         wd = Path(work_dir) if work_dir else None
         self._sim: SimInstance | GymHost
@@ -191,7 +193,7 @@ class GymActor:
             self._sim = GymHost(name, load_environment(environment), seed, wd, config)
         else:
             assert isinstance(config, SimConfig)
-            self._sim = SimInstance(name, agent_kind, seed, wd, config)
+            self._sim = SimInstance(name, agent_kind, seed, wd, config, recover=recover)
         self._stuck_loop_s = stuck_loop_s
         self._serving: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None

@@ -35,7 +35,16 @@ RAY_SKIPS = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true",
+                     help="also run the long soaks (marked slow); CI runs their short versions")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--slow"):
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(pytest.mark.skip(reason="a long soak: run with --slow"))
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("open_gym") is None:

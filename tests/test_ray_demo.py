@@ -43,3 +43,12 @@ def test_demo_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path) -> N
     assert report["exactly_once"] is True and report["restores"] == 1
     assert report["checkpoints_failed"] >= 1  # the injected commit error, retried
     assert ray.is_initialized() and ray.cluster_resources().get("CPU", 0) > 0  # still up
+
+
+def test_a_dead_instance_is_replaced_and_the_demo_stays_exactly_once(tmp_path: Path) -> None:
+    # the 4th prepare is the second checkpoint of phase 2 (3 instances): its instance dies
+    report = demo(tmp_path / "w", "--instances", "3", "--fault", "prepare:dead@4")
+    assert report["exactly_once"] is True and report["restores"] == 1
+    assert report["replacements"] >= 1
+    assert report["checkpoints_failed"] >= 1  # the checkpoint that met the death
+    assert report["duplicates"] == report["lost"] == report["sentinels_duplicated"] == 0

@@ -447,6 +447,17 @@ def _record_phase_error(workdir: Path, phase: int, error: str, code: int) -> Non
 # -- the parent: processes, SIGKILL, verdict ------------------------------------------------------
 
 
+def _phase_stdout() -> Any:
+    """Where a phase process's standard output goes: the demo's stderr. Its stdout carries
+    only the demo's report (the ``--json`` object), but a Ray driver prints there too (a
+    worker that died, as ``(raylet) …`` lines), and a phase is a Ray driver."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stand-in without a descriptor
+        return subprocess.DEVNULL
+    return sys.stderr
+
+
 def _phase_cmd(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> list[str]:
     return [sys.executable, "-m", "gymckpt", "_phase", "--phase", str(phase),
             "--crash-after", str(crash_after), "--workdir", str(workdir),
@@ -631,13 +642,13 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
             progress("phase 1 finished before its checkpoint was published; no crash")
         else:
             progress(f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
-            rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 2, 0), timeout)
+            rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 2, 0), timeout, stdout=_phase_stdout())
             if _PREEMPTION.received is not None:
                 return finish(*_preempted(workdir, rc))
             if rc != 0:
                 return finish(rc, phase=2)
     else:
-        rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 1, 0), timeout)
+        rc = _PREEMPTION.run(_phase_cmd(opts, workdir, 1, 0), timeout, stdout=_phase_stdout())
         if _PREEMPTION.received is not None:
             return finish(*_preempted(workdir, rc))
         if rc != 0:
