@@ -136,23 +136,26 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
     head = ray_head()
     workdir = tmp_path / "w"
     store = SnapshotStore(workdir / SNAPSHOTS_DIR)
-    demo = subprocess.Popen(
+    out, err = tmp_path / "demo.out", tmp_path / "demo.err"  # files: a pipe could fill up
+    with out.open("w") as stdout, err.open("w") as stderr_file, subprocess.Popen(
         [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--ray-address",
          head.address, "--rows", str(ROWS), "--crash-after-checkpoint", "0", "--workdir",
          str(workdir), "--json"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        _wait_for(lambda: store.latest_complete() is not None or demo.poll() is not None,
-                  120, "the first snapshot")
-        assert demo.poll() is None, "the demo finished before its cluster was lost"
-        t0 = time.monotonic()
-        head.kill_gcs()
-        _, stderr = demo.communicate(timeout=120)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.communicate()
+        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr_file,
+    ) as demo:
+        try:
+            _wait_for(lambda: store.latest_complete() is not None or demo.poll() is not None,
+                      120, "the first snapshot")
+            assert demo.poll() is None, (
+                f"the demo finished before its cluster was lost: {err.read_text()[-3000:]}")
+            t0 = time.monotonic()
+            head.kill_gcs()
+            demo.wait(timeout=120)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()
+    stderr = err.read_text()
     stopped_s = time.monotonic() - t0
     assert demo.returncode == ExitCode.CLUSTER_LOST, stderr[-3000:]
     lines = our_lines(stderr)
