@@ -34,6 +34,13 @@ pytestmark = [pytest.mark.ray, pytest.mark.subprocess, pytest.mark.timeout(300)]
 ROWS = 200
 
 
+def no_auth() -> dict[str, str]:
+    """The environment of the head and its clients: no token authentication (a head's token
+    would live in its own temp dir, where no client looks for it; and a process that started
+    a local cluster, as this one may have, has ``RAY_AUTH_MODE=token`` set for its children)."""
+    return {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -64,8 +71,7 @@ class Head:
              f"--object-store-memory={100 * 2**20}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
-            # its auth token would live in its own temp dir, where no client looks for it
-            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+            env=no_auth(),
         )
         self._ps = psutil.Process(self.proc.pid)
         recorded = Path(self.temp_dir) / "ray_current_cluster"  # not Ray's shared temp dir
@@ -121,7 +127,8 @@ def ray_head() -> Iterator[Callable[[], Head]]:
 
 def gymckpt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gymckpt", *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+                          env=no_auth())
 
 
 def our_lines(stderr: str) -> list[str]:
@@ -141,7 +148,7 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
         [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--ray-address",
          head.address, "--rows", str(ROWS), "--crash-after-checkpoint", "0", "--workdir",
          str(workdir), "--json"],
-        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr_file,
+        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr_file, env=no_auth(),
     ) as demo:
         try:
             _wait_for(lambda: store.latest_complete() is not None or demo.poll() is not None,
