@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -615,18 +615,36 @@ def test_sigterm_to_gymckpt_demo_leaves_a_snapshot_and_exits_0(tmp_path: Path) -
          "--crash-after-checkpoint", "0", "--checkpoint-every", "1", "--workdir", str(work)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    journal = work / "journal.jsonl"
+    # the demo's own progress line says a step was trained: read stderr as it comes (an event,
+    # not a poll of the journal), and keep every line for the assertions below
+    lines: list[str] = []
+    trained = threading.Event()
+
+    def read_stderr() -> None:
+        assert demo.stderr is not None
+        for line in demo.stderr:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("[phase 1] step"):
+                trained.set()
+
+    reader = threading.Thread(target=read_stderr, name="demo-stderr", daemon=True)
+    reader.start()
     try:
-        journal = work / "journal.jsonl"
-        for _ in range(600):  # until the trainer has trained a few steps (bounded)
-            if journal.exists() and journal.read_text().count('"step"') >= 3:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the demo trained nothing in 30 s")
+        if not trained.wait(timeout=60):
+            raise AssertionError("the demo trained nothing in 60 s:\n" + "\n".join(lines))
         demo.send_signal(signal.SIGTERM)
-        out, err = demo.communicate(timeout=120)
+        demo.wait(timeout=120)
+        reader.join(timeout=30)
+        assert demo.stdout is not None
+        out = demo.stdout.read()
     finally:
         demo.kill()
+        demo.wait()
+        for pipe in (demo.stdout, demo.stderr):
+            if pipe is not None:
+                pipe.close()
+    err = "\n".join(lines)
     assert demo.returncode == 0, err
     assert "Traceback" not in err and out == ""
     latest = SnapshotStore(work / "snapshots").latest_complete()
