@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -49,6 +50,8 @@ def _free_port() -> int:
 
 
 def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Bounded wait for a state another process writes to disk (the demo's first published
+    snapshot: with ``--json`` the demo says nothing until it ends, so no line can signal it)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
@@ -69,14 +72,29 @@ class Head:
              f"--port={_free_port()}", "--num-cpus=2",
              "--include-dashboard=false", f"--temp-dir={self.temp_dir}",
              f"--object-store-memory={100 * 2**20}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, text=True,
             env=no_auth(),
         )
         self._ps = psutil.Process(self.proc.pid)
+        # `ray start --block` says when the head is up, then blocks: wait for that line (an
+        # event), reading its output to the end in a thread so the pipe never fills
+        self.output: list[str] = []
+        self._up = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="ray-head-output", daemon=True)
+        self._reader.start()
+        if not self._up.wait(timeout=60):
+            raise AssertionError("the Ray head did not start in 60 s:\n" + "".join(self.output))
         recorded = Path(self.temp_dir) / "ray_current_cluster"  # not Ray's shared temp dir
-        _wait_for(lambda: recorded.exists() and self._named("raylet"), 60, "the Ray head")
+        assert recorded.exists() and self._named("raylet"), "".join(self.output)
         self.address = recorded.read_text().strip()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if "will now block" in line:
+                self._up.set()
 
     def _processes(self) -> list[Any]:
         import psutil
@@ -106,6 +124,9 @@ class Head:
         for proc in left:
             with suppress(psutil.NoSuchProcess):
                 proc.kill()
+        self._reader.join(timeout=20)  # the pipe's writers are all gone now
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
