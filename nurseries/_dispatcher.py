@@ -285,7 +285,7 @@ class Dispatcher:
 
     async def _consume(
         self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str],
-        generation: int = 0,
+        generation: int,
     ) -> None:
         outstanding = set(ids)
         dead: GymInstanceDead | None = None
