@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+import sys
+
 import trio
-import trio.testing
 
 __all__ = ["offload"]
 
@@ -22,7 +23,10 @@ T = TypeVar("T")
 
 async def offload(fn: Callable[[], T]) -> T:
     """``fn()`` in a worker thread (inline under a MockClock); cancellable only before it starts."""
-    if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+    # trio.testing is looked up, not imported: it imports pytest (tens of thousands of objects
+    # every full collection would walk), and a MockClock exists only once it was imported.
+    testing = sys.modules.get("trio.testing")
+    if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
         await trio.lowlevel.checkpoint()
         return fn()
     return await trio.to_thread.run_sync(fn)
