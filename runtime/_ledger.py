@@ -56,7 +56,7 @@ import itertools
 import weakref
 from array import array
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
-from typing import Any, Literal, TypeVar, cast, final
+from typing import Any, Final, Literal, TypeVar, cast, final
 
 import attrs
 import orjson
@@ -270,6 +270,19 @@ _RESERVED, _DISPATCHED, _COMPLETED, _FAILED, _ABANDONED = range(5)
 _NO_GATE = -(1 << 63)  # gate_id None
 _NO_LINK = -1
 
+# Restored Gym state is held as a plain tuple of RestoredGymState's fields: an attrs instance is
+# always collector-tracked, a tuple of strings is untracked by the collector's first pass.
+_PackedRestore = tuple[str, str, str, tuple[str, ...]]
+_INSTANCE: Final = 0
+_FROM: Final = 2
+assert tuple(f.name for f in attrs.fields(RestoredGymState)) == (
+    "instance", "owner", "from_rollout_id", "capture_keys"
+)
+
+
+def _pack_restore(r: RestoredGymState) -> _PackedRestore:
+    return (r.instance, r.owner, r.from_rollout_id, r.capture_keys)
+
 # The result columns hold exactly EpisodeResult's fields; a new field needs a column here.
 # The payload (a JSON value, None for most environments) is sparse: a dict keyed by slot, held
 # only while the result waits to be trained.
@@ -352,7 +365,7 @@ class Attempt:
         led = self._ledger
         if led is None:
             return cast("RestoredGymState | None", self._final[7])
-        return led._restored.get(self._slot)
+        return led._restored_at(self._slot)
 
     @property
     def unclaimed(self) -> bool:
@@ -473,7 +486,8 @@ class RecoveryLedger:
     _inst_names: list[str] = attrs.field(factory=list, init=False)
     _inst_index: dict[str, int] = attrs.field(factory=dict, init=False)
     # sparse: restored Gym state (after a restore only), views someone holds
-    _restored: dict[int, RestoredGymState] = attrs.field(factory=dict, init=False)
+    _restored: dict[int, _PackedRestore] = attrs.field(factory=dict, init=False)
+    """Restored Gym state by slot, as plain tuples (``_pack_restore``) the collector untracks."""
     _payload: dict[int, Any] = attrs.field(factory=dict, init=False)
     """Trajectory payloads of completed, untrained attempts, by slot."""
     _views: weakref.WeakValueDictionary[int, Attempt] = attrs.field(
@@ -481,11 +495,14 @@ class RecoveryLedger:
     )
     _by_id: Mapping[str, Attempt] = attrs.field(init=False)
 
-    _spent: dict[tuple[int, int], int] = attrs.field(factory=dict, init=False)
+    # Sets and records are always collector-tracked; these are dicts of ints and strings only,
+    # which CPython does not track. Keys of ``_spent`` are ``row * group_size + slot``.
+    _spent: dict[int, int] = attrs.field(factory=dict, init=False)
     _ready: dict[int, None] = attrs.field(factory=dict, init=False)
-    _trained: set[int] = attrs.field(factory=set, init=False)
-    _failed_rows: set[int] = attrs.field(factory=set, init=False)
-    _retire: dict[str, RetireItem] = attrs.field(factory=dict, init=False)
+    _trained: dict[int, None] = attrs.field(factory=dict, init=False)
+    _failed_rows: dict[int, None] = attrs.field(factory=dict, init=False)
+    _retire: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The retire queue: the ID Gym knows → ``instance index << 1 | restored``."""
     _counts: dict[AttemptState, int] = attrs.field(init=False)
     _ended: dict[AttemptState, int] = attrs.field(init=False)
     _unclaimed: int = attrs.field(default=0, init=False)
@@ -578,7 +595,7 @@ class RecoveryLedger:
             self._blk_row[s // g], s % g, self._att[s], self._rid(s),
             _STATES[self._state[s] if state is None else state],
             None if rep < 0 else self._inst_names[rep], None if gate == _NO_GATE else gate,
-            self._restored.get(s), bool(self._unclaimed_col[s]), self._result(s), failure,
+            self._restored_at(s), bool(self._unclaimed_col[s]), self._result(s), failure,
         )
 
     def _rid(self, s: int) -> str:
@@ -589,6 +606,10 @@ class RecoveryLedger:
         if self._state[s] != _COMPLETED:
             return None
         return EpisodeResult(self._reward[s], self._turns[s], self._payload.get(s))
+
+    def _restored_at(self, s: int) -> RestoredGymState | None:
+        packed = self._restored.get(s)
+        return None if packed is None else RestoredGymState(*packed)
 
     def _slot_of(self, rollout_id: str) -> int:
         """The slot of the current attempt with this ID, or -1. O(1)."""
@@ -634,7 +655,7 @@ class RecoveryLedger:
         if self._unclaimed_col[s]:
             restored = self._restored.get(s)
             if restored is not None:
-                return restored.from_rollout_id
+                return restored[_FROM]
         return self._rid(s)
 
     def _hold(self, s: int, instance: str) -> None:
@@ -671,12 +692,10 @@ class RecoveryLedger:
         code, rep = self._state[s], self._rep[s]
         restored = self._restored.get(s)
         if code == _DISPATCHED and rep >= 0:
-            item = RetireItem(self._rid(s), self._inst_names[rep])
+            self._retire[self._rid(s)] = rep << 1
         elif code == _RESERVED and restored is not None and self._unclaimed_col[s]:
-            item = RetireItem(restored.from_rollout_id, restored.instance, restored=True)
-        else:
-            return
-        self._retire[item.rollout_id] = item  # keyed by the ID Gym knows
+            # keyed by the ID Gym knows: the exported attempt it holds unclaimed
+            self._retire[restored[_FROM]] = self._intern(restored[_INSTANCE]) << 1 | 1
 
     def _replace(
         self, s: int, final: int, *, spend: bool, failure: str | None = None
@@ -696,7 +715,7 @@ class RecoveryLedger:
         if not spend and final == _ABANDONED:
             self._released += 1
         if spend:
-            key = (row, slot)
+            key = row * g + slot
             n = self._spent[key] = self._spent.get(key, 0) + 1
             if n >= self.max_row_attempts:
                 self._fail_row(row)
@@ -707,7 +726,7 @@ class RecoveryLedger:
 
     def _fail_row(self, row_index: int) -> None:
         b = self._row_block[row_index]
-        self._failed_rows.add(row_index)
+        self._failed_rows[row_index] = None
         self._ready.pop(row_index, None)
         g = self.group_size
         for s in range(b * g, b * g + g):
@@ -745,9 +764,9 @@ class RecoveryLedger:
             if state[s] != _RESERVED:
                 raise ValueError(f"{self._rid(s)} is {_STATES[state[s]].value}, not reserved")
             restored = restored_of.get(s)
-            if restored is not None and restored.instance != instance:
+            if restored is not None and restored[_INSTANCE] != instance:
                 raise ValueError(
-                    f"{self._rid(s)} was restored on {restored.instance}; "
+                    f"{self._rid(s)} was restored on {restored[_INSTANCE]}; "
                     f"it cannot be dispatched to {instance}"
                 )
         i = self._intern(instance)
@@ -777,8 +796,9 @@ class RecoveryLedger:
         with ``retire_restored``).
         """
         self._assert_mutating()
+        code = self._intern(instance) << 1 | int(restored)
         for rid in rollout_ids:
-            self._retire[rid] = RetireItem(rid, instance, restored)
+            self._retire[rid] = code
 
     def refuse(self, rollout_id: str) -> bool:
         """``admission_closed``: DISPATCHED → RESERVED, identity kept, nothing spent (S2).
@@ -799,7 +819,7 @@ class RecoveryLedger:
         if restored is not None:
             self._unclaimed_col[s] = 1
             self._unclaimed += 1
-            self._hold(s, restored.instance)
+            self._hold(s, restored[_INSTANCE])
         return True
 
     def complete(self, rollout_id: str, gate_id: int, result: EpisodeResult) -> bool:
@@ -908,25 +928,22 @@ class RecoveryLedger:
             restored = self._restored.get(s)
             if self._state[s] == _DISPATCHED:
                 self._retire_later(s)
-                if restored is not None and restored.instance == instance:
-                    self._retire[restored.from_rollout_id] = RetireItem(
-                        restored.from_rollout_id, instance
-                    )
+                if restored is not None and restored[_INSTANCE] == instance:
+                    self._retire[restored[_FROM]] = i << 1
                 nxt_att = self._replace(s, _ABANDONED, spend=False)
                 if nxt_att is not None:
                     fresh.append(nxt_att)
             elif self._state[s] == _RESERVED and restored is not None:
-                self._retire[restored.from_rollout_id] = RetireItem(
-                    restored.from_rollout_id, instance
-                )
+                self._retire[restored[_FROM]] = i << 1
                 self._unhold(s)
                 self._clear_unclaimed(s)
                 del self._restored[s]
                 unpinned.append(self._view(s))
-        for rid, item in list(self._retire.items()):
-            if item.instance == instance and item.restored:
+        retire, restored_code = self._retire, i << 1 | 1
+        for rid, code in list(retire.items()):
+            if code == restored_code:
                 # the replacement holds no unclaimed episodes: a plain retire frees the session
-                self._retire[rid] = RetireItem(rid, instance)
+                retire[rid] = i << 1
         return fresh, unpinned
 
     def drop_row(self, row: int) -> None:
@@ -953,7 +970,7 @@ class RecoveryLedger:
             ids = tuple(self._rid(s) for s in slots)
             self._counts[AttemptState.COMPLETED] -= g
             self._free_block(row_index, b)
-            self._trained.add(row_index)
+            self._trained[row_index] = None
             out.append(CompletedGroup(row_index, results, ids))
         return out
 
@@ -1053,9 +1070,14 @@ class RecoveryLedger:
     def retire_queue(self) -> dict[str, list[RetireItem]]:
         """The dropped attempts Gym may still hold, grouped by instance (a copy)."""
         out: dict[str, list[RetireItem]] = {}
-        for item in self._retire.values():
+        for item in self._retire_items():
             out.setdefault(item.instance, []).append(item)
         return out
+
+    def _retire_items(self) -> Iterator[RetireItem]:
+        names = self._inst_names
+        for rid, code in self._retire.items():
+            yield RetireItem(rid, names[code >> 1], bool(code & 1))
 
     def unclaimed(self) -> list[Attempt]:
         """Restored attempts no replacement has claimed yet. O(restored)."""
@@ -1079,7 +1101,8 @@ class RecoveryLedger:
         return self._row_block.keys()
 
     def row_attempts_spent(self, row: int, slot: int) -> int:
-        return self._spent.get((row, slot), 0)
+        g = self.group_size
+        return self._spent.get(row * g + slot, 0) if 0 <= slot < g else 0
 
     @property
     def data_failures(self) -> int:
@@ -1094,7 +1117,7 @@ class RecoveryLedger:
 
     def _attempt_rows(self) -> Iterator[AttemptRow]:
         g = self.group_size
-        names, restored_of = self._inst_names, self._restored
+        names = self._inst_names
         att, state, rep, gate, unclaimed = (
             self._att, self._state, self._rep, self._gate, self._unclaimed_col
         )
@@ -1104,7 +1127,7 @@ class RecoveryLedger:
                 yield AttemptRow(
                     row, s - b * g, att[s], _STATES[code].value,
                     None if r < 0 else names[r], None if gid == _NO_GATE else gid,
-                    restored_of.get(s), bool(unclaimed[s]),
+                    self._restored_at(s), bool(unclaimed[s]),
                     self._result(s),
                 )
 
@@ -1118,7 +1141,7 @@ class RecoveryLedger:
         record per attempt is built. Same rules as ``to_snapshot`` (barrier held, a thread)."""
         out = _conv.unstructure(self._snapshot_header())
         g = self.group_size
-        names, restored_of = self._inst_names, self._restored
+        names = self._inst_names
         att, state, rep, gate, unclaimed = (
             self._att, self._state, self._rep, self._gate, self._unclaimed_col
         )
@@ -1130,7 +1153,7 @@ class RecoveryLedger:
             base = b * g
             for s in range(base, base + g):
                 code, r, gid = state[s], rep[s], gate[s]
-                restored = restored_of.get(s)
+                restored = self._restored_at(s)
                 append((
                     row, s - base, att[s], values[code],
                     None if r < 0 else names[r], None if gid == _NO_GATE else gid,
@@ -1154,9 +1177,12 @@ class RecoveryLedger:
             next_row=self._next_row,
             trained=_to_ranges(self._trained),
             failed=_to_ranges(self._failed_rows),
-            spent=tuple((r, s, n) for (r, s), n in self._spent.items() if r in self._row_block),
+            spent=tuple(
+                (r, sl, n) for key, n in self._spent.items()
+                for r, sl in (divmod(key, self.group_size),) if r in self._row_block
+            ),
             attempts=(),
-            retire=tuple(self._retire.values()),
+            retire=tuple(self._retire_items()),
         )
 
     @classmethod
@@ -1189,8 +1215,8 @@ class RecoveryLedger:
         by_id = {e.rollout_id: e for e in exported}
         ledger._data_failures = snap.data_failures
         ledger._next_row = snap.next_row
-        ledger._trained = _from_ranges(snap.trained)
-        ledger._failed_rows = _from_ranges(snap.failed)
+        ledger._trained = dict.fromkeys(sorted(_from_ranges(snap.trained)))
+        ledger._failed_rows = dict.fromkeys(sorted(_from_ranges(snap.failed)))
         restored = completed = reserved = fresh = 0
         grouped: dict[int, list[AttemptRow]] = {}
         for ar in snap.attempts:
@@ -1219,9 +1245,9 @@ class RecoveryLedger:
                     counts[AttemptState.RESERVED] += 1
                     ep = by_id.get(old_id)
                     if ep is not None:
-                        ledger._restored[s] = RestoredGymState(
+                        ledger._restored[s] = _pack_restore(RestoredGymState(
                             ep.replica, ep.owner, old_id, tuple(ep.capture_keys)
-                        )
+                        ))
                         ledger._unclaimed_col[s] = 1
                         ledger._unclaimed += 1
                         ledger._hold(s, ep.replica)
@@ -1232,7 +1258,7 @@ class RecoveryLedger:
                     ledger._reset_slot(s, ar.attempt)
                     counts[AttemptState.RESERVED] += 1
                     if ar.restored is not None:
-                        ledger._restored[s] = ar.restored
+                        ledger._restored[s] = _pack_restore(ar.restored)
                     if state is AttemptState.COMPLETED:
                         if ar.result is None:
                             raise ManifestError(
@@ -1265,13 +1291,16 @@ class RecoveryLedger:
             if done == g:
                 ledger._ready[row_index] = None
         for r, sl, n in snap.spent:
-            ledger._spent[(r, sl)] = n
+            if not 0 <= sl < g:
+                raise ManifestError(f"ledger.json: spent attempts of row {r} slot {sl}, "
+                                    f"but a row has slots 0..{g - 1}")
+            ledger._spent[r * g + sl] = n
         for item in snap.retire:
             if ledger.get(item.rollout_id) is not None:
                 raise ManifestError(
                     f"ledger.json: {item.rollout_id} is queued for retirement and also current"
                 )
-            ledger._retire[item.rollout_id] = item
+            ledger._retire[item.rollout_id] = ledger._intern(item.instance) << 1 | item.restored
         return ledger, RestoreSummary(restored, completed, reserved, fresh)
 
     def statistics(self) -> LedgerStatistics:

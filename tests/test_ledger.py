@@ -320,7 +320,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for inst in INSTANCES:
             assert ledger.held_by(inst) == held.get(inst, set())
         for key, n in ledger._spent.items():
-            assert n == self.spent[key]
+            assert n == self.spent[divmod(key, ledger.group_size)]
             assert n <= ledger.max_row_attempts
 
 

@@ -4,6 +4,7 @@ and attempt views that keep their last values once the attempt ends."""
 from __future__ import annotations
 
 import gc
+import types
 
 import pytest
 
@@ -32,22 +33,85 @@ def _busy_ledger(rows: int) -> RecoveryLedger:
     return ledger
 
 
+# Reached through any object's class or a callback: the program, not what the ledger holds.
+_SHARED = (type, types.FunctionType, types.ModuleType)
+
+
 def _tracked_reachable(root: object) -> int:
-    """Objects the cyclic collector tracks, reachable from ``root`` (what a collection walks)."""
+    """Objects the cyclic collector tracks, reachable from ``root`` (what a collection walks),
+    after a full collection (which untracks tuples and dicts of untracked atoms); the program's
+    classes, functions and modules it reaches are not counted or followed."""
+    gc.collect()
     seen = {id(root)}
     stack = [root]
     while stack:
         for ref in gc.get_referents(stack.pop()):
-            if gc.is_tracked(ref) and id(ref) not in seen and not isinstance(ref, type):
+            if gc.is_tracked(ref) and id(ref) not in seen and not isinstance(ref, _SHARED):
                 seen.add(id(ref))
                 stack.append(ref)
     return len(seen)
 
 
+def _every_kind_of_state(rows: int) -> tuple[RecoveryLedger, RecoveryLedger]:
+    """A ledger (``rows`` rows of 4, plus orphans) holding something in every per-attempt and
+    per-row structure — reserved, dispatched, completed, refused; failed and re-sent (spent
+    attempts), abandoned and orphaned (retire queue), trained and dropped rows — and the ledger
+    restored from its snapshot, which adds restored Gym state, claimed and unclaimed."""
+    from gymckpt.runtime import EpisodeRecord
+
+    ledger = _busy_ledger(rows)
+
+    def more() -> None:
+        for r in range(rows):
+            kind = r % 5
+            if kind == 0:
+                ledger.fail(f"{r}-1", 1, "infra", "reset")
+            elif kind == 1:
+                ledger.abandon([f"{r}-1"])
+            elif kind == 2:
+                ledger.drop_row(r)
+            elif kind == 3:
+                ledger.mark_dispatched([f"{r}-0", f"{r}-3"], "gym-1", 1)
+                for sl in (0, 1, 3):
+                    ledger.complete(f"{r}-{sl}", 1, R)
+        ledger.record_orphans([f"orphan-{r}" for r in range(rows)], "gym-2", restored=True)
+        ledger.take_ready(rows)
+
+    _m(ledger, more)
+    exported = [EpisodeRecord(f"{r}-1", "calendar", f"gym-{r % 3}", (f"{r}-1/t0",))
+                for r in range(4, rows, 5)]
+    restored, summary = RecoveryLedger.from_snapshot(ledger.to_snapshot(), exported)
+    claimed = [f"{r}-1-a1" for r in range(4, rows, 10)]
+
+    def claim() -> None:
+        for rid in claimed:
+            att = restored.get(rid)
+            assert att is not None and att.restored is not None
+            restored.mark_dispatched([rid], att.restored.instance, 2)
+
+    _m(restored, claim)
+    stats = restored.statistics()
+    assert summary.restored == len(exported) and stats.unclaimed == len(exported) - len(claimed)
+    assert stats.retire_queue >= rows and ledger.statistics().rows_trained == rows // 5
+    return ledger, restored
+
+
 def test_the_collector_walks_nothing_per_attempt() -> None:
-    small, large = _busy_ledger(50), _busy_ledger(5000)
-    assert large.statistics().attempts == 100 * small.statistics().attempts
-    assert _tracked_reachable(large) == _tracked_reachable(small)
+    small, large = _every_kind_of_state(50), _every_kind_of_state(5000)
+    assert large[0].statistics().attempts >= 99 * small[0].statistics().attempts
+    for a, b in zip(small, large, strict=True):
+        assert _tracked_reachable(b) == _tracked_reachable(a) < 100
+
+
+def test_holding_attempts_adds_no_tracked_object_per_attempt() -> None:
+    """What a full collection walks does not grow with the attempts held (< 0.01 per attempt)."""
+    gc.collect()
+    before = len(gc.get_objects())
+    held = _every_kind_of_state(2500)
+    gc.collect()
+    added = len(gc.get_objects()) - before
+    attempts = held[0].statistics().attempts + held[1].statistics().attempts
+    assert attempts == 12_000 and added < 0.01 * attempts, (added, attempts)
 
 
 def test_only_canonical_rollout_ids_name_attempts() -> None:
