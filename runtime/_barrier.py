@@ -69,6 +69,15 @@ class _SettleWaiter:
     task: trio.lowlevel.Task | None
 
 
+def _settle_key(sw: _SettleWaiter, key: Hashable) -> None:
+    """``key`` settled for ``sw``: wake its task when it was the last key outstanding."""
+    remaining = sw.remaining
+    remaining.discard(key)
+    if not remaining and (task := sw.task) is not None:
+        sw.task = None
+        _reschedule(task)  # the drain's wake: it runs in the next batch
+
+
 @attrs.define(eq=False, slots=True)
 class _Queued:
     fn: Callable[[], object]
@@ -100,7 +109,11 @@ class MutationBarrier:
     _queue: deque[_Queued] = attrs.field(factory=deque, init=False)
     _holders: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
     _by_key: dict[Hashable, set[_Waiter]] = attrs.field(factory=dict, init=False)
-    _settle: dict[Hashable, set[_SettleWaiter]] = attrs.field(factory=dict, init=False)
+    _settle: dict[Hashable, _SettleWaiter | set[_SettleWaiter]] = attrs.field(
+        factory=dict, init=False
+    )
+    """``wait_settled`` waiters by key: the waiter itself while it is the key's only one (the
+    drain's case: no collector-tracked set per pending key), a set once there are more."""
     _mutating: bool = attrs.field(default=False, init=False)
     _mutations: int = attrs.field(default=0, init=False)
     _evaluations: int = attrs.field(default=0, init=False)
@@ -178,15 +191,18 @@ class MutationBarrier:
                 group = settle.get(key)
                 if group is None:
                     continue
+                if type(group) is _SettleWaiter:
+                    self._evaluations += 1
+                    if group.settled(key):
+                        del settle[key]
+                        _settle_key(group, key)
+                    continue
+                assert isinstance(group, set)
                 for sw in tuple(group):
                     self._evaluations += 1
                     if sw.settled(key):
                         group.discard(sw)
-                        remaining = sw.remaining
-                        remaining.discard(key)
-                        if not remaining and (task := sw.task) is not None:
-                            sw.task = None
-                            _reschedule(task)  # the drain's wake: it runs in the next batch
+                        _settle_key(sw, key)
                 if not group:
                     del settle[key]
         if not by_key:
@@ -288,9 +304,11 @@ class MutationBarrier:
         for key in keys:
             group = settle.get(key)
             if group is None:
-                settle[key] = {waiter}
-            else:
+                settle[key] = waiter
+            elif isinstance(group, set):
                 group.add(waiter)
+            else:
+                settle[key] = {group, waiter}
 
         def abort(_: object) -> trio.lowlevel.Abort:
             waiter.task = None  # cancelled while parked: no mutation may wake it any more
@@ -303,7 +321,9 @@ class MutationBarrier:
         finally:
             for key in keys:  # empty after a normal wake
                 group = settle.get(key)
-                if group is not None:
+                if group is waiter:
+                    del settle[key]
+                elif isinstance(group, set):
                     group.discard(waiter)
                     if not group:
                         del settle[key]
@@ -314,7 +334,10 @@ class MutationBarrier:
         for group in self._by_key.values():
             waiters.update(group)
         for sgroup in self._settle.values():
-            waiters.update(sgroup)
+            if isinstance(sgroup, set):
+                waiters.update(sgroup)
+            else:
+                waiters.add(sgroup)
         return BarrierStatistics(
             held=self._holder is not None,
             holder=self._holder,

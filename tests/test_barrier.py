@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import trio
 import trio.testing
@@ -256,3 +258,57 @@ async def test_cancelled_wait_settled_is_not_woken_by_a_later_mutation(
     await barrier.mutate(lambda: landed.add("a"), touched=["a"])
     await trio.sleep(5)
     assert trio.current_time() == 6.0 and keys == {"a"}
+
+
+async def test_wait_settled_waiters_sharing_keys_each_wake_on_their_own_last_key() -> None:
+    barrier = MutationBarrier()
+    landed: set[str] = set()
+    woke: list[str] = []
+
+    async def waiter(name: str, keys: set[str]) -> None:
+        await barrier.wait_settled(keys, lambda k: k in landed)
+        woke.append(name)
+
+    async def land(key: str) -> None:
+        await barrier.mutate(lambda: landed.add(key), touched=[key])
+        await trio.testing.wait_all_tasks_blocked()
+
+    cancelled = trio.CancelScope()
+
+    async def cancelled_waiter() -> None:
+        with cancelled:
+            await waiter("b", {"b"})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter, "ab", {"a", "b"})
+        nursery.start_soon(cancelled_waiter)
+        nursery.start_soon(waiter, "bc", {"b", "c"})
+        await trio.testing.wait_all_tasks_blocked()
+        assert barrier.statistics().waiters == 3
+        cancelled.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert barrier.statistics().waiters == 2
+        await land("b")
+        assert woke == []
+        await land("c")
+        assert woke == ["bc"]
+        await land("a")
+    assert woke == ["bc", "ab"] and barrier._settle == {}
+
+
+async def test_a_drain_sized_wait_adds_no_tracked_object_per_key() -> None:
+    """The drain parks on every pending rollout ID: a full collection must not walk an object
+    per ID (at 200k pending, that would be 200k of them)."""
+    barrier = MutationBarrier()
+    keys = {f"{r}-0" for r in range(20_000)}
+    gc.collect()
+    before = len(gc.get_objects())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(barrier.wait_settled, keys, lambda k: False)
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        added = len(gc.get_objects()) - before
+        assert barrier.statistics().waiters == 1
+        nursery.cancel_scope.cancel()
+    assert added < 200, added
+    assert barrier._settle == {}
