@@ -45,8 +45,16 @@ row leaves (trained, or failed as a whole); an ended attempt's slot is reused by
 
 ``Attempt`` is a view of one slot. The ledger hands out one view per slot while someone holds
 it (a weak cache: ``get(rid) is att``); when the attempt ends, its held view is detached and
-keeps the values of that moment. Sparse data stays in dicts keyed by slot: the restored Gym
-state (only after a restore), and the rows' spent attempts and retire queue (few entries).
+keeps the values of that moment. Sparse data stays in dicts of ints and strings (the restored
+Gym state by slot, only after a restore; spent attempts by ``row * group_size + slot``; the
+retire queue as rollout ID → instance index and restored flag; trained and failed rows as
+dicts, not sets). CPython tracks no dict whose keys and values are all untracked atoms, and a
+tuple of strings is untracked by the collector's first pass; a set or an attrs record is always
+tracked. So the restored state is kept as a plain tuple of ``RestoredGymState``'s fields and
+the records (``RestoredGymState``, ``RetireItem``) are built when asked for. What the collector
+walks for a ledger is a few dozen objects, however many attempts it holds
+(``tests/test_ledger_storage.py`` counts them). A completed attempt's trajectory payload is
+the episode's own data and is held as given.
 """
 
 from __future__ import annotations
