@@ -45,13 +45,16 @@ METHOD = (
 )
 
 
-def _full_collection_ms(runs: int = 7) -> float:
-    times = []
+def _full_collection_ms(runs: int = 7) -> tuple[float, float]:
+    """Medians of ``runs`` full collections: wall time and this thread's CPU time (ms). On a
+    shared machine the wall time includes preemption; the CPU time does not."""
+    wall, cpu = [], []
     for _ in range(runs):
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         gc.collect()
-        times.append(time.perf_counter_ns() - t0)
-    return round(sorted(times)[runs // 2] / 1e6, 3)
+        cpu.append(time.thread_time_ns() - c0)
+        wall.append(time.perf_counter_ns() - t0)
+    return round(sorted(wall)[runs // 2] / 1e6, 3), round(sorted(cpu)[runs // 2] / 1e6, 3)
 
 
 def worker(attempts: int, mode: str) -> dict[str, Any]:
@@ -61,7 +64,7 @@ def worker(attempts: int, mode: str) -> dict[str, Any]:
     from ._fixture import build_mixed_ledger
 
     gc.collect()
-    gc_before_ms = _full_collection_ms() if mode == "rss" else None
+    gc_before = _full_collection_ms() if mode == "rss" else (None, None)
     tracked_before = len(gc.get_objects())
     proc = psutil.Process()
     if mode == "rss":
@@ -89,14 +92,17 @@ def worker(attempts: int, mode: str) -> dict[str, Any]:
     stats = ledger.statistics()
     extra: dict[str, Any] = {}
     if mode == "rss":
-        ledger_only_ms = _full_collection_ms()
+        ledger_only = _full_collection_ms()
         added = len(gc.get_objects())  # the frozen (permanent) generation is not listed
         gc.unfreeze()
-        with_ledger_ms = _full_collection_ms()
+        with_ledger = _full_collection_ms()
         extra = {
-            "gc_full_ms_without_ledger": gc_before_ms,
-            "gc_full_ms_with_ledger": with_ledger_ms,
-            "gc_full_ms_ledger_only": ledger_only_ms,
+            "gc_full_ms_without_ledger": gc_before[0],
+            "gc_full_ms_with_ledger": with_ledger[0],
+            "gc_full_ms_ledger_only": ledger_only[0],
+            "gc_full_cpu_ms_without_ledger": gc_before[1],
+            "gc_full_cpu_ms_with_ledger": with_ledger[1],
+            "gc_full_cpu_ms_ledger_only": ledger_only[1],
             "gc_tracked_objects_added": added,
             "gc_tracked_objects_without_ledger": tracked_before,
             "gc_tracked_objects_with_ledger": len(gc.get_objects()),
