@@ -9,10 +9,9 @@ the simulation stays deterministic.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TypeVar
-
-import sys
 
 import trio
 
