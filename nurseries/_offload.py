@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 async def offload(fn: Callable[[], T]) -> T:
     """``fn()`` in a worker thread (inline under a MockClock); cancellable only before it starts."""
-    # trio.testing is looked up, not imported: it imports pytest (tens of thousands of objects
+    # trio.testing is looked up, not imported: it imports pytest (~10k objects, which
     # every full collection would walk), and a MockClock exists only once it was imported.
     testing = sys.modules.get("trio.testing")
     if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
