@@ -1,4 +1,5 @@
-"""gymckpt Gym adapter: the Gym contract, the embedded simulated Gym, and the Ray deployment.
+"""gymckpt Gym adapter: the Gym contract, the Gym host for environments (the calendar
+workplace among them), the embedded deployment and the Ray deployment.
 
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
@@ -51,18 +52,19 @@ from ._episode import (
     register_participant_kind,
 )
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
-from ._host import GymHost, HostConfig, HostStatistics
+from ._host import GymHost, HostConfig, HostStatistics, SessionView
 from ._host_episodes import capture_key as host_capture_key
+from ._host_journal import JOURNAL_FILE
 from ._host_records import RECORDS_FILE
 from ._load import load_environment
-from ._sim import (
+from .calendar_env import (
     CalendarEvent,
     CalendarSession,
     EpisodePlan,
     SimConfig,
-    SimInstance,
-    SimReplyStream,
-    SimStatistics,
+    calendar_environment,
+    calendar_host,
+    calendar_state,
     plan_episode,
     sentinel,
 )
@@ -89,6 +91,7 @@ __all__ = [
     "FAULT_GRAMMAR",
     "FAULT_KINDS",
     "FAULT_OPS",
+    "JOURNAL_FILE",
     "RECORDS_FILE",
     "ROLES",
     "AgentParticipant",
@@ -129,12 +132,13 @@ __all__ = [
     "RetireReply",
     "RunReply",
     "RunRow",
+    "SessionView",
     "SimConfig",
-    "SimInstance",
-    "SimReplyStream",
-    "SimStatistics",
     "StateParticipant",
     "Topology",
+    "calendar_environment",
+    "calendar_host",
+    "calendar_state",
     "can_replace",
     "host_capture_key",
     "load_environment",

@@ -1,19 +1,19 @@
 """EmbeddedGym: a Gym deployment in-process, as a ``GymBackend``.
 
-``EmbeddedGym.open`` serves the simulated calendar workplace; ``EmbeddedGym.host`` serves a
-user's ``Environment`` on Gym hosts (``GymHost``). Either way, K instances named ``gym-0`` …
-``gym-{K-1}`` share one task-group lifetime (the context) and one ``FaultPlan``, so ``@N`` in a
-fault spec counts calls across the deployment. Every call is delegated to its instance; the
-adapter adds only what a remote backend adds too:
+``EmbeddedGym.open`` serves the calendar workplace (``calendar_env``); ``EmbeddedGym.host``
+serves a user's ``Environment``; both on Gym hosts (``GymHost``). Either way, K instances named
+``gym-0`` … ``gym-{K-1}`` share one task-group lifetime (the context) and one ``FaultPlan``, so
+``@N`` in a fault spec counts calls across the deployment. Every call is delegated to its
+instance; the adapter adds only what a remote backend adds too:
 
 - fault injection (C3) before the call reaches the instance (``hang``, ``delay``, ``error``,
   ``unpicklable``, ``dead``; ``refuse`` and ``drop`` shape a ``run``);
 - dead instances: after a ``dead`` fault every call to that instance raises
   ``GymInstanceDead`` without reaching it (and without being counted by the plan);
 - replacement (``replace``, the ``ReplaceableGym`` contract): a new instance of the same name,
-  seed and config takes the dead one's place. The calendar simulation's replacement replays the
-  dead one's durable environment log (``work_dir/<instance>/``), so the calendar sessions and
-  events survive; a user's environment on ``host`` starts with empty participants. Every
+  seed and config takes the dead one's place, opened with ``recover=True``: it replays the
+  dead one's journal of retained sessions (``work_dir/<instance>/``), so state that outlives
+  an episode (the calendar's sessions and events) survives the death. Every
   instance is served as a task of the deployment's task group, so a replacement lives exactly as
   long as the deployment, like the instances it started with;
 - the picklability rule (S6): every error raised by Gym passes through
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import anyio
 import anyio.abc
@@ -49,7 +49,6 @@ from ._contract import (
     CommitReply,
     GymBackend,
     InstanceInventory,
-    InstanceTopology,
     PrepareReply,
     ReplaceableGym,
     ReplyStream,
@@ -59,76 +58,23 @@ from ._contract import (
     Topology,
 )
 from ._environment import Environment
-from ._faults import FaultPlan, FaultSpec
+from ._faults import FaultPlan, FaultSpec, inject_fault
 from ._host import GymHost, HostConfig, HostStatistics
 from ._load import load_environment
-from ._sim import (
-    AGENT_KINDS,
-    CalendarSession,
-    SimConfig,
-    SimInstance,
-    SimStatistics,
-    inject_fault,
-)
+from .calendar_env import AGENT_KINDS, CalendarSession, SimConfig, calendar_host, calendar_state
 
 __all__ = ["EmbeddedGym", "GymStatistics"]
 
 T = TypeVar("T")
 
 
-class _Instance(Protocol):
-    """What the deployment asks of an instance (``SimInstance`` and ``GymHost`` alike)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def dead(self) -> bool: ...
-
-    def kill(self) -> None: ...
-
-    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None: ...
-
-    def topology(self) -> InstanceTopology: ...
-
-    def inventory(self) -> InstanceInventory: ...
-
-    def statistics(self) -> Any: ...
-
-    async def run(
-        self, rows: Sequence[RunRow], *, refuse_all: bool = ..., drop_after: int | None = ...
-    ) -> ReplyStream: ...
-
-    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply: ...
-
-    async def commit(
-        self, checkpoint_id: str, state_root: str, deadline_ts: float
-    ) -> CommitReply: ...
-
-    async def resume(self, checkpoint_id: str, deadline_ts: float) -> None: ...
-
-    async def retire(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply: ...
-
-    async def retire_restored(
-        self, rollout_ids: Sequence[str], deadline_ts: float
-    ) -> RetireReply: ...
-
-    async def restore(
-        self,
-        state_root: str,
-        record: InstanceRecord,
-        episodes: Sequence[EpisodeRecord],
-        deadline_ts: float,
-    ) -> RestoreReply: ...
-
-
 @attrs.frozen
 class GymStatistics:
     """Counts of the whole deployment: per instance, and the faults that fired."""
 
-    instances: tuple[SimStatistics | HostStatistics, ...]
+    instances: tuple[HostStatistics, ...]
     faults_fired: tuple[tuple[str, int], ...]
-    replaced: tuple[SimStatistics | HostStatistics, ...] = ()
+    replaced: tuple[HostStatistics, ...] = ()
     """The last counts of every instance that was replaced, in the order they were."""
 
 
@@ -138,9 +84,9 @@ class EmbeddedGym:
 
     def __init__(
         self,
-        sims: Sequence[_Instance],
+        sims: Sequence[GymHost],
         plan: FaultPlan,
-        make: Callable[[str], _Instance] | None = None,
+        make: Callable[[str], GymHost] | None = None,
         tg: anyio.abc.TaskGroup | None = None,
     ) -> None:
         self._sims = {sim.name: sim for sim in sims}
@@ -150,7 +96,7 @@ class EmbeddedGym:
         self._tg = tg
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._replacements: dict[str, int] = dict.fromkeys(self._names, 0)
-        self._replaced: list[_Instance] = []
+        self._replaced: list[GymHost] = []
 
     @classmethod
     @asynccontextmanager
@@ -185,8 +131,8 @@ class EmbeddedGym:
         wd = Path(work_dir) if work_dir is not None else None
         kind_of = {f"gym-{i}": kinds[i] for i in range(instances)}
 
-        def make(name: str, *, recover: bool = True) -> SimInstance:
-            return SimInstance(name, kind_of[name], seed, wd, cfg, recover=recover)
+        def make(name: str, *, recover: bool = True) -> GymHost:
+            return calendar_host(name, kind_of[name], seed, wd, cfg, recover=recover)
 
         sims = [make(name, recover=False) for name in kind_of]
         async with cls._serving(sims, plan, make) as gym:
@@ -206,7 +152,8 @@ class EmbeddedGym:
         """Serve ``environment`` (an ``Environment`` or its import path
         ``package.module:name``) on ``instances`` Gym hosts until the context exits. The
         environment is checked first: ``EnvironmentSpecError`` names what cannot be hosted.
-        A replacement (``replace``) hosts the same environment with empty participants."""
+        A replacement (``replace``) hosts the same environment and continues its retained
+        sessions from their journal in ``work_dir``."""
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances!r}")
         env = load_environment(environment)
@@ -215,17 +162,17 @@ class EmbeddedGym:
         cfg = config if config is not None else HostConfig()
         wd = Path(work_dir) if work_dir is not None else None
 
-        def make(name: str) -> GymHost:
-            return GymHost(name, env, seed, wd, cfg)
+        def make(name: str, *, recover: bool = True) -> GymHost:
+            return GymHost(name, env, seed, wd, cfg, recover=recover)
 
-        hosts = [make(f"gym-{i}") for i in range(instances)]
+        hosts = [make(f"gym-{i}", recover=False) for i in range(instances)]
         async with cls._serving(hosts, plan, make) as gym:
             yield gym
 
     @classmethod
     @asynccontextmanager
     async def _serving(
-        cls, sims: Sequence[_Instance], plan: FaultPlan, make: Callable[[str], _Instance]
+        cls, sims: Sequence[GymHost], plan: FaultPlan, make: Callable[[str], GymHost]
     ) -> AsyncIterator[EmbeddedGym]:
         async with anyio.create_task_group() as tg:
             gym = cls(sims, plan, make, tg)
@@ -236,7 +183,7 @@ class EmbeddedGym:
             finally:
                 tg.cancel_scope.cancel()
 
-    async def _start(self, sim: _Instance) -> None:
+    async def _start(self, sim: GymHost) -> None:
         """Serve ``sim`` as a task of the deployment, in a cancel scope of its own."""
         assert self._tg is not None
         scope = self._scopes[sim.name] = anyio.CancelScope()
@@ -250,8 +197,8 @@ class EmbeddedGym:
     async def replace(self, instance: str, deadline_ts: float) -> None:
         """Replace ``instance`` by a new one of the same name, seed and config (killing it
         first if it still lives); ``GymCallTimeout`` past ``deadline_ts``. The new instance
-        holds no episodes, streams, unclaimed episodes or retire work; a calendar simulation's
-        replacement continues the dead one's calendar from its durable log."""
+        holds no episodes, streams or unclaimed episodes; it continues the dead one's retained
+        sessions from their journal (each retirable by its attempt)."""
         old = self.sim(instance)
         if self._make is None or self._tg is None:
             raise GymInstanceDead(instance, "replace")
@@ -301,7 +248,7 @@ class EmbeddedGym:
             raise GymInstanceDead(instance, op)
         return sim
 
-    async def _inject(self, sim: _Instance, spec: FaultSpec, op: str) -> None:
+    async def _inject(self, sim: GymHost, spec: FaultSpec, op: str) -> None:
         await inject_fault(spec, sim.name, op, sim.kill)
 
     async def _call(self, instance: str, op: str, call: Callable[[Any], Awaitable[T]]) -> T:
@@ -381,7 +328,7 @@ class EmbeddedGym:
     async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
         """The environment's live sessions of ``instance`` (for sentinel checks)."""
         await anyio.lowlevel.checkpoint()
-        return self._live(instance, "calendar_state").calendar_state()
+        return calendar_state(self._live(instance, "calendar_state"))
 
     async def statistics(self) -> GymStatistics:
         """Per-instance counts (dead instances included) and the faults that fired."""

@@ -42,6 +42,14 @@ Why it is shaped like this
   None), or an attrs instance which the host unstructures through the project's strict cattrs
   converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
   does the attrs round trip for you.
+- **Sessions may outlive the episode.** A participant with ``retained = True`` (an environment
+  whose state the world keeps: a calendar, a file system, a database) keeps a slot's session
+  after the episode ends, until the attempt is retired or a newer attempt of the slot opens new
+  sessions; such sessions are in every commit and restore. With a ``work_dir`` the host also
+  journals them (``work_dir/<instance>/sessions.journal``, one ``write`` per change), so the
+  replacement of a dead instance continues them: a session is journaled when it opens, after
+  every turn that fetched it with ``ctx.session``, when a claim takes it over and when it is
+  freed.
 - **Kinds are open.** A participant's ``kind`` names its *role* through a registry
   (``register_participant_kind``): ``agent``, ``legacy_agent``, ``environment``,
   ``model_proxy``, or ``passive`` (state only). ``check_environment`` runs when a deployment
@@ -70,6 +78,7 @@ __all__ = [
     "PayloadTooLarge",
     "StateParticipant",
     "check_environment",
+    "is_retained",
     "participant_kinds",
     "register_participant_kind",
     "to_plain",
@@ -142,17 +151,22 @@ class EpisodeInfo:
 @attrs.frozen
 class Done:
     """The end of an episode: its reward and its trajectory payload for the trainer (a JSON
-    value or an attrs instance, unstructured through the project's converter)."""
+    value or an attrs instance, unstructured through the project's converter). ``turns`` is
+    the turn count the trainer sees; None: the calls of ``step``, this one included (give it
+    when the last call only reports the end, as the calendar workplace's agent does)."""
 
     reward: float
     payload: Any = None
+    turns: int | None = None
 
 
 @runtime_checkable
 class Participant(Protocol):
     """A participant of every instance. ``open`` makes a session's state for an episode;
     ``export``/``restore`` turn it into plain data and back (the host checks the round trip
-    is JSON). ``name`` is the server name, ``kind`` a registered participant kind."""
+    is JSON). ``name`` is the server name, ``kind`` a registered participant kind. An optional
+    class attribute ``retained = True`` keeps its sessions after the episode (module docstring).
+    """
 
     @property
     def name(self) -> str: ...
@@ -165,6 +179,11 @@ class Participant(Protocol):
     def export(self, state: Any) -> JSONValue: ...
 
     def restore(self, data: JSONValue) -> Any: ...
+
+
+def is_retained(participant: Any) -> bool:
+    """Whether ``participant``'s sessions outlive their episode (``retained = True``)."""
+    return getattr(participant, "retained", False) is True
 
 
 @runtime_checkable
@@ -184,6 +203,7 @@ class StateParticipant:
     kind: str
     state_type: type[Any]
     factory: Callable[[EpisodeInfo], Any]
+    retained: bool = False
 
     def open(self, info: EpisodeInfo) -> Any:
         return self.factory(info)
@@ -231,6 +251,17 @@ class EpisodeContext(Protocol):
         response (restored) is returned without calling it."""
         ...
 
+    def count(self, name: str, n: int = 1) -> int:
+        """Add ``n`` to the instance's counter ``name`` (in ``HostStatistics.counters``) and
+        return its new value; allowed for a fenced attempt too."""
+        ...
+
+    def hold(self) -> None:
+        """Fault injection: stay at the next step boundary until a checkpoint is prepared (and
+        then, parked, until it resumes). Makes "an episode parked right after this turn"
+        deterministic in a test."""
+        ...
+
 
 def check_environment(agent: Any, participants: tuple[Any, ...], has_model: bool) -> None:
     """Check an environment before a deployment starts; ``EnvironmentSpecError`` names every
@@ -267,6 +298,11 @@ def check_environment(agent: Any, participants: tuple[Any, ...], has_model: bool
                 f"participant {getattr(p, 'name', p)!r}: role {role} is the host's "
                 "(give the agent as agent=, the model as model=)"
             )
+    if is_retained(agent):
+        problems.append(
+            f"agent {getattr(agent, 'name', agent)!r}: an agent's sessions end with its episode "
+            "(retained = True is for environment participants)"
+        )
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"participant names used twice: {', '.join(dupes)}")

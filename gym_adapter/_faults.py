@@ -24,12 +24,24 @@ Kinds and what a backend does:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Final, final
 
+import anyio
 import attrs
 
-__all__ = ["FAULT_GRAMMAR", "FAULT_KINDS", "FAULT_OPS", "FaultPlan", "FaultSpec"]
+from gymckpt.runtime import GymControlError, GymInstanceDead
+
+__all__ = [
+    "FAULT_GRAMMAR",
+    "FAULT_KINDS",
+    "FAULT_OPS",
+    "CoordinationError",
+    "FaultPlan",
+    "FaultSpec",
+    "inject_fault",
+]
 
 FAULT_OPS: Final = ("prepare", "commit", "resume", "retire", "restore", "run")
 FAULT_KINDS: Final = ("hang", "delay", "error", "unpicklable", "dead", "refuse", "drop")
@@ -161,3 +173,42 @@ class FaultPlan:
     def __repr__(self) -> str:
         specs = ", ".join(str(s) for s in self.specs)
         return f"<FaultPlan [{specs}] calls={sum(self._counts.values())} fired={len(self._fired)}>"
+
+
+class CoordinationError(RuntimeError):
+    """Gym's own coordination error. It carries its live context, so it cannot be pickled:
+    a backend must replace it with ``runtime.GymCheckpointUnavailable`` before it crosses."""
+
+    def __init__(self, instance: str, operation: str, message: str) -> None:
+        super().__init__(f"{instance} {operation}: {message}")
+        self.instance = instance
+        self.operation = operation
+        self.context = lambda: (instance, operation)  # a closure: pickle refuses it
+
+
+async def inject_fault(
+    spec: FaultSpec, instance: str, op: str, die: Callable[[], None], stuck_loop_s: float = 0.0
+) -> None:
+    """Carry out the control-plane part of a C3 fault before the call reaches the instance.
+
+    Shared by the embedded backend and the Ray actor, so a spec means the same on both:
+    ``hang`` never answers (after blocking the event loop ``stuck_loop_s`` seconds, the Ray
+    "stuck loop" case); ``delay`` sleeps ARG; ``error`` raises ``GymControlError``;
+    ``unpicklable`` raises Gym's own unpicklable ``CoordinationError``; ``dead`` calls ``die``
+    (which kills the instance) and raises ``GymInstanceDead``. ``refuse`` and ``drop`` act on the
+    data plane and are handled by the caller.
+    """
+    if spec.kind == "hang":
+        if stuck_loop_s > 0:
+            time.sleep(stuck_loop_s)  # noqa: ASYNC251 - the fault: a stuck event loop
+        await anyio.sleep_forever()
+    elif spec.kind == "delay":
+        assert spec.arg is not None
+        await anyio.sleep(spec.arg)
+    elif spec.kind == "error":
+        raise GymControlError(instance, op, f"injected fault {spec}")
+    elif spec.kind == "unpicklable":
+        raise CoordinationError(instance, op, f"injected fault {spec}")
+    elif spec.kind == "dead":
+        die()
+        raise GymInstanceDead(instance, op)

@@ -13,9 +13,12 @@ What the host owns, and the user's code never sees
   (the old one is stopped at its next boundary or context call, and its reply is dropped); an
   older attempt's run is ignored; a claim of a restored episode (attempt + 1,
   ``RunRow.restored_from``) takes the sessions over.
-- **Commit and export.** ``commit`` writes each participant's session states of every parked
-  and unclaimed episode (plain data), the agent sessions with their step boundary, and the
-  staged model calls, and reports their digests and capture keys.
+- **Retained sessions** (``retained = True`` participants) outlive their episode until the
+  attempt is retired; with a ``work_dir`` they are journaled (``_host_journal``), and a host
+  opened with ``recover=True`` (the replacement of a dead instance) continues them.
+- **Commit and export** (``_host_control``): every participant's session states of every
+  parked and unclaimed episode and every retained session (plain data), the agent sessions with
+  their step boundary, and the staged model calls, with their digests and capture keys.
 - **Restore and claims.** ``restore`` verifies topology and digests, then installs the sessions;
   restored episodes wait unclaimed until attempt + 1 claims them on this instance.
 - **Retire.** Stops attempts and frees their sessions (refused while a checkpoint is open).
@@ -26,7 +29,7 @@ a Ray actor. Time: ``anyio.current_time()``; deadlines are enforced once a call 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, final
@@ -35,7 +38,6 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import attrs
-import orjson
 
 from gymckpt.runtime import GymCallTimeout
 
@@ -50,26 +52,33 @@ from ._contract import (
     RunRow,
 )
 from ._environment import Environment
-from ._episode import Done, EpisodeFenced, EpisodeInfo, participant_kinds, to_plain
+from ._episode import EpisodeFenced, EpisodeInfo, is_retained, participant_kinds, to_plain
 from ._host_control import HostControl
-from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext
+from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext, completed_reply
+from ._host_journal import JOURNAL_FILE, SessionJournal
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 
-__all__ = ["GymHost", "HostConfig", "HostStatistics"]
+__all__ = ["GymHost", "HostConfig", "HostStatistics", "SessionView"]
 
 
 @attrs.frozen(kw_only=True)
 class HostConfig:
-    """Knobs of a host (picklable: the same config goes to every instance)."""
+    """Knobs of a host (picklable: the same config goes to every instance).
+
+    ``strand_legacy_session`` is fault injection for tests: on a legacy-agent host, the first
+    held session (by rollout ID) commits with no step boundary, as a legacy agent that cannot
+    be captured leaves it (S10)."""
 
     lease_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
     flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
     max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
+    strand_legacy_session: bool = False
 
 
 @attrs.frozen
 class HostStatistics:
-    """Counts of one host instance (a snapshot)."""
+    """Counts of one host instance (a snapshot). ``counters``: the environment's own
+    (``EpisodeContext.count``)."""
 
     instance: str
     dead: bool
@@ -97,6 +106,17 @@ class HostStatistics:
     lease_reopened: int
     batches: int
     discarded_replies: int
+    counters: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SessionView:
+    """One slot's session of one participant, as the host holds it now."""
+
+    key: str
+    rollout_id: str
+    attempt: int
+    state: Any
 
 
 @attrs.define(eq=False, slots=True)
@@ -123,41 +143,63 @@ class _Counters:
 class GymHost(HostControl):
     """One Gym instance hosting ``environment``. Serve it with ``async with GymHost(...)``: its
     task group runs the episodes, stream flushers and the lease timer; leaving it cancels them.
-    A call after ``kill()`` raises ``GymInstanceDead``."""
+    A call after ``kill()`` raises ``GymInstanceDead``.
+
+    ``recover``: continue the retained sessions journaled under ``work_dir/<name>/`` (what the
+    replacement of a dead instance does); False starts the journal afresh (a new deployment).
+    """
 
     name: str
     environment: Environment
     seed: int = 0
     work_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     config: HostConfig = attrs.field(factory=HostConfig)
+    recover: bool = attrs.field(default=False, kw_only=True)
 
     _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
     _dead: bool = attrs.field(default=False, init=False)
     _admission_open: bool = attrs.field(default=True, init=False)
     _prepared: bool = attrs.field(default=False, init=False)
     _checkpoint_id: str | None = attrs.field(default=None, init=False)
     _gen: int = attrs.field(default=0, init=False)
-    _resumed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
-    _all_parked: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
+    _resumed: anyio.Event | None = attrs.field(default=None, init=False)
+    _all_parked: anyio.Event | None = attrs.field(default=None, init=False)
     _lease_scope: anyio.CancelScope | None = attrs.field(default=None, init=False)
     _episodes: dict[str, Episode] = attrs.field(factory=dict, init=False)
     _unclaimed: dict[str, Episode] = attrs.field(factory=dict, init=False)
     _owners: dict[str, tuple[str, int]] = attrs.field(factory=dict, init=False)
     """Session key → (rollout ID, attempt) of the attempt that owns the slot's sessions."""
+    _kept: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    """Session key → retained session states of a slot whose episode has ended (its owner is
+    in ``_finished``); freed by retire, replaced by a newer attempt."""
     _finished: dict[str, str] = attrs.field(factory=dict, init=False)
     _n_moving: int = attrs.field(default=0, init=False)
     _streams: ReplyStreams = attrs.field(init=False)
+    _journal: SessionJournal | None = attrs.field(default=None, init=False)
+    _retained: tuple[Any, ...] = attrs.field(init=False)
+    retained_names: frozenset[str] = attrs.field(init=False)
+    """The names of the participants whose sessions outlive their episode."""
+    _user_counts: dict[str, int] = attrs.field(factory=dict, init=False)
     count: _Counters = attrs.field(factory=_Counters, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.environment.check()
         self._streams = ReplyStreams(self.config.flush_interval_s, self.config.max_batch)
+        self._retained = tuple(p for p in self.environment.participants if is_retained(p))
+        self.retained_names = frozenset(p.name for p in self._retained)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> GymHost:
         if self._tg is not None:
             raise RuntimeError(f"instance {self.name} is already serving")
+        self._open_journal()
+        self._closing = False
+        self._prepared_evt = anyio.Event()
+        self._resumed = anyio.Event()
+        self._all_parked = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -172,6 +214,8 @@ class GymHost(HostControl):
         tg = self._tg
         assert tg is not None
         self._shutdown()
+        if self._journal is not None:
+            self._journal.close()
         tg.cancel_scope.cancel()
         try:
             return await tg.__aexit__(exc_type, exc, tb)
@@ -188,13 +232,16 @@ class GymHost(HostControl):
 
     def kill(self) -> None:
         """The instance dies: episodes stop, streams end at once (reading one raises
-        ``GymInstanceDead``), later calls fail."""
+        ``GymInstanceDead``), later calls fail. The journal stays as it was written."""
         if not self._dead:
             self._dead = True
             self._streams.dead_instance = self.name
             self._shutdown()
+            if self._journal is not None:
+                self._journal.close()
 
     def _shutdown(self) -> None:
+        self._closing = True  # the task group takes no new task from here (lease watchers)
         self._admission_open = False
         self._cancel_lease()
         for ep in [*self._episodes.values(), *self._unclaimed.values()]:
@@ -202,7 +249,45 @@ class GymHost(HostControl):
             self.end_episode(ep, None)
         self._unclaimed.clear()
         self._streams.end_all()
-        self._all_parked.set()
+        if self._all_parked is not None:
+            self._all_parked.set()
+
+    @property
+    def journal_path(self) -> Path | None:
+        """The retained sessions' journal (None without a ``work_dir`` or retained
+        participants)."""
+        if self.work_dir is None or not self._retained:
+            return None
+        return self.work_dir / self.name / JOURNAL_FILE
+
+    def _open_journal(self) -> None:
+        path = self.journal_path
+        if path is None:
+            return
+        self._journal = SessionJournal(path)
+        slots = self._journal.open(recover=self.recover)
+        for key, slot in slots.items():
+            try:
+                states = {p.name: p.restore(slot.states[p.name]) for p in self._retained}
+            except Exception as exc:
+                self._journal.close()
+                raise ValueError(
+                    f"instance {self.name}: journaled session {key} cannot be restored "
+                    f"({exc!r}); the journal is {path}"
+                ) from None
+            # each slot is retirable by the attempt that owned it, as on the dead instance
+            self._owners[key] = (slot.rollout_id, slot.attempt)
+            self._kept[key] = states
+            self._finished[slot.rollout_id] = key
+
+    def _journal_states(self, key: str, sessions: dict[str, Any], names: Any = None) -> None:
+        """Journal the retained sessions among ``names`` (all when None) of slot ``key``."""
+        journal = self._journal
+        if journal is None:
+            return
+        for p in self._retained:
+            if names is None or p.name in names:
+                journal.state(key, p.name, to_plain(p.export(sessions[p.name])))
 
     @property
     def dead(self) -> bool:
@@ -243,6 +328,16 @@ class GymHost(HostControl):
                 )
         return self._tg
 
+    def drop_stream(self, pick: Callable[[int], int] = lambda n: 0) -> bool:
+        """End one open reply stream now, as a ``drop`` fault would: undelivered replies are
+        discarded, its rows run on. ``pick(n)`` chooses among the ``n`` open streams (oldest
+        first). False if none is open. For fault injection between checkpoint stages."""
+        open_streams = [st for st in self._streams.streams if not st.ended]
+        if not open_streams:
+            return False
+        self._streams.end(open_streams[pick(len(open_streams))])
+        return True
+
     # -- data plane --------------------------------------------------------------------------
 
     async def run(
@@ -277,7 +372,8 @@ class GymHost(HostControl):
         if row.restored_from is not None:
             return self._claim(st, row)
         info = self._info(row)
-        current = self._owners.get(info.session_key)
+        key = info.session_key
+        current = self._owners.get(key)
         if current is not None and current[1] > row.attempt:
             self.count.stale_runs += 1
             self._streams.row_done(st)
@@ -285,14 +381,20 @@ class GymHost(HostControl):
         if current is not None:
             self._fence(current[0])
             self._finished.pop(current[0], None)
+            self._kept.pop(key, None)
         try:
             sessions = {p.name: p.open(info) for p in self._session_participants()}
+            if self._journal is not None:
+                self._journal.opened(key, rid, row.attempt, {
+                    p.name: to_plain(p.export(sessions[p.name])) for p in self._retained
+                })
         except Exception as exc:
             self.count.failed += 1
+            if current is not None:
+                del self._owners[key]  # the old attempt's sessions are gone either way
             return Failed(rid, "data", f"{self.name}: opening the sessions of {rid}: {exc!r}")
-        self._owners[info.session_key] = (rid, row.attempt)
-        ep = Episode(info, sessions, anyio.CancelScope(), MOVING, stream=st)
-        self._start(ep)
+        self._owners[key] = (rid, row.attempt)
+        self._start(Episode(info, sessions, anyio.CancelScope(), MOVING, stream=st))
         self.count.episodes_started += 1
         return None
 
@@ -324,6 +426,8 @@ class GymHost(HostControl):
         del self._unclaimed[old.rollout_id]
         old.state = DONE
         self._owners[old.key] = (rid, row.attempt)
+        if self._journal is not None:
+            self._journal.claimed(old.key, rid, row.attempt)
         ep = Episode(
             self._info(row), old.sessions, anyio.CancelScope(), MOVING, turn=old.turn,
             stream=st, staged=old.staged, replay=old.replay, restored=True,
@@ -356,6 +460,10 @@ class GymHost(HostControl):
         owner = self._owners.get(ep.key)
         return owner is None or owner[0] != ep.rollout_id
 
+    def add_count(self, name: str, n: int) -> int:
+        value = self._user_counts[name] = self._user_counts.get(name, 0) + n
+        return value
+
     # -- episodes ------------------------------------------------------------------------------
 
     async def _episode_main(self, ep: Episode) -> None:
@@ -372,11 +480,11 @@ class GymHost(HostControl):
 
     async def _play(self, ep: Episode) -> RunReply:
         rid = ep.rollout_id
-        if ep.restored and not self._legacy and ep.replay != ep.capture_keys:
+        if ep.restored and ep.replay is not None and ep.replay != ep.capture_keys:
             return Failed(
                 rid, "data",
                 f"{self.name}: restored episode of {rid} has capture keys "
-                f"{list(ep.replay or ())} in the manifest, {list(ep.capture_keys)} staged by "
+                f"{list(ep.replay)} in the manifest, {list(ep.capture_keys)} staged by "
                 "the model proxy",
             )
         agent = self.environment.agent
@@ -388,45 +496,47 @@ class GymHost(HostControl):
             except EpisodeFenced:
                 raise
             except Exception as exc:
-                return Failed(rid, "data", f"{self.name}: episode {rid} turn {ep.turn}: {exc!r}")
+                failed = f"{self.name}: episode {rid} turn {ep.turn}: {exc!r}"
+                return Failed(rid, "data", self._journal_turn(ep, ctx) or failed)
             if self.fenced(ep):
                 raise EpisodeFenced(rid)
+            problem = self._journal_turn(ep, ctx)
+            if problem is not None:
+                return Failed(rid, "data", problem)
             ep.turn += 1
             self.count.turns += 1
             if done is not None:
-                return self._completed(ep, done)
+                return completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
 
-    def _completed(self, ep: Episode, done: Done) -> RunReply:
-        rid = ep.rollout_id
-        if not isinstance(done, Done):
-            got = type(done).__name__
-            return Failed(rid, "data", f"step returned {got}, expected Done or None")
+    def _journal_turn(self, ep: Episode, ctx: StepContext) -> str | None:
+        """Journal the retained sessions this turn fetched; the problem if one cannot export."""
+        if not ctx.touched or self._journal is None or self.fenced(ep):
+            return None
         try:
-            payload = to_plain(done.payload)
-            size = len(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
-        except (TypeError, orjson.JSONEncodeError) as exc:
-            return Failed(rid, "data", f"{self.name}: payload of {rid} is not plain data: {exc}")
-        limit = self.environment.max_payload_bytes
-        if size > limit:
-            return Failed(
-                rid, "data",
-                f"{self.name}: payload of {rid} is {size} bytes as JSON, over the limit of "
-                f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
-            )
-        return Completed(rid, float(done.reward), ep.turn, payload)
+            self._journal_states(ep.key, ep.sessions, ctx.touched)
+        except Exception as exc:
+            return f"{self.name}: episode {ep.rollout_id} turn {ep.turn}: exporting a retained " \
+                f"session for the journal: {exc!r}"
+        return None
 
     async def _step_boundary(self, ep: Episode) -> None:
-        """Pass step boundary ``ep.turn``: park here while a checkpoint is prepared."""
+        """Pass step boundary ``ep.turn``: park here while a checkpoint is prepared (or, held,
+        until one is)."""
         if self.fenced(ep):
             raise EpisodeFenced(ep.rollout_id)
         await anyio.lowlevel.checkpoint()
-        if not self._prepared:
+        if not (self._prepared or ep.hold):
             return
         ep.state = BOUNDARY
         self._n_moving -= 1
         self._check_parked()
         try:
+            while ep.hold and not self._prepared:
+                assert self._prepared_evt is not None
+                await self._prepared_evt.wait()
+            ep.hold = False
             while self._prepared:
+                assert self._resumed is not None
                 await self._resumed.wait()
         finally:
             if ep.state == BOUNDARY:
@@ -436,7 +546,7 @@ class GymHost(HostControl):
             raise EpisodeFenced(ep.rollout_id)
 
     def _check_parked(self) -> None:
-        if self._prepared and self._n_moving == 0:
+        if self._prepared and self._n_moving == 0 and self._all_parked is not None:
             self._all_parked.set()
 
     def end_episode(self, ep: Episode, reply: RunReply | None) -> None:
@@ -454,6 +564,8 @@ class GymHost(HostControl):
             reply = None
         if reply is not None:
             self._finished[ep.rollout_id] = ep.key
+            if self._retained:
+                self._kept[ep.key] = {p.name: ep.sessions[p.name] for p in self._retained}
             if isinstance(reply, Completed):
                 self.count.completed += 1
             else:
@@ -485,10 +597,32 @@ class GymHost(HostControl):
             raise GymInstanceDead(self.name, "topology")
         return InstanceTopology(self.name, self.participants)
 
+    def session_states(self, participant: str) -> dict[str, SessionView]:
+        """Every slot's live session of ``participant`` by session key, sorted: those of
+        running, parked and unclaimed episodes, and retained ones of ended episodes."""
+        if participant not in {name for name, _ in self.participants}:
+            raise KeyError(f"no participant {participant!r} on instance {self.name}")
+        out: dict[str, SessionView] = {}
+        for key in sorted(self._owners):
+            rid, attempt = self._owners[key]
+            ep = self._episodes.get(rid) or self._unclaimed.get(rid)
+            sessions = ep.sessions if ep is not None else self._kept.get(key, {})
+            if participant in sessions:
+                out[key] = SessionView(key, rid, attempt, sessions[participant])
+        return out
+
+    def _n_parked(self) -> int:
+        if not self._prepared:
+            return 0
+        return sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
+
     def inventory(self) -> InstanceInventory:
         if self._dead:
             raise GymInstanceDead(self.name, "inventory")
-        parked = {r for r, ep in self._episodes.items() if self._prepared and ep.state == BOUNDARY}
+        parked = (
+            {r for r, ep in self._episodes.items() if ep.state == BOUNDARY}
+            if self._prepared else set()
+        )
         return InstanceInventory(
             instance=self.name,
             admission_open=self._admission_open,
@@ -501,9 +635,7 @@ class GymHost(HostControl):
         )
 
     def statistics(self) -> HostStatistics:
-        parked = sum(
-            1 for ep in self._episodes.values() if self._prepared and ep.state == BOUNDARY
-        )
+        parked = self._n_parked()
         return HostStatistics(
             instance=self.name,
             dead=self._dead,
@@ -516,6 +648,7 @@ class GymHost(HostControl):
             streams=len(self._streams.streams),
             batches=self._streams.batches,
             discarded_replies=self._streams.discarded,
+            counters=dict(self._user_counts),
             **attrs.asdict(self.count),
         )
 
@@ -524,6 +657,5 @@ class GymHost(HostControl):
         return (
             f"<GymHost {self.name} {state} episodes={len(self._episodes)} "
             f"moving={self._n_moving} unclaimed={len(self._unclaimed)} "
-            f"on_wire={len(self._streams.on_wire)}>"
+            f"kept={len(self._kept)} on_wire={len(self._streams.on_wire)}>"
         )
-

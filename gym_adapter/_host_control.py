@@ -7,13 +7,16 @@ alive and serving and enforces its ``deadline_ts`` once it runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import anyio.to_thread
+import sniffio
 
 from gymckpt.runtime import (
     EpisodeRecord,
@@ -41,11 +44,15 @@ from ._host_records import read_verified, write_records
 if TYPE_CHECKING:
     from ._environment import Environment
     from ._host import HostConfig, _Counters
+    from ._host_journal import SessionJournal
     from ._host_streams import ReplyStreams
 
 __all__ = ["HostControl"]
 
+T = TypeVar("T")
 MODEL_PROXY = "model_proxy"
+Kept = tuple[str, str, int, dict[str, Any]]
+"""A retained slot of an ended episode: (key, rollout ID, attempt, states by participant)."""
 
 
 class HostControl:
@@ -61,20 +68,25 @@ class HostControl:
         config: HostConfig
         count: _Counters
         _tg: anyio.abc.TaskGroup | None
+        _closing: bool
         _dead: bool
         _admission_open: bool
         _prepared: bool
         _checkpoint_id: str | None
         _gen: int
-        _resumed: anyio.Event
-        _all_parked: anyio.Event
+        _prepared_evt: anyio.Event | None
+        _resumed: anyio.Event | None
+        _all_parked: anyio.Event | None
         _lease_scope: anyio.CancelScope | None
         _episodes: dict[str, Episode]
         _unclaimed: dict[str, Episode]
         _owners: dict[str, tuple[str, int]]
+        _kept: dict[str, dict[str, Any]]
         _finished: dict[str, str]
         _n_moving: int
         _streams: ReplyStreams
+        _journal: SessionJournal | None
+        _retained: tuple[Any, ...]
 
         @property
         def _legacy(self) -> bool:
@@ -101,16 +113,20 @@ class HostControl:
         self._admission_open = False
         self._checkpoint_id = checkpoint_id
         if not self._prepared:
+            assert self._prepared_evt is not None
             self._prepared = True
             self._gen += 1
             self._resumed = anyio.Event()
             self._all_parked = anyio.Event()
+            self._prepared_evt.set()
         gen = self._gen
+        assert self._all_parked is not None
         if self._n_moving and self._all_parked.is_set():
             self._all_parked = anyio.Event()
         self._arm_lease()
         with anyio.move_on_at(deadline_ts) as scope:
             while self._n_moving and self._prepared and self._gen == gen and not self._dead:
+                assert self._all_parked is not None
                 await self._all_parked.wait()
         await anyio.lowlevel.checkpoint()
         if self._dead:
@@ -150,13 +166,39 @@ class HostControl:
                 self.name, "commit", f"{self._n_moving} episodes have not parked yet"
             )
         held = self._held()
+        kept: list[Kept] = [
+            (key, rid, self._owners[key][1], states)
+            for key, states in self._kept.items()
+            if (rid := self._owners.get(key, ("",))[0]) in self._finished
+        ]
+        on_wire = tuple(sorted(self._streams.on_wire))
+        # Export off the loop: every episode is parked and retire is refused while prepared, so
+        # what the export reads stays put while it runs.
+        exported, sessions, participants = await _offload(
+            functools.partial(self._export, checkpoint_id, self._root(state_root), held, kept)
+        )
+        if self._dead:  # died while exporting: what it committed died with it
+            raise GymInstanceDead(self.name, "commit")
+        self.count.commits += 1
+        self._arm_lease()
+        return CommitReply(
+            self.name, checkpoint_id, participants, exported, on_wire, sessions,
+        )
+
+    def _export(
+        self, checkpoint_id: str, root: Path, held: list[Episode], kept: list[Kept]
+    ) -> tuple[tuple[ExportedEpisode, ...], tuple[AgentSession, ...], tuple[ParticipantInfo, ...]]:
+        """Build and write every participant's records (in a worker thread; see ``commit``)."""
+        stranded = (
+            held[0].rollout_id
+            if held and self._legacy and self.config.strand_legacy_session else None
+        )
         try:
-            records = self._records(checkpoint_id, held)
+            records = self._records(checkpoint_id, held, kept, stranded)
         except Exception as exc:
             raise GymControlError(
                 self.name, "commit", f"exporting session state failed: {exc!r}"
             ) from None
-        root = self._root(state_root)
         participants = []
         for server, kind in self.participants:
             directory = root / self.name / server
@@ -170,16 +212,18 @@ class HostControl:
         )
         agent = self.environment.agent
         sessions = tuple(
-            AgentSession(ep.rollout_id, agent.name, agent.kind, ep.turn) for ep in held
+            AgentSession(
+                ep.rollout_id, agent.name, agent.kind,
+                None if ep.rollout_id == stranded else ep.turn, ep.capture_keys,
+            )
+            for ep in held
         )
-        self.count.commits += 1
-        self._arm_lease()
-        return CommitReply(
-            self.name, checkpoint_id, tuple(participants), exported,
-            tuple(sorted(self._streams.on_wire)), sessions,
-        )
+        return exported, sessions, tuple(participants)
 
-    def _records(self, checkpoint_id: str, held: Sequence[Episode]) -> dict[str, Any]:
+    def _records(
+        self, checkpoint_id: str, held: Sequence[Episode], kept: Sequence[Kept],
+        stranded: str | None,
+    ) -> dict[str, Any]:
         env = self.environment
         agent = env.agent
         owner = self._owner_name
@@ -188,21 +232,32 @@ class HostControl:
                 "participant": agent.name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
                 "sessions": [
                     {"rollout_id": ep.rollout_id, "row": ep.info.row, "slot": ep.info.slot,
-                     "attempt": ep.info.attempt, "step_boundary": ep.turn,
+                     "attempt": ep.info.attempt,
+                     "step_boundary": None if ep.rollout_id == stranded else ep.turn,
                      "state": to_plain(agent.export(ep.sessions[agent.name]))}
                     for ep in held
                 ],
             }
         }
+        retained = {p.name for p in self._retained}
         for p in env.participants:
+            sessions = [
+                {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
+                 "state": to_plain(p.export(ep.sessions[p.name]))}
+                for ep in held
+            ]
+            if p.name in retained:
+                sessions.extend(
+                    {"key": key, "rollout_id": rid, "attempt": attempt,
+                     "state": to_plain(p.export(states[p.name]))}
+                    for key, rid, attempt, states in kept
+                )
+                sessions.sort(key=lambda s: s["key"])
             records[p.name] = {
                 "participant": p.name, "kind": p.kind, "checkpoint_id": checkpoint_id,
                 "exported": [ep.rollout_id for ep in held] if p.name == owner else [],
-                "sessions": [
-                    {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
-                     "state": to_plain(p.export(ep.sessions[p.name]))}
-                    for ep in held
-                ],
+                "retained": p.name in retained,
+                "sessions": sessions,
             }
         if env.model is not None:
             records[MODEL_PROXY] = {
@@ -231,16 +286,20 @@ class HostControl:
         self._reopen()
 
     def _reopen(self) -> None:
+        assert self._resumed is not None and self._all_parked is not None
         self._cancel_lease()
         self._prepared = False
         self._checkpoint_id = None
         self._admission_open = True
+        self._prepared_evt = anyio.Event()
         self._resumed.set()
         self._all_parked.set()
 
     def _arm_lease(self) -> None:
         assert self._tg is not None
         self._cancel_lease()
+        if self._closing:  # shutting down (or dead): the task group takes no new task
+            return
         scope = self._lease_scope = anyio.CancelScope()
         self._tg.start_soon(self._lease_watch, scope, self._gen)
 
@@ -294,6 +353,9 @@ class HostControl:
             self._finished.pop(rid, None)
             if self._owners.get(key, ("",))[0] == rid:
                 del self._owners[key]
+                self._kept.pop(key, None)
+                if self._journal is not None:
+                    self._journal.freed(key)
             retired.append(rid)
             self.count.retired += 1
         return RetireReply(self.name, tuple(retired), tuple(unknown))
@@ -324,8 +386,11 @@ class HostControl:
         self._check_call("restore", deadline_ts)
         diffs, loaded = read_verified(self.name, self.participants, self._root(state_root), record)
         restored: dict[str, Episode] = {}
+        kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
         if not diffs:
             restored = self._rebuild(loaded, episodes, diffs)
+        if not diffs:
+            kept = self._rebuild_kept(loaded, restored, diffs)
         if diffs:
             raise TopologyMismatch(diffs)
         if self._prepared:
@@ -338,9 +403,58 @@ class HostControl:
             )
         self._unclaimed = restored
         self._owners = {ep.key: (ep.rollout_id, ep.info.attempt) for ep in restored.values()}
-        self._finished = {}
+        self._owners.update((key, (rid, attempt)) for key, (rid, attempt, _) in kept.items())
+        self._kept = {key: states for key, (_, _, states) in kept.items()}
+        self._finished = {rid: key for key, (rid, _, _) in kept.items()}
+        if self._journal is not None:
+            names = [p.name for p in self._retained]
+            self._journal.rewrite([
+                *((key, rid, attempt, {n: to_plain(p.export(states[n]))
+                                       for n, p in zip(names, self._retained, strict=True)})
+                  for key, (rid, attempt, states) in kept.items()),
+                *((ep.key, ep.rollout_id, ep.info.attempt,
+                   {n: to_plain(p.export(ep.sessions[n]))
+                    for n, p in zip(names, self._retained, strict=True)})
+                  for ep in restored.values()),
+            ])
         self.count.restored += len(restored)
         return RestoreReply(self.name, tuple(restored))
+
+    def _rebuild_kept(
+        self,
+        loaded: Mapping[str, Mapping[str, Any]],
+        restored: Mapping[str, Episode],
+        diffs: list[str],
+    ) -> dict[str, tuple[str, int, dict[str, Any]]]:
+        """The retained sessions of ended episodes the records hold, by key; problems into
+        diffs."""
+        kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        for p in self._retained:
+            try:
+                sessions = [s for s in loaded[p.name]["sessions"]
+                            if s["rollout_id"] not in restored]
+                for s in sessions:
+                    key, rid, attempt = str(s["key"]), str(s["rollout_id"]), int(s["attempt"])
+                    have = kept.setdefault(key, (rid, attempt, {}))
+                    if have[:2] != (rid, attempt):
+                        diffs.append(
+                            f"instance {self.name}: participant {p.name} holds session {key} of "
+                            f"{rid} attempt {attempt}, another participant of {have[0]} "
+                            f"attempt {have[1]}"
+                        )
+                        continue
+                    have[2][p.name] = p.restore(s["state"])
+            except Exception as exc:
+                diffs.append(
+                    f"instance {self.name}: retained sessions of {p.name} cannot be restored "
+                    f"({exc!r})"
+                )
+        for key, (rid, _, states) in kept.items():
+            missing = [p.name for p in self._retained if p.name not in states]
+            if missing:
+                diffs.append(f"instance {self.name}: session {key} of {rid} has no "
+                             f"{', '.join(missing)} state in the committed records")
+        return kept
 
     def _rebuild(
         self,
@@ -403,3 +517,30 @@ class HostControl:
                 staged=calls, replay=tuple(rec.capture_keys),
             )
         return out
+
+
+_EXPORT_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+    "gymckpt_host_export_threads"
+)
+
+
+async def _offload(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread; inline under trio's ``MockClock`` (virtual time would leap
+    past every deadline while a real thread runs).
+
+    One such thread per event loop at a time: instances hosted in one process share one GIL, so
+    parallel exports are not faster, and every extra thread wanting the GIL makes the event
+    loop wait longer for it."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+        import trio.testing
+
+        if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+            await anyio.lowlevel.checkpoint()
+            return fn()
+    try:
+        limiter = _EXPORT_THREADS.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(1)
+        _EXPORT_THREADS.set(limiter)
+    return await anyio.to_thread.run_sync(fn, limiter=limiter)

@@ -17,14 +17,25 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import attrs
+import orjson
 
-from ._episode import EpisodeFenced, EpisodeInfo, to_plain
+from ._contract import Completed, Failed, RunReply
+from ._episode import Done, EpisodeFenced, EpisodeInfo, to_plain
 
 if TYPE_CHECKING:
     from ._host import GymHost
     from ._host_streams import RunStream
 
-__all__ = ["BOUNDARY", "DONE", "MOVING", "UNCLAIMED", "Episode", "StepContext", "capture_key"]
+__all__ = [
+    "BOUNDARY",
+    "DONE",
+    "MOVING",
+    "UNCLAIMED",
+    "Episode",
+    "StepContext",
+    "capture_key",
+    "completed_reply",
+]
 
 MOVING: Final = "moving"
 BOUNDARY: Final = "boundary"
@@ -51,6 +62,8 @@ class Episode:
     replay: tuple[str, ...] | None = None
     """A restored continuation's capture keys as the manifest recorded them."""
     restored: bool = False
+    hold: bool = False
+    """Held at its next step boundary until a checkpoint is prepared (``ctx.hold()``)."""
     rollout_id: str = attrs.field(init=False)
     key: str = attrs.field(init=False)
     """The slot's session key (``info.session_key``), kept: fencing checks it every turn."""
@@ -71,6 +84,8 @@ class StepContext:
     _host: GymHost
     _ep: Episode
     _calls: int = 0
+    touched: set[str] | None = None
+    """The retained participants whose session this turn fetched (journaled after it)."""
 
     @property
     def info(self) -> EpisodeInfo:
@@ -83,17 +98,32 @@ class StepContext:
     def session(self, name: str) -> Any:
         self._check_owner()
         try:
-            return self._ep.sessions[name]
+            state = self._ep.sessions[name]
         except KeyError:
             raise KeyError(
                 f"no participant {name!r} (participants: {', '.join(self._ep.sessions)})"
             ) from None
+        self._touch(name)
+        return state
 
     def replace_session(self, name: str, state: Any) -> None:
         self._check_owner()
         if name not in self._ep.sessions:
             raise KeyError(f"no participant {name!r}")
         self._ep.sessions[name] = state
+        self._touch(name)
+
+    def _touch(self, name: str) -> None:
+        if name in self._host.retained_names:
+            if self.touched is None:
+                self.touched = set()
+            self.touched.add(name)
+
+    def count(self, name: str, n: int = 1) -> int:
+        return self._host.add_count(name, n)
+
+    def hold(self) -> None:
+        self._ep.hold = True
 
     async def model(self, request: Any) -> Any:
         host, ep = self._host, self._ep
@@ -123,3 +153,25 @@ class StepContext:
                 f"{self._ep.rollout_id} no longer owns session {self._ep.key} "
                 "(a newer attempt of this slot exists)"
             )
+
+
+def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunReply:
+    """The final reply of ``ep`` ending with ``done``: ``Completed``, or ``Failed`` (data) when
+    ``done`` is not a ``Done``, its payload is not plain data, or it is over ``limit`` bytes."""
+    rid = ep.rollout_id
+    if not isinstance(done, Done):
+        got = type(done).__name__
+        return Failed(rid, "data", f"step returned {got}, expected Done or None")
+    try:
+        payload = to_plain(done.payload)
+        size = len(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        return Failed(rid, "data", f"{instance}: payload of {rid} is not plain data: {exc}")
+    if size > limit:
+        return Failed(
+            rid, "data",
+            f"{instance}: payload of {rid} is {size} bytes as JSON, over the limit of "
+            f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
+        )
+    turns = ep.turn if done.turns is None else done.turns
+    return Completed(rid, float(done.reward), turns, payload)

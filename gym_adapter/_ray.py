@@ -3,7 +3,7 @@
 Why it looks like this
 ----------------------
 Each instance is a Ray **async actor** (``_ray_actor.GymActor``) hosting the same anyio
-``SimInstance`` the embedded Gym runs, on the actor's asyncio loop. The control plane is actor
+``GymHost`` the embedded Gym runs, on the actor's asyncio loop. The control plane is actor
 methods; the data plane is one Ray streaming generator per ``run``. The trainer is trio. This
 module is the only place that touches trio-asyncio, and the only place the trio side touches Ray.
 
@@ -118,10 +118,10 @@ from ._contract import (
 )
 from ._embedded import GymStatistics
 from ._faults import FaultPlan, FaultSpec
-from ._host import HostConfig
+from ._host import HostConfig, HostStatistics
 from ._load import load_environment
 from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor
-from ._sim import AGENT_KINDS, CalendarSession, SimConfig, SimStatistics
+from .calendar_env import AGENT_KINDS, CalendarSession, SimConfig
 
 __all__ = [
     "NO_SUCH_RESOURCE",
@@ -639,7 +639,7 @@ class RayGym:
         self._sids = itertools.count(1)
         self._batch_replies = batch_replies
         self._max_batch_replies = max_batch_replies
-        self._last_stats: dict[str, SimStatistics] = {}
+        self._last_stats: dict[str, HostStatistics] = {}
         # acknowledgements recorded per instance (sid -> seq), handed to its next call
         self._acks: dict[str, dict[int, int]] = {name: {} for name in actors}
         self._acks_ended: dict[str, set[int]] = {name: set() for name in actors}
@@ -1006,8 +1006,8 @@ class RayGym:
         could otherwise write the state the new one replays). Then a new actor is created with
         the same constructor arguments, placed ``SPREAD`` — Ray never places an actor on a
         dead node, so a lost node's instance lands on a live one — and started. It holds no
-        episodes, streams or unclaimed episodes; a simulated calendar continues the dead one's
-        from its durable log in ``work_dir`` (``SimInstance(recover=True)``).
+        episodes, streams or unclaimed episodes, and continues the dead one's retained sessions
+        from their journal in ``work_dir`` (``GymHost(recover=True)``).
 
         From the first line on, the instance counts as dead (no call reaches either actor) and
         its generation is new (a late error of the old actor or its streams marks nothing).
@@ -1091,7 +1091,7 @@ class RayGym:
         stats = []
         for name in self._names:
             try:
-                st: SimStatistics = await self._view(name, "statistics")
+                st: HostStatistics = await self._view(name, "statistics")
                 self._last_stats[name] = st
             except GymInstanceDead:
                 st = _dead_statistics(name, self._last_stats.get(name))
@@ -1217,12 +1217,13 @@ async def _stop_all(bridge: _Bridge, actors: dict[str, Any]) -> None:
             nursery.start_soon(stop, actor)
 
 
-def _dead_statistics(name: str, last: SimStatistics | None) -> SimStatistics:
+def _dead_statistics(name: str, last: HostStatistics | None) -> HostStatistics:
     if last is not None:
         return attrs.evolve(last, dead=True, admission_open=False, prepared=False)
-    zeros: dict[str, Any] = {f.name: 0 for f in attrs.fields(SimStatistics)}
+    zeros: dict[str, Any] = {f.name: 0 for f in attrs.fields(HostStatistics)}
+    zeros["counters"] = {}
     zeros.update(instance=name, dead=True, admission_open=False, prepared=False)
-    return SimStatistics(**zeros)
+    return HostStatistics(**zeros)
 
 
 if TYPE_CHECKING:  # mypy checks that RayGym implements the contract

@@ -1,4 +1,4 @@
-"""One Gym instance as a Ray async actor: a ``SimInstance`` on the actor's asyncio loop.
+"""One Gym instance as a Ray async actor: a ``GymHost`` on the actor's asyncio loop.
 
 This module runs inside a Ray worker process, under asyncio only (the trio side reaches Ray
 through ``gym_adapter._ray``, the one module that touches trio-asyncio). The driver decides
@@ -51,11 +51,11 @@ import attrs
 from gymckpt.runtime import crossing_boundary
 
 from ._contract import RunReply, RunRow
-from ._faults import FaultSpec
+from ._faults import FaultSpec, inject_fault
 from ._host import GymHost, HostConfig
 from ._host_streams import HostReplyStream
 from ._load import load_environment
-from ._sim import SimConfig, SimInstance, SimReplyStream, inject_fault
+from .calendar_env import SimConfig, calendar_host, calendar_state
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
@@ -103,8 +103,8 @@ def local_deadline(remaining_s: float, sent_wall: float) -> float:
 class _Outbox:
     """The actor's side of one ``run``: batches taken from the instance, acknowledged later."""
 
-    sim: SimInstance | GymHost
-    stream: SimReplyStream | HostReplyStream
+    sim: GymHost
+    stream: HostReplyStream
     """Kept alive: its finaliser closes the instance's receive side."""
     unacked: deque[tuple[int, tuple[RunReply, ...]]] = attrs.field(factory=deque)
     seq: int = HEADER_SEQ
@@ -169,11 +169,11 @@ class _Outbox:
 
 
 class GymActor:
-    """A Ray async actor hosting one instance (wrapped with ``ray.remote`` by the driver): the
-    simulated calendar ``SimInstance``, or a ``GymHost`` serving the user environment named by
-    the import path ``environment``. ``start`` serves it in a task of the actor's loop;
-    ``stop`` ends it. ``recover``: a replacement, whose simulated calendar continues from the
-    durable log the instance of the same name left in ``work_dir``."""
+    """A Ray async actor hosting one ``GymHost`` (wrapped with ``ray.remote`` by the driver):
+    the calendar workplace (``calendar_host``), or the user environment named by the import path
+    ``environment``. ``start`` serves it in a task of the actor's loop; ``stop`` ends it.
+    ``recover``: a replacement, which continues the retained sessions the instance of the same
+    name journaled in ``work_dir``."""
 
     def __init__(
         self,
@@ -187,13 +187,15 @@ class GymActor:
         recover: bool = False,
     ) -> None:
         wd = Path(work_dir) if work_dir else None
-        self._sim: SimInstance | GymHost
+        self._sim: GymHost
         if environment is not None:  # a user environment, imported here by its path
             assert isinstance(config, HostConfig)
-            self._sim = GymHost(name, load_environment(environment), seed, wd, config)
+            self._sim = GymHost(
+                name, load_environment(environment), seed, wd, config, recover=recover
+            )
         else:
             assert isinstance(config, SimConfig)
-            self._sim = SimInstance(name, agent_kind, seed, wd, config, recover=recover)
+            self._sim = calendar_host(name, agent_kind, seed, wd, config, recover=recover)
         self._stuck_loop_s = stuck_loop_s
         self._serving: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -305,6 +307,8 @@ class GymActor:
             if what not in _VIEWS:
                 raise ValueError(f"unknown view {what!r}")
             with crossing_boundary(self.name, what):
+                if what == "calendar_state":
+                    return calendar_state(self._sim)
                 return getattr(self._sim, what)()
 
     # -- data plane ------------------------------------------------------------------------------

@@ -141,9 +141,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:",
            "if s < 0 or self._state[s] != _DISPATCHED:",
            ("tests/test_ledger.py",)),
-    Mutant("fencing-gym-lets-a-stale-attempt-mutate", "fencing", "gym_adapter/_sim.py",
-           "return session is None or session.rollout_id != ep.rollout_id",
-           "return session is None", ("tests/test_gym_conformance.py",),
+    Mutant("fencing-gym-lets-a-stale-attempt-mutate", "fencing", "gym_adapter/_host.py",
+           "return owner is None or owner[0] != ep.rollout_id",
+           "return owner is None", ("tests/test_gym_conformance.py",),
            keyword="stale or fence"),
 )
 

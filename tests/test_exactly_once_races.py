@@ -33,6 +33,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     SimConfig,
+    calendar_state,
 )
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main
@@ -88,7 +89,7 @@ async def nothing_installed(gym: EmbeddedGym) -> None:
     for n in gym.instances:
         inv = await gym.inventory(n)
         assert inv.unclaimed == () and inv.parked == () and inv.running == (), inv
-        assert gym.sim(n).calendar_state() == {}, n
+        assert calendar_state(gym.sim(n)) == {}, n
 
 
 async def one_snapshot(tmp_path: Path, rows: int = 40) -> Path:
@@ -190,7 +191,7 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
             await trio.sleep(2.5)
             ledger = ro.ledger
             mutated = {s.rollout_id for n in gym.instances
-                       for s in gym.sim(n).calendar_state().values() if s.events}
+                       for s in calendar_state(gym.sim(n)).values() if s.events}
             victim = sorted(mutated & ledger.held_by("gym-0"))[0]
 
             def stream_ends_now(_cid: str, point: str) -> None:
@@ -214,7 +215,7 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
             # nothing is dispatched yet (the dispatcher runs once we wait): the dropped
             # attempt's committed session must already be gone from every instance
             holders = {n for n in gym.instances
-                       if any(s.rollout_id == victim for s in gym.sim(n).calendar_state().values())}
+                       if any(s.rollout_id == victim for s in calendar_state(gym.sim(n)).values())}
             assert ro.dispatcher.statistics().rows_sent == 0
             assert holders == set(), "the dropped attempt outlived the restore"
             assert ro.ledger.statistics().retire_queue == 0

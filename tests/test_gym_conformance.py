@@ -22,6 +22,7 @@ import trio.testing
 
 from gymckpt.gym_adapter import (
     ADMISSION_CLOSED,
+    RECORDS_FILE,
     CommitReply,
     Completed,
     EmbeddedGym,
@@ -37,7 +38,7 @@ from gymckpt.gym_adapter import (
     can_replace,
     plan_episode,
 )
-from gymckpt.gym_adapter._sim import RECORDS_FILE, capture_key, sentinel
+from gymckpt.gym_adapter.calendar_env import capture_key, sentinel
 from gymckpt.runtime import (
     EpisodeRecord,
     GymCallTimeout,
@@ -272,9 +273,9 @@ async def test_nothing_progresses_while_prepared(
         assert scope.cancelled_caught
         assert await gym.calendar_state("gym-0") == before_state
         after = (await gym.statistics()).instances[0]
-        assert (after.model_calls, after.mutations, after.completed) == (
+        assert (after.model_calls, after.counters.get("mutations"), after.completed) == (
             before.model_calls,
-            before.mutations,
+            before.counters.get("mutations"),
             before.completed,
         )
         await gym.resume("gym-0", "c", deadline())
@@ -360,7 +361,8 @@ async def test_commit_writes_records_whose_digests_match(
             assert boundary == sessions[rid].step_boundary and boundary >= 1
             assert e.capture_keys == tuple(capture_key(row, 0, t) for t in range(boundary))
             assert tuple(c["key"] for c in proxy[rid]["calls"]) == e.capture_keys
-        events = {s["key"]: [ev["sentinel"] for ev in s["events"]] for s in calendar["sessions"]}
+        events = {s["key"]: [ev["sentinel"] for ev in s["state"]["events"]]
+                  for s in calendar["sessions"]}
         state = await _gym.calendar_state("gym-0")
         assert events == {k: list(s.sentinels) for k, s in state.items()}
 
@@ -678,7 +680,7 @@ async def test_a_stale_attempt_cannot_mutate_or_reply(
         assert old_replies == []
         assert [r.rollout_id for r in new_replies] == ["0-0-a1"]
         stats = (await gym.statistics()).instances[0]
-        assert stats.fenced_mutations == 1
+        assert stats.counters["fenced_mutations"] == 1
         session = (await gym.calendar_state("gym-0"))["0-0"]
         assert (session.rollout_id, session.attempt) == ("0-0-a1", 1)
         assert list(session.sentinels) == expected_sentinels(0)

@@ -143,7 +143,7 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 def test_every_library_module_is_seen() -> None:
     modules = library_modules()
-    for name in ("gymckpt", "gymckpt.runtime._ledger", "gymckpt.gym_adapter._sim",
+    for name in ("gymckpt", "gymckpt.runtime._ledger", "gymckpt.gym_adapter._host",
                  "gymckpt.nurseries._coordinator", "gymckpt.nurseries.app.cli",
                  "gymckpt.benchmarks.cli"):
         assert name in modules
@@ -164,8 +164,8 @@ def test_the_layers_hold() -> None:
          "upward import of gymckpt.nurseries.app.demo (benchmarks -> nurseries.app)"),
         ("nurseries/_restore.py", "from gymckpt.runtime._ledger import LedgerSnapshot\n",
          "private gymckpt.runtime._ledger of package runtime imported"),
-        ("nurseries/app/demo.py", "from gymckpt.gym_adapter import _sim\n",
-         "private gymckpt.gym_adapter._sim of package gym_adapter imported"),
+        ("nurseries/app/demo.py", "from gymckpt.gym_adapter import _host\n",
+         "private gymckpt.gym_adapter._host of package gym_adapter imported"),
         ("runtime/_barrier.py", "from ._ledger import RecoveryLedger\n",
          "import cycle: gymckpt.runtime._barrier -> gymckpt.runtime._ledger"),
     ],

@@ -16,7 +16,14 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow, SimConfig
+from gymckpt.gym_adapter import (
+    CommitReply,
+    EmbeddedGym,
+    ExportedEpisode,
+    RunRow,
+    SimConfig,
+    calendar_state,
+)
 from gymckpt.nurseries import (
     PAUSE_HOLDER,
     CheckpointCoordinator,
@@ -409,7 +416,7 @@ async def test_s8_tampered_state_is_refused_and_gym_untouched(
         for n in gym.instances:  # refused before any instance installed anything
             inv = await gym.inventory(n)
             assert inv.unclaimed == () and inv.parked == () and inv.running == ()
-            assert gym.sim(n).calendar_state() == {}
+            assert calendar_state(gym.sim(n)) == {}
             assert gym.sim(n).statistics().restored == 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -26,10 +27,11 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     SimConfig,
-    SimInstance,
+    calendar_host,
+    calendar_state,
     can_replace,
 )
-from gymckpt.gym_adapter._sim import CalendarEvent, replay_env_log
+from gymckpt.gym_adapter._host_journal import JOURNAL_FILE, replay_journal
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.simulate import Crash, Scenario, run_scenario
 from gymckpt.nurseries.app.verdict import judge
@@ -328,37 +330,40 @@ async def test_replace_kills_a_live_instance_and_times_out_past_its_deadline(
             await gym.replace("gym-0", trio.current_time() - 1.0)
 
 
-def test_env_log_replays_sessions_and_ignores_only_a_torn_last_line() -> None:
-    log = (b'["n","0-0","0-0",0]\n["e","0-0",0,"m","s0"]\n["n","1-0","1-0",0]\n'
-           b'["o","0-0","0-0-a1",1]\n["e","0-0",1,"m","s1"]\n["d","1-0"]\n')
-    sessions = replay_env_log(log)
-    assert list(sessions) == ["0-0"]
-    s = sessions["0-0"]
-    assert (s.rollout_id, s.attempt) == ("0-0-a1", 1)
-    assert s.events == [CalendarEvent(0, "m", "s0"), CalendarEvent(1, "m", "s1")]
-    torn = replay_env_log(log + b'["e","0-0",2,"m"')  # the last append torn by a machine crash
-    assert {k: v.frozen() for k, v in torn.items()} == {"0-0": s.frozen()}
+def test_journal_replays_slots_and_ignores_only_a_torn_last_line() -> None:
+    ev = {"turn": 0, "title": "m", "sentinel": "s0"}
+    log = (b'["n","0-0","0-0",0,{"calendar":{"events":[]}}]\n'
+           + orjson.dumps(["s", "0-0", "calendar", {"events": [ev]}]) + b"\n"
+           + b'["n","1-0","1-0",0,{"calendar":{"events":[]}}]\n["o","0-0","0-0-a1",1]\n'
+           b'["d","1-0"]\n')
+    slots = replay_journal(log)
+    assert list(slots) == ["0-0"]
+    s = slots["0-0"]
+    assert (s.rollout_id, s.attempt, s.states) == ("0-0-a1", 1, {"calendar": {"events": [ev]}})
+    torn = replay_journal(log + b'["s","0-0","calendar",{"ev')  # the last append torn
+    assert {k: (v.rollout_id, v.states) for k, v in torn.items()} == {
+        "0-0": ("0-0-a1", {"calendar": {"events": [ev]}})}
     with pytest.raises(ValueError, match="line 2"):
-        replay_env_log(b'["n","0-0","0-0",0]\n["x"]\n["d","0-0"]\n')
+        replay_journal(b'["n","0-0","0-0",0,{}]\n["x"]\n["d","0-0"]\n')
 
 
-async def test_env_log_fresh_instance_starts_empty_and_recovers_only_when_asked(
+async def test_journal_fresh_instance_starts_empty_and_recovers_only_when_asked(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=False) as sim:
+    async with calendar_host("gym-0", work_dir=tmp_path, config=cfg, recover=False) as sim:
         stream = await sim.run([RunRow("0-0", 0, 0, 0)])
         assert [r.rollout_id async for batch in stream for r in batch] == ["0-0"]
-        state = sim.calendar_state()
+        state = calendar_state(sim)
         assert state["0-0"].sentinels
-    assert sim.env_log is not None and sim.env_log.exists()
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg) as again:  # recovers
-        assert again.calendar_state() == state
+    assert sim.journal_path is not None and sim.journal_path.exists()
+    async with calendar_host("gym-0", work_dir=tmp_path, config=cfg, recover=True) as again:
+        assert calendar_state(again) == state
         assert (await again.retire(["0-0"], trio.current_time() + 1)).retired == ("0-0",)
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=True) as third:
-        assert third.calendar_state() == {}  # the freeing was logged too
-    async with SimInstance("gym-0", work_dir=tmp_path, config=cfg, recover=False) as fresh:
-        assert fresh.calendar_state() == {}
+    async with calendar_host("gym-0", work_dir=tmp_path, config=cfg, recover=True) as third:
+        assert calendar_state(third) == {}  # the freeing was journaled too
+    async with calendar_host("gym-0", work_dir=tmp_path, config=cfg, recover=False) as fresh:
+        assert calendar_state(fresh) == {}
 
 
 # -- the demo: done when, and its JSON object on every exit path --------------------------------
@@ -419,16 +424,30 @@ def test_demo_json_on_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert report["exactly_once"] is False and report["exit_code"] == 2 and report["error"]
 
 
-async def test_env_log_torn_tail_is_cut_before_the_replacement_appends(
+async def test_journal_torn_tail_is_cut_before_the_replacement_appends(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    log = tmp_path / "gym-0" / "calendar-sessions.log"
+    log = tmp_path / "gym-0" / JOURNAL_FILE
     log.parent.mkdir()
-    log.write_bytes(b'["n","0-0","0-0",0]\n["e","0-0",0,"m","s0"]\n["e","0-0",1,"m"')
-    async with SimInstance("gym-0", work_dir=tmp_path, recover=True) as sim:
-        assert sim.calendar_state()["0-0"].sentinels == ("s0",)
+    ev = {"turn": 0, "title": "m", "sentinel": "s0"}
+    log.write_bytes(b'["n","0-0","0-0",0,{"calendar":{"events":[]}}]\n'
+                    + orjson.dumps(["s", "0-0", "calendar", {"events": [ev]}])
+                    + b'\n["s","0-0","calendar",{"events":[')
+    async with calendar_host("gym-0", work_dir=tmp_path, recover=True) as sim:
+        assert calendar_state(sim)["0-0"].sentinels == ("s0",)
         await sim.retire(["0-0"], trio.current_time() + 1)
-    assert replay_env_log(log.read_bytes()) == {}  # the freeing replays after the cut
+    assert replay_journal(log.read_bytes()) == {}  # the freeing replays after the cut
+
+
+async def test_a_journal_the_environment_cannot_restore_is_refused_by_name(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    log = tmp_path / "gym-0" / JOURNAL_FILE
+    log.parent.mkdir()
+    log.write_bytes(b'["n","0-0","0-0",0,{"calendar":{"nope":1}}]\n')
+    with pytest.raises(ValueError, match="journaled session 0-0 cannot be restored"):
+        async with calendar_host("gym-0", work_dir=tmp_path, recover=True):
+            pass
 
 
 async def test_the_next_checkpoint_waits_for_a_slow_replacement(

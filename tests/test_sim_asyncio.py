@@ -19,10 +19,11 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     SimConfig,
-    SimInstance,
+    calendar_host,
+    calendar_state,
     plan_episode,
 )
-from gymckpt.gym_adapter._sim import sentinel
+from gymckpt.gym_adapter.calendar_env import sentinel
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
 CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
@@ -51,11 +52,11 @@ def test_runs_to_completion_under_asyncio() -> None:
     async def main() -> None:
         assert sniffio.current_async_library() == "asyncio"
         asyncio.get_running_loop()
-        async with SimInstance("gym-0", seed=SEED, config=CONFIG) as inst:
+        async with calendar_host("gym-0", seed=SEED, config=CONFIG) as inst:
             replies = await drain(await inst.run(rows(5)))
             assert sorted(r.rollout_id for r in replies) == [f"{r}-0" for r in range(5)]
             assert all(isinstance(r, Completed) for r in replies)
-            state = inst.calendar_state()
+            state = calendar_state(inst)
             for r in range(5):
                 assert list(state[f"{r}-0"].sentinels) == sentinels(r)
 
@@ -123,7 +124,7 @@ def test_restore_and_claim_under_asyncio(tmp_path: Path) -> None:
 
 def test_serve_in_a_task_group_like_a_ray_actor() -> None:
     async def main() -> None:
-        inst = SimInstance("gym-3", agent_kind="legacy_agent", seed=SEED, config=CONFIG)
+        inst = calendar_host("gym-3", agent_kind="legacy_agent", seed=SEED, config=CONFIG)
         async with anyio.create_task_group() as tg:
             await tg.start(inst.serve)
             replies = await drain(await inst.run(rows(2)))

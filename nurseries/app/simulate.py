@@ -90,6 +90,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     SimConfig,
+    calendar_state,
 )
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import (
@@ -689,7 +690,7 @@ def _check_dropped_state_retired(
     for name in gym.instances:
         if gym.sim(name).dead:
             continue
-        held = {s.rollout_id for s in gym.sim(name).calendar_state().values()} & dropped
+        held = {s.rollout_id for s in calendar_state(gym.sim(name)).values()} & dropped
         if held:
             run.violation(inc, f"after the restore {name} still holds the state of dropped "
                                f"attempts {sorted(held)[:3]}")

@@ -129,7 +129,7 @@ def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[st
                 continue
             records = orjson.loads((snap.path / part.state_dir / RECORDS_FILE).read_bytes())
             for sess in records["sessions"]:
-                sentinel_counts.update(e["sentinel"] for e in sess["events"])
+                sentinel_counts.update(e["sentinel"] for e in sess["state"]["events"])
     return sentinel_counts, failed_rows
 
 

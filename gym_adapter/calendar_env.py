@@ -1,0 +1,311 @@
+"""The calendar workplace: the reference multi-participant environment, on the public API.
+
+Every instance hosts the same ``Environment`` a user would write:
+
+- ``agent`` (kind ``simple_agent`` or ``legacy_agent``): the episode loop. Turn ``t`` asks the
+  model for the turn's plan payload (a model call, captured under a capture key), works for the
+  turn's duration, and, on a mutating turn, creates a calendar event carrying the sentinel
+  ``sentinel:{row}-{slot}:t{t}``; one more call after the last turn reports the end (so an
+  episode that did all its turns still passes a step boundary before it replies);
+- ``calendar`` (kind ``environment``, ``retained``): the calendar itself. A slot's calendar
+  session outlives its episode until the attempt is retired, is in every checkpoint, and is
+  journaled, so the replacement of a dead instance holds the same events;
+- ``model_proxy``: the host's, in front of ``calendar_model``.
+
+What an episode does is a function of (seed, row, slot) only (``plan_episode``), so a run can
+be checked against its plans: every sentinel a plan calls for must be in the final calendar
+exactly once (the exactly-once verdict). Nothing here is private to gymckpt: this module uses
+only what ``gymckpt.gym_adapter`` exports.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import attrs
+
+from ._environment import Environment
+from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
+from ._host import GymHost, HostConfig
+from ._host_episodes import capture_key as host_capture_key
+
+__all__ = [
+    "AGENT_KINDS",
+    "CALENDAR",
+    "CalendarAgent",
+    "CalendarEvent",
+    "CalendarServer",
+    "CalendarSession",
+    "CalendarState",
+    "EpisodePlan",
+    "SimConfig",
+    "calendar_environment",
+    "calendar_host",
+    "calendar_model",
+    "calendar_state",
+    "capture_key",
+    "plan_episode",
+    "sentinel",
+    "session_key",
+]
+
+AGENT_KINDS: Final = ("simple_agent", "legacy_agent")
+AGENT: Final = "agent"
+CALENDAR: Final = "calendar"
+
+
+def session_key(row: int, slot: int) -> str:
+    """The environment session of a generation slot: ``"{row}-{slot}"``."""
+    return f"{row}-{slot}"
+
+
+def capture_key(row: int, slot: int, turn: int) -> str:
+    """The key turn ``turn``'s model call is staged under (one call per turn)."""
+    info = EpisodeInfo("", row, slot, 0, 0, "")
+    return host_capture_key(info, turn, 0)
+
+
+def sentinel(row: int, slot: int, turn: int) -> str:
+    """The sentinel carried by the calendar event a turn creates."""
+    return f"sentinel:{row}-{slot}:t{turn}"
+
+
+# -- configuration and plans ---------------------------------------------------------------
+
+
+def _range_of(kind: type) -> Any:
+    def check(_inst: object, attr: attrs.Attribute[Any], value: Any) -> None:
+        ok = (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+            and 0 <= value[0] <= value[1]
+        )
+        if not ok:
+            raise ValueError(f"{attr.name} must be a (low, high) pair with 0 <= low <= high")
+
+    return check
+
+
+_probability = attrs.validators.and_(attrs.validators.ge(0.0), attrs.validators.le(1.0))
+
+
+@attrs.frozen(kw_only=True)
+class SimConfig:
+    """Knobs of the calendar workplace (picklable; the same config goes to every instance).
+
+    ``turns`` and ``turn_s`` are inclusive (low, high) ranges; ``mutation_p`` is the chance a
+    turn creates a calendar event. ``lease_s``, ``flush_interval_s`` and ``max_batch`` are the
+    host's (``HostConfig``). Test hooks: ``hold_after_first_mutation`` holds the episode that
+    performs an instance's first event (since it started serving) at its next step boundary
+    until a prepare parks it (``EpisodeContext.hold``); ``strand_legacy_session`` is
+    ``HostConfig.strand_legacy_session`` (S10).
+    """
+
+    turns: tuple[int, int] = attrs.field(default=(2, 5), validator=_range_of(int))
+    turn_s: tuple[float, float] = attrs.field(default=(0.01, 0.05), validator=_range_of(float))
+    mutation_p: float = attrs.field(default=0.5, validator=_probability)
+    lease_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+    flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
+    max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
+    hold_after_first_mutation: bool = False
+    strand_legacy_session: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.turns[0] < 1:
+            raise ValueError(f"turns must be at least 1, got {self.turns!r}")
+
+    def host_config(self) -> HostConfig:
+        """The host's part of this config."""
+        return HostConfig(
+            lease_s=self.lease_s,
+            flush_interval_s=self.flush_interval_s,
+            max_batch=self.max_batch,
+            strand_legacy_session=self.strand_legacy_session,
+        )
+
+
+@attrs.frozen
+class EpisodePlan:
+    """What an episode of (seed, row, slot) does, turn by turn."""
+
+    turns: int
+    durations: tuple[float, ...]
+    mutates: tuple[bool, ...]
+    payloads: tuple[str, ...]
+    reward: float
+
+
+def plan_episode(seed: int, row: int, slot: int, config: SimConfig) -> EpisodePlan:
+    """The plan of slot ``slot`` of row ``row``: a function of (seed, row, slot) only."""
+    rng = random.Random(f"gymckpt-sim:{seed}:{row}:{slot}")
+    turns = rng.randint(*config.turns)
+    lo, span, p = config.turn_s[0], config.turn_s[1] - config.turn_s[0], config.mutation_p
+    draw, bits = rng.random, rng.getrandbits
+    durations: list[float] = []
+    mutates: list[bool] = []
+    payloads: list[str] = []
+    for t in range(turns):
+        durations.append(round(lo + span * draw(), 6))
+        mutates.append(draw() < p)
+        payloads.append(f"{row}-{slot}/t{t}:{bits(32):08x}")
+    reward = round(draw(), 6)
+    return EpisodePlan(turns, tuple(durations), tuple(mutates), tuple(payloads), reward)
+
+
+# -- the participants ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CalendarEvent:
+    turn: int
+    title: str
+    sentinel: str
+
+
+@attrs.define(eq=False, slots=True)
+class CalendarState:
+    """One calendar session's state: the events its attempt created, in order."""
+
+    events: list[CalendarEvent] = attrs.field(factory=list)
+
+
+@attrs.frozen
+class CalendarSession:
+    """A calendar session as ``calendar_state`` reports it: its events and its owner."""
+
+    key: str
+    rollout_id: str
+    attempt: int
+    events: tuple[CalendarEvent, ...]
+
+    @property
+    def sentinels(self) -> tuple[str, ...]:
+        return tuple(e.sentinel for e in self.events)
+
+
+@attrs.frozen
+class CalendarServer:
+    """The ``calendar`` environment server: one retained ``CalendarState`` per slot."""
+
+    name: str = CALENDAR
+    kind: str = "environment"
+    retained: bool = True
+
+    def open(self, info: EpisodeInfo) -> CalendarState:
+        return CalendarState()
+
+    def export(self, state: CalendarState) -> dict[str, Any]:
+        return {
+            "events": [
+                {"turn": e.turn, "title": e.title, "sentinel": e.sentinel} for e in state.events
+            ]
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> CalendarState:
+        return CalendarState([
+            CalendarEvent(int(e["turn"]), str(e["title"]), str(e["sentinel"]))
+            for e in data["events"]
+        ])
+
+
+@attrs.define(eq=False, slots=True)
+class _AgentState:
+    plan: EpisodePlan | None = None
+    """A function of (seed, row, slot): not exported, made again after a restore."""
+
+
+def calendar_model(key: str, request: Any, info: EpisodeInfo) -> Any:
+    """The workplace's model: answers a turn's request with the turn's plan payload."""
+    return request
+
+
+@attrs.frozen
+class CalendarAgent:
+    """The agent (``simple_agent`` or ``legacy_agent``) playing each episode's plan."""
+
+    config: SimConfig
+    kind: str = "simple_agent"
+    name: str = AGENT
+
+    def open(self, info: EpisodeInfo) -> _AgentState:
+        return _AgentState(plan_episode(info.seed, info.row, info.slot, self.config))
+
+    def export(self, state: _AgentState) -> dict[str, Any]:
+        return {}
+
+    def restore(self, data: Any) -> _AgentState:
+        return _AgentState()
+
+    async def step(self, ctx: EpisodeContext, state: _AgentState) -> Done | None:
+        info = ctx.info
+        plan = state.plan
+        if plan is None:
+            plan = state.plan = plan_episode(info.seed, info.row, info.slot, self.config)
+        turn = ctx.turn
+        if turn >= plan.turns:
+            return Done(plan.reward, turns=plan.turns)
+        await ctx.model(plan.payloads[turn])
+        await anyio.sleep(plan.durations[turn])
+        if plan.mutates[turn]:
+            try:
+                calendar: CalendarState = ctx.session(CALENDAR)
+            except EpisodeFenced:
+                ctx.count("fenced_mutations")
+                raise
+            key = info.session_key
+            calendar.events.append(
+                CalendarEvent(turn, f"meeting {key} t{turn}", sentinel(info.row, info.slot, turn))
+            )
+            if ctx.count("mutations") == 1 and self.config.hold_after_first_mutation:
+                ctx.hold()
+        return None
+
+
+def calendar_environment(
+    agent_kind: str = "simple_agent", config: SimConfig | None = None
+) -> Environment:
+    """The calendar workplace as an ``Environment``: agent, calendar, model proxy."""
+    if agent_kind not in AGENT_KINDS:
+        raise ValueError(
+            f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {agent_kind!r}"
+        )
+    cfg = config if config is not None else SimConfig()
+    return Environment(
+        agent=CalendarAgent(cfg, agent_kind),
+        participants=(CalendarServer(),),
+        model=calendar_model,
+    )
+
+
+def calendar_host(
+    name: str,
+    agent_kind: str = "simple_agent",
+    seed: int = 0,
+    work_dir: str | Path | None = None,
+    config: SimConfig | None = None,
+    *,
+    recover: bool = False,
+) -> GymHost:
+    """One calendar workplace instance: a ``GymHost`` serving ``calendar_environment``."""
+    cfg = config if config is not None else SimConfig()
+    return GymHost(
+        name,
+        calendar_environment(agent_kind, cfg),
+        seed,
+        Path(work_dir) if work_dir is not None else None,
+        cfg.host_config(),
+        recover=recover,
+    )
+
+
+def calendar_state(host: GymHost) -> dict[str, CalendarSession]:
+    """The calendar sessions ``host`` holds now, by session key (for sentinel checks)."""
+    return {
+        key: CalendarSession(key, view.rollout_id, view.attempt, tuple(view.state.events))
+        for key, view in host.session_states(CALENDAR).items()
+    }
