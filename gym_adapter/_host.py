@@ -45,8 +45,6 @@ from ._contract import (
     Completed,
     Failed,
     GymInstanceDead,
-    InstanceInventory,
-    InstanceTopology,
     Refused,
     RunReply,
     RunRow,
@@ -55,8 +53,9 @@ from ._environment import Environment
 from ._episode import EpisodeFenced, EpisodeInfo, is_retained, participant_kinds, to_plain
 from ._host_control import HostControl
 from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext, completed_reply
-from ._host_journal import JOURNAL_FILE, SessionJournal
+from ._host_journal import HostJournaling, SessionJournal
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
+from ._host_views import HostStatistics, HostViews, SessionView
 
 __all__ = ["GymHost", "HostConfig", "HostStatistics", "SessionView"]
 
@@ -73,50 +72,6 @@ class HostConfig:
     flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
     max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     strand_legacy_session: bool = False
-
-
-@attrs.frozen
-class HostStatistics:
-    """Counts of one host instance (a snapshot). ``counters``: the environment's own
-    (``EpisodeContext.count``)."""
-
-    instance: str
-    dead: bool
-    admission_open: bool
-    prepared: bool
-    running: int
-    parked: int
-    unclaimed: int
-    on_wire: int
-    streams: int
-    episodes_started: int
-    episodes_claimed: int
-    completed: int
-    failed: int
-    refused_rows: int
-    retired: int
-    restored: int
-    turns: int
-    model_calls: int
-    model_replays: int
-    fenced_episodes: int
-    fenced_replies: int
-    stale_runs: int
-    commits: int
-    lease_reopened: int
-    batches: int
-    discarded_replies: int
-    counters: dict[str, int] = attrs.field(factory=dict)
-
-
-@attrs.frozen
-class SessionView:
-    """One slot's session of one participant, as the host holds it now."""
-
-    key: str
-    rollout_id: str
-    attempt: int
-    state: Any
 
 
 @attrs.define(eq=False, slots=True)
@@ -140,7 +95,7 @@ class _Counters:
 
 @final
 @attrs.define(eq=False, slots=True, repr=False)
-class GymHost(HostControl):
+class GymHost(HostControl, HostViews, HostJournaling):
     """One Gym instance hosting ``environment``. Serve it with ``async with GymHost(...)``: its
     task group runs the episodes, stream flushers and the lease timer; leaving it cancels them.
     A call after ``kill()`` raises ``GymInstanceDead``.
@@ -251,43 +206,6 @@ class GymHost(HostControl):
         self._streams.end_all()
         if self._all_parked is not None:
             self._all_parked.set()
-
-    @property
-    def journal_path(self) -> Path | None:
-        """The retained sessions' journal (None without a ``work_dir`` or retained
-        participants)."""
-        if self.work_dir is None or not self._retained:
-            return None
-        return self.work_dir / self.name / JOURNAL_FILE
-
-    def _open_journal(self) -> None:
-        path = self.journal_path
-        if path is None:
-            return
-        self._journal = SessionJournal(path)
-        slots = self._journal.open(recover=self.recover)
-        for key, slot in slots.items():
-            try:
-                states = {p.name: p.restore(slot.states[p.name]) for p in self._retained}
-            except Exception as exc:
-                self._journal.close()
-                raise ValueError(
-                    f"instance {self.name}: journaled session {key} cannot be restored "
-                    f"({exc!r}); the journal is {path}"
-                ) from None
-            # each slot is retirable by the attempt that owned it, as on the dead instance
-            self._owners[key] = (slot.rollout_id, slot.attempt)
-            self._kept[key] = states
-            self._finished[slot.rollout_id] = key
-
-    def _journal_states(self, key: str, sessions: dict[str, Any], names: Any = None) -> None:
-        """Journal the retained sessions among ``names`` (all when None) of slot ``key``."""
-        journal = self._journal
-        if journal is None:
-            return
-        for p in self._retained:
-            if names is None or p.name in names:
-                journal.state(key, p.name, to_plain(p.export(sessions[p.name])))
 
     @property
     def dead(self) -> bool:
@@ -508,17 +426,6 @@ class GymHost(HostControl):
             if done is not None:
                 return completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
 
-    def _journal_turn(self, ep: Episode, ctx: StepContext) -> str | None:
-        """Journal the retained sessions this turn fetched; the problem if one cannot export."""
-        if not ctx.touched or self._journal is None or self.fenced(ep):
-            return None
-        try:
-            self._journal_states(ep.key, ep.sessions, ctx.touched)
-        except Exception as exc:
-            return f"{self.name}: episode {ep.rollout_id} turn {ep.turn}: exporting a retained " \
-                f"session for the journal: {exc!r}"
-        return None
-
     async def _step_boundary(self, ep: Episode) -> None:
         """Pass step boundary ``ep.turn``: park here while a checkpoint is prepared (or, held,
         until one is)."""
@@ -589,68 +496,6 @@ class GymHost(HostControl):
 
     def _consumer_closed(self, st: RunStream) -> None:
         self._streams.end(st, hard=True)
-
-    # -- views ---------------------------------------------------------------------------------
-
-    def topology(self) -> InstanceTopology:
-        if self._dead:
-            raise GymInstanceDead(self.name, "topology")
-        return InstanceTopology(self.name, self.participants)
-
-    def session_states(self, participant: str) -> dict[str, SessionView]:
-        """Every slot's live session of ``participant`` by session key, sorted: those of
-        running, parked and unclaimed episodes, and retained ones of ended episodes."""
-        if participant not in {name for name, _ in self.participants}:
-            raise KeyError(f"no participant {participant!r} on instance {self.name}")
-        out: dict[str, SessionView] = {}
-        for key in sorted(self._owners):
-            rid, attempt = self._owners[key]
-            ep = self._episodes.get(rid) or self._unclaimed.get(rid)
-            sessions = ep.sessions if ep is not None else self._kept.get(key, {})
-            if participant in sessions:
-                out[key] = SessionView(key, rid, attempt, sessions[participant])
-        return out
-
-    def _n_parked(self) -> int:
-        if not self._prepared:
-            return 0
-        return sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
-
-    def inventory(self) -> InstanceInventory:
-        if self._dead:
-            raise GymInstanceDead(self.name, "inventory")
-        parked = (
-            {r for r, ep in self._episodes.items() if ep.state == BOUNDARY}
-            if self._prepared else set()
-        )
-        return InstanceInventory(
-            instance=self.name,
-            admission_open=self._admission_open,
-            prepared=self._prepared,
-            running=tuple(sorted(set(self._episodes) - parked)),
-            parked=tuple(sorted(parked)),
-            unclaimed=tuple(sorted(self._unclaimed)),
-            on_wire=tuple(sorted(self._streams.on_wire)),
-            lease_reopened=self.count.lease_reopened,
-        )
-
-    def statistics(self) -> HostStatistics:
-        parked = self._n_parked()
-        return HostStatistics(
-            instance=self.name,
-            dead=self._dead,
-            admission_open=self._admission_open,
-            prepared=self._prepared,
-            running=len(self._episodes) - parked,
-            parked=parked,
-            unclaimed=len(self._unclaimed),
-            on_wire=len(self._streams.on_wire),
-            streams=len(self._streams.streams),
-            batches=self._streams.batches,
-            discarded_replies=self._streams.discarded,
-            counters=dict(self._user_counts),
-            **attrs.asdict(self.count),
-        )
 
     def __repr__(self) -> str:
         state = "dead" if self._dead else "prepared" if self._prepared else "open"

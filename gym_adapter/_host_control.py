@@ -8,15 +8,14 @@ alive and serving and enforces its ``deadline_ts`` once it runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
-import sniffio
 
 from gymckpt.runtime import (
     EpisodeRecord,
@@ -39,7 +38,7 @@ from ._contract import (
 )
 from ._episode import EpisodeInfo, to_plain
 from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode
-from ._host_records import read_verified, write_records
+from ._host_records import Kept, build_records, offload, read_verified, write_records
 
 if TYPE_CHECKING:
     from ._environment import Environment
@@ -49,10 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HostControl"]
 
-T = TypeVar("T")
 MODEL_PROXY = "model_proxy"
-Kept = tuple[str, str, int, dict[str, Any]]
-"""A retained slot of an ended episode: (key, rollout ID, attempt, states by participant)."""
 
 
 class HostControl:
@@ -174,7 +170,7 @@ class HostControl:
         on_wire = tuple(sorted(self._streams.on_wire))
         # Export off the loop: every episode is parked and retire is refused while prepared, so
         # what the export reads stays put while it runs.
-        exported, sessions, participants = await _offload(
+        exported, sessions, participants = await offload(
             functools.partial(self._export, checkpoint_id, self._root(state_root), held, kept)
         )
         if self._dead:  # died while exporting: what it committed died with it
@@ -194,7 +190,10 @@ class HostControl:
             if held and self._legacy and self.config.strand_legacy_session else None
         )
         try:
-            records = self._records(checkpoint_id, held, kept, stranded)
+            records = build_records(
+                self.environment, self._owner_name, self._retained, checkpoint_id, held, kept,
+                stranded,
+            )
         except Exception as exc:
             raise GymControlError(
                 self.name, "commit", f"exporting session state failed: {exc!r}"
@@ -219,56 +218,6 @@ class HostControl:
             for ep in held
         )
         return exported, sessions, tuple(participants)
-
-    def _records(
-        self, checkpoint_id: str, held: Sequence[Episode], kept: Sequence[Kept],
-        stranded: str | None,
-    ) -> dict[str, Any]:
-        env = self.environment
-        agent = env.agent
-        owner = self._owner_name
-        records: dict[str, Any] = {
-            agent.name: {
-                "participant": agent.name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
-                "sessions": [
-                    {"rollout_id": ep.rollout_id, "row": ep.info.row, "slot": ep.info.slot,
-                     "attempt": ep.info.attempt,
-                     "step_boundary": None if ep.rollout_id == stranded else ep.turn,
-                     "state": to_plain(agent.export(ep.sessions[agent.name]))}
-                    for ep in held
-                ],
-            }
-        }
-        retained = {p.name for p in self._retained}
-        for p in env.participants:
-            sessions = [
-                {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
-                 "state": to_plain(p.export(ep.sessions[p.name]))}
-                for ep in held
-            ]
-            if p.name in retained:
-                sessions.extend(
-                    {"key": key, "rollout_id": rid, "attempt": attempt,
-                     "state": to_plain(p.export(states[p.name]))}
-                    for key, rid, attempt, states in kept
-                )
-                sessions.sort(key=lambda s: s["key"])
-            records[p.name] = {
-                "participant": p.name, "kind": p.kind, "checkpoint_id": checkpoint_id,
-                "exported": [ep.rollout_id for ep in held] if p.name == owner else [],
-                "retained": p.name in retained,
-                "sessions": sessions,
-            }
-        if env.model is not None:
-            records[MODEL_PROXY] = {
-                "participant": MODEL_PROXY, "kind": "model_proxy", "checkpoint_id": checkpoint_id,
-                "staged": [
-                    {"rollout_id": ep.rollout_id,
-                     "calls": [{"key": k, "response": r} for k, r in ep.staged]}
-                    for ep in held
-                ],
-            }
-        return records
 
     async def resume(self, checkpoint_id: str, deadline_ts: float) -> None:
         """Reopen admission and unpark; a no-op when nothing is prepared."""
@@ -518,29 +467,3 @@ class HostControl:
             )
         return out
 
-
-_EXPORT_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
-    "gymckpt_host_export_threads"
-)
-
-
-async def _offload(fn: Callable[[], T]) -> T:
-    """``fn()`` in a worker thread; inline under trio's ``MockClock`` (virtual time would leap
-    past every deadline while a real thread runs).
-
-    One such thread per event loop at a time: instances hosted in one process share one GIL, so
-    parallel exports are not faster, and every extra thread wanting the GIL makes the event
-    loop wait longer for it."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-        import trio.testing
-
-        if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
-            await anyio.lowlevel.checkpoint()
-            return fn()
-    try:
-        limiter = _EXPORT_THREADS.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(1)
-        _EXPORT_THREADS.set(limiter)
-    return await anyio.to_thread.run_sync(fn, limiter=limiter)

@@ -22,14 +22,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 import orjson
 
 from gymckpt.runtime import write_atomic
 
-__all__ = ["JOURNAL_FILE", "JournaledSlot", "SessionJournal", "replay_journal"]
+from ._episode import to_plain
+
+if TYPE_CHECKING:
+    from ._host_episodes import Episode, StepContext
+
+__all__ = ["JOURNAL_FILE", "HostJournaling", "JournaledSlot", "SessionJournal", "replay_journal"]
 
 JOURNAL_FILE: Final = "sessions.journal"
 
@@ -125,3 +130,68 @@ class SessionJournal:
         ]
         write_atomic(self.path, b"".join(line + b"\n" for line in lines))
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+
+class HostJournaling:
+    """How ``GymHost`` uses its journal (a mixin: the fields are the host's). The admission,
+    claim, retire and restore paths append their own records; this opens and replays the
+    journal and journals the sessions a turn fetched."""
+
+    if not TYPE_CHECKING:
+        __slots__ = ()
+    else:
+        name: str
+        work_dir: Path | None
+        recover: bool
+        _journal: SessionJournal | None
+        _retained: tuple[Any, ...]
+        _owners: dict[str, tuple[str, int]]
+        _kept: dict[str, dict[str, Any]]
+        _finished: dict[str, str]
+
+        def fenced(self, ep: Episode) -> bool:
+            raise NotImplementedError
+
+    @property
+    def journal_path(self) -> Path | None:
+        """The retained sessions' journal (None without a ``work_dir`` or retained
+        participants)."""
+        if self.work_dir is None or not self._retained:
+            return None
+        return self.work_dir / self.name / JOURNAL_FILE
+
+    def _open_journal(self) -> None:
+        path = self.journal_path
+        if path is None:
+            return
+        self._journal = SessionJournal(path)
+        slots = self._journal.open(recover=self.recover)
+        for key, slot in slots.items():
+            try:
+                states = {p.name: p.restore(slot.states[p.name]) for p in self._retained}
+            except Exception as exc:
+                self._journal.close()
+                raise ValueError(
+                    f"instance {self.name}: journaled session {key} cannot be restored "
+                    f"({exc!r}); the journal is {path}"
+                ) from None
+            # each slot is retirable by the attempt that owned it, as on the dead instance
+            self._owners[key] = (slot.rollout_id, slot.attempt)
+            self._kept[key] = states
+            self._finished[slot.rollout_id] = key
+
+    def _journal_turn(self, ep: Episode, ctx: StepContext) -> str | None:
+        """Journal the retained sessions this turn fetched; the problem if one cannot export."""
+        if not ctx.touched or self._journal is None or self.fenced(ep):
+            return None
+        try:
+            for p in self._retained:
+                if p.name in ctx.touched:
+                    self._journal.state(ep.key, p.name, to_plain(p.export(ep.sessions[p.name])))
+        except Exception as exc:
+            return (
+                f"{self.name}: episode {ep.rollout_id} turn {ep.turn}: exporting a retained "
+                f"session for the journal: {exc!r}"
+            )
+        return None
+

@@ -1,0 +1,147 @@
+"""What a Gym host reports about itself: counts, its inventory, its sessions.
+
+A mixin of ``GymHost`` (kept apart so each module stays one concept): it only reads the host's
+fields declared below. The views are snapshots; none changes the host.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._contract import GymInstanceDead, InstanceInventory, InstanceTopology
+from ._host_episodes import BOUNDARY, Episode
+
+if TYPE_CHECKING:
+    from ._host import _Counters
+    from ._host_streams import ReplyStreams
+
+__all__ = ["HostStatistics", "HostViews", "SessionView"]
+
+
+@attrs.frozen
+class HostStatistics:
+    """Counts of one host instance (a snapshot). ``counters``: the environment's own
+    (``EpisodeContext.count``)."""
+
+    instance: str
+    dead: bool
+    admission_open: bool
+    prepared: bool
+    running: int
+    parked: int
+    unclaimed: int
+    on_wire: int
+    streams: int
+    episodes_started: int
+    episodes_claimed: int
+    completed: int
+    failed: int
+    refused_rows: int
+    retired: int
+    restored: int
+    turns: int
+    model_calls: int
+    model_replays: int
+    fenced_episodes: int
+    fenced_replies: int
+    stale_runs: int
+    commits: int
+    lease_reopened: int
+    batches: int
+    discarded_replies: int
+    counters: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SessionView:
+    """One slot's session of one participant, as the host holds it now."""
+
+    key: str
+    rollout_id: str
+    attempt: int
+    state: Any
+
+
+class HostViews:
+    """The views of ``GymHost`` (a mixin: the fields are the host's)."""
+
+    if not TYPE_CHECKING:
+        __slots__ = ()
+    else:
+        name: str
+        count: _Counters
+        _dead: bool
+        _admission_open: bool
+        _prepared: bool
+        _episodes: dict[str, Episode]
+        _unclaimed: dict[str, Episode]
+        _owners: dict[str, tuple[str, int]]
+        _kept: dict[str, dict[str, Any]]
+        _streams: ReplyStreams
+        _user_counts: dict[str, int]
+
+        @property
+        def participants(self) -> tuple[tuple[str, str], ...]:
+            raise NotImplementedError
+
+    def topology(self) -> InstanceTopology:
+        if self._dead:
+            raise GymInstanceDead(self.name, "topology")
+        return InstanceTopology(self.name, self.participants)
+
+    def session_states(self, participant: str) -> dict[str, SessionView]:
+        """Every slot's live session of ``participant`` by session key, sorted: those of
+        running, parked and unclaimed episodes, and retained ones of ended episodes."""
+        if participant not in {name for name, _ in self.participants}:
+            raise KeyError(f"no participant {participant!r} on instance {self.name}")
+        out: dict[str, SessionView] = {}
+        for key in sorted(self._owners):
+            rid, attempt = self._owners[key]
+            ep = self._episodes.get(rid) or self._unclaimed.get(rid)
+            sessions = ep.sessions if ep is not None else self._kept.get(key, {})
+            if participant in sessions:
+                out[key] = SessionView(key, rid, attempt, sessions[participant])
+        return out
+
+    def _n_parked(self) -> int:
+        if not self._prepared:
+            return 0
+        return sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
+
+    def inventory(self) -> InstanceInventory:
+        if self._dead:
+            raise GymInstanceDead(self.name, "inventory")
+        parked = (
+            {r for r, ep in self._episodes.items() if ep.state == BOUNDARY}
+            if self._prepared else set()
+        )
+        return InstanceInventory(
+            instance=self.name,
+            admission_open=self._admission_open,
+            prepared=self._prepared,
+            running=tuple(sorted(set(self._episodes) - parked)),
+            parked=tuple(sorted(parked)),
+            unclaimed=tuple(sorted(self._unclaimed)),
+            on_wire=tuple(sorted(self._streams.on_wire)),
+            lease_reopened=self.count.lease_reopened,
+        )
+
+    def statistics(self) -> HostStatistics:
+        parked = self._n_parked()
+        return HostStatistics(
+            instance=self.name,
+            dead=self._dead,
+            admission_open=self._admission_open,
+            prepared=self._prepared,
+            running=len(self._episodes) - parked,
+            parked=parked,
+            unclaimed=len(self._unclaimed),
+            on_wire=len(self._streams.on_wire),
+            streams=len(self._streams.streams),
+            batches=self._streams.batches,
+            discarded_replies=self._streams.discarded,
+            counters=dict(self._user_counts),
+            **attrs.asdict(self.count),
+        )
