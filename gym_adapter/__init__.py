@@ -50,6 +50,7 @@ from ._episode import (
     StateParticipant,
     participant_kinds,
     register_participant_kind,
+    to_plain,
 )
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
 from ._host import GymHost, HostConfig, HostStatistics, SessionView
@@ -146,4 +147,5 @@ __all__ = [
     "plan_episode",
     "register_participant_kind",
     "sentinel",
+    "to_plain",
 ]

@@ -13,6 +13,9 @@ The kit hosts the environment on an in-process ``GymHost`` and checks, with real
    both hosts add up to the uninterrupted run's).
 5. ``fencing``: a fresh attempt of a slot silences the older one (no reply from it) and
    completes.
+6. ``retained_journal`` (only with ``retained`` participants): the sessions that outlive their
+   episodes are journaled; a host opened on the same ``work_dir`` with ``recover=True`` (what
+   replaces a dead instance) holds the same sessions, exported to the same plain data.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     load_environment,
+    to_plain,
 )
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, rollout_id_for
 
@@ -56,6 +60,43 @@ class _CountingModel:
         self.calls += 1
         out = self.inner(key, request, info)
         return await out if inspect.isawaitable(out) else out
+
+
+@attrs.define(eq=False)
+class _TurnWatch:
+    """The agent of the environment under test, which sets ``reached`` once ``target`` turns
+    have been played (an event to wait on, rather than a poll that a virtual clock never
+    advances past)."""
+
+    inner: Any
+    target: int
+    reached: anyio.Event = attrs.field(factory=anyio.Event)
+    turns: int = 0
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    @property
+    def kind(self) -> str:
+        return str(self.inner.kind)
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return self.inner.open(info)
+
+    def export(self, state: Any) -> Any:
+        return self.inner.export(state)
+
+    def restore(self, data: Any) -> Any:
+        return self.inner.restore(data)
+
+    async def step(self, ctx: Any, state: Any) -> Any:
+        try:
+            return await self.inner.step(ctx, state)
+        finally:
+            self.turns += 1
+            if self.turns >= self.target:
+                self.reached.set()
 
 
 def _with_counter(env: Environment) -> tuple[Environment, _CountingModel | None]:
@@ -125,7 +166,38 @@ async def check_environment(
             await _park_and_restore(env, workdir / f"park-{k}", rows, group_size, seed, k,
                                     ref, ref_calls, checks)
         await _fencing(env, workdir / "fencing", seed, checks)
+        if any(getattr(p, "retained", False) is True for p in env.participants):
+            await _retained_journal(env, workdir / "journal", rows, group_size, seed, checks)
     return checks.finish()
+
+
+def _retained(host: GymHost) -> dict[str, dict[str, Any]]:
+    env = host.environment
+    return {
+        p.name: {
+            key: (v.rollout_id, v.attempt, to_plain(p.export(v.state)))
+            for key, v in host.session_states(p.name).items()
+        }
+        for p in env.participants if p.name in host.retained_names
+    }
+
+
+async def _retained_journal(
+    env: Environment, where: Path, rows: int, group_size: int, seed: int, checks: Checks
+) -> None:
+    done: dict[str, RunReply] = {}
+    async with GymHost(_INSTANCE, env, seed, where) as host:
+        await _read(await host.run(_rows(rows, group_size)), done)
+        before = _retained(host)
+    async with GymHost(_INSTANCE, env, seed, where, recover=True) as replacement:
+        after = _retained(replacement)
+    held = sum(len(v) for v in before.values())
+    differ = [n for n in before if before[n] != after.get(n)]
+    checks.check(
+        "retained_journal", after == before and held > 0,
+        f"{held} retained sessions after {len(done)} episodes; the recovered host holds "
+        f"{sum(len(v) for v in after.values())}, differing in participants {differ}",
+    )
 
 
 async def _park_and_restore(
@@ -141,12 +213,17 @@ async def _park_and_restore(
 ) -> None:
     got: dict[str, RunReply] = {}
     first_env, first_model = _with_counter(env)
+    watch = _TurnWatch(first_env.agent, k * rows * group_size)
+    first_env = attrs.evolve(first_env, agent=watch)
+
+    async def read_all() -> None:
+        await _read(await host.run(_rows(rows, group_size)), got)
+        watch.reached.set()  # every episode ended before the target
+
     async with GymHost(_INSTANCE, first_env, seed, where) as host, \
             anyio.create_task_group() as tg:
-        tg.start_soon(_read, await host.run(_rows(rows, group_size)), got)
-        target = k * rows * group_size
-        while host.statistics().turns < target and len(got) < rows * group_size:
-            await anyio.lowlevel.checkpoint()
+        tg.start_soon(read_all)
+        await watch.reached.wait()
         await host.prepare("conformance", anyio.current_time() + 60)
         commit = await host.commit("conformance", "snapshot", anyio.current_time() + 60)
         await anyio.sleep(0.05)  # let replies produced before the park reach the reader
@@ -157,9 +234,10 @@ async def _park_and_restore(
         for p in commit.participants
     ))
     owners = {e.rollout_id: e for e in commit.exported}
-    episodes = [
+    agent_sessions = {s.rollout_id: s for s in commit.sessions}
+    episodes = [  # what the coordinator records: the exporter's, else the agent session's
         EpisodeRecord(rid, owners[rid].owner if rid in owners else env.agent.name, _INSTANCE,
-                      owners[rid].capture_keys if rid in owners else ())
+                      (owners[rid] if rid in owners else agent_sessions[rid]).capture_keys)
         for rid in held
     ]
     second_env, second_model = _with_counter(env)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio.testing
 
@@ -17,7 +18,9 @@ from gymckpt.gym_adapter import (
     EpisodeInfo,
     HostConfig,
     SimConfig,
+    calendar_environment,
 )
+from gymckpt.gym_adapter.calendar_env import CalendarServer
 from gymckpt.testing import ConformanceError, check_backend, check_environment
 
 gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")
@@ -100,6 +103,36 @@ async def test_kit_on_every_builtin_gymnasium_codec(
     env = gymnasium_env.gymnasium_environment(env_id, max_episode_steps=40)
     report = await check_environment(env, tmp_path, rows=2, park_after=(1, 5))
     assert "restore_equivalence[5]" in report.checks
+
+
+@pytest.mark.parametrize("agent_kind", ["simple_agent", "legacy_agent"])
+async def test_kit_on_the_calendar_workplace(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, agent_kind: str
+) -> None:
+    """The built-in calendar is an Environment like any user's: the same kit passes it, its
+    retained calendar sessions included."""
+    env = calendar_environment(agent_kind, SimConfig(turns=(3, 5), turn_s=(0.01, 0.03),
+                                                     mutation_p=0.7))
+    report = await check_environment(env, tmp_path, park_after=(1, 2))
+    assert {"restore_equivalence[2]", "model_calls_once[2]", "fencing",
+            "retained_journal"} <= set(report.checks)
+
+
+class _Forgetful(CalendarServer):
+    """A retained participant whose restore drops its events."""
+
+    def restore(self, data: Any) -> Any:
+        return super().restore({"events": []})
+
+
+async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    env = calendar_environment(config=SimConfig(turns=(2, 3), turn_s=(0.01, 0.02),
+                                                mutation_p=1.0))
+    env = attrs.evolve(env, participants=(_Forgetful(),))
+    with pytest.raises(ConformanceError, match="retained_journal"):
+        await check_environment(env, tmp_path, park_after=(1,))
 
 
 async def test_backend_kit_on_the_embedded_calendar(
