@@ -10,6 +10,7 @@ difference, so a restore refuses with the whole list and changes nothing.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -160,9 +161,11 @@ async def offload(fn: Callable[[], T]) -> T:
     loop wait longer for it."""
     if sniffio.current_async_library() == "trio":
         import trio
-        import trio.testing
 
-        if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        # looked up, not imported: trio.testing imports pytest (objects every full collection
+        # would walk), and a MockClock exists only once it was imported
+        testing = sys.modules.get("trio.testing")
+        if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
             await anyio.lowlevel.checkpoint()
             return fn()
     try:
