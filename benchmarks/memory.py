@@ -18,7 +18,9 @@ Both include the process's own baseline (the modules gymckpt, trio, attrs and ca
 the build is frozen (``gc.collect(); gc.freeze()``), the ledger is built, and one full
 collection then walks only what the build left behind (``gc_full_ms_ledger_only``, with
 ``gc_tracked_objects_added`` the objects it walks); the process is unfrozen before the
-with-ledger figure is taken.
+with-ledger figure is taken. The ledger-only figure is also what a trainer process pays:
+``open_rollouts`` freezes what lives at its start (``runtime.freeze_startup_objects``), so the
+summary's target row reports it, with the unfrozen figure beside it.
 
 The mix (``benchmarks._fixture.build_mixed_ledger``): 15 % of rows reserved; of the dispatched
 slots, 25 % completed with a result, 2 % failed and re-sent, 1 % refused, 1 % abandoned (in the

@@ -41,6 +41,7 @@ from gymckpt.runtime import (
     SnapshotInfo,
     SnapshotStore,
     WorkDirLock,
+    freeze_startup_objects,
 )
 
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
@@ -269,6 +270,8 @@ async def open_rollouts(
     logged (logger ``gymckpt``).
     """
     config = config or RuntimeConfig()
+    if config.freeze_startup_objects:
+        freeze_startup_objects()  # once per process: a full collection, then a freeze
     workdir = await offload(Path(workdir).resolve)
     lock = WorkDirLock(workdir)
     await offload(lock.acquire)  # one trainer per work directory; raises WorkDirLocked

@@ -4,7 +4,7 @@ Public names are re-exported here; the modules behind them are private.
 """
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
-from ._collector import collector_paused
+from ._collector import collector_paused, freeze_startup_objects
 from ._config import RuntimeConfig
 from ._config_file import load_toml_table, runtime_config_from_toml, structure_table
 from ._converter import converter, structure
@@ -159,6 +159,7 @@ __all__ = [
     "crossing_boundary",
     "dump_ledger_snapshot",
     "dump_manifest",
+    "freeze_startup_objects",
     "fsync_dir",
     "load_ledger_snapshot",
     "load_manifest",

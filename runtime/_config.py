@@ -36,6 +36,10 @@ class RuntimeConfig:
     pause_collector: bool = True
     """No automatic full garbage collection while a checkpoint runs (``collector_paused``): one
     pauses the loop and every thread for as long as it walks all of the process's objects."""
+    freeze_startup_objects: bool = True
+    """``open_rollouts`` freezes what is alive when it first starts in this process (imported
+    modules, the trainer's own long-lived objects), so full collections stop walking them
+    (``runtime.freeze_startup_objects``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.control_timeout_s + self.reply_grace_s >= self.lease_s:

@@ -245,7 +245,7 @@ def test_targets_verdicts() -> None:
     memory = {"results": [
         {"target_attempts": 1_000_000, "mode": "tracemalloc", "bytes_per_attempt": 101.0},
         {"target_attempts": 1_000_000, "mode": "rss", "bytes_per_attempt": 90.0,
-         "gc_full_ms_with_ledger": 3.0}]}
+         "gc_full_ms_ledger_only": 3.0, "gc_full_ms_with_ledger": 40.0}]}
     ck = {"in_flight": 200_000, "max_loop_stall_ms": 11.0, "e2e_s": 1.5,
           "turn_time_wall_s": 30.0, "embedded_dispatch": [{"batch": 64, "rows_per_s": 60_000}]}
     fo = {"results": [{"actors": k, "ok": k < 16, "error": "TimeoutError: x",

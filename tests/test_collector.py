@@ -67,3 +67,45 @@ async def test_a_checkpoint_runs_without_the_collector(
             outcome = await ro.checkpoint()
             assert outcome.ok and gc.get_threshold() == (700, 10, 10)
     assert seen and set(seen.values()) == {not pause}
+
+
+_PROBE = """
+import gc, sys, tempfile
+import trio
+from gymckpt.gym_adapter import EmbeddedGym
+from gymckpt.nurseries import open_rollouts
+from gymckpt.runtime import RuntimeConfig
+
+async def main(freeze):
+    with tempfile.TemporaryDirectory() as tmp:
+        async with EmbeddedGym.open(instances=1, work_dir=tmp + "/g") as gym:
+            before = gc.get_freeze_count()
+            cfg = RuntimeConfig(freeze_startup_objects=freeze)
+            async with open_rollouts(gym, tmp + "/w", rows=1, group_size=1, config=cfg):
+                pass
+            after = gc.get_freeze_count()
+            async with open_rollouts(gym, tmp + "/w2", rows=1, group_size=1, config=cfg):
+                pass
+            print(before, after, gc.get_freeze_count())
+
+trio.run(main, sys.argv[1] == "1")
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("freeze", [True, False])
+def test_open_rollouts_freezes_what_lives_at_its_start_once(freeze: bool) -> None:
+    """The imports' objects (what every full collection would walk again) are frozen by the
+    first open_rollouts of the process, once; the config opts out. A fresh process: the flag
+    is per process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PROBE, "1" if freeze else "0"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    before, after, later = (int(x) for x in out.stdout.split())
+    assert before == 0
+    if freeze:
+        assert after > 10_000 and later == after  # the imports, once; not again
+    else:
+        assert after == later == 0
