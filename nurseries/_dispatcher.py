@@ -5,6 +5,10 @@ Invariants
 * An attempt becomes DISPATCHED inside gate admission, in the same ledger mutation that follows
   its submission to Gym with no checkpoint in between (S1). A submission that fails leaves the
   attempts RESERVED and queued.
+* Each submission (one planned batch for one instance) runs in its own task, so a slow or hung
+  ``gym.run`` on one instance holds up neither the planning loop nor submissions to other
+  instances; admissions do not exclude each other (``DispatchGate``). An attempt planned into a
+  submission in progress is not planned again until that submission has finished.
 * Every reply is applied in one barrier mutation per batch, touching exactly the batch's rollout
   IDs (plus ``READY`` when a group became complete), so drain waiters wake on their own
   episodes only (S9).
@@ -82,6 +86,8 @@ class DispatcherStatistics:
     retired_now: int
     retire_failures: int
     dead_instances: tuple[str, ...]
+    submissions: int = 0
+    """Submissions in progress: waiting at the gate, or admitted and inside ``gym.run``."""
 
 
 @attrs.define(eq=False, slots=True)
@@ -114,6 +120,9 @@ class Dispatcher:
     _retired_now: int = attrs.field(default=0, init=False)
     _retire_failures: int = attrs.field(default=0, init=False)
     _stream_ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    _submitting: set[str] = attrs.field(factory=set, init=False)
+    _submissions: int = attrs.field(default=0, init=False)
+    """Rollout IDs planned into a submission still in progress: never planned twice."""
 
     # -- work list ---------------------------------------------------------------------------
 
@@ -158,13 +167,15 @@ class Dispatcher:
             return []  # every instance is being replaced: ``on_up`` wakes us
         groups: dict[str, list[RunRow]] = {}
         taken = 0
-        seen: set[str] = set()
+        submitting = self._submitting
         while self._queue and taken < self.batch_size:
             rid = self._queue.popleft()
+            if rid in submitting:
+                continue  # queued twice: its submission is in progress
             att = ledger.get(rid)
-            if att is None or att.state is not AttemptState.RESERVED or rid in seen:
-                continue  # superseded, already sent, or queued twice
-            seen.add(rid)
+            if att is None or att.state is not AttemptState.RESERVED:
+                continue  # superseded, or already sent
+            submitting.add(rid)
             restored_from = None
             if att.restored is not None and not replacer.is_up(att.restored.instance):
                 # its replica died: the replacer releases it (unpinned, re-queued) soon
@@ -198,9 +209,22 @@ class Dispatcher:
                     await self._kick.wait()
                     continue
                 for instance, generation, rows in batch:
-                    await self._submit(streams, instance, generation, rows)
+                    # one task per submission: a slow or hung ``gym.run`` on one instance
+                    # holds neither the loop nor submissions to other instances
+                    streams.start_soon(self._submit, streams, instance, generation, rows)
 
     async def _submit(
+        self, streams: trio.Nursery, instance: str, generation: int, rows: Sequence[RunRow]
+    ) -> None:
+        self._submissions += 1
+        try:
+            await self._submit_planned(streams, instance, generation, rows)
+        finally:
+            self._submissions -= 1
+            # re-queued rows (no checkpoint since) are plannable again from here on
+            self._submitting.difference_update([r.rollout_id for r in rows])
+
+    async def _submit_planned(
         self, streams: trio.Nursery, instance: str, generation: int, rows: Sequence[RunRow]
     ) -> None:
         ledger = self.ledger
@@ -472,6 +496,7 @@ class Dispatcher:
             retired_now=self._retired_now,
             retire_failures=self._retire_failures,
             dead_instances=tuple(n for n in self.gym.instances if not self.replacer.is_up(n)),
+            submissions=self._submissions,
         )
 
     def __repr__(self) -> str:

@@ -102,7 +102,9 @@ async def test_s1_nothing_is_dispatched_before_admission(
         sent = ro.dispatcher.statistics().rows_sent
         await trio.sleep(10)  # episodes finish; new attempts wait at the closed gate
         assert ro.dispatcher.statistics().rows_sent == sent
-        assert gate.statistics().waiting == 1  # the dispatcher, holding reserved attempts
+        # the dispatcher's submissions (one per instance planned), holding reserved attempts
+        waiting = gate.statistics().waiting
+        assert 1 <= waiting == ro.dispatcher.statistics().submissions <= len(gym.instances)
         reserved = ro.ledger.statistics().by_state["reserved"]
         assert reserved > 0 and dispatched(ro.ledger) == 0
         for n in gym.instances:
@@ -594,15 +596,47 @@ async def test_hung_run_submission_does_not_hold_the_gate(
     ids: list[str] = []
     async with running(tmp_path, faults=["run:hang@1"]) as (_gym, ro):
         t0 = trio.current_time()
+        closed_at: list[float] = []
+        ro.coordinator.on_stage = lambda _cid, point: (
+            closed_at.append(trio.current_time()) if point == "before_prepare" else None)
         outcome = await ro.checkpoint()  # closing the gate waits for the hung admission
         assert outcome.ok, outcome.error
-        assert trio.current_time() - t0 <= CONFIG.control_timeout_s + CONFIG.reply_grace_s + 0.1
+        # the close (then the retire stage) waited for the hung submission, and no longer
+        assert closed_at[0] - t0 <= CONFIG.control_timeout_s + CONFIG.reply_grace_s + 0.1
+        assert closed_at[0] - t0 >= CONFIG.control_timeout_s + CONFIG.reply_grace_s - 0.1
         assert ro.metrics.get("rollout/run_submit_timeouts_total") == 1
         async for batch in ro.batches(2):
             ids.extend(rid for g in batch for rid in g.rollout_ids)
         assert ro.ledger.statistics().retire_queue == 0  # retired before the next prepare
     assert len(ids) == 24 and len(set(ids)) == 24
     assert any(rid.endswith("-a1") for rid in ids)  # the lost submission was re-sent fresh
+
+
+async def test_a_hung_submission_does_not_hold_submissions_to_other_instances(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Submissions to different instances do not wait for each other: while the first
+    ``gym.run`` hangs inside its admission, rows go to the other instance and are DISPATCHED
+    there (inside their own admission, S1), and their episodes run and complete."""
+    sent: list[tuple[float, str, int]] = []
+
+    def audit(instance: str, rows: Sequence[RunRow]) -> None:
+        sent.append((trio.current_time(), instance, len(rows)))
+
+    async with running(tmp_path, faults=["run:hang@1"], on_dispatch=audit) as (gym, ro):
+        await trio.sleep(1.0)  # well inside the hung call's bound (2.5 s)
+        assert trio.current_time() < CONFIG.control_timeout_s + CONFIG.reply_grace_s
+        stats = ro.dispatcher.statistics()
+        assert ro.coordinator.gate.statistics().admitting >= 1  # the hung one, still inside
+        assert stats.submissions >= 1 and stats.rows_sent > 0
+        assert ro.metrics.get("rollout/run_submit_timeouts_total") == 0
+        hung = set(gym.instances) - {name for _t, name, _n in sent}
+        assert len(hung) == 1, sent  # every instance but the hung one got rows
+        assert dispatched(ro.ledger) + ro.ledger.statistics().by_state["completed"] > 0
+        assert sum(n for _t, _name, n in sent) == stats.rows_sent
+        rows = await train_all(ro)
+    assert sorted(rows) == list(range(12))
+    assert ro.metrics.get("rollout/run_submit_timeouts_total") == 1
 
 
 async def test_asking_for_more_groups_than_rows_in_flight_does_not_deadlock(
