@@ -53,12 +53,10 @@ from gymckpt.gym_adapter import (
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     Attempt,
-    AttemptState,
     BudgetExhausted,
     DeadlineExpired,
     DeadlineRegistry,
     DispatchGate,
-    EpisodeResult,
     GymAdmissionClosed,
     GymCallTimeout,
     GymInstanceDead,
@@ -155,7 +153,7 @@ class Dispatcher:
                 self._rows_exhausted = True
                 touched.append(READY)  # the trainer may now be at the end
                 break
-            self._queue.extend(a.rollout_id for a in ledger.reserve_row(row))
+            self._queue.extend(ledger.reserve_row_ids(row))
             room -= 1
         if not self._queue:
             return []
@@ -172,23 +170,25 @@ class Dispatcher:
             rid = self._queue.popleft()
             if rid in submitting:
                 continue  # queued twice: its submission is in progress
-            att = ledger.get(rid)
-            if att is None or att.state is not AttemptState.RESERVED:
+            att = ledger.reserved_attempt(rid)
+            if att is None:
                 continue  # superseded, or already sent
-            submitting.add(rid)
+            row, slot, attempt, restored = att
             restored_from = None
-            if att.restored is not None and not replacer.is_up(att.restored.instance):
-                # its replica died: the replacer releases it (unpinned, re-queued) soon
-                self.metrics.inc("rollout/restored_on_dead_instance_total")
-                continue
-            if att.restored is not None:
-                instance = att.restored.instance
-                restored_from = att.restored.from_rollout_id
+            if restored is not None:
+                if not replacer.is_up(restored.instance):
+                    # its replica died: the replacer releases it (unpinned, re-queued) soon
+                    self.metrics.inc("rollout/restored_on_dead_instance_total")
+                    continue
+                instance = restored.instance
+                restored_from = restored.from_rollout_id
             else:
                 instance = live[next(self._rr) % len(live)]
-            groups.setdefault(instance, []).append(
-                RunRow(rid, att.row, att.slot, att.attempt, restored_from)
-            )
+            submitting.add(rid)
+            rows = groups.get(instance)
+            if rows is None:
+                rows = groups[instance] = []
+            rows.append(RunRow(rid, row, slot, attempt, restored_from))
             touched.append(rid)
             taken += 1
         return [(name, replacer.generation(name), rows) for name, rows in groups.items()]
@@ -293,16 +293,21 @@ class Dispatcher:
                 return
             # the same mutation as the submission, nothing in between but the submission (S1);
             # rows the ledger dropped while Gym accepted them are queued for retirement (S4)
-            ids, orphans = ledger.sendable(r.rollout_id for r in rows)
+            ids: list[str] = []
 
-            def dispatched() -> None:
-                ledger.mark_dispatched(ids, instance, gate_id)
+            def dispatched() -> list[str]:
+                sent, orphans = ledger.dispatch_sendable(
+                    [r.rollout_id for r in rows], instance, gate_id
+                )
                 if orphans:
                     ledger.record_orphans(orphans, instance)
+                ids.extend(sent)
+                return orphans
 
-            ledger.barrier.mutate_nowait(dispatched, ids)
+            orphans = ledger.barrier.mutate_nowait(dispatched, ids)
         if self.on_dispatch is not None:
-            self.on_dispatch(instance, [r for r in rows if r.rollout_id not in orphans])
+            gone = set(orphans)
+            self.on_dispatch(instance, [r for r in rows if r.rollout_id not in gone])
         self._sent += len(ids)
         self.metrics.inc("rollout/rows_dispatched_total", len(ids))
         streams.start_soon(self._consume, instance, gate_id, stream, ids, generation)
@@ -365,6 +370,8 @@ class Dispatcher:
         resend: list[str] = []
         backoff: list[str] = []
 
+        complete = ledger.complete_with
+
         def apply() -> None:
             ready_before = ledger.ready_groups
             rows_before = len(ledger.rows())
@@ -375,8 +382,7 @@ class Dispatcher:
                 outstanding.discard(rid)
                 touched.append(rid)
                 if isinstance(reply, Completed):
-                    result = EpisodeResult(reply.reward, reply.turns, reply.payload)
-                    ledger.complete(rid, gate_id, result)
+                    complete(rid, gate_id, reply.reward, reply.turns, reply.payload)
                 elif isinstance(reply, Failed):
                     nxt = ledger.fail(rid, gate_id, reply.failure_class, reply.message)
                     if nxt is not None:

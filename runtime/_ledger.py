@@ -751,14 +751,25 @@ class RecoveryLedger:
 
     def reserve_row(self, row: int) -> list[Attempt]:
         """Reserve attempt 0 of every generation slot of ``row``."""
+        b = self._reserve(row)
+        g = self.group_size
+        return [self._view(s) for s in range(b * g, b * g + g)]
+
+    def reserve_row_ids(self, row: int) -> list[str]:
+        """``reserve_row`` for the dispatch path: the new attempts' rollout IDs, in slot order,
+        and no view objects (no per-attempt allocation beyond the ID strings)."""
+        self._reserve(row)
+        return [f"{row}-{k}" for k in range(self.group_size)]  # attempt 0: rollout_id_for
+
+    def _reserve(self, row: int) -> int:
         self._assert_mutating()
         if row in self._row_block or row in self._trained or row in self._failed_rows:
             raise ValueError(f"row {row} is already in the ledger")
         b = self._new_block(row)
-        g = self.group_size
-        self._counts[AttemptState.RESERVED] += g
-        self._next_row = max(self._next_row, row + 1)
-        return [self._view(s) for s in range(b * g, b * g + g)]
+        self._counts[AttemptState.RESERVED] += self.group_size
+        if row >= self._next_row:
+            self._next_row = row + 1
+        return b
 
     def mark_dispatched(self, rollout_ids: Iterable[str], instance: str, gate_id: int) -> None:
         """RESERVED → DISPATCHED on ``instance`` under ``gate_id`` (inside gate admission, S1).
@@ -777,13 +788,78 @@ class RecoveryLedger:
                     f"{self._rid(s)} was restored on {restored[_INSTANCE]}; "
                     f"it cannot be dispatched to {instance}"
                 )
+        self._dispatch_slots(slots, instance, gate_id)
+
+    def dispatch_sendable(
+        self, rollout_ids: Iterable[str], instance: str, gate_id: int
+    ) -> tuple[list[str], list[str]]:
+        """``sendable`` and ``mark_dispatched`` of the sendable part, in one pass (each ID is
+        located once): the current RESERVED attempts become DISPATCHED on ``instance`` under
+        ``gate_id`` (inside gate admission, S1). Returns (dispatched, the rest). Raises
+        ``ValueError`` and changes nothing if a restored attempt would leave its replica."""
+        self._assert_mutating()
+        ok: list[str] = []
+        rest: list[str] = []
+        slots: dict[int, None] = {}
+        state, restored_of, slot_of = self._state, self._restored, self._slot_of
+        for rid in rollout_ids:
+            s = slot_of(rid)
+            if s >= 0 and state[s] == _RESERVED and s not in slots:
+                if restored_of:
+                    restored = restored_of.get(s)
+                    if restored is not None and restored.instance != instance:
+                        raise ValueError(
+                            f"{rid} was restored on {restored.instance}; "
+                            f"it cannot be dispatched to {instance}"
+                        )
+                ok.append(rid)
+                slots[s] = None
+            else:
+                rest.append(rid)
+        self._dispatch_slots(slots, instance, gate_id)
+        return ok, rest
+
+    def _dispatch_slots(self, slots: Iterable[int], instance: str, gate_id: int) -> None:
+        """RESERVED slots (checked by the caller) become DISPATCHED on ``instance``; a slot
+        named twice is dispatched once."""
         i = self._intern(instance)
+        state, rep, gate, unclaimed = self._state, self._rep, self._gate, self._unclaimed_col
+        hlist, hnext, hprev, hhead = self._hlist, self._hnext, self._hprev, self._hhead
+        n = 0
         for s in slots:
-            self._set_state(s, _DISPATCHED)
-            self._rep[s] = i
-            self._gate[s] = gate_id
-            self._clear_unclaimed(s)
-            self._hold(s, instance)
+            if state[s] == _DISPATCHED:
+                continue  # named twice
+            state[s] = _DISPATCHED
+            rep[s] = i
+            gate[s] = gate_id
+            if unclaimed[s]:
+                unclaimed[s] = 0
+                self._unclaimed -= 1
+            if hlist[s] >= 0:
+                self._unhold(s)
+            # _hold(s, instance), inlined: push s on the instance's held list
+            head = hhead[i]
+            hlist[s] = i
+            hprev[s] = _NO_LINK
+            hnext[s] = head
+            if head != _NO_LINK:
+                hprev[head] = s
+            hhead[i] = s
+            n += 1
+        self._counts[AttemptState.RESERVED] -= n
+        self._counts[AttemptState.DISPATCHED] += n
+
+    def reserved_attempt(
+        self, rollout_id: str
+    ) -> tuple[int, int, int, RestoredGymState | None] | None:
+        """``(row, slot, attempt, restored)`` of the current RESERVED attempt with this ID, or
+        None (not current, or not RESERVED). O(1); no view object (the dispatch path)."""
+        s = self._slot_of(rollout_id)
+        if s < 0 or self._state[s] != _RESERVED:
+            return None
+        g = self.group_size
+        restored = self._restored.get(s) if self._restored else None
+        return self._blk_row[s // g], s % g, self._att[s], restored
 
     def sendable(self, rollout_ids: Iterable[str]) -> tuple[list[str], list[str]]:
         """Split IDs into (current RESERVED attempts, the rest). O(len(rollout_ids))."""
@@ -836,6 +912,13 @@ class RecoveryLedger:
         Returns False for a stale reply (older attempt, other gate ID, not dispatched): it is
         counted and ignored.
         """
+        return self.complete_with(rollout_id, gate_id, result.reward, result.turns,
+                                  result.payload)
+
+    def complete_with(
+        self, rollout_id: str, gate_id: int, reward: float, turns: int, payload: Any = None
+    ) -> bool:
+        """``complete`` with the result's fields (no ``EpisodeResult`` built per reply)."""
         self._assert_mutating()
         s = self._slot_of(rollout_id)
         if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:
@@ -843,10 +926,10 @@ class RecoveryLedger:
             return False
         self._unhold(s)
         self._set_state(s, _COMPLETED)
-        self._reward[s] = result.reward
-        self._turns[s] = result.turns
-        if result.payload is not None:
-            self._payload[s] = result.payload
+        self._reward[s] = reward
+        self._turns[s] = turns
+        if payload is not None:
+            self._payload[s] = payload
         b = s // self.group_size
         done = self._blk_done[b] = self._blk_done[b] + 1
         if done == self.group_size:

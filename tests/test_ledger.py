@@ -128,6 +128,29 @@ def test_restore_replaces_exported_with_unclaimed_attempt_plus_one() -> None:
     assert restored.statistics().unclaimed == 0
 
 
+def test_dispatch_sendable_claims_a_restored_attempt_only_on_its_replica() -> None:
+    ledger = RecoveryLedger(group_size=2)
+    _m(ledger, lambda: ledger.reserve_row(7))
+    _m(ledger, lambda: ledger.mark_dispatched(["7-0", "7-1"], "gym-1", 2))
+    snap = load_ledger_snapshot(dump_ledger_snapshot(ledger.to_snapshot()))
+    restored, _ = RecoveryLedger.from_snapshot(
+        snap, [EpisodeRecord("7-0", "calendar", "gym-1", ("7-0/t1",))]
+    )
+    fresh = restored.reserved_attempt("7-1-a1")  # not exported: re-sent fresh, anywhere
+    assert fresh == (7, 1, 1, None)
+    info = restored.reserved_attempt("7-0-a1")
+    assert info is not None and info[:3] == (7, 0, 1) and info[3] is not None
+    assert info[3].instance == "gym-1" and info[3].from_rollout_id == "7-0"
+    before = restored.statistics()
+    with pytest.raises(ValueError, match="restored on gym-1"):
+        _m(restored, lambda: restored.dispatch_sendable(["7-1-a1", "7-0-a1"], "gym-0", 1))
+    assert restored.statistics() == before  # nothing changed, not even the fresh attempt
+    ok, rest = _m(restored, lambda: restored.dispatch_sendable(["7-0-a1", "7-0"], "gym-1", 1))
+    assert (ok, rest) == (["7-0-a1"], ["7-0"])
+    assert restored.statistics().unclaimed == 0
+    assert restored.held_by("gym-1") == {"7-0-a1"}
+
+
 def test_snapshot_rejects_bad_input() -> None:
     with pytest.raises(ManifestError, match=r"ledger\.json"):
         load_ledger_snapshot(b"{}")
@@ -195,6 +218,44 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         ids = data.draw(st.lists(st.sampled_from(reserved), min_size=1, unique=True))
         self.m(lambda: self.ledger.mark_dispatched(ids, inst, self.gate))
+
+    @rule()
+    def reserve_ids(self) -> None:
+        """The dispatch path's reserve names exactly the attempts ``reserve_row`` would."""
+        row = self.next_row
+        ids = self.m(lambda: self.ledger.reserve_row_ids(row))
+        self.next_row += 1
+        assert ids == [rollout_id_for(row, k, 0) for k in range(self.ledger.group_size)]
+        for k, rid in enumerate(ids):
+            assert self.ledger.reserved_attempt(rid) == (row, k, 0, None)
+
+    @rule(data=st.data(), inst=st.sampled_from(INSTANCES))
+    def dispatch_sendable(self, data: st.DataObject, inst: str) -> None:
+        """Dispatch a mix of RESERVED, DISPATCHED, COMPLETED and unknown IDs (some twice): the
+        RESERVED ones are dispatched once, in order, everything else is handed back."""
+        ids = [*sorted(self.ledger._by_id), "9999-0", "not-an-id"]
+        asked = data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=6))
+        want_ok = list(dict.fromkeys(
+            rid for rid in asked if self.ledger.reserved_attempt(rid) is not None))
+        ok, rest = self.m(lambda: self.ledger.dispatch_sendable(asked, inst, self.gate))
+        assert ok == want_ok
+        assert sorted(ok + rest) == sorted(asked)
+        for rid in ok:
+            att = self.ledger.get(rid)
+            assert att is not None and att.state is AttemptState.DISPATCHED
+            assert (att.replica, att.gate_id) == (inst, self.gate)
+            assert self.ledger.reserved_attempt(rid) is None
+
+    @rule(data=st.data())
+    def complete_with(self, data: st.DataObject) -> None:
+        ids = self._in_state(AttemptState.DISPATCHED)
+        if ids:
+            rid = data.draw(st.sampled_from(ids))
+            att = self.ledger.get(rid)
+            assert att is not None and att.gate_id is not None
+            assert not self.m(lambda: self.ledger.complete_with(rid, att.gate_id + 1, 2.0, 3))
+            assert self.m(lambda: self.ledger.complete_with(rid, att.gate_id, 2.0, 3, {"p": 1}))
+            assert att.result == EpisodeResult(2.0, 3, {"p": 1})
 
     @rule(data=st.data())
     def refuse(self, data: st.DataObject) -> None:
