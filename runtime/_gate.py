@@ -7,9 +7,10 @@ then on a checkpoint counts only attempts that really reached Gym. Each ``reopen
 new gate ID, which the ledger records per attempt so a streamed completion can be matched to the
 admission it came from.
 
-Admissions do not exclude each other: the lock is held only to pass the gate (and to close or
-reopen it), not across the body, so a submission to one Gym instance never waits for a slow
-submission to another. The gate ID cannot change under an admission in progress, because a
+Admissions do not exclude each other: the lock is taken only to wait at a closed gate (and to
+close or reopen it), never to pass an open one and never across the body, so a submission to one
+Gym instance never waits for a slow submission to another, nor queues behind it for the lock.
+The gate ID cannot change under an admission in progress, because a
 reopen needs a close first, and a close waits for every admission to finish.
 """
 
@@ -66,7 +67,29 @@ class DispatchGate:
         checkpoint's ``close`` waits for it, so keep it bounded. Other admissions run meanwhile.
         A waiter cancelled while the gate is closed leaves nothing behind (the condition
         re-acquires its lock, then ``Cancelled`` unwinds).
+
+        An open gate admits without taking the condition's lock: after one checkpoint, the
+        check and the count of the admission are one synchronous step, so a ``close`` either
+        sees this admission in progress (and waits for it) or has already closed the gate
+        (and this call waits at it under the lock, as before). Submissions to different
+        instances never queue for the lock behind one another.
         """
+        await trio.lowlevel.checkpoint()
+        if self._open:
+            self._admitting += 1
+            gate_id = self._gate_id
+        else:
+            gate_id = await self._wait_open()
+        try:
+            yield gate_id
+        finally:
+            self._admitting -= 1
+            if not self._admitting:
+                self._idle.unpark_all()
+
+    async def _wait_open(self) -> int:
+        """The slow path of ``admit``: wait under the lock until the gate is open, then count
+        the admission; returns the gate ID."""
         async with self._cond:
             self._waiting += 1
             try:
@@ -75,13 +98,7 @@ class DispatchGate:
             finally:
                 self._waiting -= 1
             self._admitting += 1
-            gate_id = self._gate_id
-        try:
-            yield gate_id
-        finally:
-            self._admitting -= 1
-            if not self._admitting:
-                self._idle.unpark_all()
+            return self._gate_id
 
     async def close(self, by: str) -> None:
         """Close admission; returns once no admission is in progress.

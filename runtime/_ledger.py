@@ -459,6 +459,10 @@ class _RowIndex(Mapping[int, _RowView]):
         return len(self._ledger._row_block)
 
 
+def _no_payload(_slot: int) -> None:
+    return None
+
+
 def _column(typecode: str) -> array[Any]:
     return array(typecode)
 
@@ -586,12 +590,19 @@ class RecoveryLedger:
         """The row left the ledger: detach held views, recycle the block."""
         del self._row_block[row]
         g = self.group_size
-        for s in range(b * g, b * g + g):
-            view = self._views.pop(s, None)
-            if view is not None:
-                view._detach(self._fields(s))
-            self._restored.pop(s, None)
-            self._payload.pop(s, None)
+        slots = range(b * g, b * g + g)
+        views, restored, payload = self._views, self._restored, self._payload
+        if views:  # the dispatch path holds none: skip the weak mapping's per-slot cost
+            for s in slots:
+                view = views.pop(s, None)
+                if view is not None:
+                    view._detach(self._fields(s))
+        if restored:
+            for s in slots:
+                restored.pop(s, None)
+        if payload:
+            for s in slots:
+                payload.pop(s, None)
         self._free_blocks.append(b)
 
     def _fields(self, s: int, state: int | None = None, failure: str | None = None) -> tuple[
@@ -1050,15 +1061,14 @@ class RecoveryLedger:
         self._assert_mutating()
         out: list[CompletedGroup] = []
         g = self.group_size
+        reward, turns, att, payload = self._reward, self._turns, self._att, self._payload
         for row_index in list(itertools.islice(self._ready, limit)):
             del self._ready[row_index]
             b = self._row_block[row_index]
             slots = range(b * g, b * g + g)
-            results = tuple(
-                EpisodeResult(self._reward[s], self._turns[s], self._payload.get(s))
-                for s in slots
-            )
-            ids = tuple(self._rid(s) for s in slots)
+            get = payload.get if payload else _no_payload
+            results = tuple([EpisodeResult(reward[s], turns[s], get(s)) for s in slots])
+            ids = tuple([rollout_id_for(row_index, k, att[b * g + k]) for k in range(g)])
             self._counts[AttemptState.COMPLETED] -= g
             self._free_block(row_index, b)
             self._trained[row_index] = None

@@ -128,6 +128,48 @@ async def test_admissions_do_not_wait_for_each_other() -> None:
     assert order == ["fast", "slow", "closed"]
 
 
+async def test_an_open_gate_admits_without_its_lock(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Passing an open gate never queues for the condition's lock (held here by someone else,
+    as a reopen holds it briefly): submissions do not wait for each other on it. A closed gate
+    is waited at under the lock, and a close still waits for the lock-free admissions."""
+    gate = DispatchGate()
+    order: list[str] = []
+    inside, release = trio.Event(), trio.Event()
+
+    async def admission(name: str) -> None:
+        async with gate.admit() as gid:
+            order.append(f"{name}@{gid}")
+            inside.set()
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        async with gate._cond:  # the lock is held: an open gate still admits
+            nursery.start_soon(admission, "a")
+            with trio.fail_after(1):  # queued for the lock, it would never get in
+                await inside.wait()
+            assert order == ["a@1"] and gate.statistics().admitting == 1
+        closing = trio.Event()
+
+        async def closer() -> None:
+            await gate.close("ckpt")
+            order.append("closed")
+            closing.set()
+
+        nursery.start_soon(closer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["a@1"] and not gate.is_open  # closed, waiting for "a" to finish
+        nursery.start_soon(admission, "b")  # a closed gate: "b" waits (for the lock, then at it)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["a@1"]
+        release.set()
+        await closing.wait()
+        assert order == ["a@1", "closed"]
+        assert await gate.reopen() == 2
+    assert order == ["a@1", "closed", "b@2"]
+
+
 async def test_a_close_cancelled_while_admissions_finish_reopens_the_gate(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
