@@ -255,10 +255,10 @@ class Dispatcher:
                 # a backend that refuses a whole submission at once (rather than row by row
                 # on the stream): nothing was admitted; like refused rows (S2), the rows stay
                 # RESERVED with their identity and are re-sent when admission reopens, free
-                ids = [r.rollout_id for r in rows]
-                self._refused += len(ids)
-                self.metrics.inc(ADMISSION_CLOSED_ROWS, len(ids))
-                streams.start_soon(self._requeue_refused, ids, gate_id)
+                refused = [r.rollout_id for r in rows]
+                self._refused += len(refused)
+                self.metrics.inc(ADMISSION_CLOSED_ROWS, len(refused))
+                streams.start_soon(self._requeue_refused, refused, gate_id)
                 return
             except (trio.TooSlowError, GymCallTimeout):
                 # Gym may or may not run these rows: treat them as dispatched and lost, like an
