@@ -46,7 +46,8 @@ never means or best cases.
   memory    ledger bytes per attempt at 200k and 1M attempts (tracemalloc and RSS, fresh
             subprocesses, realistic mix of states)
   dispatch  rows/s through DispatchGate.admit + ledger.mark_dispatched + completion mutation,
-            batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit)
+            batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit); with
+            --loop also through the whole loop (open_rollouts) on a null and the embedded Gym
   checkpoint  one whole checkpoint at 200k in flight on the embedded Gym: per-stage wall time,
             loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
@@ -122,6 +123,13 @@ def _dispatch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=ints, default=None, help="default 1,64,512")
     p.add_argument("--rows", type=int, default=None,
                    help="attempts pushed per configuration (default 65536; quick 2048)")
+    p.add_argument("--loop", action="store_true",
+                   help="also rows/s through the whole loop (open_rollouts) on a null Gym and "
+                        "on the embedded Gym (one-step episodes)")
+    p.add_argument("--loop-attempts", type=int, default=None,
+                   help="attempts per whole-loop run (default 65536; quick 2048)")
+    p.add_argument("--loop-runs", type=int, default=None,
+                   help="whole-loop runs per Gym, medians reported (default 3; quick 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,6 +247,15 @@ def _dispatch_config(args: argparse.Namespace) -> _dispatch_mod.DispatchConfig:
         cfg.batch_sizes = tuple(args.batch_sizes)
     if getattr(args, "rows", None) is not None:
         cfg.rows = args.rows
+    cfg.loop = bool(getattr(args, "loop", False))
+    if getattr(args, "loop_attempts", None) is not None:
+        if args.loop_attempts < 8:
+            raise ValueError(f"--loop-attempts must be >= 8, got {args.loop_attempts}")
+        cfg.loop_attempts = args.loop_attempts
+    if getattr(args, "loop_runs", None) is not None:
+        if args.loop_runs < 1:
+            raise ValueError(f"--loop-runs must be >= 1, got {args.loop_runs}")
+        cfg.loop_runs = args.loop_runs
     return cfg
 
 

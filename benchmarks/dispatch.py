@@ -13,20 +13,51 @@ data-plane path, in batches of B attempts (one ``/run`` call each; B = 1, 64, 51
 Reported: end-to-end rows/s (a *row* is one attempt = one ``/run`` row), and rows/s of the
 admit+dispatch part and of the completion part alone (time spent in each, summed). One task on
 one core, so this is the runtime's CPU ceiling per trainer, not Gym's.
+
+With ``--loop``: rows/s through the whole loop (``open_rollouts``: dispatcher, gate, ledger,
+one submission task per instance batch, the reply stream's consumer, completion mutations, the
+trainer taking groups), ``--loop-attempts`` attempts per run, dispatcher batch 512, group size 8,
+4 instances, virtual clock, on two Gyms:
+
+* ``null``: a Gym that admits at once and answers every row ``Completed`` in reply batches of
+  64, with no episode and no task of its own. This is the runtime's own cost per row through
+  the whole loop (plus the Gym contract's objects, ``RunRow`` and ``Completed``).
+* ``embedded``: the embedded simulated Gym with one-turn episodes of 10-20 ms, as
+  ``gymckpt bench checkpoint`` measures it (every row is an episode task on the same loop).
+
+Each is run ``--loop-runs`` times; the medians are ``loop_rows_per_s_null`` and
+``loop_rows_per_s_embedded``.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import statistics
+import tempfile
 import time
 from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
+import trio.testing
 
-from gymckpt.runtime import DispatchGate, RecoveryLedger
+from gymckpt.gym_adapter import (
+    CommitReply,
+    Completed,
+    GymBackend,
+    InstanceInventory,
+    PrepareReply,
+    RestoreReply,
+    RetireReply,
+    RunReply,
+    RunRow,
+    Topology,
+)
+from gymckpt.runtime import DispatchGate, EpisodeRecord, InstanceRecord, RecoveryLedger
 
 from ._common import Progress, label
 from ._fixture import RESULT, InFlightFixture
@@ -43,12 +74,17 @@ class DispatchConfig:
     rows: int = 65_536
     group_size: int = 8
     instances: int = 16
+    instances_loop: int = 4
     seed: int = 2
     quick: bool = False
+    loop: bool = False
+    loop_attempts: int = 65_536
+    loop_runs: int = 3
+    loop_batch: int = 512
 
     @classmethod
     def quick_defaults(cls) -> DispatchConfig:
-        return cls(in_flight=(2_000,), rows=2_048, quick=True)
+        return cls(in_flight=(2_000,), rows=2_048, quick=True, loop_attempts=2_048, loop_runs=1)
 
 
 def _submit_noop(rollout_ids: list[str], instance: str) -> None:
@@ -115,8 +151,140 @@ async def _pipeline(fx: InFlightFixture, batch: int, rows: int) -> dict[str, Any
     }
 
 
+# -- the whole loop -------------------------------------------------------------------------------
+
+
+class _NullStream:
+    """All of a submission's rows, ``Completed``, in batches of ``chunk`` (one checkpoint each)."""
+
+    __slots__ = ("_chunk", "_i", "_rows")
+
+    def __init__(self, rows: Sequence[RunRow], chunk: int) -> None:
+        self._rows = rows
+        self._chunk = chunk
+        self._i = 0
+
+    def __aiter__(self) -> _NullStream:
+        return self
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        await trio.lowlevel.checkpoint()
+        i = self._i
+        if i >= len(self._rows):
+            raise StopAsyncIteration
+        self._i = i + self._chunk
+        return [Completed(r.rollout_id, 1.0, 1) for r in self._rows[i:i + self._chunk]]
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class NullGym:
+    """A Gym with no episodes: ``run`` admits at once and its stream answers every row
+    ``Completed``. Only the data plane is served (the loop benchmark takes no checkpoint)."""
+
+    def __init__(self, instances: int, chunk: int = 64) -> None:
+        self._names = tuple(f"null-{i}" for i in range(instances))
+        self._chunk = chunk
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return self._names
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> _NullStream:
+        await trio.lowlevel.checkpoint()
+        return _NullStream(list(rows), self._chunk)
+
+    def _control(self, op: str) -> NotImplementedError:
+        return NotImplementedError(f"NullGym serves the data plane only, not {op}")
+
+    async def topology(self) -> Topology:
+        raise self._control("topology")
+
+    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+        raise self._control("prepare")
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply:
+        raise self._control("commit")
+
+    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
+        raise self._control("resume")
+
+    async def retire(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        raise self._control("retire")
+
+    async def restore(
+        self, instance: str, state_root: str, record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord], deadline_ts: float,
+    ) -> RestoreReply:
+        raise self._control("restore")
+
+    async def retire_restored(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        raise self._control("retire_restored")
+
+    async def inventory(self, instance: str) -> InstanceInventory:
+        raise self._control("inventory")
+
+
+async def _loop_once(gym: GymBackend, work: Path, attempts: int, batch: int) -> dict[str, Any]:
+    from gymckpt.nurseries import open_rollouts  # the application layer sits above
+
+    g = 8
+    trained = 0
+    t0 = perf_ns()
+    async with open_rollouts(
+        gym, work, rows=attempts // g, group_size=g, max_rows_in_flight=max(64, 4 * batch // g),
+        batch_size=batch, restore=False, handle_signals=False,
+    ) as ro:
+        async for got in ro.batches(groups_per_step=max(1, batch // g)):
+            trained += len(got)
+    wall_ns = perf_ns() - t0
+    return {"attempts": trained * g, "seconds": round(wall_ns / 1e9, 3),
+            "rows_per_s": round(trained * g / (wall_ns / 1e9)),
+            "us_per_row": round(wall_ns / 1e3 / (trained * g), 2)}
+
+
+async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
+    return await _loop_once(NullGym(cfg.instances_loop), work, cfg.loop_attempts, cfg.loop_batch)
+
+
+async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
+    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+
+    sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch)
+    async with EmbeddedGym.open(instances=cfg.instances_loop, seed=cfg.seed,
+                                work_dir=work / "gym", config=sim) as gym:
+        return await _loop_once(gym, work / "run", cfg.loop_attempts, cfg.loop_batch)
+
+
+def run_loop(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
+    """The whole loop on the null and the embedded Gym, ``loop_runs`` times each, alternating."""
+    runs: dict[str, list[dict[str, Any]]] = {"null": [], "embedded": []}
+    for i in range(cfg.loop_runs):
+        for name, fn in (("null", _loop_null), ("embedded", _loop_embedded)):
+            gc.collect()
+            with tempfile.TemporaryDirectory(prefix="gymckpt-bench-loop-") as tmp:
+                r = trio.run(fn, cfg, Path(tmp),
+                             clock=trio.testing.MockClock(autojump_threshold=0))
+            runs[name].append(r)
+            progress(f"dispatch loop {name} run {i + 1}: {r['rows_per_s']:,} rows/s "
+                     f"({r['us_per_row']:.1f} us/row)")
+    out: dict[str, Any] = {"loop": runs, "loop_batch": cfg.loop_batch}
+    for name, rs in runs.items():
+        out[f"loop_rows_per_s_{name}"] = round(statistics.median(r["rows_per_s"] for r in rs))
+    return out
+
+
 def run_dispatch(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
     out: dict[str, Any] = {"rows_per_config": cfg.rows, "batch_sizes": list(cfg.batch_sizes)}
+    if cfg.loop:
+        out.update(run_loop(cfg, progress))
     results: list[dict[str, Any]] = []
     for n in cfg.in_flight:
         progress(f"dispatch N={n:,}: building ledger")

@@ -98,6 +98,21 @@ def test_dispatch_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(result["rows_per_s_batch64_2k"], int)
 
 
+def test_dispatch_loop_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--loop``: every attempt goes through the whole loop on both Gyms and is trained."""
+    result = _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64",
+                  "--loop", "--loop-attempts", "512", "--loop-runs", "2")
+    assert set(result["loop"]) == {"null", "embedded"}
+    for name in ("null", "embedded"):
+        runs = result["loop"][name]
+        assert len(runs) == 2
+        assert all(r["attempts"] == 512 and r["rows_per_s"] > 0 for r in runs)
+        rates = sorted(r["rows_per_s"] for r in runs)
+        assert rates[0] <= result[f"loop_rows_per_s_{name}"] <= rates[-1]
+    assert _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64"
+                ).get("loop") is None
+
+
 def test_host_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gymnasium")
     result = _run(capsys, "host", "--quick", "--json")
