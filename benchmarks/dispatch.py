@@ -26,7 +26,9 @@ trainer taking groups), ``--loop-attempts`` attempts per run, dispatcher batch 5
   ``gymckpt bench checkpoint`` measures it (every row is an episode task on the same loop).
 
 Each is run ``--loop-runs`` times; the medians are ``loop_rows_per_s_null`` and
-``loop_rows_per_s_embedded``.
+``loop_rows_per_s_embedded`` (wall), and ``loop_rows_per_cpu_s_*`` per second of the process's
+CPU time (steadier than wall time on a shared machine: time the loop waited for the CPU while
+other processes ran is not counted).
 """
 
 from __future__ import annotations
@@ -237,6 +239,7 @@ async def _loop_once(gym: GymBackend, work: Path, attempts: int, batch: int) -> 
 
     g = 8
     trained = 0
+    cpu0 = time.process_time_ns()
     t0 = perf_ns()
     async with open_rollouts(
         gym, work, rows=attempts // g, group_size=g, max_rows_in_flight=max(64, 4 * batch // g),
@@ -245,9 +248,12 @@ async def _loop_once(gym: GymBackend, work: Path, attempts: int, batch: int) -> 
         async for got in ro.batches(groups_per_step=max(1, batch // g)):
             trained += len(got)
     wall_ns = perf_ns() - t0
+    cpu_ns = time.process_time_ns() - cpu0
     return {"attempts": trained * g, "seconds": round(wall_ns / 1e9, 3),
             "rows_per_s": round(trained * g / (wall_ns / 1e9)),
-            "us_per_row": round(wall_ns / 1e3 / (trained * g), 2)}
+            "us_per_row": round(wall_ns / 1e3 / (trained * g), 2),
+            "cpu_s": round(cpu_ns / 1e9, 3),
+            "rows_per_cpu_s": round(trained * g / (cpu_ns / 1e9))}
 
 
 async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
@@ -278,6 +284,8 @@ def run_loop(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
     out: dict[str, Any] = {"loop": runs, "loop_batch": cfg.loop_batch}
     for name, rs in runs.items():
         out[f"loop_rows_per_s_{name}"] = round(statistics.median(r["rows_per_s"] for r in rs))
+        out[f"loop_rows_per_cpu_s_{name}"] = round(
+            statistics.median(r["rows_per_cpu_s"] for r in rs))
     return out
 
 

@@ -107,6 +107,7 @@ def test_dispatch_loop_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
         runs = result["loop"][name]
         assert len(runs) == 2
         assert all(r["attempts"] == 512 and r["rows_per_s"] > 0 for r in runs)
+        assert all(r["rows_per_cpu_s"] > 0 and r["cpu_s"] > 0 for r in runs)
         rates = sorted(r["rows_per_s"] for r in runs)
         assert rates[0] <= result[f"loop_rows_per_s_{name}"] <= rates[-1]
     assert _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64"
