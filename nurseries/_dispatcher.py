@@ -119,8 +119,8 @@ class Dispatcher:
     _retire_failures: int = attrs.field(default=0, init=False)
     _stream_ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
     _submitting: set[str] = attrs.field(factory=set, init=False)
-    _submissions: int = attrs.field(default=0, init=False)
     """Rollout IDs planned into a submission still in progress: never planned twice."""
+    _submissions: int = attrs.field(default=0, init=False)
 
     # -- work list ---------------------------------------------------------------------------
 
@@ -221,7 +221,7 @@ class Dispatcher:
             await self._submit_planned(streams, instance, generation, rows)
         finally:
             self._submissions -= 1
-            # re-queued rows (no checkpoint since) are plannable again from here on
+            # whatever this submission re-queued is plannable again from here on
             self._submitting.difference_update([r.rollout_id for r in rows])
 
     async def _submit_planned(
