@@ -818,9 +818,9 @@ class RecoveryLedger:
             if s >= 0 and state[s] == _RESERVED and s not in slots:
                 if restored_of:
                     restored = restored_of.get(s)
-                    if restored is not None and restored.instance != instance:
+                    if restored is not None and restored[_INSTANCE] != instance:
                         raise ValueError(
-                            f"{rid} was restored on {restored.instance}; "
+                            f"{rid} was restored on {restored[_INSTANCE]}; "
                             f"it cannot be dispatched to {instance}"
                         )
                 ok.append(rid)
@@ -869,7 +869,7 @@ class RecoveryLedger:
         if s < 0 or self._state[s] != _RESERVED:
             return None
         g = self.group_size
-        restored = self._restored.get(s) if self._restored else None
+        restored = self._restored_at(s) if self._restored else None
         return self._blk_row[s // g], s % g, self._att[s], restored
 
     def sendable(self, rollout_ids: Iterable[str]) -> tuple[list[str], list[str]]:
