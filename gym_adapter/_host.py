@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, final
+from typing import Any, Final, final
 
 import anyio
 import anyio.abc
@@ -57,7 +57,10 @@ from ._host_journal import HostJournaling, SessionJournal
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 from ._host_views import HostStatistics, HostViews, SessionView
 
-__all__ = ["GymHost", "HostConfig", "HostStatistics", "SessionView"]
+__all__ = ["RESUME_CHUNK", "GymHost", "HostConfig", "HostStatistics", "SessionView"]
+
+RESUME_CHUNK: Final = 1000
+"""Parked episodes woken per scheduler batch on a resume."""
 
 
 @attrs.frozen(kw_only=True)
@@ -119,7 +122,10 @@ class GymHost(HostControl, HostViews, HostJournaling):
     _checkpoint_id: str | None = attrs.field(default=None, init=False)
     _gen: int = attrs.field(default=0, init=False)
     _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
-    _resumed: anyio.Event | None = attrs.field(default=None, init=False)
+    _park_chunks: list[anyio.Event] = attrs.field(factory=list, init=False)
+    """Parked episodes wait in chunks of ``RESUME_CHUNK``, one event each; a resume sets them
+    one scheduler batch apart, so waking 200k parked episodes never stalls the loop at once."""
+    _park_count: int = attrs.field(default=0, init=False)
     _all_parked: anyio.Event | None = attrs.field(default=None, init=False)
     _lease_scope: anyio.CancelScope | None = attrs.field(default=None, init=False)
     _episodes: dict[str, Episode] = attrs.field(factory=dict, init=False)
@@ -153,7 +159,6 @@ class GymHost(HostControl, HostViews, HostJournaling):
         self._open_journal()
         self._closing = False
         self._prepared_evt = anyio.Event()
-        self._resumed = anyio.Event()
         self._all_parked = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -203,6 +208,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
             ep.scope.cancel()
             self.end_episode(ep, None)
         self._unclaimed.clear()
+        self._unpark_all()
         self._streams.end_all()
         if self._all_parked is not None:
             self._all_parked.set()
@@ -443,14 +449,33 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 await self._prepared_evt.wait()
             ep.hold = False
             while self._prepared:
-                assert self._resumed is not None
-                await self._resumed.wait()
+                await self._park_event().wait()
         finally:
             if ep.state == BOUNDARY:
                 ep.state = MOVING
                 self._n_moving += 1
         if self.fenced(ep):
             raise EpisodeFenced(ep.rollout_id)
+
+    def _park_event(self) -> anyio.Event:
+        """The event of the chunk this parking episode joins (see ``_park_chunks``)."""
+        if not self._park_chunks or self._park_count >= RESUME_CHUNK:
+            self._park_chunks.append(anyio.Event())
+            self._park_count = 0
+        self._park_count += 1
+        return self._park_chunks[-1]
+
+    def _unpark_all(self) -> None:
+        """Wake every parked episode: chunk by chunk in a task of the instance, one scheduler
+        batch apart (at once when the instance is shutting down)."""
+        chunks, self._park_chunks, self._park_count = self._park_chunks, [], 0
+        if not chunks:
+            return
+        if self._closing or self._tg is None:
+            for ev in chunks:
+                ev.set()
+            return
+        self._tg.start_soon(_unpark, chunks)
 
     def _check_parked(self) -> None:
         if self._prepared and self._n_moving == 0 and self._all_parked is not None:
@@ -504,3 +529,9 @@ class GymHost(HostControl, HostViews, HostJournaling):
             f"moving={self._n_moving} unclaimed={len(self._unclaimed)} "
             f"kept={len(self._kept)} on_wire={len(self._streams.on_wire)}>"
         )
+
+
+async def _unpark(chunks: list[anyio.Event]) -> None:
+    for ev in chunks:
+        ev.set()
+        await anyio.lowlevel.checkpoint()  # this chunk's episodes run before the next wakes

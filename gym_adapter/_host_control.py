@@ -71,7 +71,6 @@ class HostControl:
         _checkpoint_id: str | None
         _gen: int
         _prepared_evt: anyio.Event | None
-        _resumed: anyio.Event | None
         _all_parked: anyio.Event | None
         _lease_scope: anyio.CancelScope | None
         _episodes: dict[str, Episode]
@@ -98,6 +97,7 @@ class HostControl:
 
         def _check_call(self, op: str, deadline_ts: float | None = None) -> Any: ...
         def end_episode(self, ep: Episode, reply: Any) -> None: ...
+        def _unpark_all(self) -> None: ...
 
     # -- prepare / commit / resume -------------------------------------------------------------
 
@@ -112,7 +112,6 @@ class HostControl:
             assert self._prepared_evt is not None
             self._prepared = True
             self._gen += 1
-            self._resumed = anyio.Event()
             self._all_parked = anyio.Event()
             self._prepared_evt.set()
         gen = self._gen
@@ -235,13 +234,13 @@ class HostControl:
         self._reopen()
 
     def _reopen(self) -> None:
-        assert self._resumed is not None and self._all_parked is not None
+        assert self._all_parked is not None
         self._cancel_lease()
         self._prepared = False
         self._checkpoint_id = None
         self._admission_open = True
         self._prepared_evt = anyio.Event()
-        self._resumed.set()
+        self._unpark_all()
         self._all_parked.set()
 
     def _arm_lease(self) -> None:

@@ -314,3 +314,59 @@ async def test_trainer_gets_every_payload_once_across_a_restore(
                     if phase == 1 and len(seen) >= 8:
                         break
     assert sorted(seen) == [(r, s) for r in range(12) for s in range(2)]
+
+
+class _Ticker:
+    """An agent whose every turn takes one virtual second and notes the scheduler batch it
+    started in (``batch`` is advanced by a task that yields once per batch)."""
+
+    name, kind = "agent", "simple_agent"
+
+    def __init__(self) -> None:
+        self.batch = 0
+        self.started: list[int] = []
+
+    def open(self, info: EpisodeInfo) -> dict[str, int]:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+    async def step(self, ctx: EpisodeContext, state: Any) -> Done | None:
+        self.started.append(self.batch)
+        await anyio.sleep(1.0)
+        return None
+
+
+async def test_a_resume_wakes_parked_episodes_in_chunks_not_all_in_one_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Waking every parked episode in one scheduler batch stalls the loop for as long as they
+    all take to reach their next await (about a second at 200k here): a resume wakes them
+    RESUME_CHUNK at a time, a batch apart, and every one of them wakes."""
+    from gymckpt.gym_adapter._host import RESUME_CHUNK
+
+    agent = _Ticker()
+    n = 2 * RESUME_CHUNK + 500
+    async with GymHost("gym-0", Environment(agent=agent)) as host:
+        await host.run([RunRow(f"{r}-0", r, 0, 0) for r in range(n)])
+        await trio.sleep(0.5)
+        await host.prepare("c", trio.current_time() + FAR)
+        assert host.statistics().parked == n
+        agent.started.clear()
+
+        class CountBatches(trio.abc.Instrument):
+            def before_io_wait(self, timeout: float) -> None:  # once per scheduler batch
+                agent.batch += 1
+
+        counter = CountBatches()
+        trio.lowlevel.add_instrument(counter)
+        await host.resume("c", trio.current_time() + FAR)
+        while len(agent.started) < n:
+            await trio.lowlevel.checkpoint()
+        trio.lowlevel.remove_instrument(counter)
+        per_batch = [agent.started.count(b) for b in sorted(set(agent.started))]
+        assert max(per_batch) <= RESUME_CHUNK and len(per_batch) >= 3, per_batch
