@@ -59,7 +59,7 @@ from ._host_views import HostStatistics, HostViews, SessionView
 
 __all__ = ["RESUME_CHUNK", "GymHost", "HostConfig", "HostStatistics", "SessionView"]
 
-RESUME_CHUNK: Final = 1000
+RESUME_CHUNK: Final = 128
 """Parked episodes woken per scheduler batch on a resume."""
 
 
