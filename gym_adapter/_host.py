@@ -314,8 +314,10 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 })
         except Exception as exc:
             self.count.failed += 1
-            if current is not None:
-                del self._owners[key]  # the old attempt's sessions are gone either way
+            if current is not None:  # the old attempt's sessions are gone either way
+                del self._owners[key]
+                if self._journal is not None:
+                    self._journal.freed(key)
             return Failed(rid, "data", f"{self.name}: opening the sessions of {rid}: {exc!r}")
         self._owners[key] = (rid, row.attempt)
         self._start(Episode(info, sessions, anyio.CancelScope(), MOVING, stream=st))

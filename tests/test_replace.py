@@ -22,16 +22,19 @@ import trio.testing
 from gymckpt.gym_adapter import (
     Completed,
     EmbeddedGym,
+    GymHost,
     GymInstanceDead,
     ReplyStream,
     RunReply,
     RunRow,
     SimConfig,
+    calendar_environment,
     calendar_host,
     calendar_state,
     can_replace,
 )
 from gymckpt.gym_adapter._host_journal import JOURNAL_FILE, replay_journal
+from gymckpt.gym_adapter.calendar_env import CalendarServer
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.simulate import Crash, Scenario, run_scenario
 from gymckpt.nurseries.app.verdict import judge
@@ -489,3 +492,34 @@ async def test_the_next_checkpoint_waits_for_a_slow_replacement(
         assert gym.replacements("gym-1") == 1
         assert second.snapshot is not None
         await _train_all(ro, checkpoint=False)
+
+
+class _FailingCalendar(CalendarServer):
+    failing = False  # class-wide: the participant is frozen
+
+    def open(self, info: Any) -> Any:
+        if _FailingCalendar.failing:
+            raise ZeroDivisionError("opening failed")
+        return super().open(info)
+
+
+async def test_a_fresh_attempt_whose_sessions_fail_to_open_frees_the_slot_in_the_journal(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The old attempt was fenced and its session dropped; a replacement replaying the journal
+    must not bring the old session back."""
+    cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+    env = attrs.evolve(calendar_environment(config=cfg), participants=(_FailingCalendar(),))
+    _FailingCalendar.failing = False
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0)])
+        assert [r.rollout_id async for batch in stream for r in batch] == ["0-0"]
+        assert calendar_state(host)["0-0"].sentinels
+        _FailingCalendar.failing = True
+        stream = await host.run([RunRow("0-0-a1", 0, 0, 1)])
+        replies = [r async for batch in stream for r in batch]
+        assert [r.rollout_id for r in replies] == ["0-0-a1"] and "ZeroDivision" in str(replies)
+        assert calendar_state(host) == {}
+    _FailingCalendar.failing = False
+    async with GymHost("gym-0", env, work_dir=tmp_path, recover=True) as again:
+        assert calendar_state(again) == {}
