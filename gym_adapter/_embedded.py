@@ -59,9 +59,16 @@ from ._contract import (
 )
 from ._environment import Environment
 from ._faults import FaultPlan, FaultSpec, inject_fault
-from ._host import GymHost, HostConfig, HostStatistics
+from ._host import GymHost, HostConfig, HostStatistics, SessionView
 from ._load import load_environment
-from .calendar_env import AGENT_KINDS, CalendarSession, SimConfig, calendar_host, calendar_state
+from .calendar_env import (
+    AGENT_KINDS,
+    CALENDAR,
+    CalendarSession,
+    SimConfig,
+    calendar_host,
+    calendar_sessions,
+)
 
 __all__ = ["EmbeddedGym", "GymStatistics"]
 
@@ -325,10 +332,14 @@ class EmbeddedGym:
 
     # -- extras (tests, demo) ------------------------------------------------------------------
 
-    async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
-        """The environment's live sessions of ``instance`` (for sentinel checks)."""
+    async def session_states(self, instance: str, participant: str) -> dict[str, SessionView]:
+        """``GymHost.session_states(participant)`` of ``instance``."""
         await anyio.lowlevel.checkpoint()
-        return calendar_state(self._live(instance, "calendar_state"))
+        return self._live(instance, "session_states").session_states(participant)
+
+    async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
+        """The calendar workplace's live sessions of ``instance`` (for sentinel checks)."""
+        return calendar_sessions(await self.session_states(instance, CALENDAR))
 
     async def statistics(self) -> GymStatistics:
         """Per-instance counts (dead instances included) and the faults that fired."""

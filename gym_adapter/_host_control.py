@@ -16,6 +16,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
+import attrs
 
 from gymckpt.runtime import (
     EpisodeRecord,
@@ -49,6 +50,17 @@ if TYPE_CHECKING:
 __all__ = ["HostControl"]
 
 MODEL_PROXY = "model_proxy"
+
+
+@attrs.frozen
+class _Tables:
+    """Copies of the host's tables that a commit exports from (taken on the loop)."""
+
+    episodes: list[Episode]
+    unclaimed: list[Episode]
+    kept: list[tuple[str, dict[str, Any]]]
+    owners: dict[str, tuple[str, int]]
+    finished: dict[str, str]
 
 
 class HostControl:
@@ -137,13 +149,8 @@ class HostControl:
                 self.name,
                 "prepare",
             )
-        parked = sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
+        parked = len(self._episodes)  # nothing moves: every running episode is parked
         return PrepareReply(self.name, checkpoint_id, parked, len(self._streams.on_wire))
-
-    def _held(self) -> list[Episode]:
-        eps = [ep for ep in self._episodes.values() if ep.state == BOUNDARY]
-        eps.extend(self._unclaimed.values())
-        return sorted(eps, key=lambda ep: ep.rollout_id)
 
     async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
@@ -160,17 +167,14 @@ class HostControl:
             raise GymControlError(
                 self.name, "commit", f"{self._n_moving} episodes have not parked yet"
             )
-        held = self._held()
-        kept: list[Kept] = [
-            (key, rid, self._owners[key][1], states)
-            for key, states in self._kept.items()
-            if (rid := self._owners.get(key, ("",))[0]) in self._finished
-        ]
-        on_wire = tuple(sorted(self._streams.on_wire))
         # Export off the loop: every episode is parked and retire is refused while prepared, so
-        # what the export reads stays put while it runs.
+        # what the export reads stays put while it runs; the loop only takes C-level copies of
+        # the tables (selecting, sorting and building records at 200k belongs in the thread).
+        tables = _Tables(list(self._episodes.values()), list(self._unclaimed.values()),
+                         list(self._kept.items()), dict(self._owners), dict(self._finished))
+        on_wire = tuple(sorted(self._streams.on_wire))
         exported, sessions, participants = await offload(
-            functools.partial(self._export, checkpoint_id, self._root(state_root), held, kept)
+            functools.partial(self._export, checkpoint_id, self._root(state_root), tables)
         )
         if self._dead:  # died while exporting: what it committed died with it
             raise GymInstanceDead(self.name, "commit")
@@ -181,9 +185,18 @@ class HostControl:
         )
 
     def _export(
-        self, checkpoint_id: str, root: Path, held: list[Episode], kept: list[Kept]
+        self, checkpoint_id: str, root: Path, tables: _Tables
     ) -> tuple[tuple[ExportedEpisode, ...], tuple[AgentSession, ...], tuple[ParticipantInfo, ...]]:
         """Build and write every participant's records (in a worker thread; see ``commit``)."""
+        held = sorted(
+            [*(ep for ep in tables.episodes if ep.state == BOUNDARY), *tables.unclaimed],
+            key=lambda ep: ep.rollout_id,
+        )
+        kept: list[Kept] = [
+            (key, rid, tables.owners[key][1], states)
+            for key, states in tables.kept
+            if (rid := tables.owners.get(key, ("",))[0]) in tables.finished
+        ]
         stranded = (
             held[0].rollout_id
             if held and self._legacy and self.config.strand_legacy_session else None

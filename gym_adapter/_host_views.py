@@ -76,6 +76,7 @@ class HostViews:
         _admission_open: bool
         _prepared: bool
         _episodes: dict[str, Episode]
+        _n_moving: int
         _unclaimed: dict[str, Episode]
         _owners: dict[str, tuple[str, int]]
         _kept: dict[str, dict[str, Any]]
@@ -108,7 +109,7 @@ class HostViews:
     def _n_parked(self) -> int:
         if not self._prepared:
             return 0
-        return sum(1 for ep in self._episodes.values() if ep.state == BOUNDARY)
+        return len(self._episodes) - self._n_moving  # running episodes that do not move
 
     def inventory(self) -> InstanceInventory:
         if self._dead:

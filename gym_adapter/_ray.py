@@ -118,10 +118,10 @@ from ._contract import (
 )
 from ._embedded import GymStatistics
 from ._faults import FaultPlan, FaultSpec
-from ._host import HostConfig, HostStatistics
+from ._host import HostConfig, HostStatistics, SessionView
 from ._load import load_environment
 from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor
-from .calendar_env import AGENT_KINDS, CalendarSession, SimConfig
+from .calendar_env import AGENT_KINDS, CALENDAR, CalendarSession, SimConfig, calendar_sessions
 
 __all__ = [
     "NO_SUCH_RESOURCE",
@@ -910,11 +910,13 @@ class RayGym:
             self._carried(instance, acks)
         return reply
 
-    async def _view(self, instance: str, what: str) -> Any:
+    async def _view(self, instance: str, what: str, *args: Any) -> Any:
         actor, generation = self._live(instance, what)
         acks = dict(self._acks[instance])
         with trio.move_on_after(VIEW_TIMEOUT_S):
-            reply = await self._wait(instance, what, actor.view.remote(what, acks), generation)
+            reply = await self._wait(
+                instance, what, actor.view.remote(what, acks, *args), generation
+            )
             if self._serving(instance, generation):
                 self._carried(instance, acks)
             return reply
@@ -1080,10 +1082,15 @@ class RayGym:
 
     # -- extras (tests, demo) ------------------------------------------------------------------
 
+    async def session_states(self, instance: str, participant: str) -> dict[str, SessionView]:
+        """``GymHost.session_states(participant)`` of ``instance``: every slot's live session
+        of that participant (the states as the actor holds them, pickled across)."""
+        views: dict[str, SessionView] = await self._view(instance, "session_states", participant)
+        return views
+
     async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
-        """The environment's live sessions of ``instance`` (for sentinel checks)."""
-        state: dict[str, CalendarSession] = await self._view(instance, "calendar_state")
-        return state
+        """The calendar workplace's live sessions of ``instance`` (for sentinel checks)."""
+        return calendar_sessions(await self.session_states(instance, CALENDAR))
 
     async def statistics(self) -> GymStatistics:
         """Per-instance counts and the faults that fired. A dead instance reports the counts

@@ -55,7 +55,7 @@ from ._faults import FaultSpec, inject_fault
 from ._host import GymHost, HostConfig
 from ._host_streams import HostReplyStream
 from ._load import load_environment
-from .calendar_env import SimConfig, calendar_host, calendar_state
+from .calendar_env import SimConfig, calendar_host
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
@@ -65,7 +65,7 @@ HEADER_SEQ: Final = 0
 _CONTROL_OPS: Final = frozenset(
     {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
 )
-_VIEWS: Final = frozenset({"topology", "inventory", "calendar_state", "statistics"})
+_VIEWS: Final = frozenset({"topology", "inventory", "session_states", "statistics"})
 _STREAM_ENDED = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
@@ -298,18 +298,16 @@ class GymActor:
                 call: Callable[..., Any] = getattr(self._sim, op)
                 return await call(*args, deadline)
 
-    async def view(self, what: str, acks: dict[int, int]) -> Any:
-        """``topology``, ``inventory``, ``calendar_state`` or ``statistics`` of the instance,
-        once the stream acknowledgements ``acks`` are applied."""
+    async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
+        """``topology``, ``inventory``, ``session_states(participant)`` or ``statistics`` of the
+        instance, once the stream acknowledgements ``acks`` are applied."""
         self._apply_acks(acks)
         with self._track(what):
             await anyio.lowlevel.checkpoint()
             if what not in _VIEWS:
                 raise ValueError(f"unknown view {what!r}")
             with crossing_boundary(self.name, what):
-                if what == "calendar_state":
-                    return calendar_state(self._sim)
-                return getattr(self._sim, what)()
+                return getattr(self._sim, what)(*args)
 
     # -- data plane ------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import attrs
 
 from ._environment import Environment
 from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
-from ._host import GymHost, HostConfig
+from ._host import GymHost, HostConfig, SessionView
 from ._host_episodes import capture_key as host_capture_key
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "calendar_environment",
     "calendar_host",
     "calendar_model",
+    "calendar_sessions",
     "calendar_state",
     "capture_key",
     "plan_episode",
@@ -303,9 +304,14 @@ def calendar_host(
     )
 
 
-def calendar_state(host: GymHost) -> dict[str, CalendarSession]:
-    """The calendar sessions ``host`` holds now, by session key (for sentinel checks)."""
+def calendar_sessions(views: Mapping[str, SessionView]) -> dict[str, CalendarSession]:
+    """``session_states(CALENDAR)`` (of a host or a deployment) as ``CalendarSession``s."""
     return {
         key: CalendarSession(key, view.rollout_id, view.attempt, tuple(view.state.events))
-        for key, view in host.session_states(CALENDAR).items()
+        for key, view in views.items()
     }
+
+
+def calendar_state(host: GymHost) -> dict[str, CalendarSession]:
+    """The calendar sessions ``host`` holds now, by session key (for sentinel checks)."""
+    return calendar_sessions(host.session_states(CALENDAR))

@@ -49,16 +49,6 @@ def _free_port() -> int:
         return port
 
 
-def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Bounded wait for a state another process writes to disk (the demo's first published
-    snapshot: with ``--json`` the demo says nothing until it ends, so no line can signal it)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.2)
-
-
 class Head:
     """One ``ray start --head --block`` cluster (a single node) in a temp dir of its own."""
 
@@ -164,26 +154,42 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
     head = ray_head()
     workdir = tmp_path / "w"
     store = SnapshotStore(workdir / SNAPSHOTS_DIR)
-    out, err = tmp_path / "demo.out", tmp_path / "demo.err"  # files: a pipe could fill up
-    with out.open("w") as stdout, err.open("w") as stderr_file, subprocess.Popen(
+    # the demo's own progress line says its first snapshot is published (an event, read as the
+    # lines come; the reader keeps draining, so the pipe never fills)
+    lines: list[str] = []
+    published = threading.Event()
+    with subprocess.Popen(
         [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--ray-address",
          head.address, "--rows", str(ROWS), "--crash-after-checkpoint", "0", "--workdir",
-         str(workdir), "--json"],
-        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr_file, env=no_auth(),
+         str(workdir)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=no_auth(),
     ) as demo:
+
+        def read_stderr() -> None:
+            assert demo.stderr is not None
+            for line in demo.stderr:
+                lines.append(line.rstrip("\n"))
+                if line.startswith("[phase 1] checkpoint") and ": ok" in line:
+                    published.set()
+            published.set()  # the demo ended: the assertions below say how
+
+        reader = threading.Thread(target=read_stderr, name="demo-stderr", daemon=True)
+        reader.start()
         try:
-            _wait_for(lambda: store.latest_complete() is not None or demo.poll() is not None,
-                      120, "the first snapshot")
-            assert demo.poll() is None, (
-                f"the demo finished before its cluster was lost: {err.read_text()[-3000:]}")
+            if not published.wait(timeout=120):
+                raise AssertionError("no snapshot published in 120 s:\n" + "\n".join(lines))
+            assert demo.poll() is None and store.latest_complete() is not None, (
+                "the demo finished before its cluster was lost:\n" + "\n".join(lines[-40:]))
             t0 = time.monotonic()
             head.kill_gcs()
             demo.wait(timeout=120)
+            reader.join(timeout=30)
         finally:
             if demo.poll() is None:
                 demo.kill()
                 demo.wait()
-    stderr = err.read_text()
+    stderr = "\n".join(lines)
     stopped_s = time.monotonic() - t0
     assert demo.returncode == ExitCode.CLUSTER_LOST, stderr[-3000:]
     lines = our_lines(stderr)

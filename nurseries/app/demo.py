@@ -355,7 +355,8 @@ async def run_phase(
                     progress(f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
                              f"{'ok' if outcome.ok else outcome.reason} "
                              f"({outcome.episodes} episodes parked, "
-                             f"{outcome.drained} drained)", frequent=True)
+                             f"{outcome.drained} drained)",
+                             frequent=published > 0 or not outcome.ok)  # the first is shown
                     if outcome.ok:
                         published += 1
                         if crash_after and published == crash_after:
