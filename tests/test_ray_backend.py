@@ -30,6 +30,8 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     SimConfig,
+    plan_episode,
+    sentinel,
 )
 from gymckpt.nurseries._calls import bounded_call, classify
 from gymckpt.runtime import (
@@ -140,6 +142,16 @@ async def test_four_instances_fit_on_two_cores_spread_and_answer(tmp_path: Path)
             ]
             assert all(isinstance(r, Completed) for r in replies)
             await stream.aclose()
+        # the calendar's sessions come back through the same view a user's environment has
+        expected = {sentinel(r, 0, t) for r in range(20, 23)
+                    for t, m in enumerate(plan_episode(5, r, 0, CONFIG).mutates) if m}
+        assert expected  # some turns mutate
+        calendar = await gym.calendar_state("gym-2")
+        assert sorted(calendar) == [f"{r}-0" for r in range(20, 23)]
+        assert {s for sess in calendar.values() for s in sess.sentinels} == expected
+        views = await gym.session_states("gym-2", "calendar")
+        assert {k: v.rollout_id for k, v in views.items()} == {
+            k: c.rollout_id for k, c in calendar.items()}
         topo = await gym.topology()
         assert topo.names == gym.instances
         assert gym.bridge_statistics().asyncio_pending == 0
