@@ -122,10 +122,13 @@ class GymHost(HostControl, HostViews, HostJournaling):
     _checkpoint_id: str | None = attrs.field(default=None, init=False)
     _gen: int = attrs.field(default=0, init=False)
     _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
-    _park_chunks: list[anyio.Event] = attrs.field(factory=list, init=False)
-    """Parked episodes wait in chunks of ``RESUME_CHUNK``, one event each; a resume sets them
-    one scheduler batch apart, so waking 200k parked episodes never stalls the loop at once."""
-    _park_count: int = attrs.field(default=0, init=False)
+    _parked: list[Episode] = attrs.field(factory=list, init=False)
+    """Episodes parked at a step boundary, as data: their task ended when they parked (a
+    suspended task is a dozen collector-tracked objects, and CPython puts every resumed
+    coroutine back in the youngest generation uncounted, so 200k tasks parking at once made the
+    next young collection walk millions of objects inside the checkpoint). A resume starts a
+    task for each again, ``RESUME_CHUNK`` per scheduler batch, so restarting 200k never stalls
+    the loop at once."""
     _all_parked: anyio.Event | None = attrs.field(default=None, init=False)
     _lease_scope: anyio.CancelScope | None = attrs.field(default=None, init=False)
     _episodes: dict[str, Episode] = attrs.field(factory=dict, init=False)
@@ -393,7 +396,11 @@ class GymHost(HostControl, HostViews, HostJournaling):
     # -- episodes ------------------------------------------------------------------------------
 
     async def _episode_main(self, ep: Episode) -> None:
-        with ep.scope:
+        """One incarnation of ``ep``'s task: from its current step boundary until it ends or
+        parks (a resume starts the next one). Every cancel of ``ep.scope`` comes with
+        ``end_episode``, so a scope cancelled before this task started is seen as ``DONE``."""
+        scope = ep.scope = anyio.CancelScope()
+        with scope:
             if ep.state == DONE:
                 return
             try:
@@ -402,20 +409,25 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 self.count.fenced_episodes += 1
                 self.end_episode(ep, None)
                 return
-            self.end_episode(ep, reply)
+            if reply is not None:
+                self.end_episode(ep, reply)
 
-    async def _play(self, ep: Episode) -> RunReply:
+    async def _play(self, ep: Episode) -> RunReply | None:
+        """Turns until the episode ends (its reply) or parks (None)."""
         rid = ep.rollout_id
-        if ep.restored and ep.replay is not None and ep.replay != ep.capture_keys:
-            return Failed(
-                rid, "data",
-                f"{self.name}: restored episode of {rid} has capture keys "
-                f"{list(ep.replay)} in the manifest, {list(ep.capture_keys)} staged by "
-                "the model proxy",
-            )
+        if ep.replay is not None:  # a restored continuation, checked once, before its first turn
+            replay, ep.replay = ep.replay, None
+            if replay != ep.capture_keys:
+                return Failed(
+                    rid, "data",
+                    f"{self.name}: restored episode of {rid} has capture keys "
+                    f"{list(replay)} in the manifest, {list(ep.capture_keys)} staged by "
+                    "the model proxy",
+                )
         agent = self.environment.agent
         while True:
-            await self._step_boundary(ep)
+            if not await self._step_boundary(ep):
+                return None
             ctx = StepContext(self, ep)
             try:
                 done = await agent.step(ctx, ep.sessions[agent.name])
@@ -434,50 +446,60 @@ class GymHost(HostControl, HostViews, HostJournaling):
             if done is not None:
                 return completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
 
-    async def _step_boundary(self, ep: Episode) -> None:
-        """Pass step boundary ``ep.turn``: park here while a checkpoint is prepared (or, held,
-        until one is)."""
+    async def _step_boundary(self, ep: Episode) -> bool:
+        """Pass step boundary ``ep.turn`` (True), or park there while a checkpoint is prepared
+        (or, held, until one is): False, and the task ends, leaving ``ep`` in ``_parked``."""
+        if ep.state == BOUNDARY:  # restarted by a resume
+            if self._prepared:  # prepared again before this task ran: it stays parked
+                self._parked.append(ep)
+                return False
+            ep.state = MOVING
+            self._n_moving += 1
+            if self.fenced(ep):
+                raise EpisodeFenced(ep.rollout_id)
+            return True
         if self.fenced(ep):
             raise EpisodeFenced(ep.rollout_id)
         await anyio.lowlevel.checkpoint()
         if not (self._prepared or ep.hold):
-            return
+            return True
         ep.state = BOUNDARY
         self._n_moving -= 1
         self._check_parked()
-        try:
-            while ep.hold and not self._prepared:
-                assert self._prepared_evt is not None
-                await self._prepared_evt.wait()
-            ep.hold = False
-            while self._prepared:
-                await self._park_event().wait()
-        finally:
-            if ep.state == BOUNDARY:
-                ep.state = MOVING
-                self._n_moving += 1
-        if self.fenced(ep):
-            raise EpisodeFenced(ep.rollout_id)
-
-    def _park_event(self) -> anyio.Event:
-        """The event of the chunk this parking episode joins (see ``_park_chunks``)."""
-        if not self._park_chunks or self._park_count >= RESUME_CHUNK:
-            self._park_chunks.append(anyio.Event())
-            self._park_count = 0
-        self._park_count += 1
-        return self._park_chunks[-1]
+        if ep.hold and not self._prepared:
+            try:
+                while ep.hold and not self._prepared:
+                    assert self._prepared_evt is not None
+                    await self._prepared_evt.wait()
+            except BaseException:
+                if ep.state == BOUNDARY:  # not ended meanwhile: count it moving again
+                    ep.state = MOVING
+                    self._n_moving += 1
+                raise
+        ep.hold = False
+        self._parked.append(ep)
+        return False
 
     def _unpark_all(self) -> None:
-        """Wake every parked episode: chunk by chunk in a task of the instance, one scheduler
-        batch apart (at once when the instance is shutting down)."""
-        chunks, self._park_chunks, self._park_count = self._park_chunks, [], 0
-        if not chunks:
-            return
-        if self._closing or self._tg is None:
-            for ev in chunks:
-                ev.set()
-            return
-        self._tg.start_soon(_unpark, chunks)
+        """Start every parked episode's task again: ``RESUME_CHUNK`` per scheduler batch, in a
+        task of the instance (nothing to start when the instance is shutting down: it ended
+        them)."""
+        parked, self._parked = self._parked, []
+        if parked and not self._closing and self._tg is not None:
+            self._tg.start_soon(self._restart, parked)
+
+    async def _restart(self, parked: list[Episode]) -> None:
+        tg = self._tg
+        for start in range(0, len(parked), RESUME_CHUNK):
+            if self._closing or tg is None:
+                return
+            if self._prepared:  # prepared again: the rest stay parked for the next resume
+                self._parked.extend(ep for ep in parked[start:] if ep.state == BOUNDARY)
+                return
+            for ep in parked[start:start + RESUME_CHUNK]:
+                if ep.state == BOUNDARY:
+                    tg.start_soon(self._episode_main, ep)
+            await anyio.lowlevel.checkpoint()  # this chunk's episodes run before the next starts
 
     def _check_parked(self) -> None:
         if self._prepared and self._n_moving == 0 and self._all_parked is not None:
@@ -531,9 +553,3 @@ class GymHost(HostControl, HostViews, HostJournaling):
             f"moving={self._n_moving} unclaimed={len(self._unclaimed)} "
             f"kept={len(self._kept)} on_wire={len(self._streams.on_wire)}>"
         )
-
-
-async def _unpark(chunks: list[anyio.Event]) -> None:
-    for ev in chunks:
-        ev.set()
-        await anyio.lowlevel.checkpoint()  # this chunk's episodes run before the next wakes

@@ -370,3 +370,47 @@ async def test_a_resume_wakes_parked_episodes_in_chunks_not_all_in_one_batch(
         trio.lowlevel.remove_instrument(counter)
         per_batch = [agent.started.count(b) for b in sorted(set(agent.started))]
         assert max(per_batch) <= RESUME_CHUNK and len(per_batch) >= 3, per_batch
+
+
+def _episode_tasks() -> int:
+    """Live task coroutines of host episodes (``GymHost._episode_main``), found by the collector."""
+    import gc
+    import types
+
+    code = GymHost._episode_main.__code__
+    return sum(
+        1 for o in gc.get_objects() if type(o) is types.CoroutineType and o.cr_code is code
+    )
+
+
+async def test_parked_episodes_are_data_not_tasks_and_a_resume_restarts_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A parked episode keeps no task (a suspended task is a dozen collector-tracked objects,
+    and 200k of them parking at once filled the youngest generation inside the checkpoint):
+    prepare leaves none alive; a resume starts one per episode again, and each continues from
+    its boundary — a second checkpoint parks them at a later turn, nothing is lost."""
+    agent = _Ticker()
+    n = 300
+    async with GymHost("gym-0", Environment(agent=agent)) as host:
+        await host.run([RunRow(f"{r}-0", r, 0, 0) for r in range(n)])
+        await trio.sleep(0.5)
+        assert _episode_tasks() == n
+        await host.prepare("c1", trio.current_time() + FAR)
+        await trio.testing.wait_all_tasks_blocked()
+        assert host.statistics().parked == n
+        assert _episode_tasks() == 0
+        turns = host.statistics().turns
+        await host.resume("c1", trio.current_time() + FAR)
+        await trio.sleep(2.5)
+        assert _episode_tasks() == n
+        await host.prepare("c2", trio.current_time() + FAR)
+        assert host.statistics().parked == n
+        assert host.statistics().turns >= turns + 2 * n  # every one went on turning
+        # prepared again before a resume's restart reached everyone: the rest stay parked
+        await host.resume("c2", trio.current_time() + FAR)
+        await host.prepare("c3", trio.current_time() + FAR)
+        assert host.statistics().parked == n
+        await host.resume("c3", trio.current_time() + FAR)
+        await trio.sleep(1.5)
+        assert _episode_tasks() == n
