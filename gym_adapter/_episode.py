@@ -215,8 +215,13 @@ class StateParticipant:
         return structure(data, self.state_type, f"participant {self.name} session state")
 
 
+_PLAIN: Final = frozenset({dict, list, str, int, float, bool, type(None)})
+
+
 def to_plain(value: Any) -> JSONValue:
     """``value`` as a JSON value: attrs instances through the project's converter."""
+    if type(value) in _PLAIN:  # the common case, asked once per session in every commit
+        return value
     if attrs.has(type(value)):
         return converter.unstructure(value)
     return value

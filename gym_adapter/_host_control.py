@@ -218,16 +218,17 @@ class HostControl:
                 ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
             )
         owner = self._owner_name
+        agent_name, agent_kind = self.environment.agent.name, self.environment.agent.kind
+        keys = [ep.capture_keys for ep in held]
         exported = () if self._legacy else tuple(
-            ExportedEpisode(ep.rollout_id, owner, ep.capture_keys) for ep in held
+            ExportedEpisode(ep.rollout_id, owner, k) for ep, k in zip(held, keys, strict=True)
         )
-        agent = self.environment.agent
         sessions = tuple(
             AgentSession(
-                ep.rollout_id, agent.name, agent.kind,
-                None if ep.rollout_id == stranded else ep.turn, ep.capture_keys,
+                ep.rollout_id, agent_name, agent_kind,
+                None if ep.rollout_id == stranded else ep.turn, k,
             )
-            for ep in held
+            for ep, k in zip(held, keys, strict=True)
         )
         return exported, sessions, tuple(participants)
 

@@ -74,7 +74,7 @@ class Episode:
 
     @property
     def capture_keys(self) -> tuple[str, ...]:
-        return tuple(k for k, _ in self.staged)
+        return tuple([k for k, _ in self.staged])
 
 
 @attrs.define(eq=False, slots=True)

@@ -103,23 +103,25 @@ def build_records(
     episodes (and, for a retained one, of ``kept`` slots) and which it exports (``owner``),
     the model proxy's staged calls. Calls the participants' ``export``."""
     agent = env.agent
+    export, name = agent.export, agent.name
     records: dict[str, Any] = {
-        agent.name: {
-            "participant": agent.name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
+        name: {
+            "participant": name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
             "sessions": [
-                {"rollout_id": ep.rollout_id, "row": ep.info.row, "slot": ep.info.slot,
-                 "attempt": ep.info.attempt,
+                {"rollout_id": ep.rollout_id, "row": (info := ep.info).row, "slot": info.slot,
+                 "attempt": info.attempt,
                  "step_boundary": None if ep.rollout_id == stranded else ep.turn,
-                 "state": to_plain(agent.export(ep.sessions[agent.name]))}
+                 "state": to_plain(export(ep.sessions[name]))}
                 for ep in held
             ],
         }
     }
     retained = {p.name for p in retained_participants}
     for p in env.participants:
+        export, name = p.export, p.name
         sessions = [
             {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
-             "state": to_plain(p.export(ep.sessions[p.name]))}
+             "state": to_plain(export(ep.sessions[name]))}
             for ep in held
         ]
         if p.name in retained:
