@@ -1,8 +1,8 @@
 """Checkpoint end to end on Ray: one whole checkpoint at N in flight over K actors (issue 13).
 
 The counterpart of ``benchmarks.checkpoint`` (the embedded Gym) with each Gym instance a Ray
-actor in its own process: ``RayGym.open`` starts a local Ray cluster of our own (as
-``gym_adapter`` always does without an address) and K simulated calendar instances, and the
+actor in its own process: on a local Ray cluster of our own (``local_cluster_options``),
+``RayGym.open`` starts K simulated calendar instances, and the
 trainer facade ``nurseries.open_rollouts`` runs on them with ``max_rows_in_flight = N /
 group_size``. Once the dispatcher has N episodes in flight, one ``Rollouts.checkpoint()`` runs
 its whole protocol, measured by the same code as the embedded run
@@ -22,7 +22,8 @@ out the actors' own parking work, which ``in_gym_calls_ms`` of the prepare stage
 Per stage, besides the embedded run's figures, the slowest and the median actor's time inside
 Gym calls (``gym_calls_by_op``): a stage over K actors waits for its slowest one.
 
-The run is in a fresh subprocess, in its own process group, which shuts Ray down as soon as the
+The run is in a fresh subprocess, in its own process group, which starts the cluster on its main
+thread (as ``benchmarks.fanout`` does; see ``_worker`` for why) and shuts Ray down as soon as the
 result is out (200k episodes are not torn down one by one); the parent then kills whatever of
 that group is left, and a run that passes its deadline is killed the same way.
 """
@@ -133,7 +134,7 @@ async def _ray_main(
                     lease_s=3600.0, flush_interval_s=0.05)
     rc = RuntimeConfig(control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0,
                        lease_s=3600.0)
-    say(f"starting a local Ray cluster and {cfg.actors} actors "
+    say(f"local Ray cluster up; starting {cfg.actors} actors "
         f"(turns {cfg.turns[0]}-{cfg.turns[1]} of {turn_s[0]:g}-{turn_s[1]:g} s)")
     t_start = time.perf_counter()
     async with trio.open_nursery() as top:
@@ -142,7 +143,7 @@ async def _ray_main(
                                    work_dir=Path(tmp) / "gym", config=sim,
                                    startup_timeout_s=cfg.startup_timeout_s) as gym:
                 started_s = time.perf_counter() - t_start
-                say(f"cluster and {cfg.actors} actors up in {started_s:.1f} s; filling to {n:,}")
+                say(f"{cfg.actors} actors up in {started_s:.1f} s; filling to {n:,}")
                 timed = _TimedGym(gym)
                 async with open_rollouts(
                     cast(Any, timed), Path(tmp) / "run", rows=2 * n // g + 1, group_size=g,
@@ -176,7 +177,7 @@ async def _ray_main(
                         "in_flight": dispatched,
                         "finished_before_checkpoint": finished,
                         "turn_s": list(turn_s),
-                        "cluster_and_actors_start_s": round(started_s, 2),
+                        "actors_start_s": round(started_s, 2),
                         "fill_wall_s": round(fill_s, 2),
                         "fill_rows_per_s": round(dispatched / fill_s),
                         "gym_calls_by_op": _per_actor(timed.calls),
@@ -197,13 +198,32 @@ def _shutdown_and_exit() -> None:
 
 
 def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
+    """Start the local cluster on this (the main) thread, then measure.
+
+    Not inside ``RayGym.open``: it would call ``ray.init`` on a trio worker thread, and Ray
+    binds the GCS and raylet it starts to the starting *thread* (``PR_SET_PDEATHSIG``), so the
+    cluster is killed when trio's thread cache retires that thread after 10 s idle — which a
+    fill of 200k episodes outlasts. ``RayGym.open`` then uses the connection it finds.
+    """
+    import ray
+
+    from gymckpt.gym_adapter import local_cluster_options
+
+    t0 = time.perf_counter()
+    ray.init(**local_cluster_options())
+    cluster_s = time.perf_counter() - t0
+
     def finish(result: dict[str, Any]) -> None:
+        result["cluster_start_s"] = round(cluster_s, 2)
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
         sys.stderr.flush()
         _shutdown_and_exit()
 
-    trio.run(_ray_main, cfg, verbose, finish)
+    try:
+        trio.run(_ray_main, cfg, verbose, finish)
+    finally:
+        ray.shutdown()
 
 
 def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str, Any]:

@@ -50,7 +50,8 @@ never means or best cases.
             batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit); with
             --loop also through the whole loop (open_rollouts) on a null and the embedded Gym
   checkpoint  one whole checkpoint at 200k in flight on the embedded Gym: per-stage wall time,
-            loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym
+            loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym;
+            --backend ray: the same on Ray with --actors actors (default 4), real time
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
   fanout    control fan-out on Ray, 1 to 16 actors: prepare/commit/resume per checkpoint, the

@@ -297,6 +297,12 @@ def _fmt(v: float | None, unit: str = "", digits: int = 1) -> str:
     return f"{v:,.{digits}f}{unit}"
 
 
+def _first_line(text: Any, limit: int = 300) -> str:
+    """``text``'s first non-empty line, at most ``limit`` characters (for a table cell)."""
+    line = next((t.strip() for t in str(text).splitlines() if t.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _yes(ok: bool | None) -> str:
     return "—" if ok is None else ("**met**" if ok else "**missed**")
 
@@ -371,12 +377,17 @@ def _checkpoint_ray_section(add: Any, cr: dict[str, Any]) -> None:
         f"{cr.get('actors', cfg['actors'])} actors)")
     add("")
     if "stages" not in cr:
-        add(f"Not measured: {cr.get('error')}")
+        add("Not measured: the run failed.")
+        add("")
+        add("```")
+        add(str(cr.get("error")))
+        add("```")
         add("")
         return
     add(f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on `RayGym` "
-        f"({cr['actors']} simulated calendar instances, one Ray actor each, on a local cluster "
-        f"started in {_fmt(cr['cluster_and_actors_start_s'], ' s')}), real time throughout: "
+        f"({cr['actors']} simulated calendar instances, one Ray actor each, started in "
+        f"{_fmt(cr.get('actors_start_s'), ' s')} on a local cluster started in "
+        f"{_fmt(cr.get('cluster_start_s'), ' s')}), real time throughout: "
         f"ok = {cr['checkpoint_ok']}, {cr['episodes_exported']:,} episodes exported, "
         f"{cr['pending_drained']} pending drained, {_fmt(cr['checkpoint_wall_s'], ' s', 2)} "
         f"wall, of which `prepare` (every episode reaching its next step boundary: turns of "
@@ -588,7 +599,7 @@ def targets(
             "not run (--no-ray)", None)
     elif not cr.get("checkpoint_ok"):
         row("checkpoint_e2e_ray", "whole checkpoint at 200k on Ray with 4 actors", "report",
-            f"failed: {cr.get('checkpoint_error') or cr.get('error')}"
+            "failed: " + _first_line(cr.get("checkpoint_error") or cr.get("error"))
             + _at(cr.get("in_flight"), 200_000), False, report_only=True)
     else:
         n_r = cr["in_flight"]
@@ -726,7 +737,8 @@ def _miss_lines(rows: list[dict[str, Any]], drain: dict[str, Any], head: dict[st
         out.append(
             f"- **The checkpoint on Ray failed** ({checkpoint_ray.get('actors')} actors, "
             f"{checkpoint_ray.get('in_flight')} in flight): "
-            f"{checkpoint_ray.get('checkpoint_error') or checkpoint_ray.get('error')}.")
+            + _first_line(checkpoint_ray.get("checkpoint_error") or checkpoint_ray.get("error"))
+            + " (the section on Ray below has the whole error).")
     if st["dispatch_embedded"]["status"] == "MISSED":
         out.append(
             f"- **Embedded dispatch {st['dispatch_embedded']['measured']} < 50,000 rows/s.** "

@@ -405,6 +405,14 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
                                   {"results": []}, None, None, None, r)
                if t["key"] == "checkpoint_e2e_ray")
     assert row["status"] == "not measured" and "(at 128; the target is at 200K)" in row["measured"]
+    # actors that do not start in time: an error that says so (bench all records it as a
+    # failed result and carries on)
+    from gymckpt.benchmarks._common import Progress
+    from gymckpt.benchmarks.checkpoint_ray import CheckpointRayConfig, run_checkpoint_ray
+
+    with pytest.raises(RuntimeError, match="TimeoutError"):
+        run_checkpoint_ray(CheckpointRayConfig(in_flight=64, startup_timeout_s=0.001),
+                           Progress(False))
 
 
 def test_help_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
