@@ -419,8 +419,8 @@ def _checkpoint_ray_section(add: Any, cr: dict[str, Any]) -> None:
         "calls*: the stage's time with at least one actor's call outstanding, Ray round trip "
         "included; *slowest / median actor*: each actor's time in that stage's calls "
         "(`topology` is one call for every actor, asked once, at a run's first checkpoint, "
-        "before admission closes). The trainer, the actors and Ray's own processes share this "
-        "machine's cores.")
+        "before admission closes). GC pauses include collections in the trainer's worker "
+        "threads. The trainer, the actors and Ray's own processes share this machine's cores.")
     add("")
 
 
@@ -594,9 +594,9 @@ def targets(
         ):
             row(key, fig, tgt, "not run", None)
     cr = checkpoint_ray
-    if cr is None:
+    if cr is None:  # results from before the Ray checkpoint was part of `bench all`: not run
         row("checkpoint_e2e_ray", "whole checkpoint at 200k on Ray with 4 actors", "report",
-            "not run (--no-ray)", None)
+            "not run (--no-ray)" if fanout is None else "not run", None)
     elif not cr.get("checkpoint_ok"):
         row("checkpoint_e2e_ray", "whole checkpoint at 200k on Ray with 4 actors", "report",
             "failed: " + _first_line(cr.get("checkpoint_error") or cr.get("error"))
