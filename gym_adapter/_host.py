@@ -39,7 +39,7 @@ import anyio.abc
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import GymCallTimeout
+from gymckpt.runtime import GymCallTimeout, collector_paused, promote_survivors
 
 from ._contract import (
     Completed,
@@ -75,6 +75,11 @@ class HostConfig:
     flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
     max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     strand_legacy_session: bool = False
+    freeze_survivors: bool = True
+    """Once every episode is parked, and once a resume has started them all again, move what
+    the process holds into the permanent generation (``runtime.promote_survivors``), and keep
+    full collections out of that restart (``runtime.collector_paused``): the collector stops
+    walking 200k episodes' objects inside and right after a checkpoint."""
 
 
 @attrs.define(eq=False, slots=True)
@@ -490,16 +495,20 @@ class GymHost(HostControl, HostViews, HostJournaling):
 
     async def _restart(self, parked: list[Episode]) -> None:
         tg = self._tg
-        for start in range(0, len(parked), RESUME_CHUNK):
-            if self._closing or tg is None:
-                return
-            if self._prepared:  # prepared again: the rest stay parked for the next resume
-                self._parked.extend(ep for ep in parked[start:] if ep.state == BOUNDARY)
-                return
-            for ep in parked[start:start + RESUME_CHUNK]:
-                if ep.state == BOUNDARY:
-                    tg.start_soon(self._episode_main, ep)
-            await anyio.lowlevel.checkpoint()  # this chunk's episodes run before the next starts
+        with collector_paused(self.config.freeze_survivors):
+            for start in range(0, len(parked), RESUME_CHUNK):
+                if self._closing or tg is None:
+                    return
+                if self._prepared:  # prepared again: the rest stay parked for the next resume
+                    self._parked.extend(ep for ep in parked[start:] if ep.state == BOUNDARY)
+                    return
+                for ep in parked[start:start + RESUME_CHUNK]:
+                    if ep.state == BOUNDARY:
+                        tg.start_soon(self._episode_main, ep)
+                await anyio.lowlevel.checkpoint()  # this chunk runs before the next starts
+            if self.config.freeze_survivors:
+                await anyio.lowlevel.checkpoint()  # the last chunk's first steps ran
+                promote_survivors()
 
     def _check_parked(self) -> None:
         if self._prepared and self._n_moving == 0 and self._all_parked is not None:

@@ -23,6 +23,7 @@ from gymckpt.runtime import (
     GymCallTimeout,
     InstanceRecord,
     TopologyMismatch,
+    promote_survivors,
     records_digest,
 )
 
@@ -149,6 +150,8 @@ class HostControl:
                 self.name,
                 "prepare",
             )
+        if self.config.freeze_survivors:  # all parked: what the process holds stays a while
+            promote_survivors()
         parked = len(self._episodes)  # nothing moves: every running episode is parked
         return PrepareReply(self.name, checkpoint_id, parked, len(self._streams.on_wire))
 

@@ -75,6 +75,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     StrandedSessionError,
     collector_paused,
+    promote_survivors,
     sample_ids,
     tree_size,
     wait_drained,
@@ -537,6 +538,8 @@ class CheckpointCoordinator:
                 garbage: list[object] = [replies, owned, cut, manifest, episodes]
                 del replies, owned, cut, manifest, episodes
                 await offload(garbage.clear)
+                if config.pause_collector:  # what survived the checkpoint is long-lived
+                    promote_survivors()
             return info, n_episodes, drained
         finally:
             with trio.CancelScope(shield=True):

@@ -4,7 +4,12 @@ Public names are re-exported here; the modules behind them are private.
 """
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
-from ._collector import collector_paused, freeze_startup_objects
+from ._collector import (
+    FULL_COLLECTION_EVERY,
+    collector_paused,
+    freeze_startup_objects,
+    promote_survivors,
+)
 from ._config import RuntimeConfig
 from ._config_file import load_toml_table, runtime_config_from_toml, structure_table
 from ._converter import converter, structure
@@ -94,6 +99,7 @@ __all__ = [
     "ADMISSION_CLOSED_ROWS",
     "ANY",
     "COMMIT_MARKER",
+    "FULL_COLLECTION_EVERY",
     "GYM_STATE_DIR",
     "LEDGER_FILE",
     "LOCK_FILE",
@@ -167,6 +173,7 @@ __all__ = [
     "load_toml_table",
     "participant_differences",
     "participant_state_problem",
+    "promote_survivors",
     "records_digest",
     "rollout_id_for",
     "runtime_config_from_toml",

@@ -109,3 +109,41 @@ def test_open_rollouts_freezes_what_lives_at_its_start_once(freeze: bool) -> Non
         assert after > 10_000 and later == after  # the imports, once; not again
     else:
         assert after == later == 0
+
+
+def test_promote_survivors_freezes_and_every_nth_unfreezes(collector_on: None) -> None:
+    """What survives a checkpoint goes to the permanent generation without a walk; every
+    FULL_COLLECTION_EVERY-th promotion unfreezes instead, so garbage cycles among frozen
+    objects are freed by a later full collection; a disabled collector is left alone."""
+    import gymckpt.runtime._collector as collector
+    from gymckpt.runtime import FULL_COLLECTION_EVERY, promote_survivors
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collector frees it
+
+    gc.unfreeze()
+    collector._promotions = 0
+    try:
+        node = Node()
+        assert promote_survivors() and gc.get_freeze_count() > 0
+        assert id(node) not in {id(o) for o in gc.get_objects()}  # frozen: never walked
+        import weakref
+
+        ref = weakref.ref(node)
+        del node  # garbage now, but frozen: a full collection does not find it
+        gc.collect()
+        assert ref() is not None
+        frozen = gc.get_freeze_count()
+        for _ in range(FULL_COLLECTION_EVERY - 2):
+            assert promote_survivors()
+        assert not promote_survivors()  # the N-th: unfreeze
+        assert gc.get_freeze_count() == 0 and frozen > 0
+        gc.collect()
+        assert ref() is None  # the cycle is freed
+        gc.disable()
+        assert not promote_survivors() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        collector._promotions = 0

@@ -372,15 +372,15 @@ async def test_a_resume_wakes_parked_episodes_in_chunks_not_all_in_one_batch(
         assert max(per_batch) <= RESUME_CHUNK and len(per_batch) >= 3, per_batch
 
 
-def _episode_tasks() -> int:
-    """Live task coroutines of host episodes (``GymHost._episode_main``), found by the collector."""
-    import gc
-    import types
-
-    code = GymHost._episode_main.__code__
-    return sum(
-        1 for o in gc.get_objects() if type(o) is types.CoroutineType and o.cr_code is code
-    )
+def _episode_tasks() -> list[trio.lowlevel.Task]:
+    """Live tasks running a host episode (``GymHost._episode_main``), in trio's task tree."""
+    out, todo = [], [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        if task.name.endswith("GymHost._episode_main"):
+            out.append(task)
+        todo.extend(t for n in task.child_nurseries for t in n.child_tasks)
+    return out
 
 
 async def test_parked_episodes_are_data_not_tasks_and_a_resume_restarts_them(
@@ -395,15 +395,15 @@ async def test_parked_episodes_are_data_not_tasks_and_a_resume_restarts_them(
     async with GymHost("gym-0", Environment(agent=agent)) as host:
         await host.run([RunRow(f"{r}-0", r, 0, 0) for r in range(n)])
         await trio.sleep(0.5)
-        assert _episode_tasks() == n
+        assert len(_episode_tasks()) == n
         await host.prepare("c1", trio.current_time() + FAR)
         await trio.testing.wait_all_tasks_blocked()
         assert host.statistics().parked == n
-        assert _episode_tasks() == 0
+        assert len(_episode_tasks()) == 0
         turns = host.statistics().turns
         await host.resume("c1", trio.current_time() + FAR)
         await trio.sleep(2.5)
-        assert _episode_tasks() == n
+        assert len(_episode_tasks()) == n
         await host.prepare("c2", trio.current_time() + FAR)
         assert host.statistics().parked == n
         assert host.statistics().turns >= turns + 2 * n  # every one went on turning
@@ -413,4 +413,38 @@ async def test_parked_episodes_are_data_not_tasks_and_a_resume_restarts_them(
         assert host.statistics().parked == n
         await host.resume("c3", trio.current_time() + FAR)
         await trio.sleep(1.5)
-        assert _episode_tasks() == n
+        assert len(_episode_tasks()) == n
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_parked_and_restarted_episodes_leave_the_collectors_generations(
+    autojump_clock: trio.testing.MockClock, freeze: bool
+) -> None:
+    """Once every episode is parked, and once a resume has started them all again, the host
+    moves what the process holds into the permanent generation (``promote_survivors``): the
+    young collections of the commit and the full collection after the checkpoint no longer
+    walk every episode's objects. ``HostConfig.freeze_survivors = False`` leaves them."""
+    import gc
+
+    def walked(objs: list[object]) -> int:  # gc.get_objects() leaves out frozen objects
+        ids = {id(o) for o in gc.get_objects()}
+        return sum(id(o) in ids for o in objs)
+
+    gc.unfreeze()  # a clean start: whatever earlier tests froze is walked again
+    n = 200
+    config = HostConfig(freeze_survivors=freeze)
+    env = Environment(agent=_Ticker(), participants=(Counter(),))
+    async with GymHost("gym-0", env, config=config) as host:
+        await host.run([RunRow(f"{r}-0", r, 0, 0) for r in range(n)])
+        await trio.sleep(0.5)
+        await host.prepare("c", trio.current_time() + FAR)
+        sessions = [view.state for view in host.session_states("counter").values()]
+        assert len(sessions) == n
+        assert walked(sessions) == (0 if freeze else n)
+        await host.resume("c", trio.current_time() + FAR)
+        await trio.testing.wait_all_tasks_blocked()
+        coros = [task.coro for task in _episode_tasks()]
+        assert len(coros) == n
+        assert walked(coros) == (0 if freeze else n)
+    gc.unfreeze()
+
