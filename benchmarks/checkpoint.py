@@ -152,15 +152,21 @@ async def warp_driver(clock: WarpClock) -> None:
 
 
 class _TimedGym:
-    """Delegates to the embedded Gym; adds up wall time spent in each control call."""
+    """Delegates to a Gym deployment (embedded or Ray); records the wall time of each control
+    call: ``spans`` (op, start, end) and ``calls`` (op, instance, start, end), where the
+    instance is the call's first argument (every control call takes it first; none for
+    ``topology``, which the coordinator asks once, at its first checkpoint, before closing
+    admission)."""
 
     def __init__(self, gym: Any) -> None:
         self._gym = gym
         self.spans: list[tuple[str, int, int]] = []
+        self.calls: list[tuple[str, str, int, int]] = []
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._gym, name)
-        if name not in ("prepare", "commit", "resume", "retire", "retire_restored"):
+        if name not in ("prepare", "commit", "resume", "retire", "retire_restored",
+                        "topology"):
             return attr
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
@@ -168,7 +174,10 @@ class _TimedGym:
             try:
                 return await attr(*args, **kwargs)
             finally:
-                self.spans.append((name, t0, perf_ns()))
+                t1 = perf_ns()
+                self.spans.append((name, t0, t1))
+                who = args[0] if args else kwargs.get("instance", "")
+                self.calls.append((name, str(who), t0, t1))
 
         return timed
 
@@ -232,13 +241,106 @@ def _overlap(a0: int, a1: int, spans: Sequence[tuple[int, int]]) -> int:
     return sum(max(0, min(a1, s1) - max(a0, s0)) for s0, s1 in spans)
 
 
+async def measure_checkpoint(
+    ro: Any,
+    spans: list[tuple[str, int, int]],
+    stages: Collection[str],
+    *,
+    nursery: trio.Nursery,
+    dispatched: int,
+    pause_collector: bool,
+    after_s: float,
+    on_after_prepare: Callable[[], None] | None = None,
+    say: Callable[[str], None] = lambda _msg: None,
+) -> dict[str, Any]:
+    """Run one ``ro.checkpoint()`` (``ro``: an open ``Rollouts``) under the loop-stall and GC
+    monitors and report it (``_checkpoint_report``, the seconds after it, the snapshot on disk).
+
+    ``spans``: the Gym proxy's list of control calls (read after the checkpoint).
+    ``on_after_prepare``: called at the coordinator's ``after_prepare`` hook — the embedded run
+    switches its warp clock to real time there; the 1 ms heartbeat starts there too, since
+    lateness means nothing in virtual time. Without it (a run in real time throughout) the
+    heartbeat covers the whole checkpoint and no stage reports a simulated wait.
+    """
+    from gymckpt.runtime import collector_paused
+
+    ledger = ro.ledger
+    marks: dict[str, int] = {}
+    mutations: dict[str, int] = {}
+    virtual_at: dict[str, float] = {}
+    heartbeat: list[tuple[int, int]] = []
+    beating = [True]
+
+    async def beat() -> None:
+        # lateness of a 1 ms sleep: also catches the loop waiting for the GIL
+        # (a worker thread collecting garbage), which task steps cannot show
+        while beating[0]:
+            t = perf_ns()
+            await trio.sleep(0.001)
+            late = perf_ns() - t - 1_000_000
+            if late > 1_000_000:
+                heartbeat.append((t, late))
+
+    def hook(_cid: str, point: str) -> None:
+        marks[point] = perf_ns()
+        mutations[point] = ledger.barrier.statistics().mutations
+        if on_after_prepare is not None:
+            virtual_at[point] = trio.current_time()
+            if point == "after_prepare":
+                on_after_prepare()
+                nursery.start_soon(beat, name="heartbeat")
+
+    ro.coordinator.on_stage = hook
+    if on_after_prepare is None:
+        nursery.start_soon(beat, name="heartbeat")
+    stall = LoopStallMonitor(cpu=True, keep_over_ns=100_000, keep_max=500_000)
+    with GcMonitor() as gcm:
+        trio.lowlevel.add_instrument(stall)
+        stall.active = gcm.active = True
+        marks["start"] = perf_ns()
+        mutations["start"] = ledger.barrier.statistics().mutations
+        # nested in the coordinator's own pause, so that the collection the
+        # collector owes once switched back on falls after the mark
+        with collector_paused(pause_collector):
+            outcome = await ro.checkpoint()
+            marks["end"] = perf_ns()
+        after = _AfterWindow(stall, gcm, marks["end"])
+        mutations["end"] = ledger.barrier.statistics().mutations
+        # the collector is back on: watch what its first collections cost
+        await trio.sleep(after_s)
+        after.close()
+        beating[0] = False
+        stall.active = gcm.active = False
+        trio.lowlevel.remove_instrument(stall)
+    took = (marks["end"] - marks["start"]) / 1e9
+    say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
+    size = files = ledger_bytes = 0
+    if outcome.snapshot is not None:
+        snap = outcome.snapshot.path
+        size, files = await trio.to_thread.run_sync(_dir_size, snap)
+        lj = snap / "ledger.json"
+        ledger_bytes = lj.stat().st_size if lj.exists() else 0
+    out = _checkpoint_report(outcome, marks, mutations, virtual_at, stall, gcm, spans, stages,
+                             heartbeat)
+    out.update(after.report())
+    out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
+    out.update({
+        "snapshot_bytes": size,
+        "snapshot_mib": round(size / 2**20, 1),
+        "snapshot_files": files,
+        "ledger_json_bytes": ledger_bytes,
+        "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
+    })
+    return out
+
+
 async def _checkpoint_main(
     cfg: CheckpointConfig, clock: WarpClock, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
     from gymckpt.gym_adapter import EmbeddedGym, SimConfig
     from gymckpt.nurseries import STAGES, open_rollouts
-    from gymckpt.runtime import RuntimeConfig, collector_paused
+    from gymckpt.runtime import RuntimeConfig
 
     def say(msg: str) -> None:
         if verbose:
@@ -273,74 +375,15 @@ async def _checkpoint_main(
                     dispatched = ledger.statistics().by_state["dispatched"]
                     say(f"{dispatched:,} in flight after {fill_s:.1f} s; checkpointing")
 
-                    marks: dict[str, int] = {}
-                    mutations: dict[str, int] = {}
-                    virtual_at: dict[str, float] = {}
-
-                    heartbeat: list[tuple[int, int]] = []
-                    beating = [True]
-
-                    async def beat() -> None:
-                        # lateness of a 1 ms sleep: also catches the loop waiting for the GIL
-                        # (a worker thread collecting garbage), which task steps cannot show
-                        while beating[0]:
-                            t = perf_ns()
-                            await trio.sleep(0.001)
-                            late = perf_ns() - t - 1_000_000
-                            if late > 1_000_000:
-                                heartbeat.append((t, late))
-
-                    def hook(_cid: str, point: str) -> None:
-                        marks[point] = perf_ns()
-                        mutations[point] = ledger.barrier.statistics().mutations
-                        virtual_at[point] = trio.current_time()
-                        if point == "after_prepare":
-                            clock.go_realtime()
-                            top.start_soon(beat, name="heartbeat")
-
-                    ro.coordinator.on_stage = hook
-                    stall = LoopStallMonitor(cpu=True, keep_over_ns=100_000, keep_max=500_000)
-                    with GcMonitor() as gcm:
-                        trio.lowlevel.add_instrument(stall)
-                        stall.active = gcm.active = True
-                        marks["start"] = perf_ns()
-                        mutations["start"] = ledger.barrier.statistics().mutations
-                        # nested in the coordinator's own pause, so that the collection the
-                        # collector owes once switched back on falls after the mark
-                        with collector_paused(rc.pause_collector):
-                            outcome = await ro.checkpoint()
-                            marks["end"] = perf_ns()
-                        after = _AfterWindow(stall, gcm, marks["end"])
-                        mutations["end"] = ledger.barrier.statistics().mutations
-                        # the collector is back on: watch what its first collections cost
-                        await trio.sleep(cfg.after_s)
-                        after.close()
-                        beating[0] = False
-                        stall.active = gcm.active = False
-                        trio.lowlevel.remove_instrument(stall)
-                    took = (marks["end"] - marks["start"]) / 1e9
-                    say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
-                    size = files = ledger_bytes = 0
-                    if outcome.snapshot is not None:
-                        snap = outcome.snapshot.path
-                        size, files = await trio.to_thread.run_sync(_dir_size, snap)
-                        lj = snap / "ledger.json"
-                        ledger_bytes = lj.stat().st_size if lj.exists() else 0
-                    out = _checkpoint_report(
-                        cfg, outcome, marks, mutations, virtual_at, stall, gcm, timed.spans,
-                        STAGES, heartbeat,
+                    out = await measure_checkpoint(
+                        ro, timed.spans, STAGES, nursery=top, dispatched=dispatched,
+                        pause_collector=rc.pause_collector, after_s=cfg.after_s,
+                        on_after_prepare=clock.go_realtime, say=say,
                     )
-                    out.update(after.report())
-                    out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
                     out.update({
                         "in_flight": dispatched,
                         "fill_wall_s": round(fill_s, 2),
                         "embedded_fill_rows_per_s": round(dispatched / fill_s),
-                        "snapshot_bytes": size,
-                        "snapshot_mib": round(size / 2**20, 1),
-                        "snapshot_files": files,
-                        "ledger_json_bytes": ledger_bytes,
-                        "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
                     })
                     finish(out)
                     return out
@@ -348,7 +391,6 @@ async def _checkpoint_main(
 
 
 def _checkpoint_report(
-    cfg: CheckpointConfig,
     outcome: Any,
     marks: dict[str, int],
     mutations: dict[str, int],

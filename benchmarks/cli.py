@@ -22,6 +22,7 @@ import attrs
 from gymckpt.nurseries import ExitCode
 
 from . import checkpoint as _checkpoint_mod
+from . import checkpoint_ray as _checkpoint_ray_mod
 from . import dispatch as _dispatch_mod
 from . import drain as _drain_mod
 from . import fanout as _fanout_mod
@@ -49,7 +50,8 @@ never means or best cases.
             batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit); with
             --loop also through the whole loop (open_rollouts) on a null and the embedded Gym
   checkpoint  one whole checkpoint at 200k in flight on the embedded Gym: per-stage wall time,
-            loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym
+            loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym;
+            --backend ray: the same on Ray with --actors actors (default 4), real time
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
   fanout    control fan-out on Ray, 1 to 16 actors: prepare/commit/resume per checkpoint, the
@@ -155,11 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--million", action="store_true", help="also measure with 1M in flight")
     _common(dp)
     c = sub.add_parser("checkpoint",
-                       help="whole checkpoint at 200k on the embedded Gym, by stage",
-                       description=_checkpoint_mod.__doc__, formatter_class=raw)
+                       help="whole checkpoint at 200k on the embedded Gym or on Ray, by stage",
+                       description=f"{_checkpoint_mod.__doc__}\n--backend ray\n------------\n"
+                                   f"{_checkpoint_ray_mod.__doc__}", formatter_class=raw)
     c.add_argument("--rollouts", "--in-flight", dest="in_flight", type=int, default=None,
                    help="episodes in flight (default 200000; quick 2000)")
-    c.add_argument("--instances", type=int, default=None, help="Gym instances (default 4)")
+    c.add_argument("--backend", choices=("embedded", "ray"), default="embedded",
+                   help="the Gym deployment: embedded (in this process, warp clock) or ray "
+                        "(--actors Ray actors on a local cluster, real time)")
+    c.add_argument("--instances", type=int, default=None,
+                   help="embedded Gym instances (default 4)")
+    c.add_argument("--actors", type=int, default=None,
+                   help="Ray actors with --backend ray (default 4)")
     _common(c)
     h = sub.add_parser("host", help="Gym host per-step overhead vs plain Gymnasium; episodes/s",
                        description=_host_mod.__doc__, formatter_class=raw)
@@ -181,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser(
         "all", help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
         description=(
-            "Runs drain (full sweep), memory, dispatch, checkpoint, fanout (Ray) and preserved, "
+            "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
+            "4 actors at the same N), fanout (Ray) and preserved, "
             "then writes their JSON, the plots and SUMMARY.md (issue 13's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "default directory it refuses to run from a tree with uncommitted changes."
@@ -190,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", type=Path, default=None,
                    help=f"output directory (default {RESULTS_DIR}; quick: {RESULTS_DIR}/quick)")
     a.add_argument("--no-ray", action="store_true",
-                   help="skip the Ray parts (fan-out and rows/s on Ray): reported as not run")
+                   help="skip the Ray parts (fan-out, rows/s on Ray, the checkpoint on Ray): "
+                        "reported as not run")
     a.add_argument("--allow-dirty", action="store_true",
                    help="write into the default directory although the tree has uncommitted "
                         "changes (SUMMARY.md says so at the top)")
@@ -269,6 +280,25 @@ def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointCo
             cfg.instances = args.instances
     if cfg.in_flight < cfg.group_size or cfg.instances < 1:
         raise ValueError("--in-flight must be >= the group size and --instances >= 1")
+    return cfg
+
+
+def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.CheckpointRayConfig:
+    """The Ray checkpoint's configuration: the embedded one's size (``bench all`` runs both at
+    the same N), ``--actors`` actors."""
+    cfg = (_checkpoint_ray_mod.CheckpointRayConfig.quick_defaults() if args.quick
+           else _checkpoint_ray_mod.CheckpointRayConfig())
+    if args.bench == "checkpoint":
+        if args.in_flight is not None:
+            cfg.in_flight = args.in_flight
+        if args.actors is not None:
+            cfg.actors = args.actors
+        if args.backend != "ray" and args.actors is not None:
+            raise ValueError("--actors is for --backend ray (the embedded Gym takes --instances)")
+        if args.backend == "ray" and args.instances is not None:
+            raise ValueError("--instances is for the embedded Gym (Ray takes --actors)")
+    if cfg.in_flight < cfg.group_size or cfg.actors < 1:
+        raise ValueError("--in-flight must be >= the group size and --actors >= 1")
     return cfg
 
 
@@ -368,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dispatch_cfg = _dispatch_config(args)
         memory_sizes = _memory_sizes(args)
         checkpoint_cfg = _checkpoint_config(args)
+        checkpoint_ray_cfg = _checkpoint_ray_config(args)
         fanout_cfg = _fanout_config(args)
         preserved_cfg = _preserved_config(args)
     except ValueError as exc:
@@ -388,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
+    elif args.bench == "checkpoint" and args.backend == "ray":
+        result = {**_checkpoint_ray_mod.run_checkpoint_ray(checkpoint_ray_cfg, progress),
+                  "meta": meta}
     elif args.bench == "checkpoint":
         result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
     elif args.bench == "fanout":
@@ -424,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             dispatch_cfg=dispatch_cfg,
             checkpoint_cfg=checkpoint_cfg,
             fanout_cfg=None if args.no_ray else fanout_cfg,
+            checkpoint_ray_cfg=None if args.no_ray else attrs.evolve(
+                checkpoint_ray_cfg, in_flight=checkpoint_cfg.in_flight),
             preserved_cfg=preserved_cfg,
             out=out,
             meta=meta,

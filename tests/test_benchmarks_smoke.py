@@ -145,6 +145,7 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
             "SUMMARY.md", "drain_wake_latency.png", "drain_per_wakeup_cost.png",
             "checkpoint_stages.png", "preserved_work.png"} <= names
     assert "fanout.json" not in names and result["fanout"] is None  # --no-ray
+    assert "checkpoint_ray.json" not in names and result["checkpoint_ray"] is None
     for name in names:
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "drain_wake_latency.png").read_bytes()[:4] == b"\x89PNG"
@@ -173,6 +174,7 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     by_key = {t["key"]: t for t in result["targets"]}
     assert by_key["drain_wake_median"]["status"] == "not measured"
     assert by_key["fanout"]["status"] == "not measured"
+    assert by_key["checkpoint_e2e_ray"]["measured"] == "not run (--no-ray)"
     ck = json.loads((tmp_path / "checkpoint.json").read_text())
     assert ck["checkpoint_ok"] is True
     assert ck["in_flight"] == 2_000
@@ -284,6 +286,21 @@ def test_targets_verdicts() -> None:
     got = {t["key"]: t["status"] for t in targets(drain, memory, ck, fo, pv)}
     assert got["fanout"] == "met" and got["preserved"] == "MISSED"
     assert targets(drain, {"results": []}, None, None, None)[0]["status"] == "not measured"
+    # the checkpoint on Ray has no threshold: reported at 200k with 4 actors, else not
+    # measured; a failed run is missed
+    cr = {"in_flight": 200_000, "actors": 4, "checkpoint_ok": True, "e2e_s": 3.0,
+          "turn_time_wall_s": 20.0, "max_loop_stall_ms": 12.0}
+
+    def ray_row(cr: dict[str, Any]) -> dict[str, Any]:
+        rows = targets(drain, memory, ck, fo, pv, cr)
+        return next(t for t in rows if t["key"] == "checkpoint_e2e_ray")
+
+    assert ray_row(cr)["status"] == "reported"
+    assert ray_row(cr)["measured"].startswith("3.00 s close to resume (+ 20.0 s turn time)")
+    assert ray_row({**cr, "in_flight": 20_000})["status"] == "not measured"
+    assert ray_row({**cr, "actors": 2})["status"] == "not measured"
+    failed = ray_row({**cr, "checkpoint_ok": False, "checkpoint_error": "gym_unavailable"})
+    assert failed["status"] == "MISSED" and "gym_unavailable" in failed["measured"]
 
 
 def test_fit_linear() -> None:
@@ -340,6 +357,64 @@ def test_fanout_quick_json_and_a_failed_size(capsys: pytest.CaptureFixture[str])
     assert bad["models"]["commit_stage_ms"] is None
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """One whole checkpoint at 128 in flight on 4 Ray actors (a local cluster of the worker's
+    own), through the CLI: every episode in flight is exported, every stage timed."""
+    pytest.importorskip("ray")
+    from gymckpt.benchmarks.checkpoint_ray import GYM_OPS
+    from gymckpt.benchmarks.report import _checkpoint_ray_section, targets
+    from gymckpt.nurseries import STAGES
+
+    r = _run(capsys, "checkpoint", "--backend", "ray", "--actors", "4", "--rollouts", "128",
+             "--json")
+    assert r["backend"] == "ray" and r["actors"] == 4 and r["label"] == "128"
+    assert r["checkpoint_ok"] is True and r["checkpoint_error"] is None
+    assert r["in_flight"] == r["episodes_exported"] == 128
+    assert r["finished_before_checkpoint"] == 0  # the episodes outlast the measurement
+    # every stage the coordinator ran is reported (no trainer files here: that one is not run)
+    assert set(r["stage_s"]) == set(STAGES) - {"trainer_files"}
+    assert all(v >= 0 for v in r["stage_s"].values())
+    assert [s["stage"] for s in r["stages"]] == ["close+retire", "prepare", "commit",
+                                                 "ownership", "drain", "snapshot", "publish",
+                                                 "resume"]
+    # e2e is close to resume less the turn wait, as on the embedded Gym
+    assert r["e2e_s"] == pytest.approx(r["checkpoint_wall_s"] - r["turn_time_wall_s"], abs=2e-3)
+    assert r["turn_time_wall_s"] == pytest.approx(r["stage_s"]["prepare"], abs=0.05)
+    assert 0 < r["e2e_s"] < r["checkpoint_wall_s"]
+    # one prepare, commit and resume per actor; a stage waits for its slowest actor
+    calls = r["gym_calls_by_op"]
+    for op in ("prepare", "commit", "resume"):
+        assert calls[op]["calls"] == 4 and calls[op]["stage"] == GYM_OPS[op]
+        assert calls[op]["slowest_actor_ms"] >= calls[op]["median_actor_ms"] > 0
+        assert calls[op]["slowest_actor_ms"] <= r["stage_s"][op] * 1e3 + 1.0
+        assert calls[op]["slowest_actor"] in {f"gym-{i}" for i in range(4)}
+    assert r["max_loop_stall_ms"] > 0 and r["gc_max_pause_ms"] >= 0
+    assert r["fill_wall_s"] > 0 and r["fill_rows_per_s"] > 0
+    assert r["snapshot_bytes"] > 0 and r["snapshot_files"] > 0
+    assert r["config"]["turn_s"] == r["turn_s"]
+    # the report: a table row per stage, and the targets row (128 is not the target's size)
+    lines: list[str] = []
+    _checkpoint_ray_section(lines.append, r)
+    table = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert [line.split(" | ")[0][2:] for line in table] == [s["stage"] for s in r["stages"]]
+    assert "`prepare` " in next(line for line in table if line.startswith("| prepare |"))
+    row = next(t for t in targets({"rollouts": 1, "drain_wake_us_median": 1.0,
+                                   "drain_wake_ms_p99": 1.0, "max_loop_stall_ms": 1.0},
+                                  {"results": []}, None, None, None, r)
+               if t["key"] == "checkpoint_e2e_ray")
+    assert row["status"] == "not measured" and "(at 128; the target is at 200K)" in row["measured"]
+    # actors that do not start in time: an error that says so (bench all records it as a
+    # failed result and carries on)
+    from gymckpt.benchmarks._common import Progress
+    from gymckpt.benchmarks.checkpoint_ray import CheckpointRayConfig, run_checkpoint_ray
+
+    with pytest.raises(RuntimeError, match="TimeoutError"):
+        run_checkpoint_ray(CheckpointRayConfig(in_flight=64, startup_timeout_s=0.001),
+                           Progress(False))
+
+
 def test_help_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert main(["drain", "--help"]) == 0
@@ -348,3 +423,9 @@ def test_help_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["drain", "--no-such-flag"]) == 2
     assert main(["drain", "--quick", "--pending", "5000"]) == 2
     assert "too small" in capsys.readouterr().err
+    # --actors is Ray's, --instances the embedded Gym's: never silently ignored
+    assert main(["checkpoint", "--actors", "2"]) == 2
+    assert "--actors is for --backend ray" in capsys.readouterr().err
+    assert main(["checkpoint", "--backend", "ray", "--instances", "2"]) == 2
+    assert "--instances is for the embedded Gym" in capsys.readouterr().err
+    assert main(["checkpoint", "--backend", "ray", "--actors", "0"]) == 2

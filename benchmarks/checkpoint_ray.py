@@ -1,0 +1,279 @@
+"""Checkpoint end to end on Ray: one whole checkpoint at N in flight over K actors (issue 13).
+
+The counterpart of ``benchmarks.checkpoint`` (the embedded Gym) with each Gym instance a Ray
+actor in its own process: on a local Ray cluster of our own (``local_cluster_options``),
+``RayGym.open`` starts K simulated calendar instances, and the
+trainer facade ``nurseries.open_rollouts`` runs on them with ``max_rows_in_flight = N /
+group_size``. Once the dispatcher has N episodes in flight, one ``Rollouts.checkpoint()`` runs
+its whole protocol, measured by the same code as the embedded run
+(``checkpoint.measure_checkpoint``): per-stage wall time, the trainer loop's longest stall (all
+causes, GC included) and GC pauses, a 1 ms heartbeat, the snapshot on disk.
+
+Time is real throughout (Ray actors cannot share a virtual clock), so the episodes tick while
+Gym is filled. They are long — 40 to 60 turns — and their turns are long enough that nothing
+finishes before the checkpoint (reported: ``finished_before_checkpoint``) and that K actors
+sharing this machine's cores keep up with the turns (about 10,000 turn ends a second in all):
+the mean turn is ``max(1, N / 10,000)`` seconds unless ``turn_s`` is given, 20 s at 200k.
+``prepare`` waits for every episode to reach its next step boundary: up to one turn, the
+environment's time, not the runtime's. As in the embedded run, ``e2e_s`` is the checkpoint's
+wall time (close to resume) less ``prepare``'s (``turn_time_wall_s``); on Ray that also leaves
+out the actors' own parking work, which ``in_gym_calls_ms`` of the prepare stage shows.
+
+Per stage, besides the embedded run's figures, the slowest and the median actor's time inside
+Gym calls (``gym_calls_by_op``): a stage over K actors waits for its slowest one.
+
+The run is in a fresh subprocess, in its own process group, which starts the cluster on its main
+thread (as ``benchmarks.fanout`` does; see ``_worker`` for why) and shuts Ray down as soon as the
+result is out (200k episodes are not torn down one by one); the parent then kills whatever of
+that group is left, and a run that passes its deadline is killed the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import trio
+
+from gymckpt.nurseries import ExitCode
+
+from ._common import Progress, label
+from .checkpoint import _TimedGym, measure_checkpoint
+
+__all__ = ["GYM_OPS", "CheckpointRayConfig", "run_checkpoint_ray", "turn_range"]
+
+GYM_OPS = {"topology": "close+retire", "retire": "close+retire", "prepare": "prepare",
+           "commit": "commit", "resume": "resume"}
+"""Gym call -> the stage of the report it runs in (``topology``: asked once, at a run's first
+checkpoint, before admission closes; one call covering every actor)."""
+
+TURN_ENDS_PER_S = 10_000
+"""Turn ends a second, over all actors, that the default turn length aims at."""
+
+
+def turn_range(in_flight: int) -> tuple[float, float]:
+    """The default turn length range for ``in_flight`` episodes: mean ``max(1, N / 10,000)`` s,
+    from 2/3 to 4/3 of it."""
+    mean = max(1.0, in_flight / TURN_ENDS_PER_S)
+    return (round(mean * 2 / 3, 3), round(mean * 4 / 3, 3))
+
+
+@attrs.define
+class CheckpointRayConfig:
+    in_flight: int = 200_000
+    actors: int = 4
+    group_size: int = 8
+    dispatch_batch: int = 512
+    turns: tuple[int, int] = (40, 60)
+    turn_s: tuple[float, float] | None = None  # None: turn_range(in_flight)
+    after_s: float = 2.0
+    startup_timeout_s: float = 240.0
+    fill_timeout_s: float = 1200.0
+    seed: int = 3
+    quick: bool = False
+
+    @classmethod
+    def quick_defaults(cls) -> CheckpointRayConfig:
+        return cls(in_flight=2_000, quick=True)
+
+    def turns_s(self) -> tuple[float, float]:
+        return self.turn_s if self.turn_s is not None else turn_range(self.in_flight)
+
+
+def _per_actor(calls: list[tuple[str, str, int, int]]) -> dict[str, dict[str, Any]]:
+    """Per Gym call (``GYM_OPS``): each actor's time inside it (summed over its calls), the
+    slowest and the median actor, the number of calls and the stage it runs in."""
+    out: dict[str, dict[str, Any]] = {}
+    for op, stage in GYM_OPS.items():
+        per: dict[str, int] = {}
+        n = 0
+        for o, who, t0, t1 in calls:
+            if o == op:
+                per[who] = per.get(who, 0) + (t1 - t0)
+                n += 1
+        if not per:
+            continue
+        slowest = max(per, key=lambda k: per[k])
+        out[op] = {
+            "stage": stage,
+            "slowest_actor_ms": round(per[slowest] / 1e6, 3),
+            "slowest_actor": slowest,
+            "median_actor_ms": round(statistics.median(per.values()) / 1e6, 3),
+            "calls": n,
+        }
+    return out
+
+
+async def _ray_main(
+    cfg: CheckpointRayConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
+) -> None:
+    """Measure; ``finish(result)`` is called before anything is torn down (it exits)."""
+    from gymckpt.gym_adapter import RayGym, SimConfig
+    from gymckpt.nurseries import STAGES, open_rollouts
+    from gymckpt.runtime import RuntimeConfig
+
+    def say(msg: str) -> None:
+        if verbose:
+            print(f"[checkpoint-ray] {msg}", file=sys.stderr, flush=True)
+
+    n, g = cfg.in_flight, cfg.group_size
+    turn_s = cfg.turns_s()
+    sim = SimConfig(turns=cfg.turns, turn_s=turn_s, max_batch=cfg.dispatch_batch,
+                    lease_s=3600.0, flush_interval_s=0.05)
+    rc = RuntimeConfig(control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0,
+                       lease_s=3600.0)
+    say(f"local Ray cluster up; starting {cfg.actors} actors "
+        f"(turns {cfg.turns[0]}-{cfg.turns[1]} of {turn_s[0]:g}-{turn_s[1]:g} s)")
+    t_start = time.perf_counter()
+    async with trio.open_nursery() as top:
+        with tempfile.TemporaryDirectory(prefix="gymckpt-bench-ray-") as tmp:
+            async with RayGym.open(instances=cfg.actors, seed=cfg.seed,
+                                   work_dir=Path(tmp) / "gym", config=sim,
+                                   startup_timeout_s=cfg.startup_timeout_s) as gym:
+                started_s = time.perf_counter() - t_start
+                say(f"{cfg.actors} actors up in {started_s:.1f} s; filling to {n:,}")
+                timed = _TimedGym(gym)
+                async with open_rollouts(
+                    cast(Any, timed), Path(tmp) / "run", rows=2 * n // g + 1, group_size=g,
+                    config=rc, max_rows_in_flight=n // g, batch_size=cfg.dispatch_batch,
+                    restore=False, keep_snapshots=0, handle_signals=False,
+                ) as ro:
+                    ledger = ro.ledger
+                    t0 = time.perf_counter()
+                    last = t0
+                    with trio.fail_after(cfg.fill_timeout_s):
+                        while ledger.statistics().by_state["dispatched"] < n:
+                            await trio.sleep(0.2)
+                            if time.perf_counter() - last > 5:
+                                last = time.perf_counter()
+                                say(f"dispatched {ledger.statistics().by_state['dispatched']:,}"
+                                    f"/{n:,}")
+                    fill_s = time.perf_counter() - t0
+                    stats = ledger.statistics()
+                    dispatched = stats.by_state["dispatched"]
+                    finished = stats.by_state.get("completed", 0) + stats.failed_total \
+                        + stats.abandoned_total
+                    say(f"{dispatched:,} in flight after {fill_s:.1f} s "
+                        f"({dispatched / fill_s:,.0f} rows/s); checkpointing")
+                    out = await measure_checkpoint(
+                        ro, timed.spans, STAGES, nursery=top, dispatched=dispatched,
+                        pause_collector=rc.pause_collector, after_s=cfg.after_s, say=say,
+                    )
+                    out.update({
+                        "backend": "ray",
+                        "actors": cfg.actors,
+                        "in_flight": dispatched,
+                        "finished_before_checkpoint": finished,
+                        "turn_s": list(turn_s),
+                        "actors_start_s": round(started_s, 2),
+                        "fill_wall_s": round(fill_s, 2),
+                        "fill_rows_per_s": round(dispatched / fill_s),
+                        "gym_calls_by_op": _per_actor(timed.calls),
+                    })
+                    finish(out)
+
+
+def _shutdown_and_exit() -> None:
+    """Stop the Ray cluster this process started (its actors with their 200k episodes are
+    killed, not torn down), then exit at once; never wait more than 60 s for Ray."""
+    threading.Timer(60.0, os._exit, (0,)).start()
+    try:
+        import ray
+
+        ray.shutdown()
+    finally:
+        os._exit(0)
+
+
+def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
+    """Start the local cluster on this (the main) thread, then measure.
+
+    Not inside ``RayGym.open``: it would call ``ray.init`` on a trio worker thread, and Ray
+    binds the GCS and raylet it starts to the starting *thread* (``PR_SET_PDEATHSIG``), so the
+    cluster is killed when trio's thread cache retires that thread after 10 s idle — which a
+    fill of 200k episodes outlasts. ``RayGym.open`` then uses the connection it finds.
+    """
+    import ray
+
+    from gymckpt.gym_adapter import local_cluster_options
+
+    t0 = time.perf_counter()
+    ray.init(**local_cluster_options())
+    cluster_s = time.perf_counter() - t0
+
+    def finish(result: dict[str, Any]) -> None:
+        result["cluster_start_s"] = round(cluster_s, 2)
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _shutdown_and_exit()
+
+    try:
+        trio.run(_ray_main, cfg, verbose, finish)
+    finally:
+        ray.shutdown()
+
+
+def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str, Any]:
+    """The measurement in a fresh subprocess (see the module docstring); raises
+    ``RuntimeError`` with the worker's last output if it fails or passes its deadline."""
+    progress(f"checkpoint N={cfg.in_flight:,} on Ray with {cfg.actors} actors "
+             "(fresh subprocess)")
+    cmd = [sys.executable, "-m", "gymckpt.benchmarks.checkpoint_ray", "--worker",
+           json.dumps(attrs.asdict(cfg))]
+    if progress.enabled:
+        cmd.append("--verbose")
+    deadline = cfg.startup_timeout_s + cfg.fill_timeout_s + 1200.0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            stderr=None if progress.enabled else subprocess.PIPE)
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    with contextlib.suppress(ProcessLookupError):  # Ray's processes the worker left behind
+        os.killpg(proc.pid, signal.SIGKILL)
+    line = next((s for s in (stdout or "").splitlines() if s.startswith("{")), None)
+    if line is None:
+        why = (f"passed its {deadline:.0f} s deadline" if timed_out
+               else f"exited with code {proc.returncode}")
+        raise RuntimeError(f"checkpoint on Ray: the worker {why}:\n"
+                           f"{(stderr or '').strip()[-4000:]}")
+    result: dict[str, Any] = json.loads(line)
+    result["config"] = {**attrs.asdict(cfg), "turn_s": list(cfg.turns_s())}
+    result["label"] = label(cfg.in_flight)
+    progress(f"checkpoint N={cfg.in_flight:,} on Ray, {cfg.actors} actors: "
+             f"{result['e2e_s']:.2f} s close to resume (+ {result['turn_time_wall_s']:.1f} s "
+             f"turn time), longest stall {result['max_loop_stall_ms']:.1f} ms")
+    return result
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "--worker":
+        raw = json.loads(argv[1])
+        raw["turns"] = tuple(raw["turns"])
+        if raw.get("turn_s") is not None:
+            raw["turn_s"] = tuple(raw["turn_s"])
+        _worker(CheckpointRayConfig(**raw), "--verbose" in argv)
+        return 1  # finish() exits
+    print("usage: python -m gymckpt.benchmarks.checkpoint_ray --worker CONFIG_JSON [--verbose]",
+          file=sys.stderr)
+    return ExitCode.BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
