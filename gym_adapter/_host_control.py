@@ -307,7 +307,7 @@ class HostControl:
             if ep is not None:
                 ep.state = DONE
             elif not restored_only and (ep := self._episodes.get(rid)) is not None:
-                ep.scope.cancel()
+                ep.stop()
                 self.end_episode(ep, None)
             key = ep.key if ep is not None else None
             if key is None and not restored_only and rid in self._finished:
@@ -478,7 +478,7 @@ class HostControl:
                 diffs.append(f"{which}: committed session state cannot be restored ({exc!r})")
                 continue
             out[rec.rollout_id] = Episode(
-                info, sessions, anyio.CancelScope(), UNCLAIMED, turn=int(s["step_boundary"]),
+                info, sessions, UNCLAIMED, turn=int(s["step_boundary"]),
                 staged=calls, replay=tuple(rec.capture_keys),
             )
         return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Final
 
-import anyio
 import attrs
 import orjson
 
@@ -54,7 +53,6 @@ class Episode:
 
     info: EpisodeInfo
     sessions: dict[str, Any]
-    scope: anyio.CancelScope
     state: str
     turn: int = 0
     stream: RunStream | None = None
@@ -67,10 +65,17 @@ class Episode:
     rollout_id: str = attrs.field(init=False)
     key: str = attrs.field(init=False)
     """The slot's session key (``info.session_key``), kept: fencing checks it every turn."""
+    scope: Any = attrs.field(default=None, init=False)
+    """The cancel scope of the task running it now (None while it has none)."""
 
     def __attrs_post_init__(self) -> None:
         self.rollout_id = self.info.rollout_id
         self.key = self.info.session_key
+
+    def stop(self) -> None:
+        """Cancel the task running it, if any (its caller ends it with ``end_episode``)."""
+        if self.scope is not None:
+            self.scope.cancel()
 
     @property
     def capture_keys(self) -> tuple[str, ...]:
