@@ -34,9 +34,13 @@ the measurement runs in a fresh subprocess which exits without tearing down.
 
 Dispatch throughput on the embedded Gym
 ---------------------------------------
-``open_rollouts`` over short episodes (one turn) under ``MockClock(autojump_threshold=0)``:
-every row goes through gate, ledger, ``EmbeddedGym.run``, the simulated episode, the streamed
-reply and the completion mutation, and the trainer takes the groups. Rows (attempts) per wall
+``open_rollouts`` over short episodes under ``MockClock(autojump_threshold=0)``: every row goes
+through gate, ledger, ``EmbeddedGym``'s admission, the episode, the streamed reply and the
+completion mutation, and the trainer takes the groups. Two environments: ``one_step``, a user's
+``Environment`` whose agent ends the episode in its first step (the issue's "one-step episode":
+what the runtime and the Gym host cost per row), and ``calendar``, the calendar workplace with
+one turn of 10 to 20 ms (virtual) and its retained calendar session (what a small real
+environment adds: its plan, its journal writes, its turn's sleep). Rows (attempts) per wall
 second, for dispatcher batch sizes 64 and 512. Gym's own work shares the core, so this is a lower
 bound on what the runtime sustains against a remote Gym.
 """
@@ -532,16 +536,46 @@ def checkpoint_worker(
 # -- dispatch throughput on the embedded Gym ------------------------------------------------------
 
 
-async def _dispatch_main(cfg: CheckpointConfig, batch: int) -> dict[str, Any]:
-    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+class OneStepAgent:
+    """The smallest episode a user can write: its first step ends it (the dispatch benchmark's
+    ``one_step`` environment)."""
+
+    name, kind = "agent", "simple_agent"
+
+    def open(self, info: Any) -> dict[str, Any]:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+    async def step(self, ctx: Any, state: Any) -> Any:
+        from gymckpt.gym_adapter import Done
+
+        return Done(reward=1.0)
+
+
+DISPATCH_ENVIRONMENTS = ("one_step", "calendar")
+
+
+async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) -> dict[str, Any]:
+    from gymckpt.gym_adapter import EmbeddedGym, Environment, HostConfig, SimConfig
     from gymckpt.nurseries import open_rollouts
 
     g = cfg.group_size
     rows = cfg.dispatch_rows // g
-    sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
     with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
-        async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
-                                    work_dir=Path(tmp) / "gym", config=sim) as gym:
+        if environment == "one_step":
+            opened = EmbeddedGym.host(Environment(agent=OneStepAgent()), instances=cfg.instances,
+                                      seed=cfg.seed, work_dir=Path(tmp) / "gym",
+                                      config=HostConfig(max_batch=batch))
+        else:
+            sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
+            opened = EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
+                                      work_dir=Path(tmp) / "gym", config=sim)
+        async with opened as gym:
             t0 = perf_ns()
             trained = 0
             async with open_rollouts(
@@ -552,6 +586,7 @@ async def _dispatch_main(cfg: CheckpointConfig, batch: int) -> dict[str, Any]:
                     trained += len(got)
             wall = (perf_ns() - t0) / 1e9
     return {
+        "environment": environment,
         "batch": batch,
         "rows_trained": trained,
         "attempts": trained * g,
@@ -563,7 +598,8 @@ async def _dispatch_main(cfg: CheckpointConfig, batch: int) -> dict[str, Any]:
 
 def dispatch_worker(cfg: CheckpointConfig) -> list[dict[str, Any]]:
     return [
-        trio.run(_dispatch_main, cfg, b, clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(_dispatch_main, cfg, b, env, clock=trio.testing.MockClock(autojump_threshold=0))
+        for env in DISPATCH_ENVIRONMENTS
         for b in cfg.dispatch_batches
     ]
 
@@ -585,7 +621,8 @@ def run_checkpoint(cfg: CheckpointConfig, progress: Progress) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(done.stdout)
     result["config"] = attrs.asdict(cfg)
     for r in result.get("embedded_dispatch", []):
-        result[f"embedded_rows_per_s_batch{r['batch']}"] = r["rows_per_s"]
+        env = "" if r["environment"] == "calendar" else f"{r['environment']}_"
+        result[f"embedded_{env}rows_per_s_batch{r['batch']}"] = r["rows_per_s"]
     progress(f"checkpoint N={cfg.in_flight:,}: {result['e2e_s']:.2f} s close to resume "
              f"(+ {result['turn_time_wall_s']:.1f} s turn time), longest stall "
              f"{result['max_loop_stall_ms']:.1f} ms")

@@ -359,15 +359,18 @@ def _checkpoint_section(add: Any, ck: dict[str, Any]) -> None:
         add(f"Filling Gym to {ck['in_flight']:,} in flight took {_fmt(ck['fill_wall_s'], ' s')} "
             f"({ck['embedded_fill_rows_per_s']:,} rows/s, dispatcher batch "
             f"{ck['config']['dispatch_batch']}). Rows through the whole loop on the embedded "
-            "Gym (gate, ledger, `EmbeddedGym.run`, a one-turn episode, the streamed reply, the "
+            "Gym (gate, ledger, the host's admission, the episode, the streamed reply, the "
             "completion mutation, the trainer taking the group), virtual clock, Gym sharing "
-            "the core:")
+            "the core. *one_step*: a user's environment whose agent ends the episode in its "
+            "first step (what the runtime and the Gym host cost per row); *calendar*: the "
+            "calendar workplace with one 10-20 ms turn and its retained calendar session (what "
+            "a small real environment adds):")
         add("")
-        add("| dispatcher batch | attempts | wall | rows/s |")
-        add("| ---: | ---: | ---: | ---: |")
+        add("| episode | dispatcher batch | attempts | wall | rows/s |")
+        add("| --- | ---: | ---: | ---: | ---: |")
         for r in emb:
-            add(f"| {r['batch']} | {r['attempts']:,} | {_fmt(r['seconds'], ' s', 2)} | "
-                f"{r['rows_per_s']:,} |")
+            add(f"| {r.get('environment', 'calendar')} | {r['batch']} | {r['attempts']:,} | "
+                f"{_fmt(r['seconds'], ' s', 2)} | {r['rows_per_s']:,} |")
         add("")
 
 
@@ -580,10 +583,13 @@ def targets(
             f"{_fmt(e2e, ' s', 2)} (+ {_fmt(turn, ' s', 1)} turn time)" + _at(n_c, 200_000),
             None if e2e is None else e2e <= TARGETS["checkpoint_e2e_s"], n_c >= 200_000)
         emb = checkpoint.get("embedded_dispatch") or []
-        best = max(emb, key=lambda r: r["rows_per_s"]) if emb else None
+        # the target's one-step episode; results from before it was measured: the calendar's
+        one = [r for r in emb if r.get("environment") == "one_step"] or emb
+        best = max(one, key=lambda r: r["rows_per_s"]) if one else None
         row("dispatch_embedded", "dispatch through the whole loop, embedded (one-step "
             "episodes)", "≥ 50,000 rows/s",
-            "n/a" if best is None else f"{best['rows_per_s']:,} rows/s (batch {best['batch']})",
+            "n/a" if best is None else f"{best['rows_per_s']:,} rows/s (batch {best['batch']}"
+            f"{', ' + best['environment'] if 'environment' in best else ''})",
             None if best is None else best["rows_per_s"] >= TARGETS["rows_per_s_embedded"])
     else:
         for key, fig, tgt in (

@@ -181,8 +181,10 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert ck["episodes_exported"] == ck["in_flight"]
     assert [r["stage"] for r in ck["stages"]][:3] == ["close+retire", "prepare", "commit"]
     assert ck["snapshot_bytes"] > 0 and ck["snapshot_files"] > 0
-    assert [r["batch"] for r in ck["embedded_dispatch"]] == [64, 512]
+    assert [(r["environment"], r["batch"]) for r in ck["embedded_dispatch"]] == [
+        ("one_step", 64), ("one_step", 512), ("calendar", 64), ("calendar", 512)]
     assert all(r["attempts"] == 512 for r in ck["embedded_dispatch"])
+    assert ck["embedded_one_step_rows_per_s_batch512"] > 0
     for key in ("e2e_s", "max_loop_stall_ms", "gc_max_pause_ms", "bytes_per_attempt"):
         assert isinstance(ck[key], int | float), key
         assert f"`{key}` = " in summary
