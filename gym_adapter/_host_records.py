@@ -23,6 +23,7 @@ import sniffio
 
 from gymckpt.runtime import (
     InstanceRecord,
+    dumps_chunked,
     participant_differences,
     participant_state_problem,
     write_atomic,
@@ -54,7 +55,7 @@ Kept = tuple[str, str, int, dict[str, Any]]
 def write_records(directory: Path, records: Mapping[str, Any]) -> None:
     """Write ``records`` as ``directory/records.json`` (sorted keys, atomic)."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = orjson.dumps(records, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    data = dumps_chunked(records, orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     write_atomic(directory / RECORDS_FILE, data)
 
 

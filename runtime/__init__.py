@@ -12,7 +12,7 @@ from ._collector import (
 )
 from ._config import RuntimeConfig
 from ._config_file import load_toml_table, runtime_config_from_toml, structure_table
-from ._converter import converter, structure
+from ._converter import converter, dumps_chunked, structure
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
 from ._errors import (
@@ -165,6 +165,7 @@ __all__ = [
     "crossing_boundary",
     "dump_ledger_snapshot",
     "dump_manifest",
+    "dumps_chunked",
     "freeze_startup_objects",
     "fsync_dir",
     "load_ledger_snapshot",

@@ -71,7 +71,7 @@ import orjson
 
 from ._barrier import MutationBarrier
 from ._converter import converter as _conv
-from ._converter import loads
+from ._converter import dumps_chunked, loads
 from ._converter import structure as _conv_structure
 from ._errors import BudgetExhausted, ManifestError
 from ._layout import LEDGER_FILE
@@ -1266,7 +1266,7 @@ class RecoveryLedger:
                     ),
                 ))
         out["attempts"] = rows
-        return orjson.dumps(out)
+        return dumps_chunked(out)  # the loop waits one chunk for the GIL, not 200k rows
 
     def _snapshot_header(self) -> LedgerSnapshot:
         return LedgerSnapshot(

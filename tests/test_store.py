@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -600,3 +601,23 @@ def test_publish_leaves_no_temp_files(tmp_path: Path) -> None:
         "results.json",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000001"]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 2048])
+def test_dumps_chunked_is_orjson_byte_for_byte(chunk: int) -> None:
+    """Serialising long lists a chunk per call (so another thread gets the GIL between chunks)
+    changes no byte: sorted or insertion-ordered keys, lists and tuples of any length around
+    the chunk size, nested values untouched."""
+    import orjson
+
+    from gymckpt.runtime import dumps_chunked
+
+    rng = random.Random(chunk)
+    for n in (0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk + 1, 50):
+        items = [{"z": i, "a": [rng.random(), None, "é"], "m": {"y": 1, "b": 2}}
+                 for i in range(max(n, 0))]
+        obj = {"zeta": items, "alpha": tuple(range(max(n, 0))), "mid": "x", "n": {"k": items[:2]}}
+        for option in (0, orjson.OPT_SORT_KEYS):
+            assert dumps_chunked(obj, option, chunk=chunk) == orjson.dumps(obj, option=option)
+    with pytest.raises(ValueError, match="compact"):
+        dumps_chunked({}, orjson.OPT_INDENT_2)
