@@ -177,21 +177,18 @@ class GymHost(HostControl, HostViews, HostJournaling):
         self._tg = tg
         self._spawn, self._new_scope = tg.start_soon, anyio.CancelScope
         if sniffio.current_async_library() == "trio":
-            await tg.start(self._trio_episodes)
+            tg.start_soon(self._trio_episodes)  # no await here: nothing can cancel an entry
         return self
 
-    async def _trio_episodes(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def _trio_episodes(self) -> None:
         """Under trio, episodes run in a trio nursery of their own, a task of the host's task
         group (cancelled with it), with trio's cancel scopes: a task costs a quarter of what it
         costs through anyio (whose task handle adds a cancel scope and an event to each), and a
-        host starts one per episode."""
+        host starts one per episode. Until this task runs, episodes start in the task group."""
         import trio
 
         async with trio.open_nursery() as nursery:
             self._spawn, self._new_scope = nursery.start_soon, trio.CancelScope
-            task_status.started()
             await trio.sleep_forever()
 
     async def __aexit__(
