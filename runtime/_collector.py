@@ -62,9 +62,12 @@ _depth = 0
 _saved: tuple[int, ...] | None = None
 _startup_frozen = False
 _promotions = 0
-FULL_COLLECTION_EVERY = 64
+FULL_COLLECTION_EVERY = 256
 """Every this many ``promote_survivors`` calls in a process, one unfreezes instead (see the
-module docstring)."""
+module docstring). A checkpoint over K embedded instances promotes 2K + 1 times, so with 4
+that is a full collection over everything about every 28 checkpoints: garbage cycles among
+frozen objects wait that long, and a process holding 200k episodes pays that collection (seconds)
+that often instead of after every checkpoint."""
 
 
 def freeze_startup_objects() -> bool:
