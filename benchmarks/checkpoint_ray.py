@@ -198,12 +198,16 @@ def _shutdown_and_exit() -> None:
 
 
 def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
-    """Start the local cluster on this (the main) thread, then measure.
+    """Start the local cluster on this (the main) thread, as ``benchmarks.fanout`` does (its
+    start-up is then timed on its own), then measure; ``RayGym.open`` uses the connection it
+    finds.
 
-    Not inside ``RayGym.open``: it would call ``ray.init`` on a trio worker thread, and Ray
-    binds the GCS and raylet it starts to the starting *thread* (``PR_SET_PDEATHSIG``), so the
-    cluster is killed when trio's thread cache retires that thread after 10 s idle — which a
-    fill of 200k episodes outlasts. ``RayGym.open`` then uses the connection it finds.
+    Left to ``RayGym.open``, ``ray.init`` runs on a trio worker thread, and Ray binds the GCS
+    and raylet it starts to the starting thread (``PR_SET_PDEATHSIG``), which trio's thread
+    cache retires after 10 s idle. Three 200k fills started that way lost their GCS and raylet
+    (SIGKILL, nothing in their logs) 25 to 40 s in. But in a direct test that thread's
+    retirement did not kill the cluster, so the likelier cause was outside this process (the
+    machine is shared): starting the cluster here is a precaution, not a fix.
     """
     import ray
 
