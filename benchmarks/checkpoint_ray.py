@@ -12,8 +12,9 @@ causes, GC included) and GC pauses, a 1 ms heartbeat, the snapshot on disk.
 Time is real throughout (Ray actors cannot share a virtual clock), so the episodes tick while
 Gym is filled. They are long — 40 to 60 turns — and their turns are long enough that nothing
 finishes before the checkpoint (reported: ``finished_before_checkpoint``) and that K actors
-sharing this machine's cores keep up with the turns (about 10,000 turn ends a second in all):
-the mean turn is ``max(1, N / 10,000)`` seconds unless ``turn_s`` is given, 20 s at 200k.
+sharing this machine's cores keep up with the turns (about 2,500 turn ends a second in all: at
+10,000 a second four actors of 50k episodes saturated the 2 cores, and the fill crawled):
+the mean turn is ``max(1, N / 2,500)`` seconds unless ``turn_s`` is given, 80 s at 200k.
 ``prepare`` waits for every episode to reach its next step boundary: up to one turn, the
 environment's time, not the runtime's. As in the embedded run, ``e2e_s`` is the checkpoint's
 wall time (close to resume) less ``prepare``'s (``turn_time_wall_s``); on Ray that also leaves
@@ -59,12 +60,12 @@ GYM_OPS = {"topology": "close+retire", "retire": "close+retire", "prepare": "pre
 """Gym call -> the stage of the report it runs in (``topology``: asked once, at a run's first
 checkpoint, before admission closes; one call covering every actor)."""
 
-TURN_ENDS_PER_S = 10_000
+TURN_ENDS_PER_S = 2_500
 """Turn ends a second, over all actors, that the default turn length aims at."""
 
 
 def turn_range(in_flight: int) -> tuple[float, float]:
-    """The default turn length range for ``in_flight`` episodes: mean ``max(1, N / 10,000)`` s,
+    """The default turn length range for ``in_flight`` episodes: mean ``max(1, N / 2,500)`` s,
     from 2/3 to 4/3 of it."""
     mean = max(1.0, in_flight / TURN_ENDS_PER_S)
     return (round(mean * 2 / 3, 3), round(mean * 4 / 3, 3))

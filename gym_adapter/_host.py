@@ -58,9 +58,18 @@ from ._host_journal import HostJournaling, SessionJournal
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 from ._host_views import HostStatistics, HostViews, SessionView
 
-__all__ = ["RESUME_CHUNK", "GymHost", "HostConfig", "HostStatistics", "SessionView"]
+__all__ = [
+    "PROMOTE_EVERY",
+    "RESUME_CHUNK",
+    "GymHost",
+    "HostConfig",
+    "HostStatistics",
+    "SessionView",
+]
 
 RESUME_CHUNK: Final = 128
+PROMOTE_EVERY: Final = 4096
+"""Episodes started between two promotions of what the process holds (``freeze_survivors``)."""
 """Parked episodes woken per scheduler batch on a resume."""
 
 
@@ -77,10 +86,12 @@ class HostConfig:
     max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     strand_legacy_session: bool = False
     freeze_survivors: bool = True
-    """Once every episode is parked, and once a resume has started them all again, move what
-    the process holds into the permanent generation (``runtime.promote_survivors``), and keep
-    full collections out of that restart (``runtime.collector_paused``): the collector stops
-    walking 200k episodes' objects inside and right after a checkpoint."""
+    """Once every episode is parked, once a resume has started them all again, and every
+    ``PROMOTE_EVERY`` episodes started, move what the process holds into the permanent
+    generation (``runtime.promote_survivors``), and keep full collections out of that restart
+    (``runtime.collector_paused``): the collector stops walking 200k episodes' objects inside
+    and right after a checkpoint, and a full collection while Gym fills up walks the episodes
+    started since the last promotion, not all of them (a second at 50k)."""
 
 
 @attrs.define(eq=False, slots=True)
@@ -149,6 +160,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
     in ``_finished``); freed by retire, replaced by a newer attempt."""
     _finished: dict[str, str] = attrs.field(factory=dict, init=False)
     _n_moving: int = attrs.field(default=0, init=False)
+    _started_since_promotion: int = attrs.field(default=0, init=False)
     _streams: ReplyStreams = attrs.field(init=False)
     _journal: SessionJournal | None = attrs.field(default=None, init=False)
     _retained: tuple[Any, ...] = attrs.field(init=False)
@@ -393,6 +405,10 @@ class GymHost(HostControl, HostViews, HostJournaling):
         self._episodes[ep.rollout_id] = ep
         self._n_moving += 1
         self._spawn(self._episode_main, ep)
+        self._started_since_promotion += 1
+        if self._started_since_promotion >= PROMOTE_EVERY and self.config.freeze_survivors:
+            self._started_since_promotion = 0
+            promote_survivors()  # episodes live for many turns: what is here now stays a while
 
     def _fence(self, owner: str) -> None:
         """A newer attempt takes the slot: stop ``owner`` where it waits; a moving one stops at

@@ -927,9 +927,19 @@ class RayGym:
     # -- GymBackend ----------------------------------------------------------------------------
 
     async def topology(self) -> Topology:
+        """Every instance's topology, asked of all actors at once (each within
+        ``VIEW_TIMEOUT_S``): one busy actor no longer delays the question to the others."""
         for name in self._names:
             self._live(name, "topology")
-        return Topology(tuple([await self._view(n, "topology") for n in self._names]))
+        got: dict[str, Any] = {}
+
+        async def one(name: str) -> None:
+            got[name] = await self._view(name, "topology")
+
+        async with trio.open_nursery() as nursery:
+            for name in self._names:
+                nursery.start_soon(one, name)
+        return Topology(tuple(got[n] for n in self._names))
 
     async def run(self, instance: str, rows: Sequence[RunRow]) -> RayReplyStream:
         """Submit ``rows`` and wait for their admission; a ``refuse`` fault refuses them all

@@ -448,3 +448,28 @@ async def test_parked_and_restarted_episodes_leave_the_collectors_generations(
         assert walked(coros) == (0 if freeze else n)
     gc.unfreeze()
 
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_every_promote_every_episodes_started_the_host_promotes_what_it_holds(
+    autojump_clock: trio.testing.MockClock, freeze: bool
+) -> None:
+    """While Gym fills up, a full collection would walk every episode started so far (a second
+    at 50k): every PROMOTE_EVERY episodes started, the host promotes what the process holds, so
+    it walks only those started since."""
+    import gc
+
+    from gymckpt.gym_adapter._host import PROMOTE_EVERY
+
+    gc.unfreeze()
+    env = Environment(agent=_Ticker(), participants=(Counter(),))
+    async with GymHost("gym-0", env, config=HostConfig(freeze_survivors=freeze)) as host:
+        await host.run([RunRow(f"{r}-0", r, 0, 0) for r in range(PROMOTE_EVERY - 1)])
+        first = [view.state for view in host.session_states("counter").values()]
+        ids = {id(o) for o in gc.get_objects()}
+        assert all(id(o) in ids for o in first)  # not yet
+        await host.run([RunRow(f"{r}-0", r, 0, 0) for r in range(PROMOTE_EVERY, PROMOTE_EVERY + 2)])
+        ids = {id(o) for o in gc.get_objects()}
+        assert sum(id(o) in ids for o in first) == (0 if freeze else len(first))
+        host.kill()
+    gc.unfreeze()
