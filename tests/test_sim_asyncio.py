@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import sniffio
 
 from gymckpt.gym_adapter import (
@@ -132,5 +133,30 @@ def test_serve_in_a_task_group_like_a_ray_actor() -> None:
             assert inst.topology().participants[0] == ("agent", "legacy_agent")
             tg.cancel_scope.cancel()
         assert "gym-3" in repr(inst)
+
+    anyio.run(main, backend="asyncio")
+
+
+def test_episodes_run_as_plain_asyncio_tasks_of_a_task_group() -> None:
+    """Under asyncio (a Ray actor) each episode is a task of an ``asyncio.TaskGroup`` inside
+    the host's task group, not a task through anyio's (whose task handle adds a cancel scope
+    and an event to every task: six times the cost per episode here); they still end with the
+    host."""
+    from gymckpt.gym_adapter import GymHost
+
+    code = GymHost._episode_main.__code__
+    slow = SimConfig(turns=(2, 2), turn_s=(5.0, 5.0), flush_interval_s=0.001)
+
+    def episode_tasks() -> int:
+        return sum(1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "cr_code", None) is code)
+
+    async def main() -> None:
+        async with calendar_host("gym-0", seed=SEED, config=slow) as inst:
+            await anyio.lowlevel.checkpoint()  # the host's episode task group starts
+            await inst.run(rows(6))
+            await anyio.sleep(0.01)
+            assert episode_tasks() == 6
+        await anyio.lowlevel.checkpoint()
+        assert episode_tasks() == 0
 
     anyio.run(main, backend="asyncio")
