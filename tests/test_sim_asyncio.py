@@ -153,8 +153,7 @@ def test_episodes_run_as_plain_asyncio_tasks_of_a_task_group() -> None:
     async def main() -> None:
         async with calendar_host("gym-0", seed=SEED, config=slow) as inst:
             await anyio.lowlevel.checkpoint()  # the host's episode task group starts
-            await inst.run(rows(6))
-            await anyio.sleep(0.01)
+            await inst.run(rows(6))  # admitted: their tasks exist (scheduled or running)
             assert episode_tasks() == 6
         await anyio.lowlevel.checkpoint()
         assert episode_tasks() == 0
