@@ -34,8 +34,9 @@ trainer's state and, in a process hosting Gym, every in-flight episode (a dozen 
 each, 2.4M at 200k). Left to the collector, they are walked again and again: the young
 generations walk them when a checkpoint's first allocations trigger a collection (CPython puts
 objects back there uncounted, e.g. every coroutine it resumes), and a full collection walks all
-of them once the pause ends (seconds at 200k). So at those points the runtime and the Gym host
-move everything tracked into the permanent generation (``gc.freeze()``: O(1), a list splice,
+of them once the pause ends (seconds at 200k). So at those points (and while a Gym host fills
+up, every ``PROMOTE_EVERY`` episodes it starts) the runtime and the Gym host move everything
+tracked into the permanent generation (``gc.freeze()``: O(1), a list splice,
 no walk). Frozen objects are still freed by reference counting when they go; only garbage
 *cycles* among them wait, so every ``FULL_COLLECTION_EVERY``-th promotion in a process
 unfreezes instead, and the next full collection (at the trainer's pace, at the cost the
@@ -64,10 +65,11 @@ _startup_frozen = False
 _promotions = 0
 FULL_COLLECTION_EVERY = 256
 """Every this many ``promote_survivors`` calls in a process, one unfreezes instead (see the
-module docstring). A checkpoint over K embedded instances promotes 2K + 1 times, so with 4
-that is a full collection over everything about every 28 checkpoints: garbage cycles among
-frozen objects wait that long, and a process holding 200k episodes pays that collection (seconds)
-that often instead of after every checkpoint."""
+module docstring). A checkpoint over K embedded instances promotes 2K + 1 times (and a host
+once per ``PROMOTE_EVERY`` episodes it starts), so with 4 that is a full collection over
+everything about every 28 checkpoints: garbage cycles among frozen objects wait that long, and a
+process holding 200k episodes pays that collection (seconds) that often instead of after every
+checkpoint."""
 
 
 def freeze_startup_objects() -> bool:
