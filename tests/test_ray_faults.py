@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -39,10 +40,11 @@ async def running(
     stuck_loop_s: float = 0.0,
     max_rows_in_flight: int = 6,
     restore: bool = True,
+    sim: SimConfig = SIM,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
     from gymckpt.gym_adapter import RayGym
 
-    async with RayGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM,
+    async with RayGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim,
                            faults=faults, stuck_loop_s=stuck_loop_s) as gym:
         async with open_rollouts(gym, tmp_path, rows=ROWS, group_size=2, config=CONFIG,
                                  max_rows_in_flight=max_rows_in_flight,
@@ -182,17 +184,38 @@ async def test_unpicklable_gym_error_is_retryable(tmp_path: Path) -> None:
 
 
 async def test_lost_resume_the_lease_reopens_gym(tmp_path: Path) -> None:
-    async with running(tmp_path, faults=["resume:hang@1"]) as (gym, ro):
-        await trio.sleep(0.3)
+    # Episodes long enough (3-4 turns of 0.2-0.3 s) that both instances still hold some when the
+    # checkpoint parks them, so the instance whose resume is lost keeps rows the trainer needs:
+    # they can only finish once its lease reopens it. (With short episodes the other instance
+    # could train every row before the lease ran out, and nothing would show the lease at work.)
+    slow = attrs.evolve(SIM, turns=(3, 4), turn_s=(0.2, 0.3))
+    async with running(tmp_path, faults=["resume:hang@1"], sim=slow,
+                       max_rows_in_flight=ROWS) as (gym, ro):
+        await both_running(gym)
         outcome = await ro.checkpoint()
         assert outcome.ok  # the snapshot is published before resume (S5)
         assert BOUND - 0.05 <= outcome.stage_s["resume"] <= BOUND + SLACK
         assert ro.metrics.get("checkpoint/resume_failures_total") == 1
         assert_released(ro)
+        before = {n: await gym.inventory(n) for n in gym.instances}
+        lost = [n for n, inv in before.items() if inv.prepared]
+        assert len(lost) == 1, before  # only the first resume call hangs
+        assert before[lost[0]].parked, before  # it holds rows: they wait for its lease
         assert sorted(await train_all(ro)) == list(range(ROWS))  # only once the lease reopened
-        reopened = [(await gym.inventory(n)).lease_reopened for n in gym.instances]
-        assert sum(reopened) == 1
+        reopened = {n: (await gym.inventory(n)).lease_reopened for n in gym.instances}
+        assert reopened == {n: int(n in lost) for n in gym.instances}
         assert (await ro.checkpoint()).ok
+
+
+async def both_running(gym: Any, timeout_s: float = 30.0) -> None:
+    """Return once every instance runs an episode (checked every 50 ms, failing after
+    ``timeout_s``): a condition on Gym's state, not a guess at how long dispatch takes."""
+    with trio.fail_after(timeout_s):
+        while True:
+            held = [(await gym.inventory(n)).running for n in gym.instances]
+            if all(held):
+                return
+            await trio.sleep(0.05)
 
 
 async def test_a_stream_that_ends_early(tmp_path: Path) -> None:
