@@ -1,4 +1,4 @@
-"""``python -m benchmarks ...`` is ``gymckpt bench ...``."""
+"""``python -m gymckpt.benchmarks ...`` is ``gymckpt bench ...``."""
 
 import sys
 

@@ -63,6 +63,7 @@ import trio
 import trio.testing
 
 from gymckpt.nurseries import ExitCode
+from gymckpt.runtime import LEDGER_FILE
 
 from ._common import GcMonitor, LoopStallMonitor, Progress, label
 
@@ -322,7 +323,7 @@ async def measure_checkpoint(
     if outcome.snapshot is not None:
         snap = outcome.snapshot.path
         size, files = await trio.to_thread.run_sync(_dir_size, snap)
-        lj = snap / "ledger.json"
+        lj = snap / LEDGER_FILE
         ledger_bytes = lj.stat().st_size if lj.exists() else 0
     out = _checkpoint_report(outcome, marks, mutations, virtual_at, stall, gcm, spans, stages,
                              heartbeat)

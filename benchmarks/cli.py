@@ -1,4 +1,4 @@
-"""``gymckpt bench ...`` (and ``python -m benchmarks ...``): reproduce the figures of DESIGN §5.
+"""``gymckpt bench ...`` (or ``python -m gymckpt.benchmarks ...``): reproduce the benchmark figures.
 
 The project CLI calls ``main(argv_after_bench)``. Results go to stdout (one JSON object with
 ``--json``, a short table otherwise); progress lines go to stderr when it is a terminal.

@@ -1,6 +1,6 @@
 """Ledger memory per attempt (DESIGN §5), at 200k and 1M attempts, in a realistic mix of states.
 
-Each measurement runs in a fresh Python subprocess (``python -m benchmarks.memory --worker N
+Each measurement runs in a fresh Python subprocess (``python -m gymckpt.benchmarks.memory --worker N
 MODE``) so that memory freed by earlier work cannot be reused and hide the cost. Two modes, both
 reported, because they answer different questions:
 

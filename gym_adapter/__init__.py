@@ -80,8 +80,15 @@ _LAZY = ("RayGym", "local_cluster_options")
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import _ray
-
+        try:
+            from . import _ray
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+                raise
+            raise ModuleNotFoundError(
+                f"gymckpt's {name} needs Ray, an optional extra: pip install 'gymckpt[ray]'",
+                name=exc.name,
+            ) from exc
         return getattr(_ray, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

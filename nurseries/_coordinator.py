@@ -77,6 +77,7 @@ from gymckpt.runtime import (
     collector_paused,
     promote_survivors,
     sample_ids,
+    state_dir_problem,
     tree_size,
     wait_drained,
 )
@@ -241,12 +242,13 @@ def _check_replies(
                     f"instance {inst.name}: participant {p.server_name} digest "
                     f"{p.records_digest!r} is not a sha256 digest"
                 )
-            rel = Path(p.state_dir)
-            if rel.is_absolute() or ".." in rel.parts:
+            outside = state_dir_problem(p.state_dir)
+            if outside is not None:
                 problems.append(
-                    f"instance {inst.name}: participant {p.server_name} state_dir "
-                    f"{p.state_dir!r} leaves the snapshot"
+                    f"instance {inst.name}: participant {p.server_name} state_dir {outside}"
                 )
+                continue
+            rel = Path(p.state_dir)
             parts.append(
                 ParticipantRecord(
                     p.server_name, p.kind, f"{GYM_STATE_DIR}/{rel.as_posix()}", p.records_digest

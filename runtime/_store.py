@@ -172,7 +172,7 @@ def participant_state_problem(
     before it installs anything. The state directory must stay inside ``root`` (no empty,
     absolute or ``..`` path, no symlink out), exist, and carry the committed records digest.
     """
-    outside = _state_dir_problem(participant.state_dir, root)
+    outside = state_dir_problem(participant.state_dir, root)
     if outside is not None:
         return f"{where} state directory {outside}"
     try:
@@ -767,13 +767,15 @@ def _validate_manifest(manifest: GymManifest, base: Path) -> None:
             )
 
 
-def _state_dir_problem(state_dir: str, root: Path) -> str | None:
-    """Why ``state_dir`` does not name a directory strictly inside ``root``, or None.
+def state_dir_problem(state_dir: str, root: Path | None = None) -> str | None:
+    """Why ``state_dir`` does not name a directory strictly inside a snapshot, or None.
 
-    The one "state stays inside the snapshot" rule, for the manifest's structure and for each
-    participant's state: not empty or ``.``, relative (no leading slash, backslash or drive),
-    no ``..``, backslash or NUL, and inside ``root`` once resolved (symlinks followed). The
-    reason starts with the quoted ``state_dir``.
+    The one "state stays inside the snapshot" rule, for the manifest's structure, for each
+    participant's state, for the coordinator checking Gym's commit replies and for the
+    conformance kit: not empty or ``.``, relative (no leading slash, backslash or drive), no
+    ``..``, backslash or NUL. With ``root`` it also resolves the path under ``root`` (symlinks
+    followed; a filesystem call) and requires it to stay strictly inside. The reason starts with
+    the quoted ``state_dir``.
     """
     rel = PurePosixPath(state_dir)
     if not state_dir or rel == PurePosixPath("."):
@@ -782,6 +784,8 @@ def _state_dir_problem(state_dir: str, root: Path) -> str | None:
         return f"{state_dir!r} is absolute; it must be relative"
     if ".." in rel.parts or "\\" in state_dir or "\0" in state_dir:
         return f"{state_dir!r} contains '..'; it must stay inside"
+    if root is None:
+        return None
     root_resolved = root.resolve()
     resolved = (root / rel).resolve()
     if resolved == root_resolved or not resolved.is_relative_to(root_resolved):
@@ -790,7 +794,7 @@ def _state_dir_problem(state_dir: str, root: Path) -> str | None:
 
 
 def _check_state_dir(state_dir: str, who: str, base: Path) -> None:
-    problem = _state_dir_problem(state_dir, base)
+    problem = state_dir_problem(state_dir, base)
     if problem is not None:
         raise ManifestError(f"{who}: state_dir {problem}")
 

@@ -35,6 +35,7 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
     rollout_id_for,
+    state_dir_problem,
 )
 
 from ._report import Checks, ConformanceReport
@@ -134,10 +135,11 @@ def _commit_problems(commits: dict[str, Any], topo: Any, root: Path) -> list[str
         if got != inst.participants:
             problems.append(f"{inst.name}: participants {got}, topology {inst.participants}")
         for p in reply.participants:
-            rel = Path(p.state_dir)
-            if rel.is_absolute() or ".." in rel.parts:
-                problems.append(f"{inst.name}/{p.server_name}: state_dir {p.state_dir} leaves")
+            outside = state_dir_problem(p.state_dir, root)
+            if outside is not None:
+                problems.append(f"{inst.name}/{p.server_name}: state_dir {outside}")
                 continue
+            rel = Path(p.state_dir)
             on_disk = records_digest(root / rel)
             if on_disk != p.records_digest:
                 problems.append(

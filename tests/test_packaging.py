@@ -84,3 +84,20 @@ sys.exit(main(["--version"]))
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.split() == [gymckpt.__version__, "gymckpt", gymckpt.__version__]
+
+
+def test_ray_gym_without_ray_names_the_extra(tmp_path: Path) -> None:
+    # ``sys.modules["ray"] = None`` makes ``import ray`` fail as it does where Ray is not installed.
+    probe = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import gymckpt\n"
+        "try:\n"
+        "    gymckpt.RayGym\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name, '|', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == (
+        "ray | gymckpt's RayGym needs Ray, an optional extra: pip install 'gymckpt[ray]'"
+    ), out.stdout + out.stderr

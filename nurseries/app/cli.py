@@ -1,4 +1,4 @@
-"""The ``gymckpt`` command line (C2). ``python -m nurseries`` is the same program.
+"""The ``gymckpt`` command line (C2). ``python -m gymckpt`` is the same program.
 
 Exit codes (C4): 0 success; 2 bad input (flag, manifest, topology or digest mismatch);
 3 run aborted by an invariant violation; 4 checkpoints failed more than
