@@ -158,3 +158,18 @@ def test_the_simulation_finds_a_dropped_attempt_left_in_gym_state(
             1, 226, as_json=False, tmp_root=tmp_path) >= 3
     assert "sentinels more than once" in capsys.readouterr().out
     assert main_simulate(1, 226, as_json=False, tmp_root=tmp_path) == 0
+
+
+def test_the_cli_prints_the_verdict_and_progress_not_the_runs_log_lines() -> None:
+    # Seeds 0-1 fail checkpoints and stop runs, which the runtime logs under ``gymckpt``; with no
+    # handler configured Python would print each of them to stderr (its last-resort handler).
+    out = subprocess.run(
+        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "2", "--start", "0"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("2 seeds from 0: 2 passed, 0 failed"), out.stdout
+    assert "'checkpoints_failed': 2" in out.stdout  # the stopped runs are in the summary instead
+    lines = out.stderr.splitlines()
+    assert lines and all(line.startswith("simulate: ") for line in lines), out.stderr
+    assert lines[-1].startswith("simulate: 2/2 seeds, 0 failed"), out.stderr

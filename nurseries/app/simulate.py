@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import shutil
 import sys
@@ -127,6 +128,8 @@ STALL_S = 5_000.0
 """Virtual seconds an incarnation may take before it counts as stalled (a violation)."""
 STEP_BUDGET = 3_000_000
 """Task steps a scenario may take before it counts as a livelock (zero virtual time spin)."""
+PROGRESS_EVERY_S = 10.0
+"""Seconds between progress lines when stderr is not a terminal (a CI log, a file)."""
 
 # (op, kind) pairs a fault schedule may use every call (no @N) without stalling the run for
 # good: the rest would refuse or fail every submission forever, which no runtime can finish.
@@ -858,7 +861,23 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if start < 0:
         raise ValueError(f"--start must be >= 0, got {start}")
-    show = progress is not None or (sys.stderr.isatty() and not as_json)
+    tty = sys.stderr.isatty()
+    show = progress is not None or not as_json
+    every_s = 0.5 if progress is not None or tty else PROGRESS_EVERY_S  # a log file: sparser
+    # The seeds' own runs log checkpoint failures, restores and replacements under the
+    # ``gymckpt`` logger by design; thousands of them would bury the verdict. The simulation
+    # reports them in its own summary instead.
+    quiet = logging.NullHandler()
+    logging.getLogger("gymckpt").addHandler(quiet)
+    try:
+        return _simulate_seeds(seeds, start, as_json, tmp_root, progress, show, tty, every_s)
+    finally:
+        logging.getLogger("gymckpt").removeHandler(quiet)
+
+
+def _simulate_seeds(seeds: int, start: int, as_json: bool, tmp_root: Path | None,
+                    progress: Callable[[str], None] | None, show: bool, tty: bool,
+                    every_s: float) -> int:
     failed: list[ScenarioReport] = []
     ends: Counter[str] = Counter()
     fired = restores = rollbacks = replacements = 0
@@ -882,16 +901,18 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
                 print(f"seed {seed}: FAIL: {report.violations[0]}  replay: "
                       f"{replay_command(seed)}", flush=True)
         now = time.monotonic()
-        if show and (now - last_shown > 0.5 or i == seeds - 1):
+        if show and (now - last_shown > every_s or i == seeds - 1):
             last_shown = now
             rate = (i + 1) / max(now - t0, 1e-9)
             line = (f"simulate: {i + 1}/{seeds} seeds, {len(failed)} failed, "
                     f"{rate:.1f} seeds/s")
             if progress is not None:
                 progress(line)
-            else:
+            elif tty:
                 print(f"\r{line}", end="\n" if i == seeds - 1 else "", file=sys.stderr,
                       flush=True)
+            else:
+                print(line, file=sys.stderr, flush=True)
     elapsed = time.monotonic() - t0
     rate = seeds / max(elapsed, 1e-9)
     if as_json:
