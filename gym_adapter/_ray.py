@@ -69,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import math
 import os
 import threading
@@ -133,6 +134,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+logger = logging.getLogger("gymckpt")
 
 NO_SUCH_RESOURCE: Final = "gymckpt_unplaceable"
 """A custom resource no node offers: an actor asking for it is never placed."""
@@ -306,12 +308,14 @@ class _GcsWatch:
                 last_ok = trio.current_time()
             elif (silent := trio.current_time() - last_ok) >= self.loss_s:
                 self.lost = True
-                raise GymConnectionLost(
+                lost = GymConnectionLost(
                     f"lost the Ray cluster: its GCS at {self.address} has not answered for "
                     f"{silent:.0f}s; the last snapshot is intact: restart once the cluster is "
                     "back to resume from it",
                     self.address,
                 )
+                logger.error("the run stops: %s", lost)
+                raise lost
             await trio.sleep(GCS_PROBE_INTERVAL_S)
 
 

@@ -194,7 +194,9 @@ class InstanceReplacer:
             if len(history) >= self.config.max_replacements:
                 self._lost.add(instance)
                 self._down.pop(instance).set()
-                raise ReplacementsExhausted(instance, len(history), window, last)
+                exhausted = ReplacementsExhausted(instance, len(history), window, last)
+                logger.error("the run stops: %s", exhausted)
+                raise exhausted
             history.append(now)
             attempt += 1
             try:

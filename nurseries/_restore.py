@@ -31,6 +31,7 @@ and what reaches Gym is all-or-nothing across instances:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -43,6 +44,7 @@ from gymckpt.gym_adapter import GymBackend, can_replace
 from gymckpt.runtime import (
     GYM_STATE_DIR,
     LEDGER_FILE,
+    STEP_FILE,
     EpisodeRecord,
     GymManifest,
     InstanceRecord,
@@ -85,6 +87,28 @@ class RestoredRun:
     ledger: RecoveryLedger
     summary: RestoreSummary
     files: dict[str, bytes]
+
+    @property
+    def step(self) -> int:
+        """The trainer facade's step when the snapshot was taken (0 if it saved none)."""
+        return saved_step(self.files)
+
+
+def saved_step(files: Mapping[str, bytes]) -> int:
+    """The step a snapshot's ``step.json`` holds, 0 without one; a malformed one raises
+    ``ManifestError`` naming the file and what it holds."""
+    raw = files.get(STEP_FILE)
+    if raw is None:
+        return 0
+    try:
+        step = json.loads(raw)["step"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(
+            f'{STEP_FILE}: expected {{"step": N}}, got {raw[:80]!r} ({exc!r})'
+        ) from None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ManifestError(f"{STEP_FILE}: step must be an integer >= 0, got {step!r}")
+    return step
 
 
 def ledger_manifest_differences(manifest: GymManifest, ledger: LedgerSnapshot) -> list[str]:
@@ -141,6 +165,10 @@ def snapshot_problems(
     except ManifestError as exc:
         return SnapshotProblems(tuple(state), (str(exc),))
     problems: list[str] = []
+    try:
+        saved_step(snap.files)
+    except ManifestError as exc:
+        problems.append(str(exc))
     if group_size is not None and led.group_size != group_size:
         problems.append(
             f"{LEDGER_FILE}: snapshot has group_size {led.group_size}, this run asks for "

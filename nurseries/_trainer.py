@@ -15,6 +15,7 @@ invariant violations and too many failures in a row raise (exit codes 3 and 4).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -29,6 +30,7 @@ from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.runtime import (
     RESTORED_DIR,
     SNAPSHOTS_DIR,
+    STEP_FILE,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
     CompletedGroup,
@@ -84,6 +86,7 @@ class Rollouts:
     checkpoint_every: int | None
     preempt_timeout_s: float = 60.0
     _steps: int = attrs.field(default=0, init=False)
+    _first_step: int = attrs.field(default=0, init=False)
     outcomes: list[CheckpointOutcome] = attrs.field(factory=list, init=False)
     preempted_by: signal.Signals | None = attrs.field(default=None, init=False)
     """The signal that preempted the run (``preempt``), or None."""
@@ -117,6 +120,12 @@ class Rollouts:
     def steps(self) -> int:
         """Batches ``batches`` handed out and the trainer finished in this process."""
         return self._steps
+
+    @property
+    def step(self) -> int:
+        """The run's step: steps trained before the restored snapshot (every incarnation) plus
+        ``steps``. What ``log_metrics`` is given, so a resumed run's logger steps go on."""
+        return self._first_step + self._steps
 
     def _finished(self) -> bool:
         ledger = self.ledger
@@ -185,7 +194,7 @@ class Rollouts:
             if periodic and self.preempted_by is None:
                 await self.checkpoint(None if state is None else state(), files=files)
             if log_metrics is not None:
-                log_metrics(self.metrics.snapshot(), self._steps)
+                log_metrics(self.metrics.snapshot(), self.step)
             if self.preempted_by is not None:
                 break
         if self.preempted_by is not None:
@@ -210,14 +219,14 @@ class Rollouts:
             self.final_snapshot = outcome.snapshot
             logger.warning(
                 "gymckpt: %s: stopped after step %d; final snapshot %s (checkpoint %s)",
-                signame, self._steps, outcome.snapshot.path, outcome.checkpoint_id,
+                signame, self.step, outcome.snapshot.path, outcome.checkpoint_id,
             )
             return
         latest = await offload(self.store.latest_complete)
         why = "cut short" if outcome is None else f"failed ({outcome.reason}: {outcome.error})"
         logger.warning(
             "gymckpt: %s: stopped after step %d; the final checkpoint %s, latest snapshot %s",
-            signame, self._steps, why, latest.path if latest is not None else "none",
+            signame, self.step, why, latest.path if latest is not None else "none",
         )
 
     async def checkpoint(
@@ -227,7 +236,9 @@ class Rollouts:
         ``files(directory)`` writes the trainer's own files (model and optimizer shards, any
         size) into the same atomic snapshot: they are published together with the rollouts or
         not at all, digested in the commit marker, and come back as ``trainer_files``."""
-        extra = {} if trainer_state is None else {TRAINER_STATE_FILE: trainer_state}
+        extra = {STEP_FILE: json.dumps({"step": self.step}).encode()}
+        if trainer_state is not None:
+            extra[TRAINER_STATE_FILE] = trainer_state
         outcome = await self.coordinator.checkpoint(extra, files)
         self.outcomes.append(outcome)
         if outcome.ok and self.keep_snapshots > 0:
@@ -330,7 +341,8 @@ async def open_rollouts(
             if restored is not None:
                 metrics.inc("rollout/restores_total")
                 metrics.inc("checkpoint/restored_total")
-                _log_restore(restored, ledger)
+                rollouts._first_step = restored.step
+                _log_restore(restored, ledger, rollouts._first_step)
                 dispatcher.enqueue_reserved()
             async with trio.open_nursery() as nursery:
                 await nursery.start(replacer.run)  # replacements live as long as the run
@@ -345,13 +357,14 @@ async def open_rollouts(
         lock.release()
 
 
-def _log_restore(restored: RestoredRun, ledger: RecoveryLedger) -> None:
+def _log_restore(restored: RestoredRun, ledger: RecoveryLedger, step: int) -> None:
     stats = ledger.statistics()
     logger.info(
-        "restored %s (checkpoint %s): %d episodes parked in Gym resume as attempt + 1, "
-        "%d completed-but-untrained results back to the trainer, %d rows trained before, "
-        "%d to re-dispatch", restored.snapshot.path, restored.snapshot.checkpoint_id,
-        restored.summary.restored, restored.summary.completed_untrained, stats.rows_trained,
+        "restored %s (checkpoint %s) at step %d: %d episodes parked in Gym resume as "
+        "attempt + 1, %d completed-but-untrained results back to the trainer, %d rows trained "
+        "before, %d to re-dispatch", restored.snapshot.path, restored.snapshot.checkpoint_id,
+        step, restored.summary.restored, restored.summary.completed_untrained,
+        stats.rows_trained,
         restored.summary.reserved + restored.summary.redispatched_fresh,
     )
 

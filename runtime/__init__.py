@@ -46,6 +46,7 @@ from ._layout import (
     MANIFEST_NAME,
     RESTORED_DIR,
     SNAPSHOTS_DIR,
+    STEP_FILE,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "PARTICIPANT_KIND_RE",
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
+    "STEP_FILE",
     "TRAINER_FILES_DIR",
     "TRAINER_STATE_FILE",
     "Attempt",

@@ -19,6 +19,7 @@ __all__ = [
     "MANIFEST_NAME",
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
+    "STEP_FILE",
     "TRAINER_FILES_DIR",
     "TRAINER_STATE_FILE",
 ]
@@ -30,7 +31,10 @@ MANIFEST_NAME: Final = "gym_checkpoint.json"
 LEDGER_FILE: Final = "ledger.json"
 """The recovery ledger's snapshot: attempts, rows trained and failed, results not yet trained."""
 TRAINER_STATE_FILE: Final = "trainer.json"
-"""The trainer facade's own state (its step counter and whatever the trainer saved)."""
+"""The state the trainer saved with the checkpoint (opaque bytes, JSON or not)."""
+STEP_FILE: Final = "step.json"
+"""The trainer facade's step counter, ``{"step": N}``: steps trained before this snapshot, across
+every incarnation (a resumed run's logger steps go on from it, never backwards)."""
 TRAINER_FILES_DIR: Final = "trainer"
 """The directory holding the trainer's own files (weights, optimizer shards)."""
 GYM_STATE_DIR: Final = "gym"

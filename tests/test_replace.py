@@ -239,9 +239,10 @@ async def test_restored_episodes_of_a_dead_instance_are_rerun_fresh_never_claime
 
 
 async def test_an_instance_that_keeps_dying_spends_its_budget_and_stops_the_run(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = attrs.evolve(CONFIG, max_replacements=2, replacement_window_s=600.0)
+    caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
                                     config=SIM, faults=["run:dead"]) as gym, \
@@ -255,6 +256,9 @@ async def test_an_instance_that_keeps_dying_spends_its_budget_and_stops_the_run(
     assert err.replacements == 2 and err.window_s == 600.0
     assert f"instance {err.instance} died again after 2 replacements within 600s" in str(err)
     assert "max_replacements" in str(err)
+    stops = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"the run stops: {err}" in stops  # every abort is logged (each instance's here)
+    assert stops and all(line.startswith("the run stops: instance gym-") for line in stops)
 
 
 async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(

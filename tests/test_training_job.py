@@ -3,6 +3,7 @@ preemption by SIGTERM/SIGINT. The process-level tests run real trainer programs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -30,6 +31,8 @@ from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import (
+    COMMIT_MARKER,
+    STEP_FILE,
     CheckpointsFailed,
     ManifestError,
     RuntimeConfig,
@@ -538,9 +541,46 @@ async def test_checkpoint_metrics_and_logs_per_step(
     messages = [r.getMessage() for r in caplog.records]
     restore_lines = [m for m in messages if m.startswith("restored")]
     assert len(restore_lines) == 1 and "ckpt-000003" in restore_lines[0]
+    assert "at step 6:" in restore_lines[0]  # ckpt-000003 is the periodic checkpoint of step 6
     assert "completed-but-untrained" in restore_lines[0] and "parked" in restore_lines[0]
     fail_lines = [m for m in messages if "failed (gym_unavailable" in m]
     assert len(fail_lines) == 1 and failed.checkpoint_id in fail_lines[0]
+
+
+async def test_a_resumed_run_goes_on_from_the_restored_step(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A logger's step (W&B, TensorBoard) must not go backwards after a restore.
+    first: list[int] = []
+    async with running(tmp_path / "w", tmp_path / "gym", checkpoint_every=2) as ro:
+        steps = ro.batches(2, log_metrics=lambda _m, step: first.append(step))
+        async with contextlib.aclosing(steps):
+            async for _batch in steps:
+                if ro.steps == 4:
+                    break  # ckpt-000002 was taken at step 4
+    assert first == [1, 2, 3, 4]
+    snap = tmp_path / "w" / "snapshots" / "ckpt-000002"
+    assert json.loads((snap / STEP_FILE).read_bytes()) == {"step": 4}
+    second: list[int] = []
+    async with running(tmp_path / "w", tmp_path / "gym2", checkpoint_every=2) as ro:
+        assert (ro.step, ro.steps) == (4, 0)
+        async for _batch in ro.batches(2, log_metrics=lambda _m, step: second.append(step)):
+            pass
+        assert (ro.step, ro.steps) == (6, 2)
+    assert second == [5, 6]  # 12 rows, groups of 2, two groups a step: 6 steps in all
+
+    # a step file that does not hold a step: verify and restore refuse it by name
+    bad = tmp_path / "w" / "snapshots" / "ckpt-000003"
+    (bad / STEP_FILE).write_bytes(b'{"step": -1}')
+    marker = json.loads((bad / COMMIT_MARKER).read_bytes())
+    marker["files"][STEP_FILE] = hashlib.sha256((bad / STEP_FILE).read_bytes()).hexdigest()
+    (bad / COMMIT_MARKER).write_text(json.dumps(marker))  # a consistent-looking edit
+    assert cli_main(["verify", str(bad)]) == 2
+    says = r"step\.json: step must be an integer >= 0, got -1"
+    with pytest.RaisesGroup(pytest.RaisesExc(ManifestError, match=says), flatten_subgroups=True,
+                            allow_unwrapped=True):
+        async with running(tmp_path / "w", tmp_path / "gym3"):
+            pass
 
 
 # -- configuration from a file ---------------------------------------------------------------

@@ -329,8 +329,11 @@ async def run_phase(
             summary = rollouts.restore_summary
             journal.append({"phase": phase, "restore_to_step": trainer.step,
                             "snapshot": rollouts.restored.snapshot.checkpoint_id})
+            assert summary is not None
             progress(f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
-                            f" at step {trainer.step}: {summary}")
+                     f" at step {trainer.step}: {summary.restored} episodes parked in Gym, "
+                     f"{summary.completed_untrained} completed but untrained, "
+                     f"{summary.reserved + summary.redispatched_fresh} to dispatch again")
         published = 0
         # an async generator (annotated as an iterator): close it here, not at garbage collection
         batches = cast(AsyncGenerator[list[CompletedGroup], None],
