@@ -1,4 +1,4 @@
-"""Checkpoint end to end on the embedded Gym (phase 2 of issue 7), and dispatch throughput on it.
+"""Checkpoint end to end on the embedded Gym, and dispatch throughput through it.
 
 Checkpoint at N in flight (default 200k)
 ----------------------------------------

@@ -1,4 +1,4 @@
-"""Checkpoint end to end on Ray: one whole checkpoint at N in flight over K actors (issue 13).
+"""Checkpoint end to end on Ray: one whole checkpoint at N in flight over K actors.
 
 The counterpart of ``benchmarks.checkpoint`` (the embedded Gym) with each Gym instance a Ray
 actor in its own process: on a local Ray cluster of our own (``local_cluster_options``),

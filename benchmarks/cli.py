@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
             "4 actors at the same N), fanout (Ray) and preserved, "
-            "then writes their JSON, the plots and SUMMARY.md (issue 13's targets, each met or "
+            "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "default directory it refuses to run from a tree with uncommitted changes."
         ),

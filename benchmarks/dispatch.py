@@ -1,4 +1,4 @@
-"""Dispatch throughput through the gate and the ledger (DESIGN S1, §5), without Gym.
+"""Dispatch throughput through the gate and the ledger, without Gym.
 
 With a ledger already holding N attempts in flight (200k; 1M with ``--million``), one dispatcher
 task pushes ``--rows`` attempts (default 65 536, one step of a large run) through the runtime's
@@ -6,7 +6,8 @@ data-plane path, in batches of B attempts (one ``/run`` call each; B = 1, 64, 51
 
 1. reserve rows as needed (``await barrier.mutate(ledger.reserve_row)``);
 2. ``async with gate.admit() as gate_id:`` then, in ONE mutation, ``ledger.mark_dispatched(batch,
-   instance, gate_id)`` and the submission (a no-op here: no Gym yet), exactly as S1 requires;
+   instance, gate_id)`` and the submission (a no-op here: no Gym yet), as the runtime does
+   (no checkpoint can cut between the ledger saying "dispatched" and the submission);
 3. one completion mutation per attempt (``ledger.complete``, one streamed reply each);
 4. hand finished groups to the trainer (``take_ready``).
 

@@ -1,4 +1,4 @@
-"""Ledger memory per attempt (DESIGN §5), at 200k and 1M attempts, in a realistic mix of states.
+"""Ledger memory per attempt, at 200k and 1M attempts, in a realistic mix of states.
 
 Each measurement runs in a fresh Python subprocess (``python -m gymckpt.benchmarks.memory --worker N
 MODE``) so that memory freed by earlier work cannot be reused and hide the cost. Two modes, both

@@ -964,7 +964,7 @@ def write_summary(
         "(p99 where stated) over many trials; nothing here is a best case.")
     add("")
     rows = targets(drain, memory, checkpoint, fanout, preserved, checkpoint_ray)
-    add("## Targets (issue 13)")
+    add("## Targets")
     add("")
     add("| figure | target | measured | |")
     add("| --- | --- | --- | --- |")
