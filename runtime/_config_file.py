@@ -9,9 +9,13 @@ file (exit code 2 on the command line), never a silently ignored setting.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, TypeVar
+
+import attrs
 
 from ._config import RuntimeConfig
 from ._converter import structure
@@ -21,9 +25,21 @@ __all__ = ["load_toml_table", "runtime_config_from_toml", "structure_table"]
 
 T = TypeVar("T")
 
+_FIELDS: dict[str, frozenset[str]] = {
+    "runtime": frozenset(a.name for a in attrs.fields(RuntimeConfig)),
+}
+"""Keys a table is known to take, to tell a key written outside its table."""
 
-def load_toml_table(path: Path | str, table: str) -> dict[str, Any]:
-    """Table ``[table]`` of the TOML file at ``path`` (empty if the file has none)."""
+
+def load_toml_table(
+    path: Path | str, table: str, keys: Collection[str] | None = None
+) -> dict[str, Any]:
+    """Table ``[table]`` of the TOML file at ``path`` (empty if the file has none).
+
+    Without that table, a table with a close name (``[runtim]``) or one of ``keys`` (the
+    table's known keys; for ``runtime`` by default ``RuntimeConfig``'s fields) at the top level
+    is a ``ManifestError`` naming it: a setting is never ignored because it was misplaced.
+    """
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -32,10 +48,29 @@ def load_toml_table(path: Path | str, table: str) -> dict[str, Any]:
         raise ManifestError(f"{path}: cannot read the configuration ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    if table not in doc:
+        _check_misplaced(doc, path, table, _FIELDS.get(table, ()) if keys is None else keys)
     raw = doc.get(table, {})
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: [{table}] must be a table, got {type(raw).__name__}")
     return raw
+
+
+def _check_misplaced(
+    doc: dict[str, Any], path: Path, table: str, fields: Collection[str]
+) -> None:
+    """A file without ``[table]`` may still mean it: a misspelt table name, or the table's keys
+    written at the top level. Both would otherwise be ignored in silence (the file is shared
+    with other tools, so unknown tables as such are theirs)."""
+    near = difflib.get_close_matches(table, [k for k, v in doc.items() if isinstance(v, dict)],
+                                     n=1, cutoff=0.75)
+    if near:
+        raise ManifestError(f"{path}: no [{table}] table, but a [{near[0]}]: did you mean "
+                            f"[{table}]?")
+    loose = sorted(k for k, v in doc.items() if not isinstance(v, dict) and k in fields)
+    if loose:
+        raise ManifestError(f"{path}: {', '.join(loose)} at the top level; put "
+                            f"{'it' if len(loose) == 1 else 'them'} under [{table}]")
 
 
 def structure_table(raw: dict[str, Any], cls: type[T], where: str) -> T:

@@ -597,10 +597,16 @@ def test_runtime_config_from_toml_is_strict(tmp_path: Path) -> None:
         ("[runtime]\nlease_s = 'long'\n", r"\[runtime\]: .*expected float @ \$.lease_s"),
         ("[runtime]\nmax_row_attempts = 0\n", r"\[runtime\]: '?max_row_attempts'? must be > 0"),
         ("[runtime\n", r"job.toml: not valid TOML"),
+        ("[runtim]\nlease_s = 9\n", r"job.toml: no \[runtime\] table, but a \[runtim\]"),
+        ("lease_s = 9\n[model]\nlr = 0.1\n", r"job.toml: lease_s at the top level; put it under"),
     ]:
         job.write_text(body)
         with pytest.raises(ManifestError, match=says):
             runtime_config_from_toml(job)
+    job.write_text("[model]\nlr = 0.1\n[runtime]\nlease_s = 70\n")  # other tools' tables: theirs
+    assert runtime_config_from_toml(job).lease_s == 70.0
+    job.write_text("[model]\nlr = 0.1\n")
+    assert runtime_config_from_toml(job) == RuntimeConfig()
 
 
 def test_demo_config_file_unknown_or_ill_typed_key_exits_2(
@@ -608,6 +614,7 @@ def test_demo_config_file_unknown_or_ill_typed_key_exits_2(
 ) -> None:
     conf = tmp_path / "demo.toml"
     for body, says in [("[demo]\nrows = 8\nbogus = 1\n", "extra fields found (bogus)"),
+                       ("rows = 8\n", "rows at the top level; put it under [demo]"),
                        ("[demo]\ngroup_size = 'two'\n", "@ $.group_size")]:
         conf.write_text(body)
         assert cli_main(["demo", "--config", str(conf)]) == 2

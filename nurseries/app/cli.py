@@ -204,11 +204,13 @@ def _phase_parser() -> argparse.ArgumentParser:
 def _demo_file_defaults(path: str) -> dict[str, Any]:
     """Table ``[demo]`` of a TOML file, checked strictly as the demo's options, as defaults of
     the demo's flags."""
+    import attrs
+
     from gymckpt.runtime import load_toml_table, structure_table
 
     from .demo import DemoOptions
 
-    table = load_toml_table(path, "demo")
+    table = load_toml_table(path, "demo", [a.name for a in attrs.fields(DemoOptions)])
     structure_table(table, DemoOptions, f"{path} [demo]")  # unknown or ill-typed: named
     return {DEMO_FLAG_DEST.get(k, k): (list(v) if k == "faults" else v) for k, v in table.items()}
 
