@@ -86,6 +86,9 @@ class Rollouts:
     checkpoint_every: int | None
     preempt_timeout_s: float = 60.0
     _steps: int = attrs.field(default=0, init=False)
+    _handed: int = attrs.field(default=0, init=False)
+    """Batches ``batches`` handed out in this process (a step's batch is trained data in the
+    ledger from then on, so a checkpoint taken inside the step counts the step)."""
     _first_step: int = attrs.field(default=0, init=False)
     outcomes: list[CheckpointOutcome] = attrs.field(factory=list, init=False)
     preempted_by: signal.Signals | None = attrs.field(default=None, init=False)
@@ -124,7 +127,9 @@ class Rollouts:
     @property
     def step(self) -> int:
         """The run's step: steps trained before the restored snapshot (every incarnation) plus
-        ``steps``. What ``log_metrics`` is given, so a resumed run's logger steps go on."""
+        ``steps``. What ``log_metrics`` is given, so a resumed run's logger steps go on. A
+        snapshot records the steps whose batches were handed out, the one in progress included
+        (its groups are trained in the ledger's eyes and will not come back)."""
         return self._first_step + self._steps
 
     def _finished(self) -> bool:
@@ -188,6 +193,7 @@ class Rollouts:
             batch = await self.next_batch(groups_per_step)
             if not batch:
                 break
+            self._handed += 1
             yield batch
             self._steps += 1
             periodic = self.checkpoint_every and self._steps % self.checkpoint_every == 0
@@ -236,7 +242,7 @@ class Rollouts:
         ``files(directory)`` writes the trainer's own files (model and optimizer shards, any
         size) into the same atomic snapshot: they are published together with the rollouts or
         not at all, digested in the commit marker, and come back as ``trainer_files``."""
-        extra = {STEP_FILE: json.dumps({"step": self.step}).encode()}
+        extra = {STEP_FILE: json.dumps({"step": self._first_step + self._handed}).encode()}
         if trainer_state is not None:
             extra[TRAINER_STATE_FILE] = trainer_state
         outcome = await self.coordinator.checkpoint(extra, files)

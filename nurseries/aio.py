@@ -38,9 +38,10 @@ from ._run import run as run_trio
 from ._trainer import FilesFn, Rollouts, StateFn
 from ._trainer import open_rollouts as open_trio_rollouts
 
-__all__ = ["AioRollouts", "open_embedded_gym", "open_rollouts", "run"]
+__all__ = ["AioRollouts", "open_embedded_gym", "open_gym", "open_rollouts", "run"]
 
 T = TypeVar("T")
+G = TypeVar("G", bound=GymBackend)
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:
@@ -85,8 +86,16 @@ async def _hold_open(enter: Callable[[], AbstractAsyncContextManager[T]]) -> Asy
 
 
 def open_embedded_gym(**kw: Any) -> AbstractAsyncContextManager[EmbeddedGym]:
-    """``EmbeddedGym.open(**kw)`` from asyncio code."""
+    """``EmbeddedGym.open(**kw)`` (the built-in calendar workplace) from asyncio code."""
     return _hold_open(lambda: EmbeddedGym.open(**kw))
+
+
+def open_gym(enter: Callable[[], AbstractAsyncContextManager[G]]) -> AbstractAsyncContextManager[G]:
+    """Any Gym deployment from asyncio code: ``enter`` returns the trio context that opens it,
+    e.g. ``lambda: EmbeddedGym.host(my_env, instances=2)`` (your own environment) or
+    ``lambda: RayGym.host("pkg.module:env", instances=4)``. The context is entered and exited
+    by one trio task, as trio requires; what it yields is handed to the asyncio code."""
+    return _hold_open(enter)
 
 
 class AioRollouts:
