@@ -30,6 +30,7 @@ from gymckpt.gym_adapter import EmbeddedGym, SimConfig
 from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
 from gymckpt.nurseries.app.cli import main as cli_main
+from gymckpt.nurseries.app.demo import DemoOptions
 from gymckpt.runtime import (
     COMMIT_MARKER,
     STEP_FILE,
@@ -613,13 +614,26 @@ def test_demo_config_file_unknown_or_ill_typed_key_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conf = tmp_path / "demo.toml"
-    for body, says in [("[demo]\nrows = 8\nbogus = 1\n", "extra fields found (bogus)"),
+    for body, says in [("[demo]\nrows = 8\nbogus = 1\n", "[demo]: extra fields found (bogus)"),
                        ("rows = 8\n", "rows at the top level; put it under [demo]"),
-                       ("[demo]\ngroup_size = 'two'\n", "@ $.group_size")]:
+                       ("[runtime]\nlease_seconds = 9\n",
+                        "[runtime]: extra fields found (lease_seconds)"),
+                       ("[runtime]\nlease_s = 1.0\n", "[runtime]: control_timeout_s + "),
+                       ("[demo]\ngroup_size = 'two'\n",
+                        "[demo]: invalid value for type, expected int @ $.group_size")]:
         conf.write_text(body)
         assert cli_main(["demo", "--config", str(conf)]) == 2
         err = capsys.readouterr().err
-        assert str(conf) in err and "[demo]" in err and says in err
+        assert str(conf) in err and says in err, err
+
+
+def test_demo_runtime_settings_from_the_config_file_reach_its_phases() -> None:
+    opts = DemoOptions(runtime=(("lease_s", 45.0), ("max_consecutive_failures", 7)))
+    again = DemoOptions.from_json(opts.to_json())  # what a phase process is handed
+    assert again == opts
+    config = again.runtime_config()
+    assert (config.lease_s, config.max_consecutive_failures) == (45.0, 7)
+    assert config.control_timeout_s == DemoOptions().runtime_config().control_timeout_s
 
 
 # -- rough edges -------------------------------------------------------------------------------

@@ -126,8 +126,9 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                       help="print one JSON object (on every exit, finished or not)")
     demo.add_argument("--config", metavar="FILE",
                       help="read the options from table [demo] of a TOML file (keys are the "
-                      "option names with underscores, e.g. group_size = 4); flags given on "
-                      "the command line win")
+                      "option names with underscores, e.g. group_size = 4; flags given on "
+                      "the command line win) and runtime settings from its table [runtime] "
+                      "(RuntimeConfig's fields, e.g. lease_s = 60.0)")
     if demo_defaults:
         demo.set_defaults(**demo_defaults)
 
@@ -210,9 +211,21 @@ def _demo_file_defaults(path: str) -> dict[str, Any]:
 
     from .demo import DemoOptions
 
-    table = load_toml_table(path, "demo", [a.name for a in attrs.fields(DemoOptions)])
+    fields = [a.name for a in attrs.fields(DemoOptions) if a.name != "runtime"]
+    table = load_toml_table(path, "demo", fields)
+    if "runtime" in table:
+        raise ManifestError(f"{path} [demo]: runtime settings go in their own table, [runtime]")
     structure_table(table, DemoOptions, f"{path} [demo]")  # unknown or ill-typed: named
     return {DEMO_FLAG_DEST.get(k, k): (list(v) if k == "faults" else v) for k, v in table.items()}
+
+
+def _demo_file_runtime(path: str | None) -> tuple[tuple[str, Any], ...]:
+    """Table ``[runtime]`` of the demo's ``--config`` file (checked by the demo's options)."""
+    if not path:
+        return ()
+    from gymckpt.runtime import load_toml_table
+
+    return tuple(load_toml_table(path, "runtime").items())
 
 
 def _resolve_snapshot(raw: str) -> Path:
@@ -378,7 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             crash_after_checkpoint=args.crash_after_checkpoint, faults=tuple(args.fault),
             workdir=args.workdir, ray_address=args.ray_address, agent_kind=args.agent_kind,
             crash_stage=args.crash_at_stage, env=args.env,
+            runtime=_demo_file_runtime(args.config),
         )
+        if args.config:
+            opts.runtime_config(f"{args.config} [runtime]")  # bad settings: exit 2, named
         if opts.backend == "ray" and not _ray_installed():
             error = "--backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"
             print(f"gymckpt: error: {error}", file=sys.stderr)

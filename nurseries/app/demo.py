@@ -63,6 +63,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
+    structure_table,
     write_atomic,
 )
 
@@ -121,6 +122,9 @@ class DemoOptions:
     """Fault matrix: phase 1 SIGKILLs itself at this point (one of ``CRASH_STAGES``) of its
     checkpoint number ``crash_after_checkpoint`` (counting attempts, 1-based), instead of the
     parent killing it after that checkpoint is published."""
+    runtime: tuple[tuple[str, Any], ...] = ()
+    """``RuntimeConfig`` settings over the demo's own (table ``[runtime]`` of ``--config``), as
+    ``(field, value)`` pairs; checked strictly by ``runtime_config``."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("rows", "group_size", "instances", "checkpoint_every", "groups_per_step",
@@ -150,9 +154,14 @@ class DemoOptions:
         return SimConfig(turns=(2, 4), turn_s=(0.005, 0.02), mutation_p=0.5, lease_s=30.0,
                          hold_after_first_mutation=self.hold_first_mutation)
 
-    def runtime_config(self) -> RuntimeConfig:
-        return RuntimeConfig(control_timeout_s=5.0, reply_grace_s=0.5, drain_timeout_s=5.0,
+    def runtime_config(self, where: str = "demo [runtime]") -> RuntimeConfig:
+        """The demo's runtime settings with ``runtime`` over them; an unknown or ill-typed
+        field, or settings that do not fit together, is a ``ManifestError`` naming ``where``."""
+        base = RuntimeConfig(control_timeout_s=5.0, reply_grace_s=0.5, drain_timeout_s=5.0,
                              lease_s=30.0, max_consecutive_failures=3)
+        if not self.runtime:
+            return base
+        return structure_table(attrs.asdict(base) | dict(self.runtime), RuntimeConfig, where)
 
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self))
@@ -161,6 +170,7 @@ class DemoOptions:
     def from_json(cls, text: str) -> DemoOptions:
         raw = json.loads(text)
         raw["faults"] = tuple(raw["faults"])
+        raw["runtime"] = tuple((k, v) for k, v in raw.get("runtime", ()))
         return cls(**raw)
 
 
