@@ -104,6 +104,7 @@ from gymckpt.runtime import (
     GymInstanceDead,
     InstanceRecord,
     crossable_error,
+    unpicklable_error,
 )
 
 from ._contract import (
@@ -867,9 +868,7 @@ class RayGym:
             if isinstance(cause, Exception) and not isinstance(cause, RayError):
                 return crossable_error(cause, instance, op)
             detail = _first_line(cause if cause is not None else exc)
-            return GymCheckpointUnavailable(
-                f"Gym raised an error that cannot be pickled: {detail}", instance, op
-            )
+            return unpicklable_error(detail, instance, op)
         if isinstance(exc, RayError):
             return GymCheckpointUnavailable(
                 f"instance {instance} {op}: {type(exc).__name__}: {_first_line(exc)}",

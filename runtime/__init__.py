@@ -36,6 +36,7 @@ from ._errors import (
     crossable_error,
     crossing_boundary,
     sample_ids,
+    unpicklable_error,
 )
 from ._gate import DispatchGate, GateStatistics
 from ._layout import (
@@ -187,6 +188,7 @@ __all__ = [
     "structure_table",
     "topology_differences",
     "tree_size",
+    "unpicklable_error",
     "verify_snapshot",
     "wait_drained",
     "write_atomic",

@@ -38,6 +38,7 @@ __all__ = [
     "crossable_error",
     "crossing_boundary",
     "sample_ids",
+    "unpicklable_error",
 ]
 
 SAMPLE_SIZE = 5
@@ -165,12 +166,16 @@ def crossable_error(exc: Exception, instance: str, operation: str) -> Exception:
     try:
         pickle.loads(pickle.dumps(exc))
     except Exception:
-        return GymCheckpointUnavailable(
-            f"Gym raised an error that cannot be pickled: {type(exc).__name__}: {exc}",
-            instance,
-            operation,
-        )
+        return unpicklable_error(f"{type(exc).__name__}: {exc}", instance, operation)
     return exc
+
+
+def unpicklable_error(detail: str, instance: str, operation: str) -> GymCheckpointUnavailable:
+    """What stands in for a Gym error that could not cross a process boundary (``detail``
+    describes it): retryable, since Gym changed nothing by failing to send it."""
+    return GymCheckpointUnavailable(
+        f"Gym raised an error that cannot be pickled: {detail}", instance, operation
+    )
 
 
 @contextmanager

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runtime", "gym_adapter", "nurseries", "nurseries/app", "benchmarks", "testing")
 
 ALLOWED: Mapping[str, frozenset[str]] = {
-    "gymckpt": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries", "nurseries.app"}),
+    "gymckpt": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries"}),
+    "gymckpt.__main__": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries",
+                                   "nurseries.app"}),
     "runtime": frozenset({"runtime"}),
     "gym_adapter": frozenset({"runtime", "gym_adapter"}),
     "nurseries": frozenset({"runtime", "gym_adapter", "nurseries"}),
@@ -28,7 +30,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "nurseries.app": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries", "testing",
                                 "benchmarks", "nurseries.app"}),
 }
-"""Package -> the packages its modules may import (``gymckpt`` is the root package)."""
+"""Package -> the packages its modules may import (``gymckpt`` is the root package: the trainer
+API, which imports no application module; ``python -m gymckpt`` is the one entry into the app)."""
 
 
 def library_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -44,6 +47,8 @@ def library_modules(root: Path = ROOT) -> dict[str, Path]:
 
 def package_of(module: str) -> str:
     """``gymckpt.nurseries.app.cli`` -> ``nurseries.app``; ``gymckpt._version`` -> ``gymckpt``."""
+    if module == "gymckpt.__main__":
+        return module
     parts = module.split(".")[1:]
     if parts[:2] == ["nurseries", "app"]:
         return "nurseries.app"
@@ -166,6 +171,10 @@ def test_the_layers_hold() -> None:
          "private gymckpt.runtime._ledger of package runtime imported"),
         ("nurseries/app/demo.py", "from gymckpt.gym_adapter import _host\n",
          "private gymckpt.gym_adapter._host of package gym_adapter imported"),
+        ("aio.py", "    from gymckpt.nurseries.app import cli\n",
+         "upward import of gymckpt.nurseries.app.cli (gymckpt -> nurseries.app)"),
+        ("__init__.py", "from gymckpt.nurseries.app.verdict import judge\n",
+         "upward import of gymckpt.nurseries.app.verdict (gymckpt -> nurseries.app)"),
         ("runtime/_barrier.py", "from ._ledger import RecoveryLedger\n",
          "import cycle: gymckpt.runtime._barrier -> gymckpt.runtime._ledger"),
     ],
