@@ -218,9 +218,15 @@ async def test_aclose_leaves_rows_running_and_clears_the_wire(
         stream = await gym.run("gym-0", make_rows(4))
         await stream.__anext__()
         await stream.aclose()
+        # The 3 other rows keep running: each is running or (on Ray, in real time) has
+        # completed meanwhile, its reply discarded. Completions counted before and after the
+        # inventory bound it; under virtual time (embedded) both are 1 and all 3 run.
+        before = (await gym.statistics()).instances[0].completed
         inv = await gym.inventory("gym-0")
+        after = (await gym.statistics()).instances[0].completed
         assert inv.on_wire == ()
-        assert len(inv.running) == 3
+        assert len(inv.running) + before - 1 <= 3 <= len(inv.running) + after - 1, (inv, before,
+                                                                                   after)
         with pytest.raises(StopAsyncIteration):
             await stream.__anext__()
         await trio.sleep(1)
