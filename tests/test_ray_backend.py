@@ -92,6 +92,17 @@ async def settled(gym: Any, instance: str = "gym-0") -> Any:
             await trio.sleep(0.05)
 
 
+async def all_replied(gym: Any, count: int, instance: str = "gym-0") -> Any:
+    """The inventory once ``count`` rows have replied and sit on the wire, none running (checked
+    every 50 ms, failing after 10 s): a condition on Gym's state, not a guess at timing."""
+    with trio.fail_after(10):
+        while True:
+            inv = await gym.inventory(instance)
+            if not inv.running and len(inv.on_wire) == count:
+                return inv
+            await trio.sleep(0.05)
+
+
 def cancelled_in_ray(ref: Any, timeout: float = 10.0) -> bool:
     """Whether Ray resolved ``ref`` as a cancelled task (it will never run)."""
     import ray
@@ -162,9 +173,9 @@ async def test_replies_coalesce_into_few_objects_for_a_slow_consumer(tmp_path: P
     config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.02), mutation_p=0.0, max_batch=4)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(200))
-        await trio.sleep(0.5)  # every row has replied meanwhile; nobody consumed
-        inv = await gym.inventory("gym-0")
-        assert len(inv.on_wire) == 200  # yielded into Ray or waiting: all on the wire
+        # every row replies while nobody consumes: all 200 on the wire (yielded into Ray or
+        # waiting), and the consumer then finds them coalesced
+        await all_replied(gym, 200)
         sizes = [len(batch) async for batch in stream]
         assert sum(sizes) == 200
         assert len(sizes) < 200 // 4 / 2  # far fewer objects than Gym's 4-reply batches
@@ -213,8 +224,8 @@ async def test_aclose_discards_replies_still_in_ray(tmp_path: Path) -> None:
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(12))
         first = await stream.__anext__()
-        await trio.sleep(0.3)  # the rest replied and sits in Ray, unread
-        await stream.aclose()
+        await all_replied(gym, 12)  # the rest replied and sits in Ray, unread (and the first
+        await stream.aclose()  # batch, not acknowledged yet)
         await stream.aclose()  # idempotent
         inv = await gym.inventory("gym-0")
         assert inv.on_wire == ()
