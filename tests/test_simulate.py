@@ -60,8 +60,11 @@ def test_ci_seeds_all_hold_their_invariants() -> None:
 # replacement: 30 and 111 a death reported by a clean-up (a checkpoint's, a stream's) after the
 # replacer's nursery stopped taking tasks, 269 a restored claim planned for an instance that
 # died and came back while the submission waited at the gate (sent to the replacement, which
-# holds nothing restored: a data failure).
-FOUND_BUGS = (11, 1716, 2151, 3507, 30, 111, 269)
+# holds nothing restored: a data failure). 776, a bug in the simulation's own check: a restore
+# that failed and rolled back, then an instance that died during the retried restore; the
+# installs it had made before the rollback were subtracted although its generation was no
+# longer counted ("Gym installed 2 restored episodes, the ledger holds 4 unclaimed").
+FOUND_BUGS = (11, 1716, 2151, 3507, 30, 111, 269, 776)
 
 
 @pytest.mark.subprocess

@@ -87,6 +87,7 @@ from gymckpt.gym_adapter import (
     EmbeddedGym,
     GymBackend,
     GymInstanceDead,
+    GymStatistics,
     ReplyStream,
     RunReply,
     RunRow,
@@ -545,10 +546,10 @@ async def _incarnation(
                         raise
                     # the restore failed into this Gym; it rolled back, so a restart into
                     # the same Gym must restore cleanly (all-or-nothing across instances)
-                    installed_before.append(
-                        sum(s.restored for s in (await gym.statistics()).instances))
+                    installed_before.update(_installs(await gym.statistics()))
 
-    installed_before: list[int] = []
+    # restores each instance generation had made when a failed restore rolled back
+    installed_before: dict[tuple[str, int], int] = {}
 
     async def with_rollouts(gym: EmbeddedGym, backend: GymBackend) -> None:
         nonlocal restored_from, steps, lease_reopened
@@ -624,8 +625,12 @@ async def _incarnation(
             if claimed != len(seen):  # each restored episode continued exactly once
                 run.violation(inc, f"Gym continued {claimed} restored episodes, the "
                                    f"runtime claimed {len(seen)}")
-            installed = (sum(s.restored for s in (*gs.instances, *gs.replaced[replaced_at_open:]))
-                         - sum(installed_before))
+            # installs by every instance generation alive at the end or replaced since the
+            # open, less what each had installed by a failed restore that rolled back (a
+            # generation replaced during the restore is left out on both sides)
+            now = _installs(gs)
+            counted = _generations(gs)[replaced_at_open:]
+            installed = sum(now[g] - installed_before.get(g, 0) for g in counted)
             if installed != len(replicas):
                 run.violation(inc, f"Gym installed {installed} restored episodes, the "
                                    f"ledger holds {len(replicas)} unclaimed")
@@ -765,6 +770,23 @@ def _verify_offline(path: Path) -> list[str]:
         return snapshot_problems(load_snapshot(path)).all
     except (ManifestError, TopologyMismatch) as exc:
         return [str(exc)]
+
+
+def _generations(gs: GymStatistics) -> list[tuple[str, int]]:
+    """``(instance, generation)`` of every host in ``gs``: the replaced ones in the order they
+    were replaced, then the live ones (generation = how many of that name were replaced)."""
+    seen: Counter[str] = Counter()
+    keys = []
+    for s in (*gs.replaced, *gs.instances):
+        keys.append((s.instance, seen[s.instance]))
+        seen[s.instance] += 1
+    return keys
+
+
+def _installs(gs: GymStatistics) -> dict[tuple[str, int], int]:
+    """Restored episodes each host generation in ``gs`` installed (``_generations``' keys)."""
+    return {g: s.restored
+            for g, s in zip(_generations(gs), (*gs.replaced, *gs.instances), strict=True)}
 
 
 async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
