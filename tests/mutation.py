@@ -2,7 +2,7 @@
 
     python tests/mutation.py                 # every mutant; prints the mutation score
     python tests/mutation.py s9 bug2         # only mutants whose name contains one of these
-    python tests/mutation.py --sim-only bug  # the simulation alone against the bug mutants
+    python tests/mutation.py --sim-only --seeds 300 bug  # the simulation alone vs the bug mutants
     python tests/mutation.py --list
 
 Each mutant is a one-line change that breaks one behaviour rule the way a careless edit would:
