@@ -24,6 +24,7 @@ from gymckpt._version import __version__
 from gymckpt.gym_adapter import EmbeddedGym, FaultSpec
 from gymckpt.nurseries import CheckpointOutcome, Rollouts, open_rollouts, run
 from gymckpt.runtime import (
+    BadInput,
     BudgetExhausted,
     CheckpointInvariantError,
     CheckpointsFailed,
@@ -35,6 +36,7 @@ from gymckpt.runtime import (
     GymInstanceDead,
     GymUnavailable,
     ManifestError,
+    Preempted,
     RuntimeConfig,
     StrandedSessionError,
     TopologyMismatch,
@@ -55,6 +57,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BadInput",
     "BudgetExhausted",
     "CheckpointInvariantError",
     "CheckpointOutcome",
@@ -69,6 +72,7 @@ __all__ = [
     "GymInstanceDead",
     "GymUnavailable",
     "ManifestError",
+    "Preempted",
     "Rollouts",
     "RuntimeConfig",
     "StrandedSessionError",

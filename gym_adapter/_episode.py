@@ -64,7 +64,7 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from gymckpt.runtime import PARTICIPANT_KIND_RE, converter, structure
+from gymckpt.runtime import PARTICIPANT_KIND_RE, BadInput, converter, structure
 
 __all__ = [
     "ROLES",
@@ -118,8 +118,9 @@ def participant_kinds() -> Mapping[str, str]:
     return dict(_KINDS)
 
 
-class EnvironmentSpecError(ValueError):
-    """An environment cannot be hosted as given (raised when the deployment starts)."""
+class EnvironmentSpecError(BadInput, ValueError):
+    """An environment cannot be hosted as given (raised when the deployment starts; exit
+    code 2 under ``gymckpt.run``)."""
 
 
 class EpisodeFenced(RuntimeError):

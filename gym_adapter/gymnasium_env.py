@@ -218,6 +218,12 @@ def gymnasium_environment(
     ``codec`` defaults to the registered one; an id without any raises
     ``EnvironmentSpecError`` naming ``register_state_codec``.
     """
+    try:  # an id Gymnasium does not know is that, whether or not a codec is registered
+        gymnasium.spec(env_id)
+    except gymnasium.error.Error as exc:
+        raise EnvironmentSpecError(
+            f"no such Gymnasium environment {env_id!r}: {exc}"
+        ) from None
     codec = codec if codec is not None else codec_for(env_id)
     if codec is None:
         raise EnvironmentSpecError(
@@ -226,10 +232,6 @@ def gymnasium_environment(
             "register_state_codec(name, codec) (built in: "
             f"{', '.join(builtin_codec_names())})"
         )
-    try:
-        gymnasium.spec(env_id)
-    except gymnasium.error.Error as exc:
-        raise EnvironmentSpecError(f"Gymnasium environment {env_id!r}: {exc}") from None
     return Environment(
         agent=GymnasiumAgent(pace_s=pace_s),
         participants=(GymnasiumParticipant(env_id, codec, max_episode_steps),),

@@ -3,14 +3,17 @@
 A trainer's errors arrive wrapped in the nurseries' exception groups (``open_rollouts`` runs the
 dispatcher beside the trainer's body), so a plain ``trio.run`` ends a run that lost its Gym or
 broke an invariant with a long nested traceback and exit 1. ``run`` decides the exit code from
-the errors inside the groups (the command line's codes: 2 bad input or work directory in use,
-3 invariant violation, 4 checkpoints failed too often, 5 a Gym instance died past its
-replacement budget, 6 the cluster lost, 130 interrupted) and prints one line.
-Anything else is a bug in the trainer or here, and propagates unchanged.
+the errors inside the groups (the command line's codes: 2 gymckpt refused its input or the
+work directory is in use, 3 invariant violation, 4 checkpoints failed too often, 5 a Gym
+instance died past its replacement budget, 6 the cluster lost, 7 episodes failed past the
+data-failure budget, 130 interrupted) and prints one line. Anything else — an error in the
+trainer's own code, a ``ValueError`` from its ``json.loads`` included — is not gymckpt's to
+summarise, and propagates unchanged, traceback and all.
 
-Preemption (SIGTERM, SIGINT) needs nothing from ``run``: ``open_rollouts`` handles both signals
-while it is open — the trainer finishes its step, a final checkpoint is taken, and ``main``
-returns normally, so the process exits 0.
+Preemption (SIGTERM, SIGINT): ``open_rollouts`` handles both signals while it is open — the
+trainer finishes its step, a final checkpoint is taken and logged in one line, and
+``batches`` raises ``Preempted``, so no code after the loop runs; ``run`` ends the program with
+exit 0 (a rerun resumes).
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ from typing import TypeVar
 import trio
 
 from gymckpt.runtime import (
+    BadInput,
+    BudgetExhausted,
     CheckpointInvariantError,
     CheckpointsFailed,
     GymConnectionLost,
     GymUnavailable,
-    ManifestError,
+    Preempted,
     ReplacementsExhausted,
-    TopologyMismatch,
-    WorkDirLocked,
 )
 
 __all__ = ["EXIT_INTERRUPTED", "ExitCode", "leaf_errors", "run", "run_exit"]
@@ -43,8 +46,10 @@ class ExitCode(enum.IntEnum):
     the simulation, the benchmarks): one place, so they cannot drift apart."""
 
     OK = 0
+    """Done, or preempted by SIGTERM/SIGINT after a final checkpoint (``Preempted``)."""
     BAD_INPUT = 2
-    """A bad flag, manifest, topology or digest; a work directory in use."""
+    """gymckpt refused its input (``BadInput``): a bad flag, manifest, configuration file,
+    topology or digest; a work directory in use."""
     INVARIANT = 3
     """The run aborted on an invariant violation (or a simulated seed violated one)."""
     CHECKPOINTS_FAILED = 4
@@ -55,6 +60,10 @@ class ExitCode(enum.IntEnum):
     CLUSTER_LOST = 6
     """The trainer lost its connection to the cluster Gym runs on (``GymConnectionLost``):
     its last snapshot is intact; restart once the cluster is back to resume from it."""
+    DATA_FAILURES = 7
+    """Episodes failed as data past ``data_failure_budget``, or every row of the dataset
+    failed for good (``BudgetExhausted``): the environment (or the data) is broken. The line
+    names the last failure; each is logged under the ``gymckpt`` logger with its traceback."""
     INTERRUPTED = 130
     """SIGINT outside the trainer facade (which handles it itself)."""
 
@@ -77,8 +86,11 @@ def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
     instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
     run from the restore; checkpoints retry it), 4; an instance that died past its
     replacement budget, 5; the cluster lost (``GymConnectionLost``, whatever failed with it),
-    6; a lone bad-input error or a work directory in use, 2. None for anything else (a bug:
-    let it surface).
+    6; episodes failing past the data-failure budget (``BudgetExhausted``, alone or beside
+    Gym being unavailable), 7; a lone ``BadInput`` (gymckpt refusing its input: a manifest, a
+    topology, a configuration file, a work directory in use), 2; a run preempted by a signal
+    (``Preempted`` and nothing else), 0. None for anything else — a ``ValueError`` of the
+    trainer's own code included: let it surface with its traceback.
     """
     leaves = leaf_errors(exc)
     for leaf in leaves:
@@ -93,8 +105,12 @@ def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
     if all(isinstance(leaf, (CheckpointsFailed, GymUnavailable)) for leaf in leaves):
         failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
         return ExitCode.CHECKPOINTS_FAILED, (failed or leaves)[0]
-    bad_input = (ManifestError, TopologyMismatch, ValueError, WorkDirLocked)
-    if len(leaves) == 1 and isinstance(leaves[0], bad_input):
+    exhausted = [leaf for leaf in leaves if isinstance(leaf, BudgetExhausted)]
+    if exhausted and all(isinstance(leaf, (BudgetExhausted, GymUnavailable)) for leaf in leaves):
+        return ExitCode.DATA_FAILURES, exhausted[-1]
+    if all(isinstance(leaf, Preempted) for leaf in leaves):
+        return ExitCode.OK, leaves[0]
+    if len(leaves) == 1 and isinstance(leaves[0], BadInput):
         return ExitCode.BAD_INPUT, leaves[0]
     return None
 
@@ -113,9 +129,12 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
         if decided is None:
             raise
         code, err = decided
+        if code == ExitCode.OK:  # preempted: its one line (the final snapshot) is logged
+            raise SystemExit(code) from None
         what = {ExitCode.BAD_INPUT: "error", ExitCode.INVARIANT: "run aborted",
                 ExitCode.CHECKPOINTS_FAILED: "run stopped",
                 ExitCode.REPLACEMENTS_EXHAUSTED: "run stopped",
-                ExitCode.CLUSTER_LOST: "run stopped"}[code]
+                ExitCode.CLUSTER_LOST: "run stopped",
+                ExitCode.DATA_FAILURES: "run stopped"}[code]
         print(f"gymckpt: {what}: {err}", file=sys.stderr)
         raise SystemExit(code) from None

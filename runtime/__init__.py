@@ -16,6 +16,7 @@ from ._converter import converter, dumps_chunked, structure
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
 from ._errors import (
+    BadInput,
     BudgetExhausted,
     CheckpointInvariantError,
     CheckpointsFailed,
@@ -29,6 +30,7 @@ from ._errors import (
     GymInstanceDead,
     GymUnavailable,
     ManifestError,
+    Preempted,
     ReplacementsExhausted,
     StrandedSessionError,
     TopologyMismatch,
@@ -118,6 +120,7 @@ __all__ = [
     "Attempt",
     "AttemptRow",
     "AttemptState",
+    "BadInput",
     "BarrierStatistics",
     "BudgetExhausted",
     "CheckpointInvariantError",
@@ -150,6 +153,7 @@ __all__ = [
     "Metrics",
     "MutationBarrier",
     "ParticipantRecord",
+    "Preempted",
     "RecoveryLedger",
     "ReplacementsExhausted",
     "RestoreSummary",

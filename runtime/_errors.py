@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 __all__ = [
+    "BadInput",
     "BudgetExhausted",
     "CheckpointInvariantError",
     "CheckpointsFailed",
@@ -31,6 +32,7 @@ __all__ = [
     "GymInstanceDead",
     "GymUnavailable",
     "ManifestError",
+    "Preempted",
     "ReplacementsExhausted",
     "StrandedSessionError",
     "TopologyMismatch",
@@ -42,6 +44,13 @@ __all__ = [
 ]
 
 SAMPLE_SIZE = 5
+
+
+class BadInput(Exception):
+    """gymckpt refused what it was given: a snapshot, manifest or configuration file, the
+    deployment's topology, a work directory in use. ``gymckpt.run`` ends such a run with one
+    line and exit code 2; any other error (a bug in the trainer's own code included) keeps its
+    traceback. A mixin: each subclass also derives from the built-in error it always was."""
 
 
 def sample_ids(ids: Iterable[str], limit: int = SAMPLE_SIZE) -> str:
@@ -233,11 +242,11 @@ class StrandedSessionError(CheckpointInvariantError):
         )
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInput, ValueError):
     """A manifest or snapshot on disk is unreadable or invalid (C6; exit code 2)."""
 
 
-class TopologyMismatch(ValueError):
+class TopologyMismatch(BadInput, ValueError):
     """The live deployment or the state on disk differs from the manifest (S8; exit code 2).
 
     ``differences`` lists every difference, one line each (instance, participant, expected vs
@@ -268,7 +277,29 @@ class DeadlineExpired(TimeoutError):
 
 
 class BudgetExhausted(RuntimeError):
-    """A row ran out of attempts, or the run ran out of data-failure budget."""
+    """Episodes failed as data more often than ``data_failure_budget`` allows, or every row of
+    the dataset failed for good: the run stops (exit code 7). The message names the last
+    failure (rollout id, instance, the environment's error); each failure is also logged under
+    the ``gymckpt`` logger with its traceback."""
+
+
+class Preempted(Exception):
+    """``Rollouts.batches`` ended because SIGTERM or SIGINT preempted the run, not because the
+    dataset is done: raised after the final checkpoint, so code after the loop (a final
+    evaluation, an upload) does not run on a preemption. ``gymckpt.run`` ends the program with
+    exit code 0 (the line naming the final snapshot is already logged); a rerun resumes.
+    ``snapshot`` is the path of the snapshot the run left (None: there is none), ``step`` the
+    run's step."""
+
+    def __init__(self, signal_name: str, step: int, snapshot: str | None, message: str) -> None:
+        super().__init__(signal_name, step, snapshot, message)
+        self.signal_name = signal_name
+        self.step = step
+        self.snapshot = snapshot
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class CheckpointsFailed(RuntimeError):
@@ -296,7 +327,7 @@ class ReplacementsExhausted(RuntimeError):
         )
 
 
-class WorkDirLocked(RuntimeError):
+class WorkDirLocked(BadInput, RuntimeError):
     """Another trainer holds the work directory (exit code 2): two trainers on one work
     directory would race on its snapshots."""
 
