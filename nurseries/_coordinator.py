@@ -267,6 +267,10 @@ class CheckpointCoordinator:
     ``checkpoint()`` returns a ``CheckpointOutcome`` for success and for a ``gym_unavailable``
     failure; it raises ``CheckpointInvariantError`` (abort, exit 3) and ``CheckpointsFailed``
     once failures in a row exceed ``max_consecutive_failures`` (exit 4).
+
+    Invariant: at most one checkpoint runs at a time. Calls made while one runs (from several
+    tasks of the trainer) wait their turn, first come first served, and each then takes its
+    own checkpoint; a call cancelled while it waits took no checkpoint number.
     """
 
     gym: GymBackend
@@ -287,6 +291,8 @@ class CheckpointCoordinator:
     _topology: Topology | None = attrs.field(default=None, init=False)
     _generations: dict[str, int] = attrs.field(factory=dict, init=False)
     """The generation of each instance the running checkpoint talks to (``replacer``)."""
+    _running: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    """Held by the one checkpoint that runs; a concurrent ``checkpoint()`` waits for it."""
     ok_total: int = attrs.field(default=0, init=False)
     failed_total: int = attrs.field(default=0, init=False)
 
@@ -317,7 +323,17 @@ class CheckpointCoordinator:
         admission closes, writing into the snapshot's ``trainer/`` directory; the files are
         published with the rollouts in one rename and digested in the commit marker. An error
         it raises propagates unchanged (a full disk is a failed, retryable checkpoint).
+
+        A call made while another checkpoint runs waits for it to end, then runs its own.
         """
+        async with self._running:  # one at a time: the gate, the seq and the stages are ours
+            return await self._checkpoint(extra_files, trainer_files)
+
+    async def _checkpoint(
+        self,
+        extra_files: Mapping[str, bytes] | None,
+        trainer_files: Callable[[Path], None] | None,
+    ) -> CheckpointOutcome:
         checkpoint_id = f"{self.run_id}-{self._seq + 1:04d}"
         stage_s: dict[str, float] = {}
         started = trio.current_time()
