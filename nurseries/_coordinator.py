@@ -74,6 +74,7 @@ from gymckpt.runtime import (
     SnapshotInfo,
     SnapshotStore,
     StrandedSessionError,
+    TrainerFilesRefused,
     collector_paused,
     promote_survivors,
     sample_ids,
@@ -121,9 +122,10 @@ class CoordinatorStatistics:
 @attrs.frozen
 class CheckpointOutcome:
     """What one checkpoint did. ``ok`` False means it failed retryably and changed nothing the
-    trainer holds; ``reason`` is ``gym_unavailable`` (Gym could not park, answer or commit) or
-    ``snapshot_io`` (a full disk or an I/O error writing the snapshot). An invariant failure
-    raises instead."""
+    trainer holds; ``reason`` is ``gym_unavailable`` (Gym could not park, answer or commit),
+    ``snapshot_io`` (a full disk or an I/O error writing the snapshot) or ``trainer_files`` (the
+    trainer's ``files=`` writer left a link to a directory or to nothing, or a special file, in
+    ``trainer/``; ``error`` names it). An invariant failure raises instead."""
 
     checkpoint_id: str
     ok: bool
@@ -359,7 +361,8 @@ class CheckpointCoordinator:
             raise exc.error from None
         except Exception as exc:
             self._report_deaths(exc)
-            kind = classify(exc)
+            # the trainer's files= left a link or a special file: its input, retried next time
+            kind = "trainer_files" if isinstance(exc, TrainerFilesRefused) else classify(exc)
             self.failed_total += 1
             self.metrics.inc("checkpoint/failed_total")
             self._record_stages(stage_s)

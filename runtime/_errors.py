@@ -36,6 +36,7 @@ __all__ = [
     "ReplacementsExhausted",
     "StrandedSessionError",
     "TopologyMismatch",
+    "TrainerFilesRefused",
     "WorkDirLocked",
     "crossable_error",
     "crossing_boundary",
@@ -244,6 +245,12 @@ class StrandedSessionError(CheckpointInvariantError):
 
 class ManifestError(BadInput, ValueError):
     """A manifest or snapshot on disk is unreadable or invalid (C6; exit code 2)."""
+
+
+class TrainerFilesRefused(BadInput, ValueError):
+    """The trainer's ``files=`` writer left something in ``trainer/`` that cannot be a file of
+    the snapshot: a link to a directory, a dangling link, a fifo, socket or device. The
+    checkpoint fails (``reason="trainer_files"``, retried at the next one) and names the entry."""
 
 
 class TopologyMismatch(BadInput, ValueError):

@@ -49,7 +49,7 @@ from typing import Final, final
 import attrs
 
 from ._converter import dumps, loads
-from ._errors import ManifestError, TopologyMismatch
+from ._errors import ManifestError, TopologyMismatch, TrainerFilesRefused
 from ._layout import COMMIT_MARKER, GYM_STATE_DIR, MANIFEST_NAME, TRAINER_FILES_DIR
 from ._manifest import (
     MANIFEST_VERSION,
@@ -74,8 +74,10 @@ __all__ = [
     "check_snapshot",
     "fsync_dir",
     "load_snapshot",
+    "own_trainer_files",
     "participant_state_problem",
     "records_digest",
+    "trainer_entries_problems",
     "trainer_files_problems",
     "tree_size",
     "verify_snapshot",
@@ -145,6 +147,98 @@ def _fsync_tree(top: Path) -> None:
             if stat.S_ISREG(file.lstat().st_mode):
                 _fsync_file(file)
         fsync_dir(Path(dirpath))
+
+
+def _entry_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _copy_over(source: Path, entry: Path) -> None:
+    """Replace ``entry`` (a link, or a file that shares its inode) by a copy of ``source``'s
+    bytes, atomically: a temp file next to it, then ``os.replace``."""
+    tmp = entry.with_name(f".{entry.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, entry)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def own_trainer_files(top: Path) -> int:
+    """Make every file under ``top`` (the snapshot's ``trainer/``) a regular file of its own.
+
+    A symbolic link to a regular file is replaced by a copy of that file's bytes, and a file
+    that shares its inode with another path (a hard link) by a copy of itself: otherwise editing
+    the target after the commit would change what the snapshot hands back, unseen (a link is
+    digested by its target string). Anything else that is not a directory or a regular file (a
+    link to a directory or to nothing, a fifo, socket or device) is ``TrainerFilesRefused``,
+    naming the entry. Returns how many entries were replaced by copies.
+    """
+    copied = 0
+    for dirpath, dirnames, filenames in os.walk(top):  # links are listed, never followed
+        for name in sorted((*dirnames, *filenames)):
+            entry = Path(dirpath, name)
+            rel = f"{TRAINER_FILES_DIR}/{entry.relative_to(top).as_posix()}"
+            st = entry.lstat()
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                if st.st_nlink > 1:
+                    _copy_over(entry, entry)
+                    copied += 1
+                continue
+            if not stat.S_ISLNK(st.st_mode):
+                raise TrainerFilesRefused(
+                    f"{rel}: a {_entry_kind(st.st_mode)}, not a regular file; the trainer's "
+                    "files must be regular files (and directories)"
+                )
+            target = os.readlink(entry)
+            try:
+                followed = entry.stat()
+            except OSError:
+                raise TrainerFilesRefused(
+                    f"{rel}: a symbolic link to {target!r}, which does not exist; write the "
+                    "file itself into the directory"
+                ) from None
+            if not stat.S_ISREG(followed.st_mode):
+                raise TrainerFilesRefused(
+                    f"{rel}: a symbolic link to {target!r}, a "
+                    f"{_entry_kind(followed.st_mode)}; write the files themselves into the "
+                    "directory (shutil.copytree for a directory)"
+                )
+            _copy_over(entry, entry)  # copyfile follows the link: the target's bytes
+            copied += 1
+    return copied
+
+
+def trainer_entries_problems(top: Path, limit: int = 5) -> list[str]:
+    """Entries under ``top`` (a snapshot's ``trainer/``) that are not regular files or
+    directories, one line each (at most ``limit``, then a count): what ``verify`` refuses."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in sorted((*dirnames, *filenames)):
+            entry = Path(dirpath, name)
+            rel = f"{TRAINER_FILES_DIR}/{entry.relative_to(top).as_posix()}"
+            try:
+                mode = entry.lstat().st_mode
+            except OSError:
+                continue
+            if stat.S_ISLNK(mode):
+                found.append(f"{rel}: a symbolic link (to {os.readlink(entry)!r}) in the "
+                             "trainer's files: what it points to can change after the commit")
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(f"{rel}: a {_entry_kind(mode)} in the trainer's files, not a "
+                             "regular file")
+    if len(found) > limit:
+        found = [*found[:limit], f"{TRAINER_FILES_DIR}/: and {len(found) - limit} more such "
+                 "entries"]
+    return found
 
 
 def tree_size(path: Path) -> int:
@@ -420,9 +514,15 @@ class SnapshotStore:
         """fsync and digest ``staging/trainer`` now; ``publish`` then reuses the digest.
 
         Weights can be large: sealing them when they are written, before Gym is parked, keeps
-        their fsync and sha256 out of the window in which Gym waits for the checkpoint.
+        their fsync and sha256 out of the window in which Gym waits for the checkpoint. First
+        every file becomes a regular file of the snapshot's own (``own_trainer_files``: a link
+        to a file is replaced by a copy of its bytes; a link to a directory or to nothing, or a
+        special file, is ``TrainerFilesRefused``).
         """
         trainer_dir = Path(staging) / TRAINER_FILES_DIR
+        if trainer_dir.is_symlink():
+            raise TrainerFilesRefused(f"{TRAINER_FILES_DIR}/: a symbolic link, not a directory")
+        own_trainer_files(trainer_dir)
         _fsync_tree(trainer_dir)
         digest = records_digest(trainer_dir)
         if remember:
@@ -821,6 +921,7 @@ def trainer_files_problems(snapshot: LoadedSnapshot) -> list[str]:
         except OSError:
             problems.append(f"{name}/: trainer files missing from {snapshot.path}")
             continue
+        problems.extend(trainer_entries_problems(tree))
         if found != committed:
             problems.append(
                 f"{name}/: trainer files digest {_short(found)} on disk, {_short(committed)} "
