@@ -144,10 +144,13 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     snaps_list.add_argument("--json", action="store_true", help="print one JSON object")
     snaps_prune = snaps_sub.add_parser(
         "prune", help="remove all but the newest N snapshots (pinned copies kept); refused "
-        "while a trainer holds DIR")
+        "while a trainer holds the work directory DIR is or is in")
     snaps_prune.add_argument("dir", metavar="DIR")
-    snaps_prune.add_argument("--keep", type=int, required=True, metavar="N",
-                             help="how many of the newest snapshots to keep")
+    how_many = snaps_prune.add_mutually_exclusive_group(required=True)
+    how_many.add_argument("--keep", type=int, metavar="N",
+                          help="how many of the newest snapshots to keep (at least 1)")
+    how_many.add_argument("--all", action="store_true",
+                          help="remove every snapshot (pinned copies kept)")
     snaps_prune.add_argument("--json", action="store_true", help="print one JSON object")
 
     for name, text in (
@@ -175,6 +178,11 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                      help="number of seeds to run (default 100)")
     sim.add_argument("--start", type=int, default=0, metavar="S", help="first seed (default 0)")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument("--hostile", action="store_true",
+                     help="a hostile environment too: episodes that raise after a mutation, "
+                     "end with non-finite or non-JSON values or hang; exports that return "
+                     "such values or raise; journal writes that are short, torn or hit a full "
+                     "disk (drawn by seed, in every incarnation but the last; off by default)")
     sim.add_argument("--tmp", metavar="DIR", help="directory for the scenarios' snapshot files "
                      "(default: /dev/shm when writable, else the system temp directory)")
 
@@ -324,7 +332,7 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
     tmp = Path(args.tmp) if args.tmp else None
     if tmp is None and os.access("/dev/shm", os.W_OK):
         tmp = Path("/dev/shm")
-    return main_simulate(args.seeds, args.start, args.json, tmp)
+    return main_simulate(args.seeds, args.start, args.json, tmp, hostile=args.hostile)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -371,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.action == "list":
                 return list_snapshots(args.dir, args.json)
-            return prune_snapshots(args.dir, args.keep, args.json)
+            return prune_snapshots(args.dir, args.keep, args.json, every=args.all)
         if args.command == "simulate":
             return _simulate(args, reexec=as_program)
         from .demo import DemoOptions, phase_main, run_demo

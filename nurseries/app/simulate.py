@@ -72,8 +72,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing, asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -85,7 +85,9 @@ import trio.testing
 from gymckpt.gym_adapter import (
     FAULT_KINDS,
     EmbeddedGym,
+    FaultPlan,
     GymBackend,
+    GymHost,
     GymInstanceDead,
     GymStatistics,
     ReplyStream,
@@ -106,6 +108,14 @@ from gymckpt.runtime import (
     TopologyMismatch,
     load_ledger_snapshot,
     load_snapshot,
+)
+from gymckpt.testing.hostile import (
+    HostileAct,
+    HostileActs,
+    acts_summary,
+    draw_hostile,
+    hostile_calendar_environment,
+    journal_faults,
 )
 
 from .demo import ToyTrainer, run_exit, single_error
@@ -141,8 +151,8 @@ _EVERY_CALL_OK = frozenset(
 )
 
 
-def replay_command(seed: int) -> str:
-    return f"gymckpt simulate --seeds 1 --start {seed}"
+def replay_command(seed: int, hostile: bool = False) -> str:
+    return f"gymckpt simulate --seeds 1 --start {seed}" + (" --hostile" if hostile else "")
 
 
 # -- scenarios ------------------------------------------------------------------------------------
@@ -204,6 +214,11 @@ class Scenario:
     restore_retry: bool = False
     """A restore Gym could not serve is retried once, into the same Gym (all-or-nothing)."""
     max_incarnations: int = MAX_INCARNATIONS
+    hostile: tuple[HostileAct, ...] = ()
+    """What the environment does wrong (``gymckpt.testing.hostile``): episodes that raise
+    after a mutation, end with non-finite or non-JSON values, hang; exports that return such
+    values or raise; journal writes that are short, torn or hit a full disk. Every incarnation
+    but the last."""
 
     def sim_config(self) -> SimConfig:
         return SimConfig(turns=self.turns, turn_s=self.turn_s, mutation_p=self.mutation_p,
@@ -230,7 +245,8 @@ class Scenario:
             f"{list(self.restore_faults)}; crashes {crashes}; rollback {self.rollback}; "
             f"stream drops at {list(self.stage_drops)}; instance deaths at "
             f"{list(self.stage_deaths)}; late stream ends {self.late_end_s:g}s; "
-            f"restore retried into the same Gym {self.restore_retry}"
+            f"restore retried into the same Gym {self.restore_retry}; hostile "
+            f"{acts_summary(self.hostile)}"
         )
 
 
@@ -247,8 +263,18 @@ def _draw_faults(rng: random.Random, n: int, ops: Sequence[str]) -> tuple[str, .
     return tuple(specs)
 
 
-def draw_scenario(seed: int) -> Scenario:
-    """The scenario of ``seed``: a pure function of the seed."""
+def draw_scenario(seed: int, hostile: bool = False) -> Scenario:
+    """The scenario of ``seed``: a pure function of the seed (and ``hostile``: draw what the
+    environment does wrong too, from its own generator, so the other draws stay as they
+    were)."""
+    sc = _draw_scenario(seed)
+    if not hostile:
+        return sc
+    return attrs.evolve(sc, hostile=draw_hostile(seed, sc.rows, sc.group_size,
+                                                  sc.sim_config()))
+
+
+def _draw_scenario(seed: int) -> Scenario:
     rng = random.Random(seed)
     instances = rng.randint(1, 3)
     groups_per_step = rng.randint(1, 4)
@@ -355,6 +381,8 @@ class IncarnationReport:
     """The runtime's metrics when the incarnation ended (C5)."""
     replacements: int = 0
     """Gym instances replaced after they died."""
+    hostile_fired: tuple[tuple[str, int], ...] = ()
+    """The environment's hostile acts that struck (kind, times)."""
 
 
 @attrs.frozen
@@ -379,13 +407,14 @@ class ScenarioReport:
             "seed": self.seed,
             "ok": self.ok,
             "violations": list(self.violations),
-            "replay": replay_command(self.seed),
+            "replay": replay_command(self.seed, bool(self.scenario.hostile)),
             "scenario": self.scenario.describe(),
             "incarnations": [
                 {"end": i.end, "error": i.error, "restored_from": i.restored_from,
                  "faults": list(i.faults), "faults_fired": [list(f) for f in i.faults_fired],
                  "checkpoints": [list(c) for c in i.checkpoints], "steps": i.steps_trained,
-                 "claims": i.claims, "lease_reopened": i.lease_reopened}
+                 "claims": i.claims, "lease_reopened": i.lease_reopened,
+                 "hostile_fired": [list(f) for f in i.hostile_fired]}
                 for i in self.incarnations
             ],
             "rows_trained": self.rows_trained,
@@ -465,7 +494,8 @@ def _check_released(run: _Run, inc: int, ro: Rollouts) -> None:
 
 
 def _check_budgets(
-    run: _Run, inc: int, ro: Rollouts, initial_spent: int, checkpoint_calls: int
+    run: _Run, inc: int, ro: Rollouts, initial_spent: int, checkpoint_calls: int,
+    hostile: HostileActs | None = None, initial_data_failures: int = 0,
 ) -> None:
     stats = ro.ledger.statistics()
     spent = initial_spent + stats.failed_total + stats.abandoned_total - stats.released_total
@@ -473,8 +503,12 @@ def _check_budgets(
         run.violation(inc, f"row attempts spent {stats.row_attempts_spent}, but {spent} attempts "
                            "failed or were abandoned (refusals and instance deaths must cost "
                            "nothing)")
-    if stats.data_failures:
-        run.violation(inc, f"{stats.data_failures} data failures (invalid or poisoned rows)")
+    allowed = hostile.data_failures_allowed if hostile is not None else 0
+    data_failures = stats.data_failures - initial_data_failures  # a restored ledger's count
+    if data_failures > allowed:
+        run.violation(inc, f"{data_failures} data failures, but the environment's acts "
+                           f"account for at most {allowed} (invalid or poisoned rows, or an "
+                           "infrastructure failure charged to the data)")
     refused = ro.metrics.get(ADMISSION_CLOSED_ROWS)
     if refused != ro.dispatcher.statistics().refused:
         run.violation(inc, f"admission-closed metric {refused:g} != refusals "
@@ -510,6 +544,7 @@ async def _incarnation(
         crash_scope.deadline = trio.current_time() + crash.at_s
 
     checkpoint_ids: list[str] = []  # this incarnation's, in order (ids go on across them)
+    acts = HostileActs(sc.hostile, active=races) if sc.hostile else None
 
     def on_stage(checkpoint_id: str, point: str) -> None:
         if checkpoint_id not in checkpoint_ids:
@@ -529,10 +564,7 @@ async def _incarnation(
             crash_scope.cancel()
 
     async def body() -> None:
-        async with EmbeddedGym.open(
-            instances=sc.instances, agent_kinds=sc.kinds(), seed=sc.seed,
-            work_dir=run.root / f"gym-{inc}", config=sc.sim_config(), faults=faults,
-        ) as gym:
+        async with _open_gym(sc, run.root / f"gym-{inc}", faults, acts) as gym:
             gym_ref.append(gym)
             backend = cast(GymBackend, _LateEnds(gym, sc.late_end_s)) if sc.late_end_s else gym
             for attempt in (1, 2):
@@ -578,6 +610,7 @@ async def _incarnation(
                 manifest = load_snapshot(ro.restored.pinned.path).manifest
                 replicas = {e.rollout_id: e.replica for e in manifest.episodes}
             initial_spent = ro.ledger.statistics().row_attempts_spent
+            initial_data = ro.ledger.statistics().data_failures
             calls = 0
 
             async def checkpoint() -> bool:
@@ -603,7 +636,7 @@ async def _incarnation(
             for _ in range(cfg.max_consecutive_failures + 1):
                 if await checkpoint():
                     break
-            _check_budgets(run, inc, ro, initial_spent, calls)
+            _check_budgets(run, inc, ro, initial_spent, calls, acts, initial_data)
             restored_claims = [(i, r) for i, r in claims if r.restored_from is not None]
             seen = Counter(r.restored_from for _, r in restored_claims)
             refused = ro.metrics.get(ADMISSION_CLOSED_ROWS) > 0
@@ -646,8 +679,13 @@ async def _incarnation(
                     run.violation(inc, f"{name} still parked {sc.lease_s + 1:g}s after the "
                                        "last checkpoint")
 
+    def kill(instance: str) -> None:
+        if gym_ref:
+            gym_ref[0].sim(instance).kill()
+
     try:
-        with crash_scope, trio.move_on_after(STALL_S) as stall_scope:
+        with (crash_scope, trio.move_on_after(STALL_S) as stall_scope,
+              journal_faults(acts, kill) if acts is not None else nullcontext()):
             await body()
         if crash_scope.cancelled_caught:
             end = "crashed"
@@ -673,8 +711,10 @@ async def _incarnation(
         else:
             end = "error"
             run.violation(inc, f"unexpected error {error}")
+    hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
     if end in ("checkpoints_failed", "gym_dead", "restore_failed",
-               "replacements_exhausted") and not faults and not (races and sc.stage_deaths):
+               "replacements_exhausted") and not faults and not (races and sc.stage_deaths) \
+            and not hostile_fired:
         run.violation(inc, f"aborted ({end}) without any fault: {error}")
     if ro_ref:
         _check_released(run, inc, ro_ref[0])
@@ -686,7 +726,33 @@ async def _incarnation(
     metrics = ro_ref[0].metrics.snapshot(ages=False) if ro_ref else {}  # replayable
     return IncarnationReport(inc, faults, end, error, restored_from, tuple(outcomes), fired,
                              steps, sum(1 for _, r in claims if r.restored_from), lease_reopened,
-                             metrics, replacements)
+                             metrics, replacements, hostile_fired)
+
+
+@asynccontextmanager
+async def _open_gym(
+    sc: Scenario, work_dir: Path, faults: tuple[str, ...], acts: HostileActs | None
+) -> AsyncIterator[EmbeddedGym]:
+    """The scenario's embedded Gym: the calendar workplace, or, with hostile acts, the same
+    workplace doing them (same instances, agent kinds, seed, config and journal)."""
+    if acts is None:
+        async with EmbeddedGym.open(
+            instances=sc.instances, agent_kinds=sc.kinds(), seed=sc.seed, work_dir=work_dir,
+            config=sc.sim_config(), faults=faults,
+        ) as gym:
+            yield gym
+        return
+    cfg = sc.sim_config()
+    envs = {kind: hostile_calendar_environment(kind, cfg, acts) for kind in set(sc.kinds())}
+    kind_of = {f"gym-{i}": kind for i, kind in enumerate(sc.kinds())}
+
+    def make(name: str, *, recover: bool = True) -> GymHost:
+        return GymHost(name, envs[kind_of[name]], sc.seed, work_dir, cfg.host_config(),
+                       recover=recover)
+
+    hosts = [make(name, recover=False) for name in kind_of]
+    async with EmbeddedGym._serving(hosts, FaultPlan(faults), make) as gym:
+        yield gym
 
 
 def _check_dropped_state_retired(
@@ -842,13 +908,14 @@ async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
     )
 
 
-def run_seed(seed: int, tmp_root: Path | None = None, scenario: Scenario | None = None
-             ) -> ScenarioReport:
-    """Run the scenario of ``seed`` in its own trio run under a MockClock; deterministic.
+def run_seed(seed: int, tmp_root: Path | None = None, scenario: Scenario | None = None,
+             hostile: bool = False) -> ScenarioReport:
+    """Run the scenario of ``seed`` (``hostile``: with the environment's hostile acts) in its
+    own trio run under a MockClock; deterministic.
 
     Seeds trio's scheduler (see the module docstring) and removes the scenario's files after.
     """
-    sc = scenario if scenario is not None else draw_scenario(seed)
+    sc = scenario if scenario is not None else draw_scenario(seed, hostile)
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(seed)
     root = Path(tempfile.mkdtemp(prefix=f"gymckpt-sim-{seed}-", dir=tmp_root))
@@ -877,8 +944,9 @@ def _fired_summary(fired: Sequence[tuple[str, int]]) -> str:
 
 
 def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None = None,
-                  progress: Callable[[str], None] | None = None) -> int:
-    """``gymckpt simulate``: run seeds ``start .. start+seeds-1``; exit 0, or 3 on a violation."""
+                  progress: Callable[[str], None] | None = None, hostile: bool = False) -> int:
+    """``gymckpt simulate``: run seeds ``start .. start+seeds-1`` (``hostile``: with the
+    environment's hostile acts, ``--hostile``); exit 0, or 3 on a violation."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if start < 0:
@@ -892,23 +960,27 @@ def main_simulate(seeds: int, start: int, as_json: bool, tmp_root: Path | None =
     quiet = logging.NullHandler()
     logging.getLogger("gymckpt").addHandler(quiet)
     try:
-        return _simulate_seeds(seeds, start, as_json, tmp_root, progress, show, tty, every_s)
+        return _simulate_seeds(seeds, start, as_json, tmp_root, progress, show, tty, every_s,
+                               hostile)
     finally:
         logging.getLogger("gymckpt").removeHandler(quiet)
 
 
 def _simulate_seeds(seeds: int, start: int, as_json: bool, tmp_root: Path | None,
                     progress: Callable[[str], None] | None, show: bool, tty: bool,
-                    every_s: float) -> int:
+                    every_s: float, hostile: bool = False) -> int:
     failed: list[ScenarioReport] = []
     ends: Counter[str] = Counter()
     fired = restores = rollbacks = replacements = 0
+    struck: Counter[str] = Counter()
     virtual = 0.0
     t0 = time.monotonic()
     last_shown = 0.0
     reports: list[ScenarioReport] = []
     for i, seed in enumerate(range(start, start + seeds)):
-        report = run_seed(seed, tmp_root)
+        report = run_seed(seed, tmp_root, hostile=hostile)
+        for inc in report.incarnations:
+            struck.update(dict(inc.hostile_fired))
         ends.update(inc.end for inc in report.incarnations)
         fired += sum(len(inc.faults_fired) for inc in report.incarnations)
         restores += sum(inc.restored_from is not None for inc in report.incarnations)
@@ -921,7 +993,7 @@ def _simulate_seeds(seeds: int, start: int, as_json: bool, tmp_root: Path | None
             failed.append(report)
             if not as_json:
                 print(f"seed {seed}: FAIL: {report.violations[0]}  replay: "
-                      f"{replay_command(seed)}", flush=True)
+                      f"{replay_command(seed, hostile)}", flush=True)
         now = time.monotonic()
         if show and (now - last_shown > every_s or i == seeds - 1):
             last_shown = now
@@ -944,6 +1016,7 @@ def _simulate_seeds(seeds: int, start: int, as_json: bool, tmp_root: Path | None
             "seeds_per_s": round(rate, 2), "virtual_s": round(virtual, 3),
             "incarnation_ends": dict(sorted(ends.items())), "faults_fired": fired,
             "restores": restores, "rollbacks": rollbacks, "replacements": replacements,
+            "hostile": hostile, "hostile_fired": dict(sorted(struck.items())),
         }
         if seeds == 1:
             out["scenario"] = reports[0].to_json()
@@ -958,7 +1031,9 @@ def _simulate_seeds(seeds: int, start: int, as_json: bool, tmp_root: Path | None
                       + (f", restored {inc.restored_from}" if inc.restored_from else "")
                       + f", {inc.steps_trained} steps, {len(inc.checkpoints)} checkpoints "
                       f"({sum(ok for _, ok, _ in inc.checkpoints)} ok), faults fired "
-                      f"{_fired_summary(inc.faults_fired)}")
+                      f"{_fired_summary(inc.faults_fired)}"
+                      + (", hostile acts " + ", ".join(f"{k} x{n}" for k, n in inc.hostile_fired)
+                         if inc.hostile_fired else ""))
             for v in r.violations:
                 print(f"  VIOLATION: {v}")
             print(f"  rows trained {r.rows_trained}, failed {r.rows_failed}, steps {r.steps}, "
@@ -967,7 +1042,8 @@ def _simulate_seeds(seeds: int, start: int, as_json: bool, tmp_root: Path | None
         print(f"{seeds} seeds from {start}: {seeds - len(failed)} passed, {len(failed)} failed "
               f"in {elapsed:.1f}s ({rate:.1f} seeds/s, {virtual:.0f} virtual s); incarnation "
               f"ends {dict(sorted(ends.items()))}; {fired} faults fired; {restores} restores "
-              f"({rollbacks} to an older snapshot); {replacements} instances replaced")
+              f"({rollbacks} to an older snapshot); {replacements} instances replaced"
+              + (f"; hostile acts struck {dict(sorted(struck.items()))}" if hostile else ""))
         if failed:
             print("failing seeds: " + " ".join(str(r.seed) for r in failed))
     return ExitCode.INVARIANT if failed else ExitCode.OK

@@ -1,0 +1,200 @@
+"""The hostile-environment dimension: the simulation (``gymckpt simulate --hostile``) and the
+conformance kit against environments that are wrong in every way a user's can be.
+
+The long run is a documented command: ``gymckpt simulate --seeds 1000 --hostile``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from pathlib import Path
+
+import attrs
+import orjson
+import pytest
+import trio
+import trio.testing
+
+from gymckpt.gym_adapter import JOURNAL_FILE, GymHost, RunRow, SimConfig
+from gymckpt.nurseries.app.cli import main as cli_main
+from gymckpt.nurseries.app.simulate import (
+    Scenario,
+    draw_scenario,
+    main_simulate,
+    replay_command,
+    run_seed,
+)
+from gymckpt.testing import ConformanceError, check_environment
+from gymckpt.testing.hostile import (
+    EPISODE_ACTS,
+    HOSTILE_ACTS,
+    KIT_ACTS,
+    HostileAct,
+    HostileActs,
+    hostile_calendar_environment,
+    hostile_guess_the_number,
+    journal_faults,
+)
+
+HOSTILE_CI_SEEDS = 12
+"""Seeds of the CI run (each a few hundred ms); the long run is the documented command."""
+
+
+def test_hostile_draws_leave_the_other_draws_as_they_were() -> None:
+    kinds: Counter[str] = Counter()
+    for seed in range(300):
+        plain, hostile = draw_scenario(seed), draw_scenario(seed, hostile=True)
+        assert attrs.evolve(hostile, hostile=()) == plain
+        assert draw_scenario(seed, hostile=True) == hostile  # a pure function of the seed
+        kinds.update(a.kind for a in hostile.hostile)
+        for act in hostile.hostile:
+            if act.kind in EPISODE_ACTS:
+                assert 0 <= act.row < hostile.rows and 0 <= act.slot < hostile.group_size
+    assert set(kinds) == set(HOSTILE_ACTS)  # every act is drawn
+    assert replay_command(7, hostile=True) == "gymckpt simulate --seeds 1 --start 7 --hostile"
+    assert "hostile" in draw_scenario(1, hostile=True).describe()
+
+
+def _one_act(act: HostileAct, **overrides: object) -> Scenario:
+    """A small healthy scenario on two instances whose environment does ``act``."""
+    base = dict(seed=5, rows=8, group_size=2, instances=2, turns=(2, 3), mutation_p=1.0,
+                hostile=(act,), max_consecutive_failures=3)
+    base.update(overrides)
+    return Scenario(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("act", [
+    HostileAct(kind="raise_after_mutation", row=1, slot=0, turn=1),
+    HostileAct(kind="nan_reward", row=2, slot=1, turn=3),
+    HostileAct(kind="inf_reward", row=0, slot=0, turn=3),
+    HostileAct(kind="set_payload", row=3, slot=1, turn=3),
+    HostileAct(kind="nan_payload", row=1, slot=1, turn=3),
+    HostileAct(kind="export_raises", n=5),
+    HostileAct(kind="export_set", n=5),
+    HostileAct(kind="export_nan", n=5),
+], ids=lambda a: a.kind)
+def test_a_hostile_act_strikes_and_nothing_is_lost_or_repeated(
+    tmp_path: Path, act: HostileAct
+) -> None:
+    """Each act strikes the first incarnation; the run finishes, exactly once, with no data
+    failure beyond what the act accounts for and no invariant abort."""
+    sc = _one_act(act)
+    if act.kind in EPISODE_ACTS:  # strike an episode that ends: give it enough turns
+        sc = attrs.evolve(sc, turns=(3, 3), hostile=(attrs.evolve(act, turn=min(act.turn, 3)),))
+    report = run_seed(sc.seed, tmp_path, scenario=sc)
+    struck = dict(report.incarnations[0].hostile_fired)
+    assert struck.get(act.kind, 0) >= 1, report.incarnations[0]
+    assert report.ok, report.violations
+
+
+def test_a_hanging_step_does_not_hang_the_run(tmp_path: Path) -> None:
+    """A step that never returns: the checkpoints that cannot park it fail (retryable), the
+    reply stream's deadline abandons the attempt, and a fresh attempt trains the row."""
+    sc = _one_act(HostileAct(kind="hang", row=0, slot=0, turn=1), max_consecutive_failures=3)
+    report = run_seed(sc.seed, tmp_path, scenario=sc)
+    assert dict(report.incarnations[0].hostile_fired).get("hang") == 1
+    assert report.ok, report.violations
+    assert report.rows_trained + report.rows_failed == sc.rows
+
+
+@pytest.mark.parametrize("act", [
+    HostileAct(kind="short_write", n=3),
+    HostileAct(kind="torn_record", n=4),
+    HostileAct(kind="full_disk", n=3, count=2),
+], ids=lambda a: a.kind)
+def test_a_journal_fault_keeps_every_mutation_once(tmp_path: Path, act: HostileAct) -> None:
+    """Short writes, a torn record (the instance dies inside its append and is replaced) and a
+    full disk under the journal: an infrastructure failure, never a data failure, never the
+    end of the run, and every sentinel once."""
+    sc = _one_act(act, stage_deaths=((2, "before_prepare"),))  # a replacement replays it
+    report = run_seed(sc.seed, tmp_path, scenario=sc)
+    assert dict(report.incarnations[0].hostile_fired).get(act.kind, 0) >= 1
+    assert report.ok, report.violations
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_hostile_ci_seeds_hold_their_invariants(tmp_path: Path) -> None:
+    assert main_simulate(HOSTILE_CI_SEEDS, 0, as_json=False, tmp_root=tmp_path,
+                         progress=lambda _line: None, hostile=True) == 0
+
+
+def test_the_cli_documents_and_reports_the_hostile_dimension(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["simulate", "--help"])
+    assert "--hostile" in capsys.readouterr().out
+    main_simulate(2, 3, as_json=True, tmp_root=tmp_path, hostile=True)
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["hostile"] is True and isinstance(out["hostile_fired"], dict)
+    main_simulate(1, 3, as_json=True, tmp_root=tmp_path)
+    assert orjson.loads(capsys.readouterr().out)["hostile"] is False
+
+
+# -- the injection points themselves ----------------------------------------------------------
+
+
+def test_journal_faults_strike_only_journal_writes_and_are_undone(tmp_path: Path) -> None:
+    killed: list[str] = []
+    acts = HostileActs((HostileAct(kind="short_write", n=1), HostileAct(kind="full_disk", n=2),
+                        HostileAct(kind="torn_record", n=3)))
+    journal = tmp_path / "gym-1" / JOURNAL_FILE
+    journal.parent.mkdir()
+    other = tmp_path / "other.bin"
+    real_write = os.write
+    fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    ofd = os.open(other, os.O_WRONLY | os.O_CREAT)
+    try:
+        with journal_faults(acts, killed.append):
+            assert os.write(ofd, b"untouched\n") == 10  # not a journal: not counted
+            assert os.write(fd, b"abcdef\n") == 3  # short: half of it
+            with pytest.raises(OSError) as full:
+                os.write(fd, b"ghi\n")
+            assert full.value.errno == errno.ENOSPC
+            assert os.write(fd, b"torn\n") == 5 and killed == ["gym-1"]
+            assert os.write(fd, b"after\n") == 6  # the dead instance's writes are lost
+        assert os.write is real_write
+    finally:
+        os.close(fd)
+        os.close(ofd)
+    assert journal.read_bytes() == b"abctorn"
+    assert other.read_bytes() == b"untouched\n"
+    assert acts.writes == 3 and acts.fired == Counter(short_write=1, full_disk=1, torn_record=1)
+
+
+async def test_the_hostile_calendar_is_the_calendar_when_inactive(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Inactive (the last incarnation), the hostile workplace plays the plain calendar's
+    episodes: the same rewards and sentinels, nothing struck."""
+    cfg = SimConfig(turns=(2, 3), mutation_p=1.0)
+    acts = HostileActs((HostileAct(kind="raise_after_mutation", row=0, slot=0, turn=0),),
+                       active=False)
+    env = hostile_calendar_environment("simple_agent", cfg, acts)
+    async with GymHost("gym-0", env, 3, None, cfg.host_config()) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0)])
+        replies = [r async for batch in stream for r in batch]
+    assert [type(r).__name__ for r in replies] == ["Completed"]
+    assert not acts.fired
+
+
+# -- the conformance kit --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("act", KIT_ACTS)
+async def test_the_kit_names_what_a_hostile_environment_does_wrong(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, act: str
+) -> None:
+    """Every act fails a named check (a hanging step: the kit's own bound), never passes."""
+    env = hostile_guess_the_number(act)
+    with trio.fail_after(300):
+        if act == "hang":  # bounded by the kit's timeout (not yet a named check)
+            with pytest.raises((ConformanceError, TimeoutError)):
+                await check_environment(env, tmp_path, timeout_s=30.0)
+            return
+        with pytest.raises(ConformanceError) as failed:
+            await check_environment(env, tmp_path)
+    assert "check(s) failed" in str(failed.value)
