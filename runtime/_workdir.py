@@ -23,9 +23,30 @@ from typing import final
 import attrs
 
 from ._errors import WorkDirLocked
-from ._layout import LOCK_FILE
+from ._layout import COMMIT_MARKER, LOCK_FILE, RESTORED_DIR, SNAPSHOTS_DIR
 
-__all__ = ["LOCK_FILE", "WorkDirLock"]
+__all__ = ["LOCK_FILE", "WorkDirLock", "workdir_of"]
+
+
+def workdir_of(path: Path | str) -> Path | None:
+    """The trainer work directory that ``path`` is, or is inside of, or None.
+
+    Every form a snapshot tool is documented to take names the same work directory, whose lock
+    a running trainer holds: the work directory itself (it holds ``snapshots/`` or the lock
+    file), its ``snapshots/`` or ``restored/`` directory, or one snapshot in either of those.
+    None for a directory that belongs to no work directory (a snapshot root or a snapshot
+    copied elsewhere). Symbolic links and ``..`` are resolved first. Blocking (filesystem
+    calls).
+    """
+    path = Path(path).resolve()
+    if (path / SNAPSHOTS_DIR).is_dir() or (path / LOCK_FILE).exists():
+        return path
+    if path.name in (SNAPSHOTS_DIR, RESTORED_DIR):
+        return path.parent
+    snapshot = path.name.startswith("ckpt-") or os.path.lexists(path / COMMIT_MARKER)
+    if snapshot and path.parent.name in (SNAPSHOTS_DIR, RESTORED_DIR):
+        return path.parent.parent
+    return None
 
 
 
