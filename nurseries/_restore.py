@@ -78,7 +78,7 @@ __all__ = [
 log = logging.getLogger("gymckpt")
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class RestoredRun:
     """What a restore hands to the facade."""
 
@@ -92,6 +92,16 @@ class RestoredRun:
     def step(self) -> int:
         """The trainer facade's step when the snapshot was taken (0 if it saved none)."""
         return saved_step(self.files)
+
+    def __repr__(self) -> str:  # never the snapshot's bytes (``files`` may be megabytes)
+        s = self.summary
+        sizes = sum(len(data) for data in self.files.values())
+        return (
+            f"<RestoredRun {self.snapshot.path} (checkpoint {self.snapshot.checkpoint_id}) "
+            f"step={self.step} parked={s.restored} completed_untrained="
+            f"{s.completed_untrained} to_dispatch={s.reserved + s.redispatched_fresh} "
+            f"files={len(self.files)} ({sizes} bytes)>"
+        )
 
 
 def saved_step(files: Mapping[str, bytes]) -> int:

@@ -19,7 +19,7 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,10 +33,12 @@ from gymckpt.runtime import (
     STEP_FILE,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
+    BudgetExhausted,
     CompletedGroup,
     DeadlineRegistry,
     DispatchGate,
     Metrics,
+    Preempted,
     RecoveryLedger,
     RestoreSummary,
     RuntimeConfig,
@@ -70,10 +72,12 @@ runs in a worker thread, before Gym is parked."""
 class Rollouts:
     """A running rollout service for one trainer. Create it with ``open_rollouts``.
 
-    Preemption: ``preempt`` (what SIGTERM and SIGINT call while ``open_rollouts`` is open) lets
-    the step being trained finish, stops ``next_batch`` from waiting or handing out more, and
-    makes ``batches`` take one final checkpoint, bounded by ``preempt_timeout_s``, with the
-    trainer's current state before it ends. A second signal cuts that checkpoint short.
+    Preemption: ``preempt`` (what SIGTERM and SIGINT call while ``open_rollouts`` is open, a
+    signal that arrived during the restore included) lets the step being trained finish, stops
+    ``next_batch`` from waiting or handing out more, and makes ``batches`` take one final
+    checkpoint, bounded by ``preempt_timeout_s``, with the trainer's current state, then raise
+    ``Preempted``: a preempted run never looks like a finished one. A second signal (at any
+    time after the first) cuts that checkpoint short, or skips it if it has not started.
     """
 
     ledger: RecoveryLedger
@@ -92,11 +96,15 @@ class Rollouts:
     _first_step: int = attrs.field(default=0, init=False)
     outcomes: list[CheckpointOutcome] = attrs.field(factory=list, init=False)
     preempted_by: signal.Signals | None = attrs.field(default=None, init=False)
-    """The signal that preempted the run (``preempt``), or None."""
+    """The signal that preempted the run (``preempt``), or None. ``batches`` raises
+    ``Preempted`` once it is set; a trainer driving ``next_batch`` itself checks it when that
+    returns an empty list."""
     final_snapshot: SnapshotInfo | None = attrs.field(default=None, init=False)
     """The snapshot the final checkpoint of a preempted run left, or None."""
     _waits: set[trio.CancelScope] = attrs.field(factory=set, init=False)
     _final_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _cut_short: bool = attrs.field(default=False, init=False)
+    """A second signal arrived: the final checkpoint is cancelled (or never started)."""
 
     @property
     def trainer_state(self) -> bytes | None:
@@ -139,8 +147,10 @@ class Rollouts:
     def preempt(self, signum: signal.Signals = signal.SIGTERM) -> None:
         """Stop after the current step with a final checkpoint (see the class docstring)."""
         if self.preempted_by is not None:
-            if self._final_scope is not None:
+            if not self._cut_short:
                 logger.warning("%s again: cutting the final checkpoint short", signum.name)
+            self._cut_short = True
+            if self._final_scope is not None:
                 self._final_scope.cancel()
             return
         self.preempted_by = signum
@@ -181,7 +191,11 @@ class Rollouts:
         files: FilesFn | None = None,
         log_metrics: Callable[[dict[str, float], int], None] | None = None,
     ) -> AsyncIterator[list[CompletedGroup]]:
-        """Yield batches of complete groups until the dataset is done or the run is preempted.
+        """Yield batches of complete groups until the dataset is done, or raise ``Preempted``
+        once SIGTERM or SIGINT preempted the run (after the final checkpoint below), so code
+        after the loop — a final evaluation, an upload — runs only when the dataset is done.
+        A dataset whose every row failed for good raises ``BudgetExhausted`` (exit code 7),
+        and one some of whose rows failed logs a WARNING saying how many.
 
         With ``checkpoint_every`` set, checkpoint every that many batches; ``state()`` (the
         trainer's current state, serialised) and ``files(directory)`` (its weights) are saved
@@ -204,7 +218,28 @@ class Rollouts:
             if self.preempted_by is not None:
                 break
         if self.preempted_by is not None:
-            await self._final_checkpoint(state, files)
+            raise await self._final_checkpoint(state, files)
+        self._dataset_done()
+
+    def _dataset_done(self) -> None:
+        """The dataset is done: rows that failed for good are said, and a dataset none of whose
+        rows trained is a failed run, not a finished one."""
+        ledger = self.ledger
+        failed = len(ledger.rows_failed)
+        if not failed:
+            return
+        trained = len(ledger.rows_trained)
+        last = ledger.last_failure or "before the restore"
+        if trained == 0:
+            raise BudgetExhausted(
+                f"every row of the dataset failed for good ({failed} rows, none trained, "
+                f"{ledger.data_failures} data failures; last: {last}); each failure is logged "
+                "under the gymckpt logger: fix the environment or the data"
+            )
+        logger.warning(
+            "gymckpt: dataset done: %d rows trained, %d failed for good (last failure: %s)",
+            trained, failed, last,
+        )
 
     def _prune(self) -> None:
         """Retention: the newest ``keep_snapshots`` snapshots, and of the restore copies
@@ -212,28 +247,37 @@ class Rollouts:
         self.store.prune(self.keep_snapshots)
         self.store.prune_copies(self.store.root.parent / RESTORED_DIR)
 
-    async def _final_checkpoint(self, state: StateFn | None, files: FilesFn | None) -> None:
+    async def _final_checkpoint(self, state: StateFn | None, files: FilesFn | None) -> Preempted:
+        """The final checkpoint of a preempted run, bounded by ``preempt_timeout_s`` and cut
+        short by a second signal; logs one line naming the snapshot the run leaves and returns
+        the ``Preempted`` that ``batches`` raises."""
         signame = self.preempted_by.name if self.preempted_by is not None else "preempt"
         outcome: CheckpointOutcome | None = None
         with trio.move_on_after(self.preempt_timeout_s) as scope:
             self._final_scope = scope
+            if self._cut_short:  # the second signal came before the checkpoint could start
+                scope.cancel()
             try:
                 outcome = await self.checkpoint(None if state is None else state(), files=files)
             finally:
                 self._final_scope = None
         if outcome is not None and outcome.ok and outcome.snapshot is not None:
             self.final_snapshot = outcome.snapshot
-            logger.warning(
-                "gymckpt: %s: stopped after step %d; final snapshot %s (checkpoint %s)",
-                signame, self.step, outcome.snapshot.path, outcome.checkpoint_id,
-            )
-            return
+            message = (f"gymckpt: {signame}: stopped after step {self.step}; final snapshot "
+                       f"{outcome.snapshot.path} (checkpoint {outcome.checkpoint_id})")
+            logger.warning("%s", message)
+            return Preempted(signame, self.step, str(outcome.snapshot.path), message)
         latest = await offload(self.store.latest_complete)
-        why = "cut short" if outcome is None else f"failed ({outcome.reason}: {outcome.error})"
-        logger.warning(
-            "gymckpt: %s: stopped after step %d; the final checkpoint %s, latest snapshot %s",
-            signame, self.step, why, latest.path if latest is not None else "none",
-        )
+        if outcome is None:
+            why = "cut short" if self._cut_short else (
+                f"timed out after preempt_timeout_s={self.preempt_timeout_s:g}s")
+        else:
+            why = f"failed ({outcome.reason}: {outcome.error})"
+        left = str(latest.path) if latest is not None else None
+        message = (f"gymckpt: {signame}: stopped after step {self.step}; the final checkpoint "
+                   f"{why}, latest snapshot {left or 'none'}")
+        logger.warning("%s", message)
+        return Preempted(signame, self.step, left, message)
 
     async def checkpoint(
         self, trainer_state: bytes | None = None, *, files: FilesFn | None = None
@@ -283,8 +327,12 @@ async def open_rollouts(
     With ``handle_signals`` (default; only in the main thread) SIGTERM and SIGINT received while
     the block is open preempt the run (``Rollouts.preempt``) instead of killing the process or
     raising ``KeyboardInterrupt``: the current step finishes, ``batches`` takes a final
-    checkpoint bounded by ``preempt_timeout_s`` and ends, and a line naming the snapshot is
-    logged (logger ``gymckpt``).
+    checkpoint bounded by ``preempt_timeout_s``, a line naming the snapshot is logged (logger
+    ``gymckpt``, WARNING) and ``batches`` raises ``Preempted``. A signal that arrives during
+    the restore preempts the run before the block's body starts: no step is handed out.
+
+    A restore logs a WARNING naming the snapshot and the step it resumed at, so a rerun that
+    resumed never looks like a fresh one.
     """
     config = config or RuntimeConfig()
     if config.freeze_startup_objects:
@@ -294,10 +342,12 @@ async def open_rollouts(
     await offload(lock.acquire)  # one trainer per work directory; raises WorkDirLocked
     try:
         with contextlib.ExitStack() as stack:
-            signals = None
+            inbox = None
             if handle_signals and threading.current_thread() is threading.main_thread():
-                # opened first: a signal during the restore is queued, not lost
-                signals = stack.enter_context(trio.open_signal_receiver(*PREEMPT_SIGNALS))
+                # installed first: a signal during the restore is kept, and handed to the
+                # Rollouts before the trainer's body can take a step
+                inbox = _SignalInbox(trio.lowlevel.current_trio_token())
+                stack.enter_context(inbox.installed())
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
             restored = None
@@ -353,8 +403,8 @@ async def open_rollouts(
             async with trio.open_nursery() as nursery:
                 await nursery.start(replacer.run)  # replacements live as long as the run
                 await nursery.start(dispatcher.run)
-                if signals is not None:
-                    nursery.start_soon(_watch_signals, signals, rollouts)
+                if inbox is not None:
+                    inbox.attach(rollouts)  # synchronous: signals so far preempt it now
                 try:
                     yield rollouts
                 finally:
@@ -364,17 +414,57 @@ async def open_rollouts(
 
 
 def _log_restore(restored: RestoredRun, ledger: RecoveryLedger, step: int) -> None:
+    """One WARNING (shown on stderr with no logging configured): a rerun that resumed says so,
+    and from which snapshot."""
     stats = ledger.statistics()
-    logger.info(
-        "restored %s (checkpoint %s) at step %d: %d episodes parked in Gym resume as "
-        "attempt + 1, %d completed-but-untrained results back to the trainer, %d rows trained "
-        "before, %d to re-dispatch", restored.snapshot.path, restored.snapshot.checkpoint_id,
-        step, restored.summary.restored, restored.summary.completed_untrained,
-        stats.rows_trained,
+    logger.warning(
+        "gymckpt: resumed from snapshot %s (checkpoint %s) at step %d: %d episodes parked in "
+        "Gym resume as attempt + 1, %d completed-but-untrained results back to the trainer, "
+        "%d rows trained before, %d to re-dispatch", restored.snapshot.path,
+        restored.snapshot.checkpoint_id, step, restored.summary.restored,
+        restored.summary.completed_untrained, stats.rows_trained,
         restored.summary.reserved + restored.summary.redispatched_fresh,
     )
 
 
-async def _watch_signals(signals: AsyncIterator[int], rollouts: Rollouts) -> None:
-    async for signum in signals:
-        rollouts.preempt(signal.Signals(signum))
+@attrs.define(eq=False, slots=True)
+class _SignalInbox:
+    """SIGTERM and SIGINT while ``open_rollouts`` is open.
+
+    The handler (it runs between two bytecodes of whatever trio code was running) only
+    appends the signal and asks trio's loop to deliver it; delivery, ``Rollouts.preempt``,
+    runs as a loop callback, never inside the handler. Signals that arrive before the
+    ``Rollouts`` exists (during the restore) wait here, and ``attach`` delivers them
+    synchronously before the trainer's body runs. Every signal is delivered once, in order.
+    """
+
+    token: trio.lowlevel.TrioToken
+    received: list[signal.Signals] = attrs.field(factory=list)
+    delivered: int = 0
+    target: Rollouts | None = None
+
+    def handle(self, signum: int, _frame: object) -> None:
+        self.received.append(signal.Signals(signum))
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self.deliver, idempotent=True)
+
+    def deliver(self) -> None:
+        if self.target is None:
+            return
+        while self.delivered < len(self.received):
+            signum = self.received[self.delivered]
+            self.delivered += 1
+            self.target.preempt(signum)
+
+    def attach(self, rollouts: Rollouts) -> None:
+        self.target = rollouts
+        self.deliver()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle) for sig in PREEMPT_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)

@@ -79,6 +79,8 @@ def test_metric_names_are_validated() -> None:
 # -- errors ------------------------------------------------------------------------------------
 
 SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
+    "BadInput": ("gymckpt refused its input",),
+    "Preempted": ("SIGTERM", 5, "/w/snapshots/ckpt-000004", "gymckpt: SIGTERM: stopped"),
     "GymAdmissionClosed": ("r-1-0-1", "gym-0"),
     "GymUnavailable": ("gym-0 is restarting",),
     "GymCheckpointUnavailable": ("lease lost", "gym-1", "commit"),

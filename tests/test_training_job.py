@@ -540,7 +540,7 @@ async def test_checkpoint_metrics_and_logs_per_step(
             assert ro.metrics.get("checkpoint/restored_total") == 1
             assert ro.metrics.get("checkpoint/failed_total") == 1
     messages = [r.getMessage() for r in caplog.records]
-    restore_lines = [m for m in messages if m.startswith("restored")]
+    restore_lines = [m for m in messages if m.startswith("gymckpt: resumed from snapshot")]
     assert len(restore_lines) == 1 and "ckpt-000003" in restore_lines[0]
     assert "at step 6:" in restore_lines[0]  # ckpt-000003 is the periodic checkpoint of step 6
     assert "completed-but-untrained" in restore_lines[0] and "parked" in restore_lines[0]

@@ -60,6 +60,7 @@ from gymckpt.runtime import (
     CompletedGroup,
     GymManifest,
     GymUnavailable,
+    Preempted,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
@@ -350,30 +351,33 @@ async def run_phase(
                        rollouts.batches(opts.groups_per_step,
                                         state=lambda: trainer.to_bytes()))
         async with aclosing(batches):  # an abort mid-loop finalises the generator here
-            async for batch in batches:
-                rewards = [r.reward for g in batch for r in g.results]
-                trainer = trainer.train(rewards, len(batch))
-                record: dict[str, Any] = {"phase": phase, "step": trainer.step,
-                                          "rows": [g.row for g in batch]}
-                if opts.gymnasium_id is not None:
-                    record["episodes"] = journal_episodes(batch)
-                journal.append(record)
-                progress(f"[phase {phase}] step {trainer.step}/{total_steps} "
-                         f"rows {trainer.rows_trained}/{opts.rows} "
-                         f"reward≈{trainer.reward_ema:.3f}", frequent=True)
-                if trainer.step % opts.checkpoint_every == 0:
-                    outcome = await rollouts.checkpoint(trainer.to_bytes())
-                    outcomes.append(outcome)
-                    journal.append(_checkpoint_record(phase, outcome))
-                    progress(f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
-                             f"{'ok' if outcome.ok else outcome.reason} "
-                             f"({outcome.episodes} episodes parked, "
-                             f"{outcome.drained} drained)",
-                             frequent=published > 0 or not outcome.ok)  # the first is shown
-                    if outcome.ok:
-                        published += 1
-                        if crash_after and published == crash_after:
-                            print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
+            try:
+                async for batch in batches:
+                    rewards = [r.reward for g in batch for r in g.results]
+                    trainer = trainer.train(rewards, len(batch))
+                    record: dict[str, Any] = {"phase": phase, "step": trainer.step,
+                                              "rows": [g.row for g in batch]}
+                    if opts.gymnasium_id is not None:
+                        record["episodes"] = journal_episodes(batch)
+                    journal.append(record)
+                    progress(f"[phase {phase}] step {trainer.step}/{total_steps} "
+                             f"rows {trainer.rows_trained}/{opts.rows} "
+                             f"reward≈{trainer.reward_ema:.3f}", frequent=True)
+                    if trainer.step % opts.checkpoint_every == 0:
+                        outcome = await rollouts.checkpoint(trainer.to_bytes())
+                        outcomes.append(outcome)
+                        journal.append(_checkpoint_record(phase, outcome))
+                        progress(f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
+                                 f"{'ok' if outcome.ok else outcome.reason} "
+                                 f"({outcome.episodes} episodes parked, "
+                                 f"{outcome.drained} drained)",
+                                 frequent=published > 0 or not outcome.ok)  # the first is shown
+                        if outcome.ok:
+                            published += 1
+                            if crash_after and published == crash_after:
+                                print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
+            except Preempted:
+                pass  # its final checkpoint is taken (or tried): the record below says which
         # a last checkpoint saves the environment state the verdict reads
         final = rollouts.outcomes[-1] if rollouts.final_snapshot is not None else None  # preempted
         for _ in range(0 if final is not None else
