@@ -59,6 +59,17 @@ def test_group_size_in_runtime_says_where_it_goes(tmp_path: Path) -> None:
         runtime_config_from_toml(job)
 
 
+def test_demo_with_group_size_in_runtime_exits_2_saying_where_it_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "demo.toml"
+    conf.write_text("[runtime]\ngroup_size = 4\n")
+    assert cli_main(["demo", "--config", str(conf)]) == 2
+    err = capsys.readouterr().err
+    assert f"{conf} [runtime]: group_size is not a runtime setting" in err, err
+    assert "under [demo]" in err
+
+
 def test_trainer_arguments_are_open_rollouts_keywords_and_no_runtime_field() -> None:
     params = inspect.signature(open_rollouts).parameters
     keywords = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
