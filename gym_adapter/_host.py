@@ -14,8 +14,12 @@ What the host owns, and the user's code never sees
   older attempt's run is ignored; a claim of a restored episode (attempt + 1,
   ``RunRow.restored_from``) takes the sessions over.
 - **Retained sessions** (``retained = True`` participants) outlive their episode until the
-  attempt is retired; with a ``work_dir`` they are journaled (``_host_journal``), and a host
-  opened with ``recover=True`` (the replacement of a dead instance) continues them.
+  attempt is retired (a failed attempt's are freed when it fails: its retry starts afresh);
+  with a ``work_dir`` they are journaled (``_host_journal``), and a host opened with
+  ``recover=True`` (the replacement of a dead instance) continues them.
+- **Failures of the user's code** (``step`` raising, a bad ``Done``, a value refused, ``open``
+  or ``export`` raising) fail that episode (data) and are logged, rate-limited
+  (``_host_log``); they never end the instance or the run.
 - **Commit and export** (``_host_control``): every participant's session states of every
   parked and unclaimed episode and every retained session (plain data), the agent sessions with
   their step boundary, and the staged model calls, with their digests and capture keys.
@@ -55,6 +59,7 @@ from ._episode import EpisodeFenced, EpisodeInfo, is_retained, participant_kinds
 from ._host_control import HostControl
 from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext, completed_reply
 from ._host_journal import HostJournaling, SessionJournal
+from ._host_log import FailureLog, episode_label
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 from ._host_views import HostStatistics, HostViews, SessionView
 
@@ -168,12 +173,15 @@ class GymHost(HostControl, HostViews, HostJournaling):
     """The names of the participants whose sessions outlive their episode."""
     _user_counts: dict[str, int] = attrs.field(factory=dict, init=False)
     count: _Counters = attrs.field(factory=_Counters, init=False)
+    failure_log: FailureLog = attrs.field(init=False)
+    """Every failure of the user's code here, a rate-limited WARNING (``_host_log``)."""
 
     def __attrs_post_init__(self) -> None:
         self.environment.check()
         self._streams = ReplyStreams(self.config.flush_interval_s, self.config.max_batch)
         self._retained = tuple(p for p in self.environment.participants if is_retained(p))
         self.retained_names = frozenset(p.name for p in self._retained)
+        self.failure_log = FailureLog(anyio.current_time)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -372,7 +380,9 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 del self._owners[key]
                 if self._journal is not None:
                     self._journal.freed(key)
-            return Failed(rid, "data", f"{self.name}: opening the sessions of {rid}: {exc!r}")
+            message = f"{episode_label(info)}: opening its sessions raised {exc!r}"
+            self.failure_log.warn(message, exc)
+            return Failed(rid, "data", message)
         self._owners[key] = (rid, row.attempt)
         self._start(Episode(info, sessions, MOVING, stream=st))
         self.count.episodes_started += 1
@@ -473,12 +483,12 @@ class GymHost(HostControl, HostViews, HostJournaling):
         if ep.replay is not None:  # a restored continuation, checked once, before its first turn
             replay, ep.replay = ep.replay, None
             if replay != ep.capture_keys:
-                return Failed(
+                return self._user_failed(ep, Failed(
                     rid, "data",
                     f"{self.name}: restored episode of {rid} has capture keys "
                     f"{list(replay)} in the manifest, {list(ep.capture_keys)} staged by "
                     "the model proxy",
-                )
+                ))
         agent = self.environment.agent
         while True:
             if not await self._step_boundary(ep):
@@ -489,17 +499,32 @@ class GymHost(HostControl, HostViews, HostJournaling):
             except EpisodeFenced:
                 raise
             except Exception as exc:
-                failed = f"{self.name}: episode {rid} turn {ep.turn}: {exc!r}"
-                return Failed(rid, "data", self._journal_turn(ep, ctx) or failed)
+                failed = f"{episode_label(ep.info)} turn {ep.turn}: step raised {exc!r}"
+                self.failure_log.warn(failed, exc)
+                problem = self._journal_turn(ep, ctx)
+                if problem is not None:
+                    self.failure_log.warn(problem)
+                return Failed(rid, "data", problem or failed)
             if self.fenced(ep):
                 raise EpisodeFenced(rid)
             problem = self._journal_turn(ep, ctx)
             if problem is not None:
-                return Failed(rid, "data", problem)
+                return self._user_failed(ep, Failed(rid, "data", problem))
             ep.turn += 1
             self.count.turns += 1
             if done is not None:
-                return completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
+                reply = completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
+                if isinstance(reply, Failed):
+                    self._user_failed(ep, reply)
+                return reply
+
+    def _user_failed(self, ep: Episode, reply: Failed) -> Failed:
+        """Log ``reply`` (a failure of ``ep`` the user's code caused, no traceback to give)."""
+        message = reply.message
+        if ep.rollout_id not in message:
+            message = f"{episode_label(ep.info)}: {message}"
+        self.failure_log.warn(message)
+        return reply
 
     async def _step_boundary(self, ep: Episode) -> bool:
         """Pass step boundary ``ep.turn`` (True), or park there while a checkpoint is prepared
@@ -577,19 +602,33 @@ class GymHost(HostControl, HostViews, HostJournaling):
         if reply is not None and self.fenced(ep):
             self.count.fenced_replies += 1
             reply = None
-        if reply is not None:
+        if isinstance(reply, Completed):
             self._finished[ep.rollout_id] = ep.key
             if self._retained:
                 self._kept[ep.key] = {p.name: ep.sessions[p.name] for p in self._retained}
-            if isinstance(reply, Completed):
-                self.count.completed += 1
-            else:
-                self.count.failed += 1
+            self.count.completed += 1
+        elif reply is not None:
+            self.count.failed += 1
+            self._free_failed(ep)
         st = ep.stream
         if st is not None:
             if reply is not None:
                 self._streams.push(st, reply)
             self._streams.row_done(st)
+
+    def _free_failed(self, ep: Episode) -> None:
+        """A failed attempt's sessions are freed as a retire frees them: its retry (a new
+        attempt, on any instance) opens sessions of its own, so what this attempt mutated in a
+        retained session is never kept beside what the retry does (kept, it was committed on
+        this instance and on the retry's: the mutation twice). A later retire of it is
+        answered unknown."""
+        key = ep.key
+        if self._owners.get(key, ("",))[0] != ep.rollout_id:
+            return
+        del self._owners[key]
+        self._kept.pop(key, None)
+        if self._journal is not None:
+            self._journal.freed(key)
 
     # -- the Ray actor's outbox reads batches itself and acknowledges them later ----------------
 

@@ -31,6 +31,7 @@ from ._contract import (
     AgentSession,
     CommitReply,
     ExportedEpisode,
+    Failed,
     GymControlError,
     GymInstanceDead,
     ParticipantInfo,
@@ -40,12 +41,21 @@ from ._contract import (
 )
 from ._episode import EpisodeInfo, to_plain
 from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode
-from ._host_records import Kept, build_records, offload, read_verified, write_records
+from ._host_records import (
+    Kept,
+    KeptExportError,
+    Refusal,
+    build_records,
+    offload,
+    read_verified,
+    write_records,
+)
 
 if TYPE_CHECKING:
     from ._environment import Environment
     from ._host import HostConfig, _Counters
     from ._host_journal import SessionJournal
+    from ._host_log import FailureLog
     from ._host_streams import ReplyStreams
 
 __all__ = ["HostControl"]
@@ -95,6 +105,7 @@ class HostControl:
         _streams: ReplyStreams
         _journal: SessionJournal | None
         _retained: tuple[Any, ...]
+        failure_log: FailureLog
 
         @property
         def _legacy(self) -> bool:
@@ -175,22 +186,46 @@ class HostControl:
         # the tables (selecting, sorting and building records at 200k belongs in the thread).
         tables = _Tables(list(self._episodes.values()), list(self._unclaimed.values()),
                          list(self._kept.items()), dict(self._owners), dict(self._finished))
-        on_wire = tuple(sorted(self._streams.on_wire))
-        exported, sessions, participants = await offload(
+        on_wire = set(self._streams.on_wire)
+        exported, sessions, participants, refused, problem = await offload(
             functools.partial(self._export, checkpoint_id, self._root(state_root), tables)
         )
         if self._dead:  # died while exporting: what it committed died with it
             raise GymInstanceDead(self.name, "commit")
+        if problem is not None:
+            self.failure_log.warn(f"instance {self.name} commit of {checkpoint_id}: "
+                                  f"{problem}", problem.__cause__)
+            raise GymControlError(
+                self.name, "commit", f"exporting session state failed: {problem}"
+            )
+        for refusal in refused:  # not in the records: failed, the reply goes on the wire
+            self.failure_log.warn(refusal.message, refusal.exc)
+            ep = self._episodes.get(refusal.rollout_id)
+            if ep is not None and ep.state == BOUNDARY:
+                self.end_episode(ep, Failed(refusal.rollout_id, "data", refusal.message))
+                if refusal.rollout_id in self._streams.on_wire:
+                    on_wire.add(refusal.rollout_id)
         self.count.commits += 1
         self._arm_lease()
         return CommitReply(
-            self.name, checkpoint_id, participants, exported, on_wire, sessions,
+            self.name, checkpoint_id, participants, exported, tuple(sorted(on_wire)), sessions,
         )
 
     def _export(
         self, checkpoint_id: str, root: Path, tables: _Tables
-    ) -> tuple[tuple[ExportedEpisode, ...], tuple[AgentSession, ...], tuple[ParticipantInfo, ...]]:
-        """Build and write every participant's records (in a worker thread; see ``commit``)."""
+    ) -> tuple[
+        tuple[ExportedEpisode, ...], tuple[AgentSession, ...], tuple[ParticipantInfo, ...],
+        list[Refusal], Exception | None,
+    ]:
+        """Build and write every participant's records (in a worker thread; see ``commit``).
+
+        What a participant cannot hand over never aborts the run and never reaches the
+        records (so a commit that succeeds is restorable): a parked episode whose session
+        state cannot be exported (``export`` raises, or returns what is not finite plain data)
+        is left out and returned refused, for ``commit`` to fail as data, its reply on the
+        wire, drained by the checkpoint like any reply on the wire; a session the host cannot
+        fail as an episode (a retained one of an ended episode, an unclaimed restored one)
+        makes the commit fail retryably (``GymControlError``), returned here as the problem."""
         held = sorted(
             [*(ep for ep in tables.episodes if ep.state == BOUNDARY), *tables.unclaimed],
             key=lambda ep: ep.rollout_id,
@@ -205,14 +240,21 @@ class HostControl:
             if held and self._legacy and self.config.strand_legacy_session else None
         )
         try:
-            records = build_records(
+            records, refused = build_records(
                 self.environment, self._owner_name, self._retained, checkpoint_id, held, kept,
-                stranded,
+                stranded, failable=lambda ep: ep.state == BOUNDARY,
             )
-        except Exception as exc:
-            raise GymControlError(
-                self.name, "commit", f"exporting session state failed: {exc!r}"
-            ) from None
+        except KeptExportError as exc:
+            return (), (), (), [], exc
+        except Exception as exc:  # a bug of ours, not the user's: still only this commit
+            problem = KeptExportError(f"building the records raised {exc!r}")
+            problem.__cause__ = exc
+            return (), (), (), [], problem
+        if refused:
+            gone = {r.rollout_id for r in refused}
+            held = [ep for ep in held if ep.rollout_id not in gone]
+            if stranded in gone:
+                stranded = None
         participants = []
         for server, kind in self.participants:
             directory = root / self.name / server
@@ -233,7 +275,7 @@ class HostControl:
             )
             for ep, k in zip(held, keys, strict=True)
         )
-        return exported, sessions, tuple(participants)
+        return exported, sessions, tuple(participants), refused, None
 
     async def resume(self, checkpoint_id: str, deadline_ts: float) -> None:
         """Reopen admission and unpark; a no-op when nothing is prepared."""

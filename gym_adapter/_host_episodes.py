@@ -13,13 +13,17 @@ Only ``done`` is final; the host's ``end_episode`` is its one way in.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
-import orjson
+
+from gymckpt.runtime import checked_json
 
 from ._contract import Completed, Failed, RunReply
 from ._episode import Done, EpisodeFenced, EpisodeInfo, to_plain
+from ._host_log import episode_label
 
 if TYPE_CHECKING:
     from ._host import GymHost
@@ -148,6 +152,13 @@ class StepContext:
             response = await response
             self._check_owner()  # still the owner after the wait
         response = to_plain(response)
+        try:
+            checked_json(response, "response")
+        except ValueError as exc:
+            raise ValueError(
+                f"{episode_label(ep.info)}: model response under capture key {key} is "
+                f"refused: {exc}"
+            ) from None
         ep.staged.append((key, response))
         host.count.model_calls += 1
         return response
@@ -162,21 +173,38 @@ class StepContext:
 
 def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunReply:
     """The final reply of ``ep`` ending with ``done``: ``Completed``, or ``Failed`` (data) when
-    ``done`` is not a ``Done``, its payload is not plain data, or it is over ``limit`` bytes."""
+    ``done`` is not a ``Done``, its reward is not a finite number, its payload is not finite
+    plain data (a ``nan`` would be written ``null``: refused here, naming the place in it), or
+    it is over ``limit`` bytes. One ``orjson.dumps`` of the payload (needed for its size)."""
     rid = ep.rollout_id
+    label = episode_label(ep.info)
     if not isinstance(done, Done):
         got = type(done).__name__
-        return Failed(rid, "data", f"step returned {got}, expected Done or None")
+        return Failed(rid, "data", f"{label}: step returned {got}, expected Done or None")
+    reward = done.reward
+    if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        reward = _number(reward)
+        if reward is None:
+            return Failed(rid, "data", f"{label}: Done.reward is {done.reward!r}, not a finite "
+                          "number")
     try:
         payload = to_plain(done.payload)
-        size = len(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        return Failed(rid, "data", f"{instance}: payload of {rid} is not plain data: {exc}")
+        size = len(checked_json(payload, "payload"))
+    except (TypeError, ValueError) as exc:
+        return Failed(rid, "data", f"{label}: Done.payload is not plain data: {exc}")
     if size > limit:
         return Failed(
             rid, "data",
-            f"{instance}: payload of {rid} is {size} bytes as JSON, over the limit of "
+            f"{label}: payload is {size} bytes as JSON, over the limit of "
             f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
         )
     turns = ep.turn if done.turns is None else done.turns
-    return Completed(rid, float(done.reward), turns, payload)
+    return Completed(rid, float(reward), turns, payload)
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a finite float (a numpy scalar, say), or None."""
+    if not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None

@@ -18,18 +18,23 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import attrs
 import orjson
 import sniffio
 
 from gymckpt.runtime import (
     InstanceRecord,
+    NotPlainData,
+    checked_json,
     dumps_chunked,
     participant_differences,
     participant_state_problem,
+    plain_problem,
     write_atomic,
 )
 
 from ._episode import to_plain
+from ._host_log import episode_label
 
 if TYPE_CHECKING:
     from ._environment import Environment
@@ -38,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = [
     "RECORDS_FILE",
     "Kept",
+    "KeptExportError",
+    "Refusal",
     "build_records",
     "offload",
     "read_verified",
@@ -52,10 +59,10 @@ Kept = tuple[str, str, int, dict[str, Any]]
 """A retained slot of an ended episode: (key, rollout ID, attempt, states by participant)."""
 
 
-def write_records(directory: Path, records: Mapping[str, Any]) -> None:
-    """Write ``records`` as ``directory/records.json`` (sorted keys, atomic)."""
+def write_records(directory: Path, data: bytes) -> None:
+    """Write one participant's records (``build_records``' bytes) as
+    ``directory/records.json`` (atomic)."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = dumps_chunked(records, orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     write_atomic(directory / RECORDS_FILE, data)
 
 
@@ -95,16 +102,131 @@ def read_verified(
     return diffs, loaded
 
 
+@attrs.frozen
+class Refusal:
+    """A held episode whose session state a participant could not hand over at a commit
+    (``export`` raised, or returned what is not finite plain data): not in the records; the
+    host fails the episode (data) instead."""
+
+    rollout_id: str
+    message: str
+    exc: BaseException | None = None
+
+
+class KeptExportError(Exception):
+    """A session the host must commit but cannot fail as an episode (a retained session of an
+    ended episode, an unclaimed restored one) cannot be exported: the commit fails, retryably."""
+
+
 def build_records(
     env: Environment, owner: str, retained_participants: Sequence[Any], checkpoint_id: str,
     held: Sequence[Episode], kept: Sequence[Kept], stranded: str | None,
+    failable: Callable[[Episode], bool] = lambda ep: True,
+) -> tuple[dict[str, bytes], list[Refusal]]:
+    """Every participant's records for a commit, as the JSON bytes to write, by server name,
+    and the held episodes refused. The records hold: the agent's sessions (with their step
+    boundary; None for ``stranded``), each participant's sessions of the held episodes (and,
+    for a retained one, of ``kept`` slots), which episodes ``owner`` exports, the model
+    proxy's staged calls. Calls the participants' ``export``.
+
+    Every state in the records is finite plain data, so what is written reads back as it was
+    committed: a held episode whose state is not (``failable(ep)``: the host can fail it) is
+    left out and refused; any other state that is not raises ``KeptExportError``. The common
+    case costs one ``orjson.dumps`` per participant and a search of its output for ``null``."""
+    every = (env.agent, *env.participants)
+    states: dict[str, dict[str, Any]] = {}
+    refused: list[Refusal] = []
+    for ep in held:
+        try:
+            states[ep.rollout_id] = {
+                p.name: to_plain(p.export(ep.sessions[p.name])) for p in every
+            }
+        except Exception as exc:
+            _refuse(ep, f"{episode_label(ep.info)}: exporting its session state at checkpoint "
+                        f"{checkpoint_id} raised {exc!r}", exc, failable, refused)
+    kept_states: list[tuple[str, str, int, dict[str, Any]]] = []
+    for key, rid, attempt, sessions in kept:
+        try:
+            kept_states.append((key, rid, attempt, {
+                p.name: to_plain(p.export(sessions[p.name])) for p in retained_participants
+            }))
+        except Exception as exc:
+            raise KeptExportError(
+                f"retained session {key} of {rid} attempt {attempt}: export raised {exc!r}"
+            ) from exc
+    ok = [ep for ep in held if ep.rollout_id in states]
+    records = _records(env, owner, retained_participants, checkpoint_id, ok, states,
+                       kept_states, stranded)
+    data = _dumps_all(records)
+    if data is not None:
+        return data, refused
+    # something is not finite plain data: find each state that is, refuse its episode
+    for ep in ok:
+        for name, state in states[ep.rollout_id].items():
+            problem = _state_problem(state, f"{name} session state")
+            if problem is not None:
+                del states[ep.rollout_id]
+                _refuse(ep, f"{episode_label(ep.info)}: at checkpoint {checkpoint_id}, "
+                            f"{problem}", None, failable, refused)
+                break
+    for key, rid, attempt, by_name in kept_states:
+        for name, state in by_name.items():
+            problem = _state_problem(state, f"{name} session state")
+            if problem is not None:
+                raise KeptExportError(
+                    f"retained session {key} of {rid} attempt {attempt}: {problem}"
+                )
+    ok = [ep for ep in ok if ep.rollout_id in states]
+    records = _records(env, owner, retained_participants, checkpoint_id, ok, states,
+                       kept_states, stranded)
+    data = _dumps_all(records)
+    if data is None:
+        problems = [f"{server}: {_state_problem(r, server)}" for server, r in records.items()
+                    if _state_problem(r, server) is not None]
+        raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
+    return data, refused
+
+
+def _refuse(
+    ep: Episode, message: str, exc: BaseException | None,
+    failable: Callable[[Episode], bool], refused: list[Refusal],
+) -> None:
+    if not failable(ep):
+        raise KeptExportError(message) from exc
+    refused.append(Refusal(ep.rollout_id, message, exc))
+
+
+def _state_problem(state: Any, where: str) -> str | None:
+    try:
+        checked_json(state, where)
+    except NotPlainData as exc:
+        return str(exc)
+    return None
+
+
+def _dumps_all(records: Mapping[str, Any]) -> dict[str, bytes] | None:
+    """Each participant's records as JSON, or None if one is not finite plain data (orjson
+    refused it, or its output holds ``null``, which a non-finite float becomes, and a walk
+    finds one)."""
+    out: dict[str, bytes] = {}
+    for server, record in records.items():
+        try:
+            data = dumps_chunked(record, orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        if b"null" in data and plain_problem(record, server, types=False) is not None:
+            return None
+        out[server] = data
+    return out
+
+
+def _records(
+    env: Environment, owner: str, retained_participants: Sequence[Any], checkpoint_id: str,
+    held: Sequence[Episode], states: Mapping[str, Mapping[str, Any]],
+    kept: Sequence[tuple[str, str, int, Mapping[str, Any]]], stranded: str | None,
 ) -> dict[str, Any]:
-    """Every participant's records for a commit, by server name: the agent's sessions (with
-    their step boundary; None for ``stranded``), each participant's sessions of the ``held``
-    episodes (and, for a retained one, of ``kept`` slots) and which it exports (``owner``),
-    the model proxy's staged calls. Calls the participants' ``export``."""
     agent = env.agent
-    export, name = agent.export, agent.name
+    name = agent.name
     records: dict[str, Any] = {
         name: {
             "participant": name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
@@ -112,30 +234,31 @@ def build_records(
                 {"rollout_id": ep.rollout_id, "row": (info := ep.info).row, "slot": info.slot,
                  "attempt": info.attempt,
                  "step_boundary": None if ep.rollout_id == stranded else ep.turn,
-                 "state": to_plain(export(ep.sessions[name]))}
+                 "state": states[ep.rollout_id][name]}
                 for ep in held
             ],
         }
     }
+    if owner == name:  # no environment participant: the agent's sessions own the episodes
+        records[name]["exported"] = [ep.rollout_id for ep in held]
     retained = {p.name for p in retained_participants}
     for p in env.participants:
-        export, name = p.export, p.name
+        name = p.name
         sessions = [
             {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
-             "state": to_plain(export(ep.sessions[name]))}
+             "state": states[ep.rollout_id][name]}
             for ep in held
         ]
-        if p.name in retained:
+        if name in retained:
             sessions.extend(
-                {"key": key, "rollout_id": rid, "attempt": attempt,
-                 "state": to_plain(p.export(states[p.name]))}
-                for key, rid, attempt, states in kept
+                {"key": key, "rollout_id": rid, "attempt": attempt, "state": by_name[name]}
+                for key, rid, attempt, by_name in kept
             )
             sessions.sort(key=lambda s: s["key"])
-        records[p.name] = {
-            "participant": p.name, "kind": p.kind, "checkpoint_id": checkpoint_id,
-            "exported": [ep.rollout_id for ep in held] if p.name == owner else [],
-            "retained": p.name in retained,
+        records[name] = {
+            "participant": name, "kind": p.kind, "checkpoint_id": checkpoint_id,
+            "exported": [ep.rollout_id for ep in held] if name == owner else [],
+            "retained": name in retained,
             "sessions": sessions,
         }
     if env.model is not None:

@@ -20,6 +20,10 @@ Invariants
   under new rollout IDs (S3).
 * Completions are accepted only when identity and gate ID match the ledger (stale ones counted).
 * Failures are classified infra vs data by Gym; infra re-sends wait an exponential backoff.
+  Each counts in ``rollout/episode_failures_total`` and its class's
+  ``rollout/episode_failures_{data,infra}_total``. A ``Completed`` whose reward is not a finite
+  float is a data failure of that attempt (Gym's replies are not trusted: a ``nan`` in the
+  ledger would make a snapshot that cannot be read back).
 * Restored attempts go to their original replica with ``restored_from`` set, once (S11).
 * A dead instance (``GymInstanceDead`` from a submission or a stream) is reported to the
   ``InstanceReplacer``; nothing is sent or retired there until its replacement serves. A
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -69,10 +74,22 @@ from gymckpt.runtime import (
 from ._calls import bounded_call, fan_out
 from ._replace import InstanceReplacer
 
-__all__ = ["READY", "Dispatcher", "DispatcherStatistics"]
+__all__ = [
+    "EPISODE_FAILURES",
+    "EPISODE_FAILURES_DATA",
+    "EPISODE_FAILURES_INFRA",
+    "READY",
+    "Dispatcher",
+    "DispatcherStatistics",
+]
 
 READY = "rollout/groups-ready"
 """Barrier key touched whenever a prompt group becomes complete (the trainer waits on it)."""
+EPISODE_FAILURES = "rollout/episode_failures_total"
+"""Failed episodes (attempts), whatever their class: every ``Failed`` reply, and every
+``Completed`` refused here (a reward that is not a finite float, a data failure)."""
+EPISODE_FAILURES_DATA = "rollout/episode_failures_data_total"
+EPISODE_FAILURES_INFRA = "rollout/episode_failures_infra_total"
 
 @attrs.frozen
 class DispatcherStatistics:
@@ -371,6 +388,7 @@ class Dispatcher:
         backoff: list[str] = []
 
         complete = ledger.complete_with
+        metrics = self.metrics
 
         def apply() -> None:
             ready_before = ledger.ready_groups
@@ -381,12 +399,24 @@ class Dispatcher:
                     continue  # not ours (or duplicated): ignore
                 outstanding.discard(rid)
                 touched.append(rid)
+                failure: tuple[str, str] | None = None
                 if isinstance(reply, Completed):
-                    complete(rid, gate_id, reply.reward, reply.turns, reply.payload)
+                    reward = reply.reward
+                    if isinstance(reward, float) and math.isfinite(reward):
+                        complete(rid, gate_id, reward, reply.turns, reply.payload)
+                    else:  # the wire is not trusted: never a non-finite reward in the ledger
+                        failure = ("data", f"episode {rid}: Gym replied Completed with reward "
+                                           f"{reward!r}, not a finite float")
                 elif isinstance(reply, Failed):
-                    nxt = ledger.fail(rid, gate_id, reply.failure_class, reply.message)
+                    failure = (reply.failure_class, reply.message)
+                if failure is not None:
+                    failure_class, message = failure
+                    metrics.inc(EPISODE_FAILURES)
+                    metrics.inc(EPISODE_FAILURES_DATA if failure_class == "data"
+                                else EPISODE_FAILURES_INFRA)
+                    nxt = ledger.fail(rid, gate_id, failure_class, message)
                     if nxt is not None:
-                        (backoff if reply.failure_class == "infra" else resend).append(
+                        (backoff if failure_class == "infra" else resend).append(
                             nxt.rollout_id
                         )
                 elif isinstance(reply, Refused) and ledger.refuse(rid):

@@ -83,6 +83,7 @@ from ._manifest import (
     load_manifest,
 )
 from ._metrics import ADMISSION_CLOSED_ROWS, Metrics
+from ._plain import NotPlainData, checked_json, plain_problem
 from ._store import (
     CommitMarker,
     LoadedSnapshot,
@@ -99,7 +100,7 @@ from ._store import (
     write_atomic,
 )
 from ._topology import LiveTopology, participant_differences, topology_differences
-from ._workdir import WorkDirLock, workdir_of
+from ._workdir import WorkDirLock
 
 __all__ = [
     "ADMISSION_CLOSED_ROWS",
@@ -152,6 +153,7 @@ __all__ = [
     "LoadedSnapshot",
     "ManifestError",
     "Metrics",
+    "NotPlainData",
     "MutationBarrier",
     "ParticipantRecord",
     "Preempted",
@@ -169,6 +171,7 @@ __all__ = [
     "WorkDirLock",
     "WorkDirLocked",
     "check_snapshot",
+    "checked_json",
     "collector_paused",
     "converter",
     "crossable_error",
@@ -184,6 +187,7 @@ __all__ = [
     "load_toml_table",
     "participant_differences",
     "participant_state_problem",
+    "plain_problem",
     "promote_survivors",
     "records_digest",
     "rollout_id_for",
@@ -197,6 +201,5 @@ __all__ = [
     "unpicklable_error",
     "verify_snapshot",
     "wait_drained",
-    "workdir_of",
     "write_atomic",
 ]

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import weakref
 from array import array
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
@@ -76,6 +77,7 @@ from ._converter import structure as _conv_structure
 from ._errors import BudgetExhausted, ManifestError
 from ._layout import LEDGER_FILE
 from ._manifest import EpisodeRecord
+from ._plain import NotPlainData, checked_json
 
 __all__ = [
     "LEDGER_SNAPSHOT_VERSION",
@@ -522,9 +524,6 @@ class RecoveryLedger:
     _stale: int = attrs.field(default=0, init=False)
     _released: int = attrs.field(default=0, init=False)
     _next_row: int = attrs.field(default=0, init=False)
-    last_failure: str | None = attrs.field(default=None, init=False)
-    """The latest failed attempt in this process, ``"<rollout id>: <class>: <reason>"``, for
-    the line that ends a run whose rows failed (not saved in snapshots)."""
 
     def __attrs_post_init__(self) -> None:
         if self.group_size < 1:
@@ -964,7 +963,6 @@ class RecoveryLedger:
             return None
         if cls == "data":
             self._data_failures += 1
-        self.last_failure = f"{rollout_id}: {cls}: {reason}"
         nxt = self._replace(s, _FAILED, spend=True, failure=f"{cls}: {reason}")
         if cls == "data" and self._data_failures > self.data_failure_budget:
             raise BudgetExhausted(
@@ -1445,13 +1443,19 @@ def _unstructure_attempt_row(a: AttemptRow) -> list[object]:
         a.row, a.slot, a.attempt, a.state, a.replica, a.gate_id,
         None if a.restored is None else _conv.unstructure(a.restored),
         a.unclaimed,
-        None if a.result is None else _unstructure_result(a.result),
+        None if a.result is None else _unstructure_result(a.result, a),
     ]
 
 
-def _unstructure_result(r: EpisodeResult) -> list[object]:
+def _unstructure_result(r: EpisodeResult, a: AttemptRow) -> list[object]:
+    # a JSON writer turns nan into null, which the strict reader rejects: refuse, never write
+    # a ledger.json that cannot be read back (what enters the ledger was checked already)
+    if not math.isfinite(r.reward):
+        raise NotPlainData(f"row {a.row} slot {a.slot} attempt {a.attempt}: reward "
+                           f"{r.reward!r} is not a finite number")
     if r.payload is None:
         return [r.reward, r.turns]
+    checked_json(r.payload, f"row {a.row} slot {a.slot} attempt {a.attempt}: payload")
     return [r.reward, r.turns, r.payload]
 
 
