@@ -494,3 +494,39 @@ async def test_the_ledger_writer_refuses_a_non_finite_number_instead_of_writing_
         with pytest.raises(NotPlainData, match=re.escape(where)) as info:
             dump_ledger_snapshot(ledger.to_snapshot())
         assert "row 0 slot 0 attempt 0" in str(info.value)
+
+
+async def test_a_checkpoint_that_fails_an_unexportable_episode_is_ok_and_restorable(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """End to end: the failed episode's reply is drained by the checkpoint like any reply on
+    the wire, the snapshot restores, and every row is trained once."""
+
+    async def script(ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        store = ctx.session("store")
+        if ctx.info.row == 0 and ctx.info.attempt == 0:
+            store["poison"] = True  # attempt 0 of row 0 cannot be exported from here on
+        await anyio.sleep(1.0)
+        turns = 6 if ctx.info.row == 0 else 1
+        return Done(1.0, payload=ctx.info.attempt) if ctx.turn + 1 >= turns else None
+
+    env = Environment(agent=Agent(script), participants=(Store(bad={"a", "set"}),))
+    trained: list[tuple[int, int]] = []
+    outcomes = []
+    for phase in (1, 2):
+        async with EmbeddedGym.host(env, instances=1, work_dir=tmp_path / "gym",
+                                    config=HostConfig(lease_s=30.0)) as gym, \
+                open_rollouts(gym, tmp_path, rows=4, group_size=1, max_rows_in_flight=4,
+                              handle_signals=False) as ro:
+            async with aclosing(ro.batches(1)) as batches:  # type: ignore[type-var]
+                async for batch in batches:
+                    trained.extend((g.row, g.results[0].payload) for g in batch)
+                    outcomes.append(await ro.checkpoint())
+                    if phase == 1:
+                        break
+            if phase == 1:
+                metrics = ro.metrics.snapshot()
+    assert outcomes and all(o.ok for o in outcomes)
+    assert metrics["rollout/episode_failures_data_total"] == 1
+    assert sorted(r for r, _ in trained) == [0, 1, 2, 3]
+    assert dict(trained)[0] == 1  # row 0 trained from its retry, attempt 1
