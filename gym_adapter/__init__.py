@@ -57,6 +57,7 @@ from ._host import GymHost, HostConfig, HostStatistics, SessionView
 from ._host_episodes import capture_key as host_capture_key
 from ._host_journal import JOURNAL_FILE
 from ._host_records import RECORDS_FILE
+from ._host_views import RetainedSession
 from ._load import load_environment
 from .calendar_env import (
     CalendarEvent,
@@ -137,6 +138,7 @@ __all__ = [
     "ReplaceableGym",
     "ReplyStream",
     "RestoreReply",
+    "RetainedSession",
     "RetireReply",
     "RunReply",
     "RunRow",

@@ -60,6 +60,7 @@ from ._contract import (
 from ._environment import Environment
 from ._faults import FaultPlan, FaultSpec, inject_fault
 from ._host import GymHost, HostConfig, HostStatistics, SessionView
+from ._host_views import RetainedSession
 from ._load import load_environment
 from .calendar_env import (
     AGENT_KINDS,
@@ -336,6 +337,12 @@ class EmbeddedGym:
         """``GymHost.session_states(participant)`` of ``instance``."""
         await anyio.lowlevel.checkpoint()
         return self._live(instance, "session_states").session_states(participant)
+
+    async def retained_sessions(self, instance: str) -> dict[str, dict[str, RetainedSession]]:
+        """``GymHost.retained_sessions()`` of ``instance``: every retained participant's
+        session per slot, as plain data (what a snapshot of it now would record)."""
+        await anyio.lowlevel.checkpoint()
+        return self._live(instance, "retained_sessions").retained_sessions()
 
     async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
         """The calendar workplace's live sessions of ``instance`` (for sentinel checks)."""

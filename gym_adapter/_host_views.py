@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._contract import GymInstanceDead, InstanceInventory, InstanceTopology
+from ._episode import to_plain
 from ._host_episodes import BOUNDARY, Episode
 
 if TYPE_CHECKING:
     from ._host import _Counters
     from ._host_streams import ReplyStreams
 
-__all__ = ["HostStatistics", "HostViews", "SessionView"]
+__all__ = ["HostStatistics", "HostViews", "RetainedSession", "SessionView"]
 
 
 @attrs.frozen
@@ -64,6 +65,21 @@ class SessionView:
     state: Any
 
 
+@attrs.frozen
+class RetainedSession:
+    """One slot's session of a retained participant (``retained = True``), as plain data.
+
+    ``key`` is the slot (``"{row}-{slot}"``), ``rollout_id`` and ``attempt`` the attempt that
+    owns it now (the one whose episode runs, is parked, or ended and was kept), ``state`` what
+    the participant's ``export`` returns for it: the JSON value a snapshot records and a
+    replacement or restore hands back to ``restore``."""
+
+    key: str
+    rollout_id: str
+    attempt: int
+    state: Any
+
+
 class HostViews:
     """The views of ``GymHost`` (a mixin: the fields are the host's)."""
 
@@ -82,6 +98,7 @@ class HostViews:
         _kept: dict[str, dict[str, Any]]
         _streams: ReplyStreams
         _user_counts: dict[str, int]
+        _retained: tuple[Any, ...]
 
         @property
         def participants(self) -> tuple[tuple[str, str], ...]:
@@ -104,6 +121,27 @@ class HostViews:
             sessions = ep.sessions if ep is not None else self._kept.get(key, {})
             if participant in sessions:
                 out[key] = SessionView(key, rid, attempt, sessions[participant])
+        return out
+
+    def retained_sessions(self) -> dict[str, dict[str, RetainedSession]]:
+        """Every retained participant's sessions, by participant name, then by slot key
+        (sorted): of the episodes running, parked or unclaimed here and of the slots whose
+        episode ended and which were kept. Plain data (the participant's ``export``); an export
+        that raises is a ``ValueError`` naming the participant and the slot."""
+        if self._dead:
+            raise GymInstanceDead(self.name, "retained_sessions")
+        out: dict[str, dict[str, RetainedSession]] = {}
+        for p in self._retained:
+            slots = out[p.name] = {}
+            for key, view in self.session_states(p.name).items():
+                try:
+                    data = to_plain(p.export(view.state))
+                except Exception as exc:
+                    raise ValueError(
+                        f"instance {self.name}: participant {p.name} could not export the "
+                        f"session of slot {key} ({exc!r})"
+                    ) from exc
+                slots[key] = RetainedSession(key, view.rollout_id, view.attempt, data)
         return out
 
     def _n_parked(self) -> int:

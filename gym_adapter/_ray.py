@@ -121,6 +121,7 @@ from ._contract import (
 from ._embedded import GymStatistics
 from ._faults import FaultPlan, FaultSpec
 from ._host import HostConfig, HostStatistics, SessionView
+from ._host_views import RetainedSession
 from ._load import load_environment
 from ._ray_actor import HEADER_SEQ, ActorCallStatistics, GymActor
 from .calendar_env import AGENT_KINDS, CALENDAR, CalendarSession, SimConfig, calendar_sessions
@@ -1099,6 +1100,13 @@ class RayGym:
         """``GymHost.session_states(participant)`` of ``instance``: every slot's live session
         of that participant (the states as the actor holds them, pickled across)."""
         views: dict[str, SessionView] = await self._view(instance, "session_states", participant)
+        return views
+
+    async def retained_sessions(self, instance: str) -> dict[str, dict[str, RetainedSession]]:
+        """``GymHost.retained_sessions()`` of ``instance``: every retained participant's
+        session per slot, as plain data (exported in the actor, so any state crosses)."""
+        views: dict[str, dict[str, RetainedSession]] = await self._view(
+            instance, "retained_sessions")
         return views
 
     async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:

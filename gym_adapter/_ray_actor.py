@@ -65,7 +65,8 @@ HEADER_SEQ: Final = 0
 _CONTROL_OPS: Final = frozenset(
     {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
 )
-_VIEWS: Final = frozenset({"topology", "inventory", "session_states", "statistics"})
+_VIEWS: Final = frozenset({"topology", "inventory", "session_states", "retained_sessions",
+                           "statistics"})
 _STREAM_ENDED = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 

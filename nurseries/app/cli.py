@@ -34,6 +34,7 @@ from gymckpt.runtime import (
     WorkDirLocked,
     load_ledger_snapshot,
     load_snapshot,
+    state_dir_problem,
     tree_size,
 )
 
@@ -114,7 +115,10 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
                       help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. "
                       "prepare:hang@1; KIND dead kills the instance, which is then replaced")
     demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
-                      "(default: a fresh temporary directory)")
+                      "(default: a fresh temporary directory, removed after a run that "
+                      "finished exactly once unless --keep)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the temporary work directory of a run that finished")
     demo.add_argument("--env", default="calendar", metavar="ENV",
                       help="environment: calendar (the simulated workplace, default) or "
                       "gymnasium:ID (e.g. gymnasium:CartPole-v1; needs the gymnasium extra)")
@@ -154,7 +158,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     snaps_prune.add_argument("--json", action="store_true", help="print one JSON object")
 
     for name, text in (
-        ("inspect", "summarise a rollout snapshot offline"),
+        ("inspect", "summarise a rollout snapshot offline, the retained sessions of its "
+                    "environment per slot included"),
         ("verify", "check a rollout snapshot offline: marker, manifest, topology, digests, ledger"),
     ):
         p = sub.add_parser(name, help=text, description=text + ". DIR is a snapshot directory "
@@ -252,6 +257,42 @@ def _resolve_snapshot(raw: str) -> Path:
     raise ManifestError(f"{path}: no complete rollout snapshot here (no {COMMIT_MARKER} marker)")
 
 
+SLOTS_SHOWN = 20
+"""Retained slots ``inspect`` prints per participant (``--json`` has them all)."""
+STATE_SHOWN = 100
+"""Characters of a retained state ``inspect`` prints (``--json`` has it whole)."""
+
+
+def retained_sessions(snap: LoadedSnapshot) -> dict[str, dict[str, dict[str, Any]]]:
+    """The retained sessions a snapshot committed, from its participant records: instance ->
+    retained participant -> slot key -> ``{"rollout_id", "attempt", "state"}`` (``state`` the
+    participant's exported plain data, as a restore hands it back). The same shape as
+    ``retained_sessions(instance)`` of a live deployment. A record that cannot be read is a
+    ``ManifestError`` naming it."""
+    from gymckpt.gym_adapter import RECORDS_FILE
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for inst in snap.manifest.instances:
+        for p in inst.participants:
+            problem = state_dir_problem(p.state_dir, snap.path)
+            if problem is not None:
+                raise ManifestError(f"{snap.path}: {inst.name}/{p.server_name}: {problem}")
+            path = snap.path / p.state_dir / RECORDS_FILE
+            try:
+                records = json.loads(path.read_bytes())
+                if not isinstance(records, dict) or records.get("retained") is not True:
+                    continue
+                slots = {
+                    str(sess["key"]): {"rollout_id": sess["rollout_id"],
+                                       "attempt": sess["attempt"], "state": sess["state"]}
+                    for sess in records["sessions"]
+                }
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ManifestError(f"{path}: records unreadable ({exc!r})") from None
+            out.setdefault(inst.name, {})[p.server_name] = dict(sorted(slots.items()))
+    return out
+
+
 def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
     out: dict[str, Any] = {
         "path": str(snap.path),
@@ -266,6 +307,7 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
         },
         "episodes": len(snap.manifest.episodes),
         "files": sorted(snap.files),
+        "retained": retained_sessions(snap),
     }
     if LEDGER_FILE in snap.files:
         led = load_ledger_snapshot(snap.files[LEDGER_FILE])
@@ -290,6 +332,23 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
     return out
 
 
+def _print_retained(retained: dict[str, dict[str, dict[str, Any]]]) -> None:
+    if not retained:
+        print("  retained sessions: none (no participant with retained = True)")
+        return
+    for instance, parts in retained.items():
+        for participant, slots in parts.items():
+            print(f"  retained {instance}/{participant}: {len(slots)} slot(s)"
+                  + (" (slot: owning attempt, exported state)" if slots else ""))
+            for key, sess in list(slots.items())[:SLOTS_SHOWN]:
+                state = json.dumps(sess["state"], sort_keys=True, separators=(",", ":"))
+                if len(state) > STATE_SHOWN:
+                    state = state[:STATE_SHOWN - 1] + "…"
+                print(f"    {key}: {sess['rollout_id']} (attempt {sess['attempt']}) {state}")
+            if len(slots) > SLOTS_SHOWN:
+                print(f"    … {len(slots) - SLOTS_SHOWN} more (--json has every slot)")
+
+
 def _offline(command: str, raw_dir: str, as_json: bool) -> int:
     snap = load_snapshot(_resolve_snapshot(raw_dir))
     if command == "inspect":
@@ -302,6 +361,7 @@ def _offline(command: str, raw_dir: str, as_json: bool) -> int:
                 print(f"  {name}: " + ", ".join(f"{p['server_name']}({p['kind']}) "
                                                  f"{p['records_digest'][:19]}…" for p in parts))
             print(f"  episodes parked: {info['episodes']}")
+            _print_retained(info["retained"])
             if "ledger" in info:
                 print(f"  ledger: {info['ledger']}")
             if "trainer_state" in info:
@@ -398,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             instances=args.instances, seed=args.seed, checkpoint_every=args.checkpoint_every,
             crash_after_checkpoint=args.crash_after_checkpoint, faults=tuple(args.fault),
             workdir=args.workdir, ray_address=args.ray_address, agent_kind=args.agent_kind,
-            crash_stage=args.crash_at_stage, env=args.env,
+            crash_stage=args.crash_at_stage, env=args.env, keep=args.keep,
             runtime=_demo_file_runtime(args.config),
         )
         if args.config:
