@@ -8,6 +8,7 @@ Exit codes: 0 success, 2 bad flag.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -379,6 +380,25 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
             print(f"{key:40s} {value}")
 
 
+NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "host": (("gymnasium", "gymnasium"),),
+    "memory": (("psutil", "bench"),),
+    "all": (("psutil", "bench"), ("matplotlib", "bench")),
+}
+"""The optional modules each benchmark imports, with the extra that installs them."""
+
+
+def missing_extra(bench: str) -> str | None:
+    """One line naming the extra to install when a module ``bench`` needs is missing."""
+    for module, extra in NEEDS.get(bench, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return (f"needs {module}, in the optional extra {extra!r} ({exc}): "
+                    f"pip install -e '.[{extra}]'")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gymckpt bench ARGV``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -390,6 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bench is None:
         parser.print_help()
         return 0
+    missing = missing_extra(args.bench)
+    if missing is not None:
+        print(f"gymckpt bench {args.bench}: error: {missing}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     progress = Progress(args.progress)
     meta = {"command": invocation(argv), "machine": machine_info(), "source": source_info(),
             "quick": args.quick}

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ import trio
 
 from gymckpt.gym_adapter import (
     EmbeddedGym,
+    EnvironmentSpecError,
     GymBackend,
     RunRow,
     SimConfig,
@@ -126,6 +128,9 @@ class DemoOptions:
     runtime: tuple[tuple[str, Any], ...] = ()
     """``RuntimeConfig`` settings over the demo's own (table ``[runtime]`` of ``--config``), as
     ``(field, value)`` pairs; checked strictly by ``runtime_config``."""
+    keep: bool = False
+    """Keep the temporary work directory of a run that finished exactly once (without
+    ``workdir`` it is removed then; a run that did not is always kept, to be looked at)."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("rows", "group_size", "instances", "checkpoint_every", "groups_per_step",
@@ -613,6 +618,12 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
     progress = _Progress(enabled=not as_json)
     os.environ[PROGRESS_ENV] = "1" if progress.enabled else "0"  # for the phase processes
     t0 = time.monotonic()
+    problem = _environment_problem(opts)
+    if problem is not None:  # before any process starts or any directory is made
+        print(f"gymckpt: error: {problem}", file=sys.stderr)
+        if as_json:
+            print(json.dumps(error_report(problem, ExitCode.BAD_INPUT, opts), sort_keys=True))
+        return ExitCode.BAD_INPUT
     if opts.workdir:
         workdir = Path(opts.workdir)
         if workdir.exists() and any(workdir.iterdir()):
@@ -637,6 +648,11 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         else:
             rc = ExitCode.OK if report["exactly_once"] else ExitCode.INVARIANT
             report["exit_code"] = int(rc)
+        # a temporary work directory goes once there is nothing in it to look at
+        kept = bool(opts.workdir) or opts.keep or error is not None or rc != ExitCode.OK
+        if not kept:
+            shutil.rmtree(workdir, ignore_errors=True)
+        report["workdir_kept"] = kept
         if as_json:
             print(json.dumps(report, sort_keys=True))
         elif error is None:
@@ -672,6 +688,24 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         if rc != 0:
             return finish(rc, phase=1)
     return finish(0)
+
+
+def _environment_problem(opts: DemoOptions) -> str | None:
+    """Why ``--env`` cannot run here (the gymnasium extra missing, an unknown id, an id
+    without a state codec), in one line; None when it can."""
+    env_id = opts.gymnasium_id
+    if env_id is None:
+        return None
+    try:
+        from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+    except ImportError as exc:
+        return (f"--env {opts.env} needs Gymnasium, an optional extra ({exc}): "
+                "pip install -e '.[gymnasium]'")
+    try:
+        gymnasium_environment(env_id)
+    except EnvironmentSpecError as exc:
+        return str(exc)
+    return None
 
 
 def _phase_error(workdir: Path, phase: int, rc: int) -> str:
@@ -742,7 +776,8 @@ def _print_report(r: dict[str, Any]) -> None:
         f"  restores            {r['restores']}"
         f" (SIGKILL: {'yes' if r['killed_with_sigkill'] else 'no'})",
         "  stage medians (ms)  " + ", ".join(f"{k} {v:g}" for k, v in r["stage_ms_median"].items()),
-        f"  elapsed             {r['elapsed_s']:.1f}s, workdir {r['workdir']}",
+        f"  elapsed             {r['elapsed_s']:.1f}s, workdir {r['workdir']}"
+        f"{'' if r.get('workdir_kept', True) else ' (removed; --keep keeps it)'}",
         *([f"  trajectories        {r['episodes']} episodes of {r['env']}, identical to an "
            f"uninterrupted run: {'YES' if r['trajectories_match'] else 'NO'}"]
           if "trajectories_match" in r else []),
