@@ -58,7 +58,7 @@ from ._environment import Environment
 from ._episode import EpisodeFenced, EpisodeInfo, is_retained, participant_kinds, to_plain
 from ._host_control import HostControl
 from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext, completed_reply
-from ._host_journal import HostJournaling, SessionJournal
+from ._host_journal import HostJournaling, JournalFailed, SessionJournal
 from ._host_log import FailureLog, episode_label
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 from ._host_views import HostStatistics, HostViews, SessionView
@@ -340,7 +340,10 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 self._streams.push(st, Refused(row.rollout_id))
                 self._streams.row_done(st)
                 continue
-            reply = self._admit(st, row)
+            try:
+                reply = self._admit(st, row)
+            except JournalFailed as exc:  # the instance stopped (see _host_journal)
+                reply = Failed(row.rollout_id, "infra", str(exc))
             if reply is not None:
                 self._streams.push(st, reply)
                 self._streams.row_done(st)
@@ -374,6 +377,8 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 self._journal.opened(key, rid, row.attempt, {
                     p.name: to_plain(p.export(sessions[p.name])) for p in self._retained
                 })
+        except JournalFailed:
+            raise  # the instance stopped: not the row's fault (run answers it)
         except Exception as exc:
             self.count.failed += 1
             if current is not None:  # the old attempt's sessions are gone either way
@@ -627,8 +632,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
             return
         del self._owners[key]
         self._kept.pop(key, None)
-        if self._journal is not None:
-            self._journal.freed(key)
+        self._journal_freed(key)  # never raises: a journal that fails stops the instance
 
     # -- the Ray actor's outbox reads batches itself and acknowledges them later ----------------
 

@@ -5,38 +5,100 @@ environment whose state the world keeps). When the instance dies, that state mus
 it: the replacement of the same name, opened on the same ``work_dir`` with ``recover=True``,
 replays this journal and holds the same sessions, each retirable by the attempt that owned it.
 
-One JSON array per line, appended with one ``os.write`` each (the OS has it even if the process
-dies next; no fsync: a machine crash is what checkpoints are for):
+One JSON array per line (no fsync: the OS has it even if the process dies next; a machine crash
+is what checkpoints are for):
 
     ["n", key, rollout_id, attempt, {participant: state}]   a slot's sessions (re)opened
     ["o", key, rollout_id, attempt]                          taken over by a claim
     ["s", key, participant, state]                           a session's state after a turn
     ["d", key]                                               freed (retired)
 
-A restore replaces the whole journal atomically (``rewrite``). A torn last line (the process
-died inside the append) is cut and ignored; a bad line anywhere else is an error naming it.
+A restore replaces the whole journal atomically (``rewrite``).
+
+Complete or not at all
+----------------------
+- **A record counts only when its newline is there.** Records are only ever appended, and
+  orjson never writes a newline inside one, so a record's one newline is its last byte: what
+  follows the last newline of the file is a record cut short (the process died inside the
+  append, or the append failed and could not be undone). Replay never applies it, whether or
+  not it happens to parse, and a replacement cuts it before it appends; replaying before or
+  after the cut gives the same sessions. A bad complete line anywhere is an error naming it.
+  (No length or checksum frame: the newline already says where a record ends, and the format,
+  hence every existing journal, stays as it was.)
+- **An append is one record, written whole.** ``os.write`` may write less than asked (a signal,
+  a file-size limit, a filesystem filling up): the rest is written until the whole line is
+  there. If a write fails midway, the file is cut back to the end of the last complete record;
+  should that fail too, the partial record stays as a torn tail that replay ignores (above).
+
+Fail closed
+-----------
+When the journal cannot record a change (a full disk, any I/O error), the change has already
+happened in memory: from then on a replacement could not continue what this instance holds.
+So the instance stops, as a dead one does (``GymHost.kill``, through ``on_failure``): every
+later call and every reply stream raises ``GymInstanceDead``, the runtime re-sends its
+attempts in flight as fresh attempts at no cost (neither a row attempt nor data budget), frees
+their sessions on the replacement, and the replacement continues from the journal's last
+complete record, which is a state the dead instance really held. The failure is logged as a
+WARNING (``gymckpt.gym``) naming the instance, the file and the OS error, with its traceback.
+``JournalFailed``, the error the append raises after the instance stopped, is a
+``GymInstanceDead``: a control call that met it (retire, restore) reports a dead instance; a
+row whose admission met it is answered ``Failed(..., "infra", ...)``, and an episode whose turn
+met it ends with the instance (neither reply is delivered: the stream of a dead instance ends
+at once). It is never a data failure, and never a bare ``OSError``. A disk that stays full
+fails each replacement the same way, until the run's replacement budget (``max_replacements``)
+stops it with a message naming the instance.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 import attrs
 import orjson
 
-from gymckpt.runtime import write_atomic
+from gymckpt.runtime import GymInstanceDead, write_atomic
 
 from ._episode import to_plain
 
 if TYPE_CHECKING:
     from ._host_episodes import Episode, StepContext
 
-__all__ = ["JOURNAL_FILE", "HostJournaling", "JournaledSlot", "SessionJournal", "replay_journal"]
+__all__ = [
+    "JOURNAL_FILE",
+    "HostJournaling",
+    "JournalFailed",
+    "JournaledSlot",
+    "SessionJournal",
+    "replay_journal",
+]
 
 JOURNAL_FILE: Final = "sessions.journal"
+LOGGER: Final = logging.getLogger("gymckpt.gym")
+
+
+class JournalFailed(GymInstanceDead):
+    """Instance ``instance`` stopped: its session journal ``path`` could not record a change
+    (``error``: what failed, with the OS error). Raised once the instance is dead (see the
+    module docstring); picklable like every Gym error (its arguments are its ``args``)."""
+
+    def __init__(self, instance: str, path: str, error: str) -> None:
+        super().__init__(instance, "journal")
+        self.args = (instance, path, error)
+        self.path = path
+        self.error = error
+
+    def __str__(self) -> str:
+        return (
+            f"instance {self.instance} stopped: its session journal {self.path} could not "
+            f"record a change ({self.error}); a replacement continues from the journal's last "
+            "complete record"
+        )
 
 
 @attrs.define(eq=False, slots=True)
@@ -48,11 +110,18 @@ class JournaledSlot:
     states: dict[str, Any]
 
 
+def complete_length(data: bytes) -> int:
+    """How many bytes of ``data`` are complete records (up to and with its last newline); what
+    follows is a torn tail (see the module docstring)."""
+    return data.rfind(b"\n") + 1
+
+
 def replay_journal(data: bytes) -> dict[str, JournaledSlot]:
-    """The slots a journal holds, by session key (see the module docstring)."""
+    """The slots the complete records of a journal hold, by session key (a torn tail is never
+    applied: see the module docstring)."""
     slots: dict[str, JournaledSlot] = {}
-    lines = data.split(b"\n")
-    for n, line in enumerate(lines, 1):
+    end = complete_length(data)
+    for n, line in enumerate(data[:end].split(b"\n"), 1):
         if not line:
             continue
         try:
@@ -69,8 +138,6 @@ def replay_journal(data: bytes) -> dict[str, JournaledSlot]:
             else:
                 raise ValueError(f"unknown record {op!r}")
         except (orjson.JSONDecodeError, ValueError, KeyError, IndexError, TypeError) as exc:
-            if n == len(lines) and not data.endswith(b"\n"):
-                break  # a torn last append
             raise ValueError(f"session journal line {n}: {exc!r}") from None
     return slots
 
@@ -78,24 +145,54 @@ def replay_journal(data: bytes) -> dict[str, JournaledSlot]:
 @final
 @attrs.define(eq=False, slots=True)
 class SessionJournal:
-    """The append side of one instance's journal (``path``); ``open`` replays what is there."""
+    """The append side of one instance's journal (``path``); ``open`` replays what is there.
+
+    Invariant: while open, the file is ``_end`` bytes of complete records (every append either
+    adds one whole record or raises ``JournalFailed`` with the file cut back to ``_end``, or,
+    if even that failed, with a torn tail that replay ignores). After a failure the journal is
+    closed for good: later appends do nothing (the instance is dead; ``failure`` says why).
+    ``on_failure`` is called with the error just before it is raised (the host stops there).
+    """
 
     path: Path
+    instance: str = ""
+    on_failure: Callable[[JournalFailed], object] | None = attrs.field(default=None, kw_only=True)
+    failure: JournalFailed | None = attrs.field(default=None, init=False)
     _fd: int | None = attrs.field(default=None, init=False)
+    _end: int = attrs.field(default=0, init=False)
 
     def open(self, *, recover: bool) -> dict[str, JournaledSlot]:
         """Open for appends. ``recover``: replay and continue what the file holds (a
-        replacement); else start it empty (a new deployment). Returns the replayed slots."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not (recover and self.path.exists()):
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-            return {}
-        data = self.path.read_bytes()
-        slots = replay_journal(data)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        if data and not data.endswith(b"\n"):  # cut a torn last append, then go on
-            os.ftruncate(fd, data.rfind(b"\n") + 1)
-        self._fd = fd
+        replacement); else start it empty (a new deployment). Returns the replayed slots.
+        ``JournalFailed`` if the file cannot be read, cut or opened (``on_failure`` is not
+        called: the instance has not started); ``ValueError`` naming the file and the line if
+        a complete record is bad."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not (recover and self.path.exists()):
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+                self._end = 0
+                return {}
+            data = self.path.read_bytes()
+        except OSError as exc:
+            self._fail("opening it", exc, notify=False)
+        try:
+            slots = replay_journal(data)
+        except ValueError as exc:
+            raise ValueError(f"{self.path}: {exc}; the journal cannot be continued") from None
+        end = complete_length(data)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            self._fd = fd
+            if end < len(data):  # cut a torn tail (never replayed), then go on
+                LOGGER.warning(
+                    "instance %s: session journal %s ends with %d bytes of a record cut short; "
+                    "ignored and cut", self.instance, self.path, len(data) - end,
+                )
+                os.ftruncate(fd, end)
+        except OSError as exc:
+            self._fail("opening it", exc, notify=False)
+        self._end = end
         return slots
 
     def close(self) -> None:
@@ -104,8 +201,39 @@ class SessionJournal:
             self._fd = None
 
     def _append(self, record: list[Any]) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        size = len(line)
+        try:
+            written = os.write(fd, line)
+            while written < size:  # a short write: the rest, until the whole record is there
+                more = os.write(fd, memoryview(line)[written:])
+                if more <= 0:
+                    raise OSError(errno.EIO, f"write wrote nothing, {size - written} bytes left")
+                written += more
+        except OSError as exc:
+            self._fail("appending a record", exc)
+        self._end += size
+
+    def _fail(self, what: str, exc: OSError, *, notify: bool = True) -> NoReturn:
+        """Cut the file back to its complete records, close for good, log, notify, raise."""
+        detail = f"{what}: {exc!r}"
         if self._fd is not None:
-            os.write(self._fd, orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            try:
+                os.ftruncate(self._fd, self._end)
+            except OSError as cut:
+                detail += f"; cutting the partial record failed too ({cut!r}), replay ignores it"
+            try:
+                self.close()
+            except OSError:
+                self._fd = None
+        error = self.failure = JournalFailed(self.instance, str(self.path), detail)
+        LOGGER.warning("%s", error, exc_info=exc)
+        if notify and self.on_failure is not None:
+            self.on_failure(error)
+        raise error from exc
 
     def opened(self, key: str, rollout_id: str, attempt: int, states: Mapping[str, Any]) -> None:
         self._append(["n", key, rollout_id, attempt, states])
@@ -120,7 +248,8 @@ class SessionJournal:
         self._append(["d", key])
 
     def rewrite(self, slots: Iterable[tuple[str, str, int, Mapping[str, Any]]]) -> None:
-        """Replace the whole journal by ``(key, rollout_id, attempt, states)`` slots, atomically."""
+        """Replace the whole journal by ``(key, rollout_id, attempt, states)`` slots, atomically
+        (on a failure the file holds the old journal or the new one, whole)."""
         if self._fd is None:
             return
         self.close()
@@ -128,14 +257,20 @@ class SessionJournal:
             orjson.dumps(["n", key, rid, attempt, states], option=orjson.OPT_SERIALIZE_NUMPY)
             for key, rid, attempt, states in sorted(slots, key=lambda s: s[0])
         ]
-        write_atomic(self.path, b"".join(line + b"\n" for line in lines))
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        data = b"".join(line + b"\n" for line in lines)
+        try:
+            write_atomic(self.path, data)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            self._fail("rewriting it for a restore", exc)
+        self._end = len(data)
 
 
 class HostJournaling:
     """How ``GymHost`` uses its journal (a mixin: the fields are the host's). The admission,
     claim, retire and restore paths append their own records; this opens and replays the
-    journal and journals the sessions a turn fetched."""
+    journal and journals the sessions a turn fetched. A journal that fails stops the instance
+    (``kill``) before the append raises ``JournalFailed``."""
 
     if not TYPE_CHECKING:
         __slots__ = ()
@@ -152,6 +287,9 @@ class HostJournaling:
         def fenced(self, ep: Episode) -> bool:
             raise NotImplementedError
 
+        def kill(self) -> None:
+            raise NotImplementedError
+
     @property
     def journal_path(self) -> Path | None:
         """The retained sessions' journal (None without a ``work_dir`` or retained
@@ -164,7 +302,7 @@ class HostJournaling:
         path = self.journal_path
         if path is None:
             return
-        self._journal = SessionJournal(path)
+        self._journal = SessionJournal(path, self.name, on_failure=lambda _: self.kill())
         slots = self._journal.open(recover=self.recover)
         for key, slot in slots.items():
             try:
@@ -180,18 +318,29 @@ class HostJournaling:
             self._kept[key] = states
             self._finished[slot.rollout_id] = key
 
+    def _journal_freed(self, key: str) -> None:
+        """Journal that ``key``'s sessions are freed, where the caller must not fail (an
+        episode ending). A journal that cannot record it has stopped the instance, whose
+        stream says the rest, so ``JournalFailed`` is not raised here."""
+        if self._journal is not None:
+            with suppress(JournalFailed):
+                self._journal.freed(key)
+
     def _journal_turn(self, ep: Episode, ctx: StepContext) -> str | None:
-        """Journal the retained sessions this turn fetched; the problem if one cannot export."""
+        """Journal the retained sessions this turn fetched; the problem if one cannot export
+        (a data failure). If the journal cannot record them the instance has stopped
+        (``on_failure``): the episode ended with it, and what it returns is dropped, so None."""
         if not ctx.touched or self._journal is None or self.fenced(ep):
             return None
         try:
             for p in self._retained:
                 if p.name in ctx.touched:
                     self._journal.state(ep.key, p.name, to_plain(p.export(ep.sessions[p.name])))
+        except JournalFailed:
+            return None
         except Exception as exc:
             return (
                 f"{self.name}: episode {ep.rollout_id} turn {ep.turn}: exporting a retained "
                 f"session for the journal: {exc!r}"
             )
         return None
-
