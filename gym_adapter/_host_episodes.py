@@ -152,13 +152,8 @@ class StepContext:
             response = await response
             self._check_owner()  # still the owner after the wait
         response = to_plain(response)
-        try:
-            checked_json(response, "response")
-        except ValueError as exc:
-            raise ValueError(
-                f"{episode_label(ep.info)}: model response under capture key {key} is "
-                f"refused: {exc}"
-            ) from None
+        if type(response) not in _SCALARS:  # an int or a str needs no look
+            _check_response(ep, key, response)
         ep.staged.append((key, response))
         host.count.model_calls += 1
         return response
@@ -171,31 +166,46 @@ class StepContext:
             )
 
 
+_SCALARS: Final = frozenset({int, str, bool, type(None)})
+
+
+def _check_response(ep: Episode, key: str, response: Any) -> None:
+    """A model response is staged (and committed) only if it is finite plain data."""
+    try:
+        checked_json(response, "response")
+    except ValueError as exc:
+        raise ValueError(
+            f"{episode_label(ep.info)}: model response under capture key {key} is "
+            f"refused: {exc}"
+        ) from None
+
+
 def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunReply:
     """The final reply of ``ep`` ending with ``done``: ``Completed``, or ``Failed`` (data) when
     ``done`` is not a ``Done``, its reward is not a finite number, its payload is not finite
     plain data (a ``nan`` would be written ``null``: refused here, naming the place in it), or
     it is over ``limit`` bytes. One ``orjson.dumps`` of the payload (needed for its size)."""
     rid = ep.rollout_id
-    label = episode_label(ep.info)
     if not isinstance(done, Done):
         got = type(done).__name__
-        return Failed(rid, "data", f"{label}: step returned {got}, expected Done or None")
+        return Failed(rid, "data", f"{episode_label(ep.info)}: step returned {got}, expected "
+                      "Done or None")
     reward = done.reward
     if not isinstance(reward, (int, float)) or not math.isfinite(reward):
         reward = _number(reward)
         if reward is None:
-            return Failed(rid, "data", f"{label}: Done.reward is {done.reward!r}, not a finite "
-                          "number")
+            return Failed(rid, "data", f"{episode_label(ep.info)}: Done.reward is "
+                          f"{done.reward!r}, not a finite number")
     try:
         payload = to_plain(done.payload)
         size = len(checked_json(payload, "payload"))
     except (TypeError, ValueError) as exc:
-        return Failed(rid, "data", f"{label}: Done.payload is not plain data: {exc}")
+        return Failed(rid, "data", f"{episode_label(ep.info)}: Done.payload is not plain "
+                      f"data: {exc}")
     if size > limit:
         return Failed(
             rid, "data",
-            f"{label}: payload is {size} bytes as JSON, over the limit of "
+            f"{episode_label(ep.info)}: payload is {size} bytes as JSON, over the limit of "
             f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
         )
     turns = ep.turn if done.turns is None else done.turns
