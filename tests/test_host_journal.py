@@ -179,6 +179,16 @@ def test_a_failed_rewrite_leaves_the_old_journal_whole_and_fails_closed(
     assert j.path.read_bytes() == good
 
 
+def test_a_journal_that_cannot_be_read_refuses_to_start_the_instance(tmp_path: Path) -> None:
+    """A replacement whose journal cannot be read (here a directory in its place) does not
+    start: a GymInstanceDead naming the file, not a bare OSError."""
+    path = tmp_path / "gym-0" / JOURNAL_FILE
+    path.mkdir(parents=True)
+    with pytest.raises(JournalFailed, match=r"opening it: IsADirectoryError") as caught:
+        SessionJournal(path, "gym-0").open(recover=True)
+    assert isinstance(caught.value, GymInstanceDead) and str(path) in str(caught.value)
+
+
 REAL_LIMIT = textwrap.dedent("""
     import json, resource, signal, sys
     from pathlib import Path
