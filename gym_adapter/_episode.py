@@ -41,7 +41,10 @@ Why it is shaped like this
 - **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
   None), or an attrs instance which the host unstructures through the project's strict cattrs
   converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
-  does the attrs round trip for you.
+  does the attrs round trip for you. Numbers must be finite: a ``nan`` or ``inf`` (which JSON
+  cannot hold) in a reward, a payload, a model response or a session state is refused where it
+  is handed over, and the episode fails (data) with a message naming the place
+  (``payload[3].x``); so is anything else that is not plain data (a ``set``, say).
 - **Sessions may outlive the episode.** A participant with ``retained = True`` (an environment
   whose state the world keeps: a calendar, a file system, a database) keeps a slot's session
   after the episode ends, until the attempt is retired or a newer attempt of the slot opens new

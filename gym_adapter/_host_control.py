@@ -168,7 +168,12 @@ class HostControl:
 
     async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
-        report them; needs a finished prepare of the same checkpoint."""
+        report them; needs a finished prepare of the same checkpoint.
+
+        A commit that returns is restorable: every state in its records is finite plain data.
+        A parked episode whose state cannot be exported fails (data) here, its reply listed
+        ``on_wire`` for the checkpoint to drain; a retained or unclaimed session that cannot
+        be is ``GymControlError`` (the checkpoint fails and is retried). See ``_export``."""
         self._check_call("commit", deadline_ts)
         await anyio.lowlevel.checkpoint()
         self._check_call("commit", deadline_ts)
