@@ -101,6 +101,7 @@ from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     LEDGER_FILE,
     SNAPSHOTS_DIR,
+    BudgetExhausted,
     CompletedGroup,
     ManifestError,
     RuntimeConfig,
@@ -445,13 +446,21 @@ class _StepBudget(trio.abc.Instrument):
             self.scope.cancel()
 
 
+RUN_SCOPED_TASKS = ("gymckpt: asyncio loop for user code",)
+"""System tasks (and what runs under them) that serve the whole trio run by design and end
+with it: the Gym host's asyncio loop for user code, opened the first time a host serves."""
+
+
 def _all_tasks() -> set[trio.lowlevel.Task]:
+    """Every task of the trio run but the run-scoped services (``RUN_SCOPED_TASKS``)."""
     root = trio.lowlevel.current_root_task()
     assert root is not None
     seen: set[trio.lowlevel.Task] = set()
     stack = [root]
     while stack:
         task = stack.pop()
+        if task.name in RUN_SCOPED_TASKS:
+            continue
         seen.add(task)
         for nursery in task.child_nurseries:
             stack.extend(nursery.child_tasks)
@@ -625,13 +634,21 @@ async def _incarnation(
             batches = cast(AsyncGenerator[list[CompletedGroup], None],
                            ro.batches(sc.groups_per_step))
             async with aclosing(batches):  # an abort mid-loop must finalise it here
-                async for batch in batches:
-                    rewards = [r.reward for g in batch for r in g.results]
-                    trainer = trainer.train(rewards, len(batch))
-                    run.lineage.append((trainer.step, tuple(g.row for g in batch)))
-                    steps += 1
-                    if trainer.step % sc.checkpoint_every == 0:
-                        await checkpoint()
+                try:
+                    async for batch in batches:
+                        rewards = [r.reward for g in batch for r in g.results]
+                        trainer = trainer.train(rewards, len(batch))
+                        run.lineage.append((trainer.step, tuple(g.row for g in batch)))
+                        steps += 1
+                        if trainer.step % sc.checkpoint_every == 0:
+                            await checkpoint()
+                except BudgetExhausted:
+                    # the dataset is done, every row failed for good (faults can do that: a
+                    # run that hangs every submission): this trainer still leaves a snapshot
+                    if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.rows:
+                        raise
+                    if not (faults or (races and sc.stage_deaths) or acts is not None):
+                        run.violation(inc, "every row failed for good without any fault")
             run.final_snapshot = None
             for _ in range(cfg.max_consecutive_failures + 1):
                 if await checkpoint():
@@ -655,9 +672,13 @@ async def _incarnation(
             # counts of instances replaced meanwhile too; installs of those replaced during
             # the restore died with them (their replacements installed again)
             claimed = sum(s.episodes_claimed for s in (*gs.instances, *gs.replaced))
-            if claimed != len(seen):  # each restored episode continued exactly once
+            # an instance a journal fault stopped inside a claim's admission never took it
+            # (the attempt is re-sent from scratch): fewer continued than claimed, never more
+            stopped = acts is not None and (acts.fired["full_disk"] or acts.fired["torn_record"])
+            if claimed > len(seen) or (claimed < len(seen) and not stopped):
                 run.violation(inc, f"Gym continued {claimed} restored episodes, the "
-                                   f"runtime claimed {len(seen)}")
+                                   f"runtime claimed {len(seen)} (each restored episode "
+                                   "continues once)")
             # installs by every instance generation alive at the end or replaced since the
             # open, less what each had installed by a failed restore that rolled back (a
             # generation replaced during the restore is left out on both sides)
