@@ -43,9 +43,9 @@ from gymckpt.gym_adapter._host_journal import (
     SessionJournal,
     replay_journal,
 )
-from gymckpt.nurseries import open_rollouts
+from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.verdict import judge
-from gymckpt.runtime import GymUnavailable, RuntimeConfig
+from gymckpt.runtime import GymUnavailable, ReplacementsExhausted, RuntimeConfig
 from gymckpt.testing.hostile import HostileAct, HostileActs, hostile_calendar_environment
 
 CAL = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
@@ -393,3 +393,34 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
     verdict = judge([(i + 1, (r,)) for i, r in enumerate(rows)], 12, snapshot.path, seed=3,
                     config=sim, group_size=2)
     assert verdict.ok, verdict.violations()
+
+
+async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every journal append fails from some point on: each replacement stops at its first
+    change, until the budget ends the run with exit 5 naming the instance (and the log says
+    why it kept dying), never a bare OSError and never a data failure."""
+    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
+                           lease_s=30.0, max_consecutive_failures=2, max_replacements=2)
+    data_failures = -1
+    with pytest.raises(BaseException) as caught:  # a nursery's exception group
+        async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                    config=sim) as gym, \
+                open_rollouts(gym, tmp_path, rows=12, group_size=2, config=config,
+                              max_rows_in_flight=6, handle_signals=False) as ro:
+            await trio.sleep(0.5)
+            monkeypatch.setattr(_host_journal, "os", FaultyDisk(full_disk(0)))
+            try:
+                async with aclosing(ro.batches(2)) as batches:
+                    async for _batch in batches:
+                        await ro.checkpoint()
+            finally:
+                data_failures = ro.ledger.statistics().data_failures
+    decided = run_exit(caught.value)  # type: ignore[arg-type]
+    assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED, caught.value
+    assert isinstance(decided[1], ReplacementsExhausted)
+    assert data_failures == 0
+    assert any("could not record a change" in r.getMessage() for r in caplog.records)
