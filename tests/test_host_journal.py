@@ -45,7 +45,14 @@ from gymckpt.gym_adapter._host_journal import (
 )
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.verdict import judge
-from gymckpt.runtime import GymUnavailable, ReplacementsExhausted, RuntimeConfig
+from gymckpt.runtime import (
+    EpisodeRecord,
+    GymUnavailable,
+    InstanceRecord,
+    ParticipantRecord,
+    ReplacementsExhausted,
+    RuntimeConfig,
+)
 from gymckpt.testing.hostile import HostileAct, HostileActs, hostile_calendar_environment
 
 CAL = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
@@ -356,6 +363,66 @@ async def test_a_retire_the_journal_cannot_record_reports_a_dead_instance(
     async with calendar_host("gym-0", work_dir=tmp_path, config=CAL, recover=True) as again:
         assert calendar_state(again)["0-0"].sentinels == held
         assert (await again.retire(["0-0"], trio.current_time() + 1)).retired == ("0-0",)
+
+
+async def _committed(tmp_path: Path) -> tuple[InstanceRecord, list[EpisodeRecord]]:
+    """One calendar episode committed mid-run under ``tmp_path/snap`` (with the sentinels of
+    its first turns in its retained calendar): the records a restore takes."""
+    sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+    async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as host:
+        stream = await host.run([RunRow("3-1", 3, 1, 0)])
+        await trio.sleep(1.5)
+        assert (await host.prepare("c1", trio.current_time() + 5)).parked == 1
+        reply = await host.commit("c1", "snap", trio.current_time() + 5)
+        await stream.aclose()
+    record = InstanceRecord("gym-0", tuple(
+        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+        for p in reply.participants))
+    return record, [EpisodeRecord(e.rollout_id, e.owner, "gym-0", e.capture_keys)
+                    for e in reply.exported]
+
+
+async def test_a_claim_the_journal_cannot_record_stops_the_instance_never_a_data_failure(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restored episode claimed by attempt 1 takes its slot over ("o"): that record meets
+    a full disk. The claim is not a data failure; the instance stops; the replacement holds
+    the slot as the restore journaled it, owned by the restored attempt (which the runtime
+    then retires there, as for any dead instance)."""
+    record, episodes = await _committed(tmp_path)
+    sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+    async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as fresh:
+        assert (await fresh.restore("snap", record, episodes, trio.current_time() + 5)
+                ).restored == ("3-1",)
+        held = calendar_state(fresh)["3-1"].sentinels
+        assert held
+        monkeypatch.setattr(_host_journal, "os", FaultyDisk(full_disk(0)))
+        stream = await fresh.run([RunRow("3-1-a1", 3, 1, 1, restored_from="3-1")])
+        with pytest.raises(GymInstanceDead):
+            await _read_all(stream)
+        assert fresh.dead and fresh.statistics().failed == 0
+    monkeypatch.undo()
+    async with calendar_host("gym-0", work_dir=tmp_path, config=sim, recover=True) as again:
+        assert calendar_state(again)["3-1"].sentinels == held
+        assert (await again.retire(["3-1"], trio.current_time() + 1)).retired == ("3-1",)
+
+
+async def test_a_restore_whose_journal_cannot_be_rewritten_reports_a_dead_instance(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore installed its sessions in memory but the journal still holds what was
+    there before: the restore raises GymInstanceDead (the runtime replaces the instance and
+    restores there again), never a bare OSError."""
+    record, episodes = await _committed(tmp_path)
+
+    def no_room(_path: Path, _data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    async with calendar_host("gym-0", work_dir=tmp_path) as fresh:
+        monkeypatch.setattr(_host_journal, "write_atomic", no_room)
+        with pytest.raises(GymInstanceDead, match="rewriting it for a restore"):
+            await fresh.restore("snap", record, episodes, trio.current_time() + 5)
+        assert fresh.dead
 
 
 async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_on_exactly_once(
