@@ -21,6 +21,7 @@ from gymckpt.gym_adapter import EmbeddedGym, GymBackend, SimConfig
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import Preempted, RuntimeConfig
 
+
 # ``Preempted`` is raised in the body of the deployment's and open_rollouts' nurseries, so it
 # reaches the caller inside their exception groups (``except* Preempted``)
 def raises_preempted() -> pytest.RaisesGroup[Preempted]:
