@@ -486,7 +486,7 @@ async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
                         await ro.checkpoint()
             finally:
                 data_failures = ro.ledger.statistics().data_failures
-    decided = run_exit(caught.value)  # type: ignore[arg-type]
+    decided = run_exit(caught.value)
     assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED, caught.value
     assert isinstance(decided[1], ReplacementsExhausted)
     assert data_failures == 0
