@@ -27,8 +27,10 @@ What the host owns, and the user's code never sees
   restored episodes wait unclaimed until attempt + 1 claims them on this instance.
 - **Retire.** Stops attempts and frees their sessions (refused while a checkpoint is open).
 
-Everything runs on anyio, so the same host serves under trio in-process and under asyncio in
-a Ray actor. Time: ``anyio.current_time()``; deadlines are enforced once a call runs.
+Everything runs on anyio; deployments serve it under trio (embedded in the trainer's run, and in
+a Ray actor a trio run hosted on the actor's asyncio loop), and user code is awaited through
+``_user_calls``, so environment code may call trio, anyio or asyncio. Time:
+``anyio.current_time()``; deadlines are enforced once a call runs.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from ._host_journal import HostJournaling, JournalFailed, SessionJournal
 from ._host_log import FailureLog, episode_label
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
 from ._host_views import HostStatistics, HostViews, SessionView
+from ._user_calls import UserCalls
 
 __all__ = [
     "PROMOTE_EVERY",
@@ -172,6 +175,8 @@ class GymHost(HostControl, HostViews, HostJournaling):
     retained_names: frozenset[str] = attrs.field(init=False)
     """The names of the participants whose sessions outlive their episode."""
     _user_counts: dict[str, int] = attrs.field(factory=dict, init=False)
+    user_calls: UserCalls = attrs.field(factory=UserCalls, init=False)
+    """Awaits the user's code (``agent.step``, the model): trio, anyio or asyncio."""
     count: _Counters = attrs.field(factory=_Counters, init=False)
     failure_log: FailureLog = attrs.field(init=False)
     """Every failure of the user's code here, a rate-limited WARNING (``_host_log``)."""
@@ -189,6 +194,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
         if self._tg is not None:
             raise RuntimeError(f"instance {self.name} is already serving")
         self._open_journal()
+        self.user_calls.open()
         self._closing = False
         self._prepared_evt = anyio.Event()
         self._all_parked = anyio.Event()
@@ -500,7 +506,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
                 return None
             ctx = StepContext(self, ep)
             try:
-                done = await agent.step(ctx, ep.sessions[agent.name])
+                done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
             except EpisodeFenced:
                 raise
             except Exception as exc:

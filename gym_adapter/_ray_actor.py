@@ -1,10 +1,17 @@
-"""One Gym instance as a Ray async actor: a ``GymHost`` on the actor's asyncio loop.
+"""One Gym instance as a Ray async actor: a ``GymHost`` under trio, hosted on the actor's loop.
 
-This module runs inside a Ray worker process, under asyncio only (the trio side reaches Ray
-through ``gym_adapter._ray``, the one module that touches trio-asyncio). The driver decides
-everything deployment-wide (the ``FaultPlan`` counts, dead instances, stream ids); the actor
-executes: it re-anchors each deadline on its own clock, applies the fault it was handed for
-real, runs the call on its instance and makes sure whatever it raises can cross Ray.
+This module runs inside a Ray worker process. Ray calls the actor's methods on its asyncio
+loop; the instance itself runs under trio, in a trio run hosted on that same loop (trio's guest
+mode, ``_trio_guest.TrioGuest``, started by ``start``): the host runs user code under trio
+everywhere, so an environment may call trio, anyio or asyncio (``_user_calls``) and runs the
+same embedded and on Ray. Every method body that touches the instance runs in that trio run
+(``TrioGuest.call``; acknowledgements without a reply through ``TrioGuest.soon``); a Ray
+cancellation of a call cancels its trio task and returns once the task has ended. (The trio side
+of the driver reaches Ray through ``gym_adapter._ray``, the one module that touches
+trio-asyncio; no trio-asyncio here.) The driver decides everything deployment-wide (the
+``FaultPlan`` counts, dead instances, stream ids); the actor executes: it re-anchors each
+deadline on the trio run's clock, applies the fault it was handed for real, runs the call on its
+instance and makes sure whatever it raises can cross Ray.
 
 Data plane and acknowledgement
 ------------------------------
@@ -26,9 +33,10 @@ Ray but never read), and ends the stream: its rows keep running. Ray's generator
 stops the generator a couple of objects ahead of the consumer, so a slow consumer gets fewer,
 larger batches.
 
-Faults (C3) are executed here for real: ``hang`` never answers (optionally after blocking the
-event loop for ``stuck_loop_s`` — a stuck loop: nothing on the instance moves, no other call is
-served, not even the lease timer); ``delay`` sleeps; ``error`` raises ``GymControlError``;
+Faults (C3) are executed here for real, in the trio run: ``hang`` never answers (optionally
+after blocking the thread for ``stuck_loop_s`` — a stuck loop: the guest run shares the actor
+loop's thread, so nothing on the instance moves, no other call is served, not even the lease
+timer); ``delay`` sleeps; ``error`` raises ``GymControlError``;
 ``unpicklable`` raises Gym's own unpicklable ``CoordinationError``; ``dead`` ends the worker
 process (``os._exit``), so Ray reports the actor dead to every caller.
 """
@@ -55,6 +63,7 @@ from ._faults import FaultSpec, inject_fault
 from ._host import GymHost, HostConfig
 from ._host_streams import HostReplyStream
 from ._load import load_environment
+from ._trio_guest import TrioGuest
 from .calendar_env import SimConfig, calendar_host
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
@@ -172,9 +181,9 @@ class _Outbox:
 class GymActor:
     """A Ray async actor hosting one ``GymHost`` (wrapped with ``ray.remote`` by the driver):
     the calendar workplace (``calendar_host``), or the user environment named by the import path
-    ``environment``. ``start`` serves it in a task of the actor's loop; ``stop`` ends it.
-    ``recover``: a replacement, which continues the retained sessions the instance of the same
-    name journaled in ``work_dir``."""
+    ``environment``. ``start`` serves it in a trio run hosted on the actor's loop; ``stop`` ends
+    it. ``recover``: a replacement, which continues the retained sessions the instance of the
+    same name journaled in ``work_dir``."""
 
     def __init__(
         self,
@@ -198,8 +207,8 @@ class GymActor:
             assert isinstance(config, SimConfig)
             self._sim = calendar_host(name, agent_kind, seed, wd, config, recover=recover)
         self._stuck_loop_s = stuck_loop_s
-        self._serving: asyncio.Task[None] | None = None
-        self._stop: asyncio.Event | None = None
+        self._guest: TrioGuest | None = None
+        self._starting: asyncio.Lock = asyncio.Lock()
         self._streams: dict[int, _Outbox] = {}
         self._active: Counter[str] = Counter()
         self._cancelled: Counter[str] = Counter()
@@ -213,32 +222,30 @@ class GymActor:
 
     async def start(self) -> str:
         """Serve the instance; returns the Ray node ID the actor was placed on."""
-        if self._serving is None:
-            loop = asyncio.get_running_loop()
-            ready: asyncio.Future[None] = loop.create_future()
-            self._stop = asyncio.Event()
-            self._serving = loop.create_task(self._serve(ready, self._stop))
-            await ready
+        async with self._starting:
+            if self._guest is None:
+                sim = self._sim
+
+                async def serve(ready: Callable[[], None]) -> None:
+                    async with sim:
+                        ready()
+                        await anyio.sleep_forever()
+
+                self._guest = await TrioGuest.start(serve)
         import ray  # only ever imported inside a Ray worker
 
         node_id: str = ray.get_runtime_context().get_node_id()
         return node_id
 
-    async def _serve(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
-        try:
-            async with self._sim:
-                ready.set_result(None)
-                await stop.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            raise
-
     async def stop(self) -> None:
         """End the instance cleanly (every episode cancelled, every stream ended)."""
-        if self._serving is not None and self._stop is not None:
-            self._stop.set()
-            await self._serving
+        if self._guest is not None:
+            await self._guest.stop()
+
+    def _in_trio(self) -> TrioGuest:
+        if self._guest is None:
+            raise RuntimeError(f"instance {self.name} is not serving: call start first")
+        return self._guest
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -267,7 +274,7 @@ class GymActor:
         # ``dead``: the process exits for real; Ray reports ActorDiedError to every caller
         await inject_fault(spec, self.name, op, lambda: os._exit(1), self._stuck_loop_s)
 
-    # -- control plane ---------------------------------------------------------------------------
+    # -- control plane (each body runs in the trio run) --------------------------------------------
 
     def _apply_acks(self, acks: dict[int, int]) -> None:
         for sid, seq in acks.items():
@@ -288,29 +295,66 @@ class GymActor:
     ) -> Any:
         """Run control call ``op`` with a deadline ``remaining_s`` after the driver sent it,
         once the stream acknowledgements ``acks`` (sid -> seq) are applied."""
+        with self._track(op), crossing_boundary(self.name, op):
+            return await self._in_trio().call(
+                self._control, op, args, remaining_s, sent_wall, fault, acks
+            )
+
+    async def _control(
+        self,
+        op: str,
+        args: tuple[Any, ...],
+        remaining_s: float,
+        sent_wall: float,
+        fault: FaultSpec | None,
+        acks: dict[int, int],
+    ) -> Any:
         self._apply_acks(acks)
-        with self._track(op):
-            deadline = local_deadline(remaining_s, sent_wall)
-            with crossing_boundary(self.name, op):
-                if fault is not None:
-                    await self._inject(fault, op)
-                if op not in _CONTROL_OPS:
-                    raise ValueError(f"unknown control operation {op!r}")
-                call: Callable[..., Any] = getattr(self._sim, op)
-                return await call(*args, deadline)
+        deadline = local_deadline(remaining_s, sent_wall)  # on the trio run's clock
+        if fault is not None:
+            await self._inject(fault, op)
+        if op not in _CONTROL_OPS:
+            raise ValueError(f"unknown control operation {op!r}")
+        call: Callable[..., Any] = getattr(self._sim, op)
+        return await call(*args, deadline)
 
     async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
         """``topology``, ``inventory``, ``session_states(participant)`` or ``statistics`` of the
         instance, once the stream acknowledgements ``acks`` are applied."""
-        self._apply_acks(acks)
         with self._track(what):
-            await anyio.lowlevel.checkpoint()
             if what not in _VIEWS:
+                self._in_trio().soon(self._apply_acks, acks)
                 raise ValueError(f"unknown view {what!r}")
             with crossing_boundary(self.name, what):
-                return getattr(self._sim, what)(*args)
+                return await self._in_trio().call(self._view, what, acks, *args)
+
+    async def _view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
+        self._apply_acks(acks)
+        await anyio.lowlevel.checkpoint()
+        return getattr(self._sim, what)(*args)
 
     # -- data plane ------------------------------------------------------------------------------
+
+    async def _open_run(
+        self,
+        sid: int,
+        rows: Sequence[RunRow],
+        refuse_all: bool,
+        drop_after: int | None,
+        fault: FaultSpec | None,
+    ) -> _Outbox:
+        if fault is not None:
+            await self._inject(fault, "run")
+        stream = await self._sim.run(rows, refuse_all=refuse_all, drop_after=drop_after)
+        box = self._streams[sid] = _Outbox(self._sim, stream)
+        return box
+
+    def _finish_run(self, sid: int, box: _Outbox, completed: bool) -> None:
+        box.finished = True
+        if not completed:  # cancelled: the consumer is gone, nothing more is delivered
+            box.close(HEADER_SEQ)
+        if box.settled and self._streams.get(sid) is box:
+            del self._streams[sid]
 
     async def run(
         self,
@@ -324,17 +368,14 @@ class GymActor:
     ) -> AsyncIterator[tuple[int, tuple[RunReply, ...]]]:
         """Streaming generator: the admission header, then ``(seq, replies)`` batches."""
         with self._track("run"):
+            guest = self._in_trio()
             with crossing_boundary(self.name, "run"):
-                if fault is not None:
-                    await self._inject(fault, "run")
-                stream = await self._sim.run(rows, refuse_all=refuse_all, drop_after=drop_after)
-            box = _Outbox(self._sim, stream)
-            self._streams[sid] = box
+                box = await guest.call(self._open_run, sid, rows, refuse_all, drop_after, fault)
             completed = False
             try:
                 yield HEADER_SEQ, ()
                 while True:
-                    replies = await box.take(1 if per_row else max_replies)
+                    replies = await guest.call(box.take, 1 if per_row else max_replies)
                     if replies is None:
                         break
                     if per_row:
@@ -345,18 +386,17 @@ class GymActor:
                         yield box.register(replies), tuple(replies)
                 completed = True
             finally:
-                box.finished = True
-                if not completed:  # cancelled: the consumer is gone, nothing more is delivered
-                    box.close(HEADER_SEQ)
-                if box.settled:
-                    self._streams.pop(sid, None)
+                guest.soon(self._finish_run, sid, box, completed)
 
     async def ack(self, sid: int, upto: int) -> None:
         """The consumer asked for the batch after ``upto``."""
-        self._apply_acks({sid: upto})
+        self._in_trio().soon(self._apply_acks, {sid: upto})
 
     async def close_stream(self, sid: int, upto: int) -> None:
         """The consumer closed the stream having received every batch up to ``upto``."""
+        self._in_trio().soon(self._close_stream, sid, upto)
+
+    def _close_stream(self, sid: int, upto: int) -> None:
         box = self._streams.pop(sid, None)
         if box is not None:
             box.close(upto)

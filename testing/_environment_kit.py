@@ -16,10 +16,16 @@ The kit hosts the environment on an in-process ``GymHost`` and checks, with real
 6. ``retained_journal`` (only with ``retained`` participants): the sessions that outlive their
    episodes are journaled; a host opened on the same ``work_dir`` with ``recover=True`` (what
    replaces a dead instance) holds the same sessions, exported to the same plain data.
+
+Every check runs twice, under each event loop a deployment runs the host on: in the caller's
+trio run (as embedded), and as ``<check>@asyncio`` with the host in a trio run hosted on an
+asyncio loop (as in a Ray actor). Environment code may call trio, anyio or asyncio, and must
+pass both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +34,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import anyio.to_thread
 import attrs
 
 from gymckpt.gym_adapter import (
@@ -138,7 +145,13 @@ async def check_environment(
     timeout_s: float = 120.0,
 ) -> ConformanceReport:
     """Run the checks above on ``environment`` (or its import path); files go under
-    ``workdir``. Raises ``ConformanceError`` listing every failed check."""
+    ``workdir``. Raises ``ConformanceError`` listing every failed check.
+
+    The checks run under every event loop a deployment runs the host on: first in the caller's
+    trio run (embedded), then again, each named ``<check>@asyncio``, with the host in a trio run
+    hosted on an asyncio loop in a thread of its own (what a Ray actor does), files under
+    ``workdir/asyncio``. Environment code may call trio, anyio or asyncio: an environment that
+    works under one and not the other fails the checks of that one."""
     workdir = Path(workdir)
     name = environment if isinstance(environment, str) else type(environment.agent).__name__
     checks = Checks(f"environment {name}")
@@ -149,6 +162,50 @@ async def check_environment(
         checks.check("spec", False, str(exc))
         return checks.finish()
     checks.check("spec", True)
+    args = (env, rows, group_size, seed, tuple(park_after), timeout_s)
+    await _all_checks(workdir, *args, checks)
+    on_asyncio = Checks(checks.subject)
+    await anyio.to_thread.run_sync(_on_an_asyncio_loop, workdir / "asyncio", *args, on_asyncio)
+    checks.passed += [f"{c}@asyncio" for c in on_asyncio.passed]
+    checks.failed += [
+        f"{c.split(':', 1)[0]}@asyncio:{c.split(':', 1)[1]}" if ":" in c else f"{c}@asyncio"
+        for c in on_asyncio.failed
+    ]
+    checks.episodes += on_asyncio.episodes
+    return checks.finish()
+
+
+def _on_an_asyncio_loop(where: Path, *args: Any) -> None:
+    """``_all_checks`` as a Ray actor hosts the environment: in a trio run hosted on an asyncio
+    loop (``TrioGuest``), here a fresh loop in this thread."""
+    from gymckpt.gym_adapter._trio_guest import TrioGuest
+
+    async def serve(ready: Callable[[], None]) -> None:
+        ready()
+        await anyio.sleep_forever()
+
+    async def main() -> None:
+        guest = await TrioGuest.start(serve)
+        try:
+            await guest.call(_all_checks, where, *args)
+        finally:
+            await guest.stop()
+
+    # a plain asyncio loop, whatever policy trio-asyncio installed in this process
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        runner.run(main())
+
+
+async def _all_checks(
+    workdir: Path,
+    env: Environment,
+    rows: int,
+    group_size: int,
+    seed: int,
+    park_after: Sequence[int],
+    timeout_s: float,
+    checks: Checks,
+) -> None:
     with anyio.fail_after(timeout_s):
         ref_env, ref_model = _with_counter(env)
         ref: dict[str, RunReply] = {}
@@ -160,7 +217,7 @@ async def check_environment(
             "completes", len(ref) == rows * group_size and not bad,
             f"{len(ref)} of {rows * group_size} replied; not completed: {list(bad.values())[:3]}",
         ):
-            return checks.finish()
+            return
         ref_calls = ref_model.calls if ref_model is not None else 0
         for k in park_after:
             await _park_and_restore(env, workdir / f"park-{k}", rows, group_size, seed, k,
@@ -168,7 +225,6 @@ async def check_environment(
         await _fencing(env, workdir / "fencing", seed, checks)
         if any(getattr(p, "retained", False) is True for p in env.participants):
             await _retained_journal(env, workdir / "journal", rows, group_size, seed, checks)
-    return checks.finish()
 
 
 def _retained(host: GymHost) -> dict[str, dict[str, Any]]:
