@@ -20,6 +20,11 @@ instance; the adapter adds only what a remote backend adds too:
   ``runtime.crossing_boundary``, which replaces one that cannot be pickled by
   ``GymCheckpointUnavailable`` naming the instance and operation.
 
+Environment code may call trio, anyio or asyncio: the hosts serve in the trainer's trio run and
+await user code through ``_user_calls`` (its asyncio on the trainer's trio-asyncio loop when it
+has one, ``gymckpt.aio``, else on one trio-asyncio loop per trio run), as a Ray actor's host
+does in its own trio run.
+
 Deadlines (``deadline_ts``, on ``anyio.current_time()``) are enforced by the instance once the
 call runs; a ``delay`` fault happens before that, so a delay past the deadline surfaces as Gym's
 ``GymCallTimeout`` naming the instance, while a ``hang`` is left to the caller's own bound (S5).

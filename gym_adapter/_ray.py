@@ -2,8 +2,10 @@
 
 Why it looks like this
 ----------------------
-Each instance is a Ray **async actor** (``_ray_actor.GymActor``) hosting the same anyio
-``GymHost`` the embedded Gym runs, on the actor's asyncio loop. The control plane is actor
+Each instance is a Ray **async actor** (``_ray_actor.GymActor``) hosting the same ``GymHost``
+the embedded Gym runs, under trio as embedded: in a trio run the actor hosts on its asyncio loop
+(trio's guest mode), so a user's environment may call trio, anyio or asyncio on both
+deployments (``_user_calls``). The control plane is actor
 methods; the data plane is one Ray streaming generator per ``run``. The trainer is trio. This
 module is the only place that touches trio-asyncio, and the only place the trio side touches Ray.
 

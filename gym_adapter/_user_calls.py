@@ -17,9 +17,10 @@ in the episode's own trio task:
   when the run ends).
 
 Not supported, because the step is a trio task and not an asyncio task: asyncio APIs that need
-``asyncio.current_task()`` (``asyncio.timeout``, ``asyncio.TaskGroup``) raise ``RuntimeError``
-— wrap such code in ``asyncio.ensure_future(...)`` (a real asyncio task) and await that, or use
-trio/anyio for it. Synchronous user calls (``open``, ``export``, ``restore``, a model that
+``asyncio.current_task()`` (``asyncio.timeout``, ``asyncio.TaskGroup``) raise their
+``RuntimeError``, to which ``wait`` adds a note saying so (``NOT_AN_ASYNCIO_TASK``, in the logged
+traceback): run such code in ``asyncio.ensure_future(...)`` (a real asyncio task) and await that,
+or use trio/anyio for it. Synchronous user calls (``open``, ``export``, ``restore``, a model that
 returns a value) are called as they are.
 
 A host served under plain asyncio (anyio's asyncio backend, not through ``_trio_guest``) awaits
@@ -29,6 +30,7 @@ user code directly: there only asyncio and anyio work.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import types
 from collections.abc import Awaitable, Generator
@@ -40,7 +42,7 @@ import outcome
 import sniffio
 import trio
 
-__all__ = ["GUEST_LOOP", "UserCalls"]
+__all__ = ["GUEST_LOOP", "NOT_AN_ASYNCIO_TASK", "UserCalls"]
 
 T = TypeVar("T")
 
@@ -49,6 +51,16 @@ GUEST_LOOP: trio.lowlevel.RunVar[asyncio.AbstractEventLoop | None] = trio.lowlev
 )
 """Set by ``_trio_guest`` for its trio run: the asyncio loop the run is hosted on. User asyncio
 code under that run uses it."""
+
+
+NOT_AN_ASYNCIO_TASK = (
+    "gymckpt runs environment code in a trio task, which may call trio, anyio or asyncio; an "
+    "asyncio API that needs asyncio.current_task() (asyncio.timeout, asyncio.TaskGroup) must "
+    "run in an asyncio task of its own: await asyncio.ensure_future(coro)"
+)
+"""The note added to an asyncio error that says the code is not in an asyncio task."""
+
+_NEEDS_A_TASK = re.compile(r"inside a task|parent task|current task")
 
 
 @attrs.define(eq=False, slots=True)
@@ -113,15 +125,18 @@ class UserCalls:
         if self._loop is None and self._shared is not None:
             await self._shared.ready.wait()
             self._loop = self._shared.loop
-        if self._set_loop is None:
+        reset = None if self._set_loop is None else self._set_loop.set(self._loop)
+        try:
             result: T = await _drive(aw.__await__(), self._token)
             return result
-        reset = self._set_loop.set(self._loop)
-        try:
-            result = await _drive(aw.__await__(), self._token)
-            return result
+        except RuntimeError as exc:
+            if _NEEDS_A_TASK.search(str(exc)):
+                exc.add_note(NOT_AN_ASYNCIO_TASK)
+            raise
         finally:
-            self._set_loop.reset(reset)
+            if reset is not None:
+                assert self._set_loop is not None
+                self._set_loop.reset(reset)
 
 
 def _shared_loop() -> _SharedLoop:

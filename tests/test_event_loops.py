@@ -26,6 +26,7 @@ from gymckpt.gym_adapter import (
     EmbeddedGym,
     Environment,
     EpisodeContext,
+    Failed,
     GymHost,
     RunReply,
     RunRow,
@@ -218,3 +219,35 @@ def test_an_error_in_a_guest_call_reaches_the_asyncio_caller() -> None:
         runner.run(main())
 
 
+
+
+class _Timed(examples.Sleeper):
+    """asyncio.timeout needs an asyncio task: directly in ``step`` it raises (with the rule in
+    a note), inside ``asyncio.ensure_future`` it works."""
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        async def timed() -> int:
+            async with asyncio.timeout(10):
+                await asyncio.sleep(0.001)
+            return 1
+
+        n = await (asyncio.ensure_future(timed()) if self.library == "task" else timed())
+        return Done(float(n))
+
+
+async def test_asyncio_code_that_needs_a_task_runs_in_ensure_future() -> None:
+    async with GymHost("gym-0", Environment(agent=_Timed("task")), 0) as host:
+        assert await _play(host, 1) == {"0-0": Completed("0-0", 1.0, 1, None)}
+
+
+async def test_asyncio_code_that_needs_a_task_fails_naming_the_rule() -> None:
+    from gymckpt.gym_adapter._user_calls import NOT_AN_ASYNCIO_TASK, UserCalls
+
+    calls = UserCalls()
+    calls.open()
+    with pytest.raises(RuntimeError, match="inside a task") as info:
+        await calls.wait(_Timed("direct").step(None, {}))  # type: ignore[arg-type]
+    assert info.value.__notes__ == [NOT_AN_ASYNCIO_TASK]
+    async with GymHost("gym-0", Environment(agent=_Timed("direct")), 0) as host:
+        (reply,) = (await _play(host, 1)).values()
+    assert isinstance(reply, Failed) and "Timeout should be used inside a task" in reply.message
