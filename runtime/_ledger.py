@@ -524,6 +524,9 @@ class RecoveryLedger:
     _stale: int = attrs.field(default=0, init=False)
     _released: int = attrs.field(default=0, init=False)
     _next_row: int = attrs.field(default=0, init=False)
+    last_failure: str | None = attrs.field(default=None, init=False)
+    """The latest failed attempt in this process, ``"<rollout id>: <class>: <reason>"``, for
+    the line that ends a run whose rows failed (not saved in snapshots)."""
 
     def __attrs_post_init__(self) -> None:
         if self.group_size < 1:
@@ -963,6 +966,7 @@ class RecoveryLedger:
             return None
         if cls == "data":
             self._data_failures += 1
+        self.last_failure = f"{rollout_id}: {cls}: {reason}"
         nxt = self._replace(s, _FAILED, spend=True, failure=f"{cls}: {reason}")
         if cls == "data" and self._data_failures > self.data_failure_budget:
             raise BudgetExhausted(
