@@ -176,7 +176,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
     """The names of the participants whose sessions outlive their episode."""
     _user_counts: dict[str, int] = attrs.field(factory=dict, init=False)
     user_calls: UserCalls = attrs.field(factory=UserCalls, init=False)
-    """Awaits the user's code (``agent.step``, the model): trio, anyio or asyncio."""
+    """Awaits each ``agent.step`` (and all it awaits): trio, anyio or asyncio code."""
     count: _Counters = attrs.field(factory=_Counters, init=False)
     failure_log: FailureLog = attrs.field(init=False)
     """Every failure of the user's code here, a rate-limited WARNING (``_host_log``)."""

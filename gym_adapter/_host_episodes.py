@@ -149,7 +149,7 @@ class StepContext:
                     return response
         response = model(key, request, ep.info)
         if inspect.isawaitable(response):
-            response = await host.user_calls.wait(response)
+            response = await response
             self._check_owner()  # still the owner after the wait
         response = to_plain(response)
         if type(response) not in _SCALARS:  # an int or a str needs no look

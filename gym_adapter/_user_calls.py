@@ -2,9 +2,9 @@
 
 **Environment code may call trio, anyio or asyncio, and mix them.** The host always runs
 episodes under trio: embedded, in the trainer's trio run; on Ray, in a trio run the actor hosts
-on its own asyncio loop (trio's guest mode, ``_trio_guest``). Each user awaitable the host waits
-for (``agent.step(...)``, an awaitable returned by the model) is driven by ``UserCalls.wait``,
-in the episode's own trio task:
+on its own asyncio loop (trio's guest mode, ``_trio_guest``). Each turn, ``agent.step(...)`` is
+driven by ``UserCalls.wait`` in the episode's own trio task — and with it everything the step
+awaits, the model's awaitable behind ``ctx.model`` included:
 
 - what trio (or anyio, which then runs on trio) awaits goes to trio unchanged;
 - an asyncio future it awaits (``asyncio.sleep``, an asyncio client's request, a task) is waited
@@ -81,8 +81,8 @@ class UserCalls:
     """The host's way to await user code (see the module docstring). ``open`` is called once
     the host serves, in the serving task (no await); ``wait(aw)`` awaits ``aw``.
 
-    Invariant: under trio, every ``wait`` drives its awaitable in the calling trio task, with
-    asyncio's running loop set to ``loop`` for the duration (never longer)."""
+    Invariant: under trio, every ``wait`` drives its awaitable in the calling trio task (an
+    episode's), and asyncio's running loop is ``loop`` in that task from then on."""
 
     _trio: bool = False
     _token: Any = None
@@ -125,18 +125,21 @@ class UserCalls:
         if self._loop is None and self._shared is not None:
             await self._shared.ready.wait()
             self._loop = self._shared.loop
-        reset = None if self._set_loop is None else self._set_loop.set(self._loop)
+        if self._set_loop is not None and self._set_loop.get() is not self._loop:
+            self._set_loop.set(self._loop)  # for the rest of this task: an episode's
+        it = aw.__await__()
         try:
-            result: T = await _drive(aw.__await__(), self._token)
+            try:
+                yielded = it.send(None)
+            except StopIteration as stop:  # done without waiting (a short step): no driver
+                done: T = stop.value
+                return done
+            result: T = await _drive(it, yielded, self._token)
             return result
         except RuntimeError as exc:
             if _NEEDS_A_TASK.search(str(exc)):
                 exc.add_note(NOT_AN_ASYNCIO_TASK)
             raise
-        finally:
-            if reset is not None:
-                assert self._set_loop is not None
-                self._set_loop.reset(reset)
 
 
 def _shared_loop() -> _SharedLoop:
@@ -161,16 +164,12 @@ def _shared_loop() -> _SharedLoop:
 
 
 @types.coroutine
-def _drive(it: Generator[Any, Any, T], token: Any) -> Generator[Any, Any, T]:
-    """Run the awaitable's iterator ``it`` in this trio task: trio's traps pass through,
-    asyncio futures are waited for in trio."""
-    send: Any = it.send
-    value: Any = None
+def _drive(it: Generator[Any, Any, T], yielded: Any, token: Any) -> Generator[Any, Any, T]:
+    """Run the awaitable's iterator ``it``, which has just yielded ``yielded``, to its end in
+    this trio task: trio's traps pass through, asyncio futures are waited for in trio."""
+    send: Any
+    value: Any
     while True:
-        try:
-            yielded = send(value)
-        except StopIteration as stop:
-            return stop.value
         try:
             if yielded is None:  # asyncio.sleep(0): one pass of the scheduler
                 yield from _checkpoint().__await__()
@@ -183,6 +182,10 @@ def _drive(it: Generator[Any, Any, T], token: Any) -> Generator[Any, Any, T]:
             send, value = it.throw, exc
         else:
             send = it.send
+        try:
+            yielded = send(value)
+        except StopIteration as stop:
+            return stop.value
 
 
 async def _checkpoint() -> None:

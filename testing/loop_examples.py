@@ -50,7 +50,7 @@ class Sleeper:
 
 def _model(library: str) -> Any:
     async def model(key: str, request: Any, info: EpisodeInfo) -> int:
-        await _SLEEPS["trio" if library == "mixed" else library](0)
+        await _SLEEPS["asyncio" if library == "mixed" else library](0.0001)
         return int(request) + info.row
 
     return model
