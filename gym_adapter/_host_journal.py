@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 import attrs
 import orjson
 
-from gymckpt.runtime import GymInstanceDead, write_atomic
+from gymckpt.runtime import GymInstanceDead, checked_json, write_atomic
 
 from ._episode import to_plain
 
@@ -204,7 +204,9 @@ class SessionJournal:
         fd = self._fd
         if fd is None:
             return
-        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        # a user's state: refused (NotPlainData, before any write) if not finite plain data,
+        # never journaled as null
+        line = checked_json(record, "journaled state") + b"\n"
         size = len(line)
         try:
             written = os.write(fd, line)

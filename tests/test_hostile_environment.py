@@ -530,3 +530,23 @@ async def test_a_checkpoint_that_fails_an_unexportable_episode_is_ok_and_restora
     assert metrics["rollout/episode_failures_data_total"] == 1
     assert sorted(r for r, _ in trained) == [0, 1, 2, 3]
     assert dict(trained)[0] == 1  # row 0 trained from its retry, attempt 1
+
+
+@pytest.mark.parametrize(("bad", "what"), [(NAN, "is nan"), ({1}, "is a set")])
+async def test_a_retained_state_that_cannot_be_journaled_fails_the_episode_not_the_instance(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, bad: Any, what: str
+) -> None:
+    async def script(ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        ctx.session("store")["events"].append(bad if ctx.info.row == 0 else "ok")
+        return Done(1.0)
+
+    env = Environment(agent=Agent(script), participants=(Store(retained=True),))
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        got = await replies(await host.run([row(0), row(1)]))
+        assert sorted(type(r).__name__ for r in got) == ["Completed", "Failed"]
+        (failed,) = [r for r in got if isinstance(r, Failed)]
+        assert failed.rollout_id == "0-0" and failed.failure_class == "data"
+        assert "journaled state" in failed.message and what in failed.message
+        assert not host.dead
+    journal = (tmp_path / "gym-0" / "sessions.journal").read_bytes()
+    assert b"null" not in journal
