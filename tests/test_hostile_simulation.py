@@ -57,6 +57,14 @@ def test_hostile_draws_leave_the_other_draws_as_they_were() -> None:
     assert "hostile" in draw_scenario(1, hostile=True).describe()
 
 
+def test_a_hostile_seed_replays_exactly(tmp_path: Path) -> None:
+    first, second = run_seed(3, tmp_path, hostile=True), run_seed(3, tmp_path, hostile=True)
+    assert first.scenario.hostile and first.fingerprint == second.fingerprint
+    assert first.task_steps == second.task_steps
+    struck = [dict(i.hostile_fired) for i in first.incarnations]
+    assert struck == [dict(i.hostile_fired) for i in second.incarnations] and any(struck)
+
+
 def _one_act(act: HostileAct, **overrides: object) -> Scenario:
     """A small healthy scenario on two instances whose environment does ``act``."""
     base = dict(seed=5, rows=8, group_size=2, instances=2, turns=(2, 3), mutation_p=1.0,
