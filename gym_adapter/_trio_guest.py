@@ -86,10 +86,17 @@ class TrioGuest:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as scope:
             self._main_scope = scope
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await serve(ready)
-                scope.cancel()  # serve returned: the calls still running end with it
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    await serve(ready)
+                    scope.cancel()  # serve returned: the calls still running end with it
+            except BaseExceptionGroup as group:  # the one error of serve, as serve raised it
+                if len(group.exceptions) == 1 and not isinstance(
+                    group.exceptions[0], (trio.Cancelled, BaseExceptionGroup)
+                ):
+                    raise group.exceptions[0] from None
+                raise
 
     def _done(self, result: outcome.Outcome[None]) -> None:
         if isinstance(result, outcome.Error):

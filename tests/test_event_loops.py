@@ -251,3 +251,16 @@ async def test_asyncio_code_that_needs_a_task_fails_naming_the_rule() -> None:
     async with GymHost("gym-0", Environment(agent=_Timed("direct")), 0) as host:
         (reply,) = (await _play(host, 1)).values()
     assert isinstance(reply, Failed) and "Timeout should be used inside a task" in reply.message
+
+
+def test_a_guest_run_that_cannot_serve_raises_its_own_error_at_start() -> None:
+    async def serve(ready: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        raise KeyError("cannot open the journal")
+
+    async def main() -> None:
+        with pytest.raises(KeyError, match="cannot open the journal"):
+            await TrioGuest.start(serve)
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        runner.run(main())
