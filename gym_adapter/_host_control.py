@@ -403,6 +403,9 @@ class HostControl:
             restored = self._rebuild(loaded, episodes, diffs)
         if not diffs:
             kept = self._rebuild_kept(loaded, restored, diffs)
+        slots: list[tuple[str, str, int, dict[str, Any]]] = []
+        if not diffs and self._journal is not None:
+            slots = self._journal_slots(kept, restored, diffs)
         if diffs:
             raise TopologyMismatch(diffs)
         if self._prepared:
@@ -419,18 +422,33 @@ class HostControl:
         self._kept = {key: states for key, (_, _, states) in kept.items()}
         self._finished = {rid: key for key, (rid, _, _) in kept.items()}
         if self._journal is not None:
-            names = [p.name for p in self._retained]
-            self._journal.rewrite([
-                *((key, rid, attempt, {n: to_plain(p.export(states[n]))
-                                       for n, p in zip(names, self._retained, strict=True)})
-                  for key, (rid, attempt, states) in kept.items()),
-                *((ep.key, ep.rollout_id, ep.info.attempt,
-                   {n: to_plain(p.export(ep.sessions[n]))
-                    for n, p in zip(names, self._retained, strict=True)})
-                  for ep in restored.values()),
-            ])
+            self._journal.rewrite(slots)
         self.count.restored += len(restored)
         return RestoreReply(self.name, tuple(restored))
+
+    def _journal_slots(
+        self,
+        kept: Mapping[str, tuple[str, int, dict[str, Any]]],
+        restored: Mapping[str, Episode],
+        diffs: list[str],
+    ) -> list[tuple[str, str, int, dict[str, Any]]]:
+        """The retained sessions a restore journals, exported before anything changes: a
+        participant that cannot export what it just restored is a difference of the restore
+        (``TopologyMismatch``, nothing changed), not an error escaping it."""
+        every = [
+            *((key, rid, attempt, states) for key, (rid, attempt, states) in kept.items()),
+            *((ep.key, ep.rollout_id, ep.info.attempt, ep.sessions) for ep in restored.values()),
+        ]
+        slots: list[tuple[str, str, int, dict[str, Any]]] = []
+        for key, rid, attempt, states in every:
+            try:
+                slots.append((key, rid, attempt, {
+                    p.name: to_plain(p.export(states[p.name])) for p in self._retained
+                }))
+            except Exception as exc:
+                diffs.append(f"instance {self.name}: session {key} of {rid} cannot be exported "
+                             f"again after its restore ({exc!r})")
+        return slots
 
     def _rebuild_kept(
         self,

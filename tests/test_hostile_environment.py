@@ -47,6 +47,7 @@ from gymckpt.runtime import (
     ParticipantRecord,
     RecoveryLedger,
     RuntimeConfig,
+    TopologyMismatch,
 )
 from gymckpt.runtime._ledger import dump_ledger_snapshot
 
@@ -550,3 +551,27 @@ async def test_a_retained_state_that_cannot_be_journaled_fails_the_episode_not_t
         assert not host.dead
     journal = (tmp_path / "gym-0" / "sessions.journal").read_bytes()
     assert b"null" not in journal
+
+
+async def test_a_restored_state_that_cannot_be_journaled_again_is_a_difference_of_the_restore(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    class Spoiled(Store):
+        def restore(self, data: Any) -> dict[str, Any]:
+            return {**super().restore(data), "poison": True}
+
+    async def script(ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        ctx.session("store")["events"].append("booked")
+        return Done(1.0)
+
+    env = Environment(agent=Agent(script), participants=(Store(retained=True),))
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        await replies(await host.run([row(0)]))
+        await host.prepare("c1", FAR)
+        commit = await host.commit("c1", "snap", FAR)
+    spoiled = Environment(agent=Agent(script),
+                          participants=(Spoiled(retained=True, bad=RuntimeError("no")),))
+    async with GymHost("gym-0", spoiled, work_dir=tmp_path) as fresh:
+        with pytest.raises(TopologyMismatch, match="cannot be exported again after its restore"):
+            await fresh.restore("snap", record_of(commit), [], FAR)
+        assert fresh.session_states("store") == {}
