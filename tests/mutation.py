@@ -33,6 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RACES = "tests/test_exactly_once_races.py"
 ORCH = "tests/test_orchestration.py"
+HOST_SLOTS = "tests/test_host_fencing_journal.py"
+HOSTILE = "tests/test_hostile_environment.py"
+JOURNAL = "tests/test_host_journal.py"
+PREEMPT = "tests/test_preemption_paths.py"
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,60 @@ MUTANTS: tuple[Mutant, ...] = (
            "return owner is None or owner[0] != ep.rollout_id",
            "return owner is None", ("tests/test_gym_conformance.py",),
            keyword="stale or fence"),
+    # -- a user's environment can be wrong in every way ---------------------------------------
+    # two host paths of a slot changing hands that no test covered before
+    Mutant("host-journals-a-fenced-attempts-turn", "fencing", "gym_adapter/_host_journal.py",
+           "if not ctx.touched or self._journal is None or self.fenced(ep):",
+           "if not ctx.touched or self._journal is None:",
+           (HOST_SLOTS,), keyword="fenced"),
+    Mutant("host-retire-frees-a-newer-attempts-session", "fencing",
+           "gym_adapter/_host_control.py",
+           'if self._owners.get(key, ("",))[0] == rid:', "if key in self._owners:",
+           (HOST_SLOTS,), keyword="retire"),
+    # values a user hands over: finite plain data, or refused where they enter
+    Mutant("finite-host-takes-a-nan-reward", "finite", "gym_adapter/_host_episodes.py",
+           "if not isinstance(reward, (int, float)) or not math.isfinite(reward):",
+           "if not isinstance(reward, (int, float)):",
+           (HOSTILE,), keyword="reward_that_is_not"),
+    Mutant("finite-dispatcher-trusts-a-nan-reward", "finite", "nurseries/_dispatcher.py",
+           "if isinstance(reward, float) and math.isfinite(reward):", "if True:",
+           (HOSTILE,), keyword="dispatcher_refuses"),
+    Mutant("finite-ledger-writes-nan-as-null", "finite", "runtime/_ledger.py",
+           "if not math.isfinite(r.reward):", "if False:",
+           (HOSTILE,), keyword="ledger_writer"),
+    Mutant("data-failed-attempt-keeps-its-retained-session", "once",
+           "gym_adapter/_host.py", "self._free_failed(ep)", "pass",
+           (HOSTILE, HOST_SLOTS), keyword="failed_attempts_retained or data_failed"),
+    # the retained sessions' journal: whole records, deterministic replay, failing closed
+    Mutant("journal-short-write-left-short", "journal", "gym_adapter/_host_journal.py",
+           "while written < size:", "while False:",
+           (JOURNAL,), keyword="short"),
+    Mutant("journal-torn-tail-applied", "journal", "gym_adapter/_host_journal.py",
+           "end = complete_length(data)", "end = len(data)",
+           (JOURNAL,), keyword="torn"),
+    Mutant("journal-io-error-escapes-as-oserror", "journal", "gym_adapter/_host_journal.py",
+           'self._fail("appending a record", exc)', "raise",
+           (JOURNAL,), keyword="full_disk"),
+    # trainer side: concurrent checkpoints, links in trainer files, the snapshot tools' lock
+    Mutant("checkpoint-concurrent-calls-not-serialized", "gate", "nurseries/_coordinator.py",
+           "async with self._running:", "async with trio.CapacityLimiter(1):",
+           ("tests/test_checkpoint_concurrency.py",)),
+    Mutant("trainer-files-link-committed-as-a-link", "snapshot", "runtime/_store.py",
+           "_copy_over(entry, entry)  # copyfile follows the link: the target's bytes", "pass",
+           ("tests/test_trainer_files_links.py",), keyword="linked"),
+    Mutant("prune-locks-the-directory-it-was-given", "lock", "nurseries/app/snapshots.py",
+           "lock_dir = workdir if workdir is not None else path", "lock_dir = path",
+           ("tests/test_snapshot_tools_lock.py",), keyword="every_form"),
+    # SIGTERM paths
+    Mutant("preempt-second-signal-ignored", "preempt", "nurseries/_trainer.py",
+           "self._final_scope.cancel()", "pass",
+           (PREEMPT,), keyword="second_signal_cuts"),
+    Mutant("preempt-final-checkpoint-unbounded", "preempt", "nurseries/_trainer.py",
+           "with trio.move_on_after(self.preempt_timeout_s) as scope:",
+           "with trio.CancelScope() as scope:", (PREEMPT,), keyword="bounded"),
+    Mutant("preempt-waiting-trainer-not-woken", "preempt", "nurseries/_trainer.py",
+           "for scope in self._waits:", "for scope in ():",
+           (PREEMPT,), keyword="woken"),
 )
 
 
