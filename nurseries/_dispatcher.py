@@ -22,8 +22,9 @@ Invariants
 * Failures are classified infra vs data by Gym; infra re-sends wait an exponential backoff.
   Each counts in ``rollout/episode_failures_total`` and its class's
   ``rollout/episode_failures_{data,infra}_total``. A ``Completed`` whose reward is not a finite
-  float is a data failure of that attempt (Gym's replies are not trusted: a ``nan`` in the
-  ledger would make a snapshot that cannot be read back).
+  number (an int is taken as a float; a bool, ``nan`` or ``inf`` is not) is a data failure of
+  that attempt (Gym's replies are not trusted: a ``nan`` in the ledger would make a snapshot
+  that cannot be read back).
 * Restored attempts go to their original replica with ``restored_from`` set, once (S11).
 * A dead instance (``GymInstanceDead`` from a submission or a stream) is reported to the
   ``InstanceReplacer``; nothing is sent or retired there until its replacement serves. A
@@ -402,11 +403,14 @@ class Dispatcher:
                 failure: tuple[str, str] | None = None
                 if isinstance(reply, Completed):
                     reward = reply.reward
-                    if isinstance(reward, float) and math.isfinite(reward):
+                    if type(reward) is float and math.isfinite(reward):
                         complete(rid, gate_id, reward, reply.turns, reply.payload)
+                    elif (isinstance(reward, (float, int)) and not isinstance(reward, bool)
+                          and math.isfinite(reward)):  # an int, a float subclass: as a float
+                        complete(rid, gate_id, float(reward), reply.turns, reply.payload)
                     else:  # the wire is not trusted: never a non-finite reward in the ledger
                         failure = ("data", f"episode {rid}: Gym replied Completed with reward "
-                                           f"{reward!r}, not a finite float")
+                                           f"{reward!r}, not a finite number")
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)
                 if failure is not None:
