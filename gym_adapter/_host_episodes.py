@@ -190,7 +190,7 @@ def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunRe
         got = type(done).__name__
         return Failed(rid, "data", f"{episode_label(ep.info)}: step returned {got}, expected "
                       "Done or None")
-    reward = done.reward
+    reward: float | None = done.reward
     if not isinstance(reward, (int, float)) or not math.isfinite(reward):
         reward = _number(reward)
         if reward is None:

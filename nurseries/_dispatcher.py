@@ -43,6 +43,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Literal
 
 import attrs
 import trio
@@ -400,7 +401,7 @@ class Dispatcher:
                     continue  # not ours (or duplicated): ignore
                 outstanding.discard(rid)
                 touched.append(rid)
-                failure: tuple[str, str] | None = None
+                failure: tuple[Literal["infra", "data"], str] | None = None
                 if isinstance(reply, Completed):
                     reward = reply.reward
                     if type(reward) is float and math.isfinite(reward):

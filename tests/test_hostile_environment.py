@@ -465,7 +465,7 @@ async def test_the_dispatcher_refuses_a_non_finite_reward_from_the_wire_and_coun
         if ep.info.row == 1:  # a Gym that does not check what it sends
             return Completed(ep.rollout_id, NAN, 1, None)
         if ep.info.row == 0:  # an int is a finite number: taken as a float
-            return Completed(ep.rollout_id, 1, 1, None)  # type: ignore[arg-type]
+            return Completed(ep.rollout_id, 1, 1, None)
         return Completed(ep.rollout_id, 1.0, 1, None)
 
     monkeypatch.setattr(host_module, "completed_reply", lying)
