@@ -59,6 +59,7 @@ from ._host_journal import JOURNAL_FILE
 from ._host_records import RECORDS_FILE
 from ._host_views import RetainedSession
 from ._load import load_environment
+from ._trio_guest import run_on_an_asyncio_loop
 from .calendar_env import (
     CalendarEvent,
     CalendarSession,
@@ -155,6 +156,7 @@ __all__ = [
     "participant_kinds",
     "plan_episode",
     "register_participant_kind",
+    "run_on_an_asyncio_loop",
     "sentinel",
     "to_plain",
 ]

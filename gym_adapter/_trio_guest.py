@@ -31,7 +31,7 @@ import trio
 
 from ._user_calls import GUEST_LOOP
 
-__all__ = ["GuestRunEnded", "TrioGuest"]
+__all__ = ["GuestRunEnded", "TrioGuest", "run_on_an_asyncio_loop"]
 
 T = TypeVar("T")
 
@@ -183,3 +183,23 @@ class TrioGuest:
                     continue  # cancelled again: the trio task must still end first
             raise
         return got.unwrap()
+
+
+def run_on_an_asyncio_loop(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run the trio function ``fn(*args)`` the way a Ray actor runs its Gym host: in a trio run
+    hosted on an asyncio loop (a fresh plain one, in this thread, whatever event loop policy
+    trio-asyncio installed), and return its result. Blocks this thread until it has ended."""
+
+    async def serve(ready: Callable[[], None]) -> None:
+        ready()
+        await trio.sleep_forever()
+
+    async def main() -> T:
+        guest = await TrioGuest.start(serve)
+        try:
+            return await guest.call(fn, *args)
+        finally:
+            await guest.stop()
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(main())

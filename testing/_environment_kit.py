@@ -25,7 +25,6 @@ pass both.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,6 +46,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
     load_environment,
+    run_on_an_asyncio_loop,
     to_plain,
 )
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, rollout_id_for
@@ -165,7 +165,9 @@ async def check_environment(
     args = (env, rows, group_size, seed, tuple(park_after), timeout_s)
     await _all_checks(workdir, *args, checks)
     on_asyncio = Checks(checks.subject)
-    await anyio.to_thread.run_sync(_on_an_asyncio_loop, workdir / "asyncio", *args, on_asyncio)
+    await anyio.to_thread.run_sync(  # as a Ray actor runs the host
+        run_on_an_asyncio_loop, _all_checks, workdir / "asyncio", *args, on_asyncio
+    )
     checks.passed += [f"{c}@asyncio" for c in on_asyncio.passed]
     checks.failed += [
         f"{c.split(':', 1)[0]}@asyncio:{c.split(':', 1)[1]}" if ":" in c else f"{c}@asyncio"
@@ -173,27 +175,6 @@ async def check_environment(
     ]
     checks.episodes += on_asyncio.episodes
     return checks.finish()
-
-
-def _on_an_asyncio_loop(where: Path, *args: Any) -> None:
-    """``_all_checks`` as a Ray actor hosts the environment: in a trio run hosted on an asyncio
-    loop (``TrioGuest``), here a fresh loop in this thread."""
-    from gymckpt.gym_adapter._trio_guest import TrioGuest
-
-    async def serve(ready: Callable[[], None]) -> None:
-        ready()
-        await anyio.sleep_forever()
-
-    async def main() -> None:
-        guest = await TrioGuest.start(serve)
-        try:
-            await guest.call(_all_checks, where, *args)
-        finally:
-            await guest.stop()
-
-    # a plain asyncio loop, whatever policy trio-asyncio installed in this process
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
-        runner.run(main())
 
 
 async def _all_checks(
