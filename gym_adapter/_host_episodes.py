@@ -209,6 +209,12 @@ def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunRe
             f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
         )
     turns = ep.turn if done.turns is None else done.turns
+    if type(turns) is not int:  # a numpy integer counts; a bool, a float or a str does not
+        integral = isinstance(turns, numbers.Integral) and not isinstance(turns, bool)
+        turns = int(turns) if integral else -1
+    if turns < 0:
+        return Failed(rid, "data", f"{episode_label(ep.info)}: Done.turns is {done.turns!r}, "
+                      "not a count (an int >= 0, or None)")
     return Completed(rid, float(reward), turns, payload)
 
 

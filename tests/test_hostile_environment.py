@@ -152,6 +152,15 @@ async def test_a_reward_that_is_not_a_finite_number_fails_the_episode_naming_it(
     assert_names_episode(reply.message)
 
 
+@pytest.mark.parametrize("turns", [NAN, 2.0, -1, True, "3"])
+async def test_turns_that_are_not_a_count_fail_the_episode_naming_it(
+    autojump_clock: trio.testing.MockClock, turns: Any
+) -> None:
+    reply = await one_reply(Environment(agent=Agent(ending(Done(1.0, turns=turns)))))
+    assert isinstance(reply, Failed) and "Done.turns" in reply.message, reply
+    assert_names_episode(reply.message)
+
+
 async def test_a_numpy_reward_is_a_float_and_round_trips() -> None:
     np = pytest.importorskip("numpy")
     reply = await one_reply(Environment(agent=Agent(ending(Done(np.float32(0.5))))))
