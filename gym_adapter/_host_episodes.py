@@ -183,9 +183,9 @@ def _check_response(ep: Episode, key: str, response: Any) -> None:
 def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunReply:
     """The final reply of ``ep`` ending with ``done``: ``Completed``, or ``Failed`` (data) when
     ``done`` is not a ``Done``, its reward is not a finite number, its turns not a count, its
-    payload is not finite
-    plain data (a ``nan`` would be written ``null``: refused here, naming the place in it), or
-    it is over ``limit`` bytes. One ``orjson.dumps`` of the payload (needed for its size)."""
+    payload is not finite plain data (a ``nan`` would be written ``null``: refused here, naming
+    the place in it), or it is over ``limit`` bytes. One ``orjson.dumps`` of the payload
+    (needed for its size) and a search of it for ``null``."""
     rid = ep.rollout_id
     if not isinstance(done, Done):
         got = type(done).__name__
