@@ -229,7 +229,7 @@ class Rollouts:
         if not failed:
             return
         trained = len(ledger.rows_trained)
-        last = ledger.last_failure or "before the restore"
+        last = ledger.last_failure or "in an earlier run, before the restore"
         if trained == 0:
             raise BudgetExhausted(
                 f"every row of the dataset failed for good ({failed} rows, none trained, "
