@@ -25,6 +25,7 @@ import sniffio
 from gymckpt.runtime import (
     InstanceRecord,
     NotPlainData,
+    all_finite,
     checked_json,
     dumps_chunked,
     participant_differences,
@@ -134,16 +135,20 @@ def build_records(
     left out and refused; any other state that is not raises ``KeptExportError``. The common
     case costs one ``orjson.dumps`` per participant and a search of its output for ``null``."""
     every = (env.agent, *env.participants)
-    states: dict[str, dict[str, Any]] = {}
     refused: list[Refusal] = []
-    for ep in held:
-        try:
-            states[ep.rollout_id] = {
-                p.name: to_plain(p.export(ep.sessions[p.name])) for p in every
-            }
-        except Exception as exc:
-            _refuse(ep, f"{episode_label(ep.info)}: exporting its session state at checkpoint "
-                        f"{checkpoint_id} raised {exc!r}", exc, failable, refused)
+    columns = _export_columns(every, held)
+    if columns is None:  # an export raised: find whose, per episode
+        states: dict[str, dict[str, Any]] = {}
+        for ep in held:
+            try:
+                states[ep.rollout_id] = {
+                    p.name: to_plain(p.export(ep.sessions[p.name])) for p in every
+                }
+            except Exception as exc:
+                _refuse(ep, f"{episode_label(ep.info)}: exporting its session state at "
+                            f"checkpoint {checkpoint_id} raised {exc!r}", exc, failable, refused)
+        held = [ep for ep in held if ep.rollout_id in states]
+        columns = {p.name: [states[ep.rollout_id][p.name] for ep in held] for p in every}
     kept_states: list[tuple[str, str, int, dict[str, Any]]] = []
     for key, rid, attempt, sessions in kept:
         try:
@@ -154,18 +159,18 @@ def build_records(
             raise KeptExportError(
                 f"retained session {key} of {rid} attempt {attempt}: export raised {exc!r}"
             ) from exc
-    ok = [ep for ep in held if ep.rollout_id in states]
-    records = _records(env, owner, retained_participants, checkpoint_id, ok, states,
+    records = _records(env, owner, retained_participants, checkpoint_id, held, columns,
                        kept_states, stranded)
     data = _dumps_all(records)
     if data is not None:
         return data, refused
-    # something is not finite plain data: find each state that is, refuse its episode
-    for ep in ok:
-        for name, state in states[ep.rollout_id].items():
-            problem = _state_problem(state, f"{name} session state")
+    # something is not finite plain data: find each state that is not, refuse its episode
+    bad: set[int] = set()
+    for i, ep in enumerate(held):
+        for name, column in columns.items():
+            problem = _state_problem(column[i], f"{name} session state")
             if problem is not None:
-                del states[ep.rollout_id]
+                bad.add(i)
                 _refuse(ep, f"{episode_label(ep.info)}: at checkpoint {checkpoint_id}, "
                             f"{problem}", None, failable, refused)
                 break
@@ -176,8 +181,10 @@ def build_records(
                 raise KeptExportError(
                     f"retained session {key} of {rid} attempt {attempt}: {problem}"
                 )
-    ok = [ep for ep in ok if ep.rollout_id in states]
-    records = _records(env, owner, retained_participants, checkpoint_id, ok, states,
+    held = [ep for i, ep in enumerate(held) if i not in bad]
+    columns = {name: [x for i, x in enumerate(column) if i not in bad]
+               for name, column in columns.items()}
+    records = _records(env, owner, retained_participants, checkpoint_id, held, columns,
                        kept_states, stranded)
     data = _dumps_all(records)
     if data is None:
@@ -185,6 +192,18 @@ def build_records(
                     if _state_problem(r, server) is not None]
         raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
     return data, refused
+
+
+def _export_columns(
+    participants: Sequence[Any], held: Sequence[Episode]
+) -> dict[str, list[Any]] | None:
+    """Each participant's exported states of ``held``, in order (None if an export raised):
+    one comprehension per participant, what a commit of 200k episodes can afford."""
+    try:
+        return {p.name: [to_plain(export(ep.sessions[name])) for ep in held]
+                for p in participants for export, name in ((p.export, p.name),)}
+    except Exception:
+        return None
 
 
 def _refuse(
@@ -206,15 +225,17 @@ def _state_problem(state: Any, where: str) -> str | None:
 
 def _dumps_all(records: Mapping[str, Any]) -> dict[str, bytes] | None:
     """Each participant's records as JSON, or None if one is not finite plain data (orjson
-    refused it, or its output holds ``null``, which a non-finite float becomes, and a walk
-    finds one)."""
+    refused it, or its output holds ``null``, which a non-finite float becomes, and one is
+    found: see ``runtime._plain``)."""
     out: dict[str, bytes] = {}
     for server, record in records.items():
         try:
             data = dumps_chunked(record, orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
         except (TypeError, orjson.JSONEncodeError):
             return None
-        if b"null" in data and plain_problem(record, server, types=False) is not None:
+        if b"null" in data and all_finite(record) is not True and (
+            plain_problem(record, server, types=False) is not None
+        ):
             return None
         out[server] = data
     return out
@@ -222,7 +243,7 @@ def _dumps_all(records: Mapping[str, Any]) -> dict[str, bytes] | None:
 
 def _records(
     env: Environment, owner: str, retained_participants: Sequence[Any], checkpoint_id: str,
-    held: Sequence[Episode], states: Mapping[str, Mapping[str, Any]],
+    held: Sequence[Episode], columns: Mapping[str, Sequence[Any]],
     kept: Sequence[tuple[str, str, int, Mapping[str, Any]]], stranded: str | None,
 ) -> dict[str, Any]:
     agent = env.agent
@@ -234,8 +255,8 @@ def _records(
                 {"rollout_id": ep.rollout_id, "row": (info := ep.info).row, "slot": info.slot,
                  "attempt": info.attempt,
                  "step_boundary": None if ep.rollout_id == stranded else ep.turn,
-                 "state": states[ep.rollout_id][name]}
-                for ep in held
+                 "state": state}
+                for ep, state in zip(held, columns[name], strict=True)
             ],
         }
     }
@@ -246,8 +267,8 @@ def _records(
         name = p.name
         sessions = [
             {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
-             "state": states[ep.rollout_id][name]}
-            for ep in held
+             "state": state}
+            for ep, state in zip(held, columns[name], strict=True)
         ]
         if name in retained:
             sessions.extend(

@@ -83,7 +83,7 @@ from ._manifest import (
     load_manifest,
 )
 from ._metrics import ADMISSION_CLOSED_ROWS, Metrics
-from ._plain import NotPlainData, checked_json, plain_problem
+from ._plain import NotPlainData, all_finite, checked_json, plain_problem
 from ._store import (
     CommitMarker,
     LoadedSnapshot,
@@ -153,8 +153,8 @@ __all__ = [
     "LoadedSnapshot",
     "ManifestError",
     "Metrics",
-    "NotPlainData",
     "MutationBarrier",
+    "NotPlainData",
     "ParticipantRecord",
     "Preempted",
     "RecoveryLedger",
@@ -170,6 +170,7 @@ __all__ = [
     "TrainerFilesRefused",
     "WorkDirLock",
     "WorkDirLocked",
+    "all_finite",
     "check_snapshot",
     "checked_json",
     "collector_paused",

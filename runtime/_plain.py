@@ -8,18 +8,20 @@ that is wrong (``payload[3].x``).
 
 The check costs one ``orjson.dumps`` (which the caller needs anyway: the size, the bytes to
 write) and a search of its output for ``null``: a non-finite float can only be in the value if
-the output holds ``null``. Only then is the value walked to tell ``None`` from a non-finite
-float, and to name the place.
+the output holds ``null``. Only then is it asked of the standard library's C encoder, which
+refuses a non-finite float, and only if that refuses (or cannot tell) is the value walked, to
+name the place.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Final
 
 import orjson
 
-__all__ = ["NotPlainData", "checked_json", "plain_problem"]
+__all__ = ["NotPlainData", "all_finite", "checked_json", "plain_problem"]
 
 _OPTIONS: Final = orjson.OPT_SERIALIZE_NUMPY
 _SCALARS: Final = (str, bool, int, type(None))
@@ -57,6 +59,11 @@ def plain_problem(value: Any, where: str, *, types: bool = True) -> str | None:
             stack.extend((_key_path(path, k), x) for k, x in reversed(items))
         elif isinstance(v, (list, tuple)):
             stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+        elif hasattr(type(v), "__dataclass_fields__"):  # orjson writes a dataclass's fields
+            if types:
+                return f"{path} is a {type(v).__name__}, not plain data (JSON values only)"
+            stack.extend((f"{path}.{name}", getattr(v, name))
+                         for name in reversed(list(type(v).__dataclass_fields__)))
         elif type(v).__module__ == "numpy":
             problem = _numpy_problem(path, v)
             if problem is not None:
@@ -94,8 +101,22 @@ def checked_json(value: Any, where: str) -> bytes:
     except (TypeError, orjson.JSONEncodeError) as exc:
         problem = plain_problem(value, where)
         raise NotPlainData(problem or f"{where} is not plain data ({exc})") from None
-    if b"null" in data:
+    if b"null" in data and all_finite(value) is not True:
         problem = plain_problem(value, where, types=False)
         if problem is not None:
             raise NotPlainData(problem)
     return data
+
+
+def all_finite(value: Any) -> bool | None:
+    """Whether every number in ``value`` is finite, asked of the standard library's C JSON
+    encoder (``allow_nan=False`` refuses ``nan`` and ``inf``; no object is built, so it costs a
+    few ``orjson.dumps`` of the value, not a walk in Python). None when it cannot tell (a type
+    it does not serialise: a numpy array, a dataclass): walk the value then."""
+    try:
+        json.dumps(value, allow_nan=False, check_circular=False)
+    except ValueError:
+        return False
+    except Exception:
+        return None
+    return True

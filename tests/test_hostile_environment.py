@@ -586,3 +586,48 @@ async def test_a_restored_state_that_cannot_be_journaled_again_is_a_difference_o
         with pytest.raises(TopologyMismatch, match="cannot be exported again after its restore"):
             await fresh.restore("snap", record_of(commit), [], FAR)
         assert fresh.session_states("store") == {}
+
+
+def test_the_plain_data_check_names_the_place_and_lets_none_through() -> None:
+    import dataclasses
+
+    from gymckpt.runtime import checked_json
+
+    @dataclasses.dataclass
+    class Point:
+        x: float
+        y: Any = None
+
+    assert checked_json({"a": [None, 1.5, (2, None)], "b": Point(1.0)}, "v") == (
+        b'{"a":[null,1.5,[2,null]],"b":{"x":1.0,"y":null}}')
+    for value, where in [({"a": (1, NAN)}, "v.a[1] is nan"), ({"p": Point(INF)}, "v.p.x is inf"),
+                         ({"k": {1: 2}}, "v.k: key 1 is int"), ([[None], {"s"}], "v[1] is a set"),
+                         ({"not id": [None, -INF]}, "v['not id'][1] is -inf")]:
+        with pytest.raises(NotPlainData, match=re.escape(where)):
+            checked_json(value, "v")
+    np = pytest.importorskip("numpy")
+    with pytest.raises(NotPlainData, match=re.escape("v.obs[1][0] is")):
+        checked_json({"obs": np.array([[0.0, 1.0], [np.nan, 2.0]]), "n": None}, "v")
+
+
+async def test_a_state_holding_none_is_committed_and_restored_as_it_was(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async def script(ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        ctx.session("store")["events"].append(None)
+        await anyio.sleep(1.0)
+        return Done(1.0, payload=ctx.session("store")["events"]) if ctx.turn >= 1 else None
+
+    env = Environment(agent=Agent(script), participants=(Store(),))
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        stream = await host.run([row(0)])
+        await trio.sleep(0.5)
+        await host.prepare("c1", FAR)
+        commit = await host.commit("c1", "snap", FAR)
+        await stream.aclose()
+    assert [e.rollout_id for e in commit.exported] == ["0-0"]
+    async with GymHost("gym-0", env, work_dir=tmp_path) as fresh:
+        await fresh.restore("snap", record_of(commit), [EpisodeRecord("0-0", "store", "gym-0")],
+                            FAR)
+        (done,) = await replies(await fresh.run([RunRow("0-0-a1", 0, 0, 1, "0-0")]))
+    assert done == Completed("0-0-a1", 1.0, 2, [None, None])
