@@ -28,7 +28,8 @@ Faults of the retained sessions' journal (``n``-th write to any instance's journ
 * ``short_write``: ``os.write`` writes half the record and returns the count, as a write to a
   full pipe or a signal-interrupted write may;
 * ``torn_record``: the record is written without its last byte and the instance dies right
-  after (a process killed inside its append); its later writes never reach the file;
+  there (a process killed inside its append: ``kill`` closes its journal, so nothing more of
+  it reaches the file);
 * ``full_disk``: ``os.write`` raises ``ENOSPC`` for ``count`` writes in a row.
 
 ``hostile_calendar_environment`` wraps the calendar workplace with a ``HostileActs`` plan;
@@ -294,23 +295,19 @@ def journal_faults(acts: HostileActs, kill: Callable[[str], None]) -> Iterator[N
     ``os.write`` is replaced for the process; a write to any file but a journal
     (``JOURNAL_FILE``) goes through untouched."""
     real_write = os.write
-    dead: set[int] = set()
 
     def write(fd: int, data: Any) -> int:
         path = _path_of(fd)
         if path is None or os.path.basename(path) != JOURNAL_FILE:
             return real_write(fd, data)
-        if fd in dead:  # the instance died inside an append: nothing more reaches the file
-            return len(data)
         act = acts.journal_act()
         if act == "short_write" and len(data) > 1:
             return real_write(fd, bytes(data)[: len(data) // 2])
         if act == "full_disk":
             raise OSError(errno.ENOSPC, "No space left on device (hostile journal fault)")
-        if act == "torn_record":
+        if act == "torn_record":  # the process dies inside its append: nothing after it runs
             real_write(fd, bytes(data)[:-1])
-            dead.add(fd)
-            kill(os.path.basename(os.path.dirname(path)))
+            kill(os.path.basename(os.path.dirname(path)))  # closes the journal: no more writes
             return len(data)
         return real_write(fd, data)
 
