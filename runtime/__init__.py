@@ -100,7 +100,7 @@ from ._store import (
     write_atomic,
 )
 from ._topology import LiveTopology, participant_differences, topology_differences
-from ._workdir import WorkDirLock
+from ._workdir import WorkDirLock, workdir_of
 
 __all__ = [
     "ADMISSION_CLOSED_ROWS",
@@ -202,5 +202,6 @@ __all__ = [
     "unpicklable_error",
     "verify_snapshot",
     "wait_drained",
+    "workdir_of",
     "write_atomic",
 ]
