@@ -93,6 +93,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "DrainTimeout": (("r-2", "r-1", "r-3"), 2.5),
     "StrandedSessionError": ("gym-0", ("s-1", "s-2")),
     "ManifestError": ("gym_checkpoint.json: file is empty",),
+    "TrainerFilesRefused": ("trainer/weights: a link to a directory",),
     "TopologyMismatch": (("instance gym-2: missing from the live deployment",),),
     "DeadlineExpired": ("row-1", "generate", 3.0),
     "BudgetExhausted": ("row 4 ran out of attempts",),
