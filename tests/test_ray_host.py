@@ -50,7 +50,10 @@ async def test_bad_environment_path_fails_before_any_actor_starts(tmp_path: Path
     with pytest.raises(ValueError, match="no_such_module"):
         async with RayGym.host("no_such_module:env", work_dir=tmp_path):
             pass
+    with pytest.raises(EnvironmentSpecError, match="no such Gymnasium environment"):
+        async with RayGym.host("gymnasium:GymckptNoSuchEnv-v0", work_dir=tmp_path):
+            pass
     with pytest.raises(EnvironmentSpecError, match="register_state_codec"):
-        async with RayGym.host("gymnasium:GymckptNoCodec-v0", work_dir=tmp_path):
+        async with RayGym.host("gymnasium:LunarLander-v3", work_dir=tmp_path):  # no codec
             pass
 
