@@ -39,7 +39,7 @@ from ._contract import (
     RestoreReply,
     RetireReply,
 )
-from ._episode import EpisodeInfo, to_plain
+from ._episode import EpisodeInfo
 from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode
 from ._host_records import (
     Kept,
@@ -405,7 +405,7 @@ class HostControl:
             kept = self._rebuild_kept(loaded, restored, diffs)
         slots: list[tuple[str, str, int, dict[str, Any]]] = []
         if not diffs and self._journal is not None:
-            slots = self._journal_slots(kept, restored, diffs)
+            slots = self._journal_slots(loaded, kept, restored, diffs)
         if diffs:
             raise TopologyMismatch(diffs)
         if self._prepared:
@@ -428,26 +428,43 @@ class HostControl:
 
     def _journal_slots(
         self,
+        loaded: Mapping[str, Mapping[str, Any]],
         kept: Mapping[str, tuple[str, int, dict[str, Any]]],
         restored: Mapping[str, Episode],
         diffs: list[str],
     ) -> list[tuple[str, str, int, dict[str, Any]]]:
-        """The retained sessions a restore journals, exported before anything changes: a
-        participant that cannot export what it just restored is a difference of the restore
-        (``TopologyMismatch``, nothing changed), not an error escaping it."""
+        """The retained sessions a restore journals: the committed data itself, as the
+        digest-checked records hold it (plain JSON read from disk), never a second ``export``
+        of what was just restored. The user's export is not asked again, so a participant
+        whose export fails now and then cannot make a snapshot it committed unrestorable, and
+        the journal holds exactly the bytes the snapshot holds. A session the records do not
+        hold for a retained participant is a difference (``TopologyMismatch``, nothing
+        changed)."""
+        committed: dict[str, dict[str, Any]] = {}
+        for p in self._retained:
+            try:
+                committed[p.name] = {
+                    str(s["rollout_id"]): s["state"] for s in loaded[p.name]["sessions"]
+                }
+            except (KeyError, TypeError) as exc:
+                diffs.append(f"instance {self.name}: committed records of {p.name} malformed "
+                             f"({exc!r})")
+                return []
         every = [
-            *((key, rid, attempt, states) for key, (rid, attempt, states) in kept.items()),
-            *((ep.key, ep.rollout_id, ep.info.attempt, ep.sessions) for ep in restored.values()),
+            *((key, rid, attempt) for key, (rid, attempt, _) in kept.items()),
+            *((ep.key, ep.rollout_id, ep.info.attempt) for ep in restored.values()),
         ]
         slots: list[tuple[str, str, int, dict[str, Any]]] = []
-        for key, rid, attempt, states in every:
-            try:
-                slots.append((key, rid, attempt, {
-                    p.name: to_plain(p.export(states[p.name])) for p in self._retained
-                }))
-            except Exception as exc:
-                diffs.append(f"instance {self.name}: session {key} of {rid} cannot be exported "
-                             f"again after its restore ({exc!r})")
+        for key, rid, attempt in every:
+            states: dict[str, Any] = {}
+            for p in self._retained:
+                if rid not in committed[p.name]:
+                    diffs.append(f"instance {self.name}: session {key} of {rid} has no "
+                                 f"{p.name} state in the committed records")
+                    break
+                states[p.name] = committed[p.name][rid]
+            else:
+                slots.append((key, rid, attempt, states))
         return slots
 
     def _rebuild_kept(
