@@ -205,3 +205,12 @@ async def test_the_kit_names_what_a_hostile_environment_does_wrong(
         with pytest.raises(ConformanceError) as failed:
             await check_environment(env, tmp_path)
     assert "check(s) failed" in str(failed.value)
+
+
+def test_a_dataset_whose_every_row_failed_still_leaves_a_final_snapshot(tmp_path: Path) -> None:
+    """Seed 606: every submission dropped, every row fails for good in the first incarnation
+    (``BudgetExhausted`` from ``batches``); the restored run finds them failed, and the
+    simulated trainer still leaves a final snapshot that judges every row failed."""
+    report = run_seed(606, tmp_path)
+    assert report.ok, report.violations
+    assert report.rows_failed == report.scenario.rows and report.rows_trained == 0

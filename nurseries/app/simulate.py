@@ -620,6 +620,7 @@ async def _incarnation(
                 replicas = {e.rollout_id: e.replica for e in manifest.episodes}
             initial_spent = ro.ledger.statistics().row_attempts_spent
             initial_data = ro.ledger.statistics().data_failures
+            initial_failed = len(ro.ledger.rows_failed)  # a restored ledger's
             calls = 0
 
             async def checkpoint() -> bool:
@@ -647,8 +648,11 @@ async def _incarnation(
                     # run that hangs every submission): this trainer still leaves a snapshot
                     if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.rows:
                         raise
-                    if not (faults or (races and sc.stage_deaths) or acts is not None):
-                        run.violation(inc, "every row failed for good without any fault")
+                    failed_here = len(ro.ledger.rows_failed) - initial_failed
+                    if failed_here and not (faults or (races and sc.stage_deaths)
+                                            or acts is not None):
+                        run.violation(inc, f"{failed_here} rows failed for good without any "
+                                           "fault")
             run.final_snapshot = None
             for _ in range(cfg.max_consecutive_failures + 1):
                 if await checkpoint():
