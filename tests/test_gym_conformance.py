@@ -879,8 +879,14 @@ async def test_fault_drop_ends_the_stream_early(
     async with open_gym(faults=["run:drop@1"]) as gym:
         replies = await drain(await gym.run("gym-0", make_rows(6)))
         assert len(replies) == 3
+        # The 3 missing rows keep running in Gym: each is running or (on Ray, in real time)
+        # has completed meanwhile, its reply going nowhere. Completions counted before and
+        # after the inventory bound it; under virtual time (embedded) all 3 run.
+        before = (await gym.statistics()).instances[0].completed
         inv = await gym.inventory("gym-0")
-        assert len(inv.running) == 3  # the missing rows keep running in Gym
+        after = (await gym.statistics()).instances[0].completed
+        assert len(inv.running) + before - 3 <= 3 <= len(inv.running) + after - 3, (inv, before,
+                                                                                   after)
         assert inv.on_wire == ()
         await trio.sleep(1)
         inv = await gym.inventory("gym-0")
