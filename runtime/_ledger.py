@@ -971,7 +971,8 @@ class RecoveryLedger:
         if cls == "data" and self._data_failures > self.data_failure_budget:
             raise BudgetExhausted(
                 f"data-failure budget of {self.data_failure_budget} spent "
-                f"(last: {rollout_id}: {reason}); raise data_failure_budget or fix the data"
+                f"(last: {rollout_id}: {reason}); fix the environment or the data (its WARNINGs "
+                "under the gymckpt.gym logger carry the tracebacks), or raise data_failure_budget"
             )
         return nxt
 
