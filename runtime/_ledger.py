@@ -712,11 +712,22 @@ class RecoveryLedger:
             self._unclaimed -= 1
 
     def _retire_later(self, s: int) -> None:
-        """Queue slot ``s``'s attempt for retirement if Gym may still hold it (S4)."""
+        """Queue slot ``s``'s attempt for retirement if Gym may still hold it (S4).
+
+        A dispatched claim of a restored episode is queued under the exported ID as well: Gym
+        may hold the episode under that ID still, unclaimed (the claim never arrived) or, on
+        the replacement of an instance that died inside the claim, as the session its journal
+        holds (a claim the journal could not record is not in it). The slot forgets its
+        restored state when it moves on, so this is the one moment the exported ID is known.
+        """
         code, rep = self._state[s], self._rep[s]
         restored = self._restored.get(s)
         if code == _DISPATCHED and rep >= 0:
             self._retire[self._rid(s)] = rep << 1
+            if restored is not None:  # pinned: dispatched to its replica, ``rep``
+                # a plain retire frees either; a queued retire_restored (a claim whose
+                # submission timed out) stays, and becomes plain if the instance dies
+                self._retire.setdefault(restored[_FROM], rep << 1)
         elif code == _RESERVED and restored is not None and self._unclaimed_col[s]:
             # keyed by the ID Gym knows: the exported attempt it holds unclaimed
             self._retire[restored[_FROM]] = self._intern(restored[_INSTANCE]) << 1 | 1
@@ -1036,9 +1047,7 @@ class RecoveryLedger:
         for s in slots:
             restored = self._restored.get(s)
             if self._state[s] == _DISPATCHED:
-                self._retire_later(s)
-                if restored is not None and restored[_INSTANCE] == instance:
-                    self._retire[restored[_FROM]] = i << 1
+                self._retire_later(s)  # a claim under its exported ID too
                 nxt_att = self._replace(s, _ABANDONED, spend=False)
                 if nxt_att is not None:
                     fresh.append(nxt_att)
