@@ -335,7 +335,9 @@ class Dispatcher:
         self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str],
         generation: int,
     ) -> None:
-        outstanding = set(ids)
+        # in submission order (a dict): what is lost or abandoned is re-sent in that order,
+        # whatever the string hashing (the simulation replays in process)
+        outstanding = dict.fromkeys(ids)
         dead: GymInstanceDead | None = None
         self._streams += 1
         key = f"stream-{next(self._stream_ids)}"
@@ -366,7 +368,7 @@ class Dispatcher:
         elif outstanding:
             await self._early_end(instance, outstanding)
 
-    async def _lost_to_death(self, outstanding: set[str]) -> None:
+    async def _lost_to_death(self, outstanding: dict[str, None]) -> None:
         """A dead instance's stream: its rows in flight are abandoned and re-sent fresh, at no
         cost (the replacer does the same for everything else the instance held)."""
         ledger = self.ledger
@@ -379,7 +381,7 @@ class Dispatcher:
         self,
         replies: Sequence[RunReply],
         gate_id: int,
-        outstanding: set[str],
+        outstanding: dict[str, None],
     ) -> None:
         """Apply one batch in one mutation. Re-sends are scheduled, never awaited here: the
         consumer asks for the next batch at once, so replies leave the wire promptly (S9)."""
@@ -399,7 +401,7 @@ class Dispatcher:
                 rid = reply.rollout_id
                 if rid not in outstanding:
                     continue  # not ours (or duplicated): ignore
-                outstanding.discard(rid)
+                del outstanding[rid]
                 touched.append(rid)
                 failure: tuple[Literal["infra", "data"], str] | None = None
                 if isinstance(reply, Completed):
@@ -476,7 +478,7 @@ class Dispatcher:
             await trio.sleep(self.config.backoff_s(1))
         self.enqueue(ids)
 
-    async def _early_end(self, instance: str, outstanding: set[str]) -> None:
+    async def _early_end(self, instance: str, outstanding: dict[str, None]) -> None:
         """S3: abandon, queue for retire, retire now under admission, re-send fresh."""
         self._early += 1
         self.metrics.inc("rollout/early_stream_ends_total")

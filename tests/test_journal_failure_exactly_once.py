@@ -159,3 +159,21 @@ def test_the_hostile_seeds_that_found_it_hold(seed: int) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1 passed, 0 failed" in done.stdout
+
+
+@pytest.mark.subprocess
+def test_a_hostile_seed_replays_exactly_in_process_whatever_the_string_hashing() -> None:
+    """``run_seed`` called in process (no ``PYTHONHASHSEED`` pinned by the CLI) gives the same
+    run under any string hashing: the dispatcher abandoned a dead stream's rows in the order
+    of a set of rollout IDs, so the fresh attempts went out in hash order (seed 1141's
+    fingerprint changed from one process to the next, and the violation came and went)."""
+    code = ("from gymckpt.nurseries.app.simulate import run_seed; "
+            "print(run_seed(1141, hostile=True).fingerprint)")
+    prints = set()
+    for hash_seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, check=False,
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert done.returncode == 0, done.stderr[-3000:]
+        prints.add(done.stdout.strip())
+    assert len(prints) == 1, prints
