@@ -166,7 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "if not isinstance(reward, (int, float)):",
            (HOSTILE,), keyword="reward_that_is_not"),
     Mutant("finite-dispatcher-trusts-a-nan-reward", "finite", "nurseries/_dispatcher.py",
-           "if isinstance(reward, float) and math.isfinite(reward):", "if True:",
+           "if type(reward) is float and math.isfinite(reward):", "if True:",
            (HOSTILE,), keyword="dispatcher_refuses"),
     Mutant("finite-ledger-writes-nan-as-null", "finite", "runtime/_ledger.py",
            "if not math.isfinite(r.reward):", "if False:",
