@@ -370,6 +370,11 @@ class HostControl:
                     self._journal.freed(key)
             retired.append(rid)
             self.count.retired += 1
+        if self._dead:
+            # died inside the call (its journal tore a record, or failed): a dead instance
+            # answers nothing. Its frees died with it, and what the kill dropped from memory
+            # would read as unknown, while the replacement replays the journal and holds it.
+            raise GymInstanceDead(self.name, op)
         return RetireReply(self.name, tuple(retired), tuple(unknown))
 
     # -- restore ---------------------------------------------------------------------------------
