@@ -30,6 +30,7 @@ user code directly: there only asyncio and anyio work.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import sys
 import types
@@ -123,7 +124,12 @@ class UserCalls:
         if not self._trio:
             return await aw
         if self._loop is None and self._shared is not None:
-            await self._shared.ready.wait()
+            try:
+                await self._shared.ready.wait()
+            except BaseException:  # cancelled before it ran: close it, never leave it unawaited
+                if inspect.iscoroutine(aw):
+                    aw.close()
+                raise
             self._loop = self._shared.loop
         if self._set_loop is not None and self._set_loop.get() is not self._loop:
             self._set_loop.set(self._loop)  # for the rest of this task: an episode's

@@ -253,6 +253,25 @@ async def test_asyncio_code_that_needs_a_task_fails_naming_the_rule() -> None:
     assert isinstance(reply, Failed) and "Timeout should be used inside a task" in reply.message
 
 
+async def test_a_step_cancelled_before_the_loop_for_user_code_opens_is_closed() -> None:
+    """A cancel while the host waits for its asyncio loop closes the user's step coroutine: it
+    is never left unawaited (a RuntimeWarning, an error under filterwarnings = error)."""
+    from gymckpt.gym_adapter._user_calls import UserCalls
+
+    calls = UserCalls()
+    calls.open()  # no trio-asyncio loop in this run: the host's opens in a system task
+
+    async def step() -> None:
+        await trio.lowlevel.checkpoint()
+
+    coro = step()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await calls.wait(coro)
+    assert scope.cancelled_caught
+    assert coro.cr_frame is None  # closed
+
+
 def test_a_guest_run_that_cannot_serve_raises_its_own_error_at_start() -> None:
     async def serve(ready: Any) -> None:
         await trio.lowlevel.checkpoint()
