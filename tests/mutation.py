@@ -204,6 +204,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("preempt-waiting-trainer-not-woken", "preempt", "nurseries/_trainer.py",
            "for scope in self._waits:", "for scope in ():",
            (PREEMPT,), keyword="woken"),
+    # exactly once when an instance dies inside a journal write
+    Mutant("claim-lost-to-death-forgets-its-exported-id", "bug2", "runtime/_ledger.py",
+           "self._retire.setdefault(restored[_FROM], rep << 1)", "pass",
+           ("tests/test_journal_failure_exactly_once.py",), keyword="whoever_settles"),
+    Mutant("retire-answers-after-dying-inside-it", "fencing", "gym_adapter/_host_control.py",
+           "raise GymInstanceDead(self.name, op)", "pass",
+           ("tests/test_torn_retire_exactly_once.py",), keyword="dies_inside_a_retire"),
 )
 
 
