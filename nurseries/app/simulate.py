@@ -599,6 +599,7 @@ async def _incarnation(
             max_rows_in_flight=sc.max_rows_in_flight, batch_size=sc.batch_size,
             keep_snapshots=sc.keep_snapshots, run_id=f"i{inc}",
             on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows),
+            handle_signals=False,  # SIGTERM and Ctrl-C stop the simulation, not a seed's trainer
         ) as ro:
             ro_ref.append(ro)
             replaced_at_open = len((await gym.statistics()).replaced)
