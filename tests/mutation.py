@@ -247,6 +247,16 @@ def _apply(root: Path, m: Mutant) -> str | None:
     return None
 
 
+def _apply_check(m: Mutant) -> str | None:
+    """Why ``m`` no longer applies to the working tree, or None (the tree is not changed)."""
+    with tempfile.TemporaryDirectory(prefix="gymckpt-stale-") as tmp:
+        target = Path(tmp) / m.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / m.path).is_file():
+            shutil.copy2(REPO / m.path, target)
+        return _apply(Path(tmp), m)
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
     try:
         p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
@@ -303,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-timeout", type=int, default=60,
                         help="per-test timeout in seconds (a hang is a kill); default 60")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--stale", action="store_true",
+                        help="only check that every mutant's line is still in the tree (fast)")
     parser.add_argument("--control", action="store_true",
                         help="run each mutant's selection on the unchanged tree (must survive)")
     args = parser.parse_args(argv)
@@ -311,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name:55} {m.rule:8} {m.path}")
         return 0
+    if args.stale:
+        stale_ones = [(m, why) for m in chosen if (why := _apply_check(m)) is not None]
+        for m, why in stale_ones:
+            print(f"STALE    {m.name:55} {why}")
+        print(f"{len(chosen) - len(stale_ones)}/{len(chosen)} mutants apply to the tree")
+        return 1 if stale_ones else 0
     t0 = time.monotonic()
     results: list[tuple[Mutant, str, str, float]] = []
     for m in chosen:
