@@ -640,19 +640,33 @@ class GymHost(HostControl, HostViews, HostJournaling):
         self._kept.pop(key, None)
         self._journal_freed(key)  # never raises: a journal that fails stops the instance
 
-    # -- the Ray actor's outbox reads batches itself and acknowledges them later ----------------
+    # -- a consumer in another process (the Ray actor's outbox) ----------------------------------
+    # It reads a stream's batches itself (``HostReplyStream.run_stream``) and acknowledges
+    # them when its own consumer asks for the next batch; these are its four calls.
 
-    def _ack(self, st: RunStream, rollout_ids: Sequence[str]) -> None:
+    def ack_replies(self, st: RunStream, rollout_ids: Sequence[str]) -> None:
+        """The consumer received the replies of ``rollout_ids`` sent on ``st``: they leave the
+        wire (an ID on the wire by another stream stays)."""
         self._streams.ack(st, rollout_ids)
 
-    def _discard(self, st: RunStream, replies: Sequence[RunReply]) -> None:
+    def discard_replies(self, st: RunStream, replies: Sequence[RunReply]) -> None:
+        """``replies`` taken from ``st`` will never be delivered: they leave the wire and count
+        as discarded."""
         self._streams.discard(st, replies)
 
-    def _forget(self, st: RunStream) -> None:
+    def forget_stream(self, st: RunStream) -> None:
+        """``st`` has ended and its consumer read it to the end: the host stops listing it."""
         self._streams.forget(st)
 
-    def _consumer_closed(self, st: RunStream) -> None:
+    def close_consumer(self, st: RunStream) -> None:
+        """The consumer of ``st`` went away: no more replies go out, the batches sent and not
+        read are discarded, the rows run on."""
         self._streams.end(st, hard=True)
+
+    _ack = ack_replies
+    _discard = discard_replies
+    _forget = forget_stream
+    _consumer_closed = close_consumer
 
     def __repr__(self) -> str:
         state = "dead" if self._dead else "prepared" if self._prepared else "open"

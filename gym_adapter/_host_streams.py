@@ -185,6 +185,13 @@ class HostReplyStream:
         self._delivered: tuple[str, ...] = ()
         self._closed = False
 
+    @property
+    def run_stream(self) -> RunStream:
+        """The host's side of this ``run``, for a consumer that reads its batches itself and
+        reports back through ``GymHost.ack_replies``, ``discard_replies``, ``forget_stream``
+        and ``close_consumer``."""
+        return self._st
+
     def __aiter__(self) -> HostReplyStream:
         return self
 
