@@ -10,7 +10,7 @@ from ._coordinator import (
 )
 from ._dispatcher import READY, Dispatcher, DispatcherStatistics
 from ._restore import RestoredRun, SnapshotProblems, restore_latest, snapshot_problems
-from ._run import ExitCode, leaf_errors, run, run_exit
+from ._run import ExitCode, leaf_errors, run, run_exit, run_failure
 from ._trainer import (
     RESTORED_DIR,
     SNAPSHOTS_DIR,
@@ -41,5 +41,6 @@ __all__ = [
     "restore_latest",
     "run",
     "run_exit",
+    "run_failure",
     "snapshot_problems",
 ]

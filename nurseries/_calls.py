@@ -14,7 +14,6 @@ checkpoint is retried, S6).
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -22,59 +21,60 @@ import trio
 
 from gymckpt.runtime import (
     CheckpointInvariantError,
+    FailureKind,
     GymCallTimeout,
     GymCheckpointUnavailable,
     GymUnavailable,
     RuntimeConfig,
     TopologyMismatch,
     crossing_boundary,
+    failure_kind,
 )
 
-__all__ = ["STORAGE_ERRNOS", "bounded_call", "classify", "fan_out", "is_storage_error"]
+__all__ = ["bounded_call", "classify", "fan_out"]
 
 T = TypeVar("T")
 
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
-"""Errors writing a snapshot (full disk, quota, I/O error) that fail the checkpoint, retryably:
-the snapshot is staged out of sight and published by one rename, so nothing changed."""
+_RETRYABLE = frozenset({FailureKind.GYM_UNAVAILABLE, FailureKind.SNAPSHOT_IO})
+"""The kinds of error a checkpoint can fail with and still be retried: they changed nothing."""
 
 
-def is_storage_error(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+def classify(exc: BaseException) -> FailureKind:
+    """What a checkpoint's failure ``exc`` is: ``INVARIANT`` (the run aborts),
+    ``GYM_UNAVAILABLE`` or ``SNAPSHOT_IO`` (retried), or ``TRAINER_FILES`` (the trainer's
+    ``files=`` writer was refused, retried).
 
-
-def classify(exc: BaseException) -> str:
-    """``"invariant"``, ``"gym_unavailable"`` or ``"snapshot_io"`` for a checkpoint stage's error.
-
-    Follows the cause chain: an invariant anywhere wins; anything unknown is an invariant (we
-    cannot prove it changed nothing); a full disk or I/O error while writing the snapshot (in
-    our publish or in Gym's commit into the staging directory) is ``snapshot_io``; otherwise a
-    ``GymUnavailable`` is ``gym_unavailable``.
+    Follows the cause chain and exception groups, classifying each error by type
+    (``failure_kind``): an invariant or a refused input (a ``TopologyMismatch``) anywhere wins;
+    any kind that is not retryable is an invariant (we cannot prove it changed nothing); a full
+    disk or I/O error while writing the snapshot (in our publish or in Gym's commit into the
+    staging directory) is ``SNAPSHOT_IO``; otherwise every error is a ``GymUnavailable``, and
+    the failure is ``GYM_UNAVAILABLE``.
     """
+    if failure_kind(exc) is FailureKind.TRAINER_FILES:  # the store refused the trainer's files
+        return FailureKind.TRAINER_FILES
     seen: set[int] = set()
     stack: list[BaseException] = [exc]
-    kinds: set[str] = set()
+    kinds: set[FailureKind] = set()
     while stack:
         e = stack.pop()
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, (CheckpointInvariantError, TopologyMismatch)):
-            return "invariant"
         if isinstance(e, BaseExceptionGroup):
             stack.extend(e.exceptions)
             continue
-        if isinstance(e, GymUnavailable):
-            kinds.add("gym_unavailable")
-        elif is_storage_error(e):
-            kinds.add("snapshot_io")
-        else:
-            kinds.add("unknown")
+        kind = failure_kind(e)
+        if kind in (FailureKind.INVARIANT, FailureKind.BAD_INPUT):
+            return FailureKind.INVARIANT
+        kinds.add(kind)
         if e.__cause__ is not None:
             stack.append(e.__cause__)
-    if not kinds or "unknown" in kinds:
-        return "invariant"
-    return "snapshot_io" if "snapshot_io" in kinds else "gym_unavailable"
+    if not kinds or not kinds <= _RETRYABLE:
+        return FailureKind.INVARIANT
+    if FailureKind.SNAPSHOT_IO in kinds:
+        return FailureKind.SNAPSHOT_IO
+    return FailureKind.GYM_UNAVAILABLE
 
 
 async def bounded_call(
@@ -145,7 +145,7 @@ def _gathered(operation: str, errors: Mapping[str, Exception]) -> Exception:
     mismatches = [e for e in errors.values() if isinstance(e, TopologyMismatch)]
     if mismatches:
         err = TopologyMismatch(d for m in mismatches for d in m.differences)
-    elif classify(group) == "invariant":
+    elif classify(group) is FailureKind.INVARIANT:
         err = CheckpointInvariantError(f"{operation}: {detail}")
     else:
         err = GymCheckpointUnavailable(detail, "", operation)

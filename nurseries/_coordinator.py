@@ -65,6 +65,7 @@ from gymckpt.runtime import (
     DispatchGate,
     DrainTimeout,
     EpisodeRecord,
+    FailureKind,
     GymManifest,
     InstanceRecord,
     Metrics,
@@ -74,8 +75,8 @@ from gymckpt.runtime import (
     SnapshotInfo,
     SnapshotStore,
     StrandedSessionError,
-    TrainerFilesRefused,
     collector_paused,
+    failure_kind,
     promote_survivors,
     sample_ids,
     state_dir_problem,
@@ -83,7 +84,7 @@ from gymckpt.runtime import (
     wait_drained,
 )
 
-from ._calls import bounded_call, classify, fan_out, is_storage_error
+from ._calls import bounded_call, classify, fan_out
 from ._offload import offload
 from ._replace import InstanceReplacer, dead_in
 
@@ -130,7 +131,7 @@ class CheckpointOutcome:
     checkpoint_id: str
     ok: bool
     snapshot: SnapshotInfo | None
-    reason: str | None
+    reason: FailureKind | None
     error: str | None
     stage_s: Mapping[str, float]
     episodes: int = 0
@@ -161,7 +162,7 @@ def _write_trainer_files(write: Callable[[Path], None], target: Path) -> None:
     try:
         write(target)
     except OSError as exc:
-        if is_storage_error(exc):
+        if failure_kind(exc) is FailureKind.SNAPSHOT_IO:
             raise
         raise _TrainerFilesFailed(exc) from exc
     except Exception as exc:
@@ -361,12 +362,11 @@ class CheckpointCoordinator:
             raise exc.error from None
         except Exception as exc:
             self._report_deaths(exc)
-            # the trainer's files= left a link or a special file: its input, retried next time
-            kind = "trainer_files" if isinstance(exc, TrainerFilesRefused) else classify(exc)
+            kind = classify(exc)
             self.failed_total += 1
             self.metrics.inc("checkpoint/failed_total")
             self._record_stages(stage_s)
-            if kind == "invariant":
+            if kind is FailureKind.INVARIANT:
                 self.metrics.inc("checkpoint/invariant_failures_total")
                 logger.error("checkpoint %s aborted the run: %s", checkpoint_id, exc)
                 self._record_last(started, None)
@@ -377,7 +377,7 @@ class CheckpointCoordinator:
             self.metrics.inc(f"checkpoint/{kind}_total")
             self.metrics.set("checkpoint/consecutive_failures", self._consecutive_failures)
             detail = str(exc)
-            if kind == "snapshot_io":
+            if kind is FailureKind.SNAPSHOT_IO:
                 detail = f"{detail} ({_storage_detail(self.store.root)})"
             logger.warning(
                 "checkpoint %s failed (%s, %d in a row, retried at the next checkpoint): %s",

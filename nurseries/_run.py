@@ -20,23 +20,22 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import trio
 
-from gymckpt.runtime import (
-    BadInput,
-    BudgetExhausted,
-    CheckpointInvariantError,
-    CheckpointsFailed,
-    GymConnectionLost,
-    GymUnavailable,
-    Preempted,
-    ReplacementsExhausted,
-)
+from gymckpt.runtime import FailureKind, failure_kind
 
-__all__ = ["EXIT_INTERRUPTED", "ExitCode", "leaf_errors", "run", "run_exit"]
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_INTERRUPTED",
+    "ExitCode",
+    "leaf_errors",
+    "run",
+    "run_exit",
+    "run_failure",
+]
 
 T = TypeVar("T")
 
@@ -70,6 +69,30 @@ class ExitCode(enum.IntEnum):
 
 EXIT_INTERRUPTED = ExitCode.INTERRUPTED
 
+EXIT_CODES: Mapping[FailureKind, ExitCode] = {
+    FailureKind.INVARIANT: ExitCode.INVARIANT,
+    FailureKind.BAD_INPUT: ExitCode.BAD_INPUT,
+    FailureKind.TRAINER_FILES: ExitCode.BAD_INPUT,
+    FailureKind.GYM_UNAVAILABLE: ExitCode.CHECKPOINTS_FAILED,
+    FailureKind.CHECKPOINTS_FAILED: ExitCode.CHECKPOINTS_FAILED,
+    FailureKind.REPLACEMENTS_EXHAUSTED: ExitCode.REPLACEMENTS_EXHAUSTED,
+    FailureKind.CLUSTER_LOST: ExitCode.CLUSTER_LOST,
+    FailureKind.DATA_FAILURES: ExitCode.DATA_FAILURES,
+    FailureKind.PREEMPTED: ExitCode.OK,
+}
+"""The exit code of each kind of failure that can end a run (``run_failure`` decides the
+kind). ``SNAPSHOT_IO`` and ``UNKNOWN`` have none: such an error is not gymckpt's to summarise
+as a run's end, it propagates with its traceback."""
+
+_DECIDES_ALONE = (
+    FailureKind.INVARIANT,
+    FailureKind.CLUSTER_LOST,
+    FailureKind.REPLACEMENTS_EXHAUSTED,
+)
+"""Kinds that decide a run's end whatever failed with them, in this order."""
+_UNAVAILABLE = frozenset({FailureKind.CHECKPOINTS_FAILED, FailureKind.GYM_UNAVAILABLE})
+_REFUSED = frozenset({FailureKind.BAD_INPUT, FailureKind.TRAINER_FILES})
+
 
 def leaf_errors(exc: BaseException) -> list[BaseException]:
     """Every error inside ``exc``'s (nested) exception groups, or ``[exc]``."""
@@ -78,41 +101,52 @@ def leaf_errors(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
-    """The exit code an error that ended a run maps to, with the error that decides it.
+def run_failure(exc: BaseException) -> tuple[FailureKind, BaseException] | None:
+    """The kind of failure an error that ended a run is, with the error that decides it.
 
     Two tasks may fail together (the dispatcher finding every instance dead while a checkpoint
-    gives up): an invariant violation anywhere is 3; checkpoints failing too often, every
-    instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
-    run from the restore; checkpoints retry it), 4; an instance that died past its
-    replacement budget, 5; the cluster lost (``GymConnectionLost``, whatever failed with it),
-    6; episodes failing past the data-failure budget (``BudgetExhausted``, alone or beside
-    Gym being unavailable), 7; a lone ``BadInput`` (gymckpt refusing its input: a manifest, a
-    topology, a configuration file, a work directory in use), 2; a run preempted by a signal
-    (``Preempted`` and nothing else), 0. None for anything else — a ``ValueError`` of the
-    trainer's own code included: let it surface with its traceback.
+    gives up), so every error inside the groups is classified (``failure_kind``): an
+    invariant violation anywhere decides; then the cluster lost (whatever failed with it);
+    then an instance that died past its replacement budget. Checkpoints failing too often,
+    every instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
+    run from the restore; checkpoints retry it) — those and nothing else — are
+    ``CHECKPOINTS_FAILED`` (the first ``CheckpointsFailed``) or ``GYM_UNAVAILABLE``; episodes
+    failing past the data-failure budget (``BudgetExhausted``, alone or beside Gym being
+    unavailable), ``DATA_FAILURES`` (the last one); a run preempted by a signal (``Preempted``
+    and nothing else), ``PREEMPTED``; a lone refused input (``BadInput``: a manifest, a
+    topology, a configuration file, a work directory in use), ``BAD_INPUT``. None for anything
+    else — a ``ValueError`` of the trainer's own code included: let it surface with its
+    traceback.
     """
-    leaves = leaf_errors(exc)
-    for leaf in leaves:
-        if isinstance(leaf, CheckpointInvariantError):
-            return ExitCode.INVARIANT, leaf
-    for leaf in leaves:  # whatever else failed with it was the cluster going away
-        if isinstance(leaf, GymConnectionLost):
-            return ExitCode.CLUSTER_LOST, leaf
-    for leaf in leaves:
-        if isinstance(leaf, ReplacementsExhausted):
-            return ExitCode.REPLACEMENTS_EXHAUSTED, leaf
-    if all(isinstance(leaf, (CheckpointsFailed, GymUnavailable)) for leaf in leaves):
-        failed = [leaf for leaf in leaves if isinstance(leaf, CheckpointsFailed)]
-        return ExitCode.CHECKPOINTS_FAILED, (failed or leaves)[0]
-    exhausted = [leaf for leaf in leaves if isinstance(leaf, BudgetExhausted)]
-    if exhausted and all(isinstance(leaf, (BudgetExhausted, GymUnavailable)) for leaf in leaves):
-        return ExitCode.DATA_FAILURES, exhausted[-1]
-    if all(isinstance(leaf, Preempted) for leaf in leaves):
-        return ExitCode.OK, leaves[0]
-    if len(leaves) == 1 and isinstance(leaves[0], BadInput):
-        return ExitCode.BAD_INPUT, leaves[0]
+    leaves = [(failure_kind(leaf), leaf) for leaf in leaf_errors(exc)]
+    kinds = {kind for kind, _ in leaves}
+    for decides in _DECIDES_ALONE:
+        for kind, leaf in leaves:
+            if kind is decides:
+                return kind, leaf
+    if kinds <= _UNAVAILABLE:
+        failed = [p for p in leaves if p[0] is FailureKind.CHECKPOINTS_FAILED]
+        return (failed or leaves)[0]
+    if FailureKind.DATA_FAILURES in kinds and kinds <= {
+        FailureKind.DATA_FAILURES,
+        FailureKind.GYM_UNAVAILABLE,
+    }:
+        return [p for p in leaves if p[0] is FailureKind.DATA_FAILURES][-1]
+    if kinds == {FailureKind.PREEMPTED}:
+        return leaves[0]
+    if len(leaves) == 1 and kinds <= _REFUSED:
+        return leaves[0]
     return None
+
+
+def run_exit(exc: BaseException) -> tuple[ExitCode, BaseException] | None:
+    """The exit code an error that ended a run maps to (``EXIT_CODES`` of its
+    ``run_failure``), with the error that decides it; None: not gymckpt's to summarise."""
+    decided = run_failure(exc)
+    if decided is None:
+        return None
+    kind, leaf = decided
+    return EXIT_CODES[kind], leaf
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:
@@ -131,10 +165,13 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
         code, err = decided
         if code == ExitCode.OK:  # preempted: its one line (the final snapshot) is logged
             raise SystemExit(code) from None
-        what = {ExitCode.BAD_INPUT: "error", ExitCode.INVARIANT: "run aborted",
-                ExitCode.CHECKPOINTS_FAILED: "run stopped",
-                ExitCode.REPLACEMENTS_EXHAUSTED: "run stopped",
-                ExitCode.CLUSTER_LOST: "run stopped",
-                ExitCode.DATA_FAILURES: "run stopped"}[code]
+        what = {
+            ExitCode.BAD_INPUT: "error",
+            ExitCode.INVARIANT: "run aborted",
+            ExitCode.CHECKPOINTS_FAILED: "run stopped",
+            ExitCode.REPLACEMENTS_EXHAUSTED: "run stopped",
+            ExitCode.CLUSTER_LOST: "run stopped",
+            ExitCode.DATA_FAILURES: "run stopped",
+        }[code]
         print(f"gymckpt: {what}: {err}", file=sys.stderr)
         raise SystemExit(code) from None

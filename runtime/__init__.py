@@ -41,6 +41,7 @@ from ._errors import (
     sample_ids,
     unpicklable_error,
 )
+from ._failures import FailureKind, failure_kind
 from ._gate import DispatchGate, GateStatistics
 from ._layout import (
     COMMIT_MARKER,
@@ -137,6 +138,7 @@ __all__ = [
     "EpisodeRecord",
     "EpisodeResult",
     "FailureClass",
+    "FailureKind",
     "GateStatistics",
     "GymAdmissionClosed",
     "GymCallTimeout",
@@ -180,6 +182,7 @@ __all__ = [
     "dump_ledger_snapshot",
     "dump_manifest",
     "dumps_chunked",
+    "failure_kind",
     "freeze_startup_objects",
     "fsync_dir",
     "load_ledger_snapshot",
