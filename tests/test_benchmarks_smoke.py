@@ -258,7 +258,7 @@ def test_preserved_timeline_model() -> None:
 
 
 def test_targets_verdicts() -> None:
-    from gymckpt.benchmarks.report import targets
+    from gymckpt.benchmarks.report import TargetRow, targets
 
     drain = {"rollouts": 200_000, "drain_wake_us_median": 40.0, "drain_wake_ms_p99": 0.3,
              "speedup": 3000.0, "max_loop_stall_ms": 9.0}
@@ -274,7 +274,7 @@ def test_targets_verdicts() -> None:
           "sizes_failed": [16], "models": {}, "ray_dispatch": {"ok": True, "rows_per_s": 9_999}}
     pv = {"kills": 10, "gymckpt_redone_fraction_median": 0.1,
           "gymckpt_redone_fraction_pooled": 0.12, "boundary_mismatches": 0, "restores": 10}
-    got = {t["key"]: t["status"] for t in targets(drain, memory, ck, fo, pv)}
+    got = {t.key: t.status for t in targets(drain, memory, ck, fo, pv)}
     assert got == {
         "ledger_bytes_per_attempt": "MISSED", "gc_full_ms_1M": "met",
         "drain_wake_median": "met", "drain_wake_p99": "MISSED", "drain_speedup": "met",
@@ -285,24 +285,24 @@ def test_targets_verdicts() -> None:
     fo["results"][-1]["ok"] = True
     fo["sizes_failed"] = []
     pv["boundary_mismatches"] = 1
-    got = {t["key"]: t["status"] for t in targets(drain, memory, ck, fo, pv)}
+    got = {t.key: t.status for t in targets(drain, memory, ck, fo, pv)}
     assert got["fanout"] == "met" and got["preserved"] == "MISSED"
-    assert targets(drain, {"results": []}, None, None, None)[0]["status"] == "not measured"
+    assert targets(drain, {"results": []}, None, None, None)[0].status == "not measured"
     # the checkpoint on Ray has no threshold: reported at 200k with 4 actors, else not
     # measured; a failed run is missed
     cr = {"in_flight": 200_000, "actors": 4, "checkpoint_ok": True, "e2e_s": 3.0,
           "turn_time_wall_s": 20.0, "max_loop_stall_ms": 12.0}
 
-    def ray_row(cr: dict[str, Any]) -> dict[str, Any]:
+    def ray_row(cr: dict[str, Any]) -> TargetRow:
         rows = targets(drain, memory, ck, fo, pv, cr)
-        return next(t for t in rows if t["key"] == "checkpoint_e2e_ray")
+        return next(t for t in rows if t.key == "checkpoint_e2e_ray")
 
-    assert ray_row(cr)["status"] == "reported"
-    assert ray_row(cr)["measured"].startswith("3.00 s close to resume (+ 20.0 s turn time)")
-    assert ray_row({**cr, "in_flight": 20_000})["status"] == "not measured"
-    assert ray_row({**cr, "actors": 2})["status"] == "not measured"
+    assert ray_row(cr).status == "reported"
+    assert ray_row(cr).measured.startswith("3.00 s close to resume (+ 20.0 s turn time)")
+    assert ray_row({**cr, "in_flight": 20_000}).status == "not measured"
+    assert ray_row({**cr, "actors": 2}).status == "not measured"
     failed = ray_row({**cr, "checkpoint_ok": False, "checkpoint_error": "gym_unavailable"})
-    assert failed["status"] == "MISSED" and "gym_unavailable" in failed["measured"]
+    assert failed.status == "MISSED" and "gym_unavailable" in failed.measured
 
 
 def test_fit_linear() -> None:
@@ -366,7 +366,7 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     own), through the CLI: every episode in flight is exported, every stage timed."""
     pytest.importorskip("ray")
     from gymckpt.benchmarks.checkpoint_ray import GYM_OPS
-    from gymckpt.benchmarks.report import _checkpoint_ray_section, targets
+    from gymckpt.benchmarks.report import checkpoint_ray_section, targets
     from gymckpt.nurseries import STAGES
 
     r = _run(capsys, "checkpoint", "--backend", "ray", "--actors", "4", "--rollouts", "128",
@@ -398,15 +398,15 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["config"]["turn_s"] == r["turn_s"]
     # the report: a table row per stage, and the targets row (128 is not the target's size)
     lines: list[str] = []
-    _checkpoint_ray_section(lines.append, r)
+    checkpoint_ray_section(lines.append, r)
     table = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
     assert [line.split(" | ")[0][2:] for line in table] == [s["stage"] for s in r["stages"]]
     assert "`prepare` " in next(line for line in table if line.startswith("| prepare |"))
     row = next(t for t in targets({"rollouts": 1, "drain_wake_us_median": 1.0,
                                    "drain_wake_ms_p99": 1.0, "max_loop_stall_ms": 1.0},
                                   {"results": []}, None, None, None, r)
-               if t["key"] == "checkpoint_e2e_ray")
-    assert row["status"] == "not measured" and "(at 128; the target is at 200K)" in row["measured"]
+               if t.key == "checkpoint_e2e_ray")
+    assert row.status == "not measured" and "(at 128; the target is at 200K)" in row.measured
     # actors that do not start in time: an error that says so (bench all records it as a
     # failed result and carries on)
     from gymckpt.benchmarks._common import Progress

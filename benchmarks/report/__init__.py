@@ -1,0 +1,35 @@
+"""``gymckpt bench all`` and ``gymckpt bench report``: run every benchmark, then write the
+JSON results, the plots and ``SUMMARY.md`` (headline figures against their targets, saying
+plainly what is missed, why, and what it would take).
+
+One module per part: ``_results`` reads and writes the JSON results, ``_targets`` gives each
+target its verdict, ``_misses`` explains the missed ones, one module per benchmark writes its
+section of the summary (``_drain``, ``_checkpoint``, ``_fanout``, ``_preserved``,
+``_runtime_tables``), ``_summary`` puts them in order, ``_plots`` draws, ``_run`` runs.
+"""
+
+from __future__ import annotations
+
+from ._checkpoint import checkpoint_ray_section, checkpoint_section
+from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
+from ._results import Results
+from ._run import rerender, run_all
+from ._summary import write_summary
+from ._targets import TARGETS, Status, TargetRow, targets
+
+__all__ = [
+    "TARGETS",
+    "Results",
+    "Status",
+    "TargetRow",
+    "checkpoint_ray_section",
+    "checkpoint_section",
+    "plot_checkpoint",
+    "plot_drain",
+    "plot_fanout",
+    "plot_preserved",
+    "rerender",
+    "run_all",
+    "targets",
+    "write_summary",
+]

@@ -1,0 +1,186 @@
+"""The report's sections on one whole checkpoint: on the embedded Gym (stage table, the fill
+and the embedded dispatch through the whole loop) and on Ray (stage table with the slowest
+and median actor per Gym call)."""
+
+from __future__ import annotations
+
+from ._format import Add, fmt, stall
+from ._results import Result
+
+__all__ = ["checkpoint_keys", "checkpoint_ray_section", "checkpoint_section"]
+
+
+def _late(row: Result) -> str:
+    if row["stage"] in ("close+retire", "prepare"):
+        return "—"  # virtual time: the heartbeat starts at after_prepare
+    v = row.get("heartbeat_max_late_ms")
+    return "< 1 ms" if v is None else fmt(v, " ms", 1)
+
+
+def checkpoint_section(add: Add, ck: Result) -> None:
+    add(f"## Checkpoint end to end on the embedded Gym ({ck['in_flight']:,} in flight)")
+    add("")
+    add(
+        f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on `EmbeddedGym` "
+        f"({ck['config']['instances']} instances): ok = {ck['checkpoint_ok']}, "
+        f"{ck['episodes_exported']:,} episodes exported, {ck['pending_drained']} pending "
+        f"drained, {fmt(ck['checkpoint_wall_s'], ' s', 2)} wall. Snapshot on disk: "
+        f"{fmt(ck['snapshot_mib'], ' MiB')} in {ck['snapshot_files']} files "
+        f"({fmt(ck['snapshot_bytes_per_episode'], ' B', 0)} per episode; `ledger.json` "
+        f"{fmt(ck['ledger_json_bytes'] / 2**20, ' MiB')})."
+    )
+    add("")
+    add(
+        "| stage | wall | longest loop stall (wall / CPU) | runtime's own, GC out | GC pauses "
+        "| heartbeat late | inside Gym calls |"
+    )
+    add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in ck["stages"]:
+        extra = ""
+        if "simulated_wait_s" in r:
+            extra = f" (+ {r['simulated_wait_s']:.1f} s simulated wait)"
+        add(
+            f"| {r['stage']} | {fmt(r['wall_ms'], ' ms', 1)}{extra} | "
+            f"{stall(r['max_loop_stall_ms'])} / {stall(r['max_loop_stall_cpu_ms'])} | "
+            f"{stall(r.get('max_runtime_stall_excluding_gc_ms'))} | "
+            f"{fmt(r['gc_pause_ms'], ' ms', 1)} | "
+            f"{_late(r)} | "
+            f"{fmt(r['in_gym_calls_ms'], ' ms', 1)} |"
+        )
+    add("")
+    add(
+        "The run fills Gym on a virtual clock and switches to real time once Gym is parked "
+        "(`after_prepare`): `prepare`'s wall time is the embedded Gym moving every episode to a "
+        "step boundary on this loop, and its simulated wait is the turn length the simulation "
+        "was given; every later stage runs in real time with the runtime's worker threads, as "
+        "in production. `commit` is the embedded Gym's export (see *inside Gym calls*). "
+        "*Runtime's own*: the longest stall in a task that is not the embedded Gym's, not "
+        "inside a Gym call, with GC pauses taken out. *Heartbeat late*: worst lateness of a "
+        "1 ms sleep (from `after_prepare` on; only lateness over 1 ms is recorded), which also "
+        "catches the loop waiting for the GIL. GC pauses include collections in worker threads "
+        "(the snapshot and publish stages allocate there)."
+    )
+    add("")
+    emb = ck.get("embedded_dispatch") or []
+    if emb:
+        add(
+            f"Filling Gym to {ck['in_flight']:,} in flight took {fmt(ck['fill_wall_s'], ' s')} "
+            f"({ck['embedded_fill_rows_per_s']:,} rows/s, dispatcher batch "
+            f"{ck['config']['dispatch_batch']}). Rows through the whole loop on the embedded "
+            "Gym (gate, ledger, the host's admission, the episode, the streamed reply, the "
+            "completion mutation, the trainer taking the group), virtual clock, Gym sharing "
+            "the core. *one_step*: a user's environment whose agent ends the episode in its "
+            "first step (what the runtime and the Gym host cost per row); *calendar*: the "
+            "calendar workplace with one 10-20 ms turn and its retained calendar session (what "
+            "a small real environment adds):"
+        )
+        add("")
+        add("| episode | dispatcher batch | attempts | wall | rows/s |")
+        add("| --- | ---: | ---: | ---: | ---: |")
+        for r in emb:
+            add(
+                f"| {r.get('environment', 'calendar')} | {r['batch']} | {r['attempts']:,} | "
+                f"{fmt(r['seconds'], ' s', 2)} | {r['rows_per_s']:,} |"
+            )
+        add("")
+
+
+def checkpoint_ray_section(add: Add, cr: Result) -> None:
+    cfg = cr["config"]
+    add(
+        f"## Checkpoint end to end on Ray ({cr.get('in_flight', cfg['in_flight']):,} in flight, "
+        f"{cr.get('actors', cfg['actors'])} actors)"
+    )
+    add("")
+    if "stages" not in cr:
+        add("Not measured: the run failed.")
+        add("")
+        add("```")
+        add(str(cr.get("error")))
+        add("```")
+        add("")
+        return
+    add(
+        f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on `RayGym` "
+        f"({cr['actors']} simulated calendar instances, one Ray actor each, started in "
+        f"{fmt(cr.get('actors_start_s'), ' s')} on a local cluster started in "
+        f"{fmt(cr.get('cluster_start_s'), ' s')}), real time throughout: "
+        f"ok = {cr['checkpoint_ok']}, {cr['episodes_exported']:,} episodes exported, "
+        f"{cr['pending_drained']} pending drained, {fmt(cr['checkpoint_wall_s'], ' s', 2)} "
+        f"wall, of which `prepare` (every episode reaching its next step boundary: turns of "
+        f"{cfg['turn_s'][0]:g} to {cfg['turn_s'][1]:g} s) {fmt(cr['turn_time_wall_s'], ' s', 2)}"
+        f": **{fmt(cr['e2e_s'], ' s', 2)} close to resume less the turn time**. Longest loop "
+        f"stall {fmt(cr['max_loop_stall_ms'], ' ms', 1)} (task `{cr['max_loop_stall_task']}`), "
+        f"longest GC pause {fmt(cr['gc_max_pause_ms'], ' ms', 1)}. Filling Gym took "
+        f"{fmt(cr['fill_wall_s'], ' s')} ({cr['fill_rows_per_s']:,} rows/s); "
+        f"{cr['finished_before_checkpoint']} episodes finished before the checkpoint. Snapshot "
+        f"on disk: {fmt(cr['snapshot_mib'], ' MiB')} in {cr['snapshot_files']} files."
+    )
+    add("")
+    add(
+        "| stage | wall | longest loop stall (wall / CPU) | GC pauses | heartbeat late "
+        "| inside Gym calls | slowest / median actor |"
+    )
+    add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    by_op = cr.get("gym_calls_by_op") or {}
+    for r in cr["stages"]:
+        actors = (
+            "; ".join(
+                f"`{op}` {fmt(a['slowest_actor_ms'], ' ms', 1)} / "
+                f"{fmt(a['median_actor_ms'], ' ms', 1)}"
+                for op, a in by_op.items()
+                if a["stage"] == r["stage"]
+            )
+            or "—"
+        )
+        late = r.get("heartbeat_max_late_ms")
+        add(
+            f"| {r['stage']} | {fmt(r['wall_ms'], ' ms', 1)} | "
+            f"{stall(r['max_loop_stall_ms'])} / {stall(r['max_loop_stall_cpu_ms'])} | "
+            f"{fmt(r['gc_pause_ms'], ' ms', 1)} | "
+            f"{'< 1 ms' if late is None else fmt(late, ' ms', 1)} | "
+            f"{fmt(r['in_gym_calls_ms'], ' ms', 1)} | {actors} |"
+        )
+    add("")
+    add(
+        "Measured by the embedded run's code (`checkpoint.measure_checkpoint`). *Inside Gym "
+        "calls*: the stage's time with at least one actor's call outstanding, Ray round trip "
+        "included; *slowest / median actor*: each actor's time in that stage's calls "
+        "(`topology` is one call for every actor, asked once, at a run's first checkpoint, "
+        "before admission closes). GC pauses include collections in the trainer's worker "
+        "threads. The trainer, the actors and Ray's own processes share this machine's cores."
+    )
+    add("")
+
+
+def checkpoint_keys(add: Add, checkpoint: Result | None, checkpoint_ray: Result | None) -> None:
+    """The headline keys of ``gymckpt bench checkpoint --json`` from this run, so a reader can
+    match the report to that command's output."""
+    if checkpoint is not None:
+        keys = {
+            k: checkpoint.get(k)
+            for k in ("e2e_s", "max_loop_stall_ms", "gc_max_pause_ms", "bytes_per_attempt")
+        }
+        add(
+            f"`gymckpt bench checkpoint --rollouts {checkpoint['in_flight']} --json` keys, from "
+            "this run: "
+            + ", ".join(f"`{k}` = {v}" for k, v in keys.items())
+            + ", `stage_s` = "
+            + ", ".join(f"{k} {v:.3f}" for k, v in (checkpoint.get("stage_s") or {}).items())
+            + "."
+        )
+        add("")
+    if checkpoint_ray is not None and "stage_s" in checkpoint_ray:
+        keys = {
+            k: checkpoint_ray.get(k)
+            for k in ("e2e_s", "turn_time_wall_s", "max_loop_stall_ms", "gc_max_pause_ms")
+        }
+        add(
+            f"`gymckpt bench checkpoint --backend ray --actors {checkpoint_ray['actors']} "
+            f"--rollouts {checkpoint_ray['in_flight']} --json` keys, from this run: "
+            + ", ".join(f"`{k}` = {v}" for k, v in keys.items())
+            + ", `stage_s` = "
+            + ", ".join(f"{k} {v:.3f}" for k, v in checkpoint_ray["stage_s"].items())
+            + "."
+        )
+        add("")

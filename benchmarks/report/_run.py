@@ -1,0 +1,144 @@
+"""``gymckpt bench all`` and ``gymckpt bench report``: run every benchmark and write its JSON
+result, then draw the plots and write ``SUMMARY.md``; or draw and write them again from the
+results already on disk (after a change to the report itself)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .._common import Progress
+from ..checkpoint import CheckpointConfig, run_checkpoint
+from ..checkpoint_ray import CheckpointRayConfig, run_checkpoint_ray
+from ..dispatch import DispatchConfig, run_dispatch
+from ..drain import DrainConfig, run_drain
+from ..fanout import FanoutConfig, run_fanout
+from ..memory import run_memory
+from ..preserved import PreservedConfig, run_preserved
+from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
+from ._results import Result, Results, dump, flat
+from ._summary import write_summary
+from ._targets import targets
+
+__all__ = ["rerender", "run_all"]
+
+
+def run_all(
+    *,
+    drain_cfg: DrainConfig,
+    memory_sizes: tuple[int, ...],
+    dispatch_cfg: DispatchConfig,
+    checkpoint_cfg: CheckpointConfig,
+    fanout_cfg: FanoutConfig | None,
+    preserved_cfg: PreservedConfig | None,
+    out: Path,
+    meta: dict[str, Any],
+    progress: Progress,
+    checkpoint_ray_cfg: CheckpointRayConfig | None = None,
+) -> dict[str, Any]:
+    """Every benchmark, then the JSON results, the plots and SUMMARY.md in ``out``.
+    ``fanout_cfg`` and ``checkpoint_ray_cfg`` None skip the Ray parts (``--no-ray``). A
+    checkpoint on Ray that cannot run (Ray does not start, the worker dies) is a result
+    (``checkpoint_ok`` false, with the error), not the end of the run."""
+    out.mkdir(parents=True, exist_ok=True)
+    drain = run_drain(drain_cfg, progress, gc_freeze_variant=True)
+    dump(out / "drain.json", {**drain, "meta": meta})
+    memory = run_memory(memory_sizes, progress)
+    dump(out / "memory.json", {**memory, "meta": meta})
+    dispatch = run_dispatch(dispatch_cfg, progress)
+    dump(out / "dispatch.json", {**dispatch, "meta": meta})
+    checkpoint = run_checkpoint(checkpoint_cfg, progress)
+    dump(out / "checkpoint.json", {**checkpoint, "meta": meta})
+    files = [
+        out / "drain.json",
+        out / "memory.json",
+        out / "dispatch.json",
+        out / "checkpoint.json",
+    ]
+    fanout: Result | None = None
+    preserved: Result | None = None
+    checkpoint_ray: Result | None = None
+    stale: list[str] = []
+    if checkpoint_ray_cfg is not None:
+        try:
+            checkpoint_ray = run_checkpoint_ray(checkpoint_ray_cfg, progress)
+        except RuntimeError as exc:
+            progress(f"checkpoint on Ray FAILED: {exc}")
+            checkpoint_ray = {
+                "checkpoint_ok": False,
+                "error": str(exc)[-2000:],
+                "in_flight": checkpoint_ray_cfg.in_flight,
+                "actors": checkpoint_ray_cfg.actors,
+                "config": {
+                    **attrs.asdict(checkpoint_ray_cfg),
+                    "turn_s": list(checkpoint_ray_cfg.turns_s()),
+                },
+            }
+        dump(out / "checkpoint_ray.json", {**checkpoint_ray, "meta": meta})
+        files.append(out / "checkpoint_ray.json")
+    else:
+        stale.append("checkpoint_ray.json")
+    if fanout_cfg is not None:
+        fanout = run_fanout(fanout_cfg, progress)
+        dump(out / "fanout.json", {**fanout, "meta": meta})
+        files.append(out / "fanout.json")
+    else:
+        stale += ["fanout.json", "fanout.png"]
+    if preserved_cfg is not None:
+        preserved = run_preserved(preserved_cfg, progress)
+        dump(out / "preserved.json", {**preserved, "meta": meta})
+        files.append(out / "preserved.json")
+    else:
+        stale += ["preserved.json", "preserved_work.png"]
+    for name in stale:  # results of an earlier run must not pass for this one's
+        (out / name).unlink(missing_ok=True)
+    progress("writing plots and SUMMARY.md")
+    results = Results(
+        drain=drain,
+        memory=memory,
+        dispatch=dispatch,
+        meta=meta,
+        checkpoint=checkpoint,
+        fanout=fanout,
+        preserved=preserved,
+        checkpoint_ray=checkpoint_ray,
+    )
+    files += _render(results, out)
+    return {
+        "drain": flat(drain),
+        "memory": flat(memory),
+        "dispatch": flat(dispatch),
+        "checkpoint": flat(checkpoint),
+        "checkpoint_ray": flat(checkpoint_ray),
+        "fanout": flat(fanout),
+        "preserved": flat(preserved),
+        "targets": [
+            t.to_json()
+            for t in targets(drain, memory, checkpoint, fanout, preserved, checkpoint_ray)
+        ],
+        "files": [str(p) for p in files],
+        "meta": meta,
+    }
+
+
+def rerender(out: Path) -> dict[str, Any]:
+    """Rewrite the plots and SUMMARY.md from the JSON results already in ``out`` (after a
+    change to the report itself; the figures and the command that produced them are kept)."""
+    results = Results.read(out)
+    return {"files": [str(p) for p in _render(results, out)], "meta": results.meta}
+
+
+def _render(results: Results, out: Path) -> list[Path]:
+    """Draw the plots and write SUMMARY.md in ``out``; the files written, SUMMARY.md last."""
+    plots = plot_drain(results.drain, out)
+    if results.checkpoint is not None:
+        plots += plot_checkpoint(results.checkpoint, out)
+    if results.fanout is not None:
+        plots += plot_fanout(results.fanout, out)
+    if results.preserved is not None:
+        plots += plot_preserved(results.preserved, out)
+    summary = out / "SUMMARY.md"
+    write_summary(summary, results, plots)
+    return [*plots, summary]

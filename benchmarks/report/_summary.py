@@ -1,0 +1,129 @@
+"""``SUMMARY.md``: where the results come from (command, commit, machine), the targets table,
+the misses, then one section per benchmark."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+from gymckpt.runtime import write_atomic
+
+from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_section
+from ._drain import by_pending, drain_method_section, drain_section, headline
+from ._fanout import fanout_section
+from ._format import Add
+from ._misses import miss_lines
+from ._preserved import preserved_section
+from ._results import Results
+from ._runtime_tables import dispatch_section, memory_section
+from ._targets import Status, TargetRow, targets
+
+__all__ = ["NOT_MEASURED", "write_summary"]
+
+NOT_MEASURED = (
+    "The Gym host on Gymnasium CartPole (`gymckpt bench host`) is run separately; its results "
+    "are in `host.json` when present."
+)
+
+
+def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
+    """Write SUMMARY.md for ``results`` to ``path`` (atomically); ``plots`` are the files the
+    drain section links to."""
+    r = results
+    lines: list[str] = []
+    add = lines.append
+    _provenance(add, r.meta)
+    rows = targets(r.drain, r.memory, r.checkpoint, r.fanout, r.preserved, r.checkpoint_ray)
+    _targets_table(add, rows)
+    checkpoint_keys(add, r.checkpoint, r.checkpoint_ray)
+    add("## Where a target is missed, and what it would take")
+    add("")
+    misses = miss_lines(
+        rows,
+        r.drain,
+        headline(r.drain),
+        by_pending(r.drain),
+        r.checkpoint,
+        r.fanout,
+        r.checkpoint_ray,
+    )
+    for text in misses:
+        add(text)
+    if not misses:
+        add("- Nothing measured is missed.")
+    add("")
+    if r.fanout is not None:
+        fanout_section(add, r.fanout)
+    if r.preserved is not None:
+        preserved_section(add, r.preserved)
+    if r.checkpoint is not None:
+        checkpoint_section(add, r.checkpoint)
+    if r.checkpoint_ray is not None:
+        checkpoint_ray_section(add, r.checkpoint_ray)
+    drain_section(add, r.drain, plots)
+    memory_section(add, r.memory)
+    dispatch_section(add, r.dispatch)
+    add("## Not measured here")
+    add("")
+    add(NOT_MEASURED)
+    add("")
+    drain_method_section(add, r.drain)
+    add(
+        "Reproduce: `" + r.meta["command"] + "` (a few minutes); `--quick` for a smoke run; "
+        "`gymckpt bench drain --rollouts 200000 --json` for the drain alone."
+    )
+    add("")
+    write_atomic(path, "\n".join(lines).encode())
+
+
+def _provenance(add: Add, meta: dict[str, Any]) -> None:
+    """The title, the command, the commit (and whether the tree was clean) and the machine."""
+    m = meta["machine"]
+    add("# gymckpt benchmarks — summary")
+    add("")
+    src = meta.get("source") or {}
+    changes = src.get("uncommitted_changes")
+    commit = src.get("commit_full") or src.get("commit")
+    if changes:
+        add(
+            f"> **NOT FROM A CLEAN TREE.** Commit `{commit}` plus uncommitted changes in "
+            + ", ".join(f"`{c}`" for c in changes[:20])
+            + (", …" if len(changes) > 20 else "")
+            + ": these figures describe no commit. Regenerate from a clean checkout."
+        )
+        add("")
+    add(f"Produced by `{meta['command']}` on {m['date_utc']}.")
+    add("")
+    if changes is None:
+        add("Code measured: unknown (not a git checkout).")
+    elif not changes:
+        add(f"Code measured: commit `{commit}`, clean tree (no uncommitted changes).")
+    else:
+        add(f"Code measured: commit `{commit}` **with uncommitted changes** (see above).")
+    add("")
+    add(
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB RAM, "
+        f"{m['implementation']} {m['python']}, trio {m['trio']}, {m['platform']}. "
+        "The machine is shared with other work and noisy, so every figure is a **median** "
+        "(p99 where stated) over many trials; nothing here is a best case."
+    )
+    add("")
+
+
+def _targets_table(add: Add, rows: list[TargetRow]) -> None:
+    add("## Targets")
+    add("")
+    add("| figure | target | measured | |")
+    add("| --- | --- | --- | --- |")
+    for t in rows:
+        add(f"| {t.figure} | {t.target} | {t.measured} | {t.status.cell()} |")
+    add("")
+    count = collections.Counter(t.status for t in rows)
+    reported = count[Status.REPORTED]
+    add(
+        f"{count[Status.MET]} of {len(rows)} met; {count[Status.MISSED]} missed; "
+        + (f"{reported} reported (no threshold); " if reported else "")
+        + f"{count[Status.NOT_MEASURED]} not measured at the target's size or not run."
+    )
+    add("")

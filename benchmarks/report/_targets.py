@@ -1,0 +1,343 @@
+"""The project's targets and the verdict on each: one ``TargetRow`` per figure, with what was
+measured and a ``Status``. A figure measured at another size than its target's is *not
+measured* (the figure is still shown), so a quick run is never passed off as meeting a target."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from ._format import TIMES, at_size, first_line, fmt
+from ._results import Result
+
+__all__ = ["TARGETS", "Status", "TargetRow", "targets"]
+
+TARGETS = {
+    "ledger_bytes_per_attempt": 100.0,
+    "gc_full_ms": 10.0,
+    "drain_wake_us_median": 50.0,
+    "drain_wake_ms_p99": 0.25,
+    "speedup": 2500.0,
+    "loop_stall_ms": 10.0,
+    "checkpoint_e2e_s": 2.0,
+    "rows_per_s_embedded": 50_000,
+    "rows_per_s_ray": 10_000,
+}
+
+
+class Status(enum.StrEnum):
+    """A target's verdict; the value is what the JSON results and the tests read."""
+
+    MET = "met"
+    MISSED = "MISSED"
+    NOT_MEASURED = "not measured"
+    REPORTED = "reported"  # a figure with no threshold, measured at its size
+
+    def cell(self) -> str:
+        """The verdict as the targets table shows it."""
+        return self.value if self is Status.REPORTED else f"**{self.value}**"
+
+
+@attrs.frozen
+class TargetRow:
+    """One target: ``key`` names it in the JSON results; ``measured`` is the figure as the
+    report prints it (with the size it was measured at when that is not the target's)."""
+
+    key: str
+    figure: str
+    target: str
+    measured: str
+    status: Status
+    why: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "key": self.key,
+            "figure": self.figure,
+            "target": self.target,
+            "measured": self.measured,
+            "status": self.status.value,
+            "why": self.why,
+        }
+
+
+def targets(
+    drain: Result,
+    memory: Result,
+    checkpoint: Result | None,
+    fanout: Result | None,
+    preserved: Result | None,
+    checkpoint_ray: Result | None = None,
+) -> list[TargetRow]:
+    """The project's targets, each with the figure measured and its ``Status``: met,
+    missed or not measured (a figure measured at another size than the target's counts as
+    not measured; the figure is still shown); a figure to be reported only (no threshold)
+    is ``REPORTED`` once measured at its size, ``MISSED`` if the run failed."""
+    rows: list[TargetRow] = []
+
+    def row(
+        key: str,
+        figure: str,
+        target: str,
+        measured: str,
+        ok: bool | None,
+        exact_size: bool = True,
+        why: str = "",
+        report_only: bool = False,
+    ) -> None:
+        status = (
+            Status.NOT_MEASURED
+            if ok is None or not exact_size
+            else (Status.REPORTED if report_only else Status.MET)
+            if ok
+            else Status.MISSED
+        )
+        rows.append(TargetRow(key, figure, target, measured, status, why))
+
+    # 1. ledger storage
+    mem = {(r["target_attempts"], r["mode"]): r for r in memory.get("results", [])}
+    sizes = sorted({n for n, _m in mem})
+    n_mem = 1_000_000 if 1_000_000 in sizes else (sizes[-1] if sizes else None)
+    t = mem.get((n_mem, "tracemalloc")) if n_mem else None
+    rss = mem.get((n_mem, "rss")) if n_mem else None
+    bpa = t["bytes_per_attempt"] if t else None
+    row(
+        "ledger_bytes_per_attempt",
+        "ledger bytes per attempt at 1M attempts",
+        "≤ 100 B",
+        fmt(bpa, " B", 0) + at_size(n_mem, 1_000_000),
+        None if bpa is None else bpa <= TARGETS["ledger_bytes_per_attempt"],
+        n_mem == 1_000_000,
+    )
+    # what a trainer process pays: open_rollouts froze what lived at its start (the imports),
+    # so a full collection walks what the runtime built since (runtime.freeze_startup_objects)
+    gcms = rss.get("gc_full_ms_ledger_only") if rss else None
+    unfrozen = rss.get("gc_full_ms_with_ledger") if rss else None
+    row(
+        "gc_full_ms_1M",
+        "one full garbage collection with 1M attempts held (startup objects "
+        "frozen by `open_rollouts`)",
+        "≤ 10 ms",
+        fmt(gcms, " ms", 2)
+        + at_size(n_mem, 1_000_000)
+        + ("" if unfrozen is None else f" ({fmt(unfrozen, ' ms', 1)} with nothing frozen)"),
+        None if gcms is None else gcms <= TARGETS["gc_full_ms"],
+        n_mem == 1_000_000,
+    )
+
+    # 2. drain
+    n_d = drain["rollouts"]
+    wake = drain["drain_wake_us_median"]
+    p99_ms = drain["drain_wake_ms_p99"]
+    row(
+        "drain_wake_median",
+        "drain wake latency, median",
+        "≤ 50 µs",
+        fmt(wake, " µs") + at_size(n_d, 200_000),
+        wake <= TARGETS["drain_wake_us_median"],
+        n_d == 200_000,
+    )
+    row(
+        "drain_wake_p99",
+        "drain wake latency, p99",
+        "≤ 0.25 ms",
+        fmt(p99_ms, " ms", 3) + at_size(n_d, 200_000),
+        p99_ms <= TARGETS["drain_wake_ms_p99"],
+        n_d == 200_000,
+    )
+    sp = drain.get("speedup")
+    row(
+        "drain_speedup",
+        "speedup over the polling drain (medians, same run)",
+        f"≥ 2,500{TIMES}",
+        fmt(sp, TIMES, 0) + at_size(n_d, 200_000),
+        None if sp is None else sp >= TARGETS["speedup"],
+        n_d == 200_000,
+    )
+    st = drain["max_loop_stall_ms"]
+    row(
+        "drain_stall",
+        "longest event-loop stall during the drain, all causes, GC included",
+        "≤ 10 ms",
+        fmt(st, " ms", 2) + at_size(n_d, 200_000),
+        st <= TARGETS["loop_stall_ms"],
+        n_d == 200_000,
+    )
+
+    # 3. checkpoint on the embedded host
+    if checkpoint is not None:
+        n_c = checkpoint["in_flight"]
+        cst = checkpoint["max_loop_stall_ms"]
+        # all causes: a task step (GC in it included), and the loop waiting for the GIL while
+        # a worker thread holds it, which only the 1 ms heartbeat's lateness shows
+        late = max(
+            [r.get("heartbeat_max_late_ms") or 0.0 for r in checkpoint.get("stages", [])],
+            default=0.0,
+        )
+        row(
+            "checkpoint_stall",
+            "longest event-loop stall during a whole checkpoint, embedded host, all causes",
+            "≤ 10 ms",
+            fmt(max(cst, late), " ms", 1)
+            + at_size(n_c, 200_000)
+            + (
+                f" (task steps {fmt(cst, ' ms', 1)}; the loop's 1 ms heartbeat up to "
+                f"{fmt(late, ' ms', 1)} late)"
+                if late
+                else ""
+            ),
+            max(cst, late) <= TARGETS["loop_stall_ms"],
+            n_c >= 200_000,
+        )
+        e2e = checkpoint.get("e2e_s")
+        turn = checkpoint.get("turn_time_wall_s")
+        row(
+            "checkpoint_e2e",
+            "whole checkpoint, embedded host, close to resume, less the episodes' turn time",
+            "≤ 2 s",
+            f"{fmt(e2e, ' s', 2)} (+ {fmt(turn, ' s', 1)} turn time)" + at_size(n_c, 200_000),
+            None if e2e is None else e2e <= TARGETS["checkpoint_e2e_s"],
+            n_c >= 200_000,
+        )
+        emb = checkpoint.get("embedded_dispatch") or []
+        # the target's one-step episode; results from before it was measured: the calendar's
+        one = [r for r in emb if r.get("environment") == "one_step"] or emb
+        best = max(one, key=lambda r: r["rows_per_s"]) if one else None
+        row(
+            "dispatch_embedded",
+            "dispatch through the whole loop, embedded (one-step episodes)",
+            "≥ 50,000 rows/s",
+            "n/a"
+            if best is None
+            else f"{best['rows_per_s']:,} rows/s (batch {best['batch']}"
+            f"{', ' + best['environment'] if 'environment' in best else ''})",
+            None if best is None else best["rows_per_s"] >= TARGETS["rows_per_s_embedded"],
+        )
+    else:
+        for key, fig, tgt in (
+            ("checkpoint_stall", "longest stall during a whole checkpoint at 200k", "≤ 10 ms"),
+            ("checkpoint_e2e", "whole checkpoint at 200k, embedded host", "≤ 2 s"),
+            ("dispatch_embedded", "dispatch through the whole loop, embedded", "≥ 50,000 rows/s"),
+        ):
+            row(key, fig, tgt, "not run", None)
+    cr = checkpoint_ray
+    if cr is None:  # results from before the Ray checkpoint was part of `bench all`: not run
+        row(
+            "checkpoint_e2e_ray",
+            "whole checkpoint at 200k on Ray with 4 actors",
+            "report",
+            "not run (--no-ray)" if fanout is None else "not run",
+            None,
+        )
+    elif not cr.get("checkpoint_ok"):
+        row(
+            "checkpoint_e2e_ray",
+            "whole checkpoint at 200k on Ray with 4 actors",
+            "report",
+            "failed: "
+            + first_line(cr.get("checkpoint_error") or cr.get("error"))
+            + at_size(cr.get("in_flight"), 200_000),
+            False,
+            report_only=True,
+        )
+    else:
+        n_r = cr["in_flight"]
+        row(
+            "checkpoint_e2e_ray",
+            "whole checkpoint at 200k on Ray with 4 actors",
+            "report",
+            f"{fmt(cr['e2e_s'], ' s', 2)} close to resume (+ "
+            f"{fmt(cr['turn_time_wall_s'], ' s', 1)} turn time), longest loop stall "
+            f"{fmt(cr['max_loop_stall_ms'], ' ms', 1)}, {cr['actors']} actors"
+            + at_size(n_r, 200_000),
+            True,
+            n_r >= 200_000 and cr["actors"] == 4,
+            report_only=True,
+        )
+
+    # 4. Ray: dispatch and fan-out
+    disp = (fanout or {}).get("ray_dispatch") or {}
+    rps = disp.get("rows_per_s") if disp.get("ok") else None
+    row(
+        "dispatch_ray",
+        "dispatch through the whole loop on Ray, 2 actors",
+        "≥ 10,000 rows/s",
+        "not run"
+        if fanout is None
+        else (f"{rps:,} rows/s" if rps is not None else f"failed: {disp.get('error')}"),
+        None if rps is None else rps >= TARGETS["rows_per_s_ray"],
+        why="" if fanout is not None else "skipped (--no-ray)",
+    )
+    if fanout is None:
+        row(
+            "fanout",
+            "control fan-out, 1 to 16 Ray actors, with a model for 64+",
+            "measured to 16",
+            "not run (--no-ray)",
+            None,
+        )
+    else:
+        res = {r["actors"]: r for r in fanout["results"]}
+        top = max((k for k, r in res.items() if r["ok"]), default=None)
+        failed = fanout["sizes_failed"]
+        m = (fanout.get("models") or {}).get("commit_stage_ms")
+        if top is None:
+            text = "no size measured: " + str(next(iter(res.values()))["error"])
+        else:
+            r = res[top]
+            text = (
+                f"{top} actors: prepare {fmt(r['prepare']['stage_ms'], ' ms')}, commit "
+                f"{fmt(r['commit']['stage_ms'], ' ms')}, resume "
+                f"{fmt(r['resume']['stage_ms'], ' ms')} (slowest instance "
+                f"{fmt(r['prepare']['slowest_ms'], '')} / "
+                f"{fmt(r['commit']['slowest_ms'], '')} / "
+                f"{fmt(r['resume']['slowest_ms'], ' ms')})"
+            )
+            if m is not None:
+                text += (
+                    f"; commit at 64 actors {fmt(m['at']['64'], ' ms', 0)} by the model "
+                    f"(R² {m['r2']})"
+                )
+        if failed:
+            text += f"; failed: {', '.join(map(str, failed))} actors"
+        row(
+            "fanout",
+            "control fan-out, 1 to 16 Ray actors, with a model for 64+",
+            "measured to 16",
+            text,
+            not failed and top is not None,
+            top is not None and top >= 16,
+        )
+
+    # 5. work preserved
+    if preserved is None:
+        row(
+            "preserved",
+            "work preserved across a crash (in-flight rollout-seconds redone)",
+            "measured, ≥ 10 kill times",
+            "not run",
+            None,
+        )
+    else:
+        pm = preserved["gymckpt_redone_fraction_median"]
+        text = (
+            f"gymckpt redoes {fmt(None if pm is None else 100 * pm, ' %')} (median of "
+            f"{preserved['kills']} kills; pooled "
+            f"{fmt(100 * (preserved['gymckpt_redone_fraction_pooled'] or 0), ' %')}), the "
+            "step-boundary baseline 100 %"
+        )
+        pf = preserved.get("parked_fraction_of_rollout_time")
+        if pf is not None:
+            text += f"; gymckpt's checkpoints parked episodes {fmt(100 * pf, ' %')} of the time"
+        if preserved["boundary_mismatches"]:
+            text += f"; {preserved['boundary_mismatches']} boundary mismatches"
+        row(
+            "preserved",
+            "work preserved across a crash (in-flight rollout-seconds redone)",
+            "measured, ≥ 10 kill times",
+            text,
+            preserved["boundary_mismatches"] == 0 and preserved["restores"] > 0,
+            preserved["kills"] >= 10,
+        )
+    return rows
