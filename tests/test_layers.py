@@ -1,9 +1,17 @@
-"""The layering of the installed namespace stays true: read every module's imports with ``ast``.
+"""The layering of the installed namespace stays true: read every module's source with ``ast``.
 
 Dependencies point one way: ``runtime`` <- ``gym_adapter`` <- ``nurseries`` <- the top
 (``nurseries.app``: CLI, demo, simulation; ``benchmarks``; ``testing``). Imports inside
-functions count like the others. Checked: no import cycle between modules, no upward import,
-no private module or name (``_x``) of another package imported.
+functions count like the others. Checked:
+
+- no upward import;
+- no private module or name (``_x``) of another package imported;
+- no import cycle between modules, counting the imports under ``if TYPE_CHECKING:`` too (a
+  cycle that only type checkers see is still two modules that cannot be read apart);
+- no private attribute (``obj._x``) of another package's code used: every private name a
+  package defines (``def _x``, ``class _X``, ``self._x = …``, an attrs field ``_x``, a private
+  module-level or class-level assignment) is that package's own; ``x._name`` in another
+  package that does not define ``_name`` itself is a violation. Dunder names are public.
 """
 
 from __future__ import annotations
@@ -15,33 +23,75 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runtime", "gym_adapter", "nurseries", "nurseries/app", "benchmarks", "testing")
+TOP_FOLDERS = ("runtime", "gym_adapter", "nurseries", "benchmarks", "testing")
 
 ALLOWED: Mapping[str, frozenset[str]] = {
     "gymckpt": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries"}),
-    "gymckpt.__main__": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries",
-                                   "nurseries.app"}),
+    "gymckpt.__main__": frozenset(
+        {"gymckpt", "runtime", "gym_adapter", "nurseries", "nurseries.app"}
+    ),
     "runtime": frozenset({"runtime"}),
     "gym_adapter": frozenset({"runtime", "gym_adapter"}),
     "nurseries": frozenset({"runtime", "gym_adapter", "nurseries"}),
     "testing": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries", "testing"}),
-    "benchmarks": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries", "testing",
-                             "benchmarks"}),
-    "nurseries.app": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries", "testing",
-                                "benchmarks", "nurseries.app"}),
+    "benchmarks": frozenset(
+        {"gymckpt", "runtime", "gym_adapter", "nurseries", "testing", "benchmarks"}
+    ),
+    "nurseries.app": frozenset(
+        {"gymckpt", "runtime", "gym_adapter", "nurseries", "testing", "benchmarks", "nurseries.app"}
+    ),
 }
 """Package -> the packages its modules may import (``gymckpt`` is the root package: the trainer
 API, which imports no application module; ``python -m gymckpt`` is the one entry into the app)."""
 
+KNOWN_TYPING_CYCLES: frozenset[tuple[str, ...]] = frozenset(
+    {
+        # the Gym host's mixins, which GymHost's composition into parts removes
+        (
+            "gymckpt.gym_adapter._host",
+            "gymckpt.gym_adapter._host_control",
+            "gymckpt.gym_adapter._host_episodes",
+            "gymckpt.gym_adapter._host_journal",
+            "gymckpt.gym_adapter._host_records",
+            "gymckpt.gym_adapter._host_views",
+            "gymckpt.gym_adapter._host",
+        ),
+    }
+)
+"""Cycles through ``TYPE_CHECKING`` imports still being taken apart, each exactly as
+``cycles`` reports it (the modules of one strongly connected component, sorted, the first
+repeated): only that exact cycle is let through, so one that grows or shrinks, or a new one,
+fails."""
+
+KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset(
+    {
+        # the polling baseline reads the ledger's private columns, until the ledger offers a view
+        ("benchmarks/baseline.py", "_att"),
+        ("benchmarks/baseline.py", "_inst_names"),
+        ("benchmarks/baseline.py", "_rep"),
+        ("benchmarks/baseline.py", "_row_block"),
+        ("benchmarks/baseline.py", "_state"),
+        # the simulation builds an embedded Gym from hosts it made (EmbeddedGym._serving)
+        ("nurseries/app/simulate.py", "_serving"),
+    }
+)
+"""``(file, attribute)`` pairs of private attributes still used across packages, being
+removed: only those let through, only in that file."""
+
+
+def library_files(root: Path = ROOT) -> Iterator[Path]:
+    """Every module file of the root package and of the mapped folders, subpackages included."""
+    yield from root.glob("*.py")
+    for folder in TOP_FOLDERS:
+        yield from (root / folder).rglob("*.py")
+
 
 def library_modules(root: Path = ROOT) -> dict[str, Path]:
     """``gymckpt.…`` module name -> file, for the root package and every mapped folder."""
-    modules = {f"gymckpt.{p.stem}" if p.stem != "__init__" else "gymckpt": p
-               for p in root.glob("*.py")}
-    for folder in PACKAGES:
-        for path in (root / folder).glob("*.py"):
-            dotted = "gymckpt." + folder.replace("/", ".")
-            modules[dotted if path.stem == "__init__" else f"{dotted}.{path.stem}"] = path
+    modules: dict[str, Path] = {}
+    for path in library_files(root):
+        parts = ["gymckpt", *path.relative_to(root).with_suffix("").parts]
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 
@@ -52,29 +102,40 @@ def package_of(module: str) -> str:
     parts = module.split(".")[1:]
     if parts[:2] == ["nurseries", "app"]:
         return "nurseries.app"
-    if parts and parts[0] in {"runtime", "gym_adapter", "nurseries", "benchmarks", "testing"}:
+    if parts and parts[0] in TOP_FOLDERS:
         return parts[0]
     return "gymckpt"
 
 
-def imports(module: str, path: Path, known: Mapping[str, Path]) -> Iterator[tuple[str, int]]:
-    """``(imported gymckpt module, line)`` for every import in ``path``, nested ones included.
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(
+    module: str, path: Path, known: Mapping[str, Path], nodes: list[ast.AST] | None = None
+) -> Iterator[tuple[str, int, bool]]:
+    """``(imported gymckpt module, line, typing only)`` for every import in ``path``, nested
+    ones included; *typing only* for an import under ``if TYPE_CHECKING:``, which never runs.
 
     ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module."""
     is_package = path.stem == "__init__"
-    tree = ast.parse(path.read_text(), str(path))
-    typing_only = {  # ``if TYPE_CHECKING:`` imports never run
-        id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-        and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-        for stmt in block.body for n in ast.walk(stmt)
+    if nodes is None:
+        nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
+    typing_only = {
+        id(n)
+        for block in nodes
+        if isinstance(block, ast.If) and _is_type_checking(block.test)
+        for stmt in block.body
+        for n in ast.walk(stmt)
     }
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in nodes:
+        typing = id(node) in typing_only
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "gymckpt":
-                    yield alias.name, node.lineno
+                    yield alias.name, node.lineno, typing
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".")
@@ -86,19 +147,83 @@ def imports(module: str, path: Path, known: Mapping[str, Path]) -> Iterator[tupl
                 continue
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                yield (sub if sub in known else target), node.lineno
+                yield (sub if sub in known else target), node.lineno, typing
                 if sub not in known and alias.name.startswith("_") and alias.name != "__version__":
-                    yield f"{target}.{alias.name}", node.lineno  # a private name
+                    yield f"{target}.{alias.name}", node.lineno, typing  # a private name
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_definitions(nodes: list[ast.AST]) -> set[str]:
+    """The private names a module defines: functions, methods and classes, attributes it
+    assigns (``self._x = …``, ``obj._x = …``), and names assigned or annotated at module or
+    class level (attrs fields among them)."""
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                for stmt in node.body:
+                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                        names.add(stmt.target.id)
+                    elif isinstance(stmt, ast.Assign):
+                        names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store):
+                        names.add(sub.attr)
+        elif isinstance(node, ast.Module):
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign):
+                    names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+                elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    names.add(stmt.target.id)
+    return {n for n in names if _private(n)}
+
+
+def private_uses(nodes: list[ast.AST]) -> Iterator[tuple[str, int]]:
+    """``(attribute, line)`` for every ``x._name`` the module reads, writes or calls, except
+    on a module imported from outside gymckpt (``trio._core._run`` is trio's, not ours)."""
+    foreign = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            foreign.update(
+                (a.asname or a.name).split(".")[0]
+                for a in node.names
+                if a.name.split(".")[0] != "gymckpt"
+            )
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] != "gymckpt"
+        ):
+            foreign.update(a.asname or a.name for a in node.names)
+    for node in nodes:
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root: ast.expr = node
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not (isinstance(root, ast.Name) and root.id in foreign):
+                yield node.attr, node.lineno
 
 
 def violations(root: Path = ROOT) -> list[str]:
     known = library_modules(root)
     graph: dict[str, set[str]] = {m: set() for m in known}
+    typing_graph: dict[str, set[str]] = {m: set() for m in known}
+    nodes = {m: list(ast.walk(ast.parse(p.read_text(), str(p)))) for m, p in known.items()}
+    defined: dict[str, set[str]] = {}
+    for module, module_nodes in nodes.items():
+        defined.setdefault(package_of(module), set()).update(private_definitions(module_nodes))
     found: list[str] = []
     for module, path in sorted(known.items()):
         pkg = package_of(module)
         where = f"{path.relative_to(root)}"
-        for target, line in imports(module, path, known):
+        for target, line, typing in imports(module, path, known, nodes[module]):
             tpkg = package_of(target)
             if tpkg not in ALLOWED[pkg]:
                 found.append(f"{where}:{line}: upward import of {target} ({pkg} -> {tpkg})")
@@ -106,8 +231,27 @@ def violations(root: Path = ROOT) -> list[str]:
             if private and tpkg != pkg:
                 found.append(f"{where}:{line}: private {target} of package {tpkg} imported")
             if target in known and target != module:
-                graph[module].add(target)
-    found += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+                typing_graph[module].add(target)
+                if not typing:
+                    graph[module].add(target)
+        for name, line in private_uses(nodes[module]):
+            owners = sorted(p for p, names in defined.items() if name in names and p != pkg)
+            if (
+                owners
+                and name not in defined.get(pkg, set())
+                and (where, name) not in KNOWN_PRIVATE_USES
+            ):
+                found.append(
+                    f"{where}:{line}: private attribute {name} of package "
+                    f"{', '.join(owners)} used in package {pkg}"
+                )
+    run_cycles = cycles(graph)
+    found += [f"import cycle: {' -> '.join(c)}" for c in run_cycles]
+    found += [
+        f"import cycle through TYPE_CHECKING imports: {' -> '.join(c)}"
+        for c in cycles(typing_graph)
+        if c not in run_cycles and tuple(c) not in KNOWN_TYPING_CYCLES
+    ]
     return found
 
 
@@ -148,9 +292,15 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 def test_every_library_module_is_seen() -> None:
     modules = library_modules()
-    for name in ("gymckpt", "gymckpt.runtime._ledger", "gymckpt.gym_adapter._host",
-                 "gymckpt.nurseries._coordinator", "gymckpt.nurseries.app.cli",
-                 "gymckpt.benchmarks.cli"):
+    for name in (
+        "gymckpt",
+        "gymckpt.runtime._ledger",
+        "gymckpt.gym_adapter._host",
+        "gymckpt.nurseries._coordinator",
+        "gymckpt.nurseries.app.cli",
+        "gymckpt.benchmarks.cli",
+        "gymckpt.benchmarks.report._targets",
+    ):
         assert name in modules
 
 
@@ -158,35 +308,87 @@ def test_the_layers_hold() -> None:
     assert violations() == []
 
 
+def test_known_exceptions_are_still_needed() -> None:
+    """Each known exception names something still in the tree (else remove the entry)."""
+    known = library_modules()
+    graph = {
+        m: {t for t, _line, _typing in imports(m, p, known) if t in known and t != m}
+        for m, p in known.items()
+    }
+    live = {tuple(c) for c in cycles(graph)}
+    assert live >= KNOWN_TYPING_CYCLES, KNOWN_TYPING_CYCLES - live
+    for where, name in KNOWN_PRIVATE_USES:
+        used = private_uses(list(ast.walk(ast.parse((ROOT / where).read_text()))))
+        assert name in {n for n, _line in used}, (where, name)
+
+
+def _copy_tree(dest: Path) -> None:
+    for path in library_files(ROOT):
+        target = dest / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+
+
 @pytest.mark.parametrize(
     ("where", "line", "says"),
     [
-        ("runtime/_gate.py", "from gymckpt.nurseries import Dispatcher\n",
-         "upward import of gymckpt.nurseries (runtime -> nurseries)"),
-        ("nurseries/_calls.py", "    from gymckpt.nurseries.app import cli\n",
-         "upward import of gymckpt.nurseries.app.cli (nurseries -> nurseries.app)"),
-        ("benchmarks/_common.py", "from gymckpt.nurseries.app.demo import ToyTrainer\n",
-         "upward import of gymckpt.nurseries.app.demo (benchmarks -> nurseries.app)"),
-        ("nurseries/_restore.py", "from gymckpt.runtime._ledger import LedgerSnapshot\n",
-         "private gymckpt.runtime._ledger of package runtime imported"),
-        ("nurseries/app/demo.py", "from gymckpt.gym_adapter import _host\n",
-         "private gymckpt.gym_adapter._host of package gym_adapter imported"),
-        ("aio.py", "    from gymckpt.nurseries.app import cli\n",
-         "upward import of gymckpt.nurseries.app.cli (gymckpt -> nurseries.app)"),
-        ("__init__.py", "from gymckpt.nurseries.app.verdict import judge\n",
-         "upward import of gymckpt.nurseries.app.verdict (gymckpt -> nurseries.app)"),
-        ("runtime/_barrier.py", "from ._ledger import RecoveryLedger\n",
-         "import cycle: gymckpt.runtime._barrier -> gymckpt.runtime._ledger"),
+        (
+            "runtime/_gate.py",
+            "from gymckpt.nurseries import Dispatcher\n",
+            "upward import of gymckpt.nurseries (runtime -> nurseries)",
+        ),
+        (
+            "nurseries/_calls.py",
+            "    from gymckpt.nurseries.app import cli\n",
+            "upward import of gymckpt.nurseries.app.cli (nurseries -> nurseries.app)",
+        ),
+        (
+            "benchmarks/_common.py",
+            "from gymckpt.nurseries.app.demo import ToyTrainer\n",
+            "upward import of gymckpt.nurseries.app.demo (benchmarks -> nurseries.app)",
+        ),
+        (
+            "nurseries/_restore.py",
+            "from gymckpt.runtime._ledger import LedgerSnapshot\n",
+            "private gymckpt.runtime._ledger of package runtime imported",
+        ),
+        (
+            "nurseries/app/demo.py",
+            "from gymckpt.gym_adapter import _host\n",
+            "private gymckpt.gym_adapter._host of package gym_adapter imported",
+        ),
+        (
+            "aio.py",
+            "    from gymckpt.nurseries.app import cli\n",
+            "upward import of gymckpt.nurseries.app.cli (gymckpt -> nurseries.app)",
+        ),
+        (
+            "__init__.py",
+            "from gymckpt.nurseries.app.verdict import judge\n",
+            "upward import of gymckpt.nurseries.app.verdict (gymckpt -> nurseries.app)",
+        ),
+        (
+            "runtime/_barrier.py",
+            "from ._ledger import RecoveryLedger\n",
+            "import cycle: gymckpt.runtime._barrier -> gymckpt.runtime._ledger",
+        ),
+        (
+            "runtime/_barrier.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._ledger import X\n",
+            "import cycle through TYPE_CHECKING imports: gymckpt.runtime._barrier -> "
+            "gymckpt.runtime._ledger",
+        ),
+        (
+            "benchmarks/report/_format.py",
+            "from ._summary import write_summary\n",
+            "-> gymckpt.benchmarks.report._format -> gymckpt.benchmarks.report._misses ->",
+        ),
+        ("nurseries/_restore.py", "    RecoveryLedger()._row_block\n", "nurseries/_restore.py:"),
     ],
 )
 def test_a_violation_is_caught(tmp_path: Path, where: str, line: str, says: str) -> None:
     """The check fails on each kind of violation, planted in a copy of the tree."""
-    for folder in PACKAGES:
-        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
-        for path in (ROOT / folder).glob("*.py"):
-            (tmp_path / folder / path.name).write_bytes(path.read_bytes())
-    for path in ROOT.glob("*.py"):
-        (tmp_path / path.name).write_bytes(path.read_bytes())
+    _copy_tree(tmp_path)
     assert violations(tmp_path) == []
     target = tmp_path / where
     source = target.read_text()
@@ -197,3 +399,25 @@ def test_a_violation_is_caught(tmp_path: Path, where: str, line: str, says: str)
     target.write_text(source)
     found = violations(tmp_path)
     assert any(says in v for v in found), found
+
+
+def test_a_private_attribute_of_another_package_is_caught(tmp_path: Path) -> None:
+    """``x._name`` counts when another package defines ``_name`` and this one does not; a
+    name this package defines too, a dunder, or a name no package defines, does not."""
+    _copy_tree(tmp_path)
+    (tmp_path / "runtime" / "_planted.py").write_text(
+        "class Store:\n    def __init__(self) -> None:\n        self._planted_rows = 0\n"
+        "    def _compact(self) -> None:\n        pass\n"
+    )
+    (tmp_path / "nurseries" / "_planted.py").write_text(
+        "def use(store, other) -> None:\n    store._compact()\n    print(store._planted_rows)\n"
+        "    other._mine()\n    print(store.__dict__, other._no_package_defines_this)\n\n\n"
+        "def _mine() -> None:\n    pass\n"
+    )
+    found = [v for v in violations(tmp_path) if "_planted" in v]
+    assert found == [
+        "nurseries/_planted.py:2: private attribute _compact of package runtime used in "
+        "package nurseries",
+        "nurseries/_planted.py:3: private attribute _planted_rows of package runtime used in "
+        "package nurseries",
+    ]
