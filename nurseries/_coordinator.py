@@ -39,53 +39,58 @@ Gym and fail, we try to resume it, and Gym's lease reopens it if that resume is 
 control call is bounded by its deadline plus reply grace (S5). Failures are classified (S6):
 ``gym_unavailable`` is retried by the caller up to ``max_consecutive_failures``; ownership,
 topology and reply mismatches raise ``CheckpointInvariantError`` and the run aborts.
+
+The parts (Flink's split of its checkpoint package)
+---------------------------------------------------
+``CheckpointCoordinator`` (here) drives the protocol above and reserves checkpoint IDs; each
+concern beside it has a module of its own:
+
+* ``_pending.PendingCheckpoint``: one checkpoint in flight — its stage timings, its staging
+  directory, and what it took (admission, the pause, Gym parked), given back in one shielded
+  ``release``;
+* ``_failure_manager.CheckpointFailureManager``: the consecutive-failure budget;
+* ``_checkpoint_stats.CheckpointStatsTracker``: counts, metrics and log lines;
+* ``_ownership``: the pure rules over the commit replies (reply checks, S10, the cut);
+* ``_calls.classify`` over ``runtime.failure_kind``: what a failure is.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
 import trio
 
-from gymckpt.gym_adapter import CommitReply, GymBackend, Topology
+from gymckpt.gym_adapter import GymBackend, Topology
 from gymckpt.runtime import (
-    GYM_STATE_DIR,
     LEDGER_FILE,
     MANIFEST_VERSION,
-    TRAINER_FILES_DIR,
     CheckpointInvariantError,
-    CheckpointsFailed,
     DeadlineRegistry,
     DispatchGate,
     DrainTimeout,
-    EpisodeRecord,
     FailureKind,
     GymManifest,
-    InstanceRecord,
     Metrics,
-    ParticipantRecord,
     RecoveryLedger,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
-    StrandedSessionError,
     collector_paused,
-    failure_kind,
     promote_survivors,
-    sample_ids,
-    state_dir_problem,
     tree_size,
     wait_drained,
 )
 
 from ._calls import bounded_call, classify, fan_out
+from ._checkpoint_stats import CheckpointStatsTracker
+from ._failure_manager import CheckpointFailureManager
 from ._offload import offload
+from ._ownership import check_replies, cut, ownership
+from ._pending import PAUSE_HOLDER, PendingCheckpoint, TrainerFilesFailed
 from ._replace import InstanceReplacer, dead_in
 
 __all__ = [
@@ -97,13 +102,26 @@ __all__ = [
     "CoordinatorStatistics",
 ]
 
-logger = logging.getLogger("gymckpt")
-
-PAUSE_HOLDER = "gym-checkpoint"
-STAGES = ("trainer_files", "close", "retire", "prepare", "commit", "ownership", "drain",
-          "snapshot", "publish", "resume")
-HOOK_POINTS = ("before_prepare", "after_prepare", "after_commit", "before_publish",
-               "after_publish", "before_resume")
+STAGES = (
+    "trainer_files",
+    "close",
+    "retire",
+    "prepare",
+    "commit",
+    "ownership",
+    "drain",
+    "snapshot",
+    "publish",
+    "resume",
+)
+HOOK_POINTS = (
+    "before_prepare",
+    "after_prepare",
+    "after_commit",
+    "before_publish",
+    "after_publish",
+    "before_resume",
+)
 
 
 @attrs.frozen
@@ -147,129 +165,19 @@ def _storage_detail(root: Path) -> str:
     return f"snapshots under {root}, {free} bytes free"
 
 
-class _TrainerFilesFailed(Exception):
-    """Carries an error the trainer's ``trainer_files`` callback raised (not a storage error)."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-def _write_trainer_files(write: Callable[[Path], None], target: Path) -> None:
-    """Run the trainer's writer into a fresh ``target``; its own errors are carried out as is,
-    a full disk or I/O error stays an ``OSError`` (a retryable checkpoint failure)."""
-    target.mkdir()
-    try:
-        write(target)
-    except OSError as exc:
-        if failure_kind(exc) is FailureKind.SNAPSHOT_IO:
-            raise
-        raise _TrainerFilesFailed(exc) from exc
-    except Exception as exc:
-        raise _TrainerFilesFailed(exc) from exc
-
-
-@attrs.frozen
-class _Ownership:
-    episodes: tuple[EpisodeRecord, ...]
-    by_instance: Mapping[str, frozenset[str]]
-    on_wire: Mapping[str, frozenset[str]]
-    """Per instance: replies on the wire for episodes it did not export."""
-
-
-@attrs.frozen
-class _Cut:
-    ledger_bytes: bytes
-    episodes: tuple[EpisodeRecord, ...]
-    unaccounted: Mapping[str, frozenset[str]]
-    """Per instance: in flight in the ledger, neither exported nor on the wire."""
-
-
-def _ownership(replies: Mapping[str, CommitReply], order: Sequence[str]) -> _Ownership:
-    """The ownership rule (S10), a pure function of the commit replies (runs off the loop)."""
-    episodes: list[EpisodeRecord] = []
-    by_instance: dict[str, frozenset[str]] = {}
-    on_wire: dict[str, frozenset[str]] = {}
-    for name in order:
-        reply = replies[name]
-        owned: dict[str, EpisodeRecord] = {}
-        for ep in reply.exported:
-            if ep.rollout_id in owned:
-                raise CheckpointInvariantError(
-                    f"instance {name}: episode {ep.rollout_id} exported twice"
-                )
-            owned[ep.rollout_id] = EpisodeRecord(ep.rollout_id, ep.owner, name, ep.capture_keys)
-        stranded: list[str] = []
-        for sess in reply.sessions:
-            if sess.rollout_id in owned:
-                continue
-            if sess.kind == "legacy_agent" and sess.step_boundary is not None:
-                owned[sess.rollout_id] = EpisodeRecord(
-                    sess.rollout_id, sess.participant, name, sess.capture_keys
-                )
-            elif sess.rollout_id not in reply.on_wire:
-                stranded.append(sess.rollout_id)
-        if stranded:
-            raise StrandedSessionError(name, stranded)
-        episodes.extend(owned.values())
-        by_instance[name] = frozenset(owned)
-        on_wire[name] = frozenset(reply.on_wire) - by_instance[name]
-    return _Ownership(tuple(episodes), by_instance, on_wire)
-
-
-def _check_replies(
-    replies: Mapping[str, CommitReply], topology: Topology, checkpoint_id: str
-) -> tuple[InstanceRecord, ...]:
-    """Validate commit replies against the live topology; build the manifest's instances."""
-    records: list[InstanceRecord] = []
-    problems: list[str] = []
-    for inst in topology.instances:
-        reply = replies[inst.name]
-        if reply.instance != inst.name or reply.checkpoint_id != checkpoint_id:
-            problems.append(
-                f"instance {inst.name}: reply is for {reply.instance}/{reply.checkpoint_id}, "
-                f"expected {inst.name}/{checkpoint_id}"
-            )
-            continue
-        got = tuple((p.server_name, p.kind) for p in reply.participants)
-        if got != inst.participants:
-            problems.append(
-                f"instance {inst.name}: committed participants {list(got)}, "
-                f"topology {list(inst.participants)}"
-            )
-            continue
-        parts = []
-        for p in reply.participants:
-            if not p.records_digest.startswith("sha256:"):
-                problems.append(
-                    f"instance {inst.name}: participant {p.server_name} digest "
-                    f"{p.records_digest!r} is not a sha256 digest"
-                )
-            outside = state_dir_problem(p.state_dir)
-            if outside is not None:
-                problems.append(
-                    f"instance {inst.name}: participant {p.server_name} state_dir {outside}"
-                )
-                continue
-            rel = Path(p.state_dir)
-            parts.append(
-                ParticipantRecord(
-                    p.server_name, p.kind, f"{GYM_STATE_DIR}/{rel.as_posix()}", p.records_digest
-                )
-            )
-        records.append(InstanceRecord(inst.name, tuple(parts)))
-    if problems:
-        raise CheckpointInvariantError("commit reply mismatch: " + "; ".join(problems))
-    return tuple(records)
-
-
 @attrs.define(eq=False, slots=True)
 class CheckpointCoordinator:
     """Runs rollout checkpoints; one nursery per checkpoint, one cancel scope per control call.
 
-    ``checkpoint()`` returns a ``CheckpointOutcome`` for success and for a ``gym_unavailable``
-    failure; it raises ``CheckpointInvariantError`` (abort, exit 3) and ``CheckpointsFailed``
-    once failures in a row exceed ``max_consecutive_failures`` (exit 4).
+    ``checkpoint()`` returns a ``CheckpointOutcome`` for success and for a retryable failure;
+    it raises ``CheckpointInvariantError`` (abort, exit 3) and ``CheckpointsFailed`` once
+    failures in a row exceed ``max_consecutive_failures`` (exit 4).
+
+    The coordinator drives the protocol (the module's docstring); the parts it composes each
+    own one concern: a ``PendingCheckpoint`` per checkpoint in flight (its staging directory
+    and what it must give back), the ``CheckpointFailureManager`` (the consecutive-failure
+    budget), the ``CheckpointStatsTracker`` (counts, metrics, log lines), and ``classify``
+    (what a failure is).
 
     Invariant: at most one checkpoint runs at a time. Calls made while one runs (from several
     tasks of the trainer) wait their turn, first come first served, and each then takes its
@@ -290,28 +198,27 @@ class CheckpointCoordinator:
     """Test hook, called as ``on_stage(checkpoint_id, point)`` at each point of ``HOOK_POINTS``
     (fault injection kills the process there)."""
     _seq: int = attrs.field(default=0, init=False)
-    _consecutive_failures: int = attrs.field(default=0, init=False)
     _topology: Topology | None = attrs.field(default=None, init=False)
     _generations: dict[str, int] = attrs.field(factory=dict, init=False)
     """The generation of each instance the running checkpoint talks to (``replacer``)."""
     _running: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     """Held by the one checkpoint that runs; a concurrent ``checkpoint()`` waits for it."""
-    ok_total: int = attrs.field(default=0, init=False)
-    failed_total: int = attrs.field(default=0, init=False)
+    _failures: CheckpointFailureManager = attrs.field(init=False)
+    _stats: CheckpointStatsTracker = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        for name in ("completed_total", "failed_total", "restored_total"):
-            self.metrics.inc(f"checkpoint/{name}", 0)  # present from the start, like Flink's
+        self._failures = CheckpointFailureManager(self.config.max_consecutive_failures)
+        self._stats = CheckpointStatsTracker(self.metrics)
 
     @property
     def consecutive_failures(self) -> int:
-        return self._consecutive_failures
+        return self._failures.consecutive
 
     def statistics(self) -> CoordinatorStatistics:
         return CoordinatorStatistics(
-            checkpoints_ok=self.ok_total,
-            checkpoints_failed=self.failed_total,
-            consecutive_failures=self._consecutive_failures,
+            checkpoints_ok=self._stats.ok_total,
+            checkpoints_failed=self._stats.failed_total,
+            consecutive_failures=self._failures.consecutive,
             last_checkpoint_seq=self._seq,
         )
 
@@ -338,71 +245,83 @@ class CheckpointCoordinator:
         trainer_files: Callable[[Path], None] | None,
     ) -> CheckpointOutcome:
         checkpoint_id = f"{self.run_id}-{self._seq + 1:04d}"
-        stage_s: dict[str, float] = {}
         started = trio.current_time()
-        self._generations = {}
+        pending: PendingCheckpoint | None = None
         try:
-            if self.replacer is not None:  # not against an instance that is coming back
-                config = self.config
-                await self.replacer.wait_up(
-                    trio.current_time() + config.replace_timeout_s + config.reply_grace_s
-                )
-                self._generations = {n: self.replacer.generation(n) for n in self.gym.instances}
+            await self._wait_for_replacements()
             # unique across incarnations: the store keeps a durable high-water mark
             self._seq = await offload(self.store.reserve_checkpoint_seq)
             checkpoint_id = f"{self.run_id}-{self._seq:04d}"
-            files = dict(extra_files or {})
+            pending = self._pending(checkpoint_id)
             with collector_paused(self.config.pause_collector):
-                info, episodes, drained = await self._run(
-                    checkpoint_id, files, stage_s, trainer_files
-                )
-        except _TrainerFilesFailed as exc:  # the trainer's own code failed: its error
-            self.failed_total += 1
-            self.metrics.inc("checkpoint/failed_total")
+                async with pending:  # gives back what the checkpoint took, whatever happens
+                    info, episodes, drained = await self._run(
+                        pending, dict(extra_files or {}), trainer_files
+                    )
+        except TrainerFilesFailed as exc:  # the trainer's own code failed: its error
+            self._stats.trainer_code_failed()
             raise exc.error from None
         except Exception as exc:
-            self._report_deaths(exc)
-            kind = classify(exc)
-            self.failed_total += 1
-            self.metrics.inc("checkpoint/failed_total")
-            self._record_stages(stage_s)
-            if kind is FailureKind.INVARIANT:
-                self.metrics.inc("checkpoint/invariant_failures_total")
-                logger.error("checkpoint %s aborted the run: %s", checkpoint_id, exc)
-                self._record_last(started, None)
-                if isinstance(exc, CheckpointInvariantError):
-                    raise
-                raise CheckpointInvariantError(f"checkpoint {checkpoint_id}: {exc}") from exc
-            self._consecutive_failures += 1
-            self.metrics.inc(f"checkpoint/{kind}_total")
-            self.metrics.set("checkpoint/consecutive_failures", self._consecutive_failures)
-            detail = str(exc)
-            if kind is FailureKind.SNAPSHOT_IO:
-                detail = f"{detail} ({_storage_detail(self.store.root)})"
-            logger.warning(
-                "checkpoint %s failed (%s, %d in a row, retried at the next checkpoint): %s",
-                checkpoint_id, kind, self._consecutive_failures, detail,
-            )
-            self._record_last(started, None)
-            if self._consecutive_failures > self.config.max_consecutive_failures:
-                logger.error("checkpoints failed %d times in a row: the run stops",
-                             self._consecutive_failures)
-                raise CheckpointsFailed(
-                    f"{self._consecutive_failures} checkpoints failed in a row "
-                    f"(max_consecutive_failures={self.config.max_consecutive_failures}); "
-                    f"last ({kind}): {detail}"
-                ) from exc
-            return CheckpointOutcome(checkpoint_id, False, None, kind, detail, stage_s)
-        self._consecutive_failures = 0
-        self.ok_total += 1
-        self.metrics.inc("checkpoint/ok_total")
-        self.metrics.inc("checkpoint/completed_total")
-        self.metrics.mark("checkpoint/since_last_completed_s")
-        self.metrics.set("checkpoint/consecutive_failures", 0)
-        self._record_stages(stage_s)
+            return self._failed(checkpoint_id, exc, pending.stage_s if pending else {}, started)
+        self._failures.succeeded()
+        self._stats.completed(pending.stage_s)
         size = await offload(lambda: tree_size(info.path))
-        self._record_last(started, size)
-        return CheckpointOutcome(checkpoint_id, True, info, None, None, stage_s, episodes, drained)
+        self._stats.record_last(started, size)
+        return CheckpointOutcome(
+            checkpoint_id, True, info, None, None, pending.stage_s, episodes, drained
+        )
+
+    def _failed(
+        self, checkpoint_id: str, exc: Exception, stage_s: dict[str, float], started: float
+    ) -> CheckpointOutcome:
+        """A failed checkpoint: an outcome if it is retryable within the budget, else raise
+        (called while ``exc`` is being handled)."""
+        self._report_deaths(exc)
+        kind = classify(exc)
+        if kind is FailureKind.INVARIANT:
+            self._stats.aborted(checkpoint_id, exc, stage_s, started)
+            if isinstance(exc, CheckpointInvariantError):
+                raise exc
+            raise CheckpointInvariantError(f"checkpoint {checkpoint_id}: {exc}") from exc
+        consecutive = self._failures.count()
+        detail = str(exc)
+        if kind is FailureKind.SNAPSHOT_IO:
+            detail = f"{detail} ({_storage_detail(self.store.root)})"
+        self._stats.failed(checkpoint_id, kind, detail, consecutive, stage_s, started)
+        self._failures.check(kind, detail, exc)
+        return CheckpointOutcome(checkpoint_id, False, None, kind, detail, stage_s)
+
+    async def _wait_for_replacements(self) -> None:
+        """Not against an instance that is coming back: wait (bounded) for replacements, and
+        note the generation of each instance this checkpoint talks to."""
+        self._generations = {}
+        if self.replacer is not None:
+            config = self.config
+            await self.replacer.wait_up(
+                trio.current_time() + config.replace_timeout_s + config.reply_grace_s
+            )
+            self._generations = {n: self.replacer.generation(n) for n in self.gym.instances}
+
+    def _pending(self, checkpoint_id: str) -> PendingCheckpoint:
+        return PendingCheckpoint(
+            checkpoint_id,
+            self.gym,
+            self.store,
+            self.gate,
+            self.deadlines,
+            self.config,
+            on_point=self._hook,
+            on_resume_failed=self._resume_failed,
+        )
+
+    def _hook(self, checkpoint_id: str, point: str) -> None:
+        if self.on_stage is not None:
+            self.on_stage(checkpoint_id, point)
+
+    def _resume_failed(self, exc: Exception) -> None:
+        """A resume failed: the snapshot stands, Gym's lease reopens Gym."""
+        self._stats.resume_failed()
+        self._report_deaths(exc)
 
     def _report_deaths(self, exc: BaseException) -> None:
         """Tell the replacer about every dead instance among ``exc``'s errors."""
@@ -412,17 +331,6 @@ class CheckpointCoordinator:
         for dead in dead_in(exc):
             if dead.instance in generations:
                 self.replacer.report_dead(dead.instance, generations[dead.instance], str(dead))
-
-    def _record_last(self, started: float, size: int | None) -> None:
-        """Flink's last-checkpoint gauges: duration of the last checkpoint (completed or not),
-        size in bytes of the last completed one."""
-        self.metrics.set("checkpoint/last_duration_s", trio.current_time() - started)
-        if size is not None:
-            self.metrics.set("checkpoint/last_size_bytes", size)
-
-    def _record_stages(self, stage_s: Mapping[str, float]) -> None:
-        for name, seconds in stage_s.items():
-            self.metrics.set(f"checkpoint/stage_{name}_s", seconds)
 
     async def _topology_now(self) -> Topology:
         """The live topology, asked once and bounded like any control call (S5)."""
@@ -434,156 +342,80 @@ class CheckpointCoordinator:
 
     async def _run(
         self,
-        checkpoint_id: str,
+        pending: PendingCheckpoint,
         files: dict[str, bytes],
-        stage_s: dict[str, float],
-        trainer_files: Callable[[Path], None] | None = None,
+        trainer_files: Callable[[Path], None] | None,
     ) -> tuple[SnapshotInfo, int, int]:
-        gym, ledger, config = self.gym, self.ledger, self.config
+        """The protocol's stages, in order (the module's docstring says why); ``pending``
+        records what each takes, and gives it back when the caller's block ends."""
+        checkpoint_id, ledger, config = pending.checkpoint_id, self.ledger, self.config
+        stage, hook = pending.stage, pending.hook
         topology = await self._topology_now()
         names = topology.names
 
-        @contextmanager
-        def stage(name: str) -> Iterator[None]:
-            t = trio.current_time()
-            try:
-                yield
-            finally:  # failed stages are timed too
-                stage_s[name] = trio.current_time() - t
+        if trainer_files is not None:
+            with stage("trainer_files"):  # before Gym parks: weights may take a while
+                await pending.write_trainer_files(trainer_files)
+        with stage("close"):
+            await pending.close_admission()
+        pending.pause_deadlines()
 
-        paused = parked = False
-        staging: Path | None = None
+        with stage("retire"):  # dropped attempts, while Gym is idle (S4)
+            await self._retire_dropped()
 
-        def hook(point: str) -> None:
-            if self.on_stage is not None:
-                self.on_stage(checkpoint_id, point)
+        hook("before_prepare")
+        with stage("prepare"):
+            await pending.prepare(names)
 
-        try:
-            if trainer_files is not None:
-                with stage("trainer_files"):  # before Gym parks: weights may take a while
-                    staging = staged = await offload(lambda: self.store.begin(checkpoint_id))
-                    target = staged / TRAINER_FILES_DIR
-                    await offload(lambda: _write_trainer_files(trainer_files, target))
-                    await offload(lambda: self.store.seal_trainer_files(staged))
-            with stage("close"):
-                await self.gate.close(by=checkpoint_id)
-        except BaseException:
-            if staging is not None:
-                s = staging
-                with trio.CancelScope(shield=True):
-                    await offload(lambda: self.store.abort(s))
-            raise
-        try:
-            self.deadlines.pause(PAUSE_HOLDER)
-            paused = True
+        hook("after_prepare")
+        with stage("commit"):  # into the staging snapshot
+            replies = await pending.commit(names)
 
-            with stage("retire"):  # dropped attempts, while Gym is idle (S4)
-                await self._retire_dropped()
+        hook("after_commit")
+        with stage("ownership"):  # S10, off the loop
+            instances = check_replies(replies, topology, checkpoint_id)
+            owned = await offload(functools.partial(ownership, replies, names))
 
-            hook("before_prepare")
-            with stage("prepare"):
-                parked = True  # from the first prepare call on, Gym may be parked
-                await fan_out(
-                    "prepare",
-                    {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names},
-                    config,
-                )
+        with stage("drain"):  # replies on the wire (S9)
+            drain_deadline = trio.current_time() + config.drain_timeout_s
+            drained = await self._drain(owned.on_wire, drain_deadline)
 
-            hook("after_prepare")
-            with stage("commit"):  # into the staging snapshot
-                # absolute: Gym's working directory may differ from ours
-                if staging is None:
-                    staging = await offload(lambda: self.store.begin(checkpoint_id))
-                gym_dir = staging / GYM_STATE_DIR
-                state_root = str(await offload(gym_dir.resolve))
-                replies = await fan_out(
-                    "commit",
-                    {n: functools.partial(gym.commit, n, checkpoint_id, state_root)
-                     for n in names},
-                    config,
-                )
-
-            hook("after_commit")
-            with stage("ownership"):  # S10, off the loop
-                instances = _check_replies(replies, topology, checkpoint_id)
-                owned = await offload(functools.partial(_ownership, replies, names))
-
-            with stage("drain"):  # replies on the wire (S9)
-                drain_deadline = trio.current_time() + config.drain_timeout_s
-                drained = await self._drain(owned.on_wire, drain_deadline)
-
-            with stage("snapshot"):  # a consistent cut under the hold, serialised off the loop
-                while True:
-                    async with ledger.barrier.hold(checkpoint_id):
-                        cut = await offload(functools.partial(self._cut, owned, names))
-                    if not cut.unaccounted:
-                        break
-                    if trio.current_time() >= drain_deadline:
-                        raise DrainTimeout(
-                            [r for ids in cut.unaccounted.values() for r in ids],
-                            config.drain_timeout_s,
-                        )
-                    # a stream that ended while its replies were discarded, not yet seen by
-                    # its consumer: transient, it abandons them soon (bounded by the drain)
-                    drained += await self._drain(cut.unaccounted, drain_deadline)
-                ledger_bytes, episodes = cut.ledger_bytes, cut.episodes
-
-            hook("before_publish")
-            with stage("publish"):
-                manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, episodes)
-                files[LEDGER_FILE] = ledger_bytes
-                ready = staging
-                info = await offload(functools.partial(self.store.publish, ready, manifest, files))
-                staging = None
-
-            hook("after_publish")
-            hook("before_resume")
-            with stage("resume"):
-                try:
-                    await fan_out(
-                        "resume",
-                        {n: functools.partial(gym.resume, n, checkpoint_id) for n in names},
-                        config,
+        with stage("snapshot"):  # a consistent cut under the hold, serialised off the loop
+            while True:
+                async with ledger.barrier.hold(checkpoint_id):
+                    taken = await offload(functools.partial(cut, ledger, owned, names))
+                if not taken.unaccounted:
+                    break
+                if trio.current_time() >= drain_deadline:
+                    raise DrainTimeout(
+                        [r for ids in taken.unaccounted.values() for r in ids],
+                        config.drain_timeout_s,
                     )
-                except Exception as exc:  # the snapshot is published; Gym's lease reopens Gym
-                    self.metrics.inc("checkpoint/resume_failures_total")
-                    self._report_deaths(exc)
-                # Only now: a resume cut short by the caller's cancellation leaves ``parked``
-                # set, so the shielded clean-up below resumes Gym instead of leaving it parked
-                # until its lease (found by the cancellation tests).
-                parked = False
-                # Gym runs again; the checkpoint's per-episode records (commit replies,
-                # ownership, the cut, the manifest: several objects per episode, ~0.1 s to free
-                # at 200k) are let go in a worker thread, not on the loop when this frame ends.
-                n_episodes = len(episodes)
-                garbage: list[object] = [replies, owned, cut, manifest, episodes]
-                del replies, owned, cut, manifest, episodes
-                await offload(garbage.clear)
-                if config.pause_collector:  # what survived the checkpoint is long-lived
-                    promote_survivors()
-            return info, n_episodes, drained
-        finally:
-            with trio.CancelScope(shield=True):
-                if parked:
-                    await self._resume_best_effort(checkpoint_id, names)
-                if staging is not None:
-                    s = staging
-                    await offload(lambda: self.store.abort(s))
-                if paused:
-                    self.deadlines.release(PAUSE_HOLDER)
-                await self.gate.reopen()
+                # a stream that ended while its replies were discarded, not yet seen by its
+                # consumer: transient, it abandons them soon (bounded by the drain)
+                drained += await self._drain(taken.unaccounted, drain_deadline)
+            ledger_bytes, episodes = taken.ledger_bytes, taken.episodes
 
-    async def _resume_best_effort(self, checkpoint_id: str, names: Sequence[str]) -> None:
-        """After a failure with Gym possibly parked: try to resume; the lease covers a loss."""
-        try:
-            await fan_out(
-                "resume",
-                {n: functools.partial(self.gym.resume, n, checkpoint_id) for n in names},
-                self.config,
-            )
-        except Exception as exc:
-            self.metrics.inc("checkpoint/resume_failures_total")
-            self._report_deaths(exc)
+        hook("before_publish")
+        with stage("publish"):
+            manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, episodes)
+            files[LEDGER_FILE] = ledger_bytes
+            info = await pending.publish(manifest, files)
+
+        hook("after_publish")
+        hook("before_resume")
+        with stage("resume"):  # a failed resume is reported: the snapshot is published
+            await pending.resume()
+            # Gym runs again; the checkpoint's per-episode records (commit replies,
+            # ownership, the cut, the manifest: several objects per episode, ~0.1 s to free
+            # at 200k) are let go in a worker thread, not on the loop when this frame ends.
+            n_episodes = len(episodes)
+            garbage: list[object] = [replies, owned, taken, manifest, episodes]
+            del replies, owned, taken, manifest, episodes
+            await offload(garbage.clear)
+            if config.pause_collector:  # what survived the checkpoint is long-lived
+                promote_survivors()
+        return info, n_episodes, drained
 
     async def _retire_dropped(self) -> None:
         """Retire the queued dropped attempts (S4), forgetting exactly what Gym retired — on
@@ -599,15 +431,20 @@ class CheckpointCoordinator:
             restored = [i.rollout_id for i in items if i.restored]
             got = done[instance] = []
 
-            async def call(deadline: float, instance: str = instance, live: list[str] = live,
-                           restored: list[str] = restored, got: list[str] = got) -> None:
+            async def call(
+                deadline: float,
+                instance: str = instance,
+                live: list[str] = live,
+                restored: list[str] = restored,
+                got: list[str] = got,
+            ) -> None:
                 if live:
                     reply = await self.gym.retire(instance, live, deadline)
                     got.extend((*reply.retired, *reply.unknown))
                 if restored:
                     reply = await self.gym.retire_restored(instance, restored, deadline)
                     got.extend((*reply.retired, *reply.unknown))
-                    self.metrics.inc("checkpoint/restore_retire_total", len(reply.retired))
+                    self._stats.restore_retired(len(reply.retired))
 
             calls[instance] = call
         try:
@@ -617,7 +454,7 @@ class CheckpointCoordinator:
             if retired:
                 with trio.CancelScope(shield=True):
                     await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))
-                self.metrics.inc("checkpoint/retired_dropped_total", len(retired))
+                self._stats.retired_dropped(len(retired))
 
     async def _drain(self, pending: Mapping[str, frozenset[str]], deadline: float) -> int:
         """Wait until none of ``pending`` (per instance) is in flight there, by ``deadline``
@@ -634,46 +471,7 @@ class CheckpointCoordinator:
         try:
             drained = await wait_drained(self.ledger, pending, timeout)
         except DrainTimeout as exc:
-            self.metrics.set("checkpoint/drain_pending", len(exc.pending))
+            self._stats.drain_pending(len(exc.pending))
             raise
-        self.metrics.set("checkpoint/drain_pending", drained)
+        self._stats.drain_pending(drained)
         return drained
-
-    def _cut(self, owned: _Ownership, names: Sequence[str]) -> _Cut:
-        """Inventory check and ledger copy; runs in a thread while the barrier is held.
-
-        Per instance, what the ledger holds there must equal what Gym exported, except:
-
-        * an exported episode the ledger dropped after the retire stage (an early stream end
-          during the checkpoint: S4's "a drop recorded meanwhile waits for the next
-          checkpoint") is in the retire queue. It is not recorded in the manifest (not ours to
-          restore); the ledger copy carries the retire queue, so a restore retires it before
-          dispatching its replacement;
-        * an episode the ledger has in flight that Gym neither exported nor listed on the wire
-          is *unaccounted*: its stream ended and the consumer has not read the end yet. Nothing
-          is copied; the caller waits for them and cuts again.
-
-        An exported episode the ledger neither holds nor dropped is an ownership violation.
-        """
-        ledger = self.ledger
-        queued = ledger.retire_queue()
-        dropped: set[str] = set()
-        unaccounted: dict[str, frozenset[str]] = {}
-        for name in names:
-            held = ledger.held_by(name)
-            exported = owned.by_instance.get(name, frozenset())
-            gone = exported & {item.rollout_id for item in queued.get(name, ())}
-            dropped |= gone
-            missing = held - exported
-            extra = exported - held - gone
-            if extra:
-                raise CheckpointInvariantError(
-                    f"instance {name}: Gym exported {sample_ids(extra)} episodes the ledger "
-                    "does not hold"
-                )
-            if missing:
-                unaccounted[name] = frozenset(missing)
-        if unaccounted:
-            return _Cut(b"", (), unaccounted)
-        episodes = tuple(e for e in owned.episodes if e.rollout_id not in dropped)
-        return _Cut(ledger.snapshot_bytes(), episodes, {})

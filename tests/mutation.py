@@ -57,11 +57,11 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the six checks that could not fail --------------------------------------------------
-    Mutant("s7-checkpoint-pauses-only-beside-another-holder", "S7", "nurseries/_coordinator.py",
+    Mutant("s7-checkpoint-pauses-only-beside-another-holder", "S7", "nurseries/_pending.py",
            "self.deadlines.pause(PAUSE_HOLDER)",
            "self.deadlines.pause(PAUSE_HOLDER) if self.deadlines.holders else None",
            (ORCH,), keyword="s7"),
-    Mutant("s10-legacy-ownership-rule-off", "S10", "nurseries/_coordinator.py",
+    Mutant("s10-legacy-ownership-rule-off", "S10", "nurseries/_ownership.py",
            'if sess.kind == "legacy_agent" and sess.step_boundary is not None:', "if False:",
            (ORCH,), keyword="s10"),
     Mutant("s4-forget-the-whole-retire-queue", "S4", "nurseries/_coordinator.py",
@@ -97,14 +97,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("bug2-restore-does-not-retire-dropped-attempts", "S4/S11", "nurseries/_restore.py",
            "await _retire_carried(gym, ledger, config)", "pass",
            (RACES,), keyword="dropped"),
-    Mutant("bug3-late-stream-end-aborts", "S3/S6", "nurseries/_coordinator.py",
+    Mutant("bug3-late-stream-end-aborts", "S3/S6", "nurseries/_ownership.py",
            "unaccounted[name] = frozenset(missing)",
            'raise CheckpointInvariantError(f"{name}: {sample_ids(missing)} neither exported '
            'nor on the wire")',
            (RACES,), keyword="late"),
     # -- other rules --------------------------------------------------------------------------
-    Mutant("s1-checkpoint-does-not-close-admission", "S1", "nurseries/_coordinator.py",
-           "await self.gate.close(by=checkpoint_id)", "pass", (ORCH,), keyword="s1 or s9"),
+    Mutant("s1-checkpoint-does-not-close-admission", "S1", "nurseries/_pending.py",
+           "await self.gate.close(by=self.checkpoint_id)", "pass", (ORCH,), keyword="s1 or s9"),
     Mutant("s2-refusal-spends-an-attempt", "S2", "nurseries/_dispatcher.py",
            "elif isinstance(reply, Refused) and ledger.refuse(rid):",
            "elif isinstance(reply, Refused) and bool(ledger.abandon([rid])):",
@@ -120,7 +120,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("s4-no-retire-stage", "S4", "nurseries/_coordinator.py",
            "await self._retire_dropped()", "pass", (ORCH,), keyword="s4"),
     Mutant("s4-drop-during-checkpoint-is-an-ownership-violation", "S4",
-           "nurseries/_coordinator.py",
+           "nurseries/_ownership.py",
            "gone = exported & {item.rollout_id for item in queued.get(name, ())}",
            "gone: frozenset[str] = frozenset()",
            (RACES, "tests/test_fault_matrix.py"), keyword="dropped"),
