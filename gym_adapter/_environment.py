@@ -12,9 +12,16 @@ from typing import Final
 
 import attrs
 
-from ._episode import AgentParticipant, Model, Participant, check_environment
+from ._episode import (
+    AgentParticipant,
+    Model,
+    Participant,
+    check_environment,
+    is_retained,
+    participant_kinds,
+)
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Environment"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Environment", "Roles"]
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1 << 20
 
@@ -49,3 +56,40 @@ class Environment:
         if self.model is not None:
             parts.append(("model_proxy", "model_proxy"))
         return tuple(parts)
+
+
+@attrs.frozen
+class Roles:
+    """What a host does with each participant of a checked ``Environment``, decided once (a
+    kind's role never changes once registered).
+
+    ``sessions``: every participant that opens a session per episode, the agent first.
+    ``retained``: those whose sessions outlive their episode (``retained = True``).
+    ``legacy``: the agent has the ``legacy_agent`` role (its sessions own their episodes).
+    ``owner``: the participant that exports parked episodes: the first environment, else
+    the agent."""
+
+    sessions: tuple[Participant, ...]
+    retained: tuple[Participant, ...]
+    retained_names: frozenset[str]
+    legacy: bool
+    owner: str
+
+    @classmethod
+    def of(cls, environment: Environment) -> Roles:
+        kinds = participant_kinds()
+        legacy = kinds[environment.agent.kind] == "legacy_agent"
+        owner = environment.agent.name
+        if not legacy:
+            owner = next(
+                (p.name for p in environment.participants if kinds[p.kind] == "environment"),
+                owner,
+            )
+        retained = tuple(p for p in environment.participants if is_retained(p))
+        return cls(
+            sessions=(environment.agent, *environment.participants),
+            retained=retained,
+            retained_names=frozenset(p.name for p in retained),
+            legacy=legacy,
+            owner=owner,
+        )

@@ -27,6 +27,13 @@ What the host owns, and the user's code never sees
   restored episodes wait unclaimed until attempt + 1 claims them on this instance.
 - **Retire.** Stops attempts and frees their sessions (refused while a checkpoint is open).
 
+The host is the composition of small parts, each the only writer of its state: the
+``EpisodeTable`` (active and unclaimed episodes, ``_host_episodes``), the ``SlotTable``
+(ownership, fencing, retained sessions and their journal, ``_host_slots``), ``Parking``
+(admission, parking, the generation, the lease, ``_host_parking``), the ``ReplyStreams``, the
+``ControlPlane`` (the control calls over those parts) and the ``HostViews``. This module is the
+data plane over them: admission, claims, the episodes' turn loop and their one exit.
+
 Everything runs on anyio; deployments serve it under trio (embedded in the trainer's run, and in
 a Ray actor a trio run hosted on the actor's asyncio loop), and user code is awaited through
 ``_user_calls``, so environment code may call trio, anyio or asyncio. Time:
@@ -46,24 +53,45 @@ import anyio.lowlevel
 import attrs
 import sniffio
 
-from gymckpt.runtime import GymCallTimeout, collector_paused, promote_survivors
+from gymckpt.runtime import (
+    EpisodeRecord,
+    GymCallTimeout,
+    InstanceRecord,
+    promote_survivors,
+)
 
 from ._contract import (
+    CommitReply,
     Completed,
     Failed,
     GymInstanceDead,
+    InstanceInventory,
+    InstanceTopology,
+    PrepareReply,
     Refused,
+    RestoreReply,
+    RetireReply,
     RunReply,
     RunRow,
 )
-from ._environment import Environment
-from ._episode import EpisodeFenced, EpisodeInfo, is_retained, participant_kinds, to_plain
-from ._host_control import HostControl
-from ._host_episodes import BOUNDARY, DONE, MOVING, Episode, StepContext, completed_reply
-from ._host_journal import HostJournaling, JournalFailed, SessionJournal
+from ._environment import Environment, Roles
+from ._episode import EpisodeFenced, EpisodeInfo, Model
+from ._host_control import ControlPlane
+from ._host_episodes import (
+    BOUNDARY,
+    DONE,
+    MOVING,
+    Episode,
+    EpisodeTable,
+    StepContext,
+    completed_reply,
+)
+from ._host_journal import JOURNAL_FILE, JournalFailed
 from ._host_log import FailureLog, episode_label
+from ._host_parking import RESUME_CHUNK, Parking
+from ._host_slots import SlotTable
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
-from ._host_views import HostStatistics, HostViews, SessionView
+from ._host_views import HostCounts, HostStatistics, HostViews, RetainedSession, SessionView
 from ._user_calls import UserCalls
 
 __all__ = [
@@ -75,10 +103,8 @@ __all__ = [
     "SessionView",
 ]
 
-RESUME_CHUNK: Final = 128
 PROMOTE_EVERY: Final = 4096
 """Episodes started between two promotions of what the process holds (``freeze_survivors``)."""
-"""Parked episodes woken per scheduler batch on a resume."""
 
 
 @attrs.frozen(kw_only=True)
@@ -102,28 +128,35 @@ class HostConfig:
     started since the last promotion, not all of them (a second at 50k)."""
 
 
+@final
 @attrs.define(eq=False, slots=True)
-class _Counters:
-    episodes_started: int = 0
-    episodes_claimed: int = 0
-    completed: int = 0
-    failed: int = 0
-    refused_rows: int = 0
-    retired: int = 0
-    restored: int = 0
-    turns: int = 0
-    model_calls: int = 0
-    model_replays: int = 0
-    fenced_episodes: int = 0
-    fenced_replies: int = 0
-    stale_runs: int = 0
-    commits: int = 0
-    lease_reopened: int = 0
+class _Turns:
+    """What a turn's ``StepContext`` reaches (``TurnHost``): fencing by the slot table, the
+    model, the counts, and the environment's own counters (this is their only writer)."""
+
+    slots: SlotTable
+    count: HostCounts
+    model: Model | None
+    retained_names: frozenset[str]
+    user_counts: dict[str, int] = attrs.field(factory=dict)
+
+    def fenced(self, ep: Episode) -> bool:
+        return self.slots.fenced(ep)
+
+    def add_count(self, name: str, n: int) -> int:
+        value = self.user_counts[name] = self.user_counts.get(name, 0) + n
+        return value
+
+    def model_called(self, *, replayed: bool) -> None:
+        if replayed:
+            self.count.model_replays += 1
+        else:
+            self.count.model_calls += 1
 
 
 @final
 @attrs.define(eq=False, slots=True, repr=False)
-class GymHost(HostControl, HostViews, HostJournaling):
+class GymHost:
     """One Gym instance hosting ``environment``. Serve it with ``async with GymHost(...)``: its
     task group runs the episodes, stream flushers and the lease timer; leaving it cancels them.
     A call after ``kill()`` raises ``GymInstanceDead``.
@@ -143,65 +176,88 @@ class GymHost(HostControl, HostViews, HostJournaling):
     _spawn: Callable[..., Any] = attrs.field(default=None, init=False)
     """Starts an episode's task (see ``_trio_episodes``)."""
     _new_scope: Callable[[], Any] = attrs.field(default=None, init=False)
-    _closing: bool = attrs.field(default=False, init=False)
     _dead: bool = attrs.field(default=False, init=False)
-    _admission_open: bool = attrs.field(default=True, init=False)
-    _prepared: bool = attrs.field(default=False, init=False)
-    _checkpoint_id: str | None = attrs.field(default=None, init=False)
-    _gen: int = attrs.field(default=0, init=False)
-    _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
-    _parked: list[Episode] = attrs.field(factory=list, init=False)
-    """Episodes parked at a step boundary, as data: their task ended when they parked (a
-    suspended task is a dozen collector-tracked objects, and CPython puts every resumed
-    coroutine back in the youngest generation uncounted, so 200k tasks parking at once made the
-    next young collection walk millions of objects inside the checkpoint). A resume starts a
-    task for each again, ``RESUME_CHUNK`` per scheduler batch, so restarting 200k never stalls
-    the loop at once."""
-    _all_parked: anyio.Event | None = attrs.field(default=None, init=False)
-    _lease_scope: anyio.CancelScope | None = attrs.field(default=None, init=False)
-    _episodes: dict[str, Episode] = attrs.field(factory=dict, init=False)
-    _unclaimed: dict[str, Episode] = attrs.field(factory=dict, init=False)
-    _owners: dict[str, tuple[str, int]] = attrs.field(factory=dict, init=False)
-    """Session key → (rollout ID, attempt) of the attempt that owns the slot's sessions."""
-    _kept: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
-    """Session key → retained session states of a slot whose episode has ended (its owner is
-    in ``_finished``); freed by retire, replaced by a newer attempt."""
-    _finished: dict[str, str] = attrs.field(factory=dict, init=False)
-    _n_moving: int = attrs.field(default=0, init=False)
     _started_since_promotion: int = attrs.field(default=0, init=False)
+    _roles: Roles = attrs.field(init=False)
+    _table: EpisodeTable = attrs.field(factory=EpisodeTable, init=False)
+    _slots: SlotTable = attrs.field(init=False)
+    _parking: Parking = attrs.field(init=False)
     _streams: ReplyStreams = attrs.field(init=False)
-    _journal: SessionJournal | None = attrs.field(default=None, init=False)
-    _retained: tuple[Any, ...] = attrs.field(init=False)
-    retained_names: frozenset[str] = attrs.field(init=False)
-    """The names of the participants whose sessions outlive their episode."""
-    _user_counts: dict[str, int] = attrs.field(factory=dict, init=False)
+    _turns: _Turns = attrs.field(init=False)
+    _control: ControlPlane = attrs.field(init=False)
+    _views: HostViews = attrs.field(init=False)
+    count: HostCounts = attrs.field(factory=HostCounts, init=False)
     user_calls: UserCalls = attrs.field(factory=UserCalls, init=False)
     """Awaits each ``agent.step`` (and all it awaits): trio, anyio or asyncio code."""
-    count: _Counters = attrs.field(factory=_Counters, init=False)
     failure_log: FailureLog = attrs.field(init=False)
     """Every failure of the user's code here, a rate-limited WARNING (``_host_log``)."""
 
     def __attrs_post_init__(self) -> None:
         self.environment.check()
-        self._streams = ReplyStreams(self.config.flush_interval_s, self.config.max_batch)
-        self._retained = tuple(p for p in self.environment.participants if is_retained(p))
-        self.retained_names = frozenset(p.name for p in self._retained)
+        config = self.config
+        roles = self._roles = Roles.of(self.environment)
         self.failure_log = FailureLog(anyio.current_time)
+        self._streams = ReplyStreams(config.flush_interval_s, config.max_batch)
+        self._slots = SlotTable(self.name, roles.retained)
+        self._parking = Parking(config.lease_s, config.freeze_survivors)
+        self._turns = _Turns(self._slots, self.count, self.environment.model, roles.retained_names)
+        self._control = ControlPlane(
+            self,
+            self.name,
+            self.seed,
+            self.work_dir,
+            self.environment,
+            roles,
+            self.participants,
+            config.strand_legacy_session,
+            config.freeze_survivors,
+            self._table,
+            self._slots,
+            self._parking,
+            self._streams,
+            self.count,
+            self.failure_log,
+        )
+        self._views = HostViews(
+            self.name,
+            self.participants,
+            roles,
+            self._table,
+            self._slots,
+            self._parking,
+            self._streams,
+            self.count,
+            self._turns.user_counts,
+            lambda: self._dead,
+        )
+
+    @property
+    def retained_names(self) -> frozenset[str]:
+        """The names of the participants whose sessions outlive their episode."""
+        return self._roles.retained_names
+
+    @property
+    def journal_path(self) -> Path | None:
+        """The retained sessions' journal (None without a ``work_dir`` or retained
+        participants)."""
+        if self.work_dir is None or not self._roles.retained:
+            return None
+        return self.work_dir / self.name / JOURNAL_FILE
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> GymHost:
         if self._tg is not None:
             raise RuntimeError(f"instance {self.name} is already serving")
-        self._open_journal()
+        path = self.journal_path
+        if path is not None:
+            self._slots.open_journal(path, recover=self.recover, on_failure=lambda _: self.kill())
         self.user_calls.open()
-        self._closing = False
-        self._prepared_evt = anyio.Event()
-        self._all_parked = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         self._spawn, self._new_scope = tg.start_soon, anyio.CancelScope
+        self._parking.open(tg.start_soon, lambda ep: self._spawn(self._episode_main, ep))
         # no await here: nothing can cancel an entry half done
         if sniffio.current_async_library() == "trio":
             tg.start_soon(self._trio_episodes)
@@ -242,8 +298,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
         tg = self._tg
         assert tg is not None
         self._shutdown()
-        if self._journal is not None:
-            self._journal.close()
+        self._slots.close_journal()
         tg.cancel_scope.cancel()
         try:
             return await tg.__aexit__(exc_type, exc, tb)
@@ -265,21 +320,16 @@ class GymHost(HostControl, HostViews, HostJournaling):
             self._dead = True
             self._streams.dead_instance = self.name
             self._shutdown()
-            if self._journal is not None:
-                self._journal.close()
+            self._slots.close_journal()
 
     def _shutdown(self) -> None:
-        self._closing = True  # the task group takes no new task from here (lease watchers)
-        self._admission_open = False
-        self._cancel_lease()
-        for ep in [*self._episodes.values(), *self._unclaimed.values()]:
+        self._parking.close()  # the task group takes no new task from here (lease watchers)
+        for ep in [*self._table.active.values(), *self._table.unclaimed.values()]:
             ep.stop()
             self.end_episode(ep, None)
-        self._unclaimed.clear()
-        self._unpark_all()
+        self._table.clear_unclaimed()
         self._streams.end_all()
-        if self._all_parked is not None:
-            self._all_parked.set()
+        self._parking.release_all()
 
     @property
     def dead(self) -> bool:
@@ -288,21 +338,6 @@ class GymHost(HostControl, HostViews, HostJournaling):
     @property
     def participants(self) -> tuple[tuple[str, str], ...]:
         return self.environment.topology
-
-    @property
-    def _legacy(self) -> bool:
-        return participant_kinds()[self.environment.agent.kind] == "legacy_agent"
-
-    @property
-    def _owner_name(self) -> str:
-        """The participant that exports parked episodes: the first environment, else the
-        agent (a legacy agent's sessions own their episodes)."""
-        if not self._legacy:
-            kinds = participant_kinds()
-            for p in self.environment.participants:
-                if kinds[p.kind] == "environment":
-                    return p.name
-        return self.environment.agent.name
 
     def _check_call(self, op: str, deadline_ts: float | None = None) -> anyio.abc.TaskGroup:
         if self._dead:
@@ -319,6 +354,13 @@ class GymHost(HostControl, HostViews, HostJournaling):
                     op,
                 )
         return self._tg
+
+    async def _enter(self, op: str, deadline_ts: float) -> None:
+        """Check a control call on entry and again after one scheduling point (a call that
+        waited behind others sees a death or a deadline that came meanwhile)."""
+        self._check_call(op, deadline_ts)
+        await anyio.lowlevel.checkpoint()
+        self._check_call(op, deadline_ts)
 
     def drop_stream(self, pick: Callable[[int], int] = lambda n: 0) -> bool:
         """End one open reply stream now, as a ``drop`` fault would: undelivered replies are
@@ -341,7 +383,7 @@ class GymHost(HostControl, HostViews, HostJournaling):
         tg = self._check_call("run")
         st = self._streams.open(len(rows), drop_after)
         for row in rows:
-            if refuse_all or not self._admission_open:
+            if refuse_all or not self._parking.admission_open:
                 self.count.refused_rows += 1
                 self._streams.push(st, Refused(row.rollout_id))
                 self._streams.row_done(st)
@@ -361,50 +403,41 @@ class GymHost(HostControl, HostViews, HostJournaling):
 
     def _admit(self, st: RunStream, row: RunRow) -> RunReply | None:
         rid = row.rollout_id
-        if rid in self._episodes or rid in self._unclaimed:
+        if rid in self._table:
             self.count.failed += 1
             return Failed(rid, "data", f"{self.name}: rollout {rid} is already running here")
         if row.restored_from is not None:
             return self._claim(st, row)
         info = self._info(row)
         key = info.session_key
-        current = self._owners.get(key)
+        slots = self._slots
+        current = slots.owner(key)
         if current is not None and current[1] > row.attempt:
             self.count.stale_runs += 1
             self._streams.row_done(st)
             return None
         if current is not None:
             self._fence(current[0])
-            self._finished.pop(current[0], None)
-            self._kept.pop(key, None)
+            slots.supersede(key)
         try:
-            sessions = {p.name: p.open(info) for p in self._session_participants()}
-            if self._journal is not None:
-                self._journal.opened(key, rid, row.attempt, {
-                    p.name: to_plain(p.export(sessions[p.name])) for p in self._retained
-                })
+            sessions = {p.name: p.open(info) for p in self._roles.sessions}
+            slots.open(key, rid, row.attempt, sessions)
         except JournalFailed:
             raise  # the instance stopped: not the row's fault (run answers it)
         except Exception as exc:
             self.count.failed += 1
             if current is not None:  # the old attempt's sessions are gone either way
-                del self._owners[key]
-                if self._journal is not None:
-                    self._journal.freed(key)
+                slots.release(key, current[0])
             message = f"{episode_label(info)}: opening its sessions raised {exc!r}"
             self.failure_log.warn(message, exc)
             return Failed(rid, "data", message)
-        self._owners[key] = (rid, row.attempt)
         self._start(Episode(info, sessions, MOVING, stream=st))
         self.count.episodes_started += 1
         return None
 
-    def _session_participants(self) -> tuple[Any, ...]:
-        return (self.environment.agent, *self.environment.participants)
-
     def _claim(self, st: RunStream, row: RunRow) -> RunReply | None:
         rid, old_id = row.rollout_id, row.restored_from
-        old = self._unclaimed.get(old_id) if old_id is not None else None
+        old = self._table.unclaimed.get(old_id) if old_id is not None else None
         problem = None
         if old is None:
             problem = (
@@ -424,14 +457,17 @@ class GymHost(HostControl, HostViews, HostJournaling):
         if problem is not None or old is None:
             self.count.failed += 1
             return Failed(rid, "data", problem or "")
-        del self._unclaimed[old.rollout_id]
-        old.state = DONE
-        self._owners[old.key] = (rid, row.attempt)
-        if self._journal is not None:
-            self._journal.claimed(old.key, rid, row.attempt)
+        self._table.take_unclaimed(old.rollout_id)
+        self._slots.claim(old.key, rid, row.attempt)
         ep = Episode(
-            self._info(row), old.sessions, MOVING, turn=old.turn,
-            stream=st, staged=old.staged, replay=old.replay, restored=True,
+            self._info(row),
+            old.sessions,
+            MOVING,
+            turn=old.turn,
+            stream=st,
+            staged=old.staged,
+            replay=old.replay,
+            restored=True,
         )
         self._start(ep)
         self.count.episodes_claimed += 1
@@ -439,8 +475,8 @@ class GymHost(HostControl, HostViews, HostJournaling):
 
     def _start(self, ep: Episode) -> None:
         assert self._tg is not None
-        self._episodes[ep.rollout_id] = ep
-        self._n_moving += 1
+        self._table.add(ep)
+        self._parking.started()
         self._spawn(self._episode_main, ep)
         self._started_since_promotion += 1
         if self._started_since_promotion >= PROMOTE_EVERY and self.config.freeze_survivors:
@@ -450,24 +486,14 @@ class GymHost(HostControl, HostViews, HostJournaling):
     def _fence(self, owner: str) -> None:
         """A newer attempt takes the slot: stop ``owner`` where it waits; a moving one stops at
         its next boundary or context call."""
-        old = self._unclaimed.pop(owner, None)
-        if old is not None:
+        if self._table.take_unclaimed(owner) is not None:
             self.count.fenced_episodes += 1
-            old.state = DONE
             return
-        ep = self._episodes.get(owner)
+        ep = self._table.active.get(owner)
         if ep is not None and ep.state == BOUNDARY:
             self.count.fenced_episodes += 1
             ep.stop()
             self.end_episode(ep, None)
-
-    def fenced(self, ep: Episode) -> bool:
-        owner = self._owners.get(ep.key)
-        return owner is None or owner[0] != ep.rollout_id
-
-    def add_count(self, name: str, n: int) -> int:
-        value = self._user_counts[name] = self._user_counts.get(name, 0) + n
-        return value
 
     # -- episodes ------------------------------------------------------------------------------
 
@@ -494,17 +520,21 @@ class GymHost(HostControl, HostViews, HostJournaling):
         if ep.replay is not None:  # a restored continuation, checked once, before its first turn
             replay, ep.replay = ep.replay, None
             if replay != ep.capture_keys:
-                return self._user_failed(ep, Failed(
-                    rid, "data",
-                    f"{self.name}: restored episode of {rid} has capture keys "
-                    f"{list(replay)} in the manifest, {list(ep.capture_keys)} staged by "
-                    "the model proxy",
-                ))
+                return self._user_failed(
+                    ep,
+                    Failed(
+                        rid,
+                        "data",
+                        f"{self.name}: restored episode of {rid} has capture keys "
+                        f"{list(replay)} in the manifest, {list(ep.capture_keys)} staged by "
+                        "the model proxy",
+                    ),
+                )
         agent = self.environment.agent
         while True:
-            if not await self._step_boundary(ep):
+            if not await self._parking.boundary(ep, self._slots.fenced):
                 return None
-            ctx = StepContext(self, ep)
+            ctx = StepContext(self._turns, ep)
             try:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
             except EpisodeFenced:
@@ -512,13 +542,13 @@ class GymHost(HostControl, HostViews, HostJournaling):
             except Exception as exc:
                 failed = f"{episode_label(ep.info)} turn {ep.turn}: step raised {exc!r}"
                 self.failure_log.warn(failed, exc)
-                problem = self._journal_turn(ep, ctx)
+                problem = self._slots.journal_turn(ep, ctx.touched)
                 if problem is not None:
                     self.failure_log.warn(problem)
                 return Failed(rid, "data", problem or failed)
-            if self.fenced(ep):
+            if self._slots.fenced(ep):
                 raise EpisodeFenced(rid)
-            problem = self._journal_turn(ep, ctx)
+            problem = self._slots.journal_turn(ep, ctx.touched)
             if problem is not None:
                 return self._user_failed(ep, Failed(rid, "data", problem))
             ep.turn += 1
@@ -537,108 +567,98 @@ class GymHost(HostControl, HostViews, HostJournaling):
         self.failure_log.warn(message)
         return reply
 
-    async def _step_boundary(self, ep: Episode) -> bool:
-        """Pass step boundary ``ep.turn`` (True), or park there while a checkpoint is prepared
-        (or, held, until one is): False, and the task ends, leaving ``ep`` in ``_parked``."""
-        if ep.state == BOUNDARY:  # restarted by a resume
-            if self._prepared:  # prepared again before this task ran: it stays parked
-                self._parked.append(ep)
-                return False
-            ep.state = MOVING
-            self._n_moving += 1
-            if self.fenced(ep):
-                raise EpisodeFenced(ep.rollout_id)
-            return True
-        if self.fenced(ep):
-            raise EpisodeFenced(ep.rollout_id)
-        await anyio.lowlevel.checkpoint()
-        if not (self._prepared or ep.hold):
-            return True
-        ep.state = BOUNDARY
-        self._n_moving -= 1
-        self._check_parked()
-        if ep.hold and not self._prepared:
-            try:
-                while ep.hold and not self._prepared:
-                    assert self._prepared_evt is not None
-                    await self._prepared_evt.wait()
-            except BaseException:
-                if ep.state == BOUNDARY:  # not ended meanwhile: count it moving again
-                    ep.state = MOVING
-                    self._n_moving += 1
-                raise
-        ep.hold = False
-        self._parked.append(ep)
-        return False
-
-    def _unpark_all(self) -> None:
-        """Start every parked episode's task again: ``RESUME_CHUNK`` per scheduler batch, in a
-        task of the instance (nothing to start when the instance is shutting down: it ended
-        them)."""
-        parked, self._parked = self._parked, []
-        if parked and not self._closing and self._tg is not None:
-            self._tg.start_soon(self._restart, parked)
-
-    async def _restart(self, parked: list[Episode]) -> None:
-        tg = self._tg
-        with collector_paused(self.config.freeze_survivors):
-            for start in range(0, len(parked), RESUME_CHUNK):
-                if self._closing or tg is None:
-                    return
-                if self._prepared:  # prepared again: the rest stay parked for the next resume
-                    self._parked.extend(ep for ep in parked[start:] if ep.state == BOUNDARY)
-                    return
-                for ep in parked[start:start + RESUME_CHUNK]:
-                    if ep.state == BOUNDARY:
-                        self._spawn(self._episode_main, ep)
-                await anyio.lowlevel.checkpoint()  # this chunk runs before the next starts
-            if self.config.freeze_survivors:
-                await anyio.lowlevel.checkpoint()  # the last chunk's first steps ran
-                promote_survivors()
-
-    def _check_parked(self) -> None:
-        if self._prepared and self._n_moving == 0 and self._all_parked is not None:
-            self._all_parked.set()
-
     def end_episode(self, ep: Episode, reply: RunReply | None) -> None:
         """The one exit of an active episode: bookkeeping, then its reply (if any)."""
         if ep.state == DONE:
             return
         was, ep.state = ep.state, DONE
-        if self._episodes.get(ep.rollout_id) is ep:
-            del self._episodes[ep.rollout_id]
-        if was == MOVING:
-            self._n_moving -= 1
-            self._check_parked()
-        if reply is not None and self.fenced(ep):
+        self._table.remove(ep)
+        self._parking.ended(was)
+        if reply is not None and self._slots.fenced(ep):
             self.count.fenced_replies += 1
             reply = None
         if isinstance(reply, Completed):
-            self._finished[ep.rollout_id] = ep.key
-            if self._retained:
-                self._kept[ep.key] = {p.name: ep.sessions[p.name] for p in self._retained}
+            self._slots.finish(ep)
             self.count.completed += 1
         elif reply is not None:
             self.count.failed += 1
-            self._free_failed(ep)
+            # A failed attempt's sessions are freed as a retire frees them: its retry (a new
+            # attempt, on any instance) opens sessions of its own, so what this attempt mutated
+            # in a retained session is never kept beside what the retry does (kept, it was
+            # committed on this instance and on the retry's: the mutation twice). A later
+            # retire of it is answered unknown.
+            self._slots.release_quietly(ep.key, ep.rollout_id)
         st = ep.stream
         if st is not None:
             if reply is not None:
                 self._streams.push(st, reply)
             self._streams.row_done(st)
 
-    def _free_failed(self, ep: Episode) -> None:
-        """A failed attempt's sessions are freed as a retire frees them: its retry (a new
-        attempt, on any instance) opens sessions of its own, so what this attempt mutated in a
-        retained session is never kept beside what the retry does (kept, it was committed on
-        this instance and on the retry's: the mutation twice). A later retire of it is
-        answered unknown."""
-        key = ep.key
-        if self._owners.get(key, ("",))[0] != ep.rollout_id:
-            return
-        del self._owners[key]
-        self._kept.pop(key, None)
-        self._journal_freed(key)  # never raises: a journal that fails stops the instance
+    # -- control plane (``_host_control``) and views (``_host_views``) ---------------------------
+
+    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+        """Close admission and park every episode at its next step boundary; returns once
+        nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
+        resume or the lease). Reopened meanwhile: ``GymControlError``."""
+        self._check_call("prepare", deadline_ts)
+        return await self._control.prepare(checkpoint_id, deadline_ts)
+
+    async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
+        """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
+        report them; needs a finished prepare of the same checkpoint (``ControlPlane.commit``:
+        a commit that returns is restorable)."""
+        await self._enter("commit", deadline_ts)
+        return await self._control.commit(checkpoint_id, state_root)
+
+    async def resume(self, checkpoint_id: str, deadline_ts: float) -> None:
+        """Reopen admission and unpark; a no-op when nothing is prepared."""
+        await self._enter("resume", deadline_ts)
+        self._control.resume(checkpoint_id)
+
+    async def retire(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
+        """Stop these attempts and free their sessions; refused while a checkpoint is open."""
+        await self._enter("retire", deadline_ts)
+        return self._control.retire("retire", rollout_ids, restored_only=False)
+
+    async def retire_restored(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
+        """Drop unclaimed restored episodes; any other ID is reported unknown."""
+        await self._enter("retire_restored", deadline_ts)
+        return self._control.retire("retire_restored", rollout_ids, restored_only=True)
+
+    async def restore(
+        self,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply:
+        """Verify, then install committed sessions; restored episodes wait unclaimed.
+
+        Any difference (topology, digests, an episode the records do not hold, a session state
+        the participant cannot restore) raises ``TopologyMismatch`` listing all of them, with
+        nothing changed. The instance must be idle and not prepared (``GymControlError``).
+        """
+        await self._enter("restore", deadline_ts)
+        return self._control.restore(state_root, record, episodes)
+
+    def topology(self) -> InstanceTopology:
+        return self._views.topology()
+
+    def session_states(self, participant: str) -> dict[str, SessionView]:
+        """Every slot's live session of ``participant`` by session key, sorted: those of
+        running, parked and unclaimed episodes, and retained ones of ended episodes."""
+        return self._views.session_states(participant)
+
+    def retained_sessions(self) -> dict[str, dict[str, RetainedSession]]:
+        """Every retained participant's sessions as plain data, by participant, then by slot
+        (``HostViews.retained_sessions``)."""
+        return self._views.retained_sessions()
+
+    def inventory(self) -> InstanceInventory:
+        return self._views.inventory()
+
+    def statistics(self) -> HostStatistics:
+        return self._views.statistics()
 
     # -- a consumer in another process (the Ray actor's outbox) ----------------------------------
     # It reads a stream's batches itself (``HostReplyStream.run_stream``) and acknowledges
@@ -669,9 +689,9 @@ class GymHost(HostControl, HostViews, HostJournaling):
     _consumer_closed = close_consumer
 
     def __repr__(self) -> str:
-        state = "dead" if self._dead else "prepared" if self._prepared else "open"
+        state = "dead" if self._dead else "prepared" if self._parking.prepared else "open"
         return (
-            f"<GymHost {self.name} {state} episodes={len(self._episodes)} "
-            f"moving={self._n_moving} unclaimed={len(self._unclaimed)} "
-            f"kept={len(self._kept)} on_wire={len(self._streams.on_wire)}>"
+            f"<GymHost {self.name} {state} episodes={len(self._table.active)} "
+            f"moving={self._parking.moving} unclaimed={len(self._table.unclaimed)} "
+            f"kept={self._slots.n_kept} on_wire={len(self._streams.on_wire)}>"
         )

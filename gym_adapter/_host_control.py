@@ -1,8 +1,10 @@
 """The Gym host's control plane: prepare, commit, resume, the lease, retire, restore.
 
-A mixin of ``GymHost`` (kept apart so each module stays one concept): it reads and changes the
-host's episode table only through the fields declared below. Every call checks the instance is
-alive and serving and enforces its ``deadline_ts`` once it runs.
+``ControlPlane`` drives the host's parts through a checkpoint: ``Parking`` (admission, parking,
+the lease), the ``SlotTable`` (ownership and retained sessions), the ``EpisodeTable`` and the
+reply streams; it owns no state of its own. It reaches the host itself only through
+``ControlHost`` (its liveness, and ``end_episode``, the one exit of an active episode). The
+host checks each call (alive, serving, ``deadline_ts`` not passed) before it gets here.
 """
 
 from __future__ import annotations
@@ -10,12 +12,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, final
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
-import anyio.to_thread
 import attrs
 
 from gymckpt.runtime import (
@@ -38,9 +38,13 @@ from ._contract import (
     PrepareReply,
     RestoreReply,
     RetireReply,
+    RunReply,
 )
+from ._environment import Environment, Roles
 from ._episode import EpisodeInfo
-from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode
+from ._host_episodes import BOUNDARY, UNCLAIMED, Episode, EpisodeTable
+from ._host_log import FailureLog
+from ._host_parking import Parking
 from ._host_records import (
     Kept,
     KeptExportError,
@@ -50,15 +54,11 @@ from ._host_records import (
     read_verified,
     write_records,
 )
+from ._host_slots import JournalSlot, KeptCopy, SlotTable
+from ._host_streams import ReplyStreams
+from ._host_views import HostCounts
 
-if TYPE_CHECKING:
-    from ._environment import Environment
-    from ._host import HostConfig, _Counters
-    from ._host_journal import SessionJournal
-    from ._host_log import FailureLog
-    from ._host_streams import ReplyStreams
-
-__all__ = ["HostControl"]
+__all__ = ["ControlHost", "ControlPlane"]
 
 MODEL_PROXY = "model_proxy"
 
@@ -69,59 +69,40 @@ class _Tables:
 
     episodes: list[Episode]
     unclaimed: list[Episode]
-    kept: list[tuple[str, dict[str, Any]]]
-    owners: dict[str, tuple[str, int]]
-    finished: dict[str, str]
+    slots: KeptCopy
 
 
-class HostControl:
-    """The control plane of ``GymHost`` (a mixin: the fields are the host's)."""
+class ControlHost(Protocol):
+    """What the control plane reaches of its host."""
 
-    if not TYPE_CHECKING:
-        __slots__ = ()
-    else:
-        name: str
-        environment: Environment
-        seed: int
-        work_dir: Path | None
-        config: HostConfig
-        count: _Counters
-        _tg: anyio.abc.TaskGroup | None
-        _closing: bool
-        _dead: bool
-        _admission_open: bool
-        _prepared: bool
-        _checkpoint_id: str | None
-        _gen: int
-        _prepared_evt: anyio.Event | None
-        _all_parked: anyio.Event | None
-        _lease_scope: anyio.CancelScope | None
-        _episodes: dict[str, Episode]
-        _unclaimed: dict[str, Episode]
-        _owners: dict[str, tuple[str, int]]
-        _kept: dict[str, dict[str, Any]]
-        _finished: dict[str, str]
-        _n_moving: int
-        _streams: ReplyStreams
-        _journal: SessionJournal | None
-        _retained: tuple[Any, ...]
-        failure_log: FailureLog
+    @property
+    def dead(self) -> bool: ...
 
-        @property
-        def _legacy(self) -> bool:
-            raise NotImplementedError
+    def end_episode(self, ep: Episode, reply: RunReply | None) -> None:
+        """The one exit of an active episode (its reply, if any, goes on its stream)."""
+        ...
 
-        @property
-        def _owner_name(self) -> str:
-            raise NotImplementedError
 
-        @property
-        def participants(self) -> tuple[tuple[str, str], ...]:
-            raise NotImplementedError
+@final
+@attrs.define(eq=False, slots=True, repr=False)
+class ControlPlane:
+    """The control calls of one instance over its parts (module docstring)."""
 
-        def _check_call(self, op: str, deadline_ts: float | None = None) -> Any: ...
-        def end_episode(self, ep: Episode, reply: Any) -> None: ...
-        def _unpark_all(self) -> None: ...
+    host: ControlHost
+    name: str
+    seed: int
+    work_dir: Path | None
+    environment: Environment
+    roles: Roles
+    participants: tuple[tuple[str, str], ...]
+    strand_legacy_session: bool
+    freeze_survivors: bool
+    table: EpisodeTable
+    slots: SlotTable
+    parking: Parking
+    streams: ReplyStreams
+    count: HostCounts
+    failure_log: FailureLog
 
     # -- prepare / commit / resume -------------------------------------------------------------
 
@@ -129,44 +110,30 @@ class HostControl:
         """Close admission and park every episode at its next step boundary; returns once
         nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
         resume or the lease). Reopened meanwhile: ``GymControlError``."""
-        self._check_call("prepare", deadline_ts)
-        self._admission_open = False
-        self._checkpoint_id = checkpoint_id
-        if not self._prepared:
-            assert self._prepared_evt is not None
-            self._prepared = True
-            self._gen += 1
-            self._all_parked = anyio.Event()
-            self._prepared_evt.set()
-        gen = self._gen
-        assert self._all_parked is not None
-        if self._n_moving and self._all_parked.is_set():
-            self._all_parked = anyio.Event()
-        self._arm_lease()
-        with anyio.move_on_at(deadline_ts) as scope:
-            while self._n_moving and self._prepared and self._gen == gen and not self._dead:
-                assert self._all_parked is not None
-                await self._all_parked.wait()
+        parking = self.parking
+        gen = parking.prepare(checkpoint_id)
+        parking.arm_lease(self._lease_expired)
+        in_time = await parking.wait_parked(gen, deadline_ts)
         await anyio.lowlevel.checkpoint()
-        if self._dead:
+        if self.host.dead:
             raise GymInstanceDead(self.name, "prepare")
-        if not self._prepared or self._gen != gen:
+        if not parking.prepared or parking.generation != gen:
             raise GymControlError(
                 self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
             )
-        if scope.cancelled_caught or self._n_moving:
+        if not in_time or parking.moving:
             raise GymCallTimeout(
-                f"instance {self.name} prepare: {self._n_moving} episodes did not reach a step "
+                f"instance {self.name} prepare: {parking.moving} episodes did not reach a step "
                 "boundary before the deadline",
                 self.name,
                 "prepare",
             )
-        if self.config.freeze_survivors:  # all parked: what the process holds stays a while
+        if self.freeze_survivors:  # all parked: what the process holds stays a while
             promote_survivors()
-        parked = len(self._episodes)  # nothing moves: every running episode is parked
-        return PrepareReply(self.name, checkpoint_id, parked, len(self._streams.on_wire))
+        parked = len(self.table.active)  # nothing moves: every running episode is parked
+        return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
 
-    async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
+    async def commit(self, checkpoint_id: str, state_root: str) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
         report them; needs a finished prepare of the same checkpoint.
 
@@ -174,53 +141,65 @@ class HostControl:
         A parked episode whose state cannot be exported fails (data) here, its reply listed
         ``on_wire`` for the checkpoint to drain; a retained or unclaimed session that cannot
         be is ``GymControlError`` (the checkpoint fails and is retried). See ``_export``."""
-        self._check_call("commit", deadline_ts)
-        await anyio.lowlevel.checkpoint()
-        self._check_call("commit", deadline_ts)
-        if not self._prepared or self._checkpoint_id != checkpoint_id:
-            now = f"checkpoint {self._checkpoint_id} is open" if self._prepared else "none is open"
+        parking = self.parking
+        if not parking.prepared or parking.checkpoint_id != checkpoint_id:
+            now = (
+                f"checkpoint {parking.checkpoint_id} is open"
+                if parking.prepared
+                else "none is open"
+            )
             raise GymControlError(
                 self.name, "commit", f"checkpoint {checkpoint_id} is not prepared ({now})"
             )
-        if self._n_moving:
+        if parking.moving:
             raise GymControlError(
-                self.name, "commit", f"{self._n_moving} episodes have not parked yet"
+                self.name, "commit", f"{parking.moving} episodes have not parked yet"
             )
         # Export off the loop: every episode is parked and retire is refused while prepared, so
         # what the export reads stays put while it runs; the loop only takes C-level copies of
         # the tables (selecting, sorting and building records at 200k belongs in the thread).
-        tables = _Tables(list(self._episodes.values()), list(self._unclaimed.values()),
-                         list(self._kept.items()), dict(self._owners), dict(self._finished))
-        on_wire = set(self._streams.on_wire)
+        tables = _Tables(
+            list(self.table.active.values()),
+            list(self.table.unclaimed.values()),
+            self.slots.copy(),
+        )
+        on_wire = set(self.streams.on_wire)
         exported, sessions, participants, refused, problem = await offload(
             functools.partial(self._export, checkpoint_id, self._root(state_root), tables)
         )
-        if self._dead:  # died while exporting: what it committed died with it
+        if self.host.dead:  # died while exporting: what it committed died with it
             raise GymInstanceDead(self.name, "commit")
         if problem is not None:
-            self.failure_log.warn(f"instance {self.name} commit of {checkpoint_id}: "
-                                  f"{problem}", problem.__cause__)
-            raise GymControlError(
-                self.name, "commit", f"exporting session state failed: {problem}"
+            self.failure_log.warn(
+                f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
             )
+            raise GymControlError(self.name, "commit", f"exporting session state failed: {problem}")
         for refusal in refused:  # not in the records: failed, the reply goes on the wire
             self.failure_log.warn(refusal.message, refusal.exc)
-            ep = self._episodes.get(refusal.rollout_id)
+            ep = self.table.active.get(refusal.rollout_id)
             if ep is not None and ep.state == BOUNDARY:
-                self.end_episode(ep, Failed(refusal.rollout_id, "data", refusal.message))
-                if refusal.rollout_id in self._streams.on_wire:
+                self.host.end_episode(ep, Failed(refusal.rollout_id, "data", refusal.message))
+                if refusal.rollout_id in self.streams.on_wire:
                     on_wire.add(refusal.rollout_id)
         self.count.commits += 1
-        self._arm_lease()
+        self.parking.arm_lease(self._lease_expired)
         return CommitReply(
-            self.name, checkpoint_id, participants, exported, tuple(sorted(on_wire)), sessions,
+            self.name,
+            checkpoint_id,
+            participants,
+            exported,
+            tuple(sorted(on_wire)),
+            sessions,
         )
 
     def _export(
         self, checkpoint_id: str, root: Path, tables: _Tables
     ) -> tuple[
-        tuple[ExportedEpisode, ...], tuple[AgentSession, ...], tuple[ParticipantInfo, ...],
-        list[Refusal], Exception | None,
+        tuple[ExportedEpisode, ...],
+        tuple[AgentSession, ...],
+        tuple[ParticipantInfo, ...],
+        list[Refusal],
+        Exception | None,
     ]:
         """Build and write every participant's records (in a worker thread; see ``commit``).
 
@@ -235,19 +214,19 @@ class HostControl:
             [*(ep for ep in tables.episodes if ep.state == BOUNDARY), *tables.unclaimed],
             key=lambda ep: ep.rollout_id,
         )
-        kept: list[Kept] = [
-            (key, rid, tables.owners[key][1], states)
-            for key, states in tables.kept
-            if (rid := tables.owners.get(key, ("",))[0]) in tables.finished
-        ]
-        stranded = (
-            held[0].rollout_id
-            if held and self._legacy and self.config.strand_legacy_session else None
-        )
+        kept: list[Kept] = tables.slots.sessions()
+        legacy = self.roles.legacy
+        stranded = held[0].rollout_id if held and legacy and self.strand_legacy_session else None
         try:
             records, refused = build_records(
-                self.environment, self._owner_name, self._retained, checkpoint_id, held, kept,
-                stranded, failable=lambda ep: ep.state == BOUNDARY,
+                self.environment,
+                self.roles.owner,
+                self.roles.retained,
+                checkpoint_id,
+                held,
+                kept,
+                stranded,
+                failable=lambda ep: ep.state == BOUNDARY,
             )
         except KeptExportError as exc:
             return (), (), (), [], exc
@@ -267,110 +246,73 @@ class HostControl:
             participants.append(
                 ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
             )
-        owner = self._owner_name
+        owner = self.roles.owner
         agent_name, agent_kind = self.environment.agent.name, self.environment.agent.kind
         keys = [ep.capture_keys for ep in held]
-        exported = () if self._legacy else tuple(
-            ExportedEpisode(ep.rollout_id, owner, k) for ep, k in zip(held, keys, strict=True)
+        exported = (
+            ()
+            if legacy
+            else tuple(
+                ExportedEpisode(ep.rollout_id, owner, k) for ep, k in zip(held, keys, strict=True)
+            )
         )
         sessions = tuple(
             AgentSession(
-                ep.rollout_id, agent_name, agent_kind,
-                None if ep.rollout_id == stranded else ep.turn, k,
+                ep.rollout_id,
+                agent_name,
+                agent_kind,
+                None if ep.rollout_id == stranded else ep.turn,
+                k,
             )
             for ep, k in zip(held, keys, strict=True)
         )
         return exported, sessions, tuple(participants), refused, None
 
-    async def resume(self, checkpoint_id: str, deadline_ts: float) -> None:
+    def resume(self, checkpoint_id: str) -> None:
         """Reopen admission and unpark; a no-op when nothing is prepared."""
-        self._check_call("resume", deadline_ts)
-        await anyio.lowlevel.checkpoint()
-        self._check_call("resume", deadline_ts)
-        if not self._prepared:
+        parking = self.parking
+        if not parking.prepared:
             return
-        if self._checkpoint_id != checkpoint_id:
+        if parking.checkpoint_id != checkpoint_id:
             raise GymControlError(
                 self.name,
                 "resume",
-                f"checkpoint {self._checkpoint_id} is open, not {checkpoint_id}",
+                f"checkpoint {parking.checkpoint_id} is open, not {checkpoint_id}",
             )
-        self._reopen()
+        parking.reopen()
 
-    def _reopen(self) -> None:
-        assert self._all_parked is not None
-        self._cancel_lease()
-        self._prepared = False
-        self._checkpoint_id = None
-        self._admission_open = True
-        self._prepared_evt = anyio.Event()
-        self._unpark_all()
-        self._all_parked.set()
-
-    def _arm_lease(self) -> None:
-        assert self._tg is not None
-        self._cancel_lease()
-        if self._closing:  # shutting down (or dead): the task group takes no new task
-            return
-        scope = self._lease_scope = anyio.CancelScope()
-        self._tg.start_soon(self._lease_watch, scope, self._gen)
-
-    def _cancel_lease(self) -> None:
-        if self._lease_scope is not None:
-            self._lease_scope.cancel()
-            self._lease_scope = None
-
-    async def _lease_watch(self, scope: anyio.CancelScope, gen: int) -> None:
-        with scope:
-            await anyio.sleep(self.config.lease_s)
-            if self._prepared and self._gen == gen and not self._dead:
-                self.count.lease_reopened += 1
-                self._reopen()
+    def _lease_expired(self) -> None:
+        self.count.lease_reopened += 1
+        self.parking.reopen()
 
     # -- retire ----------------------------------------------------------------------------------
 
-    async def retire(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
-        """Stop these attempts and free their sessions; refused while a checkpoint is open."""
-        return await self._retire("retire", rollout_ids, deadline_ts, restored_only=False)
-
-    async def retire_restored(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
-        """Drop unclaimed restored episodes; any other ID is reported unknown."""
-        return await self._retire("retire_restored", rollout_ids, deadline_ts, restored_only=True)
-
-    async def _retire(
-        self, op: str, rollout_ids: Sequence[str], deadline_ts: float, *, restored_only: bool
-    ) -> RetireReply:
-        self._check_call(op, deadline_ts)
-        await anyio.lowlevel.checkpoint()
-        self._check_call(op, deadline_ts)
-        if self._prepared:
+    def retire(self, op: str, rollout_ids: Sequence[str], *, restored_only: bool) -> RetireReply:
+        """Stop these attempts and free their sessions (``restored_only``: drop unclaimed
+        restored episodes, any other ID is unknown); refused while a checkpoint is open."""
+        if self.parking.prepared:
             raise GymControlError(
-                self.name, op, f"checkpoint {self._checkpoint_id} is open; retire after it resumes"
+                self.name,
+                op,
+                f"checkpoint {self.parking.checkpoint_id} is open; retire after it resumes",
             )
         retired: list[str] = []
         unknown: list[str] = []
         for rid in dict.fromkeys(rollout_ids):
-            ep = self._unclaimed.pop(rid, None)
-            if ep is not None:
-                ep.state = DONE
-            elif not restored_only and (ep := self._episodes.get(rid)) is not None:
+            ep = self.table.take_unclaimed(rid)
+            if ep is None and not restored_only and (ep := self.table.active.get(rid)) is not None:
                 ep.stop()
-                self.end_episode(ep, None)
+                self.host.end_episode(ep, None)
             key = ep.key if ep is not None else None
-            if key is None and not restored_only and rid in self._finished:
-                key = self._finished[rid]
+            if key is None and not restored_only:
+                key = self.slots.finished_slot(rid)
             if key is None:
                 unknown.append(rid)
                 continue
-            self._finished.pop(rid, None)
-            if self._owners.get(key, ("",))[0] == rid:
-                del self._owners[key]
-                self._kept.pop(key, None)
-                if self._journal is not None:
-                    self._journal.freed(key)
+            self.slots.retire(rid, key)
             retired.append(rid)
             self.count.retired += 1
-        if self._dead:
+        if self.host.dead:
             # died inside the call (its journal tore a record, or failed): a dead instance
             # answers nothing. Its frees died with it, and what the kill dropped from memory
             # would read as unknown, while the replacement replays the journal and holds it.
@@ -385,12 +327,8 @@ class HostControl:
             root = self.work_dir / root
         return root
 
-    async def restore(
-        self,
-        state_root: str,
-        record: InstanceRecord,
-        episodes: Sequence[EpisodeRecord],
-        deadline_ts: float,
+    def restore(
+        self, state_root: str, record: InstanceRecord, episodes: Sequence[EpisodeRecord]
     ) -> RestoreReply:
         """Verify, then install committed sessions; restored episodes wait unclaimed.
 
@@ -398,9 +336,6 @@ class HostControl:
         the participant cannot restore) raises ``TopologyMismatch`` listing all of them, with
         nothing changed. The instance must be idle and not prepared (``GymControlError``).
         """
-        self._check_call("restore", deadline_ts)
-        await anyio.lowlevel.checkpoint()
-        self._check_call("restore", deadline_ts)
         diffs, loaded = read_verified(self.name, self.participants, self._root(state_root), record)
         restored: dict[str, Episode] = {}
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
@@ -408,26 +343,25 @@ class HostControl:
             restored = self._rebuild(loaded, episodes, diffs)
         if not diffs:
             kept = self._rebuild_kept(loaded, restored, diffs)
-        slots: list[tuple[str, str, int, dict[str, Any]]] = []
-        if not diffs and self._journal is not None:
-            slots = self._journal_slots(loaded, kept, restored, diffs)
+        journal: list[JournalSlot] = []
+        if not diffs and self.slots.journaling:
+            journal = self._journal_slots(loaded, kept, restored, diffs)
         if diffs:
             raise TopologyMismatch(diffs)
-        if self._prepared:
-            raise GymControlError(self.name, "restore", f"checkpoint {self._checkpoint_id} is open")
-        if self._episodes or self._unclaimed:
+        if self.parking.prepared:
             raise GymControlError(
-                self.name, "restore",
-                f"restore needs an idle instance; {len(self._episodes)} running and "
-                f"{len(self._unclaimed)} unclaimed episodes here",
+                self.name, "restore", f"checkpoint {self.parking.checkpoint_id} is open"
             )
-        self._unclaimed = restored
-        self._owners = {ep.key: (ep.rollout_id, ep.info.attempt) for ep in restored.values()}
-        self._owners.update((key, (rid, attempt)) for key, (rid, attempt, _) in kept.items())
-        self._kept = {key: states for key, (_, _, states) in kept.items()}
-        self._finished = {rid: key for key, (rid, _, _) in kept.items()}
-        if self._journal is not None:
-            self._journal.rewrite(slots)
+        active, unclaimed = self.table.active, self.table.unclaimed
+        if active or unclaimed:
+            raise GymControlError(
+                self.name,
+                "restore",
+                f"restore needs an idle instance; {len(active)} running and "
+                f"{len(unclaimed)} unclaimed episodes here",
+            )
+        self.table.install_unclaimed(restored)
+        self.slots.install(restored.values(), kept, journal)
         self.count.restored += len(restored)
         return RestoreReply(self.name, tuple(restored))
 
@@ -437,7 +371,7 @@ class HostControl:
         kept: Mapping[str, tuple[str, int, dict[str, Any]]],
         restored: Mapping[str, Episode],
         diffs: list[str],
-    ) -> list[tuple[str, str, int, dict[str, Any]]]:
+    ) -> list[JournalSlot]:
         """The retained sessions a restore journals: the committed data itself, as the
         digest-checked records hold it (plain JSON read from disk), never a second ``export``
         of what was just restored. The user's export is not asked again, so a participant
@@ -446,26 +380,29 @@ class HostControl:
         hold for a retained participant is a difference (``TopologyMismatch``, nothing
         changed)."""
         committed: dict[str, dict[str, Any]] = {}
-        for p in self._retained:
+        for p in self.roles.retained:
             try:
                 committed[p.name] = {
                     str(s["rollout_id"]): s["state"] for s in loaded[p.name]["sessions"]
                 }
             except (KeyError, TypeError) as exc:
-                diffs.append(f"instance {self.name}: committed records of {p.name} malformed "
-                             f"({exc!r})")
+                diffs.append(
+                    f"instance {self.name}: committed records of {p.name} malformed ({exc!r})"
+                )
                 return []
         every = [
             *((key, rid, attempt) for key, (rid, attempt, _) in kept.items()),
             *((ep.key, ep.rollout_id, ep.info.attempt) for ep in restored.values()),
         ]
-        slots: list[tuple[str, str, int, dict[str, Any]]] = []
+        slots: list[JournalSlot] = []
         for key, rid, attempt in every:
             states: dict[str, Any] = {}
-            for p in self._retained:
+            for p in self.roles.retained:
                 if rid not in committed[p.name]:
-                    diffs.append(f"instance {self.name}: session {key} of {rid} has no "
-                                 f"{p.name} state in the committed records")
+                    diffs.append(
+                        f"instance {self.name}: session {key} of {rid} has no "
+                        f"{p.name} state in the committed records"
+                    )
                     break
                 states[p.name] = committed[p.name][rid]
             else:
@@ -481,10 +418,11 @@ class HostControl:
         """The retained sessions of ended episodes the records hold, by key; problems into
         diffs."""
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
-        for p in self._retained:
+        for p in self.roles.retained:
             try:
-                sessions = [s for s in loaded[p.name]["sessions"]
-                            if s["rollout_id"] not in restored]
+                sessions = [
+                    s for s in loaded[p.name]["sessions"] if s["rollout_id"] not in restored
+                ]
                 for s in sessions:
                     key, rid, attempt = str(s["key"]), str(s["rollout_id"]), int(s["attempt"])
                     have = kept.setdefault(key, (rid, attempt, {}))
@@ -502,10 +440,12 @@ class HostControl:
                     f"({exc!r})"
                 )
         for key, (rid, _, states) in kept.items():
-            missing = [p.name for p in self._retained if p.name not in states]
+            missing = [p.name for p in self.roles.retained if p.name not in states]
             if missing:
-                diffs.append(f"instance {self.name}: session {key} of {rid} has no "
-                             f"{', '.join(missing)} state in the committed records")
+                diffs.append(
+                    f"instance {self.name}: session {key} of {rid} has no "
+                    f"{', '.join(missing)} state in the committed records"
+                )
         return kept
 
     def _rebuild(
@@ -517,7 +457,7 @@ class HostControl:
         """The unclaimed episodes ``episodes`` as the records hold them; problems into diffs."""
         env = self.environment
         agent = env.agent
-        owner = self._owner_name
+        owner = self.roles.owner
         out: dict[str, Episode] = {}
         try:
             agent_sessions = {s["rollout_id"]: s for s in loaded[agent.name]["sessions"]}
@@ -525,10 +465,11 @@ class HostControl:
                 p.name: {s["rollout_id"]: s for s in loaded[p.name]["sessions"]}
                 for p in env.participants
             }
-            exported = set(loaded[owner]["exported"]) if not self._legacy else set()
+            exported = set(loaded[owner]["exported"]) if not self.roles.legacy else set()
             staged = (
                 {s["rollout_id"]: s["calls"] for s in loaded[MODEL_PROXY]["staged"]}
-                if env.model is not None else {}
+                if env.model is not None
+                else {}
             )
         except (KeyError, TypeError) as exc:
             diffs.append(f"instance {self.name}: committed records malformed ({exc!r})")
@@ -549,11 +490,17 @@ class HostControl:
             if s.get("step_boundary") is None:
                 diffs.append(f"{which} agent session has no step boundary (stranded)")
                 continue
-            if not self._legacy and rec.rollout_id not in exported:
+            if not self.roles.legacy and rec.rollout_id not in exported:
                 diffs.append(f"{which} not exported by {owner} in the committed records")
             try:
-                info = EpisodeInfo(rec.rollout_id, int(s["row"]), int(s["slot"]),
-                                   int(s["attempt"]), self.seed, self.name)
+                info = EpisodeInfo(
+                    rec.rollout_id,
+                    int(s["row"]),
+                    int(s["slot"]),
+                    int(s["attempt"]),
+                    self.seed,
+                    self.name,
+                )
                 sessions = {agent.name: agent.restore(s["state"])}
                 for p in env.participants:
                     ps = by_participant[p.name].get(rec.rollout_id)
@@ -565,8 +512,11 @@ class HostControl:
                 diffs.append(f"{which}: committed session state cannot be restored ({exc!r})")
                 continue
             out[rec.rollout_id] = Episode(
-                info, sessions, UNCLAIMED, turn=int(s["step_boundary"]),
-                staged=calls, replay=tuple(rec.capture_keys),
+                info,
+                sessions,
+                UNCLAIMED,
+                turn=int(s["step_boundary"]),
+                staged=calls,
+                replay=tuple(rec.capture_keys),
             )
         return out
-

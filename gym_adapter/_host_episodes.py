@@ -7,7 +7,9 @@ and the model calls staged for it. The host moves it between states:
     (restore) ──▶ unclaimed ──(claim by attempt + 1)──▶ a new moving episode
     any ──▶ done (completed, failed, fenced, retired, instance shut down)
 
-Only ``done`` is final; the host's ``end_episode`` is its one way in.
+Only ``done`` is final; the host's ``end_episode`` is its one way in for an active episode.
+``EpisodeTable`` is the instance's record of which episodes are active and which restored ones
+wait unclaimed; ``StepContext`` reaches the host only through ``TurnHost``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,17 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping
+from typing import Any, Final, Protocol, final
 
 import attrs
 
 from gymckpt.runtime import checked_json
 
 from ._contract import Completed, Failed, RunReply
-from ._episode import Done, EpisodeFenced, EpisodeInfo, to_plain
+from ._episode import Done, EpisodeFenced, EpisodeInfo, Model, to_plain
 from ._host_log import episode_label
-
-if TYPE_CHECKING:
-    from ._host import GymHost
-    from ._host_streams import RunStream
+from ._host_streams import RunStream
 
 __all__ = [
     "BOUNDARY",
@@ -35,7 +35,9 @@ __all__ = [
     "MOVING",
     "UNCLAIMED",
     "Episode",
+    "EpisodeTable",
     "StepContext",
+    "TurnHost",
     "capture_key",
     "completed_reply",
 ]
@@ -86,11 +88,89 @@ class Episode:
         return tuple([k for k, _ in self.staged])
 
 
+@final
+@attrs.define(eq=False, slots=True)
+class EpisodeTable:
+    """The episodes of one instance: ``active`` (moving or parked, by rollout ID: each has or
+    had a task) and ``unclaimed`` (restored, waiting for attempt + 1 to claim them; no task).
+
+    Invariant: a rollout ID is in at most one of the two. The host's ``end_episode`` removes an
+    active episode; claims, fencing, retire and shutdown take unclaimed ones out, a restore
+    installs them. Nothing else writes either map."""
+
+    _active: dict[str, Episode] = attrs.field(factory=dict, init=False)
+    _unclaimed: dict[str, Episode] = attrs.field(factory=dict, init=False)
+
+    @property
+    def active(self) -> Mapping[str, Episode]:
+        return self._active
+
+    @property
+    def unclaimed(self) -> Mapping[str, Episode]:
+        return self._unclaimed
+
+    def __contains__(self, rollout_id: object) -> bool:
+        return rollout_id in self._active or rollout_id in self._unclaimed
+
+    def get(self, rollout_id: str) -> Episode | None:
+        """The active or unclaimed episode of ``rollout_id``."""
+        return self._active.get(rollout_id) or self._unclaimed.get(rollout_id)
+
+    def add(self, ep: Episode) -> None:
+        """``ep`` becomes active (its task is about to start)."""
+        self._active[ep.rollout_id] = ep
+
+    def remove(self, ep: Episode) -> None:
+        """``ep`` is no longer active (a newer episode of the same ID stays)."""
+        if self._active.get(ep.rollout_id) is ep:
+            del self._active[ep.rollout_id]
+
+    def take_unclaimed(self, rollout_id: str | None) -> Episode | None:
+        """Remove and return the unclaimed episode of ``rollout_id`` (marked ``DONE``: no task
+        ever runs it again), or None."""
+        ep = self._unclaimed.pop(rollout_id, None) if rollout_id is not None else None
+        if ep is not None:
+            ep.state = DONE
+        return ep
+
+    def install_unclaimed(self, restored: Mapping[str, Episode]) -> None:
+        """A restore: ``restored`` are the unclaimed episodes from now on."""
+        self._unclaimed = dict(restored)
+
+    def clear_unclaimed(self) -> None:
+        self._unclaimed.clear()
+
+
+class TurnHost(Protocol):
+    """What one turn's ``StepContext`` reaches of its host."""
+
+    @property
+    def retained_names(self) -> frozenset[str]:
+        """The participants whose sessions outlive their episode (journaled after a turn
+        that fetched them)."""
+        ...
+
+    @property
+    def model(self) -> Model | None: ...
+
+    def fenced(self, ep: Episode) -> bool:
+        """Whether ``ep`` no longer owns its slot's sessions."""
+        ...
+
+    def add_count(self, name: str, n: int) -> int:
+        """Add ``n`` to the environment's counter ``name``; its new value."""
+        ...
+
+    def model_called(self, *, replayed: bool) -> None:
+        """Count a model call (``replayed``: answered from a staged response)."""
+        ...
+
+
 @attrs.define(eq=False, slots=True)
 class StepContext:
     """The ``EpisodeContext`` of one turn of one episode."""
 
-    _host: GymHost
+    _host: TurnHost
     _ep: Episode
     _calls: int = 0
     touched: set[str] | None = None
@@ -136,7 +216,7 @@ class StepContext:
 
     async def model(self, request: Any) -> Any:
         host, ep = self._host, self._ep
-        model = host.environment.model
+        model = host.model
         if model is None:
             raise RuntimeError("this environment has no model (give Environment(model=...))")
         self._check_owner()
@@ -145,7 +225,7 @@ class StepContext:
         if ep.restored:
             for staged_key, response in ep.staged:
                 if staged_key == key:  # staged before a checkpoint: never asked twice
-                    host.count.model_replays += 1
+                    host.model_called(replayed=True)
                     return response
         response = model(key, request, ep.info)
         if inspect.isawaitable(response):
@@ -155,7 +235,7 @@ class StepContext:
         if type(response) not in _SCALARS:  # an int or a str needs no look
             _check_response(ep, key, response)
         ep.staged.append((key, response))
-        host.count.model_calls += 1
+        host.model_called(replayed=False)
         return response
 
     def _check_owner(self) -> None:
@@ -175,8 +255,7 @@ def _check_response(ep: Episode, key: str, response: Any) -> None:
         checked_json(response, "response")
     except ValueError as exc:
         raise ValueError(
-            f"{episode_label(ep.info)}: model response under capture key {key} is "
-            f"refused: {exc}"
+            f"{episode_label(ep.info)}: model response under capture key {key} is refused: {exc}"
         ) from None
 
 
@@ -189,23 +268,29 @@ def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunRe
     rid = ep.rollout_id
     if not isinstance(done, Done):
         got = type(done).__name__
-        return Failed(rid, "data", f"{episode_label(ep.info)}: step returned {got}, expected "
-                      "Done or None")
+        return Failed(
+            rid, "data", f"{episode_label(ep.info)}: step returned {got}, expected Done or None"
+        )
     reward: float | None = done.reward
     if not isinstance(reward, (int, float)) or not math.isfinite(reward):
         reward = _number(reward)
         if reward is None:
-            return Failed(rid, "data", f"{episode_label(ep.info)}: Done.reward is "
-                          f"{done.reward!r}, not a finite number")
+            return Failed(
+                rid,
+                "data",
+                f"{episode_label(ep.info)}: Done.reward is {done.reward!r}, not a finite number",
+            )
     try:
         payload = to_plain(done.payload)
         size = len(checked_json(payload, "payload"))
     except (TypeError, ValueError) as exc:
-        return Failed(rid, "data", f"{episode_label(ep.info)}: Done.payload is not plain "
-                      f"data: {exc}")
+        return Failed(
+            rid, "data", f"{episode_label(ep.info)}: Done.payload is not plain data: {exc}"
+        )
     if size > limit:
         return Failed(
-            rid, "data",
+            rid,
+            "data",
             f"{episode_label(ep.info)}: payload is {size} bytes as JSON, over the limit of "
             f"{limit} (Environment(max_payload_bytes=...)); trim the trajectory",
         )
@@ -214,8 +299,12 @@ def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunRe
         integral = isinstance(turns, numbers.Integral) and not isinstance(turns, bool)
         turns = int(turns) if integral else -1
     if turns < 0:
-        return Failed(rid, "data", f"{episode_label(ep.info)}: Done.turns is {done.turns!r}, "
-                      "not a count (an int >= 0, or None)")
+        return Failed(
+            rid,
+            "data",
+            f"{episode_label(ep.info)}: Done.turns is {done.turns!r}, "
+            "not a count (an int >= 0, or None)",
+        )
     return Completed(rid, float(reward), turns, payload)
 
 

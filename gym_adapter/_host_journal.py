@@ -55,23 +55,16 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn, final
+from typing import Any, Final, NoReturn, final
 
 import attrs
 import orjson
 
 from gymckpt.runtime import GymInstanceDead, checked_json, write_atomic
 
-from ._episode import to_plain
-
-if TYPE_CHECKING:
-    from ._host_episodes import Episode, StepContext
-
 __all__ = [
     "JOURNAL_FILE",
-    "HostJournaling",
     "JournalFailed",
     "JournaledSlot",
     "SessionJournal",
@@ -187,7 +180,10 @@ class SessionJournal:
             if end < len(data):  # cut a torn tail (never replayed), then go on
                 LOGGER.warning(
                     "instance %s: session journal %s ends with %d bytes of a record cut short; "
-                    "ignored and cut", self.instance, self.path, len(data) - end,
+                    "ignored and cut",
+                    self.instance,
+                    self.path,
+                    len(data) - end,
                 )
                 os.ftruncate(fd, end)
         except OSError as exc:
@@ -266,83 +262,3 @@ class SessionJournal:
         except OSError as exc:
             self._fail("rewriting it for a restore", exc)
         self._end = len(data)
-
-
-class HostJournaling:
-    """How ``GymHost`` uses its journal (a mixin: the fields are the host's). The admission,
-    claim, retire and restore paths append their own records; this opens and replays the
-    journal and journals the sessions a turn fetched. A journal that fails stops the instance
-    (``kill``) before the append raises ``JournalFailed``."""
-
-    if not TYPE_CHECKING:
-        __slots__ = ()
-    else:
-        name: str
-        work_dir: Path | None
-        recover: bool
-        _journal: SessionJournal | None
-        _retained: tuple[Any, ...]
-        _owners: dict[str, tuple[str, int]]
-        _kept: dict[str, dict[str, Any]]
-        _finished: dict[str, str]
-
-        def fenced(self, ep: Episode) -> bool:
-            raise NotImplementedError
-
-        def kill(self) -> None:
-            raise NotImplementedError
-
-    @property
-    def journal_path(self) -> Path | None:
-        """The retained sessions' journal (None without a ``work_dir`` or retained
-        participants)."""
-        if self.work_dir is None or not self._retained:
-            return None
-        return self.work_dir / self.name / JOURNAL_FILE
-
-    def _open_journal(self) -> None:
-        path = self.journal_path
-        if path is None:
-            return
-        self._journal = SessionJournal(path, self.name, on_failure=lambda _: self.kill())
-        slots = self._journal.open(recover=self.recover)
-        for key, slot in slots.items():
-            try:
-                states = {p.name: p.restore(slot.states[p.name]) for p in self._retained}
-            except Exception as exc:
-                self._journal.close()
-                raise ValueError(
-                    f"instance {self.name}: journaled session {key} cannot be restored "
-                    f"({exc!r}); the journal is {path}"
-                ) from None
-            # each slot is retirable by the attempt that owned it, as on the dead instance
-            self._owners[key] = (slot.rollout_id, slot.attempt)
-            self._kept[key] = states
-            self._finished[slot.rollout_id] = key
-
-    def _journal_freed(self, key: str) -> None:
-        """Journal that ``key``'s sessions are freed, where the caller must not fail (an
-        episode ending). A journal that cannot record it has stopped the instance, whose
-        stream says the rest, so ``JournalFailed`` is not raised here."""
-        if self._journal is not None:
-            with suppress(JournalFailed):
-                self._journal.freed(key)
-
-    def _journal_turn(self, ep: Episode, ctx: StepContext) -> str | None:
-        """Journal the retained sessions this turn fetched; the problem if one cannot export
-        (a data failure). If the journal cannot record them the instance has stopped
-        (``on_failure``): the episode ended with it, and what it returns is dropped, so None."""
-        if not ctx.touched or self._journal is None or self.fenced(ep):
-            return None
-        try:
-            for p in self._retained:
-                if p.name in ctx.touched:
-                    self._journal.state(ep.key, p.name, to_plain(p.export(ep.sessions[p.name])))
-        except JournalFailed:
-            return None
-        except Exception as exc:
-            return (
-                f"{self.name}: episode {ep.rollout_id} turn {ep.turn}: exporting a retained "
-                f"session for the journal: {exc!r}"
-            )
-        return None

@@ -66,6 +66,8 @@ class FailureLog:
             note = f" ({self.suppressed} more failures not logged since the last line)"
             self.suppressed = 0
         elif self.logged == self.burst:
-            note = (f" (further failures on this instance: one line every {self.every_s:g}s, "
-                    "with a count of those left out)")
+            note = (
+                f" (further failures on this instance: one line every {self.every_s:g}s, "
+                "with a count of those left out)"
+            )
         LOGGER.warning("%s%s", what, note, exc_info=exc)

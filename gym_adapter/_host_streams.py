@@ -223,6 +223,5 @@ class HostReplyStream:
     def __repr__(self) -> str:
         st = self._st
         return (
-            f"<HostReplyStream rows_left={st.rows_left} pending={len(st.pending)} "
-            f"ended={st.ended}>"
+            f"<HostReplyStream rows_left={st.rows_left} pending={len(st.pending)} ended={st.ended}>"
         )

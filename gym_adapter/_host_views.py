@@ -1,30 +1,54 @@
-"""What a Gym host reports about itself: counts, its inventory, its sessions.
+"""What a Gym host reports about itself: its counts, its inventory, its sessions.
 
-A mixin of ``GymHost`` (kept apart so each module stays one concept): it only reads the host's
-fields declared below. The views are snapshots; none changes the host.
+``HostCounts`` is the tally a host keeps (one writer per count: the path the event happens on);
+``HostStatistics`` is that tally with the gauges of the moment, a frozen snapshot. ``HostViews``
+reads the host's parts (it holds them, and writes none of them): every view is a snapshot, and
+none changes the host.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, final
 
 import attrs
 
 from ._contract import GymInstanceDead, InstanceInventory, InstanceTopology
+from ._environment import Roles
 from ._episode import to_plain
-from ._host_episodes import BOUNDARY, Episode
+from ._host_episodes import BOUNDARY, EpisodeTable
+from ._host_parking import Parking
+from ._host_slots import SlotTable
+from ._host_streams import ReplyStreams
 
-if TYPE_CHECKING:
-    from ._host import _Counters
-    from ._host_streams import ReplyStreams
-
-__all__ = ["HostStatistics", "HostViews", "RetainedSession", "SessionView"]
+__all__ = ["HostCounts", "HostStatistics", "HostViews", "RetainedSession", "SessionView"]
 
 
-@attrs.frozen
-class HostStatistics:
-    """Counts of one host instance (a snapshot). ``counters``: the environment's own
-    (``EpisodeContext.count``)."""
+@attrs.define(eq=False, slots=True)
+class HostCounts:
+    """What happened on one host instance, counted as it happens (each count only grows)."""
+
+    episodes_started: int = 0
+    episodes_claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    refused_rows: int = 0
+    retired: int = 0
+    restored: int = 0
+    turns: int = 0
+    model_calls: int = 0
+    model_replays: int = 0
+    fenced_episodes: int = 0
+    fenced_replies: int = 0
+    stale_runs: int = 0
+    commits: int = 0
+    lease_reopened: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class HostStatistics(HostCounts):
+    """Counts of one host instance (a snapshot): its ``HostCounts`` and the gauges of the
+    moment. ``counters``: the environment's own (``EpisodeContext.count``)."""
 
     instance: str
     dead: bool
@@ -35,21 +59,6 @@ class HostStatistics:
     unclaimed: int
     on_wire: int
     streams: int
-    episodes_started: int
-    episodes_claimed: int
-    completed: int
-    failed: int
-    refused_rows: int
-    retired: int
-    restored: int
-    turns: int
-    model_calls: int
-    model_replays: int
-    fenced_episodes: int
-    fenced_replies: int
-    stale_runs: int
-    commits: int
-    lease_reopened: int
     batches: int
     discarded_replies: int
     counters: dict[str, int] = attrs.field(factory=dict)
@@ -80,33 +89,29 @@ class RetainedSession:
     state: Any
 
 
+@final
+@attrs.define(eq=False, slots=True)
 class HostViews:
-    """The views of ``GymHost`` (a mixin: the fields are the host's)."""
+    """The views of one host instance over its parts (read only). ``is_dead`` and
+    ``user_counts`` are the host's liveness and the environment's own counters."""
 
-    if not TYPE_CHECKING:
-        __slots__ = ()
-    else:
-        name: str
-        count: _Counters
-        _dead: bool
-        _admission_open: bool
-        _prepared: bool
-        _episodes: dict[str, Episode]
-        _n_moving: int
-        _unclaimed: dict[str, Episode]
-        _owners: dict[str, tuple[str, int]]
-        _kept: dict[str, dict[str, Any]]
-        _streams: ReplyStreams
-        _user_counts: dict[str, int]
-        _retained: tuple[Any, ...]
+    name: str
+    participants: tuple[tuple[str, str], ...]
+    roles: Roles
+    table: EpisodeTable
+    slots: SlotTable
+    parking: Parking
+    streams: ReplyStreams
+    count: HostCounts
+    user_counts: Mapping[str, int]
+    is_dead: Callable[[], bool]
 
-        @property
-        def participants(self) -> tuple[tuple[str, str], ...]:
-            raise NotImplementedError
+    def _alive(self, op: str) -> None:
+        if self.is_dead():
+            raise GymInstanceDead(self.name, op)
 
     def topology(self) -> InstanceTopology:
-        if self._dead:
-            raise GymInstanceDead(self.name, "topology")
+        self._alive("topology")
         return InstanceTopology(self.name, self.participants)
 
     def session_states(self, participant: str) -> dict[str, SessionView]:
@@ -115,10 +120,9 @@ class HostViews:
         if participant not in {name for name, _ in self.participants}:
             raise KeyError(f"no participant {participant!r} on instance {self.name}")
         out: dict[str, SessionView] = {}
-        for key in sorted(self._owners):
-            rid, attempt = self._owners[key]
-            ep = self._episodes.get(rid) or self._unclaimed.get(rid)
-            sessions = ep.sessions if ep is not None else self._kept.get(key, {})
+        for key, (rid, attempt) in self.slots.owners():
+            ep = self.table.get(rid)
+            sessions = ep.sessions if ep is not None else self.slots.kept_states(key)
             if participant in sessions:
                 out[key] = SessionView(key, rid, attempt, sessions[participant])
         return out
@@ -128,10 +132,9 @@ class HostViews:
         (sorted): of the episodes running, parked or unclaimed here and of the slots whose
         episode ended and which were kept. Plain data (the participant's ``export``); an export
         that raises is a ``ValueError`` naming the participant and the slot."""
-        if self._dead:
-            raise GymInstanceDead(self.name, "retained_sessions")
+        self._alive("retained_sessions")
         out: dict[str, dict[str, RetainedSession]] = {}
-        for p in self._retained:
+        for p in self.roles.retained:
             slots = out[p.name] = {}
             for key, view in self.session_states(p.name).items():
                 try:
@@ -144,43 +147,39 @@ class HostViews:
                 slots[key] = RetainedSession(key, view.rollout_id, view.attempt, data)
         return out
 
-    def _n_parked(self) -> int:
-        if not self._prepared:
-            return 0
-        return len(self._episodes) - self._n_moving  # running episodes that do not move
-
     def inventory(self) -> InstanceInventory:
-        if self._dead:
-            raise GymInstanceDead(self.name, "inventory")
-        parked = (
-            {r for r, ep in self._episodes.items() if ep.state == BOUNDARY}
-            if self._prepared else set()
-        )
+        self._alive("inventory")
+        active = self.table.active
+        prepared = self.parking.prepared
+        parked = {r for r, ep in active.items() if ep.state == BOUNDARY} if prepared else set()
         return InstanceInventory(
             instance=self.name,
-            admission_open=self._admission_open,
-            prepared=self._prepared,
-            running=tuple(sorted(set(self._episodes) - parked)),
+            admission_open=self.parking.admission_open,
+            prepared=prepared,
+            running=tuple(sorted(set(active) - parked)),
             parked=tuple(sorted(parked)),
-            unclaimed=tuple(sorted(self._unclaimed)),
-            on_wire=tuple(sorted(self._streams.on_wire)),
+            unclaimed=tuple(sorted(self.table.unclaimed)),
+            on_wire=tuple(sorted(self.streams.on_wire)),
             lease_reopened=self.count.lease_reopened,
         )
 
     def statistics(self) -> HostStatistics:
-        parked = self._n_parked()
+        parking = self.parking
+        active = len(self.table.active)
+        # running episodes that do not move are parked (only while prepared)
+        parked = active - parking.moving if parking.prepared else 0
         return HostStatistics(
             instance=self.name,
-            dead=self._dead,
-            admission_open=self._admission_open,
-            prepared=self._prepared,
-            running=len(self._episodes) - parked,
+            dead=self.is_dead(),
+            admission_open=parking.admission_open,
+            prepared=parking.prepared,
+            running=active - parked,
             parked=parked,
-            unclaimed=len(self._unclaimed),
-            on_wire=len(self._streams.on_wire),
-            streams=len(self._streams.streams),
-            batches=self._streams.batches,
-            discarded_replies=self._streams.discarded,
-            counters=dict(self._user_counts),
+            unclaimed=len(self.table.unclaimed),
+            on_wire=len(self.streams.on_wire),
+            streams=len(self.streams.streams),
+            batches=self.streams.batches,
+            discarded_replies=self.streams.discarded,
+            counters=dict(self.user_counts),
             **attrs.asdict(self.count),
         )
