@@ -44,20 +44,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 """Package -> the packages its modules may import (``gymckpt`` is the root package: the trainer
 API, which imports no application module; ``python -m gymckpt`` is the one entry into the app)."""
 
-KNOWN_TYPING_CYCLES: frozenset[tuple[str, ...]] = frozenset(
-    {
-        # the Gym host's mixins, which GymHost's composition into parts removes
-        (
-            "gymckpt.gym_adapter._host",
-            "gymckpt.gym_adapter._host_control",
-            "gymckpt.gym_adapter._host_episodes",
-            "gymckpt.gym_adapter._host_journal",
-            "gymckpt.gym_adapter._host_records",
-            "gymckpt.gym_adapter._host_views",
-            "gymckpt.gym_adapter._host",
-        ),
-    }
-)
+KNOWN_TYPING_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 """Cycles through ``TYPE_CHECKING`` imports still being taken apart, each exactly as
 ``cycles`` reports it (the modules of one strongly connected component, sorted, the first
 repeated): only that exact cycle is let through, so one that grows or shrinks, or a new one,
