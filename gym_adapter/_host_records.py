@@ -3,9 +3,11 @@ reading them back verified.
 
 Each participant's records are one JSON file (``records.json``) in its own directory, written
 atomically (temp, fsync, rename, fsync dir); its digest goes in the commit reply and the
-manifest. Reading back first checks what the runtime checks too (topology equal to the live
-instance's, state directory inside the snapshot, digest as committed) and collects every
-difference, so a restore refuses with the whole list and changes nothing.
+manifest. What the file holds is a typed record of the snapshot format (``AgentRecords``,
+``SessionRecords``, ``StagedRecords``), parsed strictly on the way back. Reading back first
+checks what the runtime checks too (topology equal to the live instance's, state directory
+inside the snapshot, digest as committed) and collects every difference, so a restore refuses
+with the whole list and changes nothing.
 """
 
 from __future__ import annotations
@@ -23,14 +25,26 @@ import orjson
 import sniffio
 
 from gymckpt.runtime import (
+    RECORDS_FILE,
+    AgentRecords,
+    AgentSession,
+    CommittedRecords,
     InstanceRecord,
+    ManifestError,
     NotPlainData,
+    SessionRecord,
+    SessionRecords,
+    StagedCall,
+    StagedEpisode,
+    StagedRecords,
     all_finite,
     checked_json,
-    dumps_chunked,
+    dump_records,
+    load_records,
     participant_differences,
     participant_state_problem,
     plain_problem,
+    records_to_plain,
     write_atomic,
 )
 
@@ -48,13 +62,13 @@ __all__ = [
     "Refusal",
     "build_records",
     "offload",
+    "read_committed",
     "read_verified",
     "topology_differences",
     "write_records",
 ]
 
 T = TypeVar("T")
-RECORDS_FILE: Final = "records.json"
 MODEL_PROXY: Final = "model_proxy"
 Kept = tuple[str, str, int, dict[str, Any]]
 """A retained slot of an ended episode: (key, rollout ID, attempt, states by participant)."""
@@ -79,28 +93,47 @@ def topology_differences(
     return diffs
 
 
-def read_verified(
+def read_committed(
     instance: str, live: Sequence[tuple[str, str]], root: Path, record: InstanceRecord
-) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """(every difference, each participant's records by server name) for a restore."""
+) -> tuple[list[str], dict[str, CommittedRecords]]:
+    """(every difference, each participant's typed records by server name) for a restore.
+
+    Each participant's records are read only once its state passed the checks (inside the
+    snapshot, digest as committed), and parsed strictly in the role its place in the live
+    topology gives it: the first participant is the agent (``AgentRecords``), the model proxy
+    has ``StagedRecords``, every other ``SessionRecords``. A file that does not parse is one
+    difference naming it and what differs; it is left out of the records."""
     diffs = topology_differences(instance, live, record)
-    loaded: dict[str, dict[str, Any]] = {}
-    for p in record.participants:
+    loaded: dict[str, CommittedRecords] = {}
+    for i, p in enumerate(record.participants):
         who = f"instance {instance}: participant {p.server_name}"
         problem = participant_state_problem(root, p, who)
         if problem is not None:
             diffs.append(problem)
             continue
+        expect: type[CommittedRecords] = (
+            AgentRecords
+            if i == 0
+            else StagedRecords
+            if (p.server_name, p.kind) == (MODEL_PROXY, MODEL_PROXY)
+            else SessionRecords
+        )
+        what = f"{p.state_dir}/{RECORDS_FILE}"
         try:
-            data = orjson.loads((root / p.state_dir / RECORDS_FILE).read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
+            loaded[p.server_name] = load_records(
+                (root / p.state_dir / RECORDS_FILE).read_bytes(), what, expect
+            )
+        except (OSError, ManifestError) as exc:
             diffs.append(f"{who} records unreadable ({exc})")
-            continue
-        if not isinstance(data, dict):
-            diffs.append(f"{who} records are not a JSON object")
-            continue
-        loaded[p.server_name] = data
     return diffs, loaded
+
+
+def read_verified(
+    instance: str, live: Sequence[tuple[str, str]], root: Path, record: InstanceRecord
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """``read_committed`` with each participant's records as the JSON object on disk."""
+    diffs, loaded = read_committed(instance, live, root, record)
+    return diffs, {name: records_to_plain(r) for name, r in loaded.items()}
 
 
 @attrs.frozen
@@ -120,8 +153,13 @@ class KeptExportError(Exception):
 
 
 def build_records(
-    env: Environment, owner: str, retained_participants: Sequence[Any], checkpoint_id: str,
-    held: Sequence[Episode], kept: Sequence[Kept], stranded: str | None,
+    env: Environment,
+    owner: str,
+    retained_participants: Sequence[Any],
+    checkpoint_id: str,
+    held: Sequence[Episode],
+    kept: Sequence[Kept],
+    stranded: str | None,
     failable: Callable[[Episode], bool] = lambda ep: True,
 ) -> tuple[dict[str, bytes], list[Refusal]]:
     """Every participant's records for a commit, as the JSON bytes to write, by server name,
@@ -145,22 +183,34 @@ def build_records(
                     p.name: to_plain(p.export(ep.sessions[p.name])) for p in every
                 }
             except Exception as exc:
-                _refuse(ep, f"{episode_label(ep.info)}: exporting its session state at "
-                            f"checkpoint {checkpoint_id} raised {exc!r}", exc, failable, refused)
+                _refuse(
+                    ep,
+                    f"{episode_label(ep.info)}: exporting its session state at "
+                    f"checkpoint {checkpoint_id} raised {exc!r}",
+                    exc,
+                    failable,
+                    refused,
+                )
         held = [ep for ep in held if ep.rollout_id in states]
         columns = {p.name: [states[ep.rollout_id][p.name] for ep in held] for p in every}
     kept_states: list[tuple[str, str, int, dict[str, Any]]] = []
     for key, rid, attempt, sessions in kept:
         try:
-            kept_states.append((key, rid, attempt, {
-                p.name: to_plain(p.export(sessions[p.name])) for p in retained_participants
-            }))
+            kept_states.append(
+                (
+                    key,
+                    rid,
+                    attempt,
+                    {p.name: to_plain(p.export(sessions[p.name])) for p in retained_participants},
+                )
+            )
         except Exception as exc:
             raise KeptExportError(
                 f"retained session {key} of {rid} attempt {attempt}: export raised {exc!r}"
             ) from exc
-    records = _records(env, owner, retained_participants, checkpoint_id, held, columns,
-                       kept_states, stranded)
+    records = _records(
+        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
+    )
     data = _dumps_all(records)
     if data is not None:
         return data, refused
@@ -171,8 +221,13 @@ def build_records(
             problem = _state_problem(column[i], f"{name} session state")
             if problem is not None:
                 bad.add(i)
-                _refuse(ep, f"{episode_label(ep.info)}: at checkpoint {checkpoint_id}, "
-                            f"{problem}", None, failable, refused)
+                _refuse(
+                    ep,
+                    f"{episode_label(ep.info)}: at checkpoint {checkpoint_id}, {problem}",
+                    None,
+                    failable,
+                    refused,
+                )
                 break
     for key, rid, attempt, by_name in kept_states:
         for name, state in by_name.items():
@@ -182,14 +237,20 @@ def build_records(
                     f"retained session {key} of {rid} attempt {attempt}: {problem}"
                 )
     held = [ep for i, ep in enumerate(held) if i not in bad]
-    columns = {name: [x for i, x in enumerate(column) if i not in bad]
-               for name, column in columns.items()}
-    records = _records(env, owner, retained_participants, checkpoint_id, held, columns,
-                       kept_states, stranded)
+    columns = {
+        name: [x for i, x in enumerate(column) if i not in bad] for name, column in columns.items()
+    }
+    records = _records(
+        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
+    )
     data = _dumps_all(records)
     if data is None:
-        problems = [f"{server}: {_state_problem(r, server)}" for server, r in records.items()
-                    if _state_problem(r, server) is not None]
+        plain = {server: records_to_plain(r) for server, r in records.items()}
+        problems = [
+            f"{server}: {_state_problem(r, server)}"
+            for server, r in plain.items()
+            if _state_problem(r, server) is not None
+        ]
         raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
     return data, refused
 
@@ -200,15 +261,21 @@ def _export_columns(
     """Each participant's exported states of ``held``, in order (None if an export raised):
     one comprehension per participant, what a commit of 200k episodes can afford."""
     try:
-        return {p.name: [to_plain(export(ep.sessions[name])) for ep in held]
-                for p in participants for export, name in ((p.export, p.name),)}
+        return {
+            p.name: [to_plain(export(ep.sessions[name])) for ep in held]
+            for p in participants
+            for export, name in ((p.export, p.name),)
+        }
     except Exception:
         return None
 
 
 def _refuse(
-    ep: Episode, message: str, exc: BaseException | None,
-    failable: Callable[[Episode], bool], refused: list[Refusal],
+    ep: Episode,
+    message: str,
+    exc: BaseException | None,
+    failable: Callable[[Episode], bool],
+    refused: list[Refusal],
 ) -> None:
     if not failable(ep):
         raise KeptExportError(message) from exc
@@ -223,18 +290,21 @@ def _state_problem(state: Any, where: str) -> str | None:
     return None
 
 
-def _dumps_all(records: Mapping[str, Any]) -> dict[str, bytes] | None:
+def _dumps_all(records: Mapping[str, CommittedRecords]) -> dict[str, bytes] | None:
     """Each participant's records as JSON, or None if one is not finite plain data (orjson
     refused it, or its output holds ``null``, which a non-finite float becomes, and one is
     found: see ``runtime._plain``)."""
     out: dict[str, bytes] = {}
     for server, record in records.items():
+        plain = records_to_plain(record)
         try:
-            data = dumps_chunked(record, orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+            data = dump_records(plain)
         except (TypeError, orjson.JSONEncodeError):
             return None
-        if b"null" in data and all_finite(record) is not True and (
-            plain_problem(record, server, types=False) is not None
+        if (
+            b"null" in data
+            and all_finite(plain) is not True
+            and (plain_problem(plain, server, types=False) is not None)
         ):
             return None
         out[server] = data
@@ -242,55 +312,72 @@ def _dumps_all(records: Mapping[str, Any]) -> dict[str, bytes] | None:
 
 
 def _records(
-    env: Environment, owner: str, retained_participants: Sequence[Any], checkpoint_id: str,
-    held: Sequence[Episode], columns: Mapping[str, Sequence[Any]],
-    kept: Sequence[tuple[str, str, int, Mapping[str, Any]]], stranded: str | None,
-) -> dict[str, Any]:
+    env: Environment,
+    owner: str,
+    retained_participants: Sequence[Any],
+    checkpoint_id: str,
+    held: Sequence[Episode],
+    columns: Mapping[str, Sequence[Any]],
+    kept: Sequence[tuple[str, str, int, Mapping[str, Any]]],
+    stranded: str | None,
+) -> dict[str, CommittedRecords]:
     agent = env.agent
     name = agent.name
-    records: dict[str, Any] = {
-        name: {
-            "participant": name, "kind": agent.kind, "checkpoint_id": checkpoint_id,
-            "sessions": [
-                {"rollout_id": ep.rollout_id, "row": (info := ep.info).row, "slot": info.slot,
-                 "attempt": info.attempt,
-                 "step_boundary": None if ep.rollout_id == stranded else ep.turn,
-                 "state": state}
-                for ep, state in zip(held, columns[name], strict=True)
-            ],
-        }
+    records: dict[str, CommittedRecords] = {
+        name: AgentRecords(
+            participant=name,
+            kind=agent.kind,
+            checkpoint_id=checkpoint_id,
+            sessions=tuple(
+                [
+                    AgentSession(
+                        ep.rollout_id,
+                        (info := ep.info).row,
+                        info.slot,
+                        info.attempt,
+                        None if ep.rollout_id == stranded else ep.turn,
+                        state,
+                    )
+                    for ep, state in zip(held, columns[name], strict=True)
+                ]
+            ),
+            # no environment participant: the agent's sessions own the episodes
+            exported=tuple([ep.rollout_id for ep in held]) if owner == name else None,
+        )
     }
-    if owner == name:  # no environment participant: the agent's sessions own the episodes
-        records[name]["exported"] = [ep.rollout_id for ep in held]
     retained = {p.name for p in retained_participants}
     for p in env.participants:
         name = p.name
         sessions = [
-            {"key": ep.key, "rollout_id": ep.rollout_id, "attempt": ep.info.attempt,
-             "state": state}
+            SessionRecord(ep.key, ep.rollout_id, ep.info.attempt, state)
             for ep, state in zip(held, columns[name], strict=True)
         ]
         if name in retained:
             sessions.extend(
-                {"key": key, "rollout_id": rid, "attempt": attempt, "state": by_name[name]}
+                SessionRecord(key, rid, attempt, by_name[name])
                 for key, rid, attempt, by_name in kept
             )
-            sessions.sort(key=lambda s: s["key"])
-        records[name] = {
-            "participant": name, "kind": p.kind, "checkpoint_id": checkpoint_id,
-            "exported": [ep.rollout_id for ep in held] if name == owner else [],
-            "retained": name in retained,
-            "sessions": sessions,
-        }
+            sessions.sort(key=lambda s: s.key)
+        records[name] = SessionRecords(
+            participant=name,
+            kind=p.kind,
+            checkpoint_id=checkpoint_id,
+            exported=tuple([ep.rollout_id for ep in held]) if name == owner else (),
+            retained=name in retained,
+            sessions=tuple(sessions),
+        )
     if env.model is not None:
-        records[MODEL_PROXY] = {
-            "participant": MODEL_PROXY, "kind": "model_proxy", "checkpoint_id": checkpoint_id,
-            "staged": [
-                {"rollout_id": ep.rollout_id,
-                 "calls": [{"key": k, "response": r} for k, r in ep.staged]}
-                for ep in held
-            ],
-        }
+        records[MODEL_PROXY] = StagedRecords(
+            participant=MODEL_PROXY,
+            kind=MODEL_PROXY,
+            checkpoint_id=checkpoint_id,
+            staged=tuple(
+                [
+                    StagedEpisode(ep.rollout_id, tuple([StagedCall(k, r) for k, r in ep.staged]))
+                    for ep in held
+                ]
+            ),
+        )
     return records
 
 

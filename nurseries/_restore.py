@@ -31,7 +31,6 @@ and what reaches Gym is all-or-nothing across instances:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -59,6 +58,7 @@ from gymckpt.runtime import (
     TopologyMismatch,
     load_ledger_snapshot,
     load_snapshot,
+    load_step,
     rollout_id_for,
     verify_snapshot,
 )
@@ -108,17 +108,7 @@ def saved_step(files: Mapping[str, bytes]) -> int:
     """The step a snapshot's ``step.json`` holds, 0 without one; a malformed one raises
     ``ManifestError`` naming the file and what it holds."""
     raw = files.get(STEP_FILE)
-    if raw is None:
-        return 0
-    try:
-        step = json.loads(raw)["step"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(
-            f'{STEP_FILE}: expected {{"step": N}}, got {raw[:80]!r} ({exc!r})'
-        ) from None
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ManifestError(f"{STEP_FILE}: step must be an integer >= 0, got {step!r}")
-    return step
+    return 0 if raw is None else load_step(raw).step
 
 
 def ledger_manifest_differences(manifest: GymManifest, ledger: LedgerSnapshot) -> list[str]:

@@ -15,7 +15,6 @@ invariant violations and too many failures in a row raise (exit codes 3 and 4).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import threading
@@ -44,7 +43,9 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
+    StepRecord,
     WorkDirLock,
+    dump_step,
     freeze_startup_objects,
 )
 
@@ -286,7 +287,7 @@ class Rollouts:
         ``files(directory)`` writes the trainer's own files (model and optimizer shards, any
         size) into the same atomic snapshot: they are published together with the rollouts or
         not at all, digested in the commit marker, and come back as ``trainer_files``."""
-        extra = {STEP_FILE: json.dumps({"step": self._first_step + self._handed}).encode()}
+        extra = {STEP_FILE: dump_step(StepRecord(self._first_step + self._handed))}
         if trainer_state is not None:
             extra[TRAINER_STATE_FILE] = trainer_state
         outcome = await self.coordinator.checkpoint(extra, files)

@@ -10,8 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
 import orjson
+from cattrs.cols import (
+    homogenous_tuple_structure_factory,
+    is_mutable_sequence,
+    is_sequence,
+    list_structure_factory,
+)
 from cattrs.preconf.orjson import make_converter
 
 from ._errors import ManifestError
@@ -54,12 +61,51 @@ converter.register_structure_hook(float, _strict_float)
 converter.register_structure_hook(bool, _strict_bool)
 
 
+def _strict_sequence(factory: Any) -> Any:
+    """A hook factory that refuses what is not a JSON array before ``factory``'s hook runs
+    (cattrs would take any iterable: a string as its characters, an object as its keys)."""
+
+    def make(type_: Any, conv: cattrs.Converter) -> Any:
+        hook = factory(type_, conv)
+
+        def structure_sequence(value: object, cls: Any) -> Any:
+            if not isinstance(value, list | tuple):
+                raise TypeError(f"expected a list, got {type(value).__name__}")
+            return hook(value, cls)
+
+        return structure_sequence
+
+    return make
+
+
+converter.register_structure_hook_factory(
+    is_sequence, _strict_sequence(homogenous_tuple_structure_factory)
+)
+converter.register_structure_hook_factory(
+    is_mutable_sequence, _strict_sequence(list_structure_factory)
+)
+
+
+def _format_problem(exc: BaseException, type_: Any) -> str:
+    """A field's problem as cattrs says it, except a record's own validator (``type_`` None):
+    its words say what is wrong (``step must be an integer >= 0, got -1``)."""
+    if type_ is None and type(exc) is ValueError and str(exc):
+        return str(exc)
+    if isinstance(exc, TypeError) and str(exc).startswith("expected a list"):
+        return f"invalid type ({exc})"
+    return cattrs.v.format_exception(exc, type_)
+
+
 def structure(data: Any, cls: type[T], what: str) -> T:
     """Structure ``data`` as ``cls``; any problem becomes a ``ManifestError`` naming the field."""
+    if attrs.has(cls) and not isinstance(data, dict):
+        raise ManifestError(f"{what}: expected a JSON object, got {type(data).__name__}")
     try:
         return converter.structure(data, cls)
     except (cattrs.BaseValidationError, cattrs.errors.ForbiddenExtraKeysError) as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="$")) or str(exc)
+        problems = "; ".join(
+            cattrs.transform_error(exc, path="$", format_exception=_format_problem)
+        ) or str(exc)
         raise ManifestError(f"{what}: {problems}") from None
     except (TypeError, ValueError, KeyError) as exc:
         raise ManifestError(f"{what}: {exc}") from None
@@ -99,7 +145,7 @@ def dumps_chunked(obj: Mapping[str, Any], option: int = 0, chunk: int = JSON_CHU
         parts.append(orjson.dumps(key) + b":")
         if isinstance(value, list | tuple) and len(value) > chunk:
             pieces = [
-                orjson.dumps(value[j:j + chunk], option=option)[1:-1]
+                orjson.dumps(value[j : j + chunk], option=option)[1:-1]
                 for j in range(0, len(value), chunk)
             ]
             parts.append(b"[" + b",".join(pieces) + b"]")

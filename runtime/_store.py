@@ -48,17 +48,29 @@ from typing import Final, final
 
 import attrs
 
-from ._converter import dumps, loads
 from ._errors import ManifestError, TopologyMismatch, TrainerFilesRefused
-from ._layout import COMMIT_MARKER, GYM_STATE_DIR, MANIFEST_NAME, TRAINER_FILES_DIR
-from ._manifest import (
+from ._snapshot_format import (
+    CHECKPOINT_SEQ_FILE,
+    COMMIT_MARKER,
+    GYM_STATE_DIR,
+    MANIFEST_NAME,
     MANIFEST_VERSION,
+    MARKER_VERSION,
     PARTICIPANT_KIND_RE,
     PARTICIPANT_KINDS,
+    PIN_TMP_PREFIX,
+    PRUNING_PREFIX,
+    SNAPSHOT_PREFIX,
+    SNAPSHOT_RE,
+    STAGING_PREFIX,
+    TRAINER_FILES_DIR,
+    CommitMarker,
     GymManifest,
     ParticipantRecord,
     dump_manifest,
+    dump_marker,
     load_manifest,
+    load_marker,
 )
 from ._topology import topology_differences
 
@@ -84,17 +96,8 @@ __all__ = [
     "write_atomic",
 ]
 
-MARKER_VERSION: Final = 1
-
-_SNAPSHOT_PREFIX: Final = "ckpt-"
-_STAGING_PREFIX: Final = ".staging-"
-_PRUNING_PREFIX: Final = ".pruning-"
-_PIN_TMP_PREFIX: Final = ".pin-"
-_CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
-_SNAPSHOT_RE: Final = re.compile(r"ckpt-(\d{6,})")
 _DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
-_RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR,
-                                    TRAINER_FILES_DIR})
+_RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR, TRAINER_FILES_DIR})
 _CHUNK: Final = 1 << 20
 
 
@@ -150,9 +153,13 @@ def _fsync_tree(top: Path) -> None:
 
 
 def _entry_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "fifo"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device")):
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
         if test(mode):
             return name
     return "special file"
@@ -230,14 +237,19 @@ def trainer_entries_problems(top: Path, limit: int = 5) -> list[str]:
             except OSError:
                 continue
             if stat.S_ISLNK(mode):
-                found.append(f"{rel}: a symbolic link (to {os.readlink(entry)!r}) in the "
-                             "trainer's files: what it points to can change after the commit")
+                found.append(
+                    f"{rel}: a symbolic link (to {os.readlink(entry)!r}) in the "
+                    "trainer's files: what it points to can change after the commit"
+                )
             elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                found.append(f"{rel}: a {_entry_kind(mode)} in the trainer's files, not a "
-                             "regular file")
+                found.append(
+                    f"{rel}: a {_entry_kind(mode)} in the trainer's files, not a regular file"
+                )
     if len(found) > limit:
-        found = [*found[:limit], f"{TRAINER_FILES_DIR}/: and {len(found) - limit} more such "
-                 "entries"]
+        found = [
+            *found[:limit],
+            f"{TRAINER_FILES_DIR}/: and {len(found) - limit} more such entries",
+        ]
     return found
 
 
@@ -257,9 +269,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def participant_state_problem(
-    root: Path, participant: ParticipantRecord, where: str
-) -> str | None:
+def participant_state_problem(root: Path, participant: ParticipantRecord, where: str) -> str | None:
     """Why ``participant``'s committed state under ``root`` cannot be trusted, or None.
 
     The one check both sides make (S8): the runtime before it asks Gym to restore, and Gym
@@ -328,20 +338,6 @@ def records_digest(state_dir: Path) -> str:
 
 
 @attrs.frozen
-class CommitMarker:
-    """Contents of ``COMMITTED``: the checkpoint, its sequence number, and the sha256 (hex) of
-    every top-level file of the snapshot, ``gym_checkpoint.json`` included; ``trees`` maps a
-    top-level directory the trainer wrote (``trainer/``: weights, optimizer shards) to its
-    ``records_digest``."""
-
-    version: int
-    checkpoint_id: str
-    seq: int
-    files: dict[str, str]
-    trees: dict[str, str] = attrs.field(factory=dict)
-
-
-@attrs.frozen
 class SnapshotInfo:
     """A complete snapshot on disk: where it is, which checkpoint, its sequence number."""
 
@@ -378,10 +374,9 @@ def _check_plain_name(name: str, what: str) -> None:
 def _read_marker(path: Path) -> CommitMarker | None:
     """The marker of ``path``, or None if it has none or an invalid one."""
     try:
-        marker = loads((path / COMMIT_MARKER).read_bytes(), CommitMarker, COMMIT_MARKER)
+        return load_marker((path / COMMIT_MARKER).read_bytes())
     except (OSError, ManifestError):
         return None
-    return marker if marker.version == MARKER_VERSION else None
 
 
 # -- the store -----------------------------------------------------------------------------
@@ -418,7 +413,7 @@ class SnapshotStore:
         created too: Gym commits each participant's state into it before ``publish``.
         """
         _check_plain_name(checkpoint_id, "checkpoint id")
-        staging = self.root / f"{_STAGING_PREFIX}{checkpoint_id}"
+        staging = self.root / f"{STAGING_PREFIX}{checkpoint_id}"
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             if staging.exists() or staging.is_symlink():
@@ -456,9 +451,9 @@ class SnapshotStore:
         complete snapshot.
         """
         staging = Path(staging)
-        if staging.parent != self.root or not staging.name.startswith(_STAGING_PREFIX):
+        if staging.parent != self.root or not staging.name.startswith(STAGING_PREFIX):
             raise ValueError(f"{staging} is not a staging directory of {self.root}")
-        if staging.name != f"{_STAGING_PREFIX}{manifest.checkpoint_id}":
+        if staging.name != f"{STAGING_PREFIX}{manifest.checkpoint_id}":
             raise ValueError(
                 f"manifest is for checkpoint {manifest.checkpoint_id!r} but {staging.name} "
                 "was staged for another"
@@ -502,8 +497,8 @@ class SnapshotStore:
                 files=dict(sorted(digests.items())),
                 trees=trees,
             )
-            write_atomic(staging / COMMIT_MARKER, dumps(marker))
-            final_path = self.root / f"{_SNAPSHOT_PREFIX}{seq:06d}"
+            write_atomic(staging / COMMIT_MARKER, dump_marker(marker))
+            final_path = self.root / f"{SNAPSHOT_PREFIX}{seq:06d}"
             os.rename(staging, final_path)
             fsync_dir(self.root)
             self._last_seq = seq
@@ -540,7 +535,7 @@ class SnapshotStore:
         seq or marker seq present, so ids stay unique across incarnations even if the file is
         lost. An ``OSError`` (a full disk) leaves the mark unchanged.
         """
-        mark = self.root / _CHECKPOINT_SEQ_FILE
+        mark = self.root / CHECKPOINT_SEQ_FILE
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             try:
@@ -564,7 +559,7 @@ class SnapshotStore:
         highest = 0
         if self.root.is_dir():
             for entry in os.scandir(self.root):
-                m = _SNAPSHOT_RE.fullmatch(entry.name)
+                m = SNAPSHOT_RE.fullmatch(entry.name)
                 if m:
                     highest = max(highest, int(m.group(1)))
         return highest
@@ -577,7 +572,7 @@ class SnapshotStore:
             return []
         found: list[SnapshotInfo] = []
         for entry in os.scandir(self.root):
-            if not _SNAPSHOT_RE.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+            if not SNAPSHOT_RE.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
                 continue
             path = Path(entry.path)
             marker = _read_marker(path)
@@ -599,14 +594,17 @@ class SnapshotStore:
         latest = complete[-1] if complete else None
         if self.root.is_dir():
             for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
-                m = _SNAPSHOT_RE.fullmatch(entry.name)
+                m = SNAPSHOT_RE.fullmatch(entry.name)
                 if not m or not entry.is_dir(follow_symlinks=False):
                     continue
                 if latest is not None and int(m.group(1)) <= latest.seq:
                     continue
                 if _read_marker(Path(entry.path)) is None:
-                    what = "no" if not os.path.lexists(Path(entry.path, COMMIT_MARKER)) else (
-                        "an invalid")
+                    what = (
+                        "no"
+                        if not os.path.lexists(Path(entry.path, COMMIT_MARKER))
+                        else ("an invalid")
+                    )
                     older = latest.path.name if latest is not None else "none"
                     raise ManifestError(
                         f"{entry.path}: newest rollout snapshot has {what} {COMMIT_MARKER} "
@@ -629,7 +627,7 @@ class SnapshotStore:
         """
         dest = Path(dest)
         if dest.parent.resolve() == self.root.resolve() and (
-            _SNAPSHOT_RE.fullmatch(dest.name) or dest.name.startswith(".")
+            SNAPSHOT_RE.fullmatch(dest.name) or dest.name.startswith(".")
         ):
             raise ValueError(f"pin destination {dest.name!r} would collide with the store")
         with self._lock:
@@ -645,7 +643,7 @@ class SnapshotStore:
                     f"{info.path}: not a complete rollout snapshot of {info.checkpoint_id}"
                 )
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f"{_PIN_TMP_PREFIX}{dest.name}.{secrets.token_hex(6)}")
+            tmp = dest.with_name(f"{PIN_TMP_PREFIX}{dest.name}.{secrets.token_hex(6)}")
             try:
                 shutil.copytree(info.path, tmp, symlinks=True)
                 _fsync_tree(tmp)
@@ -656,11 +654,6 @@ class SnapshotStore:
             fsync_dir(dest.parent)
             self._pinned.add(dest.resolve())
         return SnapshotInfo(dest, marker.checkpoint_id, marker.seq)
-
-    def unpin(self, path: Path) -> None:
-        """Let ``prune`` consider ``path`` again (no error if it was not pinned)."""
-        with self._lock:
-            self._pinned.discard(Path(path).resolve())
 
     @property
     def pinned(self) -> frozenset[Path]:
@@ -688,7 +681,7 @@ class SnapshotStore:
             for info in doomed:
                 if info.path.resolve() in keep_safe:
                     continue
-                trash = self.root / f"{_PRUNING_PREFIX}{info.path.name}.{secrets.token_hex(4)}"
+                trash = self.root / f"{PRUNING_PREFIX}{info.path.name}.{secrets.token_hex(4)}"
                 os.rename(info.path, trash)
                 fsync_dir(self.root)
                 _remove(trash)
@@ -696,9 +689,9 @@ class SnapshotStore:
             if self.root.is_dir():
                 for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
                     path = Path(entry.path)
-                    if entry.name.startswith((_PRUNING_PREFIX, _PIN_TMP_PREFIX)):
+                    if entry.name.startswith((PRUNING_PREFIX, PIN_TMP_PREFIX)):
                         _remove(path)
-                    elif entry.name.startswith(_STAGING_PREFIX) and path not in self._staging:
+                    elif entry.name.startswith(STAGING_PREFIX) and path not in self._staging:
                         _remove(path)
                         removed.append(path)
         return removed
@@ -717,9 +710,11 @@ class SnapshotStore:
                 return removed
             for entry in sorted(os.scandir(pin_dir), key=lambda e: e.name):
                 path = Path(entry.path)
-                stale_copy = (_SNAPSHOT_RE.fullmatch(entry.name) is not None
-                              and path.resolve() not in self._pinned)
-                if stale_copy or entry.name.startswith(_PIN_TMP_PREFIX):
+                stale_copy = (
+                    SNAPSHOT_RE.fullmatch(entry.name) is not None
+                    and path.resolve() not in self._pinned
+                )
+                if stale_copy or entry.name.startswith(PIN_TMP_PREFIX):
                     _remove(path)
                     removed.append(path)
         return removed
@@ -763,16 +758,11 @@ def load_snapshot(path: Path) -> LoadedSnapshot:
     if not marker_path.is_file():
         raise ManifestError(f"{path}: not a complete rollout snapshot: no {COMMIT_MARKER} marker")
     try:
-        marker = loads(marker_path.read_bytes(), CommitMarker, COMMIT_MARKER)
+        marker = load_marker(marker_path.read_bytes())
     except ManifestError as exc:
         raise ManifestError(
             f"{path}: not a complete rollout snapshot: invalid {COMMIT_MARKER} marker ({exc})"
         ) from None
-    if marker.version != MARKER_VERSION:
-        raise ManifestError(
-            f"{COMMIT_MARKER}: marker version {marker.version} is not supported "
-            f"(this runtime reads version {MARKER_VERSION})"
-        )
     if MANIFEST_NAME not in marker.files:
         raise ManifestError(f"{COMMIT_MARKER}: does not list {MANIFEST_NAME}")
 
@@ -908,9 +898,7 @@ def trainer_files_problems(snapshot: LoadedSnapshot) -> list[str]:
     if TRAINER_FILES_DIR not in snapshot.marker.trees and os.path.lexists(
         snapshot.path / TRAINER_FILES_DIR
     ):
-        problems.append(
-            f"{TRAINER_FILES_DIR}/: on disk but not committed in {COMMIT_MARKER}"
-        )
+        problems.append(f"{TRAINER_FILES_DIR}/: on disk but not committed in {COMMIT_MARKER}")
     for name, committed in sorted(snapshot.marker.trees.items()):
         tree = snapshot.path / name
         if name != TRAINER_FILES_DIR or tree.is_symlink():

@@ -78,8 +78,10 @@ def _every_kind_of_state(rows: int) -> tuple[RecoveryLedger, RecoveryLedger]:
         ledger.take_ready(rows)
 
     _m(ledger, more)
-    exported = [EpisodeRecord(f"{r}-1", "calendar", f"gym-{r % 3}", (f"{r}-1/t0",))
-                for r in range(4, rows, 5)]
+    exported = [
+        EpisodeRecord(f"{r}-1", "calendar", f"gym-{r % 3}", (f"{r}-1/t0",))
+        for r in range(4, rows, 5)
+    ]
     restored, summary = RecoveryLedger.from_snapshot(ledger.to_snapshot(), exported)
     claimed = [f"{r}-1-a1" for r in range(4, rows, 10)]
 
@@ -120,8 +122,25 @@ def test_only_canonical_rollout_ids_name_attempts() -> None:
     _m(ledger, lambda: ledger.mark_dispatched(["12-0"], "gym-0", 1))
     _m(ledger, lambda: ledger.fail("12-0", 1, "infra", "x"))
     assert ledger.get("12-0-a1") is not None and ledger.get("12-1") is not None
-    for bad in ("012-1", "12-01", "12-1-a0", "12-0-a01", " 12-1", "12-1 ", "+12-1", "12_0-1",
-                "12-0-a", "12-0-b1", "12", "", "12-2", "12-0", "-12-1", "12--1", "١٢-1"):
+    for bad in (
+        "012-1",
+        "12-01",
+        "12-1-a0",
+        "12-0-a01",
+        " 12-1",
+        "12-1 ",
+        "+12-1",
+        "12_0-1",
+        "12-0-a",
+        "12-0-b1",
+        "12",
+        "",
+        "12-2",
+        "12-0",
+        "-12-1",
+        "12--1",
+        "١٢-1",
+    ):
         assert ledger.get(bad) is None, bad
         assert not ledger.is_in_flight(bad)
 
@@ -134,7 +153,10 @@ def test_a_held_view_is_the_same_object_and_keeps_its_end() -> None:
     nxt = _m(ledger, lambda: ledger.fail("0-0", 7, "infra", "reset"))
     # the failed attempt's view stays what it was; its slot now holds attempt 1
     assert (first[0].state, first[0].failure, first[0].replica) == (
-        AttemptState.FAILED, "infra: reset", "gym-1")
+        AttemptState.FAILED,
+        "infra: reset",
+        "gym-1",
+    )
     assert first[0].rollout_id == "0-0" and nxt is not None and nxt.rollout_id == "0-0-a1"
     assert nxt.state is AttemptState.RESERVED and nxt.replica is None and nxt.gate_id is None
     _m(ledger, lambda: ledger.complete("0-1", 7, R))
@@ -145,7 +167,10 @@ def test_a_held_view_is_the_same_object_and_keeps_its_end() -> None:
     # the block is recycled for the next row; old views still read their own values
     _m(ledger, lambda: ledger.reserve_row(1))
     assert (first[1].rollout_id, first[1].state, first[1].result) == (
-        "0-1", AttemptState.COMPLETED, R)
+        "0-1",
+        AttemptState.COMPLETED,
+        R,
+    )
     assert ledger.get("1-1") is not first[1] and ledger.get("0-1") is None
 
 

@@ -16,20 +16,28 @@ from gymckpt.nurseries.app.demo import (
     _run_until_published,
     verdict,
 )
-from gymckpt.runtime import SnapshotStore, load_snapshot
+from gymckpt.runtime import (
+    RECORDS_FILE,
+    SessionRecord,
+    SessionRecords,
+    SnapshotStore,
+    load_records,
+    load_snapshot,
+)
 
 pytestmark = pytest.mark.subprocess
 
 
-def _calendar_sessions(snapshot_path: Path) -> dict[str, tuple[str, dict]]:
+def _calendar_sessions(snapshot_path: Path) -> dict[str, tuple[str, SessionRecord]]:
     snap = load_snapshot(snapshot_path)
     out = {}
     for inst in snap.manifest.instances:
         for part in inst.participants:
             if part.kind == "environment":
-                records = orjson.loads((snap.path / part.state_dir / "records.json").read_bytes())
-                for sess in records["sessions"]:
-                    out[sess["rollout_id"]] = (inst.name, sess)
+                file = snap.path / part.state_dir / RECORDS_FILE
+                records = load_records(file.read_bytes(), str(file), SessionRecords)
+                for sess in records.sessions:
+                    out[sess.rollout_id] = (inst.name, sess)
     return out
 
 
@@ -47,11 +55,11 @@ def test_sigkill_after_checkpoint_then_restore_is_exactly_once(tmp_path: Path) -
     sessions = _calendar_sessions(published[0].path)
     mutated = [
         e for e in snap.manifest.episodes
-        if e.rollout_id in sessions and sessions[e.rollout_id][1]["state"]["events"]
+        if e.rollout_id in sessions and sessions[e.rollout_id][1].state["events"]
     ]
     assert mutated, "the held episode must be parked in the snapshot with its mutation"
     held = mutated[0]
-    sentinels = [ev["sentinel"] for ev in sessions[held.rollout_id][1]["state"]["events"]]
+    sentinels = [ev["sentinel"] for ev in sessions[held.rollout_id][1].state["events"]]
 
     # Phase two: a new process restores and finishes.
     done = subprocess.run(_phase_cmd(opts, tmp_path, 2, 0), stdin=subprocess.DEVNULL,
@@ -75,7 +83,7 @@ def test_sigkill_after_checkpoint_then_restore_is_exactly_once(tmp_path: Path) -
     final = Path(phases[0]["final_snapshot"])
     counts: dict[str, int] = {}
     for _, sess in _calendar_sessions(final).values():
-        for ev in sess["state"]["events"]:
+        for ev in sess.state["events"]:
             counts[ev["sentinel"]] = counts.get(ev["sentinel"], 0) + 1
     for s in sentinels:
         assert counts.get(s) == 1, f"sentinel {s} appears {counts.get(s, 0)} times"

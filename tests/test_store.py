@@ -614,8 +614,10 @@ def test_dumps_chunked_is_orjson_byte_for_byte(chunk: int) -> None:
 
     rng = random.Random(chunk)
     for n in (0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk + 1, 50):
-        items = [{"z": i, "a": [rng.random(), None, "é"], "m": {"y": 1, "b": 2}}
-                 for i in range(max(n, 0))]
+        items = [
+            {"z": i, "a": [rng.random(), None, "é"], "m": {"y": 1, "b": 2}}
+            for i in range(max(n, 0))
+        ]
         obj = {"zeta": items, "alpha": tuple(range(max(n, 0))), "mid": "x", "n": {"k": items[:2]}}
         for option in (0, orjson.OPT_SORT_KEYS):
             assert dumps_chunked(obj, option, chunk=chunk) == orjson.dumps(obj, option=option)

@@ -16,10 +16,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
-import orjson
 
-from gymckpt.gym_adapter import RECORDS_FILE, SimConfig, plan_episode, sentinel
-from gymckpt.runtime import LEDGER_FILE, load_ledger_snapshot, load_snapshot
+from gymckpt.gym_adapter import SimConfig, plan_episode, sentinel
+from gymckpt.runtime import (
+    LEDGER_FILE,
+    RECORDS_FILE,
+    SessionRecords,
+    load_ledger_snapshot,
+    load_records,
+    load_snapshot,
+)
 
 __all__ = ["ExactlyOnce", "expected_sentinels", "judge", "snapshot_sentinels"]
 
@@ -49,29 +55,41 @@ class ExactlyOnce:
 
     @property
     def ok(self) -> bool:
-        return not (self.duplicates or self.lost or self.trained_and_failed
-                    or self.steps_trained_twice or self.sentinels_missing
-                    or self.sentinels_twice)
+        return not (
+            self.duplicates
+            or self.lost
+            or self.trained_and_failed
+            or self.steps_trained_twice
+            or self.sentinels_missing
+            or self.sentinels_twice
+        )
 
     def violations(self) -> list[str]:
         """One line per kind of violation, with a short sample."""
         out: list[str] = []
         if not self.steps_in_order:
-            out.append(f"lineage steps are not 1..n once each "
-                       f"(trained twice: {self.steps_trained_twice})")
+            out.append(
+                f"lineage steps are not 1..n once each (trained twice: {self.steps_trained_twice})"
+            )
         if self.rows_twice:
-            out.append(f"{len(self.rows_twice)} rows trained more than once: "
-                       f"{list(self.rows_twice[:SAMPLE])}")
+            out.append(
+                f"{len(self.rows_twice)} rows trained more than once: "
+                f"{list(self.rows_twice[:SAMPLE])}"
+            )
         if self.trained_and_failed:
             out.append(f"rows both trained and failed: {list(self.trained_and_failed[:SAMPLE])}")
         if self.lost:
             out.append(f"{len(self.lost)} rows lost: {list(self.lost[:SAMPLE])}")
         if self.sentinels_missing:
-            out.append(f"{len(self.sentinels_missing)} sentinels missing: "
-                       f"{list(self.sentinels_missing[:3])}")
+            out.append(
+                f"{len(self.sentinels_missing)} sentinels missing: "
+                f"{list(self.sentinels_missing[:3])}"
+            )
         if self.sentinels_twice:
-            out.append(f"{len(self.sentinels_twice)} sentinels more than once: "
-                       f"{list(self.sentinels_twice[:3])}")
+            out.append(
+                f"{len(self.sentinels_twice)} sentinels more than once: "
+                f"{list(self.sentinels_twice[:3])}"
+            )
         return out
 
 
@@ -95,7 +113,7 @@ def judge(
     if final_snapshot is not None:
         sentinel_counts, failed = snapshot_sentinels(final_snapshot, calendar=calendar)
     trained = set(row_counts)
-    expected = (expected_sentinels(seed, config, trained, group_size) if calendar else set())
+    expected = expected_sentinels(seed, config, trained, group_size) if calendar else set()
     return ExactlyOnce(
         rows=rows,
         rows_trained=len(trained),
@@ -127,9 +145,13 @@ def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[st
         for part in inst.participants:
             if part.kind != "environment":
                 continue
-            records = orjson.loads((snap.path / part.state_dir / RECORDS_FILE).read_bytes())
-            for sess in records["sessions"]:
-                sentinel_counts.update(e["sentinel"] for e in sess["state"]["events"])
+            records = load_records(
+                (snap.path / part.state_dir / RECORDS_FILE).read_bytes(),
+                f"{part.state_dir}/{RECORDS_FILE}",
+                SessionRecords,
+            )
+            for sess in records.sessions:  # the calendar's state: its events, each a sentinel
+                sentinel_counts.update(e["sentinel"] for e in sess.state["events"])
     return sentinel_counts, failed_rows
 
 

@@ -1,0 +1,457 @@
+"""The rollout snapshot's on-disk format: every file name, every version, every record.
+
+A published snapshot ``ckpt-NNNNNN/`` holds the commit marker (written last: its presence makes
+the snapshot complete, and it lists every other top-level file with its sha256), the Gym
+manifest, the ledger, the trainer's step and state and files, and Gym's participant records
+under ``gym/``::
+
+    COMMITTED                 CommitMarker     (MARKER_VERSION)
+    gym_checkpoint.json       GymManifest      (MANIFEST_VERSION)
+    ledger.json               the ledger's snapshot (its own module owns that record)
+    step.json                 StepRecord
+    trainer.json              the trainer's state: opaque bytes, not a record of ours
+    trainer/                  the trainer's files: opaque, digested in the marker
+    gym/<instance>/<participant>/records.json
+                              AgentRecords | SessionRecords | StagedRecords
+
+Every record is a frozen attrs class structured through the library's strict converter
+(``_converter``): a missing, extra or wrongly typed key, a value out of range or an unsupported
+version is a ``ManifestError`` that names the file and the field, never a ``KeyError`` for the
+caller to catch. What a record holds that is the user's (a participant's exported session
+state, a model response) is finite plain data, handed back as it was written. Semantic checks
+across records (topology, digests, paths inside the snapshot) belong to the store and to Gym's
+restore; this module only says what each file is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final, TypeAlias, TypeVar, overload
+
+import attrs
+import orjson
+
+from ._converter import converter, dumps, dumps_chunked, loads, structure
+from ._errors import ManifestError
+
+__all__ = [
+    "CHECKPOINT_SEQ_FILE",
+    "COMMIT_MARKER",
+    "GYM_STATE_DIR",
+    "LEDGER_FILE",
+    "LOCK_FILE",
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "MARKER_VERSION",
+    "PARTICIPANT_KINDS",
+    "PARTICIPANT_KIND_RE",
+    "PIN_TMP_PREFIX",
+    "PRUNING_PREFIX",
+    "RECORDS_FILE",
+    "RESTORED_DIR",
+    "SNAPSHOTS_DIR",
+    "SNAPSHOT_PREFIX",
+    "SNAPSHOT_RE",
+    "STAGING_PREFIX",
+    "STEP_FILE",
+    "TRAINER_FILES_DIR",
+    "TRAINER_STATE_FILE",
+    "AgentRecords",
+    "AgentSession",
+    "CommitMarker",
+    "CommittedRecords",
+    "EpisodeRecord",
+    "GymManifest",
+    "InstanceRecord",
+    "ParticipantRecord",
+    "SessionRecord",
+    "SessionRecords",
+    "StagedCall",
+    "StagedEpisode",
+    "StagedRecords",
+    "StepRecord",
+    "dump_manifest",
+    "dump_marker",
+    "dump_records",
+    "dump_step",
+    "load_manifest",
+    "load_marker",
+    "load_records",
+    "load_step",
+    "records_to_plain",
+]
+
+R = TypeVar("R", bound="AgentRecords | SessionRecords | StagedRecords")
+
+# -- file and directory names --------------------------------------------------------------
+
+COMMIT_MARKER: Final = "COMMITTED"
+"""The commit marker: written last, it makes the snapshot complete."""
+MANIFEST_NAME: Final = "gym_checkpoint.json"
+"""The Gym manifest: participant topology, digests and exported episodes."""
+LEDGER_FILE: Final = "ledger.json"
+"""The recovery ledger's snapshot: attempts, rows trained and failed, results not yet trained."""
+TRAINER_STATE_FILE: Final = "trainer.json"
+"""The state the trainer saved with the checkpoint (opaque bytes, JSON or not)."""
+STEP_FILE: Final = "step.json"
+"""The trainer facade's step counter (``StepRecord``): steps trained before this snapshot,
+across every incarnation (a resumed run's logger steps go on from it, never backwards)."""
+TRAINER_FILES_DIR: Final = "trainer"
+"""The directory holding the trainer's own files (weights, optimizer shards)."""
+GYM_STATE_DIR: Final = "gym"
+"""The directory Gym's participants commit their records under (each in its ``state_dir``)."""
+RECORDS_FILE: Final = "records.json"
+"""In a participant's ``state_dir``: its committed records (``load_records``)."""
+SNAPSHOTS_DIR: Final = "snapshots"
+"""In the work directory: the snapshot store (``ckpt-NNNNNN/`` …)."""
+RESTORED_DIR: Final = "restored"
+"""In the work directory: the pinned copies of the snapshots restores started from."""
+LOCK_FILE: Final = ".gymckpt.lock"
+"""In the work directory (not a snapshot): the lock one trainer holds while it runs."""
+
+SNAPSHOT_PREFIX: Final = "ckpt-"
+"""A complete snapshot's directory is ``ckpt-`` and its sequence number, six digits or more."""
+SNAPSHOT_RE: Final = re.compile(r"ckpt-(\d{6,})")
+STAGING_PREFIX: Final = ".staging-"
+"""In the store: ``.staging-<checkpoint_id>``, a snapshot being built (never listed)."""
+PRUNING_PREFIX: Final = ".pruning-"
+"""In the store: a snapshot renamed out of the ``ckpt-`` namespace before it is deleted."""
+PIN_TMP_PREFIX: Final = ".pin-"
+"""Beside the pinned copies: a copy being made (renamed into place once complete)."""
+CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
+"""In the store: the highest sequence number ever published (sequence numbers never repeat)."""
+
+# -- versions ------------------------------------------------------------------------------
+
+MANIFEST_VERSION: Final = 1
+"""The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads."""
+MARKER_VERSION: Final = 1
+"""The ``version`` of ``COMMITTED`` this runtime writes and reads."""
+
+
+def _check_version(what: str, raw: object, supported: int) -> None:
+    """Refuse a JSON object whose ``version`` is present and not ``supported`` (before its
+    structure: a record of another version may well have other fields)."""
+    if isinstance(raw, dict) and "version" in raw and raw["version"] != supported:
+        raise ManifestError(
+            f"{what}: version {raw['version']!r} is not supported "
+            f"(this runtime reads version {supported})"
+        )
+
+
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    if not data.strip():
+        raise ManifestError(f"{what}: file is empty")
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ManifestError(f"{what}: not valid JSON, truncated? ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{what}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+# -- the Gym manifest (gym_checkpoint.json) ------------------------------------------------
+
+PARTICIPANT_KINDS: Final = frozenset({"simple_agent", "legacy_agent", "environment", "model_proxy"})
+"""The built-in participant kinds. Kinds are open: a deployment may register more (the Gym host's
+``register_participant_kind``), so a manifest's kind must only be a well-formed name; whether the
+live deployment has it is the restore's topology check."""
+PARTICIPANT_KIND_RE: Final = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+
+
+@attrs.frozen
+class ParticipantRecord:
+    """One participant of one instance as committed: where its records are, and their digest."""
+
+    server_name: str
+    kind: str
+    state_dir: str
+    records_digest: str
+
+
+@attrs.frozen
+class InstanceRecord:
+    """One Gym instance (replica) and its participants, in topology order."""
+
+    name: str
+    participants: tuple[ParticipantRecord, ...]
+
+
+@attrs.frozen
+class EpisodeRecord:
+    """An episode Gym exported at commit: who owns it, where it runs, its staged model calls."""
+
+    rollout_id: str
+    owner: str
+    replica: str
+    capture_keys: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class GymManifest:
+    """The whole manifest. ``version`` must equal ``MANIFEST_VERSION``."""
+
+    version: int
+    checkpoint_id: str
+    instances: tuple[InstanceRecord, ...]
+    episodes: tuple[EpisodeRecord, ...]
+
+
+def dump_manifest(manifest: GymManifest) -> bytes:
+    """The manifest's bytes on disk (JSON through the library's converter)."""
+    return dumps(manifest)
+
+
+def load_manifest(data: bytes) -> GymManifest:
+    """Parse ``gym_checkpoint.json`` strictly: a non-empty JSON object of the supported version
+    with exactly the known keys, else a ``ManifestError`` naming the file and the field.
+
+    Structure only: ``load_snapshot`` also checks names, kinds, digests and paths."""
+    raw = _json_object(data, MANIFEST_NAME)
+    _check_version(MANIFEST_NAME, raw, MANIFEST_VERSION)
+    return structure(raw, GymManifest, MANIFEST_NAME)
+
+
+# -- the commit marker (COMMITTED) ---------------------------------------------------------
+
+
+@attrs.frozen
+class CommitMarker:
+    """Contents of ``COMMITTED``: the checkpoint, its sequence number, and the sha256 (hex) of
+    every top-level file of the snapshot, ``gym_checkpoint.json`` included; ``trees`` maps a
+    top-level directory the trainer wrote (``trainer/``: weights, optimizer shards) to its
+    ``records_digest``. ``version`` must equal ``MARKER_VERSION``."""
+
+    version: int
+    checkpoint_id: str
+    seq: int
+    files: dict[str, str]
+    trees: dict[str, str] = attrs.field(factory=dict)
+
+
+def dump_marker(marker: CommitMarker) -> bytes:
+    """The marker's bytes on disk."""
+    return dumps(marker)
+
+
+def load_marker(data: bytes) -> CommitMarker:
+    """Parse ``COMMITTED`` strictly; a bad one (or one of another version) is ``ManifestError``."""
+    marker = loads(data, CommitMarker, COMMIT_MARKER)
+    if marker.version != MARKER_VERSION:
+        raise ManifestError(
+            f"{COMMIT_MARKER}: marker version {marker.version} is not supported "
+            f"(this runtime reads version {MARKER_VERSION})"
+        )
+    return marker
+
+
+# -- the trainer's step (step.json) --------------------------------------------------------
+
+
+def _non_negative(_record: object, _attribute: object, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"step must be an integer >= 0, got {value!r}")
+
+
+@attrs.frozen
+class StepRecord:
+    """``step.json``: the steps the trainer facade trained before this snapshot (>= 0)."""
+
+    step: int = attrs.field(validator=_non_negative)
+
+
+def dump_step(record: StepRecord) -> bytes:
+    """``{"step": N}`` as bytes."""
+    return orjson.dumps(converter.unstructure(record))
+
+
+def load_step(data: bytes) -> StepRecord:
+    """Parse ``step.json`` strictly; a bad one is ``ManifestError`` naming the file."""
+    return loads(data, StepRecord, STEP_FILE)
+
+
+# -- participant records (gym/<instance>/<participant>/records.json) -----------------------
+#
+# One file per participant of an instance, written at each commit by the Gym host. Three
+# shapes, one per role: the agent's (every held episode's session, with its step boundary), any
+# other participant's (environment, tool, custom kinds: its sessions by slot key, the episodes
+# it exports, whether its sessions outlive their episode), and the model proxy's (the calls
+# staged per episode). Keys are written sorted (``OPT_SORT_KEYS``); long lists are serialised a
+# chunk at a time (``dumps_chunked``) so a commit of 200k episodes never holds the GIL long.
+
+
+@attrs.frozen
+class AgentSession:
+    """One held episode's agent session. ``step_boundary`` is the turn it is parked at, None
+    for a stranded session (it cannot be restored); ``state`` is the agent's exported state."""
+
+    rollout_id: str
+    row: int
+    slot: int
+    attempt: int
+    step_boundary: int | None
+    state: Any
+
+
+@attrs.frozen
+class AgentRecords:
+    """The agent's records. ``exported`` is present only when the agent owns its episodes
+    (no environment participant): the rollout IDs it exports."""
+
+    participant: str
+    kind: str
+    checkpoint_id: str
+    sessions: tuple[AgentSession, ...]
+    exported: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class SessionRecord:
+    """One session of a (non-agent) participant: its slot key, the episode attempt holding it,
+    the participant's exported state."""
+
+    key: str
+    rollout_id: str
+    attempt: int
+    state: Any
+
+
+@attrs.frozen
+class SessionRecords:
+    """A non-agent participant's records: its sessions (sorted by key when ``retained``: those
+    of ended episodes' slots are kept too), and the episodes it exports (empty unless it owns
+    them)."""
+
+    participant: str
+    kind: str
+    checkpoint_id: str
+    exported: tuple[str, ...]
+    retained: bool
+    sessions: tuple[SessionRecord, ...]
+
+
+@attrs.frozen
+class StagedCall:
+    """A model call staged before the commit: answered again from here after a restore."""
+
+    key: str
+    response: Any
+
+
+@attrs.frozen
+class StagedEpisode:
+    rollout_id: str
+    calls: tuple[StagedCall, ...]
+
+
+@attrs.frozen
+class StagedRecords:
+    """The model proxy's records: each held episode's staged calls."""
+
+    participant: str
+    kind: str
+    checkpoint_id: str
+    staged: tuple[StagedEpisode, ...]
+
+
+CommittedRecords: TypeAlias = AgentRecords | SessionRecords | StagedRecords
+"""One participant's ``records.json``, whichever role."""
+
+
+# Unstructured by hand, one comprehension per list: a commit writes one session per held
+# episode and participant (200k of them), and the converter's generic hooks cost a function call
+# per element and per field. The user's states go as they are (finite plain data: the host
+# checked), and ``exported`` is absent from the agent's records unless it owns the episodes.
+# ``tests/test_snapshot_format.py`` holds these equal to the converter's own unstructuring.
+
+
+def _agent_plain(r: AgentRecords) -> dict[str, Any]:
+    plain: dict[str, Any] = {
+        "participant": r.participant,
+        "kind": r.kind,
+        "checkpoint_id": r.checkpoint_id,
+        "sessions": [
+            {
+                "rollout_id": s.rollout_id,
+                "row": s.row,
+                "slot": s.slot,
+                "attempt": s.attempt,
+                "step_boundary": s.step_boundary,
+                "state": s.state,
+            }
+            for s in r.sessions
+        ],
+    }
+    if r.exported is not None:
+        plain["exported"] = list(r.exported)
+    return plain
+
+
+def _sessions_plain(r: SessionRecords) -> dict[str, Any]:
+    return {
+        "participant": r.participant,
+        "kind": r.kind,
+        "checkpoint_id": r.checkpoint_id,
+        "exported": list(r.exported),
+        "retained": r.retained,
+        "sessions": [
+            {"key": s.key, "rollout_id": s.rollout_id, "attempt": s.attempt, "state": s.state}
+            for s in r.sessions
+        ],
+    }
+
+
+def _staged_plain(r: StagedRecords) -> dict[str, Any]:
+    return {
+        "participant": r.participant,
+        "kind": r.kind,
+        "checkpoint_id": r.checkpoint_id,
+        "staged": [
+            {
+                "rollout_id": e.rollout_id,
+                "calls": [{"key": c.key, "response": c.response} for c in e.calls],
+            }
+            for e in r.staged
+        ],
+    }
+
+
+converter.register_unstructure_hook(AgentRecords, _agent_plain)
+converter.register_unstructure_hook(SessionRecords, _sessions_plain)
+converter.register_unstructure_hook(StagedRecords, _staged_plain)
+
+
+def records_to_plain(records: CommittedRecords) -> dict[str, Any]:
+    """The JSON object ``records`` is on disk (before serialisation)."""
+    plain: dict[str, Any] = converter.unstructure(records)
+    return plain
+
+
+def dump_records(records: CommittedRecords | Mapping[str, Any]) -> bytes:
+    """A participant's ``records.json`` bytes: compact, keys sorted, long lists a chunk at a
+    time. Raises ``TypeError`` / ``orjson.JSONEncodeError`` for what is not JSON."""
+    plain = records if isinstance(records, Mapping) else records_to_plain(records)
+    return dumps_chunked(plain, orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _role(raw: Mapping[str, Any]) -> type[CommittedRecords]:
+    if "staged" in raw:
+        return StagedRecords
+    if "retained" in raw:
+        return SessionRecords
+    return AgentRecords
+
+
+@overload
+def load_records(data: bytes, what: str) -> CommittedRecords: ...
+@overload
+def load_records(data: bytes, what: str, expect: type[R]) -> R: ...
+def load_records(data: bytes, what: str, expect: type[Any] | None = None) -> CommittedRecords:
+    """Parse one participant's ``records.json`` strictly, as ``expect`` or (without it) as the
+    role its keys say: ``staged`` is the model proxy's, ``retained`` another participant's,
+    else the agent's. Anything else (not JSON, a missing, extra or wrongly typed key) is a
+    ``ManifestError`` starting with ``what`` (the file, as the caller names it)."""
+    raw = _json_object(data, what)
+    return structure(raw, expect if expect is not None else _role(raw), what)

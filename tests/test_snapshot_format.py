@@ -1,0 +1,268 @@
+"""The snapshot's on-disk format: every record round-trips, bad input is refused by name, and
+records as the Gym host writes them read back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from cattrs.preconf.orjson import make_converter
+
+from gymckpt.runtime import ManifestError, _layout, _manifest, _store
+from gymckpt.runtime._snapshot_format import (
+    COMMIT_MARKER,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    MARKER_VERSION,
+    RECORDS_FILE,
+    STEP_FILE,
+    AgentRecords,
+    AgentSession,
+    CommitMarker,
+    EpisodeRecord,
+    GymManifest,
+    InstanceRecord,
+    ParticipantRecord,
+    SessionRecord,
+    SessionRecords,
+    StagedCall,
+    StagedEpisode,
+    StagedRecords,
+    StepRecord,
+    dump_manifest,
+    dump_marker,
+    dump_records,
+    dump_step,
+    load_manifest,
+    load_marker,
+    load_records,
+    load_step,
+    records_to_plain,
+)
+
+DIGEST = "sha256:" + "ab" * 32
+
+MANIFEST = GymManifest(
+    MANIFEST_VERSION,
+    "c7",
+    (
+        InstanceRecord(
+            "gym-0",
+            (
+                ParticipantRecord("agent", "simple_agent", "gym/gym-0/agent", DIGEST),
+                ParticipantRecord("calendar", "environment", "gym/gym-0/calendar", DIGEST),
+            ),
+        ),
+    ),
+    (
+        EpisodeRecord("0-0-a0", "calendar", "gym-0", ("0-0/t0/c0",)),
+        EpisodeRecord("1-1-a2", "calendar", "gym-0"),
+    ),
+)
+MARKER = CommitMarker(MARKER_VERSION, "c7", 3, {MANIFEST_NAME: "ab" * 32}, {"trainer": DIGEST})
+AGENT = AgentRecords(
+    "agent",
+    "simple_agent",
+    "c7",
+    (
+        AgentSession("0-0-a0", 0, 0, 0, 2, {"r": [1.0]}),
+        AgentSession("1-1-a2", 1, 1, 2, None, None),
+    ),  # stranded: no step boundary
+)
+OWNING_AGENT = AgentRecords(
+    "agent",
+    "legacy_agent",
+    "c7",
+    (AgentSession("0-0-a0", 0, 0, 0, 0, [1, "x"]),),
+    exported=("0-0-a0",),
+)
+SESSIONS = SessionRecords(
+    "calendar",
+    "environment",
+    "c7",
+    ("0-0-a0",),
+    True,
+    (
+        SessionRecord("0-0", "0-0-a0", 0, {"events": [{"sentinel": "s1"}]}),
+        SessionRecord("0-5", "0-5-a1", 1, {"events": []}),
+    ),
+)
+STAGED = StagedRecords(
+    "model_proxy",
+    "model_proxy",
+    "c7",
+    (
+        StagedEpisode("0-0-a0", (StagedCall("0-0/t0/c0", {"text": "hi"}), StagedCall("k", 2.5))),
+        StagedEpisode("1-1-a2", ()),
+    ),
+)
+PARTICIPANT_RECORDS = [AGENT, OWNING_AGENT, SESSIONS, STAGED]
+
+# As ``gym_adapter._host_records.build_records`` writes them (keys sorted, compact): the
+# agent's without ``exported`` and with a stranded session, an environment's retained
+# sessions, the model proxy's staged calls.
+WRITTEN = {
+    AgentRecords: (
+        b'{"checkpoint_id":"c7","kind":"simple_agent","participant":"agent","sessions":['
+        b'{"attempt":0,"rollout_id":"0-0-a0","row":0,"slot":0,"state":{"r":[1.0]},'
+        b'"step_boundary":2},{"attempt":2,"rollout_id":"1-1-a2","row":1,"slot":1,"state":null,'
+        b'"step_boundary":null}]}'
+    ),
+    SessionRecords: (
+        b'{"checkpoint_id":"c7","exported":["0-0-a0","1-1-a2"],"kind":"environment",'
+        b'"participant":"calendar","retained":true,"sessions":[{"attempt":0,"key":"0-0",'
+        b'"rollout_id":"0-0-a0","state":{"events":[{"sentinel":"s1"}]}},{"attempt":1,'
+        b'"key":"0-5","rollout_id":"0-5-a1","state":{"events":[{"sentinel":"k"}]}}]}'
+    ),
+    StagedRecords: (
+        b'{"checkpoint_id":"c7","kind":"model_proxy","participant":"model_proxy","staged":['
+        b'{"calls":[{"key":"0-0/t0/c0","response":{"text":"hi"}},{"key":"0-0/t1/c0",'
+        b'"response":[1,2.5]}],"rollout_id":"0-0-a0"},{"calls":[],"rollout_id":"1-1-a2"}]}'
+    ),
+}
+
+
+# -- round trips -----------------------------------------------------------------------------
+
+
+def test_the_manifest_the_marker_and_the_step_round_trip() -> None:
+    assert load_manifest(dump_manifest(MANIFEST)) == MANIFEST
+    assert load_marker(dump_marker(MARKER)) == MARKER
+    assert load_step(dump_step(StepRecord(4))) == StepRecord(4)
+    assert orjson.loads(dump_step(StepRecord(4))) == {"step": 4}
+
+
+@pytest.mark.parametrize("records", PARTICIPANT_RECORDS, ids=lambda r: type(r).__name__)
+def test_participant_records_round_trip_with_and_without_their_role(records: Any) -> None:
+    data = dump_records(records)
+    assert load_records(data, RECORDS_FILE, type(records)) == records
+    assert load_records(data, RECORDS_FILE) == records  # the role read from the keys
+
+
+@pytest.mark.parametrize("records", PARTICIPANT_RECORDS, ids=lambda r: type(r).__name__)
+def test_the_fast_unstructuring_is_the_converters_own(records: Any) -> None:
+    """The hand-written hooks write what cattrs' generated ones would (``exported`` of an agent
+    that does not own its episodes left out)."""
+    generic = orjson.loads(orjson.dumps(make_converter().unstructure(records)))
+    if isinstance(records, AgentRecords) and records.exported is None:
+        del generic["exported"]
+    assert orjson.loads(orjson.dumps(records_to_plain(records))) == generic
+
+
+@pytest.mark.parametrize("cls", list(WRITTEN), ids=lambda c: c.__name__)
+def test_records_as_the_host_writes_them_read_back_and_write_the_same_bytes(cls: type) -> None:
+    records = load_records(WRITTEN[cls], RECORDS_FILE)
+    assert type(records) is cls
+    assert dump_records(records) == WRITTEN[cls]
+
+
+def test_what_the_records_hold_of_the_user_is_handed_back_as_it_was() -> None:
+    back = load_records(WRITTEN[AgentRecords], RECORDS_FILE, AgentRecords)
+    assert back.sessions[0].state == {"r": [1.0]} and back.sessions[1].state is None
+    assert back.sessions[1].step_boundary is None and back.exported is None
+    staged = load_records(WRITTEN[StagedRecords], RECORDS_FILE, StagedRecords)
+    assert staged.staged[0].calls[1] == StagedCall("0-0/t1/c0", [1, 2.5])
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+def _edit(data: bytes, change: Any) -> bytes:
+    raw = orjson.loads(data)
+    change(raw)
+    return orjson.dumps(raw)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r["sessions"][0].pop("row"), r"required field missing @ \$\.sessions\[0\]\.row"),
+        (lambda r: r.update(extra=1), r"extra fields found \(extra\)"),
+        (
+            lambda r: r["sessions"][1].update(attempt="2"),
+            r"expected int @ \$\.sessions\[1\]\.attempt",
+        ),
+        (
+            lambda r: r["sessions"][0].update(step_boundary=True),
+            r"\$\.sessions\[0\]\.step_boundary",
+        ),
+        (lambda r: r.update(sessions={}), r"expected a list, got dict\) @ \$\.sessions$"),
+    ],
+)
+def test_bad_agent_records_are_refused_naming_the_file_and_the_field(
+    change: Any, says: str
+) -> None:
+    data = _edit(WRITTEN[AgentRecords], change)
+    with pytest.raises(ManifestError, match=r"^gym-0/agent/records\.json: .*" + says):
+        load_records(data, "gym-0/agent/records.json", AgentRecords)
+
+
+def test_records_of_another_role_are_refused_by_what_differs() -> None:
+    with pytest.raises(ManifestError, match=r"extra fields found \(retained\) @ \$$"):
+        load_records(WRITTEN[SessionRecords], RECORDS_FILE, AgentRecords)
+    with pytest.raises(ManifestError, match=r"required field missing @ \$\.staged"):
+        load_records(
+            WRITTEN[AgentRecords].replace(b'"sessions"', b'"staged"'), RECORDS_FILE, StagedRecords
+        )
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"", "file is empty"),
+        (b'{"participant": ', "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object, got list"),
+    ],
+)
+def test_records_that_are_not_a_json_object_are_refused(data: bytes, says: str) -> None:
+    with pytest.raises(ManifestError, match=f"^{RECORDS_FILE}: {says}"):
+        load_records(data, RECORDS_FILE)
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b'{"step": -1}', r"step\.json: step must be an integer >= 0, got -1"),
+        (b'{"step": "3"}', r"step\.json: .*expected int @ \$\.step"),
+        (b'{"step": true}', r"step\.json: .*expected int @ \$\.step"),
+        (b"{}", r"step\.json: required field missing @ \$\.step"),
+        (b'{"step": 1, "steps": 2}', r"step\.json: extra fields found \(steps\)"),
+        (b"4", r"^step\.json: expected a JSON object, got int$"),
+    ],
+)
+def test_a_bad_step_file_is_refused_naming_it(data: bytes, says: str) -> None:
+    with pytest.raises(ManifestError, match=says):
+        load_step(data)
+
+
+def test_a_manifest_or_a_marker_of_another_version_is_refused_saying_which_is_read() -> None:
+    reads = r"is not supported \(this runtime reads version 1\)$"
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=2, future=True))
+    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 2 {reads}"):
+        load_manifest(manifest)
+    marker = _edit(dump_marker(MARKER), lambda r: r.update(version=2))
+    with pytest.raises(ManifestError, match=rf"^{COMMIT_MARKER}: marker version 2 {reads}"):
+        load_marker(marker)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r.pop("seq"), r"required field missing @ \$\.seq"),
+        (lambda r: r["files"].update({MANIFEST_NAME: 3}), r"expected str @ \$\.files"),
+        (lambda r: r.update(signed=True), r"extra fields found \(signed\)"),
+    ],
+)
+def test_a_bad_marker_is_refused_naming_the_field(change: Any, says: str) -> None:
+    with pytest.raises(ManifestError, match=f"^{COMMIT_MARKER}: .*{says}"):
+        load_marker(_edit(dump_marker(MARKER), change))
+
+
+# -- one home -----------------------------------------------------------------------------------
+
+
+def test_the_old_homes_re_export_the_format_s_names() -> None:
+    assert _layout.STEP_FILE is STEP_FILE and _layout.COMMIT_MARKER is COMMIT_MARKER
+    assert _manifest.GymManifest is GymManifest and _manifest.MANIFEST_VERSION == 1
+    assert _store.CommitMarker is CommitMarker and _store.MARKER_VERSION is MARKER_VERSION
