@@ -1,0 +1,197 @@
+"""Episodes on the host (``gym_adapter._host_episodes``): the episode table's rules, and a turn's
+``StepContext`` working over the narrow ``TurnHost`` protocol (here a fake host that records
+what the context asked of it), plus the participants' roles a host decides once
+(``_environment.Roles``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from gymckpt.gym_adapter import Environment, register_participant_kind
+from gymckpt.gym_adapter._environment import Roles
+from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, Model
+from gymckpt.gym_adapter._host_episodes import (
+    DONE,
+    MOVING,
+    UNCLAIMED,
+    Episode,
+    EpisodeTable,
+    StepContext,
+    TurnHost,
+)
+
+
+def episode(rid: str, state: str = MOVING, **kw: Any) -> Episode:
+    info = EpisodeInfo(rid, 1, 0, 0, 7, "gym-0")
+    return Episode(info, {"agent": {"n": 0}, "cal": {"events": []}}, state, **kw)
+
+
+# -- the episode table ----------------------------------------------------------------------
+
+
+def test_an_active_episode_leaves_the_table_only_as_itself() -> None:
+    table = EpisodeTable()
+    first = episode("r1")
+    table.add(first)
+    assert "r1" in table and table.get("r1") is first
+    second = episode("r1")  # the same ID again (a restart of the ID): the newer one stays
+    table.add(second)
+    table.remove(first)
+    assert table.active == {"r1": second}
+    table.remove(second)
+    assert "r1" not in table and table.get("r1") is None
+
+
+def test_an_unclaimed_episode_taken_out_is_done_and_a_restore_replaces_them_all() -> None:
+    table = EpisodeTable()
+    a, b = episode("a", UNCLAIMED), episode("b", UNCLAIMED)
+    table.install_unclaimed({"a": a, "b": b})
+    assert "a" in table and table.get("b") is b and table.active == {}
+    assert table.take_unclaimed("a") is a and a.state == DONE
+    assert table.take_unclaimed("a") is None and table.take_unclaimed(None) is None
+    assert b.state == UNCLAIMED
+    c = episode("c", UNCLAIMED)
+    table.install_unclaimed({"c": c})
+    assert dict(table.unclaimed) == {"c": c}
+    table.clear_unclaimed()
+    assert table.unclaimed == {}
+
+
+# -- StepContext over TurnHost ----------------------------------------------------------------
+
+
+@attrs.define
+class FakeHost:
+    """A ``TurnHost`` that records what a context asks of it."""
+
+    model: Model | None = None
+    retained_names: frozenset[str] = frozenset({"cal"})
+    fence: bool = False
+    counts: dict[str, int] = attrs.field(factory=dict)
+    model_calls: list[bool] = attrs.field(factory=list)
+
+    def fenced(self, ep: Episode) -> bool:
+        return self.fence
+
+    def add_count(self, name: str, n: int) -> int:
+        self.counts[name] = self.counts.get(name, 0) + n
+        return self.counts[name]
+
+    def model_called(self, *, replayed: bool) -> None:
+        self.model_calls.append(replayed)
+
+
+def context(host: FakeHost, ep: Episode) -> StepContext:
+    turn_host: TurnHost = host  # the protocol is all a context needs
+    return StepContext(turn_host, ep)
+
+
+def test_a_context_marks_the_retained_sessions_it_fetched_only() -> None:
+    host, ep = FakeHost(), episode("r1")
+    ctx = context(host, ep)
+    assert ctx.session("agent") == {"n": 0} and ctx.touched is None
+    ctx.session("cal")
+    assert ctx.touched == {"cal"}
+    ctx.replace_session("agent", {"n": 5})
+    assert ep.sessions["agent"] == {"n": 5} and ctx.touched == {"cal"}
+    with pytest.raises(KeyError, match="no participant 'nope'"):
+        ctx.session("nope")
+
+
+def test_a_fenced_context_gets_no_session_but_still_counts() -> None:
+    host, ep = FakeHost(fence=True), episode("r1")
+    ctx = context(host, ep)
+    with pytest.raises(EpisodeFenced, match="no longer owns session 1-0"):
+        ctx.session("cal")
+    with pytest.raises(EpisodeFenced):
+        ctx.replace_session("agent", {})
+    assert ctx.count("seen", 2) == 2 and host.counts == {"seen": 2}
+
+
+async def test_model_calls_are_staged_under_capture_keys_and_replayed_once_restored() -> None:
+    asked: list[tuple[str, Any]] = []
+
+    def model(key: str, request: Any, info: EpisodeInfo) -> Any:
+        asked.append((key, request))
+        return {"answer": len(asked)}
+
+    host = FakeHost(model=model)
+    ep = episode("r1", turn=3)
+    ctx = context(host, ep)
+    assert await ctx.model("q0") == {"answer": 1}
+    assert await ctx.model("q1") == {"answer": 2}
+    assert ep.capture_keys == ("1-0/t3/c0", "1-0/t3/c1")
+    assert host.model_calls == [False, False]
+    restored = episode("r2", turn=3, staged=[("1-0/t3/c0", {"answer": 1})], restored=True)
+    ctx = context(host, restored)
+    assert await ctx.model("q0") == {"answer": 1}  # staged before the checkpoint: not asked
+    assert await ctx.model("q1") == {"answer": 3}
+    assert asked[-1] == ("1-0/t3/c1", "q1") and len(asked) == 3
+    assert host.model_calls == [False, False, True, False]
+
+
+async def test_a_model_response_that_is_not_plain_data_is_refused_and_not_staged() -> None:
+    host = FakeHost(model=lambda key, request, info: {"x": float("nan")})
+    ep = episode("r1")
+    with pytest.raises(ValueError, match="capture key 1-0/t0/c0 is refused"):
+        await context(host, ep).model("q")
+    assert ep.staged == [] and host.model_calls == []
+
+
+async def test_a_context_without_a_model_says_how_to_give_one() -> None:
+    with pytest.raises(RuntimeError, match="Environment\\(model=...\\)"):
+        await context(FakeHost(), episode("r1")).model("q")
+
+
+# -- roles ----------------------------------------------------------------------------------
+
+
+class Part:
+    def __init__(self, name: str, kind: str, *, retained: bool = False) -> None:
+        self.name, self.kind, self.retained = name, kind, retained
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+
+class Agent(Part):
+    async def step(self, ctx: Any, state: Any) -> None:
+        return None
+
+
+def test_roles_name_the_exporting_owner_and_the_retained_participants() -> None:
+    register_participant_kind("test_notes", "passive")
+    env = Environment(
+        agent=Agent("agent", "simple_agent"),
+        participants=(
+            Part("log", "test_notes"),
+            Part("cal", "environment", retained=True),
+            Part("fs", "environment"),
+        ),
+    )
+    env.check()
+    roles = Roles.of(env)
+    assert roles.owner == "cal"  # the first environment participant
+    assert not roles.legacy
+    assert [p.name for p in roles.sessions] == ["agent", "log", "cal", "fs"]
+    assert [p.name for p in roles.retained] == ["cal"] and roles.retained_names == {"cal"}
+
+
+def test_a_legacy_agent_owns_its_episodes() -> None:
+    env = Environment(
+        agent=Agent("old", "legacy_agent"), participants=(Part("cal", "environment"),)
+    )
+    roles = Roles.of(env)
+    assert roles.legacy and roles.owner == "old" and roles.retained == ()
+    alone = Roles.of(Environment(agent=Agent("a", "simple_agent")))
+    assert not alone.legacy and alone.owner == "a"
