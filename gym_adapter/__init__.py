@@ -35,7 +35,7 @@ from ._contract import (
     Topology,
     can_replace,
 )
-from ._embedded import EmbeddedGym, GymStatistics
+from ._embedded import EmbeddedGym
 from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
 from ._episode import (
     ROLES,
@@ -59,6 +59,7 @@ from ._host_journal import JOURNAL_FILE
 from ._host_records import RECORDS_FILE
 from ._host_views import RetainedSession
 from ._load import load_environment
+from ._statistics import GymStatistics
 from ._trio_guest import run_on_an_asyncio_loop
 from .calendar_env import (
     CalendarEvent,

@@ -1,10 +1,11 @@
 """EmbeddedGym: a Gym deployment in-process, as a ``GymBackend``.
 
-``EmbeddedGym.open`` serves the calendar workplace (``calendar_env``); ``EmbeddedGym.host``
-serves a user's ``Environment``; both on Gym hosts (``GymHost``). Either way, K instances named
-``gym-0`` … ``gym-{K-1}`` share one task-group lifetime (the context) and one ``FaultPlan``, so
-``@N`` in a fault spec counts calls across the deployment. Every call is delegated to its
-instance; the adapter adds only what a remote backend adds too:
+``EmbeddedGym.host`` serves environments on Gym hosts (``GymHost``), one per instance;
+``EmbeddedGym.open`` is its shortcut for the calendar workplace, an environment like any other
+(``calendar_env.calendar_workplace``). K instances named ``gym-0`` … ``gym-{K-1}`` share one
+task-group lifetime (the context) and one ``FaultPlan``, so ``@N`` in a fault spec counts calls
+across the deployment. Every call is delegated to its instance; the adapter adds only what a
+remote backend adds too:
 
 - fault injection (C3) before the call reaches the instance (``hang``, ``delay``, ``error``,
   ``unpicklable``, ``dead``; ``refuse`` and ``drop`` shape a ``run``);
@@ -40,7 +41,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import attrs
 
 from gymckpt.runtime import (
     EpisodeRecord,
@@ -62,33 +62,24 @@ from ._contract import (
     RunRow,
     Topology,
 )
-from ._environment import Environment
+from ._deployment import instance_names, per_instance
 from ._faults import FaultPlan, FaultSpec, inject_fault
-from ._host import GymHost, HostConfig, HostStatistics, SessionView
+from ._host import GymHost, HostConfig, SessionView
 from ._host_views import RetainedSession
-from ._load import load_environment
+from ._load import EnvironmentSource, load_environment
+from ._statistics import GymStatistics
+from ._transport_admission import RunShape
 from .calendar_env import (
-    AGENT_KINDS,
     CALENDAR,
     CalendarSession,
     SimConfig,
-    calendar_host,
     calendar_sessions,
+    calendar_workplace,
 )
 
-__all__ = ["EmbeddedGym", "GymStatistics"]
+__all__ = ["EmbeddedGym"]
 
 T = TypeVar("T")
-
-
-@attrs.frozen
-class GymStatistics:
-    """Counts of the whole deployment: per instance, and the faults that fired."""
-
-    instances: tuple[HostStatistics, ...]
-    faults_fired: tuple[tuple[str, int], ...]
-    replaced: tuple[HostStatistics, ...] = ()
-    """The last counts of every instance that was replaced, in the order they were."""
 
 
 @final
@@ -122,63 +113,52 @@ class EmbeddedGym:
         config: SimConfig | None = None,
         faults: Sequence[str | FaultSpec] = (),
     ) -> AsyncIterator[EmbeddedGym]:
-        """Serve ``instances`` simulated instances until the context exits.
+        """Serve the calendar workplace (``calendar_env.calendar_workplace``: ``agent_kinds``
+        one kind for all instances or one per instance, ``config`` its knobs) on ``instances``
+        instances until the context exits: a shortcut for ``host`` with its environments.
 
-        ``agent_kinds`` is one kind for all instances or one per instance. ``faults`` are C3
-        specs (strings or ``FaultSpec``); a bad spec raises ``ValueError`` before anything runs.
-        With ``work_dir``, each instance keeps its calendar sessions in a durable log there,
-        which a replacement (``replace``) continues.
+        ``faults`` are C3 specs (strings or ``FaultSpec``); a bad spec raises ``ValueError``
+        before anything runs. With ``work_dir``, each instance keeps its calendar sessions in a
+        durable log there, which a replacement (``replace``) continues.
         """
-        if instances < 1:
-            raise ValueError(f"instances must be >= 1, got {instances!r}")
-        kinds = (agent_kinds,) * instances if isinstance(agent_kinds, str) else tuple(agent_kinds)
-        if len(kinds) != instances:
-            raise ValueError(f"got {len(kinds)} agent kinds for {instances} instances")
-        for kind in kinds:
-            if kind not in AGENT_KINDS:
-                raise ValueError(
-                    f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {kind!r}"
-                )
-        plan = FaultPlan(faults)
-        cfg = config if config is not None else SimConfig()
-        wd = Path(work_dir) if work_dir is not None else None
-        kind_of = {f"gym-{i}": kinds[i] for i in range(instances)}
-
-        def make(name: str, *, recover: bool = True) -> GymHost:
-            return calendar_host(name, kind_of[name], seed, wd, cfg, recover=recover)
-
-        sims = [make(name, recover=False) for name in kind_of]
-        async with cls._serving(sims, plan, make) as gym:
+        workplace = calendar_workplace(instances, agent_kinds, config)
+        async with cls.host(
+            workplace.environments, instances, seed, work_dir, workplace.host_config, faults
+        ) as gym:
             yield gym
 
     @classmethod
     @asynccontextmanager
     async def host(
         cls,
-        environment: Environment | str,
+        environment: EnvironmentSource | Sequence[EnvironmentSource],
         instances: int = 1,
         seed: int = 0,
         work_dir: str | Path | None = None,
         config: HostConfig | None = None,
         faults: Sequence[str | FaultSpec] = (),
     ) -> AsyncIterator[EmbeddedGym]:
-        """Serve ``environment`` (an ``Environment`` or its import path
-        ``package.module:name``) on ``instances`` Gym hosts until the context exits. The
-        environment is checked first: ``EnvironmentSpecError`` names what cannot be hosted.
-        A replacement (``replace``) hosts the same environment and continues its retained
-        sessions from their journal in ``work_dir``."""
-        if instances < 1:
-            raise ValueError(f"instances must be >= 1, got {instances!r}")
-        env = load_environment(environment)
-        env.check()
+        """Serve ``environment`` (an ``Environment``, its import path ``package.module:name``,
+        an ``EnvironmentRef`` or a factory; or a list or tuple of them, one per instance) on
+        ``instances`` Gym hosts until the context exits. Each environment is checked first:
+        ``EnvironmentSpecError`` names what cannot be hosted. A replacement (``replace``) hosts
+        the same environment and continues its retained sessions from their journal in
+        ``work_dir``."""
+        names = instance_names(instances)
+        envs = {
+            name: load_environment(source)
+            for name, source in zip(names, per_instance(environment, instances), strict=True)
+        }
+        for env in envs.values():
+            env.check()
         plan = FaultPlan(faults)
         cfg = config if config is not None else HostConfig()
         wd = Path(work_dir) if work_dir is not None else None
 
         def make(name: str, *, recover: bool = True) -> GymHost:
-            return GymHost(name, env, seed, wd, cfg, recover=recover)
+            return GymHost(name, envs[name], seed, wd, cfg, recover=recover)
 
-        hosts = [make(f"gym-{i}", recover=False) for i in range(instances)]
+        hosts = [make(name, recover=False) for name in names]
         async with cls._serving(hosts, plan, make) as gym:
             yield gym
 
@@ -282,13 +262,11 @@ class EmbeddedGym:
         """Submit ``rows``; a ``refuse`` fault refuses them all (``admission_closed``), a ``drop``
         fault ends the stream after ``len(rows) // 2`` replies."""
         sim = self._live(instance, "run")
-        spec = self._plan.check("run")
-        refuse = spec is not None and spec.kind == "refuse"
-        drop = len(rows) // 2 if spec is not None and spec.kind == "drop" else None
+        shape = RunShape.of(self._plan.check("run"), rows)
         with crossing_boundary(instance, "run"):
-            if spec is not None and not (refuse or drop is not None):
-                await self._inject(sim, spec, "run")
-            return await sim.run(rows, refuse_all=refuse, drop_after=drop)
+            if shape.inject is not None:
+                await self._inject(sim, shape.inject, "run")
+            return await sim.run(rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after)
 
     async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
         return await self._call(

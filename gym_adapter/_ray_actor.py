@@ -11,23 +11,25 @@ of the driver reaches Ray through ``gym_adapter._ray``, the one module that touc
 trio-asyncio; no trio-asyncio here.) The driver decides everything deployment-wide (the
 ``FaultPlan`` counts, dead instances, stream ids); the actor executes: it re-anchors each
 deadline on the trio run's clock, applies the fault it was handed for real, runs the call on its
-instance and makes sure whatever it raises can cross Ray.
+instance and makes sure whatever it raises can cross Ray. The actor builds its environment
+itself from its name (``load_environment``: an import path or an ``EnvironmentRef``), so no
+environment is pickled and every environment, the calendar workplace too, is hosted the same way.
 
 Data plane and acknowledgement
 ------------------------------
-``run`` is a Ray streaming generator. Its first object is the admission header ``(0, ())``:
-the rows' fate (admitted, refused, fenced) is decided before the driver's ``run`` returns, as it
-is in-process (S1: a checkpoint must never overtake a submission the ledger counts). Then every
-object is one batch ``(seq, replies)``: whatever the instance's flusher has produced by the time
-the generator looks (several of its timer-flushed batches coalesce into one Ray object, up to
+``run`` is a Ray streaming generator. Its first object is the admission header
+(``_transport_admission``): the rows' fate (admitted, refused, fenced) is decided before the
+driver's ``run`` returns, as it is in-process (S1: a checkpoint must never overtake a submission
+the ledger counts). Then every object is one ``ReplyBatch``: whatever the instance's flusher
+has produced by the time the generator looks (several of its timer-flushed batches coalesce into
+one Ray object, up to
 ``max_replies``), because Ray charges a fixed cost per streamed object.
 
-The generator reads the instance's batches *without* acknowledging them: a reply stays on the
-wire (listed by ``commit``) after it entered Ray and until the consumer asks for the batch after
-the one that carried it. The consumer says so with ``ack(sid, seq)`` (every batch up to ``seq``),
-and the driver repeats its latest acknowledgements with every control and view call, which apply
-them before anything else (``acks``): acks may arrive late or twice (the wire list is then a
-superset, which only makes a drain wait for a reply the ledger already has), never early.
+The generator reads the instance's batches *without* acknowledging them (``UnackedBatches``,
+``_transport_acks``): a reply stays on the wire (listed by ``commit``) after it entered Ray and
+until the consumer asks for the batch after the one that carried it. The consumer says so with
+``ack(sid, seq)`` (every batch up to ``seq``), and the driver repeats its latest acknowledgements
+with every control and view call, which apply them before anything else (``acks``).
 ``close_stream`` acknowledges what the consumer received, discards what it did not (yielded into
 Ray but never read), and ends the stream: its rows keep running. Ray's generator backpressure
 stops the generator a couple of objects ahead of the consumer, so a slow consumer gets fewer,
@@ -46,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,20 +64,20 @@ from ._contract import RunReply, RunRow
 from ._faults import FaultSpec, inject_fault
 from ._host import GymHost, HostConfig
 from ._host_streams import HostReplyStream
-from ._load import load_environment
+from ._load import EnvironmentRef, load_environment
+from ._transport_acks import UnackedBatches
+from ._transport_admission import HEADER_SEQ, ReplyBatch, RunShape, admission_header
+from ._transport_deadlines import WireDeadline
 from ._trio_guest import TrioGuest
-from .calendar_env import SimConfig, calendar_host
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
-
-HEADER_SEQ: Final = 0
-"""Sequence number of the admission header, the first object of every ``run`` stream."""
 
 _CONTROL_OPS: Final = frozenset(
     {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
 )
-_VIEWS: Final = frozenset({"topology", "inventory", "session_states", "retained_sessions",
-                           "statistics"})
+_VIEWS: Final = frozenset(
+    {"topology", "inventory", "session_states", "retained_sessions", "statistics"}
+)
 _STREAM_ENDED = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
@@ -97,17 +99,6 @@ class ActorCallStatistics:
         return sum(n for _, n in self.active)
 
 
-def local_deadline(remaining_s: float, sent_wall: float) -> float:
-    """Re-anchor a deadline on this process's clock (``anyio.current_time()``).
-
-    The driver sends the time left on its own clock and the wall-clock time it sent the call;
-    the time since then (queueing in Ray, a stuck loop) is spent. Clocks that disagree the other
-    way count as no time spent; across hosts the result is as good as their clock sync.
-    """
-    spent = max(0.0, time.time() - sent_wall)
-    return anyio.current_time() + remaining_s - spent
-
-
 @final
 @attrs.define(eq=False, slots=True)
 class _Outbox:
@@ -116,8 +107,7 @@ class _Outbox:
     sim: GymHost
     stream: HostReplyStream
     """Kept alive: its finaliser closes the instance's receive side."""
-    unacked: deque[tuple[int, tuple[RunReply, ...]]] = attrs.field(factory=deque)
-    seq: int = HEADER_SEQ
+    unacked: UnackedBatches[RunReply] = attrs.field(factory=UnackedBatches)
     finished: bool = False
     closed: bool = False
 
@@ -161,9 +151,7 @@ class _Outbox:
 
     def register(self, replies: Sequence[RunReply]) -> int:
         """Number ``replies`` as the next batch; they stay on the wire until acknowledged."""
-        self.seq += 1
-        self.unacked.append((self.seq, tuple(replies)))
-        return self.seq
+        return self.unacked.register(replies)
 
     def _ended(self) -> None:
         self._st.receive.close()
@@ -171,8 +159,7 @@ class _Outbox:
 
     def ack(self, upto: int) -> None:
         """The consumer asked for the batch after ``upto``: every batch up to it is received."""
-        while self.unacked and self.unacked[0][0] <= upto:
-            _, replies = self.unacked.popleft()
+        for replies in self.unacked.ack(upto):
             self.sim._ack(self._st, [r.rollout_id for r in replies])
 
     def close(self, upto: int) -> None:
@@ -181,8 +168,7 @@ class _Outbox:
             return
         self.closed = True
         self.ack(upto)
-        lost = [r for _, replies in self.unacked for r in replies]
-        self.unacked.clear()
+        lost = self.unacked.take_rest()
         if lost:
             self.sim._discard(self._st, lost)
         self.sim._consumer_closed(self._st)
@@ -194,33 +180,24 @@ class _Outbox:
 
 
 class GymActor:
-    """A Ray async actor hosting one ``GymHost`` (wrapped with ``ray.remote`` by the driver):
-    the calendar workplace (``calendar_host``), or the user environment named by the import path
-    ``environment``. ``start`` serves it in a trio run hosted on the actor's loop; ``stop`` ends
+    """A Ray async actor hosting one ``GymHost`` (wrapped with ``ray.remote`` by the driver)
+    serving the environment named by ``environment`` (an import path or an ``EnvironmentRef``,
+    built here). ``start`` serves it in a trio run hosted on the actor's loop; ``stop`` ends
     it. ``recover``: a replacement, which continues the retained sessions the instance of the
     same name journaled in ``work_dir``."""
 
     def __init__(
         self,
         name: str,
-        agent_kind: str,
+        environment: str | EnvironmentRef,
         seed: int,
         work_dir: str | None,
-        config: SimConfig | HostConfig,
+        config: HostConfig,
         stuck_loop_s: float = 0.0,
-        environment: str | None = None,
         recover: bool = False,
     ) -> None:
         wd = Path(work_dir) if work_dir else None
-        self._sim: GymHost
-        if environment is not None:  # a user environment, imported here by its path
-            assert isinstance(config, HostConfig)
-            self._sim = GymHost(
-                name, load_environment(environment), seed, wd, config, recover=recover
-            )
-        else:
-            assert isinstance(config, SimConfig)
-            self._sim = calendar_host(name, agent_kind, seed, wd, config, recover=recover)
+        self._sim = GymHost(name, load_environment(environment), seed, wd, config, recover=recover)
         self._stuck_loop_s = stuck_loop_s
         self._guest: TrioGuest | None = None
         self._starting: asyncio.Lock = asyncio.Lock()
@@ -303,35 +280,31 @@ class GymActor:
         self,
         op: str,
         args: tuple[Any, ...],
-        remaining_s: float,
-        sent_wall: float,
+        deadline: WireDeadline,
         fault: FaultSpec | None,
         acks: dict[int, int],
     ) -> Any:
-        """Run control call ``op`` with a deadline ``remaining_s`` after the driver sent it,
-        once the stream acknowledgements ``acks`` (sid -> seq) are applied."""
+        """Run control call ``op`` by ``deadline`` (re-anchored on the trio run's clock), once
+        the stream acknowledgements ``acks`` (sid -> seq) are applied."""
         with self._track(op), crossing_boundary(self.name, op):
-            return await self._in_trio().call(
-                self._control, op, args, remaining_s, sent_wall, fault, acks
-            )
+            return await self._in_trio().call(self._control, op, args, deadline, fault, acks)
 
     async def _control(
         self,
         op: str,
         args: tuple[Any, ...],
-        remaining_s: float,
-        sent_wall: float,
+        deadline: WireDeadline,
         fault: FaultSpec | None,
         acks: dict[int, int],
     ) -> Any:
         self._apply_acks(acks)
-        deadline = local_deadline(remaining_s, sent_wall)  # on the trio run's clock
+        deadline_ts = deadline.local(anyio.current_time(), time.time())
         if fault is not None:
             await self._inject(fault, op)
         if op not in _CONTROL_OPS:
             raise ValueError(f"unknown control operation {op!r}")
         call: Callable[..., Any] = getattr(self._sim, op)
-        return await call(*args, deadline)
+        return await call(*args, deadline_ts)
 
     async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
         """``topology``, ``inventory``, ``session_states(participant)`` or ``statistics`` of the
@@ -350,17 +323,10 @@ class GymActor:
 
     # -- data plane ------------------------------------------------------------------------------
 
-    async def _open_run(
-        self,
-        sid: int,
-        rows: Sequence[RunRow],
-        refuse_all: bool,
-        drop_after: int | None,
-        fault: FaultSpec | None,
-    ) -> _Outbox:
-        if fault is not None:
-            await self._inject(fault, "run")
-        stream = await self._sim.run(rows, refuse_all=refuse_all, drop_after=drop_after)
+    async def _open_run(self, sid: int, rows: Sequence[RunRow], shape: RunShape) -> _Outbox:
+        if shape.inject is not None:
+            await self._inject(shape.inject, "run")
+        stream = await self._sim.run(rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after)
         box = self._streams[sid] = _Outbox(self._sim, stream)
         return box
 
@@ -375,20 +341,18 @@ class GymActor:
         self,
         sid: int,
         rows: Sequence[RunRow],
-        refuse_all: bool,
-        drop_after: int | None,
-        fault: FaultSpec | None,
+        shape: RunShape,
         per_row: bool,
         max_replies: int,
-    ) -> AsyncIterator[tuple[int, tuple[RunReply, ...]]]:
-        """Streaming generator: the admission header, then ``(seq, replies)`` batches."""
+    ) -> AsyncIterator[ReplyBatch]:
+        """Streaming generator: the admission header, then one ``ReplyBatch`` per object."""
         with self._track("run"):
             guest = self._in_trio()
             with crossing_boundary(self.name, "run"):
-                box = await guest.call(self._open_run, sid, rows, refuse_all, drop_after, fault)
+                box = await guest.call(self._open_run, sid, rows, shape)
             completed = False
             try:
-                yield HEADER_SEQ, ()
+                yield admission_header()
                 while True:
                     cap = 1 if per_row else max_replies
                     replies: list[RunReply] | None = box.take_ready(cap)
@@ -399,9 +363,9 @@ class GymActor:
                     if per_row:
                         seqs = [box.register((r,)) for r in replies]
                         for seq, r in zip(seqs, replies, strict=True):
-                            yield seq, (r,)
+                            yield ReplyBatch(seq, (r,))
                     else:
-                        yield box.register(replies), tuple(replies)
+                        yield ReplyBatch(box.register(replies), tuple(replies))
                 completed = True
             finally:
                 guest.soon(self._finish_run, sid, box, completed)

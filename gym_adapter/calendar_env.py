@@ -21,7 +21,7 @@ only what ``gymckpt.gym_adapter`` exports.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,6 +32,7 @@ from ._environment import Environment
 from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
 from ._host import GymHost, HostConfig, SessionView
 from ._host_episodes import capture_key as host_capture_key
+from ._load import EnvironmentRef
 
 __all__ = [
     "AGENT_KINDS",
@@ -41,6 +42,7 @@ __all__ = [
     "CalendarServer",
     "CalendarSession",
     "CalendarState",
+    "CalendarWorkplace",
     "EpisodePlan",
     "SimConfig",
     "calendar_environment",
@@ -48,6 +50,7 @@ __all__ = [
     "calendar_model",
     "calendar_sessions",
     "calendar_state",
+    "calendar_workplace",
     "capture_key",
     "plan_episode",
     "sentinel",
@@ -208,10 +211,12 @@ class CalendarServer:
         }
 
     def restore(self, data: Mapping[str, Any]) -> CalendarState:
-        return CalendarState([
-            CalendarEvent(int(e["turn"]), str(e["title"]), str(e["sentinel"]))
-            for e in data["events"]
-        ])
+        return CalendarState(
+            [
+                CalendarEvent(int(e["turn"]), str(e["title"]), str(e["sentinel"]))
+                for e in data["events"]
+            ]
+        )
 
 
 @attrs.define(eq=False, slots=True)
@@ -272,14 +277,46 @@ def calendar_environment(
 ) -> Environment:
     """The calendar workplace as an ``Environment``: agent, calendar, model proxy."""
     if agent_kind not in AGENT_KINDS:
-        raise ValueError(
-            f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {agent_kind!r}"
-        )
+        raise ValueError(f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {agent_kind!r}")
     cfg = config if config is not None else SimConfig()
     return Environment(
         agent=CalendarAgent(cfg, agent_kind),
         participants=(CalendarServer(),),
         model=calendar_model,
+    )
+
+
+@attrs.frozen
+class CalendarWorkplace:
+    """A deployment of the calendar workplace as any deployment's ``host`` takes it: one
+    environment per instance (by reference, so an instance in another process builds its own)
+    and the host's part of the config."""
+
+    environments: tuple[EnvironmentRef, ...]
+    host_config: HostConfig
+
+
+def calendar_workplace(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    config: SimConfig | None = None,
+) -> CalendarWorkplace:
+    """The calendar workplace on ``instances`` instances: ``agent_kinds`` is one kind for all
+    of them or one per instance. Raises ``ValueError`` naming a bad count or kind."""
+    if instances < 1:
+        raise ValueError(f"instances must be >= 1, got {instances!r}")
+    kinds = (agent_kinds,) * instances if isinstance(agent_kinds, str) else tuple(agent_kinds)
+    if len(kinds) != instances:
+        raise ValueError(f"got {len(kinds)} agent kinds for {instances} instances")
+    for kind in kinds:
+        if kind not in AGENT_KINDS:
+            raise ValueError(f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {kind!r}")
+    cfg = config if config is not None else SimConfig()
+    return CalendarWorkplace(
+        tuple(
+            EnvironmentRef.to(calendar_environment, agent_kind=kind, config=cfg) for kind in kinds
+        ),
+        cfg.host_config(),
     )
 
 
