@@ -63,7 +63,7 @@ from gymckpt.runtime import crossing_boundary
 from ._contract import RunReply, RunRow
 from ._faults import FaultSpec, inject_fault
 from ._host import GymHost, HostConfig
-from ._host_streams import HostReplyStream
+from ._host_streams import HostReplyStream, RunStream
 from ._load import EnvironmentRef, load_environment
 from ._transport_acks import UnackedBatches
 from ._transport_admission import HEADER_SEQ, ReplyBatch, RunShape, admission_header
@@ -112,8 +112,8 @@ class _Outbox:
     closed: bool = False
 
     @property
-    def _st(self) -> Any:
-        return self.stream._st
+    def _st(self) -> RunStream:
+        return self.stream.run_stream
 
     async def take(self, cap: int) -> list[RunReply] | None:
         """The next replies (one or more of the instance's batches, up to about ``cap``), or
@@ -155,12 +155,12 @@ class _Outbox:
 
     def _ended(self) -> None:
         self._st.receive.close()
-        self.sim._forget(self._st)
+        self.sim.forget_stream(self._st)
 
     def ack(self, upto: int) -> None:
         """The consumer asked for the batch after ``upto``: every batch up to it is received."""
         for replies in self.unacked.ack(upto):
-            self.sim._ack(self._st, [r.rollout_id for r in replies])
+            self.sim.ack_replies(self._st, [r.rollout_id for r in replies])
 
     def close(self, upto: int) -> None:
         """Acknowledge up to ``upto``, discard the rest and end the stream (rows run on)."""
@@ -170,8 +170,8 @@ class _Outbox:
         self.ack(upto)
         lost = self.unacked.take_rest()
         if lost:
-            self.sim._discard(self._st, lost)
-        self.sim._consumer_closed(self._st)
+            self.sim.discard_replies(self._st, lost)
+        self.sim.close_consumer(self._st)
 
     @property
     def settled(self) -> bool:
