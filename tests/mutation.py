@@ -186,6 +186,9 @@ MUTANTS: tuple[Mutant, ...] = (
            'self._fail("appending a record", exc)', "raise",
            (JOURNAL,), keyword="full_disk"),
     # trainer side: concurrent checkpoints, links in trainer files, the snapshot tools' lock
+    Mutant("pending-release-leaves-gym-parked", "S5", "nurseries/_pending.py",
+           "if self._parked:", "if False:",
+           ("tests/test_coordinator.py",), keyword="resume"),
     Mutant("checkpoint-concurrent-calls-not-serialized", "gate", "nurseries/_coordinator.py",
            "async with self._running:", "async with trio.CapacityLimiter(1):",
            ("tests/test_checkpoint_concurrency.py",)),
