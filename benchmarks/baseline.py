@@ -7,11 +7,11 @@ the wire is still in that instance's inventory. It returns when none is. Each po
 synchronous O(ledger) step on the event loop, as it was in the reference design; its wake latency
 is the remaining poll period plus one scan.
 
-The ledger has no public iterator over every attempt (by design: nothing on a per-reply path
-should walk it), so the scan reads the ledger's columns directly (state and replica per slot,
-every row's block) and derives the rollout ID of each attempt in flight: the cheapest faithful
-way to "iterate every attempt" on that storage, far cheaper than ``to_snapshot()`` or a walk
-over attempt views.
+The scan is ``RecoveryLedger.dispatched()``, the ledger's one walk over every attempt it holds
+(O(ledger), meant for checks and this baseline, never a per-reply path): it reads the columns
+slot by slot and builds only the rollout ID of each attempt in flight, the cheapest faithful way
+to "iterate every attempt" on that storage, far cheaper than ``to_snapshot()`` or a walk over
+attempt views.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 
 import trio
 
-from gymckpt.runtime import DrainTimeout, RecoveryLedger, rollout_id_for
+from gymckpt.runtime import DrainTimeout, RecoveryLedger
 
 __all__ = ["full_inventory", "group_by_instance", "polling_drain"]
 
@@ -29,20 +29,11 @@ __all__ = ["full_inventory", "group_by_instance", "polling_drain"]
 def full_inventory(ledger: RecoveryLedger) -> dict[str, set[str]]:
     """Rollout IDs in flight, by instance, from a walk over every attempt. O(ledger)."""
     inventory: dict[str, set[str]] = {}
-    g = ledger.group_size
-    state, replica, attempt = ledger._state, ledger._rep, ledger._att
-    names = ledger._inst_names
-    dispatched = 1  # the ledger's state code for DISPATCHED
-    for row, block in ledger._row_block.items():
-        base = block * g
-        for slot in range(g):
-            s = base + slot
-            if state[s] == dispatched:
-                name = names[replica[s]]
-                held = inventory.get(name)
-                if held is None:
-                    held = inventory[name] = set()
-                held.add(rollout_id_for(row, slot, attempt[s]))
+    for rid, instance in ledger.dispatched():
+        held = inventory.get(instance)
+        if held is None:
+            held = inventory[instance] = set()
+        held.add(rid)
     return inventory
 
 

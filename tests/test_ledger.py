@@ -7,7 +7,6 @@ from collections.abc import Callable, Hashable
 
 import hypothesis.strategies as st
 import pytest
-import trio
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -163,24 +162,26 @@ def test_snapshot_rejects_bad_input() -> None:
         RecoveryLedger.from_snapshot(load_ledger_snapshot(raw))
 
 
-async def test_pending_among_is_proportional_to_the_query() -> None:
+def test_pending_among_is_proportional_to_the_query(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gymckpt.runtime import _ledger_columns
+
     ledger = RecoveryLedger(group_size=4)
     for r in range(5000):
         _m(ledger, lambda r=r: ledger.reserve_row(r))
     ids = [rollout_id_for(r, s, 0) for r in range(5000) for s in range(4)]
     _m(ledger, lambda: ledger.mark_dispatched(ids, "gym-0", 1))
-    # the pending set question only reads the IDs it is given
-    class CountingDict(dict[str, object]):
-        reads = 0
+    # the pending set question only locates the IDs it is given
+    parsed: list[str] = []
+    real = _ledger_columns.parse_rollout_id
 
-        def get(self, key, default=None):  # type: ignore[no-untyped-def, override]
-            CountingDict.reads += 1
-            return super().get(key, default)
+    def counting(rid: str) -> tuple[int, int, int] | None:
+        parsed.append(rid)
+        return real(rid)
 
-    ledger._by_id = CountingDict(ledger._by_id)  # type: ignore[assignment]
+    monkeypatch.setattr(_ledger_columns, "parse_rollout_id", counting)
     assert ledger.pending_among(["3-1", "4-2", "nope"]) == {"3-1", "4-2"}
-    assert CountingDict.reads == 3
-    await trio.lowlevel.checkpoint()
+    assert ledger.pending_among(["3-1", "4-2"], "gym-1") == set()
+    assert parsed == ["3-1", "4-2", "nope", "3-1", "4-2"]
 
 
 INSTANCES = ("gym-0", "gym-1")
@@ -263,9 +264,11 @@ class LedgerMachine(RuleBasedStateMachine):
         if not ids:
             return
         rid = data.draw(st.sampled_from(ids))
-        before = (dict(self.ledger._spent), self.ledger.data_failures)
+        stats = self.ledger.statistics()
+        before = (stats.row_attempts_spent, stats.data_failures)
         assert self.m(lambda: self.ledger.refuse(rid))
-        assert (dict(self.ledger._spent), self.ledger.data_failures) == before
+        stats = self.ledger.statistics()
+        assert (stats.row_attempts_spent, stats.data_failures) == before
         att = self.ledger.get(rid)
         assert att is not None and att.state is AttemptState.RESERVED
 
@@ -380,9 +383,9 @@ class LedgerMachine(RuleBasedStateMachine):
         assert stats.by_state == {s.value: counts[s] for s in AttemptState}
         for inst in INSTANCES:
             assert ledger.held_by(inst) == held.get(inst, set())
-        for key, n in ledger._spent.items():
-            assert n == self.spent[divmod(key, ledger.group_size)]
-            assert n <= ledger.max_row_attempts
+        for (row, slot), n in self.spent.items():
+            assert ledger.row_attempts_spent(row, slot) == n <= ledger.max_row_attempts
+        assert stats.row_attempts_spent == sum(self.spent.values())
 
 
 TestLedgerMachine = LedgerMachine.TestCase

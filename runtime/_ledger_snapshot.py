@@ -1,0 +1,370 @@
+"""The ledger on disk (``ledger.json``): its records, its JSON form, and the restore rules.
+
+``LedgerSnapshot`` is a ledger at a cut: its settings and counters, the rows trained and
+failed as ranges, the attempts spent of the rows in flight, every current attempt (an
+``AttemptRow``, stored as a JSON array for compactness) and the retire queue. Only current
+attempts are stored (RESERVED, DISPATCHED, COMPLETED); a reader refuses anything else, and
+any problem is a ``ManifestError`` naming what differs (C6), never a half-built ledger.
+
+Writing reads the column store (``LedgerColumns.current``); reading builds a store through
+``LedgerColumns.load``: this module writes no column. ``restore_columns`` holds the restore
+rules (S11): what a DISPATCHED attempt becomes depends on whether Gym exported it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import attrs
+import orjson
+
+from ._converter import converter as _conv
+from ._converter import dumps_chunked, loads
+from ._errors import ManifestError
+from ._layout import LEDGER_FILE
+from ._ledger_columns import LedgerColumns, SlotLoad
+from ._ledger_records import (
+    AttemptState,
+    EpisodeResult,
+    RestoredGymState,
+    RestoreSummary,
+    RetireItem,
+    rollout_id_for,
+)
+from ._manifest import EpisodeRecord
+from ._plain import NotPlainData, checked_json
+
+__all__ = [
+    "LEDGER_SNAPSHOT_VERSION",
+    "AttemptRow",
+    "LedgerSnapshot",
+    "dump_ledger_snapshot",
+    "ledger_snapshot",
+    "ledger_snapshot_bytes",
+    "load_ledger_snapshot",
+    "restore_columns",
+]
+
+LEDGER_SNAPSHOT_VERSION = 1
+
+
+@attrs.frozen
+class AttemptRow:
+    """One attempt in the on-disk ledger (stored as a JSON array for compactness)."""
+
+    row: int
+    slot: int
+    attempt: int
+    state: str
+    replica: str | None = None
+    gate_id: int | None = None
+    restored: RestoredGymState | None = None
+    unclaimed: bool = False
+    result: EpisodeResult | None = None
+
+
+@attrs.frozen
+class LedgerSnapshot:
+    """The versioned on-disk form of a ledger (``ledger.json``).
+
+    ``trained`` and ``failed`` are rows as inclusive ``[first, last]`` ranges; ``spent`` lists
+    ``[row, slot, attempts_spent]``. ``retire`` is the retire queue at the cut: dropped
+    attempts Gym may still hold in the state it committed with this snapshot (an attempt dropped
+    between the checkpoint's retire stage and its cut). A restore retires them before it
+    dispatches anything, so a dropped episode's environment mutations never stay next to its
+    replacement's.
+    """
+
+    version: int
+    group_size: int
+    max_row_attempts: int
+    data_failure_budget: int
+    data_failures: int
+    next_row: int
+    trained: tuple[tuple[int, int], ...]
+    failed: tuple[tuple[int, int], ...]
+    spent: tuple[tuple[int, int, int], ...]
+    attempts: tuple[AttemptRow, ...]
+    retire: tuple[RetireItem, ...] = ()
+
+
+def _to_ranges(rows: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for r in sorted(rows):
+        if out and out[-1][1] == r - 1:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))
+    return tuple(out)
+
+
+def _from_ranges(ranges: Iterable[tuple[int, int]]) -> set[int]:
+    out: set[int] = set()
+    for first, last in ranges:
+        if last < first:
+            raise ManifestError(f"ledger.json: bad row range [{first}, {last}]")
+        out.update(range(first, last + 1))
+    return out
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def _header(
+    cols: LedgerColumns,
+    *,
+    max_row_attempts: int,
+    data_failure_budget: int,
+    data_failures: int,
+    next_row: int,
+) -> LedgerSnapshot:
+    return LedgerSnapshot(
+        version=LEDGER_SNAPSHOT_VERSION,
+        group_size=cols.group_size,
+        max_row_attempts=max_row_attempts,
+        data_failure_budget=data_failure_budget,
+        data_failures=data_failures,
+        next_row=next_row,
+        trained=_to_ranges(cols.trained()),
+        failed=_to_ranges(cols.failed()),
+        spent=tuple(cols.spent_in_flight()),
+        attempts=(),
+        retire=tuple(cols.retire_items()),
+    )
+
+
+def ledger_snapshot(
+    cols: LedgerColumns,
+    *,
+    max_row_attempts: int,
+    data_failure_budget: int,
+    data_failures: int,
+    next_row: int,
+) -> LedgerSnapshot:
+    """The snapshot record of a store and the ledger's settings and counters. O(store)."""
+    header = _header(
+        cols,
+        max_row_attempts=max_row_attempts,
+        data_failure_budget=data_failure_budget,
+        data_failures=data_failures,
+        next_row=next_row,
+    )
+    rows = tuple(
+        [
+            AttemptRow(
+                row,
+                slot,
+                attempt,
+                state.value,
+                replica,
+                gate_id,
+                restored,
+                unclaimed,
+                None if result is None else EpisodeResult(*result),
+            )
+            for row, slot, attempt, state, replica, gate_id, restored, unclaimed, result in (
+                cols.current()
+            )
+        ]
+    )
+    return attrs.evolve(header, attempts=rows)
+
+
+def ledger_snapshot_bytes(
+    cols: LedgerColumns,
+    *,
+    max_row_attempts: int,
+    data_failure_budget: int,
+    data_failures: int,
+    next_row: int,
+) -> bytes:
+    """``dump_ledger_snapshot(ledger_snapshot(...))``, in one pass over the columns: no
+    record per attempt is built."""
+    out = _conv.unstructure(
+        _header(
+            cols,
+            max_row_attempts=max_row_attempts,
+            data_failure_budget=data_failure_budget,
+            data_failures=data_failures,
+            next_row=next_row,
+        )
+    )
+    rows: list[tuple[object, ...]] = []
+    append = rows.append
+    for row, slot, attempt, state, replica, gate_id, restored, unclaimed, result in cols.current():
+        append(
+            (
+                row,
+                slot,
+                attempt,
+                state.value,
+                replica,
+                gate_id,
+                None if restored is None else _conv.unstructure(restored),
+                unclaimed,
+                None if result is None else (result[:2] if result[2] is None else result),
+            )
+        )
+    out["attempts"] = rows
+    return dumps_chunked(out)  # the loop waits one chunk for the GIL, not 200k rows
+
+
+# -- restoring -----------------------------------------------------------------------------------
+
+
+def restore_columns(
+    snap: LedgerSnapshot, exported: Iterable[EpisodeRecord] = ()
+) -> tuple[LedgerColumns, RestoreSummary]:
+    """The column store a ledger restarts from after a crash (S11), and what became of the
+    snapshot's attempts.
+
+    * COMPLETED attempts stay completed: untrained results go straight to the trainer.
+    * A DISPATCHED attempt that Gym exported becomes its replacement: attempt + 1, RESERVED,
+      pinned to the original replica, carrying the exported state, **unclaimed** until its
+      dispatch claims it. It spends no row attempt: it continues the same episode.
+    * A DISPATCHED attempt Gym did not export cannot continue; it is re-sent fresh as
+      attempt + 1 (counted in ``RestoreSummary.redispatched_fresh``).
+    * RESERVED attempts keep their identity (and restored state, if any).
+
+    Raises ``ManifestError`` for a version other than ``LEDGER_SNAPSHOT_VERSION``, an unknown
+    or non-current state, a completed attempt without its result, a row without exactly one
+    attempt per slot, spent attempts of a slot out of range, or an attempt queued for
+    retirement that is also current.
+    """
+    if snap.version != LEDGER_SNAPSHOT_VERSION:
+        raise ManifestError(
+            f"ledger.json: version {snap.version} found, {LEDGER_SNAPSHOT_VERSION} supported"
+        )
+    by_id = {e.rollout_id: e for e in exported}
+    tally = dict.fromkeys(attrs.fields_dict(RestoreSummary), 0)
+    grouped: dict[int, list[AttemptRow]] = {}
+    for ar in snap.attempts:
+        grouped.setdefault(ar.row, []).append(ar)
+
+    def rows() -> Iterator[tuple[int, list[SlotLoad]]]:
+        for row, ars in grouped.items():
+            yield row, [_slot_load(ar, by_id, tally) for ar in ars]
+
+    trained, failed = _from_ranges(snap.trained), _from_ranges(snap.failed)
+    try:
+        cols = LedgerColumns.load(
+            snap.group_size,
+            rows(),
+            trained=trained,
+            failed=failed,
+            spent=snap.spent,
+            retire=snap.retire,
+        )
+    except ManifestError:
+        raise
+    except ValueError as exc:  # the store's own refusals name what does not fit
+        raise ManifestError(f"ledger.json: {exc}") from None
+    return cols, RestoreSummary(**tally)
+
+
+def _slot_load(ar: AttemptRow, by_id: dict[str, EpisodeRecord], tally: dict[str, int]) -> SlotLoad:
+    try:
+        state = AttemptState(ar.state)
+    except ValueError:
+        raise ManifestError(f"ledger.json: unknown attempt state {ar.state!r}") from None
+    if state is AttemptState.DISPATCHED:
+        old_id = rollout_id_for(ar.row, ar.slot, ar.attempt)
+        ep = by_id.get(old_id)
+        if ep is None:
+            tally["redispatched_fresh"] += 1
+            return SlotLoad(ar.slot, ar.attempt + 1)
+        tally["restored"] += 1
+        restored = RestoredGymState(ep.replica, ep.owner, old_id, tuple(ep.capture_keys))
+        return SlotLoad(ar.slot, ar.attempt + 1, restored=restored, unclaimed=True)
+    if state is AttemptState.RESERVED:
+        tally["reserved"] += 1
+        return SlotLoad(ar.slot, ar.attempt, restored=ar.restored, unclaimed=ar.unclaimed)
+    if state is AttemptState.COMPLETED:
+        if ar.result is None:
+            raise ManifestError(
+                "ledger.json: completed attempt "
+                f"{rollout_id_for(ar.row, ar.slot, ar.attempt)} has no result"
+            )
+        tally["completed_untrained"] += 1
+        return SlotLoad(
+            ar.slot, ar.attempt, ar.result, ar.restored, replica=ar.replica, gate_id=ar.gate_id
+        )
+    raise ManifestError(
+        f"ledger.json: attempt {rollout_id_for(ar.row, ar.slot, ar.attempt)} is "
+        f"{state.value}; only current attempts are stored"
+    )
+
+
+# -- JSON form -----------------------------------------------------------------------------------
+
+_ATTEMPT_FIELDS = tuple(attrs.fields_dict(AttemptRow))
+
+
+def _unstructure_attempt_row(a: AttemptRow) -> list[object]:
+    return [
+        a.row,
+        a.slot,
+        a.attempt,
+        a.state,
+        a.replica,
+        a.gate_id,
+        None if a.restored is None else _conv.unstructure(a.restored),
+        a.unclaimed,
+        None if a.result is None else _unstructure_result(a.result, a),
+    ]
+
+
+def _unstructure_result(r: EpisodeResult, a: AttemptRow) -> list[object]:
+    # a JSON writer turns nan into null, which the strict reader rejects: refuse, never write
+    # a ledger.json that cannot be read back (what enters the ledger was checked already)
+    if not math.isfinite(r.reward):
+        raise NotPlainData(
+            f"row {a.row} slot {a.slot} attempt {a.attempt}: reward "
+            f"{r.reward!r} is not a finite number"
+        )
+    if r.payload is None:
+        return [r.reward, r.turns]
+    checked_json(r.payload, f"row {a.row} slot {a.slot} attempt {a.attempt}: payload")
+    return [r.reward, r.turns, r.payload]
+
+
+def _structure_attempt_row(value: object, _t: object) -> AttemptRow:
+    if not isinstance(value, list) or len(value) != len(_ATTEMPT_FIELDS):
+        raise ValueError(f"an attempt is an array of {len(_ATTEMPT_FIELDS)} {_ATTEMPT_FIELDS}")
+    row, slot, attempt, state, replica, gate_id, restored, unclaimed, result = value
+    res = None
+    if result is not None:
+        if not isinstance(result, list) or len(result) not in (2, 3):
+            raise ValueError("an attempt's result is [reward, turns] or [reward, turns, payload]")
+        res = EpisodeResult(
+            _conv.structure(result[0], float),
+            _conv.structure(result[1], int),
+            result[2] if len(result) == 3 else None,
+        )
+    return AttemptRow(
+        _conv.structure(row, int),
+        _conv.structure(slot, int),
+        _conv.structure(attempt, int),
+        _conv.structure(state, str),
+        _conv.structure(replica, cast(Any, str | None)),
+        _conv.structure(gate_id, cast(Any, int | None)),
+        _conv.structure(restored, cast(Any, RestoredGymState | None)),
+        _conv.structure(unclaimed, bool),
+        res,
+    )
+
+
+_conv.register_unstructure_hook(AttemptRow, _unstructure_attempt_row)
+_conv.register_structure_hook(AttemptRow, _structure_attempt_row)
+
+
+def dump_ledger_snapshot(snap: LedgerSnapshot) -> bytes:
+    """``ledger.json`` bytes (compact JSON through the library converter)."""
+    return orjson.dumps(_conv.unstructure(snap))
+
+
+def load_ledger_snapshot(data: bytes) -> LedgerSnapshot:
+    """Parse ``ledger.json`` strictly; any problem is a ``ManifestError`` naming the field."""
+    return loads(data, LedgerSnapshot, LEDGER_FILE)
