@@ -52,12 +52,6 @@ fails."""
 
 KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset(
     {
-        # the polling baseline reads the ledger's private columns, until the ledger offers a view
-        ("benchmarks/baseline.py", "_att"),
-        ("benchmarks/baseline.py", "_inst_names"),
-        ("benchmarks/baseline.py", "_rep"),
-        ("benchmarks/baseline.py", "_row_block"),
-        ("benchmarks/baseline.py", "_state"),
         # the simulation builds an embedded Gym from hosts it made (EmbeddedGym._serving)
         ("nurseries/app/simulate.py", "_serving"),
     }
