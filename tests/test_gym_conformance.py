@@ -15,7 +15,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import trio
 import trio.testing
@@ -45,7 +44,9 @@ from gymckpt.runtime import (
     GymCheckpointUnavailable,
     InstanceRecord,
     ParticipantRecord,
+    SessionRecords,
     TopologyMismatch,
+    load_records,
     records_digest,
     rollout_id_for,
 )
@@ -131,9 +132,10 @@ def manifest_parts(
     return record, episodes
 
 
-def read_records(root: Path, state_dir: str) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads((root / state_dir / RECORDS_FILE).read_bytes())
-    return data
+def read_records(root: Path, state_dir: str) -> Any:
+    """A participant's committed records, typed (``AgentRecords``, ``SessionRecords``,
+    ``StagedRecords`` by the role its keys say)."""
+    return load_records((root / state_dir / RECORDS_FILE).read_bytes(), state_dir)
 
 
 @asynccontextmanager
@@ -357,18 +359,18 @@ async def test_commit_writes_records_whose_digests_match(
         assert sorted(exported) == ["0-0", "1-0", "2-0", "3-0"]
         assert all(e.owner == "calendar" for e in exported.values())
         calendar = read_records(root, "gym-0/calendar")
-        assert sorted(calendar["exported"]) == sorted(exported)
-        agent = {s["rollout_id"]: s for s in read_records(root, "gym-0/agent")["sessions"]}
-        proxy = {s["rollout_id"]: s for s in read_records(root, "gym-0/model_proxy")["staged"]}
+        assert isinstance(calendar, SessionRecords)
+        assert sorted(calendar.exported) == sorted(exported)
+        agent = {s.rollout_id: s for s in read_records(root, "gym-0/agent").sessions}
+        proxy = {s.rollout_id: s for s in read_records(root, "gym-0/model_proxy").staged}
         sessions = {s.rollout_id: s for s in reply.sessions}
         for rid, e in exported.items():
             row = int(rid.split("-")[0])
-            boundary = agent[rid]["step_boundary"]
+            boundary = agent[rid].step_boundary
             assert boundary == sessions[rid].step_boundary and boundary >= 1
             assert e.capture_keys == tuple(capture_key(row, 0, t) for t in range(boundary))
-            assert tuple(c["key"] for c in proxy[rid]["calls"]) == e.capture_keys
-        events = {s["key"]: [ev["sentinel"] for ev in s["state"]["events"]]
-                  for s in calendar["sessions"]}
+            assert tuple(c.key for c in proxy[rid].calls) == e.capture_keys
+        events = {s.key: [ev["sentinel"] for ev in s.state["events"]] for s in calendar.sessions}
         state = await _gym.calendar_state("gym-0")
         assert events == {k: list(s.sentinels) for k, s in state.items()}
 
@@ -398,7 +400,7 @@ async def test_legacy_agent_sessions_own_their_episodes(
         assert {s.kind for s in reply.sessions} == {"legacy_agent"}
         assert all(s.capture_keys for s in reply.sessions)
         assert all(s.step_boundary is not None for s in reply.sessions)
-        assert read_records(root, "gym-0/calendar")["exported"] == []
+        assert read_records(root, "gym-0/calendar").exported == ()
 
 
 async def test_stranded_legacy_session_has_no_boundary_and_no_owner(

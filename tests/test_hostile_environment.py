@@ -19,7 +19,6 @@ from typing import Any
 
 import anyio
 import attrs
-import orjson
 import pytest
 import trio
 import trio.testing
@@ -40,6 +39,7 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import (
+    RECORDS_FILE,
     EpisodeRecord,
     EpisodeResult,
     InstanceRecord,
@@ -47,6 +47,8 @@ from gymckpt.runtime import (
     ParticipantRecord,
     RecoveryLedger,
     RuntimeConfig,
+    SessionRecords,
+    load_records,
 )
 from gymckpt.runtime._ledger import dump_ledger_snapshot
 
@@ -356,9 +358,9 @@ async def test_a_failed_attempts_retained_mutation_is_not_kept_beside_its_retry(
         for host in (a, b):
             await host.prepare("c1", FAR)
             commit = await host.commit("c1", "snap", FAR)
-            records = orjson.loads(
-                (tmp_path / "snap" / host.name / "calendar" / "records.json").read_bytes())
-            sentinels += [e for s in records["sessions"] for e in s["state"]["events"]]
+            file = tmp_path / "snap" / host.name / "calendar" / RECORDS_FILE
+            records = load_records(file.read_bytes(), str(file), SessionRecords)
+            sentinels += [e for s in records.sessions for e in s.state["events"]]
             assert commit.exported == ()
         assert a.session_states("calendar") == {}
         assert a.statistics().failed == 1

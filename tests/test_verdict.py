@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from gymckpt.gym_adapter import SimConfig
-from gymckpt.nurseries.app.verdict import judge
+from gymckpt.nurseries.app.verdict import judge, snapshot_sentinels
+from gymckpt.runtime import (
+    GYM_STATE_DIR,
+    LEDGER_FILE,
+    MANIFEST_VERSION,
+    RECORDS_FILE,
+    AgentRecords,
+    GymManifest,
+    InstanceRecord,
+    ManifestError,
+    ParticipantRecord,
+    RecoveryLedger,
+    SessionRecord,
+    SessionRecords,
+    SnapshotStore,
+    dump_ledger_snapshot,
+    dump_records,
+    records_digest,
+)
 
 CONFIG = SimConfig(turns=(2, 3), mutation_p=0.0)
 
@@ -31,3 +53,48 @@ def test_sentinels_are_judged_against_the_plans() -> None:
     v = judge([(1, [0])], 1, None, seed=0, config=mutating, group_size=2)
     assert v.sentinels_expected > 0 and len(v.sentinels_missing) == v.sentinels_expected
     assert not v.ok and "sentinels missing" in "\n".join(v.violations())
+
+
+def _snapshot(tmp_path: Path, calendar: bytes) -> Path:
+    """A published snapshot of one instance whose calendar committed ``calendar``."""
+    store = SnapshotStore(tmp_path / "snapshots")
+    staging = store.begin("c1")
+    participants = []
+    for server, kind, data in [
+        ("agent", "simple_agent", dump_records(AgentRecords("agent", "simple_agent", "c1", ()))),
+        ("calendar", "environment", calendar),
+    ]:
+        rel = f"{GYM_STATE_DIR}/gym-0/{server}"
+        (staging / rel).mkdir(parents=True)
+        (staging / rel / RECORDS_FILE).write_bytes(data)
+        participants.append(ParticipantRecord(server, kind, rel, records_digest(staging / rel)))
+    manifest = GymManifest(
+        MANIFEST_VERSION, "c1", (InstanceRecord("gym-0", tuple(participants)),), ()
+    )
+    ledger = dump_ledger_snapshot(RecoveryLedger(group_size=2).to_snapshot())
+    return store.publish(staging, manifest, {LEDGER_FILE: ledger}).path
+
+
+def test_the_sentinels_are_counted_from_the_committed_calendar_records(tmp_path: Path) -> None:
+    def session(key: str, *sentinels: str) -> SessionRecord:
+        return SessionRecord(key, f"{key}-a0", 0, {"events": [{"sentinel": s} for s in sentinels]})
+
+    calendar = SessionRecords(
+        "calendar",
+        "environment",
+        "c1",
+        (),
+        True,
+        (session("0-0", "a", "b"), session("0-1", "b")),
+    )
+    counts, failed = snapshot_sentinels(_snapshot(tmp_path, dump_records(calendar)))
+    assert counts == {"a": 1, "b": 2} and failed == set()
+    assert snapshot_sentinels(
+        _snapshot(tmp_path / "2", dump_records(calendar)), calendar=False
+    ) == ({}, set())
+
+
+def test_calendar_records_that_do_not_parse_are_refused_naming_the_file(tmp_path: Path) -> None:
+    path = _snapshot(tmp_path, b'{"participant": "calendar", "sessions": 3}')
+    with pytest.raises(ManifestError, match=r"gym/gym-0/calendar/records\.json: .*\$\.sessions"):
+        snapshot_sentinels(path)

@@ -23,16 +23,19 @@ from gymckpt.runtime import (
     COMMIT_MARKER,
     LEDGER_FILE,
     MANIFEST_NAME,
+    RECORDS_FILE,
     SNAPSHOTS_DIR,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
     LoadedSnapshot,
     ManifestError,
     RuntimeConfig,
+    SessionRecords,
     SnapshotStore,
     TopologyMismatch,
     WorkDirLocked,
     load_ledger_snapshot,
+    load_records,
     load_snapshot,
     state_dir_problem,
     tree_size,
@@ -269,8 +272,6 @@ def retained_sessions(snap: LoadedSnapshot) -> dict[str, dict[str, dict[str, Any
     participant's exported plain data, as a restore hands it back). The same shape as
     ``retained_sessions(instance)`` of a live deployment. A record that cannot be read is a
     ``ManifestError`` naming it."""
-    from gymckpt.gym_adapter import RECORDS_FILE
-
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for inst in snap.manifest.instances:
         for p in inst.participants:
@@ -279,16 +280,18 @@ def retained_sessions(snap: LoadedSnapshot) -> dict[str, dict[str, dict[str, Any
                 raise ManifestError(f"{snap.path}: {inst.name}/{p.server_name}: {problem}")
             path = snap.path / p.state_dir / RECORDS_FILE
             try:
-                records = json.loads(path.read_bytes())
-                if not isinstance(records, dict) or records.get("retained") is not True:
-                    continue
-                slots = {
-                    str(sess["key"]): {"rollout_id": sess["rollout_id"],
-                                       "attempt": sess["attempt"], "state": sess["state"]}
-                    for sess in records["sessions"]
-                }
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                records = load_records(path.read_bytes(), str(path))
+            except OSError as exc:
                 raise ManifestError(f"{path}: records unreadable ({exc!r})") from None
+            except ManifestError as exc:
+                raise ManifestError(f"records unreadable: {exc}") from None
+            if not isinstance(records, SessionRecords) or not records.retained:
+                continue
+            slots = {
+                sess.key: {"rollout_id": sess.rollout_id, "attempt": sess.attempt,
+                           "state": sess.state}
+                for sess in records.sessions
+            }
             out.setdefault(inst.name, {})[p.server_name] = dict(sorted(slots.items()))
     return out
 
