@@ -342,6 +342,8 @@ class StagedCall:
 
 @attrs.frozen
 class StagedEpisode:
+    """One held episode's staged model calls, in the order they were made."""
+
     rollout_id: str
     calls: tuple[StagedCall, ...]
 
