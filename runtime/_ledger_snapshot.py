@@ -1,40 +1,44 @@
-"""The ledger on disk (``ledger.json``): its records, its JSON form, and the restore rules.
+"""The ledger's snapshot and restore: writing ``ledger.json`` from the columns, and the restore
+rules that build a ledger's columns back from it.
 
-``LedgerSnapshot`` is a ledger at a cut: its settings and counters, the rows trained and
-failed as ranges, the attempts spent of the rows in flight, every current attempt (an
-``AttemptRow``, stored as a JSON array for compactness) and the retire queue. Only current
-attempts are stored (RESERVED, DISPATCHED, COMPLETED); a reader refuses anything else, and
-any problem is a ``ManifestError`` naming what differs (C6), never a half-built ledger.
+The file itself — ``LedgerSnapshot``, its ``AttemptRow`` arrays, ``LEDGER_SNAPSHOT_VERSION``
+and the strict JSON form — is defined with every other record on disk in ``_snapshot_format``
+(re-exported here). A ledger at a cut holds its settings and counters, the rows trained and
+failed as ranges, the attempts spent of the rows in flight, every current attempt and the
+retire queue. Only current attempts are stored (RESERVED, DISPATCHED, COMPLETED); a restore
+refuses anything else, and any problem is a ``ManifestError`` naming what differs (C6), never
+a half-built ledger.
 
-Writing reads the column store (``LedgerColumns.current``); reading builds a store through
+Writing reads the column store (``LedgerColumns.current``); restoring builds a store through
 ``LedgerColumns.load``: this module writes no column. ``restore_columns`` holds the restore
 rules (S11): what a DISPATCHED attempt becomes depends on whether Gym exported it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
 
 import attrs
-import orjson
 
 from ._converter import converter as _conv
-from ._converter import dumps_chunked, loads
+from ._converter import dumps_chunked
 from ._errors import ManifestError
-from ._layout import LEDGER_FILE
 from ._ledger_columns import LedgerColumns, SlotLoad
 from ._ledger_records import (
     AttemptState,
     EpisodeResult,
     RestoredGymState,
     RestoreSummary,
-    RetireItem,
     rollout_id_for,
 )
-from ._manifest import EpisodeRecord
-from ._plain import NotPlainData, checked_json
+from ._snapshot_format import (
+    LEDGER_SNAPSHOT_VERSION,
+    AttemptRow,
+    EpisodeRecord,
+    LedgerSnapshot,
+    dump_ledger_snapshot,
+    load_ledger_snapshot,
+)
 
 __all__ = [
     "LEDGER_SNAPSHOT_VERSION",
@@ -46,48 +50,6 @@ __all__ = [
     "load_ledger_snapshot",
     "restore_columns",
 ]
-
-LEDGER_SNAPSHOT_VERSION = 1
-
-
-@attrs.frozen
-class AttemptRow:
-    """One attempt in the on-disk ledger (stored as a JSON array for compactness)."""
-
-    row: int
-    slot: int
-    attempt: int
-    state: str
-    replica: str | None = None
-    gate_id: int | None = None
-    restored: RestoredGymState | None = None
-    unclaimed: bool = False
-    result: EpisodeResult | None = None
-
-
-@attrs.frozen
-class LedgerSnapshot:
-    """The versioned on-disk form of a ledger (``ledger.json``).
-
-    ``trained`` and ``failed`` are rows as inclusive ``[first, last]`` ranges; ``spent`` lists
-    ``[row, slot, attempts_spent]``. ``retire`` is the retire queue at the cut: dropped
-    attempts Gym may still hold in the state it committed with this snapshot (an attempt dropped
-    between the checkpoint's retire stage and its cut). A restore retires them before it
-    dispatches anything, so a dropped episode's environment mutations never stay next to its
-    replacement's.
-    """
-
-    version: int
-    group_size: int
-    max_row_attempts: int
-    data_failure_budget: int
-    data_failures: int
-    next_row: int
-    trained: tuple[tuple[int, int], ...]
-    failed: tuple[tuple[int, int], ...]
-    spent: tuple[tuple[int, int, int], ...]
-    attempts: tuple[AttemptRow, ...]
-    retire: tuple[RetireItem, ...] = ()
 
 
 def _to_ranges(rows: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -295,76 +257,3 @@ def _slot_load(ar: AttemptRow, by_id: dict[str, EpisodeRecord], tally: dict[str,
         f"ledger.json: attempt {rollout_id_for(ar.row, ar.slot, ar.attempt)} is "
         f"{state.value}; only current attempts are stored"
     )
-
-
-# -- JSON form -----------------------------------------------------------------------------------
-
-_ATTEMPT_FIELDS = tuple(attrs.fields_dict(AttemptRow))
-
-
-def _unstructure_attempt_row(a: AttemptRow) -> list[object]:
-    return [
-        a.row,
-        a.slot,
-        a.attempt,
-        a.state,
-        a.replica,
-        a.gate_id,
-        None if a.restored is None else _conv.unstructure(a.restored),
-        a.unclaimed,
-        None if a.result is None else _unstructure_result(a.result, a),
-    ]
-
-
-def _unstructure_result(r: EpisodeResult, a: AttemptRow) -> list[object]:
-    # a JSON writer turns nan into null, which the strict reader rejects: refuse, never write
-    # a ledger.json that cannot be read back (what enters the ledger was checked already)
-    if not math.isfinite(r.reward):
-        raise NotPlainData(
-            f"row {a.row} slot {a.slot} attempt {a.attempt}: reward "
-            f"{r.reward!r} is not a finite number"
-        )
-    if r.payload is None:
-        return [r.reward, r.turns]
-    checked_json(r.payload, f"row {a.row} slot {a.slot} attempt {a.attempt}: payload")
-    return [r.reward, r.turns, r.payload]
-
-
-def _structure_attempt_row(value: object, _t: object) -> AttemptRow:
-    if not isinstance(value, list) or len(value) != len(_ATTEMPT_FIELDS):
-        raise ValueError(f"an attempt is an array of {len(_ATTEMPT_FIELDS)} {_ATTEMPT_FIELDS}")
-    row, slot, attempt, state, replica, gate_id, restored, unclaimed, result = value
-    res = None
-    if result is not None:
-        if not isinstance(result, list) or len(result) not in (2, 3):
-            raise ValueError("an attempt's result is [reward, turns] or [reward, turns, payload]")
-        res = EpisodeResult(
-            _conv.structure(result[0], float),
-            _conv.structure(result[1], int),
-            result[2] if len(result) == 3 else None,
-        )
-    return AttemptRow(
-        _conv.structure(row, int),
-        _conv.structure(slot, int),
-        _conv.structure(attempt, int),
-        _conv.structure(state, str),
-        _conv.structure(replica, cast(Any, str | None)),
-        _conv.structure(gate_id, cast(Any, int | None)),
-        _conv.structure(restored, cast(Any, RestoredGymState | None)),
-        _conv.structure(unclaimed, bool),
-        res,
-    )
-
-
-_conv.register_unstructure_hook(AttemptRow, _unstructure_attempt_row)
-_conv.register_structure_hook(AttemptRow, _structure_attempt_row)
-
-
-def dump_ledger_snapshot(snap: LedgerSnapshot) -> bytes:
-    """``ledger.json`` bytes (compact JSON through the library converter)."""
-    return orjson.dumps(_conv.unstructure(snap))
-
-
-def load_ledger_snapshot(data: bytes) -> LedgerSnapshot:
-    """Parse ``ledger.json`` strictly; any problem is a ``ManifestError`` naming the field."""
-    return loads(data, LedgerSnapshot, LEDGER_FILE)

@@ -7,7 +7,7 @@ under ``gym/``::
 
     COMMITTED                 CommitMarker     (MARKER_VERSION)
     gym_checkpoint.json       GymManifest      (MANIFEST_VERSION)
-    ledger.json               the ledger's snapshot (its own module owns that record)
+    ledger.json               LedgerSnapshot   (LEDGER_SNAPSHOT_VERSION)
     step.json                 StepRecord
     trainer.json              the trainer's state: opaque bytes, not a record of ours
     trainer/                  the trainer's files: opaque, digested in the marker
@@ -25,21 +25,25 @@ restore; this module only says what each file is.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from typing import Any, Final, TypeAlias, TypeVar, overload
+from typing import Any, Final, TypeAlias, TypeVar, cast, overload
 
 import attrs
 import orjson
 
 from ._converter import converter, dumps, dumps_chunked, loads, structure
 from ._errors import ManifestError
+from ._ledger_records import EpisodeResult, RestoredGymState, RetireItem
+from ._plain import NotPlainData, checked_json
 
 __all__ = [
     "CHECKPOINT_SEQ_FILE",
     "COMMIT_MARKER",
     "GYM_STATE_DIR",
     "LEDGER_FILE",
+    "LEDGER_SNAPSHOT_VERSION",
     "LOCK_FILE",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
@@ -59,11 +63,13 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "AgentRecords",
     "AgentSession",
+    "AttemptRow",
     "CommitMarker",
     "CommittedRecords",
     "EpisodeRecord",
     "GymManifest",
     "InstanceRecord",
+    "LedgerSnapshot",
     "ParticipantRecord",
     "SessionRecord",
     "SessionRecords",
@@ -71,10 +77,12 @@ __all__ = [
     "StagedEpisode",
     "StagedRecords",
     "StepRecord",
+    "dump_ledger_snapshot",
     "dump_manifest",
     "dump_marker",
     "dump_records",
     "dump_step",
+    "load_ledger_snapshot",
     "load_manifest",
     "load_marker",
     "load_records",
@@ -457,3 +465,126 @@ def load_records(data: bytes, what: str, expect: type[Any] | None = None) -> Com
     ``ManifestError`` starting with ``what`` (the file, as the caller names it)."""
     raw = _json_object(data, what)
     return structure(raw, expect if expect is not None else _role(raw), what)
+
+
+# -- the ledger (ledger.json) --------------------------------------------------------------
+#
+# The restore rules (what a DISPATCHED attempt becomes, which rows are ready) and the writer
+# that reads the ledger's columns belong to the ledger (``_ledger_snapshot``); this section
+# only says what the file is. An attempt is a JSON array, not an object: a ledger holds up to
+# a million of them.
+
+LEDGER_SNAPSHOT_VERSION: Final = 1
+"""The ``version`` of ``ledger.json`` this runtime writes and reads (checked by the restore,
+``RecoveryLedger.from_snapshot``)."""
+
+
+@attrs.frozen
+class AttemptRow:
+    """One attempt in the on-disk ledger (stored as a JSON array for compactness)."""
+
+    row: int
+    slot: int
+    attempt: int
+    state: str
+    replica: str | None = None
+    gate_id: int | None = None
+    restored: RestoredGymState | None = None
+    unclaimed: bool = False
+    result: EpisodeResult | None = None
+
+
+@attrs.frozen
+class LedgerSnapshot:
+    """The versioned on-disk form of a ledger (``ledger.json``).
+
+    ``trained`` and ``failed`` are rows as inclusive ``[first, last]`` ranges; ``spent`` lists
+    ``[row, slot, attempts_spent]``. ``retire`` is the retire queue at the cut: dropped
+    attempts Gym may still hold in the state it committed with this snapshot (an attempt dropped
+    between the checkpoint's retire stage and its cut). A restore retires them before it
+    dispatches anything, so a dropped episode's environment mutations never stay next to its
+    replacement's.
+    """
+
+    version: int
+    group_size: int
+    max_row_attempts: int
+    data_failure_budget: int
+    data_failures: int
+    next_row: int
+    trained: tuple[tuple[int, int], ...]
+    failed: tuple[tuple[int, int], ...]
+    spent: tuple[tuple[int, int, int], ...]
+    attempts: tuple[AttemptRow, ...]
+    retire: tuple[RetireItem, ...] = ()
+
+
+_ATTEMPT_FIELDS = tuple(attrs.fields_dict(AttemptRow))
+
+
+def _unstructure_attempt_row(a: AttemptRow) -> list[object]:
+    return [
+        a.row,
+        a.slot,
+        a.attempt,
+        a.state,
+        a.replica,
+        a.gate_id,
+        None if a.restored is None else converter.unstructure(a.restored),
+        a.unclaimed,
+        None if a.result is None else _unstructure_result(a.result, a),
+    ]
+
+
+def _unstructure_result(r: EpisodeResult, a: AttemptRow) -> list[object]:
+    # a JSON writer turns nan into null, which the strict reader rejects: refuse, never write
+    # a ledger.json that cannot be read back (what enters the ledger was checked already)
+    if not math.isfinite(r.reward):
+        raise NotPlainData(
+            f"row {a.row} slot {a.slot} attempt {a.attempt}: reward "
+            f"{r.reward!r} is not a finite number"
+        )
+    if r.payload is None:
+        return [r.reward, r.turns]
+    checked_json(r.payload, f"row {a.row} slot {a.slot} attempt {a.attempt}: payload")
+    return [r.reward, r.turns, r.payload]
+
+
+def _structure_attempt_row(value: object, _t: object) -> AttemptRow:
+    if not isinstance(value, list) or len(value) != len(_ATTEMPT_FIELDS):
+        raise ValueError(f"an attempt is an array of {len(_ATTEMPT_FIELDS)} {_ATTEMPT_FIELDS}")
+    row, slot, attempt, state, replica, gate_id, restored, unclaimed, result = value
+    res = None
+    if result is not None:
+        if not isinstance(result, list) or len(result) not in (2, 3):
+            raise ValueError("an attempt's result is [reward, turns] or [reward, turns, payload]")
+        res = EpisodeResult(
+            converter.structure(result[0], float),
+            converter.structure(result[1], int),
+            result[2] if len(result) == 3 else None,
+        )
+    return AttemptRow(
+        converter.structure(row, int),
+        converter.structure(slot, int),
+        converter.structure(attempt, int),
+        converter.structure(state, str),
+        converter.structure(replica, cast(Any, str | None)),
+        converter.structure(gate_id, cast(Any, int | None)),
+        converter.structure(restored, cast(Any, RestoredGymState | None)),
+        converter.structure(unclaimed, bool),
+        res,
+    )
+
+
+converter.register_unstructure_hook(AttemptRow, _unstructure_attempt_row)
+converter.register_structure_hook(AttemptRow, _structure_attempt_row)
+
+
+def dump_ledger_snapshot(snap: LedgerSnapshot) -> bytes:
+    """``ledger.json`` bytes (compact JSON through the library converter)."""
+    return orjson.dumps(converter.unstructure(snap))
+
+
+def load_ledger_snapshot(data: bytes) -> LedgerSnapshot:
+    """Parse ``ledger.json`` strictly; any problem is a ``ManifestError`` naming the field."""
+    return loads(data, LedgerSnapshot, LEDGER_FILE)

@@ -169,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("finite-dispatcher-trusts-a-nan-reward", "finite", "nurseries/_dispatcher.py",
            "if type(reward) is float and math.isfinite(reward):", "if True:",
            (HOSTILE,), keyword="dispatcher_refuses"),
-    Mutant("finite-ledger-writes-nan-as-null", "finite", "runtime/_ledger_snapshot.py",
+    Mutant("finite-ledger-writes-nan-as-null", "finite", "runtime/_snapshot_format.py",
            "if not math.isfinite(r.reward):", "if False:",
            (HOSTILE,), keyword="ledger_writer"),
     Mutant("data-failed-attempt-keeps-its-retained-session", "once",
