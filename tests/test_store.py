@@ -18,6 +18,7 @@ from gymckpt.runtime import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
     MANIFEST_NAME,
+    CommitMarker,
     EpisodeRecord,
     GymManifest,
     InstanceRecord,
@@ -31,7 +32,6 @@ from gymckpt.runtime import (
     verify_snapshot,
     write_atomic,
 )
-from gymckpt.runtime._store import CommitMarker
 
 TOPOLOGY = {
     "gym-0": [
