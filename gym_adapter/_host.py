@@ -31,8 +31,9 @@ The host is the composition of small parts, each the only writer of its state: t
 ``EpisodeTable`` (active and unclaimed episodes, ``_host_episodes``), the ``SlotTable``
 (ownership, fencing, retained sessions and their journal, ``_host_slots``), ``Parking``
 (admission, parking, the generation, the lease, ``_host_parking``), the ``ReplyStreams``, the
-``ControlPlane`` (the control calls over those parts) and the ``HostViews``. This module is the
-data plane over them: admission, claims, the episodes' turn loop and their one exit.
+``ControlPlane`` (the control calls over those parts), the ``Turns`` (an episode's turn loop,
+``_host_turns``) and the ``HostViews``. This module composes them and is the data plane over
+them: admission, claims, the episodes' tasks and their one exit.
 
 Everything runs on anyio; deployments serve it under trio (embedded in the trainer's run, and in
 a Ray actor a trio run hosted on the actor's asyncio loop), and user code is awaited through
@@ -75,7 +76,7 @@ from ._contract import (
     RunRow,
 )
 from ._environment import Environment, Roles
-from ._episode import EpisodeFenced, EpisodeInfo, Model
+from ._episode import EpisodeFenced, EpisodeInfo
 from ._host_control import ControlPlane
 from ._host_episodes import (
     BOUNDARY,
@@ -83,14 +84,13 @@ from ._host_episodes import (
     MOVING,
     Episode,
     EpisodeTable,
-    StepContext,
-    completed_reply,
 )
 from ._host_journal import JOURNAL_FILE, JournalFailed
 from ._host_log import FailureLog, episode_label
 from ._host_parking import RESUME_CHUNK, Parking
 from ._host_slots import SlotTable
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
+from ._host_turns import Turns
 from ._host_views import HostCounts, HostStatistics, HostViews, RetainedSession, SessionView
 from ._user_calls import UserCalls
 
@@ -129,32 +129,6 @@ class HostConfig:
 
 
 @final
-@attrs.define(eq=False, slots=True)
-class _Turns:
-    """What a turn's ``StepContext`` reaches (``TurnHost``): fencing by the slot table, the
-    model, the counts, and the environment's own counters (this is their only writer)."""
-
-    slots: SlotTable
-    count: HostCounts
-    model: Model | None
-    retained_names: frozenset[str]
-    user_counts: dict[str, int] = attrs.field(factory=dict)
-
-    def fenced(self, ep: Episode) -> bool:
-        return self.slots.fenced(ep)
-
-    def add_count(self, name: str, n: int) -> int:
-        value = self.user_counts[name] = self.user_counts.get(name, 0) + n
-        return value
-
-    def model_called(self, *, replayed: bool) -> None:
-        if replayed:
-            self.count.model_replays += 1
-        else:
-            self.count.model_calls += 1
-
-
-@final
 @attrs.define(eq=False, slots=True, repr=False)
 class GymHost:
     """One Gym instance hosting ``environment``. Serve it with ``async with GymHost(...)``: its
@@ -183,7 +157,7 @@ class GymHost:
     _slots: SlotTable = attrs.field(init=False)
     _parking: Parking = attrs.field(init=False)
     _streams: ReplyStreams = attrs.field(init=False)
-    _turns: _Turns = attrs.field(init=False)
+    _turns: Turns = attrs.field(init=False)
     _control: ControlPlane = attrs.field(init=False)
     _views: HostViews = attrs.field(init=False)
     count: HostCounts = attrs.field(factory=HostCounts, init=False)
@@ -200,35 +174,44 @@ class GymHost:
         self._streams = ReplyStreams(config.flush_interval_s, config.max_batch)
         self._slots = SlotTable(self.name, roles.retained)
         self._parking = Parking(config.lease_s, config.freeze_survivors)
-        self._turns = _Turns(self._slots, self.count, self.environment.model, roles.retained_names)
+        self._turns = Turns(
+            name=self.name,
+            environment=self.environment,
+            retained_names=roles.retained_names,
+            slots=self._slots,
+            parking=self._parking,
+            count=self.count,
+            user_calls=self.user_calls,
+            failure_log=self.failure_log,
+        )
         self._control = ControlPlane(
-            self,
-            self.name,
-            self.seed,
-            self.work_dir,
-            self.environment,
-            roles,
-            self.participants,
-            config.strand_legacy_session,
-            config.freeze_survivors,
-            self._table,
-            self._slots,
-            self._parking,
-            self._streams,
-            self.count,
-            self.failure_log,
+            host=self,
+            name=self.name,
+            seed=self.seed,
+            work_dir=self.work_dir,
+            environment=self.environment,
+            roles=roles,
+            participants=self.participants,
+            strand_legacy_session=config.strand_legacy_session,
+            freeze_survivors=config.freeze_survivors,
+            table=self._table,
+            slots=self._slots,
+            parking=self._parking,
+            streams=self._streams,
+            count=self.count,
+            failure_log=self.failure_log,
         )
         self._views = HostViews(
-            self.name,
-            self.participants,
-            roles,
-            self._table,
-            self._slots,
-            self._parking,
-            self._streams,
-            self.count,
-            self._turns.user_counts,
-            lambda: self._dead,
+            name=self.name,
+            participants=self.participants,
+            roles=roles,
+            table=self._table,
+            slots=self._slots,
+            parking=self._parking,
+            streams=self._streams,
+            count=self.count,
+            user_counts=self._turns.user_counts,
+            is_dead=lambda: self._dead,
         )
 
     @property
@@ -506,66 +489,13 @@ class GymHost:
             if ep.state == DONE:
                 return
             try:
-                reply = await self._play(ep)
+                reply = await self._turns.play(ep)
             except EpisodeFenced:
                 self.count.fenced_episodes += 1
                 self.end_episode(ep, None)
                 return
             if reply is not None:
                 self.end_episode(ep, reply)
-
-    async def _play(self, ep: Episode) -> RunReply | None:
-        """Turns until the episode ends (its reply) or parks (None)."""
-        rid = ep.rollout_id
-        if ep.replay is not None:  # a restored continuation, checked once, before its first turn
-            replay, ep.replay = ep.replay, None
-            if replay != ep.capture_keys:
-                return self._user_failed(
-                    ep,
-                    Failed(
-                        rid,
-                        "data",
-                        f"{self.name}: restored episode of {rid} has capture keys "
-                        f"{list(replay)} in the manifest, {list(ep.capture_keys)} staged by "
-                        "the model proxy",
-                    ),
-                )
-        agent = self.environment.agent
-        while True:
-            if not await self._parking.boundary(ep, self._slots.fenced):
-                return None
-            ctx = StepContext(self._turns, ep)
-            try:
-                done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
-            except EpisodeFenced:
-                raise
-            except Exception as exc:
-                failed = f"{episode_label(ep.info)} turn {ep.turn}: step raised {exc!r}"
-                self.failure_log.warn(failed, exc)
-                problem = self._slots.journal_turn(ep, ctx.touched)
-                if problem is not None:
-                    self.failure_log.warn(problem)
-                return Failed(rid, "data", problem or failed)
-            if self._slots.fenced(ep):
-                raise EpisodeFenced(rid)
-            problem = self._slots.journal_turn(ep, ctx.touched)
-            if problem is not None:
-                return self._user_failed(ep, Failed(rid, "data", problem))
-            ep.turn += 1
-            self.count.turns += 1
-            if done is not None:
-                reply = completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
-                if isinstance(reply, Failed):
-                    self._user_failed(ep, reply)
-                return reply
-
-    def _user_failed(self, ep: Episode, reply: Failed) -> Failed:
-        """Log ``reply`` (a failure of ``ep`` the user's code caused, no traceback to give)."""
-        message = reply.message
-        if ep.rollout_id not in message:
-            message = f"{episode_label(ep.info)}: {message}"
-        self.failure_log.warn(message)
-        return reply
 
     def end_episode(self, ep: Episode, reply: RunReply | None) -> None:
         """The one exit of an active episode: bookkeeping, then its reply (if any)."""

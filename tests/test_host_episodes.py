@@ -143,7 +143,7 @@ async def test_a_model_response_that_is_not_plain_data_is_refused_and_not_staged
 
 
 async def test_a_context_without_a_model_says_how_to_give_one() -> None:
-    with pytest.raises(RuntimeError, match="Environment\\(model=...\\)"):
+    with pytest.raises(RuntimeError, match=r"give Environment\(model=\.\.\.\)"):
         await context(FakeHost(), episode("r1")).model("q")
 
 

@@ -113,20 +113,38 @@ async def test_a_reopen_restarts_the_parked_in_chunks_and_a_new_prepare_keeps_th
         parking.reopen()
         await trio.testing.wait_all_tasks_blocked()
         assert restarted == eps  # every one, in the order they parked
-        restarted.clear()
-        parking.prepare("ckpt-2")  # nobody restarted ran yet: they park again as they start
+
+
+async def test_a_prepare_during_the_restart_keeps_the_chunks_not_started_yet_parked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    restarted: list[Episode] = []
+    every: list[Episode] = []
+
+    def restart(ep: Episode) -> None:
+        restarted.append(ep)
+        every.append(ep)
+        if len(every) == RESUME_CHUNK:  # the first chunk is out: a checkpoint comes
+            parking.prepare("ckpt-2")
+
+    parking = Parking(LEASE_S, freeze_survivors=False)
+    async with trio.open_nursery() as nursery:
+        parking.open(nursery.start_soon, restart)
+        eps = [moving(parking, n) for n in range(2 * RESUME_CHUNK + 1)]
+        parking.prepare("ckpt-1")
         for ep in eps:
             assert await parking.boundary(ep, never_fenced) is False
         parking.reopen()
-        await trio.lowlevel.checkpoint()  # the restart task's first chunk only
-        assert len(restarted) == RESUME_CHUNK
-        parking.prepare("ckpt-3")  # prepared again: the rest stay parked
         await trio.testing.wait_all_tasks_blocked()
-        assert len(restarted) == RESUME_CHUNK
+        assert restarted == eps[:RESUME_CHUNK]  # the rest stayed parked
+        for ep in restarted:  # the started ones park again as their tasks run
+            assert await parking.boundary(ep, never_fenced) is False
         restarted.clear()
         parking.reopen()
         await trio.testing.wait_all_tasks_blocked()
-        assert restarted == eps[RESUME_CHUNK:]
+        assert sorted(restarted, key=lambda ep: ep.info.row) == eps
+        assert len(restarted) == len(eps)
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_restarted_episode_moves_again_or_parks_again_if_prepared_meanwhile(

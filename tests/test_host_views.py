@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from gymckpt.gym_adapter import GymInstanceDead
 from gymckpt.gym_adapter._environment import Roles
@@ -147,3 +148,21 @@ def test_a_dead_instance_answers_no_view_but_its_statistics() -> None:
         with pytest.raises(GymInstanceDead):
             view()
     assert p.views.statistics().dead
+
+
+async def test_a_held_episode_waiting_before_any_prepare_counts_as_running() -> None:
+    p = parts()
+    async with trio.open_nursery() as nursery:
+        p.parking.open(nursery.start_soon, lambda ep: None)
+        ep = episode(p, 0, MOVING)
+        p.table.add(ep)
+        p.parking.started()
+        ep.hold = True  # ctx.hold(): waits at its boundary until a checkpoint is prepared
+        nursery.start_soon(p.parking.boundary, ep, lambda ep: False)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ep.state == BOUNDARY and p.parking.moving == 0
+        stats = p.views.statistics()
+        assert (stats.running, stats.parked) == (1, 0)
+        assert p.views.inventory().running == ("r0",)
+        p.parking.close()
+        nursery.cancel_scope.cancel()

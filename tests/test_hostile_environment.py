@@ -469,7 +469,7 @@ async def test_failure_warnings_are_rate_limited_per_instance_with_a_count(
 async def test_the_dispatcher_refuses_a_non_finite_reward_from_the_wire_and_counts_failures(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gymckpt.gym_adapter._host as host_module
+    import gymckpt.gym_adapter._host_turns as host_module
 
     def lying(instance: str, ep: Any, done: Done, limit: int) -> RunReply:
         if ep.info.row == 1:  # a Gym that does not check what it sends

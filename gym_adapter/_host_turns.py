@@ -1,0 +1,123 @@
+"""One episode's turns on the Gym host: from its step boundary until it ends or parks.
+
+A turn is one call of the agent's ``step`` between two step boundaries (``Parking.boundary``
+parks the episode there while a checkpoint is prepared). After a turn the retained sessions it
+fetched are journaled (``SlotTable.journal_turn``); a turn of an attempt that lost its slot
+meanwhile raises ``EpisodeFenced`` (its caller drops the episode and its reply). A failure of
+the user's code (``step`` raising, a bad ``Done``, a journaled state that cannot export) ends
+the episode ``Failed`` (data), logged rate-limited; it never ends the instance.
+
+``Turns`` is also what each turn's ``StepContext`` reaches (the ``TurnHost`` protocol), and
+the only writer of the environment's own counters (``EpisodeContext.count``).
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+from ._contract import Failed, RunReply
+from ._environment import Environment
+from ._episode import EpisodeFenced, Model
+from ._host_episodes import Episode, StepContext, completed_reply
+from ._host_log import FailureLog, episode_label
+from ._host_parking import Parking
+from ._host_slots import SlotTable
+from ._host_views import HostCounts
+from ._user_calls import UserCalls
+
+__all__ = ["Turns"]
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class Turns:
+    """The turn loop of one instance (``name``) and what its contexts reach (``TurnHost``):
+    fencing by the slot table, the model, the counts, the environment's own counters."""
+
+    name: str
+    environment: Environment
+    retained_names: frozenset[str]
+    slots: SlotTable
+    parking: Parking
+    count: HostCounts
+    user_calls: UserCalls
+    """Awaits each ``agent.step`` (and all it awaits): trio, anyio or asyncio code."""
+    failure_log: FailureLog
+    user_counts: dict[str, int] = attrs.field(factory=dict)
+
+    # -- TurnHost --------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Model | None:
+        return self.environment.model
+
+    def fenced(self, ep: Episode) -> bool:
+        return self.slots.fenced(ep)
+
+    def add_count(self, name: str, n: int) -> int:
+        value = self.user_counts[name] = self.user_counts.get(name, 0) + n
+        return value
+
+    def model_called(self, *, replayed: bool) -> None:
+        if replayed:
+            self.count.model_replays += 1
+        else:
+            self.count.model_calls += 1
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def play(self, ep: Episode) -> RunReply | None:
+        """Turns of ``ep`` until it ends (its reply) or parks (None); ``EpisodeFenced`` if it
+        lost its slot (see the module docstring)."""
+        rid = ep.rollout_id
+        if ep.replay is not None:  # a restored continuation, checked once, before its first turn
+            replay, ep.replay = ep.replay, None
+            if replay != ep.capture_keys:
+                return self._user_failed(
+                    ep,
+                    Failed(
+                        rid,
+                        "data",
+                        f"{self.name}: restored episode of {rid} has capture keys "
+                        f"{list(replay)} in the manifest, {list(ep.capture_keys)} staged by "
+                        "the model proxy",
+                    ),
+                )
+        agent = self.environment.agent
+        while True:
+            if not await self.parking.boundary(ep, self.fenced):
+                return None
+            ctx = StepContext(self, ep)
+            try:
+                done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
+            except EpisodeFenced:
+                raise
+            except Exception as exc:
+                failed = f"{episode_label(ep.info)} turn {ep.turn}: step raised {exc!r}"
+                self.failure_log.warn(failed, exc)
+                problem = self.slots.journal_turn(ep, ctx.touched)
+                if problem is not None:
+                    self.failure_log.warn(problem)
+                return Failed(rid, "data", problem or failed)
+            if self.slots.fenced(ep):
+                raise EpisodeFenced(rid)
+            problem = self.slots.journal_turn(ep, ctx.touched)
+            if problem is not None:
+                return self._user_failed(ep, Failed(rid, "data", problem))
+            ep.turn += 1
+            self.count.turns += 1
+            if done is not None:
+                reply = completed_reply(self.name, ep, done, self.environment.max_payload_bytes)
+                if isinstance(reply, Failed):
+                    self._user_failed(ep, reply)
+                return reply
+
+    def _user_failed(self, ep: Episode, reply: Failed) -> Failed:
+        """Log ``reply`` (a failure of ``ep`` the user's code caused, no traceback to give)."""
+        message = reply.message
+        if ep.rollout_id not in message:
+            message = f"{episode_label(ep.info)}: {message}"
+        self.failure_log.warn(message)
+        return reply
