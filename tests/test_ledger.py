@@ -203,9 +203,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return self.ledger.barrier.mutate_nowait(fn)
 
     def _in_state(self, state: AttemptState) -> list[str]:
-        return sorted(
-            a.rollout_id for a in self.ledger._by_id.values() if a.state is state
-        )
+        return sorted(a.rollout_id for a in self.ledger._by_id.values() if a.state is state)
 
     @rule()
     def reserve(self) -> None:
@@ -236,8 +234,9 @@ class LedgerMachine(RuleBasedStateMachine):
         RESERVED ones are dispatched once, in order, everything else is handed back."""
         ids = [*sorted(self.ledger._by_id), "9999-0", "not-an-id"]
         asked = data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=6))
-        want_ok = list(dict.fromkeys(
-            rid for rid in asked if self.ledger.reserved_attempt(rid) is not None))
+        want_ok = list(
+            dict.fromkeys(rid for rid in asked if self.ledger.reserved_attempt(rid) is not None)
+        )
         ok, rest = self.m(lambda: self.ledger.dispatch_sendable(asked, inst, self.gate))
         assert ok == want_ok
         assert sorted(ok + rest) == sorted(asked)
