@@ -19,9 +19,13 @@ import anyio.lowlevel
 import attrs
 
 from gymckpt.runtime import (
+    AgentRecords,
+    CommittedRecords,
     EpisodeRecord,
     GymCallTimeout,
     InstanceRecord,
+    SessionRecords,
+    StagedRecords,
     TopologyMismatch,
     promote_survivors,
     records_digest,
@@ -51,7 +55,7 @@ from ._host_records import (
     Refusal,
     build_records,
     offload,
-    read_verified,
+    read_committed,
     write_records,
 )
 from ._host_slots import JournalSlot, KeptCopy, SlotTable
@@ -336,7 +340,10 @@ class ControlPlane:
         the participant cannot restore) raises ``TopologyMismatch`` listing all of them, with
         nothing changed. The instance must be idle and not prepared (``GymControlError``).
         """
-        diffs, loaded = read_verified(self.name, self.participants, self._root(state_root), record)
+        diffs, records = read_committed(
+            self.name, self.participants, self._root(state_root), record
+        )
+        loaded = _Committed(records)
         restored: dict[str, Episode] = {}
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
         if not diffs:
@@ -367,7 +374,7 @@ class ControlPlane:
 
     def _journal_slots(
         self,
-        loaded: Mapping[str, Mapping[str, Any]],
+        loaded: _Committed,
         kept: Mapping[str, tuple[str, int, dict[str, Any]]],
         restored: Mapping[str, Episode],
         diffs: list[str],
@@ -379,17 +386,10 @@ class ControlPlane:
         the journal holds exactly the bytes the snapshot holds. A session the records do not
         hold for a retained participant is a difference (``TopologyMismatch``, nothing
         changed)."""
-        committed: dict[str, dict[str, Any]] = {}
-        for p in self.roles.retained:
-            try:
-                committed[p.name] = {
-                    str(s["rollout_id"]): s["state"] for s in loaded[p.name]["sessions"]
-                }
-            except (KeyError, TypeError) as exc:
-                diffs.append(
-                    f"instance {self.name}: committed records of {p.name} malformed ({exc!r})"
-                )
-                return []
+        committed = {
+            p.name: {s.rollout_id: s.state for s in loaded.sessions(p.name).sessions}
+            for p in self.roles.retained
+        }
         every = [
             *((key, rid, attempt) for key, (rid, attempt, _) in kept.items()),
             *((ep.key, ep.rollout_id, ep.info.attempt) for ep in restored.values()),
@@ -411,7 +411,7 @@ class ControlPlane:
 
     def _rebuild_kept(
         self,
-        loaded: Mapping[str, Mapping[str, Any]],
+        loaded: _Committed,
         restored: Mapping[str, Episode],
         diffs: list[str],
     ) -> dict[str, tuple[str, int, dict[str, Any]]]:
@@ -419,22 +419,21 @@ class ControlPlane:
         diffs."""
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
         for p in self.roles.retained:
+            records = loaded.sessions(p.name)
             try:
-                sessions = [
-                    s for s in loaded[p.name]["sessions"] if s["rollout_id"] not in restored
-                ]
-                for s in sessions:
-                    key, rid, attempt = str(s["key"]), str(s["rollout_id"]), int(s["attempt"])
-                    have = kept.setdefault(key, (rid, attempt, {}))
-                    if have[:2] != (rid, attempt):
+                for s in records.sessions:
+                    if s.rollout_id in restored:
+                        continue
+                    have = kept.setdefault(s.key, (s.rollout_id, s.attempt, {}))
+                    if have[:2] != (s.rollout_id, s.attempt):
                         diffs.append(
-                            f"instance {self.name}: participant {p.name} holds session {key} of "
-                            f"{rid} attempt {attempt}, another participant of {have[0]} "
-                            f"attempt {have[1]}"
+                            f"instance {self.name}: participant {p.name} holds session {s.key} "
+                            f"of {s.rollout_id} attempt {s.attempt}, another participant of "
+                            f"{have[0]} attempt {have[1]}"
                         )
                         continue
-                    have[2][p.name] = p.restore(s["state"])
-            except Exception as exc:
+                    have[2][p.name] = p.restore(s.state)
+            except Exception as exc:  # the participant's restore raised
                 diffs.append(
                     f"instance {self.name}: retained sessions of {p.name} cannot be restored "
                     f"({exc!r})"
@@ -450,7 +449,7 @@ class ControlPlane:
 
     def _rebuild(
         self,
-        loaded: Mapping[str, Mapping[str, Any]],
+        loaded: _Committed,
         episodes: Sequence[EpisodeRecord],
         diffs: list[str],
     ) -> dict[str, Episode]:
@@ -459,21 +458,28 @@ class ControlPlane:
         agent = env.agent
         owner = self.roles.owner
         out: dict[str, Episode] = {}
-        try:
-            agent_sessions = {s["rollout_id"]: s for s in loaded[agent.name]["sessions"]}
-            by_participant = {
-                p.name: {s["rollout_id"]: s for s in loaded[p.name]["sessions"]}
-                for p in env.participants
-            }
-            exported = set(loaded[owner]["exported"]) if not self.roles.legacy else set()
-            staged = (
-                {s["rollout_id"]: s["calls"] for s in loaded[MODEL_PROXY]["staged"]}
-                if env.model is not None
-                else {}
+        agent_records = loaded.agent(agent.name)
+        agent_sessions = {s.rollout_id: s for s in agent_records.sessions}
+        by_participant = {
+            p.name: {s.rollout_id: s for s in loaded.sessions(p.name).sessions}
+            for p in env.participants
+        }
+        exported: frozenset[str] = frozenset()
+        if not self.roles.legacy:
+            owned = (
+                agent_records.exported if owner == agent.name else loaded.sessions(owner).exported
             )
-        except (KeyError, TypeError) as exc:
-            diffs.append(f"instance {self.name}: committed records malformed ({exc!r})")
-            return out
+            if owned is None:
+                diffs.append(
+                    f"instance {self.name}: committed records of {owner} list no exported episodes"
+                )
+                return out
+            exported = frozenset(owned)
+        staged = (
+            {e.rollout_id: e.calls for e in loaded.staged(MODEL_PROXY).staged}
+            if env.model is not None
+            else {}
+        )
         for rec in episodes:
             which = f"instance {self.name}: episode {rec.rollout_id}"
             if rec.rollout_id in out:
@@ -487,36 +493,59 @@ class ControlPlane:
             if s is None:
                 diffs.append(f"{which} has no agent session in the committed records")
                 continue
-            if s.get("step_boundary") is None:
+            if s.step_boundary is None:
                 diffs.append(f"{which} agent session has no step boundary (stranded)")
                 continue
             if not self.roles.legacy and rec.rollout_id not in exported:
                 diffs.append(f"{which} not exported by {owner} in the committed records")
-            try:
-                info = EpisodeInfo(
-                    rec.rollout_id,
-                    int(s["row"]),
-                    int(s["slot"]),
-                    int(s["attempt"]),
-                    self.seed,
-                    self.name,
+            missing = [
+                p.name for p in env.participants if rec.rollout_id not in by_participant[p.name]
+            ]
+            if missing:
+                diffs.append(
+                    f"{which} has no {', '.join(missing)} session in the committed records"
                 )
-                sessions = {agent.name: agent.restore(s["state"])}
+                continue
+            info = EpisodeInfo(rec.rollout_id, s.row, s.slot, s.attempt, self.seed, self.name)
+            try:
+                sessions = {agent.name: agent.restore(s.state)}
                 for p in env.participants:
-                    ps = by_participant[p.name].get(rec.rollout_id)
-                    if ps is None:
-                        raise KeyError(f"no {p.name} session")
-                    sessions[p.name] = p.restore(ps["state"])
-                calls = [(c["key"], c["response"]) for c in staged.get(rec.rollout_id, ())]
-            except Exception as exc:
+                    sessions[p.name] = p.restore(by_participant[p.name][rec.rollout_id].state)
+            except Exception as exc:  # a participant's restore raised
                 diffs.append(f"{which}: committed session state cannot be restored ({exc!r})")
                 continue
+            calls = [(c.key, c.response) for c in staged.get(rec.rollout_id, ())]
             out[rec.rollout_id] = Episode(
                 info,
                 sessions,
                 UNCLAIMED,
-                turn=int(s["step_boundary"]),
+                turn=s.step_boundary,
                 staged=calls,
                 replay=tuple(rec.capture_keys),
             )
         return out
+
+
+@final
+@attrs.frozen
+class _Committed:
+    """Each participant's typed records of one restore, by server name, as ``read_committed``
+    parsed them: every participant of the live topology is there (the readers run only when
+    it reported no difference), in the role its place gives it."""
+
+    records: Mapping[str, CommittedRecords]
+
+    def agent(self, name: str) -> AgentRecords:
+        records = self.records[name]
+        assert isinstance(records, AgentRecords), name
+        return records
+
+    def sessions(self, name: str) -> SessionRecords:
+        records = self.records[name]
+        assert isinstance(records, SessionRecords), name
+        return records
+
+    def staged(self, name: str) -> StagedRecords:
+        records = self.records[name]
+        assert isinstance(records, StagedRecords), name
+        return records
