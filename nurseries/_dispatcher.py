@@ -93,6 +93,7 @@ EPISODE_FAILURES = "rollout/episode_failures_total"
 EPISODE_FAILURES_DATA = "rollout/episode_failures_data_total"
 EPISODE_FAILURES_INFRA = "rollout/episode_failures_infra_total"
 
+
 @attrs.frozen
 class DispatcherStatistics:
     queued: int
@@ -290,8 +291,11 @@ class Dispatcher:
                 # ``retire_restored`` too (unknown if the claim did arrive). Found by the
                 # simulation: the next checkpoint aborted, Gym exporting an episode the ledger
                 # no longer held.
-                origins = [r.restored_from for r in rows
-                           if r.rollout_id in lost and r.restored_from is not None]
+                origins = [
+                    r.restored_from
+                    for r in rows
+                    if r.rollout_id in lost and r.restored_from is not None
+                ]
 
                 def submitted_and_lost() -> list[Attempt]:
                     ledger.mark_dispatched(lost, instance, gate_id)
@@ -332,7 +336,11 @@ class Dispatcher:
         streams.start_soon(self._consume, instance, gate_id, stream, ids, generation)
 
     async def _consume(
-        self, instance: str, gate_id: int, stream: ReplyStream, ids: Sequence[str],
+        self,
+        instance: str,
+        gate_id: int,
+        stream: ReplyStream,
+        ids: Sequence[str],
         generation: int,
     ) -> None:
         # in submission order (a dict): what is lost or abandoned is re-sent in that order,
@@ -342,8 +350,9 @@ class Dispatcher:
         self._streams += 1
         key = f"stream-{next(self._stream_ids)}"
         try:
-            with self.deadlines.scope(key, f"/run of {len(ids)} rows on {instance}",
-                                      self.request_timeout_s):
+            with self.deadlines.scope(
+                key, f"/run of {len(ids)} rows on {instance}", self.request_timeout_s
+            ):
                 async for replies in stream:
                     await self._apply(replies, gate_id, outstanding)
         except (GymUnavailable, DeadlineExpired) as exc:
@@ -408,24 +417,29 @@ class Dispatcher:
                     reward = reply.reward
                     if type(reward) is float and math.isfinite(reward):
                         complete(rid, gate_id, reward, reply.turns, reply.payload)
-                    elif (isinstance(reward, (float, int)) and not isinstance(reward, bool)
-                          and math.isfinite(reward)):  # an int, a float subclass: as a float
+                    elif (
+                        isinstance(reward, (float, int))
+                        and not isinstance(reward, bool)
+                        and math.isfinite(reward)
+                    ):  # an int, a float subclass: as a float
                         complete(rid, gate_id, float(reward), reply.turns, reply.payload)
                     else:  # the wire is not trusted: never a non-finite reward in the ledger
-                        failure = ("data", f"episode {rid}: Gym replied Completed with reward "
-                                           f"{reward!r}, not a finite number")
+                        failure = (
+                            "data",
+                            f"episode {rid}: Gym replied Completed with reward "
+                            f"{reward!r}, not a finite number",
+                        )
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)
                 if failure is not None:
                     failure_class, message = failure
                     metrics.inc(EPISODE_FAILURES)
-                    metrics.inc(EPISODE_FAILURES_DATA if failure_class == "data"
-                                else EPISODE_FAILURES_INFRA)
+                    metrics.inc(
+                        EPISODE_FAILURES_DATA if failure_class == "data" else EPISODE_FAILURES_INFRA
+                    )
                     nxt = ledger.fail(rid, gate_id, failure_class, message)
                     if nxt is not None:
-                        (backoff if failure_class == "infra" else resend).append(
-                            nxt.rollout_id
-                        )
+                        (backoff if failure_class == "infra" else resend).append(nxt.rollout_id)
                 elif isinstance(reply, Refused) and ledger.refuse(rid):
                     refused.append(rid)
                     self._refused += 1
@@ -444,8 +458,10 @@ class Dispatcher:
 
     async def _after_backoff(self, ids: list[str]) -> None:
         spent = max(
-            (self.ledger.row_attempts_spent(a.row, a.slot) for a in
-             filter(None, (self.ledger.get(i) for i in ids))),
+            (
+                self.ledger.row_attempts_spent(a.row, a.slot)
+                for a in filter(None, (self.ledger.get(i) for i in ids))
+            ),
             default=1,
         )
         delay = self.config.backoff_s(spent)
@@ -495,8 +511,10 @@ class Dispatcher:
         try:
             async with self.gate.admit():
                 reply = await bounded_call(
-                    instance, "retire",
-                    functools.partial(self.gym.retire, instance, abandoned), self.config,
+                    instance,
+                    "retire",
+                    functools.partial(self.gym.retire, instance, abandoned),
+                    self.config,
                 )
         except GymUnavailable as exc:
             if isinstance(exc, GymInstanceDead):

@@ -131,8 +131,9 @@ class InstanceReplacer:
         if self._nursery is None:  # not started, or the run is ending: nothing to replace for
             self._down[instance] = trio.Event()
             return False
-        logger.warning("gym instance %s died%s; replacing it", instance,
-                       f" ({cause})" if cause else "")
+        logger.warning(
+            "gym instance %s died%s; replacing it", instance, f" ({cause})" if cause else ""
+        )
         self._down[instance] = trio.Event()
         self._nursery.start_soon(self._replace, instance, trio.current_time())
         return True
@@ -178,7 +179,8 @@ class InstanceReplacer:
             logger.error(
                 "gym instance %s is dead and %s cannot replace instances (no replace method): "
                 "nothing is sent there any more and checkpoints fail until the run stops",
-                instance, type(self.gym).__name__,
+                instance,
+                type(self.gym).__name__,
             )
             return
         replace = self.gym.replace  # type: ignore[attr-defined]
@@ -200,14 +202,16 @@ class InstanceReplacer:
             history.append(now)
             attempt += 1
             try:
-                await bounded_call(instance, "replace",
-                                   lambda deadline: replace(instance, deadline), bound)
+                await bounded_call(
+                    instance, "replace", lambda deadline: replace(instance, deadline), bound
+                )
             except GymUnavailable as exc:
                 self._failed_calls += 1
                 self.metrics.inc("rollout/replace_failures_total")
                 last = str(exc)
-                logger.warning("replacing gym instance %s failed (try %d): %s",
-                               instance, attempt, exc)
+                logger.warning(
+                    "replacing gym instance %s failed (try %d): %s", instance, attempt, exc
+                )
                 await trio.sleep(self.config.backoff_s(attempt))
                 continue
             break
@@ -216,8 +220,12 @@ class InstanceReplacer:
         self._last_s = trio.current_time() - seen_at
         self.metrics.inc("rollout/instances_replaced_total")
         self.metrics.set("rollout/last_replacement_s", self._last_s)
-        logger.warning("gym instance %s replaced in %.3fs (generation %d)",
-                       instance, self._last_s, self._generation[instance])
+        logger.warning(
+            "gym instance %s replaced in %.3fs (generation %d)",
+            instance,
+            self._last_s,
+            self._generation[instance],
+        )
         self._down.pop(instance).set()
         self.on_up(instance)
 
@@ -234,15 +242,19 @@ class InstanceReplacer:
 
     def __repr__(self) -> str:
         s = self.statistics()
-        return (f"<InstanceReplacer deaths={s.deaths} replaced={s.replacements} "
-                f"down={len(s.down)} lost={len(s.lost)}>")
+        return (
+            f"<InstanceReplacer deaths={s.deaths} replaced={s.replacements} "
+            f"down={len(s.down)} lost={len(s.lost)}>"
+        )
 
 
 def _replace_bound(config: RuntimeConfig) -> RuntimeConfig:
     """The config ``bounded_call`` bounds a replace with: ``replace_timeout_s`` in place of the
     control timeout (a new instance may take longer to come up than a control call)."""
-    lease = max(config.lease_s,
-                config.replace_timeout_s + config.reply_grace_s + config.drain_timeout_s + 1.0)
+    lease = max(
+        config.lease_s,
+        config.replace_timeout_s + config.reply_grace_s + config.drain_timeout_s + 1.0,
+    )
     return attrs.evolve(config, control_timeout_s=config.replace_timeout_s, lease_s=lease)
 
 
@@ -273,5 +285,6 @@ async def replace_now(gym: GymBackend, instance: str, config: RuntimeConfig) -> 
     if not can_replace(gym):
         raise GymInstanceDead(instance, "replace")
     replace = gym.replace  # type: ignore[attr-defined]
-    await bounded_call(instance, "replace", lambda deadline: replace(instance, deadline),
-                       _replace_bound(config))
+    await bounded_call(
+        instance, "replace", lambda deadline: replace(instance, deadline), _replace_bound(config)
+    )

@@ -115,15 +115,23 @@ def ledger_manifest_differences(manifest: GymManifest, ledger: LedgerSnapshot) -
     """Where ``ledger.json`` and ``gym_checkpoint.json`` of one snapshot disagree (a short
     sample of each kind): every attempt in flight must be exported, and every exported episode
     must be in flight or held unclaimed by a restored attempt."""
-    dispatched = {rollout_id_for(a.row, a.slot, a.attempt) for a in ledger.attempts
-                  if a.state == "dispatched"}
-    unclaimed = {a.restored.from_rollout_id for a in ledger.attempts
-                 if a.unclaimed and a.restored is not None}
+    dispatched = {
+        rollout_id_for(a.row, a.slot, a.attempt) for a in ledger.attempts if a.state == "dispatched"
+    }
+    unclaimed = {
+        a.restored.from_rollout_id
+        for a in ledger.attempts
+        if a.unclaimed and a.restored is not None
+    }
     exported = {e.rollout_id for e in manifest.episodes}
-    problems = [f"ledger.json: {rid} in flight but not exported in gym_checkpoint.json"
-                for rid in sorted(dispatched - exported)[:5]]
-    problems += [f"gym_checkpoint.json: episode {rid} exported but not in flight in the ledger"
-                 for rid in sorted(exported - dispatched - unclaimed)[:5]]
+    problems = [
+        f"ledger.json: {rid} in flight but not exported in gym_checkpoint.json"
+        for rid in sorted(dispatched - exported)[:5]
+    ]
+    problems += [
+        f"gym_checkpoint.json: episode {rid} exported but not in flight in the ledger"
+        for rid in sorted(exported - dispatched - unclaimed)[:5]
+    ]
     return problems
 
 
@@ -179,9 +187,12 @@ def snapshot_problems(
     except ManifestError as exc:
         problems.append(str(exc))
     instances = {i.name for i in snap.manifest.instances}
-    problems += [f"{LEDGER_FILE}: {item.rollout_id} queued for retirement on {item.instance}, "
-                 "which is not an instance of gym_checkpoint.json"
-                 for item in led.retire if item.instance not in instances][:5]
+    problems += [
+        f"{LEDGER_FILE}: {item.rollout_id} queued for retirement on {item.instance}, "
+        "which is not an instance of gym_checkpoint.json"
+        for item in led.retire
+        if item.instance not in instances
+    ][:5]
     problems += ledger_manifest_differences(snap.manifest, led)
     return SnapshotProblems(tuple(state), tuple(problems), led)
 
@@ -203,8 +214,11 @@ def _unlisted_state(snap: LoadedSnapshot) -> list[str]:
             rel = PurePosixPath(Path(dirpath, name).relative_to(snap.path).as_posix())
             if not any(rel.is_relative_to(d) for d in listed):
                 unlisted.add(str(rel.parent))
-    return [f"{d}: participant state on disk that gym_checkpoint.json does not list "
-            "(a participant missing from the manifest?)" for d in sorted(unlisted)]
+    return [
+        f"{d}: participant state on disk that gym_checkpoint.json does not list "
+        "(a participant missing from the manifest?)"
+        for d in sorted(unlisted)
+    ]
 
 
 async def restore_latest(
@@ -251,16 +265,18 @@ async def restore_latest(
             if dead and can_replace(gym) and replaced < config.max_replacements:
                 # a replacement holds nothing restored: install it again there, keep the rest
                 replaced += 1
-                log.warning("restore found %s dead: replacing, then restoring there again",
-                            ", ".join(dead))
+                log.warning(
+                    "restore found %s dead: replacing, then restoring there again", ", ".join(dead)
+                )
                 try:
                     for name in dead:
                         installed.discard(name)
                         await replace_now(gym, name, config)
                     continue
                 except Exception as replace_error:  # roll back, raise the restore's error
-                    log.warning("replacing %s for the restore failed: %s",
-                                ", ".join(dead), replace_error)
+                    log.warning(
+                        "replacing %s for the restore failed: %s", ", ".join(dead), replace_error
+                    )
             with trio.CancelScope(shield=True):
                 await _roll_back(gym, snap.manifest, episodes_by_replica, config)
             raise
@@ -285,8 +301,9 @@ async def _install(
 
     def call(name: str) -> Callable[[float], Awaitable[None]]:
         async def restore(deadline: float) -> None:
-            await gym.restore(name, state_root, records[name],
-                              tuple(episodes_by_replica.get(name, ())), deadline)
+            await gym.restore(
+                name, state_root, records[name], tuple(episodes_by_replica.get(name, ())), deadline
+            )
             installed.add(name)
 
         return restore
@@ -322,7 +339,8 @@ async def _roll_back(
     """Best effort, bounded: every instance drops the restored episodes it may hold."""
     calls = {
         rec.name: functools.partial(
-            gym.retire_restored, rec.name,
+            gym.retire_restored,
+            rec.name,
             [e.rollout_id for e in episodes_by_replica.get(rec.name, ())],
         )
         for rec in manifest.instances
@@ -333,5 +351,8 @@ async def _roll_back(
     try:
         await fan_out("restore_retire", calls, config)
     except Exception as exc:
-        log.warning("restore rollback incomplete, an instance may still hold restored "
-                    "episodes until the next restore replaces them: %s", exc)
+        log.warning(
+            "restore rollback incomplete, an instance may still hold restored "
+            "episodes until the next restore replaces them: %s",
+            exc,
+        )

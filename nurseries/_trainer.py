@@ -155,8 +155,7 @@ class Rollouts:
                 self._final_scope.cancel()
             return
         self.preempted_by = signum
-        logger.info("%s received: finishing the current step, then a final checkpoint",
-                    signum.name)
+        logger.info("%s received: finishing the current step, then a final checkpoint", signum.name)
         for scope in self._waits:
             scope.cancel()
 
@@ -239,7 +238,9 @@ class Rollouts:
             )
         logger.warning(
             "gymckpt: dataset done: %d rows trained, %d failed for good (last failure: %s)",
-            trained, failed, last,
+            trained,
+            failed,
+            last,
         )
 
     def _prune(self) -> None:
@@ -264,19 +265,26 @@ class Rollouts:
                 self._final_scope = None
         if outcome is not None and outcome.ok and outcome.snapshot is not None:
             self.final_snapshot = outcome.snapshot
-            message = (f"gymckpt: {signame}: stopped after step {self.step}; final snapshot "
-                       f"{outcome.snapshot.path} (checkpoint {outcome.checkpoint_id})")
+            message = (
+                f"gymckpt: {signame}: stopped after step {self.step}; final snapshot "
+                f"{outcome.snapshot.path} (checkpoint {outcome.checkpoint_id})"
+            )
             logger.warning("%s", message)
             return Preempted(signame, self.step, str(outcome.snapshot.path), message)
         latest = await offload(self.store.latest_complete)
         if outcome is None:
-            why = "cut short" if self._cut_short else (
-                f"timed out after preempt_timeout_s={self.preempt_timeout_s:g}s")
+            why = (
+                "cut short"
+                if self._cut_short
+                else (f"timed out after preempt_timeout_s={self.preempt_timeout_s:g}s")
+            )
         else:
             why = f"failed ({outcome.reason}: {outcome.error})"
         left = str(latest.path) if latest is not None else None
-        message = (f"gymckpt: {signame}: stopped after step {self.step}; the final checkpoint "
-                   f"{why}, latest snapshot {left or 'none'}")
+        message = (
+            f"gymckpt: {signame}: stopped after step {self.step}; the final checkpoint "
+            f"{why}, latest snapshot {left or 'none'}"
+        )
         logger.warning("%s", message)
         return Preempted(signame, self.step, left, message)
 
@@ -375,24 +383,47 @@ async def open_rollouts(
             deadlines = DeadlineRegistry()
             replacer = InstanceReplacer(gym, ledger, config, metrics)
             dispatcher = Dispatcher(
-                gym, ledger, gate, deadlines, config, metrics, remaining, replacer,
-                max_rows_in_flight=max_rows_in_flight, batch_size=batch_size,
+                gym,
+                ledger,
+                gate,
+                deadlines,
+                config,
+                metrics,
+                remaining,
+                replacer,
+                max_rows_in_flight=max_rows_in_flight,
+                batch_size=batch_size,
                 on_dispatch=on_dispatch,
             )
             replacer.on_released = dispatcher.enqueue
             replacer.on_up = lambda _instance: dispatcher.poke()
             coordinator = CheckpointCoordinator(
-                gym, ledger, gate, deadlines, store, config, metrics, run_id=run_id,
+                gym,
+                ledger,
+                gate,
+                deadlines,
+                store,
+                config,
+                metrics,
+                run_id=run_id,
                 replacer=replacer,
             )
             rollouts = Rollouts(
-                ledger, dispatcher, coordinator, store, metrics, restored, keep_snapshots,
-                checkpoint_every, preempt_timeout_s,
+                ledger,
+                dispatcher,
+                coordinator,
+                store,
+                metrics,
+                restored,
+                keep_snapshots,
+                checkpoint_every,
+                preempt_timeout_s,
             )
             if restored is not None and not remaining_rows and not ledger.rows():
                 logger.warning(
                     "gymckpt: nothing left to do: every row of the dataset was trained "
-                    "(restored %s, checkpoint %s)", restored.snapshot.path,
+                    "(restored %s, checkpoint %s)",
+                    restored.snapshot.path,
                     restored.snapshot.checkpoint_id,
                 )
             if restored is not None:
@@ -421,9 +452,13 @@ def _log_restore(restored: RestoredRun, ledger: RecoveryLedger, step: int) -> No
     logger.warning(
         "gymckpt: resumed from snapshot %s (checkpoint %s) at step %d: %d episodes parked in "
         "Gym resume as attempt + 1, %d completed-but-untrained results back to the trainer, "
-        "%d rows trained before, %d to re-dispatch", restored.snapshot.path,
-        restored.snapshot.checkpoint_id, step, restored.summary.restored,
-        restored.summary.completed_untrained, stats.rows_trained,
+        "%d rows trained before, %d to re-dispatch",
+        restored.snapshot.path,
+        restored.snapshot.checkpoint_id,
+        step,
+        restored.summary.restored,
+        restored.summary.completed_untrained,
+        stats.rows_trained,
         restored.summary.reserved + restored.summary.redispatched_fresh,
     )
 

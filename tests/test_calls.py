@@ -24,8 +24,7 @@ from gymckpt.runtime import (
     crossing_boundary,
 )
 
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0)
+CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 
 class Unpicklable(RuntimeError):

@@ -22,8 +22,13 @@ from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_pro
 from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=2,
+)
 ROWS = 12
 
 
@@ -31,10 +36,12 @@ ROWS = 12
 async def running(
     workdir: Path, faults: Sequence[str] = ()
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=workdir / "gym", config=SIM,
-                                faults=faults) as gym:
-        async with open_rollouts(gym, workdir, rows=ROWS, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+    async with EmbeddedGym.open(
+        instances=2, seed=3, work_dir=workdir / "gym", config=SIM, faults=faults
+    ) as gym:
+        async with open_rollouts(
+            gym, workdir, rows=ROWS, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             yield gym, ro
 
 
@@ -152,13 +159,18 @@ async def test_cancel_in_the_middle_of_a_slow_gym_call(
         dropped: list[int] = []
         await trio.sleep(1.5)
         if op == "retire":  # give the retire stage work (S4)
-            row = next(r for r in ledger.rows()
-                       if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2)))
+            row = next(
+                r for r in ledger.rows() if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2))
+            )
             await ledger.barrier.mutate(lambda: ledger.drop_row(row))
             dropped.append(row)
         with trio.CancelScope() as scope:
-            before = {"retire": None, "prepare": "before_prepare", "commit": "after_prepare",
-                      "resume": "before_resume"}[op]
+            before = {
+                "retire": None,
+                "prepare": "before_prepare",
+                "commit": "after_prepare",
+                "resume": "before_resume",
+            }[op]
             if before is None:  # the retire stage starts at once
                 scope.deadline = trio.current_time() + 1.0
 

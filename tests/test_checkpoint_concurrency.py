@@ -17,8 +17,13 @@ from gymckpt.nurseries import CheckpointOutcome, open_rollouts, snapshot_problem
 from gymckpt.runtime import RuntimeConfig, load_snapshot
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=0)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=0,
+)
 ROWS = 12
 
 
@@ -26,8 +31,15 @@ async def test_two_concurrent_checkpoints_serialize(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path, rows=ROWS, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6, keep_snapshots=0) as ro:
+        async with open_rollouts(
+            gym,
+            tmp_path,
+            rows=ROWS,
+            group_size=2,
+            config=CONFIG,
+            max_rows_in_flight=6,
+            keep_snapshots=0,
+        ) as ro:
             await trio.sleep(1.5)  # episodes in flight, mid-turn
             outcomes: dict[str, CheckpointOutcome] = {}
             order: list[str] = []
@@ -58,7 +70,8 @@ async def test_two_concurrent_checkpoints_serialize(
             assert second.snapshot.seq == first.snapshot.seq + 1
             assert load_snapshot(first.snapshot.path).files["trainer.json"] == b'{"who": "first"}'
             assert load_snapshot(second.snapshot.path).files["trainer.json"] == (
-                b'{"who": "second"}')
+                b'{"who": "second"}'
+            )
             assert snapshot_problems(load_snapshot(second.snapshot.path)).all == []
             assert ro.coordinator.consecutive_failures == 0
             assert ro.coordinator.gate.statistics().open
@@ -73,14 +86,23 @@ async def test_a_checkpoint_waiting_for_another_can_be_cancelled(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path, rows=ROWS, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6, keep_snapshots=0) as ro:
+        async with open_rollouts(
+            gym,
+            tmp_path,
+            rows=ROWS,
+            group_size=2,
+            config=CONFIG,
+            max_rows_in_flight=6,
+            keep_snapshots=0,
+        ) as ro:
             await trio.sleep(1.5)
             committed = trio.Event()
-            ro.coordinator.on_stage = (
-                lambda _cid, point: committed.set() if point == "after_commit" else None)
+            ro.coordinator.on_stage = lambda _cid, point: (
+                committed.set() if point == "after_commit" else None
+            )
             outcome: list[CheckpointOutcome] = []
             async with trio.open_nursery() as nursery:
+
                 async def first() -> None:
                     outcome.append(await ro.checkpoint())
 

@@ -25,7 +25,7 @@ from gymckpt.runtime import (
     WorkDirLocked,
 )
 
-TRAINER = textwrap.dedent('''
+TRAINER = textwrap.dedent("""
     import json, sys
     import gymckpt
     from gymckpt.gym_adapter import Done, Environment
@@ -59,14 +59,20 @@ TRAINER = textwrap.dedent('''
         print("finished", flush=True)
 
     gymckpt.run(main)
-''')
+""")
 
 
 def _run(tmp_path: Path, mode: str, rows: int, group: int) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    return subprocess.run([sys.executable, str(script), mode, str(rows), str(group)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(script), mode, str(rows), str(group)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.subprocess
@@ -77,7 +83,8 @@ def test_a_value_error_in_the_trainers_own_loop_keeps_its_traceback(tmp_path: Pa
     assert "Traceback" in done.stderr and "JSONDecodeError" in done.stderr
     # the user's own file and line, where the bug is
     line = 1 + TRAINER.splitlines().index(
-        '                    json.loads("{not json")  # the trainer\'s own bug')
+        '                    json.loads("{not json")  # the trainer\'s own bug'
+    )
     assert f'{tmp_path / "trainer.py"}", line {line}, in main' in done.stderr, done.stderr
 
 
@@ -100,8 +107,10 @@ def test_a_run_whose_every_row_failed_is_not_a_success(tmp_path: Path) -> None:
     assert "finished" not in done.stdout and "step" not in done.stdout
     assert "Exception Group" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("gymckpt: run stopped: every row of the dataset failed for good "
-                           "(2 rows, none trained, 6 data failures; last: "), last
+    assert last.startswith(
+        "gymckpt: run stopped: every row of the dataset failed for good "
+        "(2 rows, none trained, 6 data failures; last: "
+    ), last
     assert "KeyError" in last and "gym-" in last
 
 
@@ -110,8 +119,12 @@ def test_only_gymckpt_refusals_are_bad_input() -> None:
         got = run_exit(exc)
         return None if got is None else got[0]
 
-    for refusal in (ManifestError("ledger.json: bad"), TopologyMismatch(["gym-0: missing"]),
-                    WorkDirLocked("/w", 42), EnvironmentSpecError("cannot be hosted")):
+    for refusal in (
+        ManifestError("ledger.json: bad"),
+        TopologyMismatch(["gym-0: missing"]),
+        WorkDirLocked("/w", 42),
+        EnvironmentSpecError("cannot be hosted"),
+    ):
         assert isinstance(refusal, BadInput)
         assert code(ExceptionGroup("run", [refusal])) == ExitCode.BAD_INPUT
     # the built-in classes they always were are kept, for callers catching those
