@@ -33,12 +33,14 @@ meant for a thread, a check or a baseline, never for a per-reply path.
 
 Layers
 ------
-The ledger is three modules below this one, each importing only those under it:
-``_ledger_records`` (identity, states and the frozen values handed out),
-``_ledger_columns`` (the storage — typed columns, no object per attempt — its views, and the
-slot-level steps, written only there), and ``_ledger_snapshot`` (``ledger.json`` and the
-restore rules). This module holds the transitions: which step a reply, a refusal or a decision
-makes, the fencing checks, the spending rules and the budgets.
+The ledger is four modules below this one, each importing only those under it:
+``_ledger_records`` (identity, states and the frozen values handed out), ``_ledger_views``
+(``Attempt`` and the read-only mappings, over the store's read side), ``_ledger_columns`` (the
+storage — typed columns, no object per attempt — and the slot-level steps, written only
+there), and ``_ledger_snapshot`` (writing ``ledger.json``, whose records live with every other
+file's in ``_snapshot_format``, and the restore rules). This module holds the transitions:
+which step a reply, a refusal or a decision makes, the fencing checks, the spending rules and
+the budgets.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import attrs
 
 from ._barrier import MutationBarrier
 from ._errors import BudgetExhausted
-from ._ledger_columns import Attempt, LedgerColumns, RowView
+from ._ledger_columns import LedgerColumns
 from ._ledger_records import (
     AttemptState,
     CompletedGroup,
@@ -72,6 +74,7 @@ from ._ledger_snapshot import (
     load_ledger_snapshot,
     restore_columns,
 )
+from ._ledger_views import Attempt, RowView
 from ._manifest import EpisodeRecord
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The ledger's storage: every attempt in typed columns, and the views that read them.
+"""The ledger's storage: every attempt in typed columns, and the one writer of them.
 
 Columns, not objects
 --------------------
@@ -14,9 +14,10 @@ the collector does not track either). What each instance holds is an intrusive d
 list over slots, so ``held_by`` stays O(held) without a set of IDs. A block is recycled when its
 row leaves (trained, or failed as a whole); an ended attempt's slot is reused by its successor.
 
-``Attempt`` is a view of one slot. The store hands out one view per slot while someone holds
-it (a weak cache: ``view(s) is view(s)``); when the attempt ends, its held view is detached and
-keeps the values of that moment. Sparse data stays in dicts of ints and strings (the restored
+``Attempt`` (``_ledger_views``) is a view of one slot, reading it through the store's public
+reads. The store hands out one view per slot while someone holds it (a weak cache:
+``view(s) is view(s)``); when the attempt ends, its held view is detached and keeps the values
+of that moment. Sparse data stays in dicts of ints and strings (the restored
 Gym state by slot, only after a restore; spent attempts by ``row * group_size + slot``; the
 retire queue as rollout ID → instance index and restored flag; trained and failed rows as
 dicts, not sets). CPython tracks no dict whose keys and values are all untracked atoms, and a
@@ -46,7 +47,7 @@ import itertools
 import weakref
 from array import array
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, cast, final
+from typing import Any, Final, NamedTuple, final
 
 import attrs
 
@@ -59,8 +60,9 @@ from ._ledger_records import (
     parse_rollout_id,
     rollout_id_for,
 )
+from ._ledger_views import Attempt, AttemptIndex, RowIndex, RowView, detach
 
-__all__ = ["Attempt", "LedgerColumns", "SlotLoad", "SlotValues"]
+__all__ = ["LedgerColumns", "SlotLoad", "SlotValues"]
 
 # State codes in the ``_state`` column, in ``AttemptState`` order. FAILED and ABANDONED only
 # ever mark a slot whose attempt just ended (a view detaches with them); a live slot is current.
@@ -120,167 +122,6 @@ SlotValues = tuple[
 ]
 """One current attempt as the store holds it (``LedgerColumns.current``): a plain tuple, as a
 snapshot builds one per attempt."""
-
-
-@final
-class Attempt:
-    """One attempt, as a read-only view of the ledger's columns. Change it only through the
-    ledger.
-
-    While you hold a view, the ledger hands out the same object for the same attempt
-    (``ledger.get(rid) is att``). Once the attempt ends (completed and trained, failed,
-    abandoned, its row dropped) the view keeps the values it had at that moment, as a record
-    of what happened, and no longer follows the slot (which the ledger reuses).
-    """
-
-    __slots__ = ("__weakref__", "_cols", "_final", "_slot")
-
-    _cols: LedgerColumns | None
-    _slot: int
-    _final: tuple[Any, ...]
-
-    def __init__(self, cols: LedgerColumns, slot: int) -> None:
-        self._cols = cols
-        self._slot = slot
-        self._final = ()
-
-    def _detach(self, fields: tuple[Any, ...]) -> None:
-        self._final = fields
-        self._cols = None
-
-    def _fields(self) -> tuple[Any, ...]:
-        c = self._cols
-        return self._final if c is None else c._fields(self._slot)
-
-    @property
-    def row(self) -> int:
-        c = self._cols
-        return self._final[0] if c is None else c._blk_row[self._slot // c.group_size]
-
-    @property
-    def slot(self) -> int:
-        c = self._cols
-        return self._final[1] if c is None else self._slot % c.group_size
-
-    @property
-    def attempt(self) -> int:
-        c = self._cols
-        return self._final[2] if c is None else c._att[self._slot]
-
-    @property
-    def rollout_id(self) -> str:
-        c = self._cols
-        return self._final[3] if c is None else c.rid(self._slot)
-
-    @property
-    def state(self) -> AttemptState:
-        c = self._cols
-        return self._final[4] if c is None else _STATES[c._state[self._slot]]
-
-    @property
-    def replica(self) -> str | None:
-        c = self._cols
-        if c is None:
-            return cast("str | None", self._final[5])
-        return c.replica_at(self._slot)
-
-    @property
-    def gate_id(self) -> int | None:
-        c = self._cols
-        if c is None:
-            return cast("int | None", self._final[6])
-        return c.gate_at(self._slot)
-
-    @property
-    def restored(self) -> RestoredGymState | None:
-        c = self._cols
-        if c is None:
-            return cast("RestoredGymState | None", self._final[7])
-        return c.restored_at(self._slot)
-
-    @property
-    def unclaimed(self) -> bool:
-        c = self._cols
-        return bool(self._final[8] if c is None else c._unclaimed_col[self._slot])
-
-    @property
-    def result(self) -> EpisodeResult | None:
-        c = self._cols
-        if c is None:
-            return cast("EpisodeResult | None", self._final[9])
-        return c.result_at(self._slot)
-
-    @property
-    def failure(self) -> str | None:
-        """Why the attempt failed (``"infra: …"`` / ``"data: …"``), once it has."""
-        return None if self._cols is not None else cast("str | None", self._final[10])
-
-    def __repr__(self) -> str:
-        f = self._fields()
-        return f"<Attempt {f[3]} {f[4].value} replica={f[5]!r} gate_id={f[6]!r}>"
-
-
-@final
-class _AttemptIndex(Mapping[str, Attempt]):
-    """The current attempts by rollout ID: a read-only mapping of views over the columns
-    (no entry per attempt is stored). ``get`` parses the ID; iteration walks rows in order."""
-
-    __slots__ = ("_cols",)
-
-    def __init__(self, cols: LedgerColumns) -> None:
-        self._cols = cols
-
-    def get(self, key: object, default: Any = None) -> Any:
-        c = self._cols
-        s = c.slot_of(key) if isinstance(key, str) else -1
-        return default if s < 0 else c.view(s)
-
-    def __getitem__(self, key: str) -> Attempt:
-        att = self.get(key)
-        if att is None:
-            raise KeyError(key)
-        return cast(Attempt, att)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._cols.slot_of(key) >= 0
-
-    def __iter__(self) -> Iterator[str]:
-        c = self._cols
-        for s in c.live_slots():
-            yield c.rid(s)
-
-    def __len__(self) -> int:
-        return self._cols.n_current()
-
-
-@final
-@attrs.frozen
-class RowView:
-    """One row in flight: its current attempts (views) in slot order, and how many completed."""
-
-    slots: list[Attempt]
-    completed: int
-
-
-@final
-class _RowIndex(Mapping[int, RowView]):
-    """Rows in flight, each with its current attempts (views), in reservation order."""
-
-    __slots__ = ("_cols",)
-
-    def __init__(self, cols: LedgerColumns) -> None:
-        self._cols = cols
-
-    def __getitem__(self, row: int) -> RowView:
-        c = self._cols
-        b = c._row_block[row]
-        return RowView(c.block_views(b), c._blk_done[b])
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._cols._row_block)
-
-    def __len__(self) -> int:
-        return len(self._cols._row_block)
 
 
 def _no_payload(_slot: int) -> None:
@@ -345,7 +186,7 @@ class LedgerColumns:
     _unclaimed: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.by_id = _AttemptIndex(self)
+        self.by_id = AttemptIndex(self)
 
     # -- building a store from a snapshot ----------------------------------------------------
 
@@ -513,7 +354,7 @@ class LedgerColumns:
         """Whether any slot holds restored Gym state (only after a restore)."""
         return bool(self._restored)
 
-    def _fields(
+    def fields_at(
         self, s: int, state: int | None = None, failure: str | None = None
     ) -> tuple[Any, ...]:
         g = self.group_size
@@ -531,6 +372,17 @@ class LedgerColumns:
             self.result_at(s),
             failure,
         )
+
+    def unclaimed_at(self, s: int) -> bool:
+        return bool(self._unclaimed_col[s])
+
+    def block_of(self, row: int) -> int:
+        """The block of a row in flight (``KeyError`` for another row)."""
+        return self._row_block[row]
+
+    def done_in(self, b: int) -> int:
+        """How many slots of block ``b`` completed."""
+        return self._blk_done[b]
 
     def gym_id(self, s: int) -> str:
         """The ID Gym knows this attempt by: an unclaimed restored attempt is still the
@@ -575,7 +427,7 @@ class LedgerColumns:
     @property
     def row_views(self) -> Mapping[int, RowView]:
         """Rows in flight with their attempts, as views (for inspection; O(row) per row)."""
-        return _RowIndex(self)
+        return RowIndex(self)
 
     @property
     def ready_count(self) -> int:
@@ -786,7 +638,7 @@ class LedgerColumns:
         self._ended[code] += 1
         view = self._views.pop(s, None)
         if view is not None:
-            view._detach(self._fields(s, code, failure))
+            detach(view, self.fields_at(s, code, failure))
         self._state[s] = code  # not current: a row failure skips it
 
     def spend(self, s: int) -> int:
@@ -943,7 +795,7 @@ class LedgerColumns:
             for s in slots:
                 view = views.pop(s, None)
                 if view is not None:
-                    view._detach(self._fields(s))
+                    detach(view, self.fields_at(s))
         if restored:
             for s in slots:
                 restored.pop(s, None)
