@@ -15,10 +15,9 @@ import orjson
 import pytest
 
 from gymckpt.nurseries import _dispatcher
+from gymckpt.nurseries.app.sim_state import ScenarioRun, judge_scenario
 from gymckpt.nurseries.app.simulate import (
     Scenario,
-    _judge,
-    _Run,
     draw_scenario,
     main_simulate,
     replay_command,
@@ -127,9 +126,9 @@ def test_the_verdict_catches_duplicates_and_losses(tmp_path: Path) -> None:
     final = sorted((tmp_path / "work-0" / "snapshots").glob("ckpt-*"))[-1]
 
     def verdict(lineage: list[tuple[int, tuple[int, ...]]]) -> list[str]:
-        run = _Run(sc, tmp_path, None, tmp_path)  # type: ignore[arg-type]
+        run = ScenarioRun(sc, tmp_path, None, tmp_path)  # type: ignore[arg-type]
         run.lineage, run.final_snapshot = lineage, final
-        _judge(run)
+        judge_scenario(run)
         return run.violations
 
     good = [(1, (0, 1)), (2, (2, 3)), (3, (4, 5))]

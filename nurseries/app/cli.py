@@ -386,16 +386,21 @@ def _offline(command: str, raw_dir: str, as_json: bool) -> int:
 def _simulate(args: argparse.Namespace, reexec: bool) -> int:
     """``gymckpt simulate``. Run as a program, it first re-executes itself with
     ``PYTHONHASHSEED=0``: set iteration order of strings then matches across processes, so a
-    seed's replay command reproduces it exactly (see ``nurseries._simulate``)."""
+    seed's replay command reproduces it exactly (see ``nurseries.app.simulate``). A trio the
+    simulation's deterministic scheduling was not written for: one line, exit 2."""
     if reexec and os.environ.get("PYTHONHASHSEED") != "0":
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         os.execve(sys.executable, [sys.executable, "-m", "gymckpt", *sys.argv[1:]], env)
-    from .simulate import main_simulate
+    from .simulate import SchedulingHookUnavailable, main_simulate
 
     tmp = Path(args.tmp) if args.tmp else None
     if tmp is None and os.access("/dev/shm", os.W_OK):
         tmp = Path("/dev/shm")
-    return main_simulate(args.seeds, args.start, args.json, tmp, hostile=args.hostile)
+    try:
+        return main_simulate(args.seeds, args.start, args.json, tmp, hostile=args.hostile)
+    except SchedulingHookUnavailable as exc:  # refused before any seed ran
+        print(f"gymckpt: error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

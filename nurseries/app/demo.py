@@ -76,6 +76,8 @@ from .demo_gymnasium import (
     open_gymnasium_gym,
     trajectory_verdict,
 )
+from .sim_ends import single_error
+from .toy_trainer import ToyTrainer
 from .verdict import expected_sentinels, judge, snapshot_sentinels
 
 __all__ = [
@@ -181,28 +183,6 @@ class DemoOptions:
 
 
 # -- the toy trainer ---------------------------------------------------------------------------
-
-
-@attrs.frozen
-class ToyTrainer:
-    """A running reward estimate: enough state to make a restored step observable."""
-
-    step: int = 0
-    reward_ema: float = 0.0
-    rows_trained: int = 0
-
-    def train(self, rewards: Sequence[float], rows: int) -> ToyTrainer:
-        mean = sum(rewards) / len(rewards) if rewards else 0.0
-        return ToyTrainer(self.step + 1, 0.9 * self.reward_ema + 0.1 * mean,
-                          self.rows_trained + rows)
-
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(attrs.asdict(self))
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> ToyTrainer:
-        raw = orjson.loads(data)
-        return cls(int(raw["step"]), float(raw["reward_ema"]), int(raw["rows_trained"]))
 
 
 class Journal:
@@ -407,17 +387,6 @@ async def run_phase(
 def _checkpoint_record(phase: int, outcome: CheckpointOutcome) -> dict[str, Any]:
     return {"phase": phase, "checkpoint": outcome.checkpoint_id, "ok": outcome.ok,
             "reason": outcome.reason, "stage_s": dict(outcome.stage_s)}
-
-
-def single_error(exc: BaseException) -> BaseException:
-    """The one error inside nested single-error exception groups, else ``exc`` itself.
-
-    Trio nurseries (``open_rollouts``, the Gym's task groups) wrap an error raised in their body
-    in an ``ExceptionGroup``; exit codes are decided on the error itself.
-    """
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:

@@ -1,0 +1,115 @@
+"""How an incarnation of a simulated scenario ended (``IncarnationEnd``), told from what stopped
+it: the error its trainer's run raised, classified by the exit code that error maps to
+(``gymckpt.nurseries.run_exit``, the same classification as ``gymckpt.run`` and the demo).
+
+Some ends are aborts the contract documents (checkpoints failing too often, every instance
+dead, a restore Gym could not serve, an instance dying past its replacement budget): the next
+incarnation restores, as after a crash; they are violations only when nothing in the scenario
+could have caused them. The others are violations whatever the scenario: an invariant abort,
+one of our own snapshots refused, no progress, any other error.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from gymckpt.gym_adapter import GymInstanceDead
+from gymckpt.nurseries import ExitCode, run_exit
+
+__all__ = ["FailedEnd", "IncarnationEnd", "failed_end", "restore_may_retry", "single_error"]
+
+
+class IncarnationEnd(enum.StrEnum):
+    """``IncarnationReport.end``: what ended one incarnation."""
+
+    FINISHED = "finished"
+    """The dataset is done and the final snapshot published."""
+    CRASHED = "crashed"
+    """Abandoned by the scenario (``Crash``)."""
+    CHECKPOINTS_FAILED = "checkpoints_failed"
+    """Checkpoints failed too often in a row (exit 4)."""
+    GYM_DEAD = "gym_dead"
+    """Every Gym instance dead (exit 4)."""
+    RESTORE_FAILED = "restore_failed"
+    """Gym could not restore the snapshot (exit 4, before ``open_rollouts`` yielded)."""
+    REPLACEMENTS_EXHAUSTED = "replacements_exhausted"
+    """An instance died past its replacement budget (exit 5)."""
+    INVARIANT = "invariant"
+    """The run aborted on an invariant violation (exit 3): a violation."""
+    BAD_SNAPSHOT = "bad_snapshot"
+    """One of our own snapshots did not load (exit 2): a violation."""
+    STALLED = "stalled"
+    """No progress within the stall budget: a violation."""
+    ERROR = "error"
+    """Anything else: a violation."""
+
+    @property
+    def documented_abort(self) -> bool:
+        """An abort the contract documents: a fault in the scenario must account for it."""
+        return self in _DOCUMENTED_ABORTS
+
+
+_DOCUMENTED_ABORTS = frozenset(
+    {
+        IncarnationEnd.CHECKPOINTS_FAILED,
+        IncarnationEnd.GYM_DEAD,
+        IncarnationEnd.RESTORE_FAILED,
+        IncarnationEnd.REPLACEMENTS_EXHAUSTED,
+    }
+)
+
+
+def single_error(exc: BaseException) -> BaseException:
+    """The one error inside nested single-error exception groups, else ``exc`` itself.
+
+    Trio nurseries (``open_rollouts``, the Gym's task groups) wrap an error raised in their body
+    in an ``ExceptionGroup``; exit codes are decided on the error itself.
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+@attrs.frozen
+class FailedEnd:
+    """An incarnation's end by an error: the end, the error (``Type: message``) and, when the
+    end is a violation whatever the scenario, the violation's line."""
+
+    end: IncarnationEnd
+    error: str
+    violation: str | None = None
+
+
+def failed_end(exc: BaseException, *, opened: bool) -> FailedEnd:
+    """Classify the error that ended an incarnation (``opened``: ``open_rollouts`` had
+    yielded, so the restore, if any, succeeded)."""
+    decided = run_exit(exc)
+    err = decided[1] if decided is not None else single_error(exc)
+    error = f"{type(err).__name__}: {err}"
+    code = decided[0] if decided is not None else None
+    if code == ExitCode.REPLACEMENTS_EXHAUSTED:
+        return FailedEnd(IncarnationEnd.REPLACEMENTS_EXHAUSTED, error)
+    if code == ExitCode.CHECKPOINTS_FAILED:
+        if not opened:  # open_rollouts never yielded: the restore gave up
+            return FailedEnd(IncarnationEnd.RESTORE_FAILED, error)
+        if isinstance(err, GymInstanceDead):
+            return FailedEnd(IncarnationEnd.GYM_DEAD, error)
+        return FailedEnd(IncarnationEnd.CHECKPOINTS_FAILED, error)
+    if code == ExitCode.INVARIANT:
+        return FailedEnd(
+            IncarnationEnd.INVARIANT, error, f"run aborted by an invariant violation: {error}"
+        )
+    if code == ExitCode.BAD_INPUT:
+        return FailedEnd(
+            IncarnationEnd.BAD_SNAPSHOT, error, f"our own snapshot was refused: {error}"
+        )
+    return FailedEnd(IncarnationEnd.ERROR, error, f"unexpected error {error}")
+
+
+def restore_may_retry(exc: BaseException) -> bool:
+    """The error is one a restore Gym could not serve (exit 4): with
+    ``Scenario.restore_retry``, the trainer restarts into the same Gym, which rolled back."""
+    decided = run_exit(exc)
+    return decided is not None and decided[0] == ExitCode.CHECKPOINTS_FAILED

@@ -1,0 +1,294 @@
+"""One incarnation of a simulated scenario: one trainer process's worth of the run.
+
+An ``Incarnation`` opens a fresh embedded Gym, opens the runtime on the scenario's work
+directory (restoring its latest complete snapshot, if any), trains the toy trainer on the
+batches it is handed, checkpoints every ``checkpoint_every`` steps, and at the end of the
+dataset takes a final checkpoint (retried up to ``max_consecutive_failures`` + 1 times). Then
+it checks what only a live incarnation can see (``sim_checks``), waits out the lease, and
+reports how it ended (``IncarnationReport``).
+
+Its cancel scope (``CrashControl.scope``) is the crash: cancelled at a virtual time or at a
+hook point of one of its checkpoints, it abandons the runtime and its Gym mid-flight, and the
+next incarnation restores what the last one published. A stall budget (``STALL_S``) bounds it
+in virtual time. An error out of the run ends it too (``sim_ends.failed_end``); a restore Gym
+could not serve is retried once into the same Gym when the scenario says so
+(``Scenario.restore_retry``), which must then restore cleanly (all-or-nothing across
+instances).
+
+The lineage of the final model is kept in ``ScenarioRun.lineage``: on every restore, the
+steps after the restored trainer's step are dropped (they died with the abandoned trainer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing, nullcontext
+from typing import cast
+
+import attrs
+import trio
+
+from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow
+from gymckpt.nurseries import Rollouts, open_rollouts
+from gymckpt.runtime import (
+    ADMISSION_CLOSED_ROWS,
+    BudgetExhausted,
+    CompletedGroup,
+    RuntimeConfig,
+    load_snapshot,
+)
+from gymckpt.testing.hostile import HostileActs, journal_faults
+
+from .sim_checks import (
+    check_budgets,
+    check_dropped_state_retired,
+    check_not_parked,
+    check_released,
+    check_restored_claims,
+    check_restored_installs,
+)
+from .sim_crashes import CrashControl
+from .sim_ends import IncarnationEnd, failed_end, restore_may_retry
+from .sim_gym import LateEnds, installs, open_gym
+from .sim_reports import IncarnationReport
+from .sim_scenario import Crash, Scenario
+from .sim_state import ScenarioRun
+from .toy_trainer import ToyTrainer
+
+__all__ = ["STALL_S", "Incarnation"]
+
+STALL_S = 5_000.0
+"""Virtual seconds an incarnation may take before it counts as stalled (a violation)."""
+
+
+@attrs.define(eq=False)
+class Incarnation:
+    """Incarnation ``index`` of ``run``'s scenario, with Gym ``faults``; ``crash``: where it is
+    abandoned; ``races``: whether the scenario's races and hostile acts strike (every
+    incarnation but the last). ``await run_to_end()`` once; it returns the report."""
+
+    run: ScenarioRun
+    index: int
+    faults: tuple[str, ...]
+    crash: Crash | None
+    races: bool = True
+    config: RuntimeConfig = attrs.field(init=False)
+    control: CrashControl = attrs.field(init=False)
+    acts: HostileActs | None = attrs.field(init=False)
+    end: IncarnationEnd = attrs.field(default=IncarnationEnd.FINISHED, init=False)
+    error: str | None = attrs.field(default=None, init=False)
+    restored_from: str | None = attrs.field(default=None, init=False)
+    """The checkpoint id the runtime restored, if it restored one."""
+    outcomes: list[tuple[str, bool, str | None]] = attrs.field(factory=list, init=False)
+    """``(checkpoint id, ok, reason)`` of every checkpoint taken, in order."""
+    claims: list[tuple[str, RunRow]] = attrs.field(factory=list, init=False)
+    """``(instance, row)`` of every dispatch."""
+    steps: int = attrs.field(default=0, init=False)
+    lease_reopened: int = attrs.field(default=0, init=False)
+    rollouts: Rollouts | None = attrs.field(default=None, init=False)
+    """The runtime, once ``open_rollouts`` yielded (the restore, if any, succeeded)."""
+    trainer: ToyTrainer = attrs.field(factory=ToyTrainer, init=False)
+    checkpoint_calls: int = attrs.field(default=0, init=False)
+    installed_before: dict[tuple[str, int], int] = attrs.field(factory=dict, init=False)
+    """Restores each instance generation had made when a failed restore rolled back."""
+
+    def __attrs_post_init__(self) -> None:
+        sc = self.run.sc
+        self.config = sc.runtime_config()
+        self.run.final_snapshot = None
+        self.control = CrashControl(sc, self.run.rng, self.crash, self.races)
+        self.control.arm()
+        self.acts = HostileActs(sc.hostile, active=self.races) if sc.hostile else None
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.run.sc
+
+    def violation(self, text: str) -> None:
+        self.run.violation(self.index, text)
+
+    async def run_to_end(self) -> IncarnationReport:
+        """Run the incarnation until it finishes, crashes, stalls or fails; report it."""
+        acts = self.acts
+        try:
+            with (
+                self.control.scope,
+                trio.move_on_after(STALL_S) as stall_scope,
+                journal_faults(acts, self.control.kill) if acts is not None else nullcontext(),
+            ):
+                await self._serve()
+            if self.control.scope.cancelled_caught:
+                self.end = IncarnationEnd.CRASHED
+            elif stall_scope.cancelled_caught:
+                self.end = IncarnationEnd.STALLED
+                self.violation(f"no progress for {STALL_S:g} virtual seconds")
+        except Exception as exc:
+            failed = failed_end(exc, opened=self.rollouts is not None)
+            self.end, self.error = failed.end, failed.error
+            if failed.violation is not None:
+                self.violation(failed.violation)
+        return self._report()
+
+    async def _serve(self) -> None:
+        """Open the Gym and the runtime on it (once more after a restore Gym could not serve,
+        when the scenario retries it)."""
+        sc = self.scenario
+        async with open_gym(sc, self.run.root / f"gym-{self.index}", self.faults, self.acts) as gym:
+            self.control.gym = gym
+            backend = cast(GymBackend, LateEnds(gym, sc.late_end_s)) if sc.late_end_s else gym
+            for attempt in (1, 2):
+                try:
+                    await self._train(gym, backend)
+                    return
+                except Exception as exc:
+                    if (
+                        self.rollouts is not None
+                        or attempt == 2
+                        or not sc.restore_retry
+                        or not restore_may_retry(exc)
+                    ):
+                        raise
+                    # the restore failed into this Gym; it rolled back, so a restart into
+                    # the same Gym must restore cleanly (all-or-nothing across instances)
+                    self.installed_before.update(installs(await gym.statistics()))
+
+    async def _train(self, gym: EmbeddedGym, backend: GymBackend) -> None:
+        sc, run = self.scenario, self.run
+        self.checkpoint_calls = 0
+        async with open_rollouts(
+            backend,
+            run.workdir,
+            rows=sc.rows,
+            group_size=sc.group_size,
+            config=self.config,
+            max_rows_in_flight=sc.max_rows_in_flight,
+            batch_size=sc.batch_size,
+            keep_snapshots=sc.keep_snapshots,
+            run_id=f"i{self.index}",
+            on_dispatch=lambda i, rows: self.claims.extend((i, r) for r in rows),
+            handle_signals=False,  # SIGTERM and Ctrl-C stop the simulation, not a seed's trainer
+        ) as ro:
+            self.rollouts = ro
+            replaced_at_open = len((await gym.statistics()).replaced)
+            ro.coordinator.on_stage = self.control.on_stage
+            if ro.restored is not None:  # nothing dispatched yet
+                check_dropped_state_retired(self.violation, gym, ro.restored.files)
+            self.trainer = ToyTrainer()
+            if ro.trainer_state is not None:
+                self.trainer = ToyTrainer.from_bytes(ro.trainer_state)
+            if ro.restored is not None:
+                self.restored_from = ro.restored.snapshot.checkpoint_id
+            # the final model descends from the restored step; later steps died
+            run.lineage[:] = [s for s in run.lineage if s[0] <= self.trainer.step]
+            # what Gym installed: the restored manifest's episodes (the dispatcher may
+            # already be claiming some, so the ledger's unclaimed set is a moving target)
+            replicas: dict[str, str] = {}
+            if ro.restored is not None:
+                manifest = load_snapshot(ro.restored.pinned.path).manifest
+                replicas = {e.rollout_id: e.replica for e in manifest.episodes}
+            initial_spent = ro.ledger.statistics().row_attempts_spent
+            initial_data = ro.ledger.statistics().data_failures
+            await self._train_dataset(ro)
+            run.final_snapshot = None
+            for _ in range(self.config.max_consecutive_failures + 1):
+                if await self._checkpoint(ro):
+                    break
+            check_budgets(
+                self.violation,
+                ro,
+                max_consecutive_failures=sc.max_consecutive_failures,
+                initial_spent=initial_spent,
+                checkpoint_calls=self.checkpoint_calls,
+                hostile=self.acts,
+                initial_data_failures=initial_data,
+            )
+            refused = ro.metrics.get(ADMISSION_CLOSED_ROWS) > 0
+            seen = check_restored_claims(self.violation, self.claims, replicas, refused)
+            gs = await gym.statistics()
+            acts = self.acts
+            check_restored_installs(
+                self.violation,
+                gs,
+                claimed_restored=len(seen),
+                restored=len(replicas),
+                journal_stopped=acts is not None
+                and bool(acts.fired["full_disk"] or acts.fired["torn_record"]),
+                replaced_at_open=replaced_at_open,
+                installed_before=self.installed_before,
+            )
+            # Gym is never left parked beyond its lease, whatever the last resume did
+            await trio.sleep(sc.lease_s + 1.0)
+            self.lease_reopened += check_not_parked(self.violation, gym, sc.lease_s)
+
+    async def _train_dataset(self, ro: Rollouts) -> None:
+        """Train every batch the runtime hands out, checkpointing every ``checkpoint_every``
+        steps, until the dataset is done."""
+        sc = self.scenario
+        initial_failed = len(ro.ledger.rows_failed)  # a restored ledger's
+        batches = cast(AsyncGenerator[list[CompletedGroup], None], ro.batches(sc.groups_per_step))
+        async with aclosing(batches):  # an abort mid-loop must finalise it here
+            try:
+                async for batch in batches:
+                    rewards = [r.reward for g in batch for r in g.results]
+                    self.trainer = self.trainer.train(rewards, len(batch))
+                    self.run.lineage.append((self.trainer.step, tuple(g.row for g in batch)))
+                    self.steps += 1
+                    if self.trainer.step % sc.checkpoint_every == 0:
+                        await self._checkpoint(ro)
+            except BudgetExhausted:
+                # the dataset is done, every row failed for good (faults can do that: a
+                # run that hangs every submission): this trainer still leaves a snapshot
+                if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.rows:
+                    raise
+                failed_here = len(ro.ledger.rows_failed) - initial_failed
+                if failed_here and not self._faulty():
+                    self.violation(f"{failed_here} rows failed for good without any fault")
+
+    async def _checkpoint(self, ro: Rollouts) -> bool:
+        self.checkpoint_calls += 1
+        outcome = await ro.checkpoint(self.trainer.to_bytes())
+        self.outcomes.append((outcome.checkpoint_id, outcome.ok, outcome.reason))
+        if outcome.ok and outcome.snapshot is not None:
+            self.run.final_snapshot = outcome.snapshot.path
+        return outcome.ok
+
+    def _faulty(self) -> bool:
+        """Whether anything in this incarnation can fail rows or abort the run: Gym faults,
+        instance deaths between checkpoint stages, the environment's hostile acts."""
+        return bool(
+            self.faults or (self.races and self.scenario.stage_deaths) or self.acts is not None
+        )
+
+    def _report(self) -> IncarnationReport:
+        acts, gym, ro = self.acts, self.control.gym, self.rollouts
+        hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
+        if (
+            self.end.documented_abort
+            and not self.faults
+            and not (self.races and self.scenario.stage_deaths)
+            and not hostile_fired
+        ):
+            self.violation(f"aborted ({self.end}) without any fault: {self.error}")
+        if ro is not None:
+            check_released(self.violation, ro)
+        fired: tuple[tuple[str, int], ...] = ()
+        replacements = 0
+        if gym is not None:
+            fired = gym.faults.fired
+            replacements = sum(gym.replacements(n) for n in gym.instances)
+        metrics = ro.metrics.snapshot(ages=False) if ro is not None else {}  # replayable
+        return IncarnationReport(
+            self.index,
+            self.faults,
+            self.end.value,
+            self.error,
+            self.restored_from,
+            tuple(self.outcomes),
+            fired,
+            self.steps,
+            sum(1 for _, r in self.claims if r.restored_from),
+            self.lease_reopened,
+            metrics,
+            replacements,
+            hostile_fired,
+        )

@@ -1,0 +1,94 @@
+"""The state of one scenario across its incarnations (``ScenarioRun``), and its final verdict.
+
+Incarnations come and go; what outlives them is here: the lineage of the final model (the
+trained steps the latest restore kept), the work directory the next incarnation restores
+from (a fresh one after a rollback), the latest published snapshot, and every violation found
+so far. ``judge_scenario`` judges the whole scenario once the last incarnation has ended.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import attrs
+
+from gymckpt.nurseries import snapshot_problems
+from gymckpt.runtime import (
+    SNAPSHOTS_DIR,
+    ManifestError,
+    SnapshotStore,
+    TopologyMismatch,
+    load_snapshot,
+)
+
+from .sim_reports import IncarnationReport
+from .sim_scenario import Scenario
+from .verdict import judge
+
+__all__ = ["ScenarioRun", "judge_scenario", "verify_offline"]
+
+
+@attrs.define(eq=False)
+class ScenarioRun:
+    """State of one scenario across its incarnations."""
+
+    sc: Scenario
+    root: Path
+    rng: random.Random
+    """The scenario's own draws while it runs (which instance a race strikes, which older
+    snapshot a rollback restores): seeded from the seed, consumed in scheduling order."""
+    workdir: Path
+    lineage: list[tuple[int, tuple[int, ...]]] = attrs.field(factory=list)
+    """``(step, rows)`` of every step in the final model's lineage, in order."""
+    violations: list[str] = attrs.field(factory=list)
+    reports: list[IncarnationReport] = attrs.field(factory=list)
+    final_snapshot: Path | None = None
+    """The snapshot the current incarnation published last (None until it published one)."""
+    rolled_back: bool = False
+
+    def violation(self, inc: int, text: str) -> None:
+        self.violations.append(f"incarnation {inc}: {text}")
+
+    def rollback(self, inc: int) -> None:
+        """Restore an older snapshot next: copy it alone into a fresh work directory (with
+        fewer than two complete snapshots, the latest is restored as usual)."""
+        complete = SnapshotStore(self.workdir / SNAPSHOTS_DIR).list_complete()
+        if len(complete) < 2:
+            return
+        chosen = complete[self.rng.randrange(len(complete) - 1)]
+        fresh = self.root / f"work-{inc + 1}"
+        shutil.copytree(chosen.path, fresh / SNAPSHOTS_DIR / chosen.path.name, symlinks=True)
+        self.workdir = fresh
+        self.rolled_back = True
+
+
+def judge_scenario(run: ScenarioRun) -> tuple[int, int, int]:
+    """The final verdict over the whole scenario, its violations added to ``run``:
+    (rows trained, rows failed, sentinels)."""
+    sc = run.sc
+    if run.final_snapshot is None:
+        run.violations.append("no final snapshot: the last incarnation did not finish")
+    else:
+        problems = verify_offline(run.final_snapshot)
+        if problems:
+            run.violations.append(f"final snapshot does not verify: {problems[:3]}")
+    judged = judge(
+        run.lineage,
+        sc.rows,
+        run.final_snapshot,
+        seed=sc.seed,
+        config=sc.sim_config(),
+        group_size=sc.group_size,
+    )
+    run.violations.extend(judged.violations())
+    return judged.rows_trained, judged.rows_failed, judged.sentinels_total
+
+
+def verify_offline(path: Path) -> list[str]:
+    """What ``gymckpt verify`` finds wrong with the snapshot at ``path`` (empty: nothing)."""
+    try:
+        return snapshot_problems(load_snapshot(path)).all
+    except (ManifestError, TopologyMismatch) as exc:
+        return [str(exc)]
