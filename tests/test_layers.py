@@ -53,7 +53,7 @@ fails."""
 KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset(
     {
         # the simulation builds an embedded Gym from hosts it made (EmbeddedGym._serving)
-        ("nurseries/app/simulate.py", "_serving"),
+        ("nurseries/app/sim_gym.py", "_serving"),
     }
 )
 """``(file, attribute)`` pairs of private attributes still used across packages, being
