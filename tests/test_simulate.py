@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -146,15 +147,15 @@ def test_the_simulation_finds_a_dropped_attempt_left_in_gym_state(
     checkpoint make some seeds' final environment state hold a sentinel twice."""
     import attrs
 
-    from gymckpt.runtime import RecoveryLedger
+    from gymckpt.runtime import _ledger_snapshot
 
-    real = RecoveryLedger._snapshot_header
+    real = _ledger_snapshot._header
 
-    def forgetful(self: RecoveryLedger) -> object:
-        return attrs.evolve(real(self), retire=())
+    def forgetful(*args: Any, **kw: Any) -> object:
+        return attrs.evolve(real(*args, **kw), retire=())
 
     with monkeypatch.context() as m:
-        m.setattr(RecoveryLedger, "_snapshot_header", forgetful)
+        m.setattr(_ledger_snapshot, "_header", forgetful)
         assert main_simulate(1, 65, as_json=False, tmp_root=tmp_path) + main_simulate(
             1, 122, as_json=False, tmp_root=tmp_path) + main_simulate(
             1, 226, as_json=False, tmp_root=tmp_path) >= 3
