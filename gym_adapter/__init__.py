@@ -58,7 +58,7 @@ from ._host_episodes import capture_key as host_capture_key
 from ._host_journal import JOURNAL_FILE
 from ._host_records import RECORDS_FILE
 from ._host_views import RetainedSession
-from ._load import load_environment
+from ._load import EnvironmentRef, load_environment
 from ._statistics import GymStatistics
 from ._trio_guest import run_on_an_asyncio_loop
 from .calendar_env import (
@@ -114,6 +114,7 @@ __all__ = [
     "Done",
     "EmbeddedGym",
     "Environment",
+    "EnvironmentRef",
     "EnvironmentSpecError",
     "EpisodeContext",
     "EpisodeFenced",

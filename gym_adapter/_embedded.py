@@ -69,13 +69,7 @@ from ._host_views import RetainedSession
 from ._load import EnvironmentSource, load_environment
 from ._statistics import GymStatistics
 from ._transport_admission import RunShape
-from .calendar_env import (
-    CALENDAR,
-    CalendarSession,
-    SimConfig,
-    calendar_sessions,
-    calendar_workplace,
-)
+from .calendar_env import SimConfig, calendar_workplace
 
 __all__ = ["EmbeddedGym"]
 
@@ -326,10 +320,6 @@ class EmbeddedGym:
         session per slot, as plain data (what a snapshot of it now would record)."""
         await anyio.lowlevel.checkpoint()
         return self._live(instance, "retained_sessions").retained_sessions()
-
-    async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
-        """The calendar workplace's live sessions of ``instance`` (for sentinel checks)."""
-        return calendar_sessions(await self.session_states(instance, CALENDAR))
 
     async def statistics(self) -> GymStatistics:
         """Per-instance counts (dead instances included) and the faults that fired."""

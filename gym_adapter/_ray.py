@@ -88,13 +88,7 @@ from ._transport_admission import RunShape
 from ._transport_deadlines import WireDeadline
 from ._transport_errors import first_line
 from ._transport_generations import Generations
-from .calendar_env import (
-    CALENDAR,
-    CalendarSession,
-    SimConfig,
-    calendar_sessions,
-    calendar_workplace,
-)
+from .calendar_env import SimConfig, calendar_workplace
 
 __all__ = [
     "NO_SUCH_RESOURCE",
@@ -601,10 +595,6 @@ class RayGym:
             instance, "retained_sessions"
         )
         return views
-
-    async def calendar_state(self, instance: str) -> dict[str, CalendarSession]:
-        """The calendar workplace's live sessions of ``instance`` (for sentinel checks)."""
-        return calendar_sessions(await self.session_states(instance, CALENDAR))
 
     async def statistics(self) -> GymStatistics:
         """Per-instance counts and the faults that fired. A dead instance reports the counts

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import attrs
@@ -49,6 +49,7 @@ __all__ = [
     "calendar_host",
     "calendar_model",
     "calendar_sessions",
+    "calendar_sessions_of",
     "calendar_state",
     "calendar_workplace",
     "capture_key",
@@ -347,6 +348,20 @@ def calendar_sessions(views: Mapping[str, SessionView]) -> dict[str, CalendarSes
         key: CalendarSession(key, view.rollout_id, view.attempt, tuple(view.state.events))
         for key, view in views.items()
     }
+
+
+class SessionStates(Protocol):
+    """A deployment that shows its live sessions (``EmbeddedGym``, ``RayGym``)."""
+
+    async def session_states(
+        self, instance: str, participant: str
+    ) -> Mapping[str, SessionView]: ...
+
+
+async def calendar_sessions_of(gym: SessionStates, instance: str) -> dict[str, CalendarSession]:
+    """The calendar sessions ``instance`` of deployment ``gym`` holds now, by session key (for
+    sentinel checks): ``calendar_sessions`` of its ``session_states(instance, CALENDAR)``."""
+    return calendar_sessions(await gym.session_states(instance, CALENDAR))
 
 
 def calendar_state(host: GymHost) -> dict[str, CalendarSession]:

@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_sessions_of
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import DemoOptions
@@ -172,7 +173,7 @@ async def _restore_attempt(workdir: Path, error: type[Exception], message: str) 
             inv = await gym.inventory(name)
             assert inv.unclaimed == inv.running == inv.parked == ()
             assert inst.restored == 0 and inst.episodes_started == 0
-            assert await gym.calendar_state(name) == {}
+            assert await calendar_sessions_of(gym, name) == {}
 
 
 @pytest.mark.parametrize(("damage", "verify_says", "restore_says", "error"),

@@ -3,8 +3,9 @@
 Every test runs against each backend factory in ``BACKENDS`` under trio's autojump clock, so
 timings are virtual and exact. A factory is called like ``EmbeddedGym.open`` (keyword arguments
 ``instances``, ``agent_kinds``, ``seed``, ``work_dir``, ``config``, ``faults``) and yields a
-backend that also offers ``calendar_state(instance)`` and ``statistics()``. Adding the Ray
-deployment is one line in ``BACKENDS``.
+backend that also offers ``session_states(instance, participant)`` (the calendar's sessions are
+read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray deployment is
+one line in ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from gymckpt.gym_adapter import (
     can_replace,
     plan_episode,
 )
-from gymckpt.gym_adapter.calendar_env import capture_key, sentinel
+from gymckpt.gym_adapter.calendar_env import calendar_sessions_of, capture_key, sentinel
 from gymckpt.runtime import (
     EpisodeRecord,
     GymCallTimeout,
@@ -171,7 +172,7 @@ async def test_run_completes_every_row_once(
         inv = await gym.inventory("gym-0")
         assert inv.running == inv.parked == inv.on_wire == ()
         assert inv.admission_open and not inv.prepared
-        state = await gym.calendar_state("gym-0")
+        state = await calendar_sessions_of(gym, "gym-0")
         for row in range(6):
             assert list(state[f"{row}-0"].sentinels) == expected_sentinels(row)
         await stream.aclose()
@@ -274,12 +275,12 @@ async def test_nothing_progresses_while_prepared(
         inv = await gym.inventory("gym-0")
         assert inv.running == ()
         assert prep.parked == len(inv.parked) == 5
-        before_state = await gym.calendar_state("gym-0")
+        before_state = await calendar_sessions_of(gym, "gym-0")
         before = (await gym.statistics()).instances[0]
         with trio.move_on_after(20) as scope:
             await stream.__anext__()
         assert scope.cancelled_caught
-        assert await gym.calendar_state("gym-0") == before_state
+        assert await calendar_sessions_of(gym, "gym-0") == before_state
         after = (await gym.statistics()).instances[0]
         assert (after.model_calls, after.counters.get("mutations"), after.completed) == (
             before.model_calls,
@@ -301,7 +302,8 @@ async def test_prepare_parks_at_the_next_step_boundary(
         await gym.prepare("gym-0", "c", deadline())
         # prepare returned exactly when turn 0 ended, after its mutation
         assert trio.current_time() - t0 == pytest.approx(plan.durations[0] / 2)
-        assert list((await gym.calendar_state("gym-0"))["0-0"].sentinels) == [sentinel(0, 0, 0)]
+        sessions = await calendar_sessions_of(gym, "gym-0")
+        assert list(sessions["0-0"].sentinels) == [sentinel(0, 0, 0)]
         reply = await gym.commit("gym-0", "c", "s", deadline())
         assert reply.sessions[0].step_boundary == 1
         assert reply.exported[0].capture_keys == (capture_key(0, 0, 0),)
@@ -371,7 +373,7 @@ async def test_commit_writes_records_whose_digests_match(
             assert e.capture_keys == tuple(capture_key(row, 0, t) for t in range(boundary))
             assert tuple(c.key for c in proxy[rid].calls) == e.capture_keys
         events = {s.key: [ev["sentinel"] for ev in s.state["events"]] for s in calendar.sessions}
-        state = await _gym.calendar_state("gym-0")
+        state = await calendar_sessions_of(_gym, "gym-0")
         assert events == {k: list(s.sentinels) for k, s in state.items()}
 
 
@@ -433,12 +435,12 @@ async def test_retire_refused_while_prepared_then_accepted(
         await gym.resume("gym-0", "c", deadline())
         reply = await gym.retire("gym-0", ["1-0", "nope"], deadline())
         assert (reply.retired, reply.unknown) == (("1-0",), ("nope",))
-        assert "1-0" not in await gym.calendar_state("gym-0")
+        assert "1-0" not in await calendar_sessions_of(gym, "gym-0")
         replies = await drain(stream)  # the stream ends without the retired row
         assert sorted(r.rollout_id for r in replies) == ["0-0", "2-0"]
         again = await gym.retire("gym-0", ["1-0", "0-0"], deadline())
         assert again.retired == ("0-0",) and again.unknown == ("1-0",)
-        assert "0-0" not in await gym.calendar_state("gym-0")
+        assert "0-0" not in await calendar_sessions_of(gym, "gym-0")
 
 
 async def test_lease_reopens_when_no_resume_arrives(
@@ -481,7 +483,7 @@ async def test_restore_and_claim_continue_each_episode_once(
 ) -> None:
     root = tmp_path / "snap"
     async with checkpointed(open_gym, root, agent_kinds=agent_kind) as (reply, _gym):
-        committed_state = await _gym.calendar_state("gym-0")
+        committed_state = await calendar_sessions_of(_gym, "gym-0")
     record, episodes = manifest_parts(reply)
     assert {e.owner for e in episodes} == {"agent" if agent_kind == "legacy_agent" else "calendar"}
     async with open_gym(agent_kinds=agent_kind) as gym:
@@ -490,7 +492,7 @@ async def test_restore_and_claim_continue_each_episode_once(
         assert sorted(restored.restored) == ids
         inv = await gym.inventory("gym-0")
         assert sorted(inv.unclaimed) == ids and inv.running == ()
-        assert await gym.calendar_state("gym-0") == committed_state
+        assert await calendar_sessions_of(gym, "gym-0") == committed_state
         claims = [
             RunRow(rollout_id_for(int(rid.split("-")[0]), 0, 1), int(rid.split("-")[0]), 0, 1, rid)
             for rid in ids
@@ -500,7 +502,7 @@ async def test_restore_and_claim_continue_each_episode_once(
         for r in replies:
             assert isinstance(r, Completed), r
             assert r.turns == plan_of(int(r.rollout_id.split("-")[0])).turns
-        state = await gym.calendar_state("gym-0")
+        state = await calendar_sessions_of(gym, "gym-0")
         for claim in claims:
             session = state[f"{claim.row}-0"]
             assert (session.rollout_id, session.attempt) == (claim.rollout_id, 1)
@@ -584,7 +586,7 @@ async def test_retire_restored_drops_unclaimed(
         assert dropped.retired == ("1-0",)
         assert dropped.unknown == ("0-0", "9-9")  # 0-0 is claimed, 9-9 never existed
         assert (await gym.inventory("gym-0")).unclaimed == ("2-0",)
-        assert "1-0" not in await gym.calendar_state("gym-0")
+        assert "1-0" not in await calendar_sessions_of(gym, "gym-0")
         late = await drain(await gym.run("gym-0", [RunRow("1-0-a1", 1, 0, 1, "1-0")]))
         assert isinstance(late[0], Failed)
         assert isinstance((await drain(claimed))[0], Completed)
@@ -605,7 +607,7 @@ async def test_restore_refuses_a_tampered_state_file_and_changes_nothing(
         assert len(info.value.differences) == 1
         assert "instance gym-0: participant calendar digest" in str(info.value)
         assert "on disk" in str(info.value) and "committed" in str(info.value)
-        assert await gym.calendar_state("gym-0") == {}
+        assert await calendar_sessions_of(gym, "gym-0") == {}
         assert (await gym.inventory("gym-0")).unclaimed == ()
         # a missing participant directory is a difference too
         (root / "gym-0" / "model_proxy" / RECORDS_FILE).unlink()
@@ -656,7 +658,7 @@ async def test_restore_refuses_a_changed_topology_and_changes_nothing(
         with pytest.raises(TopologyMismatch, match="episode 0-0 belongs to replica gym-0"):
             await gym.restore("gym-1", str(root), moved, episodes[:1], deadline())
         for name in gym.instances:
-            assert await gym.calendar_state(name) == {}
+            assert await calendar_sessions_of(gym, name) == {}
             assert (await gym.inventory(name)).unclaimed == ()
 
 
@@ -689,14 +691,15 @@ async def test_a_stale_attempt_cannot_mutate_or_reply(
         assert [r.rollout_id for r in new_replies] == ["0-0-a1"]
         stats = (await gym.statistics()).instances[0]
         assert stats.counters["fenced_mutations"] == 1
-        session = (await gym.calendar_state("gym-0"))["0-0"]
+        session = (await calendar_sessions_of(gym, "gym-0"))["0-0"]
         assert (session.rollout_id, session.attempt) == ("0-0-a1", 1)
         assert list(session.sentinels) == expected_sentinels(0)
         # an attempt older than the slot's current one is fenced at admission
         stale = await drain(await gym.run("gym-0", make_rows(1)))
         assert stale == []
         assert (await gym.statistics()).instances[0].stale_runs == 1
-        assert list((await gym.calendar_state("gym-0"))["0-0"].sentinels) == expected_sentinels(0)
+        sessions = await calendar_sessions_of(gym, "gym-0")
+        assert list(sessions["0-0"].sentinels) == expected_sentinels(0)
 
 
 async def test_a_fresh_attempt_fences_an_unclaimed_restored_one(
@@ -711,7 +714,7 @@ async def test_a_fresh_attempt_fences_an_unclaimed_restored_one(
         fresh = await drain(await gym.run("gym-0", make_rows(1, attempt=1)))
         assert isinstance(fresh[0], Completed)
         assert (await gym.inventory("gym-0")).unclaimed == ()
-        session = (await gym.calendar_state("gym-0"))["0-0"]
+        session = (await calendar_sessions_of(gym, "gym-0"))["0-0"]
         assert list(session.sentinels) == expected_sentinels(0)
 
 
@@ -839,7 +842,7 @@ async def test_replace_brings_a_dead_instance_back_with_its_environment_state(
         assert {r.rollout_id for r in done} == {"0-0", "1-0"}
         running = await gym.run("gym-0", make_rows(1, start=5))  # dies mid-episode
         await trio.sleep(0.02)
-        before = await gym.calendar_state("gym-0")
+        before = await calendar_sessions_of(gym, "gym-0")
         assert before["0-0"].sentinels and "5-0" in before  # the dead one's session opened
         topology = await gym.topology()
         with pytest.raises(GymInstanceDead, match="gym-0"):
@@ -851,15 +854,15 @@ async def test_replace_brings_a_dead_instance_back_with_its_environment_state(
         inv = await gym.inventory("gym-0")
         assert inv.admission_open and not inv.prepared
         assert inv.running == inv.parked == inv.unclaimed == inv.on_wire == ()
-        after = await gym.calendar_state("gym-0")
+        after = await calendar_sessions_of(gym, "gym-0")
         assert after == before  # every session and event of the dead instance, once
         retired = await gym.retire("gym-0", ["5-0"], deadline())
         assert retired.retired == ("5-0",)  # the dead attempt's session is freed there
-        assert "5-0" not in await gym.calendar_state("gym-0")
-        assert (await gym.calendar_state("gym-0"))["0-0"] == before["0-0"]
+        assert "5-0" not in await calendar_sessions_of(gym, "gym-0")
+        assert (await calendar_sessions_of(gym, "gym-0"))["0-0"] == before["0-0"]
         replies = await drain(await gym.run("gym-0", make_rows(1, start=5, attempt=1)))
         assert [r.rollout_id for r in replies] == ["5-0-a1"]
-        assert (await gym.calendar_state("gym-0"))["5-0"].sentinels == tuple(
+        assert (await calendar_sessions_of(gym, "gym-0"))["5-0"].sentinels == tuple(
             expected_sentinels(5))
         # the other instance never noticed
         assert len(await drain(await gym.run("gym-1", make_rows(1, start=9)))) == 1
@@ -923,7 +926,7 @@ async def _scenario(open_gym: Factory, seed: int, root: Path) -> list[Any]:
         await gym.resume("gym-0", "c", deadline())
         # virtual times relative to the start differ only by float rounding of the clock base
         batches = [(round(t, 9), b) for t, b in await timed_batches(stream)]
-        state = await gym.calendar_state("gym-0")
+        state = await calendar_sessions_of(gym, "gym-0")
     return [batches, commit, state]
 
 

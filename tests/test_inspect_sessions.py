@@ -25,6 +25,7 @@ from gymckpt.gym_adapter import (
     SimConfig,
     sentinel,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_sessions_of
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.testing.examples import guess_the_number
@@ -128,7 +129,7 @@ async def _checkpointed_run(workdir: Path, gym_dir: Path) -> dict[str, Any]:
                                       "state": s.state} for k, s in slots.items()}
                     for participant, slots in (await gym.retained_sessions(name)).items()
                 }
-            calendar = {n: await gym.calendar_state(n) for n in gym.instances}
+            calendar = {n: await calendar_sessions_of(gym, n) for n in gym.instances}
     # the same sentinels the calendar's own view reports
     for name, sessions in calendar.items():
         assert {k: [e["sentinel"] for e in v["state"]["events"]]

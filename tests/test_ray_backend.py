@@ -33,6 +33,7 @@ from gymckpt.gym_adapter import (
     plan_episode,
     sentinel,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_sessions_of
 from gymckpt.nurseries._calls import bounded_call, classify
 from gymckpt.runtime import (
     GymCallTimeout,
@@ -157,7 +158,7 @@ async def test_four_instances_fit_on_two_cores_spread_and_answer(tmp_path: Path)
         expected = {sentinel(r, 0, t) for r in range(20, 23)
                     for t, m in enumerate(plan_episode(5, r, 0, CONFIG).mutates) if m}
         assert expected  # some turns mutate
-        calendar = await gym.calendar_state("gym-2")
+        calendar = await calendar_sessions_of(gym, "gym-2")
         assert sorted(calendar) == [f"{r}-0" for r in range(20, 23)]
         assert {s for sess in calendar.values() for s in sess.sentinels} == expected
         views = await gym.session_states("gym-2", "calendar")

@@ -24,7 +24,7 @@ from gymckpt.gym_adapter import (
     calendar_state,
     plan_episode,
 )
-from gymckpt.gym_adapter.calendar_env import sentinel
+from gymckpt.gym_adapter.calendar_env import calendar_sessions_of, sentinel
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
 CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
@@ -115,7 +115,7 @@ def test_restore_and_claim_under_asyncio(tmp_path: Path) -> None:
                 replies = await drain(await gym.run("gym-0", claims))
             assert sorted(r.rollout_id for r in replies) == sorted(c.rollout_id for c in claims)
             assert all(isinstance(r, Completed) for r in replies)
-            state = await gym.calendar_state("gym-0")
+            state = await calendar_sessions_of(gym, "gym-0")
             for c in claims:
                 assert list(state[f"{c.row}-0"].sentinels) == sentinels(c.row)
             assert (await gym.inventory("gym-0")).unclaimed == ()

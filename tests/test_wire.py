@@ -72,8 +72,12 @@ from gymckpt.runtime import (
 def _host_stats(name: str, dead: bool = False) -> HostStatistics:
     counts = {f.name: i for i, f in enumerate(attrs.fields(HostStatistics)) if f.type == "int"}
     return HostStatistics(
-        instance=name, dead=dead, admission_open=not dead, prepared=False,
-        counters={"mutations": 3}, **counts,
+        instance=name,
+        dead=dead,
+        admission_open=not dead,
+        prepared=False,
+        counters={"mutations": 3},
+        **counts,
     )
 
 
@@ -92,7 +96,8 @@ SAMPLES: dict[type, Any] = {
     AgentSession: AgentSession("r2-0-a0", "agent", "legacy_agent", 4, ("k1",)),
     PrepareReply: PrepareReply("gym-0", "ckpt-1", 3, 2),
     CommitReply: CommitReply(
-        "gym-0", "ckpt-1",
+        "gym-0",
+        "ckpt-1",
         (ParticipantInfo("agent", "simple_agent", "gym-0/agent", "d1"),),
         (ExportedEpisode("r2-0-a0", "agent"),),
         ("r0-0-a0",),
@@ -138,18 +143,28 @@ ERROR_SAMPLES: list[Exception] = [
 
 def _attrs_classes(module: ModuleType) -> set[type]:
     return {
-        obj for _, obj in inspect.getmembers(module, inspect.isclass)
+        obj
+        for _, obj in inspect.getmembers(module, inspect.isclass)
         if attrs.has(obj) and obj.__module__ == module.__name__
     }
 
 
 def test_every_crossing_record_has_a_wire_form_and_a_sample() -> None:
-    crossing = set().union(*(
-        _attrs_classes(m)
-        for m in (_contract, _statistics, _transport_admission, _transport_deadlines)
-    ))
-    crossing |= {ParticipantRecord, InstanceRecord, EpisodeRecord, HostStatistics,
-                 RetainedSession, HostConfig, FaultSpec}
+    crossing = set().union(
+        *(
+            _attrs_classes(m)
+            for m in (_contract, _statistics, _transport_admission, _transport_deadlines)
+        )
+    )
+    crossing |= {
+        ParticipantRecord,
+        InstanceRecord,
+        EpisodeRecord,
+        HostStatistics,
+        RetainedSession,
+        HostConfig,
+        FaultSpec,
+    }
     missing = crossing - set(WIRE_RECORDS)
     assert not missing, f"records without a wire form: {sorted(c.__name__ for c in missing)}"
     assert set(SAMPLES) == set(WIRE_RECORDS)
@@ -177,7 +192,8 @@ def test_run_replies_cross_tagged_by_class() -> None:
 
 def test_every_unavailable_error_and_topology_mismatch_has_a_wire_form() -> None:
     family = {
-        obj for obj in vars(runtime).values()
+        obj
+        for obj in vars(runtime).values()
         if isinstance(obj, type) and issubclass(obj, GymUnavailable) and obj is not GymUnavailable
     }
     assert family | {TopologyMismatch} <= {cls for cls, _ in WIRE_ERRORS.values()}
@@ -212,8 +228,11 @@ def test_an_error_without_a_wire_form_crosses_as_gym_checkpoint_unavailable() ->
         (b'{"rollout_id": "r", "row": true, "slot": 0, "attempt": 0}', RunRow, "row"),
         (b'{"rollout_id": "r", "row": 1, "slot": 0}', RunRow, "attempt"),
         (b'{"rollout_id": "r", "row": 1, "slot": 0, "attempt": 0, "x": 1}', RunRow, "x"),
-        (b'{"rollout_id": "r", "failure_class": "disk", "message": "m", "type": "Failed"}',
-         RunReply, "failure_class"),
+        (
+            b'{"rollout_id": "r", "failure_class": "disk", "message": "m", "type": "Failed"}',
+            RunReply,
+            "failure_class",
+        ),
         (b'{"rollout_id": "r", "type": "Exploded"}', RunReply, "Exploded"),
         (b'{"op": "prepare", "kind": "explode", "nth": null, "arg": null}', FaultSpec, "explode"),
         (b'{"remaining_s": 1.0, "sent_wall": "now"}', WireDeadline, "sent_wall"),

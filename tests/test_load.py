@@ -1,0 +1,74 @@
+"""Where a host gets its environment: import paths, ``EnvironmentRef``s (a factory and its
+arguments), factories and environments; every bad name is refused saying what is wrong."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from gymckpt.gym_adapter import Environment, EnvironmentRef, SimConfig, load_environment
+from gymckpt.gym_adapter.calendar_env import (
+    CalendarAgent,
+    calendar_environment,
+    calendar_workplace,
+)
+from gymckpt.testing.examples import guess_the_number
+
+
+def test_a_ref_names_a_factory_and_its_arguments_and_builds_it() -> None:
+    config = SimConfig(turns=(3, 3))
+    ref = EnvironmentRef.to(calendar_environment, agent_kind="legacy_agent", config=config)
+    assert ref.path == "gymckpt.gym_adapter.calendar_env:calendar_environment"
+    env = load_environment(ref)
+    assert isinstance(env.agent, CalendarAgent)
+    assert (env.agent.kind, env.agent.config) == ("legacy_agent", config)
+    assert pickle.loads(pickle.dumps(ref)) == ref  # what crosses to an actor: a name, data
+
+
+def test_a_ref_keeps_its_arguments_in_name_order() -> None:
+    a = EnvironmentRef("m:f", {"b": 1, "a": 2})
+    b = EnvironmentRef("m:f", {"a": 2, "b": 1})
+    assert a == b and a.kwargs == (("a", 2), ("b", 1))
+
+
+def test_import_paths_factories_and_environments() -> None:
+    env = guess_the_number()
+    assert load_environment(env) is env
+    assert isinstance(load_environment("gymckpt.testing.examples:guess_the_number"), Environment)
+    assert isinstance(load_environment(guess_the_number), Environment)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("no_colon", "must look like 'package.module:name'"),
+        ("no_such_module_x:env", "cannot import no_such_module_x"),
+        ("gymckpt.testing.examples:nothing", "has no nothing"),
+        ("gymckpt.testing.examples:__all__", "not an Environment"),
+        (EnvironmentRef("gymckpt.gym_adapter.calendar_env:AGENT_KINDS"), "names no factory"),
+    ],
+)
+def test_bad_names_are_refused(source: object, expected: str) -> None:
+    with pytest.raises(ValueError, match=expected):
+        load_environment(source)  # type: ignore[arg-type]
+
+
+def test_a_ref_with_a_malformed_path_is_refused_on_construction() -> None:
+    with pytest.raises(ValueError, match="must look like"):
+        EnvironmentRef("calendar_environment")
+
+
+def test_the_calendar_workplace_is_environments_like_any_other() -> None:
+    config = SimConfig(lease_s=7.0)
+    workplace = calendar_workplace(3, ["simple_agent", "legacy_agent", "simple_agent"], config)
+    kinds = [load_environment(ref).agent.kind for ref in workplace.environments]
+    assert kinds == ["simple_agent", "legacy_agent", "simple_agent"]
+    assert workplace.host_config == config.host_config()
+    assert calendar_workplace(2).environments[0] == calendar_workplace(2).environments[1]
+    with pytest.raises(ValueError, match="got 1 agent kinds for 2 instances"):
+        calendar_workplace(2, ["simple_agent"])
+    with pytest.raises(ValueError, match="agent kind must be one of"):
+        calendar_workplace(1, "robot")
+    with pytest.raises(ValueError, match="instances must be >= 1"):
+        calendar_workplace(0)

@@ -1,0 +1,60 @@
+"""The cluster connection's pure parts: which addresses are probed, and the GCS watch on a
+port nothing listens on (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+pytest.importorskip("ray")
+
+from gymckpt.gym_adapter._ray_cluster import (
+    GcsWatch,
+    _host_port,
+    as_if_no_nursery,
+    local_cluster_options,
+)
+from gymckpt.runtime import GymConnectionLost
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1:6379", ("127.0.0.1", 6379)),
+        ("[::1]:6379", ("::1", 6379)),
+        ("auto", None),
+        ("ray://head:10001", None),
+        ("head:port", None),
+    ],
+)
+def test_only_host_port_addresses_are_probed(address: str, expected: object) -> None:
+    assert _host_port(address) == expected
+
+
+def test_the_local_cluster_is_always_a_new_one() -> None:
+    assert local_cluster_options()["address"] == "local"
+
+
+def test_one_error_leaves_the_nursery_as_it_went_in() -> None:
+    with pytest.raises(KeyError), as_if_no_nursery():
+        raise BaseExceptionGroup("one", [KeyError("k")])
+    with pytest.raises(BaseExceptionGroup), as_if_no_nursery():
+        raise BaseExceptionGroup("two", [KeyError("k"), ValueError("v")])
+
+
+async def test_a_silent_gcs_is_the_cluster_lost() -> None:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    await listener.aclose()  # nothing listens there any more: every probe is refused
+    watch = GcsWatch(f"127.0.0.1:{port}", loss_s=2.5)
+    with trio.fail_after(30), pytest.raises(GymConnectionLost, match="has not answered"):
+        await watch.run()
+    assert watch.lost
+
+
+async def test_a_watch_of_an_address_it_cannot_probe_ends_at_once() -> None:
+    watch = GcsWatch("auto", loss_s=1.0)
+    with trio.fail_after(1):
+        await watch.run()
+    assert not watch.lost
