@@ -63,7 +63,6 @@ __all__ = [
     "build_records",
     "offload",
     "read_committed",
-    "read_verified",
     "topology_differences",
     "write_records",
 ]
@@ -126,14 +125,6 @@ def read_committed(
         except (OSError, ManifestError) as exc:
             diffs.append(f"{who} records unreadable ({exc})")
     return diffs, loaded
-
-
-def read_verified(
-    instance: str, live: Sequence[tuple[str, str]], root: Path, record: InstanceRecord
-) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """``read_committed`` with each participant's records as the JSON object on disk."""
-    diffs, loaded = read_committed(instance, live, root, record)
-    return diffs, {name: records_to_plain(r) for name, r in loaded.items()}
 
 
 @attrs.frozen
