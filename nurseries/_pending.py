@@ -77,7 +77,7 @@ def _write_trainer_files(write: Callable[[Path], None], target: Path) -> None:
         raise TrainerFilesFailed(exc) from exc
 
 
-@attrs.define(eq=False, slots=True)
+@attrs.define(eq=False, slots=True, repr=False)
 class PendingCheckpoint:
     """One checkpoint in flight: its ID, its stage timings, and what it took (see the module).
 
@@ -104,6 +104,21 @@ class PendingCheckpoint:
     _paused: bool = attrs.field(default=False, init=False)
     _parked: tuple[str, ...] = attrs.field(default=(), init=False)
     """Instances Gym may be parked on: from the first prepare call to a resume that returned."""
+
+    def __repr__(self) -> str:  # what it holds, never its collaborators
+        held = [
+            name
+            for name, taken in (
+                ("staging", self._staging is not None),
+                ("admission", self._closed),
+                ("pause", self._paused),
+            )
+            if taken
+        ]
+        return (
+            f"<PendingCheckpoint {self.checkpoint_id} holds={','.join(held) or '-'} "
+            f"parked={len(self._parked)} stages={len(self.stage_s)}>"
+        )
 
     async def __aenter__(self) -> PendingCheckpoint:
         return self

@@ -185,6 +185,9 @@ async def test_a_failure_after_commit_removes_the_staging_dir_and_resumes(tmp_pa
             await p.pending.prepare(NAMES)
             replies = await p.pending.commit(NAMES)
             assert sorted(replies) == list(NAMES)
+            assert repr(p.pending) == (
+                "<PendingCheckpoint run-0001 holds=staging,admission,pause parked=2 stages=0>"
+            )
             assert len(p.staging_dirs()) == 1
             raise Boom  # e.g. the ownership rule failed
     assert sorted(c for c in p.gym.calls if c.startswith("resume")) == [
