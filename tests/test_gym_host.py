@@ -97,8 +97,10 @@ class Script:
         ctx.session("counter").applied.append(answer)
         state.rewards.append(1.0)
         if ctx.turn + 1 >= self.turns:
-            return Done(sum(state.rewards), payload={"rewards": state.rewards,
-                                                      "pad": [0] * self.payload_items})
+            return Done(
+                sum(state.rewards),
+                payload={"rewards": state.rewards, "pad": [0] * self.payload_items},
+            )
         return None
 
 
@@ -112,8 +114,11 @@ class Model:
 
 
 def environment(model: Model | None = None, **script: Any) -> Environment:
-    return Environment(agent=Script(**script), participants=(Counter(),),
-                       model=model if model is not None else Model())
+    return Environment(
+        agent=Script(**script),
+        participants=(Counter(),),
+        model=model if model is not None else Model(),
+    )
 
 
 async def replies(stream: Any) -> list[RunReply]:
@@ -187,8 +192,10 @@ async def test_payload_over_the_limit_fails_the_episode_clearly(
 
 
 async def test_a_fresh_attempt_fences_the_old_one(autojump_clock: trio.testing.MockClock) -> None:
-    async with GymHost("gym-0", environment(turns=3, turn_s=1.0)) as host, \
-            trio.open_nursery() as nursery:
+    async with (
+        GymHost("gym-0", environment(turns=3, turn_s=1.0)) as host,
+        trio.open_nursery() as nursery,
+    ):
         old_stream = await host.run(rows((0, 0, 0)))
         old: list[RunReply] = []
 
@@ -223,9 +230,13 @@ async def test_commit_restore_claim_continues_without_repeating_model_calls(
     assert [e.capture_keys for e in reply.exported] == [("3-1/t0/c0", "3-1/t1/c0")]
     assert [(e.owner, e.rollout_id) for e in reply.exported] == [("counter", "3-1")]
     assert [s.step_boundary for s in reply.sessions] == [2]
-    record = InstanceRecord("gym-0", tuple(
-        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
-        for p in reply.participants))
+    record = InstanceRecord(
+        "gym-0",
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in reply.participants
+        ),
+    )
     episode = EpisodeRecord("3-1", "counter", "gym-0", reply.exported[0].capture_keys)
 
     model2 = Model()
@@ -249,9 +260,13 @@ async def test_restore_refuses_tampered_state_and_changes_nothing(
         reply = await host.commit("c1", "snap", FAR)
         await stream.aclose()
     (tmp_path / "snap" / "gym-0" / "counter" / "records.json").write_bytes(b"{}")
-    record = InstanceRecord("gym-0", tuple(
-        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
-        for p in reply.participants))
+    record = InstanceRecord(
+        "gym-0",
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in reply.participants
+        ),
+    )
     async with GymHost("gym-0", environment(turns=4), work_dir=tmp_path) as fresh:
         with pytest.raises(TopologyMismatch, match="counter"):
             await fresh.restore("snap", record, [EpisodeRecord("0-0", "counter", "gym-0")], FAR)
@@ -298,9 +313,12 @@ async def test_trainer_gets_every_payload_once_across_a_restore(
         env = attrs.evolve(env, participants=(*env.participants, Scoreboard()))
     seen: list[tuple[int, int]] = []
     for phase in (1, 2):
-        async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "gym",
-                                    config=HostConfig(lease_s=30.0)) as gym, \
-                open_rollouts(gym, tmp_path, rows=12, group_size=2, max_rows_in_flight=6) as ro:
+        async with (
+            EmbeddedGym.host(
+                env, instances=2, work_dir=tmp_path / "gym", config=HostConfig(lease_s=30.0)
+            ) as gym,
+            open_rollouts(gym, tmp_path, rows=12, group_size=2, max_rows_in_flight=6) as ro,
+        ):
             if phase == 2:
                 assert ro.restore_summary is not None and ro.restore_summary.restored > 0
             async with aclosing(ro.batches(2)) as batches:  # type: ignore[type-var]
@@ -447,7 +465,6 @@ async def test_parked_and_restarted_episodes_leave_the_collectors_generations(
         assert len(coros) == n
         assert walked(coros) == (0 if freeze else n)
     gc.unfreeze()
-
 
 
 @pytest.mark.parametrize("freeze", [True, False])

@@ -86,8 +86,9 @@ async def _replies(host: GymHost, rows: list[RunRow], into: dict[str, RunReply])
 
 
 def _box(host: GymHost) -> dict[str, tuple[str, int, Any]]:
-    return {k: (s.rollout_id, s.attempt, s.state)
-            for k, s in host.retained_sessions()["box"].items()}
+    return {
+        k: (s.rollout_id, s.attempt, s.state) for k, s in host.retained_sessions()["box"].items()
+    }
 
 
 async def test_a_fenced_attempts_turn_is_not_journaled(

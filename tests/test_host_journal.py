@@ -75,8 +75,9 @@ class FaultyDisk:
         return getattr(os, name)
 
 
-def full_disk(after: int, *, partial: int = 0, times: int | None = None
-              ) -> Callable[[int, int, Any], int]:
+def full_disk(
+    after: int, *, partial: int = 0, times: int | None = None
+) -> Callable[[int, int, Any], int]:
     """Writes ``after`` calls for real; the next writes ``partial`` bytes of its data (a short
     write, if any), then ``times`` calls (forever: None) fail with ENOSPC; then room again."""
     failing = {"left": times}
@@ -129,12 +130,14 @@ def test_short_writes_are_finished_so_every_record_is_its_own_line(
     j.opened("1-0", "1-0", 0, {"calendar": {"events": []}})
     j.freed("1-0")
     j.close()
-    assert j.path.read_bytes() == b"".join([
-        line(["n", "0-0", "0-0", 0, {"calendar": {"events": []}}]),
-        line(["s", "0-0", "calendar", {"events": [EV]}]),
-        line(["n", "1-0", "1-0", 0, {"calendar": {"events": []}}]),
-        line(["d", "1-0"]),
-    ])
+    assert j.path.read_bytes() == b"".join(
+        [
+            line(["n", "0-0", "0-0", 0, {"calendar": {"events": []}}]),
+            line(["s", "0-0", "calendar", {"events": [EV]}]),
+            line(["n", "1-0", "1-0", 0, {"calendar": {"events": []}}]),
+            line(["d", "1-0"]),
+        ]
+    )
     assert disk.calls > 4  # the writes really were short
     monkeypatch.undo()
     assert slots_of(j.path) == {"0-0": ("0-0", 0, {"calendar": {"events": [EV]}})}
@@ -217,14 +220,19 @@ REAL_LIMIT = textwrap.dedent("""
 
 @pytest.mark.subprocess
 def test_a_real_file_size_limit_cuts_a_write_short_and_only_whole_records_remain(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """The kernel itself: under RLIMIT_FSIZE the write that crosses the limit is short, the
     next fails with EFBIG. The record that crossed it is cut back, so the file holds exactly
     the records appended before it, each on its line."""
     path = tmp_path / JOURNAL_FILE
-    done = subprocess.run([sys.executable, "-c", REAL_LIMIT, str(path), "1000"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", REAL_LIMIT, str(path), "1000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = orjson.loads(done.stdout)
     assert out.get("type") == "JournalFailed" and "File too large" in out["error"], out
@@ -251,18 +259,22 @@ def _written(tmp_path: Path) -> tuple[Path, bytes, bytes]:
 
 
 def test_a_torn_parseable_last_record_is_never_applied_and_two_replays_agree(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     path, before, full = _written(tmp_path)
     os.truncate(path, len(full) - 1)  # the process died before the newline of the free
-    assert orjson.loads(path.read_bytes()[len(before):]) == ["d", "0-0"]  # it does parse
+    assert orjson.loads(path.read_bytes()[len(before) :]) == ["d", "0-0"]  # it does parse
     first = slots_of(path)  # replays, then cuts the torn tail before appending
     assert path.read_bytes() == before
     second = slots_of(path)
-    assert first == second == {
-        "0-0": ("0-0", 0, {"calendar": {"events": [EV]}}),
-        "1-0": ("1-0", 0, {"calendar": {"events": []}}),
-    }
+    assert (
+        first
+        == second
+        == {
+            "0-0": ("0-0", 0, {"calendar": {"events": [EV]}}),
+            "1-0": ("1-0", 0, {"calendar": {"events": []}}),
+        }
+    )
 
 
 def test_a_record_torn_at_any_byte_replays_as_if_never_begun(tmp_path: Path) -> None:
@@ -294,8 +306,11 @@ async def _read_all(stream: Any) -> list[Any]:
 
 @pytest.mark.parametrize("fails", ["admission", "turn"])
 async def test_a_full_disk_under_the_journal_stops_the_instance_never_a_data_failure(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture, fails: str,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fails: str,
 ) -> None:
     """The first write (a slot opened at admission) or the third (the first turn's state,
     half written) meets a full disk: ``run`` does not raise, the stream says the instance is
@@ -313,8 +328,13 @@ async def test_a_full_disk_under_the_journal_stops_the_instance_never_a_data_fai
         assert stats.failed == stats.completed == 0
         with pytest.raises(GymInstanceDead):
             await host.run([RunRow("2-0", 2, 0, 0)])
-    assert any("could not record a change" in r.getMessage() and "No space left" in r.getMessage()
-               and r.levelno == logging.WARNING and r.exc_info for r in caplog.records)
+    assert any(
+        "could not record a change" in r.getMessage()
+        and "No space left" in r.getMessage()
+        and r.levelno == logging.WARNING
+        and r.exc_info
+        for r in caplog.records
+    )
     monkeypatch.undo()
     journal = tmp_path / "gym-0" / JOURNAL_FILE
     assert journal.read_bytes().endswith(b"\n") or journal.read_bytes() == b""
@@ -351,8 +371,9 @@ async def test_a_retire_the_journal_cannot_record_reports_a_dead_instance(
     GymInstanceDead (so the runtime keeps the attempt queued and retires it on the
     replacement, which replays the slot), never a bare OSError."""
     async with calendar_host("gym-0", work_dir=tmp_path, config=CAL) as host:
-        assert [r.rollout_id for r in await _read_all(await host.run([RunRow("0-0", 0, 0, 0)]))
-                ] == ["0-0"]
+        assert [
+            r.rollout_id for r in await _read_all(await host.run([RunRow("0-0", 0, 0, 0)]))
+        ] == ["0-0"]
         held = calendar_state(host)["0-0"].sentinels
         assert held
         monkeypatch.setattr(_host_journal, "os", FaultyDisk(full_disk(0)))
@@ -375,11 +396,16 @@ async def _committed(tmp_path: Path) -> tuple[InstanceRecord, list[EpisodeRecord
         assert (await host.prepare("c1", trio.current_time() + 5)).parked == 1
         reply = await host.commit("c1", "snap", trio.current_time() + 5)
         await stream.aclose()
-    record = InstanceRecord("gym-0", tuple(
-        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
-        for p in reply.participants))
-    return record, [EpisodeRecord(e.rollout_id, e.owner, "gym-0", e.capture_keys)
-                    for e in reply.exported]
+    record = InstanceRecord(
+        "gym-0",
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in reply.participants
+        ),
+    )
+    return record, [
+        EpisodeRecord(e.rollout_id, e.owner, "gym-0", e.capture_keys) for e in reply.exported
+    ]
 
 
 async def test_a_claim_the_journal_cannot_record_stops_the_instance_never_a_data_failure(
@@ -392,8 +418,9 @@ async def test_a_claim_the_journal_cannot_record_stops_the_instance_never_a_data
     record, episodes = await _committed(tmp_path)
     sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as fresh:
-        assert (await fresh.restore("snap", record, episodes, trio.current_time() + 5)
-                ).restored == ("3-1",)
+        assert (
+            await fresh.restore("snap", record, episodes, trio.current_time() + 5)
+        ).restored == ("3-1",)
         held = calendar_state(fresh)["3-1"].sentinels
         assert held
         monkeypatch.setattr(_host_journal, "os", FaultyDisk(full_disk(0)))
@@ -432,12 +459,25 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
     ENOSPC (then space is freed). The instance stops and is replaced; the run trains every
     row, spends no row attempt and no data budget, and every sentinel is kept once."""
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                           lease_s=30.0, max_consecutive_failures=2)
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                config=sim) as gym, \
-            open_rollouts(gym, tmp_path, rows=12, group_size=2, config=config,
-                          max_rows_in_flight=6, handle_signals=False) as ro:
+    config = RuntimeConfig(
+        control_timeout_s=2.0,
+        reply_grace_s=0.5,
+        drain_timeout_s=5.0,
+        lease_s=30.0,
+        max_consecutive_failures=2,
+    )
+    async with (
+        EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        open_rollouts(
+            gym,
+            tmp_path,
+            rows=12,
+            group_size=2,
+            config=config,
+            max_rows_in_flight=6,
+            handle_signals=False,
+        ) as ro,
+    ):
         await trio.sleep(0.5)
         disk = FaultyDisk(full_disk(0, partial=11, times=1))
         monkeypatch.setattr(_host_journal, "os", disk)
@@ -457,27 +497,49 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
     rows = [int(ids[0].split("-")[0]) for ids in trained]
     assert sorted(rows) == list(range(12))
     assert snapshot is not None
-    verdict = judge([(i + 1, (r,)) for i, r in enumerate(rows)], 12, snapshot.path, seed=3,
-                    config=sim, group_size=2)
+    verdict = judge(
+        [(i + 1, (r,)) for i, r in enumerate(rows)],
+        12,
+        snapshot.path,
+        seed=3,
+        config=sim,
+        group_size=2,
+    )
     assert verdict.ok, verdict.violations()
 
 
 async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Every journal append fails from some point on: each replacement stops at its first
     change, until the budget ends the run with exit 5 naming the instance (and the log says
     why it kept dying), never a bare OSError and never a data failure."""
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                           lease_s=30.0, max_consecutive_failures=2, max_replacements=2)
+    config = RuntimeConfig(
+        control_timeout_s=2.0,
+        reply_grace_s=0.5,
+        drain_timeout_s=5.0,
+        lease_s=30.0,
+        max_consecutive_failures=2,
+        max_replacements=2,
+    )
     data_failures = -1
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
-        async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                    config=sim) as gym, \
-                open_rollouts(gym, tmp_path, rows=12, group_size=2, config=config,
-                              max_rows_in_flight=6, handle_signals=False) as ro:
+        async with (
+            EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+            open_rollouts(
+                gym,
+                tmp_path,
+                rows=12,
+                group_size=2,
+                config=config,
+                max_rows_in_flight=6,
+                handle_signals=False,
+            ) as ro,
+        ):
             await trio.sleep(0.5)
             monkeypatch.setattr(_host_journal, "os", FaultyDisk(full_disk(0)))
             try:

@@ -125,9 +125,13 @@ def row(r: int, s: int = 0, a: int = 0) -> RunRow:
 
 
 def record_of(reply: Any) -> InstanceRecord:
-    return InstanceRecord(reply.instance, tuple(
-        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
-        for p in reply.participants))
+    return InstanceRecord(
+        reply.instance,
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in reply.participants
+        ),
+    )
 
 
 async def one_reply(env: Environment) -> RunReply:
@@ -168,11 +172,14 @@ async def test_a_numpy_reward_is_a_float_and_round_trips() -> None:
     assert reply == Completed("0-1", 0.5, 1, None) and type(reply.reward) is float
 
 
-@pytest.mark.parametrize(("payload", "where"), [
-    ([0, 1, 2, {"x": NAN}], "payload[3].x"),
-    ({"obs": [[0.0, INF]]}, "payload.obs[0][1]"),
-    ({"actions": {1, 2}}, "payload.actions is a set"),
-])
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ([0, 1, 2, {"x": NAN}], "payload[3].x"),
+        ({"obs": [[0.0, INF]]}, "payload.obs[0][1]"),
+        ({"actions": {1, 2}}, "payload.actions is a set"),
+    ],
+)
 async def test_a_payload_that_is_not_finite_plain_data_is_refused_naming_the_field(
     autojump_clock: trio.testing.MockClock, payload: Any, where: str
 ) -> None:
@@ -223,8 +230,11 @@ def poisoning(rows_to_poison: set[int]) -> Step:
     return script
 
 
-@pytest.mark.parametrize("bad", [{1, 2}, NAN, [1.0, -INF], RuntimeError("export broke")],
-                         ids=["set", "nan", "inf", "raises"])
+@pytest.mark.parametrize(
+    "bad",
+    [{1, 2}, NAN, [1.0, -INF], RuntimeError("export broke")],
+    ids=["set", "nan", "inf", "raises"],
+)
 async def test_a_parked_episode_whose_state_cannot_be_exported_fails_and_the_commit_restores(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, bad: Any
 ) -> None:
@@ -261,8 +271,9 @@ async def test_a_parked_episode_whose_state_cannot_be_exported_fails_and_the_com
     assert done == Completed("1-0-a1", 1.0, 3, ["1-0/0", "1-0/1", "1-0/2"])
 
 
-@pytest.mark.parametrize("bad", [{1, 2}, NAN, RuntimeError("export broke")],
-                         ids=["set", "nan", "raises"])
+@pytest.mark.parametrize(
+    "bad", [{1, 2}, NAN, RuntimeError("export broke")], ids=["set", "nan", "raises"]
+)
 async def test_a_retained_state_that_cannot_be_exported_fails_the_commit_retryably(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, bad: Any
 ) -> None:
@@ -313,10 +324,17 @@ async def test_an_agent_only_environment_resumes_a_run_embedded(
 ) -> None:
     seen: list[tuple[int, int]] = []
     for phase in (1, 2):
-        async with EmbeddedGym.host(agent_only(), instances=2, work_dir=tmp_path / "gym",
-                                    config=HostConfig(lease_s=30.0)) as gym, \
-                open_rollouts(gym, tmp_path, rows=8, group_size=2, max_rows_in_flight=4,
-                              handle_signals=False) as ro:
+        async with (
+            EmbeddedGym.host(
+                agent_only(),
+                instances=2,
+                work_dir=tmp_path / "gym",
+                config=HostConfig(lease_s=30.0),
+            ) as gym,
+            open_rollouts(
+                gym, tmp_path, rows=8, group_size=2, max_rows_in_flight=4, handle_signals=False
+            ) as ro,
+        ):
             if phase == 2:
                 assert ro.restore_summary is not None and ro.restore_summary.restored > 0
             async with aclosing(ro.batches(1)) as batches:  # type: ignore[type-var]
@@ -348,8 +366,10 @@ async def test_a_failed_attempts_retained_mutation_is_not_kept_beside_its_retry(
         return Done(1.0)
 
     env = Environment(agent=Agent(script), participants=(Store("calendar", retained=True),))
-    async with GymHost("gym-0", env, work_dir=tmp_path) as a, \
-            GymHost("gym-1", env, work_dir=tmp_path) as b:
+    async with (
+        GymHost("gym-0", env, work_dir=tmp_path) as a,
+        GymHost("gym-1", env, work_dir=tmp_path) as b,
+    ):
         (first,) = await replies(await a.run([row(5, 1)]))
         assert isinstance(first, Failed) and first.failure_class == "data"
         (retry,) = await replies(await b.run([row(5, 1, 1)]))
@@ -388,16 +408,22 @@ async def _bad_done(ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
     return "finished"  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize(("script", "what", "traceback"), [
-    (_raises, "ZeroDivisionError", "_raises"),
-    (_no_model, "has no model", "_no_model"),
-    (_no_session, "no participant 'nosuch'", "_no_session"),
-    (_bad_done, "step returned str", None),
-    (ending(Done(NAN)), "Done.reward is nan", None),
-])
+@pytest.mark.parametrize(
+    ("script", "what", "traceback"),
+    [
+        (_raises, "ZeroDivisionError", "_raises"),
+        (_no_model, "has no model", "_no_model"),
+        (_no_session, "no participant 'nosuch'", "_no_session"),
+        (_bad_done, "step returned str", None),
+        (ending(Done(NAN)), "Done.reward is nan", None),
+    ],
+)
 async def test_a_failure_of_user_code_is_a_warning_naming_the_episode_with_its_traceback(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
-    script: Step, what: str, traceback: str | None,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    script: Step,
+    what: str,
+    traceback: str | None,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="gymckpt")
     reply = await one_reply(Environment(agent=Agent(script)))
@@ -413,7 +439,9 @@ async def test_a_failure_of_user_code_is_a_warning_naming_the_episode_with_its_t
 
 
 async def test_open_and_export_raising_are_warnings_with_tracebacks(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     class Broken(Store):
         def open(self, info: EpisodeInfo) -> dict[str, Any]:
@@ -422,8 +450,7 @@ async def test_open_and_export_raising_are_warnings_with_tracebacks(
             return super().open(info)
 
     caplog.set_level(logging.WARNING, logger="gymckpt")
-    env = Environment(agent=Agent(poisoning({1})),
-                      participants=(Broken(bad=KeyError("lost")),))
+    env = Environment(agent=Agent(poisoning({1})), participants=(Broken(bad=KeyError("lost")),))
     async with GymHost("gym-0", env) as host:
         stream = await host.run([row(0), row(1)])
         await trio.sleep(1.5)
@@ -441,7 +468,8 @@ async def test_open_and_export_raising_are_warnings_with_tracebacks(
 
 
 async def test_failure_warnings_are_rate_limited_per_instance_with_a_count(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="gymckpt")
 
@@ -467,7 +495,9 @@ async def test_failure_warnings_are_rate_limited_per_instance_with_a_count(
 
 
 async def test_the_dispatcher_refuses_a_non_finite_reward_from_the_wire_and_counts_failures(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import gymckpt.gym_adapter._host_turns as host_module
 
@@ -480,10 +510,14 @@ async def test_the_dispatcher_refuses_a_non_finite_reward_from_the_wire_and_coun
 
     monkeypatch.setattr(host_module, "completed_reply", lying)
     config = RuntimeConfig(max_row_attempts=2, data_failure_budget=10)
-    async with EmbeddedGym.host(Environment(agent=Agent(turns=1)), instances=1,
-                                work_dir=tmp_path / "gym") as gym, \
-            open_rollouts(gym, tmp_path, rows=3, group_size=1, config=config,
-                          handle_signals=False) as ro:
+    async with (
+        EmbeddedGym.host(
+            Environment(agent=Agent(turns=1)), instances=1, work_dir=tmp_path / "gym"
+        ) as gym,
+        open_rollouts(
+            gym, tmp_path, rows=3, group_size=1, config=config, handle_signals=False
+        ) as ro,
+    ):
         trained = [g.row async for batch in ro.batches(1) for g in batch]
         assert (await ro.checkpoint()).ok
         metrics = ro.metrics.snapshot()
@@ -494,8 +528,10 @@ async def test_the_dispatcher_refuses_a_non_finite_reward_from_the_wire_and_coun
 
 
 async def test_the_ledger_writer_refuses_a_non_finite_number_instead_of_writing_null() -> None:
-    for result, where in [(EpisodeResult(NAN, 1), "reward nan"),
-                          (EpisodeResult(1.0, 1, {"x": [INF]}), "payload.x[0] is inf")]:
+    for result, where in [
+        (EpisodeResult(NAN, 1), "reward nan"),
+        (EpisodeResult(1.0, 1, {"x": [INF]}), "payload.x[0] is inf"),
+    ]:
         ledger = RecoveryLedger(group_size=1)
 
         def play(ledger: RecoveryLedger = ledger, result: EpisodeResult = result) -> None:
@@ -527,10 +563,14 @@ async def test_a_checkpoint_that_fails_an_unexportable_episode_is_ok_and_restora
     trained: list[tuple[int, int]] = []
     outcomes = []
     for phase in (1, 2):
-        async with EmbeddedGym.host(env, instances=1, work_dir=tmp_path / "gym",
-                                    config=HostConfig(lease_s=30.0)) as gym, \
-                open_rollouts(gym, tmp_path, rows=4, group_size=1, max_rows_in_flight=4,
-                              handle_signals=False) as ro:
+        async with (
+            EmbeddedGym.host(
+                env, instances=1, work_dir=tmp_path / "gym", config=HostConfig(lease_s=30.0)
+            ) as gym,
+            open_rollouts(
+                gym, tmp_path, rows=4, group_size=1, max_rows_in_flight=4, handle_signals=False
+            ) as ro,
+        ):
             async with aclosing(ro.batches(1)) as batches:  # type: ignore[type-var]
                 async for batch in batches:
                     trained.extend((g.row, g.results[0].payload) for g in batch)
@@ -585,8 +625,9 @@ async def test_a_restore_journals_the_committed_data_without_asking_export_again
         await replies(await host.run([row(0)]))
         await host.prepare("c1", FAR)
         commit = await host.commit("c1", "snap", FAR)
-    spoiled = Environment(agent=Agent(script),
-                          participants=(Spoiled(retained=True, bad=RuntimeError("no")),))
+    spoiled = Environment(
+        agent=Agent(script), participants=(Spoiled(retained=True, bad=RuntimeError("no")),)
+    )
     async with GymHost("gym-0", spoiled, work_dir=tmp_path) as fresh:
         await fresh.restore("snap", record_of(commit), [], FAR)
         assert list(fresh.session_states("store")) == ["0-0"]
@@ -606,10 +647,15 @@ def test_the_plain_data_check_names_the_place_and_lets_none_through() -> None:
         y: Any = None
 
     assert checked_json({"a": [None, 1.5, (2, None)], "b": Point(1.0)}, "v") == (
-        b'{"a":[null,1.5,[2,null]],"b":{"x":1.0,"y":null}}')
-    for value, where in [({"a": (1, NAN)}, "v.a[1] is nan"), ({"p": Point(INF)}, "v.p.x is inf"),
-                         ({"k": {1: 2}}, "v.k: key 1 is int"), ([[None], {"s"}], "v[1] is a set"),
-                         ({"not id": [None, -INF]}, "v['not id'][1] is -inf")]:
+        b'{"a":[null,1.5,[2,null]],"b":{"x":1.0,"y":null}}'
+    )
+    for value, where in [
+        ({"a": (1, NAN)}, "v.a[1] is nan"),
+        ({"p": Point(INF)}, "v.p.x is inf"),
+        ({"k": {1: 2}}, "v.k: key 1 is int"),
+        ([[None], {"s"}], "v[1] is a set"),
+        ({"not id": [None, -INF]}, "v['not id'][1] is -inf"),
+    ]:
         with pytest.raises(NotPlainData, match=re.escape(where)):
             checked_json(value, "v")
     np = pytest.importorskip("numpy")
@@ -634,7 +680,8 @@ async def test_a_state_holding_none_is_committed_and_restored_as_it_was(
         await stream.aclose()
     assert [e.rollout_id for e in commit.exported] == ["0-0"]
     async with GymHost("gym-0", env, work_dir=tmp_path) as fresh:
-        await fresh.restore("snap", record_of(commit), [EpisodeRecord("0-0", "store", "gym-0")],
-                            FAR)
+        await fresh.restore(
+            "snap", record_of(commit), [EpisodeRecord("0-0", "store", "gym-0")], FAR
+        )
         (done,) = await replies(await fresh.run([RunRow("0-0-a1", 0, 0, 1, "0-0")]))
     assert done == Completed("0-0-a1", 1.0, 2, [None, None])

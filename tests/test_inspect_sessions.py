@@ -88,10 +88,12 @@ async def test_live_retained_sessions_are_plain_data_per_slot(
     async with GymHost("gym-0", env) as host:
         await _run_all(host, [RunRow(f"{r}-0", r, 0, 0) for r in range(3)])
         got = host.retained_sessions()
-    assert got == {"ledger": {
-        f"{r}-0": RetainedSession(f"{r}-0", f"{r}-0", 0, {"seen": [r * 10, r * 10 + 1]})
-        for r in range(3)
-    }}
+    assert got == {
+        "ledger": {
+            f"{r}-0": RetainedSession(f"{r}-0", f"{r}-0", 0, {"seen": [r * 10, r * 10 + 1]})
+            for r in range(3)
+        }
+    }
     json.dumps({k: attrs.asdict(v) for k, v in got["ledger"].items()})  # plain JSON
     assert not isinstance(got["ledger"]["0-0"].state, _Tally)
 
@@ -125,16 +127,19 @@ async def _checkpointed_run(workdir: Path, gym_dir: Path) -> dict[str, Any]:
             live = {}
             for name in gym.instances:
                 live[name] = {
-                    participant: {k: {"rollout_id": s.rollout_id, "attempt": s.attempt,
-                                      "state": s.state} for k, s in slots.items()}
+                    participant: {
+                        k: {"rollout_id": s.rollout_id, "attempt": s.attempt, "state": s.state}
+                        for k, s in slots.items()
+                    }
                     for participant, slots in (await gym.retained_sessions(name)).items()
                 }
             calendar = {n: await calendar_sessions_of(gym, n) for n in gym.instances}
     # the same sentinels the calendar's own view reports
     for name, sessions in calendar.items():
-        assert {k: [e["sentinel"] for e in v["state"]["events"]]
-                for k, v in live[name]["calendar"].items()} == {
-            k: list(s.sentinels) for k, s in sessions.items()}
+        assert {
+            k: [e["sentinel"] for e in v["state"]["events"]]
+            for k, v in live[name]["calendar"].items()
+        } == {k: list(s.sentinels) for k, s in sessions.items()}
     return live
 
 
@@ -179,8 +184,12 @@ def test_inspect_says_when_nothing_is_retained(
 def test_inspect_names_an_unreadable_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trio.run(_checkpointed_run, tmp_path / "work", tmp_path / "gym",
-             clock=trio.testing.MockClock(autojump_threshold=0))
+    trio.run(
+        _checkpointed_run,
+        tmp_path / "work",
+        tmp_path / "gym",
+        clock=trio.testing.MockClock(autojump_threshold=0),
+    )
     record = next((tmp_path / "work" / "snapshots").glob("*/gym/gym-0/calendar/records.json"))
     record.write_text("{not json")
     assert cli_main(["inspect", str(tmp_path / "work")]) == 2
@@ -198,5 +207,4 @@ async def test_ray_retained_sessions_cross_as_plain_data(tmp_path: Path) -> None
         await stream.aclose()
         got = await gym.retained_sessions("gym-0")
     assert sorted(got["calendar"]) == ["0-0", "1-0"]
-    assert all(isinstance(s.state, dict) and "events" in s.state
-               for s in got["calendar"].values())
+    assert all(isinstance(s.state, dict) and "events" in s.state for s in got["calendar"].values())
