@@ -1,6 +1,7 @@
 """How an incarnation of a simulated scenario ended (``IncarnationEnd``), told from what stopped
-it: the error its trainer's run raised, classified by the exit code that error maps to
-(``gymckpt.nurseries.run_exit``, the same classification as ``gymckpt.run`` and the demo).
+it: the error its trainer's run raised, classified by its kind of failure
+(``gymckpt.nurseries.run_failure`` over ``gymckpt.runtime.FailureKind``: the same
+classification as the coordinator, ``gymckpt.run`` and the demo).
 
 Some ends are aborts the contract documents (checkpoints failing too often, every instance
 dead, a restore Gym could not serve, an instance dying past its replacement budget): the next
@@ -16,7 +17,8 @@ import enum
 import attrs
 
 from gymckpt.gym_adapter import GymInstanceDead
-from gymckpt.nurseries import ExitCode, run_exit
+from gymckpt.nurseries import run_failure
+from gymckpt.runtime import FailureKind
 
 __all__ = ["FailedEnd", "IncarnationEnd", "failed_end", "restore_may_retry", "single_error"]
 
@@ -61,6 +63,13 @@ _DOCUMENTED_ABORTS = frozenset(
 )
 
 
+_GYM_GAVE_UP = frozenset({FailureKind.CHECKPOINTS_FAILED, FailureKind.GYM_UNAVAILABLE})
+"""Run failures that end a run with exit code 4: checkpoints failed too often in a row, every
+instance dead, or a restore Gym could not serve."""
+_REFUSED = frozenset({FailureKind.BAD_INPUT, FailureKind.TRAINER_FILES})
+"""Run failures that are gymckpt refusing its input (exit code 2)."""
+
+
 def single_error(exc: BaseException) -> BaseException:
     """The one error inside nested single-error exception groups, else ``exc`` itself.
 
@@ -85,23 +94,23 @@ class FailedEnd:
 def failed_end(exc: BaseException, *, opened: bool) -> FailedEnd:
     """Classify the error that ended an incarnation (``opened``: ``open_rollouts`` had
     yielded, so the restore, if any, succeeded)."""
-    decided = run_exit(exc)
+    decided = run_failure(exc)
     err = decided[1] if decided is not None else single_error(exc)
     error = f"{type(err).__name__}: {err}"
-    code = decided[0] if decided is not None else None
-    if code == ExitCode.REPLACEMENTS_EXHAUSTED:
+    kind = decided[0] if decided is not None else None
+    if kind is FailureKind.REPLACEMENTS_EXHAUSTED:
         return FailedEnd(IncarnationEnd.REPLACEMENTS_EXHAUSTED, error)
-    if code == ExitCode.CHECKPOINTS_FAILED:
+    if kind in _GYM_GAVE_UP:
         if not opened:  # open_rollouts never yielded: the restore gave up
             return FailedEnd(IncarnationEnd.RESTORE_FAILED, error)
         if isinstance(err, GymInstanceDead):
             return FailedEnd(IncarnationEnd.GYM_DEAD, error)
         return FailedEnd(IncarnationEnd.CHECKPOINTS_FAILED, error)
-    if code == ExitCode.INVARIANT:
+    if kind is FailureKind.INVARIANT:
         return FailedEnd(
             IncarnationEnd.INVARIANT, error, f"run aborted by an invariant violation: {error}"
         )
-    if code == ExitCode.BAD_INPUT:
+    if kind in _REFUSED:
         return FailedEnd(
             IncarnationEnd.BAD_SNAPSHOT, error, f"our own snapshot was refused: {error}"
         )
@@ -109,7 +118,8 @@ def failed_end(exc: BaseException, *, opened: bool) -> FailedEnd:
 
 
 def restore_may_retry(exc: BaseException) -> bool:
-    """The error is one a restore Gym could not serve (exit 4): with
-    ``Scenario.restore_retry``, the trainer restarts into the same Gym, which rolled back."""
-    decided = run_exit(exc)
-    return decided is not None and decided[0] == ExitCode.CHECKPOINTS_FAILED
+    """The error is one a restore Gym could not serve (``GYM_UNAVAILABLE``, or checkpoints
+    failing): with ``Scenario.restore_retry``, the trainer restarts into the same Gym, which
+    rolled back."""
+    decided = run_failure(exc)
+    return decided is not None and decided[0] in _GYM_GAVE_UP
