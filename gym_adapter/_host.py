@@ -613,11 +613,6 @@ class GymHost:
         read are discarded, the rows run on."""
         self._streams.end(st, hard=True)
 
-    _ack = ack_replies
-    _discard = discard_replies
-    _forget = forget_stream
-    _consumer_closed = close_consumer
-
     def __repr__(self) -> str:
         state = "dead" if self._dead else "prepared" if self._parking.prepared else "open"
         return (

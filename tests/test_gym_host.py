@@ -504,3 +504,28 @@ async def test_under_trio_episodes_are_plain_trio_tasks(
         tasks = _episode_tasks()
         assert len(tasks) == 5
         assert all(t.coro.cr_code is GymHost._episode_main.__code__ for t in tasks)
+
+
+# -- a consumer that reads the batches itself (the Ray actor's outbox) -------------------------
+
+
+async def test_a_consumer_reading_batches_itself_acknowledges_discards_and_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with GymHost("gym-0", environment(turns=1, turn_s=1.0)) as host:
+        stream = await host.run(rows((0, 0, 0), (1, 0, 0)))
+        st = stream.run_stream
+        first = await st.receive.receive()
+        got = sorted(r.rollout_id for r in first)
+        assert got == ["0-0", "1-0"] and host.inventory().on_wire == ("0-0", "1-0")
+        host.ack_replies(st, ["0-0"])  # received: off the wire
+        assert host.inventory().on_wire == ("1-0",)
+        host.discard_replies(st, [r for r in first if r.rollout_id == "1-0"])
+        assert host.inventory().on_wire == () and host.statistics().discarded_replies == 1
+        more = await host.run(rows((2, 0, 0)))
+        await trio.sleep(5.0)  # its batch is sent, never read
+        assert host.inventory().on_wire == ("2-0",)
+        host.close_consumer(more.run_stream)  # the consumer went away: sent batches are lost
+        assert host.inventory().on_wire == () and host.statistics().streams == 1
+        host.forget_stream(st)  # read to its end: no longer listed
+        assert host.statistics().streams == 0
