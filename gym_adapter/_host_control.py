@@ -108,6 +108,9 @@ class ControlPlane:
     count: HostCounts
     failure_log: FailureLog
 
+    def __repr__(self) -> str:
+        return f"<ControlPlane {self.name} commits={self.count.commits}>"
+
     # -- prepare / commit / resume -------------------------------------------------------------
 
     async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply:

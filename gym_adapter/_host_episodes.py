@@ -89,7 +89,7 @@ class Episode:
 
 
 @final
-@attrs.define(eq=False, slots=True)
+@attrs.define(eq=False, slots=True, repr=False)
 class EpisodeTable:
     """The episodes of one instance: ``active`` (moving or parked, by rollout ID: each has or
     had a task) and ``unclaimed`` (restored, waiting for attempt + 1 to claim them; no task).
@@ -139,6 +139,9 @@ class EpisodeTable:
 
     def clear_unclaimed(self) -> None:
         self._unclaimed.clear()
+
+    def __repr__(self) -> str:
+        return f"<EpisodeTable active={len(self._active)} unclaimed={len(self._unclaimed)}>"
 
 
 class TurnHost(Protocol):

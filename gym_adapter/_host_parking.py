@@ -92,6 +92,13 @@ class Parking:
         if self._all_parked is not None:
             self._all_parked.set()
 
+    def __repr__(self) -> str:
+        state = "closing" if self.closing else "prepared" if self.prepared else "open"
+        return (
+            f"<Parking {state} checkpoint={self.checkpoint_id} generation={self.generation} "
+            f"moving={self.moving} parked={len(self._parked)} lease={self._lease is not None}>"
+        )
+
     # -- episodes moving -----------------------------------------------------------------------
 
     def started(self) -> None:

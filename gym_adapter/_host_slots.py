@@ -102,6 +102,12 @@ class SlotTable:
     def n_kept(self) -> int:
         return len(self._kept)
 
+    def __repr__(self) -> str:
+        return (
+            f"<SlotTable {self.instance} owned={len(self._owners)} kept={len(self._kept)} "
+            f"finished={len(self._finished)} journaling={self._journal is not None}>"
+        )
+
     def copy(self) -> KeptCopy:
         """C-level copies of the maps, for an export off the loop."""
         return KeptCopy(list(self._kept.items()), dict(self._owners), dict(self._finished))

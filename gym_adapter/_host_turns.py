@@ -31,7 +31,7 @@ __all__ = ["Turns"]
 
 
 @final
-@attrs.define(eq=False, slots=True)
+@attrs.define(eq=False, slots=True, repr=False)
 class Turns:
     """The turn loop of one instance (``name``) and what its contexts reach (``TurnHost``):
     fencing by the slot table, the model, the counts, the environment's own counters."""
@@ -46,6 +46,9 @@ class Turns:
     """Awaits each ``agent.step`` (and all it awaits): trio, anyio or asyncio code."""
     failure_log: FailureLog
     user_counts: dict[str, int] = attrs.field(factory=dict)
+
+    def __repr__(self) -> str:
+        return f"<Turns {self.name} turns={self.count.turns} counters={len(self.user_counts)}>"
 
     # -- TurnHost --------------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ class RetainedSession:
 
 
 @final
-@attrs.define(eq=False, slots=True)
+@attrs.define(eq=False, slots=True, repr=False)
 class HostViews:
     """The views of one host instance over its parts (read only). ``is_dead`` and
     ``user_counts`` are the host's liveness and the environment's own counters."""
@@ -105,6 +105,9 @@ class HostViews:
     count: HostCounts
     user_counts: Mapping[str, int]
     is_dead: Callable[[], bool]
+
+    def __repr__(self) -> str:
+        return f"<HostViews {self.name}>"
 
     def _alive(self, op: str) -> None:
         if self.is_dead():

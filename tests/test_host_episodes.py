@@ -42,6 +42,7 @@ def test_an_active_episode_leaves_the_table_only_as_itself() -> None:
     table.add(second)
     table.remove(first)
     assert table.active == {"r1": second}
+    assert repr(table) == "<EpisodeTable active=1 unclaimed=0>"
     table.remove(second)
     assert "r1" not in table and table.get("r1") is None
 

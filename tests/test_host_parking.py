@@ -236,3 +236,19 @@ async def test_a_closed_parking_arms_no_lease_and_restarts_nothing(
         await trio.sleep(2 * LEASE_S)
         assert restarted == []
         assert await parking.wait_parked(gen, trio.current_time() + 1.0) is True
+
+
+async def test_parking_says_where_it_is_in_its_repr(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving([]) as parking:
+        ep = moving(parking, 0)
+        assert repr(parking) == (
+            "<Parking open checkpoint=None generation=0 moving=1 parked=0 lease=False>"
+        )
+        parking.prepare("ckpt-1")
+        parking.arm_lease(lambda: None)
+        await parking.boundary(ep, never_fenced)
+        assert repr(parking) == (
+            "<Parking prepared checkpoint=ckpt-1 generation=1 moving=0 parked=1 lease=True>"
+        )

@@ -221,3 +221,10 @@ def test_a_failing_journal_stops_the_instance_after_the_change_and_only_quietly_
     assert slots.owner("2-0") is None and len(failures) == 1
     monkeypatch.undo()
     assert set(journaled(tmp_path)) == {"1-0", "2-0"}  # the journal still holds both
+
+
+def test_the_table_says_what_it_holds_in_its_repr(tmp_path: Path) -> None:
+    slots = table(tmp_path)
+    opened(slots, episode(1, 0, 0))
+    slots.finish(opened(slots, episode(2, 0, 0)))
+    assert repr(slots) == "<SlotTable gym-0 owned=2 kept=1 finished=1 journaling=True>"
