@@ -7,7 +7,7 @@ everywhere, so an environment may call trio, anyio or asyncio (``_user_calls``) 
 same embedded and on Ray. Every method body that touches the instance runs in that trio run
 (``TrioGuest.call``; acknowledgements without a reply through ``TrioGuest.soon``); a Ray
 cancellation of a call cancels its trio task and returns once the task has ended. (The trio side
-of the driver reaches Ray through ``gym_adapter._ray``, the one module that touches
+of the driver waits on Ray through ``_ray_bridge``, which with ``_ray`` is all that touches
 trio-asyncio; no trio-asyncio here.) The driver decides everything deployment-wide (the
 ``FaultPlan`` counts, dead instances, stream ids); the actor executes: it re-anchors each
 deadline on the trio run's clock, applies the fault it was handed for real, runs the call on its
