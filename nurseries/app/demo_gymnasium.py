@@ -41,7 +41,7 @@ def environment_id(env: str) -> str | None:
     if env == "calendar":
         return None
     if env.startswith(GYMNASIUM_PREFIX) and len(env) > len(GYMNASIUM_PREFIX):
-        return env[len(GYMNASIUM_PREFIX):]
+        return env[len(GYMNASIUM_PREFIX) :]
     raise ValueError(f"--env must be calendar or gymnasium:ID, got {env!r}")
 
 
@@ -67,8 +67,12 @@ async def open_gymnasium_gym(
 
     env = gymnasium_environment(env_id, pace_s=PACE_S, max_episode_steps=MAX_EPISODE_STEPS)
     async with EmbeddedGym.host(
-        env, instances=instances, seed=seed, work_dir=work_dir,
-        config=HostConfig(lease_s=lease_s), faults=faults,
+        env,
+        instances=instances,
+        seed=seed,
+        work_dir=work_dir,
+        config=HostConfig(lease_s=lease_s),
+        faults=faults,
     ) as gym:
         yield gym
 
@@ -85,9 +89,11 @@ def trajectory_verdict(
             got.setdefault((row, slot), []).append(digest)
     mismatched = 0
     for (row, slot), digests in got.items():
-        ref = trajectory_digest(_plain_trajectory(
-            reference_trajectory(env_id, seed, row, slot, max_episode_steps=MAX_EPISODE_STEPS)
-        ))
+        ref = trajectory_digest(
+            _plain_trajectory(
+                reference_trajectory(env_id, seed, row, slot, max_episode_steps=MAX_EPISODE_STEPS)
+            )
+        )
         mismatched += sum(1 for d in digests if d != ref)
     return {
         "env": f"{GYMNASIUM_PREFIX}{env_id}",

@@ -1,0 +1,43 @@
+"""The demo's options (``demo_options``): flags checked on construction, a JSON round trip for
+the phase processes, runtime settings layered strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+from gymckpt.nurseries.app.demo_options import CRASH_STAGES, MID_PUBLISH, DemoOptions
+from gymckpt.runtime import ManifestError
+
+
+def test_options_round_trip_through_json() -> None:
+    opts = DemoOptions(rows=8, faults=("prepare:hang@1",), runtime=(("lease_s", 60.0),))
+    assert DemoOptions.from_json(opts.to_json()) == opts
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"rows": 0}, "--rows must be >= 1"),
+        ({"crash_after_checkpoint": -1}, "--crash-after-checkpoint must be >= 0"),
+        ({"crash_stage": "nowhere"}, "--crash-at-stage must be one of"),
+        ({"crash_stage": MID_PUBLISH, "crash_after_checkpoint": 0}, "needs --crash-after"),
+        ({"backend": "http"}, "--backend must be embedded or ray"),
+        ({"env": "gymnasium:CartPole-v1", "backend": "ray"}, "runs on --backend embedded"),
+    ],
+)
+def test_bad_flags_are_refused_naming_the_flag(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DemoOptions(**kw)  # type: ignore[arg-type]
+
+
+def test_crash_stages_are_the_hook_points_and_mid_publish() -> None:
+    assert CRASH_STAGES[-1] == MID_PUBLISH and "after_publish" in CRASH_STAGES
+
+
+def test_runtime_settings_override_the_demos_strictly() -> None:
+    assert DemoOptions().runtime_config().lease_s == 30.0
+    assert DemoOptions(runtime=(("lease_s", 60.0),)).runtime_config().lease_s == 60.0
+    with pytest.raises(ManifestError, match=r"cfg\.toml"):
+        DemoOptions(runtime=(("no_such_field", 1),)).runtime_config("cfg.toml")
+    assert DemoOptions(env="gymnasium:CartPole-v1").gymnasium_id == "CartPole-v1"
+    assert DemoOptions(hold_first_mutation=True).sim_config().hold_after_first_mutation

@@ -1,0 +1,43 @@
+"""The demo's verdict from files alone (``demo_verdict``): the journal's lineage against the
+dataset, checkpoints counted from the journal, and the JSON object of a demo that never ran."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gymckpt.nurseries.app.demo_journal import JOURNAL, Journal
+from gymckpt.nurseries.app.demo_options import DemoOptions
+from gymckpt.nurseries.app.demo_verdict import error_report, run_report, verdict
+
+
+def journal(tmp_path: Path) -> None:
+    j = Journal(tmp_path / JOURNAL)
+    j.append({"phase": 1, "step": 1, "rows": [0, 1]})
+    j.append({"phase": 1, "step": 1, "rows": [1]})
+    ok = {"phase": 1, "checkpoint": "p1-0001", "ok": True, "stage_s": {"prepare": 0.002}}
+    j.append(ok)
+    j.append({**ok, "checkpoint": "p1-0002", "ok": False, "stage_s": {}})
+
+
+def test_a_lineage_with_a_row_twice_and_rows_lost_is_not_exactly_once(tmp_path: Path) -> None:
+    journal(tmp_path)
+    out = verdict(DemoOptions(rows=4), tmp_path, [{"restored": {"restored": 1}}])
+    assert out["exactly_once"] is False
+    assert (out["duplicates"], out["lost"], out["steps_trained_twice"]) == (1, 2, 1)
+    assert (out["checkpoints_ok"], out["checkpoints_failed"], out["restores"]) == (1, 1, 1)
+    assert out["stage_ms_median"] == {"prepare": 2.0}
+
+
+def test_the_run_report_says_what_the_run_was(tmp_path: Path) -> None:
+    journal(tmp_path)
+    out = run_report(DemoOptions(rows=4, seed=3), tmp_path, True, time.monotonic())
+    assert out["killed_with_sigkill"] and out["seed"] == 3 and out["snapshots"] == []
+    assert out["workdir"] == str(tmp_path) and out["replacements"] == 0
+
+
+def test_a_demo_that_never_ran_reports_its_error_and_exit_code() -> None:
+    out = error_report("--workdir x is not empty", 2, DemoOptions(rows=7))
+    assert out["rows"] == 7 and out["exactly_once"] is False
+    assert out["error"] == "--workdir x is not empty" and out["exit_code"] == 2
+    assert error_report("bad flag", 2)["rows"] == 0
