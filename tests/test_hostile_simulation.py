@@ -67,22 +67,34 @@ def test_a_hostile_seed_replays_exactly(tmp_path: Path) -> None:
 
 def _one_act(act: HostileAct, **overrides: object) -> Scenario:
     """A small healthy scenario on two instances whose environment does ``act``."""
-    base = dict(seed=5, rows=8, group_size=2, instances=2, turns=(2, 3), mutation_p=1.0,
-                hostile=(act,), max_consecutive_failures=3)
+    base = dict(
+        seed=5,
+        rows=8,
+        group_size=2,
+        instances=2,
+        turns=(2, 3),
+        mutation_p=1.0,
+        hostile=(act,),
+        max_consecutive_failures=3,
+    )
     base.update(overrides)
     return Scenario(**base)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("act", [
-    HostileAct(kind="raise_after_mutation", row=1, slot=0, turn=1),
-    HostileAct(kind="nan_reward", row=2, slot=1, turn=3),
-    HostileAct(kind="inf_reward", row=0, slot=0, turn=3),
-    HostileAct(kind="set_payload", row=3, slot=1, turn=3),
-    HostileAct(kind="nan_payload", row=1, slot=1, turn=3),
-    HostileAct(kind="export_raises", n=5),
-    HostileAct(kind="export_set", n=5),
-    HostileAct(kind="export_nan", n=5),
-], ids=lambda a: a.kind)
+@pytest.mark.parametrize(
+    "act",
+    [
+        HostileAct(kind="raise_after_mutation", row=1, slot=0, turn=1),
+        HostileAct(kind="nan_reward", row=2, slot=1, turn=3),
+        HostileAct(kind="inf_reward", row=0, slot=0, turn=3),
+        HostileAct(kind="set_payload", row=3, slot=1, turn=3),
+        HostileAct(kind="nan_payload", row=1, slot=1, turn=3),
+        HostileAct(kind="export_raises", n=5),
+        HostileAct(kind="export_set", n=5),
+        HostileAct(kind="export_nan", n=5),
+    ],
+    ids=lambda a: a.kind,
+)
 def test_a_hostile_act_strikes_and_nothing_is_lost_or_repeated(
     tmp_path: Path, act: HostileAct
 ) -> None:
@@ -107,11 +119,15 @@ def test_a_hanging_step_does_not_hang_the_run(tmp_path: Path) -> None:
     assert report.rows_trained + report.rows_failed == sc.rows
 
 
-@pytest.mark.parametrize("act", [
-    HostileAct(kind="short_write", n=3),
-    HostileAct(kind="torn_record", n=4),
-    HostileAct(kind="full_disk", n=3, count=2),
-], ids=lambda a: a.kind)
+@pytest.mark.parametrize(
+    "act",
+    [
+        HostileAct(kind="short_write", n=3),
+        HostileAct(kind="torn_record", n=4),
+        HostileAct(kind="full_disk", n=3, count=2),
+    ],
+    ids=lambda a: a.kind,
+)
 def test_a_journal_fault_keeps_every_mutation_once(tmp_path: Path, act: HostileAct) -> None:
     """Short writes, a torn record (the instance dies inside its append and is replaced) and a
     full disk under the journal: an infrastructure failure, never a data failure, never the
@@ -125,8 +141,17 @@ def test_a_journal_fault_keeps_every_mutation_once(tmp_path: Path, act: HostileA
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_hostile_ci_seeds_hold_their_invariants(tmp_path: Path) -> None:
-    assert main_simulate(HOSTILE_CI_SEEDS, 0, as_json=False, tmp_root=tmp_path,
-                         progress=lambda _line: None, hostile=True) == 0
+    assert (
+        main_simulate(
+            HOSTILE_CI_SEEDS,
+            0,
+            as_json=False,
+            tmp_root=tmp_path,
+            progress=lambda _line: None,
+            hostile=True,
+        )
+        == 0
+    )
 
 
 def test_the_cli_documents_and_reports_the_hostile_dimension(
@@ -147,8 +172,13 @@ def test_the_cli_documents_and_reports_the_hostile_dimension(
 
 def test_journal_faults_strike_only_journal_writes_and_are_undone(tmp_path: Path) -> None:
     killed: list[str] = []
-    acts = HostileActs((HostileAct(kind="short_write", n=1), HostileAct(kind="full_disk", n=2),
-                        HostileAct(kind="torn_record", n=3)))
+    acts = HostileActs(
+        (
+            HostileAct(kind="short_write", n=1),
+            HostileAct(kind="full_disk", n=2),
+            HostileAct(kind="torn_record", n=3),
+        )
+    )
     journal = tmp_path / "gym-1" / JOURNAL_FILE
     journal.parent.mkdir()
     other = tmp_path / "other.bin"
@@ -178,8 +208,9 @@ async def test_the_hostile_calendar_is_the_calendar_when_inactive(
     """Inactive (the last incarnation), the hostile workplace plays the plain calendar's
     episodes: the same rewards and sentinels, nothing struck."""
     cfg = SimConfig(turns=(2, 3), mutation_p=1.0)
-    acts = HostileActs((HostileAct(kind="raise_after_mutation", row=0, slot=0, turn=0),),
-                       active=False)
+    acts = HostileActs(
+        (HostileAct(kind="raise_after_mutation", row=0, slot=0, turn=0),), active=False
+    )
     env = hostile_calendar_environment("simple_agent", cfg, acts)
     async with GymHost("gym-0", env, 3, None, cfg.host_config()) as host:
         stream = await host.run([RunRow("0-0", 0, 0, 0)])

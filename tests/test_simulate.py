@@ -30,8 +30,14 @@ CI_SEEDS = 300
 
 def _simulate(*args: str, hash_seed: str = "random") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    return subprocess.run([sys.executable, "-m", "gymckpt", "simulate", *args],
-                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gymckpt", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
 
 
 @pytest.mark.subprocess
@@ -156,9 +162,12 @@ def test_the_simulation_finds_a_dropped_attempt_left_in_gym_state(
 
     with monkeypatch.context() as m:
         m.setattr(_ledger_snapshot, "_header", forgetful)
-        assert main_simulate(1, 65, as_json=False, tmp_root=tmp_path) + main_simulate(
-            1, 122, as_json=False, tmp_root=tmp_path) + main_simulate(
-            1, 226, as_json=False, tmp_root=tmp_path) >= 3
+        assert (
+            main_simulate(1, 65, as_json=False, tmp_root=tmp_path)
+            + main_simulate(1, 122, as_json=False, tmp_root=tmp_path)
+            + main_simulate(1, 226, as_json=False, tmp_root=tmp_path)
+            >= 3
+        )
     assert "sentinels more than once" in capsys.readouterr().out
     assert main_simulate(1, 226, as_json=False, tmp_root=tmp_path) == 0
 
@@ -168,7 +177,10 @@ def test_the_cli_prints_the_verdict_and_progress_not_the_runs_log_lines() -> Non
     # handler configured Python would print each of them to stderr (its last-resort handler).
     out = subprocess.run(
         [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "2", "--start", "0"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("2 seeds from 0: 2 passed, 0 failed"), out.stdout

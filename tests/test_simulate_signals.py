@@ -20,9 +20,10 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(120)
 def test_sigterm_stops_the_simulation(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "100000", "--tmp",
-         str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "100000", "--tmp", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
     )
     try:
         deadline = time.monotonic() + 60

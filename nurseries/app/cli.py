@@ -44,7 +44,6 @@ from gymckpt.runtime import (
 __all__ = ["build_parser", "main"]
 
 
-
 class _Parser(argparse.ArgumentParser):
     last_error: str | None = None
     """The last flag error (for ``demo --json``, which reports it in its JSON object too)."""
@@ -99,74 +98,132 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "an error line when the run did not finish."
         ),
     )
-    demo.add_argument("--backend", choices=["embedded", "ray"], default="embedded",
-                      help="Gym deployment: in-process simulated Gym, or a Ray actor per instance")
+    demo.add_argument(
+        "--backend",
+        choices=["embedded", "ray"],
+        default="embedded",
+        help="Gym deployment: in-process simulated Gym, or a Ray actor per instance",
+    )
     demo.add_argument("--rows", type=int, default=64, help="dataset rows (prompts); default 64")
     demo.add_argument("--group-size", type=int, default=4, help="generations per prompt group")
     demo.add_argument("--instances", type=int, default=2, help="Gym instances (replicas)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the simulated Gym")
-    demo.add_argument("--checkpoint-every", type=int, default=2, metavar="STEPS",
-                      help="rollout checkpoint every this many training steps")
-    demo.add_argument("--crash-after-checkpoint", type=int, default=1, metavar="N",
-                      help="SIGKILL the trainer after its N-th checkpoint; 0 disables (default 1)")
-    demo.add_argument("--crash-at-stage", metavar="POINT",
-                      help="instead, phase 1 SIGKILLs itself at this point of checkpoint "
-                      "--crash-after-checkpoint: before_prepare, after_prepare, after_commit, "
-                      "before_publish, mid_publish (files written, no commit marker yet), "
-                      "after_publish or before_resume")
-    demo.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                      help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. "
-                      "prepare:hang@1; KIND dead kills the instance, which is then replaced")
-    demo.add_argument("--workdir", help="new or empty directory for snapshots and the journal "
-                      "(default: a fresh temporary directory, removed after a run that "
-                      "finished exactly once unless --keep)")
-    demo.add_argument("--keep", action="store_true",
-                      help="keep the temporary work directory of a run that finished")
-    demo.add_argument("--env", default="calendar", metavar="ENV",
-                      help="environment: calendar (the simulated workplace, default) or "
-                      "gymnasium:ID (e.g. gymnasium:CartPole-v1; needs the gymnasium extra)")
-    demo.add_argument("--agent-kind", choices=["simple_agent", "legacy_agent"],
-                      default="simple_agent", help="agent participant of every instance")
-    demo.add_argument("--ray-address", help="join this Ray cluster ('auto' or an address); "
-                      "default: start a local one")
-    demo.add_argument("--json", action="store_true",
-                      help="print one JSON object (on every exit, finished or not)")
-    demo.add_argument("--config", metavar="FILE",
-                      help="read the options from table [demo] of a TOML file (keys are the "
-                      "option names with underscores, e.g. group_size = 4; flags given on "
-                      "the command line win) and runtime settings from its table [runtime] "
-                      "(RuntimeConfig's fields, e.g. lease_s = 60.0)")
+    demo.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=2,
+        metavar="STEPS",
+        help="rollout checkpoint every this many training steps",
+    )
+    demo.add_argument(
+        "--crash-after-checkpoint",
+        type=int,
+        default=1,
+        metavar="N",
+        help="SIGKILL the trainer after its N-th checkpoint; 0 disables (default 1)",
+    )
+    demo.add_argument(
+        "--crash-at-stage",
+        metavar="POINT",
+        help="instead, phase 1 SIGKILLs itself at this point of checkpoint "
+        "--crash-after-checkpoint: before_prepare, after_prepare, after_commit, "
+        "before_publish, mid_publish (files written, no commit marker yet), "
+        "after_publish or before_resume",
+    )
+    demo.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. "
+        "prepare:hang@1; KIND dead kills the instance, which is then replaced",
+    )
+    demo.add_argument(
+        "--workdir",
+        help="new or empty directory for snapshots and the journal "
+        "(default: a fresh temporary directory, removed after a run that "
+        "finished exactly once unless --keep)",
+    )
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary work directory of a run that finished",
+    )
+    demo.add_argument(
+        "--env",
+        default="calendar",
+        metavar="ENV",
+        help="environment: calendar (the simulated workplace, default) or "
+        "gymnasium:ID (e.g. gymnasium:CartPole-v1; needs the gymnasium extra)",
+    )
+    demo.add_argument(
+        "--agent-kind",
+        choices=["simple_agent", "legacy_agent"],
+        default="simple_agent",
+        help="agent participant of every instance",
+    )
+    demo.add_argument(
+        "--ray-address",
+        help="join this Ray cluster ('auto' or an address); default: start a local one",
+    )
+    demo.add_argument(
+        "--json", action="store_true", help="print one JSON object (on every exit, finished or not)"
+    )
+    demo.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read the options from table [demo] of a TOML file (keys are the "
+        "option names with underscores, e.g. group_size = 4; flags given on "
+        "the command line win) and runtime settings from its table [runtime] "
+        "(RuntimeConfig's fields, e.g. lease_s = 60.0)",
+    )
     if demo_defaults:
         demo.set_defaults(**demo_defaults)
 
     snaps = sub.add_parser(
-        "snapshots", help="list or prune the rollout snapshots of a work directory",
+        "snapshots",
+        help="list or prune the rollout snapshots of a work directory",
         description="List or prune the rollout snapshots of a trainer's work directory (or of "
         "a snapshot root). Copies under restored/ are pinned: a restore works from them.",
     )
-    snaps_sub = snaps.add_subparsers(dest="action", metavar="ACTION", required=True,
-                                     parser_class=_Parser)
+    snaps_sub = snaps.add_subparsers(
+        dest="action", metavar="ACTION", required=True, parser_class=_Parser
+    )
     snaps_list = snaps_sub.add_parser("list", help="every complete snapshot, oldest first")
     snaps_list.add_argument("dir", metavar="DIR")
     snaps_list.add_argument("--json", action="store_true", help="print one JSON object")
     snaps_prune = snaps_sub.add_parser(
-        "prune", help="remove all but the newest N snapshots (pinned copies kept); refused "
-        "while a trainer holds the work directory DIR is or is in")
+        "prune",
+        help="remove all but the newest N snapshots (pinned copies kept); refused "
+        "while a trainer holds the work directory DIR is or is in",
+    )
     snaps_prune.add_argument("dir", metavar="DIR")
     how_many = snaps_prune.add_mutually_exclusive_group(required=True)
-    how_many.add_argument("--keep", type=int, metavar="N",
-                          help="how many of the newest snapshots to keep (at least 1)")
-    how_many.add_argument("--all", action="store_true",
-                          help="remove every snapshot (pinned copies kept)")
+    how_many.add_argument(
+        "--keep",
+        type=int,
+        metavar="N",
+        help="how many of the newest snapshots to keep (at least 1)",
+    )
+    how_many.add_argument(
+        "--all", action="store_true", help="remove every snapshot (pinned copies kept)"
+    )
     snaps_prune.add_argument("--json", action="store_true", help="print one JSON object")
 
     for name, text in (
-        ("inspect", "summarise a rollout snapshot offline, the retained sessions of its "
-                    "environment per slot included"),
+        (
+            "inspect",
+            "summarise a rollout snapshot offline, the retained sessions of its "
+            "environment per slot included",
+        ),
         ("verify", "check a rollout snapshot offline: marker, manifest, topology, digests, ledger"),
     ):
-        p = sub.add_parser(name, help=text, description=text + ". DIR is a snapshot directory "
-                           "or a demo workdir (its latest complete snapshot is used).")
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=text + ". DIR is a snapshot directory "
+            "or a demo workdir (its latest complete snapshot is used).",
+        )
         p.add_argument("dir", metavar="DIR")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -182,20 +239,29 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         ),
         epilog="exit codes: 0 every seed passed, 2 bad flag, 3 some seed violated an invariant",
     )
-    sim.add_argument("--seeds", type=int, default=100, metavar="N",
-                     help="number of seeds to run (default 100)")
+    sim.add_argument(
+        "--seeds", type=int, default=100, metavar="N", help="number of seeds to run (default 100)"
+    )
     sim.add_argument("--start", type=int, default=0, metavar="S", help="first seed (default 0)")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
-    sim.add_argument("--hostile", action="store_true",
-                     help="a hostile environment too: episodes that raise after a mutation, "
-                     "end with non-finite or non-JSON values or hang; exports that return "
-                     "such values or raise; journal writes that are short, torn or hit a full "
-                     "disk (drawn by seed, in every incarnation but the last; off by default)")
-    sim.add_argument("--tmp", metavar="DIR", help="directory for the scenarios' snapshot files "
-                     "(default: /dev/shm when writable, else the system temp directory)")
+    sim.add_argument(
+        "--hostile",
+        action="store_true",
+        help="a hostile environment too: episodes that raise after a mutation, "
+        "end with non-finite or non-JSON values or hang; exports that return "
+        "such values or raise; journal writes that are short, torn or hit a full "
+        "disk (drawn by seed, in every incarnation but the last; off by default)",
+    )
+    sim.add_argument(
+        "--tmp",
+        metavar="DIR",
+        help="directory for the scenarios' snapshot files "
+        "(default: /dev/shm when writable, else the system temp directory)",
+    )
 
-    bench = sub.add_parser("bench", help="run benchmarks (see gymckpt bench --help)",
-                           add_help=False)
+    bench = sub.add_parser(
+        "bench", help="run benchmarks (see gymckpt bench --help)", add_help=False
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -288,8 +354,11 @@ def retained_sessions(snap: LoadedSnapshot) -> dict[str, dict[str, dict[str, Any
             if not isinstance(records, SessionRecords) or not records.retained:
                 continue
             slots = {
-                sess.key: {"rollout_id": sess.rollout_id, "attempt": sess.attempt,
-                           "state": sess.state}
+                sess.key: {
+                    "rollout_id": sess.rollout_id,
+                    "attempt": sess.attempt,
+                    "state": sess.state,
+                }
                 for sess in records.sessions
             }
             out.setdefault(inst.name, {})[p.server_name] = dict(sorted(slots.items()))
@@ -302,8 +371,12 @@ def _inspect(snap: LoadedSnapshot) -> dict[str, Any]:
         "checkpoint_id": snap.manifest.checkpoint_id,
         "instances": {
             i.name: [
-                {"server_name": p.server_name, "kind": p.kind, "state_dir": p.state_dir,
-                 "records_digest": p.records_digest}
+                {
+                    "server_name": p.server_name,
+                    "kind": p.kind,
+                    "state_dir": p.state_dir,
+                    "records_digest": p.records_digest,
+                }
                 for p in i.participants
             ]
             for i in snap.manifest.instances
@@ -341,12 +414,14 @@ def _print_retained(retained: dict[str, dict[str, dict[str, Any]]]) -> None:
         return
     for instance, parts in retained.items():
         for participant, slots in parts.items():
-            print(f"  retained {instance}/{participant}: {len(slots)} slot(s)"
-                  + (" (slot: owning attempt, exported state)" if slots else ""))
+            print(
+                f"  retained {instance}/{participant}: {len(slots)} slot(s)"
+                + (" (slot: owning attempt, exported state)" if slots else "")
+            )
             for key, sess in list(slots.items())[:SLOTS_SHOWN]:
                 state = json.dumps(sess["state"], sort_keys=True, separators=(",", ":"))
                 if len(state) > STATE_SHOWN:
-                    state = state[:STATE_SHOWN - 1] + "…"
+                    state = state[: STATE_SHOWN - 1] + "…"
                 print(f"    {key}: {sess['rollout_id']} (attempt {sess['attempt']}) {state}")
             if len(slots) > SLOTS_SHOWN:
                 print(f"    … {len(slots) - SLOTS_SHOWN} more (--json has every slot)")
@@ -361,8 +436,13 @@ def _offline(command: str, raw_dir: str, as_json: bool) -> int:
         else:
             print(f"snapshot {info['checkpoint_id']} at {info['path']}")
             for name, parts in info["instances"].items():
-                print(f"  {name}: " + ", ".join(f"{p['server_name']}({p['kind']}) "
-                                                 f"{p['records_digest'][:19]}…" for p in parts))
+                print(
+                    f"  {name}: "
+                    + ", ".join(
+                        f"{p['server_name']}({p['kind']}) {p['records_digest'][:19]}…"
+                        for p in parts
+                    )
+                )
             print(f"  episodes parked: {info['episodes']}")
             _print_retained(info["retained"])
             if "ledger" in info:
@@ -377,9 +457,11 @@ def _offline(command: str, raw_dir: str, as_json: bool) -> int:
         for p in problems:
             print(f"gymckpt: verify: {p}", file=sys.stderr)
     else:
-        print(f"ok: {snap.path} (checkpoint {snap.manifest.checkpoint_id}: marker, manifest, "
-              f"{sum(len(i.participants) for i in snap.manifest.instances)} participant digests, "
-              "ledger consistent)")
+        print(
+            f"ok: {snap.path} (checkpoint {snap.manifest.checkpoint_id}: marker, manifest, "
+            f"{sum(len(i.participants) for i in snap.manifest.instances)} participant digests, "
+            "ledger consistent)"
+        )
     return ExitCode.BAD_INPUT if problems else ExitCode.OK
 
 
@@ -459,14 +541,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for spec in args.fault:
             FaultSpec.parse(spec)
-        hidden = {k: getattr(args, k) for k in ("groups_per_step", "max_rows_in_flight",
-                                                "hold_first_mutation") if hasattr(args, k)}
-        opts = DemoOptions(**hidden,
-            backend=args.backend, rows=args.rows, group_size=args.group_size,
-            instances=args.instances, seed=args.seed, checkpoint_every=args.checkpoint_every,
-            crash_after_checkpoint=args.crash_after_checkpoint, faults=tuple(args.fault),
-            workdir=args.workdir, ray_address=args.ray_address, agent_kind=args.agent_kind,
-            crash_stage=args.crash_at_stage, env=args.env, keep=args.keep,
+        hidden = {
+            k: getattr(args, k)
+            for k in ("groups_per_step", "max_rows_in_flight", "hold_first_mutation")
+            if hasattr(args, k)
+        }
+        opts = DemoOptions(
+            **hidden,
+            backend=args.backend,
+            rows=args.rows,
+            group_size=args.group_size,
+            instances=args.instances,
+            seed=args.seed,
+            checkpoint_every=args.checkpoint_every,
+            crash_after_checkpoint=args.crash_after_checkpoint,
+            faults=tuple(args.fault),
+            workdir=args.workdir,
+            ray_address=args.ray_address,
+            agent_kind=args.agent_kind,
+            crash_stage=args.crash_at_stage,
+            env=args.env,
+            keep=args.keep,
             runtime=_demo_file_runtime(args.config),
         )
         if args.config:

@@ -59,22 +59,39 @@ def _target(raw: str) -> _Target:
     lock_dir = workdir if workdir is not None else path
     here = path.resolve()
     if (path / SNAPSHOTS_DIR).is_dir() or here == workdir:
-        return _Target(path, SnapshotStore(path / SNAPSHOTS_DIR), path / RESTORED_DIR, lock_dir,
-                       None)
+        return _Target(
+            path, SnapshotStore(path / SNAPSHOTS_DIR), path / RESTORED_DIR, lock_dir, None
+        )
     restored = workdir / RESTORED_DIR if workdir is not None else None
     if (path / COMMIT_MARKER).exists() or path.name.startswith("ckpt-"):
-        return _Target(path, SnapshotStore(path), None, lock_dir,
-                       f"{path} is one snapshot; prune takes its work directory or snapshot root")
+        return _Target(
+            path,
+            SnapshotStore(path),
+            None,
+            lock_dir,
+            f"{path} is one snapshot; prune takes its work directory or snapshot root",
+        )
     if workdir is not None and here == workdir / RESTORED_DIR:
-        return _Target(path, SnapshotStore(path), None, lock_dir,
-                       f"{path} holds the copies restores work from (pinned); prune the work "
-                       f"directory {workdir} instead")
+        return _Target(
+            path,
+            SnapshotStore(path),
+            None,
+            lock_dir,
+            f"{path} holds the copies restores work from (pinned); prune the work "
+            f"directory {workdir} instead",
+        )
     return _Target(path, SnapshotStore(path), restored, lock_dir, None)
 
 
 def _row(info: SnapshotInfo, pinned: bool) -> dict[str, Any]:
-    return {"name": info.path.name, "path": str(info.path), "checkpoint_id": info.checkpoint_id,
-            "seq": info.seq, "bytes": tree_size(info.path), "pinned": pinned}
+    return {
+        "name": info.path.name,
+        "path": str(info.path),
+        "checkpoint_id": info.checkpoint_id,
+        "seq": info.seq,
+        "bytes": tree_size(info.path),
+        "pinned": pinned,
+    }
 
 
 def _listing(target: _Target) -> dict[str, Any]:
@@ -113,8 +130,10 @@ def prune_snapshots(raw: str, keep: int | None, as_json: bool, every: bool = Fal
     elif keep is None:
         raise ValueError("say how many snapshots to keep (--keep N), or --all")
     elif keep < 1:
-        raise ValueError(f"--keep must be >= 1, got {keep}: --keep 0 would remove every "
-                         "snapshot; say --all to mean that")
+        raise ValueError(
+            f"--keep must be >= 1, got {keep}: --keep 0 would remove every "
+            "snapshot; say --all to mean that"
+        )
     target = _target(raw)
     lock = WorkDirLock(target.lock_dir)
     lock.acquire()  # WorkDirLocked (exit 2) while a trainer runs there
@@ -131,6 +150,8 @@ def prune_snapshots(raw: str, keep: int | None, as_json: bool, every: bool = Fal
         for p in removed:
             print(f"removed {p.name}")
         kept = [r for r in listing["snapshots"] if not r["pinned"]]
-        print(f"kept {len(kept)} snapshot(s)"
-              f"{' (' + ', '.join(r['name'] for r in kept) + ')' if kept else ''}")
+        print(
+            f"kept {len(kept)} snapshot(s)"
+            f"{' (' + ', '.join(r['name'] for r in kept) + ')' if kept else ''}"
+        )
     return 0
