@@ -212,9 +212,10 @@ async def run_phase(
 def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:
     """Entry point of a phase process; exit codes per C4 (see ``run_exit``).
 
-    Found by the fault matrix: the run's error arrives wrapped in the nurseries' exception
-    groups, so ``CheckpointsFailed`` used to escape as a traceback with exit 1. Bad input
-    (manifest, topology) is re-raised bare for the CLI to report with exit 2. Every Gym
+    The run's error arrives wrapped in the nurseries' exception groups; ``run_exit`` decides
+    on the errors inside them, so ``CheckpointsFailed`` ends the phase with exit 4, not a
+    traceback with exit 1. Bad input (manifest, topology) is re-raised bare for the CLI to
+    report with exit 2. Every Gym
     instance dead leaves nothing to dispatch to or checkpoint: exit 4, like checkpoints that
     keep failing.
     """

@@ -50,7 +50,7 @@ Determinism (each seed replays exactly)
 * Scheduling: trio shuffles each batch of runnable tasks with an unseeded module-level
   ``random.Random``. Per scenario the simulation seeds it and flips the private switch trio's
   Hypothesis plugin flips, so each batch is first sorted by task creation order and then
-  shuffled by that seeded Random: the order no longer depends on the order in which wakeups
+  shuffled by that seeded Random: the order does not depend on the order in which wakeups
   were issued (e.g. iterating a set of objects hashed by ``id``). Both names are trio's
   privates: ``sim_determinism`` checks that the installed trio is one the hook was written for
   (``TRIO_VERSIONS``) and refuses to simulate on any other (``gymckpt simulate`` exits 2 with
