@@ -62,6 +62,7 @@ import attrs
 import trio
 import trio.testing
 
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime import LEDGER_FILE
 
@@ -343,7 +344,7 @@ async def _checkpoint_main(
     cfg: CheckpointConfig, clock: WarpClock, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
-    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.gym_adapter import SimConfig
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
@@ -360,8 +361,8 @@ async def _checkpoint_main(
     async with trio.open_nursery() as top:
         top.start_soon(warp_driver, clock, name="warp-clock")
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
-            async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
-                                        work_dir=Path(tmp) / "gym", config=sim) as gym:
+            async with calendar_embedded(instances=cfg.instances, seed=cfg.seed,
+                                         work_dir=Path(tmp) / "gym", config=sim) as gym:
                 timed = _TimedGym(gym)
                 async with open_rollouts(
                     cast(Any, timed), Path(tmp) / "run", rows=2 * n // g + 1, group_size=g,
@@ -574,8 +575,8 @@ async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) ->
                                       config=HostConfig(max_batch=batch))
         else:
             sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
-            opened = EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
-                                      work_dir=Path(tmp) / "gym", config=sim)
+            opened = calendar_embedded(instances=cfg.instances, seed=cfg.seed,
+                                       work_dir=Path(tmp) / "gym", config=sim)
         async with opened as gym:
             t0 = perf_ns()
             trained = 0

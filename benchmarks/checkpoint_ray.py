@@ -2,7 +2,7 @@
 
 The counterpart of ``benchmarks.checkpoint`` (the embedded Gym) with each Gym instance a Ray
 actor in its own process: on a local Ray cluster of our own (``local_cluster_options``),
-``RayGym.open`` starts K simulated calendar instances, and the
+``calendar_ray`` starts K simulated calendar instances, and the
 trainer facade ``nurseries.open_rollouts`` runs on them with ``max_rows_in_flight = N /
 group_size``. Once the dispatcher has N episodes in flight, one ``Rollouts.checkpoint()`` runs
 its whole protocol, measured by the same code as the embedded run
@@ -48,6 +48,7 @@ from typing import Any, cast
 import attrs
 import trio
 
+from gymckpt.gym_adapter.calendar_env import calendar_ray
 from gymckpt.nurseries import ExitCode
 
 from ._common import Progress, label
@@ -121,7 +122,7 @@ async def _ray_main(
     cfg: CheckpointRayConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> None:
     """Measure; ``finish(result)`` is called before anything is torn down (it exits)."""
-    from gymckpt.gym_adapter import RayGym, SimConfig
+    from gymckpt.gym_adapter import SimConfig
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
@@ -140,9 +141,9 @@ async def _ray_main(
     t_start = time.perf_counter()
     async with trio.open_nursery() as top:
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-ray-") as tmp:
-            async with RayGym.open(instances=cfg.actors, seed=cfg.seed,
-                                   work_dir=Path(tmp) / "gym", config=sim,
-                                   startup_timeout_s=cfg.startup_timeout_s) as gym:
+            async with calendar_ray(instances=cfg.actors, seed=cfg.seed,
+                                    work_dir=Path(tmp) / "gym", config=sim,
+                                    startup_timeout_s=cfg.startup_timeout_s) as gym:
                 started_s = time.perf_counter() - t_start
                 say(f"{cfg.actors} actors up in {started_s:.1f} s; filling to {n:,}")
                 timed = _TimedGym(gym)
@@ -200,10 +201,10 @@ def _shutdown_and_exit() -> None:
 
 def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
     """Start the local cluster on this (the main) thread, as ``benchmarks.fanout`` does (its
-    start-up is then timed on its own), then measure; ``RayGym.open`` uses the connection it
+    start-up is then timed on its own), then measure; ``calendar_ray`` uses the connection it
     finds.
 
-    Left to ``RayGym.open``, ``ray.init`` runs on a trio worker thread, and Ray binds the GCS
+    Left to ``calendar_ray``, ``ray.init`` runs on a trio worker thread, and Ray binds the GCS
     and raylet it starts to the starting thread (``PR_SET_PDEATHSIG``), which trio's thread
     cache retires after 10 s idle. Three 200k fills started that way lost their GCS and raylet
     (SIGKILL, nothing in their logs) 25 to 40 s in. But in a direct test that thread's

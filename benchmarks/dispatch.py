@@ -60,6 +60,7 @@ from gymckpt.gym_adapter import (
     RunRow,
     Topology,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.runtime import DispatchGate, EpisodeRecord, InstanceRecord, RecoveryLedger
 
 from ._common import Progress, label
@@ -262,11 +263,11 @@ async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
 
 
 async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.gym_adapter import SimConfig
 
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch)
-    async with EmbeddedGym.open(instances=cfg.instances_loop, seed=cfg.seed,
-                                work_dir=work / "gym", config=sim) as gym:
+    async with calendar_embedded(instances=cfg.instances_loop, seed=cfg.seed,
+                                 work_dir=work / "gym", config=sim) as gym:
         return await _loop_once(gym, work / "run", cfg.loop_attempts, cfg.loop_batch)
 
 

@@ -1,7 +1,7 @@
 """Control fan-out on Ray: what one checkpoint's control calls cost as the actors grow.
 
 For K = 1, 2, 4, 8, 16 Ray actors (``--quick``: 1 and 2), on one local Ray cluster started
-for the sweep (``address="local"``: never another process's cluster), ``RayGym.open`` starts
+for the sweep (``address="local"``: never another process's cluster), ``calendar_ray`` starts
 K simulated Gym instances and ``open_rollouts`` runs the trainer facade on them. A few short
 rows go through first (so every instance holds sessions and records to export), then the
 trainer takes ``--checkpoints`` whole checkpoints (after one warm-up checkpoint that is not
@@ -47,6 +47,7 @@ from typing import Any, cast
 import attrs
 import trio
 
+from gymckpt.gym_adapter.calendar_env import calendar_ray
 from gymckpt.nurseries import ExitCode
 
 from ._common import Progress, median
@@ -135,15 +136,15 @@ class _CallTimer:
 
 
 async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str, Any]:
-    from gymckpt.gym_adapter import RayGym, SimConfig
+    from gymckpt.gym_adapter import SimConfig
     from gymckpt.nurseries import open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
     sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005))
     rc = RuntimeConfig(control_timeout_s=45.0, drain_timeout_s=45.0)
     t0 = perf()
-    async with RayGym.open(instances=k, config=sim, work_dir=work / "gym",
-                           startup_timeout_s=cfg.startup_timeout_s) as gym:
+    async with calendar_ray(instances=k, config=sim, work_dir=work / "gym",
+                            startup_timeout_s=cfg.startup_timeout_s) as gym:
         started_s = perf() - t0
         say(f"{k} actors started in {started_s:.1f} s")
         timer = _CallTimer(gym)
@@ -199,13 +200,13 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
 async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
     """Rows/s through the whole loop on Ray with 2 actors: one-turn episodes (10-20 ms),
     dispatcher batches of ``dispatch_batch``, the trainer taking every group; real time."""
-    from gymckpt.gym_adapter import RayGym, SimConfig
+    from gymckpt.gym_adapter import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     g, batch = 8, cfg.dispatch_batch
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), max_batch=batch)
-    async with RayGym.open(instances=2, config=sim, work_dir=work / "gym",
-                           startup_timeout_s=cfg.startup_timeout_s) as gym:
+    async with calendar_ray(instances=2, config=sim, work_dir=work / "gym",
+                            startup_timeout_s=cfg.startup_timeout_s) as gym:
         trained = 0
         t0 = perf()
         async with open_rollouts(

@@ -66,6 +66,8 @@ import attrs
 import trio
 import trio.testing
 
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
+
 from ._common import Progress, median
 
 __all__ = ["PreservedConfig", "moving_time", "park_boundary", "parked_time", "run_preserved"]
@@ -198,7 +200,7 @@ class _RestoreRecorder:
 
 
 async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
-    from gymckpt.gym_adapter import EmbeddedGym, RunRow, SimConfig
+    from gymckpt.gym_adapter import RunRow, SimConfig
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
@@ -210,8 +212,8 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
             run.starts[row.rollout_id] = (now, row.row, row.slot)
 
     with trio.CancelScope() as crash:
-        async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
-                                    work_dir=work / "gym", config=sim) as gym:
+        async with calendar_embedded(instances=cfg.instances, seed=cfg.seed,
+                                     work_dir=work / "gym", config=sim) as gym:
             async with open_rollouts(
                 gym, work / "run", rows=ROWS, group_size=cfg.group_size,
                 max_rows_in_flight=cfg.rows_in_flight, restore=False, handle_signals=False,
@@ -247,12 +249,12 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
 
 
 async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+    from gymckpt.gym_adapter import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
-    async with EmbeddedGym.open(instances=cfg.instances, seed=cfg.seed,
-                                work_dir=work / "gym-after", config=sim) as gym:
+    async with calendar_embedded(instances=cfg.instances, seed=cfg.seed,
+                                 work_dir=work / "gym-after", config=sim) as gym:
         rec = _RestoreRecorder(gym)
         t0 = time.perf_counter()
         async with open_rollouts(

@@ -38,6 +38,7 @@ from typing import Any
 import trio
 
 from gymckpt.gym_adapter import GymInstanceDead, RunRow, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_ray
 from gymckpt.runtime import GymUnavailable, rollout_id_for
 
 __all__ = ["main", "measure"]
@@ -69,10 +70,8 @@ async def _serving(gym: Any, instance: str) -> None:
 
 
 async def _once(nodes: Any, work_dir: Path, kind: str) -> dict[str, float]:
-    from gymckpt.gym_adapter import RayGym
-
     faults = ["prepare:dead@1"] if kind == "actor_death" else []
-    async with RayGym.open(instances=3, work_dir=work_dir, config=SIM, faults=faults) as gym:
+    async with calendar_ray(instances=3, work_dir=work_dir, config=SIM, faults=faults) as gym:
         victim = "gym-0"
         t0 = trio.current_time()
         if kind == "actor_death":

@@ -1,8 +1,7 @@
 """EmbeddedGym: a Gym deployment in-process, as a ``GymBackend``.
 
-``EmbeddedGym.host`` serves environments on Gym hosts (``GymHost``), one per instance;
-``EmbeddedGym.open`` is its shortcut for the calendar workplace, an environment like any other
-(``calendar_env.calendar_workplace``). K instances named ``gym-0`` … ``gym-{K-1}`` share one
+``EmbeddedGym.host`` serves environments on Gym hosts (``GymHost``), one per instance,
+and knows no environment in particular. K instances named ``gym-0`` … ``gym-{K-1}`` share one
 task-group lifetime (the context) and one ``FaultPlan``, so ``@N`` in a fault spec counts calls
 across the deployment. Every call is delegated to its instance; the adapter adds only what a
 remote backend adds too:
@@ -69,7 +68,6 @@ from ._host_views import RetainedSession
 from ._load import EnvironmentSource, load_environment
 from ._statistics import GymStatistics
 from ._transport_admission import RunShape
-from .calendar_env import SimConfig, calendar_workplace
 
 __all__ = ["EmbeddedGym"]
 
@@ -78,7 +76,7 @@ T = TypeVar("T")
 
 @final
 class EmbeddedGym:
-    """The embedded Gym deployment. Build it with ``EmbeddedGym.open(...)``."""
+    """The embedded Gym deployment. Build it with ``EmbeddedGym.host(...)``."""
 
     def __init__(
         self,
@@ -95,31 +93,6 @@ class EmbeddedGym:
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._replacements: dict[str, int] = dict.fromkeys(self._names, 0)
         self._replaced: list[GymHost] = []
-
-    @classmethod
-    @asynccontextmanager
-    async def open(
-        cls,
-        instances: int = 1,
-        agent_kinds: str | Sequence[str] = "simple_agent",
-        seed: int = 0,
-        work_dir: str | Path | None = None,
-        config: SimConfig | None = None,
-        faults: Sequence[str | FaultSpec] = (),
-    ) -> AsyncIterator[EmbeddedGym]:
-        """Serve the calendar workplace (``calendar_env.calendar_workplace``: ``agent_kinds``
-        one kind for all instances or one per instance, ``config`` its knobs) on ``instances``
-        instances until the context exits: a shortcut for ``host`` with its environments.
-
-        ``faults`` are C3 specs (strings or ``FaultSpec``); a bad spec raises ``ValueError``
-        before anything runs. With ``work_dir``, each instance keeps its calendar sessions in a
-        durable log there, which a replacement (``replace``) continues.
-        """
-        workplace = calendar_workplace(instances, agent_kinds, config)
-        async with cls.host(
-            workplace.environments, instances, seed, work_dir, workplace.host_config, faults
-        ) as gym:
-            yield gym
 
     @classmethod
     @asynccontextmanager

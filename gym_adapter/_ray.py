@@ -88,7 +88,6 @@ from ._transport_admission import RunShape
 from ._transport_deadlines import WireDeadline
 from ._transport_errors import first_line
 from ._transport_generations import Generations
-from .calendar_env import SimConfig, calendar_workplace
 
 __all__ = [
     "NO_SUCH_RESOURCE",
@@ -147,8 +146,7 @@ class Replacement:
 
 @final
 class RayGym:
-    """The Gym deployment on Ray. Build it with ``RayGym.host(...)`` (or ``open``, its
-    shortcut for the calendar workplace).
+    """The Gym deployment on Ray. Build it with ``RayGym.host(...)``.
 
     Each instance name has one live incarnation at a time: ``replace`` ends the dead one's
     actor and starts a new one under the same name (its *generation* goes up,
@@ -184,46 +182,6 @@ class RayGym:
         self._last_stats: dict[str, HostStatistics] = {}
         self._acks = AckBook.of(self._names)
         """Acknowledgements recorded per instance, handed to its next call."""
-
-    @classmethod
-    @asynccontextmanager
-    async def open(
-        cls,
-        instances: int = 1,
-        agent_kinds: str | Sequence[str] = "simple_agent",
-        seed: int = 0,
-        work_dir: str | Path | None = None,
-        config: SimConfig | None = None,
-        faults: Sequence[str | FaultSpec] = (),
-        address: str | None = None,
-        *,
-        num_cpus: float = 0.1,
-        stuck_loop_s: float = 0.0,
-        batch_replies: bool = True,
-        max_batch_replies: int = 1024,
-        startup_timeout_s: float = 60.0,
-        cluster_loss_s: float = CLUSTER_LOSS_S,
-    ) -> AsyncIterator[RayGym]:
-        """Serve the calendar workplace (``calendar_env.calendar_workplace``) on ``instances``
-        actors until the context exits: a shortcut for ``host`` with its environments. The
-        arguments up to ``faults`` are ``EmbeddedGym.open``'s, the rest ``host``'s."""
-        workplace = calendar_workplace(instances, agent_kinds, config)
-        async with cls.host(
-            workplace.environments,
-            instances,
-            seed,
-            work_dir,
-            workplace.host_config,
-            faults,
-            address,
-            num_cpus=num_cpus,
-            stuck_loop_s=stuck_loop_s,
-            batch_replies=batch_replies,
-            max_batch_replies=max_batch_replies,
-            startup_timeout_s=startup_timeout_s,
-            cluster_loss_s=cluster_loss_s,
-        ) as gym:
-            yield gym
 
     @classmethod
     @asynccontextmanager

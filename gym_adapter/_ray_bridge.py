@@ -1,6 +1,6 @@
 """trio → asyncio → Ray: how the trio side waits for a Ray result, and how it gives up.
 
-``RayGym.open`` opens one trio-asyncio loop for the deployment's lifetime. Submitting a call
+``RayGym.host`` opens one trio-asyncio loop for the deployment's lifetime. Submitting a call
 (``actor.method.remote(...)``) is a plain synchronous call; *waiting* for it always happens in an
 asyncio task on that loop (``Bridge``), never from trio directly: an ``ObjectRef`` awaited
 outside an asyncio loop has no loop to wrap its future in, and one awaited on some other loop

@@ -155,7 +155,7 @@ async def _check_reachable(address: str) -> None:
 @contextmanager
 def as_if_no_nursery() -> Iterator[None]:
     """The watch's nursery wraps whatever leaves it in an exception group: an error of the
-    ``async with RayGym.open()`` body (or the watch's own) comes out as it went in."""
+    ``async with RayGym.host()`` body (or the watch's own) comes out as it went in."""
     try:
         yield
     except BaseExceptionGroup as group:

@@ -14,25 +14,32 @@ Every instance hosts the same ``Environment`` a user would write:
 
 What an episode does is a function of (seed, row, slot) only (``plan_episode``), so a run can
 be checked against its plans: every sentinel a plan calls for must be in the final calendar
-exactly once (the exactly-once verdict). Nothing here is private to gymckpt: this module uses
+exactly once (the exactly-once verdict). ``calendar_embedded`` and ``calendar_ray`` serve it on
+either deployment (which know nothing of it). Nothing here is private to gymckpt: this module uses
 only what ``gymckpt.gym_adapter`` exports.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 import attrs
 
+from ._embedded import EmbeddedGym
 from ._environment import Environment
 from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
+from ._faults import FaultSpec
 from ._host import GymHost, HostConfig, SessionView
 from ._host_episodes import capture_key as host_capture_key
 from ._load import EnvironmentRef
+
+if TYPE_CHECKING:
+    from ._ray import RayGym
 
 __all__ = [
     "AGENT_KINDS",
@@ -45,9 +52,11 @@ __all__ = [
     "CalendarWorkplace",
     "EpisodePlan",
     "SimConfig",
+    "calendar_embedded",
     "calendar_environment",
     "calendar_host",
     "calendar_model",
+    "calendar_ray",
     "calendar_sessions",
     "calendar_sessions_of",
     "calendar_state",
@@ -319,6 +328,76 @@ def calendar_workplace(
         ),
         cfg.host_config(),
     )
+
+
+@asynccontextmanager
+async def calendar_embedded(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    seed: int = 0,
+    work_dir: str | Path | None = None,
+    config: SimConfig | None = None,
+    faults: Sequence[str | FaultSpec] = (),
+) -> AsyncIterator[EmbeddedGym]:
+    """The calendar workplace (``calendar_workplace``: ``agent_kinds`` one kind for all
+    instances or one per instance, ``config`` its knobs) served on ``instances`` embedded
+    instances until the context exits: ``EmbeddedGym.host`` with its environments.
+
+    ``faults`` are C3 specs (strings or ``FaultSpec``); a bad spec raises ``ValueError``
+    before anything runs. With ``work_dir``, each instance keeps its calendar sessions in a
+    durable log there, which a replacement (``replace``) continues.
+    """
+    workplace = calendar_workplace(instances, agent_kinds, config)
+    async with EmbeddedGym.host(
+        workplace.environments, instances, seed, work_dir, workplace.host_config, faults
+    ) as gym:
+        yield gym
+
+
+@asynccontextmanager
+async def calendar_ray(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    seed: int = 0,
+    work_dir: str | Path | None = None,
+    config: SimConfig | None = None,
+    faults: Sequence[str | FaultSpec] = (),
+    address: str | None = None,
+    *,
+    num_cpus: float = 0.1,
+    stuck_loop_s: float = 0.0,
+    batch_replies: bool = True,
+    max_batch_replies: int = 1024,
+    startup_timeout_s: float = 60.0,
+    cluster_loss_s: float | None = None,
+) -> AsyncIterator[RayGym]:
+    """The calendar workplace served on ``instances`` Ray actors until the context exits:
+    ``RayGym.host`` with its environments. The arguments up to ``faults`` are
+    ``calendar_embedded``'s, the rest ``RayGym.host``'s (``cluster_loss_s=None``: its default).
+
+    Ray is imported only here, when called: Ray is an optional extra, and this module is
+    imported with ``gym_adapter``.
+    """
+    from ._ray import RayGym
+
+    workplace = calendar_workplace(instances, agent_kinds, config)
+    loss = {} if cluster_loss_s is None else {"cluster_loss_s": cluster_loss_s}
+    async with RayGym.host(
+        workplace.environments,
+        instances,
+        seed,
+        work_dir,
+        workplace.host_config,
+        faults,
+        address,
+        num_cpus=num_cpus,
+        stuck_loop_s=stuck_loop_s,
+        batch_replies=batch_replies,
+        max_batch_replies=max_batch_replies,
+        startup_timeout_s=startup_timeout_s,
+        **loss,
+    ) as gym:
+        yield gym
 
 
 def calendar_host(

@@ -31,6 +31,7 @@ import trio
 import trio_asyncio
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.runtime import CompletedGroup
 
 from ._coordinator import CheckpointOutcome
@@ -86,8 +87,8 @@ async def _hold_open(enter: Callable[[], AbstractAsyncContextManager[T]]) -> Asy
 
 
 def open_embedded_gym(**kw: Any) -> AbstractAsyncContextManager[EmbeddedGym]:
-    """``EmbeddedGym.open(**kw)`` (the built-in calendar workplace) from asyncio code."""
-    return _hold_open(lambda: EmbeddedGym.open(**kw))
+    """``calendar_embedded(**kw)`` (the built-in calendar workplace) from asyncio code."""
+    return _hold_open(lambda: calendar_embedded(**kw))
 
 
 def open_gym(enter: Callable[[], AbstractAsyncContextManager[G]]) -> AbstractAsyncContextManager[G]:

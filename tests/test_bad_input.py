@@ -20,8 +20,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_sessions_of
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_sessions_of
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import DemoOptions
@@ -41,7 +41,7 @@ ROWS, GROUP = 40, 2
 
 async def _make_snapshots(workdir: Path, count: int) -> list[Path]:
     paths = []
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=workdir / "gym", config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=workdir / "gym", config=SIM) as gym:
         async with open_rollouts(gym, workdir, rows=ROWS, group_size=GROUP, config=CONFIG) as ro:
             for step in range(count):
                 await trio.sleep(1)
@@ -162,8 +162,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
 
 async def _restore_attempt(workdir: Path, error: type[Exception], message: str) -> None:
     """A restore through the facade fails with ``message`` and leaves the fresh Gym idle."""
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=workdir / "gym2",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=workdir / "gym2",
+                                 config=SIM) as gym:
         with pytest.raises(error) as raised:
             async with open_rollouts(gym, workdir, rows=ROWS, group_size=GROUP, config=CONFIG):
                 pytest.fail("restored a damaged snapshot")

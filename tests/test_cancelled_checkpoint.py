@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 
@@ -36,7 +37,7 @@ ROWS = 12
 async def running(
     workdir: Path, faults: Sequence[str] = ()
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with EmbeddedGym.open(
+    async with calendar_embedded(
         instances=2, seed=3, work_dir=workdir / "gym", config=SIM, faults=faults
     ) as gym:
         async with open_rollouts(

@@ -12,7 +12,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, load_snapshot
 
@@ -30,7 +31,7 @@ ROWS = 12
 async def test_two_concurrent_checkpoints_serialize(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
         async with open_rollouts(
             gym,
             tmp_path,
@@ -85,7 +86,7 @@ async def test_two_concurrent_checkpoints_serialize(
 async def test_a_checkpoint_waiting_for_another_can_be_cancelled(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
         async with open_rollouts(
             gym,
             tmp_path,

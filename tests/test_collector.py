@@ -10,7 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, collector_paused
 
@@ -55,8 +56,8 @@ async def test_a_checkpoint_runs_without_the_collector(
     seen: dict[str, bool] = {}
     config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
                            lease_s=30.0, pause_collector=pause)
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                 config=SIM) as gym:
         async with open_rollouts(gym, tmp_path, rows=8, group_size=2, config=config,
                                  max_rows_in_flight=6) as ro:
             ro.coordinator.on_stage = lambda _cid, point: seen.update(
@@ -72,13 +73,13 @@ async def test_a_checkpoint_runs_without_the_collector(
 _PROBE = """
 import gc, sys, tempfile
 import trio
-from gymckpt.gym_adapter import EmbeddedGym
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 async def main(freeze):
     with tempfile.TemporaryDirectory() as tmp:
-        async with EmbeddedGym.open(instances=1, work_dir=tmp + "/g") as gym:
+        async with calendar_embedded(instances=1, work_dir=tmp + "/g") as gym:
             before = gc.get_freeze_count()
             cfg = RuntimeConfig(freeze_startup_objects=freeze)
             async with open_rollouts(gym, tmp + "/w", rows=1, group_size=1, config=cfg):

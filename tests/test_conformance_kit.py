@@ -20,7 +20,7 @@ from gymckpt.gym_adapter import (
     SimConfig,
     calendar_environment,
 )
-from gymckpt.gym_adapter.calendar_env import CalendarServer
+from gymckpt.gym_adapter.calendar_env import CalendarServer, calendar_embedded
 from gymckpt.testing import ConformanceError, check_backend, check_environment
 
 gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")
@@ -138,8 +138,8 @@ async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
 async def test_backend_kit_on_the_embedded_calendar(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    async with EmbeddedGym.open(instances=2, work_dir=tmp_path / "live",
-                                config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))) as gym:
+    async with calendar_embedded(instances=2, work_dir=tmp_path / "live",
+                                 config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))) as gym:
         report = await check_backend(gym, tmp_path)
     assert "commit" in report.checks and report.episodes == 16
 

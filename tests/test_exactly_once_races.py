@@ -35,6 +35,7 @@ from gymckpt.gym_adapter import (
     SimConfig,
     calendar_state,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import snapshot_sentinels
@@ -73,8 +74,8 @@ class Wrapped:
 @asynccontextmanager
 async def gym_at(tmp_path: Path, name: str, faults: Sequence[str] = (),
                  instances: int = 2) -> AsyncIterator[EmbeddedGym]:
-    async with EmbeddedGym.open(instances=instances, seed=3, work_dir=tmp_path / name,
-                                config=SIM, faults=faults) as gym:
+    async with calendar_embedded(instances=instances, seed=3, work_dir=tmp_path / name,
+                                 config=SIM, faults=faults) as gym:
         yield gym
 
 

@@ -1,7 +1,7 @@
 """Conformance suite for the Gym contract (``gym_adapter._contract.GymBackend``).
 
 Every test runs against each backend factory in ``BACKENDS`` under trio's autojump clock, so
-timings are virtual and exact. A factory is called like ``EmbeddedGym.open`` (keyword arguments
+timings are virtual and exact. A factory is called like ``calendar_embedded`` (keyword arguments
 ``instances``, ``agent_kinds``, ``seed``, ``work_dir``, ``config``, ``faults``) and yields a
 backend that also offers ``session_states(instance, participant)`` (the calendar's sessions are
 read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray deployment is
@@ -25,7 +25,6 @@ from gymckpt.gym_adapter import (
     RECORDS_FILE,
     CommitReply,
     Completed,
-    EmbeddedGym,
     EpisodePlan,
     Failed,
     GymControlError,
@@ -38,7 +37,12 @@ from gymckpt.gym_adapter import (
     can_replace,
     plan_episode,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_sessions_of, capture_key, sentinel
+from gymckpt.gym_adapter.calendar_env import (
+    calendar_embedded,
+    calendar_sessions_of,
+    capture_key,
+    sentinel,
+)
 from gymckpt.runtime import (
     EpisodeRecord,
     GymCallTimeout,
@@ -55,7 +59,7 @@ from gymckpt.runtime import (
 Factory = Callable[..., AbstractAsyncContextManager[Any]]
 
 BACKENDS = [
-    pytest.param(EmbeddedGym.open, id="embedded"),
+    pytest.param(calendar_embedded, id="embedded"),
     pytest.param(lambda **kw: __import__("test_ray_backend").open_for_conformance(**kw),
                  id="ray", marks=pytest.mark.ray),  # imports Ray only when a ray test runs
 ]

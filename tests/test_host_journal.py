@@ -28,7 +28,6 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import (
-    EmbeddedGym,
     GymHost,
     GymInstanceDead,
     RunRow,
@@ -43,6 +42,7 @@ from gymckpt.gym_adapter._host_journal import (
     SessionJournal,
     replay_journal,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import (
@@ -467,7 +467,7 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
         max_consecutive_failures=2,
     )
     async with (
-        EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
         open_rollouts(
             gym,
             tmp_path,
@@ -529,7 +529,7 @@ async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
     data_failures = -1
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
-            EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
             open_rollouts(
                 gym,
                 tmp_path,

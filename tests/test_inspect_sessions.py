@@ -25,7 +25,7 @@ from gymckpt.gym_adapter import (
     SimConfig,
     sentinel,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_sessions_of
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray, calendar_sessions_of
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.testing.examples import guess_the_number
@@ -118,7 +118,7 @@ async def test_an_environment_without_retained_participants_has_none(
 async def _checkpointed_run(workdir: Path, gym_dir: Path) -> dict[str, Any]:
     """Train every row, then checkpoint with nothing running: the live retained sessions
     (instance -> participant -> slot -> dict) at that checkpoint."""
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=gym_dir, config=CONFIG) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=CONFIG) as gym:
         async with open_rollouts(gym, workdir, rows=6, group_size=2) as ro:
             async for _batch in ro.batches(groups_per_step=2):
                 pass
@@ -198,9 +198,7 @@ def test_inspect_names_an_unreadable_record(
 
 @pytest.mark.ray
 async def test_ray_retained_sessions_cross_as_plain_data(tmp_path: Path) -> None:
-    from gymckpt.gym_adapter import RayGym
-
-    async with RayGym.open(work_dir=tmp_path, seed=5, instances=1, config=CONFIG) as gym:
+    async with calendar_ray(work_dir=tmp_path, seed=5, instances=1, config=CONFIG) as gym:
         stream = await gym.run("gym-0", [RunRow(f"{r}-0", r, 0, 0) for r in range(2)])
         async for _ in stream:
             pass

@@ -24,7 +24,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import JOURNAL_FILE, EmbeddedGym, SimConfig
+from gymckpt.gym_adapter import JOURNAL_FILE, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeConfig
@@ -114,8 +115,8 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
     down). Every row is trained once and every sentinel is in the final snapshot once."""
     work = tmp_path / "work"
     with trio.CancelScope() as crash:
-        async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym-a",
-                                    config=SIM) as gym, \
+        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-a",
+                                     config=SIM) as gym, \
                 open_rollouts(gym, work, rows=ROWS, group_size=2, config=CONFIG,
                               max_rows_in_flight=4, handle_signals=False) as ro:
             # every episode in flight has mutated its calendar (a turn is at most 1s) and
@@ -130,8 +131,8 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
 
     failed: list[str] = []
     with _claims_cannot_be_journaled(failed):
-        async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym-b",
-                                    config=SIM) as gym, \
+        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-b",
+                                     config=SIM) as gym, \
                 open_rollouts(gym, work, rows=ROWS, group_size=2, config=CONFIG,
                               max_rows_in_flight=4, handle_signals=False) as ro:
             assert ro.restored is not None and ro.ledger.statistics().unclaimed == 8  # on both

@@ -289,6 +289,18 @@ def test_the_layers_hold() -> None:
     assert violations() == []
 
 
+@pytest.mark.parametrize(
+    "deployment", ["gymckpt.gym_adapter._embedded", "gymckpt.gym_adapter._ray"]
+)
+def test_the_deployments_know_nothing_of_the_calendar(deployment: str) -> None:
+    """A deployment hosts any environment: the calendar workplace serves itself on them
+    (``calendar_env.calendar_embedded``, ``calendar_ray``), never the other way round."""
+    known = library_modules()
+    imported = {target for target, _line, _typing in imports(deployment, known[deployment], known)}
+    assert imported, deployment  # its imports are seen at all
+    assert "gymckpt.gym_adapter.calendar_env" not in imported, imported
+
+
 def test_known_exceptions_are_still_needed() -> None:
     """Each known exception names something still in the tree (else remove the entry)."""
     known = library_modules()

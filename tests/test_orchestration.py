@@ -24,6 +24,7 @@ from gymckpt.gym_adapter import (
     SimConfig,
     calendar_state,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import (
     PAUSE_HOLDER,
     CheckpointCoordinator,
@@ -66,8 +67,8 @@ async def running(
     agent_kinds: str = "simple_agent",
     **kw: Any,
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with EmbeddedGym.open(instances=instances, seed=3, work_dir=tmp_path / "gym",
-                                config=sim, faults=faults, agent_kinds=agent_kinds) as gym:
+    async with calendar_embedded(instances=instances, seed=3, work_dir=tmp_path / "gym",
+                                 config=sim, faults=faults, agent_kinds=agent_kinds) as gym:
         async with open_rollouts(gym, tmp_path, rows=rows, group_size=group_size,
                                  config=config, max_rows_in_flight=6, **kw) as ro:
             yield gym, ro
@@ -311,8 +312,8 @@ class ForeignEpisodeGym:
 async def test_s6_ownership_mismatch_aborts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.open(instances=1, seed=1, work_dir=tmp_path / "gym",
-                                config=SIM) as inner:
+    async with calendar_embedded(instances=1, seed=1, work_dir=tmp_path / "gym",
+                                 config=SIM) as inner:
         gym = ForeignEpisodeGym(inner)
         async with open_rollouts(gym, tmp_path, rows=4, group_size=2,  # type: ignore[arg-type]
                                  config=CONFIG) as ro:
@@ -410,8 +411,8 @@ async def test_s8_tampered_state_is_refused_and_gym_untouched(
     data = bytearray(records.read_bytes())
     data[len(data) // 2] ^= 0x01
     records.write_bytes(bytes(data))
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
+                                 config=SIM) as gym:
         with pytest.raises(TopologyMismatch, match="gym-1: participant calendar digest"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
@@ -426,13 +427,13 @@ async def test_s8_changed_topology_is_refused(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     await _one_snapshot(tmp_path)
-    async with EmbeddedGym.open(instances=3, seed=3, work_dir=tmp_path / "gym3",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=3, seed=3, work_dir=tmp_path / "gym3",
+                                 config=SIM) as gym:
         with pytest.raises(TopologyMismatch, match="gym-2"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym4", config=SIM,
-                                agent_kinds="legacy_agent") as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym4", config=SIM,
+                                 agent_kinds="legacy_agent") as gym:
         with pytest.raises(TopologyMismatch, match="legacy_agent"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
@@ -507,8 +508,8 @@ async def test_s11_restored_episodes_dispatched_once_on_their_replica(
     path = await _one_snapshot(tmp_path, after_s=3.0)
     exported = {e.rollout_id: e.replica for e in load_snapshot(path).manifest.episodes}
     claims: list[tuple[str, RunRow]] = []
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
+                                 config=SIM) as gym:
         async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG,
                                  on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows)
                                  ) as ro:
@@ -533,8 +534,8 @@ async def test_s11_unclaimed_restored_episodes_are_retired(
     ledger, summary = RecoveryLedger.from_snapshot(
         load_ledger_snapshot(snap.files["ledger.json"]), snap.manifest.episodes
     )
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
+                                 config=SIM) as gym:
         for rec in snap.manifest.instances:
             eps = [e for e in snap.manifest.episodes if e.replica == rec.name]
             await gym.restore(rec.name, str(path), rec, eps, trio.current_time() + 5)
@@ -566,8 +567,8 @@ async def test_s13_snapshot_chosen_for_restore_outlives_pruning(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     original = await _one_snapshot(tmp_path)
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
+                                 config=SIM) as gym:
         async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG,
                                  keep_snapshots=1) as ro:
             assert ro.restored is not None

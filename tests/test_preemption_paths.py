@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import Preempted, RuntimeConfig
 
@@ -49,8 +50,8 @@ second signal) is what ends it sooner."""
 async def running(workdir: Path, gym_dir: Path, sim: SimConfig = QUICK,
                   faults: tuple[str, ...] = (), config: RuntimeConfig = SLOW_CALLS,
                   wrap: Any = None, **kw: Any) -> AsyncIterator[Rollouts]:
-    async with EmbeddedGym.open(instances=2, seed=5, work_dir=gym_dir, config=sim,
-                                faults=faults) as gym:
+    async with calendar_embedded(instances=2, seed=5, work_dir=gym_dir, config=sim,
+                                 faults=faults) as gym:
         backend: GymBackend = gym if wrap is None else wrap(gym)
         async with open_rollouts(backend, workdir, rows=8, group_size=2, config=config,
                                  max_rows_in_flight=4, **kw) as ro:

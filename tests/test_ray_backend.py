@@ -33,7 +33,7 @@ from gymckpt.gym_adapter import (
     plan_episode,
     sentinel,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_sessions_of
+from gymckpt.gym_adapter.calendar_env import calendar_ray, calendar_sessions_of
 from gymckpt.nurseries._calls import bounded_call, classify
 from gymckpt.runtime import (
     GymCallTimeout,
@@ -50,13 +50,12 @@ few ms each way. Stretching the turns keeps every assertion and widens the margi
 
 
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
-    """``RayGym.open`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
-    from gymckpt.gym_adapter import RayGym
+    """``calendar_ray`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
 
     config: SimConfig = kwargs.pop("config", None) or SimConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * RAY_TIME_SCALE, hi * RAY_TIME_SCALE))
-    return RayGym.open(**kwargs)
+    return calendar_ray(**kwargs)
 
 
 CONFIG = SimConfig(turns=(2, 3), turn_s=(0.01, 0.03), mutation_p=0.5)
@@ -76,10 +75,8 @@ async def drain(stream: ReplyStream) -> list[RunReply]:
 
 @asynccontextmanager
 async def ray_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[Any]:
-    from gymckpt.gym_adapter import RayGym
-
     kwargs.setdefault("config", CONFIG)
-    async with RayGym.open(work_dir=tmp_path, seed=5, **kwargs) as gym:
+    async with calendar_ray(work_dir=tmp_path, seed=5, **kwargs) as gym:
         yield gym
 
 

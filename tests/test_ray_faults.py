@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_ray
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
@@ -42,10 +43,8 @@ async def running(
     restore: bool = True,
     sim: SimConfig = SIM,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
-    from gymckpt.gym_adapter import RayGym
-
-    async with RayGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim,
-                           faults=faults, stuck_loop_s=stuck_loop_s) as gym:
+    async with calendar_ray(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim,
+                            faults=faults, stuck_loop_s=stuck_loop_s) as gym:
         async with open_rollouts(gym, tmp_path, rows=ROWS, group_size=2, config=CONFIG,
                                  max_rows_in_flight=max_rows_in_flight,
                                  restore=restore) as ro:

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import GymInstanceDead, RunRow, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_ray
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
 from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import GymUnavailable, RuntimeConfig, rollout_id_for
@@ -51,9 +52,7 @@ async def seen_dead(gym: Any, instance: str, timeout_s: float = 30.0) -> None:
 async def test_a_lost_node_kills_its_instances_and_replace_lands_on_a_live_node(
     ray_nodes: Any, tmp_path: Path
 ) -> None:
-    from gymckpt.gym_adapter import RayGym
-
-    async with RayGym.open(instances=3, seed=2, work_dir=tmp_path, config=CONFIG) as gym:
+    async with calendar_ray(instances=3, seed=2, work_dir=tmp_path, config=CONFIG) as gym:
         before = gym.placement
         assert set(before.values()) <= set(ray_nodes.workers)  # none on the CPU-less head
         assert len(set(before.values())) >= 2  # spread
@@ -105,13 +104,12 @@ async def test_the_run_goes_on_exactly_once_across_a_node_lost_mid_run_and_mid_c
     checkpoints (and a new node joins), the node of another while a checkpoint has Gym parked.
     Every instance on them is replaced on a live node, and the run finishes with every row
     trained once and every calendar mutation (sentinel) in the final snapshot once."""
-    from gymckpt.gym_adapter import RayGym
 
     lineage: list[tuple[int, list[int]]] = []
     outcomes: list[CheckpointOutcome] = []
     lost: dict[str, tuple[str, str]] = {}  # when -> (instance, node)
-    async with RayGym.open(instances=3, seed=5, work_dir=tmp_path / "gym-live",
-                           config=SIM) as gym:
+    async with calendar_ray(instances=3, seed=5, work_dir=tmp_path / "gym-live",
+                            config=SIM) as gym:
         assert len(set(gym.placement.values())) >= 2  # spread (SPREAD is best effort)
 
         def lose_node_of(instance: str, when: str) -> None:
@@ -172,7 +170,6 @@ async def test_soak_many_node_losses_with_nodes_joining_back(
     ``SOAK_LOSSES`` nodes lost, every 4 steps, in turn between checkpoints and
     while a checkpoint has Gym parked; a new worker node joins after each (as an autoscaler
     would bring one), so three stay up."""
-    from gymckpt.gym_adapter import RayGym
     from gymckpt.testing.ray_nodes import WORKER_NODES
 
     config = attrs.evolve(RUN, max_replacements=3 * SOAK_LOSSES)
@@ -180,8 +177,8 @@ async def test_soak_many_node_losses_with_nodes_joining_back(
     outcomes: list[CheckpointOutcome] = []
     lost: list[tuple[str, str, str]] = []  # (when, instance, node)
     due_in_checkpoint = False
-    async with RayGym.open(instances=3, seed=7, work_dir=tmp_path / "gym-live",
-                           config=SIM) as gym:
+    async with calendar_ray(instances=3, seed=7, work_dir=tmp_path / "gym-live",
+                            config=SIM) as gym:
 
         def lose(when: str) -> None:
             live = [n for n in gym.instances if gym.placement[n] in ray_nodes.workers]

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, RunRow, SimConfig
+from gymckpt.gym_adapter import RunRow, SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, rollout_id_for
 
@@ -66,16 +67,14 @@ async def dispatch_rate(opener: Any, rows: int, work_dir: Path, **kwargs: Any) -
 
 
 async def measure(rows: int, work_dir: Path) -> dict[str, float]:
-    from gymckpt.gym_adapter import RayGym
-
     out = {
-        "stream/embedded": await stream_rate(EmbeddedGym.open, rows, work_dir / "e"),
-        "stream/ray-batched": await stream_rate(RayGym.open, rows, work_dir / "b"),
-        "stream/ray-per-row": await stream_rate(RayGym.open, rows, work_dir / "r",
+        "stream/embedded": await stream_rate(calendar_embedded, rows, work_dir / "e"),
+        "stream/ray-batched": await stream_rate(calendar_ray, rows, work_dir / "b"),
+        "stream/ray-per-row": await stream_rate(calendar_ray, rows, work_dir / "r",
                                                 batch_replies=False),
-        "dispatch/embedded": await dispatch_rate(EmbeddedGym.open, rows, work_dir / "de"),
-        "dispatch/ray-batched": await dispatch_rate(RayGym.open, rows, work_dir / "db"),
-        "dispatch/ray-per-row": await dispatch_rate(RayGym.open, rows, work_dir / "dr",
+        "dispatch/embedded": await dispatch_rate(calendar_embedded, rows, work_dir / "de"),
+        "dispatch/ray-batched": await dispatch_rate(calendar_ray, rows, work_dir / "db"),
+        "dispatch/ray-per-row": await dispatch_rate(calendar_ray, rows, work_dir / "dr",
                                                     batch_replies=False),
     }
     return out
@@ -83,10 +82,8 @@ async def measure(rows: int, work_dir: Path) -> dict[str, float]:
 
 @pytest.mark.ray
 async def test_batching_beats_one_object_per_row(tmp_path: Path) -> None:
-    from gymckpt.gym_adapter import RayGym
-
-    batched = await stream_rate(RayGym.open, 3000, tmp_path / "b")
-    per_row = await stream_rate(RayGym.open, 3000, tmp_path / "r", batch_replies=False)
+    batched = await stream_rate(calendar_ray, 3000, tmp_path / "b")
+    per_row = await stream_rate(calendar_ray, 3000, tmp_path / "r", batch_replies=False)
     assert batched > 2 * per_row, (batched, per_row)
 
 

@@ -34,7 +34,7 @@ from gymckpt.gym_adapter import (
     can_replace,
 )
 from gymckpt.gym_adapter._host_journal import JOURNAL_FILE, replay_journal
-from gymckpt.gym_adapter.calendar_env import CalendarServer
+from gymckpt.gym_adapter.calendar_env import CalendarServer, calendar_embedded
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.simulate import Crash, Scenario, run_scenario
 from gymckpt.nurseries.app.verdict import judge
@@ -102,8 +102,8 @@ def test_release_instance_resends_fresh_at_no_cost_and_fences_late_replies() -> 
 async def test_instance_dying_mid_run_is_replaced_and_costs_no_row_attempt(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                config=SIM) as gym, \
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                 config=SIM) as gym, \
             open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
                           max_rows_in_flight=6, handle_signals=False) as ro:
         await trio.sleep(0.5)
@@ -170,8 +170,8 @@ async def test_a_late_reply_of_the_dead_instance_is_rejected(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.gym, name)
 
-    async with EmbeddedGym.open(instances=2, seed=4, work_dir=tmp_path / "gym",
-                                config=SIM) as gym, \
+    async with calendar_embedded(instances=2, seed=4, work_dir=tmp_path / "gym",
+                                 config=SIM) as gym, \
             open_rollouts(LateGym(gym), tmp_path, rows=10, group_size=2,  # type: ignore[arg-type]
                           config=CONFIG, max_rows_in_flight=6, handle_signals=False) as ro:
         replacer = ro.dispatcher.replacer
@@ -244,8 +244,8 @@ async def test_an_instance_that_keeps_dying_spends_its_budget_and_stops_the_run(
     config = attrs.evolve(CONFIG, max_replacements=2, replacement_window_s=600.0)
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
-        async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                    config=SIM, faults=["run:dead"]) as gym, \
+        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                     config=SIM, faults=["run:dead"]) as gym, \
                 open_rollouts(gym, tmp_path, rows=12, group_size=2, config=config,
                               handle_signals=False) as ro:
             await _train_all(ro)
@@ -275,8 +275,8 @@ async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(
 
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
-        async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                    config=SIM, faults=["run:dead@1"]) as gym:
+        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                     config=SIM, faults=["run:dead@1"]) as gym:
             backend = NoReplace(gym)
             assert not can_replace(backend)
             async with open_rollouts(backend, tmp_path, rows=8,  # type: ignore[arg-type]
@@ -291,8 +291,8 @@ async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(
 async def test_a_report_about_an_older_generation_is_ignored(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                config=SIM) as gym, \
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                 config=SIM) as gym, \
             open_rollouts(gym, tmp_path, rows=4, group_size=2, config=CONFIG,
                           handle_signals=False) as ro:
         replacer = ro.dispatcher.replacer
@@ -325,7 +325,7 @@ async def test_a_hosted_user_environment_is_replaced_too(
 async def test_replace_kills_a_live_instance_and_times_out_past_its_deadline(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.open(instances=1, work_dir=tmp_path, config=SIM) as gym:
+    async with calendar_embedded(instances=1, work_dir=tmp_path, config=SIM) as gym:
         old = gym.sim("gym-0")
         await gym.replace("gym-0", trio.current_time() + 1.0)
         assert old.dead and gym.sim("gym-0") is not old and not gym.sim("gym-0").dead
@@ -475,8 +475,8 @@ async def test_the_next_checkpoint_waits_for_a_slow_replacement(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.gym, name)
 
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                config=SIM) as gym, \
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
+                                 config=SIM) as gym, \
             open_rollouts(SlowReplace(gym), tmp_path, rows=8,  # type: ignore[arg-type]
                           group_size=2, config=CONFIG, handle_signals=False) as ro:
         await trio.sleep(0.5)

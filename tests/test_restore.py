@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, RestoreReply, RetireReply, SimConfig, Topology
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import SnapshotProblems, open_rollouts, restore_latest
 from gymckpt.nurseries._restore import saved_step
 from gymckpt.runtime import (
@@ -76,7 +77,7 @@ class RecordingGym:
 
 async def one_snapshot(tmp_path: Path) -> SnapshotStore:
     """A run that checkpoints with episodes in flight on both instances, then stops."""
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=40, group_size=2, config=CONFIG, max_rows_in_flight=6
         ) as ro:
@@ -87,7 +88,7 @@ async def one_snapshot(tmp_path: Path) -> SnapshotStore:
 
 
 def fresh_gym(tmp_path: Path, name: str) -> EmbeddedGym:
-    return EmbeddedGym.open(instances=2, seed=3, work_dir=tmp_path / name, config=SIM)
+    return calendar_embedded(instances=2, seed=3, work_dir=tmp_path / name, config=SIM)
 
 
 async def test_no_snapshot_restores_nothing_and_asks_gym_nothing(

@@ -14,7 +14,6 @@ import sniffio
 
 from gymckpt.gym_adapter import (
     Completed,
-    EmbeddedGym,
     Refused,
     ReplyStream,
     RunReply,
@@ -24,7 +23,7 @@ from gymckpt.gym_adapter import (
     calendar_state,
     plan_episode,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_sessions_of, sentinel
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_sessions_of, sentinel
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
 CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
@@ -66,7 +65,7 @@ def test_runs_to_completion_under_asyncio() -> None:
 
 def test_prepare_commit_resume_under_asyncio(tmp_path: Path) -> None:
     async def main() -> None:
-        async with EmbeddedGym.open(seed=SEED, config=CONFIG, work_dir=tmp_path) as gym:
+        async with calendar_embedded(seed=SEED, config=CONFIG, work_dir=tmp_path) as gym:
             stream = await gym.run("gym-0", rows(4))
             await anyio.sleep(0.002)
             prep = await gym.prepare("gym-0", "c", deadline())
@@ -88,7 +87,7 @@ def test_restore_and_claim_under_asyncio(tmp_path: Path) -> None:
     root = tmp_path / "snap"
 
     async def main() -> None:
-        async with EmbeddedGym.open(seed=SEED, config=CONFIG) as gym:
+        async with calendar_embedded(seed=SEED, config=CONFIG) as gym:
             stream = await gym.run("gym-0", rows(4))
             with anyio.fail_after(5):
                 await gym.prepare("gym-0", "c", deadline())
@@ -105,7 +104,7 @@ def test_restore_and_claim_under_asyncio(tmp_path: Path) -> None:
         episodes = [
             EpisodeRecord(e.rollout_id, e.owner, "gym-0", e.capture_keys) for e in reply.exported
         ]
-        async with EmbeddedGym.open(seed=SEED, config=CONFIG) as gym:
+        async with calendar_embedded(seed=SEED, config=CONFIG) as gym:
             await gym.restore("gym-0", str(root), record, episodes, deadline())
             claims = [
                 RunRow(f"{e.rollout_id}-a1", int(e.rollout_id.split("-")[0]), 0, 1, e.rollout_id)

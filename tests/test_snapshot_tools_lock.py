@@ -19,7 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import RuntimeConfig, WorkDirLock, workdir_of
@@ -43,8 +44,8 @@ def make_workdir(workdir: Path) -> None:
     """Three snapshots by a real trainer, then a restore (a pinned copy under restored/)."""
     async def run() -> None:
         for gym_dir in ("gym", "gym2"):
-            async with EmbeddedGym.open(instances=2, seed=3, work_dir=workdir.parent / gym_dir,
-                                        config=SIM) as gym:
+            async with calendar_embedded(instances=2, seed=3, work_dir=workdir.parent / gym_dir,
+                                         config=SIM) as gym:
                 async with open_rollouts(gym, workdir, rows=12, group_size=2, config=CONFIG,
                                          max_rows_in_flight=6, keep_snapshots=0) as ro:
                     for _ in range(3 if gym_dir == "gym" else 1):

@@ -21,7 +21,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import (
@@ -39,7 +40,7 @@ CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s
 
 @asynccontextmanager
 async def running(workdir: Path, gym_dir: Path, **kw: Any) -> AsyncIterator[Rollouts]:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=gym_dir, config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=SIM) as gym:
         async with open_rollouts(gym, workdir, rows=12, group_size=2, config=CONFIG,
                                  max_rows_in_flight=6, **kw) as ro:
             yield ro

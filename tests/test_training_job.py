@@ -26,7 +26,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, SimConfig
+from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
 from gymckpt.nurseries.app.cli import main as cli_main
@@ -53,8 +54,8 @@ CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s
 @asynccontextmanager
 async def running(workdir: Path, gym_dir: Path, rows: int = 12, faults: tuple[str, ...] = (),
                   **kw: Any) -> AsyncIterator[Rollouts]:
-    async with EmbeddedGym.open(instances=2, seed=3, work_dir=gym_dir, config=SIM,
-                                faults=faults) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=SIM,
+                                 faults=faults) as gym:
         async with open_rollouts(gym, workdir, rows=rows, group_size=2, config=CONFIG,
                                  max_rows_in_flight=6, **kw) as ro:
             yield ro
@@ -190,8 +191,8 @@ def test_a_small_file_system_filling_mid_run(small_tmpfs: Path, tmp_path: Path) 
     async def main() -> list[int]:
         trained: list[int] = []
         sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005), mutation_p=1.0)
-        async with EmbeddedGym.open(instances=2, seed=1, work_dir=tmp_path / "gym",
-                                    config=sim) as gym:
+        async with calendar_embedded(instances=2, seed=1, work_dir=tmp_path / "gym",
+                                     config=sim) as gym:
             async with open_rollouts(gym, workdir, rows=40, group_size=2, config=CONFIG,
                                      max_rows_in_flight=8) as ro:
                 async for batch in ro.batches(2):
@@ -238,12 +239,13 @@ TRAINER = textwrap.dedent('''
     import trio
     import gymckpt
     from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import calendar_embedded
 
     WORK, ROWS, HOLD = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"
     SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
 
     async def main() -> None:
-        async with gymckpt.EmbeddedGym.open(instances=2, seed=0, work_dir=WORK + "-gym",
+        async with calendar_embedded(instances=2, seed=0, work_dir=WORK + "-gym",
                                             config=SIM) as gym:
             async with gymckpt.open_rollouts(gym, WORK, rows=ROWS, group_size=2,
                                              checkpoint_every=3) as rollouts:

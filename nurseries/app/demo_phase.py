@@ -24,7 +24,8 @@ import attrs
 import orjson
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow
+from gymckpt.gym_adapter import GymBackend, RunRow
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
 from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted, write_atomic
 
@@ -65,9 +66,7 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
             yield gym
         return
     if opts.backend == "ray":
-        from gymckpt.gym_adapter import RayGym
-
-        async with RayGym.open(
+        async with calendar_ray(
             instances=opts.instances,
             agent_kinds=opts.agent_kind,
             seed=opts.seed,
@@ -78,7 +77,7 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
         ) as gym:
             yield gym
         return
-    async with EmbeddedGym.open(
+    async with calendar_embedded(
         instances=opts.instances,
         agent_kinds=opts.agent_kind,
         seed=opts.seed,

@@ -26,6 +26,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
+from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.testing.hostile import HostileActs, hostile_calendar_environment
 
 from .sim_scenario import Scenario
@@ -40,7 +41,7 @@ async def open_gym(
     """The scenario's embedded Gym: the calendar workplace, or, with hostile acts, the same
     workplace doing them (same instances, agent kinds, seed, config and journal)."""
     if acts is None:
-        async with EmbeddedGym.open(
+        async with calendar_embedded(
             instances=sc.instances,
             agent_kinds=sc.kinds(),
             seed=sc.seed,
