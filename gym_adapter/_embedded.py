@@ -126,14 +126,19 @@ class EmbeddedGym:
             return GymHost(name, envs[name], seed, wd, cfg, recover=recover)
 
         hosts = [make(name, recover=False) for name in names]
-        async with cls._serving(hosts, plan, make) as gym:
+        async with cls.serve_hosts(hosts, plan, make) as gym:
             yield gym
 
     @classmethod
     @asynccontextmanager
-    async def _serving(
+    async def serve_hosts(
         cls, sims: Sequence[GymHost], plan: FaultPlan, make: Callable[[str], GymHost]
     ) -> AsyncIterator[EmbeddedGym]:
+        """Serve Gym hosts the caller built (``sims``, one per instance, in instance order)
+        until the context exits, behind ``plan``'s faults; ``make(name)`` builds a
+        replacement for ``replace`` (it must recover from the instance's journal). This is
+        ``host`` without the environment loading: for a caller that builds its hosts itself
+        (the simulation builds each with its own scenario)."""
         async with anyio.create_task_group() as tg:
             gym = cls(sims, plan, make, tg)
             try:

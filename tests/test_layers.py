@@ -50,12 +50,7 @@ KNOWN_TYPING_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 repeated): only that exact cycle is let through, so one that grows or shrinks, or a new one,
 fails."""
 
-KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset(
-    {
-        # the simulation builds an embedded Gym from hosts it made (EmbeddedGym._serving)
-        ("nurseries/app/sim_gym.py", "_serving"),
-    }
-)
+KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset()
 """``(file, attribute)`` pairs of private attributes still used across packages, being
 removed: only those let through, only in that file."""
 

@@ -61,7 +61,7 @@ async def open_gym(
         )
 
     hosts = [make(name, recover=False) for name in kind_of]
-    async with EmbeddedGym._serving(hosts, FaultPlan(faults), make) as gym:
+    async with EmbeddedGym.serve_hosts(hosts, FaultPlan(faults), make) as gym:
         yield gym
 
 
