@@ -1,5 +1,5 @@
-"""Drain benchmark (DESIGN S9, §5): how fast the checkpoint's drain wakes, what each wakeup costs,
-and the same for the polling drain of the reference design, in the same run.
+"""Drain benchmark (docs/design.md S9, §5): how fast the checkpoint's drain wakes, what each
+wakeup costs, and the same for the polling drain of the reference design, in the same run.
 
 Setup (per in-flight size N, built before ``trio.run``)
 -------------------------------------------------------
