@@ -588,7 +588,7 @@ class SnapshotStore:
         commit marker. A ``ckpt-`` name is only ever given by the rename that follows a durable
         marker, and only taken away by a rename, so such a directory is a published snapshot
         that was damaged, not a crash artefact: restoring an older snapshot instead (or starting
-        afresh) would silently lose its work. (Found by the fault matrix's bad-input cases.)
+        afresh) would silently lose its work.
         """
         complete = self.list_complete()
         latest = complete[-1] if complete else None
