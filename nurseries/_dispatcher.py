@@ -288,9 +288,8 @@ class Dispatcher:
                 lost_touched = list(lost)
                 # A lost claim of a restored episode (S11) may not have reached Gym, which then
                 # still holds the exported episode unclaimed under its old ID: queue that for
-                # ``retire_restored`` too (unknown if the claim did arrive). Found by the
-                # simulation: the next checkpoint aborted, Gym exporting an episode the ledger
-                # no longer held.
+                # ``retire_restored`` too (unknown if the claim did arrive). Otherwise the next
+                # checkpoint would abort: Gym would export an episode the ledger does not hold.
                 origins = [
                     r.restored_from
                     for r in rows
@@ -309,8 +308,8 @@ class Dispatcher:
             except GymUnavailable:
                 # Gym's control plane failed the submission (C3 ``run:error`` /
                 # ``run:unpicklable``): nothing was admitted. The rows stay RESERVED with their
-                # identity and are re-sent after a backoff, at no cost (like S2). Found by the
-                # fault matrix: this error used to escape the dispatcher and kill the run.
+                # identity and are re-sent after a backoff, at no cost (like S2): a control-plane
+                # failure says nothing about the rows and never ends the run.
                 self.metrics.inc("rollout/run_errors_total")
                 streams.start_soon(self._resend_later, [r.rollout_id for r in rows])
                 return
@@ -474,8 +473,8 @@ class Dispatcher:
 
         An abandoned attempt spends a row attempt, so the row may fail as a whole and leave
         the ledger. The trainer waits on ``READY`` for "enough groups, or the dataset is done":
-        found by the simulation, without this touch the trainer slept forever when the last
-        rows failed through abandonment (every stream dropped or every submission unanswered).
+        without this touch the trainer would sleep forever once the last rows fail through
+        abandonment (every stream dropped, or every submission unanswered).
         """
         rows_before = len(self.ledger.rows())
         replacements = self.ledger.abandon(rollout_ids)
