@@ -23,8 +23,8 @@ Then the backend's ``replace`` is called (``ReplaceableGym``), bounded by
 runtime owns (``open_rollouts``). A failed call is retried after a backoff. Each call counts
 against the instance's budget: at most ``max_replacements`` within ``replacement_window_s``;
 one more stops the run with ``ReplacementsExhausted`` (exit code 5), naming the instance, the
-count and the window. A backend without ``replace`` keeps the instance dead (today's
-behaviour): its checkpoints fail until ``max_consecutive_failures`` stops the run.
+count and the window. A backend without ``replace`` keeps the instance dead:
+its checkpoints fail until ``max_consecutive_failures`` stops the run.
 
 Generations: every replacement starts a new generation of the instance name. A report carries
 the generation its observer talked to, so a stream of the dead generation that reports late
