@@ -382,7 +382,7 @@ class RayGym:
 
     async def topology(self) -> Topology:
         """Every instance's topology, asked of all actors at once (each within
-        ``VIEW_TIMEOUT_S``): one busy actor no longer delays the question to the others."""
+        ``VIEW_TIMEOUT_S``), so one busy actor does not delay the question to the others."""
         for name in self._names:
             self._live(name, "topology")
         got: dict[str, Any] = {}
