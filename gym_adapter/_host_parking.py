@@ -4,10 +4,10 @@
 next step boundary (between two calls of the agent's ``step``), and ``wait_parked`` returns once
 none moves. A parked episode is data, not a task: its task ends when it parks (a suspended
 task is a dozen collector-tracked objects, and CPython puts every resumed coroutine back in the
-youngest generation uncounted, so 200k tasks parking at once made the next young collection walk
-millions of objects inside the checkpoint). ``reopen`` (a resume, or the lease running out)
-starts a task for each again, ``RESUME_CHUNK`` per scheduler batch, so restarting 200k never
-stalls the loop at once.
+youngest generation uncounted, so 200k tasks parking at once would make the next young
+collection walk millions of objects inside the checkpoint). ``reopen`` (a resume, or the lease
+running out) starts a task for each again, ``RESUME_CHUNK`` per scheduler batch, so restarting
+200k never stalls the loop at once.
 
 Each prepare that raises the flag starts a new *generation*: a prepare waiting for its episodes
 to park, and a lease timer, act only for their own generation, so a reopen followed by another
