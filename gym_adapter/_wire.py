@@ -7,7 +7,7 @@ scalar types, unknown keys refused), copied here with the hooks the wire adds:
 - ``RunReply`` (``Completed | Failed | Refused``) crosses tagged, ``{"type": "Completed", …}``;
 - an error crosses as its class and its constructor arguments (``WireError``): every error of
   ``WIRE_ERRORS`` is rebuilt as itself on the other side. Any other error crosses as what the
-  runtime sees today for an error that cannot cross: ``GymCheckpointUnavailable`` naming it
+  runtime sees for any error that cannot cross: ``GymCheckpointUnavailable`` naming it
   (retryable, S6), so the ``GymUnavailable`` family is all a remote Gym can raise besides
   ``WIRE_ERRORS``.
 
