@@ -23,8 +23,8 @@ Complete or not at all
   append, or the append failed and could not be undone). Replay never applies it, whether or
   not it happens to parse, and a replacement cuts it before it appends; replaying before or
   after the cut gives the same sessions. A bad complete line anywhere is an error naming it.
-  (No length or checksum frame: the newline already says where a record ends, and the format,
-  hence every existing journal, stays as it was.)
+  (No length or checksum frame: the newline already says where a record ends, so a journal
+  stays plain JSON lines.)
 - **An append is one record, written whole.** ``os.write`` may write less than asked (a signal,
   a file-size limit, a filesystem filling up): the rest is written until the whole line is
   there. If a write fails midway, the file is cut back to the end of the last complete record;
