@@ -64,7 +64,7 @@ import trio.testing
 
 from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import ExitCode
-from gymckpt.runtime import LEDGER_FILE
+from gymckpt.runtime.lowlevel import LEDGER_FILE
 
 from ._common import GcMonitor, LoopStallMonitor, Progress, label
 
@@ -268,7 +268,7 @@ async def measure_checkpoint(
     lateness means nothing in virtual time. Without it (a run in real time throughout) the
     heartbeat covers the whole checkpoint and no stage reports a simulated wait.
     """
-    from gymckpt.runtime import collector_paused
+    from gymckpt.runtime.lowlevel import collector_paused
 
     ledger = ro.ledger
     marks: dict[str, int] = {}
@@ -344,7 +344,7 @@ async def _checkpoint_main(
     cfg: CheckpointConfig, clock: WarpClock, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
@@ -563,7 +563,8 @@ DISPATCH_ENVIRONMENTS = ("one_step", "calendar")
 
 
 async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) -> dict[str, Any]:
-    from gymckpt.gym_adapter import EmbeddedGym, Environment, HostConfig, SimConfig
+    from gymckpt.gym_adapter import EmbeddedGym, Environment, HostConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     g = cfg.group_size

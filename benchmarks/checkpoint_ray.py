@@ -122,7 +122,7 @@ async def _ray_main(
     cfg: CheckpointRayConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> None:
     """Measure; ``finish(result)`` is called before anything is torn down (it exits)."""
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 

@@ -263,7 +263,7 @@ async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
 
 
 async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
 
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch)
     async with calendar_embedded(instances=cfg.instances_loop, seed=cfg.seed,

@@ -136,7 +136,7 @@ class _CallTimer:
 
 
 async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str, Any]:
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
@@ -200,7 +200,7 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
 async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
     """Rows/s through the whole loop on Ray with 2 actors: one-turn episodes (10-20 ms),
     dispatcher batches of ``dispatch_batch``, the trainer taking every group; real time."""
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     g, batch = 8, cfg.dispatch_batch

@@ -200,7 +200,8 @@ class _RestoreRecorder:
 
 
 async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
-    from gymckpt.gym_adapter import RunRow, SimConfig
+    from gymckpt.gym_adapter import RunRow
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
@@ -249,7 +250,7 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
 
 
 async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
@@ -275,7 +276,7 @@ async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
 
 def _account(cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, Any]
              ) -> dict[str, Any]:
-    from gymckpt.gym_adapter import SimConfig, plan_episode
+    from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
     windows = [(p, r) for p, r in run.windows if p < kill_at]

@@ -37,8 +37,8 @@ from typing import Any
 
 import trio
 
-from gymckpt.gym_adapter import GymInstanceDead, RunRow, SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_ray
+from gymckpt.gym_adapter import GymInstanceDead, RunRow
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_ray
 from gymckpt.runtime import GymUnavailable, rollout_id_for
 
 __all__ = ["main", "measure"]

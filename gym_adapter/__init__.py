@@ -4,6 +4,11 @@ workplace among them), the embedded deployment and the Ray deployment.
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
+The calendar workplace's names are its module's (``gymckpt.gym_adapter.calendar_env``), as
+the Gymnasium adapter's are (``gymckpt.gym_adapter.gymnasium_env``); the host's file names and
+capture key, which the application reads snapshots with, are in
+``gymckpt.gym_adapter.lowlevel``.
+
 ``RayGym`` and ``local_cluster_options`` are exported lazily (and left out of ``__all__``): Ray
 is an optional extra, so ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or
 ``from gym_adapter import RayGym``) does.
@@ -54,24 +59,10 @@ from ._episode import (
 )
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
 from ._host import GymHost, HostConfig, HostStatistics, SessionView
-from ._host_episodes import capture_key as host_capture_key
-from ._host_journal import JOURNAL_FILE
-from ._host_records import RECORDS_FILE
 from ._host_views import RetainedSession
 from ._load import EnvironmentRef, load_environment
 from ._statistics import GymStatistics
 from ._trio_guest import run_on_an_asyncio_loop
-from .calendar_env import (
-    CalendarEvent,
-    CalendarSession,
-    EpisodePlan,
-    SimConfig,
-    calendar_environment,
-    calendar_host,
-    calendar_state,
-    plan_episode,
-    sentinel,
-)
 
 if TYPE_CHECKING:
     from ._ray import RayGym as RayGym
@@ -102,13 +93,9 @@ __all__ = [
     "FAULT_GRAMMAR",
     "FAULT_KINDS",
     "FAULT_OPS",
-    "JOURNAL_FILE",
-    "RECORDS_FILE",
     "ROLES",
     "AgentParticipant",
     "AgentSession",
-    "CalendarEvent",
-    "CalendarSession",
     "CommitReply",
     "Completed",
     "Done",
@@ -119,7 +106,6 @@ __all__ = [
     "EpisodeContext",
     "EpisodeFenced",
     "EpisodeInfo",
-    "EpisodePlan",
     "ExportedEpisode",
     "Failed",
     "FaultPlan",
@@ -146,19 +132,12 @@ __all__ = [
     "RunReply",
     "RunRow",
     "SessionView",
-    "SimConfig",
     "StateParticipant",
     "Topology",
-    "calendar_environment",
-    "calendar_host",
-    "calendar_state",
     "can_replace",
-    "host_capture_key",
     "load_environment",
     "participant_kinds",
-    "plan_episode",
     "register_participant_kind",
     "run_on_an_asyncio_loop",
-    "sentinel",
     "to_plain",
 ]

@@ -41,13 +41,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from gymckpt.runtime import (
-    EpisodeRecord,
-    GymCallTimeout,
-    GymInstanceDead,
-    InstanceRecord,
-    crossing_boundary,
-)
+from gymckpt.runtime import EpisodeRecord, GymCallTimeout, GymInstanceDead, InstanceRecord
+from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ._contract import (
     CommitReply,

@@ -67,7 +67,8 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from gymckpt.runtime import PARTICIPANT_KIND_RE, BadInput, converter, structure
+from gymckpt.runtime import BadInput
+from gymckpt.runtime.lowlevel import PARTICIPANT_KIND_RE, converter, structure
 
 __all__ = [
     "ROLES",

@@ -54,12 +54,8 @@ import anyio.lowlevel
 import attrs
 import sniffio
 
-from gymckpt.runtime import (
-    EpisodeRecord,
-    GymCallTimeout,
-    InstanceRecord,
-    promote_survivors,
-)
+from gymckpt.runtime import EpisodeRecord, GymCallTimeout, InstanceRecord
+from gymckpt.runtime.lowlevel import promote_survivors
 
 from ._contract import (
     CommitReply,

@@ -19,16 +19,18 @@ import anyio.lowlevel
 import attrs
 
 from gymckpt.runtime import (
-    AgentRecords,
-    CommittedRecords,
     EpisodeRecord,
     GymCallTimeout,
     InstanceRecord,
+    TopologyMismatch,
+    records_digest,
+)
+from gymckpt.runtime.lowlevel import (
+    AgentRecords,
+    CommittedRecords,
     SessionRecords,
     StagedRecords,
-    TopologyMismatch,
     promote_survivors,
-    records_digest,
 )
 
 from ._contract import (

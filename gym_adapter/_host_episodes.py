@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol, final
 
 import attrs
 
-from gymckpt.runtime import checked_json
+from gymckpt.runtime.lowlevel import checked_json
 
 from ._contract import Completed, Failed, RunReply
 from ._episode import Done, EpisodeFenced, EpisodeInfo, Model, to_plain

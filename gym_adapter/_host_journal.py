@@ -61,7 +61,8 @@ from typing import Any, Final, NoReturn, final
 import attrs
 import orjson
 
-from gymckpt.runtime import GymInstanceDead, checked_json, write_atomic
+from gymckpt.runtime import GymInstanceDead
+from gymckpt.runtime.lowlevel import checked_json, write_atomic
 
 __all__ = [
     "JOURNAL_FILE",

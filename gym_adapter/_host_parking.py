@@ -28,7 +28,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import collector_paused, promote_survivors
+from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
 from ._episode import EpisodeFenced
 from ._host_episodes import BOUNDARY, MOVING, Episode

@@ -24,14 +24,12 @@ import attrs
 import orjson
 import sniffio
 
-from gymckpt.runtime import (
+from gymckpt.runtime import InstanceRecord, ManifestError, NotPlainData
+from gymckpt.runtime.lowlevel import (
     RECORDS_FILE,
     AgentRecords,
     AgentSession,
     CommittedRecords,
-    InstanceRecord,
-    ManifestError,
-    NotPlainData,
     SessionRecord,
     SessionRecords,
     StagedCall,

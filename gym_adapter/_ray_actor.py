@@ -58,7 +58,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import crossing_boundary
+from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ._contract import RunReply, RunRow
 from ._faults import FaultSpec, inject_fault

@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import enum
 
-from gymckpt.runtime import (
-    GymCheckpointUnavailable,
-    GymInstanceDead,
-    crossable_error,
-    unpicklable_error,
-)
+from gymckpt.runtime import GymCheckpointUnavailable, GymInstanceDead
+from gymckpt.runtime.lowlevel import crossable_error, unpicklable_error
 
 __all__ = ["TransportFailure", "first_line", "remote_error", "transport_error"]
 

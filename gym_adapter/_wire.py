@@ -45,8 +45,8 @@ from gymckpt.runtime import (
     ParticipantRecord,
     StrandedSessionError,
     TopologyMismatch,
-    converter,
 )
+from gymckpt.runtime.lowlevel import converter
 
 from ._contract import (
     AgentSession,

@@ -1,32 +1,24 @@
-"""gymckpt orchestration: dispatcher, checkpoint coordinator, restore, trainer facade, CLI."""
+"""gymckpt orchestration: dispatcher, checkpoint coordinator, restore, trainer facade.
+
+The work directory's file names are the runtime's (``gymckpt.runtime.lowlevel``); the few
+helpers the application and the tests share are in ``gymckpt.nurseries.lowlevel``.
+"""
 
 from ._coordinator import (
     HOOK_POINTS,
-    PAUSE_HOLDER,
     STAGES,
     CheckpointCoordinator,
     CheckpointOutcome,
     CoordinatorStatistics,
 )
-from ._dispatcher import READY, Dispatcher, DispatcherStatistics
+from ._dispatcher import Dispatcher, DispatcherStatistics
 from ._restore import RestoredRun, SnapshotProblems, restore_latest, snapshot_problems
-from ._run import ExitCode, leaf_errors, run, run_exit, run_failure
-from ._trainer import (
-    RESTORED_DIR,
-    SNAPSHOTS_DIR,
-    TRAINER_STATE_FILE,
-    Rollouts,
-    open_rollouts,
-)
+from ._run import ExitCode, run, run_exit, run_failure
+from ._trainer import Rollouts, open_rollouts
 
 __all__ = [
     "HOOK_POINTS",
-    "PAUSE_HOLDER",
-    "READY",
-    "RESTORED_DIR",
-    "SNAPSHOTS_DIR",
     "STAGES",
-    "TRAINER_STATE_FILE",
     "CheckpointCoordinator",
     "CheckpointOutcome",
     "CoordinatorStatistics",
@@ -36,7 +28,6 @@ __all__ = [
     "RestoredRun",
     "Rollouts",
     "SnapshotProblems",
-    "leaf_errors",
     "open_rollouts",
     "restore_latest",
     "run",

@@ -27,9 +27,9 @@ from gymckpt.runtime import (
     GymUnavailable,
     RuntimeConfig,
     TopologyMismatch,
-    crossing_boundary,
     failure_kind,
 )
+from gymckpt.runtime.lowlevel import crossing_boundary
 
 __all__ = ["bounded_call", "classify", "fan_out"]
 

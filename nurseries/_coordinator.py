@@ -66,23 +66,25 @@ import trio
 
 from gymckpt.gym_adapter import GymBackend, Topology
 from gymckpt.runtime import (
-    LEDGER_FILE,
-    MANIFEST_VERSION,
     CheckpointInvariantError,
     DeadlineRegistry,
     DispatchGate,
     DrainTimeout,
     FailureKind,
-    GymManifest,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
+    wait_drained,
+)
+from gymckpt.runtime.lowlevel import (
+    LEDGER_FILE,
+    MANIFEST_VERSION,
+    GymManifest,
     collector_paused,
     promote_survivors,
     tree_size,
-    wait_drained,
 )
 
 from ._calls import bounded_call, classify, fan_out

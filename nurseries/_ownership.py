@@ -22,16 +22,14 @@ import attrs
 
 from gymckpt.gym_adapter import CommitReply, Topology
 from gymckpt.runtime import (
-    GYM_STATE_DIR,
     CheckpointInvariantError,
     EpisodeRecord,
     InstanceRecord,
     ParticipantRecord,
     RecoveryLedger,
     StrandedSessionError,
-    sample_ids,
-    state_dir_problem,
 )
+from gymckpt.runtime.lowlevel import GYM_STATE_DIR, sample_ids, state_dir_problem
 
 __all__ = ["Cut", "Ownership", "check_replies", "cut", "ownership"]
 

@@ -34,17 +34,15 @@ import trio
 
 from gymckpt.gym_adapter import CommitReply, GymBackend
 from gymckpt.runtime import (
-    GYM_STATE_DIR,
-    TRAINER_FILES_DIR,
     DeadlineRegistry,
     DispatchGate,
     FailureKind,
-    GymManifest,
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
     failure_kind,
 )
+from gymckpt.runtime.lowlevel import GYM_STATE_DIR, TRAINER_FILES_DIR, GymManifest
 
 from ._calls import fan_out
 from ._offload import offload

@@ -41,13 +41,8 @@ import trio
 
 from gymckpt.gym_adapter import GymBackend, can_replace
 from gymckpt.runtime import (
-    GYM_STATE_DIR,
-    LEDGER_FILE,
-    STEP_FILE,
     EpisodeRecord,
-    GymManifest,
     InstanceRecord,
-    LedgerSnapshot,
     LoadedSnapshot,
     ManifestError,
     RecoveryLedger,
@@ -56,11 +51,18 @@ from gymckpt.runtime import (
     SnapshotInfo,
     SnapshotStore,
     TopologyMismatch,
-    load_ledger_snapshot,
     load_snapshot,
-    load_step,
     rollout_id_for,
     verify_snapshot,
+)
+from gymckpt.runtime.lowlevel import (
+    GYM_STATE_DIR,
+    LEDGER_FILE,
+    STEP_FILE,
+    GymManifest,
+    LedgerSnapshot,
+    load_ledger_snapshot,
+    load_step,
 )
 
 from ._calls import bounded_call, fan_out

@@ -27,11 +27,6 @@ import trio
 
 from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.runtime import (
-    RESTORED_DIR,
-    SNAPSHOTS_DIR,
-    STEP_FILE,
-    TRAINER_FILES_DIR,
-    TRAINER_STATE_FILE,
     BudgetExhausted,
     CompletedGroup,
     DeadlineRegistry,
@@ -43,8 +38,15 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
-    StepRecord,
     WorkDirLock,
+)
+from gymckpt.runtime.lowlevel import (
+    RESTORED_DIR,
+    SNAPSHOTS_DIR,
+    STEP_FILE,
+    TRAINER_FILES_DIR,
+    TRAINER_STATE_FILE,
+    StepRecord,
     dump_step,
     freeze_startup_objects,
 )

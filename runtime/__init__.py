@@ -1,18 +1,17 @@
 """gymckpt runtime: state and synchronisation for rollout checkpoints, with no Gym I/O.
 
-Public names are re-exported here; the modules behind them are private.
+What a trainer or a backend author needs is re-exported here: the primitives and their
+statistics, the ledger and its records, the records a backend returns (``InstanceRecord``,
+``ParticipantRecord``, ``EpisodeRecord``, ``records_digest``), the snapshot store, the
+configuration, the failure classification and the error family. The plumbing gymckpt's other
+packages share (the work directory's file names, atomic writes, the manifest and ledger
+snapshot formats, the garbage collector around a checkpoint, the converter) is one namespace
+down, in ``gymckpt.runtime.lowlevel``. The modules behind both are private.
 """
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
-from ._collector import (
-    FULL_COLLECTION_EVERY,
-    collector_paused,
-    freeze_startup_objects,
-    promote_survivors,
-)
 from ._config import RuntimeConfig
-from ._config_file import load_toml_table, runtime_config_from_toml, structure_table
-from ._converter import converter, dumps_chunked, structure
+from ._config_file import runtime_config_from_toml
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
 from ._errors import (
@@ -36,120 +35,45 @@ from ._errors import (
     TopologyMismatch,
     TrainerFilesRefused,
     WorkDirLocked,
-    crossable_error,
-    crossing_boundary,
-    sample_ids,
-    unpicklable_error,
 )
 from ._failures import FailureKind, failure_kind
 from ._gate import DispatchGate, GateStatistics
-from ._layout import (
-    COMMIT_MARKER,
-    GYM_STATE_DIR,
-    LEDGER_FILE,
-    LOCK_FILE,
-    MANIFEST_NAME,
-    RESTORED_DIR,
-    SNAPSHOTS_DIR,
-    STEP_FILE,
-    TRAINER_FILES_DIR,
-    TRAINER_STATE_FILE,
-)
 from ._ledger import (
     Attempt,
-    AttemptRow,
     AttemptState,
     CompletedGroup,
     EpisodeResult,
     FailureClass,
-    LedgerSnapshot,
     LedgerStatistics,
     RecoveryLedger,
     RestoredGymState,
     RestoreSummary,
     RetireItem,
-    dump_ledger_snapshot,
-    load_ledger_snapshot,
     rollout_id_for,
 )
-from ._manifest import (
-    MANIFEST_VERSION,
-    PARTICIPANT_KIND_RE,
-    PARTICIPANT_KINDS,
-    EpisodeRecord,
-    GymManifest,
-    InstanceRecord,
-    ParticipantRecord,
-    dump_manifest,
-    load_manifest,
-)
+from ._manifest import EpisodeRecord, InstanceRecord, ParticipantRecord
 from ._metrics import ADMISSION_CLOSED_ROWS, Metrics
-from ._plain import NotPlainData, all_finite, checked_json, plain_problem
-from ._snapshot_format import (
-    RECORDS_FILE,
-    AgentRecords,
-    AgentSession,
-    CommittedRecords,
-    SessionRecord,
-    SessionRecords,
-    StagedCall,
-    StagedEpisode,
-    StagedRecords,
-    StepRecord,
-    dump_records,
-    dump_step,
-    load_records,
-    load_step,
-    records_to_plain,
-)
+from ._plain import NotPlainData
 from ._store import (
-    CommitMarker,
     LoadedSnapshot,
     SnapshotInfo,
     SnapshotStore,
-    check_snapshot,
-    fsync_dir,
     load_snapshot,
-    participant_state_problem,
     records_digest,
-    state_dir_problem,
-    tree_size,
     verify_snapshot,
-    write_atomic,
 )
-from ._topology import LiveTopology, participant_differences, topology_differences
 from ._workdir import WorkDirLock, workdir_of
 
 __all__ = [
     "ADMISSION_CLOSED_ROWS",
     "ANY",
-    "COMMIT_MARKER",
-    "FULL_COLLECTION_EVERY",
-    "GYM_STATE_DIR",
-    "LEDGER_FILE",
-    "LOCK_FILE",
-    "MANIFEST_NAME",
-    "MANIFEST_VERSION",
-    "PARTICIPANT_KINDS",
-    "PARTICIPANT_KIND_RE",
-    "RECORDS_FILE",
-    "RESTORED_DIR",
-    "SNAPSHOTS_DIR",
-    "STEP_FILE",
-    "TRAINER_FILES_DIR",
-    "TRAINER_STATE_FILE",
-    "AgentRecords",
-    "AgentSession",
     "Attempt",
-    "AttemptRow",
     "AttemptState",
     "BadInput",
     "BarrierStatistics",
     "BudgetExhausted",
     "CheckpointInvariantError",
     "CheckpointsFailed",
-    "CommitMarker",
-    "CommittedRecords",
     "CompletedGroup",
     "DeadlineExpired",
     "DeadlineRegistry",
@@ -167,12 +91,9 @@ __all__ = [
     "GymConnectionLost",
     "GymControlError",
     "GymInstanceDead",
-    "GymManifest",
     "GymUnavailable",
     "InstanceRecord",
-    "LedgerSnapshot",
     "LedgerStatistics",
-    "LiveTopology",
     "LoadedSnapshot",
     "ManifestError",
     "Metrics",
@@ -186,57 +107,19 @@ __all__ = [
     "RestoredGymState",
     "RetireItem",
     "RuntimeConfig",
-    "SessionRecord",
-    "SessionRecords",
     "SnapshotInfo",
     "SnapshotStore",
-    "StagedCall",
-    "StagedEpisode",
-    "StagedRecords",
-    "StepRecord",
     "StrandedSessionError",
     "TopologyMismatch",
     "TrainerFilesRefused",
     "WorkDirLock",
     "WorkDirLocked",
-    "all_finite",
-    "check_snapshot",
-    "checked_json",
-    "collector_paused",
-    "converter",
-    "crossable_error",
-    "crossing_boundary",
-    "dump_ledger_snapshot",
-    "dump_manifest",
-    "dump_records",
-    "dump_step",
-    "dumps_chunked",
     "failure_kind",
-    "freeze_startup_objects",
-    "fsync_dir",
-    "load_ledger_snapshot",
-    "load_manifest",
-    "load_records",
     "load_snapshot",
-    "load_step",
-    "load_toml_table",
-    "participant_differences",
-    "participant_state_problem",
-    "plain_problem",
-    "promote_survivors",
     "records_digest",
-    "records_to_plain",
     "rollout_id_for",
     "runtime_config_from_toml",
-    "sample_ids",
-    "state_dir_problem",
-    "structure",
-    "structure_table",
-    "topology_differences",
-    "tree_size",
-    "unpicklable_error",
     "verify_snapshot",
     "wait_drained",
     "workdir_of",
-    "write_atomic",
 ]

@@ -35,8 +35,8 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
     rollout_id_for,
-    state_dir_problem,
 )
+from gymckpt.runtime.lowlevel import state_dir_problem
 
 from ._report import Checks, ConformanceReport
 

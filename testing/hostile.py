@@ -52,16 +52,9 @@ from typing import Any, Final
 import anyio
 import attrs
 
-from gymckpt.gym_adapter import (
-    JOURNAL_FILE,
-    Done,
-    Environment,
-    EpisodeContext,
-    EpisodeInfo,
-    SimConfig,
-    calendar_environment,
-    plan_episode,
-)
+from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_environment, plan_episode
+from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 
 from .examples import Game, Player, _bisect
 
@@ -72,6 +65,7 @@ __all__ = [
     "JOURNAL_FAULTS",
     "HostileAct",
     "HostileActs",
+    "acts_summary",
     "draw_hostile",
     "hostile_calendar_environment",
     "hostile_guess_the_number",

@@ -20,18 +20,12 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_sessions_of
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_sessions_of
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import DemoOptions
-from gymckpt.runtime import (
-    COMMIT_MARKER,
-    MANIFEST_NAME,
-    ManifestError,
-    RuntimeConfig,
-    TopologyMismatch,
-)
+from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
+from gymckpt.runtime.lowlevel import COMMIT_MARKER, MANIFEST_NAME
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,

@@ -20,9 +20,8 @@ from gymckpt.runtime import (
     GymUnavailable,
     RuntimeConfig,
     TopologyMismatch,
-    crossable_error,
-    crossing_boundary,
 )
+from gymckpt.runtime.lowlevel import crossable_error, crossing_boundary
 
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 

@@ -10,10 +10,10 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
-from gymckpt.runtime import RuntimeConfig, collector_paused
+from gymckpt.runtime import RuntimeConfig
+from gymckpt.runtime.lowlevel import collector_paused
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 
@@ -117,7 +117,7 @@ def test_promote_survivors_freezes_and_every_nth_unfreezes(collector_on: None) -
     FULL_COLLECTION_EVERY-th promotion unfreezes instead, so garbage cycles among frozen
     objects are freed by a later full collection; a disabled collector is left alone."""
     import gymckpt.runtime._collector as collector
-    from gymckpt.runtime import FULL_COLLECTION_EVERY, promote_survivors
+    from gymckpt.runtime.lowlevel import FULL_COLLECTION_EVERY, promote_survivors
 
     class Node:
         def __init__(self) -> None:

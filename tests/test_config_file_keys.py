@@ -19,8 +19,9 @@ from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import _demo_file_defaults, _demo_file_runtime
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.nurseries.app.demo import DemoOptions
-from gymckpt.runtime import ManifestError, RuntimeConfig, load_toml_table, runtime_config_from_toml
+from gymckpt.runtime import ManifestError, RuntimeConfig, runtime_config_from_toml
 from gymckpt.runtime._config_file import TRAINER_ARGUMENTS
+from gymckpt.runtime.lowlevel import load_toml_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -17,10 +17,13 @@ from gymckpt.gym_adapter import (
     EpisodeContext,
     EpisodeInfo,
     HostConfig,
+)
+from gymckpt.gym_adapter.calendar_env import (
+    CalendarServer,
     SimConfig,
+    calendar_embedded,
     calendar_environment,
 )
-from gymckpt.gym_adapter.calendar_env import CalendarServer, calendar_embedded
 from gymckpt.testing import ConformanceError, check_backend, check_environment
 
 gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")

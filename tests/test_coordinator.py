@@ -20,14 +20,12 @@ from gymckpt.nurseries._checkpoint_stats import CheckpointStatsTracker
 from gymckpt.nurseries._failure_manager import CheckpointFailureManager
 from gymckpt.nurseries._pending import PAUSE_HOLDER, PendingCheckpoint, TrainerFilesFailed
 from gymckpt.runtime import (
-    MANIFEST_VERSION,
     CheckpointsFailed,
     DeadlineRegistry,
     DispatchGate,
     FailureKind,
     GymCheckpointUnavailable,
     GymControlError,
-    GymManifest,
     InstanceRecord,
     Metrics,
     ParticipantRecord,
@@ -35,6 +33,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     TrainerFilesRefused,
 )
+from gymckpt.runtime.lowlevel import MANIFEST_VERSION, GymManifest
 
 NAMES = ("gym-0", "gym-1")
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5)

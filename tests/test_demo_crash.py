@@ -11,7 +11,7 @@ import pytest
 from gymckpt.nurseries.app import demo_crash
 from gymckpt.nurseries.app.demo_crash import CrashingStore, install_crash
 from gymckpt.nurseries.app.demo_options import MID_PUBLISH, DemoOptions
-from gymckpt.runtime import MANIFEST_NAME
+from gymckpt.runtime.lowlevel import MANIFEST_NAME
 
 
 @pytest.fixture

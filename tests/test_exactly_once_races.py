@@ -32,16 +32,13 @@ from gymckpt.gym_adapter import (
     RetireReply,
     RunReply,
     RunRow,
-    SimConfig,
-    calendar_state,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_state
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import snapshot_sentinels
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
-    COMMIT_MARKER,
     BudgetExhausted,
     CheckpointInvariantError,
     GymAdmissionClosed,
@@ -52,6 +49,7 @@ from gymckpt.runtime import (
     load_snapshot,
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
+from gymckpt.runtime.lowlevel import COMMIT_MARKER
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.9, lease_s=60.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=30.0,

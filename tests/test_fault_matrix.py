@@ -324,7 +324,7 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
     """An early stream end applied between commit and the cut (simulation seed 1716): Gym
     exported the dropped episode, the ledger no longer holds it. The checkpoint succeeds, the
     manifest leaves it out, the next checkpoint retires it, and every row is trained once."""
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)

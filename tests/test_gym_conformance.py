@@ -22,10 +22,8 @@ import trio.testing
 
 from gymckpt.gym_adapter import (
     ADMISSION_CLOSED,
-    RECORDS_FILE,
     CommitReply,
     Completed,
-    EpisodePlan,
     Failed,
     GymControlError,
     GymInstanceDead,
@@ -33,14 +31,15 @@ from gymckpt.gym_adapter import (
     ReplyStream,
     RunReply,
     RunRow,
-    SimConfig,
     can_replace,
-    plan_episode,
 )
 from gymckpt.gym_adapter.calendar_env import (
+    EpisodePlan,
+    SimConfig,
     calendar_embedded,
     calendar_sessions_of,
     capture_key,
+    plan_episode,
     sentinel,
 )
 from gymckpt.runtime import (
@@ -49,12 +48,11 @@ from gymckpt.runtime import (
     GymCheckpointUnavailable,
     InstanceRecord,
     ParticipantRecord,
-    SessionRecords,
     TopologyMismatch,
-    load_records,
     records_digest,
     rollout_id_for,
 )
+from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecords, load_records
 
 Factory = Callable[..., AbstractAsyncContextManager[Any]]
 

@@ -25,16 +25,13 @@ from gymckpt.gym_adapter._contract import CommitReply
 from gymckpt.gym_adapter._episode import EpisodeInfo
 from gymckpt.gym_adapter._host_journal import replay_journal
 from gymckpt.runtime import (
-    RECORDS_FILE,
     EpisodeRecord,
     InstanceRecord,
     ParticipantRecord,
-    SessionRecords,
     TopologyMismatch,
-    dump_records,
-    load_records,
     records_digest,
 )
+from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecords, dump_records, load_records
 
 
 @attrs.define

@@ -27,22 +27,19 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import (
-    GymHost,
-    GymInstanceDead,
-    RunRow,
-    SimConfig,
-    _host_journal,
-    calendar_host,
-    calendar_state,
-)
+from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow, _host_journal
 from gymckpt.gym_adapter._host_journal import (
     JOURNAL_FILE,
     JournalFailed,
     SessionJournal,
     replay_journal,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import (
+    SimConfig,
+    calendar_embedded,
+    calendar_host,
+    calendar_state,
+)
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import (

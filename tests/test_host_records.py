@@ -16,16 +16,14 @@ from gymckpt.gym_adapter._host_records import (
     read_committed,
     write_records,
 )
-from gymckpt.runtime import (
+from gymckpt.runtime import InstanceRecord, ParticipantRecord, records_digest
+from gymckpt.runtime.lowlevel import (
     RECORDS_FILE,
     AgentRecords,
-    InstanceRecord,
-    ParticipantRecord,
     SessionRecords,
     StagedCall,
     StagedRecords,
     load_records,
-    records_digest,
 )
 
 

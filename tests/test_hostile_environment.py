@@ -39,7 +39,6 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import (
-    RECORDS_FILE,
     EpisodeRecord,
     EpisodeResult,
     InstanceRecord,
@@ -47,10 +46,9 @@ from gymckpt.runtime import (
     ParticipantRecord,
     RecoveryLedger,
     RuntimeConfig,
-    SessionRecords,
-    load_records,
 )
 from gymckpt.runtime._ledger import dump_ledger_snapshot
+from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecords, load_records
 
 FAR = 1e9
 NAN, INF = float("nan"), float("inf")
@@ -639,7 +637,7 @@ async def test_a_restore_journals_the_committed_data_without_asking_export_again
 def test_the_plain_data_check_names_the_place_and_lets_none_through() -> None:
     import dataclasses
 
-    from gymckpt.runtime import checked_json
+    from gymckpt.runtime.lowlevel import checked_json
 
     @dataclasses.dataclass
     class Point:

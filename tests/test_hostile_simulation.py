@@ -17,7 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import JOURNAL_FILE, GymHost, RunRow, SimConfig
+from gymckpt.gym_adapter import GymHost, RunRow
+from gymckpt.gym_adapter.calendar_env import SimConfig
+from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.nurseries.app.simulate import (
     Scenario,

@@ -22,10 +22,14 @@ from gymckpt.gym_adapter import (
     GymHost,
     RetainedSession,
     RunRow,
+)
+from gymckpt.gym_adapter.calendar_env import (
     SimConfig,
+    calendar_embedded,
+    calendar_ray,
+    calendar_sessions_of,
     sentinel,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray, calendar_sessions_of
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.testing.examples import guess_the_number

@@ -24,8 +24,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import JOURNAL_FILE, SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeConfig

@@ -17,6 +17,7 @@ functions count like the others. Checked:
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -53,6 +54,24 @@ fails."""
 KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset()
 """``(file, attribute)`` pairs of private attributes still used across packages, being
 removed: only those let through, only in that file."""
+
+
+REEXPORTS: frozenset[tuple[str, str]] = frozenset(
+    {
+        # the GymUnavailable family lives in the runtime; backends raise these two
+        ("gymckpt.gym_adapter", "GymControlError"),
+        ("gymckpt.gym_adapter", "GymInstanceDead"),
+    }
+)
+"""``(module, name)``: a name a public module re-exports from another package on purpose."""
+
+LOWLEVEL = (
+    "gymckpt.runtime.lowlevel",
+    "gymckpt.gym_adapter.lowlevel",
+    "gymckpt.nurseries.lowlevel",
+)
+"""The declared low-level namespaces: plumbing that gymckpt's own packages share (as
+``trio.lowlevel``), importable across packages like a front door, re-exported by none."""
 
 
 def library_files(root: Path = ROOT) -> Iterator[Path]:
@@ -221,6 +240,8 @@ def violations(root: Path = ROOT) -> list[str]:
                     f"{where}:{line}: private attribute {name} of package "
                     f"{', '.join(owners)} used in package {pkg}"
                 )
+        found += front_door_violations(module, where, nodes[module], nodes)
+    found += exported_twice(nodes, {m for m, p in known.items() if p.stem == "__init__"})
     run_cycles = cycles(graph)
     found += [f"import cycle: {' -> '.join(c)}" for c in run_cycles]
     found += [
@@ -229,6 +250,95 @@ def violations(root: Path = ROOT) -> list[str]:
         if c not in run_cycles and tuple(c) not in KNOWN_TYPING_CYCLES
     ]
     return found
+
+
+def exports(module_nodes: list[ast.AST]) -> set[str] | None:
+    """A module's front door: its ``__all__`` and the names it declares for type checkers
+    only (``if TYPE_CHECKING: from ._ray import RayGym as RayGym``, exported lazily); None for
+    a module without ``__all__``."""
+    names: set[str] | None = None
+    for node in module_nodes:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            names = {
+                e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)
+            }
+    if names is None:
+        return None
+    for node in module_nodes:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.body:
+                if isinstance(stmt, ast.ImportFrom):
+                    names.update(a.name for a in stmt.names if a.asname == a.name)
+    return names
+
+
+def front_door_violations(
+    module: str, where: str, module_nodes: list[ast.AST], nodes: Mapping[str, list[ast.AST]]
+) -> Iterator[str]:
+    """A name imported from another package's public module that the module does not export:
+    a package's front door is its ``__all__`` (and its low-level namespace's)."""
+    pkg = package_of(module)
+    for node in module_nodes:
+        if not (isinstance(node, ast.ImportFrom) and not node.level and node.module in nodes):
+            continue
+        target = node.module
+        if package_of(target) == pkg or any(p.startswith("_") for p in target.split(".")[1:]):
+            continue
+        exported = exports(nodes[target])
+        if exported is None:
+            continue
+        for alias in node.names:
+            if alias.name not in exported and f"{target}.{alias.name}" not in nodes:
+                yield (
+                    f"{where}:{node.lineno}: {alias.name} is not exported by {target} "
+                    "(its __all__); import it from the module that exports it"
+                )
+
+
+def origin(
+    module: str, name: str, nodes: Mapping[str, list[ast.AST]], packages: set[str]
+) -> tuple[str, str]:
+    """Where ``module``'s ``name`` is defined: followed through the module-level imports."""
+    seen = set()
+    while (module, name) not in seen and module in nodes:
+        seen.add((module, name))
+        for node in nodes[module]:
+            if isinstance(node, ast.ImportFrom) and node.col_offset == 0:
+                alias = next((a for a in node.names if (a.asname or a.name) == name), None)
+                if alias is not None:
+                    if node.level:
+                        base = module.split(".")
+                        base = base[: len(base) - node.level + (1 if module in packages else 0)]
+                        target = ".".join([*base, *([node.module] if node.module else [])])
+                    else:
+                        target = node.module or ""
+                    module, name = target, alias.name
+                    break
+        else:
+            break
+    return module, name
+
+
+def exported_twice(nodes: Mapping[str, list[ast.AST]], packages: set[str]) -> list[str]:
+    """One object in the ``__all__`` of two public modules of the library's packages: give it
+    one home (the root package gathers the trainer API from all of them; ``REEXPORTS``
+    declares the deliberate re-exports)."""
+    homes: dict[tuple[str, str], list[str]] = {}
+    for module, module_nodes in sorted(nodes.items()):
+        if package_of(module) not in {"runtime", "gym_adapter", "nurseries", "testing"}:
+            continue
+        if any(p.startswith("_") for p in module.split(".")[1:]):
+            continue
+        for name in exports(module_nodes) or set():
+            if (module, name) not in REEXPORTS:
+                homes.setdefault(origin(module, name, nodes, packages), []).append(module)
+    return [
+        f"{name} is exported by {' and '.join(where)}: give it one home"
+        for (_defined, name), where in sorted(homes.items())
+        if len(where) > 1
+    ]
 
 
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
@@ -294,6 +404,24 @@ def test_the_deployments_know_nothing_of_the_calendar(deployment: str) -> None:
     imported = {target for target, _line, _typing in imports(deployment, known[deployment], known)}
     assert imported, deployment  # its imports are seen at all
     assert "gymckpt.gym_adapter.calendar_env" not in imported, imported
+
+
+def test_each_lowlevel_namespace_is_one_namespace_down() -> None:
+    """A low-level namespace exists, every name in its ``__all__`` imports, and none is also
+    in its package's front door."""
+    known = library_modules()
+    for module in LOWLEVEL:
+        nodes = list(ast.walk(ast.parse(known[module].read_text())))
+        front = list(ast.walk(ast.parse(known[module.rsplit(".", 1)[0]].read_text())))
+        low, top = exports(nodes), exports(front)
+        assert low and top is not None, module
+        assert not low & top, (module, low & top)
+        namespace = importlib.import_module(module)
+        assert sorted(namespace.__all__) == sorted(low)
+        for name in low:
+            assert getattr(namespace, name) is not None, (module, name)
+        package = importlib.import_module(module.rsplit(".", 1)[0])
+        assert not [n for n in low if hasattr(package, n)], module  # not re-exported on top
 
 
 def test_known_exceptions_are_still_needed() -> None:
@@ -375,6 +503,21 @@ def _copy_tree(dest: Path) -> None:
             "benchmarks/report/_format.py",
             "from ._summary import write_summary\n",
             "-> gymckpt.benchmarks.report._format -> gymckpt.benchmarks.report._misses ->",
+        ),
+        (
+            "nurseries/_restore.py",
+            "from gymckpt.runtime import fsync_dir\n",
+            "fsync_dir is not exported by gymckpt.runtime (its __all__)",
+        ),
+        (
+            "benchmarks/_common.py",
+            "    from gymckpt.nurseries.lowlevel import STAGES\n",
+            "STAGES is not exported by gymckpt.nurseries.lowlevel",
+        ),
+        (
+            "nurseries/lowlevel.py",
+            "from ._coordinator import STAGES\n__all__ = ['PAUSE_HOLDER', 'READY', 'STAGES']\n",
+            "STAGES is exported by gymckpt.nurseries and gymckpt.nurseries.lowlevel",
         ),
         ("nurseries/_restore.py", "    RecoveryLedger()._row_block\n", "nurseries/_restore.py:"),
     ],

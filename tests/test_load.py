@@ -7,9 +7,10 @@ import pickle
 
 import pytest
 
-from gymckpt.gym_adapter import Environment, EnvironmentRef, SimConfig, load_environment
+from gymckpt.gym_adapter import Environment, EnvironmentRef, load_environment
 from gymckpt.gym_adapter.calendar_env import (
     CalendarAgent,
+    SimConfig,
     calendar_environment,
     calendar_workplace,
 )

@@ -29,11 +29,14 @@ from gymckpt.gym_adapter import (
     ReplyStream,
     RunReply,
     RunRow,
+)
+from gymckpt.gym_adapter.calendar_env import (
     SimConfig,
+    calendar_ray,
+    calendar_sessions_of,
     plan_episode,
     sentinel,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_ray, calendar_sessions_of
 from gymckpt.nurseries._calls import bounded_call, classify
 from gymckpt.runtime import (
     GymCallTimeout,

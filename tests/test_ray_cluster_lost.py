@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from gymckpt.nurseries import ExitCode
-from gymckpt.runtime import SNAPSHOTS_DIR, SnapshotStore
+from gymckpt.runtime import SnapshotStore
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 
 pytestmark = [pytest.mark.ray, pytest.mark.subprocess, pytest.mark.timeout(300)]
 

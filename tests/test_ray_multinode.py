@@ -16,8 +16,8 @@ import attrs
 import pytest
 import trio
 
-from gymckpt.gym_adapter import GymInstanceDead, RunRow, SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_ray
+from gymckpt.gym_adapter import GymInstanceDead, RunRow
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_ray
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
 from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import GymUnavailable, RuntimeConfig, rollout_id_for

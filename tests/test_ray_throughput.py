@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import trio
 
-from gymckpt.gym_adapter import RunRow, SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray
+from gymckpt.gym_adapter import RunRow
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_ray
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, rollout_id_for
 

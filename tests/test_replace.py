@@ -27,14 +27,17 @@ from gymckpt.gym_adapter import (
     ReplyStream,
     RunReply,
     RunRow,
-    SimConfig,
-    calendar_environment,
-    calendar_host,
-    calendar_state,
     can_replace,
 )
 from gymckpt.gym_adapter._host_journal import JOURNAL_FILE, replay_journal
-from gymckpt.gym_adapter.calendar_env import CalendarServer, calendar_embedded
+from gymckpt.gym_adapter.calendar_env import (
+    CalendarServer,
+    SimConfig,
+    calendar_embedded,
+    calendar_environment,
+    calendar_host,
+    calendar_state,
+)
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, open_rollouts, run_exit
 from gymckpt.nurseries.app.simulate import Crash, Scenario, run_scenario
 from gymckpt.nurseries.app.verdict import judge

@@ -12,12 +12,11 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, RestoreReply, RetireReply, SimConfig, Topology
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter import EmbeddedGym, RestoreReply, RetireReply, Topology
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
 from gymckpt.nurseries import SnapshotProblems, open_rollouts, restore_latest
 from gymckpt.nurseries._restore import saved_step
 from gymckpt.runtime import (
-    STEP_FILE,
     EpisodeRecord,
     GymCheckpointUnavailable,
     GymControlError,
@@ -25,10 +24,9 @@ from gymckpt.runtime import (
     ManifestError,
     RuntimeConfig,
     SnapshotStore,
-    StepRecord,
     TopologyMismatch,
-    dump_step,
 )
+from gymckpt.runtime.lowlevel import STEP_FILE, StepRecord, dump_step
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)

@@ -16,14 +16,8 @@ from gymckpt.nurseries.app.demo import (
     _run_until_published,
     verdict,
 )
-from gymckpt.runtime import (
-    RECORDS_FILE,
-    SessionRecord,
-    SessionRecords,
-    SnapshotStore,
-    load_records,
-    load_snapshot,
-)
+from gymckpt.runtime import SnapshotStore, load_snapshot
+from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecord, SessionRecords, load_records
 
 pytestmark = pytest.mark.subprocess
 

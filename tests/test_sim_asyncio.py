@@ -12,18 +12,16 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-from gymckpt.gym_adapter import (
-    Completed,
-    Refused,
-    ReplyStream,
-    RunReply,
-    RunRow,
+from gymckpt.gym_adapter import Completed, Refused, ReplyStream, RunReply, RunRow
+from gymckpt.gym_adapter.calendar_env import (
     SimConfig,
+    calendar_embedded,
     calendar_host,
+    calendar_sessions_of,
     calendar_state,
     plan_episode,
+    sentinel,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_sessions_of, sentinel
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
 CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)

@@ -14,7 +14,8 @@ from gymckpt.nurseries.app.sim_ends import IncarnationEnd
 from gymckpt.nurseries.app.sim_incarnation import Incarnation
 from gymckpt.nurseries.app.sim_scenario import Crash, Scenario
 from gymckpt.nurseries.app.sim_state import ScenarioRun, judge_scenario, verify_offline
-from gymckpt.runtime import SNAPSHOTS_DIR, SnapshotStore
+from gymckpt.runtime import SnapshotStore
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 
 SC = Scenario(seed=2, rows=8, group_size=2, instances=2, groups_per_step=2)
 

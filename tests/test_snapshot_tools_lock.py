@@ -19,8 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import RuntimeConfig, WorkDirLock, workdir_of

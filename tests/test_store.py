@@ -15,21 +15,23 @@ import attrs
 import pytest
 
 from gymckpt.runtime import (
-    COMMIT_MARKER,
-    GYM_STATE_DIR,
-    MANIFEST_NAME,
-    CommitMarker,
     EpisodeRecord,
-    GymManifest,
     InstanceRecord,
     ManifestError,
     ParticipantRecord,
     SnapshotStore,
     TopologyMismatch,
-    check_snapshot,
     load_snapshot,
     records_digest,
     verify_snapshot,
+)
+from gymckpt.runtime.lowlevel import (
+    COMMIT_MARKER,
+    GYM_STATE_DIR,
+    MANIFEST_NAME,
+    CommitMarker,
+    GymManifest,
+    check_snapshot,
     write_atomic,
 )
 
@@ -610,7 +612,7 @@ def test_dumps_chunked_is_orjson_byte_for_byte(chunk: int) -> None:
     the chunk size, nested values untouched."""
     import orjson
 
-    from gymckpt.runtime import dumps_chunked
+    from gymckpt.runtime.lowlevel import dumps_chunked
 
     rng = random.Random(chunk)
     for n in (0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk + 1, 50):

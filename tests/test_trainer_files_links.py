@@ -21,17 +21,11 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.runtime import (
-    COMMIT_MARKER,
-    RuntimeConfig,
-    TopologyMismatch,
-    load_snapshot,
-    records_digest,
-)
+from gymckpt.runtime import RuntimeConfig, TopologyMismatch, load_snapshot, records_digest
+from gymckpt.runtime.lowlevel import COMMIT_MARKER
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,

@@ -26,15 +26,12 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import SimConfig
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.nurseries.app.demo import DemoOptions
 from gymckpt.runtime import (
-    COMMIT_MARKER,
-    STEP_FILE,
     CheckpointsFailed,
     ManifestError,
     RuntimeConfig,
@@ -45,6 +42,7 @@ from gymckpt.runtime import (
     load_snapshot,
     runtime_config_from_toml,
 )
+from gymckpt.runtime.lowlevel import COMMIT_MARKER, STEP_FILE
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
@@ -238,7 +236,7 @@ TRAINER = textwrap.dedent('''
     import json, os, sys
     import trio
     import gymckpt
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.gym_adapter.calendar_env import calendar_embedded
 
     WORK, ROWS, HOLD = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"
@@ -271,7 +269,7 @@ TRAINER = textwrap.dedent('''
 TRAINER_ASYNCIO = textwrap.dedent('''
     import asyncio, json, os, sys
     import gymckpt.aio
-    from gymckpt.gym_adapter import SimConfig
+    from gymckpt.gym_adapter.calendar_env import SimConfig
 
     WORK, ROWS = sys.argv[1], int(sys.argv[2])
     SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)

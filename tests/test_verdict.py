@@ -6,25 +6,27 @@ from pathlib import Path
 
 import pytest
 
-from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.nurseries.app.verdict import judge, snapshot_sentinels
 from gymckpt.runtime import (
+    InstanceRecord,
+    ManifestError,
+    ParticipantRecord,
+    RecoveryLedger,
+    SnapshotStore,
+    records_digest,
+)
+from gymckpt.runtime.lowlevel import (
     GYM_STATE_DIR,
     LEDGER_FILE,
     MANIFEST_VERSION,
     RECORDS_FILE,
     AgentRecords,
     GymManifest,
-    InstanceRecord,
-    ManifestError,
-    ParticipantRecord,
-    RecoveryLedger,
     SessionRecord,
     SessionRecords,
-    SnapshotStore,
     dump_ledger_snapshot,
     dump_records,
-    records_digest,
 )
 
 CONFIG = SimConfig(turns=(2, 3), mutation_p=0.0)

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from gymckpt.runtime import write_atomic
+from gymckpt.runtime.lowlevel import write_atomic
 
 __all__ = ["Result", "Results", "dump", "flat"]
 

@@ -7,7 +7,7 @@ import collections
 from pathlib import Path
 from typing import Any
 
-from gymckpt.runtime import write_atomic
+from gymckpt.runtime.lowlevel import write_atomic
 
 from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_section
 from ._drain import by_pending, drain_method_section, drain_section, headline

@@ -20,6 +20,15 @@ from typing import Any, NoReturn
 from gymckpt import __version__
 from gymckpt.nurseries import ExitCode, snapshot_problems
 from gymckpt.runtime import (
+    LoadedSnapshot,
+    ManifestError,
+    RuntimeConfig,
+    SnapshotStore,
+    TopologyMismatch,
+    WorkDirLocked,
+    load_snapshot,
+)
+from gymckpt.runtime.lowlevel import (
     COMMIT_MARKER,
     LEDGER_FILE,
     MANIFEST_NAME,
@@ -27,16 +36,9 @@ from gymckpt.runtime import (
     SNAPSHOTS_DIR,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
-    LoadedSnapshot,
-    ManifestError,
-    RuntimeConfig,
     SessionRecords,
-    SnapshotStore,
-    TopologyMismatch,
-    WorkDirLocked,
     load_ledger_snapshot,
     load_records,
-    load_snapshot,
     state_dir_problem,
     tree_size,
 )
@@ -289,7 +291,7 @@ def _demo_file_defaults(path: str) -> dict[str, Any]:
     the demo's flags."""
     import attrs
 
-    from gymckpt.runtime import load_toml_table, structure_table
+    from gymckpt.runtime.lowlevel import load_toml_table, structure_table
 
     from .demo import DemoOptions
 
@@ -305,7 +307,7 @@ def _demo_file_runtime(path: str | None) -> tuple[tuple[str, Any], ...]:
     """Table ``[runtime]`` of the demo's ``--config`` file (checked by the demo's options)."""
     if not path:
         return ()
-    from gymckpt.runtime import load_toml_table
+    from gymckpt.runtime.lowlevel import load_toml_table
 
     return tuple(load_toml_table(path, "runtime").items())
 

@@ -25,7 +25,8 @@ processes, SIGKILL, preemption), ``demo_verdict`` (the verdict from files), ``de
 
 from __future__ import annotations
 
-from gymckpt.nurseries import leaf_errors, run_exit
+from gymckpt.nurseries import run_exit
+from gymckpt.nurseries.lowlevel import leaf_errors
 
 from .demo_journal import JOURNAL, Journal, read_journal
 from .demo_options import CRASH_STAGES, MID_PUBLISH, DemoOptions

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from gymckpt.runtime import MANIFEST_NAME, GymManifest, SnapshotInfo, SnapshotStore
+from gymckpt.runtime import SnapshotInfo, SnapshotStore
+from gymckpt.runtime.lowlevel import MANIFEST_NAME, GymManifest
 
 from .demo_options import MID_PUBLISH, DemoOptions
 

@@ -104,6 +104,6 @@ def trajectory_verdict(
 
 
 def _plain_trajectory(traj: Any) -> Any:
-    from gymckpt.runtime import converter
+    from gymckpt.runtime.lowlevel import converter
 
     return converter.unstructure(traj)

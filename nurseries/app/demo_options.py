@@ -9,9 +9,10 @@ from typing import Any
 
 import attrs
 
-from gymckpt.gym_adapter import SimConfig
+from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.nurseries import HOOK_POINTS
-from gymckpt.runtime import RuntimeConfig, structure_table
+from gymckpt.runtime import RuntimeConfig
+from gymckpt.runtime.lowlevel import structure_table
 
 from .demo_gymnasium import environment_id
 

@@ -25,7 +25,8 @@ import attrs
 
 from gymckpt.gym_adapter import EnvironmentSpecError
 from gymckpt.nurseries import ExitCode
-from gymckpt.runtime import SNAPSHOTS_DIR, SnapshotStore
+from gymckpt.runtime import SnapshotStore
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 
 from .demo_options import DemoOptions
 from .demo_phase import PUBLISHED, phase_error

@@ -27,7 +27,8 @@ import trio
 from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
-from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted, write_atomic
+from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted
+from gymckpt.runtime.lowlevel import write_atomic
 
 from .demo_crash import install_crash
 from .demo_gymnasium import journal_episodes, open_gymnasium_gym

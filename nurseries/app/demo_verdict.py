@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from gymckpt.runtime import SNAPSHOTS_DIR, SnapshotStore
+from gymckpt.runtime import SnapshotStore
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 
 from .demo_gymnasium import trajectory_verdict
 from .demo_journal import JOURNAL, read_journal

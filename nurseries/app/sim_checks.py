@@ -28,9 +28,11 @@ from typing import cast
 
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunRow, calendar_state
+from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunRow
+from gymckpt.gym_adapter.calendar_env import calendar_state
 from gymckpt.nurseries import Rollouts
-from gymckpt.runtime import ADMISSION_CLOSED_ROWS, LEDGER_FILE, load_ledger_snapshot
+from gymckpt.runtime import ADMISSION_CLOSED_ROWS
+from gymckpt.runtime.lowlevel import LEDGER_FILE, load_ledger_snapshot
 from gymckpt.testing.hostile import HostileActs
 
 from .sim_gym import generations, installs

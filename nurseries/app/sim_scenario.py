@@ -16,7 +16,8 @@ from typing import Any
 
 import attrs
 
-from gymckpt.gym_adapter import FAULT_KINDS, SimConfig
+from gymckpt.gym_adapter import FAULT_KINDS
+from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.nurseries import HOOK_POINTS
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.testing.hostile import HostileAct, acts_summary, draw_hostile

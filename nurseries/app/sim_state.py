@@ -15,13 +15,8 @@ from pathlib import Path
 import attrs
 
 from gymckpt.nurseries import snapshot_problems
-from gymckpt.runtime import (
-    SNAPSHOTS_DIR,
-    ManifestError,
-    SnapshotStore,
-    TopologyMismatch,
-    load_snapshot,
-)
+from gymckpt.runtime import ManifestError, SnapshotStore, TopologyMismatch, load_snapshot
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 
 from .sim_reports import IncarnationReport
 from .sim_scenario import Scenario

@@ -24,16 +24,8 @@ from typing import Any
 
 import attrs
 
-from gymckpt.nurseries import RESTORED_DIR, SNAPSHOTS_DIR
-from gymckpt.runtime import (
-    COMMIT_MARKER,
-    ManifestError,
-    SnapshotInfo,
-    SnapshotStore,
-    WorkDirLock,
-    tree_size,
-    workdir_of,
-)
+from gymckpt.runtime import ManifestError, SnapshotInfo, SnapshotStore, WorkDirLock, workdir_of
+from gymckpt.runtime.lowlevel import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR, tree_size
 
 __all__ = ["list_snapshots", "prune_snapshots"]
 

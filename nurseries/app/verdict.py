@@ -17,14 +17,14 @@ from pathlib import Path
 
 import attrs
 
-from gymckpt.gym_adapter import SimConfig, plan_episode, sentinel
-from gymckpt.runtime import (
+from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode, sentinel
+from gymckpt.runtime import load_snapshot
+from gymckpt.runtime.lowlevel import (
     LEDGER_FILE,
     RECORDS_FILE,
     SessionRecords,
     load_ledger_snapshot,
     load_records,
-    load_snapshot,
 )
 
 __all__ = ["ExactlyOnce", "expected_sentinels", "judge", "snapshot_sentinels"]
