@@ -100,8 +100,21 @@ def test_dispatch_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_dispatch_loop_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     """``--loop``: every attempt goes through the whole loop on both Gyms and is trained."""
-    result = _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64",
-                  "--loop", "--loop-attempts", "512", "--loop-runs", "2")
+    result = _run(
+        capsys,
+        "dispatch",
+        "--quick",
+        "--json",
+        "--rows",
+        "64",
+        "--batch-sizes",
+        "64",
+        "--loop",
+        "--loop-attempts",
+        "512",
+        "--loop-runs",
+        "2",
+    )
     assert set(result["loop"]) == {"null", "embedded"}
     for name in ("null", "embedded"):
         runs = result["loop"][name]
@@ -110,8 +123,12 @@ def test_dispatch_loop_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert all(r["rows_per_cpu_s"] > 0 and r["cpu_s"] > 0 for r in runs)
         rates = sorted(r["rows_per_s"] for r in runs)
         assert rates[0] <= result[f"loop_rows_per_s_{name}"] <= rates[-1]
-    assert _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64"
-                ).get("loop") is None
+    assert (
+        _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64").get(
+            "loop"
+        )
+        is None
+    )
 
 
 def test_host_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,8 +147,7 @@ def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(modes) == {"tracemalloc", "rss"}
     for r in modes.values():
         assert 0.9 * 4000 <= r["attempts"] <= 1.1 * 4000
-        assert set(r["by_state"]) == {"reserved", "dispatched", "completed", "failed",
-                                      "abandoned"}
+        assert set(r["by_state"]) == {"reserved", "dispatched", "completed", "failed", "abandoned"}
         assert r["by_state"]["dispatched"] > r["by_state"]["completed"] > 0
     assert modes["tracemalloc"]["bytes_per_attempt"] > 0
     assert isinstance(result["tracemalloc_bytes_per_attempt_4k"], float)
@@ -141,9 +157,18 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     result = _run(capsys, "all", "--quick", "--no-ray", "--json", "--out", str(tmp_path))
     _check_drain(result["drain"])
     names = {Path(p).name for p in result["files"]}
-    assert {"drain.json", "memory.json", "dispatch.json", "checkpoint.json", "preserved.json",
-            "SUMMARY.md", "drain_wake_latency.png", "drain_per_wakeup_cost.png",
-            "checkpoint_stages.png", "preserved_work.png"} <= names
+    assert {
+        "drain.json",
+        "memory.json",
+        "dispatch.json",
+        "checkpoint.json",
+        "preserved.json",
+        "SUMMARY.md",
+        "drain_wake_latency.png",
+        "drain_per_wakeup_cost.png",
+        "checkpoint_stages.png",
+        "preserved_work.png",
+    } <= names
     assert "fanout.json" not in names and result["fanout"] is None  # --no-ray
     assert "checkpoint_ray.json" not in names and result["checkpoint_ray"] is None
     for name in names:
@@ -165,10 +190,21 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert ("NOT FROM A CLEAN TREE" in summary) == (not src["clean"])
     # every target has a verdict, and one row per figure of issue 13
     keys = [t["key"] for t in result["targets"]]
-    assert keys == ["ledger_bytes_per_attempt", "gc_full_ms_1M", "drain_wake_median",
-                    "drain_wake_p99", "drain_speedup", "drain_stall", "checkpoint_stall",
-                    "checkpoint_e2e", "dispatch_embedded", "checkpoint_e2e_ray", "dispatch_ray",
-                    "fanout", "preserved"]
+    assert keys == [
+        "ledger_bytes_per_attempt",
+        "gc_full_ms_1M",
+        "drain_wake_median",
+        "drain_wake_p99",
+        "drain_speedup",
+        "drain_stall",
+        "checkpoint_stall",
+        "checkpoint_e2e",
+        "dispatch_embedded",
+        "checkpoint_e2e_ray",
+        "dispatch_ray",
+        "fanout",
+        "preserved",
+    ]
     assert {t["status"] for t in result["targets"]} <= {"met", "MISSED", "not measured"}
     # quick sizes are not the targets' sizes: those figures are not passed off as met
     by_key = {t["key"]: t for t in result["targets"]}
@@ -182,7 +218,11 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert [r["stage"] for r in ck["stages"]][:3] == ["close+retire", "prepare", "commit"]
     assert ck["snapshot_bytes"] > 0 and ck["snapshot_files"] > 0
     assert [(r["environment"], r["batch"]) for r in ck["embedded_dispatch"]] == [
-        ("one_step", 64), ("one_step", 512), ("calendar", 64), ("calendar", 512)]
+        ("one_step", 64),
+        ("one_step", 512),
+        ("calendar", 64),
+        ("calendar", 512),
+    ]
     assert all(r["attempts"] == 512 for r in ck["embedded_dispatch"])
     assert ck["embedded_one_step_rows_per_s_batch512"] > 0
     for key in ("e2e_s", "max_loop_stall_ms", "gc_max_pause_ms", "bytes_per_attempt"):
@@ -194,8 +234,12 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     _check_sweep(drain)
     _check_preserved(json.loads((tmp_path / "preserved.json").read_text()))
     # the report re-renders from the JSON, and marks a dirty tree at the top
-    drain["meta"]["source"] = {"commit": "abc1234", "commit_full": "abc1234" * 5 + "ab",
-                               "uncommitted_changes": ["runtime/_ledger.py"], "clean": False}
+    drain["meta"]["source"] = {
+        "commit": "abc1234",
+        "commit_full": "abc1234" * 5 + "ab",
+        "uncommitted_changes": ["runtime/_ledger.py"],
+        "clean": False,
+    }
     (tmp_path / "drain.json").write_text(json.dumps(drain))
     assert main(["report", "--out", str(tmp_path), "--json"]) == 0
     capsys.readouterr()
@@ -260,27 +304,71 @@ def test_preserved_timeline_model() -> None:
 def test_targets_verdicts() -> None:
     from gymckpt.benchmarks.report import TargetRow, targets
 
-    drain = {"rollouts": 200_000, "drain_wake_us_median": 40.0, "drain_wake_ms_p99": 0.3,
-             "speedup": 3000.0, "max_loop_stall_ms": 9.0}
-    memory = {"results": [
-        {"target_attempts": 1_000_000, "mode": "tracemalloc", "bytes_per_attempt": 101.0},
-        {"target_attempts": 1_000_000, "mode": "rss", "bytes_per_attempt": 90.0,
-         "gc_full_ms_ledger_only": 3.0, "gc_full_ms_with_ledger": 40.0}]}
-    ck = {"in_flight": 200_000, "max_loop_stall_ms": 11.0, "e2e_s": 1.5,
-          "turn_time_wall_s": 30.0, "embedded_dispatch": [{"batch": 64, "rows_per_s": 60_000}]}
-    fo = {"results": [{"actors": k, "ok": k < 16, "error": "TimeoutError: x",
-                       **{op: {"stage_ms": 1.0, "slowest_ms": 1.0} for op in
-                          ("prepare", "commit", "resume")}} for k in (1, 2, 4, 8, 16)],
-          "sizes_failed": [16], "models": {}, "ray_dispatch": {"ok": True, "rows_per_s": 9_999}}
-    pv = {"kills": 10, "gymckpt_redone_fraction_median": 0.1,
-          "gymckpt_redone_fraction_pooled": 0.12, "boundary_mismatches": 0, "restores": 10}
+    drain = {
+        "rollouts": 200_000,
+        "drain_wake_us_median": 40.0,
+        "drain_wake_ms_p99": 0.3,
+        "speedup": 3000.0,
+        "max_loop_stall_ms": 9.0,
+    }
+    memory = {
+        "results": [
+            {"target_attempts": 1_000_000, "mode": "tracemalloc", "bytes_per_attempt": 101.0},
+            {
+                "target_attempts": 1_000_000,
+                "mode": "rss",
+                "bytes_per_attempt": 90.0,
+                "gc_full_ms_ledger_only": 3.0,
+                "gc_full_ms_with_ledger": 40.0,
+            },
+        ]
+    }
+    ck = {
+        "in_flight": 200_000,
+        "max_loop_stall_ms": 11.0,
+        "e2e_s": 1.5,
+        "turn_time_wall_s": 30.0,
+        "embedded_dispatch": [{"batch": 64, "rows_per_s": 60_000}],
+    }
+    fo = {
+        "results": [
+            {
+                "actors": k,
+                "ok": k < 16,
+                "error": "TimeoutError: x",
+                **{
+                    op: {"stage_ms": 1.0, "slowest_ms": 1.0}
+                    for op in ("prepare", "commit", "resume")
+                },
+            }
+            for k in (1, 2, 4, 8, 16)
+        ],
+        "sizes_failed": [16],
+        "models": {},
+        "ray_dispatch": {"ok": True, "rows_per_s": 9_999},
+    }
+    pv = {
+        "kills": 10,
+        "gymckpt_redone_fraction_median": 0.1,
+        "gymckpt_redone_fraction_pooled": 0.12,
+        "boundary_mismatches": 0,
+        "restores": 10,
+    }
     got = {t.key: t.status for t in targets(drain, memory, ck, fo, pv)}
     assert got == {
-        "ledger_bytes_per_attempt": "MISSED", "gc_full_ms_1M": "met",
-        "drain_wake_median": "met", "drain_wake_p99": "MISSED", "drain_speedup": "met",
-        "drain_stall": "met", "checkpoint_stall": "MISSED", "checkpoint_e2e": "met",
-        "dispatch_embedded": "met", "checkpoint_e2e_ray": "not measured",
-        "dispatch_ray": "MISSED", "fanout": "not measured", "preserved": "met",
+        "ledger_bytes_per_attempt": "MISSED",
+        "gc_full_ms_1M": "met",
+        "drain_wake_median": "met",
+        "drain_wake_p99": "MISSED",
+        "drain_speedup": "met",
+        "drain_stall": "met",
+        "checkpoint_stall": "MISSED",
+        "checkpoint_e2e": "met",
+        "dispatch_embedded": "met",
+        "checkpoint_e2e_ray": "not measured",
+        "dispatch_ray": "MISSED",
+        "fanout": "not measured",
+        "preserved": "met",
     }
     fo["results"][-1]["ok"] = True
     fo["sizes_failed"] = []
@@ -290,8 +378,14 @@ def test_targets_verdicts() -> None:
     assert targets(drain, {"results": []}, None, None, None)[0].status == "not measured"
     # the checkpoint on Ray has no threshold: reported at 200k with 4 actors, else not
     # measured; a failed run is missed
-    cr = {"in_flight": 200_000, "actors": 4, "checkpoint_ok": True, "e2e_s": 3.0,
-          "turn_time_wall_s": 20.0, "max_loop_stall_ms": 12.0}
+    cr = {
+        "in_flight": 200_000,
+        "actors": 4,
+        "checkpoint_ok": True,
+        "e2e_s": 3.0,
+        "turn_time_wall_s": 20.0,
+        "max_loop_stall_ms": 12.0,
+    }
 
     def ray_row(cr: dict[str, Any]) -> TargetRow:
         rows = targets(drain, memory, ck, fo, pv, cr)
@@ -324,9 +418,16 @@ def test_all_refuses_a_dirty_tree_for_the_results(
     from gymckpt.benchmarks import cli
 
     monkeypatch.setattr(cli, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(cli, "source_info", lambda: {
-        "commit": "abc1234", "commit_full": None, "uncommitted_changes": ["runtime/_gate.py"],
-        "clean": False})
+    monkeypatch.setattr(
+        cli,
+        "source_info",
+        lambda: {
+            "commit": "abc1234",
+            "commit_full": None,
+            "uncommitted_changes": ["runtime/_gate.py"],
+            "clean": False,
+        },
+    )
     assert main(["all"]) == 2
     err = capsys.readouterr().err
     assert "uncommitted changes" in err and "runtime/_gate.py" in err
@@ -352,8 +453,10 @@ def test_fanout_quick_json_and_a_failed_size(capsys: pytest.CaptureFixture[str])
     from gymckpt.benchmarks._common import Progress
     from gymckpt.benchmarks.fanout import FanoutConfig, run_fanout
 
-    bad = run_fanout(FanoutConfig(actors=(2,), checkpoints=1, startup_timeout_s=0.001,
-                                  dispatch_attempts=0), Progress(False))
+    bad = run_fanout(
+        FanoutConfig(actors=(2,), checkpoints=1, startup_timeout_s=0.001, dispatch_attempts=0),
+        Progress(False),
+    )
     assert bad["sizes_failed"] == [2] and bad["results"][0]["ok"] is False
     assert "Timeout" in bad["results"][0]["error"]
     assert bad["models"]["commit_stage_ms"] is None
@@ -369,8 +472,9 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     from gymckpt.benchmarks.report import checkpoint_ray_section, targets
     from gymckpt.nurseries import STAGES
 
-    r = _run(capsys, "checkpoint", "--backend", "ray", "--actors", "4", "--rollouts", "128",
-             "--json")
+    r = _run(
+        capsys, "checkpoint", "--backend", "ray", "--actors", "4", "--rollouts", "128", "--json"
+    )
     assert r["backend"] == "ray" and r["actors"] == 4 and r["label"] == "128"
     assert r["checkpoint_ok"] is True and r["checkpoint_error"] is None
     assert r["in_flight"] == r["episodes_exported"] == 128
@@ -378,9 +482,16 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     # every stage the coordinator ran is reported (no trainer files here: that one is not run)
     assert set(r["stage_s"]) == set(STAGES) - {"trainer_files"}
     assert all(v >= 0 for v in r["stage_s"].values())
-    assert [s["stage"] for s in r["stages"]] == ["close+retire", "prepare", "commit",
-                                                 "ownership", "drain", "snapshot", "publish",
-                                                 "resume"]
+    assert [s["stage"] for s in r["stages"]] == [
+        "close+retire",
+        "prepare",
+        "commit",
+        "ownership",
+        "drain",
+        "snapshot",
+        "publish",
+        "resume",
+    ]
     # e2e is close to resume less the turn wait, as on the embedded Gym
     assert r["e2e_s"] == pytest.approx(r["checkpoint_wall_s"] - r["turn_time_wall_s"], abs=2e-3)
     assert r["turn_time_wall_s"] == pytest.approx(r["stage_s"]["prepare"], abs=0.05)
@@ -402,10 +513,23 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     table = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
     assert [line.split(" | ")[0][2:] for line in table] == [s["stage"] for s in r["stages"]]
     assert "`prepare` " in next(line for line in table if line.startswith("| prepare |"))
-    row = next(t for t in targets({"rollouts": 1, "drain_wake_us_median": 1.0,
-                                   "drain_wake_ms_p99": 1.0, "max_loop_stall_ms": 1.0},
-                                  {"results": []}, None, None, None, r)
-               if t.key == "checkpoint_e2e_ray")
+    row = next(
+        t
+        for t in targets(
+            {
+                "rollouts": 1,
+                "drain_wake_us_median": 1.0,
+                "drain_wake_ms_p99": 1.0,
+                "max_loop_stall_ms": 1.0,
+            },
+            {"results": []},
+            None,
+            None,
+            None,
+            r,
+        )
+        if t.key == "checkpoint_e2e_ray"
+    )
     assert row.status == "not measured" and "(at 128; the target is at 200K)" in row.measured
     # actors that do not start in time: an error that says so (bench all records it as a
     # failed result and carries on)
@@ -413,8 +537,9 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     from gymckpt.benchmarks.checkpoint_ray import CheckpointRayConfig, run_checkpoint_ray
 
     with pytest.raises(RuntimeError, match="TimeoutError"):
-        run_checkpoint_ray(CheckpointRayConfig(in_flight=64, startup_timeout_s=0.001),
-                           Progress(False))
+        run_checkpoint_ray(
+            CheckpointRayConfig(in_flight=64, startup_timeout_s=0.001), Progress(False)
+        )
 
 
 def test_help_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
