@@ -287,17 +287,39 @@ def source_info() -> dict[str, Any]:
 
     root = Path(__file__).resolve().parent.parent
     try:
-        full = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout
+        full = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=normal",
-             "--", ".", ":(exclude)benchmarks/results"],
-            capture_output=True, text=True, timeout=10, check=True).stdout
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--untracked-files=normal",
+                "--",
+                ".",
+                ":(exclude)benchmarks/results",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "commit_full": None, "uncommitted_changes": None, "clean": None}
     changes = sorted(line[3:] for line in dirty.splitlines() if line.strip())
-    return {"commit": full.strip()[:7], "commit_full": full.strip(),
-            "uncommitted_changes": changes, "clean": not changes}
+    return {
+        "commit": full.strip()[:7],
+        "commit_full": full.strip(),
+        "uncommitted_changes": changes,
+        "clean": not changes,
+    }
 
 
 def machine_info() -> dict[str, Any]:
@@ -349,4 +371,3 @@ def label(n: int) -> str:
     if n >= 1000 and n % 1000 == 0:
         return f"{n // 1000}k"
     return str(n)
-

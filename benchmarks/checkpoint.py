@@ -171,8 +171,7 @@ class _TimedGym:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._gym, name)
-        if name not in ("prepare", "commit", "resume", "retire", "retire_restored",
-                        "topology"):
+        if name not in ("prepare", "commit", "resume", "retire", "retire_restored", "topology"):
             return attr
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
@@ -218,9 +217,26 @@ class _AfterWindow:
 
 def _ledger_bytes(ledger: Any) -> int:
     """What the ledger's storage occupies: its columns and tables (``sys.getsizeof``)."""
-    names = ("_row_block", "_blk_row", "_blk_done", "_free_blocks", "_att", "_state",
-             "_unclaimed_col", "_rep", "_gate", "_reward", "_turns", "_hlist", "_hnext",
-             "_hprev", "_restored", "_spent", "_ready", "_retire")
+    names = (
+        "_row_block",
+        "_blk_row",
+        "_blk_done",
+        "_free_blocks",
+        "_att",
+        "_state",
+        "_unclaimed_col",
+        "_rep",
+        "_gate",
+        "_reward",
+        "_turns",
+        "_hlist",
+        "_hnext",
+        "_hprev",
+        "_restored",
+        "_spent",
+        "_ready",
+        "_retire",
+    )
     return sum(sys.getsizeof(getattr(ledger, n)) for n in names if hasattr(ledger, n))
 
 
@@ -326,17 +342,20 @@ async def measure_checkpoint(
         size, files = await trio.to_thread.run_sync(_dir_size, snap)
         lj = snap / LEDGER_FILE
         ledger_bytes = lj.stat().st_size if lj.exists() else 0
-    out = _checkpoint_report(outcome, marks, mutations, virtual_at, stall, gcm, spans, stages,
-                             heartbeat)
+    out = _checkpoint_report(
+        outcome, marks, mutations, virtual_at, stall, gcm, spans, stages, heartbeat
+    )
     out.update(after.report())
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
-    out.update({
-        "snapshot_bytes": size,
-        "snapshot_mib": round(size / 2**20, 1),
-        "snapshot_files": files,
-        "ledger_json_bytes": ledger_bytes,
-        "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
-    })
+    out.update(
+        {
+            "snapshot_bytes": size,
+            "snapshot_mib": round(size / 2**20, 1),
+            "snapshot_files": files,
+            "ledger_json_bytes": ledger_bytes,
+            "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
+        }
+    )
     return out
 
 
@@ -353,21 +372,34 @@ async def _checkpoint_main(
             print(f"[checkpoint] {msg}", file=sys.stderr, flush=True)
 
     n, g = cfg.in_flight, cfg.group_size
-    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, max_batch=cfg.dispatch_batch,
-                    lease_s=3600.0, flush_interval_s=0.05)
-    rc = RuntimeConfig(control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0,
-                       lease_s=3600.0)
+    sim = SimConfig(
+        turns=cfg.turns,
+        turn_s=cfg.turn_s,
+        max_batch=cfg.dispatch_batch,
+        lease_s=3600.0,
+        flush_interval_s=0.05,
+    )
+    rc = RuntimeConfig(
+        control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=3600.0
+    )
     out: dict[str, Any] = {}
     async with trio.open_nursery() as top:
         top.start_soon(warp_driver, clock, name="warp-clock")
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
-            async with calendar_embedded(instances=cfg.instances, seed=cfg.seed,
-                                         work_dir=Path(tmp) / "gym", config=sim) as gym:
+            async with calendar_embedded(
+                instances=cfg.instances, seed=cfg.seed, work_dir=Path(tmp) / "gym", config=sim
+            ) as gym:
                 timed = _TimedGym(gym)
                 async with open_rollouts(
-                    cast(Any, timed), Path(tmp) / "run", rows=2 * n // g + 1, group_size=g,
-                    config=rc, max_rows_in_flight=n // g, batch_size=cfg.dispatch_batch,
-                    restore=False, keep_snapshots=0,
+                    cast(Any, timed),
+                    Path(tmp) / "run",
+                    rows=2 * n // g + 1,
+                    group_size=g,
+                    config=rc,
+                    max_rows_in_flight=n // g,
+                    batch_size=cfg.dispatch_batch,
+                    restore=False,
+                    keep_snapshots=0,
                 ) as ro:
                     ledger = ro.ledger
                     t0 = time.perf_counter()
@@ -382,15 +414,23 @@ async def _checkpoint_main(
                     say(f"{dispatched:,} in flight after {fill_s:.1f} s; checkpointing")
 
                     out = await measure_checkpoint(
-                        ro, timed.spans, STAGES, nursery=top, dispatched=dispatched,
-                        pause_collector=rc.pause_collector, after_s=cfg.after_s,
-                        on_after_prepare=clock.go_realtime, say=say,
+                        ro,
+                        timed.spans,
+                        STAGES,
+                        nursery=top,
+                        dispatched=dispatched,
+                        pause_collector=rc.pause_collector,
+                        after_s=cfg.after_s,
+                        on_after_prepare=clock.go_realtime,
+                        say=say,
                     )
-                    out.update({
-                        "in_flight": dispatched,
-                        "fill_wall_s": round(fill_s, 2),
-                        "embedded_fill_rows_per_s": round(dispatched / fill_s),
-                    })
+                    out.update(
+                        {
+                            "in_flight": dispatched,
+                            "fill_wall_s": round(fill_s, 2),
+                            "embedded_fill_rows_per_s": round(dispatched / fill_s),
+                        }
+                    )
                     finish(out)
                     return out
     return out  # pragma: no cover - the return above always runs
@@ -415,21 +455,26 @@ def _checkpoint_report(
     snap0 = drain0 + int(s.get("drain", 0.0) * 1e9)
     windows = {
         "close+retire": (marks["start"], marks.get("before_prepare", marks["end"])),
-        "prepare": (marks.get("before_prepare", marks["end"]), marks.get("after_prepare",
-                                                                        marks["end"])),
+        "prepare": (
+            marks.get("before_prepare", marks["end"]),
+            marks.get("after_prepare", marks["end"]),
+        ),
         "commit": (marks.get("after_prepare", marks["end"]), own0),
         "ownership": (own0, drain0),
         "drain": (drain0, snap0),
         "snapshot": (snap0, marks.get("before_publish", marks["end"])),
-        "publish": (marks.get("before_publish", marks["end"]), marks.get("after_publish",
-                                                                        marks["end"])),
+        "publish": (
+            marks.get("before_publish", marks["end"]),
+            marks.get("after_publish", marks["end"]),
+        ),
         "resume": (marks.get("before_resume", marks["end"]), marks["end"]),
     }
     mut_points = {
-        "close+retire": ("start", "before_prepare"), "prepare": ("before_prepare",
-                                                                 "after_prepare"),
+        "close+retire": ("start", "before_prepare"),
+        "prepare": ("before_prepare", "after_prepare"),
         "commit": ("after_prepare", "after_commit"),
-        "publish": ("before_publish", "after_publish"), "resume": ("before_resume", "end"),
+        "publish": ("before_publish", "after_publish"),
+        "resume": ("before_resume", "end"),
     }
     gym_spans = _union([(a, b) for _op, a, b in spans])  # calls to K instances overlap
     rows: list[dict[str, Any]] = []
@@ -464,8 +509,9 @@ def _checkpoint_report(
             "max_loop_stall_cpu_ms": round(longest_cpu / 1e6, 3) if longest else None,
             "max_stall_task": who,
             "stalls_over_10ms": over,
-            "max_runtime_stall_excluding_gc_ms": (round(runtime_worst / 1e6, 3)
-                                                  if runtime_worst else None),
+            "max_runtime_stall_excluding_gc_ms": (
+                round(runtime_worst / 1e6, 3) if runtime_worst else None
+            ),
             "max_runtime_stall_cpu_ms": round(runtime_cpu / 1e6, 3) if runtime_worst else None,
             "max_runtime_stall_task": runtime_who,
             "gc_pause_ms": round(gc_ns / 1e6, 3),
@@ -477,9 +523,11 @@ def _checkpoint_report(
             if p0 in mutations and p1 in mutations:
                 row["ledger_mutations"] = mutations[p1] - mutations[p0]
         if name == "prepare" and "before_prepare" in virtual_at and "after_prepare" in virtual_at:
-            row["simulated_wait_s"] = round(virtual_at["after_prepare"]
-                                            - virtual_at["before_prepare"], 3)
+            row["simulated_wait_s"] = round(
+                virtual_at["after_prepare"] - virtual_at["before_prepare"], 3
+            )
         rows.append(row)
+
     def num(v: Any) -> float:
         return float(v) if isinstance(v, int | float) else 0.0
 
@@ -495,8 +543,9 @@ def _checkpoint_report(
         "turn_time_wall_s": round(turn_wall_s, 3),
         "turn_time_simulated_s": prepare_row.get("simulated_wait_s"),
         "stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},
-        "gc_max_pause_ms": round(max((b - a for a, b, _g in gcm.pauses if b <= marks["end"]),
-                                     default=0) / 1e6, 3),
+        "gc_max_pause_ms": round(
+            max((b - a for a, b, _g in gcm.pauses if b <= marks["end"]), default=0) / 1e6, 3
+        ),
         "checkpoint_ok": bool(outcome.ok),
         "checkpoint_error": outcome.error,
         "episodes_exported": outcome.episodes,
@@ -505,9 +554,18 @@ def _checkpoint_report(
         "coordinator_stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},
         "stages": rows,
         # the checkpoint's window only (the seconds after it are reported as after_checkpoint_*)
-        "max_loop_stall_ms": round(max((min(b, marks["end"]) - a for a, b, _t, _c in stall.long
-                                        if marks["start"] <= a < marks["end"]), default=0)
-                                   / 1e6, 3),
+        "max_loop_stall_ms": round(
+            max(
+                (
+                    min(b, marks["end"]) - a
+                    for a, b, _t, _c in stall.long
+                    if marks["start"] <= a < marks["end"]
+                ),
+                default=0,
+            )
+            / 1e6,
+            3,
+        ),
         "max_loop_stall_task": stall.max_task,
         "max_runtime_stall_excluding_gc_ms": num(worst_rt["max_runtime_stall_excluding_gc_ms"]),
         "max_runtime_stall_cpu_ms": worst_rt["max_runtime_stall_cpu_ms"],
@@ -571,19 +629,29 @@ async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) ->
     rows = cfg.dispatch_rows // g
     with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
         if environment == "one_step":
-            opened = EmbeddedGym.host(Environment(agent=OneStepAgent()), instances=cfg.instances,
-                                      seed=cfg.seed, work_dir=Path(tmp) / "gym",
-                                      config=HostConfig(max_batch=batch))
+            opened = EmbeddedGym.host(
+                Environment(agent=OneStepAgent()),
+                instances=cfg.instances,
+                seed=cfg.seed,
+                work_dir=Path(tmp) / "gym",
+                config=HostConfig(max_batch=batch),
+            )
         else:
             sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
-            opened = calendar_embedded(instances=cfg.instances, seed=cfg.seed,
-                                       work_dir=Path(tmp) / "gym", config=sim)
+            opened = calendar_embedded(
+                instances=cfg.instances, seed=cfg.seed, work_dir=Path(tmp) / "gym", config=sim
+            )
         async with opened as gym:
             t0 = perf_ns()
             trained = 0
             async with open_rollouts(
-                gym, Path(tmp) / "run", rows=rows, group_size=g,
-                max_rows_in_flight=max(64, 4 * batch // g), batch_size=batch, restore=False,
+                gym,
+                Path(tmp) / "run",
+                rows=rows,
+                group_size=g,
+                max_rows_in_flight=max(64, 4 * batch // g),
+                batch_size=batch,
+                restore=False,
             ) as ro:
                 async for got in ro.batches(groups_per_step=max(1, batch // g)):
                     trained += len(got)
@@ -613,12 +681,23 @@ def dispatch_worker(cfg: CheckpointConfig) -> list[dict[str, Any]]:
 def run_checkpoint(cfg: CheckpointConfig, progress: Progress) -> dict[str, Any]:
     """Run both measurements in a fresh subprocess (see the module docstring)."""
     progress(f"checkpoint N={cfg.in_flight:,} on the embedded Gym (fresh subprocess)")
-    cmd = [sys.executable, "-m", "gymckpt.benchmarks.checkpoint", "--worker",
-           json.dumps(attrs.asdict(cfg))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gymckpt.benchmarks.checkpoint",
+        "--worker",
+        json.dumps(attrs.asdict(cfg)),
+    ]
     if progress.enabled:
         cmd.append("--verbose")
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress.enabled else
-                          subprocess.PIPE, text=True, check=False, timeout=1800)
+    done = subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=None if progress.enabled else subprocess.PIPE,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"checkpoint worker failed:\n{(done.stderr or '').strip()[-4000:]}")
     result: dict[str, Any] = json.loads(done.stdout)
@@ -626,9 +705,11 @@ def run_checkpoint(cfg: CheckpointConfig, progress: Progress) -> dict[str, Any]:
     for r in result.get("embedded_dispatch", []):
         env = "" if r["environment"] == "calendar" else f"{r['environment']}_"
         result[f"embedded_{env}rows_per_s_batch{r['batch']}"] = r["rows_per_s"]
-    progress(f"checkpoint N={cfg.in_flight:,}: {result['e2e_s']:.2f} s close to resume "
-             f"(+ {result['turn_time_wall_s']:.1f} s turn time), longest stall "
-             f"{result['max_loop_stall_ms']:.1f} ms")
+    progress(
+        f"checkpoint N={cfg.in_flight:,}: {result['e2e_s']:.2f} s close to resume "
+        f"(+ {result['turn_time_wall_s']:.1f} s turn time), longest stall "
+        f"{result['max_loop_stall_ms']:.1f} ms"
+    )
     result["label"] = label(cfg.in_flight)
     return result
 
@@ -642,8 +723,9 @@ def _main(argv: list[str]) -> int:
         cfg = CheckpointConfig(**raw)
         verbose = "--verbose" in argv
         if verbose:
-            print("[checkpoint] dispatch throughput on the embedded Gym", file=sys.stderr,
-                  flush=True)
+            print(
+                "[checkpoint] dispatch throughput on the embedded Gym", file=sys.stderr, flush=True
+            )
         embedded_dispatch = dispatch_worker(cfg)
 
         def finish(result: dict[str, Any]) -> None:
@@ -655,8 +737,10 @@ def _main(argv: list[str]) -> int:
 
         checkpoint_worker(cfg, verbose, finish)
         return 1  # finish() exits
-    print("usage: python -m gymckpt.benchmarks.checkpoint --worker CONFIG_JSON [--verbose]",
-          file=sys.stderr)
+    print(
+        "usage: python -m gymckpt.benchmarks.checkpoint --worker CONFIG_JSON [--verbose]",
+        file=sys.stderr,
+    )
     return ExitCode.BAD_INPUT
 
 

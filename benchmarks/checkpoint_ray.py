@@ -56,8 +56,13 @@ from .checkpoint import _TimedGym, measure_checkpoint
 
 __all__ = ["GYM_OPS", "CheckpointRayConfig", "run_checkpoint_ray", "turn_range"]
 
-GYM_OPS = {"topology": "close+retire", "retire": "close+retire", "prepare": "prepare",
-           "commit": "commit", "resume": "resume"}
+GYM_OPS = {
+    "topology": "close+retire",
+    "retire": "close+retire",
+    "prepare": "prepare",
+    "commit": "commit",
+    "resume": "resume",
+}
 """Gym call -> the stage of the report it runs in (``topology``: asked once, at a run's first
 checkpoint, before admission closes; one call covering every actor)."""
 
@@ -132,25 +137,44 @@ async def _ray_main(
 
     n, g = cfg.in_flight, cfg.group_size
     turn_s = cfg.turns_s()
-    sim = SimConfig(turns=cfg.turns, turn_s=turn_s, max_batch=cfg.dispatch_batch,
-                    lease_s=3600.0, flush_interval_s=0.05)
-    rc = RuntimeConfig(control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0,
-                       lease_s=3600.0)
-    say(f"local Ray cluster up; starting {cfg.actors} actors "
-        f"(turns {cfg.turns[0]}-{cfg.turns[1]} of {turn_s[0]:g}-{turn_s[1]:g} s)")
+    sim = SimConfig(
+        turns=cfg.turns,
+        turn_s=turn_s,
+        max_batch=cfg.dispatch_batch,
+        lease_s=3600.0,
+        flush_interval_s=0.05,
+    )
+    rc = RuntimeConfig(
+        control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=3600.0
+    )
+    say(
+        f"local Ray cluster up; starting {cfg.actors} actors "
+        f"(turns {cfg.turns[0]}-{cfg.turns[1]} of {turn_s[0]:g}-{turn_s[1]:g} s)"
+    )
     t_start = time.perf_counter()
     async with trio.open_nursery() as top:
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-ray-") as tmp:
-            async with calendar_ray(instances=cfg.actors, seed=cfg.seed,
-                                    work_dir=Path(tmp) / "gym", config=sim,
-                                    startup_timeout_s=cfg.startup_timeout_s) as gym:
+            async with calendar_ray(
+                instances=cfg.actors,
+                seed=cfg.seed,
+                work_dir=Path(tmp) / "gym",
+                config=sim,
+                startup_timeout_s=cfg.startup_timeout_s,
+            ) as gym:
                 started_s = time.perf_counter() - t_start
                 say(f"{cfg.actors} actors up in {started_s:.1f} s; filling to {n:,}")
                 timed = _TimedGym(gym)
                 async with open_rollouts(
-                    cast(Any, timed), Path(tmp) / "run", rows=2 * n // g + 1, group_size=g,
-                    config=rc, max_rows_in_flight=n // g, batch_size=cfg.dispatch_batch,
-                    restore=False, keep_snapshots=0, handle_signals=False,
+                    cast(Any, timed),
+                    Path(tmp) / "run",
+                    rows=2 * n // g + 1,
+                    group_size=g,
+                    config=rc,
+                    max_rows_in_flight=n // g,
+                    batch_size=cfg.dispatch_batch,
+                    restore=False,
+                    keep_snapshots=0,
+                    handle_signals=False,
                 ) as ro:
                     ledger = ro.ledger
                     t0 = time.perf_counter()
@@ -160,30 +184,45 @@ async def _ray_main(
                             await trio.sleep(0.2)
                             if time.perf_counter() - last > 5:
                                 last = time.perf_counter()
-                                say(f"dispatched {ledger.statistics().by_state['dispatched']:,}"
-                                    f"/{n:,}")
+                                say(
+                                    f"dispatched {ledger.statistics().by_state['dispatched']:,}"
+                                    f"/{n:,}"
+                                )
                     fill_s = time.perf_counter() - t0
                     stats = ledger.statistics()
                     dispatched = stats.by_state["dispatched"]
-                    finished = stats.by_state.get("completed", 0) + stats.failed_total \
+                    finished = (
+                        stats.by_state.get("completed", 0)
+                        + stats.failed_total
                         + stats.abandoned_total
-                    say(f"{dispatched:,} in flight after {fill_s:.1f} s "
-                        f"({dispatched / fill_s:,.0f} rows/s); checkpointing")
-                    out = await measure_checkpoint(
-                        ro, timed.spans, STAGES, nursery=top, dispatched=dispatched,
-                        pause_collector=rc.pause_collector, after_s=cfg.after_s, say=say,
                     )
-                    out.update({
-                        "backend": "ray",
-                        "actors": cfg.actors,
-                        "in_flight": dispatched,
-                        "finished_before_checkpoint": finished,
-                        "turn_s": list(turn_s),
-                        "actors_start_s": round(started_s, 2),
-                        "fill_wall_s": round(fill_s, 2),
-                        "fill_rows_per_s": round(dispatched / fill_s),
-                        "gym_calls_by_op": _per_actor(timed.calls),
-                    })
+                    say(
+                        f"{dispatched:,} in flight after {fill_s:.1f} s "
+                        f"({dispatched / fill_s:,.0f} rows/s); checkpointing"
+                    )
+                    out = await measure_checkpoint(
+                        ro,
+                        timed.spans,
+                        STAGES,
+                        nursery=top,
+                        dispatched=dispatched,
+                        pause_collector=rc.pause_collector,
+                        after_s=cfg.after_s,
+                        say=say,
+                    )
+                    out.update(
+                        {
+                            "backend": "ray",
+                            "actors": cfg.actors,
+                            "in_flight": dispatched,
+                            "finished_before_checkpoint": finished,
+                            "turn_s": list(turn_s),
+                            "actors_start_s": round(started_s, 2),
+                            "fill_wall_s": round(fill_s, 2),
+                            "fill_rows_per_s": round(dispatched / fill_s),
+                            "gym_calls_by_op": _per_actor(timed.calls),
+                        }
+                    )
                     finish(out)
 
 
@@ -235,15 +274,24 @@ def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
 def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str, Any]:
     """The measurement in a fresh subprocess (see the module docstring); raises
     ``RuntimeError`` with the worker's last output if it fails or passes its deadline."""
-    progress(f"checkpoint N={cfg.in_flight:,} on Ray with {cfg.actors} actors "
-             "(fresh subprocess)")
-    cmd = [sys.executable, "-m", "gymckpt.benchmarks.checkpoint_ray", "--worker",
-           json.dumps(attrs.asdict(cfg))]
+    progress(f"checkpoint N={cfg.in_flight:,} on Ray with {cfg.actors} actors (fresh subprocess)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "gymckpt.benchmarks.checkpoint_ray",
+        "--worker",
+        json.dumps(attrs.asdict(cfg)),
+    ]
     if progress.enabled:
         cmd.append("--verbose")
     deadline = cfg.startup_timeout_s + cfg.fill_timeout_s + 1200.0
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            stderr=None if progress.enabled else subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        stderr=None if progress.enabled else subprocess.PIPE,
+    )
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=deadline)
@@ -255,16 +303,22 @@ def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str
         os.killpg(proc.pid, signal.SIGKILL)
     line = next((s for s in (stdout or "").splitlines() if s.startswith("{")), None)
     if line is None:
-        why = (f"passed its {deadline:.0f} s deadline" if timed_out
-               else f"exited with code {proc.returncode}")
-        raise RuntimeError(f"checkpoint on Ray: the worker {why}:\n"
-                           f"{(stderr or '').strip()[-4000:]}")
+        why = (
+            f"passed its {deadline:.0f} s deadline"
+            if timed_out
+            else f"exited with code {proc.returncode}"
+        )
+        raise RuntimeError(
+            f"checkpoint on Ray: the worker {why}:\n{(stderr or '').strip()[-4000:]}"
+        )
     result: dict[str, Any] = json.loads(line)
     result["config"] = {**attrs.asdict(cfg), "turn_s": list(cfg.turns_s())}
     result["label"] = label(cfg.in_flight)
-    progress(f"checkpoint N={cfg.in_flight:,} on Ray, {cfg.actors} actors: "
-             f"{result['e2e_s']:.2f} s close to resume (+ {result['turn_time_wall_s']:.1f} s "
-             f"turn time), longest stall {result['max_loop_stall_ms']:.1f} ms")
+    progress(
+        f"checkpoint N={cfg.in_flight:,} on Ray, {cfg.actors} actors: "
+        f"{result['e2e_s']:.2f} s close to resume (+ {result['turn_time_wall_s']:.1f} s "
+        f"turn time), longest stall {result['max_loop_stall_ms']:.1f} ms"
+    )
     return result
 
 
@@ -276,8 +330,10 @@ def _main(argv: list[str]) -> int:
             raw["turn_s"] = tuple(raw["turn_s"])
         _worker(CheckpointRayConfig(**raw), "--verbose" in argv)
         return 1  # finish() exits
-    print("usage: python -m gymckpt.benchmarks.checkpoint_ray --worker CONFIG_JSON [--verbose]",
-          file=sys.stderr)
+    print(
+        "usage: python -m gymckpt.benchmarks.checkpoint_ray --worker CONFIG_JSON [--verbose]",
+        file=sys.stderr,
+    )
     return ExitCode.BAD_INPUT
 
 

@@ -86,110 +86,214 @@ The sweep shows per-wakeup cost flat in N for the event-driven drain and linear 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--quick", action="store_true",
-                   help="small smoke configuration (seconds, small N); CI runs this")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress lines on stderr (default: only when stderr is a terminal)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small smoke configuration (seconds, small N); CI runs this",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress lines on stderr (default: only when stderr is a terminal)",
+    )
 
 
 def _drain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rollouts", type=int, default=None,
-                   help="in-flight attempts for the headline figures (default 200000; quick 10000)")
-    p.add_argument("--pending", type=int, default=None,
-                   help="episodes whose reply is on the wire (default 300; quick 100)")
-    p.add_argument("--sweep", type=ints, default=None,
-                   help="in-flight sizes, comma-separated, k/M suffixes "
-                        "(default 2k,20k,200k; quick 2k,10k); --rollouts is always included")
+    p.add_argument(
+        "--rollouts",
+        type=int,
+        default=None,
+        help="in-flight attempts for the headline figures (default 200000; quick 10000)",
+    )
+    p.add_argument(
+        "--pending",
+        type=int,
+        default=None,
+        help="episodes whose reply is on the wire (default 300; quick 100)",
+    )
+    p.add_argument(
+        "--sweep",
+        type=ints,
+        default=None,
+        help="in-flight sizes, comma-separated, k/M suffixes "
+        "(default 2k,20k,200k; quick 2k,10k); --rollouts is always included",
+    )
     p.add_argument("--million", action="store_true", help="add 1M in flight to the sweep")
-    p.add_argument("--trials", type=int, default=None,
-                   help="event-driven trials per size (default 200)")
-    p.add_argument("--baseline-trials", type=int, default=None,
-                   help="polling trials per size (default 20; fewer above 200k)")
-    p.add_argument("--interleave", type=int, default=None,
-                   help="unrelated completions before each pending reply (default 3)")
-    p.add_argument("--poll-period-ms", type=float, default=None,
-                   help="polling baseline period (default 50, as the reference design)")
+    p.add_argument(
+        "--trials", type=int, default=None, help="event-driven trials per size (default 200)"
+    )
+    p.add_argument(
+        "--baseline-trials",
+        type=int,
+        default=None,
+        help="polling trials per size (default 20; fewer above 200k)",
+    )
+    p.add_argument(
+        "--interleave",
+        type=int,
+        default=None,
+        help="unrelated completions before each pending reply (default 3)",
+    )
+    p.add_argument(
+        "--poll-period-ms",
+        type=float,
+        default=None,
+        help="polling baseline period (default 50, as the reference design)",
+    )
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--gc-freeze", action="store_true",
-                   help="gc.freeze() after building each ledger and gc.collect()+gc.freeze() "
-                        "between trials (the remedy for collector pauses; default: off)")
+    p.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after building each ledger and gc.collect()+gc.freeze() "
+        "between trials (the remedy for collector pauses; default: off)",
+    )
 
 
 def _memory_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", type=ints, default=None,
-                   help="ledger sizes in attempts (default 200k,1M; quick 20k)")
+    p.add_argument(
+        "--sizes",
+        type=ints,
+        default=None,
+        help="ledger sizes in attempts (default 200k,1M; quick 20k)",
+    )
 
 
 def _dispatch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--in-flight", type=ints, default=None,
-                   help="attempts already in flight (default 200k; 200k,1M with --million)")
+    p.add_argument(
+        "--in-flight",
+        type=ints,
+        default=None,
+        help="attempts already in flight (default 200k; 200k,1M with --million)",
+    )
     p.add_argument("--batch-sizes", type=ints, default=None, help="default 1,64,512")
-    p.add_argument("--rows", type=int, default=None,
-                   help="attempts pushed per configuration (default 65536; quick 2048)")
-    p.add_argument("--loop", action="store_true",
-                   help="also rows/s through the whole loop (open_rollouts) on a null Gym and "
-                        "on the embedded Gym (one-step episodes)")
-    p.add_argument("--loop-attempts", type=int, default=None,
-                   help="attempts per whole-loop run (default 65536; quick 2048)")
-    p.add_argument("--loop-runs", type=int, default=None,
-                   help="whole-loop runs per Gym, medians reported (default 3; quick 1)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="attempts pushed per configuration (default 65536; quick 2048)",
+    )
+    p.add_argument(
+        "--loop",
+        action="store_true",
+        help="also rows/s through the whole loop (open_rollouts) on a null Gym and "
+        "on the embedded Gym (one-step episodes)",
+    )
+    p.add_argument(
+        "--loop-attempts",
+        type=int,
+        default=None,
+        help="attempts per whole-loop run (default 65536; quick 2048)",
+    )
+    p.add_argument(
+        "--loop-runs",
+        type=int,
+        default=None,
+        help="whole-loop runs per Gym, medians reported (default 3; quick 1)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gymckpt bench", description=_DESCRIPTION,
+        prog="gymckpt bench",
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
     raw = argparse.RawDescriptionHelpFormatter
-    d = sub.add_parser("drain", help="drain wake latency and per-wakeup cost vs polling",
-                       description=_DRAIN_HELP, formatter_class=raw)
+    d = sub.add_parser(
+        "drain",
+        help="drain wake latency and per-wakeup cost vs polling",
+        description=_DRAIN_HELP,
+        formatter_class=raw,
+    )
     _drain_args(d)
     _common(d)
-    m = sub.add_parser("memory", help="ledger memory per attempt at 200k and 1M",
-                       description=_memory_mod.__doc__,
-                       formatter_class=raw)
+    m = sub.add_parser(
+        "memory",
+        help="ledger memory per attempt at 200k and 1M",
+        description=_memory_mod.__doc__,
+        formatter_class=raw,
+    )
     _memory_args(m)
     _common(m)
-    dp = sub.add_parser("dispatch", help="rows/s through gate + ledger (no Gym)",
-                        description=_dispatch_mod.__doc__,
-                        formatter_class=raw)
+    dp = sub.add_parser(
+        "dispatch",
+        help="rows/s through gate + ledger (no Gym)",
+        description=_dispatch_mod.__doc__,
+        formatter_class=raw,
+    )
     _dispatch_args(dp)
     dp.add_argument("--million", action="store_true", help="also measure with 1M in flight")
     _common(dp)
-    c = sub.add_parser("checkpoint",
-                       help="whole checkpoint at 200k on the embedded Gym or on Ray, by stage",
-                       description=f"{_checkpoint_mod.__doc__}\n--backend ray\n------------\n"
-                                   f"{_checkpoint_ray_mod.__doc__}", formatter_class=raw)
-    c.add_argument("--rollouts", "--in-flight", dest="in_flight", type=int, default=None,
-                   help="episodes in flight (default 200000; quick 2000)")
-    c.add_argument("--backend", choices=("embedded", "ray"), default="embedded",
-                   help="the Gym deployment: embedded (in this process, warp clock) or ray "
-                        "(--actors Ray actors on a local cluster, real time)")
-    c.add_argument("--instances", type=int, default=None,
-                   help="embedded Gym instances (default 4)")
-    c.add_argument("--actors", type=int, default=None,
-                   help="Ray actors with --backend ray (default 4)")
+    c = sub.add_parser(
+        "checkpoint",
+        help="whole checkpoint at 200k on the embedded Gym or on Ray, by stage",
+        description=f"{_checkpoint_mod.__doc__}\n--backend ray\n------------\n"
+        f"{_checkpoint_ray_mod.__doc__}",
+        formatter_class=raw,
+    )
+    c.add_argument(
+        "--rollouts",
+        "--in-flight",
+        dest="in_flight",
+        type=int,
+        default=None,
+        help="episodes in flight (default 200000; quick 2000)",
+    )
+    c.add_argument(
+        "--backend",
+        choices=("embedded", "ray"),
+        default="embedded",
+        help="the Gym deployment: embedded (in this process, warp clock) or ray "
+        "(--actors Ray actors on a local cluster, real time)",
+    )
+    c.add_argument("--instances", type=int, default=None, help="embedded Gym instances (default 4)")
+    c.add_argument(
+        "--actors", type=int, default=None, help="Ray actors with --backend ray (default 4)"
+    )
     _common(c)
-    h = sub.add_parser("host", help="Gym host per-step overhead vs plain Gymnasium; episodes/s",
-                       description=_host_mod.__doc__, formatter_class=raw)
-    h.add_argument("--episodes", type=int, default=None,
-                   help="episodes per trial of the per-step comparison (default 256)")
+    h = sub.add_parser(
+        "host",
+        help="Gym host per-step overhead vs plain Gymnasium; episodes/s",
+        description=_host_mod.__doc__,
+        formatter_class=raw,
+    )
+    h.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes per trial of the per-step comparison (default 256)",
+    )
     h.add_argument("--no-ray", action="store_true", help="skip the Ray throughput run")
     _common(h)
-    f = sub.add_parser("fanout", help="control fan-out on Ray from 1 to 16 actors, with a model",
-                       description=_fanout_mod.__doc__, formatter_class=raw)
-    f.add_argument("--actors", type=ints, default=None,
-                   help="actor counts (default 1,2,4,8,16; quick 1,2)")
-    f.add_argument("--checkpoints", type=int, default=None,
-                   help="measured checkpoints per size (default 5; quick 2), after one warm-up")
+    f = sub.add_parser(
+        "fanout",
+        help="control fan-out on Ray from 1 to 16 actors, with a model",
+        description=_fanout_mod.__doc__,
+        formatter_class=raw,
+    )
+    f.add_argument(
+        "--actors", type=ints, default=None, help="actor counts (default 1,2,4,8,16; quick 1,2)"
+    )
+    f.add_argument(
+        "--checkpoints",
+        type=int,
+        default=None,
+        help="measured checkpoints per size (default 5; quick 2), after one warm-up",
+    )
     _common(f)
-    pv = sub.add_parser("preserved", help="work preserved across a crash vs a step-boundary "
-                        "baseline", description=_preserved_mod.__doc__, formatter_class=raw)
+    pv = sub.add_parser(
+        "preserved",
+        help="work preserved across a crash vs a step-boundary baseline",
+        description=_preserved_mod.__doc__,
+        formatter_class=raw,
+    )
     pv.add_argument("--kills", type=int, default=None, help="kill times (default 10)")
     _common(pv)
     a = sub.add_parser(
-        "all", help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
+        "all",
+        help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
         description=(
             "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
             "4 actors at the same N), fanout (Ray) and preserved, "
@@ -198,23 +302,38 @@ def build_parser() -> argparse.ArgumentParser:
             "default directory it refuses to run from a tree with uncommitted changes."
         ),
     )
-    a.add_argument("--out", type=Path, default=None,
-                   help=f"output directory (default {RESULTS_DIR}; quick: {RESULTS_DIR}/quick)")
-    a.add_argument("--no-ray", action="store_true",
-                   help="skip the Ray parts (fan-out, rows/s on Ray, the checkpoint on Ray): "
-                        "reported as not run")
-    a.add_argument("--allow-dirty", action="store_true",
-                   help="write into the default directory although the tree has uncommitted "
-                        "changes (SUMMARY.md says so at the top)")
+    a.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output directory (default {RESULTS_DIR}; quick: {RESULTS_DIR}/quick)",
+    )
+    a.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="skip the Ray parts (fan-out, rows/s on Ray, the checkpoint on Ray): "
+        "reported as not run",
+    )
+    a.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write into the default directory although the tree has uncommitted "
+        "changes (SUMMARY.md says so at the top)",
+    )
     rr = sub.add_parser(
-        "report", help="re-render the plots and SUMMARY.md from the JSON results in --out",
+        "report",
+        help="re-render the plots and SUMMARY.md from the JSON results in --out",
         description="Rewrites the PNG plots and SUMMARY.md from drain.json, memory.json, "
-                    "dispatch.json and checkpoint.json in --out, without measuring anything.",
+        "dispatch.json and checkpoint.json in --out, without measuring anything.",
     )
     rr.add_argument("--out", type=Path, default=None, help=f"default {RESULTS_DIR}")
     _common(rr)
-    a.add_argument("--million", action=argparse.BooleanOptionalAction, default=None,
-                   help="include 1M in flight (default: yes when 6 GiB are free; no with --quick)")
+    a.add_argument(
+        "--million",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="include 1M in flight (default: yes when 6 GiB are free; no with --quick)",
+    )
     _common(a)
     return parser
 
@@ -224,8 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _drain_config(args: argparse.Namespace) -> _drain_mod.DrainConfig:
     """The drain configuration the flags ask for; ``ValueError`` if it cannot run."""
-    base = (_drain_mod.DrainConfig.quick_defaults() if args.quick
-            else _drain_mod.DrainConfig())
+    base = _drain_mod.DrainConfig.quick_defaults() if args.quick else _drain_mod.DrainConfig()
     changes: dict[str, Any] = {}
     for name in ("rollouts", "pending", "trials", "baseline_trials", "interleave", "seed"):
         value = getattr(args, name, None)
@@ -249,8 +367,11 @@ def _memory_sizes(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def _dispatch_config(args: argparse.Namespace) -> _dispatch_mod.DispatchConfig:
-    cfg = (_dispatch_mod.DispatchConfig.quick_defaults() if args.quick
-           else _dispatch_mod.DispatchConfig())
+    cfg = (
+        _dispatch_mod.DispatchConfig.quick_defaults()
+        if args.quick
+        else _dispatch_mod.DispatchConfig()
+    )
     if args.bench == "dispatch" and args.in_flight is not None:
         cfg.in_flight = tuple(args.in_flight)
     elif args.bench == "dispatch" and args.million:
@@ -272,8 +393,11 @@ def _dispatch_config(args: argparse.Namespace) -> _dispatch_mod.DispatchConfig:
 
 
 def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointConfig:
-    cfg = (_checkpoint_mod.CheckpointConfig.quick_defaults() if args.quick
-           else _checkpoint_mod.CheckpointConfig())
+    cfg = (
+        _checkpoint_mod.CheckpointConfig.quick_defaults()
+        if args.quick
+        else _checkpoint_mod.CheckpointConfig()
+    )
     if args.bench == "checkpoint":
         if args.in_flight is not None:
             cfg.in_flight = args.in_flight
@@ -287,8 +411,11 @@ def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointCo
 def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.CheckpointRayConfig:
     """The Ray checkpoint's configuration: the embedded one's size (``bench all`` runs both at
     the same N), ``--actors`` actors."""
-    cfg = (_checkpoint_ray_mod.CheckpointRayConfig.quick_defaults() if args.quick
-           else _checkpoint_ray_mod.CheckpointRayConfig())
+    cfg = (
+        _checkpoint_ray_mod.CheckpointRayConfig.quick_defaults()
+        if args.quick
+        else _checkpoint_ray_mod.CheckpointRayConfig()
+    )
     if args.bench == "checkpoint":
         if args.in_flight is not None:
             cfg.in_flight = args.in_flight
@@ -304,8 +431,7 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
 
 
 def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
-    cfg = (_fanout_mod.FanoutConfig.quick_defaults() if args.quick
-           else _fanout_mod.FanoutConfig())
+    cfg = _fanout_mod.FanoutConfig.quick_defaults() if args.quick else _fanout_mod.FanoutConfig()
     if args.bench == "fanout":
         if args.actors is not None:
             cfg.actors = tuple(args.actors)
@@ -317,8 +443,11 @@ def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
 
 
 def _preserved_config(args: argparse.Namespace) -> _preserved_mod.PreservedConfig:
-    cfg = (_preserved_mod.PreservedConfig.quick_defaults() if args.quick
-           else _preserved_mod.PreservedConfig())
+    cfg = (
+        _preserved_mod.PreservedConfig.quick_defaults()
+        if args.quick
+        else _preserved_mod.PreservedConfig()
+    )
     if args.bench == "preserved" and args.kills is not None:
         cfg.kills = args.kills
     if cfg.kills < 1:
@@ -394,8 +523,10 @@ def missing_extra(bench: str) -> str | None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            return (f"needs {module}, in the optional extra {extra!r} ({exc}): "
-                    f"pip install -e '.[{extra}]'")
+            return (
+                f"needs {module}, in the optional extra {extra!r} ({exc}): "
+                f"pip install -e '.[{extra}]'"
+            )
     return None
 
 
@@ -415,8 +546,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gymckpt bench {args.bench}: error: {missing}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     progress = Progress(args.progress)
-    meta = {"command": invocation(argv), "machine": machine_info(), "source": source_info(),
-            "quick": args.quick}
+    meta = {
+        "command": invocation(argv),
+        "machine": machine_info(),
+        "source": source_info(),
+        "quick": args.quick,
+    }
     try:
         drain_cfg = _drain_config(args)
         dispatch_cfg = _dispatch_config(args)
@@ -444,8 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
     elif args.bench == "checkpoint" and args.backend == "ray":
-        result = {**_checkpoint_ray_mod.run_checkpoint_ray(checkpoint_ray_cfg, progress),
-                  "meta": meta}
+        result = {
+            **_checkpoint_ray_mod.run_checkpoint_ray(checkpoint_ray_cfg, progress),
+            "meta": meta,
+        }
     elif args.bench == "checkpoint":
         result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
     elif args.bench == "fanout":
@@ -453,8 +590,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.bench == "preserved":
         result = {**_preserved_mod.run_preserved(preserved_cfg, progress), "meta": meta}
     elif args.bench == "host":
-        host_cfg = (_host_mod.HostBenchConfig.quick_defaults() if args.quick
-                    else _host_mod.HostBenchConfig())
+        host_cfg = (
+            _host_mod.HostBenchConfig.quick_defaults()
+            if args.quick
+            else _host_mod.HostBenchConfig()
+        )
         if args.episodes is not None:
             host_cfg.episodes = args.episodes
         if args.no_ray:
@@ -468,10 +608,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = RESULTS_DIR / "quick" if args.quick else RESULTS_DIR
         dirty = meta["source"].get("uncommitted_changes")
         if dirty and out.resolve() == RESULTS_DIR.resolve() and not args.allow_dirty:
-            print(f"gymckpt bench all: error: the tree has uncommitted changes "
-                  f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
-                  f"{RESULTS_DIR} must come from a clean commit. Commit or stash them, or pass "
-                  "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).", file=sys.stderr)
+            print(
+                f"gymckpt bench all: error: the tree has uncommitted changes "
+                f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
+                f"{RESULTS_DIR} must come from a clean commit. Commit or stash them, or pass "
+                "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
+                file=sys.stderr,
+            )
             return ExitCode.BAD_INPUT
         if _want_million(args):
             drain_cfg = attrs.evolve(drain_cfg, sweep=(*drain_cfg.sweep, 1_000_000))
@@ -482,8 +625,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dispatch_cfg=dispatch_cfg,
             checkpoint_cfg=checkpoint_cfg,
             fanout_cfg=None if args.no_ray else fanout_cfg,
-            checkpoint_ray_cfg=None if args.no_ray else attrs.evolve(
-                checkpoint_ray_cfg, in_flight=checkpoint_cfg.in_flight),
+            checkpoint_ray_cfg=None
+            if args.no_ray
+            else attrs.evolve(checkpoint_ray_cfg, in_flight=checkpoint_cfg.in_flight),
             preserved_cfg=preserved_cfg,
             out=out,
             meta=meta,

@@ -177,7 +177,7 @@ class _NullStream:
         if i >= len(self._rows):
             raise StopAsyncIteration
         self._i = i + self._chunk
-        return [Completed(r.rollout_id, 1.0, 1) for r in self._rows[i:i + self._chunk]]
+        return [Completed(r.rollout_id, 1.0, 1) for r in self._rows[i : i + self._chunk]]
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -222,8 +222,12 @@ class NullGym:
         raise self._control("retire")
 
     async def restore(
-        self, instance: str, state_root: str, record: InstanceRecord,
-        episodes: Sequence[EpisodeRecord], deadline_ts: float,
+        self,
+        instance: str,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
     ) -> RestoreReply:
         raise self._control("restore")
 
@@ -244,18 +248,27 @@ async def _loop_once(gym: GymBackend, work: Path, attempts: int, batch: int) -> 
     cpu0 = time.process_time_ns()
     t0 = perf_ns()
     async with open_rollouts(
-        gym, work, rows=attempts // g, group_size=g, max_rows_in_flight=max(64, 4 * batch // g),
-        batch_size=batch, restore=False, handle_signals=False,
+        gym,
+        work,
+        rows=attempts // g,
+        group_size=g,
+        max_rows_in_flight=max(64, 4 * batch // g),
+        batch_size=batch,
+        restore=False,
+        handle_signals=False,
     ) as ro:
         async for got in ro.batches(groups_per_step=max(1, batch // g)):
             trained += len(got)
     wall_ns = perf_ns() - t0
     cpu_ns = time.process_time_ns() - cpu0
-    return {"attempts": trained * g, "seconds": round(wall_ns / 1e9, 3),
-            "rows_per_s": round(trained * g / (wall_ns / 1e9)),
-            "us_per_row": round(wall_ns / 1e3 / (trained * g), 2),
-            "cpu_s": round(cpu_ns / 1e9, 3),
-            "rows_per_cpu_s": round(trained * g / (cpu_ns / 1e9))}
+    return {
+        "attempts": trained * g,
+        "seconds": round(wall_ns / 1e9, 3),
+        "rows_per_s": round(trained * g / (wall_ns / 1e9)),
+        "us_per_row": round(wall_ns / 1e3 / (trained * g), 2),
+        "cpu_s": round(cpu_ns / 1e9, 3),
+        "rows_per_cpu_s": round(trained * g / (cpu_ns / 1e9)),
+    }
 
 
 async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
@@ -266,8 +279,9 @@ async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
     from gymckpt.gym_adapter.calendar_env import SimConfig
 
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch)
-    async with calendar_embedded(instances=cfg.instances_loop, seed=cfg.seed,
-                                 work_dir=work / "gym", config=sim) as gym:
+    async with calendar_embedded(
+        instances=cfg.instances_loop, seed=cfg.seed, work_dir=work / "gym", config=sim
+    ) as gym:
         return await _loop_once(gym, work / "run", cfg.loop_attempts, cfg.loop_batch)
 
 
@@ -278,16 +292,18 @@ def run_loop(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
         for name, fn in (("null", _loop_null), ("embedded", _loop_embedded)):
             gc.collect()
             with tempfile.TemporaryDirectory(prefix="gymckpt-bench-loop-") as tmp:
-                r = trio.run(fn, cfg, Path(tmp),
-                             clock=trio.testing.MockClock(autojump_threshold=0))
+                r = trio.run(fn, cfg, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
             runs[name].append(r)
-            progress(f"dispatch loop {name} run {i + 1}: {r['rows_per_s']:,} rows/s "
-                     f"({r['us_per_row']:.1f} us/row)")
+            progress(
+                f"dispatch loop {name} run {i + 1}: {r['rows_per_s']:,} rows/s "
+                f"({r['us_per_row']:.1f} us/row)"
+            )
     out: dict[str, Any] = {"loop": runs, "loop_batch": cfg.loop_batch}
     for name, rs in runs.items():
         out[f"loop_rows_per_s_{name}"] = round(statistics.median(r["rows_per_s"] for r in rs))
         out[f"loop_rows_per_cpu_s_{name}"] = round(
-            statistics.median(r["rows_per_cpu_s"] for r in rs))
+            statistics.median(r["rows_per_cpu_s"] for r in rs)
+        )
     return out
 
 
@@ -299,7 +315,10 @@ def run_dispatch(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
     for n in cfg.in_flight:
         progress(f"dispatch N={n:,}: building ledger")
         fx = InFlightFixture.build(
-            n, group_size=cfg.group_size, instances=cfg.instances, seed=cfg.seed,
+            n,
+            group_size=cfg.group_size,
+            instances=cfg.instances,
+            seed=cfg.seed,
             progress=progress,
         )
         gc.collect()
@@ -307,8 +326,10 @@ def run_dispatch(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
             r = trio.run(_pipeline, fx, batch, cfg.rows)
             results.append({"in_flight": n, **r})
             out[f"rows_per_s_batch{batch}_{label(n)}"] = r["rows_per_s"]
-            progress(f"dispatch N={n:,} batch {batch}: {r['rows_per_s']:,} rows/s "
-                     f"({r['us_per_row']:.1f} us/row)")
+            progress(
+                f"dispatch N={n:,} batch {batch}: {r['rows_per_s']:,} rows/s "
+                f"({r['us_per_row']:.1f} us/row)"
+            )
         del fx
         gc.collect()
     out["results"] = results

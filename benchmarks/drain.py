@@ -472,8 +472,10 @@ async def _ours(
         await _trial_ours(fx, cfg, ours, None)
         if progress.enabled and (time.monotonic() - t0 > 2.0 or i + 1 == cfg.trials):
             t0 = time.monotonic()
-            progress(f"{tag}: event-driven trial {i + 1}/{cfg.trials}, "
-                     f"median wake {median(ours.latency_ns) / 1e3:.1f} us")
+            progress(
+                f"{tag}: event-driven trial {i + 1}/{cfg.trials}, "
+                f"median wake {median(ours.latency_ns) / 1e3:.1f} us"
+            )
     gcm.active = False
     latency_gc = gcm.report()
 
@@ -488,11 +490,17 @@ async def _ours(
             await _trial_ours(fx, cfg, instrumented, None)
         stall.active = gcm.active = False
     stall_pass = _stall_report(stall, gcm)
-    progress(f"{tag}: stall pass: longest {stall_pass['max_loop_stall_ms']:.2f} ms "
-             f"({stall_pass['max_stall_task']}), longest GC pause "
-             f"{max(latency_gc['max_gc_pause_ms'], stall_pass['max_gc_pause_ms']):.2f} ms")
-    return {"record": ours, "instrumented": instrumented, "latency_gc": latency_gc,
-            "stall_pass": stall_pass}
+    progress(
+        f"{tag}: stall pass: longest {stall_pass['max_loop_stall_ms']:.2f} ms "
+        f"({stall_pass['max_stall_task']}), longest GC pause "
+        f"{max(latency_gc['max_gc_pause_ms'], stall_pass['max_gc_pause_ms']):.2f} ms"
+    )
+    return {
+        "record": ours,
+        "instrumented": instrumented,
+        "latency_gc": latency_gc,
+        "stall_pass": stall_pass,
+    }
 
 
 async def _measure_size(
@@ -521,9 +529,7 @@ async def _measure_size(
         "trials": cfg.trials,
         "wake": summarize_ns(ours.latency_ns, "us"),
         "per_wakeup_us": round(max(0.0, per_wakeup_raw - wrapper_ns) / 1e3, 3),
-        "per_wakeup_p99_us": round(
-            max(0.0, p99(ours.predicate_ns) - wrapper_ns) / 1e3, 3
-        ),
+        "per_wakeup_p99_us": round(max(0.0, p99(ours.predicate_ns) - wrapper_ns) / 1e3, 3),
         "per_wakeup_raw_median_us": round(per_wakeup_raw / 1e3, 3),
         "timing_wrapper_overhead_us": round(wrapper_ns / 1e3, 3),
         "timed_evaluations": len(ours.predicate_ns),
@@ -538,8 +544,11 @@ async def _measure_size(
         "max_loop_stall_ms": max(stall_pass["max_loop_stall_ms"], max_gc),
         "max_gc_pause_ms": max_gc,
         "latency_trials_gc": latency_gc,
-        "stall_pass": {"trials": cfg.stall_trials(), **stall_pass,
-                       "wake": summarize_ns(inst.latency_ns, "us")},
+        "stall_pass": {
+            "trials": cfg.stall_trials(),
+            **stall_pass,
+            "wake": summarize_ns(inst.latency_ns, "us"),
+        },
     }
     if freeze_log:
         ours_out["between_trials_collect_and_freeze_ms"] = summarize_ns(freeze_log, "ms")
@@ -573,21 +582,24 @@ async def _measure_size(
                 for _ in range(max(10, cfg.trials // 4)):
                     await _between(fx, n, (), freeze_log)
                     await _trial_ours(fx, cfg, rec, probe, pending_count=p)
-                by_pending.append({
-                    "pending": p,
-                    "trials": len(rec.latency_ns),
-                    "wake_us_median": round(median(rec.latency_ns) / 1e3, 3),
-                    "wake_us_p99": round(p99(rec.latency_ns) / 1e3, 3),
-                    "reply_to_drain_running_us_median": round(
-                        median(rec.to_drain_step_ns) / 1e3, 3
-                    ),
-                    "drain_step_us_median": round(median(rec.drain_step_ns) / 1e3, 3),
-                    "per_wakeup_us": round(
-                        max(0.0, median(rec.predicate_ns) - wrapper_ns) / 1e3, 3
-                    ),
-                })
-                progress(f"{tag}: {p} pending: median wake "
-                         f"{by_pending[-1]['wake_us_median']:.1f} us")
+                by_pending.append(
+                    {
+                        "pending": p,
+                        "trials": len(rec.latency_ns),
+                        "wake_us_median": round(median(rec.latency_ns) / 1e3, 3),
+                        "wake_us_p99": round(p99(rec.latency_ns) / 1e3, 3),
+                        "reply_to_drain_running_us_median": round(
+                            median(rec.to_drain_step_ns) / 1e3, 3
+                        ),
+                        "drain_step_us_median": round(median(rec.drain_step_ns) / 1e3, 3),
+                        "per_wakeup_us": round(
+                            max(0.0, median(rec.predicate_ns) - wrapper_ns) / 1e3, 3
+                        ),
+                    }
+                )
+                progress(
+                    f"{tag}: {p} pending: median wake {by_pending[-1]['wake_us_median']:.1f} us"
+                )
             # diagnostic: the same at the largest P with the drain's pending set freed after
             # the measurement instead of on the wake path
             kept = _OursRecord()
@@ -606,9 +618,7 @@ async def _measure_size(
             ours_out["one_pending_after_same_traffic"] = {
                 "unrelated_mutations_before": ctrl_cfg.interleave,
                 "wake_us_median": round(median(ctrl.latency_ns) / 1e3, 3),
-                "reply_to_drain_running_us_median": round(
-                    median(ctrl.to_drain_step_ns) / 1e3, 3
-                ),
+                "reply_to_drain_running_us_median": round(median(ctrl.to_drain_step_ns) / 1e3, 3),
                 "drain_step_us_median": round(median(ctrl.drain_step_ns) / 1e3, 3),
             }
             by_pending[-1]["wake_us_median_pending_set_freed_later"] = round(
@@ -634,9 +644,11 @@ async def _measure_size(
         for i in range(trials):
             await _between(fx, n, (stall, gcm), freeze_log)
             await _trial_baseline(fx, cfg, base)
-            progress(f"{tag}: polling trial {i + 1}/{trials}, "
-                     f"median wake {median(base.latency_ns) / 1e6:.1f} ms, "
-                     f"scan {median(base.scan_ns) / 1e6:.2f} ms")
+            progress(
+                f"{tag}: polling trial {i + 1}/{trials}, "
+                f"median wake {median(base.latency_ns) / 1e6:.1f} ms, "
+                f"scan {median(base.scan_ns) / 1e6:.2f} ms"
+            )
         stall.active = gcm.active = False
     result["baseline"] = {
         "trials": trials,
@@ -657,7 +669,10 @@ def _measure(
     progress(f"drain N={n:,}: building ledger")
     t0 = time.monotonic()
     fx = InFlightFixture.build(
-        n, group_size=cfg.group_size, instances=cfg.instances, seed=cfg.seed + n,
+        n,
+        group_size=cfg.group_size,
+        instances=cfg.instances,
+        seed=cfg.seed + n,
         progress=progress,
     )
     build_s = time.monotonic() - t0
@@ -676,8 +691,13 @@ def _measure(
     machine_load = load.report()
     del fx
     gc.collect()
-    return {"in_flight": n, "build_s": round(build_s, 2), "gc_freeze": cfg.gc_freeze,
-            "machine_load": machine_load, **result}
+    return {
+        "in_flight": n,
+        "build_s": round(build_s, 2),
+        "gc_freeze": cfg.gc_freeze,
+        "machine_load": machine_load,
+        **result,
+    }
 
 
 # -- the whole benchmark ----------------------------------------------------------------------
@@ -770,8 +790,9 @@ def run_drain(
             "max_loop_stall_ms": o["max_loop_stall_ms"],
             "max_loop_stall_excluding_gc_ms": o["stall_pass"]["max_loop_stall_excluding_gc_ms"],
             "max_loop_stall_cpu_ms": o["stall_pass"]["max_loop_stall_cpu_ms"],
-            "max_loop_stall_cpu_excluding_gc_ms":
-                o["stall_pass"]["max_loop_stall_cpu_excluding_gc_ms"],
+            "max_loop_stall_cpu_excluding_gc_ms": o["stall_pass"][
+                "max_loop_stall_cpu_excluding_gc_ms"
+            ],
             "max_gc_pause_ms": o["max_gc_pause_ms"],
             "collect_and_freeze_between_trials": o.get("between_trials_collect_and_freeze_ms"),
             "machine_load": r["machine_load"],

@@ -76,8 +76,9 @@ class FanoutConfig:
 
     @classmethod
     def quick_defaults(cls) -> FanoutConfig:
-        return cls(actors=(1, 2), checkpoints=2, size_timeout_s=240.0, dispatch_attempts=1_024,
-                   quick=True)
+        return cls(
+            actors=(1, 2), checkpoints=2, size_timeout_s=240.0, dispatch_attempts=1_024, quick=True
+        )
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -143,16 +144,24 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
     sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005))
     rc = RuntimeConfig(control_timeout_s=45.0, drain_timeout_s=45.0)
     t0 = perf()
-    async with calendar_ray(instances=k, config=sim, work_dir=work / "gym",
-                            startup_timeout_s=cfg.startup_timeout_s) as gym:
+    async with calendar_ray(
+        instances=k, config=sim, work_dir=work / "gym", startup_timeout_s=cfg.startup_timeout_s
+    ) as gym:
         started_s = perf() - t0
         say(f"{k} actors started in {started_s:.1f} s")
         timer = _CallTimer(gym)
         rows = cfg.rows_per_actor * k
         per_ckpt: list[dict[str, Any]] = []
         async with open_rollouts(
-            cast(Any, timer), work / "run", rows=rows, group_size=cfg.group_size, config=rc,
-            max_rows_in_flight=rows, restore=False, handle_signals=False, keep_snapshots=1,
+            cast(Any, timer),
+            work / "run",
+            rows=rows,
+            group_size=cfg.group_size,
+            config=rc,
+            max_rows_in_flight=rows,
+            restore=False,
+            handle_signals=False,
+            keep_snapshots=1,
         ) as ro:
             trained = 0
             async with aclosing(ro.batches(rows)) as batches:  # type: ignore[type-var]
@@ -164,8 +173,9 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
                 outcome = await ro.checkpoint()
                 wall = perf() - c0
                 if not outcome.ok:
-                    raise RuntimeError(f"checkpoint {i} with {k} actors failed: "
-                                       f"{outcome.reason}: {outcome.error}")
+                    raise RuntimeError(
+                        f"checkpoint {i} with {k} actors failed: {outcome.reason}: {outcome.error}"
+                    )
                 if i >= cfg.warmup:
                     rec: dict[str, Any] = {"wall_ms": wall * 1e3}
                     for op in OPS:
@@ -178,10 +188,14 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
                         }
                     per_ckpt.append(rec)
                 await trio.sleep(cfg.gap_s)
-    out: dict[str, Any] = {"actors": k, "ok": True, "actor_start_s": round(started_s, 2),
-                           "rows_trained": trained, "checkpoints": len(per_ckpt),
-                           "checkpoint_wall_ms": round(median([r["wall_ms"] for r in per_ckpt]),
-                                                       2)}
+    out: dict[str, Any] = {
+        "actors": k,
+        "ok": True,
+        "actor_start_s": round(started_s, 2),
+        "rows_trained": trained,
+        "checkpoints": len(per_ckpt),
+        "checkpoint_wall_ms": round(median([r["wall_ms"] for r in per_ckpt]), 2),
+    }
     for op in OPS:
         recs = [r[op] for r in per_ckpt]
         stage = median([r["stage_ms"] for r in recs])
@@ -190,8 +204,7 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
             "stage_ms": round(stage, 2),
             "slowest_ms": round(slow, 2),
             "median_instance_ms": round(median([r["median_instance_ms"] for r in recs]), 2),
-            "fanout_overhead_ms": round(median([r["stage_ms"] - r["slowest_ms"]
-                                                for r in recs]), 2),
+            "fanout_overhead_ms": round(median([r["stage_ms"] - r["slowest_ms"] for r in recs]), 2),
             "calls_per_checkpoint": recs[0]["calls"] if recs else 0,
         }
     return out
@@ -205,13 +218,19 @@ async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
 
     g, batch = 8, cfg.dispatch_batch
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), max_batch=batch)
-    async with calendar_ray(instances=2, config=sim, work_dir=work / "gym",
-                            startup_timeout_s=cfg.startup_timeout_s) as gym:
+    async with calendar_ray(
+        instances=2, config=sim, work_dir=work / "gym", startup_timeout_s=cfg.startup_timeout_s
+    ) as gym:
         trained = 0
         t0 = perf()
         async with open_rollouts(
-            gym, work / "run", rows=max(1, cfg.dispatch_attempts // g), group_size=g,
-            max_rows_in_flight=max(64, 4 * batch // g), batch_size=batch, restore=False,
+            gym,
+            work / "run",
+            rows=max(1, cfg.dispatch_attempts // g),
+            group_size=g,
+            max_rows_in_flight=max(64, 4 * batch // g),
+            batch_size=batch,
+            restore=False,
             handle_signals=False,
         ) as ro:
             steps = ro.batches(groups_per_step=max(1, batch // g))
@@ -219,8 +238,14 @@ async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
                 async for got in batches:
                     trained += len(got)
         wall = perf() - t0
-    return {"ok": True, "actors": 2, "attempts": trained * g, "batch": batch,
-            "seconds": round(wall, 3), "rows_per_s": round(trained * g / wall)}
+    return {
+        "ok": True,
+        "actors": 2,
+        "attempts": trained * g,
+        "batch": batch,
+        "seconds": round(wall, 3),
+        "rows_per_s": round(trained * g / wall),
+    }
 
 
 def _describe(exc: BaseException) -> str:
@@ -232,6 +257,7 @@ def _describe(exc: BaseException) -> str:
 
 def _worker(cfg: FanoutConfig, verbose: bool) -> None:
     """One JSON line per size on stdout, as each finishes (the parent keeps what arrived)."""
+
     def say(msg: str) -> None:
         if verbose:
             print(f"[fanout] {msg}", file=sys.stderr, flush=True)
@@ -244,8 +270,12 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
         import ray
 
         t0 = perf()
-        ray.init(address="local", include_dashboard=False, object_store_memory=100 * 2**20,
-                 log_to_driver=False)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            object_store_memory=100 * 2**20,
+            log_to_driver=False,
+        )
         emit({"cluster_start_s": round(perf() - t0, 2)})
         say(f"local Ray cluster up in {perf() - t0:.1f} s")
     except Exception as exc:
@@ -258,10 +288,16 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
                 rec = trio.run(_measure, k, cfg, Path(tmp), say)
         except Exception as exc:
             rec = {"actors": k, "ok": False, "error": _describe(exc)[:2000]}
-        say(f"{k} actors: " + (f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
-                               f"{rec['commit']['stage_ms']:.1f} ms, resume "
-                               f"{rec['resume']['stage_ms']:.1f} ms (medians)"
-                               if rec["ok"] else f"FAILED: {rec['error']}"))
+        say(
+            f"{k} actors: "
+            + (
+                f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
+                f"{rec['commit']['stage_ms']:.1f} ms, resume "
+                f"{rec['resume']['stage_ms']:.1f} ms (medians)"
+                if rec["ok"]
+                else f"FAILED: {rec['error']}"
+            )
+        )
         emit(rec)
     if cfg.dispatch_attempts > 0:
         say(f"dispatch on Ray, 2 actors: {cfg.dispatch_attempts:,} one-turn episodes")
@@ -281,13 +317,23 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
 def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
     """The sweep in a fresh subprocess; sizes that did not finish are reported as failed."""
     progress(f"fan-out on Ray: {', '.join(map(str, cfg.actors))} actors (fresh subprocess)")
-    cmd = [sys.executable, "-m", "gymckpt.benchmarks.fanout", "--worker",
-           json.dumps(attrs.asdict(cfg))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gymckpt.benchmarks.fanout",
+        "--worker",
+        json.dumps(attrs.asdict(cfg)),
+    ]
     if progress.enabled:
         cmd.append("--verbose")
     deadline = 120.0 + cfg.size_timeout_s * len(cfg.actors)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            stderr=None if progress.enabled else subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        stderr=None if progress.enabled else subprocess.PIPE,
+    )
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=deadline)
@@ -298,19 +344,28 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
     lines = [json.loads(line) for line in (stdout or "").splitlines() if line.startswith("{")]
     sizes = {r["actors"]: r for r in lines if "actors" in r}
     cluster: dict[str, Any] = next(
-        (r for r in lines if "cluster_start_s" in r or "cluster_error" in r), {})
-    why = (cluster.get("cluster_error")
-           or (f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None)
-           or f"the worker exited with code {proc.returncode}: "
-              f"{(stderr or '').strip()[-1500:]}")
-    results = [sizes.get(k) or {"actors": k, "ok": False, "error": f"not measured: {why}"}
-               for k in cfg.actors]
+        (r for r in lines if "cluster_start_s" in r or "cluster_error" in r), {}
+    )
+    why = (
+        cluster.get("cluster_error")
+        or (f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None)
+        or f"the worker exited with code {proc.returncode}: {(stderr or '').strip()[-1500:]}"
+    )
+    results = [
+        sizes.get(k) or {"actors": k, "ok": False, "error": f"not measured: {why}"}
+        for k in cfg.actors
+    ]
     ok = [r for r in results if r["ok"]]
     xs = [float(r["actors"]) for r in ok]
-    models = {f"{op}_{fig}": fit_linear(xs, [r[op][fig] for r in ok])
-              for op in OPS for fig in ("stage_ms", "slowest_ms", "fanout_overhead_ms")}
-    disp = next((r["ray_dispatch"] for r in lines if "ray_dispatch" in r),
-                {"ok": False, "error": f"not measured: {why}"})
+    models = {
+        f"{op}_{fig}": fit_linear(xs, [r[op][fig] for r in ok])
+        for op in OPS
+        for fig in ("stage_ms", "slowest_ms", "fanout_overhead_ms")
+    }
+    disp = next(
+        (r["ray_dispatch"] for r in lines if "ray_dispatch" in r),
+        {"ok": False, "error": f"not measured: {why}"},
+    )
     out: dict[str, Any] = {
         "actors": list(cfg.actors),
         "ray_dispatch": disp,
@@ -330,9 +385,15 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
         m = models[f"{op}_stage_ms"]
         out[f"{op}_ms_model_64_actors"] = None if m is None else m["at"]["64"]
     for r in results:
-        progress(f"fan-out {r['actors']} actors: " + (
-            f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
-            f"resume {r['resume']['stage_ms']} ms" if r["ok"] else f"FAILED ({r['error']})"))
+        progress(
+            f"fan-out {r['actors']} actors: "
+            + (
+                f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
+                f"resume {r['resume']['stage_ms']} ms"
+                if r["ok"]
+                else f"FAILED ({r['error']})"
+            )
+        )
     return out
 
 
@@ -342,8 +403,10 @@ def _main(argv: list[str]) -> int:
         raw["actors"] = tuple(raw["actors"])
         _worker(FanoutConfig(**raw), "--verbose" in argv)
         return 0
-    print("usage: python -m gymckpt.benchmarks.fanout --worker CONFIG_JSON [--verbose]",
-          file=sys.stderr)
+    print(
+        "usage: python -m gymckpt.benchmarks.fanout --worker CONFIG_JSON [--verbose]",
+        file=sys.stderr,
+    )
     return ExitCode.BAD_INPUT
 
 

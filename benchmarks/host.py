@@ -97,8 +97,10 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         steps = p_steps
         plain_us.append(p_s / p_steps * 1e6)
         host_us.append(h_s / h_steps * 1e6)
-        progress(f"host overhead trial {trial + 1}/{cfg.trials}: plain {plain_us[-1]:.1f} "
-                 f"µs/step, host {host_us[-1]:.1f} µs/step")
+        progress(
+            f"host overhead trial {trial + 1}/{cfg.trials}: plain {plain_us[-1]:.1f} "
+            f"µs/step, host {host_us[-1]:.1f} µs/step"
+        )
     plain_med, host_med = statistics.median(plain_us), statistics.median(host_us)
     return {
         "env": ENV_ID,
@@ -114,8 +116,15 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
 async def _loop(gym: Any, rows: int, group_size: int, work: Path) -> tuple[float, int]:
     config = RuntimeConfig(control_timeout_s=30.0, drain_timeout_s=30.0)
     episodes = 0
-    async with open_rollouts(gym, work, rows=rows, group_size=group_size, config=config,
-                             max_rows_in_flight=64, restore=False) as ro:
+    async with open_rollouts(
+        gym,
+        work,
+        rows=rows,
+        group_size=group_size,
+        config=config,
+        max_rows_in_flight=64,
+        restore=False,
+    ) as ro:
         t0 = time.perf_counter()
         async with aclosing(ro.batches(8)) as batches:  # type: ignore[type-var]
             async for batch in batches:
@@ -127,8 +136,9 @@ async def _loop(gym: Any, rows: int, group_size: int, work: Path) -> tuple[float
 async def _embedded_loop(rows: int, group_size: int, work: Path) -> tuple[float, int]:
     from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
 
-    async with EmbeddedGym.host(gymnasium_environment(ENV_ID), instances=2,
-                                work_dir=work / "live") as gym:
+    async with EmbeddedGym.host(
+        gymnasium_environment(ENV_ID), instances=2, work_dir=work / "live"
+    ) as gym:
         return await _loop(gym, rows, group_size, work)
 
 

@@ -155,6 +155,8 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         print(json.dumps(worker(int(sys.argv[2]), sys.argv[3])))
         sys.exit(0)
-    print("usage: python -m gymckpt.benchmarks.memory --worker ATTEMPTS tracemalloc|rss",
-          file=sys.stderr)
+    print(
+        "usage: python -m gymckpt.benchmarks.memory --worker ATTEMPTS tracemalloc|rss",
+        file=sys.stderr,
+    )
     sys.exit(ExitCode.BAD_INPUT)

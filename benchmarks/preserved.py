@@ -92,8 +92,14 @@ class PreservedConfig:
 
     @classmethod
     def quick_defaults(cls) -> PreservedConfig:
-        return cls(kills=10, instances=2, rows_in_flight=8, groups_per_step=2,
-                   kill_window_s=(60.0, 200.0), quick=True)
+        return cls(
+            kills=10,
+            instances=2,
+            rows_in_flight=8,
+            groups_per_step=2,
+            kill_window_s=(60.0, 200.0),
+            quick=True,
+        )
 
     def kill_times(self) -> list[float]:
         rng = random.Random(f"gymckpt-preserved:{self.seed}")
@@ -113,8 +119,9 @@ def _park(t: float, windows: Sequence[tuple[float, float]]) -> float:
     return t
 
 
-def moving_time(start: float, durations: Sequence[float],
-                windows: Sequence[tuple[float, float]], t: float) -> float:
+def moving_time(
+    start: float, durations: Sequence[float], windows: Sequence[tuple[float, float]], t: float
+) -> float:
     """Rollout-seconds an episode started at ``start`` has done by ``t``: its turns run back to
     back, and at every step boundary it waits out a checkpoint window that holds it."""
     tau, done = start, 0.0
@@ -129,8 +136,9 @@ def moving_time(start: float, durations: Sequence[float],
     return done
 
 
-def parked_time(start: float, durations: Sequence[float],
-                windows: Sequence[tuple[float, float]], t: float) -> float:
+def parked_time(
+    start: float, durations: Sequence[float], windows: Sequence[tuple[float, float]], t: float
+) -> float:
     """Seconds the episode spent parked at a step boundary in a checkpoint window by ``t``
     (from its start to its end or ``t``, less its moving time)."""
     tau = start
@@ -143,9 +151,12 @@ def parked_time(start: float, durations: Sequence[float],
     return max(0.0, end - start - moving_time(start, durations, windows, t))
 
 
-def park_boundary(start: float, durations: Sequence[float],
-                  windows: Sequence[tuple[float, float]], window: tuple[float, float]
-                  ) -> int | None:
+def park_boundary(
+    start: float,
+    durations: Sequence[float],
+    windows: Sequence[tuple[float, float]],
+    window: tuple[float, float],
+) -> int | None:
     """The step boundary at which the episode is parked in ``window`` (a member of
     ``windows``): the first boundary it reaches at or after the window opens. None if it had
     not started when the window opened."""
@@ -190,8 +201,9 @@ class _RestoreRecorder:
         if name != "restore":
             return attr
 
-        async def restore(instance: str, state_root: str, record: Any, episodes: Any,
-                          deadline_ts: float) -> Any:
+        async def restore(
+            instance: str, state_root: str, record: Any, episodes: Any, deadline_ts: float
+        ) -> Any:
             for ep in episodes:
                 self.episodes[ep.rollout_id] = len(ep.capture_keys)
             return await attr(instance, state_root, record, episodes, deadline_ts)
@@ -213,13 +225,20 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
             run.starts[row.rollout_id] = (now, row.row, row.slot)
 
     with trio.CancelScope() as crash:
-        async with calendar_embedded(instances=cfg.instances, seed=cfg.seed,
-                                     work_dir=work / "gym", config=sim) as gym:
+        async with calendar_embedded(
+            instances=cfg.instances, seed=cfg.seed, work_dir=work / "gym", config=sim
+        ) as gym:
             async with open_rollouts(
-                gym, work / "run", rows=ROWS, group_size=cfg.group_size,
-                max_rows_in_flight=cfg.rows_in_flight, restore=False, handle_signals=False,
+                gym,
+                work / "run",
+                rows=ROWS,
+                group_size=cfg.group_size,
+                max_rows_in_flight=cfg.rows_in_flight,
+                restore=False,
+                handle_signals=False,
                 on_dispatch=dispatched,
             ) as ro:
+
                 def hook(cid: str, point: str) -> None:
                     now = trio.current_time()
                     if point == "before_prepare":
@@ -254,13 +273,19 @@ async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
-    async with calendar_embedded(instances=cfg.instances, seed=cfg.seed,
-                                 work_dir=work / "gym-after", config=sim) as gym:
+    async with calendar_embedded(
+        instances=cfg.instances, seed=cfg.seed, work_dir=work / "gym-after", config=sim
+    ) as gym:
         rec = _RestoreRecorder(gym)
         t0 = time.perf_counter()
         async with open_rollouts(
-            cast(Any, rec), work / "run", rows=ROWS, group_size=cfg.group_size,
-            max_rows_in_flight=cfg.rows_in_flight, restore=True, handle_signals=False,
+            cast(Any, rec),
+            work / "run",
+            rows=ROWS,
+            group_size=cfg.group_size,
+            max_rows_in_flight=cfg.rows_in_flight,
+            restore=True,
+            handle_signals=False,
         ) as ro:
             wall = time.perf_counter() - t0
             restored = ro.restored
@@ -274,8 +299,9 @@ async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
     return out
 
 
-def _account(cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, Any]
-             ) -> dict[str, Any]:
+def _account(
+    cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, Any]
+) -> dict[str, Any]:
     from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode
 
     sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
@@ -359,13 +385,14 @@ def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
     kills: list[dict[str, Any]] = []
     for i, kill_at in enumerate(cfg.kill_times()):
         t0 = time.perf_counter()
-        rec = trio.run(_one_kill, cfg, kill_at,
-                       clock=trio.testing.MockClock(autojump_threshold=0))
+        rec = trio.run(_one_kill, cfg, kill_at, clock=trio.testing.MockClock(autojump_threshold=0))
         rec["wall_s"] = round(time.perf_counter() - t0, 2)
         kills.append(rec)
-        progress(f"crash {i + 1}/{cfg.kills} at {kill_at:.0f} s: {rec['in_flight_rollout_s']:.0f}"
-                 f" in-flight rollout-s, gymckpt redoes {rec['gymckpt_redone_rollout_s']:.0f}, "
-                 f"the baseline {rec['baseline_redone_rollout_s']:.0f} ({rec['wall_s']:.1f} s)")
+        progress(
+            f"crash {i + 1}/{cfg.kills} at {kill_at:.0f} s: {rec['in_flight_rollout_s']:.0f}"
+            f" in-flight rollout-s, gymckpt redoes {rec['gymckpt_redone_rollout_s']:.0f}, "
+            f"the baseline {rec['baseline_redone_rollout_s']:.0f} ({rec['wall_s']:.1f} s)"
+        )
     fr = [k["gymckpt_redone_fraction"] for k in kills if k["gymckpt_redone_fraction"] is not None]
     ours = sum(k["gymckpt_redone_rollout_s"] for k in kills)
     base = sum(k["baseline_redone_rollout_s"] for k in kills)
@@ -382,7 +409,9 @@ def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
         # prepared (the baseline's step-boundary checkpoint does not stop rollouts)
         "parked_fraction_of_rollout_time": round(
             sum(k["parked_rollout_s_before_kill"] for k in kills)
-            / max(1e-9, sum(k["rollout_s_before_kill"] for k in kills)), 4),
+            / max(1e-9, sum(k["rollout_s_before_kill"] for k in kills)),
+            4,
+        ),
         "restores": sum(k["restored_checkpoint"] is not None for k in kills),
         "per_kill": kills,
         "config": attrs.asdict(cfg),

@@ -87,33 +87,44 @@ async def _once(nodes: Any, work_dir: Path, kind: str) -> dict[str, float]:
         record = gym.replacements[-1]
     if kind == "node_loss":
         nodes.add()
-    return {"detect_s": t1 - t0, "fence_s": record.fence_s, "start_s": record.start_s,
-            "serving_s": t2 - t0}
+    return {
+        "detect_s": t1 - t0,
+        "fence_s": record.fence_s,
+        "start_s": record.start_s,
+        "serving_s": t2 - t0,
+    }
 
 
 def measure(reps: int) -> dict[str, Any]:
     """Both kinds of death, ``reps`` times each, on a fresh multi-node cluster."""
     from gymckpt.testing.ray_nodes import HEALTH_CHECKS, WORKER_NODES, NodeCluster
 
-    out: dict[str, Any] = {"reps": reps, "worker_nodes": WORKER_NODES,
-                           "health_checks": HEALTH_CHECKS}
+    out: dict[str, Any] = {
+        "reps": reps,
+        "worker_nodes": WORKER_NODES,
+        "health_checks": HEALTH_CHECKS,
+    }
     t0 = time.monotonic()
     with NodeCluster.running() as nodes, TemporaryDirectory(prefix="gymckpt-replace-") as tmp:
         out["cluster_start_s"] = round(time.monotonic() - t0, 3)
         for kind in ("actor_death", "node_loss"):
             runs = [trio.run(_once, nodes, Path(tmp) / f"{kind}-{i}", kind) for i in range(reps)]
             out[kind] = {
-                fig: {"median": round(median(r[fig] for r in runs), 3),
-                      "max": round(max(r[fig] for r in runs), 3)}
+                fig: {
+                    "median": round(median(r[fig] for r in runs), 3),
+                    "max": round(max(r[fig] for r in runs), 3),
+                }
                 for fig in runs[0]
             }
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gymckpt.benchmarks.replace",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m gymckpt.benchmarks.replace",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
@@ -124,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, sort_keys=True))
     else:
         for kind in ("actor_death", "node_loss"):
-            figs = ", ".join(f"{k} {v['median']:.3f}s (max {v['max']:.3f}s)"
-                             for k, v in result[kind].items())
+            figs = ", ".join(
+                f"{k} {v['median']:.3f}s (max {v['max']:.3f}s)" for k, v in result[kind].items()
+            )
             print(f"{kind:12s} {figs}")
     return 0
 

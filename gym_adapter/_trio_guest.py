@@ -69,7 +69,9 @@ class TrioGuest:
                 started.set_result(None)
 
         trio.lowlevel.start_guest_run(
-            guest._main, serve, ready,
+            guest._main,
+            serve,
+            ready,
             run_sync_soon_threadsafe=loop.call_soon_threadsafe,
             done_callback=guest._done,
             host_uses_signal_set_wakeup_fd=True,  # the asyncio loop owns the wakeup fd
@@ -82,8 +84,9 @@ class TrioGuest:
             raise GuestRunEnded("the trio run ended before it served")
         return guest
 
-    async def _main(self, serve: Callable[[Callable[[], None]], Awaitable[None]],
-                    ready: Callable[[], None]) -> None:
+    async def _main(
+        self, serve: Callable[[Callable[[], None]], Awaitable[None]], ready: Callable[[], None]
+    ) -> None:
         GUEST_LOOP.set(self._loop)
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as scope:
@@ -156,9 +159,13 @@ class TrioGuest:
                     delivered = True
             finally:
                 if not delivered:  # cancelled: by the caller (it raises), or the run ends
-                    deliver(outcome.Error(GuestRunEnded(
-                        "the call was cancelled: its caller was, or the trio run ended"
-                    )))
+                    deliver(
+                        outcome.Error(
+                            GuestRunEnded(
+                                "the call was cancelled: its caller was, or the trio run ended"
+                            )
+                        )
+                    )
 
         def begin() -> None:
             if self._nursery is None:

@@ -221,9 +221,7 @@ def gymnasium_environment(
     try:  # an id Gymnasium does not know is that, whether or not a codec is registered
         gymnasium.spec(env_id)
     except gymnasium.error.Error as exc:
-        raise EnvironmentSpecError(
-            f"no such Gymnasium environment {env_id!r}: {exc}"
-        ) from None
+        raise EnvironmentSpecError(f"no such Gymnasium environment {env_id!r}: {exc}") from None
     codec = codec if codec is not None else codec_for(env_id)
     if codec is None:
         raise EnvironmentSpecError(

@@ -33,10 +33,20 @@ _FIELDS: dict[str, frozenset[str]] = {
 }
 """Keys a table is known to take, to tell a key written outside its table."""
 
-TRAINER_ARGUMENTS: frozenset[str] = frozenset({
-    "rows", "group_size", "max_rows_in_flight", "batch_size", "checkpoint_every",
-    "keep_snapshots", "restore", "run_id", "handle_signals", "preempt_timeout_s",
-})
+TRAINER_ARGUMENTS: frozenset[str] = frozenset(
+    {
+        "rows",
+        "group_size",
+        "max_rows_in_flight",
+        "batch_size",
+        "checkpoint_every",
+        "keep_snapshots",
+        "restore",
+        "run_id",
+        "handle_signals",
+        "preempt_timeout_s",
+    }
+)
 """Keyword arguments of ``open_rollouts`` (not ``RuntimeConfig`` fields): in ``[runtime]`` they
 are refused with a message saying where they go (a test keeps this in step with the signature)."""
 
@@ -75,11 +85,13 @@ def _check_misspelt(doc: dict[str, Any], path: Path, table: str) -> None:
     """A file without ``[table]`` may still mean it: a misspelt table name would otherwise be
     ignored in silence (the file is shared with other tools, so unknown tables as such are
     theirs)."""
-    near = difflib.get_close_matches(table, [k for k, v in doc.items() if isinstance(v, dict)],
-                                     n=1, cutoff=0.75)
+    near = difflib.get_close_matches(
+        table, [k for k, v in doc.items() if isinstance(v, dict)], n=1, cutoff=0.75
+    )
     if near:
-        raise ManifestError(f"{path}: no [{table}] table, but a [{near[0]}]: did you mean "
-                            f"[{table}]?")
+        raise ManifestError(
+            f"{path}: no [{table}] table, but a [{near[0]}]: did you mean [{table}]?"
+        )
 
 
 def _check_loose(doc: dict[str, Any], path: Path, table: str, fields: Collection[str]) -> None:
@@ -89,8 +101,10 @@ def _check_loose(doc: dict[str, Any], path: Path, table: str, fields: Collection
     loose = sorted(k for k, v in doc.items() if not isinstance(v, dict) and k in fields)
     if loose:
         where = f"at the top level, outside [{table}]" if table in doc else "at the top level"
-        raise ManifestError(f"{path}: {', '.join(loose)} {where}; put "
-                            f"{'it' if len(loose) == 1 else 'them'} under [{table}]")
+        raise ManifestError(
+            f"{path}: {', '.join(loose)} {where}; put "
+            f"{'it' if len(loose) == 1 else 'them'} under [{table}]"
+        )
 
 
 def _check_trainer_arguments(raw: dict[str, Any], path: Path) -> None:

@@ -62,8 +62,10 @@ def plain_problem(value: Any, where: str, *, types: bool = True) -> str | None:
         elif hasattr(type(v), "__dataclass_fields__"):  # orjson writes a dataclass's fields
             if types:
                 return f"{path} is a {type(v).__name__}, not plain data (JSON values only)"
-            stack.extend((f"{path}.{name}", getattr(v, name))
-                         for name in reversed(list(type(v).__dataclass_fields__)))
+            stack.extend(
+                (f"{path}.{name}", getattr(v, name))
+                for name in reversed(list(type(v).__dataclass_fields__))
+            )
         elif type(v).__module__ == "numpy":
             problem = _numpy_problem(path, v)
             if problem is not None:

@@ -49,7 +49,6 @@ def workdir_of(path: Path | str) -> Path | None:
     return None
 
 
-
 @final
 @attrs.define(eq=False, slots=True)
 class WorkDirLock:

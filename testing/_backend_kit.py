@@ -69,19 +69,26 @@ async def check_backend(
         topo = await gym.topology()
         names = topo.names
         checks.check(
-            "topology", bool(names) and len(set(names)) == len(names)
+            "topology",
+            bool(names)
+            and len(set(names)) == len(names)
             and all(i.participants for i in topo.instances),
             f"instances {names}, participants {[i.participants for i in topo.instances]}",
         )
         first = names[0]
         # 2. a plain run
         plain: list[RunReply] = []
-        await _read(await gym.run(first, [RunRow(rollout_id_for(r, 0, 0), r, 0, 0)
-                                          for r in range(rows)]), plain)
+        await _read(
+            await gym.run(first, [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in range(rows)]),
+            plain,
+        )
         counts = _final(plain)
         checks.episodes += len(counts)
-        checks.check("replies", counts == {rollout_id_for(r, 0, 0): 1 for r in range(rows)},
-                     f"final replies per row: {counts}")
+        checks.check(
+            "replies",
+            counts == {rollout_id_for(r, 0, 0): 1 for r in range(rows)},
+            f"final replies per row: {counts}",
+        )
         # 3-5. a checkpoint in the middle of a run
         run_rows = [RunRow(rollout_id_for(r, 1, 0), r, 1, 0) for r in range(rows)]
         replies: list[RunReply] = []
@@ -105,21 +112,33 @@ async def check_backend(
                 await gym.resume(name, "conformance", deadline)
         counts = _final(replies)
         checks.episodes += len(counts)
-        checks.check("resume", counts == {r.rollout_id: 1 for r in run_rows},
-                     f"final replies per row after resume: {counts}")
+        checks.check(
+            "resume",
+            counts == {r.rollout_id: 1 for r in run_rows},
+            f"final replies per row after resume: {counts}",
+        )
         # 6. restore refuses a topology the instance does not have
-        bogus = InstanceRecord(first, (
-            *(ParticipantRecord(s, k, f"{first}/{s}", "sha256:" + "0" * 64)
-              for s, k in topo.instances[0].participants),
-            ParticipantRecord("no_such_participant", "environment", f"{first}/x",
-                              "sha256:" + "0" * 64),
-        ))
+        bogus = InstanceRecord(
+            first,
+            (
+                *(
+                    ParticipantRecord(s, k, f"{first}/{s}", "sha256:" + "0" * 64)
+                    for s, k in topo.instances[0].participants
+                ),
+                ParticipantRecord(
+                    "no_such_participant", "environment", f"{first}/x", "sha256:" + "0" * 64
+                ),
+            ),
+        )
         try:
             await gym.restore(first, str(workdir / "nothing"), bogus, (), trio.current_time() + 30)
         except TopologyMismatch as exc:
             inv = await gym.inventory(first)
-            checks.check("restore_refuses_mismatch", "no_such_participant" in str(exc)
-                         and not inv.unclaimed, f"{exc}; unclaimed {inv.unclaimed}")
+            checks.check(
+                "restore_refuses_mismatch",
+                "no_such_participant" in str(exc) and not inv.unclaimed,
+                f"{exc}; unclaimed {inv.unclaimed}",
+            )
         else:
             checks.check("restore_refuses_mismatch", False, "restore accepted a bad topology")
     return checks.finish()

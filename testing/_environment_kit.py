@@ -129,7 +129,8 @@ def _rows(n: int, group_size: int, attempt: int = 0) -> list[RunRow]:
 
 def _same(a: RunReply | None, b: RunReply | None) -> bool:
     return (
-        isinstance(a, Completed) and isinstance(b, Completed)
+        isinstance(a, Completed)
+        and isinstance(b, Completed)
         and (a.reward, a.payload) == (b.reward, b.payload)
     )
 
@@ -195,14 +196,16 @@ async def _all_checks(
         bad = {rid: r for rid, r in ref.items() if not isinstance(r, Completed)}
         checks.episodes += len(ref)
         if not checks.check(
-            "completes", len(ref) == rows * group_size and not bad,
+            "completes",
+            len(ref) == rows * group_size and not bad,
             f"{len(ref)} of {rows * group_size} replied; not completed: {list(bad.values())[:3]}",
         ):
             return
         ref_calls = ref_model.calls if ref_model is not None else 0
         for k in park_after:
-            await _park_and_restore(env, workdir / f"park-{k}", rows, group_size, seed, k,
-                                    ref, ref_calls, checks)
+            await _park_and_restore(
+                env, workdir / f"park-{k}", rows, group_size, seed, k, ref, ref_calls, checks
+            )
         await _fencing(env, workdir / "fencing", seed, checks)
         if any(getattr(p, "retained", False) is True for p in env.participants):
             await _retained_journal(env, workdir / "journal", rows, group_size, seed, checks)
@@ -215,7 +218,8 @@ def _retained(host: GymHost) -> dict[str, dict[str, Any]]:
             key: (v.rollout_id, v.attempt, to_plain(p.export(v.state)))
             for key, v in host.session_states(p.name).items()
         }
-        for p in env.participants if p.name in host.retained_names
+        for p in env.participants
+        if p.name in host.retained_names
     }
 
 
@@ -231,7 +235,8 @@ async def _retained_journal(
     held = sum(len(v) for v in before.values())
     differ = [n for n in before if before[n] != after.get(n)]
     checks.check(
-        "retained_journal", after == before and held > 0,
+        "retained_journal",
+        after == before and held > 0,
         f"{held} retained sessions after {len(done)} episodes; the recovered host holds "
         f"{sum(len(v) for v in after.values())}, differing in participants {differ}",
     )
@@ -257,8 +262,7 @@ async def _park_and_restore(
         await _read(await host.run(_rows(rows, group_size)), got)
         watch.reached.set()  # every episode ended before the target
 
-    async with GymHost(_INSTANCE, first_env, seed, where) as host, \
-            anyio.create_task_group() as tg:
+    async with GymHost(_INSTANCE, first_env, seed, where) as host, anyio.create_task_group() as tg:
         tg.start_soon(read_all)
         await watch.reached.wait()
         await host.prepare("conformance", anyio.current_time() + 60)
@@ -266,15 +270,22 @@ async def _park_and_restore(
         await anyio.sleep(0.05)  # let replies produced before the park reach the reader
         tg.cancel_scope.cancel()
     held = [s.rollout_id for s in commit.sessions]
-    record = InstanceRecord(_INSTANCE, tuple(
-        ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
-        for p in commit.participants
-    ))
+    record = InstanceRecord(
+        _INSTANCE,
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in commit.participants
+        ),
+    )
     owners = {e.rollout_id: e for e in commit.exported}
     agent_sessions = {s.rollout_id: s for s in commit.sessions}
     episodes = [  # what the coordinator records: the exporter's, else the agent session's
-        EpisodeRecord(rid, owners[rid].owner if rid in owners else env.agent.name, _INSTANCE,
-                      (owners[rid] if rid in owners else agent_sessions[rid]).capture_keys)
+        EpisodeRecord(
+            rid,
+            owners[rid].owner if rid in owners else env.agent.name,
+            _INSTANCE,
+            (owners[rid] if rid in owners else agent_sessions[rid]).capture_keys,
+        )
         for rid in held
     ]
     second_env, second_model = _with_counter(env)
@@ -292,7 +303,8 @@ async def _park_and_restore(
     checks.episodes += len(held)
     mismatched = [rid for rid in ref if not _same(ref[rid], got.get(rid))]
     checks.check(
-        f"restore_equivalence[{k}]", not mismatched,
+        f"restore_equivalence[{k}]",
+        not mismatched,
         f"{len(held)} episodes parked after ~{k} turns; {len(mismatched)} differ from the "
         f"uninterrupted run after restore (e.g. {mismatched[:3]}: "
         f"{[got.get(r) for r in mismatched[:1]]} vs {[ref[r] for r in mismatched[:1]]})",
@@ -300,7 +312,8 @@ async def _park_and_restore(
     if first_model is not None and second_model is not None:
         calls = first_model.calls + second_model.calls
         checks.check(
-            f"model_calls_once[{k}]", calls == ref_calls,
+            f"model_calls_once[{k}]",
+            calls == ref_calls,
             f"{calls} model calls across park and restore, {ref_calls} uninterrupted",
         )
 
@@ -314,6 +327,7 @@ async def _fencing(env: Environment, where: Path, seed: int, checks: Checks) -> 
         await anyio.sleep(0.05)
         tg.cancel_scope.cancel()
     checks.check(
-        "fencing", not old and isinstance(new.get("0-0-a1"), Completed),
+        "fencing",
+        not old and isinstance(new.get("0-0-a1"), Completed),
         f"older attempt replied {list(old.values())}, newer {list(new.values())}",
     )

@@ -72,8 +72,14 @@ __all__ = [
     "journal_faults",
 ]
 
-EPISODE_ACTS: Final = ("raise_after_mutation", "nan_reward", "inf_reward", "set_payload",
-                       "nan_payload", "hang")
+EPISODE_ACTS: Final = (
+    "raise_after_mutation",
+    "nan_reward",
+    "inf_reward",
+    "set_payload",
+    "nan_payload",
+    "hang",
+)
 EXPORT_ACTS: Final = ("export_set", "export_nan", "export_raises")
 JOURNAL_FAULTS: Final = ("short_write", "torn_record", "full_disk")
 HOSTILE_ACTS: Final = (*EPISODE_ACTS, *EXPORT_ACTS, *JOURNAL_FAULTS)
@@ -120,8 +126,11 @@ class HostileActs:
         if not self.active or info.attempt != 0:
             return None
         for act in self.acts:
-            if (act.kind in EPISODE_ACTS and (act.row, act.slot, act.turn)
-                    == (info.row, info.slot, turn)):
+            if act.kind in EPISODE_ACTS and (act.row, act.slot, act.turn) == (
+                info.row,
+                info.slot,
+                turn,
+            ):
                 return act.kind
         return None
 
@@ -151,8 +160,9 @@ class HostileActs:
         return sum(n for kind, n in self.fired.items() if kind in DATA_ACTS)
 
 
-def draw_hostile(seed: int, rows: int, group_size: int, config: SimConfig
-                 ) -> tuple[HostileAct, ...]:
+def draw_hostile(
+    seed: int, rows: int, group_size: int, config: SimConfig
+) -> tuple[HostileAct, ...]:
     """The acts of ``seed`` (its own generator: a pure function of these arguments). About
     two seeds in three get one to three acts."""
     rng = random.Random(f"hostile:{seed}")
@@ -173,8 +183,13 @@ def draw_hostile(seed: int, rows: int, group_size: int, config: SimConfig
                 turn = rng.randrange(plan.turns)
             acts.append(HostileAct(kind=kind, row=row, slot=slot, turn=turn))
         else:
-            acts.append(HostileAct(kind=kind, n=rng.randint(1, 40),
-                                   count=rng.randint(1, 3) if kind == "full_disk" else 1))
+            acts.append(
+                HostileAct(
+                    kind=kind,
+                    n=rng.randint(1, 40),
+                    count=rng.randint(1, 3) if kind == "full_disk" else 1,
+                )
+            )
     return tuple(acts)
 
 
@@ -185,10 +200,12 @@ def draw_hostile(seed: int, rows: int, group_size: int, config: SimConfig
 class _HostileAgent:
     inner: Any
     acts: HostileActs
-    name: str = attrs.field(init=False, default=attrs.Factory(lambda s: s.inner.name,
-                                                               takes_self=True))
-    kind: str = attrs.field(init=False, default=attrs.Factory(lambda s: s.inner.kind,
-                                                               takes_self=True))
+    name: str = attrs.field(
+        init=False, default=attrs.Factory(lambda s: s.inner.name, takes_self=True)
+    )
+    kind: str = attrs.field(
+        init=False, default=attrs.Factory(lambda s: s.inner.kind, takes_self=True)
+    )
 
     def open(self, info: EpisodeInfo) -> Any:
         return self.inner.open(info)
@@ -225,12 +242,18 @@ class _HostileAgent:
 class _HostileServer:
     inner: Any
     acts: HostileActs
-    name: str = attrs.field(init=False, default=attrs.Factory(lambda s: s.inner.name,
-                                                               takes_self=True))
-    kind: str = attrs.field(init=False, default=attrs.Factory(lambda s: s.inner.kind,
-                                                               takes_self=True))
-    retained: bool = attrs.field(init=False, default=attrs.Factory(
-        lambda s: getattr(s.inner, "retained", False) is True, takes_self=True))
+    name: str = attrs.field(
+        init=False, default=attrs.Factory(lambda s: s.inner.name, takes_self=True)
+    )
+    kind: str = attrs.field(
+        init=False, default=attrs.Factory(lambda s: s.inner.kind, takes_self=True)
+    )
+    retained: bool = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda s: getattr(s.inner, "retained", False) is True, takes_self=True
+        ),
+    )
 
     def open(self, info: EpisodeInfo) -> Any:
         return self.inner.open(info)
@@ -250,8 +273,10 @@ class _HostileServer:
         if isinstance(data, Mapping) and "score" in data:
             score = data["score"]
             if not (isinstance(score, float) and math.isnan(score)):
-                raise ValueError(f"hostile: the exported score came back as {score!r}: a value "
-                                 "was lost between export and restore")
+                raise ValueError(
+                    f"hostile: the exported score came back as {score!r}: a value "
+                    "was lost between export and restore"
+                )
             data = {k: v for k, v in data.items() if k != "score"}
         if isinstance(data, Mapping) and "tags" in data:
             raise ValueError(f"hostile: exported tags came back as {data['tags']!r}")
@@ -349,8 +374,15 @@ class _HostilePlayer(Player):
         return done
 
 
-KIT_ACTS: Final = ("raise_after_mutation", "nan_reward", "set_payload", "export_less",
-                   "export_set", "export_nan", "hang")
+KIT_ACTS: Final = (
+    "raise_after_mutation",
+    "nan_reward",
+    "set_payload",
+    "export_less",
+    "export_set",
+    "export_nan",
+    "hang",
+)
 
 
 def hostile_guess_the_number(act: str) -> Environment:

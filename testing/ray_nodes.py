@@ -59,9 +59,15 @@ class NodeCluster:
         # the Cluster records its address where ``ray.init()`` looks; put back what was there
         address_file = Path(get_ray_address_file(None))
         recorded = address_file.read_text() if address_file.exists() else None
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 * 2**20,
-            "_system_config": HEALTH_CHECKS})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "object_store_memory": 80 * 2**20,
+                "_system_config": HEALTH_CHECKS,
+            },
+        )
         try:
             nodes = cls(cluster)
             for _ in range(WORKER_NODES):

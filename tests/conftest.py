@@ -15,29 +15,35 @@ import pytest
 import trio.testing
 
 RAY_SKIPS = {
-    "test_replies_are_batched_per_flush_interval_and_max_batch":
+    "test_replies_are_batched_per_flush_interval_and_max_batch": (
         "asserts batch boundaries at exact virtual instants; real-time replies of one instant "
-        "spread over a few ms and Ray re-batches them (batching on Ray: test_ray_backend.py)",
-    "test_nothing_progresses_while_prepared":
-        "waits 20 s of virtual time for nothing to happen",
-    "test_prepare_parks_at_the_next_step_boundary":
-        "asserts prepare returns at an exact virtual instant",
-    "test_fault_hang_never_answers":
+        "spread over a few ms and Ray re-batches them (batching on Ray: test_ray_backend.py)"
+    ),
+    "test_nothing_progresses_while_prepared": "waits 20 s of virtual time for nothing to happen",
+    "test_prepare_parks_at_the_next_step_boundary": (
+        "asserts prepare returns at an exact virtual instant"
+    ),
+    "test_fault_hang_never_answers": (
         "waits 30 s of virtual time; the Ray hang faults are covered with short real "
-        "deadlines in test_ray_faults.py",
-    "test_fault_delay_then_deadline":
-        "asserts a delay of exactly 2 virtual seconds",
-    "test_fault_unpicklable_becomes_checkpoint_unavailable":
+        "deadlines in test_ray_faults.py"
+    ),
+    "test_fault_delay_then_deadline": "asserts a delay of exactly 2 virtual seconds",
+    "test_fault_unpicklable_becomes_checkpoint_unavailable": (
         "sleeps the default 60 s lease; unpicklable errors on Ray are covered in "
-        "test_ray_backend.py and test_ray_faults.py",
-    "test_same_seed_same_replies_and_timings":
-        "compares reply timings to the nanosecond, which only virtual time reproduces",
+        "test_ray_backend.py and test_ray_faults.py"
+    ),
+    "test_same_seed_same_replies_and_timings": (
+        "compares reply timings to the nanosecond, which only virtual time reproduces"
+    ),
 }
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--slow", action="store_true",
-                     help="also run the long soaks (marked slow); CI runs their short versions")
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the long soaks (marked slow); CI runs their short versions",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

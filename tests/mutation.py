@@ -57,184 +57,463 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the six checks that could not fail --------------------------------------------------
-    Mutant("s7-checkpoint-pauses-only-beside-another-holder", "S7", "nurseries/_pending.py",
-           "self.deadlines.pause(PAUSE_HOLDER)",
-           "self.deadlines.pause(PAUSE_HOLDER) if self.deadlines.holders else None",
-           (ORCH,), keyword="s7"),
-    Mutant("s10-legacy-ownership-rule-off", "S10", "nurseries/_ownership.py",
-           'if sess.kind == "legacy_agent" and sess.step_boundary is not None:', "if False:",
-           (ORCH,), keyword="s10"),
-    Mutant("s4-forget-the-whole-retire-queue", "S4", "nurseries/_coordinator.py",
-           "await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))",
-           "await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired("
-           "list(self.ledger._retire)))",
-           (ORCH, RACES), keyword="s4 or retire"),
-    Mutant("s6-unknown-errors-retryable", "S6", "nurseries/_calls.py",
-           "if not kinds or not kinds <= _RETRYABLE:", "if not kinds:",
-           ("tests/test_config_metrics_errors.py", RACES), keyword="classify or error"),
-    Mutant("c4-invariant-exits-4", "C4", "nurseries/_run.py",
-           "FailureKind.INVARIANT: ExitCode.INVARIANT,",
-           "FailureKind.INVARIANT: ExitCode.CHECKPOINTS_FAILED,",
-           ("tests/test_config_metrics_errors.py",), keyword="exit_codes"),
-    Mutant("s5-control-call-unbounded", "S5", "nurseries/_calls.py",
-           "with trio.move_on_at(deadline + config.reply_grace_s) as scope:",
-           "with trio.CancelScope() as scope:",
-           (ORCH,), keyword="s5"),
+    Mutant(
+        "s7-checkpoint-pauses-only-beside-another-holder",
+        "S7",
+        "nurseries/_pending.py",
+        "self.deadlines.pause(PAUSE_HOLDER)",
+        "self.deadlines.pause(PAUSE_HOLDER) if self.deadlines.holders else None",
+        (ORCH,),
+        keyword="s7",
+    ),
+    Mutant(
+        "s10-legacy-ownership-rule-off",
+        "S10",
+        "nurseries/_ownership.py",
+        'if sess.kind == "legacy_agent" and sess.step_boundary is not None:',
+        "if False:",
+        (ORCH,),
+        keyword="s10",
+    ),
+    Mutant(
+        "s4-forget-the-whole-retire-queue",
+        "S4",
+        "nurseries/_coordinator.py",
+        "await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired(retired))",
+        "await self.ledger.barrier.mutate(lambda: self.ledger.forget_retired("
+        "list(self.ledger._retire)))",
+        (ORCH, RACES),
+        keyword="s4 or retire",
+    ),
+    Mutant(
+        "s6-unknown-errors-retryable",
+        "S6",
+        "nurseries/_calls.py",
+        "if not kinds or not kinds <= _RETRYABLE:",
+        "if not kinds:",
+        ("tests/test_config_metrics_errors.py", RACES),
+        keyword="classify or error",
+    ),
+    Mutant(
+        "c4-invariant-exits-4",
+        "C4",
+        "nurseries/_run.py",
+        "FailureKind.INVARIANT: ExitCode.INVARIANT,",
+        "FailureKind.INVARIANT: ExitCode.CHECKPOINTS_FAILED,",
+        ("tests/test_config_metrics_errors.py",),
+        keyword="exit_codes",
+    ),
+    Mutant(
+        "s5-control-call-unbounded",
+        "S5",
+        "nurseries/_calls.py",
+        "with trio.move_on_at(deadline + config.reply_grace_s) as scope:",
+        "with trio.CancelScope() as scope:",
+        (ORCH,),
+        keyword="s5",
+    ),
     # -- the three races put back -------------------------------------------------------------
-    Mutant("bug1-restore-installs-before-the-ledger-checks", "S8/C6", "nurseries/_restore.py",
-           "found.raise_if_any(pinned.path)", "found.raise_if_any(pinned.path) if found.state "
-           "else None", (RACES,), keyword="rejected"),
-    Mutant("bug1-verify-skips-the-ledger", "C2/C6", "nurseries/app/cli.py",
-           "problems = snapshot_problems(snap).all",
-           "problems = list(snapshot_problems(snap).state)",
-           (RACES, "tests/test_bad_input.py"), keyword="ledger or verify"),
-    Mutant("bug1-restore-not-all-or-nothing", "S8", "nurseries/_restore.py",
-           "await _roll_back(gym, snap.manifest, episodes_by_replica, config)", "pass",
-           (RACES,), keyword="restore_failing"),
-    Mutant("bug2-snapshot-forgets-the-retire-queue", "S4/S11", "runtime/_ledger_snapshot.py",
-           "retire=tuple(cols.retire_items()),", "retire=(),",
-           (RACES,), keyword="dropped"),
-    Mutant("bug2-restore-does-not-retire-dropped-attempts", "S4/S11", "nurseries/_restore.py",
-           "await _retire_carried(gym, ledger, config)", "pass",
-           (RACES,), keyword="dropped"),
-    Mutant("bug3-late-stream-end-aborts", "S3/S6", "nurseries/_ownership.py",
-           "unaccounted[name] = frozenset(missing)",
-           'raise CheckpointInvariantError(f"{name}: {sample_ids(missing)} neither exported '
-           'nor on the wire")',
-           (RACES,), keyword="late"),
+    Mutant(
+        "bug1-restore-installs-before-the-ledger-checks",
+        "S8/C6",
+        "nurseries/_restore.py",
+        "found.raise_if_any(pinned.path)",
+        "found.raise_if_any(pinned.path) if found.state else None",
+        (RACES,),
+        keyword="rejected",
+    ),
+    Mutant(
+        "bug1-verify-skips-the-ledger",
+        "C2/C6",
+        "nurseries/app/cli.py",
+        "problems = snapshot_problems(snap).all",
+        "problems = list(snapshot_problems(snap).state)",
+        (RACES, "tests/test_bad_input.py"),
+        keyword="ledger or verify",
+    ),
+    Mutant(
+        "bug1-restore-not-all-or-nothing",
+        "S8",
+        "nurseries/_restore.py",
+        "await _roll_back(gym, snap.manifest, episodes_by_replica, config)",
+        "pass",
+        (RACES,),
+        keyword="restore_failing",
+    ),
+    Mutant(
+        "bug2-snapshot-forgets-the-retire-queue",
+        "S4/S11",
+        "runtime/_ledger_snapshot.py",
+        "retire=tuple(cols.retire_items()),",
+        "retire=(),",
+        (RACES,),
+        keyword="dropped",
+    ),
+    Mutant(
+        "bug2-restore-does-not-retire-dropped-attempts",
+        "S4/S11",
+        "nurseries/_restore.py",
+        "await _retire_carried(gym, ledger, config)",
+        "pass",
+        (RACES,),
+        keyword="dropped",
+    ),
+    Mutant(
+        "bug3-late-stream-end-aborts",
+        "S3/S6",
+        "nurseries/_ownership.py",
+        "unaccounted[name] = frozenset(missing)",
+        'raise CheckpointInvariantError(f"{name}: {sample_ids(missing)} neither exported '
+        'nor on the wire")',
+        (RACES,),
+        keyword="late",
+    ),
     # -- other rules --------------------------------------------------------------------------
-    Mutant("s1-checkpoint-does-not-close-admission", "S1", "nurseries/_pending.py",
-           "await self.gate.close(by=self.checkpoint_id)", "pass", (ORCH,), keyword="s1 or s9"),
-    Mutant("s2-refusal-spends-an-attempt", "S2", "nurseries/_dispatcher.py",
-           "elif isinstance(reply, Refused) and ledger.refuse(rid):",
-           "elif isinstance(reply, Refused) and bool(ledger.abandon([rid])):",
-           (ORCH,), keyword="s2"),
-    Mutant("s2-whole-submission-refusal-kills-the-run", "S2", "nurseries/_dispatcher.py",
-           "except GymAdmissionClosed:", "except ZeroDivisionError:",
-           (RACES,), keyword="refused_as_a_whole"),
-    Mutant("s3-exhausted-budget-leaves-gym-running", "S3", "nurseries/_dispatcher.py",
-           "await self._retire_everything()", "pass", (RACES,), keyword="budget"),
-    Mutant("s3-early-end-not-abandoned", "S3", "nurseries/_dispatcher.py",
-           "abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]",
-           "abandoned: list[str] = []", (ORCH,), keyword="s3"),
-    Mutant("s4-no-retire-stage", "S4", "nurseries/_coordinator.py",
-           "await self._retire_dropped()", "pass", (ORCH,), keyword="s4"),
-    Mutant("s4-drop-during-checkpoint-is-an-ownership-violation", "S4",
-           "nurseries/_ownership.py",
-           "gone = exported & {item.rollout_id for item in queued.get(name, ())}",
-           "gone: frozenset[str] = frozenset()",
-           (RACES, "tests/test_fault_matrix.py"), keyword="dropped"),
-    Mutant("s8-live-topology-unchecked", "S8", "runtime/_store.py",
-           "diffs.extend(topology_differences(snapshot.manifest, live))", "pass",
-           (ORCH,), keyword="s8"),
-    Mutant("s8-digests-unchecked-before-install", "S8", "runtime/_store.py",
-           "problem = participant_state_problem(snapshot.path, p, where)", "problem = None",
-           (ORCH,), keyword="s8"),
-    Mutant("s9-drain-wakes-before-the-replies", "S9", "runtime/_drain.py",
-           "settled = ledger.settled_check(pending)",
-           "settled = lambda _rid: True  # noqa",
-           (ORCH,), keyword="s9"),
-    Mutant("s11-restored-episode-sent-to-any-replica", "S11", "nurseries/_dispatcher.py",
-           "instance = restored.instance", "instance = live[next(self._rr) % len(live)]",
-           (ORCH,), keyword="s11"),
-    Mutant("s11-dropped-unclaimed-episode-not-retired", "S11", "runtime/_ledger_columns.py",
-           "self._retire[restored[_FROM]] = self._intern(restored[_INSTANCE]) << 1 | 1",
-           "return", (ORCH,), keyword="s11"),
-    Mutant("s13-restore-reads-the-unpinned-snapshot", "S13", "nurseries/_restore.py",
-           "pinned = await offload(lambda: store.pin(info, dest))", "pinned = info",
-           (ORCH,), keyword="s13"),
-    Mutant("fencing-stale-completion-accepted", "fencing", "runtime/_ledger_columns.py",
-           "if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:",
-           "if s < 0 or self._state[s] != _DISPATCHED:",
-           ("tests/test_ledger.py",)),
-    Mutant("fencing-gym-lets-a-stale-attempt-mutate", "fencing", "gym_adapter/_host_slots.py",
-           "return owner is None or owner[0] != ep.rollout_id",
-           "return owner is None", ("tests/test_gym_conformance.py",),
-           keyword="stale or fence"),
+    Mutant(
+        "s1-checkpoint-does-not-close-admission",
+        "S1",
+        "nurseries/_pending.py",
+        "await self.gate.close(by=self.checkpoint_id)",
+        "pass",
+        (ORCH,),
+        keyword="s1 or s9",
+    ),
+    Mutant(
+        "s2-refusal-spends-an-attempt",
+        "S2",
+        "nurseries/_dispatcher.py",
+        "elif isinstance(reply, Refused) and ledger.refuse(rid):",
+        "elif isinstance(reply, Refused) and bool(ledger.abandon([rid])):",
+        (ORCH,),
+        keyword="s2",
+    ),
+    Mutant(
+        "s2-whole-submission-refusal-kills-the-run",
+        "S2",
+        "nurseries/_dispatcher.py",
+        "except GymAdmissionClosed:",
+        "except ZeroDivisionError:",
+        (RACES,),
+        keyword="refused_as_a_whole",
+    ),
+    Mutant(
+        "s3-exhausted-budget-leaves-gym-running",
+        "S3",
+        "nurseries/_dispatcher.py",
+        "await self._retire_everything()",
+        "pass",
+        (RACES,),
+        keyword="budget",
+    ),
+    Mutant(
+        "s3-early-end-not-abandoned",
+        "S3",
+        "nurseries/_dispatcher.py",
+        "abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]",
+        "abandoned: list[str] = []",
+        (ORCH,),
+        keyword="s3",
+    ),
+    Mutant(
+        "s4-no-retire-stage",
+        "S4",
+        "nurseries/_coordinator.py",
+        "await self._retire_dropped()",
+        "pass",
+        (ORCH,),
+        keyword="s4",
+    ),
+    Mutant(
+        "s4-drop-during-checkpoint-is-an-ownership-violation",
+        "S4",
+        "nurseries/_ownership.py",
+        "gone = exported & {item.rollout_id for item in queued.get(name, ())}",
+        "gone: frozenset[str] = frozenset()",
+        (RACES, "tests/test_fault_matrix.py"),
+        keyword="dropped",
+    ),
+    Mutant(
+        "s8-live-topology-unchecked",
+        "S8",
+        "runtime/_store.py",
+        "diffs.extend(topology_differences(snapshot.manifest, live))",
+        "pass",
+        (ORCH,),
+        keyword="s8",
+    ),
+    Mutant(
+        "s8-digests-unchecked-before-install",
+        "S8",
+        "runtime/_store.py",
+        "problem = participant_state_problem(snapshot.path, p, where)",
+        "problem = None",
+        (ORCH,),
+        keyword="s8",
+    ),
+    Mutant(
+        "s9-drain-wakes-before-the-replies",
+        "S9",
+        "runtime/_drain.py",
+        "settled = ledger.settled_check(pending)",
+        "settled = lambda _rid: True  # noqa",
+        (ORCH,),
+        keyword="s9",
+    ),
+    Mutant(
+        "s11-restored-episode-sent-to-any-replica",
+        "S11",
+        "nurseries/_dispatcher.py",
+        "instance = restored.instance",
+        "instance = live[next(self._rr) % len(live)]",
+        (ORCH,),
+        keyword="s11",
+    ),
+    Mutant(
+        "s11-dropped-unclaimed-episode-not-retired",
+        "S11",
+        "runtime/_ledger_columns.py",
+        "self._retire[restored[_FROM]] = self._intern(restored[_INSTANCE]) << 1 | 1",
+        "return",
+        (ORCH,),
+        keyword="s11",
+    ),
+    Mutant(
+        "s13-restore-reads-the-unpinned-snapshot",
+        "S13",
+        "nurseries/_restore.py",
+        "pinned = await offload(lambda: store.pin(info, dest))",
+        "pinned = info",
+        (ORCH,),
+        keyword="s13",
+    ),
+    Mutant(
+        "fencing-stale-completion-accepted",
+        "fencing",
+        "runtime/_ledger_columns.py",
+        "if s < 0 or self._state[s] != _DISPATCHED or self._gate[s] != gate_id:",
+        "if s < 0 or self._state[s] != _DISPATCHED:",
+        ("tests/test_ledger.py",),
+    ),
+    Mutant(
+        "fencing-gym-lets-a-stale-attempt-mutate",
+        "fencing",
+        "gym_adapter/_host_slots.py",
+        "return owner is None or owner[0] != ep.rollout_id",
+        "return owner is None",
+        ("tests/test_gym_conformance.py",),
+        keyword="stale or fence",
+    ),
     # -- a user's environment can be wrong in every way ---------------------------------------
     # two host paths of a slot changing hands that no test covered before
-    Mutant("host-journals-a-fenced-attempts-turn", "fencing", "gym_adapter/_host_slots.py",
-           "if not touched or self._journal is None or self.fenced(ep):",
-           "if not touched or self._journal is None:",
-           (HOST_SLOTS,), keyword="fenced"),
-    Mutant("host-retire-frees-a-newer-attempts-session", "fencing",
-           "gym_adapter/_host_slots.py",
-           'if self._owners.get(key, ("",))[0] == rollout_id:', "if key in self._owners:",
-           (HOST_SLOTS,), keyword="retire"),
+    Mutant(
+        "host-journals-a-fenced-attempts-turn",
+        "fencing",
+        "gym_adapter/_host_slots.py",
+        "if not touched or self._journal is None or self.fenced(ep):",
+        "if not touched or self._journal is None:",
+        (HOST_SLOTS,),
+        keyword="fenced",
+    ),
+    Mutant(
+        "host-retire-frees-a-newer-attempts-session",
+        "fencing",
+        "gym_adapter/_host_slots.py",
+        'if self._owners.get(key, ("",))[0] == rollout_id:',
+        "if key in self._owners:",
+        (HOST_SLOTS,),
+        keyword="retire",
+    ),
     # values a user hands over: finite plain data, or refused where they enter
-    Mutant("finite-host-takes-a-nan-reward", "finite", "gym_adapter/_host_episodes.py",
-           "if not isinstance(reward, (int, float)) or not math.isfinite(reward):",
-           "if not isinstance(reward, (int, float)):",
-           (HOSTILE,), keyword="reward_that_is_not"),
-    Mutant("finite-dispatcher-trusts-a-nan-reward", "finite", "nurseries/_dispatcher.py",
-           "if type(reward) is float and math.isfinite(reward):", "if True:",
-           (HOSTILE,), keyword="dispatcher_refuses"),
-    Mutant("finite-ledger-writes-nan-as-null", "finite", "runtime/_snapshot_format.py",
-           "if not math.isfinite(r.reward):", "if False:",
-           (HOSTILE,), keyword="ledger_writer"),
-    Mutant("data-failed-attempt-keeps-its-retained-session", "once",
-           "gym_adapter/_host.py", "self._slots.release_quietly(ep.key, ep.rollout_id)", "pass",
-           (HOSTILE, HOST_SLOTS), keyword="failed_attempts_retained or data_failed"),
+    Mutant(
+        "finite-host-takes-a-nan-reward",
+        "finite",
+        "gym_adapter/_host_episodes.py",
+        "if not isinstance(reward, (int, float)) or not math.isfinite(reward):",
+        "if not isinstance(reward, (int, float)):",
+        (HOSTILE,),
+        keyword="reward_that_is_not",
+    ),
+    Mutant(
+        "finite-dispatcher-trusts-a-nan-reward",
+        "finite",
+        "nurseries/_dispatcher.py",
+        "if type(reward) is float and math.isfinite(reward):",
+        "if True:",
+        (HOSTILE,),
+        keyword="dispatcher_refuses",
+    ),
+    Mutant(
+        "finite-ledger-writes-nan-as-null",
+        "finite",
+        "runtime/_snapshot_format.py",
+        "if not math.isfinite(r.reward):",
+        "if False:",
+        (HOSTILE,),
+        keyword="ledger_writer",
+    ),
+    Mutant(
+        "data-failed-attempt-keeps-its-retained-session",
+        "once",
+        "gym_adapter/_host.py",
+        "self._slots.release_quietly(ep.key, ep.rollout_id)",
+        "pass",
+        (HOSTILE, HOST_SLOTS),
+        keyword="failed_attempts_retained or data_failed",
+    ),
     # the retained sessions' journal: whole records, deterministic replay, failing closed
-    Mutant("journal-short-write-left-short", "journal", "gym_adapter/_host_journal.py",
-           "while written < size:", "while False:",
-           (JOURNAL,), keyword="short"),
-    Mutant("journal-torn-tail-applied", "journal", "gym_adapter/_host_journal.py",
-           "end = complete_length(data)", "end = len(data)",
-           (JOURNAL,), keyword="torn"),
-    Mutant("journal-io-error-escapes-as-oserror", "journal", "gym_adapter/_host_journal.py",
-           'self._fail("appending a record", exc)', "raise",
-           (JOURNAL,), keyword="full_disk"),
+    Mutant(
+        "journal-short-write-left-short",
+        "journal",
+        "gym_adapter/_host_journal.py",
+        "while written < size:",
+        "while False:",
+        (JOURNAL,),
+        keyword="short",
+    ),
+    Mutant(
+        "journal-torn-tail-applied",
+        "journal",
+        "gym_adapter/_host_journal.py",
+        "end = complete_length(data)",
+        "end = len(data)",
+        (JOURNAL,),
+        keyword="torn",
+    ),
+    Mutant(
+        "journal-io-error-escapes-as-oserror",
+        "journal",
+        "gym_adapter/_host_journal.py",
+        'self._fail("appending a record", exc)',
+        "raise",
+        (JOURNAL,),
+        keyword="full_disk",
+    ),
     # trainer side: concurrent checkpoints, links in trainer files, the snapshot tools' lock
-    Mutant("pending-release-leaves-gym-parked", "S5", "nurseries/_pending.py",
-           "if self._parked:", "if False:",
-           ("tests/test_coordinator.py",), keyword="resume"),
-    Mutant("checkpoint-concurrent-calls-not-serialized", "gate", "nurseries/_coordinator.py",
-           "async with self._running:", "async with trio.CapacityLimiter(1):",
-           ("tests/test_checkpoint_concurrency.py",)),
-    Mutant("trainer-files-link-committed-as-a-link", "snapshot", "runtime/_store.py",
-           "_copy_over(entry, entry)  # copyfile follows the link: the target's bytes", "pass",
-           ("tests/test_trainer_files_links.py",), keyword="linked"),
+    Mutant(
+        "pending-release-leaves-gym-parked",
+        "S5",
+        "nurseries/_pending.py",
+        "if self._parked:",
+        "if False:",
+        ("tests/test_coordinator.py",),
+        keyword="resume",
+    ),
+    Mutant(
+        "checkpoint-concurrent-calls-not-serialized",
+        "gate",
+        "nurseries/_coordinator.py",
+        "async with self._running:",
+        "async with trio.CapacityLimiter(1):",
+        ("tests/test_checkpoint_concurrency.py",),
+    ),
+    Mutant(
+        "trainer-files-link-committed-as-a-link",
+        "snapshot",
+        "runtime/_store.py",
+        "_copy_over(entry, entry)  # copyfile follows the link: the target's bytes",
+        "pass",
+        ("tests/test_trainer_files_links.py",),
+        keyword="linked",
+    ),
     # the snapshot format: strict records, versions checked
-    Mutant("marker-of-another-version-read", "snapshot", "runtime/_snapshot_format.py",
-           "if marker.version != MARKER_VERSION:", "if False:",
-           ("tests/test_snapshot_format.py",), keyword="version"),
-    Mutant("records-read-in-the-role-their-keys-say", "snapshot", "runtime/_snapshot_format.py",
-           "return structure(raw, expect if expect is not None else _role(raw), what)",
-           "return structure(raw, _role(raw), what)",
-           ("tests/test_snapshot_format.py",), keyword="another_role"),
-    Mutant("converter-takes-any-iterable-as-a-list", "snapshot", "runtime/_converter.py",
-           "if not isinstance(value, list | tuple):", "if False:",
-           ("tests/test_snapshot_format.py",), keyword="bad_agent_records"),
-    Mutant("prune-locks-the-directory-it-was-given", "lock", "nurseries/app/snapshots.py",
-           "lock_dir = workdir if workdir is not None else path", "lock_dir = path",
-           ("tests/test_snapshot_tools_lock.py",), keyword="every_form"),
+    Mutant(
+        "marker-of-another-version-read",
+        "snapshot",
+        "runtime/_snapshot_format.py",
+        "if marker.version != MARKER_VERSION:",
+        "if False:",
+        ("tests/test_snapshot_format.py",),
+        keyword="version",
+    ),
+    Mutant(
+        "records-read-in-the-role-their-keys-say",
+        "snapshot",
+        "runtime/_snapshot_format.py",
+        "return structure(raw, expect if expect is not None else _role(raw), what)",
+        "return structure(raw, _role(raw), what)",
+        ("tests/test_snapshot_format.py",),
+        keyword="another_role",
+    ),
+    Mutant(
+        "converter-takes-any-iterable-as-a-list",
+        "snapshot",
+        "runtime/_converter.py",
+        "if not isinstance(value, list | tuple):",
+        "if False:",
+        ("tests/test_snapshot_format.py",),
+        keyword="bad_agent_records",
+    ),
+    Mutant(
+        "prune-locks-the-directory-it-was-given",
+        "lock",
+        "nurseries/app/snapshots.py",
+        "lock_dir = workdir if workdir is not None else path",
+        "lock_dir = path",
+        ("tests/test_snapshot_tools_lock.py",),
+        keyword="every_form",
+    ),
     # SIGTERM paths
-    Mutant("preempt-second-signal-ignored", "preempt", "nurseries/_trainer.py",
-           "self._final_scope.cancel()", "pass",
-           (PREEMPT,), keyword="second_signal_cuts"),
-    Mutant("preempt-final-checkpoint-unbounded", "preempt", "nurseries/_trainer.py",
-           "with trio.move_on_after(self.preempt_timeout_s) as scope:",
-           "with trio.CancelScope() as scope:", (PREEMPT,), keyword="bounded"),
-    Mutant("preempt-waiting-trainer-not-woken", "preempt", "nurseries/_trainer.py",
-           "for scope in self._waits:", "for scope in ():",
-           (PREEMPT,), keyword="woken"),
+    Mutant(
+        "preempt-second-signal-ignored",
+        "preempt",
+        "nurseries/_trainer.py",
+        "self._final_scope.cancel()",
+        "pass",
+        (PREEMPT,),
+        keyword="second_signal_cuts",
+    ),
+    Mutant(
+        "preempt-final-checkpoint-unbounded",
+        "preempt",
+        "nurseries/_trainer.py",
+        "with trio.move_on_after(self.preempt_timeout_s) as scope:",
+        "with trio.CancelScope() as scope:",
+        (PREEMPT,),
+        keyword="bounded",
+    ),
+    Mutant(
+        "preempt-waiting-trainer-not-woken",
+        "preempt",
+        "nurseries/_trainer.py",
+        "for scope in self._waits:",
+        "for scope in ():",
+        (PREEMPT,),
+        keyword="woken",
+    ),
     # exactly once when an instance dies inside a journal write
-    Mutant("claim-lost-to-death-forgets-its-exported-id", "bug2", "runtime/_ledger_columns.py",
-           "self._retire.setdefault(restored[_FROM], rep << 1)", "pass",
-           ("tests/test_journal_failure_exactly_once.py",), keyword="whoever_settles"),
-    Mutant("retire-answers-after-dying-inside-it", "fencing", "gym_adapter/_host_control.py",
-           "raise GymInstanceDead(self.name, op)", "pass",
-           ("tests/test_torn_retire_exactly_once.py",), keyword="dies_inside_a_retire"),
+    Mutant(
+        "claim-lost-to-death-forgets-its-exported-id",
+        "bug2",
+        "runtime/_ledger_columns.py",
+        "self._retire.setdefault(restored[_FROM], rep << 1)",
+        "pass",
+        ("tests/test_journal_failure_exactly_once.py",),
+        keyword="whoever_settles",
+    ),
+    Mutant(
+        "retire-answers-after-dying-inside-it",
+        "fencing",
+        "gym_adapter/_host_control.py",
+        "raise GymInstanceDead(self.name, op)",
+        "pass",
+        ("tests/test_torn_retire_exactly_once.py",),
+        keyword="dies_inside_a_retire",
+    ),
 )
 
 
 def _copy_tree(dest: Path) -> Path:
     """Copy the tracked and untracked-but-not-ignored files to ``dest/gymckpt``."""
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-        capture_output=True,
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     root = dest / "gymckpt"
     for rel in filter(None, files):
         src = REPO / rel
@@ -258,7 +537,7 @@ def _apply(root: Path, m: Mutant) -> str | None:
         at = text.find(m.old, at + 1)
         if at < 0:
             return f"{m.old!r} not found ({m.nth}. occurrence) in {m.path}"
-    file.write_text(text[:at] + m.new + text[at + len(m.old):])
+    file.write_text(text[:at] + m.new + text[at + len(m.old) :])
     return None
 
 
@@ -274,8 +553,7 @@ def _apply_check(m: Mutant) -> str | None:
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return -1, "timed out"
     return p.returncode, p.stdout[-3000:] + p.stderr[-2000:]
@@ -286,29 +564,45 @@ def _last_line(out: str, *marks: str) -> str:
     return (lines[-1] if lines else out.strip().splitlines()[-1] if out.strip() else "")[:160]
 
 
-def run_mutant(m: Mutant, seeds: int, sim_only: bool, test_timeout: int,
-               control: bool = False) -> tuple[str, str]:
+def run_mutant(
+    m: Mutant, seeds: int, sim_only: bool, test_timeout: int, control: bool = False
+) -> tuple[str, str]:
     """("killed" | "survived" | "stale", by what). With ``control`` the line is left as it
     is: the same selection must pass on the unchanged tree, or a kill means nothing."""
     with tempfile.TemporaryDirectory(prefix=f"gymckpt-mutant-{m.name}-") as tmp:
         root = _copy_tree(Path(tmp))
-        why = _apply(root, m if not control else Mutant(m.name, m.rule, m.path, m.old, m.old,
-                                                          m.tests, m.nth, m.keyword))
+        why = _apply(
+            root,
+            m
+            if not control
+            else Mutant(m.name, m.rule, m.path, m.old, m.old, m.tests, m.nth, m.keyword),
+        )
         if why is not None:
             return "stale", why
         env = {**os.environ, "PYTHONPATH": tmp, "PYTHONHASHSEED": "0"}
         env.pop("PYTEST_ADDOPTS", None)
         if not sim_only:
-            cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                   "-m", "not ray and not slow", "-o", f"timeout={test_timeout}", *m.tests]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-x",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "not ray and not slow",
+                "-o",
+                f"timeout={test_timeout}",
+                *m.tests,
+            ]
             if m.keyword:
                 cmd += ["-k", m.keyword]
             rc, out = _run(cmd, root, env, timeout=20 * test_timeout)
             if rc == 5:
                 return "stale", f"no test selected by {m.tests} -k {m.keyword!r}"
             if rc != 0:
-                return "killed", "tests: " + _last_line(out, "FAILED", "ERROR", "Timeout",
-                                                        "failed")
+                return "killed", "tests: " + _last_line(out, "FAILED", "ERROR", "Timeout", "failed")
         n = m.sim_seeds if m.sim_seeds is not None else seeds
         if n > 0:
             cmd = [sys.executable, "-m", "gymckpt", "simulate", "--seeds", str(n)]
@@ -321,17 +615,34 @@ def run_mutant(m: Mutant, seeds: int, sim_only: bool, test_timeout: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("only", nargs="*", help="run mutants whose name contains one of these")
-    parser.add_argument("--seeds", type=int, default=30,
-                        help="simulation seeds for a mutant the tests did not kill (default 30)")
-    parser.add_argument("--sim-only", action="store_true",
-                        help="skip the tests: does the simulation alone kill the mutants?")
-    parser.add_argument("--test-timeout", type=int, default=60,
-                        help="per-test timeout in seconds (a hang is a kill); default 60")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=30,
+        help="simulation seeds for a mutant the tests did not kill (default 30)",
+    )
+    parser.add_argument(
+        "--sim-only",
+        action="store_true",
+        help="skip the tests: does the simulation alone kill the mutants?",
+    )
+    parser.add_argument(
+        "--test-timeout",
+        type=int,
+        default=60,
+        help="per-test timeout in seconds (a hang is a kill); default 60",
+    )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
-    parser.add_argument("--stale", action="store_true",
-                        help="only check that every mutant's line is still in the tree (fast)")
-    parser.add_argument("--control", action="store_true",
-                        help="run each mutant's selection on the unchanged tree (must survive)")
+    parser.add_argument(
+        "--stale",
+        action="store_true",
+        help="only check that every mutant's line is still in the tree (fast)",
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="run each mutant's selection on the unchanged tree (must survive)",
+    )
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
     if args.list:
@@ -358,8 +669,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.control:
         print(f"control: {total - killed - stale}/{total} selections pass on the unchanged tree")
         return 0 if killed == 0 and stale == 0 else 1
-    print(f"mutation score: {killed}/{total} killed ({100 * killed / max(total, 1):.0f}%), "
-          f"{total - killed - stale} survived, {stale} stale, in {time.monotonic() - t0:.0f}s")
+    print(
+        f"mutation score: {killed}/{total} killed ({100 * killed / max(total, 1):.0f}%), "
+        f"{total - killed - stale} survived, {stale} stale, in {time.monotonic() - t0:.0f}s"
+    )
     return 0 if killed == total else 1
 
 

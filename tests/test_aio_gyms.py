@@ -24,9 +24,12 @@ def _train(gym_factory: Any, work: Path, stop_after: int | None = None) -> dict[
     async def main() -> dict[str, Any]:
         asyncio.get_running_loop()  # asyncio code, on trio-asyncio's loop
         seen: dict[str, Any] = {"rows": [], "results": [], "checkpoints": []}
-        async with gymckpt.aio.open_gym(gym_factory) as gym, \
-                gymckpt.aio.open_rollouts(gym, work, rows=ROWS, group_size=2,
-                                          max_rows_in_flight=4, handle_signals=False) as ro:
+        async with (
+            gymckpt.aio.open_gym(gym_factory) as gym,
+            gymckpt.aio.open_rollouts(
+                gym, work, rows=ROWS, group_size=2, max_rows_in_flight=4, handle_signals=False
+            ) as ro,
+        ):
             seen["restored_step"] = ro.step
             async for batch in ro.batches(1):
                 await asyncio.sleep(0)  # train
@@ -49,15 +52,19 @@ def _check_results(results: list[Any]) -> None:
 
 
 def test_an_asyncio_trainer_on_its_own_environment(tmp_path: Path) -> None:
-    first = _train(lambda: EmbeddedGym.host(ENV, instances=2, work_dir=tmp_path / "gym"),
-                   tmp_path / "w", stop_after=5)
+    first = _train(
+        lambda: EmbeddedGym.host(ENV, instances=2, work_dir=tmp_path / "gym"),
+        tmp_path / "w",
+        stop_after=5,
+    )
     assert first["restored_step"] == 0 and len(first["checkpoints"]) == 1
     snap = load_snapshot(first["checkpoints"][0])
     assert verify_snapshot(snap) == []
     _check_results(first["results"])
     # a second process-like run restores the checkpoint taken after 4 rows and trains the rest
-    second = _train(lambda: EmbeddedGym.host(ENV, instances=2, work_dir=tmp_path / "gym2"),
-                    tmp_path / "w")
+    second = _train(
+        lambda: EmbeddedGym.host(ENV, instances=2, work_dir=tmp_path / "gym2"), tmp_path / "w"
+    )
     assert second["restored_step"] == 4
     assert sorted(first["rows"][:4] + second["rows"]) == list(range(ROWS))  # each row once
     _check_results(second["results"])
@@ -67,7 +74,6 @@ def test_an_asyncio_trainer_on_its_own_environment(tmp_path: Path) -> None:
 def test_an_asyncio_trainer_on_ray(tmp_path: Path) -> None:
     from gymckpt.gym_adapter import RayGym
 
-    seen = _train(lambda: RayGym.host(ENV, instances=2, work_dir=tmp_path / "gym"),
-                  tmp_path / "w")
+    seen = _train(lambda: RayGym.host(ENV, instances=2, work_dir=tmp_path / "gym"), tmp_path / "w")
     assert sorted(seen["rows"]) == list(range(ROWS)) and len(seen["checkpoints"]) == 1
     _check_results(seen["results"])

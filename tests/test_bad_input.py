@@ -28,8 +28,7 @@ from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
 from gymckpt.runtime.lowlevel import COMMIT_MARKER, MANIFEST_NAME
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0)
+CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 ROWS, GROUP = 40, 2
 
 
@@ -107,8 +106,13 @@ def _set_digest(m: dict[str, Any]) -> None:
 
 def _add_participant(m: dict[str, Any]) -> None:
     _instance(m, "gym-0")["participants"].append(
-        {"server_name": "scratchpad", "kind": "environment",
-         "state_dir": "gym/gym-0/scratchpad", "records_digest": "sha256:" + "1" * 64})
+        {
+            "server_name": "scratchpad",
+            "kind": "environment",
+            "state_dir": "gym/gym-0/scratchpad",
+            "records_digest": "sha256:" + "1" * 64,
+        }
+    )
 
 
 def _drop_participant(m: dict[str, Any]) -> None:
@@ -118,46 +122,92 @@ def _drop_participant(m: dict[str, Any]) -> None:
 
 # (id, damage, what verify says, what a restore says, error class of the restore)
 CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
-    ("truncated-manifest", _bytes(lambda b: b[: len(b) // 2]),
-     r"gym_checkpoint.json: not valid JSON, truncated\?", "", ManifestError),
-    ("truncated-manifest-stale-marker", _bytes(lambda b: b[: len(b) // 2], rehash=False),
-     r"gym_checkpoint.json: sha256 [0-9a-f]{12}… on disk, [0-9a-f]{12}… committed", "",
-     ManifestError),
-    ("empty-manifest", _bytes(lambda b: b""), r"gym_checkpoint.json: file is empty", "",
-     ManifestError),
-    ("foreign-version", _edit(lambda m: m.update(version=2)),
-     r"gym_checkpoint.json: version 2 is not supported \(this runtime reads version 1\)", "",
-     ManifestError),
-    ("hand-edited-unknown-key", _edit(lambda m: m.update(written_by="me")),
-     r"gym_checkpoint.json: extra fields found \(written_by\)", "", ManifestError),
-    ("hand-edited-path-escapes", _edit(
-        lambda m: _instance(m, "gym-0")["participants"][0].update(state_dir="gym/../../x")),
-     r"instance gym-0: participant agent: state_dir 'gym/../../x' contains '\.\.'", "",
-     ManifestError),
-    ("hand-edited-digest", _edit(_set_digest),
-     r"instance gym-1: participant calendar digest sha256:[0-9a-f]{12}… on disk, "
-     r"sha256:000000000000… committed", "", TopologyMismatch),
-    ("state-file-byte-changed", _flip_state_byte,
-     r"instance gym-1: participant calendar digest sha256:[0-9a-f]{12}… on disk, "
-     r"sha256:[0-9a-f]{12}… committed", "", TopologyMismatch),
-    ("extra-participant", _edit(_add_participant),
-     r"instance gym-0: participant scratchpad state directory gym/gym-0/scratchpad missing",
-     r"instance gym-0: participant scratchpad missing from the live deployment",
-     TopologyMismatch),
-    ("missing-participant", _edit(_drop_participant),
-     r"gym/gym-0/model_proxy: participant state on disk that gym_checkpoint.json does not "
-     r"list", r"instance gym-0: extra live participant model_proxy", TopologyMismatch),
-    ("missing-commit-marker", lambda snap: (snap / COMMIT_MARKER).unlink(),
-     r"not a complete rollout snapshot: no COMMITTED marker",
-     r"newest rollout snapshot has no COMMITTED marker \(latest complete one: ckpt-000001\)",
-     ManifestError),
+    (
+        "truncated-manifest",
+        _bytes(lambda b: b[: len(b) // 2]),
+        r"gym_checkpoint.json: not valid JSON, truncated\?",
+        "",
+        ManifestError,
+    ),
+    (
+        "truncated-manifest-stale-marker",
+        _bytes(lambda b: b[: len(b) // 2], rehash=False),
+        r"gym_checkpoint.json: sha256 [0-9a-f]{12}… on disk, [0-9a-f]{12}… committed",
+        "",
+        ManifestError,
+    ),
+    (
+        "empty-manifest",
+        _bytes(lambda b: b""),
+        r"gym_checkpoint.json: file is empty",
+        "",
+        ManifestError,
+    ),
+    (
+        "foreign-version",
+        _edit(lambda m: m.update(version=2)),
+        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads version 1\)",
+        "",
+        ManifestError,
+    ),
+    (
+        "hand-edited-unknown-key",
+        _edit(lambda m: m.update(written_by="me")),
+        r"gym_checkpoint.json: extra fields found \(written_by\)",
+        "",
+        ManifestError,
+    ),
+    (
+        "hand-edited-path-escapes",
+        _edit(lambda m: _instance(m, "gym-0")["participants"][0].update(state_dir="gym/../../x")),
+        r"instance gym-0: participant agent: state_dir 'gym/../../x' contains '\.\.'",
+        "",
+        ManifestError,
+    ),
+    (
+        "hand-edited-digest",
+        _edit(_set_digest),
+        r"instance gym-1: participant calendar digest sha256:[0-9a-f]{12}… on disk, "
+        r"sha256:000000000000… committed",
+        "",
+        TopologyMismatch,
+    ),
+    (
+        "state-file-byte-changed",
+        _flip_state_byte,
+        r"instance gym-1: participant calendar digest sha256:[0-9a-f]{12}… on disk, "
+        r"sha256:[0-9a-f]{12}… committed",
+        "",
+        TopologyMismatch,
+    ),
+    (
+        "extra-participant",
+        _edit(_add_participant),
+        r"instance gym-0: participant scratchpad state directory gym/gym-0/scratchpad missing",
+        r"instance gym-0: participant scratchpad missing from the live deployment",
+        TopologyMismatch,
+    ),
+    (
+        "missing-participant",
+        _edit(_drop_participant),
+        r"gym/gym-0/model_proxy: participant state on disk that gym_checkpoint.json does not "
+        r"list",
+        r"instance gym-0: extra live participant model_proxy",
+        TopologyMismatch,
+    ),
+    (
+        "missing-commit-marker",
+        lambda snap: (snap / COMMIT_MARKER).unlink(),
+        r"not a complete rollout snapshot: no COMMITTED marker",
+        r"newest rollout snapshot has no COMMITTED marker \(latest complete one: ckpt-000001\)",
+        ManifestError,
+    ),
 ]
 
 
 async def _restore_attempt(workdir: Path, error: type[Exception], message: str) -> None:
     """A restore through the facade fails with ``message`` and leaves the fresh Gym idle."""
-    async with calendar_embedded(instances=2, seed=3, work_dir=workdir / "gym2",
-                                 config=SIM) as gym:
+    async with calendar_embedded(instances=2, seed=3, work_dir=workdir / "gym2", config=SIM) as gym:
         with pytest.raises(error) as raised:
             async with open_rollouts(gym, workdir, rows=ROWS, group_size=GROUP, config=CONFIG):
                 pytest.fail("restored a damaged snapshot")
@@ -170,8 +220,11 @@ async def _restore_attempt(workdir: Path, error: type[Exception], message: str) 
             assert await calendar_sessions_of(gym, name) == {}
 
 
-@pytest.mark.parametrize(("damage", "verify_says", "restore_says", "error"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("damage", "verify_says", "restore_says", "error"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_damaged_snapshot_is_a_clear_error_and_nothing_is_touched(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -194,16 +247,16 @@ def test_damaged_snapshot_is_a_clear_error_and_nothing_is_touched(
     assert _search(verify_says, capsys.readouterr().err)
     # gymckpt verify WORKDIR finds the damaged newest snapshot too
     assert main(["verify", str(workdir)]) == 2
-    assert _search(restore_says if "marker" in restore_says else verify_says,
-                   capsys.readouterr().err)
+    assert _search(
+        restore_says if "marker" in restore_says else verify_says, capsys.readouterr().err
+    )
 
     # a restore through the facade: the error, with a fresh Gym left untouched
     clock = trio.testing.MockClock(autojump_threshold=0)
     trio.run(_restore_attempt, workdir, error, restore_says, clock=clock)
 
     # a restore through the CLI (the demo's phase-2 process): exit 2, one line, no traceback
-    opts = DemoOptions(rows=ROWS, group_size=GROUP, instances=2, seed=3,
-                       crash_after_checkpoint=0)
+    opts = DemoOptions(rows=ROWS, group_size=GROUP, instances=2, seed=3, crash_after_checkpoint=0)
     rc = main(["_phase", "--phase", "2", "--workdir", str(workdir), "--options", opts.to_json()])
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -220,8 +273,9 @@ def _search(pattern: str, text: str) -> bool:
     return re.search(pattern, text) is not None
 
 
-def test_verify_json_lists_every_problem(tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_json_lists_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     snap = make_snapshots(tmp_path / "w")[0]
     _flip_state_byte(snap)
     _edit(_drop_participant)(snap)
@@ -253,8 +307,10 @@ def test_ledger_inconsistent_with_the_manifest_fails_verify(
     snap = make_snapshots(tmp_path / "w")[0]
     rid = _drop_exported_row_from_ledger(snap)
     assert main(["verify", str(snap)]) == 2
-    assert (f"gym_checkpoint.json: episode {rid} exported but not in flight in the ledger"
-            in capsys.readouterr().err)
+    assert (
+        f"gym_checkpoint.json: episode {rid} exported but not in flight in the ledger"
+        in capsys.readouterr().err
+    )
 
 
 def test_ledger_inconsistent_with_the_manifest_is_refused_at_restore(
@@ -263,8 +319,7 @@ def test_ledger_inconsistent_with_the_manifest_is_refused_at_restore(
     workdir = tmp_path / "w"
     snap = make_snapshots(workdir)[0]
     rid = _drop_exported_row_from_ledger(snap)
-    opts = DemoOptions(rows=ROWS, group_size=GROUP, instances=2, seed=3,
-                       crash_after_checkpoint=0)
+    opts = DemoOptions(rows=ROWS, group_size=GROUP, instances=2, seed=3, crash_after_checkpoint=0)
     rc = main(["_phase", "--phase", "2", "--workdir", str(workdir), "--options", opts.to_json()])
     err = capsys.readouterr().err
     assert rid in err

@@ -217,7 +217,6 @@ async def test_cancelled_wait_settled_unregisters_everything() -> None:
     assert barrier._settle == {}
 
 
-
 async def test_wait_settled_empties_the_callers_set_and_a_cancel_leaves_the_unsettled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -54,12 +54,17 @@ async def test_a_checkpoint_runs_without_the_collector(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, collector_on: None, pause: bool
 ) -> None:
     seen: dict[str, bool] = {}
-    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                           lease_s=30.0, pause_collector=pause)
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                 config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path, rows=8, group_size=2, config=config,
-                                 max_rows_in_flight=6) as ro:
+    config = RuntimeConfig(
+        control_timeout_s=2.0,
+        reply_grace_s=0.5,
+        drain_timeout_s=5.0,
+        lease_s=30.0,
+        pause_collector=pause,
+    )
+    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+        async with open_rollouts(
+            gym, tmp_path, rows=8, group_size=2, config=config, max_rows_in_flight=6
+        ) as ro:
             ro.coordinator.on_stage = lambda _cid, point: seen.update(
                 {point: _full_collections_allowed()}
             )
@@ -102,8 +107,13 @@ def test_open_rollouts_freezes_what_lives_at_its_start_once(freeze: bool) -> Non
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _PROBE, "1" if freeze else "0"],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, "1" if freeze else "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     before, after, later = (int(x) for x in out.stdout.split())
     assert before == 0
     if freeze:

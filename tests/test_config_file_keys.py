@@ -29,8 +29,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_a_top_level_key_above_its_table_is_refused(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text("rows = 16\n[demo]\ngroup_size = 2\n")  # rows is outside [demo]
-    with pytest.raises(ManifestError, match=r"job.toml: rows at the top level, outside \[demo\]; "
-                                            r"put it under \[demo\]"):
+    with pytest.raises(
+        ManifestError,
+        match=r"job.toml: rows at the top level, outside \[demo\]; "
+        r"put it under \[demo\]",
+    ):
         load_toml_table(job, "demo", ["rows", "group_size"])
     job.write_text("lease_s = 90\n[runtime]\nmax_consecutive_failures = 5\n")
     with pytest.raises(ManifestError, match=r"lease_s at the top level, outside \[runtime\]"):
@@ -53,10 +56,13 @@ def test_demo_with_a_key_above_its_table_exits_2(
 def test_group_size_in_runtime_says_where_it_goes(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text("[runtime]\nlease_s = 60.0\ngroup_size = 4\n")
-    with pytest.raises(ManifestError, match=r"job.toml \[runtime\]: group_size is not a runtime "
-                                            r"setting but an argument of open_rollouts "
-                                            r"\(group_size=\.\.\.\); for gymckpt demo put it "
-                                            r"under \[demo\]"):
+    with pytest.raises(
+        ManifestError,
+        match=r"job.toml \[runtime\]: group_size is not a runtime "
+        r"setting but an argument of open_rollouts "
+        r"\(group_size=\.\.\.\); for gymckpt demo put it "
+        r"under \[demo\]",
+    ):
         runtime_config_from_toml(job)
 
 
@@ -81,7 +87,7 @@ def test_trainer_arguments_are_open_rollouts_keywords_and_no_runtime_field() -> 
 
 def test_the_readme_configuration_example_is_accepted(tmp_path: Path) -> None:
     text = README.read_text()
-    section = text[text.index("### Configuration file"):text.index("## The command line")]
+    section = text[text.index("### Configuration file") : text.index("## The command line")]
     # every `key = value` the section shows, in the table the section says it goes in
     shown = re.findall(r"`(\w+) = ([^`]+)` in `\[(\w+)\]`", section)
     assert ("group_size", "4", "demo") in shown and ("lease_s", "60.0", "runtime") in shown

@@ -87,8 +87,10 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "GymControlError": ("gym-0", "prepare", "checkpoint c-1 reopened before it parked"),
     "GymInstanceDead": ("gym-1", "commit"),
     "GymCallTimeout": ("instance gym-0 did not answer prepare within 2s", "gym-0", "prepare"),
-    "GymConnectionLost": ("lost the Ray cluster: its GCS at 10.0.0.1:6379 has not answered",
-                          "10.0.0.1:6379"),
+    "GymConnectionLost": (
+        "lost the Ray cluster: its GCS at 10.0.0.1:6379 has not answered",
+        "10.0.0.1:6379",
+    ),
     "CheckpointInvariantError": ("owner mismatch",),
     "DrainTimeout": (("r-2", "r-1", "r-3"), 2.5),
     "StrandedSessionError": ("gym-0", ("s-1", "s-2")),

@@ -28,8 +28,17 @@ from gymckpt.testing import ConformanceError, check_backend, check_environment
 
 gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")
 
-BUILTIN_IDS = ["CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1",
-               "Pendulum-v1", "FrozenLake-v1", "Taxi-v4", "CliffWalking-v1", "Blackjack-v1"]
+BUILTIN_IDS = [
+    "CartPole-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Acrobot-v1",
+    "Pendulum-v1",
+    "FrozenLake-v1",
+    "Taxi-v4",
+    "CliffWalking-v1",
+    "Blackjack-v1",
+]
 
 
 class Walk:
@@ -70,16 +79,18 @@ class Walker:
 
 
 def _walk(forget: bool = False) -> Environment:
-    return Environment(agent=Walker(), participants=(Walk(forget),),
-                       model=lambda key, pos, info: 1 + pos % 3)
+    return Environment(
+        agent=Walker(), participants=(Walk(forget),), model=lambda key, pos, info: 1 + pos % 3
+    )
 
 
 async def test_kit_accepts_a_deterministic_environment(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     report = await check_environment(_walk(), tmp_path)
-    assert {"spec", "completes", "restore_equivalence[2]", "model_calls_once[2]",
-            "fencing"} <= set(report.checks)
+    assert {"spec", "completes", "restore_equivalence[2]", "model_calls_once[2]", "fencing"} <= set(
+        report.checks
+    )
     assert report.episodes > 8
 
 
@@ -114,11 +125,13 @@ async def test_kit_on_the_calendar_workplace(
 ) -> None:
     """The built-in calendar is an Environment like any user's: the same kit passes it, its
     retained calendar sessions included."""
-    env = calendar_environment(agent_kind, SimConfig(turns=(3, 5), turn_s=(0.01, 0.03),
-                                                     mutation_p=0.7))
+    env = calendar_environment(
+        agent_kind, SimConfig(turns=(3, 5), turn_s=(0.01, 0.03), mutation_p=0.7)
+    )
     report = await check_environment(env, tmp_path, park_after=(1, 2))
-    assert {"restore_equivalence[2]", "model_calls_once[2]", "fencing",
-            "retained_journal"} <= set(report.checks)
+    assert {"restore_equivalence[2]", "model_calls_once[2]", "fencing", "retained_journal"} <= set(
+        report.checks
+    )
 
 
 class _Forgetful(CalendarServer):
@@ -131,8 +144,7 @@ class _Forgetful(CalendarServer):
 async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    env = calendar_environment(config=SimConfig(turns=(2, 3), turn_s=(0.01, 0.02),
-                                                mutation_p=1.0))
+    env = calendar_environment(config=SimConfig(turns=(2, 3), turn_s=(0.01, 0.02), mutation_p=1.0))
     env = attrs.evolve(env, participants=(_Forgetful(),))
     with pytest.raises(ConformanceError, match="retained_journal"):
         await check_environment(env, tmp_path, park_after=(1,))
@@ -141,8 +153,9 @@ async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
 async def test_backend_kit_on_the_embedded_calendar(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    async with calendar_embedded(instances=2, work_dir=tmp_path / "live",
-                                 config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))) as gym:
+    async with calendar_embedded(
+        instances=2, work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
+    ) as gym:
         report = await check_backend(gym, tmp_path)
     assert "commit" in report.checks and report.episodes == 16
 
@@ -151,8 +164,9 @@ async def test_backend_kit_on_the_embedded_host(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     env = gymnasium_env.gymnasium_environment("CartPole-v1", pace_s=0.001)
-    async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "live",
-                                config=HostConfig()) as gym:
+    async with EmbeddedGym.host(
+        env, instances=2, work_dir=tmp_path / "live", config=HostConfig()
+    ) as gym:
         report = await check_backend(gym, tmp_path)
     assert "restore_refuses_mismatch" in report.checks
 

@@ -48,7 +48,7 @@ async def test_returns_when_the_last_pending_reply_lands(
             await trio.sleep(1)
             # unrelated replies in between never evaluate the drain's predicate
             before = ledger.barrier.statistics().predicate_evaluations
-            for other in ids[100 + 10 * i: 110 + 10 * i]:
+            for other in ids[100 + 10 * i : 110 + 10 * i]:
                 await ledger.barrier.mutate(lambda o=other: ledger.complete(o, 1, R), [other])
             assert ledger.barrier.statistics().predicate_evaluations == before
             await ledger.barrier.mutate(lambda r=rid: ledger.complete(r, 1, R), [rid])

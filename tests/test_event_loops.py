@@ -65,13 +65,15 @@ async def test_each_library_trains_through_a_checkpoint_embedded(
     tmp_path: Path, library: str
 ) -> None:
     rewards: dict[tuple[int, int], float] = {}
-    async with EmbeddedGym.host(_env(library), instances=2, work_dir=tmp_path / "gym") as gym, \
-            open_rollouts(gym, tmp_path / "run", rows=6, group_size=2,
-                          max_rows_in_flight=3) as ro:
+    async with (
+        EmbeddedGym.host(_env(library), instances=2, work_dir=tmp_path / "gym") as gym,
+        open_rollouts(gym, tmp_path / "run", rows=6, group_size=2, max_rows_in_flight=3) as ro,
+    ):
         async with aclosing(ro.batches(2)) as batches:  # type: ignore[type-var]
             async for batch in batches:
-                rewards.update({(g.row, s): r.reward for g in batch
-                                for s, r in enumerate(g.results)})
+                rewards.update(
+                    {(g.row, s): r.reward for g in batch for s, r in enumerate(g.results)}
+                )
                 assert (await ro.checkpoint()).ok
     assert rewards == {(row, s): float(3 * row + 3) for row in range(6) for s in range(2)}
 
@@ -95,6 +97,7 @@ async def test_a_trio_cancel_reaches_an_asyncio_wait_and_the_episode_is_fenced()
     env = Environment(agent=Stuck("asyncio"), model=_env("asyncio").model)
     old: dict[str, RunReply] = {}
     async with GymHost("gym-0", env, 0) as host, trio.open_nursery() as nursery:
+
         async def read_old() -> None:
             async for batch in await host.run([RunRow("0-0", 0, 0, 0)]):
                 old.update({r.rollout_id: r for r in batch})
@@ -123,9 +126,12 @@ def test_an_asyncio_trainer_s_loop_is_the_one_its_environment_runs_on(tmp_path: 
                 return await super().step(ctx, state)
 
         env = Environment(agent=Probe("asyncio"), model=_env("asyncio").model)
-        async with gymckpt.aio.open_gym(lambda: EmbeddedGym.host(env, work_dir=tmp_path)) as gym, \
-                gymckpt.aio.open_rollouts(gym, tmp_path / "run", rows=2, group_size=1,
-                                          handle_signals=False) as ro:
+        async with (
+            gymckpt.aio.open_gym(lambda: EmbeddedGym.host(env, work_dir=tmp_path)) as gym,
+            gymckpt.aio.open_rollouts(
+                gym, tmp_path / "run", rows=2, group_size=1, handle_signals=False
+            ) as ro,
+        ):
             async for _ in ro.batches(1):
                 pass
 
@@ -141,8 +147,12 @@ async def test_check_environment_runs_every_check_under_both_loops(
     tmp_path: Path, library: str
 ) -> None:
     report = await check_environment(_env(library), tmp_path, rows=2, park_after=(1,))
-    assert {"completes", "completes@asyncio", "restore_equivalence[1]@asyncio",
-            "fencing@asyncio"} <= set(report.checks)
+    assert {
+        "completes",
+        "completes@asyncio",
+        "restore_equivalence[1]@asyncio",
+        "fencing@asyncio",
+    } <= set(report.checks)
 
 
 class _OnlyOnTrioAsyncio(examples.Sleeper):
@@ -217,8 +227,6 @@ def test_an_error_in_a_guest_call_reaches_the_asyncio_caller() -> None:
 
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         runner.run(main())
-
-
 
 
 class _Timed(examples.Sleeper):

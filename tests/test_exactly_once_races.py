@@ -52,8 +52,13 @@ from gymckpt.runtime._ledger import load_ledger_snapshot
 from gymckpt.runtime.lowlevel import COMMIT_MARKER
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.9, lease_s=60.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=30.0,
-                       lease_s=60.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=30.0,
+    lease_s=60.0,
+    max_consecutive_failures=2,
+)
 
 
 class Wrapped:
@@ -70,10 +75,12 @@ class Wrapped:
 
 
 @asynccontextmanager
-async def gym_at(tmp_path: Path, name: str, faults: Sequence[str] = (),
-                 instances: int = 2) -> AsyncIterator[EmbeddedGym]:
-    async with calendar_embedded(instances=instances, seed=3, work_dir=tmp_path / name,
-                                 config=SIM, faults=faults) as gym:
+async def gym_at(
+    tmp_path: Path, name: str, faults: Sequence[str] = (), instances: int = 2
+) -> AsyncIterator[EmbeddedGym]:
+    async with calendar_embedded(
+        instances=instances, seed=3, work_dir=tmp_path / name, config=SIM, faults=faults
+    ) as gym:
         yield gym
 
 
@@ -93,8 +100,9 @@ async def nothing_installed(gym: EmbeddedGym) -> None:
 
 async def one_snapshot(tmp_path: Path, rows: int = 40) -> Path:
     async with gym_at(tmp_path, "gym-a") as gym:
-        async with open_rollouts(gym, tmp_path, rows=rows, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=rows, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             await trio.sleep(1)
             outcome = await ro.checkpoint()
             assert outcome.ok and outcome.episodes > 0 and outcome.snapshot is not None
@@ -116,7 +124,9 @@ def rewrite_ledger(snap: Path, change: Any) -> None:
 
 @pytest.mark.parametrize("forgery", ["unknown_state", "missing_slot", "bad_version"])
 async def test_a_bad_ledger_is_rejected_by_verify_and_before_any_install(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, forgery: str,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    forgery: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     snap = await one_snapshot(tmp_path)
@@ -125,8 +135,11 @@ async def test_a_bad_ledger_is_rejected_by_verify_and_before_any_install(
         if forgery == "unknown_state":
             ledger["attempts"][0][3] = "teleported"
         elif forgery == "missing_slot":
-            ledger["attempts"] = [a for a in ledger["attempts"]
-                                  if not (a[0] == ledger["attempts"][-1][0] and a[1] == 1)]
+            ledger["attempts"] = [
+                a
+                for a in ledger["attempts"]
+                if not (a[0] == ledger["attempts"][-1][0] and a[1] == 1)
+            ]
         else:
             ledger["version"] = 99
 
@@ -166,8 +179,9 @@ async def test_a_restore_failing_on_one_instance_leaves_none_installed_and_a_ret
         for n in gym.instances:  # the instance that installed dropped its restored episodes
             assert (await gym.inventory(n)).unclaimed == ()
         # a corrected restart into the same Gym restores and finishes exactly once
-        async with open_rollouts(gym, tmp_path, rows=16, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=16, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             assert ro.restore_summary is not None and ro.restore_summary.restored > 0
             trained = await train_all(ro)
         done = ro.ledger.rows_trained
@@ -185,19 +199,25 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
     ledger no longer owns it. After a crash, the restore must retire it before its replacement
     runs anywhere — else its calendar mutations stay next to the replacement's."""
     async with gym_at(tmp_path, "gym-a") as gym:
-        async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             await trio.sleep(2.5)
             ledger = ro.ledger
-            mutated = {s.rollout_id for n in gym.instances
-                       for s in calendar_state(gym.sim(n)).values() if s.events}
+            mutated = {
+                s.rollout_id
+                for n in gym.instances
+                for s in calendar_state(gym.sim(n)).values()
+                if s.events
+            }
             victim = sorted(mutated & ledger.held_by("gym-0"))[0]
 
             def stream_ends_now(_cid: str, point: str) -> None:
                 if point == "after_commit":
                     touched = [victim]
                     ledger.barrier.mutate_nowait(
-                        lambda: ro.dispatcher._abandon([victim], touched), touched)
+                        lambda: ro.dispatcher._abandon([victim], touched), touched
+                    )
 
             ro.coordinator.on_stage = stream_ends_now
             outcome = await ro.checkpoint()
@@ -209,12 +229,16 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
     assert main(["verify", str(path)]) == 0
 
     async with gym_at(tmp_path, "gym-b") as gym:
-        async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             # nothing is dispatched yet (the dispatcher runs once we wait): the dropped
             # attempt's committed session must already be gone from every instance
-            holders = {n for n in gym.instances
-                       if any(s.rollout_id == victim for s in calendar_state(gym.sim(n)).values())}
+            holders = {
+                n
+                for n in gym.instances
+                if any(s.rollout_id == victim for s in calendar_state(gym.sim(n)).values())
+            }
             assert ro.dispatcher.statistics().rows_sent == 0
             assert holders == set(), "the dropped attempt outlived the restore"
             assert ro.ledger.statistics().retire_queue == 0
@@ -261,8 +285,9 @@ async def test_a_late_end_of_stream_is_waited_for_not_an_abort(
             return LateEnd(await inner.run(instance, rows), 12.0)
 
         gym = Wrapped(inner, run=run)
-        async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             await trio.sleep(9.0)  # the dropped rows have finished inside Gym
             before = ro.dispatcher.statistics().early_ends
             outcome = await ro.checkpoint()
@@ -288,8 +313,9 @@ async def test_an_os_error_in_the_control_plane_is_retried_and_an_unknown_error_
             return await inner.commit(*args)
 
         gym = Wrapped(inner, commit=commit)
-        async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             await trio.sleep(1)
             outcome = await ro.checkpoint()
             assert not outcome.ok and outcome.reason == "snapshot_io"
@@ -311,12 +337,16 @@ async def test_a_retire_failing_on_one_instance_keeps_what_the_others_retired(
             return await inner.retire(instance, ids, deadline)
 
         gym = Wrapped(inner, retire=retire)
-        async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=40, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             await trio.sleep(1)
             ledger = ro.ledger
-            rows = {ledger.get(r).row for n in gym.instances  # type: ignore[union-attr]
-                    for r in ledger.held_by(n)}
+            rows = {
+                ledger.get(r).row
+                for n in gym.instances  # type: ignore[union-attr]
+                for r in ledger.held_by(n)
+            }
             for row in sorted(rows)[:4]:
                 await ledger.barrier.mutate(lambda row=row: ledger.drop_row(row))
             queued = ledger.retire_queue()
@@ -344,7 +374,6 @@ async def test_an_unanswered_topology_call_bounds_the_restore(
         await nothing_installed(gym)
 
 
-
 async def test_a_submission_refused_as_a_whole_costs_nothing_and_is_resent(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -360,8 +389,9 @@ async def test_a_submission_refused_as_a_whole_costs_nothing_and_is_resent(
             return await inner.run(instance, rows)
 
         gym = Wrapped(inner, run=run)
-        async with open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6) as ro:
+        async with open_rollouts(
+            gym, tmp_path, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6
+        ) as ro:
             trained = await train_all(ro)
             stats = ro.ledger.statistics()
     assert sorted(trained) == list(range(12))
@@ -395,8 +425,13 @@ async def test_an_exhausted_budget_retires_what_gym_runs_and_re_raises(
 ) -> None:
     """Prompt-group recovery (S3): the run ends with ``BudgetExhausted``, and Gym is left
     running nothing for it."""
-    config = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=30.0,
-                           lease_s=60.0, data_failure_budget=0)
+    config = RuntimeConfig(
+        control_timeout_s=2.0,
+        reply_grace_s=0.5,
+        drain_timeout_s=30.0,
+        lease_s=60.0,
+        data_failure_budget=0,
+    )
     async with gym_at(tmp_path, "gym-a") as inner:
         failed: list[str] = []
 
@@ -405,8 +440,9 @@ async def test_an_exhausted_budget_retires_what_gym_runs_and_re_raises(
 
         gym = Wrapped(inner, run=run)
         with pytest.RaisesGroup(BudgetExhausted, flatten_subgroups=True, allow_unwrapped=True):
-            async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=config,
-                                     max_rows_in_flight=6) as ro:
+            async with open_rollouts(
+                gym, tmp_path, rows=40, group_size=2, config=config, max_rows_in_flight=6
+            ) as ro:
                 await train_all(ro)
         assert failed
         for n in inner.instances:

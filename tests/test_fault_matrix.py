@@ -43,9 +43,18 @@ from gymckpt.nurseries.app.simulate import (
 )
 from gymckpt.runtime import ADMISSION_CLOSED_ROWS, RetireItem, SnapshotStore, load_snapshot
 
-BASE = Scenario(seed=5, rows=12, group_size=2, instances=2, turns=(2, 4), turn_s=(0.2, 1.0),
-                max_rows_in_flight=6, groups_per_step=2, checkpoint_every=1,
-                max_consecutive_failures=2)
+BASE = Scenario(
+    seed=5,
+    rows=12,
+    group_size=2,
+    instances=2,
+    turns=(2, 4),
+    turn_s=(0.2, 1.0),
+    max_rows_in_flight=6,
+    groups_per_step=2,
+    checkpoint_every=1,
+    max_consecutive_failures=2,
+)
 
 # a fault variant: (C3 suffix after OP:, label); "@1" variants hit the first call only
 CONTROL_KINDS = ("hang", "delay:0.5", "delay:3", "error", "unpicklable", "dead")
@@ -96,8 +105,9 @@ def _scenario(op: str, kind: str, first_only: bool) -> Scenario:
     spec = _spec(op, kind, first_only)
     if op == "restore":
         # checkpoint 1 is published, then the trainer dies; the Gym it restores into faults
-        return attrs.evolve(BASE, restore_faults=(spec,),
-                            crashes=(Crash(checkpoint=2, point="before_prepare"),))
+        return attrs.evolve(
+            BASE, restore_faults=(spec,), crashes=(Crash(checkpoint=2, point="before_prepare"),)
+        )
     if op == "retire":  # retires happen after a dropped stream (S3) and before prepare (S4)
         return attrs.evolve(BASE, faults=("run:drop@1", spec))
     if _expected(op, kind, first_only) == "no_progress":
@@ -114,8 +124,7 @@ def _all_ok(inc: IncarnationReport) -> bool:
     return all(ok for _, ok, _ in inc.checkpoints)
 
 
-@pytest.mark.parametrize(("op", "kind", "first_only"), CASES,
-                         ids=[_spec(*c) for c in CASES])
+@pytest.mark.parametrize(("op", "kind", "first_only"), CASES, ids=[_spec(*c) for c in CASES])
 async def test_fault(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, op: str, kind: str, first_only: bool
 ) -> None:
@@ -167,8 +176,9 @@ async def test_fault(
     elif expect == "lease":
         assert first.end == "finished" and _all_ok(first), first
         if kind != "delay:0.5":
-            assert m["checkpoint/resume_failures_total"] == (1 if first_only else
-                                                            len(first.checkpoints))
+            assert m["checkpoint/resume_failures_total"] == (
+                1 if first_only else len(first.checkpoints)
+            )
         if kind != "delay:0.5" and not first_only:
             # the last resume was lost too: Gym reopened by itself, within its lease (a lost
             # resume before that is taken over by the next checkpoint's prepare)
@@ -215,8 +225,12 @@ def test_matrix_covers_every_fault_kind_at_every_operation() -> None:
     from gymckpt.gym_adapter._faults import FAULT_KINDS, FAULT_OPS
 
     covered = {(op, kind.partition(":")[0]) for op, kind, _ in CASES}
-    possible = {(op, k) for op in FAULT_OPS for k in FAULT_KINDS
-                if op == "run" or k not in ("refuse", "drop")}
+    possible = {
+        (op, k)
+        for op in FAULT_OPS
+        for k in FAULT_KINDS
+        if op == "run" or k not in ("refuse", "drop")
+    }
     assert covered == possible
     assert len(CASES) == 76
 
@@ -227,9 +241,25 @@ def test_matrix_covers_every_fault_kind_at_every_operation() -> None:
 @pytest.mark.subprocess
 def test_cli_checkpoints_failing_exit_4_with_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "demo", "--rows", "8", "--crash-after-checkpoint",
-         "0", "--fault", "commit:error", "--json", "--workdir", str(tmp_path / "w")],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "demo",
+            "--rows",
+            "8",
+            "--crash-after-checkpoint",
+            "0",
+            "--fault",
+            "commit:error",
+            "--json",
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 4, done.stderr
     assert "checkpoints failed in a row" in done.stderr
@@ -239,18 +269,33 @@ def test_cli_checkpoints_failing_exit_4_with_one_line(tmp_path: Path) -> None:
     assert "checkpoints failed in a row" in report["error"]
 
 
-def test_cli_run_error_is_resent_and_exactly_once(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["demo", "--rows", "8", "--crash-after-checkpoint", "0", "--fault", "run:error@1",
-               "--json", "--workdir", str(tmp_path / "w")])
+def test_cli_run_error_is_resent_and_exactly_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(
+        [
+            "demo",
+            "--rows",
+            "8",
+            "--crash-after-checkpoint",
+            "0",
+            "--fault",
+            "run:error@1",
+            "--json",
+            "--workdir",
+            str(tmp_path / "w"),
+        ]
+    )
     report = orjson.loads(capsys.readouterr().out)
     assert rc == 0 and report["exactly_once"], report
 
 
-def test_cli_restore_gym_cannot_serve_exit_4(tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    opts = DemoOptions(rows=8, group_size=2, instances=2, crash_after_checkpoint=0,
-                       faults=("restore:error",))
+def test_cli_restore_gym_cannot_serve_exit_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opts = DemoOptions(
+        rows=8, group_size=2, instances=2, crash_after_checkpoint=0, faults=("restore:error",)
+    )
     args = ["_phase", "--workdir", str(tmp_path), "--options", opts.to_json()]
     assert main([*args, "--phase", "1"]) == 0  # no restore in phase 1: the fault never fires
     capsys.readouterr()
@@ -266,11 +311,24 @@ def test_cli_restore_gym_cannot_serve_exit_4(tmp_path: Path,
 @pytest.mark.subprocess
 @pytest.mark.parametrize("stage", CRASH_STAGES)
 def test_sigkill_at_stage_then_restore_is_exactly_once(tmp_path: Path, stage: str) -> None:
-    opts = DemoOptions(rows=16, group_size=2, instances=2, seed=11, checkpoint_every=1,
-                       crash_after_checkpoint=2, crash_stage=stage, groups_per_step=2,
-                       max_rows_in_flight=8)
-    phase1 = subprocess.run(_phase_cmd(opts, tmp_path, 1, 2), stdin=subprocess.DEVNULL,
-                            capture_output=True, timeout=120, check=False)
+    opts = DemoOptions(
+        rows=16,
+        group_size=2,
+        instances=2,
+        seed=11,
+        checkpoint_every=1,
+        crash_after_checkpoint=2,
+        crash_stage=stage,
+        groups_per_step=2,
+        max_rows_in_flight=8,
+    )
+    phase1 = subprocess.run(
+        _phase_cmd(opts, tmp_path, 1, 2),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert phase1.returncode == -signal.SIGKILL, phase1.stderr  # a real SIGKILL, at the stage
     store = SnapshotStore(tmp_path / "snapshots")
     published = [i.checkpoint_id for i in store.list_complete()]
@@ -287,8 +345,13 @@ def test_sigkill_at_stage_then_restore_is_exactly_once(tmp_path: Path, stage: st
     else:
         assert not staging.exists()
 
-    phase2 = subprocess.run(_phase_cmd(opts, tmp_path, 2, 0), stdin=subprocess.DEVNULL,
-                            capture_output=True, timeout=120, check=False)
+    phase2 = subprocess.run(
+        _phase_cmd(opts, tmp_path, 2, 0),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert phase2.returncode == 0, phase2.stderr
     journal = [orjson.loads(x) for x in (tmp_path / JOURNAL).read_bytes().splitlines()]
     restores = [r["snapshot"] for r in journal if "restore_to_step" in r]
@@ -310,9 +373,15 @@ def test_sigkill_at_stage_then_restore_is_exactly_once(tmp_path: Path, stage: st
 
 
 def test_crash_stages_cover_the_issue() -> None:
-    assert set(CRASH_STAGES) == {"before_prepare", "after_prepare", "after_commit",
-                                 "before_publish", "after_publish", "before_resume",
-                                 "mid_publish"}
+    assert set(CRASH_STAGES) == {
+        "before_prepare",
+        "after_prepare",
+        "after_commit",
+        "before_publish",
+        "after_publish",
+        "before_resume",
+        "mid_publish",
+    }
 
 
 # -- regressions: bugs the simulation found, pinned down deterministically -----------------------
@@ -328,10 +397,10 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-    async with calendar_embedded(instances=1, seed=3, work_dir=tmp_path / "gym",
-                                 config=sim) as gym:
-        async with open_rollouts(gym, tmp_path, rows=8, group_size=2,
-                                 config=BASE.runtime_config()) as ro:
+    async with calendar_embedded(instances=1, seed=3, work_dir=tmp_path / "gym", config=sim) as gym:
+        async with open_rollouts(
+            gym, tmp_path, rows=8, group_size=2, config=BASE.runtime_config()
+        ) as ro:
             await trio.sleep(0.5)
             ledger = ro.ledger
             victim = sorted(ledger.held_by("gym-0"))[0]
@@ -341,7 +410,8 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
                 if point == "after_commit":  # the dispatcher's own S3 path, at the worst time
                     touched = [victim]
                     fresh = ledger.barrier.mutate_nowait(
-                        lambda: ro.dispatcher._abandon([victim], touched), touched)
+                        lambda: ro.dispatcher._abandon([victim], touched), touched
+                    )
                     replacement.extend(a.rollout_id for a in fresh)
                     ro.dispatcher.enqueue(replacement)
 
@@ -371,8 +441,9 @@ async def test_lost_claim_of_a_restored_episode_is_retired(
     """After a restore, the submission carrying the restored claims goes unanswered (simulation
     seed 281): the claims are abandoned and re-sent fresh, and the exported episodes Gym may
     still hold unclaimed are retired with ``retire_restored`` before the next prepare."""
-    sc = attrs.evolve(BASE, restore_faults=("run:hang@1",),
-                      crashes=(Crash(checkpoint=2, point="before_prepare"),))
+    sc = attrs.evolve(
+        BASE, restore_faults=("run:hang@1",), crashes=(Crash(checkpoint=2, point="before_prepare"),)
+    )
     report = await run_scenario(sc, tmp_path)
     assert report.ok, report.violations
     restored = report.incarnations[1]

@@ -58,8 +58,11 @@ Factory = Callable[..., AbstractAsyncContextManager[Any]]
 
 BACKENDS = [
     pytest.param(calendar_embedded, id="embedded"),
-    pytest.param(lambda **kw: __import__("test_ray_backend").open_for_conformance(**kw),
-                 id="ray", marks=pytest.mark.ray),  # imports Ray only when a ray test runs
+    pytest.param(
+        lambda **kw: __import__("test_ray_backend").open_for_conformance(**kw),
+        id="ray",
+        marks=pytest.mark.ray,
+    ),  # imports Ray only when a ray test runs
 ]
 
 SEED = 7
@@ -230,8 +233,11 @@ async def test_aclose_leaves_rows_running_and_clears_the_wire(
         inv = await gym.inventory("gym-0")
         after = (await gym.statistics()).instances[0].completed
         assert inv.on_wire == ()
-        assert len(inv.running) + before - 1 <= 3 <= len(inv.running) + after - 1, (inv, before,
-                                                                                   after)
+        assert len(inv.running) + before - 1 <= 3 <= len(inv.running) + after - 1, (
+            inv,
+            before,
+            after,
+        )
         with pytest.raises(StopAsyncIteration):
             await stream.__anext__()
         await trio.sleep(1)
@@ -865,7 +871,8 @@ async def test_replace_brings_a_dead_instance_back_with_its_environment_state(
         replies = await drain(await gym.run("gym-0", make_rows(1, start=5, attempt=1)))
         assert [r.rollout_id for r in replies] == ["5-0-a1"]
         assert (await calendar_sessions_of(gym, "gym-0"))["5-0"].sentinels == tuple(
-            expected_sentinels(5))
+            expected_sentinels(5)
+        )
         # the other instance never noticed
         assert len(await drain(await gym.run("gym-1", make_rows(1, start=9)))) == 1
 
@@ -892,8 +899,11 @@ async def test_fault_drop_ends_the_stream_early(
         before = (await gym.statistics()).instances[0].completed
         inv = await gym.inventory("gym-0")
         after = (await gym.statistics()).instances[0].completed
-        assert len(inv.running) + before - 3 <= 3 <= len(inv.running) + after - 3, (inv, before,
-                                                                                   after)
+        assert len(inv.running) + before - 3 <= 3 <= len(inv.running) + after - 3, (
+            inv,
+            before,
+            after,
+        )
         assert inv.on_wire == ()
         await trio.sleep(1)
         inv = await gym.inventory("gym-0")

@@ -132,14 +132,33 @@ def test_reference_is_deterministic_per_seed_row_slot() -> None:
 @pytest.mark.parametrize("stage", CRASH_STAGES)
 @pytest.mark.parametrize("env", ["gymnasium:CartPole-v1", "gymnasium:FrozenLake-v1"])
 def test_sigkill_at_stage_trajectories_bit_identical(tmp_path: Path, env: str, stage: str) -> None:
-    opts = DemoOptions(env=env, rows=16, group_size=4, instances=2, seed=5, checkpoint_every=1,
-                       crash_after_checkpoint=2, crash_stage=stage, groups_per_step=2,
-                       max_rows_in_flight=8)
-    phase1 = subprocess.run(_phase_cmd(opts, tmp_path, 1, 2), stdin=subprocess.DEVNULL,
-                            capture_output=True, timeout=180, check=False)
+    opts = DemoOptions(
+        env=env,
+        rows=16,
+        group_size=4,
+        instances=2,
+        seed=5,
+        checkpoint_every=1,
+        crash_after_checkpoint=2,
+        crash_stage=stage,
+        groups_per_step=2,
+        max_rows_in_flight=8,
+    )
+    phase1 = subprocess.run(
+        _phase_cmd(opts, tmp_path, 1, 2),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
     assert phase1.returncode == -signal.SIGKILL, phase1.stderr
-    phase2 = subprocess.run(_phase_cmd(opts, tmp_path, 2, 0), stdin=subprocess.DEVNULL,
-                            capture_output=True, timeout=180, check=False)
+    phase2 = subprocess.run(
+        _phase_cmd(opts, tmp_path, 2, 0),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
     assert phase2.returncode == 0, phase2.stderr
     phases = [orjson.loads((tmp_path / "phase-2.json").read_bytes())]
     assert phases[0]["restored"] is not None
@@ -162,10 +181,31 @@ def test_demo_json_on_gymnasium_with_faults(tmp_path: Path) -> None:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "demo", "--env", "gymnasium:CartPole-v1", "--rows",
-         "16", "--json", "--workdir", str(tmp_path / "w"), "--fault", "prepare:error@1",
-         "--fault", "run:drop@3", "--fault", "commit:delay@2:0.05"],
-        capture_output=True, text=True, timeout=180, check=False, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "demo",
+            "--env",
+            "gymnasium:CartPole-v1",
+            "--rows",
+            "16",
+            "--json",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--fault",
+            "prepare:error@1",
+            "--fault",
+            "run:drop@3",
+            "--fault",
+            "commit:delay@2:0.05",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["exactly_once"] and report["trajectories_match"], report

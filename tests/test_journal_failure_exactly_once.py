@@ -32,8 +32,13 @@ from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeCo
 from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
 
 SIM = SimConfig(turns=(3, 4), turn_s=(0.5, 1.0), mutation_p=1.0, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=2,
+)
 ROWS = 8
 
 
@@ -115,10 +120,18 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
     down). Every row is trained once and every sentinel is in the final snapshot once."""
     work = tmp_path / "work"
     with trio.CancelScope() as crash:
-        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-a",
-                                     config=SIM) as gym, \
-                open_rollouts(gym, work, rows=ROWS, group_size=2, config=CONFIG,
-                              max_rows_in_flight=4, handle_signals=False) as ro:
+        async with (
+            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-a", config=SIM) as gym,
+            open_rollouts(
+                gym,
+                work,
+                rows=ROWS,
+                group_size=2,
+                config=CONFIG,
+                max_rows_in_flight=4,
+                handle_signals=False,
+            ) as ro,
+        ):
             # every episode in flight has mutated its calendar (a turn is at most 1s) and
             # none has ended (3 turns of at least 0.5s)
             await trio.sleep(1.2)
@@ -131,10 +144,18 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
 
     failed: list[str] = []
     with _claims_cannot_be_journaled(failed):
-        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-b",
-                                     config=SIM) as gym, \
-                open_rollouts(gym, work, rows=ROWS, group_size=2, config=CONFIG,
-                              max_rows_in_flight=4, handle_signals=False) as ro:
+        async with (
+            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-b", config=SIM) as gym,
+            open_rollouts(
+                gym,
+                work,
+                rows=ROWS,
+                group_size=2,
+                config=CONFIG,
+                max_rows_in_flight=4,
+                handle_signals=False,
+            ) as ro,
+        ):
             assert ro.restored is not None and ro.ledger.statistics().unclaimed == 8  # on both
             async with aclosing(ro.batches(1)) as batches:
                 async for batch in batches:
@@ -154,9 +175,21 @@ def test_the_hostile_seeds_that_found_it_hold(seed: int) -> None:
     """The simulation's seeds, replayed as the CLI replays them (their schedule depends on
     string hashing, which the command pins)."""
     done = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "1", "--start", str(seed),
-         "--hostile"],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "simulate",
+            "--seeds",
+            "1",
+            "--start",
+            str(seed),
+            "--hostile",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1 passed, 0 failed" in done.stdout
@@ -168,13 +201,20 @@ def test_a_hostile_seed_replays_exactly_in_process_whatever_the_string_hashing()
     run under any string hashing: the dispatcher abandoned a dead stream's rows in the order
     of a set of rollout IDs, so the fresh attempts went out in hash order (seed 1141's
     fingerprint changed from one process to the next, and the violation came and went)."""
-    code = ("from gymckpt.nurseries.app.simulate import run_seed; "
-            "print(run_seed(1141, hostile=True).fingerprint)")
+    code = (
+        "from gymckpt.nurseries.app.simulate import run_seed; "
+        "print(run_seed(1141, hostile=True).fingerprint)"
+    )
     prints = set()
     for hash_seed in ("1", "2", "3"):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, check=False,
-                              env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         prints.add(done.stdout.strip())
     assert len(prints) == 1, prints

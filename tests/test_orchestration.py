@@ -38,8 +38,13 @@ from gymckpt.runtime import (
 from gymckpt.runtime._ledger import load_ledger_snapshot
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=2,
+)
 
 
 @asynccontextmanager
@@ -55,10 +60,23 @@ async def running(
     agent_kinds: str = "simple_agent",
     **kw: Any,
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with calendar_embedded(instances=instances, seed=3, work_dir=tmp_path / "gym",
-                                 config=sim, faults=faults, agent_kinds=agent_kinds) as gym:
-        async with open_rollouts(gym, tmp_path, rows=rows, group_size=group_size,
-                                 config=config, max_rows_in_flight=6, **kw) as ro:
+    async with calendar_embedded(
+        instances=instances,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=sim,
+        faults=faults,
+        agent_kinds=agent_kinds,
+    ) as gym:
+        async with open_rollouts(
+            gym,
+            tmp_path,
+            rows=rows,
+            group_size=group_size,
+            config=config,
+            max_rows_in_flight=6,
+            **kw,
+        ) as ro:
             yield gym, ro
 
 
@@ -120,7 +138,8 @@ async def test_s1_a_checkpoint_keeps_admission_closed_from_close_to_resume(
         await trio.sleep(1)
         seen: list[tuple[str, bool, int]] = []
         ro.coordinator.on_stage = lambda _cid, point: seen.append(
-            (point, ro.coordinator.gate.is_open, ro.dispatcher.statistics().rows_sent))
+            (point, ro.coordinator.gate.is_open, ro.dispatcher.statistics().rows_sent)
+        )
         outcome = await ro.checkpoint()
         assert outcome.ok, outcome.error
         assert seen[0][0] == "before_prepare" and len(seen) >= 4
@@ -186,8 +205,9 @@ async def test_s4_dropped_group_is_retired_before_prepare(
     async with running(tmp_path) as (gym, ro):
         ledger = ro.ledger
         await trio.sleep(0.1)
-        row = next(r for r in ledger.rows()
-                   if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2)))
+        row = next(
+            r for r in ledger.rows() if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2))
+        )
         await ledger.barrier.mutate(lambda: ledger.drop_row(row))
         assert ledger.statistics().retire_queue == 2
         outcome = await ro.checkpoint()
@@ -240,8 +260,9 @@ async def test_s5_lost_resume_lease_reopens_gym(
 # -- S6 -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["commit:error@1", "prepare:unpicklable@1", "commit:hang@1",
-                                   "prepare:dead@1"])
+@pytest.mark.parametrize(
+    "fault", ["commit:error@1", "prepare:unpicklable@1", "commit:hang@1", "prepare:dead@1"]
+)
 async def test_s6_gym_failures_are_retryable(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, fault: str
 ) -> None:
@@ -293,18 +314,30 @@ class ForeignEpisodeGym:
     async def commit(self, instance: str, cid: str, root: str, deadline: float) -> CommitReply:
         reply = await self._inner.commit(instance, cid, root, deadline)
         ghost = ExportedEpisode("999-0", "calendar", ())
-        return CommitReply(reply.instance, reply.checkpoint_id, reply.participants,
-                           (*reply.exported, ghost), reply.on_wire, reply.sessions)
+        return CommitReply(
+            reply.instance,
+            reply.checkpoint_id,
+            reply.participants,
+            (*reply.exported, ghost),
+            reply.on_wire,
+            reply.sessions,
+        )
 
 
 async def test_s6_ownership_mismatch_aborts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(instances=1, seed=1, work_dir=tmp_path / "gym",
-                                 config=SIM) as inner:
+    async with calendar_embedded(
+        instances=1, seed=1, work_dir=tmp_path / "gym", config=SIM
+    ) as inner:
         gym = ForeignEpisodeGym(inner)
-        async with open_rollouts(gym, tmp_path, rows=4, group_size=2,  # type: ignore[arg-type]
-                                 config=CONFIG) as ro:
+        async with open_rollouts(
+            gym,
+            tmp_path,
+            rows=4,
+            group_size=2,  # type: ignore[arg-type]
+            config=CONFIG,
+        ) as ro:
             await trio.sleep(1)
             with pytest.raises(CheckpointInvariantError, match="does not hold"):
                 await ro.checkpoint()
@@ -360,8 +393,9 @@ async def test_s4_a_drop_recorded_during_the_retire_stage_waits_for_the_next_che
     async with running(tmp_path, rows=40) as (gym, ro):
         ledger = ro.ledger
         await trio.sleep(1)
-        rows = sorted(r for r in ledger.rows()
-                      if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2)))
+        rows = sorted(
+            r for r in ledger.rows() if all(ledger.is_in_flight(f"{r}-{s}") for s in range(2))
+        )
         first, later = rows[0], rows[1]
         await ledger.barrier.mutate(lambda: ledger.drop_row(first))
         real_retire = gym.retire
@@ -399,8 +433,9 @@ async def test_s8_tampered_state_is_refused_and_gym_untouched(
     data = bytearray(records.read_bytes())
     data[len(data) // 2] ^= 0x01
     records.write_bytes(bytes(data))
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                 config=SIM) as gym:
+    async with calendar_embedded(
+        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    ) as gym:
         with pytest.raises(TopologyMismatch, match="gym-1: participant calendar digest"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
@@ -415,13 +450,15 @@ async def test_s8_changed_topology_is_refused(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     await _one_snapshot(tmp_path)
-    async with calendar_embedded(instances=3, seed=3, work_dir=tmp_path / "gym3",
-                                 config=SIM) as gym:
+    async with calendar_embedded(
+        instances=3, seed=3, work_dir=tmp_path / "gym3", config=SIM
+    ) as gym:
         with pytest.raises(TopologyMismatch, match="gym-2"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym4", config=SIM,
-                                 agent_kinds="legacy_agent") as gym:
+    async with calendar_embedded(
+        instances=2, seed=3, work_dir=tmp_path / "gym4", config=SIM, agent_kinds="legacy_agent"
+    ) as gym:
         with pytest.raises(TopologyMismatch, match="legacy_agent"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
@@ -496,11 +533,17 @@ async def test_s11_restored_episodes_dispatched_once_on_their_replica(
     path = await _one_snapshot(tmp_path, after_s=3.0)
     exported = {e.rollout_id: e.replica for e in load_snapshot(path).manifest.episodes}
     claims: list[tuple[str, RunRow]] = []
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                 config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG,
-                                 on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows)
-                                 ) as ro:
+    async with calendar_embedded(
+        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    ) as gym:
+        async with open_rollouts(
+            gym,
+            tmp_path,
+            rows=40,
+            group_size=2,
+            config=CONFIG,
+            on_dispatch=lambda i, rows: claims.extend((i, r) for r in rows),
+        ) as ro:
             assert ro.restore_summary is not None
             assert ro.restore_summary.restored == len(exported)
             rows = await train_all(ro)
@@ -522,8 +565,9 @@ async def test_s11_unclaimed_restored_episodes_are_retired(
     ledger, summary = RecoveryLedger.from_snapshot(
         load_ledger_snapshot(snap.files["ledger.json"]), snap.manifest.episodes
     )
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                 config=SIM) as gym:
+    async with calendar_embedded(
+        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    ) as gym:
         for rec in snap.manifest.instances:
             eps = [e for e in snap.manifest.episodes if e.replica == rec.name]
             await gym.restore(rec.name, str(path), rec, eps, trio.current_time() + 5)
@@ -535,8 +579,14 @@ async def test_s11_unclaimed_restored_episodes_are_retired(
         assert queued >= 1
         metrics = Metrics()
         coordinator = CheckpointCoordinator(
-            gym, ledger, DispatchGate(), DeadlineRegistry(), SnapshotStore(tmp_path / "s2"),
-            CONFIG, metrics, run_id="t",
+            gym,
+            ledger,
+            DispatchGate(),
+            DeadlineRegistry(),
+            SnapshotStore(tmp_path / "s2"),
+            CONFIG,
+            metrics,
+            run_id="t",
         )
         (tmp_path / "s2").mkdir()
         outcome = await coordinator.checkpoint()
@@ -555,10 +605,12 @@ async def test_s13_snapshot_chosen_for_restore_outlives_pruning(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     original = await _one_snapshot(tmp_path)
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym2",
-                                 config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG,
-                                 keep_snapshots=1) as ro:
+    async with calendar_embedded(
+        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    ) as gym:
+        async with open_rollouts(
+            gym, tmp_path, rows=40, group_size=2, config=CONFIG, keep_snapshots=1
+        ) as ro:
             assert ro.restored is not None
             pinned = ro.restored.pinned.path
             assert pinned != original and pinned.exists()
@@ -587,7 +639,8 @@ async def test_hung_run_submission_does_not_hold_the_gate(
         t0 = trio.current_time()
         closed_at: list[float] = []
         ro.coordinator.on_stage = lambda _cid, point: (
-            closed_at.append(trio.current_time()) if point == "before_prepare" else None)
+            closed_at.append(trio.current_time()) if point == "before_prepare" else None
+        )
         outcome = await ro.checkpoint()  # closing the gate waits for the hung admission
         assert outcome.ok, outcome.error
         # the close (then the retire stage) waited for the hung submission, and no longer

@@ -23,8 +23,14 @@ GENERIC = ("runtime", "nurseries", "gym_adapter", "benchmarks", "tests", "testin
 
 
 def test_version_flag_prints_the_installed_version(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "gymckpt", "--version"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "gymckpt", "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"gymckpt {gymckpt.__version__}"
     assert gymckpt.__version__ != "0+unknown"
@@ -34,8 +40,11 @@ def test_version_flag_prints_the_installed_version(tmp_path: Path) -> None:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of the tracked source (built from a copy: no build/ left in the checkout)."""
     src = tmp_path_factory.mktemp("src")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         path = REPO / name
         if path.is_symlink():  # .typecheck/gymckpt, where the build finds the packages
@@ -45,8 +54,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_bytes(path.read_bytes())
     dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
-                    str(src)], check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     (built,) = dist.glob("gymckpt-*.whl")
     return built
 
@@ -58,13 +71,12 @@ def test_the_wheel_installs_one_namespace(wheel: Path) -> None:
     assert "gymckpt/py.typed" in names
     for pkg in ("runtime", "gym_adapter", "nurseries", "nurseries/app", "benchmarks"):
         assert f"gymckpt/{pkg}/__init__.py" in names or any(
-            n.startswith(f"gymckpt/{pkg}/") for n in names), pkg
+            n.startswith(f"gymckpt/{pkg}/") for n in names
+        ), pkg
     assert not any(n.startswith("gymckpt/tests/") for n in names)
 
 
-def test_a_regular_install_imports_gymckpt_and_nothing_generic(
-    wheel: Path, tmp_path: Path
-) -> None:
+def test_a_regular_install_imports_gymckpt_and_nothing_generic(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = f"""
@@ -83,8 +95,14 @@ for name in {GENERIC!r}:
 print(gymckpt.__version__)
 sys.exit(main(["--version"]))
 """
-    out = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.split() == [gymckpt.__version__, "gymckpt", gymckpt.__version__]
 
@@ -99,8 +117,14 @@ def test_ray_gym_without_ray_names_the_extra(tmp_path: Path) -> None:
         "except ModuleNotFoundError as exc:\n"
         "    print(exc.name, '|', exc)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == (
         "ray | gymckpt's RayGym needs Ray, an optional extra: pip install 'gymckpt[ray]'"
     ), out.stdout + out.stderr

@@ -36,25 +36,39 @@ def _leaf(info: Any) -> Preempted:
     assert isinstance(exc, Preempted)
     return exc
 
+
 QUICK = SimConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=300.0)
 LONG = SimConfig(turns=(50, 50), turn_s=(1.0, 1.0), mutation_p=0.0, lease_s=300.0)
 """Episodes of 50 one-second turns: no group completes for 50 s, but every turn ends at a
 step boundary within a second, so a checkpoint parks them quickly."""
-SLOW_CALLS = RuntimeConfig(control_timeout_s=100.0, reply_grace_s=0.5, drain_timeout_s=100.0,
-                           lease_s=300.0, max_consecutive_failures=5)
+SLOW_CALLS = RuntimeConfig(
+    control_timeout_s=100.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=100.0,
+    lease_s=300.0,
+    max_consecutive_failures=5,
+)
 """A hanging control call gives up only after 100 s: the final checkpoint's own bound (or a
 second signal) is what ends it sooner."""
 
 
 @asynccontextmanager
-async def running(workdir: Path, gym_dir: Path, sim: SimConfig = QUICK,
-                  faults: tuple[str, ...] = (), config: RuntimeConfig = SLOW_CALLS,
-                  wrap: Any = None, **kw: Any) -> AsyncIterator[Rollouts]:
-    async with calendar_embedded(instances=2, seed=5, work_dir=gym_dir, config=sim,
-                                 faults=faults) as gym:
+async def running(
+    workdir: Path,
+    gym_dir: Path,
+    sim: SimConfig = QUICK,
+    faults: tuple[str, ...] = (),
+    config: RuntimeConfig = SLOW_CALLS,
+    wrap: Any = None,
+    **kw: Any,
+) -> AsyncIterator[Rollouts]:
+    async with calendar_embedded(
+        instances=2, seed=5, work_dir=gym_dir, config=sim, faults=faults
+    ) as gym:
         backend: GymBackend = gym if wrap is None else wrap(gym)
-        async with open_rollouts(backend, workdir, rows=8, group_size=2, config=config,
-                                 max_rows_in_flight=4, **kw) as ro:
+        async with open_rollouts(
+            backend, workdir, rows=8, group_size=2, config=config, max_rows_in_flight=4, **kw
+        ) as ro:
             yield ro
 
 
@@ -91,8 +105,10 @@ async def test_a_trainer_waiting_for_groups_is_woken_by_the_signal(
 ) -> None:
     t0 = trio.current_time()
     with raises_preempted() as preempted:
-        async with running(tmp_path / "w", tmp_path / "gym", sim=LONG) as ro, \
-                trio.open_nursery() as nursery:
+        async with (
+            running(tmp_path / "w", tmp_path / "gym", sim=LONG) as ro,
+            trio.open_nursery() as nursery,
+        ):
             _raise_soon(nursery, 2.0)
             async for _batch in ro.batches(1):
                 pytest.fail("no group can be complete before 50 s")
@@ -106,8 +122,12 @@ async def test_the_final_checkpoint_is_bounded_by_preempt_timeout_s(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     with raises_preempted() as preempted:
-        async with running(tmp_path / "w", tmp_path / "gym", faults=("prepare:hang",),
-                           preempt_timeout_s=20.0) as ro, trio.open_nursery() as nursery:
+        async with (
+            running(
+                tmp_path / "w", tmp_path / "gym", faults=("prepare:hang",), preempt_timeout_s=20.0
+            ) as ro,
+            trio.open_nursery() as nursery,
+        ):
             _raise_soon(nursery, 1.0)
             async for _batch in ro.batches(1):
                 pass
@@ -123,8 +143,12 @@ async def test_a_second_signal_cuts_the_final_checkpoint_short(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="gymckpt"), raises_preempted() as got:
-        async with running(tmp_path / "w", tmp_path / "gym", faults=("prepare:hang",),
-                           preempt_timeout_s=500.0) as ro, trio.open_nursery() as nursery:
+        async with (
+            running(
+                tmp_path / "w", tmp_path / "gym", faults=("prepare:hang",), preempt_timeout_s=500.0
+            ) as ro,
+            trio.open_nursery() as nursery,
+        ):
             _raise_soon(nursery, 1.0)
             _raise_soon(nursery, 3.0, signal.SIGINT)  # while the final checkpoint hangs
             async for _batch in ro.batches(1):

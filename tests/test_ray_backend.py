@@ -155,15 +155,20 @@ async def test_four_instances_fit_on_two_cores_spread_and_answer(tmp_path: Path)
             assert all(isinstance(r, Completed) for r in replies)
             await stream.aclose()
         # the calendar's sessions come back through the same view a user's environment has
-        expected = {sentinel(r, 0, t) for r in range(20, 23)
-                    for t, m in enumerate(plan_episode(5, r, 0, CONFIG).mutates) if m}
+        expected = {
+            sentinel(r, 0, t)
+            for r in range(20, 23)
+            for t, m in enumerate(plan_episode(5, r, 0, CONFIG).mutates)
+            if m
+        }
         assert expected  # some turns mutate
         calendar = await calendar_sessions_of(gym, "gym-2")
         assert sorted(calendar) == [f"{r}-0" for r in range(20, 23)]
         assert {s for sess in calendar.values() for s in sess.sentinels} == expected
         views = await gym.session_states("gym-2", "calendar")
         assert {k: v.rollout_id for k, v in views.items()} == {
-            k: c.rollout_id for k, c in calendar.items()}
+            k: c.rollout_id for k, c in calendar.items()
+        }
         topo = await gym.topology()
         assert topo.names == gym.instances
         assert gym.bridge_statistics().asyncio_pending == 0
@@ -267,21 +272,24 @@ async def test_a_cancelled_call_leaves_no_task_future_or_ray_call_behind(
 
 @pytest.mark.ray
 async def test_a_call_ray_never_schedules_is_bounded_and_cancelled(tmp_path: Path) -> None:
-    config = RuntimeConfig(control_timeout_s=0.5, reply_grace_s=0.2, lease_s=5.0,
-                           drain_timeout_s=2.0)
+    config = RuntimeConfig(
+        control_timeout_s=0.5, reply_grace_s=0.2, lease_s=5.0, drain_timeout_s=2.0
+    )
     async with ray_gym(tmp_path) as gym:
         async with gym.unschedulable("gym-0"):
             t0 = trio.current_time()
             with pytest.raises(GymCallTimeout, match=r"instance gym-0 did not answer prepare"):
-                await bounded_call("gym-0", "prepare",
-                                   functools.partial(gym.prepare, "gym-0", "c"), config)
+                await bounded_call(
+                    "gym-0", "prepare", functools.partial(gym.prepare, "gym-0", "c"), config
+                )
             elapsed = trio.current_time() - t0
             assert 0.7 <= elapsed < 0.7 + 0.5
             assert gym.bridge_statistics().asyncio_pending == 0
             (ref,) = gym.cancelled_refs
             assert await trio.to_thread.run_sync(cancelled_in_ray, ref)
-        reply = await bounded_call("gym-0", "prepare",
-                                   functools.partial(gym.prepare, "gym-0", "c"), config)
+        reply = await bounded_call(
+            "gym-0", "prepare", functools.partial(gym.prepare, "gym-0", "c"), config
+        )
         assert reply.instance == "gym-0"
         calls = await settled(gym)
         assert calls.cancelled == ()  # the real actor never saw the cancelled call
@@ -373,7 +381,8 @@ def test_no_address_starts_our_own_cluster_whatever_the_environment_says() -> No
         "ray.shutdown()\n"
     )
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}  # nothing listens there
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nodes 1" in proc.stdout

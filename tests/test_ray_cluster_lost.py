@@ -59,12 +59,24 @@ class Head:
         # short: Ray's socket paths live under it
         self.temp_dir = tempfile.mkdtemp(prefix="gr", dir="/tmp")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-             f"--port={_free_port()}", "--num-cpus=2",
-             "--include-dashboard=false", f"--temp-dir={self.temp_dir}",
-             f"--object-store-memory={100 * 2**20}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--head",
+                "--block",
+                f"--port={_free_port()}",
+                "--num-cpus=2",
+                "--include-dashboard=false",
+                f"--temp-dir={self.temp_dir}",
+                f"--object-store-memory={100 * 2**20}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            text=True,
             env=no_auth(),
         )
         self._ps = psutil.Process(self.proc.pid)
@@ -138,9 +150,15 @@ def ray_head() -> Iterator[Callable[[], Head]]:
 
 
 def gymckpt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gymckpt", *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
-                          env=no_auth())
+    return subprocess.run(
+        [sys.executable, "-m", "gymckpt", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env=no_auth(),
+    )
 
 
 def our_lines(stderr: str) -> list[str]:
@@ -160,10 +178,26 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
     lines: list[str] = []
     published = threading.Event()
     with subprocess.Popen(
-        [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--ray-address",
-         head.address, "--rows", str(ROWS), "--crash-after-checkpoint", "0", "--workdir",
-         str(workdir)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "demo",
+            "--backend",
+            "ray",
+            "--ray-address",
+            head.address,
+            "--rows",
+            str(ROWS),
+            "--crash-after-checkpoint",
+            "0",
+            "--workdir",
+            str(workdir),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         env=no_auth(),
     ) as demo:
 
@@ -181,7 +215,8 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
             if not published.wait(timeout=120):
                 raise AssertionError("no snapshot published in 120 s:\n" + "\n".join(lines))
             assert demo.poll() is None and store.latest_complete() is not None, (
-                "the demo finished before its cluster was lost:\n" + "\n".join(lines[-40:]))
+                "the demo finished before its cluster was lost:\n" + "\n".join(lines[-40:])
+            )
             t0 = time.monotonic()
             head.kill_gcs()
             demo.wait(timeout=120)
@@ -203,10 +238,10 @@ def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resume
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
     head = ray_head()  # the cluster is back (a new one): the trainer resumes
-    opts = DemoOptions(backend="ray", rows=ROWS, crash_after_checkpoint=0,
-                       ray_address=head.address)
-    resumed = gymckpt("_phase", "--phase", "2", "--workdir", str(workdir),
-                      "--options", opts.to_json())
+    opts = DemoOptions(backend="ray", rows=ROWS, crash_after_checkpoint=0, ray_address=head.address)
+    resumed = gymckpt(
+        "_phase", "--phase", "2", "--workdir", str(workdir), "--options", opts.to_json()
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     phase2 = json.loads((workdir / "phase-2.json").read_text())
     assert phase2["restored"] is not None
@@ -223,10 +258,23 @@ def test_an_address_where_no_cluster_answers_is_one_line_not_a_60s_hang(
 ) -> None:
     address = f"127.0.0.1:{_free_port()}"  # nothing listens there
     t0 = time.monotonic()
-    done = gymckpt("demo", "--backend", "ray", "--ray-address", address, "--rows", "8",
-                   "--workdir", str(tmp_path / "w"), "--json", timeout=60)
+    done = gymckpt(
+        "demo",
+        "--backend",
+        "ray",
+        "--ray-address",
+        address,
+        "--rows",
+        "8",
+        "--workdir",
+        str(tmp_path / "w"),
+        "--json",
+        timeout=60,
+    )
     assert done.returncode == ExitCode.CLUSTER_LOST, done.stderr[-3000:]
     lines = our_lines(done.stderr)
-    assert len(lines) == 1 and f"cannot reach the Ray cluster: nothing answers at {address}" \
-        in lines[0], done.stderr[-3000:]
+    assert (
+        len(lines) == 1
+        and f"cannot reach the Ray cluster: nothing answers at {address}" in lines[0]
+    ), done.stderr[-3000:]
     assert time.monotonic() - t0 < 40  # Ray's client alone would try for 60 s, then exit 1

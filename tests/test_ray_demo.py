@@ -18,10 +18,23 @@ pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
 
 
 def demo(workdir: Path, *extra: str) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "gymckpt", "demo", "--backend", "ray", "--json",
-           "--rows", "32", "--workdir", str(workdir), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                          stdin=subprocess.DEVNULL, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gymckpt",
+        "demo",
+        "--backend",
+        "ray",
+        "--json",
+        "--rows",
+        "32",
+        "--workdir",
+        str(workdir),
+        *extra,
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict[str, object] = json.loads(done.stdout)
     return report

@@ -27,10 +27,17 @@ async def test_an_environment_calling_each_library_trains_on_ray(
     answers, row + turn), through a checkpoint in the middle."""
     rewards: dict[tuple[int, int], float] = {}
     config = RuntimeConfig(control_timeout_s=10.0, drain_timeout_s=10.0)
-    async with RayGym.host(f"gymckpt.testing.loop_examples:{library}_sleeper", instances=1,
-                           work_dir=tmp_path / "gym", config=HostConfig(lease_s=30)) as gym, \
-            open_rollouts(gym, tmp_path / "run", rows=ROWS, group_size=2,
-                          max_rows_in_flight=3, config=config) as ro:
+    async with (
+        RayGym.host(
+            f"gymckpt.testing.loop_examples:{library}_sleeper",
+            instances=1,
+            work_dir=tmp_path / "gym",
+            config=HostConfig(lease_s=30),
+        ) as gym,
+        open_rollouts(
+            gym, tmp_path / "run", rows=ROWS, group_size=2, max_rows_in_flight=3, config=config
+        ) as ro,
+    ):
         async with aclosing(ro.batches(2)) as batches:  # type: ignore[type-var]
             async for batch in batches:
                 for g in batch:
@@ -44,8 +51,7 @@ async def test_an_environment_calling_each_library_trains_on_ray(
 async def test_the_actor_answers_a_trio_environment_directly(tmp_path: Path) -> None:
     """The Gym contract itself (no trainer): a trio.sleep agent's rows complete on the actor,
     and its statistics show no call left running."""
-    async with RayGym.host("gymckpt.testing.loop_examples:trio_sleeper",
-                           work_dir=tmp_path) as gym:
+    async with RayGym.host("gymckpt.testing.loop_examples:trio_sleeper", work_dir=tmp_path) as gym:
         from gymckpt.gym_adapter import RunRow
 
         stream = await gym.run("gym-0", [RunRow(f"{r}-0", r, 0, 0) for r in range(4)])

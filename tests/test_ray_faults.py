@@ -25,8 +25,13 @@ from gymckpt.runtime import RuntimeConfig
 pytestmark = pytest.mark.ray
 
 SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=3.0)
-CONFIG = RuntimeConfig(control_timeout_s=1.0, reply_grace_s=0.3, drain_timeout_s=2.0,
-                       lease_s=3.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=1.0,
+    reply_grace_s=0.3,
+    drain_timeout_s=2.0,
+    lease_s=3.0,
+    max_consecutive_failures=2,
+)
 BOUND = CONFIG.control_timeout_s + CONFIG.reply_grace_s
 SLACK = 1.0  # generous: real time on a busy 2-core machine
 ROWS = 12
@@ -42,11 +47,23 @@ async def running(
     restore: bool = True,
     sim: SimConfig = SIM,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
-    async with calendar_ray(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim,
-                            faults=faults, stuck_loop_s=stuck_loop_s) as gym:
-        async with open_rollouts(gym, tmp_path, rows=ROWS, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=max_rows_in_flight,
-                                 restore=restore) as ro:
+    async with calendar_ray(
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=sim,
+        faults=faults,
+        stuck_loop_s=stuck_loop_s,
+    ) as gym:
+        async with open_rollouts(
+            gym,
+            tmp_path,
+            rows=ROWS,
+            group_size=2,
+            config=CONFIG,
+            max_rows_in_flight=max_rows_in_flight,
+            restore=restore,
+        ) as ro:
             yield gym, ro
 
 
@@ -59,8 +76,9 @@ async def train_all(ro: Rollouts, per_step: int = 2) -> list[int]:
 
 def unanswered(error: str | None, operation: str) -> str:
     """The instance a checkpoint error names as not answering ``operation``."""
-    found = re.search(rf"instance (gym-\d) did not answer {operation} within 1s \+ 0.3s grace",
-                      error or "")
+    found = re.search(
+        rf"instance (gym-\d) did not answer {operation} within 1s \+ 0.3s grace", error or ""
+    )
     assert found, error
     return found.group(1)
 
@@ -187,8 +205,10 @@ async def test_lost_resume_the_lease_reopens_gym(tmp_path: Path) -> None:
     # they can only finish once its lease reopens it. (With short episodes the other instance
     # could train every row before the lease ran out, and nothing would show the lease at work.)
     slow = attrs.evolve(SIM, turns=(3, 4), turn_s=(0.2, 0.3))
-    async with running(tmp_path, faults=["resume:hang@1"], sim=slow,
-                       max_rows_in_flight=ROWS) as (gym, ro):
+    async with running(tmp_path, faults=["resume:hang@1"], sim=slow, max_rows_in_flight=ROWS) as (
+        gym,
+        ro,
+    ):
         await both_running(gym)
         outcome = await ro.checkpoint()
         assert outcome.ok  # the snapshot is published before resume (S5)

@@ -21,10 +21,18 @@ async def test_gymnasium_on_ray_restores_bit_identically(tmp_path: Path) -> None
     seen: dict[tuple[int, int], Trajectory] = {}
     config = RuntimeConfig(control_timeout_s=10.0, drain_timeout_s=10.0)
     for phase in (1, 2):
-        async with RayGym.host("gymnasium:CartPole-v1", instances=2, seed=3,
-                               work_dir=tmp_path / "live", config=HostConfig(lease_s=30)) as gym, \
-                open_rollouts(gym, tmp_path, rows=16, group_size=2, max_rows_in_flight=8,
-                              config=config) as ro:
+        async with (
+            RayGym.host(
+                "gymnasium:CartPole-v1",
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "live",
+                config=HostConfig(lease_s=30),
+            ) as gym,
+            open_rollouts(
+                gym, tmp_path, rows=16, group_size=2, max_rows_in_flight=8, config=config
+            ) as ro,
+        ):
             async with aclosing(ro.batches(2)) as batches:  # type: ignore[type-var]
                 async for batch in batches:
                     for g in batch:
@@ -40,8 +48,9 @@ async def test_gymnasium_on_ray_restores_bit_identically(tmp_path: Path) -> None
 
 
 async def test_backend_kit_on_ray_hosting_a_user_environment(tmp_path: Path) -> None:
-    async with RayGym.host("gymckpt.testing.examples:guess_the_number", instances=2,
-                           work_dir=tmp_path / "live") as gym:
+    async with RayGym.host(
+        "gymckpt.testing.examples:guess_the_number", instances=2, work_dir=tmp_path / "live"
+    ) as gym:
         report = await check_backend(gym, tmp_path)
     assert "commit" in report.checks
 
@@ -56,4 +65,3 @@ async def test_bad_environment_path_fails_before_any_actor_starts(tmp_path: Path
     with pytest.raises(EnvironmentSpecError, match="register_state_codec"):
         async with RayGym.host("gymnasium:LunarLander-v3", work_dir=tmp_path):  # no codec
             pass
-

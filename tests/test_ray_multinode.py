@@ -86,15 +86,27 @@ async def test_a_lost_node_kills_its_instances_and_replace_lands_on_a_live_node(
             replies = [r async for batch in stream for r in batch]
             assert sorted(r.rollout_id for r in replies) == [r.rollout_id for r in rows(2, 10)]
         record = gym.replacements[0]
-        log.warning("node lost -> seen dead %.3f s -> %d replacement(s) serving %.3f s "
-                    "(first: fence %.3f s, start %.3f s)", dead_s, len(doomed), serving_s,
-                    record.fence_s, record.start_s)
+        log.warning(
+            "node lost -> seen dead %.3f s -> %d replacement(s) serving %.3f s "
+            "(first: fence %.3f s, start %.3f s)",
+            dead_s,
+            len(doomed),
+            serving_s,
+            record.fence_s,
+            record.start_s,
+        )
 
 
 ROWS = 48
 SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=10.0)
-RUN = RuntimeConfig(control_timeout_s=3.0, reply_grace_s=0.5, drain_timeout_s=3.0,
-                    lease_s=10.0, max_consecutive_failures=4, replace_timeout_s=30.0)
+RUN = RuntimeConfig(
+    control_timeout_s=3.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=3.0,
+    lease_s=10.0,
+    max_consecutive_failures=4,
+    replace_timeout_s=30.0,
+)
 
 
 async def test_the_run_goes_on_exactly_once_across_a_node_lost_mid_run_and_mid_checkpoint(
@@ -108,8 +120,7 @@ async def test_the_run_goes_on_exactly_once_across_a_node_lost_mid_run_and_mid_c
     lineage: list[tuple[int, list[int]]] = []
     outcomes: list[CheckpointOutcome] = []
     lost: dict[str, tuple[str, str]] = {}  # when -> (instance, node)
-    async with calendar_ray(instances=3, seed=5, work_dir=tmp_path / "gym-live",
-                            config=SIM) as gym:
+    async with calendar_ray(instances=3, seed=5, work_dir=tmp_path / "gym-live", config=SIM) as gym:
         assert len(set(gym.placement.values())) >= 2  # spread (SPREAD is best effort)
 
         def lose_node_of(instance: str, when: str) -> None:
@@ -121,8 +132,9 @@ async def test_the_run_goes_on_exactly_once_across_a_node_lost_mid_run_and_mid_c
             if point == "after_prepare" and "mid-checkpoint" not in lost and len(outcomes) >= 3:
                 lose_node_of("gym-1", "mid-checkpoint")  # Gym parked, nothing committed yet
 
-        async with open_rollouts(gym, tmp_path / "work", rows=ROWS, group_size=2, config=RUN,
-                                 max_rows_in_flight=12) as ro:
+        async with open_rollouts(
+            gym, tmp_path / "work", rows=ROWS, group_size=2, config=RUN, max_rows_in_flight=12
+        ) as ro:
             ro.coordinator.on_stage = on_stage
             step = 0
             async with aclosing(ro.batches(4)) as batches:  # closed on error too
@@ -152,8 +164,13 @@ async def test_the_run_goes_on_exactly_once_across_a_node_lost_mid_run_and_mid_c
     verdict = judge(lineage, ROWS, final.snapshot.path, seed=5, config=SIM, group_size=2)
     assert verdict.ok, verdict.violations()
     assert verdict.rows_trained == ROWS and verdict.sentinels_expected > 0
-    log.warning("lost %s; %d checkpoints, %d failed; replacements %s", lost, len(outcomes),
-                len(failed), [(r.instance, round(r.total_s, 3)) for r in gym.replacements])
+    log.warning(
+        "lost %s; %d checkpoints, %d failed; replacements %s",
+        lost,
+        len(outcomes),
+        len(failed),
+        [(r.instance, round(r.total_s, 3)) for r in gym.replacements],
+    )
 
 
 SOAK_ROWS = 400
@@ -177,8 +194,7 @@ async def test_soak_many_node_losses_with_nodes_joining_back(
     outcomes: list[CheckpointOutcome] = []
     lost: list[tuple[str, str, str]] = []  # (when, instance, node)
     due_in_checkpoint = False
-    async with calendar_ray(instances=3, seed=7, work_dir=tmp_path / "gym-live",
-                            config=SIM) as gym:
+    async with calendar_ray(instances=3, seed=7, work_dir=tmp_path / "gym-live", config=SIM) as gym:
 
         def lose(when: str) -> None:
             live = [n for n in gym.instances if gym.placement[n] in ray_nodes.workers]
@@ -192,8 +208,14 @@ async def test_soak_many_node_losses_with_nodes_joining_back(
                 due_in_checkpoint = False
                 lose("mid-checkpoint")
 
-        async with open_rollouts(gym, tmp_path / "work", rows=SOAK_ROWS, group_size=2,
-                                 config=config, max_rows_in_flight=12) as ro:
+        async with open_rollouts(
+            gym,
+            tmp_path / "work",
+            rows=SOAK_ROWS,
+            group_size=2,
+            config=config,
+            max_rows_in_flight=12,
+        ) as ro:
             ro.coordinator.on_stage = on_stage
             step = 0
             async with aclosing(ro.batches(4)) as batches:  # closed on error too
@@ -220,6 +242,10 @@ async def test_soak_many_node_losses_with_nodes_joining_back(
     verdict = judge(lineage, SOAK_ROWS, final.snapshot.path, seed=7, config=SIM, group_size=2)
     assert verdict.ok, verdict.violations()
     assert verdict.rows_trained == SOAK_ROWS
-    log.warning("soak: lost %d nodes; %d checkpoints, %d failed; %d replacements",
-                len(lost), len(outcomes), sum(not o.ok for o in outcomes),
-                len(gym.replacements))
+    log.warning(
+        "soak: lost %d nodes; %d checkpoints, %d failed; %d replacements",
+        len(lost),
+        len(outcomes),
+        sum(not o.ok for o in outcomes),
+        len(gym.replacements),
+    )

@@ -33,8 +33,9 @@ def holds_nothing(inv: InstanceInventory) -> bool:
 async def test_replace_serves_the_name_again_and_the_old_incarnation_marks_nothing(
     tmp_path: Path,
 ) -> None:
-    async with calendar_ray(instances=2, seed=1, work_dir=tmp_path, config=CONFIG,
-                            faults=["prepare:dead@1"]) as gym:
+    async with calendar_ray(
+        instances=2, seed=1, work_dir=tmp_path, config=CONFIG, faults=["prepare:dead@1"]
+    ) as gym:
         before = await gym.topology()
         old_stream = await gym.run("gym-0", rows(3))  # in flight when the actor dies
         with pytest.raises(GymInstanceDead):
@@ -64,8 +65,9 @@ async def test_replace_serves_the_name_again_and_the_old_incarnation_marks_nothi
 
 
 async def test_replace_past_its_deadline_leaves_the_instance_dead(tmp_path: Path) -> None:
-    async with calendar_ray(instances=1, seed=1, work_dir=tmp_path, config=CONFIG,
-                            faults=["prepare:dead@1"]) as gym:
+    async with calendar_ray(
+        instances=1, seed=1, work_dir=tmp_path, config=CONFIG, faults=["prepare:dead@1"]
+    ) as gym:
         with pytest.raises(GymInstanceDead):
             await gym.prepare("gym-0", "c1", trio.current_time() + 10)
         with pytest.raises(GymCallTimeout, match="gym-0 replace"):

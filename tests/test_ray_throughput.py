@@ -55,8 +55,15 @@ async def dispatch_rate(opener: Any, rows: int, work_dir: Path, **kwargs: Any) -
     """Attempts per second through the whole runtime (no checkpoints)."""
     config = RuntimeConfig(control_timeout_s=5.0, reply_grace_s=1.0, lease_s=60.0)
     async with opener(instances=2, work_dir=work_dir / "gym", config=FREE, **kwargs) as gym:
-        async with open_rollouts(gym, work_dir, rows=rows // 4, group_size=4, config=config,
-                                 max_rows_in_flight=512, restore=False) as ro:
+        async with open_rollouts(
+            gym,
+            work_dir,
+            rows=rows // 4,
+            group_size=4,
+            config=config,
+            max_rows_in_flight=512,
+            restore=False,
+        ) as ro:
             t0 = time.perf_counter()
             trained = 0
             async for batch in ro.batches(64):
@@ -70,12 +77,14 @@ async def measure(rows: int, work_dir: Path) -> dict[str, float]:
     out = {
         "stream/embedded": await stream_rate(calendar_embedded, rows, work_dir / "e"),
         "stream/ray-batched": await stream_rate(calendar_ray, rows, work_dir / "b"),
-        "stream/ray-per-row": await stream_rate(calendar_ray, rows, work_dir / "r",
-                                                batch_replies=False),
+        "stream/ray-per-row": await stream_rate(
+            calendar_ray, rows, work_dir / "r", batch_replies=False
+        ),
         "dispatch/embedded": await dispatch_rate(calendar_embedded, rows, work_dir / "de"),
         "dispatch/ray-batched": await dispatch_rate(calendar_ray, rows, work_dir / "db"),
-        "dispatch/ray-per-row": await dispatch_rate(calendar_ray, rows, work_dir / "dr",
-                                                    batch_replies=False),
+        "dispatch/ray-per-row": await dispatch_rate(
+            calendar_ray, rows, work_dir / "dr", batch_replies=False
+        ),
     }
     return out
 

@@ -24,15 +24,27 @@ def test_readme_example_runs_and_restores(tmp_path: Path, marker: str) -> None:
     """The trio example, and the asyncio one (through trio-asyncio)."""
     script = tmp_path / "example.py"
     script.write_text(_block(marker))
-    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, check=False)
+    first = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert first.returncode == 0, first.stderr
     lines = first.stdout.split()
     assert lines[:3] == ["2", "run-0001", "True"]
     assert (tmp_path / "work" / "snapshots").is_dir()
     # the same program again restores the latest snapshot and has nothing left to do
-    again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, check=False)
+    again = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout == ""
 
@@ -48,8 +60,14 @@ def test_readme_byo_example_runs_and_restores(tmp_path: Path) -> None:
     assert len(block.splitlines()) <= 40
     script = tmp_path / "byo.py"
     script.write_text(block)
-    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, check=False)
+    first = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
     assert len(lines) == 4  # 16 rows, 4 groups per step
@@ -58,7 +76,13 @@ def test_readme_byo_example_runs_and_restores(tmp_path: Path) -> None:
         seq = [int(g) for g in guesses.strip("[]").split(", ")]
         assert seq[0] == 50 and len(set(seq)) == len(seq)
     # the same program again restores the latest snapshot and has nothing left to do
-    again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, check=False)
+    again = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout == ""

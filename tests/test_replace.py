@@ -51,11 +51,25 @@ from gymckpt.runtime import (
 )
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=2)
-BASE = Scenario(seed=5, rows=12, group_size=2, instances=2, turns=(2, 4), turn_s=(0.2, 1.0),
-                max_rows_in_flight=6, groups_per_step=2, checkpoint_every=1,
-                max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=2,
+)
+BASE = Scenario(
+    seed=5,
+    rows=12,
+    group_size=2,
+    instances=2,
+    turns=(2, 4),
+    turn_s=(0.2, 1.0),
+    max_rows_in_flight=6,
+    groups_per_step=2,
+    checkpoint_every=1,
+    max_consecutive_failures=2,
+)
 
 
 async def _train_all(ro: Any, groups: int = 2, *, checkpoint: bool = True) -> list[list[str]]:
@@ -90,7 +104,9 @@ def test_release_instance_resends_fresh_at_no_cost_and_fences_late_replies() -> 
     assert stats.released_total == stats.abandoned_total == 2
     # the replacement frees their sessions before the next checkpoint commits
     assert sorted(ledger.retire_queue()["gym-0"], key=lambda i: i.rollout_id) == [
-        RetireItem("0-0", "gym-0"), RetireItem("0-1", "gym-0")]
+        RetireItem("0-0", "gym-0"),
+        RetireItem("0-1", "gym-0"),
+    ]
     assert ledger.held_by("gym-0") == frozenset()
     assert ledger.held_by("gym-1") == {"1-0", "1-1"}  # the other instance is untouched
     # fencing: a late reply of the dead attempt names an attempt that is no longer current
@@ -105,10 +121,18 @@ def test_release_instance_resends_fresh_at_no_cost_and_fences_late_replies() -> 
 async def test_instance_dying_mid_run_is_replaced_and_costs_no_row_attempt(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                 config=SIM) as gym, \
-            open_rollouts(gym, tmp_path, rows=12, group_size=2, config=CONFIG,
-                          max_rows_in_flight=6, handle_signals=False) as ro:
+    async with (
+        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+        open_rollouts(
+            gym,
+            tmp_path,
+            rows=12,
+            group_size=2,
+            config=CONFIG,
+            max_rows_in_flight=6,
+            handle_signals=False,
+        ) as ro,
+    ):
         await trio.sleep(0.5)
         held = ro.ledger.held_by("gym-1")
         assert held  # it dies with episodes in flight
@@ -127,8 +151,14 @@ async def test_instance_dying_mid_run_is_replaced_and_costs_no_row_attempt(
     assert sorted(rows) == list(range(12))
     assert not held & {rid for ids in trained for rid in ids}  # re-sent under new IDs
     assert final is not None
-    verdict = judge([(i + 1, (r,)) for i, r in enumerate(rows)], 12, final.path, seed=3,
-                    config=SIM, group_size=2)
+    verdict = judge(
+        [(i + 1, (r,)) for i, r in enumerate(rows)],
+        12,
+        final.path,
+        seed=3,
+        config=SIM,
+        group_size=2,
+    )
     assert verdict.ok, verdict.violations()  # every sentinel once, the dead one's included
 
 
@@ -173,10 +203,18 @@ async def test_a_late_reply_of_the_dead_instance_is_rejected(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.gym, name)
 
-    async with calendar_embedded(instances=2, seed=4, work_dir=tmp_path / "gym",
-                                 config=SIM) as gym, \
-            open_rollouts(LateGym(gym), tmp_path, rows=10, group_size=2,  # type: ignore[arg-type]
-                          config=CONFIG, max_rows_in_flight=6, handle_signals=False) as ro:
+    async with (
+        calendar_embedded(instances=2, seed=4, work_dir=tmp_path / "gym", config=SIM) as gym,
+        open_rollouts(
+            LateGym(gym),
+            tmp_path,
+            rows=10,
+            group_size=2,  # type: ignore[arg-type]
+            config=CONFIG,
+            max_rows_in_flight=6,
+            handle_signals=False,
+        ) as ro,
+    ):
         replacer = ro.dispatcher.replacer
         on_up = replacer.on_up
         replacer.on_up = lambda name: (on_up(name), replaced.set())[0]
@@ -199,8 +237,14 @@ async def test_a_late_reply_of_the_dead_instance_is_rejected(
     assert sorted(rows) == list(range(10))
     assert not set(late) & {rid for ids in trained for rid in ids}
     assert final is not None  # the dead attempts' sessions were freed on the replacement
-    verdict = judge([(i + 1, (r,)) for i, r in enumerate(rows)], 10, final.path, seed=4,
-                    config=SIM, group_size=2)
+    verdict = judge(
+        [(i + 1, (r,)) for i, r in enumerate(rows)],
+        10,
+        final.path,
+        seed=4,
+        config=SIM,
+        group_size=2,
+    )
     assert verdict.ok, verdict.violations()
 
 
@@ -231,8 +275,12 @@ async def test_restored_episodes_of_a_dead_instance_are_rerun_fresh_never_claime
     """After a restore the only instance dies before any claim reaches it: its unclaimed
     restored episodes run from scratch on the replacement (none claimed, none lost, every
     sentinel once: the dead attempts' sessions are freed before the next commit)."""
-    sc = attrs.evolve(BASE, instances=1, restore_faults=("run:dead@1",),
-                      crashes=(Crash(checkpoint=2, point="after_publish"),))
+    sc = attrs.evolve(
+        BASE,
+        instances=1,
+        restore_faults=("run:dead@1",),
+        crashes=(Crash(checkpoint=2, point="after_publish"),),
+    )
     report = await run_scenario(sc, tmp_path)
     assert report.ok, report.violations
     restored = report.incarnations[1]
@@ -247,10 +295,14 @@ async def test_an_instance_that_keeps_dying_spends_its_budget_and_stops_the_run(
     config = attrs.evolve(CONFIG, max_replacements=2, replacement_window_s=600.0)
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
-        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                     config=SIM, faults=["run:dead"]) as gym, \
-                open_rollouts(gym, tmp_path, rows=12, group_size=2, config=config,
-                              handle_signals=False) as ro:
+        async with (
+            calendar_embedded(
+                instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM, faults=["run:dead"]
+            ) as gym,
+            open_rollouts(
+                gym, tmp_path, rows=12, group_size=2, config=config, handle_signals=False
+            ) as ro,
+        ):
             await _train_all(ro)
     decided = run_exit(caught.value)  # type: ignore[arg-type]
     assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED == 5
@@ -278,12 +330,19 @@ async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(
 
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
-        async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                     config=SIM, faults=["run:dead@1"]) as gym:
+        async with calendar_embedded(
+            instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM, faults=["run:dead@1"]
+        ) as gym:
             backend = NoReplace(gym)
             assert not can_replace(backend)
-            async with open_rollouts(backend, tmp_path, rows=8,  # type: ignore[arg-type]
-                                     group_size=2, config=CONFIG, handle_signals=False) as ro:
+            async with open_rollouts(
+                backend,
+                tmp_path,
+                rows=8,  # type: ignore[arg-type]
+                group_size=2,
+                config=CONFIG,
+                handle_signals=False,
+            ) as ro:
                 await _train_all(ro)
     decided = run_exit(caught.value)  # type: ignore[arg-type]
     assert decided is not None and decided[0] == ExitCode.CHECKPOINTS_FAILED
@@ -294,10 +353,12 @@ async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(
 async def test_a_report_about_an_older_generation_is_ignored(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                 config=SIM) as gym, \
-            open_rollouts(gym, tmp_path, rows=4, group_size=2, config=CONFIG,
-                          handle_signals=False) as ro:
+    async with (
+        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+        open_rollouts(
+            gym, tmp_path, rows=4, group_size=2, config=CONFIG, handle_signals=False
+        ) as ro,
+    ):
         replacer = ro.dispatcher.replacer
         gym.sim("gym-0").kill()
         assert replacer.report_dead("gym-0", 0, "test")
@@ -312,10 +373,23 @@ async def test_a_report_about_an_older_generation_is_ignored(
 async def test_a_hosted_user_environment_is_replaced_too(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with EmbeddedGym.host("gymckpt.testing.examples:guess_the_number", instances=2,
-                                work_dir=tmp_path / "gym", faults=["run:dead@2"]) as gym, \
-            open_rollouts(gym, tmp_path, rows=8, group_size=2, config=CONFIG,
-                          max_rows_in_flight=4, handle_signals=False) as ro:
+    async with (
+        EmbeddedGym.host(
+            "gymckpt.testing.examples:guess_the_number",
+            instances=2,
+            work_dir=tmp_path / "gym",
+            faults=["run:dead@2"],
+        ) as gym,
+        open_rollouts(
+            gym,
+            tmp_path,
+            rows=8,
+            group_size=2,
+            config=CONFIG,
+            max_rows_in_flight=4,
+            handle_signals=False,
+        ) as ro,
+    ):
         trained = await _train_all(ro)
         assert sum(gym.replacements(n) for n in gym.instances) == 1
         assert ro.ledger.statistics().row_attempts_spent == 0
@@ -342,17 +416,21 @@ async def test_replace_kills_a_live_instance_and_times_out_past_its_deadline(
 
 def test_journal_replays_slots_and_ignores_only_a_torn_last_line() -> None:
     ev = {"turn": 0, "title": "m", "sentinel": "s0"}
-    log = (b'["n","0-0","0-0",0,{"calendar":{"events":[]}}]\n'
-           + orjson.dumps(["s", "0-0", "calendar", {"events": [ev]}]) + b"\n"
-           + b'["n","1-0","1-0",0,{"calendar":{"events":[]}}]\n["o","0-0","0-0-a1",1]\n'
-           b'["d","1-0"]\n')
+    log = (
+        b'["n","0-0","0-0",0,{"calendar":{"events":[]}}]\n'
+        + orjson.dumps(["s", "0-0", "calendar", {"events": [ev]}])
+        + b"\n"
+        + b'["n","1-0","1-0",0,{"calendar":{"events":[]}}]\n["o","0-0","0-0-a1",1]\n'
+        b'["d","1-0"]\n'
+    )
     slots = replay_journal(log)
     assert list(slots) == ["0-0"]
     s = slots["0-0"]
     assert (s.rollout_id, s.attempt, s.states) == ("0-0-a1", 1, {"calendar": {"events": [ev]}})
     torn = replay_journal(log + b'["s","0-0","calendar",{"ev')  # the last append torn
     assert {k: (v.rollout_id, v.states) for k, v in torn.items()} == {
-        "0-0": ("0-0-a1", {"calendar": {"events": [ev]}})}
+        "0-0": ("0-0-a1", {"calendar": {"events": [ev]}})
+    }
     with pytest.raises(ValueError, match="line 2"):
         replay_journal(b'["n","0-0","0-0",0,{}]\n["x"]\n["d","0-0"]\n')
 
@@ -383,9 +461,25 @@ async def test_journal_fresh_instance_starts_empty_and_recovers_only_when_asked(
 @pytest.mark.parametrize("fault", ["prepare:dead@4", "commit:dead@2", "run:dead@3"])
 def test_demo_survives_a_dead_instance_exactly_once(tmp_path: Path, fault: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "demo", "--instances", "3", "--rows", "128",
-         "--fault", fault, "--json", "--workdir", str(tmp_path / "w")],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "demo",
+            "--instances",
+            "3",
+            "--rows",
+            "128",
+            "--fault",
+            fault,
+            "--json",
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -395,30 +489,50 @@ def test_demo_survives_a_dead_instance_exactly_once(tmp_path: Path, fault: str) 
     assert report["replacements"] >= 1  # both phases see the fault (each counts its own calls)
 
 
-def test_demo_json_on_a_phase_that_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                         ) -> None:
+def test_demo_json_on_a_phase_that_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from gymckpt.nurseries.app.cli import main
 
-    rc = main(["demo", "--rows", "8", "--instances", "2", "--crash-after-checkpoint", "0",
-               "--fault", "prepare:dead", "--json", "--workdir", str(tmp_path / "w")])
+    rc = main(
+        [
+            "demo",
+            "--rows",
+            "8",
+            "--instances",
+            "2",
+            "--crash-after-checkpoint",
+            "0",
+            "--fault",
+            "prepare:dead",
+            "--json",
+            "--workdir",
+            str(tmp_path / "w"),
+        ]
+    )
     out = capsys.readouterr()
     report = json.loads(out.out)
     # every prepare kills an instance: the checkpoint bound or the replacement budget stops it
     assert rc in (4, 5) and report["exit_code"] == rc, out.err
     assert report["exactly_once"] is False and report["error"]
-    assert ("checkpoints failed in a row" in report["error"]
-            or "max_replacements" in report["error"]), report["error"]
+    assert (
+        "checkpoints failed in a row" in report["error"] or "max_replacements" in report["error"]
+    ), report["error"]
     assert report["rows"] == 8 and "rows_trained" in report
 
 
-@pytest.mark.parametrize("argv", [
-    ["--rows", "0"],  # bad option value
-    ["--rows", "x"],  # bad flag (argparse)
-    ["--fault", "prepare:explode"],  # bad fault spec
-    ["--workdir", "NONEMPTY"],  # a work directory in use
-])
-def test_demo_json_on_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rows", "0"],  # bad option value
+        ["--rows", "x"],  # bad flag (argparse)
+        ["--fault", "prepare:explode"],  # bad fault spec
+        ["--workdir", "NONEMPTY"],  # a work directory in use
+    ],
+)
+def test_demo_json_on_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
     from gymckpt.nurseries.app.cli import main
 
     (tmp_path / "busy").mkdir()
@@ -440,9 +554,11 @@ async def test_journal_torn_tail_is_cut_before_the_replacement_appends(
     log = tmp_path / "gym-0" / JOURNAL_FILE
     log.parent.mkdir()
     ev = {"turn": 0, "title": "m", "sentinel": "s0"}
-    log.write_bytes(b'["n","0-0","0-0",0,{"calendar":{"events":[]}}]\n'
-                    + orjson.dumps(["s", "0-0", "calendar", {"events": [ev]}])
-                    + b'\n["s","0-0","calendar",{"events":[')
+    log.write_bytes(
+        b'["n","0-0","0-0",0,{"calendar":{"events":[]}}]\n'
+        + orjson.dumps(["s", "0-0", "calendar", {"events": [ev]}])
+        + b'\n["s","0-0","calendar",{"events":['
+    )
     async with calendar_host("gym-0", work_dir=tmp_path, recover=True) as sim:
         assert calendar_state(sim)["0-0"].sentinels == ("s0",)
         await sim.retire(["0-0"], trio.current_time() + 1)
@@ -478,10 +594,17 @@ async def test_the_next_checkpoint_waits_for_a_slow_replacement(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.gym, name)
 
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym",
-                                 config=SIM) as gym, \
-            open_rollouts(SlowReplace(gym), tmp_path, rows=8,  # type: ignore[arg-type]
-                          group_size=2, config=CONFIG, handle_signals=False) as ro:
+    async with (
+        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+        open_rollouts(
+            SlowReplace(gym),
+            tmp_path,
+            rows=8,  # type: ignore[arg-type]
+            group_size=2,
+            config=CONFIG,
+            handle_signals=False,
+        ) as ro,
+    ):
         await trio.sleep(0.5)
 
         def kill(_cid: str, point: str) -> None:

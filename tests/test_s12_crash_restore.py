@@ -36,9 +36,17 @@ def _calendar_sessions(snapshot_path: Path) -> dict[str, tuple[str, SessionRecor
 
 
 def test_sigkill_after_checkpoint_then_restore_is_exactly_once(tmp_path: Path) -> None:
-    opts = DemoOptions(rows=24, group_size=2, instances=2, seed=7, checkpoint_every=1,
-                       crash_after_checkpoint=1, hold_first_mutation=True,
-                       groups_per_step=2, max_rows_in_flight=8)
+    opts = DemoOptions(
+        rows=24,
+        group_size=2,
+        instances=2,
+        seed=7,
+        checkpoint_every=1,
+        crash_after_checkpoint=1,
+        hold_first_mutation=True,
+        groups_per_step=2,
+        max_rows_in_flight=8,
+    )
     rc, killed = _run_until_published(_phase_cmd(opts, tmp_path, 1, 1), timeout_s=120)
     assert killed and rc == -9  # a real SIGKILL
 
@@ -48,7 +56,8 @@ def test_sigkill_after_checkpoint_then_restore_is_exactly_once(tmp_path: Path) -
     snap = load_snapshot(published[0].path)
     sessions = _calendar_sessions(published[0].path)
     mutated = [
-        e for e in snap.manifest.episodes
+        e
+        for e in snap.manifest.episodes
         if e.rollout_id in sessions and sessions[e.rollout_id][1].state["events"]
     ]
     assert mutated, "the held episode must be parked in the snapshot with its mutation"
@@ -56,8 +65,9 @@ def test_sigkill_after_checkpoint_then_restore_is_exactly_once(tmp_path: Path) -
     sentinels = [ev["sentinel"] for ev in sessions[held.rollout_id][1].state["events"]]
 
     # Phase two: a new process restores and finishes.
-    done = subprocess.run(_phase_cmd(opts, tmp_path, 2, 0), stdin=subprocess.DEVNULL,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        _phase_cmd(opts, tmp_path, 2, 0), stdin=subprocess.DEVNULL, timeout=120, check=False
+    )
     assert done.returncode == 0
 
     journal = [orjson.loads(line) for line in (tmp_path / JOURNAL).read_bytes().splitlines()]

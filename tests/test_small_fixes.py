@@ -24,22 +24,21 @@ from gymckpt.runtime import RuntimeConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SIM = SimConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0)
+CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 
 async def _two_incarnations(tmp_path: Path, rows: int = 48) -> tuple[str, str]:
-    async with calendar_embedded(instances=2, seed=1, work_dir=tmp_path / "gym",
-                                 config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path / "w", rows=rows, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=48) as ro:
+    async with calendar_embedded(instances=2, seed=1, work_dir=tmp_path / "gym", config=SIM) as gym:
+        async with open_rollouts(
+            gym, tmp_path / "w", rows=rows, group_size=2, config=CONFIG, max_rows_in_flight=48
+        ) as ro:
             await trio.sleep(5)  # every episode completes: 48 untrained groups in the snapshot
             outcome = await ro.checkpoint(b"x" * 10_000)
             assert outcome.ok and outcome.snapshot is not None
-    async with calendar_embedded(instances=2, seed=1, work_dir=tmp_path / "gym2",
-                                 config=SIM) as gym:
-        async with open_rollouts(gym, tmp_path / "w", rows=rows, group_size=2,
-                                 config=CONFIG) as ro:
+    async with calendar_embedded(
+        instances=2, seed=1, work_dir=tmp_path / "gym2", config=SIM
+    ) as gym:
+        async with open_rollouts(gym, tmp_path / "w", rows=rows, group_size=2, config=CONFIG) as ro:
             assert ro.restored is not None
             return repr(ro.restored), str(outcome.snapshot.path)
 
@@ -59,11 +58,14 @@ async def test_a_resumed_run_says_so_at_warning(
         _shown, snapshot = await _two_incarnations(tmp_path)
     said = [r for r in caplog.records if "resumed from snapshot" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
-    assert said[0].getMessage().startswith(
-        f"gymckpt: resumed from snapshot {snapshot} (checkpoint run-0001) at step 0: ")
+    assert (
+        said[0]
+        .getMessage()
+        .startswith(f"gymckpt: resumed from snapshot {snapshot} (checkpoint run-0001) at step 0: ")
+    )
 
 
-RERUN = textwrap.dedent('''
+RERUN = textwrap.dedent("""
     import gymckpt
     from gymckpt.gym_adapter.calendar_env import calendar_embedded
 
@@ -75,7 +77,7 @@ RERUN = textwrap.dedent('''
                     break  # one step, then "crash" (end) with a snapshot left
 
     gymckpt.run(main)
-''')
+""")
 
 
 @pytest.mark.subprocess
@@ -84,8 +86,17 @@ def test_a_rerun_that_resumed_says_so_on_stderr_with_no_logging_configured(
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(RERUN)
-    runs = [subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, check=False) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        for _ in range(2)
+    ]
     assert [r.returncode for r in runs] == [0, 0], runs[1].stderr
     assert "resumed" not in runs[0].stderr  # a fresh start says nothing
     lines = [ln for ln in runs[1].stderr.splitlines() if "resumed from snapshot" in ln]
@@ -110,8 +121,10 @@ def test_demo_on_an_unknown_gymnasium_id_stops_at_once(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert cli_main(["demo", "--env", "gymnasium:NoSuchEnv-v0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gymckpt: error: no such Gymnasium environment 'NoSuchEnv-v0': "
-                   "Environment `NoSuchEnv` doesn't exist."]
+    assert err == [
+        "gymckpt: error: no such Gymnasium environment 'NoSuchEnv-v0': "
+        "Environment `NoSuchEnv` doesn't exist."
+    ]
     assert list(tmp_path.iterdir()) == []  # no phase started, no directory made
 
 
@@ -122,23 +135,33 @@ def _without(tmp_path: Path, *modules: str) -> dict[str, str]:
     for module in modules:
         (shadow / module).mkdir(parents=True)
         (shadow / module / "__init__.py").write_text(
-            f"raise ModuleNotFoundError(\"No module named '{module}'\", name={module!r})\n")
+            f"raise ModuleNotFoundError(\"No module named '{module}'\", name={module!r})\n"
+        )
     path = os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path}
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize(("argv", "missing", "extra"), [
-    (["demo", "--env", "gymnasium:CartPole-v1"], "gymnasium", "gymnasium"),
-    (["bench", "host", "--quick", "--no-ray"], "gymnasium", "gymnasium"),
-    (["bench", "memory", "--quick"], "psutil", "bench"),
-])
+@pytest.mark.parametrize(
+    ("argv", "missing", "extra"),
+    [
+        (["demo", "--env", "gymnasium:CartPole-v1"], "gymnasium", "gymnasium"),
+        (["bench", "host", "--quick", "--no-ray"], "gymnasium", "gymnasium"),
+        (["bench", "memory", "--quick"], "psutil", "bench"),
+    ],
+)
 def test_a_missing_extra_is_one_line_naming_it(
     tmp_path: Path, argv: list[str], missing: str, extra: str
 ) -> None:
-    done = subprocess.run([sys.executable, "-m", "gymckpt", *argv], cwd=tmp_path,
-                          env=_without(tmp_path, missing), capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gymckpt", *argv],
+        cwd=tmp_path,
+        env=_without(tmp_path, missing),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
@@ -165,9 +188,16 @@ def test_mypy_sees_gymckpt_types_after_the_readme_editable_install(tmp_path: Pat
     """The README's ``pip install -e .`` of a clone, in a fresh virtual environment (its own
     pip: the test's environment is left alone), then mypy on a user's file."""
     src = tmp_path / "clone"  # the checkout as it is (a file not yet committed included)
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                            "--exclude-standard"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         path = REPO / name
         (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -178,31 +208,64 @@ def test_mypy_sees_gymckpt_types_after_the_readme_editable_install(tmp_path: Pat
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], capture_output=True, text=True, check=True).stdout
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     # the dependencies, from this environment (installing them again is not the point)
-    ours = subprocess.run([sys.executable, "-c", "import attrs, os; print(os.path.dirname("
-                           "os.path.dirname(attrs.__file__)))"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    ours = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import attrs, os; print(os.path.dirname(os.path.dirname(attrs.__file__)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(site.strip()) / "deps.pth").write_text(ours + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(src)],
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(src)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     user = tmp_path / "user"
     user.mkdir()
-    (user / "train.py").write_text(textwrap.dedent('''
+    (user / "train.py").write_text(
+        textwrap.dedent("""
         import gymckpt
 
         config = gymckpt.RuntimeConfig(lease_s=60.0)
         lease: int = config.lease_s  # a float: only gymckpt's own types can tell
-    '''))
+    """)
+    )
     checked = subprocess.run(
-        [str(Path(sys.executable).parent / "mypy"), "--python-executable", str(py),
-         "--no-incremental", "train.py"], cwd=user, capture_output=True, text=True,
-        timeout=300, check=False)
+        [
+            str(Path(sys.executable).parent / "mypy"),
+            "--python-executable",
+            str(py),
+            "--no-incremental",
+            "train.py",
+        ],
+        cwd=user,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert checked.returncode == 1, checked.stdout
     assert checked.stdout.splitlines()[:-1] == [
         'train.py:5: error: Incompatible types in assignment (expression has type "float", '
-        'variable has type "int")  [assignment]'], checked.stdout
-    imported = subprocess.run([str(py), "-c", "import gymckpt; print(gymckpt.__file__)"],
-                              cwd=user, capture_output=True, text=True, check=True)
+        'variable has type "int")  [assignment]'
+    ], checked.stdout
+    imported = subprocess.run(
+        [str(py), "-c", "import gymckpt; print(gymckpt.__file__)"],
+        cwd=user,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert imported.stdout.strip() == str(src / ".typecheck" / "gymckpt" / "__init__.py")

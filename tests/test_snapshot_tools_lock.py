@@ -25,8 +25,7 @@ from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import RuntimeConfig, WorkDirLock, workdir_of
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0)
+CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 HOLDER = """
 import sys
@@ -41,12 +40,21 @@ lock.release()
 
 def make_workdir(workdir: Path) -> None:
     """Three snapshots by a real trainer, then a restore (a pinned copy under restored/)."""
+
     async def run() -> None:
         for gym_dir in ("gym", "gym2"):
-            async with calendar_embedded(instances=2, seed=3, work_dir=workdir.parent / gym_dir,
-                                         config=SIM) as gym:
-                async with open_rollouts(gym, workdir, rows=12, group_size=2, config=CONFIG,
-                                         max_rows_in_flight=6, keep_snapshots=0) as ro:
+            async with calendar_embedded(
+                instances=2, seed=3, work_dir=workdir.parent / gym_dir, config=SIM
+            ) as gym:
+                async with open_rollouts(
+                    gym,
+                    workdir,
+                    rows=12,
+                    group_size=2,
+                    config=CONFIG,
+                    max_rows_in_flight=6,
+                    keep_snapshots=0,
+                ) as ro:
                     for _ in range(3 if gym_dir == "gym" else 1):
                         await trio.sleep(1)
                         assert (await ro.checkpoint()).ok
@@ -68,8 +76,12 @@ def workdir(tmp_path: Path) -> Path:
 @pytest.fixture
 def trainer(workdir: Path) -> Iterator[subprocess.Popen[str]]:
     """Another process holding the work directory's lock, as a running trainer does."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(workdir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
         yield proc
@@ -82,7 +94,9 @@ def trainer(workdir: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 def test_prune_refuses_in_every_form_of_dir_while_a_trainer_holds_the_lock(
-    workdir: Path, trainer: subprocess.Popen[str], tmp_path: Path,
+    workdir: Path,
+    trainer: subprocess.Popen[str],
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # the checkpoint the trainer is writing right now
@@ -92,9 +106,15 @@ def test_prune_refuses_in_every_form_of_dir_while_a_trainer_holds_the_lock(
     assert "ckpt-000004" in before and ".staging-run-0099" in before
     link = tmp_path / "snaps-link"
     link.symlink_to(workdir / "snapshots", target_is_directory=True)
-    forms = [workdir, workdir / "snapshots", workdir / "snapshots" / ".." / "snapshots", link,
-             workdir / "snapshots" / "ckpt-000001", workdir / "restored",
-             workdir / "restored" / "ckpt-000003"]
+    forms = [
+        workdir,
+        workdir / "snapshots",
+        workdir / "snapshots" / ".." / "snapshots",
+        link,
+        workdir / "snapshots" / "ckpt-000001",
+        workdir / "restored",
+        workdir / "restored" / "ckpt-000003",
+    ]
     capsys.readouterr()
     for form in forms:
         for how in (["--keep", "1"], ["--all"]):
@@ -112,12 +132,15 @@ def test_prune_through_the_snapshot_root_once_the_trainer_is_gone(
 ) -> None:
     (workdir / "snapshots" / ".staging-run-0099").mkdir()  # a crashed trainer's leftover
     capsys.readouterr()
-    assert cli_main(["snapshots", "prune", str(workdir / "snapshots"), "--keep", "1",
-                     "--json"]) == 0
+    assert (
+        cli_main(["snapshots", "prune", str(workdir / "snapshots"), "--keep", "1", "--json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [Path(p).name for p in out["removed"]] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
     assert [(r["name"], r["pinned"]) for r in out["snapshots"]] == [
-        ("ckpt-000004", False), ("ckpt-000003", True)]  # the pinned copy is listed and kept
+        ("ckpt-000004", False),
+        ("ckpt-000003", True),
+    ]  # the pinned copy is listed and kept
     assert [n for n in snapshot_names(workdir) if not n.startswith(".")] == ["ckpt-000004"]
     assert ".staging-run-0099" not in snapshot_names(workdir)
     assert not (workdir / "snapshots" / ".gymckpt.lock").exists()  # the work directory's lock
@@ -151,10 +174,13 @@ def test_prune_of_one_snapshot_or_of_the_restore_copies_is_refused(
 ) -> None:
     before = snapshot_names(workdir)
     capsys.readouterr()
-    assert cli_main(["snapshots", "prune", str(workdir / "snapshots" / "ckpt-000002"),
-                     "--keep", "1"]) == 2
+    assert (
+        cli_main(["snapshots", "prune", str(workdir / "snapshots" / "ckpt-000002"), "--keep", "1"])
+        == 2
+    )
     assert "is one snapshot; prune takes its work directory or snapshot root" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     assert cli_main(["snapshots", "prune", str(workdir / "restored"), "--keep", "1"]) == 2
     assert "holds the copies restores work from" in capsys.readouterr().err
     assert snapshot_names(workdir) == before

@@ -90,9 +90,21 @@ async def test_an_instance_that_dies_inside_a_retire_reports_dead_and_its_replac
 def test_the_hostile_seed_that_found_it_holds() -> None:
     """Seed 1647 of the hostile simulation, replayed as the CLI replays it."""
     done = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "1", "--start", "1647",
-         "--hostile"],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "simulate",
+            "--seeds",
+            "1",
+            "--start",
+            "1647",
+            "--hostile",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1 passed, 0 failed" in done.stdout

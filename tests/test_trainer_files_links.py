@@ -28,15 +28,21 @@ from gymckpt.runtime import RuntimeConfig, TopologyMismatch, load_snapshot, reco
 from gymckpt.runtime.lowlevel import COMMIT_MARKER
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=2,
+)
 
 
 @asynccontextmanager
 async def running(workdir: Path, gym_dir: Path, **kw: Any) -> AsyncIterator[Rollouts]:
     async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=SIM) as gym:
-        async with open_rollouts(gym, workdir, rows=12, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6, **kw) as ro:
+        async with open_rollouts(
+            gym, workdir, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6, **kw
+        ) as ro:
             yield ro
 
 
@@ -117,7 +123,8 @@ async def test_verify_and_restore_refuse_a_link_inside_trainer_of_an_existing_sn
     async with running(tmp_path / "w", tmp_path / "gym") as ro:
         await trio.sleep(1)
         outcome = await ro.checkpoint(
-            b"{}", files=lambda d: (d / "model.bin").write_bytes(b"weights v1"))
+            b"{}", files=lambda d: (d / "model.bin").write_bytes(b"weights v1")
+        )
         assert outcome.ok and outcome.snapshot is not None
     snap = outcome.snapshot.path
     # what a snapshot committed with a link looks like: the link, digested by its target
@@ -135,8 +142,14 @@ async def test_verify_and_restore_refuse_a_link_inside_trainer_of_an_existing_sn
     err = capsys.readouterr().err
     assert f"trainer/model.bin: a symbolic link (to {str(target)!r})" in err, err
 
-    with pytest.RaisesGroup(pytest.RaisesExc(TopologyMismatch, match=r"trainer/model.bin: a "
-                                             r"symbolic link"),
-                            flatten_subgroups=True, allow_unwrapped=True):
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(
+            TopologyMismatch,
+            match=r"trainer/model.bin: a "
+            r"symbolic link",
+        ),
+        flatten_subgroups=True,
+        allow_unwrapped=True,
+    ):
         async with running(tmp_path / "w", tmp_path / "gym2"):
             pass

@@ -45,17 +45,25 @@ from gymckpt.runtime import (
 from gymckpt.runtime.lowlevel import COMMIT_MARKER, STEP_FILE
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
-CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0,
-                       lease_s=30.0, max_consecutive_failures=2)
+CONFIG = RuntimeConfig(
+    control_timeout_s=2.0,
+    reply_grace_s=0.5,
+    drain_timeout_s=5.0,
+    lease_s=30.0,
+    max_consecutive_failures=2,
+)
 
 
 @asynccontextmanager
-async def running(workdir: Path, gym_dir: Path, rows: int = 12, faults: tuple[str, ...] = (),
-                  **kw: Any) -> AsyncIterator[Rollouts]:
-    async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=SIM,
-                                 faults=faults) as gym:
-        async with open_rollouts(gym, workdir, rows=rows, group_size=2, config=CONFIG,
-                                 max_rows_in_flight=6, **kw) as ro:
+async def running(
+    workdir: Path, gym_dir: Path, rows: int = 12, faults: tuple[str, ...] = (), **kw: Any
+) -> AsyncIterator[Rollouts]:
+    async with calendar_embedded(
+        instances=2, seed=3, work_dir=gym_dir, config=SIM, faults=faults
+    ) as gym:
+        async with open_rollouts(
+            gym, workdir, rows=rows, group_size=2, config=CONFIG, max_rows_in_flight=6, **kw
+        ) as ro:
             yield ro
 
 
@@ -102,7 +110,9 @@ def test_storage_errors_are_retryable_and_other_os_errors_are_not() -> None:
 
 
 async def test_enospc_while_publishing_is_a_failed_retryable_checkpoint(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     real_write = _store.write_atomic
@@ -159,8 +169,11 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mnt.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                          capture_output=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+        capture_output=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
@@ -189,10 +202,12 @@ def test_a_small_file_system_filling_mid_run(small_tmpfs: Path, tmp_path: Path) 
     async def main() -> list[int]:
         trained: list[int] = []
         sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005), mutation_p=1.0)
-        async with calendar_embedded(instances=2, seed=1, work_dir=tmp_path / "gym",
-                                     config=sim) as gym:
-            async with open_rollouts(gym, workdir, rows=40, group_size=2, config=CONFIG,
-                                     max_rows_in_flight=8) as ro:
+        async with calendar_embedded(
+            instances=2, seed=1, work_dir=tmp_path / "gym", config=sim
+        ) as gym:
+            async with open_rollouts(
+                gym, workdir, rows=40, group_size=2, config=CONFIG, max_rows_in_flight=8
+            ) as ro:
                 async for batch in ro.batches(2):
                     trained += [g.row for g in batch]
                     step = ro.steps + 1
@@ -232,7 +247,7 @@ def test_work_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
     second.release()
 
 
-TRAINER = textwrap.dedent('''
+TRAINER = textwrap.dedent("""
     import json, os, sys
     import trio
     import gymckpt
@@ -263,10 +278,10 @@ TRAINER = textwrap.dedent('''
                     print("step", state["step"], flush=True)
 
     gymckpt.run(main)
-''')
+""")
 
 
-TRAINER_ASYNCIO = textwrap.dedent('''
+TRAINER_ASYNCIO = textwrap.dedent("""
     import asyncio, json, os, sys
     import gymckpt.aio
     from gymckpt.gym_adapter.calendar_env import SimConfig
@@ -293,16 +308,20 @@ TRAINER_ASYNCIO = textwrap.dedent('''
                     print("step", state["step"], flush=True)
 
     gymckpt.aio.run(main)
-''')
+""")
 
 
-def _trainer(tmp_path: Path, work: Path, rows: int, hold: bool = False,
-             flavor: str = "trio") -> subprocess.Popen[str]:
+def _trainer(
+    tmp_path: Path, work: Path, rows: int, hold: bool = False, flavor: str = "trio"
+) -> subprocess.Popen[str]:
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER if flavor == "trio" else TRAINER_ASYNCIO)
     return subprocess.Popen(
         [sys.executable, str(script), str(work), str(rows), "hold" if hold else "go"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -336,8 +355,10 @@ def test_a_second_trainer_on_the_same_work_dir_fails_at_start(tmp_path: Path) ->
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize(("flavor", "sig"), [("trio", signal.SIGTERM), ("trio", signal.SIGINT),
-                                             ("asyncio", signal.SIGTERM)])
+@pytest.mark.parametrize(
+    ("flavor", "sig"),
+    [("trio", signal.SIGTERM), ("trio", signal.SIGINT), ("asyncio", signal.SIGTERM)],
+)
 def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
     tmp_path: Path, flavor: str, sig: signal.Signals
 ) -> None:
@@ -382,8 +403,11 @@ def test_preemption_takes_a_final_snapshot_and_a_rerun_trains_every_step_once(
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 async def test_trainer_files_are_committed_with_the_rollouts_and_restored(
@@ -393,6 +417,7 @@ async def test_trainer_files_are_committed_with_the_rollouts_and_restored(
     gate_open_while_writing: list[bool] = []
 
     async with running(tmp_path / "w", tmp_path / "gym") as ro:
+
         def write(directory: Path) -> None:
             gate_open_while_writing.append(ro.coordinator.gate.is_open)  # Gym not parked
             (directory / "model").mkdir()
@@ -478,10 +503,18 @@ def test_snapshots_list_and_prune(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli_main(["snapshots", "list", str(tmp_path / "w"), "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["pinned"]) for r in listing["snapshots"]] == [
-        ("ckpt-000001", False), ("ckpt-000002", False), ("ckpt-000003", False),
-        ("ckpt-000004", False), ("ckpt-000003", True)]
+        ("ckpt-000001", False),
+        ("ckpt-000002", False),
+        ("ckpt-000003", False),
+        ("ckpt-000004", False),
+        ("ckpt-000003", True),
+    ]
     assert [r["checkpoint_id"] for r in listing["snapshots"]][:4] == [
-        "run-0001", "run-0002", "run-0003", "run-0004"]
+        "run-0001",
+        "run-0002",
+        "run-0003",
+        "run-0004",
+    ]
     assert all(r["bytes"] > 0 for r in listing["snapshots"])
 
     holder = WorkDirLock(tmp_path / "w")
@@ -493,9 +526,14 @@ def test_snapshots_list_and_prune(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli_main(["snapshots", "prune", str(tmp_path / "w"), "--keep", "1", "--json"]) == 0
     pruned = json.loads(capsys.readouterr().out)
     assert [Path(p).name for p in pruned["removed"]] == [
-        "ckpt-000001", "ckpt-000002", "ckpt-000003"]
+        "ckpt-000001",
+        "ckpt-000002",
+        "ckpt-000003",
+    ]
     assert [(r["name"], r["pinned"]) for r in pruned["snapshots"]] == [
-        ("ckpt-000004", False), ("ckpt-000003", True)]  # the pinned copy is kept
+        ("ckpt-000004", False),
+        ("ckpt-000003", True),
+    ]  # the pinned copy is kept
     assert cli_main(["snapshots", "list", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("ckpt-000004") and "(pinned)" in out[1]
@@ -528,7 +566,8 @@ async def test_checkpoint_metrics_and_logs_per_step(
     assert logged[2][1]["checkpoint/since_last_completed_s"] >= 7
     assert at_two["checkpoint/last_size_bytes"] == _store.tree_size(ro.outcomes[0].snapshot.path)  # type: ignore[union-attr]
     assert at_two["checkpoint/last_duration_s"] == pytest.approx(
-        sum(ro.outcomes[0].stage_s.values()), abs=1e-6)
+        sum(ro.outcomes[0].stage_s.values()), abs=1e-6
+    )
     assert {f"checkpoint/stage_{s}_s" for s in ("close", "prepare", "commit", "publish")} <= set(m)
     assert m["checkpoint/completed_total"] == 3 and m["checkpoint/failed_total"] == 0
 
@@ -578,8 +617,9 @@ async def test_a_resumed_run_goes_on_from_the_restored_step(
     (bad / COMMIT_MARKER).write_text(json.dumps(marker))  # a consistent-looking edit
     assert cli_main(["verify", str(bad)]) == 2
     says = r"step\.json: step must be an integer >= 0, got -1"
-    with pytest.RaisesGroup(pytest.RaisesExc(ManifestError, match=says), flatten_subgroups=True,
-                            allow_unwrapped=True):
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(ManifestError, match=says), flatten_subgroups=True, allow_unwrapped=True
+    ):
         async with running(tmp_path / "w", tmp_path / "gym3"):
             pass
 
@@ -614,13 +654,16 @@ def test_demo_config_file_unknown_or_ill_typed_key_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conf = tmp_path / "demo.toml"
-    for body, says in [("[demo]\nrows = 8\nbogus = 1\n", "[demo]: extra fields found (bogus)"),
-                       ("rows = 8\n", "rows at the top level; put it under [demo]"),
-                       ("[runtime]\nlease_seconds = 9\n",
-                        "[runtime]: extra fields found (lease_seconds)"),
-                       ("[runtime]\nlease_s = 1.0\n", "[runtime]: control_timeout_s + "),
-                       ("[demo]\ngroup_size = 'two'\n",
-                        "[demo]: invalid value for type, expected int @ $.group_size")]:
+    for body, says in [
+        ("[demo]\nrows = 8\nbogus = 1\n", "[demo]: extra fields found (bogus)"),
+        ("rows = 8\n", "rows at the top level; put it under [demo]"),
+        ("[runtime]\nlease_seconds = 9\n", "[runtime]: extra fields found (lease_seconds)"),
+        ("[runtime]\nlease_s = 1.0\n", "[runtime]: control_timeout_s + "),
+        (
+            "[demo]\ngroup_size = 'two'\n",
+            "[demo]: invalid value for type, expected int @ $.group_size",
+        ),
+    ]:
         conf.write_text(body)
         assert cli_main(["demo", "--config", str(conf)]) == 2
         err = capsys.readouterr().err
@@ -640,18 +683,24 @@ def test_demo_runtime_settings_from_the_config_file_reach_its_phases() -> None:
 
 
 def test_demo_on_ray_without_the_extra_is_one_line_exit_2() -> None:
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "from gymckpt.nurseries.app.cli import main\n"
-            "sys.exit(main(['demo', '--backend', 'ray']))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from gymckpt.nurseries.app.cli import main\n"
+        "sys.exit(main(['demo', '--backend', 'ray']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        "gymckpt: error: --backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"]
+        "gymckpt: error: --backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"
+    ]
 
 
 async def test_inspect_shows_non_json_trainer_state_as_its_size_and_a_finished_rerun_says_so(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with running(tmp_path / "w", tmp_path / "gym") as ro:
@@ -672,9 +721,25 @@ async def test_inspect_shows_non_json_trainer_state_as_its_size_and_a_finished_r
 def test_sigterm_to_gymckpt_demo_leaves_a_snapshot_and_exits_0(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     demo = subprocess.Popen(
-        [sys.executable, "-m", "gymckpt", "demo", "--rows", "2000", "--group-size", "2",
-         "--crash-after-checkpoint", "0", "--checkpoint-every", "1", "--workdir", str(work)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "demo",
+            "--rows",
+            "2000",
+            "--group-size",
+            "2",
+            "--crash-after-checkpoint",
+            "0",
+            "--checkpoint-every",
+            "1",
+            "--workdir",
+            str(work),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     journal = work / "journal.jsonl"
     # the demo's own progress line says a step was trained: read stderr as it comes (an event,
@@ -714,8 +779,11 @@ def test_sigterm_to_gymckpt_demo_leaves_a_snapshot_and_exits_0(tmp_path: Path) -
     assert lines[-1] == f"gymckpt: demo stopped by SIGTERM; the trainer left snapshot {latest.path}"
     assert all(line.startswith(("phase", "[phase")) for line in lines[:-1]), lines
     state = json.loads(load_snapshot(latest.path).files["trainer.json"])
-    trained_steps = [json.loads(line)["step"] for line in journal.read_text().splitlines()
-                     if '"step"' in line and '"rows"' in line]
+    trained_steps = [
+        json.loads(line)["step"]
+        for line in journal.read_text().splitlines()
+        if '"step"' in line and '"rows"' in line
+    ]
     assert state["step"] == len(trained_steps) < 1000  # stopped early, every step in it
 
 
