@@ -18,6 +18,7 @@ registers their own with ``register_state_codec(name, codec)``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
@@ -156,10 +157,16 @@ def register_state_codec(name: str, codec: StateCodec) -> None:
     _CODECS[name] = codec
 
 
+_VERSION_SUFFIX: Final = re.compile(r"-v\d+$")
+
+
 def codec_for(env_id: str, codecs: Mapping[str, StateCodec] | None = None) -> StateCodec | None:
-    """The codec of ``env_id`` (by id, then by name without version), or None."""
+    """The codec of ``env_id`` (by id, then by name without its version), or None.
+
+    The version is a trailing ``-v<digits>``, as gymnasium's ``parse_env_id`` reads it: an id
+    like ``"Foo-vision"`` has no version and is looked up whole, never as ``"Foo"``."""
     table = _CODECS if codecs is None else codecs
     if env_id in table:
         return table[env_id]
-    name = env_id.split(":")[-1].rsplit("-v", 1)[0]
+    name = _VERSION_SUFFIX.sub("", env_id.split(":")[-1])
     return table.get(name)

@@ -182,13 +182,13 @@ def test_codec_for_prefers_the_id_over_the_name() -> None:
     assert codec_for("NoSuchEnv-v0") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="codec_for strips any '-v…' tail, not only a version: 'Foo-vision' (no version, "
-    "gymnasium's parse_env_id names it 'Foo-vision') gets the codec registered for 'Foo'",
-)
 def test_codec_for_strips_only_a_version() -> None:
-    assert codec_for("Foo-vision", {"Foo": AttributeCodec(())}) is None
+    """A trailing ``-v<digits>`` is a version; ``-vision`` is part of the name (gymnasium's
+    ``parse_env_id`` reads ``"Foo-vision"`` as the name ``"Foo-vision"``, no version)."""
+    codec = AttributeCodec(())
+    assert codec_for("Foo-vision", {"Foo": codec}) is None
+    assert codec_for("Foo-v12", {"Foo": codec}) is codec
+    assert codec_for("pkg.mod:Foo-v0", {"Foo": codec}) is codec
 
 
 def test_register_state_codec(monkeypatch: pytest.MonkeyPatch) -> None:
