@@ -1,0 +1,216 @@
+"""Tests of ``gym_adapter.calendar_env``: ``calendar_embedded``, ``calendar_sessions_of``,
+``plan_episode`` and ``sentinel`` (an episode's plan is a function of (seed, row, slot) only),
+and what ``SimConfig`` and the workplace builders refuse.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from gymckpt.gym_adapter import ReplyStream, RunReply, RunRow
+from gymckpt.gym_adapter.calendar_env import (
+    CALENDAR,
+    CalendarEvent,
+    CalendarServer,
+    CalendarState,
+    SimConfig,
+    calendar_embedded,
+    calendar_environment,
+    calendar_sessions_of,
+    calendar_workplace,
+    capture_key,
+    plan_episode,
+    sentinel,
+    session_key,
+)
+
+FAST = SimConfig(turns=(2, 4), turn_s=(0.01, 0.02), mutation_p=0.5)
+
+
+async def drain(stream: ReplyStream) -> list[RunReply]:
+    return [reply async for batch in stream for reply in batch]
+
+
+def planned_sentinels(seed: int, row: int, slot: int, config: SimConfig) -> tuple[str, ...]:
+    plan = plan_episode(seed, row, slot, config)
+    return tuple(sentinel(row, slot, t) for t in range(plan.turns) if plan.mutates[t])
+
+
+# -- plan_episode and sentinel -----------------------------------------------------------------
+
+
+def test_a_plan_is_a_function_of_seed_row_and_slot_only() -> None:
+    forward = [plan_episode(3, row, slot, FAST) for row in range(20) for slot in range(2)]
+    backward = [plan_episode(3, row, slot, FAST) for row in reversed(range(20)) for slot in (1, 0)]
+    assert forward == list(reversed(backward))  # the order of the calls does not matter
+    draws = [(p.durations, tuple(pl.split(":")[1] for pl in p.payloads)) for p in forward]
+    assert len(set(draws)) == len(forward)  # each (row, slot) draws its own numbers
+    other_seed = [plan_episode(4, row, slot, FAST) for row in range(20) for slot in range(2)]
+    assert all(a != b for a, b in zip(forward, other_seed, strict=True))
+
+
+def test_a_plan_is_the_same_in_another_process() -> None:
+    """No hash randomisation or process state enters a plan: a restored run in a new process
+    checks the same sentinels."""
+    code = (
+        "from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode\n"
+        "print(repr(plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    here = plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))
+    assert out == repr(here)
+
+
+def test_a_plan_keeps_within_its_config() -> None:
+    cfg = SimConfig(turns=(3, 6), turn_s=(0.5, 0.75), mutation_p=0.5)
+    plans = [plan_episode(1, row, 0, cfg) for row in range(200)]
+    assert {p.turns for p in plans} == {3, 4, 5, 6}
+    for row, p in enumerate(plans):
+        assert len(p.durations) == len(p.mutates) == len(p.payloads) == p.turns
+        assert all(0.5 <= d <= 0.75 for d in p.durations)
+        assert all(pl.startswith(f"{row}-0/t{t}:") for t, pl in enumerate(p.payloads))
+        assert 0.0 <= p.reward < 1.0
+    assert 0.3 < sum(m for p in plans for m in p.mutates) / sum(p.turns for p in plans) < 0.7
+    never = SimConfig(turns=(2, 2), mutation_p=0.0)
+    always = SimConfig(turns=(2, 2), mutation_p=1.0)
+    assert all(not any(plan_episode(1, r, 0, never).mutates) for r in range(20))
+    assert all(all(plan_episode(1, r, 0, always).mutates) for r in range(20))
+    fixed = SimConfig(turns=(1, 1), turn_s=(0.25, 0.25))
+    assert plan_episode(1, 0, 0, fixed).durations == (0.25,)
+
+
+def test_sentinels_session_keys_and_capture_keys_name_their_turn() -> None:
+    assert sentinel(12, 3, 4) == "sentinel:12-3:t4"
+    assert session_key(12, 3) == "12-3"
+    keys = {capture_key(12, 3, t) for t in range(5)} | {capture_key(12, 4, 0)}
+    assert len(keys) == 6
+    assert capture_key(12, 3, 1) == capture_key(12, 3, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"turns": (0, 2)}, "turns must be at least 1"),
+        ({"turns": (3, 2)}, r"turns must be a \(low, high\) pair"),
+        ({"turns": (1, True)}, r"turns must be a \(low, high\) pair"),
+        ({"turns": [1, 2]}, r"turns must be a \(low, high\) pair"),
+        ({"turn_s": (-0.1, 0.2)}, r"turn_s must be a \(low, high\) pair"),
+        ({"turn_s": (1, 2)}, r"turn_s must be a \(low, high\) pair"),
+        ({"mutation_p": 1.5}, "mutation_p"),
+        ({"mutation_p": -0.1}, "mutation_p"),
+        ({"lease_s": 0.0}, "lease_s"),
+        ({"max_batch": 0}, "max_batch"),
+    ],
+)
+def test_sim_config_refuses_bad_knobs(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SimConfig(**kwargs)
+
+
+def test_the_calendar_server_exports_and_restores_its_events() -> None:
+    state = CalendarState([CalendarEvent(0, "m 0", "s0"), CalendarEvent(2, "m 2", "s2")])
+    server = CalendarServer()
+    assert (server.name, server.kind, server.retained) == (CALENDAR, "environment", True)
+    again = server.restore(server.export(state))
+    assert again.events == state.events
+    assert server.restore(server.export(CalendarState())).events == []
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: calendar_environment("robot"), "agent kind must be one of simple_agent"),
+        (lambda: calendar_workplace(0), "instances must be >= 1, got 0"),
+        (lambda: calendar_workplace(2, ["simple_agent"]), "got 1 agent kinds for 2 instances"),
+        (lambda: calendar_workplace(2, ["simple_agent", "robot"]), "got 'robot'"),
+    ],
+)
+def test_the_workplace_builders_refuse_bad_kinds_and_counts(call: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()  # type: ignore[operator]
+
+
+# -- calendar_embedded and calendar_sessions_of -------------------------------------------------
+
+
+async def test_calendar_embedded_serves_the_workplace_with_its_agent_kinds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kinds = ["legacy_agent", "simple_agent"]
+    async with calendar_embedded(instances=2, agent_kinds=kinds, seed=5, config=FAST) as gym:
+        assert gym.instances == ("gym-0", "gym-1")
+        topo = await gym.topology()
+        assert [i.participants for i in topo.instances] == [
+            (("agent", kind), ("calendar", "environment"), ("model_proxy", "model_proxy"))
+            for kind in kinds
+        ]
+        host = gym.sim("gym-1")
+        assert host.seed == 5 and host.config == FAST.host_config()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"instances": 0}, "instances must be >= 1"),
+        ({"agent_kinds": "robot"}, "agent kind must be one of"),
+        ({"instances": 2, "agent_kinds": ["simple_agent"]}, "got 1 agent kinds for 2"),
+        ({"faults": ["commit:vanish"]}, "vanish"),
+    ],
+)
+async def test_calendar_embedded_refuses_bad_input_before_serving(
+    kwargs: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        async with calendar_embedded(**kwargs):
+            pytest.fail("served bad input")
+
+
+async def test_calendar_sessions_hold_exactly_the_planned_sentinels(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    seed = 7
+    async with calendar_embedded(instances=2, seed=seed, work_dir=tmp_path, config=FAST) as gym:
+        assert await calendar_sessions_of(gym, "gym-0") == {}
+        rows = [RunRow(f"{r}-{s}", r, s, 0) for r in range(6) for s in range(2)]
+        replies = await drain(await gym.run("gym-0", rows))
+        assert len(replies) == len(rows)
+        sessions = await calendar_sessions_of(gym, "gym-0")
+        assert set(sessions) == {session_key(r.row, r.slot) for r in rows}
+        for row in rows:
+            got = sessions[session_key(row.row, row.slot)]
+            assert (got.key, got.rollout_id, got.attempt) == (
+                f"{row.row}-{row.slot}",
+                row.rollout_id,
+                0,
+            )
+            assert got.sentinels == planned_sentinels(seed, row.row, row.slot, FAST)
+            assert [e.turn for e in got.events] == [
+                int(s.rsplit(":t", 1)[1]) for s in got.sentinels
+            ]
+        assert any(s.sentinels for s in sessions.values())
+        assert await calendar_sessions_of(gym, "gym-1") == {}  # per instance
+        rewards = {r.rollout_id: r.reward for r in replies}  # type: ignore[union-attr]
+        assert rewards["3-1"] == plan_episode(seed, 3, 1, FAST).reward
+
+
+async def test_the_same_seed_plays_the_same_calendar(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def play(seed: int) -> dict[str, tuple[str, ...]]:
+        async with calendar_embedded(seed=seed, config=FAST) as gym:
+            await drain(await gym.run("gym-0", [RunRow(f"{r}-0", r, 0, 0) for r in range(8)]))
+            return {k: s.sentinels for k, s in (await calendar_sessions_of(gym, "gym-0")).items()}
+
+    first, again, other = await play(1), await play(1), await play(2)
+    assert first == again
+    assert first != other
