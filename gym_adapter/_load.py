@@ -86,10 +86,15 @@ def load_environment(path: EnvironmentSource) -> Environment:
         return gymnasium_environment(path.removeprefix("gymnasium:"))
     elif callable(path):
         env = path()
-    else:
+    elif isinstance(path, str):
         env = _resolve(path)
         if not isinstance(env, Environment) and callable(env):
             env = env()
+    else:
+        raise ValueError(
+            f"environment {path!r} is a {type(path).__name__}: give an Environment, a factory "
+            "of one, an EnvironmentRef or an import path 'package.module:name'"
+        )
     if not isinstance(env, Environment):
         raise ValueError(f"environment {path!r} is a {type(env).__name__}, not an Environment")
     return env

@@ -48,6 +48,8 @@ def test_import_paths_factories_and_environments() -> None:
         ("gymckpt.testing.examples:nothing", "has no nothing"),
         ("gymckpt.testing.examples:__all__", "not an Environment"),
         (EnvironmentRef("gymckpt.gym_adapter.calendar_env:AGENT_KINDS"), "names no factory"),
+        (42, "is a int: give an Environment, a factory of one"),
+        (None, "is a NoneType: give an Environment"),
     ],
 )
 def test_bad_names_are_refused(source: object, expected: str) -> None:
