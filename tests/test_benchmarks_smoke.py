@@ -15,6 +15,15 @@ from typing import Any
 import pytest
 
 from gymckpt.benchmarks.cli import main
+from gymckpt.benchmarks.report import (
+    CheckpointRayResult,
+    CheckpointResult,
+    DrainResult,
+    FanoutResult,
+    MemoryResult,
+    PreservedResult,
+    read_result,
+)
 
 DRAIN_KEYS = {
     "rollouts": int,
@@ -301,36 +310,66 @@ def test_preserved_timeline_model() -> None:
     assert moving_time(10.0, durs, wins, 40.0) == 10.0
 
 
+def _drain_result(**fields: Any) -> DrainResult:
+    """A drain result with an empty sweep and ``fields``, as ``Results.read`` structures it."""
+    base = {
+        "pending": 1,
+        "baseline_wake_ms_median": 25.0,
+        "config": {"trials": 1, "baseline_trials": 1, "interleave": 0},
+        "sweep": [],
+    }
+    return read_result({**base, **fields}, DrainResult, "drain.json")
+
+
 def test_targets_verdicts() -> None:
     from gymckpt.benchmarks.report import TargetRow, targets
 
-    drain = {
-        "rollouts": 200_000,
-        "drain_wake_us_median": 40.0,
-        "drain_wake_ms_p99": 0.3,
-        "speedup": 3000.0,
-        "max_loop_stall_ms": 9.0,
-    }
+    drain = _drain_result(
+        rollouts=200_000,
+        drain_wake_us_median=40.0,
+        drain_wake_ms_p99=0.3,
+        speedup=3000.0,
+        max_loop_stall_ms=9.0,
+    )
     memory = {
+        "method": "fresh subprocess per measurement",
         "results": [
-            {"target_attempts": 1_000_000, "mode": "tracemalloc", "bytes_per_attempt": 101.0},
+            {
+                "target_attempts": 1_000_000,
+                "mode": "tracemalloc",
+                "bytes": 101_000_000,
+                "bytes_per_attempt": 101.0,
+            },
             {
                 "target_attempts": 1_000_000,
                 "mode": "rss",
+                "bytes": 90_000_000,
                 "bytes_per_attempt": 90.0,
                 "gc_full_ms_ledger_only": 3.0,
                 "gc_full_ms_with_ledger": 40.0,
             },
-        ]
+        ],
     }
-    ck = {
-        "in_flight": 200_000,
-        "max_loop_stall_ms": 11.0,
-        "e2e_s": 1.5,
-        "turn_time_wall_s": 30.0,
-        "embedded_dispatch": [{"batch": 64, "rows_per_s": 60_000}],
-    }
-    fo = {
+    ck = read_result(
+        {
+            "in_flight": 200_000,
+            "config": {"instances": 1, "dispatch_batch": 64},
+            "checkpoint_ok": True,
+            "episodes_exported": 200_000,
+            "pending_drained": 0,
+            "snapshot_files": 1,
+            "ledger_json_bytes": 1,
+            "stages": [],
+            "max_loop_stall_ms": 11.0,
+            "e2e_s": 1.5,
+            "turn_time_wall_s": 30.0,
+            "embedded_dispatch": [{"batch": 64, "attempts": 1, "rows_per_s": 60_000}],
+        },
+        CheckpointResult,
+        "checkpoint.json",
+    )
+    fo: dict[str, Any] = {
+        "config": {"warmup": 1, "checkpoints": 1},
         "results": [
             {
                 "actors": k,
@@ -348,13 +387,37 @@ def test_targets_verdicts() -> None:
         "ray_dispatch": {"ok": True, "rows_per_s": 9_999},
     }
     pv = {
+        "config": {
+            "instances": 1,
+            "rows_in_flight": 1,
+            "group_size": 1,
+            "groups_per_step": 1,
+            "train_s": 1.0,
+            "turns": [1, 2],
+            "turn_s": [1.0, 2.0],
+            "kill_window_s": [1.0, 2.0],
+        },
         "kills": 10,
         "gymckpt_redone_fraction_median": 0.1,
         "gymckpt_redone_fraction_pooled": 0.12,
+        "gymckpt_redone_rollout_s_total": 1.0,
+        "baseline_redone_rollout_s_total": 10.0,
         "boundary_mismatches": 0,
         "restores": 10,
+        "per_kill": [],
     }
-    got = {t.key: t.status for t in targets(drain, memory, ck, fo, pv)}
+
+    def verdicts(cr: dict[str, Any] | None = None) -> list[TargetRow]:
+        return targets(
+            drain,
+            read_result(memory, MemoryResult, "memory.json"),
+            ck,
+            read_result(fo, FanoutResult, "fanout.json"),
+            read_result(pv, PreservedResult, "preserved.json"),
+            None if cr is None else read_result(cr, CheckpointRayResult, "checkpoint_ray.json"),
+        )
+
+    got = {t.key: t.status for t in verdicts()}
     assert got == {
         "ledger_bytes_per_attempt": "MISSED",
         "gc_full_ms_1M": "met",
@@ -373,12 +436,14 @@ def test_targets_verdicts() -> None:
     fo["results"][-1]["ok"] = True
     fo["sizes_failed"] = []
     pv["boundary_mismatches"] = 1
-    got = {t.key: t.status for t in targets(drain, memory, ck, fo, pv)}
+    got = {t.key: t.status for t in verdicts()}
     assert got["fanout"] == "met" and got["preserved"] == "MISSED"
-    assert targets(drain, {"results": []}, None, None, None)[0].status == "not measured"
+    no_memory = read_result({"method": "", "results": []}, MemoryResult, "memory.json")
+    assert targets(drain, no_memory, None, None, None)[0].status == "not measured"
     # the checkpoint on Ray has no threshold: reported at 200k with 4 actors, else not
     # measured; a failed run is missed
     cr = {
+        "config": {"in_flight": 200_000, "actors": 4, "turn_s": [1.0, 2.0]},
         "in_flight": 200_000,
         "actors": 4,
         "checkpoint_ok": True,
@@ -388,8 +453,7 @@ def test_targets_verdicts() -> None:
     }
 
     def ray_row(cr: dict[str, Any]) -> TargetRow:
-        rows = targets(drain, memory, ck, fo, pv, cr)
-        return next(t for t in rows if t.key == "checkpoint_e2e_ray")
+        return next(t for t in verdicts(cr) if t.key == "checkpoint_e2e_ray")
 
     assert ray_row(cr).status == "reported"
     assert ray_row(cr).measured.startswith("3.00 s close to resume (+ 20.0 s turn time)")
@@ -509,24 +573,22 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["config"]["turn_s"] == r["turn_s"]
     # the report: a table row per stage, and the targets row (128 is not the target's size)
     lines: list[str] = []
-    checkpoint_ray_section(lines.append, r)
+    ray_result = read_result(r, CheckpointRayResult, "checkpoint_ray.json")
+    checkpoint_ray_section(lines.append, ray_result)
     table = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
     assert [line.split(" | ")[0][2:] for line in table] == [s["stage"] for s in r["stages"]]
     assert "`prepare` " in next(line for line in table if line.startswith("| prepare |"))
     row = next(
         t
         for t in targets(
-            {
-                "rollouts": 1,
-                "drain_wake_us_median": 1.0,
-                "drain_wake_ms_p99": 1.0,
-                "max_loop_stall_ms": 1.0,
-            },
-            {"results": []},
+            _drain_result(
+                rollouts=1, drain_wake_us_median=1.0, drain_wake_ms_p99=1.0, max_loop_stall_ms=1.0
+            ),
+            read_result({"method": "", "results": []}, MemoryResult, "memory.json"),
             None,
             None,
             None,
-            r,
+            ray_result,
         )
         if t.key == "checkpoint_e2e_ray"
     )

@@ -2,8 +2,9 @@
 JSON results, the plots and ``SUMMARY.md`` (headline figures against their targets, saying
 plainly what is missed, why, and what it would take).
 
-One module per part: ``_results`` reads and writes the JSON results, ``_targets`` gives each
-target its verdict, ``_misses`` explains the missed ones, one module per benchmark writes its
+One module per part: ``_records`` is what the report reads of each result, ``_results`` reads
+(structuring each result once into its record) and writes the JSON results, ``_targets`` gives
+each target its verdict, ``_misses`` explains the missed ones, one module per benchmark writes its
 section of the summary (``_drain``, ``_checkpoint``, ``_fanout``, ``_preserved``,
 ``_runtime_tables``), ``_summary`` puts them in order, ``_plots`` draws, ``_run`` runs.
 """
@@ -12,13 +13,29 @@ from __future__ import annotations
 
 from ._checkpoint import checkpoint_ray_section, checkpoint_section
 from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
-from ._results import Results
+from ._records import (
+    CheckpointRayResult,
+    CheckpointResult,
+    DispatchResult,
+    DrainResult,
+    FanoutResult,
+    MemoryResult,
+    PreservedResult,
+)
+from ._results import Results, read_result
 from ._run import rerender, run_all
 from ._summary import write_summary
 from ._targets import TARGETS, Status, TargetRow, targets
 
 __all__ = [
     "TARGETS",
+    "CheckpointRayResult",
+    "CheckpointResult",
+    "DispatchResult",
+    "DrainResult",
+    "FanoutResult",
+    "MemoryResult",
+    "PreservedResult",
     "Results",
     "Status",
     "TargetRow",
@@ -28,6 +45,7 @@ __all__ = [
     "plot_drain",
     "plot_fanout",
     "plot_preserved",
+    "read_result",
     "rerender",
     "run_all",
     "targets",

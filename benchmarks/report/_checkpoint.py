@@ -5,29 +5,29 @@ and median actor per Gym call)."""
 from __future__ import annotations
 
 from ._format import Add, fmt, stall
-from ._results import Result
+from ._records import CheckpointRayResult, CheckpointResult, StageRow
 
 __all__ = ["checkpoint_keys", "checkpoint_ray_section", "checkpoint_section"]
 
 
-def _late(row: Result) -> str:
-    if row["stage"] in ("close+retire", "prepare"):
+def _late(row: StageRow) -> str:
+    if row.stage in ("close+retire", "prepare"):
         return "—"  # virtual time: the heartbeat starts at after_prepare
-    v = row.get("heartbeat_max_late_ms")
+    v = row.heartbeat_max_late_ms
     return "< 1 ms" if v is None else fmt(v, " ms", 1)
 
 
-def checkpoint_section(add: Add, ck: Result) -> None:
-    add(f"## Checkpoint end to end on the embedded Gym ({ck['in_flight']:,} in flight)")
+def checkpoint_section(add: Add, ck: CheckpointResult) -> None:
+    add(f"## Checkpoint end to end on the embedded Gym ({ck.in_flight:,} in flight)")
     add("")
     add(
         f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on `EmbeddedGym` "
-        f"({ck['config']['instances']} instances): ok = {ck['checkpoint_ok']}, "
-        f"{ck['episodes_exported']:,} episodes exported, {ck['pending_drained']} pending "
-        f"drained, {fmt(ck['checkpoint_wall_s'], ' s', 2)} wall. Snapshot on disk: "
-        f"{fmt(ck['snapshot_mib'], ' MiB')} in {ck['snapshot_files']} files "
-        f"({fmt(ck['snapshot_bytes_per_episode'], ' B', 0)} per episode; `ledger.json` "
-        f"{fmt(ck['ledger_json_bytes'] / 2**20, ' MiB')})."
+        f"({ck.config.instances} instances): ok = {ck.checkpoint_ok}, "
+        f"{ck.episodes_exported:,} episodes exported, {ck.pending_drained} pending "
+        f"drained, {fmt(ck.checkpoint_wall_s, ' s', 2)} wall. Snapshot on disk: "
+        f"{fmt(ck.snapshot_mib, ' MiB')} in {ck.snapshot_files} files "
+        f"({fmt(ck.snapshot_bytes_per_episode, ' B', 0)} per episode; `ledger.json` "
+        f"{fmt(ck.ledger_json_bytes / 2**20, ' MiB')})."
     )
     add("")
     add(
@@ -35,17 +35,17 @@ def checkpoint_section(add: Add, ck: Result) -> None:
         "| heartbeat late | inside Gym calls |"
     )
     add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in ck["stages"]:
+    for r in ck.stages:
         extra = ""
-        if "simulated_wait_s" in r:
-            extra = f" (+ {r['simulated_wait_s']:.1f} s simulated wait)"
+        if r.simulated_wait_s is not None:
+            extra = f" (+ {r.simulated_wait_s:.1f} s simulated wait)"
         add(
-            f"| {r['stage']} | {fmt(r['wall_ms'], ' ms', 1)}{extra} | "
-            f"{stall(r['max_loop_stall_ms'])} / {stall(r['max_loop_stall_cpu_ms'])} | "
-            f"{stall(r.get('max_runtime_stall_excluding_gc_ms'))} | "
-            f"{fmt(r['gc_pause_ms'], ' ms', 1)} | "
+            f"| {r.stage} | {fmt(r.wall_ms, ' ms', 1)}{extra} | "
+            f"{stall(r.max_loop_stall_ms)} / {stall(r.max_loop_stall_cpu_ms)} | "
+            f"{stall(r.max_runtime_stall_excluding_gc_ms)} | "
+            f"{fmt(r.gc_pause_ms, ' ms', 1)} | "
             f"{_late(r)} | "
-            f"{fmt(r['in_gym_calls_ms'], ' ms', 1)} |"
+            f"{fmt(r.in_gym_calls_ms, ' ms', 1)} |"
         )
     add("")
     add(
@@ -61,12 +61,12 @@ def checkpoint_section(add: Add, ck: Result) -> None:
         "(the snapshot and publish stages allocate there)."
     )
     add("")
-    emb = ck.get("embedded_dispatch") or []
+    emb = ck.embedded_dispatch or []
     if emb:
         add(
-            f"Filling Gym to {ck['in_flight']:,} in flight took {fmt(ck['fill_wall_s'], ' s')} "
-            f"({ck['embedded_fill_rows_per_s']:,} rows/s, dispatcher batch "
-            f"{ck['config']['dispatch_batch']}). Rows through the whole loop on the embedded "
+            f"Filling Gym to {ck.in_flight:,} in flight took {fmt(ck.fill_wall_s, ' s')} "
+            f"({ck.embedded_fill_rows_per_s:,} rows/s, dispatcher batch "
+            f"{ck.config.dispatch_batch}). Rows through the whole loop on the embedded "
             "Gym (gate, ledger, the host's admission, the episode, the streamed reply, the "
             "completion mutation, the trainer taking the group), virtual clock, Gym sharing "
             "the core. *one_step*: a user's environment whose agent ends the episode in its "
@@ -77,44 +77,45 @@ def checkpoint_section(add: Add, ck: Result) -> None:
         add("")
         add("| episode | dispatcher batch | attempts | wall | rows/s |")
         add("| --- | ---: | ---: | ---: | ---: |")
-        for r in emb:
+        for d in emb:
             add(
-                f"| {r.get('environment', 'calendar')} | {r['batch']} | {r['attempts']:,} | "
-                f"{fmt(r['seconds'], ' s', 2)} | {r['rows_per_s']:,} |"
+                f"| {d.environment or 'calendar'} | {d.batch} | {d.attempts:,} | "
+                f"{fmt(d.seconds, ' s', 2)} | {d.rows_per_s:,} |"
             )
         add("")
 
 
-def checkpoint_ray_section(add: Add, cr: Result) -> None:
-    cfg = cr["config"]
+def checkpoint_ray_section(add: Add, cr: CheckpointRayResult) -> None:
+    cfg = cr.config
     add(
-        f"## Checkpoint end to end on Ray ({cr.get('in_flight', cfg['in_flight']):,} in flight, "
-        f"{cr.get('actors', cfg['actors'])} actors)"
+        f"## Checkpoint end to end on Ray "
+        f"({cfg.in_flight if cr.in_flight is None else cr.in_flight:,} in flight, "
+        f"{cfg.actors if cr.actors is None else cr.actors} actors)"
     )
     add("")
-    if "stages" not in cr:
+    if cr.stages is None:
         add("Not measured: the run failed.")
         add("")
         add("```")
-        add(str(cr.get("error")))
+        add(str(cr.error))
         add("```")
         add("")
         return
     add(
         f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on `RayGym` "
-        f"({cr['actors']} simulated calendar instances, one Ray actor each, started in "
-        f"{fmt(cr.get('actors_start_s'), ' s')} on a local cluster started in "
-        f"{fmt(cr.get('cluster_start_s'), ' s')}), real time throughout: "
-        f"ok = {cr['checkpoint_ok']}, {cr['episodes_exported']:,} episodes exported, "
-        f"{cr['pending_drained']} pending drained, {fmt(cr['checkpoint_wall_s'], ' s', 2)} "
+        f"({cr.actors} simulated calendar instances, one Ray actor each, started in "
+        f"{fmt(cr.actors_start_s, ' s')} on a local cluster started in "
+        f"{fmt(cr.cluster_start_s, ' s')}), real time throughout: "
+        f"ok = {cr.checkpoint_ok}, {cr.episodes_exported:,} episodes exported, "
+        f"{cr.pending_drained} pending drained, {fmt(cr.checkpoint_wall_s, ' s', 2)} "
         f"wall, of which `prepare` (every episode reaching its next step boundary: turns of "
-        f"{cfg['turn_s'][0]:g} to {cfg['turn_s'][1]:g} s) {fmt(cr['turn_time_wall_s'], ' s', 2)}"
-        f": **{fmt(cr['e2e_s'], ' s', 2)} close to resume less the turn time**. Longest loop "
-        f"stall {fmt(cr['max_loop_stall_ms'], ' ms', 1)} (task `{cr['max_loop_stall_task']}`), "
-        f"longest GC pause {fmt(cr['gc_max_pause_ms'], ' ms', 1)}. Filling Gym took "
-        f"{fmt(cr['fill_wall_s'], ' s')} ({cr['fill_rows_per_s']:,} rows/s); "
-        f"{cr['finished_before_checkpoint']} episodes finished before the checkpoint. Snapshot "
-        f"on disk: {fmt(cr['snapshot_mib'], ' MiB')} in {cr['snapshot_files']} files."
+        f"{cfg.turn_s[0]:g} to {cfg.turn_s[1]:g} s) {fmt(cr.turn_time_wall_s, ' s', 2)}"
+        f": **{fmt(cr.e2e_s, ' s', 2)} close to resume less the turn time**. Longest loop "
+        f"stall {fmt(cr.max_loop_stall_ms, ' ms', 1)} (task `{cr.max_loop_stall_task}`), "
+        f"longest GC pause {fmt(cr.gc_max_pause_ms, ' ms', 1)}. Filling Gym took "
+        f"{fmt(cr.fill_wall_s, ' s')} ({cr.fill_rows_per_s:,} rows/s); "
+        f"{cr.finished_before_checkpoint} episodes finished before the checkpoint. Snapshot "
+        f"on disk: {fmt(cr.snapshot_mib, ' MiB')} in {cr.snapshot_files} files."
     )
     add("")
     add(
@@ -122,24 +123,23 @@ def checkpoint_ray_section(add: Add, cr: Result) -> None:
         "| inside Gym calls | slowest / median actor |"
     )
     add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    by_op = cr.get("gym_calls_by_op") or {}
-    for r in cr["stages"]:
+    by_op = cr.gym_calls_by_op or {}
+    for r in cr.stages:
         actors = (
             "; ".join(
-                f"`{op}` {fmt(a['slowest_actor_ms'], ' ms', 1)} / "
-                f"{fmt(a['median_actor_ms'], ' ms', 1)}"
+                f"`{op}` {fmt(a.slowest_actor_ms, ' ms', 1)} / {fmt(a.median_actor_ms, ' ms', 1)}"
                 for op, a in by_op.items()
-                if a["stage"] == r["stage"]
+                if a.stage == r.stage
             )
             or "—"
         )
-        late = r.get("heartbeat_max_late_ms")
+        late = r.heartbeat_max_late_ms
         add(
-            f"| {r['stage']} | {fmt(r['wall_ms'], ' ms', 1)} | "
-            f"{stall(r['max_loop_stall_ms'])} / {stall(r['max_loop_stall_cpu_ms'])} | "
-            f"{fmt(r['gc_pause_ms'], ' ms', 1)} | "
+            f"| {r.stage} | {fmt(r.wall_ms, ' ms', 1)} | "
+            f"{stall(r.max_loop_stall_ms)} / {stall(r.max_loop_stall_cpu_ms)} | "
+            f"{fmt(r.gc_pause_ms, ' ms', 1)} | "
             f"{'< 1 ms' if late is None else fmt(late, ' ms', 1)} | "
-            f"{fmt(r['in_gym_calls_ms'], ' ms', 1)} | {actors} |"
+            f"{fmt(r.in_gym_calls_ms, ' ms', 1)} | {actors} |"
         )
     add("")
     add(
@@ -153,34 +153,40 @@ def checkpoint_ray_section(add: Add, cr: Result) -> None:
     add("")
 
 
-def checkpoint_keys(add: Add, checkpoint: Result | None, checkpoint_ray: Result | None) -> None:
+def checkpoint_keys(
+    add: Add, checkpoint: CheckpointResult | None, checkpoint_ray: CheckpointRayResult | None
+) -> None:
     """The headline keys of ``gymckpt bench checkpoint --json`` from this run, so a reader can
     match the report to that command's output."""
     if checkpoint is not None:
         keys = {
-            k: checkpoint.get(k)
-            for k in ("e2e_s", "max_loop_stall_ms", "gc_max_pause_ms", "bytes_per_attempt")
+            "e2e_s": checkpoint.e2e_s,
+            "max_loop_stall_ms": checkpoint.max_loop_stall_ms,
+            "gc_max_pause_ms": checkpoint.gc_max_pause_ms,
+            "bytes_per_attempt": checkpoint.bytes_per_attempt,
         }
         add(
-            f"`gymckpt bench checkpoint --rollouts {checkpoint['in_flight']} --json` keys, from "
+            f"`gymckpt bench checkpoint --rollouts {checkpoint.in_flight} --json` keys, from "
             "this run: "
             + ", ".join(f"`{k}` = {v}" for k, v in keys.items())
             + ", `stage_s` = "
-            + ", ".join(f"{k} {v:.3f}" for k, v in (checkpoint.get("stage_s") or {}).items())
+            + ", ".join(f"{k} {v:.3f}" for k, v in (checkpoint.stage_s or {}).items())
             + "."
         )
         add("")
-    if checkpoint_ray is not None and "stage_s" in checkpoint_ray:
+    if checkpoint_ray is not None and checkpoint_ray.stage_s is not None:
         keys = {
-            k: checkpoint_ray.get(k)
-            for k in ("e2e_s", "turn_time_wall_s", "max_loop_stall_ms", "gc_max_pause_ms")
+            "e2e_s": checkpoint_ray.e2e_s,
+            "turn_time_wall_s": checkpoint_ray.turn_time_wall_s,
+            "max_loop_stall_ms": checkpoint_ray.max_loop_stall_ms,
+            "gc_max_pause_ms": checkpoint_ray.gc_max_pause_ms,
         }
         add(
-            f"`gymckpt bench checkpoint --backend ray --actors {checkpoint_ray['actors']} "
-            f"--rollouts {checkpoint_ray['in_flight']} --json` keys, from this run: "
+            f"`gymckpt bench checkpoint --backend ray --actors {checkpoint_ray.actors} "
+            f"--rollouts {checkpoint_ray.in_flight} --json` keys, from this run: "
             + ", ".join(f"`{k}` = {v}" for k, v in keys.items())
             + ", `stage_s` = "
-            + ", ".join(f"{k} {v:.3f}" for k, v in checkpoint_ray["stage_s"].items())
+            + ", ".join(f"{k} {v:.3f}" for k, v in checkpoint_ray.stage_s.items())
             + "."
         )
         add("")

@@ -7,26 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._format import Add, fmt
-from ._results import Result
+from ._records import DrainResult
 
-__all__ = ["by_pending", "drain_method_section", "drain_section", "headline"]
-
-
-def headline(drain: Result) -> Result:
-    """The sweep's row at the headline size (``rollouts``): the one the targets are read at."""
-    by_n = {r["in_flight"]: r for r in drain["sweep"]}
-    row: Result = by_n[drain["rollouts"]]
-    return row
+__all__ = ["drain_method_section", "drain_section"]
 
 
-def by_pending(drain: Result) -> dict[int, Result]:
-    """The probed trials at the headline size, by the number of replies pending."""
-    return {r["pending"]: r for r in drain.get("wake_by_pending") or []}
-
-
-def drain_section(add: Add, drain: Result, plots: list[Path]) -> None:
-    n_head = drain["rollouts"]
-    by_p = by_pending(drain)
+def drain_section(add: Add, drain: DrainResult, plots: list[Path]) -> None:
+    n_head = drain.rollouts
+    by_p = drain.by_pending()
     add("## Drain sweep")
     add("")
     add(
@@ -35,16 +23,17 @@ def drain_section(add: Add, drain: Result, plots: list[Path]) -> None:
         "| other processes' CPU |"
     )
     add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in drain["sweep"]:
-        o, b = r["ours"], r["baseline"]
+    for r in drain.sweep:
+        o, b = r.ours, r.baseline
+        load = None if r.machine_load is None else r.machine_load.other_processes_cpu_pct
         add(
-            f"| {r['in_flight']:,} | {fmt(o['wake']['median_us'], ' µs')} / "
-            f"{fmt(o['wake']['p99_us'], ' µs')} | {fmt(o['per_wakeup_us'], ' µs', 2)} | "
-            f"{fmt(o['per_reply_overhead_us'], ' µs', 2)} | "
-            f"{fmt(b['wake']['median_ms'], ' ms')} | {fmt(b['per_wakeup_us'] / 1e3, ' ms', 2)} | "
-            f"{fmt(o['max_loop_stall_ms'], ' ms', 2)} / {fmt(b['max_loop_stall_ms'], ' ms', 1)} "
-            f"| {fmt(r['trio_wake_floor']['median_us'], ' µs')} "
-            f"| {fmt((r.get('machine_load') or {}).get('other_processes_cpu_pct'), ' %')} |"
+            f"| {r.in_flight:,} | {fmt(o.wake.median_us, ' µs')} / "
+            f"{fmt(o.wake.p99_us, ' µs')} | {fmt(o.per_wakeup_us, ' µs', 2)} | "
+            f"{fmt(o.per_reply_overhead_us, ' µs', 2)} | "
+            f"{fmt(b.wake.median_ms, ' ms')} | {fmt(b.per_wakeup_us / 1e3, ' ms', 2)} | "
+            f"{fmt(o.max_loop_stall_ms, ' ms', 2)} / {fmt(b.max_loop_stall_ms, ' ms', 1)} "
+            f"| {fmt(r.trio_wake_floor.median_us, ' µs')} "
+            f"| {fmt(load, ' %')} |"
         )
     add("")
     add(
@@ -54,8 +43,8 @@ def drain_section(add: Add, drain: Result, plots: list[Path]) -> None:
     )
     add("")
     add(
-        f"Trials per size: {drain['config']['trials']} event-driven, "
-        f"{drain['config']['baseline_trials']} polling (fewer above 200k). The polling drain's "
+        f"Trials per size: {drain.config.trials} event-driven, "
+        f"{drain.config.baseline_trials} polling (fewer above 200k). The polling drain's "
         "loop stall is its own scan: one synchronous O(ledger) step every 50 ms."
     )
     add("")
@@ -67,20 +56,20 @@ def drain_section(add: Add, drain: Result, plots: list[Path]) -> None:
             "| per wakeup |"
         )
         add("| ---: | ---: | ---: | ---: | ---: | ---: |")
-        for p, r in sorted(by_p.items()):
+        for p, t in sorted(by_p.items()):
             add(
-                f"| {p} | {fmt(r['wake_us_median'], ' µs')} | {fmt(r['wake_us_p99'], ' µs')} | "
-                f"{fmt(r['reply_to_drain_running_us_median'], ' µs')} | "
-                f"{fmt(r['drain_step_us_median'], ' µs')} | "
-                f"{fmt(r['per_wakeup_us'], ' µs', 2)} |"
+                f"| {p} | {fmt(t.wake_us_median, ' µs')} | {fmt(t.wake_us_p99, ' µs')} | "
+                f"{fmt(t.reply_to_drain_running_us_median, ' µs')} | "
+                f"{fmt(t.drain_step_us_median, ' µs')} | "
+                f"{fmt(t.per_wakeup_us, ' µs', 2)} |"
             )
         add("")
     add("Plots: " + ", ".join(f"[`{p.name}`]({p.name})" for p in plots) + ".")
     add("")
 
 
-def drain_method_section(add: Add, drain: Result) -> None:
-    head = headline(drain)
+def drain_method_section(add: Add, drain: DrainResult) -> None:
+    head = drain.headline()
     add("## How each figure is measured")
     add("")
     add(
@@ -91,7 +80,7 @@ def drain_method_section(add: Add, drain: Result) -> None:
     add(
         "- **Per wakeup (ours)**: the drain's own condition, timed around each real evaluation "
         "(`wait_drained` gets a delegating proxy whose barrier wraps the condition it passes, "
-        f"here `{head['ours'].get('drain_primitive') or '?'}`), median over all evaluations, "
+        f"here `{head.ours.drain_primitive or '?'}`), median over all evaluations, "
         "minus the wrapper's cost. Cross-check (A/B): a pending reply's `mutate_nowait` with "
         "the drain parked minus without any waiter."
     )

@@ -4,23 +4,23 @@ against the step-boundary baseline (which redoes every in-flight rollout)."""
 from __future__ import annotations
 
 from ._format import Add, fmt
-from ._results import Result
+from ._records import PreservedResult
 
 __all__ = ["preserved_section"]
 
 
-def preserved_section(add: Add, pv: Result) -> None:
-    cfg = pv["config"]
+def preserved_section(add: Add, pv: PreservedResult) -> None:
+    cfg = pv.config
     add("## Work preserved across a crash")
     add("")
     add(
-        f"Embedded simulated Gym, {cfg['instances']} instances, "
-        f"{cfg['rows_in_flight']} rows of {cfg['group_size']} episodes kept in flight, episodes "
-        f"of {cfg['turns'][0]}-{cfg['turns'][1]} turns of {cfg['turn_s'][0]:g}-"
-        f"{cfg['turn_s'][1]:g} s (simulated); the trainer takes {cfg['groups_per_step']} groups "
-        f"per step, trains {cfg['train_s']:g} s and checkpoints at every step boundary. "
-        f"{pv['kills']} kill times, uniform in {cfg['kill_window_s'][0]:g}-"
-        f"{cfg['kill_window_s'][1]:g} s; each run is torn down at its kill time with no further "
+        f"Embedded simulated Gym, {cfg.instances} instances, "
+        f"{cfg.rows_in_flight} rows of {cfg.group_size} episodes kept in flight, episodes "
+        f"of {cfg.turns[0]}-{cfg.turns[1]} turns of {cfg.turn_s[0]:g}-"
+        f"{cfg.turn_s[1]:g} s (simulated); the trainer takes {cfg.groups_per_step} groups "
+        f"per step, trains {cfg.train_s:g} s and checkpoints at every step boundary. "
+        f"{pv.kills} kill times, uniform in {cfg.kill_window_s[0]:g}-"
+        f"{cfg.kill_window_s[1]:g} s; each run is torn down at its kill time with no further "
         "checkpoint, then a fresh Gym and trainer restore the latest complete snapshot for "
         "real (`open_rollouts(restore=True)`)."
     )
@@ -30,39 +30,39 @@ def preserved_section(add: Add, pv: Result) -> None:
         "gymckpt redoes | baseline redoes | restored episodes | restore wall |"
     )
     add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for k in pv["per_kill"]:
-        frac = k["gymckpt_redone_fraction"]
+    for k in pv.per_kill:
+        frac = k.gymckpt_redone_fraction
         add(
-            f"| {k['kill_s']:.0f} s | "
+            f"| {k.kill_s:.0f} s | "
             + (
-                f"{k['checkpoint_s']:.0f} s ({k['since_checkpoint_s']:.0f} s before)"
-                if k["restored_checkpoint"]
+                f"{k.checkpoint_s:.0f} s ({k.since_checkpoint_s:.0f} s before)"
+                if k.restored_checkpoint
                 else "none yet"
             )
-            + f" | {k['at_risk_episodes']} ({k['in_flight_at_kill']}) | "
-            f"{k['in_flight_rollout_s']:,.0f} | {k['gymckpt_redone_rollout_s']:,.0f} "
+            + f" | {k.at_risk_episodes} ({k.in_flight_at_kill}) | "
+            f"{k.in_flight_rollout_s:,.0f} | {k.gymckpt_redone_rollout_s:,.0f} "
             f"({fmt(None if frac is None else 100 * frac, ' %')}) | "
-            f"{k['baseline_redone_rollout_s']:,.0f} (100 %) | {k['restored_episodes']} | "
-            f"{fmt(k['restore_wall_s'], ' s', 2)} |"
+            f"{k.baseline_redone_rollout_s:,.0f} (100 %) | {k.restored_episodes} | "
+            f"{fmt(k.restore_wall_s, ' s', 2)} |"
         )
     add("")
     add(
-        f"Over the {pv['kills']} crashes gymckpt redoes a median "
-        f"{fmt(100 * (pv['gymckpt_redone_fraction_median'] or 0), ' %')} (max "
-        f"{fmt(100 * (pv['gymckpt_redone_fraction_max'] or 0), ' %')}) of the in-flight "
-        f"rollout-seconds, {pv['gymckpt_redone_rollout_s_total']:,.0f} rollout-s in all, "
-        f"against {pv['baseline_redone_rollout_s_total']:,.0f} for the step-boundary baseline. "
+        f"Over the {pv.kills} crashes gymckpt redoes a median "
+        f"{fmt(100 * (pv.gymckpt_redone_fraction_median or 0), ' %')} (max "
+        f"{fmt(100 * (pv.gymckpt_redone_fraction_max or 0), ' %')}) of the in-flight "
+        f"rollout-seconds, {pv.gymckpt_redone_rollout_s_total:,.0f} rollout-s in all, "
+        f"against {pv.baseline_redone_rollout_s_total:,.0f} for the step-boundary baseline. "
         f"The timeline model predicted every restored episode's step boundary "
-        f"({pv['boundary_mismatches']} mismatches)."
+        f"({pv.boundary_mismatches} mismatches)."
     )
-    pf = pv.get("parked_fraction_of_rollout_time")
+    pf = pv.parked_fraction_of_rollout_time
     if pf is not None:
         add("")
         add(
             f"What keeping it costs: gymckpt's checkpoints parked episodes at a step boundary "
             f"for {fmt(100 * pf, ' %')} of the time they moved (each checkpoint waits for the "
             "slowest episode's turn to end, here up to "
-            f"{pv['config']['turn_s'][1]:g} s, while the others wait parked). The baseline's "
+            f"{pv.config.turn_s[1]:g} s, while the others wait parked). The baseline's "
             "step-boundary checkpoint does not stop rollouts."
         )
     add("")

@@ -6,6 +6,11 @@ no NaN), so an interrupted run never leaves half a result beside the others. ``R
 is the report's only reader: a directory without the drain, memory and dispatch results is a
 ``ValueError`` that says to run ``all`` first; the other benchmarks are optional (skipped with
 ``--no-ray``, or not part of an older run).
+
+Each result is structured once, here, into its record of ``_records`` by a copy of the
+project's converter that keeps its strict types (no string taken for a number) but skips the
+keys the report does not read; a result that lacks a field the report needs, or holds the
+wrong type, is a ``ValueError`` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -13,13 +18,28 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
+import cattrs
 
-from gymckpt.runtime.lowlevel import write_atomic
+from gymckpt.runtime.lowlevel import converter, write_atomic
 
-__all__ = ["Result", "Results", "dump", "flat"]
+from ._records import (
+    CheckpointRayResult,
+    CheckpointResult,
+    DispatchResult,
+    DrainResult,
+    FanoutResult,
+    MemoryResult,
+    PreservedResult,
+)
+
+__all__ = ["Result", "Results", "dump", "flat", "read_result"]
+
+T = TypeVar("T")
+
+_reader = converter.copy(forbid_extra_keys=False)
 
 Result = dict[str, Any]
 """One benchmark's result, as its ``run_*`` function returns it and its JSON file holds it."""
@@ -29,14 +49,44 @@ Result = dict[str, Any]
 class Results:
     """Every benchmark's result of one run; None for a benchmark the run did not include."""
 
-    drain: Result
-    memory: Result
-    dispatch: Result
+    drain: DrainResult
+    memory: MemoryResult
+    dispatch: DispatchResult
     meta: dict[str, Any]
-    checkpoint: Result | None = None
-    fanout: Result | None = None
-    preserved: Result | None = None
-    checkpoint_ray: Result | None = None
+    checkpoint: CheckpointResult | None = None
+    fanout: FanoutResult | None = None
+    preserved: PreservedResult | None = None
+    checkpoint_ray: CheckpointRayResult | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        drain: Result,
+        memory: Result,
+        dispatch: Result,
+        meta: dict[str, Any],
+        checkpoint: Result | None = None,
+        fanout: Result | None = None,
+        preserved: Result | None = None,
+        checkpoint_ray: Result | None = None,
+    ) -> Results:
+        """The results from each benchmark's JSON form (a file's, or what its ``run_*``
+        function returned), each structured into its record; None for one not run."""
+
+        def opt(data: Result | None, record: type[T], name: str) -> T | None:
+            return None if data is None else read_result(data, record, name)
+
+        return cls(
+            drain=read_result(drain, DrainResult, "drain.json"),
+            memory=read_result(memory, MemoryResult, "memory.json"),
+            dispatch=read_result(dispatch, DispatchResult, "dispatch.json"),
+            meta=meta,
+            checkpoint=opt(checkpoint, CheckpointResult, "checkpoint.json"),
+            fanout=opt(fanout, FanoutResult, "fanout.json"),
+            preserved=opt(preserved, PreservedResult, "preserved.json"),
+            checkpoint_ray=opt(checkpoint_ray, CheckpointRayResult, "checkpoint_ray.json"),
+        )
 
     @classmethod
     def read(cls, out: Path) -> Results:
@@ -54,7 +104,7 @@ class Results:
             raise ValueError(
                 f"{out} lacks drain.json, memory.json or dispatch.json; run `all` first"
             )
-        return cls(
+        return cls.of(
             drain=drain,
             memory=memory,
             dispatch=dispatch,
@@ -64,6 +114,16 @@ class Results:
             preserved=load("preserved.json"),
             checkpoint_ray=load("checkpoint_ray.json"),
         )
+
+
+def read_result(data: Result, cls: type[T], name: str) -> T:
+    """``data`` (the result file ``name`` holds, or a ``run_*`` function returned) as ``cls``;
+    a missing field or a value of the wrong type is a ``ValueError`` naming both."""
+    try:
+        return _reader.structure(data, cls)
+    except cattrs.BaseValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path=name))
+        raise ValueError(f"{problems}; run the benchmark again to rewrite it") from exc
 
 
 def dump(path: Path, data: Result) -> None:

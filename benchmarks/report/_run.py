@@ -95,7 +95,7 @@ def run_all(
     for name in stale:  # results of an earlier run must not pass for this one's
         (out / name).unlink(missing_ok=True)
     progress("writing plots and SUMMARY.md")
-    results = Results(
+    results = Results.of(
         drain=drain,
         memory=memory,
         dispatch=dispatch,
@@ -116,7 +116,14 @@ def run_all(
         "preserved": flat(preserved),
         "targets": [
             t.to_json()
-            for t in targets(drain, memory, checkpoint, fanout, preserved, checkpoint_ray)
+            for t in targets(
+                results.drain,
+                results.memory,
+                results.checkpoint,
+                results.fanout,
+                results.preserved,
+                results.checkpoint_ray,
+            )
         ],
         "files": [str(p) for p in files],
         "meta": meta,

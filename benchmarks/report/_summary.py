@@ -10,7 +10,7 @@ from typing import Any
 from gymckpt.runtime.lowlevel import write_atomic
 
 from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_section
-from ._drain import by_pending, drain_method_section, drain_section, headline
+from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
 from ._misses import miss_lines
@@ -42,8 +42,8 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     misses = miss_lines(
         rows,
         r.drain,
-        headline(r.drain),
-        by_pending(r.drain),
+        r.drain.headline(),
+        r.drain.by_pending(),
         r.checkpoint,
         r.fanout,
         r.checkpoint_ray,

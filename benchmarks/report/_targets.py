@@ -9,7 +9,14 @@ import enum
 import attrs
 
 from ._format import TIMES, at_size, first_line, fmt
-from ._results import Result
+from ._records import (
+    CheckpointRayResult,
+    CheckpointResult,
+    DrainResult,
+    FanoutResult,
+    MemoryResult,
+    PreservedResult,
+)
 
 __all__ = ["TARGETS", "Status", "TargetRow", "targets"]
 
@@ -63,12 +70,12 @@ class TargetRow:
 
 
 def targets(
-    drain: Result,
-    memory: Result,
-    checkpoint: Result | None,
-    fanout: Result | None,
-    preserved: Result | None,
-    checkpoint_ray: Result | None = None,
+    drain: DrainResult,
+    memory: MemoryResult,
+    checkpoint: CheckpointResult | None,
+    fanout: FanoutResult | None,
+    preserved: PreservedResult | None,
+    checkpoint_ray: CheckpointRayResult | None = None,
 ) -> list[TargetRow]:
     """The project's targets, each with the figure measured and its ``Status``: met,
     missed or not measured (a figure measured at another size than the target's counts as
@@ -96,12 +103,12 @@ def targets(
         rows.append(TargetRow(key, figure, target, measured, status, why))
 
     # 1. ledger storage
-    mem = {(r["target_attempts"], r["mode"]): r for r in memory.get("results", [])}
+    mem = {(r.target_attempts, r.mode): r for r in memory.results}
     sizes = sorted({n for n, _m in mem})
     n_mem = 1_000_000 if 1_000_000 in sizes else (sizes[-1] if sizes else None)
     t = mem.get((n_mem, "tracemalloc")) if n_mem else None
     rss = mem.get((n_mem, "rss")) if n_mem else None
-    bpa = t["bytes_per_attempt"] if t else None
+    bpa = t.bytes_per_attempt if t else None
     row(
         "ledger_bytes_per_attempt",
         "ledger bytes per attempt at 1M attempts",
@@ -112,8 +119,8 @@ def targets(
     )
     # what a trainer process pays: open_rollouts froze what lived at its start (the imports),
     # so a full collection walks what the runtime built since (runtime.freeze_startup_objects)
-    gcms = rss.get("gc_full_ms_ledger_only") if rss else None
-    unfrozen = rss.get("gc_full_ms_with_ledger") if rss else None
+    gcms = rss.gc_full_ms_ledger_only if rss else None
+    unfrozen = rss.gc_full_ms_with_ledger if rss else None
     row(
         "gc_full_ms_1M",
         "one full garbage collection with 1M attempts held (startup objects "
@@ -127,9 +134,9 @@ def targets(
     )
 
     # 2. drain
-    n_d = drain["rollouts"]
-    wake = drain["drain_wake_us_median"]
-    p99_ms = drain["drain_wake_ms_p99"]
+    n_d = drain.rollouts
+    wake = drain.drain_wake_us_median
+    p99_ms = drain.drain_wake_ms_p99
     row(
         "drain_wake_median",
         "drain wake latency, median",
@@ -146,7 +153,7 @@ def targets(
         p99_ms <= TARGETS["drain_wake_ms_p99"],
         n_d == 200_000,
     )
-    sp = drain.get("speedup")
+    sp = drain.speedup
     row(
         "drain_speedup",
         "speedup over the polling drain (medians, same run)",
@@ -155,7 +162,7 @@ def targets(
         None if sp is None else sp >= TARGETS["speedup"],
         n_d == 200_000,
     )
-    st = drain["max_loop_stall_ms"]
+    st = drain.max_loop_stall_ms
     row(
         "drain_stall",
         "longest event-loop stall during the drain, all causes, GC included",
@@ -167,12 +174,12 @@ def targets(
 
     # 3. checkpoint on the embedded host
     if checkpoint is not None:
-        n_c = checkpoint["in_flight"]
-        cst = checkpoint["max_loop_stall_ms"]
+        n_c = checkpoint.in_flight
+        cst = checkpoint.max_loop_stall_ms
         # all causes: a task step (GC in it included), and the loop waiting for the GIL while
         # a worker thread holds it, which only the 1 ms heartbeat's lateness shows
         late = max(
-            [r.get("heartbeat_max_late_ms") or 0.0 for r in checkpoint.get("stages", [])],
+            [r.heartbeat_max_late_ms or 0.0 for r in checkpoint.stages],
             default=0.0,
         )
         row(
@@ -190,8 +197,8 @@ def targets(
             max(cst, late) <= TARGETS["loop_stall_ms"],
             n_c >= 200_000,
         )
-        e2e = checkpoint.get("e2e_s")
-        turn = checkpoint.get("turn_time_wall_s")
+        e2e = checkpoint.e2e_s
+        turn = checkpoint.turn_time_wall_s
         row(
             "checkpoint_e2e",
             "whole checkpoint, embedded host, close to resume, less the episodes' turn time",
@@ -200,19 +207,19 @@ def targets(
             None if e2e is None else e2e <= TARGETS["checkpoint_e2e_s"],
             n_c >= 200_000,
         )
-        emb = checkpoint.get("embedded_dispatch") or []
+        emb = checkpoint.embedded_dispatch or []
         # the target's one-step episode; results from before it was measured: the calendar's
-        one = [r for r in emb if r.get("environment") == "one_step"] or emb
-        best = max(one, key=lambda r: r["rows_per_s"]) if one else None
+        one = [r for r in emb if r.environment == "one_step"] or emb
+        best = max(one, key=lambda r: r.rows_per_s) if one else None
         row(
             "dispatch_embedded",
             "dispatch through the whole loop, embedded (one-step episodes)",
             "≥ 50,000 rows/s",
             "n/a"
             if best is None
-            else f"{best['rows_per_s']:,} rows/s (batch {best['batch']}"
-            f"{', ' + best['environment'] if 'environment' in best else ''})",
-            None if best is None else best["rows_per_s"] >= TARGETS["rows_per_s_embedded"],
+            else f"{best.rows_per_s:,} rows/s (batch {best.batch}"
+            f"{'' if best.environment is None else ', ' + best.environment})",
+            None if best is None else best.rows_per_s >= TARGETS["rows_per_s_embedded"],
         )
     else:
         for key, fig, tgt in (
@@ -230,42 +237,45 @@ def targets(
             "not run (--no-ray)" if fanout is None else "not run",
             None,
         )
-    elif not cr.get("checkpoint_ok"):
+    elif not cr.checkpoint_ok:
         row(
             "checkpoint_e2e_ray",
             "whole checkpoint at 200k on Ray with 4 actors",
             "report",
             "failed: "
-            + first_line(cr.get("checkpoint_error") or cr.get("error"))
-            + at_size(cr.get("in_flight"), 200_000),
+            + first_line(cr.checkpoint_error or cr.error)
+            + at_size(cr.in_flight, 200_000),
             False,
             report_only=True,
         )
     else:
-        n_r = cr["in_flight"]
+        n_r = cr.in_flight
         row(
             "checkpoint_e2e_ray",
             "whole checkpoint at 200k on Ray with 4 actors",
             "report",
-            f"{fmt(cr['e2e_s'], ' s', 2)} close to resume (+ "
-            f"{fmt(cr['turn_time_wall_s'], ' s', 1)} turn time), longest loop stall "
-            f"{fmt(cr['max_loop_stall_ms'], ' ms', 1)}, {cr['actors']} actors"
-            + at_size(n_r, 200_000),
+            f"{fmt(cr.e2e_s, ' s', 2)} close to resume (+ "
+            f"{fmt(cr.turn_time_wall_s, ' s', 1)} turn time), longest loop stall "
+            f"{fmt(cr.max_loop_stall_ms, ' ms', 1)}, {cr.actors} actors" + at_size(n_r, 200_000),
             True,
-            n_r >= 200_000 and cr["actors"] == 4,
+            n_r is not None and n_r >= 200_000 and cr.actors == 4,
             report_only=True,
         )
 
     # 4. Ray: dispatch and fan-out
-    disp = (fanout or {}).get("ray_dispatch") or {}
-    rps = disp.get("rows_per_s") if disp.get("ok") else None
+    disp = None if fanout is None else fanout.ray_dispatch
+    rps = disp.rows_per_s if disp is not None and disp.ok else None
     row(
         "dispatch_ray",
         "dispatch through the whole loop on Ray, 2 actors",
         "≥ 10,000 rows/s",
         "not run"
         if fanout is None
-        else (f"{rps:,} rows/s" if rps is not None else f"failed: {disp.get('error')}"),
+        else (
+            f"{rps:,} rows/s"
+            if rps is not None
+            else f"failed: {None if disp is None else disp.error}"
+        ),
         None if rps is None else rps >= TARGETS["rows_per_s_ray"],
         why="" if fanout is not None else "skipped (--no-ray)",
     )
@@ -278,26 +288,25 @@ def targets(
             None,
         )
     else:
-        res = {r["actors"]: r for r in fanout["results"]}
-        top = max((k for k, r in res.items() if r["ok"]), default=None)
-        failed = fanout["sizes_failed"]
-        m = (fanout.get("models") or {}).get("commit_stage_ms")
+        res = {r.actors: r for r in fanout.results}
+        top = max((k for k, r in res.items() if r.ok), default=None)
+        failed = fanout.sizes_failed
+        m = (fanout.models or {}).get("commit_stage_ms")
         if top is None:
-            text = "no size measured: " + str(next(iter(res.values()))["error"])
+            text = "no size measured: " + str(next(iter(res.values())).error)
         else:
             r = res[top]
             text = (
-                f"{top} actors: prepare {fmt(r['prepare']['stage_ms'], ' ms')}, commit "
-                f"{fmt(r['commit']['stage_ms'], ' ms')}, resume "
-                f"{fmt(r['resume']['stage_ms'], ' ms')} (slowest instance "
-                f"{fmt(r['prepare']['slowest_ms'], '')} / "
-                f"{fmt(r['commit']['slowest_ms'], '')} / "
-                f"{fmt(r['resume']['slowest_ms'], ' ms')})"
+                f"{top} actors: prepare {fmt(r.op('prepare').stage_ms, ' ms')}, commit "
+                f"{fmt(r.op('commit').stage_ms, ' ms')}, resume "
+                f"{fmt(r.op('resume').stage_ms, ' ms')} (slowest instance "
+                f"{fmt(r.op('prepare').slowest_ms, '')} / "
+                f"{fmt(r.op('commit').slowest_ms, '')} / "
+                f"{fmt(r.op('resume').slowest_ms, ' ms')})"
             )
             if m is not None:
                 text += (
-                    f"; commit at 64 actors {fmt(m['at']['64'], ' ms', 0)} by the model "
-                    f"(R² {m['r2']})"
+                    f"; commit at 64 actors {fmt(m.at['64'], ' ms', 0)} by the model (R² {m.r2})"
                 )
         if failed:
             text += f"; failed: {', '.join(map(str, failed))} actors"
@@ -320,24 +329,24 @@ def targets(
             None,
         )
     else:
-        pm = preserved["gymckpt_redone_fraction_median"]
+        pm = preserved.gymckpt_redone_fraction_median
         text = (
             f"gymckpt redoes {fmt(None if pm is None else 100 * pm, ' %')} (median of "
-            f"{preserved['kills']} kills; pooled "
-            f"{fmt(100 * (preserved['gymckpt_redone_fraction_pooled'] or 0), ' %')}), the "
+            f"{preserved.kills} kills; pooled "
+            f"{fmt(100 * (preserved.gymckpt_redone_fraction_pooled or 0), ' %')}), the "
             "step-boundary baseline 100 %"
         )
-        pf = preserved.get("parked_fraction_of_rollout_time")
+        pf = preserved.parked_fraction_of_rollout_time
         if pf is not None:
             text += f"; gymckpt's checkpoints parked episodes {fmt(100 * pf, ' %')} of the time"
-        if preserved["boundary_mismatches"]:
-            text += f"; {preserved['boundary_mismatches']} boundary mismatches"
+        if preserved.boundary_mismatches:
+            text += f"; {preserved.boundary_mismatches} boundary mismatches"
         row(
             "preserved",
             "work preserved across a crash (in-flight rollout-seconds redone)",
             "measured, ≥ 10 kill times",
             text,
-            preserved["boundary_mismatches"] == 0 and preserved["restores"] > 0,
-            preserved["kills"] >= 10,
+            preserved.boundary_mismatches == 0 and preserved.restores > 0,
+            preserved.kills >= 10,
         )
     return rows
