@@ -51,9 +51,9 @@ from ._ledger import (
     RetireItem,
     rollout_id_for,
 )
-from ._manifest import EpisodeRecord, InstanceRecord, ParticipantRecord
 from ._metrics import ADMISSION_CLOSED_ROWS, Metrics
 from ._plain import NotPlainData
+from ._snapshot_format import EpisodeRecord, InstanceRecord, ParticipantRecord
 from ._store import (
     LoadedSnapshot,
     SnapshotInfo,

@@ -75,7 +75,7 @@ from ._ledger_snapshot import (
     restore_columns,
 )
 from ._ledger_views import Attempt, RowView
-from ._manifest import EpisodeRecord
+from ._snapshot_format import EpisodeRecord
 
 __all__ = [
     "LEDGER_SNAPSHOT_VERSION",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ._manifest import GymManifest, ParticipantRecord
+from ._snapshot_format import GymManifest, ParticipantRecord
 
 __all__ = ["LiveTopology", "participant_differences", "topology_differences"]
 

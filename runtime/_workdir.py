@@ -23,7 +23,7 @@ from typing import final
 import attrs
 
 from ._errors import WorkDirLocked
-from ._layout import COMMIT_MARKER, LOCK_FILE, RESTORED_DIR, SNAPSHOTS_DIR
+from ._snapshot_format import COMMIT_MARKER, LOCK_FILE, RESTORED_DIR, SNAPSHOTS_DIR
 
 __all__ = ["LOCK_FILE", "WorkDirLock", "workdir_of"]
 

@@ -21,41 +21,40 @@ from ._collector import (
 from ._config_file import load_toml_table, structure_table
 from ._converter import converter, dumps_chunked, structure
 from ._errors import crossable_error, crossing_boundary, sample_ids, unpicklable_error
-from ._layout import (
+from ._plain import all_finite, checked_json, plain_problem
+from ._snapshot_format import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
     LEDGER_FILE,
     LOCK_FILE,
     MANIFEST_NAME,
+    MANIFEST_VERSION,
+    PARTICIPANT_KIND_RE,
+    PARTICIPANT_KINDS,
+    RECORDS_FILE,
     RESTORED_DIR,
     SNAPSHOTS_DIR,
     STEP_FILE,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
-)
-from ._ledger import AttemptRow, LedgerSnapshot, dump_ledger_snapshot, load_ledger_snapshot
-from ._manifest import (
-    MANIFEST_VERSION,
-    PARTICIPANT_KIND_RE,
-    PARTICIPANT_KINDS,
-    GymManifest,
-    dump_manifest,
-    load_manifest,
-)
-from ._plain import all_finite, checked_json, plain_problem
-from ._snapshot_format import (
-    RECORDS_FILE,
     AgentRecords,
     AgentSession,
+    AttemptRow,
     CommittedRecords,
+    GymManifest,
+    LedgerSnapshot,
     SessionRecord,
     SessionRecords,
     StagedCall,
     StagedEpisode,
     StagedRecords,
     StepRecord,
+    dump_ledger_snapshot,
+    dump_manifest,
     dump_records,
     dump_step,
+    load_ledger_snapshot,
+    load_manifest,
     load_records,
     load_step,
     records_to_plain,

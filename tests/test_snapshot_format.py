@@ -9,14 +9,13 @@ import orjson
 import pytest
 from cattrs.preconf.orjson import make_converter
 
-from gymckpt.runtime import ManifestError, _layout, _manifest, _store
+from gymckpt.runtime import ManifestError, _store
 from gymckpt.runtime._snapshot_format import (
     COMMIT_MARKER,
     MANIFEST_NAME,
     MANIFEST_VERSION,
     MARKER_VERSION,
     RECORDS_FILE,
-    STEP_FILE,
     AgentRecords,
     AgentSession,
     CommitMarker,
@@ -262,7 +261,5 @@ def test_a_bad_marker_is_refused_naming_the_field(change: Any, says: str) -> Non
 # -- one home -----------------------------------------------------------------------------------
 
 
-def test_the_old_homes_re_export_the_format_s_names() -> None:
-    assert _layout.STEP_FILE is STEP_FILE and _layout.COMMIT_MARKER is COMMIT_MARKER
-    assert _manifest.GymManifest is GymManifest and _manifest.MANIFEST_VERSION == 1
+def test_the_store_re_exports_the_marker_it_writes() -> None:
     assert _store.CommitMarker is CommitMarker and _store.MARKER_VERSION is MARKER_VERSION

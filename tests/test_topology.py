@@ -8,7 +8,7 @@ manifest does not have, sorted.
 
 from __future__ import annotations
 
-from gymckpt.runtime._manifest import GymManifest, InstanceRecord, ParticipantRecord
+from gymckpt.runtime._snapshot_format import GymManifest, InstanceRecord, ParticipantRecord
 from gymckpt.runtime._topology import participant_differences, topology_differences
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gymckpt.runtime._errors import BadInput, WorkDirLocked
-from gymckpt.runtime._layout import COMMIT_MARKER, LOCK_FILE
+from gymckpt.runtime._snapshot_format import COMMIT_MARKER, LOCK_FILE
 from gymckpt.runtime._workdir import WorkDirLock, workdir_of
 
 ROOT = Path(__file__).resolve().parents[1]
