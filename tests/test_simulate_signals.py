@@ -1,6 +1,11 @@
 """``gymckpt simulate`` is stopped by SIGTERM: a seed's simulated trainer must not take the
-process's signal as its own preemption (it did: the seed failed with ``Preempted`` and the
-simulation went on)."""
+process's signal as its own preemption (if it did, the seed would fail with ``Preempted`` and
+the simulation would go on).
+
+The one poll in tests/: the signal must land while a seed's trainer holds its work directory,
+and the only sign of that outside the child process is the lock file it creates. A read of
+the child's progress lines was tried instead and does not catch the bug (the line comes
+between seeds); the poll is bounded by a deadline and by the test's timeout."""
 
 from __future__ import annotations
 
