@@ -37,6 +37,7 @@ from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calen
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.nurseries.app.cli import main
 from gymckpt.nurseries.app.demo import snapshot_sentinels
+from gymckpt.nurseries.app.sim_gym import LateEnd
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     BudgetExhausted,
@@ -252,25 +253,7 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
 # -- a late end-of-stream -----------------------------------------------------------------------
 
 
-class LateEnd:
-    """A reply stream whose end reaches the consumer ``late_s`` after Gym ended it (transport
-    latency: on Ray, the shielded close can take seconds)."""
-
-    def __init__(self, inner: ReplyStream, late_s: float) -> None:
-        self._inner, self._late_s = inner, late_s
-
-    def __aiter__(self) -> LateEnd:
-        return self
-
-    async def __anext__(self) -> Sequence[RunReply]:
-        try:
-            return await self._inner.__anext__()
-        except StopAsyncIteration:
-            await trio.sleep(self._late_s)
-            raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+# ``LateEnd``: the simulation's own late-ending stream (nurseries/app/sim_gym.py)
 
 
 async def test_a_late_end_of_stream_is_waited_for_not_an_abort(
