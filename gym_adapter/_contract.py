@@ -16,10 +16,13 @@ Control plane
 Every control call carries an absolute ``deadline_ts`` on the caller's clock
 (``trio.current_time()``; a remote backend converts it to the remaining time and re-anchors it on
 its own clock). Gym enforces it only once it runs the call, so the caller bounds each call as
-well (S5). Calls: ``prepare`` (close admission; park every episode at its next step boundary),
-``commit`` (write each participant's records under ``state_root`` and report them, the exported
-episodes with their owner and ``capture_keys``, the replies on the wire, and the agent
-sessions), ``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify, then
+well (S5). Calls: ``prepare`` (close admission; in the ``ALIGNED`` mode park every episode at
+its next step boundary, in the ``UNALIGNED`` mode park none), ``commit`` (write each
+participant's records under ``state_root`` and report them, the exported episodes with their
+owner and ``capture_keys``, the replies on the wire, and the agent sessions; unaligned, the
+commit is the instance's cut: each episode as it was at its last step boundary with the model
+calls completed up to the cut, and every reply produced after it held back until ``resume``),
+``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify, then
 install committed state), ``retire_restored``; ``topology`` and ``inventory`` serve checks.
 
 Replacing a dead instance
@@ -57,7 +60,13 @@ import attrs
 
 # re-exported: the contract names the errors a backend raises; they live with the rest of the
 # ``GymUnavailable`` family in the runtime
-from gymckpt.runtime import EpisodeRecord, GymControlError, GymInstanceDead, InstanceRecord
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    GymControlError,
+    GymInstanceDead,
+    InstanceRecord,
+)
 
 __all__ = [
     "ADMISSION_CLOSED",
@@ -180,6 +189,8 @@ class AgentSession:
 
 @attrs.frozen
 class PrepareReply:
+    """``parked``: the episodes held at a step boundary (none in an unaligned prepare)."""
+
     instance: str
     checkpoint_id: str
     parked: int
@@ -188,12 +199,16 @@ class PrepareReply:
 
 @attrs.frozen
 class CommitReply:
+    """``mid_turn``: the exported episodes that were inside a turn at an unaligned cut (taken
+    at their last step boundary); always 0 for an aligned commit."""
+
     instance: str
     checkpoint_id: str
     participants: tuple[ParticipantInfo, ...]
     exported: tuple[ExportedEpisode, ...]
     on_wire: tuple[str, ...]
     sessions: tuple[AgentSession, ...] = ()
+    mid_turn: int = 0
 
 
 @attrs.frozen
@@ -253,7 +268,11 @@ class GymBackend(Protocol):
     async def run(self, instance: str, rows: Sequence[RunRow]) -> ReplyStream: ...
 
     async def prepare(
-        self, instance: str, checkpoint_id: str, deadline_ts: float
+        self,
+        instance: str,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode = CheckpointMode.ALIGNED,
     ) -> PrepareReply: ...
 
     async def commit(

@@ -41,7 +41,13 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from gymckpt.runtime import EpisodeRecord, GymCallTimeout, GymInstanceDead, InstanceRecord
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    GymCallTimeout,
+    GymInstanceDead,
+    InstanceRecord,
+)
 from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ._contract import (
@@ -235,9 +241,15 @@ class EmbeddedGym:
                 await self._inject(sim, shape.inject, "run")
             return await sim.run(rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after)
 
-    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+    async def prepare(
+        self,
+        instance: str,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode = CheckpointMode.ALIGNED,
+    ) -> PrepareReply:
         return await self._call(
-            instance, "prepare", lambda sim: sim.prepare(checkpoint_id, deadline_ts)
+            instance, "prepare", lambda sim: sim.prepare(checkpoint_id, deadline_ts, mode)
         )
 
     async def commit(

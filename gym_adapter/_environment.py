@@ -35,12 +35,19 @@ class Environment:
     """What every instance hosts: the ``agent`` (the episode loop), environment
     ``participants`` (in topology order, after the agent) and an optional ``model`` reached
     through the host's model proxy. An episode's payload over ``max_payload_bytes`` (as JSON)
-    fails the episode (data) with ``PayloadTooLarge``'s message."""
+    fails the episode (data) with ``PayloadTooLarge``'s message.
+
+    ``unaligned``: every step boundary exports and serialises the episode's session states
+    (one ``export`` per participant, one ``orjson.dumps``), so an unaligned checkpoint can take
+    an episode in the middle of a turn at its last boundary. False saves that per-step cost:
+    an unaligned checkpoint then parks this environment's episodes at their next boundary, as
+    an aligned one does."""
 
     agent: AgentParticipant
     participants: tuple[Participant, ...] = attrs.field(default=(), converter=_as_tuple)
     model: Model | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    unaligned: bool = True
 
     def check(self) -> None:
         """Raise ``EnvironmentSpecError`` naming what cannot be hosted."""

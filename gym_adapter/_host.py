@@ -54,7 +54,7 @@ import anyio.lowlevel
 import attrs
 import sniffio
 
-from gymckpt.runtime import EpisodeRecord, GymCallTimeout, InstanceRecord
+from gymckpt.runtime import CheckpointMode, EpisodeRecord, GymCallTimeout, InstanceRecord
 from gymckpt.runtime.lowlevel import promote_survivors
 
 from ._contract import (
@@ -179,6 +179,7 @@ class GymHost:
             count=self.count,
             user_calls=self.user_calls,
             failure_log=self.failure_log,
+            sessions=roles.sessions,
         )
         self._control = ControlPlane(
             host=self,
@@ -522,12 +523,18 @@ class GymHost:
 
     # -- control plane (``_host_control``) and views (``_host_views``) ---------------------------
 
-    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+    async def prepare(
+        self,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode = CheckpointMode.ALIGNED,
+    ) -> PrepareReply:
         """Close admission and park every episode at its next step boundary; returns once
         nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
-        resume or the lease). Reopened meanwhile: ``GymControlError``."""
+        resume or the lease). Reopened meanwhile: ``GymControlError``. ``UNALIGNED``: nothing
+        parks (``ControlPlane.prepare``)."""
         self._check_call("prepare", deadline_ts)
-        return await self._control.prepare(checkpoint_id, deadline_ts)
+        return await self._control.prepare(checkpoint_id, deadline_ts, mode)
 
     async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and

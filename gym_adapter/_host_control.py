@@ -1,5 +1,13 @@
 """The Gym host's control plane: prepare, commit, resume, the lease, retire, restore.
 
+Two modes of checkpoint (``CheckpointMode``). Aligned: ``prepare`` parks every episode at its
+next step boundary and returns once none moves; ``commit`` exports them as they are parked.
+Unaligned: ``prepare`` closes admission and returns at once; ``commit`` is the instance's cut
+(``_host_cut``): on the loop, in one go, every active episode is taken at its boundary mark with
+the model calls it completed so far, the replies on the wire are listed, and from then on every
+reply is held (``ReplyStreams.hold``) until ``resume`` (or the lease, or a later commit of the
+same checkpoint, which first puts what it held on the wire). Nothing waits for a turn.
+
 ``ControlPlane`` drives the host's parts through a checkpoint: ``Parking`` (admission, parking,
 the lease), the ``SlotTable`` (ownership and retained sessions), the ``EpisodeTable`` and the
 reply streams; it owns no state of its own. It reaches the host itself only through
@@ -19,6 +27,7 @@ import anyio.lowlevel
 import attrs
 
 from gymckpt.runtime import (
+    CheckpointMode,
     EpisodeRecord,
     GymCallTimeout,
     InstanceRecord,
@@ -48,7 +57,8 @@ from ._contract import (
 )
 from ._environment import Environment, Roles
 from ._episode import EpisodeInfo
-from ._host_episodes import BOUNDARY, UNCLAIMED, Episode, EpisodeTable
+from ._host_cut import CutEpisode, mark_boundary, stand_ins, take_cut
+from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode, EpisodeTable
 from ._host_log import FailureLog
 from ._host_parking import Parking
 from ._host_records import (
@@ -115,13 +125,22 @@ class ControlPlane:
 
     # -- prepare / commit / resume -------------------------------------------------------------
 
-    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+    async def prepare(
+        self, checkpoint_id: str, deadline_ts: float, mode: CheckpointMode
+    ) -> PrepareReply:
         """Close admission and park every episode at its next step boundary; returns once
         nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
-        resume or the lease). Reopened meanwhile: ``GymControlError``."""
+        resume or the lease). Reopened meanwhile: ``GymControlError``. ``UNALIGNED`` (and an
+        environment that does not opt out): nothing parks, it returns at once."""
         parking = self.parking
-        gen = parking.prepare(checkpoint_id)
+        park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned
+        gen = parking.prepare(checkpoint_id, park=park)
         parking.arm_lease(self._lease_expired)
+        if not parking.parks:
+            await anyio.lowlevel.checkpoint()
+            if self.host.dead:
+                raise GymInstanceDead(self.name, "prepare")
+            return PrepareReply(self.name, checkpoint_id, 0, len(self.streams.on_wire))
         in_time = await parking.wait_parked(gen, deadline_ts)
         await anyio.lowlevel.checkpoint()
         if self.host.dead:
@@ -160,6 +179,8 @@ class ControlPlane:
             raise GymControlError(
                 self.name, "commit", f"checkpoint {checkpoint_id} is not prepared ({now})"
             )
+        if not parking.parks:
+            return await self._commit_cut(checkpoint_id, state_root)
         if parking.moving:
             raise GymControlError(
                 self.name, "commit", f"{parking.moving} episodes have not parked yet"
@@ -201,8 +222,81 @@ class ControlPlane:
             sessions,
         )
 
+    async def _commit_cut(self, checkpoint_id: str, state_root: str) -> CommitReply:
+        """An unaligned commit: the cut on the loop, the records off it (module docstring).
+
+        An episode whose boundary mark holds a problem fails (data) before the cut lists the
+        replies on the wire, so its reply is among them and the checkpoint drains it."""
+        for ep in self.table.active.values():  # a task that has not reached its first boundary
+            if ep.mark is None and ep.state != DONE:
+                ep.mark = mark_boundary(self.roles.sessions, ep)
+        taken, bad = take_cut(ep for ep in self.table.active.values() if ep.state != DONE)
+        for ep in bad:
+            assert ep.mark is not None and ep.mark.problem is not None
+            self.failure_log.warn(ep.mark.problem, ep.mark.exc)
+            ep.stop()
+            self.host.end_episode(ep, Failed(ep.rollout_id, "data", ep.mark.problem))
+        self.streams.release()  # held since an earlier cut of this checkpoint: before this one
+        on_wire = tuple(sorted(self.streams.on_wire))
+        self.streams.hold()
+        unclaimed = list(self.table.unclaimed.values())
+        kept = self.slots.copy()
+        exported, sessions, participants, _refused, problem = await offload(
+            functools.partial(
+                self._export_cut, checkpoint_id, self._root(state_root), taken, unclaimed, kept
+            )
+        )
+        if self.host.dead:
+            raise GymInstanceDead(self.name, "commit")
+        if problem is not None:
+            self.failure_log.warn(
+                f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
+            )
+            raise GymControlError(self.name, "commit", f"exporting session state failed: {problem}")
+        self.count.commits += 1
+        self.parking.arm_lease(self._lease_expired)
+        return CommitReply(
+            self.name,
+            checkpoint_id,
+            participants,
+            exported,
+            on_wire,
+            sessions,
+            mid_turn=sum(1 for c in taken if c.mid_turn),
+        )
+
+    def _export_cut(
+        self,
+        checkpoint_id: str,
+        root: Path,
+        taken: list[CutEpisode],
+        unclaimed: list[Episode],
+        kept: KeptCopy,
+    ) -> tuple[
+        tuple[ExportedEpisode, ...],
+        tuple[AgentSession, ...],
+        tuple[ParticipantInfo, ...],
+        list[Refusal],
+        Exception | None,
+    ]:
+        """The records of a cut (in a worker thread): what ``take_cut`` copied, and the
+        unclaimed restored episodes and kept sessions, which nothing moves meanwhile (admission
+        is closed and retire refused while prepared)."""
+        try:
+            held = stand_ins(self.roles.sessions, taken, unclaimed)
+        except Exception as exc:  # an unclaimed episode's export raised
+            problem = KeptExportError(f"exporting an unclaimed restored episode raised {exc!r}")
+            problem.__cause__ = exc
+            return (), (), (), [], problem
+        return self._export(
+            checkpoint_id,
+            root,
+            _Tables(held, [], kept),
+            exported=True,
+        )
+
     def _export(
-        self, checkpoint_id: str, root: Path, tables: _Tables
+        self, checkpoint_id: str, root: Path, tables: _Tables, *, exported: bool = False
     ) -> tuple[
         tuple[ExportedEpisode, ...],
         tuple[AgentSession, ...],
@@ -235,7 +329,8 @@ class ControlPlane:
                 held,
                 kept,
                 stranded,
-                failable=lambda ep: ep.state == BOUNDARY,
+                failable=(lambda ep: False) if exported else (lambda ep: ep.state == BOUNDARY),
+                exported=exported,
             )
         except KeptExportError as exc:
             return (), (), (), [], exc
@@ -258,7 +353,7 @@ class ControlPlane:
         owner = self.roles.owner
         agent_name, agent_kind = self.environment.agent.name, self.environment.agent.kind
         keys = [ep.capture_keys for ep in held]
-        exported = (
+        episodes = (
             ()
             if legacy
             else tuple(
@@ -275,10 +370,11 @@ class ControlPlane:
             )
             for ep, k in zip(held, keys, strict=True)
         )
-        return exported, sessions, tuple(participants), refused, None
+        return episodes, sessions, tuple(participants), refused, None
 
     def resume(self, checkpoint_id: str) -> None:
-        """Reopen admission and unpark; a no-op when nothing is prepared."""
+        """Reopen admission, unpark, and put the replies held since a cut on the wire; a no-op
+        when nothing is prepared."""
         parking = self.parking
         if not parking.prepared:
             return
@@ -288,11 +384,15 @@ class ControlPlane:
                 "resume",
                 f"checkpoint {parking.checkpoint_id} is open, not {checkpoint_id}",
             )
-        parking.reopen()
+        self._reopen()
 
     def _lease_expired(self) -> None:
         self.count.lease_reopened += 1
+        self._reopen()
+
+    def _reopen(self) -> None:
         self.parking.reopen()
+        self.streams.release()
 
     # -- retire ----------------------------------------------------------------------------------
 

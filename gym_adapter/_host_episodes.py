@@ -68,6 +68,11 @@ class Episode:
     restored: bool = False
     hold: bool = False
     """Held at its next step boundary until a checkpoint is prepared (``ctx.hold()``)."""
+    mark: Any = None
+    """Its ``BoundaryMark``: the session states it had at its current step boundary (kept for
+    an unaligned cut; ``_host_cut``), or None before its first boundary."""
+    stepping: bool = False
+    """Inside a turn (the agent's ``step`` is running)."""
     rollout_id: str = attrs.field(init=False)
     key: str = attrs.field(init=False)
     """The slot's session key (``info.session_key``), kept: fencing checks it every turn."""

@@ -9,6 +9,10 @@ collection walk millions of objects inside the checkpoint). ``reopen`` (a resume
 running out) starts a task for each again, ``RESUME_CHUNK`` per scheduler batch, so restarting
 200k never stalls the loop at once.
 
+An *unaligned* prepare (``prepare(..., park=False)``) closes admission and raises the flag
+without parking anything: episodes pass their boundaries on, an episode held by ``ctx.hold()``
+is let go, and ``wait_parked`` has nothing to wait for (the instance's cut is its commit).
+
 Each prepare that raises the flag starts a new *generation*: a prepare waiting for its episodes
 to park, and a lease timer, act only for their own generation, so a reopen followed by another
 prepare never lets a stale one through. The lease: a prepared instance reopens by itself after
@@ -56,6 +60,8 @@ class Parking:
     freeze_survivors: bool
     admission_open: bool = attrs.field(default=True, init=False)
     prepared: bool = attrs.field(default=False, init=False)
+    parks: bool = attrs.field(default=True, init=False)
+    """Whether the prepared checkpoint parks episodes at their boundaries (aligned)."""
     checkpoint_id: str | None = attrs.field(default=None, init=False)
     generation: int = attrs.field(default=0, init=False)
     moving: int = attrs.field(default=0, init=False)
@@ -131,7 +137,7 @@ class Parking:
         if fenced(ep):
             raise EpisodeFenced(ep.rollout_id)
         await anyio.lowlevel.checkpoint()
-        if not (self.prepared or ep.hold):
+        if not ((self.prepared and self.parks) or ep.hold):
             return True
         ep.state = BOUNDARY
         self.moving -= 1
@@ -147,18 +153,25 @@ class Parking:
                     self.moving += 1
                 raise
         ep.hold = False
+        if not self.parks and ep.state == BOUNDARY:  # unaligned: a held episode goes on
+            ep.state = MOVING
+            self.moving += 1
+            return True
         self._parked.append(ep)
         return False
 
     # -- prepare / reopen ----------------------------------------------------------------------
 
-    def prepare(self, checkpoint_id: str) -> int:
+    def prepare(self, checkpoint_id: str, *, park: bool = True) -> int:
         """Close admission and raise the prepared flag for ``checkpoint_id`` (a new generation
-        unless already prepared); the lease is armed afresh. Returns the generation."""
+        unless already prepared); the lease is armed afresh. ``park``: episodes park at their
+        next step boundary (aligned); a prepare never turns parking off for a generation that
+        parks already. Returns the generation."""
         self.admission_open = False
         self.checkpoint_id = checkpoint_id
         if not self.prepared:
             assert self._prepared_evt is not None
+            self.parks = park
             self.prepared = True
             self.generation += 1
             self._all_parked = anyio.Event()
@@ -173,7 +186,11 @@ class Parking:
         or shuts down; False if ``deadline_ts`` passed first."""
         with anyio.move_on_at(deadline_ts) as scope:
             while (
-                self.moving and self.prepared and self.generation == generation and not self.closing
+                self.parks
+                and self.moving
+                and self.prepared
+                and self.generation == generation
+                and not self.closing
             ):
                 assert self._all_parked is not None
                 await self._all_parked.wait()

@@ -150,6 +150,8 @@ def build_records(
     kept: Sequence[Kept],
     stranded: str | None,
     failable: Callable[[Episode], bool] = lambda ep: True,
+    *,
+    exported: bool = False,
 ) -> tuple[dict[str, bytes], list[Refusal]]:
     """Every participant's records for a commit, as the JSON bytes to write, by server name,
     and the held episodes refused. The records hold: the agent's sessions (with their step
@@ -160,10 +162,17 @@ def build_records(
     Every state in the records is finite plain data, so what is written reads back as it was
     committed: a held episode whose state is not (``failable(ep)``: the host can fail it) is
     left out and refused; any other state that is not raises ``KeptExportError``. The common
-    case costs one ``orjson.dumps`` per participant and a search of its output for ``null``."""
+    case costs one ``orjson.dumps`` per participant and a search of its output for ``null``.
+
+    ``exported``: the held episodes' ``sessions`` hold exported plain states already (an
+    unaligned cut's stand-ins), so no ``export`` is called for them."""
     every = (env.agent, *env.participants)
     refused: list[Refusal] = []
-    columns = _export_columns(every, held)
+    columns = (
+        {p.name: [ep.sessions[p.name] for ep in held] for p in every}
+        if exported
+        else _export_columns(every, held)
+    )
     if columns is None:  # an export raised: find whose, per episode
         states: dict[str, dict[str, Any]] = {}
         for ep in held:

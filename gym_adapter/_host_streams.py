@@ -7,6 +7,11 @@ for the batch after the one that carried it (``HostReplyStream.__anext__`` ackno
 previous batch); ``commit`` reports that list and the runtime drains it. Replies that can no
 longer be delivered (the stream was dropped, closed or the instance died) are discarded and
 leave the list. Written against anyio only: the same code under trio and under asyncio.
+
+*Holding* (an unaligned checkpoint's cut): from ``hold()`` until ``release()`` a pushed reply
+waits beside its stream, not on the wire and not delivered, so nothing the instance produces
+after its cut reaches the trainer before the checkpoint resumes it; replies pushed before the
+cut flow on as usual (the checkpoint drains them). A stream with held replies does not end.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class RunStream:
     wake: anyio.Event
     scope: anyio.CancelScope
     pending: list[RunReply] = attrs.field(factory=list)
+    held: list[RunReply] = attrs.field(factory=list)
+    """Replies pushed while the instance holds (after an unaligned cut), in push order."""
     sent: int = 0
     ended: bool = False
 
@@ -49,7 +56,9 @@ class ReplyStreams:
     """Every open stream of one instance and the replies on the wire.
 
     Invariant: ``on_wire[rid]`` is the stream that carries ``rid``'s final reply, for every reply
-    pushed and neither acknowledged nor discarded.
+    pushed outside a hold and neither acknowledged nor discarded; while ``holding``, a pushed
+    reply goes to its stream's ``held`` list instead, and ``release`` puts every held reply on
+    the wire.
     """
 
     flush_interval_s: float
@@ -60,6 +69,9 @@ class ReplyStreams:
     discarded: int = attrs.field(default=0, init=False)
     dead_instance: str | None = attrs.field(default=None, init=False)
     """Set when the instance died: its streams then raise ``GymInstanceDead``."""
+    holding: bool = attrs.field(default=False, init=False)
+    _holders: dict[RunStream, None] = attrs.field(factory=dict, init=False)
+    """The streams with held replies, in the order they first held one."""
 
     def open(self, rows: int, drop_after: int | None) -> RunStream:
         send, receive = anyio.create_memory_object_stream[Batch](math.inf)
@@ -73,14 +85,41 @@ class ReplyStreams:
         tg.start_soon(self._flush_loop, st)
 
     def push(self, st: RunStream, reply: RunReply) -> None:
-        """Queue a final reply; it is on the wire from now on."""
+        """Queue a final reply; it is on the wire from now on (held, while ``holding``)."""
         if st.ended:
             self.discarded += 1
+            return
+        if self.holding:
+            if not st.held:
+                self._holders[st] = None
+            st.held.append(reply)
             return
         st.pending.append(reply)
         self.on_wire[reply.rollout_id] = st
         if len(st.pending) == 1 or len(st.pending) >= self.max_batch:
             st.wake.set()
+
+    def hold(self) -> None:
+        """From now on pushed replies are held (see the module docstring)."""
+        self.holding = True
+
+    def release(self) -> int:
+        """End the hold: every held reply goes on the wire, in push order; how many."""
+        self.holding = False
+        holders, self._holders = self._holders, {}
+        n = 0
+        for st in holders:
+            held, st.held = st.held, []
+            for reply in held:
+                n += 1
+                self.push(st, reply)
+            st.wake.set()
+        return n
+
+    @property
+    def held(self) -> int:
+        """Replies held now."""
+        return sum(len(st.held) for st in self._holders)
 
     def row_done(self, st: RunStream) -> None:
         st.rows_left -= 1
@@ -92,7 +131,7 @@ class ReplyStreams:
             try:
                 while not st.ended:
                     if not st.pending:
-                        if st.rows_left <= 0:
+                        if st.rows_left <= 0 and not st.held:
                             break
                         st.wake = anyio.Event()
                         await st.wake.wait()
@@ -142,6 +181,9 @@ class ReplyStreams:
             st.ended = True
             self._discard(st, st.pending)
             st.pending.clear()
+            self.discarded += len(st.held)
+            st.held.clear()
+            self._holders.pop(st, None)
             st.send.close()
             st.wake.set()
             st.scope.cancel()

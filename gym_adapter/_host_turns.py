@@ -13,13 +13,14 @@ the only writer of the environment's own counters (``EpisodeContext.count``).
 
 from __future__ import annotations
 
-from typing import final
+from typing import Any, final
 
 import attrs
 
 from ._contract import Failed, RunReply
 from ._environment import Environment
 from ._episode import EpisodeFenced, Model
+from ._host_cut import mark_boundary
 from ._host_episodes import Episode, StepContext, completed_reply
 from ._host_log import FailureLog, episode_label
 from ._host_parking import Parking
@@ -45,6 +46,9 @@ class Turns:
     user_calls: UserCalls
     """Awaits each ``agent.step`` (and all it awaits): trio, anyio or asyncio code."""
     failure_log: FailureLog
+    sessions: tuple[Any, ...] = ()
+    """Every participant that opens a session per episode, the agent first (``Roles``): what a
+    boundary mark holds."""
     user_counts: dict[str, int] = attrs.field(factory=dict)
 
     def __repr__(self) -> str:
@@ -89,10 +93,14 @@ class Turns:
                     ),
                 )
         agent = self.environment.agent
+        marks = self.environment.unaligned
         while True:
+            if marks and (ep.mark is None or ep.mark.turn != ep.turn):
+                ep.mark = mark_boundary(self.sessions, ep)  # before any scheduling point
             if not await self.parking.boundary(ep, self.fenced):
                 return None
             ctx = StepContext(self, ep)
+            ep.stepping = True
             try:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
             except EpisodeFenced:
@@ -104,6 +112,8 @@ class Turns:
                 if problem is not None:
                     self.failure_log.warn(problem)
                 return Failed(rid, "data", problem or failed)
+            finally:
+                ep.stepping = False
             if self.slots.fenced(ep):
                 raise EpisodeFenced(rid)
             problem = self.slots.journal_turn(ep, ctx.touched)

@@ -49,6 +49,7 @@ import trio
 import trio_asyncio
 
 from gymckpt.runtime import (
+    CheckpointMode,
     EpisodeRecord,
     GymCallTimeout,
     GymInstanceDead,
@@ -352,13 +353,18 @@ class RayGym:
         return result.value
 
     async def _control(
-        self, instance: str, op: str, args: tuple[Any, ...], deadline_ts: float
+        self,
+        instance: str,
+        op: str,
+        args: tuple[Any, ...],
+        deadline_ts: float,
+        options: dict[str, str] | None = None,
     ) -> Any:
         actor, generation = self._live(instance, op)
         spec = self._plan.check(op)
         acks = self._acks.outgoing(instance)
         deadline = WireDeadline.send(deadline_ts, trio.current_time(), time.time())
-        ref = actor.control.remote(op, args, deadline, spec, acks)
+        ref = actor.control.remote(op, args, deadline, spec, acks, options or {})
         reply = await self._wait(instance, op, ref, generation)
         if self._generations.serving(instance, generation):
             self._acks.carried(instance, acks)
@@ -411,9 +417,15 @@ class RayGym:
         await stream.admitted()
         return stream
 
-    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> PrepareReply:
+    async def prepare(
+        self,
+        instance: str,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode = CheckpointMode.ALIGNED,
+    ) -> PrepareReply:
         reply: PrepareReply = await self._control(
-            instance, "prepare", (checkpoint_id,), deadline_ts
+            instance, "prepare", (checkpoint_id,), deadline_ts, {"mode": mode.value}
         )
         return reply
 

@@ -58,6 +58,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from gymckpt.runtime import CheckpointMode
 from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ._contract import RunReply, RunRow
@@ -283,11 +284,15 @@ class GymActor:
         deadline: WireDeadline,
         fault: FaultSpec | None,
         acks: dict[int, int],
+        options: dict[str, str] | None = None,
     ) -> Any:
         """Run control call ``op`` by ``deadline`` (re-anchored on the trio run's clock), once
-        the stream acknowledgements ``acks`` (sid -> seq) are applied."""
+        the stream acknowledgements ``acks`` (sid -> seq) are applied. ``options``: the call's
+        keyword options as strings (``prepare``'s ``mode``)."""
         with self._track(op), crossing_boundary(self.name, op):
-            return await self._in_trio().call(self._control, op, args, deadline, fault, acks)
+            return await self._in_trio().call(
+                self._control, op, args, deadline, fault, acks, options or {}
+            )
 
     async def _control(
         self,
@@ -296,6 +301,7 @@ class GymActor:
         deadline: WireDeadline,
         fault: FaultSpec | None,
         acks: dict[int, int],
+        options: dict[str, str],
     ) -> Any:
         self._apply_acks(acks)
         deadline_ts = deadline.local(anyio.current_time(), time.time())
@@ -304,6 +310,8 @@ class GymActor:
         if op not in _CONTROL_OPS:
             raise ValueError(f"unknown control operation {op!r}")
         call: Callable[..., Any] = getattr(self._sim, op)
+        if op == "prepare" and "mode" in options:
+            return await call(*args, deadline_ts, CheckpointMode(options["mode"]))
         return await call(*args, deadline_ts)
 
     async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:

@@ -156,6 +156,9 @@ class CheckpointOutcome:
     stage_s: Mapping[str, float]
     episodes: int = 0
     drained: int = 0
+    mid_turn: int = 0
+    """Episodes an unaligned checkpoint took in the middle of a turn (at their last step
+    boundary, with the model calls they had completed); 0 when aligned."""
 
 
 def _storage_detail(root: Path) -> str:
@@ -257,7 +260,7 @@ class CheckpointCoordinator:
             pending = self._pending(checkpoint_id)
             with collector_paused(self.config.pause_collector):
                 async with pending:  # gives back what the checkpoint took, whatever happens
-                    info, episodes, drained = await self._run(
+                    info, episodes, drained, mid_turn = await self._run(
                         pending, dict(extra_files or {}), trainer_files
                     )
         except TrainerFilesFailed as exc:  # the trainer's own code failed: its error
@@ -270,7 +273,7 @@ class CheckpointCoordinator:
         size = await offload(lambda: tree_size(info.path))
         self._stats.record_last(started, size)
         return CheckpointOutcome(
-            checkpoint_id, True, info, None, None, pending.stage_s, episodes, drained
+            checkpoint_id, True, info, None, None, pending.stage_s, episodes, drained, mid_turn
         )
 
     def _failed(
@@ -347,7 +350,7 @@ class CheckpointCoordinator:
         pending: PendingCheckpoint,
         files: dict[str, bytes],
         trainer_files: Callable[[Path], None] | None,
-    ) -> tuple[SnapshotInfo, int, int]:
+    ) -> tuple[SnapshotInfo, int, int, int]:
         """The protocol's stages, in order (the module's docstring says why); ``pending``
         records what each takes, and gives it back when the caller's block ends."""
         checkpoint_id, ledger, config = pending.checkpoint_id, self.ledger, self.config
@@ -376,6 +379,7 @@ class CheckpointCoordinator:
         hook("after_commit")
         with stage("ownership"):  # S10, off the loop
             instances = check_replies(replies, topology, checkpoint_id)
+            mid_turn = sum(r.mid_turn for r in replies.values())
             owned = await offload(functools.partial(ownership, replies, names))
 
         with stage("drain"):  # replies on the wire (S9)
@@ -417,7 +421,7 @@ class CheckpointCoordinator:
             await offload(garbage.clear)
             if config.pause_collector:  # what survived the checkpoint is long-lived
                 promote_survivors()
-        return info, n_episodes, drained
+        return info, n_episodes, drained, mid_turn
 
     async def _retire_dropped(self) -> None:
         """Retire the queued dropped attempts (S4), forgetting exactly what Gym retired — on

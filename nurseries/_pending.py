@@ -34,6 +34,7 @@ import trio
 
 from gymckpt.gym_adapter import CommitReply, GymBackend
 from gymckpt.runtime import (
+    CheckpointMode,
     DeadlineRegistry,
     DispatchGate,
     FailureKind,
@@ -73,6 +74,12 @@ def _write_trainer_files(write: Callable[[Path], None], target: Path) -> None:
         raise TrainerFilesFailed(exc) from exc
     except Exception as exc:
         raise TrainerFilesFailed(exc) from exc
+
+
+async def _prepare_in(
+    gym: GymBackend, instance: str, checkpoint_id: str, deadline_ts: float, *, mode: CheckpointMode
+) -> object:
+    return await gym.prepare(instance, checkpoint_id, deadline_ts, mode)
 
 
 @attrs.define(eq=False, slots=True, repr=False)
@@ -160,14 +167,18 @@ class PendingCheckpoint:
         self._paused = True
 
     async def prepare(self, names: Sequence[str]) -> None:
-        """Ask every instance to park; from the first call on, Gym may be parked."""
+        """Ask every instance to prepare in the configured mode (aligned: park); from the first
+        call on, Gym may be parked (or, unaligned, holding replies after its cut)."""
         self._parked = tuple(names)
-        gym, checkpoint_id = self.gym, self.checkpoint_id
-        await fan_out(
-            "prepare",
-            {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names},
-            self.config,
+        gym, checkpoint_id, mode = self.gym, self.checkpoint_id, self.config.checkpoint_mode
+        calls = (
+            {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names}
+            if mode is CheckpointMode.ALIGNED  # the reference call, as any backend takes it
+            else {
+                n: functools.partial(_prepare_in, gym, n, checkpoint_id, mode=mode) for n in names
+            }
         )
+        await fan_out("prepare", calls, self.config)
 
     async def commit(self, names: Sequence[str]) -> dict[str, CommitReply]:
         """Every instance commits its participants into the staging snapshot."""

@@ -10,7 +10,7 @@ down, in ``gymckpt.runtime.lowlevel``. The modules behind both are private.
 """
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
-from ._config import RuntimeConfig
+from ._config import CheckpointMode, RuntimeConfig
 from ._config_file import runtime_config_from_toml
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
@@ -73,6 +73,7 @@ __all__ = [
     "BarrierStatistics",
     "BudgetExhausted",
     "CheckpointInvariantError",
+    "CheckpointMode",
     "CheckpointsFailed",
     "CompletedGroup",
     "DeadlineExpired",

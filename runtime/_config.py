@@ -2,9 +2,42 @@
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
-__all__ = ["RuntimeConfig"]
+__all__ = ["CheckpointMode", "RuntimeConfig"]
+
+
+class CheckpointMode(enum.Enum):
+    """How a checkpoint takes the episodes that are in the middle of a turn.
+
+    ``ALIGNED`` (the reference protocol): every episode parks at its next step boundary, and
+    the checkpoint waits until none moves; the slowest turn in flight sets how long every
+    episode waits.
+
+    ``UNALIGNED``: no episode waits. Each instance takes its cut at ``commit``: an episode is
+    taken at its last step boundary (the session states it had there, kept as it passed it),
+    with every model call it completed up to the cut; after a restore its turn replays from
+    that boundary with those calls answered from the capture. A reply an instance produces
+    after its cut is held there until the checkpoint resumes it, so the snapshot never counts
+    it. An environment that opts out (``Environment(unaligned=False)``) is checkpointed
+    aligned even in this mode.
+    """
+
+    ALIGNED = "aligned"
+    UNALIGNED = "unaligned"
+
+
+def _mode(value: object) -> CheckpointMode:
+    """A ``CheckpointMode`` from itself or its name (``"aligned"``, ``"unaligned"``)."""
+    if isinstance(value, CheckpointMode):
+        return value
+    try:
+        return CheckpointMode(value)
+    except ValueError:
+        names = ", ".join(repr(m.value) for m in CheckpointMode)
+        raise ValueError(f"checkpoint_mode is {value!r}; expected one of {names}") from None
 
 
 @attrs.frozen(kw_only=True)
@@ -33,6 +66,9 @@ class RuntimeConfig:
     replacement_window_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0))
     replace_timeout_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
     """Bound of one ``replace`` call (a new Ray actor may take a while to schedule)."""
+    checkpoint_mode: CheckpointMode = attrs.field(default=CheckpointMode.ALIGNED, converter=_mode)
+    """``ALIGNED`` (every episode parks at its next step boundary) or ``UNALIGNED`` (no episode
+    waits for a turn; see ``CheckpointMode``). A string names one."""
     pause_collector: bool = True
     """No automatic full garbage collection while a checkpoint runs (``collector_paused``): one
     pauses the loop and every thread for as long as it walks all of the process's objects."""
