@@ -19,7 +19,7 @@ import attrs
 from gymckpt.gym_adapter import FAULT_KINDS
 from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.nurseries import HOOK_POINTS
-from gymckpt.runtime import RuntimeConfig
+from gymckpt.runtime import CheckpointMode, RuntimeConfig
 from gymckpt.testing.hostile import HostileAct, acts_summary, draw_hostile
 
 __all__ = ["MAX_INCARNATIONS", "Crash", "Scenario", "draw_scenario", "replay_command"]
@@ -100,6 +100,8 @@ class Scenario:
     restore_retry: bool = False
     """A restore Gym could not serve is retried once, into the same Gym (all-or-nothing)."""
     max_incarnations: int = MAX_INCARNATIONS
+    checkpoint_mode: CheckpointMode = CheckpointMode.ALIGNED
+    """How every incarnation's checkpoints take episodes in the middle of a turn."""
     hostile: tuple[HostileAct, ...] = ()
     """What the environment does wrong (``gymckpt.testing.hostile``): episodes that raise
     after a mutation, end with non-finite or non-JSON values, hang; exports that return such
@@ -123,6 +125,7 @@ class Scenario:
             drain_timeout_s=5.0,
             lease_s=self.lease_s,
             max_consecutive_failures=self.max_consecutive_failures,
+            checkpoint_mode=self.checkpoint_mode,
         )
 
     def kinds(self) -> tuple[str, ...]:
@@ -140,8 +143,8 @@ class Scenario:
             f"{list(self.restore_faults)}; crashes {crashes}; rollback {self.rollback}; "
             f"stream drops at {list(self.stage_drops)}; instance deaths at "
             f"{list(self.stage_deaths)}; late stream ends {self.late_end_s:g}s; "
-            f"restore retried into the same Gym {self.restore_retry}; hostile "
-            f"{acts_summary(self.hostile)}"
+            f"restore retried into the same Gym {self.restore_retry}; checkpoints "
+            f"{self.checkpoint_mode.value}; hostile {acts_summary(self.hostile)}"
         )
 
 
@@ -184,6 +187,7 @@ def _draw_scenario(seed: int) -> Scenario:
             crashes.append(Crash(checkpoint=rng.randint(1, 4), point=rng.choice(HOOK_POINTS)))
     races = _draw_races(seed, instances)
     races.update(_draw_deaths(seed))
+    races.update(_draw_mode(seed))
     after = races.pop("crash_after_drop", None)
     if after is not None:  # the drop's checkpoint publishes, then the trainer dies
         crashes[:1] = [Crash(checkpoint=after, point="after_publish")]
@@ -238,6 +242,13 @@ def _draw_races(seed: int, instances: int) -> dict[str, Any]:
         kind = rng.choice(("error", "unpicklable", "hang"))
         extra["restore_faults"] = (f"restore:{kind}@2",)
     return extra
+
+
+def _draw_mode(seed: int) -> dict[str, Any]:
+    """The checkpoint mode, from its own generator (the draws above stay as they were): half
+    the seeds checkpoint unaligned."""
+    rng = random.Random(f"mode:{seed}")
+    return {"checkpoint_mode": rng.choice((CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED))}
 
 
 def _draw_deaths(seed: int) -> dict[str, Any]:
