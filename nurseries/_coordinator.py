@@ -9,10 +9,15 @@ The protocol, and why it is in this order
 2. **Retire dropped attempts** (S4) while Gym is still idle — Gym refuses a retire once a
    checkpoint is open. Only what was retired is forgotten; a failure here fails the checkpoint
    (retryable) rather than letting Gym export an episode the ledger no longer owns.
-3. **Prepare** every instance: Gym closes its own admission and parks each episode at its next
-   step boundary.
+3. **Prepare** every instance in ``RuntimeConfig.checkpoint_mode``: Gym closes its own
+   admission; aligned, it parks each episode at its next step boundary; unaligned, nothing
+   parks.
 4. **Commit** every instance: participants write their records under the staging snapshot; the
    replies list participants and digests, exported episodes, and replies on the wire.
+   Unaligned, each instance's commit is its cut: episodes are taken at their last step
+   boundary with the model calls completed so far, and every reply the instance produces
+   after its cut is held there until resume, so steps 6 and 7 see exactly the replies sent
+   before the cut.
 5. **Ownership** (S10), off the loop: an episode is owned by the participant that exported it,
    else by a legacy agent session with a step boundary; a parked session nobody owns fails the
    checkpoint at once instead of waiting out the drain.
