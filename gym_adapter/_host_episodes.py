@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Protocol, final
 
 import attrs
+import orjson
 
 from gymckpt.runtime.lowlevel import checked_json
 
@@ -234,17 +235,22 @@ class StepContext:
             for staged_key, response in ep.staged:
                 if staged_key == key:  # staged before a checkpoint: never asked twice
                     host.model_called(replayed=True)
-                    return response
+                    return _copy(response)
         response = model(key, request, ep.info)
         if inspect.isawaitable(response):
             response = await response
             self._check_owner()  # still the owner after the wait
         response = to_plain(response)
-        if type(response) not in _SCALARS:  # an int or a str needs no look
-            _check_response(ep, key, response)
+        if type(response) in _SCALARS:  # an int or a str needs no look, nor a copy
+            ep.staged.append((key, response))
+            host.model_called(replayed=False)
+            return response
+        data = _check_response(ep, key, response)
         ep.staged.append((key, response))
         host.model_called(replayed=False)
-        return response
+        # the episode gets its own copy: what it does to the response in place never reaches
+        # the capture (a commit may be serialising it in a worker thread right now)
+        return orjson.loads(data)
 
     def _check_owner(self) -> None:
         if self._host.fenced(self._ep):
@@ -257,10 +263,17 @@ class StepContext:
 _SCALARS: Final = frozenset({int, str, bool, type(None)})
 
 
-def _check_response(ep: Episode, key: str, response: Any) -> None:
-    """A model response is staged (and committed) only if it is finite plain data."""
+def _copy(response: Any) -> Any:
+    """A staged response as the episode gets it: scalars as they are, anything else a copy."""
+    if type(response) in _SCALARS:
+        return response
+    return orjson.loads(orjson.dumps(response))
+
+
+def _check_response(ep: Episode, key: str, response: Any) -> bytes:
+    """A model response is staged (and committed) only if it is finite plain data; its JSON."""
     try:
-        checked_json(response, "response")
+        return checked_json(response, "response")
     except ValueError as exc:
         raise ValueError(
             f"{episode_label(ep.info)}: model response under capture key {key} is refused: {exc}"
