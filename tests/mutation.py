@@ -6,10 +6,10 @@
     python tests/mutation.py --list
 
 Each mutant is a one-line change that breaks one behaviour rule the way a careless edit would:
-the six checks that once could not fail, the three exactly-once races put back, and others
-across S1-S13 and fencing. One at a time, the tree is copied to a temporary directory (the
-working tree is never touched), the line is replaced, and the copy is imported as ``gymckpt``
-(``PYTHONPATH``) by:
+the six checks that once could not fail, the three exactly-once races put back, others across
+S1-S13 and fencing, and the rules of an unaligned checkpoint's cut. One at a time, the tree is
+copied to a temporary directory (the working tree is never touched), the line is replaced, and
+the copy is imported as ``gymckpt`` (``PYTHONPATH``) by:
 
 1. the mutant's relevant tests (``pytest -x``; a hang fails through pytest-timeout);
 2. if they all pass, ``gymckpt simulate`` over ``--seeds`` seeds.
@@ -37,6 +37,7 @@ HOST_SLOTS = "tests/test_host_fencing_journal.py"
 HOSTILE = "tests/test_hostile_environment.py"
 JOURNAL = "tests/test_host_journal.py"
 PREEMPT = "tests/test_preemption_paths.py"
+UNALIGNED = "tests/test_unaligned_rules.py"
 
 
 @dataclass(frozen=True)
@@ -498,6 +499,157 @@ MUTANTS: tuple[Mutant, ...] = (
         "pass",
         ("tests/test_torn_retire_exactly_once.py",),
         keyword="dies_inside_a_retire",
+    ),
+    # -- the unaligned checkpoint's cut (issue 22) ----------------------------------------------
+    # a reply produced after the cut is held until the checkpoint resumes
+    Mutant(
+        "unaligned-cut-does-not-hold-replies",
+        "cut",
+        "gym_adapter/_host_control.py",
+        "self.streams.hold()",
+        "pass",
+        (UNALIGNED,),
+        keyword="mid_turn_episode or scheduler_batch",
+    ),
+    Mutant(
+        "unaligned-push-ignores-the-hold",
+        "cut",
+        "gym_adapter/_host_streams.py",
+        "if self.holding:",
+        "if False:",
+        (UNALIGNED,),
+        keyword="mid_turn_episode",
+    ),
+    Mutant(
+        "unaligned-stream-with-held-replies-ends",
+        "cut",
+        "gym_adapter/_host_streams.py",
+        "if st.rows_left <= 0 and not st.held:",
+        "if st.rows_left <= 0:",
+        (UNALIGNED,),
+        keyword="mid_turn_episode",
+    ),
+    Mutant(
+        "unaligned-resume-keeps-replies-held",
+        "cut",
+        "gym_adapter/_host_control.py",
+        "self._reopen()",
+        "self.parking.reopen()",
+        (UNALIGNED,),
+        nth=1,
+        keyword="mid_turn_episode",
+    ),
+    Mutant(
+        "unaligned-lease-keeps-replies-held",
+        "cut",
+        "gym_adapter/_host_control.py",
+        "self._reopen()",
+        "self.parking.reopen()",
+        (UNALIGNED,),
+        nth=2,
+        keyword="lease",
+    ),
+    Mutant(
+        "unaligned-second-commit-keeps-the-first-cuts-replies-held",
+        "cut",
+        "gym_adapter/_host_control.py",
+        "self.streams.release()  # held since an earlier cut of this checkpoint: before this one",
+        "pass",
+        (UNALIGNED,),
+        keyword="second_commit",
+    ),
+    # a mid-turn episode is taken at its last step boundary, not as its turn left it
+    Mutant(
+        "unaligned-cut-exports-the-live-sessions",
+        "cut",
+        "gym_adapter/_host_cut.py",
+        "dict(zip(names, states, strict=True)),",
+        "{p.name: to_plain(p.export(c.ep.sessions[p.name])) for p in participants},",
+        (UNALIGNED,),
+        keyword="mid_turn_episode",
+    ),
+    Mutant(
+        "unaligned-cut-marks-every-episode-where-it-is",
+        "cut",
+        "gym_adapter/_host_control.py",
+        "if ep.mark is None and ep.state != DONE:",
+        "if ep.state != DONE:",
+        (UNALIGNED,),
+        keyword="mid_turn_episode",
+    ),
+    Mutant(
+        "unaligned-mark-not-remade-at-the-next-boundary",
+        "cut",
+        "gym_adapter/_host_turns.py",
+        "if marks and (ep.mark is None or ep.mark.turn != ep.turn):",
+        "if marks and ep.mark is None:",
+        (UNALIGNED,),
+        keyword="mid_turn_episode",
+    ),
+    Mutant(
+        "unaligned-host-keeps-no-boundary-marks",
+        "cut",
+        "gym_adapter/_host_turns.py",
+        "marks = self.environment.unaligned",
+        "marks = False",
+        (UNALIGNED,),
+        keyword="mid_turn_episode",
+    ),
+    # what the cut took is fixed at the cut, not read again while the records are written
+    Mutant(
+        "unaligned-cut-shares-the-staged-calls",
+        "cut",
+        "gym_adapter/_host_cut.py",
+        "taken.append(CutEpisode(ep, mark, tuple(ep.staged), ep.stepping))",
+        "taken.append(CutEpisode(ep, mark, ep.staged, ep.stepping))",
+        (UNALIGNED,),
+        keyword="scheduler_batch",
+    ),
+    Mutant(
+        "unaligned-cut-records-the-live-turn",
+        "cut",
+        "gym_adapter/_host_cut.py",
+        "turn=c.mark.turn,",
+        "turn=c.ep.turn,",
+        (UNALIGNED,),
+        keyword="scheduler_batch",
+    ),
+    # nothing parks; an environment that opts out parks
+    Mutant(
+        "unaligned-prepare-parks",
+        "cut",
+        "gym_adapter/_host_parking.py",
+        "self.parks = park",
+        "self.parks = True",
+        (UNALIGNED,),
+        keyword="parks_nothing",
+    ),
+    Mutant(
+        "unaligned-held-episode-parks",
+        "cut",
+        "gym_adapter/_host_parking.py",
+        "if not self.parks and ep.state == BOUNDARY:  # unaligned: a held episode goes on",
+        "if False:",
+        (UNALIGNED,),
+        keyword="parks_nothing",
+    ),
+    Mutant(
+        "unaligned-opted-out-environment-not-parked",
+        "cut",
+        "gym_adapter/_host_control.py",
+        "park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned",
+        "park = mode is CheckpointMode.ALIGNED",
+        (UNALIGNED,),
+        keyword="opts_out",
+    ),
+    Mutant(
+        "unaligned-trainer-prepares-aligned",
+        "cut",
+        "nurseries/_pending.py",
+        "if mode is CheckpointMode.ALIGNED  # the reference call, as any backend takes it",
+        "if True  # the reference call, as any backend takes it",
+        (UNALIGNED,),
+        keyword="through_the_trainer",
     ),
 )
 
