@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from gymckpt import __version__
 from gymckpt.nurseries import ExitCode, snapshot_problems
 from gymckpt.runtime import (
+    CheckpointMode,
     LoadedSnapshot,
     ManifestError,
     RuntimeConfig,
@@ -157,6 +158,16 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         metavar="ENV",
         help="environment: calendar (the simulated workplace, default) or "
         "gymnasium:ID (e.g. gymnasium:CartPole-v1; needs the gymnasium extra)",
+    )
+    demo.add_argument(
+        "--checkpoint-mode",
+        choices=[m.value for m in CheckpointMode],
+        default=CheckpointMode.ALIGNED.value,
+        help="how a checkpoint takes an episode in the middle of a turn (RuntimeConfig."
+        "checkpoint_mode): aligned (default) parks every episode at its next step boundary "
+        "and waits for the slowest turn; unaligned parks nothing and takes each episode as "
+        "it was at its last step boundary, with the model calls it completed since (replayed "
+        "after a restore); the report counts the episodes taken mid-turn",
     )
     demo.add_argument(
         "--agent-kind",
@@ -561,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workdir=args.workdir,
             ray_address=args.ray_address,
             agent_kind=args.agent_kind,
+            checkpoint_mode=args.checkpoint_mode,
             crash_stage=args.crash_at_stage,
             env=args.env,
             keep=args.keep,

@@ -5,19 +5,29 @@ payload (observations, actions, rewards, termination). The parent then runs ever
 episode again with plain Gymnasium, uninterrupted, with the same seed and policy
 (``reference_trajectory``), and compares digests: ``trajectories_match`` is true when every
 trained episode's trajectory is bit-identical to its uninterrupted run.
+
+Every turn takes time where an agent's turn does: the policy answers after
+``MODEL_LATENCY_S`` (an inference call, awaited), and the agent then waits ``PACE_S`` before it
+steps the environment. So an unaligned checkpoint finds episodes in the middle of a turn, either
+awaiting the policy (the call in progress, asked again after a restore) or past it (the call
+completed, answered from the capture after a restore); the policy's answer depends on the
+capture key alone, so either way the trajectory stays bit-identical to the uninterrupted run.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import attrs
 import orjson
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend, HostConfig
+from gymckpt.gym_adapter import EmbeddedGym, EpisodeInfo, GymBackend, HostConfig
 from gymckpt.runtime import CompletedGroup
 
 __all__ = [
@@ -30,8 +40,12 @@ __all__ = [
 ]
 
 GYMNASIUM_PREFIX = "gymnasium:"
-PACE_S = 0.002
-"""Per-turn wait of the demo's agent, so checkpoints find episodes mid-way."""
+PACE_S = 0.001
+"""Per-turn wait of the demo's agent after the policy answered, before it steps (a tool's
+latency): a checkpoint finds episodes here with the turn's model call completed."""
+MODEL_LATENCY_S = 0.001
+"""How long the demo's policy takes to answer (an inference call's latency): a checkpoint finds
+episodes here with the turn's model call in progress."""
 MAX_EPISODE_STEPS = 200
 """The demo truncates every episode here (some ids have no time limit of their own)."""
 
@@ -66,6 +80,8 @@ async def open_gymnasium_gym(
     from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
 
     env = gymnasium_environment(env_id, pace_s=PACE_S, max_episode_steps=MAX_EPISODE_STEPS)
+    assert env.model is not None
+    env = attrs.evolve(env, model=slow_model(env.model, MODEL_LATENCY_S))
     async with EmbeddedGym.host(
         env,
         instances=instances,
@@ -75,6 +91,26 @@ async def open_gymnasium_gym(
         faults=faults,
     ) as gym:
         yield gym
+
+
+Model = Callable[[str, Any, EpisodeInfo], Any]
+"""``Environment.model``: ``model(capture_key, request, info)`` returns or awaits the answer."""
+
+
+def slow_model(model: Model, latency_s: float) -> Callable[[str, Any, EpisodeInfo], Awaitable[Any]]:
+    """``model`` answering after ``latency_s`` (awaited, like a call to an inference server).
+
+    The answer is ``model``'s for the same capture key and request, so a call asked again after
+    a restore answers as the first asking would have."""
+
+    async def answer(key: str, request: Any, info: EpisodeInfo) -> Any:
+        await anyio.sleep(latency_s)
+        response = model(key, request, info)
+        if inspect.isawaitable(response):
+            response = await response
+        return response
+
+    return answer
 
 
 def trajectory_verdict(

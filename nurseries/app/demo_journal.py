@@ -42,6 +42,7 @@ def checkpoint_record(phase: int, outcome: CheckpointOutcome) -> dict[str, Any]:
         "ok": outcome.ok,
         "reason": outcome.reason,
         "stage_s": dict(outcome.stage_s),
+        "mid_turn": outcome.mid_turn,
     }
 
 

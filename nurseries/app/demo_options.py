@@ -11,12 +11,15 @@ import attrs
 
 from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.nurseries import HOOK_POINTS
-from gymckpt.runtime import RuntimeConfig
+from gymckpt.runtime import CheckpointMode, ManifestError, RuntimeConfig
 from gymckpt.runtime.lowlevel import structure_table
 
 from .demo_gymnasium import environment_id
 
-__all__ = ["CRASH_STAGES", "MID_PUBLISH", "DemoOptions"]
+__all__ = ["CHECKPOINT_MODES", "CRASH_STAGES", "MID_PUBLISH", "DemoOptions"]
+
+CHECKPOINT_MODES = tuple(m.value for m in CheckpointMode)
+"""``--checkpoint-mode``'s values: ``RuntimeConfig.checkpoint_mode``'s names."""
 
 MID_PUBLISH = "mid_publish"
 CRASH_STAGES = (*HOOK_POINTS, MID_PUBLISH)
@@ -54,6 +57,9 @@ class DemoOptions:
     runtime: tuple[tuple[str, Any], ...] = ()
     """``RuntimeConfig`` settings over the demo's own (table ``[runtime]`` of ``--config``), as
     ``(field, value)`` pairs; checked strictly by ``runtime_config``."""
+    checkpoint_mode: str = CheckpointMode.ALIGNED.value
+    """``RuntimeConfig.checkpoint_mode`` of the trainer (one of ``CHECKPOINT_MODES``): the
+    demo's own option, so ``[runtime]`` may not set it too (one place says which mode runs)."""
     keep: bool = False
     """Keep the temporary work directory of a run that finished exactly once (without
     ``workdir`` it is removed then; a run that did not is always kept, to be looked at)."""
@@ -79,6 +85,11 @@ class DemoOptions:
                 )
             if self.crash_after_checkpoint < 1:
                 raise ValueError("--crash-at-stage needs --crash-after-checkpoint >= 1")
+        if self.checkpoint_mode not in CHECKPOINT_MODES:
+            raise ValueError(
+                f"--checkpoint-mode must be {' or '.join(CHECKPOINT_MODES)}, "
+                f"got {self.checkpoint_mode!r}"
+            )
         if self.backend not in ("embedded", "ray"):
             raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
         if environment_id(self.env) is not None and self.backend != "embedded":
@@ -106,9 +117,15 @@ class DemoOptions:
             drain_timeout_s=5.0,
             lease_s=30.0,
             max_consecutive_failures=3,
+            checkpoint_mode=self.checkpoint_mode,
         )
         if not self.runtime:
             return base
+        if any(k == "checkpoint_mode" for k, _ in self.runtime):
+            raise ManifestError(
+                f"{where}: checkpoint_mode is the demo's option: set it as checkpoint_mode in "
+                "[demo] or with --checkpoint-mode, not in [runtime]"
+            )
         return structure_table(attrs.asdict(base) | dict(self.runtime), RuntimeConfig, where)
 
     def to_json(self) -> str:

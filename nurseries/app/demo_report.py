@@ -18,7 +18,8 @@ def print_report(r: dict[str, Any]) -> None:
         f"  steps               {r['steps']} (trained twice: {r['steps_trained_twice']})",
         f"  sentinels           {r['sentinels_total']}/{r['sentinels_expected']}"
         f" (duplicated {r['sentinels_duplicated']}, missing {r['sentinels_missing']})",
-        f"  checkpoints         {r['checkpoints_ok']} ok, {r['checkpoints_failed']} failed",
+        f"  checkpoints         {r['checkpoints_ok']} ok, {r['checkpoints_failed']} failed"
+        f" ({r['checkpoint_mode']}; episodes taken mid-turn: {r['episodes_mid_turn']})",
         f"  restores            {r['restores']}"
         f" (SIGKILL: {'yes' if r['killed_with_sigkill'] else 'no'})",
         "  stage medians (ms)  " + ", ".join(f"{k} {v:g}" for k, v in r["stage_ms_median"].items()),

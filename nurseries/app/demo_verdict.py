@@ -48,6 +48,7 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
             for k, v in c["stage_s"].items():
                 stages.setdefault(k, []).append(v)
     ok = sum(1 for c in checkpoints if c["ok"])
+    mid_turn = sum(int(c.get("mid_turn", 0)) for c in checkpoints if c["ok"])
     failed = len(checkpoints) - ok
     restores = sum(1 for p in phases if p.get("restored"))
     extra: dict[str, Any] = {}
@@ -67,6 +68,8 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
         "sentinels_missing": len(judged.sentinels_missing),
         "checkpoints_ok": ok,
         "checkpoints_failed": failed,
+        "checkpoint_mode": opts.checkpoint_mode,
+        "episodes_mid_turn": mid_turn,
         "restores": restores,
         "stage_ms_median": {k: round(median(v) * 1000, 3) for k, v in stages.items()},
         "exactly_once": judged.ok and extra.get("trajectories_match", True),
@@ -88,6 +91,7 @@ def error_report(error: str, exit_code: int, opts: DemoOptions | None = None) ->
         "sentinels_missing": 0,
         "checkpoints_ok": 0,
         "checkpoints_failed": 0,
+        "episodes_mid_turn": 0,
         "restores": 0,
         "exactly_once": False,
         "error": error,
