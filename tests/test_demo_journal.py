@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gymckpt.nurseries.app.demo_journal import JOURNAL, Journal, read_journal
+import attrs
+
+from gymckpt.nurseries import CheckpointOutcome
+from gymckpt.nurseries.app.demo_journal import JOURNAL, Journal, checkpoint_record, read_journal
 
 
 def test_a_restore_discards_the_steps_after_it(tmp_path: Path) -> None:
@@ -23,3 +26,10 @@ def test_a_restore_discards_the_steps_after_it(tmp_path: Path) -> None:
 
 def test_no_journal_is_an_empty_lineage(tmp_path: Path) -> None:
     assert read_journal(tmp_path / JOURNAL) == ([], [])
+
+
+def test_a_checkpoints_line_counts_the_episodes_it_took_mid_turn() -> None:
+    outcome = CheckpointOutcome("p1-0002", True, None, None, None, {"commit": 0.5}, mid_turn=4)
+    line = checkpoint_record(1, outcome)
+    assert line["mid_turn"] == 4 and line["checkpoint"] == "p1-0002" and line["ok"] is True
+    assert checkpoint_record(1, attrs.evolve(outcome, mid_turn=0))["mid_turn"] == 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.nurseries.app.demo_options import CRASH_STAGES, MID_PUBLISH, DemoOptions
-from gymckpt.runtime import ManifestError
+from gymckpt.nurseries.app.demo_options import CRASH_STAGES, MID_PUBLISH, TURN_S, DemoOptions
+from gymckpt.runtime import CheckpointMode, ManifestError
 
 
 def test_options_round_trip_through_json() -> None:
@@ -22,6 +22,7 @@ def test_options_round_trip_through_json() -> None:
         ({"crash_stage": "nowhere"}, "--crash-at-stage must be one of"),
         ({"crash_stage": MID_PUBLISH, "crash_after_checkpoint": 0}, "needs --crash-after"),
         ({"backend": "http"}, "--backend must be embedded or ray"),
+        ({"checkpoint_mode": "sideways"}, "--checkpoint-mode must be aligned or unaligned"),
         ({"env": "gymnasium:CartPole-v1", "backend": "ray"}, "runs on --backend embedded"),
     ],
 )
@@ -41,3 +42,19 @@ def test_runtime_settings_override_the_demos_strictly() -> None:
         DemoOptions(runtime=(("no_such_field", 1),)).runtime_config("cfg.toml")
     assert DemoOptions(env="gymnasium:CartPole-v1").gymnasium_id == "CartPole-v1"
     assert DemoOptions(hold_first_mutation=True).sim_config().hold_after_first_mutation
+
+
+def test_the_checkpoint_mode_is_the_trainers_and_only_the_demos_option() -> None:
+    assert DemoOptions().runtime_config().checkpoint_mode is CheckpointMode.ALIGNED
+    unaligned = DemoOptions(checkpoint_mode="unaligned", runtime=(("lease_s", 60.0),))
+    again = DemoOptions.from_json(unaligned.to_json())  # what a phase process is handed
+    assert again == unaligned
+    assert again.runtime_config().checkpoint_mode is CheckpointMode.UNALIGNED
+    with pytest.raises(ManifestError, match=r"cfg\.toml: checkpoint_mode is the demo's option"):
+        DemoOptions(runtime=(("checkpoint_mode", "unaligned"),)).runtime_config("cfg.toml")
+
+
+def test_unaligned_calendar_turns_are_long_enough_to_be_cut_and_aligned_ones_short() -> None:
+    assert DemoOptions().sim_config().turn_s == TURN_S["aligned"] == (0.005, 0.02)
+    unaligned = DemoOptions(checkpoint_mode="unaligned").sim_config().turn_s
+    assert unaligned == TURN_S["unaligned"] and unaligned[0] > TURN_S["aligned"][1]

@@ -24,6 +24,8 @@ RECORD = {
     "sentinels_missing": 0,
     "checkpoints_ok": 2,
     "checkpoints_failed": 0,
+    "checkpoint_mode": "unaligned",
+    "episodes_mid_turn": 7,
     "restores": 1,
     "killed_with_sigkill": True,
     "stage_ms_median": {"prepare": 1.5},
@@ -41,6 +43,7 @@ def test_the_report_has_one_line_per_fact(capsys: pytest.CaptureFixture[str]) ->
     assert lines[0] == "gymckpt demo"
     assert "  rows trained        8/8 (failed 0, lost 0, duplicates 0)" in lines
     assert "  restores            1 (SIGKILL: yes)" in lines
+    assert "  checkpoints         2 ok, 0 failed (unaligned; episodes taken mid-turn: 7)" in lines
     assert "  stage medians (ms)  prepare 1.5" in lines
     assert lines[-2].endswith("workdir /w (removed; --keep keeps it)")
     assert lines[-1] == "  exactly once        YES"

@@ -46,6 +46,31 @@ def test_demo_on_its_own_local_clusters_is_exactly_once(tmp_path: Path) -> None:
     assert report["killed_with_sigkill"] is True and report["restores"] == 1
     assert report["backend"] == "ray"
     assert report["duplicates"] == report["lost"] == report["steps_trained_twice"] == 0
+    assert report["checkpoint_mode"] == "aligned" and report["episodes_mid_turn"] == 0
+
+
+def test_unaligned_checkpoints_on_ray_take_episodes_mid_turn_exactly_once(
+    tmp_path: Path,
+) -> None:
+    import ray
+
+    # the session's cluster (starting one per phase is the first test's): each actor takes
+    # its own cut, and the restore is a fresh deployment on the same cluster
+    address = ray.get_runtime_context().gcs_address
+    report = demo(
+        tmp_path / "w",
+        "--ray-address",
+        address,
+        "--checkpoint-mode",
+        "unaligned",
+        "--crash-after-checkpoint",
+        "1",
+    )
+    assert report["exactly_once"] is True, report
+    assert report["killed_with_sigkill"] is True and report["restores"] == 1
+    assert report["duplicates"] == report["lost"] == report["sentinels_duplicated"] == 0
+    assert report["checkpoint_mode"] == "unaligned" and report["backend"] == "ray"
+    assert report["episodes_mid_turn"] > 0, report
 
 
 def test_demo_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path) -> None:

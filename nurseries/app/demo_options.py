@@ -16,10 +16,17 @@ from gymckpt.runtime.lowlevel import structure_table
 
 from .demo_gymnasium import environment_id
 
-__all__ = ["CHECKPOINT_MODES", "CRASH_STAGES", "MID_PUBLISH", "DemoOptions"]
+__all__ = ["CHECKPOINT_MODES", "CRASH_STAGES", "MID_PUBLISH", "TURN_S", "DemoOptions"]
 
 CHECKPOINT_MODES = tuple(m.value for m in CheckpointMode)
 """``--checkpoint-mode``'s values: ``RuntimeConfig.checkpoint_mode``'s names."""
+
+TURN_S = {"aligned": (0.005, 0.02), "unaligned": (0.05, 0.2)}
+"""The calendar's turn times (s) per checkpoint mode. Aligned, every checkpoint waits for the
+slowest turn in flight, so the demo keeps them short. Unaligned, no checkpoint waits for one,
+and a turn must outlast the way from a row's dispatch to the cut (on Ray: the actor call, the
+reply stream, the trainer's batching), or every episode in Gym has ended by the time a
+checkpoint comes and none is ever taken mid-turn."""
 
 MID_PUBLISH = "mid_publish"
 CRASH_STAGES = (*HOOK_POINTS, MID_PUBLISH)
@@ -102,7 +109,7 @@ class DemoOptions:
     def sim_config(self) -> SimConfig:
         return SimConfig(
             turns=(2, 4),
-            turn_s=(0.005, 0.02),
+            turn_s=TURN_S[self.checkpoint_mode],
             mutation_p=0.5,
             lease_s=30.0,
             hold_after_first_mutation=self.hold_first_mutation,
