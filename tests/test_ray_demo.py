@@ -40,6 +40,7 @@ def demo(workdir: Path, *extra: str) -> dict[str, object]:
     return report
 
 
+@pytest.mark.timeout(240)  # a local cluster started and stopped by each phase: as demo() waits
 def test_demo_on_its_own_local_clusters_is_exactly_once(tmp_path: Path) -> None:
     report = demo(tmp_path / "w")
     assert report["exactly_once"] is True

@@ -16,6 +16,13 @@ from files alone:
 Exactly once means: every row trained once in the lineage (no duplicates, none lost), every step
 once, and every sentinel a trained episode's plan calls for present exactly once.
 
+``--checkpoint-mode`` is the trainer's ``RuntimeConfig.checkpoint_mode``: aligned (the default)
+parks every episode at its next step boundary; unaligned parks none and takes an episode inside
+a turn at its last step boundary, with the model calls it completed since. The report's
+``episodes_mid_turn`` sums ``CheckpointOutcome.mid_turn`` over the run's checkpoints (both
+phases, from the journal). Unaligned, the calendar's turns are longer (``TURN_S``) so a cut
+finds episodes inside one; the Gymnasium demo's policy answers after an awaited latency.
+
 Layout: ``demo_options`` (the flags), ``toy_trainer`` (the trainer), ``demo_journal`` (the
 training journal), ``demo_crash`` (phase 1 killing itself at a checkpoint stage),
 ``demo_progress`` (progress lines), ``demo_phase`` (one trainer process), ``demo_parent`` (the
