@@ -52,29 +52,35 @@ def mark_boundary(participants: Sequence[Any], ep: Episode) -> BoundaryMark:
     """``ep``'s mark at its current step boundary (``participants``: ``Roles.sessions``).
 
     One ``export`` per participant and one ``orjson.dumps`` of them all; a failure is kept in
-    the mark, never raised (the episode runs on; only a cut that needs the mark fails it)."""
+    the mark, naming the participant whose state it is, never raised (the episode runs on;
+    only a cut that needs the mark fails it). States that pass one by one but not together (a
+    nesting one level short of orjson's limit) are a problem of the whole."""
     turn = ep.turn
-    try:
-        states = [to_plain(p.export(ep.sessions[p.name])) for p in participants]
-    except Exception as exc:
-        return BoundaryMark(
-            turn,
-            None,
-            f"{episode_label(ep.info)}: exporting its session state at step boundary {turn} "
-            f"raised {exc!r}",
-            exc,
-        )
+    states: list[Any] = []
+    for p in participants:
+        try:
+            states.append(to_plain(p.export(ep.sessions[p.name])))
+        except Exception as exc:
+            return BoundaryMark(
+                turn,
+                None,
+                f"{episode_label(ep.info)}: exporting its {p.name} session state at step "
+                f"boundary {turn} raised {exc!r}",
+                exc,
+            )
     try:
         return BoundaryMark(turn, checked_json(states, "session state"))
-    except NotPlainData:
+    except NotPlainData as whole:
+        problem = str(whole)
         for p, state in zip(participants, states, strict=True):
             try:
                 checked_json(state, f"{p.name} session state")
             except NotPlainData as exc:
-                return BoundaryMark(
-                    turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {exc}"
-                )
-        raise  # the whole refused, no part of it: not reachable for JSON values
+                problem = str(exc)
+                break
+        return BoundaryMark(
+            turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {problem}"
+        )
 
 
 @final
