@@ -252,3 +252,58 @@ async def test_parking_says_where_it_is_in_its_repr(
         assert repr(parking) == (
             "<Parking prepared checkpoint=ckpt-1 generation=1 moving=0 parked=1 lease=True>"
         )
+
+
+# -- an unaligned prepare (park=False) ---------------------------------------------------------
+
+
+async def test_an_unaligned_prepare_parks_nothing_and_waits_for_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving([]) as parking:
+        ep = moving(parking, 0)
+        gen = parking.prepare("ckpt-1", park=False)
+        assert parking.prepared and not parking.parks and not parking.admission_open
+        start = trio.current_time()
+        assert await parking.wait_parked(gen, start + 5.0) is True  # one moves: no wait
+        assert trio.current_time() == start
+        assert await parking.boundary(ep, never_fenced) is True  # passes its boundary on
+        assert ep.state == MOVING and parking.moving == 1
+        assert "parked=0" in repr(parking)
+
+
+async def test_an_unaligned_prepare_lets_a_held_episode_go_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving([]) as parking:
+        ep = moving(parking, 0)
+        ep.hold = True
+        result: list[bool] = []
+
+        async def step() -> None:
+            result.append(await parking.boundary(ep, never_fenced))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(step)
+            await trio.sleep(100.0)
+            assert result == [] and ep.state == BOUNDARY and parking.moving == 0
+            parking.prepare("ckpt-1", park=False)
+        assert result == [True] and not ep.hold
+        assert ep.state == MOVING and parking.moving == 1
+        ep.hold = True  # held while an unaligned checkpoint is open: not even a pause
+        assert await parking.boundary(ep, never_fenced) is True
+        assert ep.state == MOVING and parking.moving == 1 and not ep.hold
+
+
+async def test_a_later_prepare_keeps_the_mode_of_the_open_checkpoint(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving([]) as parking:
+        parking.prepare("ckpt-1")
+        assert parking.prepare("ckpt-1", park=False) == 1 and parking.parks  # still parks
+        parking.reopen()
+        parking.prepare("ckpt-2", park=False)
+        assert not parking.parks
+        parking.reopen()
+        parking.prepare("ckpt-3")  # a new checkpoint takes its own mode
+        assert parking.parks

@@ -173,3 +173,63 @@ async def test_ack_and_discard_touch_only_their_own_stream() -> None:
     streams.ack(new, ["r", "unknown"])
     assert streams.on_wire == {}
     streams.end_all()
+
+
+# -- holding (an unaligned checkpoint's cut) ------------------------------------------------------
+
+
+async def test_held_replies_are_neither_on_the_wire_nor_delivered_until_release(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    streams = ReplyStreams(1.0, 8)
+    async with running(streams, 4) as (st, stream):
+        streams.push(st, done("a"))  # before the cut: on the wire, delivered as usual
+        streams.hold()
+        for rid in ("d", "b", "c"):
+            streams.push(st, done(rid))
+            streams.row_done(st)
+        streams.row_done(st)  # every row replied: a stream without held replies would end
+        assert set(streams.on_wire) == {"a"} and streams.held == 3
+        assert ids(await stream.__anext__()) == ["a"]
+        with trio.move_on_after(100) as scope:
+            await stream.__anext__()  # nothing more until the release, and no end either
+        assert scope.cancelled_caught and not st.ended
+        assert streams.on_wire == {}  # the ask acknowledged a; the held are not on it
+        assert streams.release() == 3
+        assert not streams.holding and streams.held == 0
+        assert set(streams.on_wire) == {"b", "c", "d"}
+        assert [r.rollout_id for r in st.pending] == ["d", "b", "c"]  # in push order
+        assert ids(await stream.__anext__()) == ["b", "c", "d"]
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        assert streams.on_wire == {} and streams.discarded == 0
+
+
+async def test_release_puts_each_streams_held_replies_on_its_own_wire() -> None:
+    streams = ReplyStreams(1.0, 8)
+    one, two = streams.open(2, None), streams.open(2, None)
+    streams.hold()
+    streams.push(two, done("x"))
+    streams.push(one, done("y"))
+    streams.push(two, done("z"))
+    assert streams.release() == 3
+    assert streams.on_wire == {"x": two, "y": one, "z": two}
+    assert ids(two.pending) == ["x", "z"] and ids(one.pending) == ["y"]
+    assert streams.release() == 0  # nothing held: a no-op
+    streams.push(one, done("w"))  # released: pushed replies go on the wire again
+    assert streams.on_wire["w"] is one
+    streams.end_all()
+
+
+async def test_ending_a_stream_discards_its_held_replies(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    streams = ReplyStreams(1.0, 8)
+    async with running(streams, 3) as (st, stream):
+        streams.hold()
+        streams.push(st, done("a"))
+        streams.push(st, done("b"))
+        await stream.aclose()  # the consumer went away while they were held
+        assert streams.held == 0 and streams.discarded == 2
+        assert streams.release() == 0
+        assert streams.on_wire == {} and st.pending == []
