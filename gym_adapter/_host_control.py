@@ -226,11 +226,20 @@ class ControlPlane:
         """An unaligned commit: the cut on the loop, the records off it (module docstring).
 
         An episode whose boundary mark holds a problem fails (data) before the cut lists the
-        replies on the wire, so its reply is among them and the checkpoint drains it."""
-        for ep in self.table.active.values():  # a task that has not reached its first boundary
-            if ep.mark is None and ep.state != DONE:
+        replies on the wire, so its reply is among them and the checkpoint drains it. An
+        attempt fenced inside its turn (a newer attempt owns its slot; it ends at its next
+        context call or boundary, its reply dropped) is not taken: an aligned commit never
+        holds one either (it ends at the boundary where it would park), and its slot is the
+        newer attempt's in the records."""
+        live = [
+            ep
+            for ep in self.table.active.values()
+            if ep.state != DONE and not self.slots.fenced(ep)
+        ]
+        for ep in live:  # a task that has not reached its first boundary
+            if ep.mark is None:
                 ep.mark = mark_boundary(self.roles.sessions, ep)
-        taken, bad = take_cut(ep for ep in self.table.active.values() if ep.state != DONE)
+        taken, bad = take_cut(live)
         for ep in bad:
             assert ep.mark is not None and ep.mark.problem is not None
             self.failure_log.warn(ep.mark.problem, ep.mark.exc)

@@ -126,7 +126,7 @@ class Parking:
         (or, held, until one is): False, and the caller's task ends, leaving ``ep`` parked.
         ``EpisodeFenced`` if ``fenced(ep)``: a newer attempt owns its slot."""
         if ep.state == BOUNDARY:  # restarted by a reopen
-            if self.prepared:  # prepared again before this task ran: it stays parked
+            if self.prepared and self.parks:  # prepared again before this task ran: it stays
                 self._parked.append(ep)
                 return False
             ep.state = MOVING
@@ -214,13 +214,13 @@ class Parking:
 
     async def _restart(self, parked: list[Episode]) -> None:
         """``RESUME_CHUNK`` per scheduler batch; prepared again meanwhile, the rest stay
-        parked for the next reopen."""
+        parked for the next reopen (an unaligned prepare parks nothing: the restart goes on)."""
         assert self._restart_episode is not None
         with collector_paused(self.freeze_survivors):
             for start in range(0, len(parked), RESUME_CHUNK):
                 if self.closing:
                     return
-                if self.prepared:  # prepared again: the rest stay parked for the next resume
+                if self.prepared and self.parks:  # prepared again: the rest stay parked
                     self._parked.extend(ep for ep in parked[start:] if ep.state == BOUNDARY)
                     return
                 for ep in parked[start : start + RESUME_CHUNK]:

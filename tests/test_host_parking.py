@@ -307,3 +307,21 @@ async def test_a_later_prepare_keeps_the_mode_of_the_open_checkpoint(
         parking.reopen()
         parking.prepare("ckpt-3")  # a new checkpoint takes its own mode
         assert parking.parks
+
+
+async def test_an_unaligned_prepare_during_a_restart_lets_every_parked_episode_go_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    restarted: list[Episode] = []
+    async with serving(restarted) as parking:
+        eps = [moving(parking, n) for n in range(2 * RESUME_CHUNK + 1)]
+        parking.prepare("ckpt-1")  # aligned: every one parks
+        for ep in eps:
+            assert await parking.boundary(ep, never_fenced) is False
+        parking.reopen()
+        parking.prepare("ckpt-2", park=False)  # before the restart ran: it parks nothing
+        await trio.testing.wait_all_tasks_blocked()
+        assert restarted == eps
+        for ep in eps:  # each restarted task moves on, though a checkpoint is open
+            assert await parking.boundary(ep, never_fenced) is True
+        assert parking.moving == len(eps) and "parked=0" in repr(parking)

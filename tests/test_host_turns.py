@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -103,6 +104,7 @@ def rig(agent: Agent, journal: Path | None = None) -> Rig:
         count=count,
         user_calls=calls,
         failure_log=FailureLog(trio.current_time),
+        sessions=roles.sessions,
     )
     return Rig(turns, slots, parking, count)
 
@@ -198,3 +200,36 @@ def test_turns_count_the_environments_own_counters_and_model_calls() -> None:
     r.turns.model_called(replayed=True)
     assert (r.count.model_calls, r.count.model_replays) == (1, 1)
     assert r.turns.user_counts == {"x": 5} and r.turns.model is None
+
+
+async def test_each_boundary_leaves_a_mark_of_its_turn_and_a_turn_runs_stepping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    seen: list[tuple[int, int | None, bool, Any]] = []
+
+    def look(turn: int) -> None:  # inside the turn: the mark is of its boundary
+        mark = ep.mark
+        seen.append((turn, mark.turn, ep.stepping, orjson.loads(mark.states)))
+
+    r = rig(Agent(turns=3, on_turn=look))
+    async with trio.open_nursery() as nursery:
+        r.parking.open(nursery.start_soon, lambda ep: None)
+        ep = started(r)
+        await r.turns.play(ep)
+        nursery.cancel_scope.cancel()
+    # the calendar was at n == turn at each boundary; the turn had added 1 when it looked
+    assert seen == [(t, t, True, [{}, {"n": t}]) for t in range(3)]
+    assert not ep.stepping
+
+
+async def test_an_environment_that_opts_out_keeps_no_marks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    r = rig(Agent(turns=2))
+    r.turns.environment = attrs.evolve(r.turns.environment, unaligned=False)
+    async with trio.open_nursery() as nursery:
+        r.parking.open(nursery.start_soon, lambda ep: None)
+        ep = started(r)
+        assert isinstance(await r.turns.play(ep), Completed)
+        nursery.cancel_scope.cancel()
+    assert ep.mark is None
