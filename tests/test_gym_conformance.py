@@ -1,7 +1,9 @@
 """Conformance suite for the Gym contract (``gym_adapter._contract.GymBackend``).
 
 Every test runs against each backend factory in ``BACKENDS`` under trio's autojump clock, so
-timings are virtual and exact. A factory is called like ``calendar_embedded`` (keyword arguments
+timings are virtual and exact. A test that checkpoints takes the ``mode`` fixture and runs in
+both ``CheckpointMode``s (on Ray the unaligned mode only in the cases ``RAY_UNALIGNED`` names:
+Ray time is real time); the ``unaligned`` section holds the cases of that mode alone. A factory is called like ``calendar_embedded`` (keyword arguments
 ``instances``, ``agent_kinds``, ``seed``, ``work_dir``, ``config``, ``faults``) and yields a
 backend that also offers ``session_states(instance, participant)`` (the calendar's sessions are
 read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray deployment is
@@ -43,6 +45,7 @@ from gymckpt.gym_adapter.calendar_env import (
     sentinel,
 )
 from gymckpt.runtime import (
+    CheckpointMode,
     EpisodeRecord,
     GymCallTimeout,
     GymCheckpointUnavailable,
@@ -67,6 +70,16 @@ BACKENDS = [
 
 SEED = 7
 FAST = SimConfig(turns=(2, 5), turn_s=(0.01, 0.05), mutation_p=1.0)
+ALIGNED, UNALIGNED = CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED
+
+RAY_UNALIGNED = frozenset(
+    {
+        "test_restore_and_claim_continue_each_episode_once",
+        "test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_cut",
+        "test_unaligned_replies_after_the_cut_wait_for_the_resume",
+    }
+)
+"""The tests that run unaligned on Ray too (every other one runs unaligned embedded only)."""
 
 
 @pytest.fixture(params=BACKENDS)
@@ -80,6 +93,17 @@ def open_gym(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
         return factory(**kwargs)
 
     return opener
+
+
+@pytest.fixture(params=[ALIGNED, UNALIGNED], ids=["aligned", "unaligned"])
+def mode(request: pytest.FixtureRequest) -> CheckpointMode:
+    """The checkpoint mode of a test that checkpoints (both, see the module docstring)."""
+    chosen: CheckpointMode = request.param
+    node = request.node
+    on_ray = "ray" in node.callspec.id.split("-")
+    if chosen is UNALIGNED and on_ray and node.originalname not in RAY_UNALIGNED:
+        pytest.skip("Ray: unaligned only in the RAY_UNALIGNED cases (real time; CI time)")
+    return chosen
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -146,14 +170,20 @@ def read_records(root: Path, state_dir: str) -> Any:
 
 @asynccontextmanager
 async def checkpointed(
-    open_gym: Factory, root: Path, *, rows: int = 4, park_after: float = 0.06, **kw: Any
+    open_gym: Factory,
+    root: Path,
+    *,
+    rows: int = 4,
+    park_after: float = 0.06,
+    mode: CheckpointMode = ALIGNED,
+    **kw: Any,
 ) -> AsyncIterator[tuple[CommitReply, Any]]:
-    """Run ``rows`` episodes, park them after ``park_after`` virtual seconds, commit to ``root``;
-    yield (commit reply, gym) with the gym still prepared."""
+    """Run ``rows`` episodes, checkpoint them in ``mode`` after ``park_after`` virtual seconds,
+    commit to ``root``; yield (commit reply, gym) with the gym still prepared."""
     async with open_gym(**kw) as gym:
         stream = await gym.run("gym-0", make_rows(rows))
         await trio.sleep(park_after)
-        await gym.prepare("gym-0", "ckpt-1", deadline())
+        await gym.prepare("gym-0", "ckpt-1", deadline(), mode)
         reply = await gym.commit("gym-0", "ckpt-1", str(root), deadline())
         yield reply, gym
         await stream.aclose()
@@ -197,7 +227,7 @@ async def test_replies_are_batched_per_flush_interval_and_max_batch(
 
 
 async def test_on_wire_until_the_consumer_asks_for_the_next_batch(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
     async with open_gym() as gym:
         stream = await gym.run("gym-0", make_rows(4))
@@ -205,7 +235,7 @@ async def test_on_wire_until_the_consumer_asks_for_the_next_batch(
         ids = {r.rollout_id for r in first}
         inv = await gym.inventory("gym-0")
         assert ids <= set(inv.on_wire)
-        prep = await gym.prepare("gym-0", "c", deadline())
+        prep = await gym.prepare("gym-0", "c", deadline(), mode)
         assert prep.on_wire == len(inv.on_wire)
         reply = await gym.commit("gym-0", "c", "state", deadline())
         assert ids <= set(reply.on_wire)
@@ -353,10 +383,10 @@ async def test_control_calls_past_their_deadline_time_out(
 
 
 async def test_commit_writes_records_whose_digests_match(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
     root = tmp_path / "snap"
-    async with checkpointed(open_gym, root) as (reply, _gym):
+    async with checkpointed(open_gym, root, mode=mode) as (reply, _gym):
         assert [(p.server_name, p.kind) for p in reply.participants] == [
             ("agent", "simple_agent"),
             ("calendar", "environment"),
@@ -378,7 +408,9 @@ async def test_commit_writes_records_whose_digests_match(
             row = int(rid.split("-")[0])
             boundary = agent[rid].step_boundary
             assert boundary == sessions[rid].step_boundary and boundary >= 1
-            assert e.capture_keys == tuple(capture_key(row, 0, t) for t in range(boundary))
+            # unaligned, an episode inside turn ``boundary`` has made that turn's call already
+            turns = boundary + (mode is UNALIGNED and boundary < plan_of(row).turns)
+            assert e.capture_keys == tuple(capture_key(row, 0, t) for t in range(turns))
             assert tuple(c.key for c in proxy[rid].calls) == e.capture_keys
         events = {s.key: [ev["sentinel"] for ev in s.state["events"]] for s in calendar.sessions}
         state = await calendar_sessions_of(_gym, "gym-0")
@@ -386,12 +418,12 @@ async def test_commit_writes_records_whose_digests_match(
 
 
 async def test_commit_needs_a_prepare_of_the_same_checkpoint(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
     async with open_gym() as gym:
         with pytest.raises(GymControlError, match="not prepared"):
             await gym.commit("gym-0", "c", "s", deadline())
-        await gym.prepare("gym-0", "c", deadline())
+        await gym.prepare("gym-0", "c", deadline(), mode)
         with pytest.raises(GymControlError, match="checkpoint other is not prepared"):
             await gym.commit("gym-0", "other", "s", deadline())
         with pytest.raises(GymControlError, match="checkpoint c is open, not other"):
@@ -401,10 +433,13 @@ async def test_commit_needs_a_prepare_of_the_same_checkpoint(
 
 
 async def test_legacy_agent_sessions_own_their_episodes(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
     root = tmp_path / "snap"
-    async with checkpointed(open_gym, root, agent_kinds="legacy_agent") as (reply, _gym):
+    async with checkpointed(open_gym, root, agent_kinds="legacy_agent", mode=mode) as (
+        reply,
+        _gym,
+    ):
         assert reply.participants[0].kind == "legacy_agent"
         assert reply.exported == ()  # only the agent session holds a legacy episode
         assert {s.kind for s in reply.sessions} == {"legacy_agent"}
@@ -414,11 +449,11 @@ async def test_legacy_agent_sessions_own_their_episodes(
 
 
 async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
     config = SimConfig(mutation_p=1.0, strand_legacy_session=True)
     async with checkpointed(
-        open_gym, tmp_path / "snap", agent_kinds="legacy_agent", config=config
+        open_gym, tmp_path / "snap", agent_kinds="legacy_agent", config=config, mode=mode
     ) as (reply, _gym):
         stranded = [s.rollout_id for s in reply.sessions if s.step_boundary is None]
         assert stranded == ["0-0"]
@@ -426,16 +461,114 @@ async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
         assert len(reply.sessions) == 4
 
 
+# -- unaligned -----------------------------------------------------------------------------------
+
+LONG = SimConfig(turns=(2, 2), turn_s=(2.0, 2.0), mutation_p=1.0)
+"""Turns long enough (2 s; 10 s on Ray) that every checkpoint lands inside one."""
+
+
+async def test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_cut(
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    root = tmp_path / "snap"
+    async with open_gym(instances=2, config=LONG) as gym:
+        streams = [
+            await gym.run("gym-0", make_rows(3)),
+            await gym.run("gym-1", make_rows(2, start=10)),
+        ]
+        await trio.sleep(0.5)  # every episode inside turn 0, its model call made
+        t0 = trio.current_time()
+        for name, n in (("gym-0", 3), ("gym-1", 2)):
+            prep = await gym.prepare(name, "c", deadline(), UNALIGNED)
+            assert prep.parked == 0
+            inv = await gym.inventory(name)
+            assert len(inv.running) == n and inv.parked == () and not inv.admission_open
+        assert trio.current_time() - t0 < 1.0  # returned while every turn was in flight
+        for name, rows in (("gym-0", range(3)), ("gym-1", range(10, 12))):
+            reply = await gym.commit(name, "c", str(root), deadline())
+            assert reply.mid_turn == len(rows)
+            assert sorted(e.rollout_id for e in reply.exported) == [f"{r}-0" for r in rows]
+            for e in reply.exported:  # at boundary 0, with turn 0's call
+                assert e.capture_keys == (capture_key(int(e.rollout_id.split("-")[0]), 0, 0),)
+            assert {s.step_boundary for s in reply.sessions} == {0}
+            calendar = read_records(root, f"{name}/calendar")
+            assert {s.rollout_id: s.state["events"] for s in calendar.sessions} == {
+                f"{r}-0": [] for r in rows
+            }
+        assert trio.current_time() - t0 < 1.0
+        for name in ("gym-0", "gym-1"):
+            await gym.resume(name, "c", deadline())
+        for stream in streams:
+            await stream.aclose()
+
+
+async def test_unaligned_replies_after_the_cut_wait_for_the_resume(
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    config = SimConfig(turns=(1, 1), turn_s=(0.2, 0.2), mutation_p=1.0)  # 1 s on Ray
+    async with open_gym(config=config) as gym:
+        stream = await gym.run("gym-0", make_rows(3))
+        await gym.prepare("gym-0", "c", deadline(), UNALIGNED)
+        reply = await gym.commit("gym-0", "c", str(tmp_path / "snap"), deadline())
+        assert reply.on_wire == () and reply.mid_turn == 3
+        got: list[RunReply] = []
+
+        async def read() -> None:
+            got.extend(await drain(stream))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            with trio.fail_after(20):  # every episode ends after the cut (a condition, polled)
+                while (await gym.statistics()).instances[0].completed < 3:
+                    await trio.sleep(0.05)
+            await trio.sleep(0.5)  # some flush intervals: nothing goes out
+            inv = await gym.inventory("gym-0")
+            assert got == [] and inv.running == () and inv.on_wire == ()
+            assert await calendar_sessions_of(gym, "gym-0") != {}
+            await gym.resume("gym-0", "c", deadline())
+        assert sorted(r.rollout_id for r in got) == ["0-0", "1-0", "2-0"]
+        assert all(isinstance(r, Completed) for r in got)
+
+
+async def test_unaligned_restore_replays_a_mid_turn_episode_from_its_boundary(
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Taken inside turn 1 (its call made, its mutation not yet): the restored attempt plays
+    turn 1 again from boundary 1, its call answered from the capture, the mutation once."""
+    root = tmp_path / "snap"
+    plan = plan_of(0, config=LONG)
+    async with open_gym(config=LONG) as gym:
+        await gym.run("gym-0", make_rows(1))
+        await trio.sleep(plan.durations[0] + 0.5)
+        await gym.prepare("gym-0", "c", deadline(), UNALIGNED)
+        reply = await gym.commit("gym-0", "c", str(root), deadline())
+        assert (reply.mid_turn, reply.sessions[0].step_boundary) == (1, 1)
+        assert reply.exported[0].capture_keys == (capture_key(0, 0, 0), capture_key(0, 0, 1))
+        live = await calendar_sessions_of(gym, "gym-0")
+        assert list(live["0-0"].sentinels) == [sentinel(0, 0, 0)]
+    record, episodes = manifest_parts(reply)
+    async with open_gym(config=LONG) as gym:
+        await gym.restore("gym-0", str(root), record, episodes, deadline())
+        claim = RunRow("0-0-a1", 0, 0, 1, "0-0")
+        [done] = await drain(await gym.run("gym-0", [claim]))
+        assert isinstance(done, Completed) and done.turns == 2
+        stats = (await gym.statistics()).instances[0]
+        assert (stats.model_replays, stats.model_calls) == (1, 0)  # t1's call: the capture
+        session = (await calendar_sessions_of(gym, "gym-0"))["0-0"]
+        assert list(session.sentinels) == [sentinel(0, 0, 0), sentinel(0, 0, 1)]  # once each
+        assert stats.counters["mutations"] == 1  # turn 1's, in the restored world
+
+
 # -- retire and lease ----------------------------------------------------------------------------
 
 
 async def test_retire_refused_while_prepared_then_accepted(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
     async with open_gym() as gym:
         stream = await gym.run("gym-0", make_rows(3))
         await trio.sleep(0.02)
-        await gym.prepare("gym-0", "c", deadline())
+        await gym.prepare("gym-0", "c", deadline(), mode)
         with pytest.raises(GymControlError, match="checkpoint c is open"):
             await gym.retire("gym-0", ["1-0"], deadline())
         with pytest.raises(GymControlError, match="checkpoint c is open"):
@@ -470,10 +603,10 @@ async def test_lease_reopens_when_no_resume_arrives(
 
 
 async def test_commit_renews_the_lease(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
     async with open_gym(config=SimConfig(lease_s=2.0)) as gym:
-        await gym.prepare("gym-0", "c", deadline())
+        await gym.prepare("gym-0", "c", deadline(), mode)
         await trio.sleep(1.5)
         await gym.commit("gym-0", "c", "s", deadline())
         await trio.sleep(1.5)
@@ -487,10 +620,14 @@ async def test_commit_renews_the_lease(
 
 @pytest.mark.parametrize("agent_kind", ["simple_agent", "legacy_agent"])
 async def test_restore_and_claim_continue_each_episode_once(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, agent_kind: str
+    open_gym: Factory,
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+    agent_kind: str,
+    mode: CheckpointMode,
 ) -> None:
     root = tmp_path / "snap"
-    async with checkpointed(open_gym, root, agent_kinds=agent_kind) as (reply, _gym):
+    async with checkpointed(open_gym, root, agent_kinds=agent_kind, mode=mode) as (reply, _gym):
         committed_state = await calendar_sessions_of(_gym, "gym-0")
     record, episodes = manifest_parts(reply)
     assert {e.owner for e in episodes} == {"agent" if agent_kind == "legacy_agent" else "calendar"}
@@ -516,6 +653,17 @@ async def test_restore_and_claim_continue_each_episode_once(
             assert (session.rollout_id, session.attempt) == (claim.rollout_id, 1)
             assert list(session.sentinels) == expected_sentinels(claim.row)  # each exactly once
         assert (await gym.inventory("gym-0")).unclaimed == ()
+        # each turn's model call once: a call captured inside the turn a restored episode
+        # replays (unaligned) is answered from the capture, every later one asked
+        boundary = {s.rollout_id: s.step_boundary for s in reply.sessions}
+        keys = {e.rollout_id: len(e.capture_keys) for e in episodes}
+        stats = (await gym.statistics()).instances[0]
+        assert stats.model_replays == sum(keys[rid] - boundary[rid] for rid in ids)
+        assert stats.model_calls == sum(
+            plan_of(int(rid.split("-")[0])).turns - keys[rid] for rid in ids
+        )
+        assert reply.mid_turn == sum(keys[rid] > boundary[rid] for rid in ids)
+        assert (reply.mid_turn > 0) == (mode is UNALIGNED)
         # a restored episode is claimed once
         twice = await drain(await gym.run("gym-0", claims[:1]))
         assert isinstance(twice[0], Failed) and twice[0].failure_class == "data"
@@ -547,15 +695,15 @@ async def test_claims_go_to_the_original_replica_as_attempt_plus_one(
 
 
 async def test_claim_refused_while_prepared_stays_unclaimed(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
     root = tmp_path / "snap"
-    async with checkpointed(open_gym, root, rows=1) as (reply, _gym):
+    async with checkpointed(open_gym, root, rows=1, mode=mode) as (reply, _gym):
         pass
     record, episodes = manifest_parts(reply)
     async with open_gym() as gym:
         await gym.restore("gym-0", str(root), record, episodes, deadline())
-        await gym.prepare("gym-0", "c2", deadline())
+        await gym.prepare("gym-0", "c2", deadline(), mode)
         again = await gym.commit("gym-0", "c2", str(tmp_path / "snap2"), deadline())
         assert [e.rollout_id for e in again.exported] == ["0-0"]  # unclaimed are exported
         claim = RunRow("0-0-a1", 0, 0, 1, "0-0")
@@ -565,10 +713,10 @@ async def test_claim_refused_while_prepared_stays_unclaimed(
 
 
 async def test_restored_model_calls_are_checked_against_their_capture_keys(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
     root = tmp_path / "snap"
-    async with checkpointed(open_gym, root, rows=1) as (reply, _gym):
+    async with checkpointed(open_gym, root, rows=1, mode=mode) as (reply, _gym):
         pass
     record, episodes = manifest_parts(reply)
     assert episodes[0].capture_keys  # parked after at least one turn
@@ -671,10 +819,10 @@ async def test_restore_refuses_a_changed_topology_and_changes_nothing(
 
 
 async def test_restore_needs_an_idle_instance(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
     root = tmp_path / "snap"
-    async with checkpointed(open_gym, root, rows=4) as (reply, gym):
+    async with checkpointed(open_gym, root, rows=4, mode=mode) as (reply, gym):
         record, episodes = manifest_parts(reply)
         assert episodes
         with pytest.raises(GymControlError, match="checkpoint ckpt-1 is open"):
@@ -783,12 +931,12 @@ async def test_fault_delay_then_deadline(
 
 
 async def test_fault_error_is_a_control_error(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
     async with open_gym(faults=["commit:error", "run:error@1"]) as gym:
         with pytest.raises(GymControlError, match="gym-0 run: injected fault run:error@1"):
             await gym.run("gym-0", make_rows(1))
-        await gym.prepare("gym-0", "c", deadline())
+        await gym.prepare("gym-0", "c", deadline(), mode)
         with pytest.raises(GymControlError) as info:
             await gym.commit("gym-0", "c", "s", deadline())
         assert (info.value.instance, info.value.operation) == ("gym-0", "commit")
@@ -929,11 +1077,13 @@ async def test_topology_lists_participants_in_order(
         )
 
 
-async def _scenario(open_gym: Factory, seed: int, root: Path) -> list[Any]:
+async def _scenario(
+    open_gym: Factory, seed: int, root: Path, mode: CheckpointMode = ALIGNED
+) -> list[Any]:
     async with open_gym(seed=seed) as gym:
         stream = await gym.run("gym-0", make_rows(8))
         await trio.sleep(0.07)
-        await gym.prepare("gym-0", "c", deadline())
+        await gym.prepare("gym-0", "c", deadline(), mode)
         commit = await gym.commit("gym-0", "c", str(root), deadline())
         await gym.resume("gym-0", "c", deadline())
         # virtual times relative to the start differ only by float rounding of the clock base
@@ -943,11 +1093,11 @@ async def _scenario(open_gym: Factory, seed: int, root: Path) -> list[Any]:
 
 
 async def test_same_seed_same_replies_and_timings(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
-    first = await _scenario(open_gym, 3, tmp_path / "a")
-    second = await _scenario(open_gym, 3, tmp_path / "a")
-    other = await _scenario(open_gym, 4, tmp_path / "b")
+    first = await _scenario(open_gym, 3, tmp_path / "a", mode)
+    second = await _scenario(open_gym, 3, tmp_path / "a", mode)
+    other = await _scenario(open_gym, 4, tmp_path / "b", mode)
     assert first == second
     assert first[0] != other[0]
 
