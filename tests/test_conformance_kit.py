@@ -157,7 +157,10 @@ async def test_backend_kit_on_the_embedded_calendar(
         instances=2, work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
     ) as gym:
         report = await check_backend(gym, tmp_path)
-    assert "commit" in report.checks and report.episodes == 16
+    assert {"commit[aligned]", "cut[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
+        report.checks
+    )
+    assert "prepare_mode" in report.checks and report.episodes == 24
 
 
 async def test_backend_kit_on_the_embedded_host(
@@ -176,3 +179,59 @@ async def test_kit_by_import_path_on_the_example(
 ) -> None:
     report = await check_environment("gymckpt.testing.examples:guess_the_number", tmp_path)
     assert "restore_equivalence[3]" in report.checks
+
+
+class _NoMode:
+    """A backend written before the checkpoint modes: its ``prepare`` takes no ``mode``."""
+
+    def __init__(self, gym: Any) -> None:
+        self._gym = gym
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gym, name)
+
+    async def prepare(self, instance: str, checkpoint_id: str, deadline_ts: float) -> Any:
+        return await self._gym.prepare(instance, checkpoint_id, deadline_ts)
+
+
+async def test_backend_kit_names_a_prepare_that_takes_no_mode(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+        with pytest.raises(ConformanceError) as info:
+            await check_backend(_NoMode(gym), tmp_path)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "prepare_mode: _NoMode.prepare(instance: 'str', checkpoint_id: 'str'," in text
+    assert "prepare(instance, checkpoint_id, deadline_ts, mode=CheckpointMode.ALIGNED)" in text
+    assert "commit[aligned]" not in text and "TypeError" not in text  # the rest passed
+
+
+class _LeakyCut(_NoMode):
+    """A backend that reopens its instance as soon as an unaligned commit returns: replies
+    produced after the cut reach the trainer before the checkpoint resumes."""
+
+    async def prepare(
+        self, instance: str, checkpoint_id: str, deadline_ts: float, mode: Any = None
+    ) -> Any:
+        self._mode = mode
+        return await self._gym.prepare(
+            instance, checkpoint_id, deadline_ts, *([mode] if mode else [])
+        )
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> Any:
+        reply = await self._gym.commit(instance, checkpoint_id, state_root, deadline_ts)
+        if self._mode is not None:
+            await self._gym.resume(instance, checkpoint_id, deadline_ts)
+        return reply
+
+
+async def test_backend_kit_rejects_replies_after_the_cut_before_the_resume(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with calendar_embedded(
+        work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
+    ) as gym:
+        with pytest.raises(ConformanceError, match=r"cut\[unaligned\]: replies \['1-2', "):
+            await check_backend(_LeakyCut(gym), tmp_path)  # type: ignore[arg-type]

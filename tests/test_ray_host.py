@@ -51,8 +51,8 @@ async def test_backend_kit_on_ray_hosting_a_user_environment(tmp_path: Path) -> 
     async with RayGym.host(
         "gymckpt.testing.examples:guess_the_number", instances=2, work_dir=tmp_path / "live"
     ) as gym:
-        report = await check_backend(gym, tmp_path)
-    assert "commit" in report.checks
+        report = await check_backend(gym, tmp_path)  # both modes: each actor takes its cut
+    assert {"commit[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(report.checks)
 
 
 async def test_bad_environment_path_fails_before_any_actor_starts(tmp_path: Path) -> None:
