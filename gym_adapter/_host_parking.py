@@ -11,7 +11,8 @@ running out) starts a task for each again, ``RESUME_CHUNK`` per scheduler batch,
 
 An *unaligned* prepare (``prepare(..., park=False)``) closes admission and raises the flag
 without parking anything: episodes pass their boundaries on, an episode held by ``ctx.hold()``
-is let go, and ``wait_parked`` has nothing to wait for (the instance's cut is its commit).
+is let go, a reopen's restart of the episodes an earlier checkpoint parked goes on, and
+``wait_parked`` has nothing to wait for (the instance's cut is its commit).
 
 Each prepare that raises the flag starts a new *generation*: a prepare waiting for its episodes
 to park, and a lease timer, act only for their own generation, so a reopen followed by another

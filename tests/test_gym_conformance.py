@@ -3,11 +3,12 @@
 Every test runs against each backend factory in ``BACKENDS`` under trio's autojump clock, so
 timings are virtual and exact. A test that checkpoints takes the ``mode`` fixture and runs in
 both ``CheckpointMode``s (on Ray the unaligned mode only in the cases ``RAY_UNALIGNED`` names:
-Ray time is real time); the ``unaligned`` section holds the cases of that mode alone. A factory is called like ``calendar_embedded`` (keyword arguments
-``instances``, ``agent_kinds``, ``seed``, ``work_dir``, ``config``, ``faults``) and yields a
-backend that also offers ``session_states(instance, participant)`` (the calendar's sessions are
-read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray deployment is
-one line in ``BACKENDS``.
+Ray time is real time); the ``unaligned`` section holds the cases of that mode alone. A factory
+is called like ``calendar_embedded`` (keyword arguments ``instances``, ``agent_kinds``, ``seed``,
+``work_dir``, ``config``, ``faults``) and yields a backend that also offers
+``session_states(instance, participant)`` (the calendar's sessions are read through it,
+``calendar_sessions_of``) and ``statistics()``. Adding the Ray deployment is one line in
+``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -99,11 +100,22 @@ def open_gym(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
 def mode(request: pytest.FixtureRequest) -> CheckpointMode:
     """The checkpoint mode of a test that checkpoints (both, see the module docstring)."""
     chosen: CheckpointMode = request.param
-    node = request.node
-    on_ray = "ray" in node.callspec.id.split("-")
-    if chosen is UNALIGNED and on_ray and node.originalname not in RAY_UNALIGNED:
-        pytest.skip("Ray: unaligned only in the RAY_UNALIGNED cases (real time; CI time)")
+    if chosen is UNALIGNED:
+        _unaligned_here(request)
     return chosen
+
+
+@pytest.fixture
+def unaligned(request: pytest.FixtureRequest) -> CheckpointMode:
+    """``UNALIGNED``, for a case of that mode alone (skipped on Ray unless ``RAY_UNALIGNED``)."""
+    _unaligned_here(request)
+    return UNALIGNED
+
+
+def _unaligned_here(request: pytest.FixtureRequest) -> None:
+    node = request.node
+    if "ray" in node.callspec.id.split("-") and node.originalname not in RAY_UNALIGNED:
+        pytest.skip("Ray: unaligned only in the RAY_UNALIGNED cases (real time; CI time)")
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -468,7 +480,10 @@ LONG = SimConfig(turns=(2, 2), turn_s=(2.0, 2.0), mutation_p=1.0)
 
 
 async def test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_cut(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory,
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+    unaligned: CheckpointMode,
 ) -> None:
     root = tmp_path / "snap"
     async with open_gym(instances=2, config=LONG) as gym:
@@ -479,7 +494,7 @@ async def test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_c
         await trio.sleep(0.5)  # every episode inside turn 0, its model call made
         t0 = trio.current_time()
         for name, n in (("gym-0", 3), ("gym-1", 2)):
-            prep = await gym.prepare(name, "c", deadline(), UNALIGNED)
+            prep = await gym.prepare(name, "c", deadline(), unaligned)
             assert prep.parked == 0
             inv = await gym.inventory(name)
             assert len(inv.running) == n and inv.parked == () and not inv.admission_open
@@ -503,12 +518,16 @@ async def test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_c
 
 
 async def test_unaligned_replies_after_the_cut_wait_for_the_resume(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory,
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+    unaligned: CheckpointMode,
 ) -> None:
     config = SimConfig(turns=(1, 1), turn_s=(0.2, 0.2), mutation_p=1.0)  # 1 s on Ray
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(3))
-        await gym.prepare("gym-0", "c", deadline(), UNALIGNED)
+        await trio.sleep(0.1)  # every episode inside its one turn (0.2 s; 1 s on Ray)
+        await gym.prepare("gym-0", "c", deadline(), unaligned)
         reply = await gym.commit("gym-0", "c", str(tmp_path / "snap"), deadline())
         assert reply.on_wire == () and reply.mid_turn == 3
         got: list[RunReply] = []
@@ -519,7 +538,9 @@ async def test_unaligned_replies_after_the_cut_wait_for_the_resume(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read)
             with trio.fail_after(20):  # every episode ends after the cut (a condition, polled)
-                while (await gym.statistics()).instances[0].completed < 3:
+                while True:
+                    if (await gym.statistics()).instances[0].completed == 3:
+                        break
                     await trio.sleep(0.05)
             await trio.sleep(0.5)  # some flush intervals: nothing goes out
             inv = await gym.inventory("gym-0")
@@ -531,7 +552,10 @@ async def test_unaligned_replies_after_the_cut_wait_for_the_resume(
 
 
 async def test_unaligned_restore_replays_a_mid_turn_episode_from_its_boundary(
-    open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
+    open_gym: Factory,
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+    unaligned: CheckpointMode,
 ) -> None:
     """Taken inside turn 1 (its call made, its mutation not yet): the restored attempt plays
     turn 1 again from boundary 1, its call answered from the capture, the mutation once."""
@@ -540,7 +564,7 @@ async def test_unaligned_restore_replays_a_mid_turn_episode_from_its_boundary(
     async with open_gym(config=LONG) as gym:
         await gym.run("gym-0", make_rows(1))
         await trio.sleep(plan.durations[0] + 0.5)
-        await gym.prepare("gym-0", "c", deadline(), UNALIGNED)
+        await gym.prepare("gym-0", "c", deadline(), unaligned)
         reply = await gym.commit("gym-0", "c", str(root), deadline())
         assert (reply.mid_turn, reply.sessions[0].step_boundary) == (1, 1)
         assert reply.exported[0].capture_keys == (capture_key(0, 0, 0), capture_key(0, 0, 1))
