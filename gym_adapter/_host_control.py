@@ -194,11 +194,13 @@ class ControlPlane:
             self.slots.copy(),
         )
         on_wire = set(self.streams.on_wire)
+        generation = parking.generation
         exported, sessions, participants, refused, problem = await offload(
             functools.partial(self._export, checkpoint_id, self._root(state_root), tables)
         )
         if self.host.dead:  # died while exporting: what it committed died with it
             raise GymInstanceDead(self.name, "commit")
+        self._check_still_prepared(checkpoint_id, generation)
         if problem is not None:
             self.failure_log.warn(
                 f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
@@ -250,6 +252,7 @@ class ControlPlane:
         self.streams.hold()
         unclaimed = list(self.table.unclaimed.values())
         kept = self.slots.copy()
+        generation = self.parking.generation
         exported, sessions, participants, _refused, problem = await offload(
             functools.partial(
                 self._export_cut, checkpoint_id, self._root(state_root), taken, unclaimed, kept
@@ -257,6 +260,7 @@ class ControlPlane:
         )
         if self.host.dead:
             raise GymInstanceDead(self.name, "commit")
+        self._check_still_prepared(checkpoint_id, generation)
         if problem is not None:
             self.failure_log.warn(
                 f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
@@ -273,6 +277,20 @@ class ControlPlane:
             sessions,
             mid_turn=sum(1 for c in taken if c.mid_turn),
         )
+
+    def _check_still_prepared(self, checkpoint_id: str, generation: int) -> None:
+        """``GymControlError`` if the checkpoint reopened while its records were being written
+        (the lease ran out, or a resume came): aligned, the episodes moved again while the
+        thread read them; unaligned, the replies held since the cut went out. Either way the
+        records are not the instance's cut, and the checkpoint must fail (and be retried)."""
+        parking = self.parking
+        if not parking.prepared or parking.generation != generation:
+            raise GymControlError(
+                self.name,
+                "commit",
+                f"checkpoint {checkpoint_id} reopened while it was committing (its lease of "
+                f"{parking.lease_s} s ran out, or a resume came); retry the checkpoint",
+            )
 
     def _export_cut(
         self,

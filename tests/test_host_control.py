@@ -10,6 +10,8 @@ host restores it, after the test rewrote a participant's records (digest recompu
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,7 +23,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import Completed, Done, Environment, Failed, GymHost, HostConfig, RunRow
-from gymckpt.gym_adapter._contract import CommitReply
+from gymckpt.gym_adapter._contract import CommitReply, GymControlError
 from gymckpt.gym_adapter._episode import EpisodeInfo
 from gymckpt.gym_adapter._host_journal import replay_journal
 from gymckpt.runtime import (
@@ -509,3 +511,61 @@ async def test_a_restored_mid_turn_episode_replays_its_turn_asking_only_the_call
         stats = host.statistics()
         assert (stats.model_replays, stats.model_calls) == (1, 3)  # t1/c0 from the capture
         assert host.session_states("ledger")["1-0"].state == [0, 1, 2]  # each mutation once
+
+
+# -- a commit the lease overtakes ------------------------------------------------------------------
+
+
+class Slow:
+    """A retained participant whose ``export`` takes 0.5 s in a worker thread (a commit's)."""
+
+    name, kind, retained = "slow", "environment", True
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {"n": 0}
+
+    def export(self, state: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.5)
+        return dict(state)
+
+    def restore(self, data: Any) -> Any:
+        return dict(data)
+
+
+class Quick:
+    """Turns of 10 ms; row 0 ends after one, every other row runs on."""
+
+    name, kind = "agent", "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        await trio.sleep(0.01)
+        return Done(1.0) if ctx.info.row == 0 else None
+
+
+@pytest.mark.parametrize("mode", list(CheckpointMode), ids=lambda m: m.value)
+async def test_a_commit_the_lease_overtakes_fails_instead_of_answering(
+    tmp_path: Path, mode: CheckpointMode
+) -> None:
+    """Real time (the export runs in a worker thread): the lease (0.1 s) runs out while the
+    commit's thread exports a kept session (0.5 s); the checkpoint reopened meanwhile, so the
+    commit must not report records that are no cut of the instance."""
+    env = Environment(agent=Quick(), participants=(Slow(),))
+    async with GymHost("gym-0", env, config=HostConfig(lease_s=0.1)) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0), RunRow("1-0", 1, 0, 0)])
+        assert [r.rollout_id for r in await stream.__anext__()] == ["0-0"]  # kept: its slot
+        await host.prepare("c1", trio.current_time() + 10, mode)
+        with pytest.raises(GymControlError, match="checkpoint c1 reopened while it was commit"):
+            await host.commit("c1", str(tmp_path / "snap"), trio.current_time() + 10)
+        inv = host.inventory()
+        assert inv.lease_reopened == 1 and not inv.prepared and host.statistics().commits == 0
+        await stream.aclose()
