@@ -6,7 +6,10 @@ Unaligned: ``prepare`` closes admission and returns at once; ``commit`` is the i
 (``_host_cut``): on the loop, in one go, every active episode is taken at its boundary mark with
 the model calls it completed so far, the replies on the wire are listed, and from then on every
 reply is held (``ReplyStreams.hold``) until ``resume`` (or the lease, or a later commit of the
-same checkpoint, which first puts what it held on the wire). Nothing waits for a turn.
+same checkpoint, which first puts what it held on the wire). Nothing waits for a turn. An
+attempt fenced inside its turn (a newer attempt owns its slot) is not taken, as an aligned
+commit never holds one. In either mode, a checkpoint that reopens while its commit writes the
+records (the lease ran out) fails that commit: what it wrote is no cut of the instance.
 
 ``ControlPlane`` drives the host's parts through a checkpoint: ``Parking`` (admission, parking,
 the lease), the ``SlotTable`` (ownership and retained sessions), the ``EpisodeTable`` and the
