@@ -33,6 +33,7 @@ __all__ = [
     "LoadProbe",
     "LoopStallMonitor",
     "Progress",
+    "SchedulerBatchMonitor",
     "ints",
     "label",
     "machine_info",
@@ -161,6 +162,62 @@ class LoopStallMonitor(trio.abc.Instrument):
             out["max_loop_stall_cpu_ms"] = round(self.max_cpu_ns / 1e6, 3)
             out["max_stall_cpu_task"] = self.max_cpu_task
         return out
+
+
+class SchedulerBatchMonitor(trio.abc.Instrument):
+    """Trio's scheduler batches while ``active``: from the end of one I/O wait to the start of
+    the next, the loop runs every task that was runnable at the batch's start and nothing that
+    a timer or I/O would wake (a sleeper due inside a batch wakes after it). Each batch in wall
+    time and in the loop thread's CPU time (``thread_time_ns``): a batch long in wall time but
+    short in CPU was the loop waiting for the GIL or the OS, not working.
+
+    Invariant: ``count`` batches were closed while active; ``longest`` is the one of most wall
+    time, with its CPU time and its number of task steps."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+        self.longest = (0, 0, 0)  # wall ns, cpu ns, task steps
+        self.max_cpu_ns = 0
+        self.walls: list[int] = []
+        self._open = False
+        self._w0 = self._c0 = self._steps = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self._open = True
+        self._w0, self._c0, self._steps = time.perf_counter_ns(), time.thread_time_ns(), 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._steps += 1
+
+    def before_io_wait(self, timeout: float) -> None:
+        if not (self._open and self.active):
+            self._open = False
+            return
+        self._open = False
+        wall = time.perf_counter_ns() - self._w0
+        cpu = time.thread_time_ns() - self._c0
+        self.count += 1
+        if len(self.walls) < 2_000_000:
+            self.walls.append(wall)
+        if wall > self.longest[0]:
+            self.longest = (wall, cpu, self._steps)
+        self.max_cpu_ns = max(self.max_cpu_ns, cpu)
+
+    def report(self) -> dict[str, Any]:
+        walls = sorted(self.walls)
+        p99_ns = walls[min(len(walls) - 1, int(0.99 * len(walls)))] if walls else 0
+        return {
+            "scheduler_batches": self.count,
+            "scheduler_batch_p99_ms": round(p99_ns / 1e6, 3),
+            "scheduler_batch_max_ms": round(self.longest[0] / 1e6, 3),
+            "scheduler_batch_max_cpu_ms": round(self.longest[1] / 1e6, 3),
+            "scheduler_batch_max_steps": self.longest[2],
+            "scheduler_batch_max_of_cpu_ms": round(self.max_cpu_ns / 1e6, 3),
+        }
 
 
 class GcMonitor:

@@ -66,11 +66,24 @@ from gymckpt.gym_adapter.calendar_env import calendar_embedded
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime.lowlevel import LEDGER_FILE
 
-from ._common import GcMonitor, LoopStallMonitor, Progress, label
+from ._common import GcMonitor, LoopStallMonitor, Progress, SchedulerBatchMonitor, label
+from ._heavy import PauseSource, TurnTimes, all_moving_at, heavy_refs, host_config, pauses_in
 
 __all__ = ["CheckpointConfig", "WarpClock", "run_checkpoint"]
 
 perf_ns = time.perf_counter_ns
+
+MODES = ("unaligned", "aligned")
+"""Both checkpoint modes, in the order one run measures them on the same episodes (unaligned
+first: it parks nothing, so the aligned checkpoint after it finds the episodes as they were)."""
+
+TURN_SIGMA, TURN_CAP = 2.0, 21.0
+"""The turn lengths' shape: lognormal with sigma 2, capped at 21 times the median (6.4 % of the
+turns at the cap), so the p99 is 21 times the median and an aligned checkpoint's wait — the
+longest turn in flight, up to the cap — stays a few minutes on Ray in real time."""
+
+TURN_ENDS_PER_S = 1_000
+"""Turn ends a real second, over all embedded instances, that the default mean aims at."""
 
 
 @attrs.define
@@ -80,7 +93,11 @@ class CheckpointConfig:
     group_size: int = 8
     dispatch_batch: int = 512
     turns: tuple[int, int] = (40, 60)
-    turn_s: tuple[float, float] = (20.0, 40.0)
+    turn_sigma: float = TURN_SIGMA
+    turn_cap: float = TURN_CAP
+    turn_mean_s: float | None = None  # None: in_flight / TURN_ENDS_PER_S
+    modes: tuple[str, ...] = MODES
+    control_s: float = 3.0
     dispatch_rows: int = 16_384
     after_s: float = 2.0
     dispatch_batches: tuple[int, ...] = (64, 512)
@@ -90,6 +107,12 @@ class CheckpointConfig:
     @classmethod
     def quick_defaults(cls) -> CheckpointConfig:
         return cls(in_flight=2_000, dispatch_rows=512, quick=True)
+
+    def times(self) -> TurnTimes:
+        """The turn lengths: lognormal, the mean such that the turn ends a real second stay
+        under ``TURN_ENDS_PER_S`` (the embedded Gym shares the trainer's core)."""
+        mean = self.turn_mean_s or max(20.0, self.in_flight / TURN_ENDS_PER_S)
+        return TurnTimes.with_mean(mean, self.turn_sigma, self.turn_cap)
 
 
 # -- the warp clock -------------------------------------------------------------------------------
@@ -125,8 +148,15 @@ class WarpClock(trio.abc.Clock):
         self._virtual_base += seconds
 
     def go_realtime(self) -> None:
+        if self._rate > 0:
+            return
         now = self.current_time()
         self._virtual_base, self._real_base, self._rate = now, time.perf_counter(), 1.0
+
+    def go_virtual(self) -> None:
+        """Back to virtual time (a ``warp_driver`` must be started again)."""
+        now = self.current_time()
+        self._virtual_base, self._real_base, self._rate = now, time.perf_counter(), 0.0
 
 
 async def warp_driver(clock: WarpClock) -> None:
@@ -263,6 +293,41 @@ def _overlap(a0: int, a1: int, spans: Sequence[tuple[int, int]]) -> int:
     return sum(max(0, min(a1, s1) - max(a0, s0)) for s0, s1 in spans)
 
 
+def outcome_mode(ro: Any) -> str:
+    """The checkpoint mode ``ro``'s coordinator is configured with."""
+    return str(ro.coordinator.config.checkpoint_mode.value)
+
+
+async def _until_all_moving(
+    src: PauseSource, start_ns: int, timeout_s: float, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """After ``checkpoint()`` returned: poll ``src`` until every episode moves again (no more
+    episodes at a step boundary than ``src.limit`` in any process's fresh status), then the
+    perf_counter time the last one that the checkpoint held started its next turn, and the
+    per-episode pauses over the window from the checkpoint's start to then."""
+    returned = time.perf_counter()
+    deadline = returned + timeout_s
+    waiting = -1
+    while time.perf_counter() < deadline:
+        waiting, fresh = await trio.to_thread.run_sync(src.waiting)
+        if fresh > returned and waiting <= src.limit:
+            break
+        await trio.sleep(0.1)
+    else:
+        say(f"episodes still at a boundary after {timeout_s:.0f} s: {waiting}")
+    records = await trio.to_thread.run_sync(src.records)
+    w0 = start_ns / 1e9
+    moving = all_moving_at(records, w0, time.perf_counter())
+    w1 = max(moving, returned)
+    out: dict[str, Any] = {
+        "until_all_moving_s": round(w1 - w0, 3),
+        "moving_after_return_s": round(max(0.0, moving - returned), 3),
+        "waiting_at_end": waiting,
+        "pauses": pauses_in(records, w0, w1, src.episodes),
+    }
+    return out
+
+
 async def measure_checkpoint(
     ro: Any,
     spans: list[tuple[str, int, int]],
@@ -274,6 +339,9 @@ async def measure_checkpoint(
     after_s: float,
     on_after_prepare: Callable[[], None] | None = None,
     say: Callable[[str], None] = lambda _msg: None,
+    pauses: PauseSource | None = None,
+    moving_timeout_s: float = 300.0,
+    control_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run one ``ro.checkpoint()`` (``ro``: an open ``Rollouts``) under the loop-stall and GC
     monitors and report it (``_checkpoint_report``, the seconds after it, the snapshot on disk).
@@ -283,6 +351,10 @@ async def measure_checkpoint(
     switches its warp clock to real time there; the 1 ms heartbeat starts there too, since
     lateness means nothing in virtual time. Without it (a run in real time throughout) the
     heartbeat covers the whole checkpoint and no stage reports a simulated wait.
+
+    ``pauses``: where the episodes' pause records are read (``_heavy``); with it, the
+    measurement goes on after ``checkpoint()`` returns until every episode moves again
+    (``_until_all_moving``), and the scheduler batches and CPU times cover that too.
     """
     from gymckpt.runtime.lowlevel import collector_paused
 
@@ -316,26 +388,52 @@ async def measure_checkpoint(
     if on_after_prepare is None:
         nursery.start_soon(beat, name="heartbeat")
     stall = LoopStallMonitor(cpu=True, keep_over_ns=100_000, keep_max=500_000)
+    batches = SchedulerBatchMonitor()
+    moving: dict[str, Any] = {}
     with GcMonitor() as gcm:
         trio.lowlevel.add_instrument(stall)
-        stall.active = gcm.active = True
+        trio.lowlevel.add_instrument(batches)
+        stall.active = gcm.active = batches.active = True
         marks["start"] = perf_ns()
+        cpu0, proc0 = time.thread_time(), time.process_time()
         mutations["start"] = ledger.barrier.statistics().mutations
         # nested in the coordinator's own pause, so that the collection the
         # collector owes once switched back on falls after the mark
         with collector_paused(pause_collector):
             outcome = await ro.checkpoint()
             marks["end"] = perf_ns()
+        cpu1, proc1 = time.thread_time(), time.process_time()
         after = _AfterWindow(stall, gcm, marks["end"])
         mutations["end"] = ledger.barrier.statistics().mutations
+        if pauses is not None:
+            moving = await _until_all_moving(pauses, marks["start"], moving_timeout_s, say)
+        batches.active = False
+        cpu2, proc2 = time.thread_time(), time.process_time()
         # the collector is back on: watch what its first collections cost
         await trio.sleep(after_s)
         after.close()
+        if pauses is not None and control_s > 0:
+            # the same episodes, no checkpoint: what a step costs them anyway
+            c0 = time.perf_counter()
+            await trio.sleep(control_s)
+            records = await trio.to_thread.run_sync(pauses.records)
+            moving["control_window_s"] = control_s
+            moving["control_pauses"] = pauses_in(
+                records, c0, time.perf_counter(), pauses.episodes
+            )
         beating[0] = False
         stall.active = gcm.active = False
         trio.lowlevel.remove_instrument(stall)
+        trio.lowlevel.remove_instrument(batches)
     took = (marks["end"] - marks["start"]) / 1e9
     say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
+    cpu = {
+        "checkpoint_loop_cpu_s": round(cpu1 - cpu0, 3),
+        "checkpoint_process_cpu_s": round(proc1 - proc0, 3),
+    }
+    if moving:
+        cpu["until_moving_loop_cpu_s"] = round(cpu2 - cpu0, 3)
+        cpu["until_moving_process_cpu_s"] = round(proc2 - proc0, 3)
     size = files = ledger_bytes = 0
     if outcome.snapshot is not None:
         snap = outcome.snapshot.path
@@ -346,6 +444,15 @@ async def measure_checkpoint(
         outcome, marks, mutations, virtual_at, stall, gcm, spans, stages, heartbeat
     )
     out.update(after.report())
+    out.update(cpu)
+    out.update(batches.report())
+    out.update(moving)
+    if moving:
+        # the whole checkpoint as the episodes see it: from its start until every episode
+        # moves again; aligned, less the prepare stage's wall time (the Gym running the turns
+        # in flight to their ends, whose length is the environment's)
+        turn = out["turn_time_wall_s"] if outcome_mode(ro) == "aligned" else 0.0
+        out["until_all_moving_excluding_turn_s"] = round(moving["until_all_moving_s"] - turn, 3)
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
     out.update(
         {
@@ -363,7 +470,7 @@ async def _checkpoint_main(
     cfg: CheckpointConfig, clock: WarpClock, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+    from gymckpt.gym_adapter import EmbeddedGym
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
@@ -372,22 +479,23 @@ async def _checkpoint_main(
             print(f"[checkpoint] {msg}", file=sys.stderr, flush=True)
 
     n, g = cfg.in_flight, cfg.group_size
-    sim = SimConfig(
-        turns=cfg.turns,
-        turn_s=cfg.turn_s,
-        max_batch=cfg.dispatch_batch,
-        lease_s=3600.0,
-        flush_interval_s=0.05,
-    )
+    times = cfg.times()
     rc = RuntimeConfig(
-        control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=3600.0
+        control_timeout_s=3600.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=7200.0
     )
     out: dict[str, Any] = {}
     async with trio.open_nursery() as top:
         top.start_soon(warp_driver, clock, name="warp-clock")
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-") as tmp:
-            async with calendar_embedded(
-                instances=cfg.instances, seed=cfg.seed, work_dir=Path(tmp) / "gym", config=sim
+            records = Path(tmp) / "pauses"
+            records.mkdir()
+            refs = heavy_refs(cfg.instances, cfg.turns, times, str(records))
+            async with EmbeddedGym.host(
+                refs,
+                cfg.instances,
+                cfg.seed,
+                Path(tmp) / "gym",
+                host_config(cfg.dispatch_batch, 0.05),
             ) as gym:
                 timed = _TimedGym(gym)
                 async with open_rollouts(
@@ -412,20 +520,41 @@ async def _checkpoint_main(
                     fill_s = time.perf_counter() - t0
                     dispatched = ledger.statistics().by_state["dispatched"]
                     say(f"{dispatched:,} in flight after {fill_s:.1f} s; checkpointing")
-
-                    out = await measure_checkpoint(
-                        ro,
-                        timed.spans,
-                        STAGES,
-                        nursery=top,
-                        dispatched=dispatched,
-                        pause_collector=rc.pause_collector,
-                        after_s=cfg.after_s,
-                        on_after_prepare=clock.go_realtime,
-                        say=say,
-                    )
+                    src = PauseSource(records, in_process=True, episodes=dispatched)
+                    modes: dict[str, Any] = {}
+                    for k, mode in enumerate(cfg.modes):
+                        if k and not clock.realtime:  # pragma: no cover - each mode ends real
+                            raise AssertionError("the clock is virtual after a checkpoint")
+                        if k:
+                            clock.go_virtual()
+                            top.start_soon(warp_driver, clock, name="warp-clock")
+                        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
+                        # aligned: the wait for the turns to end is simulated (virtual until
+                        # Gym is prepared); unaligned: nothing waits, real time throughout
+                        if mode != "aligned":
+                            clock.go_realtime()
+                        say(f"{mode} checkpoint")
+                        modes[mode] = await measure_checkpoint(
+                            ro,
+                            timed.spans,
+                            STAGES,
+                            nursery=top,
+                            dispatched=dispatched,
+                            pause_collector=rc.pause_collector,
+                            after_s=cfg.after_s,
+                            on_after_prepare=clock.go_realtime,
+                            say=say,
+                            pauses=src,
+                            control_s=cfg.control_s,
+                        )
+                        modes[mode]["checkpoint_mode"] = mode
+                        timed.spans.clear()
+                    first = modes.get("aligned") or modes[cfg.modes[0]]
+                    out.update(first)  # the reference run's figures, where the report has them
                     out.update(
                         {
+                            "modes": modes,
+                            "turn_times": times.describe(),
                             "in_flight": dispatched,
                             "fill_wall_s": round(fill_s, 2),
                             "embedded_fill_rows_per_s": round(dispatched / fill_s),
@@ -718,7 +847,7 @@ def _main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "--worker":
         raw = json.loads(argv[1])
         raw["turns"] = tuple(raw["turns"])
-        raw["turn_s"] = tuple(raw["turn_s"])
+        raw["modes"] = tuple(raw["modes"])
         raw["dispatch_batches"] = tuple(raw["dispatch_batches"])
         cfg = CheckpointConfig(**raw)
         verbose = "--verbose" in argv
