@@ -60,14 +60,14 @@ from gymckpt.gym_adapter.calendar_env import (
 __all__ = [
     "HeavyAgent",
     "PauseRecorder",
+    "PauseSource",
     "Records",
     "TurnTimes",
+    "all_moving_at",
     "flush_all",
     "heavy_environment",
     "heavy_plan",
     "heavy_refs",
-    "PauseSource",
-    "all_moving_at",
     "pauses_in",
 ]
 
@@ -202,9 +202,9 @@ class PauseRecorder:
             return
         perf = time.perf_counter() if perf is None else perf
         self._last_flush = perf
-        lines = [
-            json.dumps({"g": g}) for g in self.gaps[self._flushed_gaps :]
-        ] + [json.dumps({"o": o}) for o in self.overruns[self._flushed_overruns :]]
+        lines = [json.dumps({"g": g}) for g in self.gaps[self._flushed_gaps :]] + [
+            json.dumps({"o": o}) for o in self.overruns[self._flushed_overruns :]
+        ]
         self._flushed_gaps, self._flushed_overruns = len(self.gaps), len(self.overruns)
         status = {
             "t": perf,
@@ -317,7 +317,8 @@ class HeavyAgent:
 
 
 def heavy_environment(
-    turns: Sequence[int],
+    turns_min: int,
+    turns_max: int,
     median_s: float,
     sigma: float,
     cap: float,
@@ -327,7 +328,7 @@ def heavy_environment(
     """The heavy-tailed workplace as an ``Environment`` (arguments plain, for a reference)."""
     times = TurnTimes(median_s=median_s, sigma=sigma, cap=cap)
     return Environment(
-        agent=HeavyAgent((int(turns[0]), int(turns[1])), times, mutation_p, record_dir),
+        agent=HeavyAgent((turns_min, turns_max), times, mutation_p, record_dir),
         participants=(CalendarServer(),),
         model=calendar_model,
     )
@@ -343,7 +344,8 @@ def heavy_refs(
     """One reference per instance (an instance in another process builds its own)."""
     ref = EnvironmentRef.to(
         heavy_environment,
-        turns=list(turns),
+        turns_min=turns[0],
+        turns_max=turns[1],
         median_s=times.median_s,
         sigma=times.sigma,
         cap=times.cap,
@@ -437,9 +439,16 @@ class PauseSource:
     def records(self) -> Records:
         if self.in_process:
             rec = recorder(self.record_dir)
-            status = {"self": {"t": time.perf_counter(), "waiting": len(rec.last),
-                               "gap_s": rec.gap_s, "gap_count": rec.gap_count,
-                               "turn_s": rec.turn_s, "turns": rec.turns}}
+            status = {
+                "self": {
+                    "t": time.perf_counter(),
+                    "waiting": len(rec.last),
+                    "gap_s": rec.gap_s,
+                    "gap_count": rec.gap_count,
+                    "turn_s": rec.turn_s,
+                    "turns": rec.turns,
+                }
+            }
             return Records(list(rec.gaps), list(rec.overruns), status)
         return self.poll()
 

@@ -1,33 +1,51 @@
-"""Checkpoint end to end on the embedded Gym, and dispatch throughput through it.
+"""Checkpoint end to end on the embedded Gym, both modes, and dispatch throughput through it.
 
-Checkpoint at N in flight (default 200k)
-----------------------------------------
+Checkpoint at N in flight (default 200k), aligned and unaligned
+---------------------------------------------------------------
 The trainer facade ``nurseries.open_rollouts`` runs on ``gym_adapter.EmbeddedGym`` (K = 4
 instances) with ``max_rows_in_flight = N / group_size``, so the dispatcher fills Gym with N
-episodes (40 to 60 turns of 20 to 40 simulated seconds each: none finishes during the measurement).
-Then one ``Rollouts.checkpoint()`` runs its whole protocol (close, retire, prepare, commit,
-ownership, drain, snapshot, publish, resume).
+episodes of the heavy-tailed workplace (``benchmarks._heavy``: 40 to 60 turns, each turn's
+length lognormal with sigma 2, capped at 21 times its median, so its p99 is 21 times the
+median; the mean is ``max(20, N / 1,000)`` s, 200 s at 200k, so the turns that end in real
+time stay within what the embedded Gym keeps up with on the trainer's core: none finishes
+during the measurement). Then, on the same episodes, one ``Rollouts.checkpoint()`` per mode
+(``MODES``: unaligned first, since it parks nothing; then aligned), each with its whole
+protocol (close, retire, prepare, commit, ownership, drain, snapshot, publish, resume).
 
 Time. 200k simulated episodes cannot tick in real time on one core, so the run starts on a
 *warp clock*: virtual time that jumps to the next deadline whenever every task is blocked (what
 ``MockClock(autojump_threshold=0)`` does, driven here by a task waiting for quiescence). It is
 deliberately not a ``MockClock``: ``nurseries`` runs its heavy work inline under a MockClock and
-in a worker thread otherwise, and we want the worker threads. At the coordinator's
-``after_prepare`` hook — Gym parked, so no episode ticks any more — the clock switches to real
-time, and everything after runs as in production. Consequences, stated in the results:
+in a worker thread otherwise, and we want the worker threads. The aligned checkpoint switches
+to real time at the coordinator's ``after_prepare`` hook (Gym parked, so no episode ticks any
+more): its wait for the slowest turn in flight is simulated (``turn_time_simulated_s``), the
+rest runs as in production. The unaligned one has no wait to simulate and runs in real time
+from its start. Between the two the clock goes back to virtual. Consequences, stated in the
+results:
 
-* ``prepare``'s *simulated* duration is the wait for every episode to reach its next step
-  boundary (a property of the simulated turn length); its *wall* duration is the embedded Gym's
-  own work of moving 200k episodes to a boundary, on this loop.
-* ``commit`` is the embedded Gym exporting 200k episodes' records to disk, synchronously, on this
-  loop (in production each instance is a Ray actor in its own process). The Gym proxy times every
+* ``prepare``'s *simulated* duration (aligned) is the wait for every episode to reach its next
+  step boundary; its *wall* duration is the embedded Gym's own work of moving 200k episodes to
+  a boundary, on this loop.
+* ``commit`` is the embedded Gym exporting 200k episodes' records to disk, on this loop (in
+  production each instance is a Ray actor in its own process). The Gym proxy times every
   control call so each stage says how much of it was spent inside Gym.
 * The remaining stages are the runtime's own and are measured exactly as they run: their heavy
   work goes through ``trio.to_thread``.
 
+Until every episode moves. ``checkpoint()`` returning is not the end: the measurement goes on
+until the last episode that reached a step boundary during the checkpoint has started its next
+turn (``until_all_moving_s``; the episodes record it themselves, ``_heavy.PauseRecorder``),
+with the loop thread's and the process's CPU time beside each wall figure. What each episode
+felt: its boundary gaps and turn overruns over 0.5 ms in that window, summed, p50 / p99 / max
+over all N (``pauses``), and the same over a window of no checkpoint a few seconds later
+(``control_pauses``).
+
 Per stage: wall duration, the longest loop stall (``benchmarks._common.LoopStallMonitor``, wall
 and loop-thread CPU), GC pauses, time inside Gym calls, and ledger mutations that ran (replies
-keep flowing). Also: snapshot size on disk, files, ``ledger.json`` size.
+keep flowing); over the checkpoint, the longest scheduler batch in wall and CPU time
+(``SchedulerBatchMonitor``) beside the longest task step. Also: snapshot size on disk, files,
+``ledger.json`` size. The top level of the result is the aligned run's (the reference the
+report's older rows read); ``modes`` holds both.
 
 Because a process with 200k simulated episodes holds ~3 GB and takes half a minute to tear down,
 the measurement runs in a fresh subprocess which exits without tearing down.
@@ -418,9 +436,7 @@ async def measure_checkpoint(
             await trio.sleep(control_s)
             records = await trio.to_thread.run_sync(pauses.records)
             moving["control_window_s"] = control_s
-            moving["control_pauses"] = pauses_in(
-                records, c0, time.perf_counter(), pauses.episodes
-            )
+            moving["control_pauses"] = pauses_in(records, c0, time.perf_counter(), pauses.episodes)
         beating[0] = False
         stall.active = gcm.active = False
         trio.lowlevel.remove_instrument(stall)

@@ -1,24 +1,27 @@
-"""Checkpoint end to end on Ray: one whole checkpoint at N in flight over K actors.
+"""Checkpoint end to end on Ray: one whole checkpoint per mode at N in flight over K actors.
 
 The counterpart of ``benchmarks.checkpoint`` (the embedded Gym) with each Gym instance a Ray
 actor in its own process: on a local Ray cluster of our own (``local_cluster_options``),
-``calendar_ray`` starts K simulated calendar instances, and the
-trainer facade ``nurseries.open_rollouts`` runs on them with ``max_rows_in_flight = N /
-group_size``. Once the dispatcher has N episodes in flight, one ``Rollouts.checkpoint()`` runs
-its whole protocol, measured by the same code as the embedded run
-(``checkpoint.measure_checkpoint``): per-stage wall time, the trainer loop's longest stall (all
-causes, GC included) and GC pauses, a 1 ms heartbeat, the snapshot on disk.
+``RayGym.host`` starts K instances of the heavy-tailed workplace (``benchmarks._heavy``), and
+the trainer facade ``nurseries.open_rollouts`` runs on them with ``max_rows_in_flight = N /
+group_size``. Once the dispatcher has N episodes in flight, one ``Rollouts.checkpoint()`` per
+mode (unaligned, then aligned, on the same episodes) runs its whole protocol, measured by the
+same code as the embedded run (``checkpoint.measure_checkpoint``): per-stage wall time, the
+trainer loop's longest stall (all causes, GC included), its longest scheduler batch, GC pauses,
+a 1 ms heartbeat, CPU time, the snapshot on disk, and — from the episodes' own records, which
+each actor appends to a file the trainer polls — the time until every episode moves again and
+the pause each episode felt.
 
 Time is real throughout (Ray actors cannot share a virtual clock), so the episodes tick while
-Gym is filled. They are long — 40 to 60 turns — and their turns are long enough that nothing
-finishes before the checkpoint (reported: ``finished_before_checkpoint``) and that K actors
-sharing this machine's cores keep up with the turns (about 2,500 turn ends a second in all: at
-10,000 a second four actors of 50k episodes saturated the 2 cores, and the fill crawled):
-the mean turn is ``max(1, N / 2,500)`` seconds unless ``turn_s`` is given, 80 s at 200k.
-``prepare`` waits for every episode to reach its next step boundary: up to one turn, the
-environment's time, not the runtime's. As in the embedded run, ``e2e_s`` is the checkpoint's
-wall time (close to resume) less ``prepare``'s (``turn_time_wall_s``); on Ray that also leaves
-out the actors' own parking work, which ``in_gym_calls_ms`` of the prepare stage shows.
+Gym is filled. They are long — 40 to 60 turns — and their turns (lognormal, sigma 2, capped at
+21 times the median) are long enough that nothing finishes before the checkpoints (reported:
+``finished_before_checkpoint``) and that K actors sharing this machine's cores keep up with the
+turns (about 2,500 turn ends a second in all): the mean turn is ``max(20, N / 2,500)`` seconds
+unless ``turn_mean_s`` is given, 80 s at 200k. The aligned ``prepare`` waits for every episode
+to reach its next step boundary: up to the longest turn in flight, the cap (7.6 min at 200k),
+the environment's time, not the runtime's. ``e2e_s`` is the checkpoint's wall time (close to
+resume) less ``prepare``'s (``turn_time_wall_s``); on Ray that also leaves out the actors' own
+parking work, which ``in_gym_calls_ms`` of the prepare stage shows.
 
 Per stage, besides the embedded run's figures, the slowest and the median actor's time inside
 Gym calls (``gym_calls_by_op``): a stage over K actors waits for its slowest one.
@@ -48,13 +51,13 @@ from typing import Any, cast
 import attrs
 import trio
 
-from gymckpt.gym_adapter.calendar_env import calendar_ray
 from gymckpt.nurseries import ExitCode
 
 from ._common import Progress, label
-from .checkpoint import _TimedGym, measure_checkpoint
+from ._heavy import PauseSource, TurnTimes, heavy_refs, host_config
+from .checkpoint import MODES, TURN_CAP, TURN_SIGMA, _TimedGym, measure_checkpoint
 
-__all__ = ["GYM_OPS", "CheckpointRayConfig", "run_checkpoint_ray", "turn_range"]
+__all__ = ["GYM_OPS", "CheckpointRayConfig", "run_checkpoint_ray", "turn_mean"]
 
 GYM_OPS = {
     "topology": "close+retire",
@@ -70,11 +73,9 @@ TURN_ENDS_PER_S = 2_500
 """Turn ends a second, over all actors, that the default turn length aims at."""
 
 
-def turn_range(in_flight: int) -> tuple[float, float]:
-    """The default turn length range for ``in_flight`` episodes: mean ``max(1, N / 2,500)`` s,
-    from 2/3 to 4/3 of it."""
-    mean = max(1.0, in_flight / TURN_ENDS_PER_S)
-    return (round(mean * 2 / 3, 3), round(mean * 4 / 3, 3))
+def turn_mean(in_flight: int) -> float:
+    """The default mean turn length for ``in_flight`` episodes: ``max(20, N / 2,500)`` s."""
+    return max(20.0, in_flight / TURN_ENDS_PER_S)
 
 
 @attrs.define
@@ -84,7 +85,11 @@ class CheckpointRayConfig:
     group_size: int = 8
     dispatch_batch: int = 512
     turns: tuple[int, int] = (40, 60)
-    turn_s: tuple[float, float] | None = None  # None: turn_range(in_flight)
+    turn_sigma: float = TURN_SIGMA
+    turn_cap: float = TURN_CAP
+    turn_mean_s: float | None = None  # None: turn_mean(in_flight)
+    modes: tuple[str, ...] = MODES
+    control_s: float = 3.0
     after_s: float = 2.0
     startup_timeout_s: float = 240.0
     fill_timeout_s: float = 1200.0
@@ -93,10 +98,12 @@ class CheckpointRayConfig:
 
     @classmethod
     def quick_defaults(cls) -> CheckpointRayConfig:
-        return cls(in_flight=2_000, quick=True)
+        # short turns: the aligned checkpoint waits up to the cap (21 times the median)
+        return cls(in_flight=2_000, turn_mean_s=2.0, quick=True)
 
-    def turns_s(self) -> tuple[float, float]:
-        return self.turn_s if self.turn_s is not None else turn_range(self.in_flight)
+    def times(self) -> TurnTimes:
+        mean = self.turn_mean_s or turn_mean(self.in_flight)
+        return TurnTimes.with_mean(mean, self.turn_sigma, self.turn_cap)
 
 
 def _per_actor(calls: list[tuple[str, str, int, int]]) -> dict[str, dict[str, Any]]:
@@ -127,7 +134,7 @@ async def _ray_main(
     cfg: CheckpointRayConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> None:
     """Measure; ``finish(result)`` is called before anything is torn down (it exits)."""
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+    from gymckpt.gym_adapter import RayGym
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
@@ -136,29 +143,28 @@ async def _ray_main(
             print(f"[checkpoint-ray] {msg}", file=sys.stderr, flush=True)
 
     n, g = cfg.in_flight, cfg.group_size
-    turn_s = cfg.turns_s()
-    sim = SimConfig(
-        turns=cfg.turns,
-        turn_s=turn_s,
-        max_batch=cfg.dispatch_batch,
-        lease_s=3600.0,
-        flush_interval_s=0.05,
-    )
+    times = cfg.times()
     rc = RuntimeConfig(
-        control_timeout_s=900.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=3600.0
+        control_timeout_s=3600.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=7200.0
     )
     say(
-        f"local Ray cluster up; starting {cfg.actors} actors "
-        f"(turns {cfg.turns[0]}-{cfg.turns[1]} of {turn_s[0]:g}-{turn_s[1]:g} s)"
+        f"local Ray cluster up; starting {cfg.actors} actors (turns {cfg.turns[0]}-"
+        f"{cfg.turns[1]}, lognormal median {times.median_s:g} s, cap {times.max_s:g} s)"
     )
     t_start = time.perf_counter()
     async with trio.open_nursery() as top:
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-ray-") as tmp:
-            async with calendar_ray(
-                instances=cfg.actors,
-                seed=cfg.seed,
-                work_dir=Path(tmp) / "gym",
-                config=sim,
+            records = Path(tmp) / "pauses"
+            records.mkdir()
+            async with RayGym.host(
+                heavy_refs(cfg.actors, cfg.turns, times, str(records)),
+                cfg.actors,
+                cfg.seed,
+                Path(tmp) / "gym",
+                host_config(cfg.dispatch_batch, 0.05),
+                (),
+                None,
+                num_cpus=0.1,
                 startup_timeout_s=cfg.startup_timeout_s,
             ) as gym:
                 started_s = time.perf_counter() - t_start
@@ -200,27 +206,40 @@ async def _ray_main(
                         f"{dispatched:,} in flight after {fill_s:.1f} s "
                         f"({dispatched / fill_s:,.0f} rows/s); checkpointing"
                     )
-                    out = await measure_checkpoint(
-                        ro,
-                        timed.spans,
-                        STAGES,
-                        nursery=top,
-                        dispatched=dispatched,
-                        pause_collector=rc.pause_collector,
-                        after_s=cfg.after_s,
-                        say=say,
-                    )
+                    src = PauseSource(records, in_process=False, episodes=dispatched)
+                    modes: dict[str, Any] = {}
+                    for mode in cfg.modes:
+                        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
+                        say(f"{mode} checkpoint")
+                        calls0 = len(timed.calls)
+                        r = await measure_checkpoint(
+                            ro,
+                            timed.spans,
+                            STAGES,
+                            nursery=top,
+                            dispatched=dispatched,
+                            pause_collector=rc.pause_collector,
+                            after_s=cfg.after_s,
+                            say=say,
+                            pauses=src,
+                            control_s=cfg.control_s,
+                        )
+                        r["checkpoint_mode"] = mode
+                        r["gym_calls_by_op"] = _per_actor(timed.calls[calls0:])
+                        modes[mode] = r
+                        timed.spans.clear()
+                    out = dict(modes.get("aligned") or modes[cfg.modes[0]])
                     out.update(
                         {
+                            "modes": modes,
                             "backend": "ray",
                             "actors": cfg.actors,
                             "in_flight": dispatched,
                             "finished_before_checkpoint": finished,
-                            "turn_s": list(turn_s),
+                            "turn_times": times.describe(),
                             "actors_start_s": round(started_s, 2),
                             "fill_wall_s": round(fill_s, 2),
                             "fill_rows_per_s": round(dispatched / fill_s),
-                            "gym_calls_by_op": _per_actor(timed.calls),
                         }
                     )
                     finish(out)
@@ -312,7 +331,7 @@ def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str
             f"checkpoint on Ray: the worker {why}:\n{(stderr or '').strip()[-4000:]}"
         )
     result: dict[str, Any] = json.loads(line)
-    result["config"] = {**attrs.asdict(cfg), "turn_s": list(cfg.turns_s())}
+    result["config"] = {**attrs.asdict(cfg), "turn_times": cfg.times().describe()}
     result["label"] = label(cfg.in_flight)
     progress(
         f"checkpoint N={cfg.in_flight:,} on Ray, {cfg.actors} actors: "
@@ -326,8 +345,7 @@ def _main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "--worker":
         raw = json.loads(argv[1])
         raw["turns"] = tuple(raw["turns"])
-        if raw.get("turn_s") is not None:
-            raw["turn_s"] = tuple(raw["turn_s"])
+        raw["modes"] = tuple(raw["modes"])
         _worker(CheckpointRayConfig(**raw), "--verbose" in argv)
         return 1  # finish() exits
     print(

@@ -50,15 +50,18 @@ never means or best cases.
   dispatch  rows/s through DispatchGate.admit + ledger.mark_dispatched + completion mutation,
             batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit); with
             --loop also through the whole loop (open_rollouts) on a null and the embedded Gym
-  checkpoint  one whole checkpoint at 200k in flight on the embedded Gym: per-stage wall time,
-            loop stall by stage, snapshot size on disk; and rows/s on the embedded Gym;
+  checkpoint  one whole checkpoint per mode (unaligned, aligned; --modes) at 200k in flight
+            on the embedded Gym, heavy-tailed turns: until every episode moves again, CPU
+            beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
+            batches, snapshot size on disk; and rows/s on the embedded Gym;
             --backend ray: the same on Ray with --actors actors (default 4), real time
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
   fanout    control fan-out on Ray, 1 to 16 actors: prepare/commit/resume per checkpoint, the
             slowest instance, a linear model for 64 and more; rows/s on Ray with 2 actors
   preserved work preserved across a crash: the fraction of in-flight rollout-seconds redone
-            after a real restore, gymckpt against a step-boundary baseline, over 10 kill times
+            after a real restore, gymckpt (both modes) against a step-boundary baseline, over
+            the same 10 kill times; the parked-time fraction each mode costs
   all       everything (full sweep), then benchmarks/results/*.json, PNG plots, SUMMARY.md
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
@@ -252,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--actors", type=int, default=None, help="Ray actors with --backend ray (default 4)"
     )
+    c.add_argument(
+        "--turn-mean",
+        dest="turn_mean_s",
+        type=float,
+        default=None,
+        help="mean turn length in seconds (lognormal, sigma 2, capped at 21x the median; "
+        "default: what the Gym keeps up with, max(20, N / 1,000) embedded and "
+        "max(20, N / 2,500) on Ray; quick on Ray 2)",
+    )
+    _modes_arg(c)
     _common(c)
     h = sub.add_parser(
         "host",
@@ -290,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     pv.add_argument("--kills", type=int, default=None, help="kill times (default 10)")
+    _modes_arg(pv)
     _common(pv)
     a = sub.add_parser(
         "all",
@@ -336,6 +350,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(a)
     return parser
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    from gymckpt.runtime import CheckpointMode
+
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    known = [m.value for m in CheckpointMode]
+    bad = [n for n in names if n not in known]
+    if bad or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct modes among {', '.join(known)} separated by commas, got {text!r}"
+        )
+    return names
+
+
+def _modes_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--modes",
+        type=_modes,
+        default=None,
+        help="checkpoint modes measured side by side in one run, in this order "
+        "(default unaligned,aligned)",
+    )
 
 
 # -- configurations from flags ---------------------------------------------------------------------
@@ -403,6 +440,10 @@ def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointCo
             cfg.in_flight = args.in_flight
         if args.instances is not None:
             cfg.instances = args.instances
+        if args.modes is not None:
+            cfg.modes = args.modes
+        if args.turn_mean_s is not None:
+            cfg.turn_mean_s = args.turn_mean_s
     if cfg.in_flight < cfg.group_size or cfg.instances < 1:
         raise ValueError("--in-flight must be >= the group size and --instances >= 1")
     return cfg
@@ -421,6 +462,10 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
             cfg.in_flight = args.in_flight
         if args.actors is not None:
             cfg.actors = args.actors
+        if args.modes is not None:
+            cfg.modes = args.modes
+        if args.turn_mean_s is not None:
+            cfg.turn_mean_s = args.turn_mean_s
         if args.backend != "ray" and args.actors is not None:
             raise ValueError("--actors is for --backend ray (the embedded Gym takes --instances)")
         if args.backend == "ray" and args.instances is not None:
@@ -450,6 +495,8 @@ def _preserved_config(args: argparse.Namespace) -> _preserved_mod.PreservedConfi
     )
     if args.bench == "preserved" and args.kills is not None:
         cfg.kills = args.kills
+    if args.bench == "preserved" and args.modes is not None:
+        cfg.modes = args.modes
     if cfg.kills < 1:
         raise ValueError("--kills must be >= 1")
     return cfg

@@ -4,7 +4,8 @@ The workload
 ------------
 ``open_rollouts`` on the embedded simulated Gym (``--instances`` instances), rows kept in
 flight all the time (``max_rows_in_flight``), multi-turn episodes of random length (``turns``
-turns of ``turn_s`` simulated seconds each, drawn per episode by ``plan_episode``). The
+turns, each of a heavy-tailed length in simulated seconds: lognormal, sigma 2, capped at 21
+times its median, mean ``turn_mean_s``; drawn per episode by ``_heavy.heavy_plan``). The
 trainer takes ``groups_per_step`` complete groups, trains for ``train_s`` and checkpoints: a
 checkpoint at **every training-step boundary**, the same boundaries for both systems. Time is
 ``MockClock(autojump_threshold=0)``: minutes of rollouts run in seconds, and every snapshot and
@@ -47,8 +48,21 @@ episode).
 
 What gymckpt's checkpoints cost is reported beside it: ``parked_fraction_of_rollout_time``,
 the time episodes spent parked at a step boundary while Gym was prepared (each checkpoint
-waits for the slowest episode's turn to end) over the time they moved. The step-boundary
-baseline does not stop rollouts for its checkpoints.
+waits for the slowest episode's turn to end) over the time they moved, by the model; and
+``measured_parked_fraction``, what the episodes themselves recorded (every gap between a step
+boundary and their next turn on the virtual clock, over their turn time done), with the
+pauses of the episodes each checkpoint held (``held_*``). The step-boundary baseline does not
+stop rollouts for its checkpoints.
+
+Both modes
+----------
+Every kill time is run once per checkpoint mode (``modes``), the same kill times for both.
+Unaligned, nothing parks, so the timeline has no windows; the restored checkpoint took each
+episode at its last step boundary before its instance's cut (the start of that instance's
+``commit``, recorded by a proxy), with the model call of the turn in progress (one call per
+turn, made at its start): the model predicts that boundary, and the restore must hand back that
+many capture keys or one more. The top level of the result is the aligned run's; ``modes``
+holds both.
 """
 
 from __future__ import annotations
@@ -66,14 +80,18 @@ import attrs
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter import EmbeddedGym
+from gymckpt.gym_adapter.calendar_env import EpisodePlan
 
 from ._common import Progress, median
+from ._heavy import TurnTimes, heavy_plan, heavy_refs, host_config, recorder
+from .checkpoint import MODES, TURN_CAP, TURN_SIGMA
 
 __all__ = ["PreservedConfig", "moving_time", "park_boundary", "parked_time", "run_preserved"]
 
 INF = math.inf
 ROWS = 100_000  # more than any run gets to (a list of them is built)
+MUTATION_P = 0.5
 
 
 @attrs.define
@@ -85,10 +103,19 @@ class PreservedConfig:
     groups_per_step: int = 8
     train_s: float = 5.0
     turns: tuple[int, int] = (4, 24)
-    turn_s: tuple[float, float] = (1.0, 6.0)
+    turn_mean_s: float = 3.5
+    turn_sigma: float = TURN_SIGMA
+    turn_cap: float = TURN_CAP
+    modes: tuple[str, ...] = MODES
     kill_window_s: tuple[float, float] = (60.0, 600.0)
     seed: int = 7
     quick: bool = False
+
+    def times(self) -> TurnTimes:
+        return TurnTimes.with_mean(self.turn_mean_s, self.turn_sigma, self.turn_cap)
+
+    def plan(self, row: int, slot: int) -> EpisodePlan:
+        return heavy_plan(self.seed, row, slot, self.turns, self.times(), MUTATION_P)
 
     @classmethod
     def quick_defaults(cls) -> PreservedConfig:
@@ -182,22 +209,42 @@ def park_boundary(
 class _Run:
     """What the trainer side saw up to the kill (all times on the virtual clock)."""
 
-    starts: dict[str, tuple[float, int, int]] = attrs.field(factory=dict)
+    mode: str
+    starts: dict[str, tuple[float, int, int, str]] = attrs.field(factory=dict)
     taken: list[str] = attrs.field(factory=list)
     windows: list[list[float]] = attrs.field(factory=list)
     # checkpoint_id -> (window index, ids taken before it, publish time)
     published: dict[str, tuple[int, int, float]] = attrs.field(factory=dict)
+    # per window: instance -> the time its commit began (an unaligned checkpoint's cut)
+    cuts: list[dict[str, float]] = attrs.field(factory=list)
+    # what the episodes felt (the agent's own record, on the virtual clock): every gap between
+    # a step boundary and the next turn, summed, the turn time done, and each gap over 0.5 ms
+    gap_s: float = 0.0
+    turn_s: float = 0.0
+    held: list[float] = attrs.field(factory=list)
 
 
-class _RestoreRecorder:
-    """Delegates to the Gym; records the episodes each ``restore`` call hands to it."""
+class _GymRecorder:
+    """Delegates to the Gym; records the episodes each ``restore`` call hands to it and when
+    each instance's ``commit`` began (``cuts``: one dict per checkpoint, appended by the
+    trainer's hook)."""
 
-    def __init__(self, gym: Any) -> None:
+    def __init__(self, gym: Any, cuts: list[dict[str, float]] | None = None) -> None:
         self._gym = gym
         self.episodes: dict[str, int] = {}
+        self.cuts = cuts
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._gym, name)
+        if name == "commit" and self.cuts is not None:
+            cuts = self.cuts
+
+            async def commit(instance: str, *args: Any, **kwargs: Any) -> Any:
+                if cuts:
+                    cuts[-1].setdefault(instance, trio.current_time())
+                return await attr(instance, *args, **kwargs)
+
+            return commit
         if name != "restore":
             return attr
 
@@ -211,25 +258,41 @@ class _RestoreRecorder:
         return restore
 
 
-async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
+def _gym(cfg: PreservedConfig, work: Path, record_dir: str | None) -> Any:
+    return EmbeddedGym.host(
+        heavy_refs(cfg.instances, cfg.turns, cfg.times(), record_dir, MUTATION_P),
+        cfg.instances,
+        cfg.seed,
+        work,
+        host_config(),
+    )
+
+
+def _runtime_config(mode: str) -> Any:
+    from gymckpt.runtime import RuntimeConfig
+
+    # a prepare waits up to the longest turn (the cap): the default control deadline is shorter
+    return RuntimeConfig(checkpoint_mode=mode, control_timeout_s=600.0, lease_s=3600.0)
+
+
+async def _until_kill(cfg: PreservedConfig, mode: str, kill_at: float, work: Path) -> _Run:
     from gymckpt.gym_adapter import RunRow
-    from gymckpt.gym_adapter.calendar_env import SimConfig
     from gymckpt.nurseries import open_rollouts
 
-    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
-    run = _Run()
+    run = _Run(mode)
+    record_dir = work / "pauses"  # a recorder of its own for this run
+    record_dir.mkdir()
 
-    def dispatched(_instance: str, rows: Sequence[RunRow]) -> None:
+    def dispatched(instance: str, rows: Sequence[RunRow]) -> None:
         now = trio.current_time()
         for row in rows:
-            run.starts[row.rollout_id] = (now, row.row, row.slot)
+            run.starts[row.rollout_id] = (now, row.row, row.slot, instance)
 
     with trio.CancelScope() as crash:
-        async with calendar_embedded(
-            instances=cfg.instances, seed=cfg.seed, work_dir=work / "gym", config=sim
-        ) as gym:
+        async with _gym(cfg, work / "gym", str(record_dir)) as gym:
+            proxy = _GymRecorder(gym, run.cuts)
             async with open_rollouts(
-                gym,
+                cast(Any, proxy),
                 work / "run",
                 rows=ROWS,
                 group_size=cfg.group_size,
@@ -237,12 +300,14 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
                 restore=False,
                 handle_signals=False,
                 on_dispatch=dispatched,
+                config=_runtime_config(mode),
             ) as ro:
 
                 def hook(cid: str, point: str) -> None:
                     now = trio.current_time()
                     if point == "before_prepare":
                         run.windows.append([now, INF])
+                        run.cuts.append({})
                     elif point == "before_resume":
                         run.windows[-1][1] = now
                     elif point == "after_publish":
@@ -265,18 +330,17 @@ async def _until_kill(cfg: PreservedConfig, kill_at: float, work: Path) -> _Run:
                     nursery.start_soon(trainer)
                     await trio.sleep_until(kill_at)
                     crash.cancel()  # the crash: nothing more runs, nothing is flushed
+    rec = recorder(str(record_dir))
+    run.gap_s, run.turn_s = rec.gap_s, rec.turn_s
+    run.held = [g for _k, _t, g, _n in rec.gaps]
     return run
 
 
-async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+async def _restore(cfg: PreservedConfig, mode: str, work: Path) -> dict[str, Any]:
     from gymckpt.nurseries import open_rollouts
 
-    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
-    async with calendar_embedded(
-        instances=cfg.instances, seed=cfg.seed, work_dir=work / "gym-after", config=sim
-    ) as gym:
-        rec = _RestoreRecorder(gym)
+    async with _gym(cfg, work / "gym-after", None) as gym:
+        rec = _GymRecorder(gym)
         t0 = time.perf_counter()
         async with open_rollouts(
             cast(Any, rec),
@@ -286,6 +350,7 @@ async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
             max_rows_in_flight=cfg.rows_in_flight,
             restore=True,
             handle_signals=False,
+            config=_runtime_config(mode),
         ) as ro:
             wall = time.perf_counter() - t0
             restored = ro.restored
@@ -299,14 +364,24 @@ async def _restore(cfg: PreservedConfig, work: Path) -> dict[str, Any]:
     return out
 
 
+def _turns_done_by(start: float, durations: Sequence[float], t: float) -> int:
+    """Turns an episode that never parks (unaligned checkpoints) has completed by ``t``."""
+    tau, k = start, 0
+    for d in durations:
+        if tau + d > t:
+            return k
+        tau += d
+        k += 1
+    return k
+
+
 def _account(
     cfg: PreservedConfig, kill_at: float, run: _Run, after: dict[str, Any]
 ) -> dict[str, Any]:
-    from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode
-
-    sim = SimConfig(turns=cfg.turns, turn_s=cfg.turn_s, lease_s=3600.0)
+    aligned = run.mode == "aligned"
     windows = [(p, r) for p, r in run.windows if p < kill_at]
     windows = [(p, min(r, INF) if r <= kill_at else INF) for p, r in windows]
+    parks = windows if aligned else []  # an unaligned checkpoint parks nothing
     cid = after["checkpoint_id"]
     restored_eps: dict[str, int] = after["episodes"]
     if cid is None:
@@ -317,16 +392,15 @@ def _account(
     trained = set(run.taken[:n_taken])
     at_risk = done_total = kept_total = moved_all = parked_all = 0.0
     episodes = in_flight_at_kill = kept_whole = kept_partly = mismatches = 0
-    for rid, (start, row, slot) in run.starts.items():
+    for rid, (start, row, slot, instance) in run.starts.items():
         if start >= kill_at:
             continue
-        plan = plan_episode(cfg.seed, row, slot, sim)
-        durs = plan.durations
+        durs = cfg.plan(row, slot).durations
         total = sum(durs)
-        done = moving_time(start, durs, windows, kill_at)
+        done = moving_time(start, durs, parks, kill_at)
         # the checkpoints' cost in rollout time, over every episode of the run so far
         moved_all += done
-        parked_all += parked_time(start, durs, windows, kill_at)
+        parked_all += parked_time(start, durs, parks, kill_at)
         if rid in trained:
             continue
         episodes += 1
@@ -334,11 +408,17 @@ def _account(
         at_risk += done
         kept = 0.0
         if w_idx >= 0:
-            b = park_boundary(start, durs, windows, windows[w_idx])
+            if aligned:
+                b = park_boundary(start, durs, windows, windows[w_idx])
+                keys_ok: tuple[int, ...] = () if b is None else (b,)
+            else:  # taken at its last boundary before its instance's cut, with the call made
+                cut = run.cuts[w_idx].get(instance, t_ckpt)
+                b = _turns_done_by(start, durs, cut) if start < cut else None
+                keys_ok = () if b is None else (b, b + 1)
             if rid in restored_eps:
                 got = restored_eps[rid]
-                mismatches += b != got
-                kept = sum(durs[:got])
+                mismatches += got not in keys_ok
+                kept = sum(durs[: min(got, b if b is not None else got)])
                 kept_partly += 1
             elif b is not None and b >= len(durs):  # result in the snapshot, untrained
                 kept = total
@@ -369,33 +449,33 @@ def _account(
         "checkpoints_before_kill": len([w for w in windows if w[0] < kill_at]),
         "rollout_s_before_kill": round(moved_all, 3),
         "parked_rollout_s_before_kill": round(parked_all, 3),
+        # measured by the episodes themselves (virtual clock): every boundary-to-next-turn gap
+        "measured_turn_s_before_kill": round(run.turn_s, 3),
+        "measured_parked_s_before_kill": round(run.gap_s, 3),
+        "held_episodes": len(run.held),
+        "_held": run.held,  # pooled over kills by run_preserved, then dropped
     }
 
 
-async def _one_kill(cfg: PreservedConfig, kill_at: float) -> dict[str, Any]:
+async def _one_kill(cfg: PreservedConfig, mode: str, kill_at: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gymckpt-preserved-") as tmp:
         work = Path(tmp)
-        run = await _until_kill(cfg, kill_at, work)
-        after = await _restore(cfg, work)
+        run = await _until_kill(cfg, mode, kill_at, work)
+        after = await _restore(cfg, mode, work)
         return _account(cfg, kill_at, run, after)
 
 
-def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
-    """One run per kill time; the figures per kill and over all kills."""
-    kills: list[dict[str, Any]] = []
-    for i, kill_at in enumerate(cfg.kill_times()):
-        t0 = time.perf_counter()
-        rec = trio.run(_one_kill, cfg, kill_at, clock=trio.testing.MockClock(autojump_threshold=0))
-        rec["wall_s"] = round(time.perf_counter() - t0, 2)
-        kills.append(rec)
-        progress(
-            f"crash {i + 1}/{cfg.kills} at {kill_at:.0f} s: {rec['in_flight_rollout_s']:.0f}"
-            f" in-flight rollout-s, gymckpt redoes {rec['gymckpt_redone_rollout_s']:.0f}, "
-            f"the baseline {rec['baseline_redone_rollout_s']:.0f} ({rec['wall_s']:.1f} s)"
-        )
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _summary(cfg: PreservedConfig, kills: list[dict[str, Any]]) -> dict[str, Any]:
     fr = [k["gymckpt_redone_fraction"] for k in kills if k["gymckpt_redone_fraction"] is not None]
     ours = sum(k["gymckpt_redone_rollout_s"] for k in kills)
     base = sum(k["baseline_redone_rollout_s"] for k in kills)
+    held = [g for k in kills for g in k.pop("_held")]
+    checkpoints = sum(k["checkpoints_before_kill"] for k in kills)
     return {
         "kills": len(kills),
         "gymckpt_redone_fraction_median": round(median(fr), 4) if fr else None,
@@ -406,13 +486,51 @@ def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
         "baseline_redone_rollout_s_total": round(base, 1),
         "boundary_mismatches": sum(k["boundary_mismatches"] for k in kills),
         # what gymckpt's checkpoints cost: episodes parked at a step boundary while Gym is
-        # prepared (the baseline's step-boundary checkpoint does not stop rollouts)
+        # prepared (the baseline's step-boundary checkpoint does not stop rollouts); modelled
+        # from the checkpoint windows, and measured by the episodes
         "parked_fraction_of_rollout_time": round(
             sum(k["parked_rollout_s_before_kill"] for k in kills)
             / max(1e-9, sum(k["rollout_s_before_kill"] for k in kills)),
             4,
         ),
+        "measured_parked_fraction": round(
+            sum(k["measured_parked_s_before_kill"] for k in kills)
+            / max(1e-9, sum(k["measured_turn_s_before_kill"] for k in kills)),
+            5,
+        ),
+        # the episodes a checkpoint held at a boundary (over 0.5 ms), and for how long
+        "held_per_checkpoint": round(len(held) / checkpoints, 2) if checkpoints else None,
+        "held_pause_p50_s": round(_pct(held, 0.5), 3) if held else 0.0,
+        "held_pause_p99_s": round(_pct(held, 0.99), 3) if held else 0.0,
+        "held_pause_max_s": round(max(held), 3) if held else 0.0,
         "restores": sum(k["restored_checkpoint"] is not None for k in kills),
         "per_kill": kills,
+    }
+
+
+def run_preserved(cfg: PreservedConfig, progress: Progress) -> dict[str, Any]:
+    """One run per kill time and mode (the same kill times for every mode); the figures per
+    kill and over all kills, per mode. The top level is the aligned run's (the reference)."""
+    per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in cfg.modes}
+    for i, kill_at in enumerate(cfg.kill_times()):
+        for mode in cfg.modes:
+            t0 = time.perf_counter()
+            clock = trio.testing.MockClock(autojump_threshold=0)
+            rec = trio.run(_one_kill, cfg, mode, kill_at, clock=clock)
+            rec["wall_s"] = round(time.perf_counter() - t0, 2)
+            per_mode[mode].append(rec)
+            progress(
+                f"crash {i + 1}/{cfg.kills} at {kill_at:.0f} s, {mode}: "
+                f"{rec['in_flight_rollout_s']:.0f} in-flight rollout-s, gymckpt redoes "
+                f"{rec['gymckpt_redone_rollout_s']:.0f}, the baseline "
+                f"{rec['baseline_redone_rollout_s']:.0f} ({rec['wall_s']:.1f} s)"
+            )
+    modes = {m: {"checkpoint_mode": m, **_summary(cfg, k)} for m, k in per_mode.items()}
+    top = dict(modes.get("aligned") or modes[cfg.modes[0]])
+    return {
+        **top,
+        "modes": modes,
+        "kill_times_s": cfg.kill_times(),
+        "turn_times": cfg.times().describe(),
         "config": attrs.asdict(cfg),
     }

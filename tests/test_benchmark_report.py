@@ -95,3 +95,179 @@ def test_status_cells_and_json() -> None:
         "status": "MISSED",
         "why": "",
     }
+
+
+def _mode(name: str, pause_p99_ms: float, moving_s: float, stall_ms: float) -> dict[str, object]:
+    pauses = {
+        "pause_p50_ms": 0.0,
+        "pause_p99_ms": pause_p99_ms,
+        "pause_max_ms": 2 * pause_p99_ms,
+        "episodes_paused_over_threshold": 3,
+        "episodes": 200_000,
+    }
+    return {
+        "checkpoint_mode": name,
+        "checkpoint_ok": True,
+        "checkpoint_wall_s": moving_s - 0.1,
+        "max_loop_stall_ms": stall_ms,
+        "stages": [
+            {
+                "stage": "commit",
+                "wall_ms": 1.0,
+                "max_loop_stall_ms": 1.0,
+                "max_loop_stall_cpu_ms": 1.0,
+                "gc_pause_ms": 0.0,
+                "in_gym_calls_ms": 0.0,
+                "heartbeat_max_late_ms": 2 * stall_ms,  # the loop waited for the GIL
+            }
+        ],
+        "until_all_moving_s": moving_s,
+        "until_all_moving_excluding_turn_s": moving_s / 2,
+        "until_moving_loop_cpu_s": moving_s / 3,
+        "turn_time_simulated_s": 300.0,
+        "scheduler_batch_max_ms": 4.0,
+        "scheduler_batch_max_cpu_ms": 1.0,
+        "pauses": pauses,
+        "control_pauses": {**pauses, "pause_p99_ms": 0.5},
+    }
+
+
+def _preserved_mode(name: str, pooled: float, parked: float) -> dict[str, object]:
+    return {
+        "checkpoint_mode": name,
+        "kills": 10,
+        "restores": 9,
+        "boundary_mismatches": 0,
+        "per_kill": [],
+        "gymckpt_redone_rollout_s_total": 10.0,
+        "baseline_redone_rollout_s_total": 100.0,
+        "gymckpt_redone_fraction_pooled": pooled,
+        "measured_parked_fraction": parked,
+        "parked_fraction_of_rollout_time": parked,
+    }
+
+
+def _checkpoint(unaligned: dict[str, object]) -> object:
+    from gymckpt.benchmarks.report import CheckpointResult, read_result
+
+    aligned = _mode("aligned", 300_000.0, 320.0, 100.0)
+    data = {
+        "in_flight": 200_000,
+        "config": {"instances": 4, "dispatch_batch": 512},
+        "checkpoint_ok": True,
+        "episodes_exported": 200_000,
+        "pending_drained": 0,
+        "snapshot_files": 1,
+        "ledger_json_bytes": 1,
+        "stages": [],
+        "max_loop_stall_ms": 1.0,
+        "modes": {"unaligned": unaligned, "aligned": aligned},
+        "turn_times": {"median_s": 50.0, "p99_s": 1000.0, "p99_over_median": 21.0},
+    }
+    return read_result(data, CheckpointResult, "checkpoint.json")
+
+
+def _preserved(unaligned_pooled: float, unaligned_parked: float) -> object:
+    from gymckpt.benchmarks.report import PreservedResult, read_result
+
+    cfg = {
+        "instances": 4,
+        "rows_in_flight": 32,
+        "group_size": 4,
+        "groups_per_step": 8,
+        "train_s": 5.0,
+        "turns": [4, 24],
+        "kill_window_s": [60.0, 600.0],
+    }
+    data = {
+        "config": cfg,
+        "kills": 10,
+        "restores": 9,
+        "boundary_mismatches": 0,
+        "per_kill": [],
+        "gymckpt_redone_rollout_s_total": 1.0,
+        "baseline_redone_rollout_s_total": 10.0,
+        "modes": {
+            "unaligned": _preserved_mode("unaligned", unaligned_pooled, unaligned_parked),
+            "aligned": _preserved_mode("aligned", 0.12, 0.14),
+        },
+    }
+    return read_result(data, PreservedResult, "preserved.json")
+
+
+def test_mode_targets_met_and_missed() -> None:
+    """Issue 22's rows: each verdict follows its figure (all causes: the heartbeat's lateness
+    counts as a stall), and the figures of both modes are shown side by side."""
+    from typing import Any, cast
+
+    from gymckpt.benchmarks.report._targets import _mode_rows
+
+    def verdicts(ck: object, pv: object) -> dict[str, TargetRow]:
+        rows: list[TargetRow] = []
+
+        def row(
+            key: str,
+            fig: str,
+            tgt: str,
+            measured: str,
+            ok: Any,
+            exact: bool = True,
+            why: str = "",
+            report_only: bool = False,
+        ) -> None:
+            status = (
+                Status.NOT_MEASURED
+                if ok is None or not exact
+                else Status.REPORTED
+                if report_only and ok
+                else Status.MET
+                if ok
+                else Status.MISSED
+            )
+            rows.append(TargetRow(key, fig, tgt, measured, status, why))
+
+        _mode_rows(row, cast(Any, ck), None, cast(Any, pv))
+        return {r.key: r for r in rows}
+
+    good = verdicts(_checkpoint(_mode("unaligned", 4.0, 1.5, 3.0)), _preserved(0.10, 0.001))
+    assert good["unaligned_pause_p99"].status is Status.MET
+    assert "aligned 300.0 s" in good["unaligned_pause_p99"].measured
+    assert good["unaligned_checkpoint_e2e"].status is Status.MET
+    assert good["unaligned_checkpoint_stall"].status is Status.MET  # 6 ms heartbeat
+    assert good["unaligned_parked"].status is Status.MET
+    assert good["unaligned_redone"].status is Status.MET
+    assert good["checkpoint_modes_ray"].status is Status.NOT_MEASURED
+    bad = verdicts(_checkpoint(_mode("unaligned", 40.0, 2.5, 6.0)), _preserved(0.20, 0.02))
+    assert {k: r.status for k, r in bad.items() if k != "checkpoint_modes_ray"} == {
+        "unaligned_pause_p99": Status.MISSED,
+        "unaligned_checkpoint_e2e": Status.MISSED,
+        "unaligned_checkpoint_stall": Status.MISSED,  # 12 ms heartbeat, 6 ms task step
+        "unaligned_parked": Status.MISSED,
+        "unaligned_redone": Status.MISSED,
+    }
+    assert bad["unaligned_redone"].measured == "20.0 % (aligned 12.0 %; baseline 100 %)"
+    none = verdicts(None, None)
+    assert {r.status for r in none.values()} == {Status.NOT_MEASURED}
+
+
+def test_modes_section_renders_both_modes() -> None:
+    from typing import Any, cast
+
+    from gymckpt.benchmarks.report._modes import modes_section, ratio
+
+    lines: list[str] = []
+    ck, pv = _checkpoint(_mode("unaligned", 4.0, 1.5, 3.0)), _preserved(0.10, 0.001)
+    modes_section(lines.append, cast(Any, ck), None, cast(Any, pv))
+    text = "\n".join(lines)
+    assert "## Checkpoint modes side by side: aligned and unaligned" in text
+    table = [line for line in lines if line.startswith("| embedded |")]
+    assert [line.split(" | ")[1] for line in table] == ["unaligned", "aligned"]
+    assert "+ 300 s simulated" in table[1] and "simulated" not in table[0]
+    assert "4.0 ms / 8 ms" in table[0]  # pause p99 / max
+    assert "embedded: unaligned / aligned, until every episode moves 0.005\u00d7" in text
+    prows = [line for line in lines if line.startswith("| unaligned |")]
+    assert len(prows) == 1 and "0.10 % / 0.10 %" in prows[0]
+    assert ratio(1.0, 0.0) is None and ratio(None, 1.0) is None and ratio(1.0, 4.0) == 0.25
+    empty: list[str] = []
+    modes_section(empty.append, None, None, None)  # older results: no section
+    assert empty == []

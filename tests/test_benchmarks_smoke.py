@@ -212,6 +212,12 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
         "checkpoint_e2e_ray",
         "dispatch_ray",
         "fanout",
+        "unaligned_pause_p99",
+        "unaligned_checkpoint_e2e",
+        "unaligned_checkpoint_stall",
+        "checkpoint_modes_ray",
+        "unaligned_parked",
+        "unaligned_redone",
         "preserved",
     ]
     assert {t["status"] for t in result["targets"]} <= {"met", "MISSED", "not measured"}
@@ -238,6 +244,9 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
         assert isinstance(ck[key], int | float), key
         assert f"`{key}` = " in summary
     assert set(ck["stage_s"]) >= {"prepare", "commit", "resume"}
+    _check_modes(ck, ck["in_flight"])
+    assert "## Checkpoint modes side by side: aligned and unaligned" in summary
+    assert by_key["unaligned_pause_p99"]["status"] == "not measured"  # 2k, not 200k
     drain = json.loads((tmp_path / "drain.json").read_text())
     assert drain["rollouts"] == result["drain"]["rollouts"]
     _check_sweep(drain)
@@ -258,7 +267,57 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "## Work preserved across a crash" in summary
 
 
+def _check_modes(ck: dict[str, Any], n: int) -> None:
+    """Both modes measured on the same episodes, each until every episode moves again."""
+    modes = ck["modes"]
+    assert list(modes) == ["unaligned", "aligned"]
+    for name, m in modes.items():
+        assert m["checkpoint_mode"] == name and m["checkpoint_ok"] is True
+        assert m["episodes_exported"] == n
+        assert m["until_all_moving_s"] >= m["checkpoint_wall_s"] - 1e-3
+        assert m["waiting_at_end"] <= max(16, n // 1000)
+        assert m["pauses"]["episodes"] == n
+        assert m["control_pauses"]["episodes"] == n
+        assert m["scheduler_batches"] > 0
+        assert m["scheduler_batch_max_ms"] >= m["scheduler_batch_p99_ms"] >= 0
+        assert m["checkpoint_loop_cpu_s"] >= 0 and m["until_moving_loop_cpu_s"] >= 0
+        assert m["checkpoint_loop_cpu_s"] <= m["until_moving_loop_cpu_s"] + 1e-3
+        p = m["pauses"]
+        assert p["pause_p50_ms"] <= p["pause_p99_ms"] <= p["pause_max_ms"]
+    a, u = modes["aligned"], modes["unaligned"]
+    # aligned parks every episode at its next boundary until the slowest turn in flight ends
+    assert a["pauses"]["episodes_paused_over_threshold"] == n
+    wait_s = a["turn_time_simulated_s"] or a["turn_time_wall_s"]  # virtual embedded, real on Ray
+    assert a["pauses"]["boundary_gap_max_ms"] >= 1e3 * wait_s * 0.5
+    assert a["moving_after_return_s"] >= 0
+    # unaligned parks nothing: most episodes feel nothing at all, none waits a turn
+    assert u["pauses"]["pause_p50_ms"] < a["pauses"]["pause_p50_ms"] / 10
+    assert u["pauses"]["boundary_gap_max_ms"] < 1e3 * wait_s / 2
+    assert ck["turn_times"]["p99_over_median"] >= 20
+
+
 def _check_preserved(pv: dict[str, Any]) -> None:
+    assert list(pv["modes"]) == ["unaligned", "aligned"]
+    assert len(pv["kill_times_s"]) == pv["kills"]
+    for name, m in pv["modes"].items():
+        assert m["checkpoint_mode"] == name
+        assert [k["kill_s"] for k in m["per_kill"]] == pv["kill_times_s"]  # the same kills
+        assert m["boundary_mismatches"] == 0
+        assert m["restores"] > 0
+        for k in m["per_kill"]:
+            assert 0 <= k["gymckpt_redone_rollout_s"] <= k["baseline_redone_rollout_s"]
+    u, a = pv["modes"]["unaligned"], pv["modes"]["aligned"]
+    # what the episodes felt, on the virtual clock: unaligned parks nothing
+    assert u["measured_parked_fraction"] == 0.0 and u["held_per_checkpoint"] == 0.0
+    assert u["parked_fraction_of_rollout_time"] == 0.0
+    assert a["measured_parked_fraction"] > 0 and a["held_per_checkpoint"] > 0
+    # the episodes' own record agrees with the timeline model
+    assert a["measured_parked_fraction"] == pytest.approx(
+        a["parked_fraction_of_rollout_time"], abs=0.03
+    )
+    assert 0 < a["held_pause_p50_s"] <= a["held_pause_p99_s"] <= a["held_pause_max_s"]
+    assert a["held_pause_max_s"] <= pv["turn_times"]["cap_s"] + 1e-6
+    assert pv["parked_fraction_of_rollout_time"] == a["parked_fraction_of_rollout_time"]
     assert pv["kills"] == len(pv["per_kill"]) == 10
     kills = [k["kill_s"] for k in pv["per_kill"]]
     assert kills == sorted(kills) and len(set(kills)) == 10
@@ -280,6 +339,88 @@ def _check_preserved(pv: dict[str, Any]) -> None:
             kept_any |= k["gymckpt_redone_fraction"] < 1.0
     assert kept_any
     assert 0 <= pv["gymckpt_redone_fraction_median"] <= 1.0
+
+
+def test_heavy_turn_times() -> None:
+    """The lognormal's p99 is at least 20 times its median, as drawn and as computed; its
+    mean is the one asked for; plans are a function of (seed, row, slot)."""
+    import random
+    import statistics
+
+    from gymckpt.benchmarks._heavy import TurnTimes, heavy_plan
+
+    t = TurnTimes.with_mean(3.5, sigma=2.0, cap=21.0)
+    assert t.mean_s() == pytest.approx(3.5, rel=1e-6)
+    assert t.p99_over_median() >= 20 and t.quantile(0.5) == pytest.approx(t.median_s)
+    rng = random.Random(1)
+    draws = sorted(t.draw(rng) for _ in range(40_000))
+    assert max(draws) == t.max_s
+    assert draws[int(0.99 * len(draws))] / statistics.median(draws) >= 20
+    assert statistics.fmean(draws) == pytest.approx(3.5, rel=0.05)
+    a = heavy_plan(7, 3, 1, (4, 8), t, 0.5)
+    assert a == heavy_plan(7, 3, 1, (4, 8), t, 0.5) != heavy_plan(7, 3, 2, (4, 8), t, 0.5)
+    assert 4 <= a.turns == len(a.durations) <= 8
+    assert TurnTimes(median_s=1.0, sigma=0.1, cap=2.0).p99_over_median() < 2
+
+
+def test_pause_records_and_windows(tmp_path: Path) -> None:
+    """Gaps over the threshold are kept one by one (all are summed), written to the
+    process's file and read back by polling; a window's per-episode pauses count every
+    episode in flight, and every episode moves again when the last held one starts."""
+    from gymckpt.benchmarks._heavy import PauseRecorder, PauseSource, all_moving_at, pauses_in
+
+    rec = PauseRecorder(tmp_path / "1.jsonl", flush_every_s=0.0)
+    rec.turn_end("a", 1.0, 1.0, clock=10.0, perf=100.0)
+    rec.turn_end("b", 1.0, 1.2, clock=10.0, perf=100.0)  # woke 200 ms late
+    rec.turn_end("c", 1.0, 1.0, clock=10.0, perf=100.0)
+    assert len(rec.last) == 3
+    rec.turn_start("a", clock=10.0001, perf=100.0001)  # 0.1 ms: summed, not kept
+    rec.turn_start("b", clock=12.0, perf=102.0)  # held 2 s
+    assert rec.gap_count == 2 and rec.gap_s == pytest.approx(2.0001)
+    assert rec.gaps == [("b", 100.0, pytest.approx(2.0), 102.0)]
+    assert [o[0] for o in rec.overruns] == ["b"]
+    src = PauseSource(tmp_path, in_process=False, episodes=10)
+    assert src.waiting() == (1, 102.0)  # "c" is still at its boundary
+    got = src.records()
+    assert got.gaps == [("b", 100.0, pytest.approx(2.0), 102.0)]
+    assert got.total("turn_s") == 3.0
+    p = pauses_in(got, 99.0, 103.0, episodes=10)
+    assert p["episodes_paused_over_threshold"] == 1 and p["pause_p50_ms"] == 0.0
+    assert p["pause_max_ms"] == pytest.approx(2200.0)  # held 2 s + woke 200 ms late
+    assert p["boundary_gap_max_ms"] == pytest.approx(2000.0)
+    assert pauses_in(got, 101.0, 103.0, episodes=10)["pause_max_ms"] == 0.0  # outside
+    assert all_moving_at(got, 99.0, 103.0) == 102.0
+    assert all_moving_at(got, 101.0, 103.0) == 101.0  # none held in that window
+    rec.turn_start("c", clock=10.5, perf=102.5)
+    assert src.waiting()[0] == 0 and len(src.records().gaps) == 2  # only the new lines read
+
+
+def test_scheduler_batch_monitor() -> None:
+    """A task that blocks the loop makes a batch at least that long in wall time, and almost
+    nothing in CPU time when it blocked without working."""
+    import time
+
+    import trio
+
+    from gymckpt.benchmarks._common import SchedulerBatchMonitor
+
+    mon = SchedulerBatchMonitor()
+
+    async def main() -> None:
+        trio.lowlevel.add_instrument(mon)
+        mon.active = True
+        await trio.sleep(0.001)
+        time.sleep(0.03)  # noqa: ASYNC251 - blocks the loop on purpose, using no CPU
+        await trio.sleep(0.001)
+        mon.active = False
+        trio.lowlevel.remove_instrument(mon)
+
+    trio.run(main)
+    r = mon.report()
+    assert r["scheduler_batches"] >= 1
+    assert r["scheduler_batch_max_ms"] >= 30.0
+    assert r["scheduler_batch_max_cpu_ms"] < r["scheduler_batch_max_ms"] / 2
+    assert r["scheduler_batch_max_steps"] >= 1
 
 
 def test_preserved_timeline_model() -> None:
@@ -537,7 +678,17 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     from gymckpt.nurseries import STAGES
 
     r = _run(
-        capsys, "checkpoint", "--backend", "ray", "--actors", "4", "--rollouts", "128", "--json"
+        capsys,
+        "checkpoint",
+        "--backend",
+        "ray",
+        "--actors",
+        "4",
+        "--rollouts",
+        "128",
+        "--turn-mean",
+        "1",
+        "--json",
     )
     assert r["backend"] == "ray" and r["actors"] == 4 and r["label"] == "128"
     assert r["checkpoint_ok"] is True and r["checkpoint_error"] is None
@@ -570,7 +721,9 @@ def test_checkpoint_on_ray_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["max_loop_stall_ms"] > 0 and r["gc_max_pause_ms"] >= 0
     assert r["fill_wall_s"] > 0 and r["fill_rows_per_s"] > 0
     assert r["snapshot_bytes"] > 0 and r["snapshot_files"] > 0
-    assert r["config"]["turn_s"] == r["turn_s"]
+    assert r["config"]["turn_times"] == r["turn_times"]
+    assert r["turn_times"]["mean_s"] == pytest.approx(1.0, abs=1e-3)
+    _check_modes(r, 128)
     # the report: a table row per stage, and the targets row (128 is not the target's size)
     lines: list[str] = []
     ray_result = read_result(r, CheckpointRayResult, "checkpoint_ray.json")

@@ -4,7 +4,7 @@ and median actor per Gym call)."""
 
 from __future__ import annotations
 
-from ._format import Add, fmt, stall
+from ._format import Add, fmt, stall, turns_text
 from ._records import CheckpointRayResult, CheckpointResult, StageRow
 
 __all__ = ["checkpoint_keys", "checkpoint_ray_section", "checkpoint_section"]
@@ -109,7 +109,7 @@ def checkpoint_ray_section(add: Add, cr: CheckpointRayResult) -> None:
         f"ok = {cr.checkpoint_ok}, {cr.episodes_exported:,} episodes exported, "
         f"{cr.pending_drained} pending drained, {fmt(cr.checkpoint_wall_s, ' s', 2)} "
         f"wall, of which `prepare` (every episode reaching its next step boundary: turns of "
-        f"{cfg.turn_s[0]:g} to {cfg.turn_s[1]:g} s) {fmt(cr.turn_time_wall_s, ' s', 2)}"
+        f"{turns_text(cfg.turn_s, cr.turn_times)}) {fmt(cr.turn_time_wall_s, ' s', 2)}"
         f": **{fmt(cr.e2e_s, ' s', 2)} close to resume less the turn time**. Longest loop "
         f"stall {fmt(cr.max_loop_stall_ms, ' ms', 1)} (task `{cr.max_loop_stall_task}`), "
         f"longest GC pause {fmt(cr.gc_max_pause_ms, ' ms', 1)}. Filling Gym took "

@@ -5,12 +5,12 @@ as not measured instead of failing the report."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._common import label
 
-__all__ = ["TIMES", "Add", "at_size", "first_line", "fmt", "stall"]
+__all__ = ["TIMES", "Add", "at_size", "first_line", "fmt", "pct", "stall", "turns_text"]
 
 Add = Callable[[str], None]
 """Appends one line of Markdown to the report being written."""
@@ -39,3 +39,22 @@ def at_size(n: int | None, want: int) -> str:
     if n is None or n == want:
         return ""
     return f" (at {label(n).upper()}; the target is at {label(want).upper()})"
+
+
+def turns_text(turn_s: Sequence[float] | None, times: Mapping[str, Any] | None) -> str:
+    """The turn lengths a run drew: a uniform range (older results) or the lognormal's
+    median, p99 and cap."""
+    if times:
+        return (
+            f"lognormal, median {fmt(times.get('median_s'), ' s', 2)}, p99 "
+            f"{fmt(times.get('p99_s'), ' s', 1)} ({fmt(times.get('p99_over_median'), TIMES, 0)} "
+            f"the median), capped at {fmt(times.get('cap_s'), ' s', 1)}"
+        )
+    if turn_s:
+        return f"{turn_s[0]:g} to {turn_s[1]:g} s"
+    return "n/a"
+
+
+def pct(fraction: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage (``n/a`` for None)."""
+    return fmt(None if fraction is None else 100 * fraction, " %", digits)

@@ -3,21 +3,34 @@ against the step-boundary baseline (which redoes every in-flight rollout)."""
 
 from __future__ import annotations
 
-from ._format import Add, fmt
+from ._format import Add, fmt, turns_text
 from ._records import PreservedResult
 
 __all__ = ["preserved_section"]
 
 
+def _longest(pv: PreservedResult) -> str:
+    if pv.turn_times is not None:
+        return fmt(pv.turn_times.get("cap_s"), " s", 1)
+    return "n/a" if pv.config.turn_s is None else f"{pv.config.turn_s[1]:g} s"
+
+
 def preserved_section(add: Add, pv: PreservedResult) -> None:
+    """The aligned (reference) run's kills; both modes side by side are in ``_modes``."""
     cfg = pv.config
     add("## Work preserved across a crash")
     add("")
+    if pv.modes:
+        add(
+            "The table is the aligned mode's (the reference); both modes on the same kill "
+            "times are under *Checkpoint modes side by side*."
+        )
+        add("")
     add(
         f"Embedded simulated Gym, {cfg.instances} instances, "
         f"{cfg.rows_in_flight} rows of {cfg.group_size} episodes kept in flight, episodes "
-        f"of {cfg.turns[0]}-{cfg.turns[1]} turns of {cfg.turn_s[0]:g}-"
-        f"{cfg.turn_s[1]:g} s (simulated); the trainer takes {cfg.groups_per_step} groups "
+        f"of {cfg.turns[0]}-{cfg.turns[1]} turns ({turns_text(cfg.turn_s, pv.turn_times)}, "
+        f"simulated); the trainer takes {cfg.groups_per_step} groups "
         f"per step, trains {cfg.train_s:g} s and checkpoints at every step boundary. "
         f"{pv.kills} kill times, uniform in {cfg.kill_window_s[0]:g}-"
         f"{cfg.kill_window_s[1]:g} s; each run is torn down at its kill time with no further "
@@ -62,7 +75,7 @@ def preserved_section(add: Add, pv: PreservedResult) -> None:
             f"What keeping it costs: gymckpt's checkpoints parked episodes at a step boundary "
             f"for {fmt(100 * pf, ' %')} of the time they moved (each checkpoint waits for the "
             "slowest episode's turn to end, here up to "
-            f"{pv.config.turn_s[1]:g} s, while the others wait parked). The baseline's "
+            f"{_longest(pv)}, while the others wait parked). The baseline's "
             "step-boundary checkpoint does not stop rollouts."
         )
     add("")

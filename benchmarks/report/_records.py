@@ -15,6 +15,8 @@ not read here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 __all__ = [
@@ -30,7 +32,10 @@ __all__ = [
     "GymCallsByOp",
     "LatencyTrialsGc",
     "MachineLoad",
+    "ModeCheckpoint",
     "OursDrain",
+    "PauseStats",
+    "PreservedMode",
     "StageRow",
     "StallPass",
     "SweepRow",
@@ -72,6 +77,62 @@ class EmbeddedDispatch:
 
 
 @attrs.frozen
+class PauseStats:
+    """What a window did to the episodes in flight (``benchmarks._heavy.pauses_in``): each
+    episode's boundary gaps and turn overruns over 0.5 ms, summed; p50 / p99 / max over every
+    episode in flight, those with nothing over the threshold counted as 0."""
+
+    pause_p50_ms: float
+    pause_p99_ms: float
+    pause_max_ms: float
+    episodes_paused_over_threshold: int
+    episodes: int
+    boundary_gap_max_ms: float | None = None
+    turn_overrun_max_ms: float | None = None
+
+
+@attrs.frozen
+class ModeCheckpoint:
+    """One checkpoint in one mode, measured until every episode moves again: wall figures
+    with the CPU time beside them, the scheduler's longest batch beside the longest task step,
+    and what the episodes felt (``pauses``) against a window of no checkpoint (``control``)."""
+
+    checkpoint_mode: str
+    checkpoint_ok: bool
+    checkpoint_wall_s: float
+    max_loop_stall_ms: float
+    stages: list[StageRow]
+    until_all_moving_s: float
+    pauses: PauseStats
+    e2e_s: float | None = None
+    turn_time_wall_s: float | None = None
+    turn_time_simulated_s: float | None = None
+    until_all_moving_excluding_turn_s: float | None = None
+    moving_after_return_s: float | None = None
+    checkpoint_loop_cpu_s: float | None = None
+    checkpoint_process_cpu_s: float | None = None
+    until_moving_loop_cpu_s: float | None = None
+    until_moving_process_cpu_s: float | None = None
+    max_loop_stall_task: str | None = None
+    heartbeat_max_late_ms: float | None = None
+    scheduler_batch_max_ms: float | None = None
+    scheduler_batch_max_cpu_ms: float | None = None
+    scheduler_batch_p99_ms: float | None = None
+    scheduler_batch_max_steps: int | None = None
+    gc_max_pause_ms: float | None = None
+    episodes_exported: int | None = None
+    control_pauses: PauseStats | None = None
+    control_window_s: float | None = None
+    checkpoint_error: str | None = None
+
+    def stall_all_causes_ms(self) -> float:
+        """The longest time the loop could not run a task: a task step (GC in it included)
+        or the 1 ms heartbeat's lateness (the loop waiting for the GIL)."""
+        late = max([r.heartbeat_max_late_ms or 0.0 for r in self.stages], default=0.0)
+        return max(self.max_loop_stall_ms, late, self.heartbeat_max_late_ms or 0.0)
+
+
+@attrs.frozen
 class CheckpointRunConfig:
     instances: int
     dispatch_batch: int
@@ -103,6 +164,8 @@ class CheckpointResult:
     embedded_dispatch: list[EmbeddedDispatch] | None = None
     fill_wall_s: float | None = None
     embedded_fill_rows_per_s: int | None = None
+    modes: dict[str, ModeCheckpoint] | None = None
+    turn_times: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -119,7 +182,8 @@ class GymCallsByOp:
 class CheckpointRayRunConfig:
     in_flight: int
     actors: int
-    turn_s: list[float]
+    turn_s: list[float] | None = None
+    turn_times: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -152,6 +216,8 @@ class CheckpointRayResult:
     finished_before_checkpoint: int | None = None
     snapshot_mib: float | None = None
     snapshot_files: int | None = None
+    modes: dict[str, ModeCheckpoint] | None = None
+    turn_times: dict[str, Any] | None = None
 
 
 # -- drain ----------------------------------------------------------------------------------
@@ -429,6 +495,30 @@ class KillRow:
 
 
 @attrs.frozen
+class PreservedMode:
+    """``preserved.json``'s figures for one checkpoint mode, over the same kill times as the
+    other mode's; ``measured_parked_fraction`` is what the episodes felt (every gap between a
+    step boundary and their next turn, over the turn time done), ``held_*`` the pauses of the
+    episodes a checkpoint held at a boundary."""
+
+    checkpoint_mode: str
+    kills: int
+    restores: int
+    boundary_mismatches: int
+    per_kill: list[KillRow]
+    gymckpt_redone_rollout_s_total: float
+    baseline_redone_rollout_s_total: float
+    gymckpt_redone_fraction_median: float | None = None
+    gymckpt_redone_fraction_pooled: float | None = None
+    parked_fraction_of_rollout_time: float | None = None
+    measured_parked_fraction: float | None = None
+    held_per_checkpoint: float | None = None
+    held_pause_p50_s: float | None = None
+    held_pause_p99_s: float | None = None
+    held_pause_max_s: float | None = None
+
+
+@attrs.frozen
 class PreservedRunConfig:
     instances: int
     rows_in_flight: int
@@ -436,8 +526,8 @@ class PreservedRunConfig:
     groups_per_step: int
     train_s: float
     turns: list[int]
-    turn_s: list[float]
     kill_window_s: list[float]
+    turn_s: list[float] | None = None
 
 
 @attrs.frozen
@@ -455,3 +545,6 @@ class PreservedResult:
     gymckpt_redone_fraction_max: float | None = None
     gymckpt_redone_fraction_pooled: float | None = None
     parked_fraction_of_rollout_time: float | None = None
+    modes: dict[str, PreservedMode] | None = None
+    turn_times: dict[str, Any] | None = None
+    kill_times_s: list[float] | None = None

@@ -73,7 +73,7 @@ def run_all(
                 "actors": checkpoint_ray_cfg.actors,
                 "config": {
                     **attrs.asdict(checkpoint_ray_cfg),
-                    "turn_s": list(checkpoint_ray_cfg.turns_s()),
+                    "turn_times": checkpoint_ray_cfg.times().describe(),
                 },
             }
         dump(out / "checkpoint_ray.json", {**checkpoint_ray, "meta": meta})

@@ -14,6 +14,7 @@ from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
 from ._misses import miss_lines
+from ._modes import modes_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
@@ -53,6 +54,7 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     if not misses:
         add("- Nothing measured is missed.")
     add("")
+    modes_section(add, r.checkpoint, r.checkpoint_ray, r.preserved)
     if r.fanout is not None:
         fanout_section(add, r.fanout)
     if r.preserved is not None:

@@ -5,10 +5,11 @@ measured* (the figure is still shown), so a quick run is never passed off as mee
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import attrs
 
-from ._format import TIMES, at_size, first_line, fmt
+from ._format import TIMES, at_size, first_line, fmt, pct
 from ._records import (
     CheckpointRayResult,
     CheckpointResult,
@@ -30,6 +31,8 @@ TARGETS = {
     "checkpoint_e2e_s": 2.0,
     "rows_per_s_embedded": 50_000,
     "rows_per_s_ray": 10_000,
+    "unaligned_pause_ms_p99": 10.0,
+    "unaligned_parked_fraction": 0.005,
 }
 
 
@@ -319,6 +322,8 @@ def targets(
             top is not None and top >= 16,
         )
 
+    _mode_rows(row, checkpoint, checkpoint_ray, preserved)
+
     # 5. work preserved
     if preserved is None:
         row(
@@ -350,3 +355,129 @@ def targets(
             preserved.kills >= 10,
         )
     return rows
+
+
+def _mode_rows(
+    row: Any,
+    checkpoint: CheckpointResult | None,
+    checkpoint_ray: CheckpointRayResult | None,
+    preserved: PreservedResult | None,
+) -> None:
+    """Issue 22's targets: the unaligned mode against the aligned one, in the same run."""
+    emb = (checkpoint.modes or {}) if checkpoint is not None else {}
+    u, a = emb.get("unaligned"), emb.get("aligned")
+    n_c = checkpoint.in_flight if checkpoint is not None else None
+    full = n_c is not None and n_c >= 200_000
+    if u is None:
+        for key, fig, tgt in (
+            ("unaligned_pause_p99", "per-episode pause by an unaligned checkpoint, p99", "≤ 10 ms"),
+            (
+                "unaligned_checkpoint_e2e",
+                "whole unaligned checkpoint at 200k, embedded, until every episode moves",
+                "≤ 2 s",
+            ),
+            (
+                "unaligned_checkpoint_stall",
+                "longest loop stall, unaligned checkpoint at 200k, all causes",
+                "≤ 10 ms",
+            ),
+        ):
+            row(key, fig, tgt, "not run", None)
+    else:
+        p99 = u.pauses.pause_p99_ms
+        row(
+            "unaligned_pause_p99",
+            "per-episode pause by an unaligned checkpoint at 200k, embedded, p99 (aligned beside)",
+            "≤ 10 ms",
+            f"{fmt(p99, ' ms', 1)} (max {fmt(u.pauses.pause_max_ms, ' ms', 0)}; no checkpoint: "
+            f"{fmt(None if u.control_pauses is None else u.control_pauses.pause_p99_ms, ' ms', 1)}"
+            f"; aligned {fmt(None if a is None else a.pauses.pause_p99_ms / 1e3, ' s', 1)})"
+            + at_size(n_c, 200_000),
+            p99 <= TARGETS["unaligned_pause_ms_p99"],
+            full,
+        )
+        whole = u.until_all_moving_s
+        row(
+            "unaligned_checkpoint_e2e",
+            "whole unaligned checkpoint at 200k, embedded, until every episode moves (CPU beside)",
+            "≤ 2 s",
+            f"{fmt(whole, ' s', 2)} ({fmt(u.until_moving_loop_cpu_s, ' s', 2)} loop CPU; "
+            f"aligned {fmt(None if a is None else a.until_all_moving_excluding_turn_s, ' s', 2)}"
+            " less its turn wait)" + at_size(n_c, 200_000),
+            whole <= TARGETS["checkpoint_e2e_s"],
+            full,
+        )
+        st = u.stall_all_causes_ms()
+        row(
+            "unaligned_checkpoint_stall",
+            "longest loop stall, unaligned checkpoint at 200k, embedded, all causes (longest "
+            "scheduler batch beside)",
+            "≤ 10 ms",
+            f"{fmt(st, ' ms', 1)} (task step {fmt(u.max_loop_stall_ms, ' ms', 1)}, scheduler "
+            f"batch {fmt(u.scheduler_batch_max_ms, ' ms', 1)} / "
+            f"{fmt(u.scheduler_batch_max_cpu_ms, ' ms', 1)} CPU)" + at_size(n_c, 200_000),
+            st <= TARGETS["loop_stall_ms"],
+            full,
+        )
+    rm = (checkpoint_ray.modes or {}) if checkpoint_ray is not None else {}
+    ru, ra = rm.get("unaligned"), rm.get("aligned")
+    if ru is None:
+        row(
+            "checkpoint_modes_ray",
+            "whole checkpoint at 200k on Ray with 4 actors, both modes, until every episode moves",
+            "report",
+            "not run",
+            None,
+        )
+    else:
+        assert checkpoint_ray is not None
+        n_r = checkpoint_ray.in_flight
+        row(
+            "checkpoint_modes_ray",
+            "whole checkpoint at 200k on Ray with 4 actors, both modes, until every episode moves",
+            "report",
+            f"unaligned {fmt(ru.until_all_moving_s, ' s', 2)} (pause p99 "
+            f"{fmt(ru.pauses.pause_p99_ms, ' ms', 1)}, stall "
+            f"{fmt(ru.stall_all_causes_ms(), ' ms', 1)})"
+            + (
+                ""
+                if ra is None
+                else f"; aligned {fmt(ra.until_all_moving_s, ' s', 1)} of which "
+                f"{fmt(ra.turn_time_wall_s, ' s', 1)} the turn wait (pause p99 "
+                f"{fmt(ra.pauses.pause_p99_ms / 1e3, ' s', 1)})"
+            )
+            + at_size(n_r, 200_000),
+            ru.checkpoint_ok and (ra is None or ra.checkpoint_ok),
+            n_r is not None and n_r >= 200_000 and checkpoint_ray.actors == 4,
+            report_only=True,
+        )
+    pm = (preserved.modes or {}) if preserved is not None else {}
+    pu, pa = pm.get("unaligned"), pm.get("aligned")
+    if pu is None:
+        row("unaligned_parked", "parked-time fraction, unaligned", "≤ 0.5 %", "not run", None)
+        row(
+            "unaligned_redone", "work redone after a crash, unaligned", "≤ aligned", "not run", None
+        )
+        return
+    assert preserved is not None
+    frac = pu.measured_parked_fraction
+    row(
+        "unaligned_parked",
+        "parked-time fraction, unaligned checkpoint at every training step (aligned beside)",
+        "≤ 0.5 %",
+        f"{pct(frac, 2)} (aligned {pct(None if pa is None else pa.measured_parked_fraction)})",
+        None if frac is None else frac <= TARGETS["unaligned_parked_fraction"],
+        preserved.kills >= 10,
+    )
+    ours, theirs = (
+        pu.gymckpt_redone_fraction_pooled,
+        (pa.gymckpt_redone_fraction_pooled if pa else None),
+    )
+    row(
+        "unaligned_redone",
+        "work redone after a crash, unaligned, same kill times (pooled over the kills)",
+        "≤ aligned",
+        f"{pct(ours)} (aligned {pct(theirs)}; baseline 100 %)",
+        None if ours is None or theirs is None else ours <= theirs,
+        preserved.kills >= 10 and pu.boundary_mismatches == 0,
+    )

@@ -1,0 +1,177 @@
+"""The report's section on the two checkpoint modes side by side (issue 22): the whole
+checkpoint until every episode moves again, embedded and on Ray, and the pauses each episode
+felt; then the work redone after a crash and the parked-time fraction, both modes on the same
+kill times."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ._format import TIMES, Add, fmt, pct, turns_text
+from ._records import (
+    CheckpointRayResult,
+    CheckpointResult,
+    ModeCheckpoint,
+    PreservedMode,
+    PreservedResult,
+)
+
+__all__ = ["modes_section", "ratio"]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, None when either is missing or ``b`` is 0."""
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _cpu(wall: float | None, loop: float | None, proc: float | None) -> str:
+    return f"{fmt(wall, ' s', 2)} ({fmt(loop, ' s', 2)} loop CPU, {fmt(proc, ' s', 2)} process)"
+
+
+def _checkpoint_rows(add: Add, where: str, modes: Mapping[str, ModeCheckpoint]) -> None:
+    for name, m in modes.items():
+        p, c = m.pauses, m.control_pauses
+        sim = (
+            f" + {fmt(m.turn_time_simulated_s, ' s', 0)} simulated"
+            if m.turn_time_simulated_s is not None and name == "aligned"
+            else ""
+        )
+        add(
+            f"| {where} | {name} | "
+            + _cpu(m.until_all_moving_s, m.until_moving_loop_cpu_s, m.until_moving_process_cpu_s)
+            + f"{sim} | {fmt(m.until_all_moving_excluding_turn_s, ' s', 2)} | "
+            + _cpu(m.checkpoint_wall_s, m.checkpoint_loop_cpu_s, m.checkpoint_process_cpu_s)
+            + f" | {fmt(m.moving_after_return_s, ' s', 2)} | "
+            f"{fmt(p.pause_p50_ms, ' ms', 1)} / {fmt(p.pause_p99_ms, ' ms', 1)} / "
+            f"{fmt(p.pause_max_ms, ' ms', 0)} | "
+            + (
+                "n/a"
+                if c is None
+                else f"{fmt(c.pause_p50_ms, ' ms', 1)} / {fmt(c.pause_p99_ms, ' ms', 1)} / "
+                f"{fmt(c.pause_max_ms, ' ms', 0)}"
+            )
+            + f" | {fmt(m.max_loop_stall_ms, ' ms', 1)} / "
+            f"{fmt(m.stall_all_causes_ms(), ' ms', 1)} | "
+            f"{fmt(m.scheduler_batch_max_ms, ' ms', 1)} "
+            f"({fmt(m.scheduler_batch_max_cpu_ms, ' ms', 1)} CPU; p99 "
+            f"{fmt(m.scheduler_batch_p99_ms, ' ms', 1)}) |"
+        )
+
+
+def modes_section(
+    add: Add,
+    checkpoint: CheckpointResult | None,
+    checkpoint_ray: CheckpointRayResult | None,
+    preserved: PreservedResult | None,
+) -> None:
+    """Both modes side by side, for the results that carry them (older ones carry none)."""
+    emb = None if checkpoint is None else checkpoint.modes
+    ray = None if checkpoint_ray is None else checkpoint_ray.modes
+    pmodes = None if preserved is None else preserved.modes
+    if not (emb or ray or pmodes):
+        return
+    add("## Checkpoint modes side by side: aligned and unaligned")
+    add("")
+    add(
+        "Each run measures both modes on the same episodes (one fill, the unaligned checkpoint "
+        "first, since it parks nothing, then the aligned one), with turn lengths from a heavy-"
+        "tailed distribution. The machine has 2 cores and is shared with other helpers' tests "
+        "and benchmarks while these run: wall times are noisy, so CPU time is given beside "
+        "them, and the modes are compared as ratios within one run."
+    )
+    add("")
+    if emb or ray:
+        if checkpoint is not None and emb:
+            add(
+                f"Embedded: {checkpoint.in_flight:,} episodes in flight on "
+                f"{checkpoint.config.instances} instances, turns "
+                f"{turns_text(None, checkpoint.turn_times)}; the aligned wait for the turns in "
+                "flight runs on the warp clock (simulated seconds, shown apart), the rest in "
+                "real time."
+            )
+            add("")
+        if checkpoint_ray is not None and ray:
+            add(
+                f"Ray: {checkpoint_ray.in_flight or 0:,} episodes in flight on "
+                f"{checkpoint_ray.actors} actors, turns "
+                f"{turns_text(None, checkpoint_ray.turn_times)}, real time throughout (the "
+                "aligned wait is real seconds)."
+            )
+            add("")
+        add(
+            "| Gym | mode | until every episode moves (CPU) | same, less the turn wait | "
+            "`checkpoint()` returns (CPU) | moving after it returned | per-episode pause "
+            "p50 / p99 / max | same, a window of no checkpoint | longest task step / all "
+            "causes | longest scheduler batch |"
+        )
+        add("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        if emb:
+            _checkpoint_rows(add, "embedded", emb)
+        if ray:
+            _checkpoint_rows(add, f"Ray, {checkpoint_ray.actors if checkpoint_ray else '?'}", ray)
+        add("")
+        add(
+            "*Until every episode moves*: from `checkpoint()`'s start until the last episode "
+            "that reached a step boundary during it started its next turn (the episodes record "
+            "it themselves), not just until `checkpoint()` returns. *Per-episode pause*: each "
+            "in-flight episode's gaps between a step boundary and its next turn, plus how late "
+            "its turns' sleeps woke, over 0.5 ms each, summed over that window; an episode with "
+            "none counts 0. The window of no checkpoint is the same episodes a few seconds "
+            "later: what a step costs them anyway on this loop. *All causes*: the longest task "
+            "step or the 1 ms heartbeat's lateness (the loop waiting for the GIL), whichever is "
+            "longer. A *scheduler batch* runs every task that was runnable when it began; a "
+            "timer or reply due in it waits for its end."
+        )
+        add("")
+        for where, modes in (("embedded", emb), ("Ray", ray)):
+            if modes and "aligned" in modes and "unaligned" in modes:
+                a, u = modes["aligned"], modes["unaligned"]
+                r = ratio(u.until_all_moving_s, a.until_all_moving_s)
+                rp = ratio(u.pauses.pause_p99_ms, a.pauses.pause_p99_ms)
+                add(
+                    f"- {where}: unaligned / aligned, until every episode moves "
+                    f"{fmt(r, TIMES, 3)}; per-episode pause p99 {fmt(rp, TIMES, 5)}."
+                )
+        add("")
+    if preserved is not None and pmodes:
+        _preserved_modes(add, preserved, pmodes)
+
+
+def _preserved_modes(add: Add, pv: PreservedResult, modes: Mapping[str, PreservedMode]) -> None:
+    add(
+        f"Work redone after a crash and the checkpoints' cost in moving time (`bench "
+        f"preserved`, embedded, virtual time): the same {pv.kills} kill times for both modes "
+        f"and the step-boundary baseline, turns {turns_text(None, pv.turn_times)}."
+    )
+    add("")
+    add(
+        "| mode | gymckpt redoes (median of kills / pooled) | baseline redoes | restores | "
+        "boundary mismatches | parked-time fraction (measured / modelled) | episodes held "
+        "per checkpoint | their pause p50 / p99 / max |"
+    )
+    add("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, m in modes.items():
+        med, pooled = m.gymckpt_redone_fraction_median, m.gymckpt_redone_fraction_pooled
+        add(
+            f"| {name} | {fmt(None if med is None else 100 * med, ' %')} / "
+            f"{fmt(None if pooled is None else 100 * pooled, ' %')} "
+            f"({m.gymckpt_redone_rollout_s_total:,.0f} rollout-s) | 100 % "
+            f"({m.baseline_redone_rollout_s_total:,.0f}) | {m.restores} | "
+            f"{m.boundary_mismatches} | "
+            f"{pct(m.measured_parked_fraction, 2)} / {pct(m.parked_fraction_of_rollout_time, 2)}"
+            f" | {fmt(m.held_per_checkpoint, '', 1)} | {fmt(m.held_pause_p50_s, ' s', 2)} / "
+            f"{fmt(m.held_pause_p99_s, ' s', 2)} / {fmt(m.held_pause_max_s, ' s', 2)} |"
+        )
+    add("")
+    add(
+        "The in-flight rollout-seconds differ between the modes although the kill times are "
+        "the same: an aligned run parks its episodes at every checkpoint, so by a kill time it "
+        "has done less, and its checkpoints fall at other moments. Compare the fractions. "
+        "*Measured* parked time is every gap between an episode's step boundary and its next "
+        "turn, as the episode saw it on the virtual clock, over its turn time done; "
+        "*modelled* is the timeline model's (each checkpoint window parks the episodes that "
+        "reach a boundary in it)."
+    )
+    add("")
