@@ -99,7 +99,7 @@ class CheckpointRayConfig:
     @classmethod
     def quick_defaults(cls) -> CheckpointRayConfig:
         # short turns: the aligned checkpoint waits up to the cap (21 times the median)
-        return cls(in_flight=2_000, turn_mean_s=2.0, quick=True)
+        return cls(in_flight=2_000, turn_mean_s=2.0, after_s=0.5, control_s=1.0, quick=True)
 
     def times(self) -> TurnTimes:
         mean = self.turn_mean_s or turn_mean(self.in_flight)

@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="mean turn length in seconds (lognormal, sigma 2, capped at 21x the median; "
-        "default: what the Gym keeps up with, max(20, N / 1,000) embedded and "
+        "default: what the Gym keeps up with, max(20, N / 200) embedded and "
         "max(20, N / 2,500) on Ray; quick on Ray 2)",
     )
     _modes_arg(c)

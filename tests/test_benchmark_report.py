@@ -271,3 +271,29 @@ def test_modes_section_renders_both_modes() -> None:
     empty: list[str] = []
     modes_section(empty.append, None, None, None)  # older results: no section
     assert empty == []
+
+
+def test_results_from_another_run_are_named(tmp_path: Path) -> None:
+    """A result file that another command or commit wrote (a benchmark run on its own after
+    ``all``) is named in SUMMARY.md's provenance, with its command and commit."""
+    from gymckpt.benchmarks.report._summary import _other_runs
+
+    run = {"command": "gymckpt bench all", "source": {"commit_full": "a" * 40}}
+    dump(tmp_path / "drain.json", {**DRAIN, "meta": run})
+    dump(tmp_path / "memory.json", {"method": "x", "results": [], "meta": run})
+    dump(tmp_path / "dispatch.json", {"rows_per_config": 1, "results": []})  # no meta: same
+    assert Results.read(tmp_path).others == {}
+    later = {
+        "command": "gymckpt bench memory",
+        "source": {"commit_full": "b" * 40, "uncommitted_changes": []},
+        "machine": {"date_utc": "2026-12-02 05:00 UTC"},
+    }
+    dump(tmp_path / "memory.json", {"method": "x", "results": [], "meta": later})
+    got = Results.read(tmp_path)
+    assert got.others == {"memory.json": later}
+    lines: list[str] = []
+    _other_runs(lines.append, got.others)
+    assert lines[2] == (
+        "- `memory.json`: `gymckpt bench memory` on 2026-12-02 05:00 UTC, commit "
+        f"`{'b' * 40}`, clean tree."
+    )

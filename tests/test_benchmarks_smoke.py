@@ -162,6 +162,7 @@ def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(result["tracemalloc_bytes_per_attempt_4k"], float)
 
 
+@pytest.mark.timeout(400)  # every benchmark, the checkpoint and the crashes in both modes
 def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     result = _run(capsys, "all", "--quick", "--no-ray", "--json", "--out", str(tmp_path))
     _check_drain(result["drain"])

@@ -57,6 +57,9 @@ class Results:
     fanout: FanoutResult | None = None
     preserved: PreservedResult | None = None
     checkpoint_ray: CheckpointRayResult | None = None
+    others: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """The ``meta`` of each result file that another run wrote (another command or commit
+    than the drain's): a benchmark run on its own after ``all``."""
 
     @classmethod
     def of(
@@ -70,6 +73,7 @@ class Results:
         fanout: Result | None = None,
         preserved: Result | None = None,
         checkpoint_ray: Result | None = None,
+        others: dict[str, dict[str, Any]] | None = None,
     ) -> Results:
         """The results from each benchmark's JSON form (a file's, or what its ``run_*``
         function returned), each structured into its record; None for one not run."""
@@ -86,6 +90,7 @@ class Results:
             fanout=opt(fanout, FanoutResult, "fanout.json"),
             preserved=opt(preserved, PreservedResult, "preserved.json"),
             checkpoint_ray=opt(checkpoint_ray, CheckpointRayResult, "checkpoint_ray.json"),
+            others=others or {},
         )
 
     @classmethod
@@ -104,16 +109,37 @@ class Results:
             raise ValueError(
                 f"{out} lacks drain.json, memory.json or dispatch.json; run `all` first"
             )
+        rest = {
+            name: load(name)
+            for name in ("checkpoint.json", "fanout.json", "preserved.json", "checkpoint_ray.json")
+        }
         return cls.of(
             drain=drain,
             memory=memory,
             dispatch=dispatch,
             meta=drain["meta"],
-            checkpoint=load("checkpoint.json"),
-            fanout=load("fanout.json"),
-            preserved=load("preserved.json"),
-            checkpoint_ray=load("checkpoint_ray.json"),
+            checkpoint=rest["checkpoint.json"],
+            fanout=rest["fanout.json"],
+            preserved=rest["preserved.json"],
+            checkpoint_ray=rest["checkpoint_ray.json"],
+            others=_other_runs(
+                drain.get("meta") or {}, {"memory.json": memory, "dispatch.json": dispatch, **rest}
+            ),
         )
+
+
+def _other_runs(meta: dict[str, Any], results: dict[str, Result | None]) -> dict[str, Any]:
+    """The result files whose run differs from ``meta``'s (command or commit), by name."""
+
+    def run(m: dict[str, Any]) -> tuple[Any, Any]:
+        return m.get("command"), (m.get("source") or {}).get("commit_full")
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, data in results.items():
+        other = None if data is None else data.get("meta")
+        if isinstance(other, dict) and run(other) != run(meta):
+            out[name] = other
+    return out
 
 
 def read_result(data: Result, cls: type[T], name: str) -> T:

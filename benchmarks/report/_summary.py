@@ -35,6 +35,7 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     lines: list[str] = []
     add = lines.append
     _provenance(add, r.meta)
+    _other_runs(add, r.others)
     rows = targets(r.drain, r.memory, r.checkpoint, r.fanout, r.preserved, r.checkpoint_ray)
     _targets_table(add, rows)
     checkpoint_keys(add, r.checkpoint, r.checkpoint_ray)
@@ -110,6 +111,24 @@ def _provenance(add: Add, meta: dict[str, Any]) -> None:
         "The machine is shared with other work and noisy, so every figure is a **median** "
         "(p99 where stated) over many trials; nothing here is a best case."
     )
+    add("")
+
+
+def _other_runs(add: Add, others: dict[str, dict[str, Any]]) -> None:
+    """Say which result files another run wrote (a benchmark run on its own since)."""
+    if not others:
+        return
+    add("Results from other runs, since (the rest is from the run above):")
+    add("")
+    for name, m in sorted(others.items()):
+        src = m.get("source") or {}
+        dirty = src.get("uncommitted_changes")
+        add(
+            f"- `{name}`: `{m.get('command')}` on {(m.get('machine') or {}).get('date_utc')}, "
+            f"commit `{src.get('commit_full') or src.get('commit')}`"
+            + (" with uncommitted changes" if dirty else ", clean tree" if dirty == [] else "")
+            + "."
+        )
     add("")
 
 
