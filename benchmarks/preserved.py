@@ -120,7 +120,7 @@ class PreservedConfig:
     @classmethod
     def quick_defaults(cls) -> PreservedConfig:
         return cls(
-            kills=10,
+            kills=6,  # in each mode
             instances=2,
             rows_in_flight=8,
             groups_per_step=2,

@@ -297,3 +297,26 @@ def test_results_from_another_run_are_named(tmp_path: Path) -> None:
         "- `memory.json`: `gymckpt bench memory` on 2026-12-02 05:00 UTC, commit "
         f"`{'b' * 40}`, clean tree."
     )
+
+
+def test_mode_misses_say_what_it_would_take() -> None:
+    """One paragraph per missed mode target, each naming what it would take; the pause's
+    says whether the loop is over the target without a checkpoint too."""
+    from typing import Any, cast
+
+    from gymckpt.benchmarks.report._modes import mode_miss_lines
+
+    keys = {
+        "unaligned_pause_p99",
+        "unaligned_checkpoint_e2e",
+        "unaligned_checkpoint_stall",
+        "unaligned_parked",
+        "unaligned_redone",
+    }
+    ck = cast(Any, _checkpoint(_mode("unaligned", 40.0, 2.5, 6.0)))
+    lines = mode_miss_lines(keys, ck, cast(Any, _preserved(0.20, 0.02)))
+    assert len(lines) == 5 and all("*What it would take:*" in line for line in lines)
+    assert "the checkpoint's own work on the loop" in lines[0]  # control p99 0.5 ms
+    assert "unaligned 20.0 % > aligned 12.0 %" in lines[4]
+    assert mode_miss_lines(set(), ck, None) == []
+    assert mode_miss_lines(keys, None, None) == []

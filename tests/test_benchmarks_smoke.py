@@ -162,7 +162,7 @@ def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(result["tracemalloc_bytes_per_attempt_4k"], float)
 
 
-@pytest.mark.timeout(400)  # every benchmark, the checkpoint and the crashes in both modes
+@pytest.mark.timeout(600)  # every benchmark, the checkpoint and the crashes in both modes
 def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     result = _run(capsys, "all", "--quick", "--no-ray", "--json", "--out", str(tmp_path))
     _check_drain(result["drain"])
@@ -319,9 +319,9 @@ def _check_preserved(pv: dict[str, Any]) -> None:
     assert 0 < a["held_pause_p50_s"] <= a["held_pause_p99_s"] <= a["held_pause_max_s"]
     assert a["held_pause_max_s"] <= pv["turn_times"]["cap_s"] + 1e-6
     assert pv["parked_fraction_of_rollout_time"] == a["parked_fraction_of_rollout_time"]
-    assert pv["kills"] == len(pv["per_kill"]) == 10
+    assert pv["kills"] == len(pv["per_kill"]) == 6
     kills = [k["kill_s"] for k in pv["per_kill"]]
-    assert kills == sorted(kills) and len(set(kills)) == 10
+    assert kills == sorted(kills) and len(set(kills)) == 6
     # the timeline model agrees with every step boundary the real restore handed back
     assert pv["boundary_mismatches"] == 0
     assert pv["restores"] > 0

@@ -16,7 +16,7 @@ from ._records import (
     PreservedResult,
 )
 
-__all__ = ["modes_section", "ratio"]
+__all__ = ["mode_miss_lines", "modes_section", "ratio"]
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -175,3 +175,101 @@ def _preserved_modes(add: Add, pv: PreservedResult, modes: Mapping[str, Preserve
         "reach a boundary in it)."
     )
     add("")
+
+
+def _stage_text(m: ModeCheckpoint, n: int) -> str:
+    top = sorted(m.stages, key=lambda r: -r.wall_ms)[:3]
+    return ", ".join(
+        f"`{r.stage}` {fmt(r.wall_ms / 1e3, ' s', 2)} ({fmt(r.wall_ms * 1e3 / max(1, n), ' µs', 1)}"
+        " per episode)"
+        for r in top
+    )
+
+
+def mode_miss_lines(
+    missed: set[str],
+    checkpoint: CheckpointResult | None,
+    preserved: PreservedResult | None,
+) -> list[str]:
+    """Where issue 22's targets are missed, from the figures of both modes."""
+    out: list[str] = []
+    emb = (checkpoint.modes or {}) if checkpoint is not None else {}
+    u, a = emb.get("unaligned"), emb.get("aligned")
+    n = checkpoint.in_flight if checkpoint is not None else 0
+    if u is not None and "unaligned_pause_p99" in missed:
+        c = u.control_pauses
+        base = None if c is None else c.pause_p99_ms
+        own = base is not None and base > 10.0
+        out.append(
+            f"- **Per-episode pause, unaligned, p99 {fmt(u.pauses.pause_p99_ms, ' ms', 1)} > "
+            f"10 ms** (aligned {fmt(None if a is None else a.pauses.pause_p99_ms / 1e3, ' s', 1)}"
+            "). No episode is parked: the longest boundary gap is "
+            f"{fmt(u.pauses.boundary_gap_max_ms, ' ms', 1)} and the longest late wake of a "
+            f"turn {fmt(u.pauses.turn_overrun_max_ms, ' ms', 1)}; what the episodes feel is "
+            "the loop being busy — its longest task step "
+            f"{fmt(u.max_loop_stall_ms, ' ms', 1)}, its longest scheduler batch "
+            f"{fmt(u.scheduler_batch_max_ms, ' ms', 1)} "
+            f"({fmt(u.scheduler_batch_max_cpu_ms, ' ms', 1)} of CPU), the heartbeat up to "
+            f"{fmt(u.heartbeat_max_late_ms, ' ms', 1)} late. In a window of no checkpoint the "
+            f"same episodes' p99 is {fmt(base, ' ms', 1)}"
+            + (
+                ": the loop's own latency on this loaded 2-core machine is already over the "
+                "target without a checkpoint. *What it would take:* the Gym host off the "
+                "trainer's loop (its own process, as on Ray) and a core for each."
+                if own
+                else ": the excess is the checkpoint's own work on the loop (the cut and the "
+                "records in `commit`, the release of held replies in `resume`). *What it "
+                "would take:* that work in chunks between scheduling points or off the loop."
+            )
+        )
+    if u is not None and "unaligned_checkpoint_e2e" in missed:
+        out.append(
+            f"- **Whole unaligned checkpoint {fmt(u.until_all_moving_s, ' s', 2)} > 2 s** "
+            f"until every episode moves ({fmt(u.until_moving_loop_cpu_s, ' s', 2)} of loop "
+            f"CPU, {fmt(u.until_moving_process_cpu_s, ' s', 2)} of process CPU: a wall time "
+            "well above them is the loop waiting for a core). Largest stages: "
+            + _stage_text(u, n)
+            + ". *What it would take:* the embedded Gym's commit collecting what its "
+            "episodes' boundary marks already hold instead of rebuilding records (columns, "
+            "one serialiser call per instance), the runtime's stages at a few µs per episode, "
+            "and on this machine a quiet core."
+        )
+    if u is not None and "unaligned_checkpoint_stall" in missed:
+        worst = max(u.stages, key=lambda r: r.max_loop_stall_ms or 0.0)
+        late = max(u.stages, key=lambda r: r.heartbeat_max_late_ms or 0.0)
+        out.append(
+            f"- **Loop stall, unaligned checkpoint, {fmt(u.stall_all_causes_ms(), ' ms', 1)} "
+            f"> 10 ms** (all causes). Longest task step {fmt(worst.max_loop_stall_ms, ' ms', 1)} "
+            f"in `{worst.stage}` (task `{worst.max_stall_task}`, "
+            f"{fmt(worst.max_loop_stall_cpu_ms, ' ms', 1)} of CPU); the heartbeat latest in "
+            f"`{late.stage}` ({fmt(late.heartbeat_max_late_ms, ' ms', 1)}), GC pauses up to "
+            f"{fmt(u.gc_max_pause_ms, ' ms', 1)}. A stall far above its CPU time is the loop "
+            "waiting for the GIL or a core, not working. *What it would take:* the embedded "
+            "Gym's export and the snapshot's long serialisations in chunks or in another "
+            "process, fewer objects freed at once at resume, and a core of its own."
+        )
+    pm = (preserved.modes or {}) if preserved is not None else {}
+    pu, pa = pm.get("unaligned"), pm.get("aligned")
+    if pu is not None and "unaligned_parked" in missed:
+        out.append(
+            f"- **Parked-time fraction, unaligned, {pct(pu.measured_parked_fraction, 2)} > "
+            "0.5 %.** An unaligned checkpoint should park nothing; "
+            f"{fmt(pu.held_per_checkpoint, '', 1)} episodes a checkpoint were held at a "
+            "boundary (an environment that opts out, `Environment(unaligned=False)`, is "
+            "parked as aligned). *What it would take:* no episode held at the cut."
+        )
+    if pu is not None and pa is not None and "unaligned_redone" in missed:
+        out.append(
+            f"- **Work redone after a crash, unaligned {pct(pu.gymckpt_redone_fraction_pooled)}"
+            f" > aligned {pct(pa.gymckpt_redone_fraction_pooled)}** (pooled over the same "
+            "kill times). An unaligned checkpoint takes each episode at its *last* step "
+            "boundary before the cut, so the part of the turn in flight at the cut is redone "
+            "(only its completed model calls are kept); an aligned one waits until every "
+            "episode reaches its *next* boundary, so it keeps those turns whole, and it moved "
+            "less before the kill (it parked its episodes). With heavy-tailed turns the turn "
+            "in flight is long. *What it would take:* keeping more of the turn in flight — "
+            "every completed call is already replayed; the rest is the environment's time "
+            "(the sleep between calls here), which only a checkpoint of the environment's own "
+            "progress inside the turn could keep."
+        )
+    return out

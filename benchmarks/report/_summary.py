@@ -14,7 +14,7 @@ from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
 from ._misses import miss_lines
-from ._modes import modes_section
+from ._modes import mode_miss_lines, modes_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
@@ -49,6 +49,9 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
         r.checkpoint,
         r.fanout,
         r.checkpoint_ray,
+    )
+    misses += mode_miss_lines(
+        {t.key for t in rows if t.status is Status.MISSED}, r.checkpoint, r.preserved
     )
     for text in misses:
         add(text)
