@@ -517,7 +517,7 @@ async def test_a_restored_mid_turn_episode_replays_its_turn_asking_only_the_call
 
 
 class Slow:
-    """A retained participant whose ``export`` takes 0.5 s in a worker thread (a commit's)."""
+    """A retained participant whose ``export`` takes 2 s in a worker thread (a commit's)."""
 
     name, kind, retained = "slow", "environment", True
 
@@ -526,7 +526,7 @@ class Slow:
 
     def export(self, state: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
-            time.sleep(0.5)
+            time.sleep(2.0)
         return dict(state)
 
     def restore(self, data: Any) -> Any:
@@ -556,11 +556,11 @@ class Quick:
 async def test_a_commit_the_lease_overtakes_fails_instead_of_answering(
     tmp_path: Path, mode: CheckpointMode
 ) -> None:
-    """Real time (the export runs in a worker thread): the lease (0.1 s) runs out while the
-    commit's thread exports a kept session (0.5 s); the checkpoint reopened meanwhile, so the
+    """Real time (the export runs in a worker thread): the lease (0.5 s) runs out while the
+    commit's thread exports a kept session (2 s); the checkpoint reopened meanwhile, so the
     commit must not report records that are no cut of the instance."""
     env = Environment(agent=Quick(), participants=(Slow(),))
-    async with GymHost("gym-0", env, config=HostConfig(lease_s=0.1)) as host:
+    async with GymHost("gym-0", env, config=HostConfig(lease_s=0.5)) as host:
         stream = await host.run([RunRow("0-0", 0, 0, 0), RunRow("1-0", 1, 0, 0)])
         assert [r.rollout_id for r in await stream.__anext__()] == ["0-0"]  # kept: its slot
         await host.prepare("c1", trio.current_time() + 10, mode)
