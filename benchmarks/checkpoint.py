@@ -287,7 +287,8 @@ def _ledger_bytes(ledger: Any) -> int:
         "_ready",
         "_retire",
     )
-    return sum(sys.getsizeof(getattr(ledger, n)) for n in names if hasattr(ledger, n))
+    cols = getattr(ledger, "_cols", ledger)  # the columns live in their own object
+    return sum(sys.getsizeof(getattr(cols, n)) for n in names if hasattr(cols, n))
 
 
 def _dir_size(path: Path) -> tuple[int, int]:

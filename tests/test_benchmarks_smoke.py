@@ -241,6 +241,7 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     ]
     assert all(r["attempts"] == 512 for r in ck["embedded_dispatch"])
     assert ck["embedded_one_step_rows_per_s_batch512"] > 0
+    assert ck["bytes_per_attempt"] > 0  # the ledger's columns were found
     for key in ("e2e_s", "max_loop_stall_ms", "gc_max_pause_ms", "bytes_per_attempt"):
         assert isinstance(ck[key], int | float), key
         assert f"`{key}` = " in summary
