@@ -11,6 +11,14 @@
 2. **Episodes per second through the whole loop** (``open_rollouts``: dispatcher, ledger,
    streams, trainer batches; no checkpoints), embedded with 2 instances vs Ray with 2 actors,
    same rows. Ray's cluster and actor start-up are outside the timed part.
+3. **The unaligned mode's per-step cost** (its boundary marks: at every step boundary one
+   ``export`` per participant and one ``orjson.dumps``), in the same run: each environment
+   hosted as it is (marks on) and with ``Environment(unaligned=False)`` (opted out), the two
+   interleaved within each trial, on CartPole (the same episodes as 1.) and on the calendar
+   workplace with long episodes (a multi-turn environment whose retained calendar grows by one
+   event a turn, so a mark serialises a growing history; no turn time). Reported: µs per step
+   of each (medians over trials) and the mode's overhead as a ratio of a step opted out (the
+   median of the per-trial ratios); the target is <= 10 % on CartPole.
 """
 
 from __future__ import annotations
@@ -45,10 +53,20 @@ class HostBenchConfig:
     group_size: int = 4
     ray: bool = True
     quick: bool = False
+    calendar_episodes: int = 64
+    calendar_turns: int = 50
 
     @classmethod
     def quick_defaults(cls) -> HostBenchConfig:
-        return cls(episodes=32, trials=2, loop_rows=16, ray=False, quick=True)
+        return cls(
+            episodes=32,
+            trials=2,
+            loop_rows=16,
+            ray=False,
+            quick=True,
+            calendar_episodes=8,
+            calendar_turns=10,
+        )
 
 
 def _plain(episodes: int, seed: int) -> tuple[float, int, list[Any]]:
@@ -60,22 +78,25 @@ def _plain(episodes: int, seed: int) -> tuple[float, int, list[Any]]:
     return elapsed, sum(len(t.actions) for t in trajs), trajs
 
 
-async def _hosted(episodes: int, seed: int, work: Path) -> tuple[float, int, dict[int, Any]]:
+async def _hosted(
+    episodes: int, seed: int, work: Path, marks: bool = True
+) -> tuple[float, int, dict[int, Any], float]:
+    """(wall seconds, steps, payload per row, CPU seconds) of one run of ``episodes`` rows."""
     from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
 
-    env = gymnasium_environment(ENV_ID)
+    env = attrs.evolve(gymnasium_environment(ENV_ID), unaligned=marks)
     got: dict[int, Any] = {}
     async with GymHost("bench-0", env, seed, work) as host:
         rows = [RunRow(f"{r}-0", r, 0, 0) for r in range(episodes)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         replies: list[RunReply] = []
         async for batch in await host.run(rows):
             replies.extend(batch)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     for r in replies:
         assert isinstance(r, Completed), r
         got[int(r.rollout_id.split("-")[0])] = r.payload
-    return elapsed, sum(len(p["actions"]) for p in got.values()), got
+    return elapsed, sum(len(p["actions"]) for p in got.values()), got, cpu
 
 
 def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
@@ -89,7 +110,7 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         seed = 100 + trial
         p_s, p_steps, trajs = _plain(cfg.episodes, seed)
         with TemporaryDirectory() as tmp:
-            h_s, h_steps, got = trio.run(_hosted, cfg.episodes, seed, Path(tmp))
+            h_s, h_steps, got, _cpu = trio.run(_hosted, cfg.episodes, seed, Path(tmp))
         if p_steps != h_steps or any(
             converter.unstructure(t) != got[row] for row, t in enumerate(trajs)
         ):
@@ -163,6 +184,92 @@ def _throughput(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
     return out
 
 
+async def _calendar(
+    episodes: int, turns: int, seed: int, work: Path, marks: bool
+) -> tuple[float, int, float]:
+    """(wall seconds, steps, CPU seconds) of ``episodes`` calendar episodes of ``turns``
+    turns, each creating an event, with no turn time."""
+    from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_environment
+
+    cfg = SimConfig(turns=(turns, turns), turn_s=(0.0, 0.0), mutation_p=1.0)
+    env = attrs.evolve(calendar_environment(config=cfg), unaligned=marks)
+    async with GymHost("bench-0", env, seed, work, cfg.host_config()) as host:
+        rows = [RunRow(f"{r}-0", r, 0, 0) for r in range(episodes)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        replies: list[RunReply] = []
+        async for batch in await host.run(rows):
+            replies.extend(batch)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    for r in replies:
+        assert isinstance(r, Completed), r
+    # every turn a step, and the call after the last turn that reports the end
+    return elapsed, episodes * (turns + 1), cpu
+
+
+def _trial_pair(run: Any, trial: int) -> dict[bool, tuple[float, float]]:
+    """marks on / opted out: (wall µs, CPU µs) per step, the two runs of one trial in
+    alternating order."""
+    out: dict[bool, tuple[float, float]] = {}
+    for marks in (True, False) if trial % 2 == 0 else (False, True):
+        with TemporaryDirectory() as tmp:
+            out[marks] = run(marks, Path(tmp))
+    return out
+
+
+def _marks_figures(on: list[tuple[float, float]], off: list[tuple[float, float]]) -> dict[str, Any]:
+    """Medians of wall and CPU µs per step, and of the per-trial overhead ratios."""
+    out: dict[str, Any] = {}
+    for i, clock in enumerate(("", "cpu_")):
+        a = [x[i] for x in on]
+        b = [x[i] for x in off]
+        on_med, off_med = statistics.median(a), statistics.median(b)
+        out[f"marks_{clock}us_per_step_median"] = round(on_med, 2)
+        out[f"opted_out_{clock}us_per_step_median"] = round(off_med, 2)
+        out[f"marks_overhead_{clock}us_per_step"] = round(on_med - off_med, 2)
+        out[f"marks_overhead_{clock}ratio"] = round(
+            statistics.median((x - y) / y for x, y in zip(a, b, strict=True)), 4
+        )
+    return out
+
+
+def _marks(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
+    def cartpole(marks: bool, work: Path) -> tuple[float, float]:
+        elapsed, steps, _, cpu = trio.run(_hosted, cfg.episodes, 200, work, marks)
+        return elapsed / steps * 1e6, cpu / steps * 1e6
+
+    def calendar(marks: bool, work: Path) -> tuple[float, float]:
+        elapsed, steps, cpu = trio.run(
+            _calendar, cfg.calendar_episodes, cfg.calendar_turns, 0, work, marks
+        )
+        return elapsed / steps * 1e6, cpu / steps * 1e6
+
+    out: dict[str, Any] = {}
+    for name, run in (("cartpole", cartpole), ("calendar", calendar)):
+        with TemporaryDirectory() as tmp:  # warm-up, not counted
+            run(True, Path(tmp))
+        on: list[tuple[float, float]] = []
+        off: list[tuple[float, float]] = []
+        for trial in range(cfg.trials):
+            pair = _trial_pair(run, trial)
+            on.append(pair[True])
+            off.append(pair[False])
+            progress(
+                f"marks {name} trial {trial + 1}/{cfg.trials}: {pair[True][0]:.1f} µs/step "
+                f"({pair[True][1]:.1f} CPU) with marks, {pair[False][0]:.1f} "
+                f"({pair[False][1]:.1f}) opted out"
+            )
+        out[name] = _marks_figures(on, off)
+    out["cartpole"]["env"] = ENV_ID
+    out["cartpole"]["episodes"] = cfg.episodes
+    out["calendar"]["episodes"] = cfg.calendar_episodes
+    out["calendar"]["turns"] = cfg.calendar_turns
+    return out
+
+
 def run_host(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
-    """Both measurements; a flat dict of figures."""
-    return {"per_step": _overhead(cfg, progress), "loop": _throughput(cfg, progress)}
+    """The three measurements; a dict of figures per measurement."""
+    return {
+        "per_step": _overhead(cfg, progress),
+        "marks": _marks(cfg, progress),
+        "loop": _throughput(cfg, progress),
+    }

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from gymckpt.benchmarks.cli import main
@@ -22,8 +23,11 @@ from gymckpt.benchmarks.report import (
     FanoutResult,
     MemoryResult,
     PreservedResult,
+    TargetRow,
     read_result,
+    targets,
 )
+from gymckpt.benchmarks.report._targets import HostMarks
 
 DRAIN_KEYS = {
     "rollouts": int,
@@ -148,6 +152,33 @@ def test_host_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert step["plain_us_per_step_median"] > 0 and step["host_us_per_step_median"] > 0
     assert result["loop"]["embedded_2_instances_episodes"] == 64
     assert "ray_2_actors_episodes_per_s" not in result["loop"]  # quick: no Ray
+    marks = result["marks"]
+    assert marks["cartpole"]["episodes"] == 32
+    assert (marks["calendar"]["episodes"], marks["calendar"]["turns"]) == (8, 10)
+    for figures in marks.values():
+        for clock in ("", "cpu_"):
+            assert figures[f"marks_{clock}us_per_step_median"] > 0
+            assert figures[f"opted_out_{clock}us_per_step_median"] > 0
+    # the targets row: judged on the larger of wall and CPU, only at the target's size
+    hm = HostMarks.from_json(marks)
+    row = next(t for t in _targets_with(hm) if t.key == "host_marks_overhead")
+    assert row.status == "not measured" and "(at 32;" in row.measured
+    at_size = attrs.evolve(hm, cartpole_episodes=256, cartpole_ratio=0.05)
+    for cpu, status in ((0.09, "met"), (0.11, "MISSED")):
+        row = next(
+            t
+            for t in _targets_with(attrs.evolve(at_size, cartpole_cpu_ratio=cpu))
+            if t.key == "host_marks_overhead"
+        )
+        assert row.status == status, (cpu, row)
+
+
+def _targets_with(host_marks: HostMarks) -> list[TargetRow]:
+    drain = _drain_result(
+        rollouts=1, drain_wake_us_median=1.0, drain_wake_ms_p99=1.0, max_loop_stall_ms=1.0
+    )
+    memory = read_result({"method": "", "results": []}, MemoryResult, "memory.json")
+    return targets(drain, memory, None, None, None, None, host_marks)
 
 
 def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,6 +251,7 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
         "unaligned_parked",
         "unaligned_redone",
         "preserved",
+        "host_marks_overhead",
     ]
     assert {t["status"] for t in result["targets"]} <= {"met", "MISSED", "not measured"}
     # quick sizes are not the targets' sizes: those figures are not passed off as met
@@ -465,8 +497,6 @@ def _drain_result(**fields: Any) -> DrainResult:
 
 
 def test_targets_verdicts() -> None:
-    from gymckpt.benchmarks.report import TargetRow, targets
-
     drain = _drain_result(
         rollouts=200_000,
         drain_wake_us_median=40.0,
@@ -582,6 +612,7 @@ def test_targets_verdicts() -> None:
         "unaligned_parked": "not measured",
         "unaligned_redone": "not measured",
         "preserved": "met",
+        "host_marks_overhead": "not measured",
     }
     fo["results"][-1]["ok"] = True
     fo["sizes_failed"] = []

@@ -19,7 +19,7 @@ from ._records import (
     PreservedResult,
 )
 
-__all__ = ["TARGETS", "Status", "TargetRow", "targets"]
+__all__ = ["TARGETS", "HostMarks", "Status", "TargetRow", "targets"]
 
 TARGETS = {
     "ledger_bytes_per_attempt": 100.0,
@@ -33,7 +33,37 @@ TARGETS = {
     "rows_per_s_ray": 10_000,
     "unaligned_pause_ms_p99": 10.0,
     "unaligned_parked_fraction": 0.005,
+    "host_marks_ratio": 0.10,
 }
+
+
+@attrs.frozen
+class HostMarks:
+    """``host.json``'s ``marks``: the unaligned mode's per-step cost on the host (boundary
+    marks on vs ``Environment(unaligned=False)``), as a ratio of a step opted out, wall and CPU
+    (medians of per-trial ratios), per environment."""
+
+    cartpole_ratio: float
+    cartpole_cpu_ratio: float
+    cartpole_step_us: float
+    cartpole_episodes: int
+    calendar_ratio: float
+    calendar_cpu_ratio: float
+    calendar_turns: int
+
+    @classmethod
+    def from_json(cls, marks: dict[str, dict[str, float]]) -> HostMarks:
+        """From the ``marks`` section of ``gymckpt bench host --json``."""
+        cp, cal = marks["cartpole"], marks["calendar"]
+        return cls(
+            float(cp["marks_overhead_ratio"]),
+            float(cp["marks_overhead_cpu_ratio"]),
+            float(cp["opted_out_us_per_step_median"]),
+            int(cp["episodes"]),
+            float(cal["marks_overhead_ratio"]),
+            float(cal["marks_overhead_cpu_ratio"]),
+            int(cal["turns"]),
+        )
 
 
 class Status(enum.StrEnum):
@@ -79,6 +109,7 @@ def targets(
     fanout: FanoutResult | None,
     preserved: PreservedResult | None,
     checkpoint_ray: CheckpointRayResult | None = None,
+    host_marks: HostMarks | None = None,
 ) -> list[TargetRow]:
     """The project's targets, each with the figure measured and its ``Status``: met,
     missed or not measured (a figure measured at another size than the target's counts as
@@ -354,6 +385,31 @@ def targets(
             preserved.boundary_mismatches == 0 and preserved.restores > 0,
             preserved.kills >= 10,
         )
+    # 6. the unaligned mode's per-step cost on the host (`gymckpt bench host`)
+    hm = host_marks
+    if hm is None:
+        row(
+            "host_marks_overhead",
+            "unaligned mode's per-step cost on the host, CartPole (boundary marks vs opted out)",
+            "≤ 10 % of a step",
+            "not run",
+            None,
+        )
+    else:
+        worst = max(hm.cartpole_ratio, hm.cartpole_cpu_ratio)  # the larger of wall and CPU
+        row(
+            "host_marks_overhead",
+            "unaligned mode's per-step cost on the host, CartPole (boundary marks vs opted out)",
+            "≤ 10 % of a step",
+            f"{fmt(100 * hm.cartpole_ratio, ' %', 1)} wall, "
+            f"{fmt(100 * hm.cartpole_cpu_ratio, ' %', 1)} CPU of a "
+            f"{fmt(hm.cartpole_step_us, ' µs', 0)} step; calendar ({hm.calendar_turns} turns) "
+            f"{fmt(100 * hm.calendar_ratio, ' %', 1)} wall, "
+            f"{fmt(100 * hm.calendar_cpu_ratio, ' %', 1)} CPU" + at_size(hm.cartpole_episodes, 256),
+            worst <= TARGETS["host_marks_ratio"],
+            hm.cartpole_episodes == 256,
+        )
+
     return rows
 
 
