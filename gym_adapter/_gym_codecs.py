@@ -39,8 +39,27 @@ __all__ = [
 _INT64: Final = 1 << 63
 
 
+_AS_IS: Final = frozenset({float, str, bool, type(None)})
+
+
 def encode_value(value: Any) -> Any:
     """``value`` (numpy arrays and scalars, tuples, dicts, big ints included) as JSON data."""
+    t = type(value)  # the exact types first: one lookup each (an export runs at every boundary)
+    if t in _AS_IS:
+        return value
+    if t is int:
+        return value if -_INT64 <= value < _INT64 else {"$int": str(value)}
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                return _encode_other(value)
+            out[k] = encode_value(v)
+        return {"$dict": out}
+    return _encode_other(value)
+
+
+def _encode_other(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return {"$nd": value.dtype.str, "shape": list(value.shape), "data": value.ravel().tolist()}
     if isinstance(value, np.generic):

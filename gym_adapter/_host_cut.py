@@ -20,7 +20,7 @@ episode whose export fails.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, final
+from typing import Any, Final, final
 
 import attrs
 import orjson
@@ -48,6 +48,42 @@ class BoundaryMark:
     exc: BaseException | None = None
 
 
+_EXACT: Final = (
+    orjson.OPT_SERIALIZE_NUMPY  # as checked_json serialises: the same bytes when both succeed
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+
+
+def _finite_json(states: list[Any]) -> bytes | None:
+    """``checked_json(states)``'s bytes when they are finite plain data and that is cheap to
+    prove, else None (ask ``checked_json``, which says what is wrong).
+
+    orjson writes ``nan`` and ``inf`` as ``null``: output without ``null`` is finite. Else
+    each state whose own bytes hold a ``null`` must equal them read back (a non-finite float
+    is unequal to the ``None`` read in its place). That equality is the builtin one: under
+    these options orjson raises on subclasses of ``dict``, ``list``, ``str`` and ``int``, on
+    dataclasses and datetimes (whose ``__eq__`` could say anything), and numpy values compare
+    element-wise (an array is never equal to a list, a scalar never to ``None``). No walk in
+    Python, unlike the standard library's encoder that ``checked_json`` asks."""
+    try:
+        data = orjson.dumps(states, option=_EXACT)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if b"null" not in data:
+        return data
+    for state in states:
+        try:
+            part = orjson.dumps(state, option=_EXACT)
+            same = b"null" not in part or orjson.loads(part) == state
+        except Exception:  # e.g. an array's truth value, asked inside a comparison
+            return None
+        if same is not True:
+            return None
+    return data
+
+
 def mark_boundary(participants: Sequence[Any], ep: Episode) -> BoundaryMark:
     """``ep``'s mark at its current step boundary (``participants``: ``Roles.sessions``).
 
@@ -68,6 +104,9 @@ def mark_boundary(participants: Sequence[Any], ep: Episode) -> BoundaryMark:
                 f"boundary {turn} raised {exc!r}",
                 exc,
             )
+    data = _finite_json(states)
+    if data is not None:
+        return BoundaryMark(turn, data)
     try:
         return BoundaryMark(turn, checked_json(states, "session state"))
     except NotPlainData as whole:

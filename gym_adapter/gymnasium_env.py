@@ -168,7 +168,16 @@ class GymnasiumAgent:
         return Trajectory()
 
     def export(self, state: Trajectory) -> Any:
-        return attrs.asdict(state)
+        # a copy of each list, not of its entries: an observation or action is a fresh value
+        # from ``plain`` when appended and never changed in place (a deep copy costs a Python
+        # walk of the whole history, at every step boundary of an unaligned host)
+        return {
+            "observations": list(state.observations),
+            "actions": list(state.actions),
+            "rewards": list(state.rewards),
+            "terminated": state.terminated,
+            "truncated": state.truncated,
+        }
 
     def restore(self, data: Any) -> Trajectory:
         return Trajectory(**data)

@@ -97,6 +97,23 @@ def test_numpy_scalars_keep_their_type(scalar: np.generic) -> None:
     assert back.tobytes() == scalar.tobytes()
 
 
+class Text(str):
+    pass
+
+
+class Mapping(dict):  # type: ignore[type-arg]
+    pass
+
+
+def test_subclasses_and_mixed_keys_take_the_general_path() -> None:
+    assert encode_value(Mapping(a=(1,))) == {"$dict": {"a": {"$tuple": [1]}}}
+    assert encode_value({Text("k"): 1}) == {"$dict": {"k": 1}}
+    assert type(encode_value(Text("v"))) is Text
+    assert encode_value(np.float64(0.5)) == {"$np": "<f8", "v": 0.5}
+    with pytest.raises(TypeError, match="only dicts with string keys"):
+        encode_value({"a": 1, 2: "b"})  # refused whole, after a key that is a string
+
+
 def test_refusals() -> None:
     with pytest.raises(TypeError, match="only dicts with string keys"):
         encode_value({1: "a"})
