@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -28,13 +29,10 @@ from gymckpt.runtime import InstanceRecord, ManifestError, NotPlainData
 from gymckpt.runtime.lowlevel import (
     RECORDS_FILE,
     AgentRecords,
-    AgentSession,
     CommittedRecords,
-    SessionRecord,
     SessionRecords,
-    StagedCall,
-    StagedEpisode,
     StagedRecords,
+    agent_records_plain,
     all_finite,
     checked_json,
     dump_records,
@@ -42,7 +40,8 @@ from gymckpt.runtime.lowlevel import (
     participant_differences,
     participant_state_problem,
     plain_problem,
-    records_to_plain,
+    session_records_plain,
+    staged_records_plain,
     write_atomic,
 )
 
@@ -243,10 +242,9 @@ def build_records(
     )
     data = _dumps_all(records)
     if data is None:
-        plain = {server: records_to_plain(r) for server, r in records.items()}
         problems = [
             f"{server}: {_state_problem(r, server)}"
-            for server, r in plain.items()
+            for server, r in records.items()
             if _state_problem(r, server) is not None
         ]
         raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
@@ -288,13 +286,12 @@ def _state_problem(state: Any, where: str) -> str | None:
     return None
 
 
-def _dumps_all(records: Mapping[str, CommittedRecords]) -> dict[str, bytes] | None:
-    """Each participant's records as JSON, or None if one is not finite plain data (orjson
-    refused it, or its output holds ``null``, which a non-finite float becomes, and one is
-    found: see ``runtime._plain``)."""
+def _dumps_all(records: Mapping[str, Mapping[str, Any]]) -> dict[str, bytes] | None:
+    """Each participant's records (as ``_records`` builds them) as JSON, or None if one is not
+    finite plain data (orjson refused it, or its output holds ``null``, which a non-finite
+    float becomes, and one is found: see ``runtime._plain``)."""
     out: dict[str, bytes] = {}
-    for server, record in records.items():
-        plain = records_to_plain(record)
+    for server, plain in records.items():
         try:
             data = dump_records(plain)
         except (TypeError, orjson.JSONEncodeError):
@@ -318,63 +315,62 @@ def _records(
     columns: Mapping[str, Sequence[Any]],
     kept: Sequence[tuple[str, str, int, Mapping[str, Any]]],
     stranded: str | None,
-) -> dict[str, CommittedRecords]:
+) -> dict[str, dict[str, Any]]:
+    """Each participant's records, by server name, as the JSON objects they are on disk
+    (``records_to_plain`` of ``AgentRecords`` / ``SessionRecords`` / ``StagedRecords``), built
+    from per-episode columns: no record object per session (the reader stays strict)."""
     agent = env.agent
     name = agent.name
-    records: dict[str, CommittedRecords] = {
-        name: AgentRecords(
-            participant=name,
-            kind=agent.kind,
-            checkpoint_id=checkpoint_id,
-            sessions=tuple(
-                [
-                    AgentSession(
-                        ep.rollout_id,
-                        (info := ep.info).row,
-                        info.slot,
-                        info.attempt,
-                        None if ep.rollout_id == stranded else ep.turn,
-                        state,
-                    )
-                    for ep, state in zip(held, columns[name], strict=True)
-                ]
+    rids = [ep.rollout_id for ep in held]
+    infos = [ep.info for ep in held]
+    attempts = [info.attempt for info in infos]
+    boundaries: list[int | None] = [ep.turn for ep in held]
+    if stranded is not None:
+        boundaries = [
+            None if rid == stranded else b for rid, b in zip(rids, boundaries, strict=True)
+        ]
+    records: dict[str, dict[str, Any]] = {
+        name: agent_records_plain(
+            name,
+            agent.kind,
+            checkpoint_id,
+            (
+                rids,
+                [info.row for info in infos],
+                [info.slot for info in infos],
+                attempts,
+                boundaries,
+                columns[name],
             ),
             # no environment participant: the agent's sessions own the episodes
-            exported=tuple([ep.rollout_id for ep in held]) if owner == name else None,
+            exported=rids if owner == name else None,
         )
     }
     retained = {p.name for p in retained_participants}
+    keys = [ep.key for ep in held]
     for p in env.participants:
         name = p.name
-        sessions = [
-            SessionRecord(ep.key, ep.rollout_id, ep.info.attempt, state)
-            for ep, state in zip(held, columns[name], strict=True)
-        ]
-        if name in retained:
-            sessions.extend(
-                SessionRecord(key, rid, attempt, by_name[name])
-                for key, rid, attempt, by_name in kept
+        cols: tuple[Sequence[Any], ...] = (keys, rids, attempts, columns[name])
+        if name in retained:  # the kept slots too, every session by key (a stable sort)
+            rows = sorted(
+                [
+                    *zip(*cols, strict=True),
+                    *((key, rid, attempt, by_name[name]) for key, rid, attempt, by_name in kept),
+                ],
+                key=itemgetter(0),
             )
-            sessions.sort(key=lambda s: s.key)
-        records[name] = SessionRecords(
-            participant=name,
-            kind=p.kind,
-            checkpoint_id=checkpoint_id,
-            exported=tuple([ep.rollout_id for ep in held]) if name == owner else (),
+            cols = tuple(zip(*rows, strict=True)) if rows else ((), (), (), ())
+        records[name] = session_records_plain(
+            name,
+            p.kind,
+            checkpoint_id,
+            cols,  # type: ignore[arg-type]
+            exported=rids if name == owner else (),
             retained=name in retained,
-            sessions=tuple(sessions),
         )
     if env.model is not None:
-        records[MODEL_PROXY] = StagedRecords(
-            participant=MODEL_PROXY,
-            kind=MODEL_PROXY,
-            checkpoint_id=checkpoint_id,
-            staged=tuple(
-                [
-                    StagedEpisode(ep.rollout_id, tuple([StagedCall(k, r) for k, r in ep.staged]))
-                    for ep in held
-                ]
-            ),
+        records[MODEL_PROXY] = staged_records_plain(
+            MODEL_PROXY, MODEL_PROXY, checkpoint_id, [(ep.rollout_id, ep.staged) for ep in held]
         )
     return records
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeAlias, TypeVar, cast, overload
 
 import attrs
@@ -77,6 +77,7 @@ __all__ = [
     "StagedEpisode",
     "StagedRecords",
     "StepRecord",
+    "agent_records_plain",
     "dump_ledger_snapshot",
     "dump_manifest",
     "dump_marker",
@@ -88,6 +89,8 @@ __all__ = [
     "load_records",
     "load_step",
     "records_to_plain",
+    "session_records_plain",
+    "staged_records_plain",
 ]
 
 R = TypeVar("R", bound="AgentRecords | SessionRecords | StagedRecords")
@@ -424,6 +427,91 @@ def _staged_plain(r: StagedRecords) -> dict[str, Any]:
                 "calls": [{"key": c.key, "response": c.response} for c in e.calls],
             }
             for e in r.staged
+        ],
+    }
+
+
+def agent_records_plain(
+    participant: str,
+    kind: str,
+    checkpoint_id: str,
+    columns: tuple[
+        Sequence[str],
+        Sequence[int],
+        Sequence[int],
+        Sequence[int],
+        Sequence[int | None],
+        Sequence[Any],
+    ],
+    exported: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """``records_to_plain`` of the ``AgentRecords`` whose sessions are the rows of ``columns``
+    (rollout IDs, rows, slots, attempts, step boundaries, states: equal lengths), built from
+    the columns without a record object per session (what a commit of 200k episodes writes;
+    the reader, ``load_records``, stays strict). The caller's values are of the fields' types
+    and the states finite plain data, as for the records themselves."""
+    plain: dict[str, Any] = {
+        "participant": participant,
+        "kind": kind,
+        "checkpoint_id": checkpoint_id,
+        "sessions": [
+            {
+                "rollout_id": rid,
+                "row": row,
+                "slot": slot,
+                "attempt": attempt,
+                "step_boundary": boundary,
+                "state": state,
+            }
+            for rid, row, slot, attempt, boundary, state in zip(*columns, strict=True)
+        ],
+    }
+    if exported is not None:
+        plain["exported"] = list(exported)
+    return plain
+
+
+def session_records_plain(
+    participant: str,
+    kind: str,
+    checkpoint_id: str,
+    columns: tuple[Sequence[str], Sequence[str], Sequence[int], Sequence[Any]],
+    *,
+    exported: Sequence[str],
+    retained: bool,
+) -> dict[str, Any]:
+    """``records_to_plain`` of the ``SessionRecords`` whose sessions are the rows of
+    ``columns`` (keys, rollout IDs, attempts, states), in that order (a retained
+    participant's: sorted by key, which the caller does), built as ``agent_records_plain``
+    is."""
+    return {
+        "participant": participant,
+        "kind": kind,
+        "checkpoint_id": checkpoint_id,
+        "exported": list(exported),
+        "retained": retained,
+        "sessions": [
+            {"key": key, "rollout_id": rid, "attempt": attempt, "state": state}
+            for key, rid, attempt, state in zip(*columns, strict=True)
+        ],
+    }
+
+
+def staged_records_plain(
+    participant: str,
+    kind: str,
+    checkpoint_id: str,
+    staged: Iterable[tuple[str, Iterable[tuple[str, Any]]]],
+) -> dict[str, Any]:
+    """``records_to_plain`` of the ``StagedRecords`` of ``staged`` ((rollout ID, its calls as
+    (capture key, response) pairs) per episode), built as ``agent_records_plain`` is."""
+    return {
+        "participant": participant,
+        "kind": kind,
+        "checkpoint_id": checkpoint_id,
+        "staged": [
+            {"rollout_id": rid, "calls": [{"key": k, "response": r} for k, r in calls]}
+            for rid, calls in staged
         ],
     }
 

@@ -49,6 +49,7 @@ from ._snapshot_format import (
     StagedEpisode,
     StagedRecords,
     StepRecord,
+    agent_records_plain,
     dump_ledger_snapshot,
     dump_manifest,
     dump_records,
@@ -58,6 +59,8 @@ from ._snapshot_format import (
     load_records,
     load_step,
     records_to_plain,
+    session_records_plain,
+    staged_records_plain,
 )
 from ._store import (
     CommitMarker,
@@ -100,6 +103,7 @@ __all__ = [
     "StagedEpisode",
     "StagedRecords",
     "StepRecord",
+    "agent_records_plain",
     "all_finite",
     "check_snapshot",
     "checked_json",
@@ -125,6 +129,8 @@ __all__ = [
     "promote_survivors",
     "records_to_plain",
     "sample_ids",
+    "session_records_plain",
+    "staged_records_plain",
     "state_dir_problem",
     "structure",
     "structure_table",

@@ -20,9 +20,13 @@ from gymckpt.runtime import InstanceRecord, ParticipantRecord, records_digest
 from gymckpt.runtime.lowlevel import (
     RECORDS_FILE,
     AgentRecords,
+    AgentSession,
+    SessionRecord,
     SessionRecords,
     StagedCall,
+    StagedEpisode,
     StagedRecords,
+    dump_records,
     load_records,
 )
 
@@ -170,3 +174,64 @@ def test_a_tampered_file_is_a_digest_difference_before_it_is_read(tmp_path: Path
     (tmp_path / "gym-0" / "tool" / RECORDS_FILE).write_bytes(b"{}")
     diffs, loaded = read_committed("gym-0", LIVE, tmp_path, record)
     assert len(diffs) == 1 and "participant tool digest" in diffs[0] and "tool" not in loaded
+
+
+def typed_records(held: list[Any], kept: tuple[Any, ...], stranded: str | None) -> dict[str, Any]:
+    """The records ``build`` writes, as the snapshot format's typed records (one object per
+    session): what the columns must serialise to, byte for byte."""
+    sessions = tuple(
+        AgentSession(
+            ep.rollout_id,
+            ep.info.row,
+            ep.info.slot,
+            ep.info.attempt,
+            None if ep.rollout_id == stranded else ep.turn,
+            ep.sessions["agent"],
+        )
+        for ep in held
+    )
+    rids = tuple(ep.rollout_id for ep in held)
+
+    def of(name: str) -> list[SessionRecord]:
+        return [
+            SessionRecord(ep.key, ep.rollout_id, ep.info.attempt, ep.sessions[name]) for ep in held
+        ]
+
+    calendar = sorted(
+        [*of("calendar"), *(SessionRecord(k, r, a, s["calendar"]) for k, r, a, s in kept)],
+        key=lambda s: s.key,
+    )
+    return {
+        "agent": AgentRecords("agent", "simple_agent", "c7", sessions),
+        "calendar": SessionRecords("calendar", "environment", "c7", rids, True, tuple(calendar)),
+        "tool": SessionRecords("tool", "tool.x", "c7", (), False, tuple(of("tool"))),
+        "model_proxy": StagedRecords(
+            "model_proxy",
+            "model_proxy",
+            "c7",
+            tuple(
+                StagedEpisode(ep.rollout_id, tuple(StagedCall(k, r) for k, r in ep.staged))
+                for ep in held
+            ),
+        ),
+    }
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_the_records_built_from_columns_are_the_typed_records_bytes(n: int) -> None:
+    held = [
+        episode(row, row % 3, {"r": [row, None]}, {"events": [row]}, tool=[row, "x"])
+        for row in (4, 1, 7, 2, 9)[:n]
+    ]
+    for ep in held[::2]:
+        ep.staged.append((f"{ep.key}/t1/c0", [1.5, {"k": None}]))
+    kept = (
+        ("3-0", "0-0-a2", 2, {"calendar": {"events": [3]}}),
+        ("0-0", "9-0-a1", 1, {"calendar": None}),
+    )
+    stranded = held[1].rollout_id if n > 1 else None
+    data, refused = build(held, kept, stranded)
+    assert refused == []
+    for server, record in typed_records(held, kept, stranded).items():
+        assert data[server] == dump_records(record), server
+        assert load_records(data[server], RECORDS_FILE, type(record)) == record

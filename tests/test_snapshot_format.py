@@ -29,6 +29,7 @@ from gymckpt.runtime._snapshot_format import (
     StagedEpisode,
     StagedRecords,
     StepRecord,
+    agent_records_plain,
     dump_manifest,
     dump_marker,
     dump_records,
@@ -38,6 +39,8 @@ from gymckpt.runtime._snapshot_format import (
     load_records,
     load_step,
     records_to_plain,
+    session_records_plain,
+    staged_records_plain,
 )
 
 DIGEST = "sha256:" + "ab" * 32
@@ -137,6 +140,32 @@ def test_participant_records_round_trip_with_and_without_their_role(records: Any
     data = dump_records(records)
     assert load_records(data, RECORDS_FILE, type(records)) == records
     assert load_records(data, RECORDS_FILE) == records  # the role read from the keys
+
+
+def from_columns(r: Any) -> dict[str, Any]:
+    """``r`` built as the Gym host builds its records: from columns, no object per session."""
+    if isinstance(r, AgentRecords):
+        cols = tuple(
+            [getattr(s, f) for s in r.sessions]
+            for f in ("rollout_id", "row", "slot", "attempt", "step_boundary", "state")
+        )
+        return agent_records_plain(r.participant, r.kind, r.checkpoint_id, cols, r.exported)
+    if isinstance(r, SessionRecords):
+        cols = tuple(
+            [getattr(s, f) for s in r.sessions] for f in ("key", "rollout_id", "attempt", "state")
+        )
+        return session_records_plain(
+            r.participant, r.kind, r.checkpoint_id, cols, exported=r.exported, retained=r.retained
+        )
+    calls = [(e.rollout_id, [(c.key, c.response) for c in e.calls]) for e in r.staged]
+    return staged_records_plain(r.participant, r.kind, r.checkpoint_id, calls)
+
+
+@pytest.mark.parametrize("records", PARTICIPANT_RECORDS, ids=lambda r: type(r).__name__)
+def test_records_built_from_columns_write_the_records_bytes(records: Any) -> None:
+    plain = from_columns(records)
+    assert plain == records_to_plain(records)
+    assert dump_records(plain) == dump_records(records)
 
 
 @pytest.mark.parametrize("records", PARTICIPANT_RECORDS, ids=lambda r: type(r).__name__)
