@@ -33,7 +33,7 @@ from typing import Any, Final, TypeAlias, TypeVar, cast, overload
 import attrs
 import orjson
 
-from ._converter import converter, dumps, dumps_chunked, loads, structure
+from ._converter import JSON_CHUNK, converter, dumps, dumps_chunked, loads, structure
 from ._errors import ManifestError
 from ._ledger_records import EpisodeResult, RestoredGymState, RetireItem
 from ._plain import NotPlainData, checked_json
@@ -210,9 +210,79 @@ class GymManifest:
     episodes: tuple[EpisodeRecord, ...]
 
 
+def _dumps_indented_chunked(obj: Mapping[str, Any], chunk: int = JSON_CHUNK) -> bytes:
+    """``orjson.dumps(obj, option=OPT_INDENT_2)``, byte for byte, for a non-empty JSON object
+    whose long list values are serialised ``chunk`` items per call (as ``dumps_chunked``).
+
+    A value one level down is the value serialised alone with every line after its first
+    indented two more spaces: in orjson's output a newline is only ever indentation (one
+    inside a string is written ``\\n``). Keys in insertion order."""
+    if not obj:
+        return b"{}"
+    parts = [b"{"]
+    for i, (key, value) in enumerate(obj.items()):
+        if not isinstance(key, str):
+            raise TypeError(f"_dumps_indented_chunked: keys must be str, got {key!r}")
+        parts.append(b",\n  " if i else b"\n  ")
+        parts.append(orjson.dumps(key) + b": ")
+        if isinstance(value, list | tuple) and len(value) > chunk:
+            # each chunk alone is "[\n  a,\n  b\n]": its items, indented a level deeper
+            pieces = [
+                orjson.dumps(value[j : j + chunk], option=orjson.OPT_INDENT_2)[1:-2].replace(
+                    b"\n", b"\n  "
+                )
+                for j in range(0, len(value), chunk)
+            ]
+            parts.append(b"[" + b",".join(pieces) + b"\n  ]")
+        else:
+            parts.append(orjson.dumps(value, option=orjson.OPT_INDENT_2).replace(b"\n", b"\n  "))
+    parts.append(b"\n}")
+    return b"".join(parts)
+
+
+def _manifest_plain(m: GymManifest) -> dict[str, Any]:
+    # by hand, one comprehension per list: a manifest holds an episode per rollout in flight
+    # (200k), and the converter's generic hooks cost a call per element and per field;
+    # ``tests/test_snapshot_format.py`` holds this equal to the converter's own unstructuring
+    return {
+        "version": m.version,
+        "checkpoint_id": m.checkpoint_id,
+        "instances": [
+            {
+                "name": i.name,
+                "participants": [
+                    {
+                        "server_name": p.server_name,
+                        "kind": p.kind,
+                        "state_dir": p.state_dir,
+                        "records_digest": p.records_digest,
+                    }
+                    for p in i.participants
+                ],
+            }
+            for i in m.instances
+        ],
+        "episodes": [
+            {
+                "rollout_id": e.rollout_id,
+                "owner": e.owner,
+                "replica": e.replica,
+                "capture_keys": list(e.capture_keys),
+            }
+            for e in m.episodes
+        ],
+    }
+
+
+converter.register_unstructure_hook(GymManifest, _manifest_plain)
+
+
 def dump_manifest(manifest: GymManifest) -> bytes:
-    """The manifest's bytes on disk (JSON through the library's converter)."""
-    return dumps(manifest)
+    """The manifest's bytes on disk: JSON indented by two spaces, keys in field order (what
+    ``orjson.dumps(..., option=OPT_INDENT_2)`` writes), its long lists serialised a chunk at a
+    time (``_dumps_indented_chunked``) so a worker thread writing the manifest of 200k episodes
+    never holds the GIL long."""
+    return _dumps_indented_chunked(_manifest_plain(manifest))
 
 
 def load_manifest(data: bytes) -> GymManifest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 from cattrs.preconf.orjson import make_converter
@@ -292,3 +293,35 @@ def test_a_bad_marker_is_refused_naming_the_field(change: Any, says: str) -> Non
 
 def test_the_store_re_exports_the_marker_it_writes() -> None:
     assert _store.CommitMarker is CommitMarker and _store.MARKER_VERSION is MARKER_VERSION
+
+
+def test_the_manifest_is_written_as_orjson_indents_it_a_chunk_at_a_time() -> None:
+    from gymckpt.runtime._converter import JSON_CHUNK
+
+    episodes = tuple(
+        EpisodeRecord(f"{i}-0-a0", "calendar", f"gym-{i % 3}", ("k\n1", "k2") if i % 2 else ())
+        for i in range(2 * JSON_CHUNK + 5)
+    )
+    manifest = attrs.evolve(MANIFEST, episodes=episodes)
+    generic = orjson.dumps(make_converter().unstructure(manifest), option=orjson.OPT_INDENT_2)
+    assert dump_manifest(manifest) == generic
+    assert dump_manifest(MANIFEST) == orjson.dumps(
+        make_converter().unstructure(MANIFEST), option=orjson.OPT_INDENT_2
+    )
+    assert load_manifest(generic) == manifest
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 1000])
+def test_indented_chunks_are_orjsons_bytes(chunk: int) -> None:
+    from gymckpt.runtime._snapshot_format import _dumps_indented_chunked
+
+    obj = {
+        "a": [],
+        "b": {},
+        "c": [1, {"x": [1, 2], "y": "a\nb", "z": {}}],
+        "d": [[], [[1]], {"k": []}, "s"] * 3,
+        "e": list(range(7)),
+        "f": [{"k": [i, "s"], "n": None} for i in range(5)],
+    }
+    assert _dumps_indented_chunked(obj, chunk) == orjson.dumps(obj, option=orjson.OPT_INDENT_2)
+    assert _dumps_indented_chunked({}, chunk) == b"{}"
