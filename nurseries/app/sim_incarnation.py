@@ -50,6 +50,7 @@ from .sim_checks import (
 from .sim_crashes import CrashControl
 from .sim_ends import IncarnationEnd, failed_end, restore_may_retry
 from .sim_gym import LateEnds, installs, open_gym
+from .sim_modes import ModeWatch
 from .sim_reports import IncarnationReport
 from .sim_scenario import Crash, Scenario
 from .sim_state import ScenarioRun
@@ -91,6 +92,12 @@ class Incarnation:
     checkpoint_calls: int = attrs.field(default=0, init=False)
     installed_before: dict[tuple[str, int], int] = attrs.field(factory=dict, init=False)
     """Restores each instance generation had made when a failed restore rolled back."""
+    mid_turn: int = attrs.field(default=0, init=False)
+    """Episodes this incarnation's published checkpoints took mid-turn
+    (``CheckpointOutcome.mid_turn``)."""
+    taken: int = attrs.field(default=0, init=False)
+    """Episodes in this incarnation's published checkpoints (``CheckpointOutcome.episodes``)."""
+    watch: ModeWatch | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         sc = self.run.sc
@@ -135,7 +142,9 @@ class Incarnation:
         sc = self.scenario
         async with open_gym(sc, self.run.root / f"gym-{self.index}", self.faults, self.acts) as gym:
             self.control.gym = gym
-            backend = cast(GymBackend, LateEnds(gym, sc.late_end_s)) if sc.late_end_s else gym
+            inner = LateEnds(gym, sc.late_end_s) if sc.late_end_s else gym
+            self.watch = ModeWatch(inner, gym, sc.checkpoint_mode, self.violation)
+            backend = cast(GymBackend, self.watch)
             for attempt in (1, 2):
                 try:
                     await self._train(gym, backend)
@@ -170,7 +179,7 @@ class Incarnation:
         ) as ro:
             self.rollouts = ro
             replaced_at_open = len((await gym.statistics()).replaced)
-            ro.coordinator.on_stage = self.control.on_stage
+            ro.coordinator.on_stage = self._on_stage
             if ro.restored is not None:  # nothing dispatched yet
                 check_dropped_state_retired(self.violation, gym, ro.restored.files)
             self.trainer = ToyTrainer()
@@ -244,10 +253,19 @@ class Incarnation:
                 if failed_here and not self._faulty():
                     self.violation(f"{failed_here} rows failed for good without any fault")
 
+    def _on_stage(self, checkpoint_id: str, point: str) -> None:
+        """The coordinator's hook: the mode's checks (before a race strikes), then the crash
+        control's races and crash."""
+        if self.watch is not None:
+            self.watch.at_stage(checkpoint_id, point)
+        self.control.on_stage(checkpoint_id, point)
+
     async def _checkpoint(self, ro: Rollouts) -> bool:
         self.checkpoint_calls += 1
         outcome = await ro.checkpoint(self.trainer.to_bytes())
         self.outcomes.append((outcome.checkpoint_id, outcome.ok, outcome.reason))
+        self.mid_turn += outcome.mid_turn
+        self.taken += outcome.episodes
         if outcome.ok and outcome.snapshot is not None:
             self.run.final_snapshot = outcome.snapshot.path
         return outcome.ok
@@ -291,4 +309,7 @@ class Incarnation:
             metrics,
             replacements,
             hostile_fired,
+            self.scenario.checkpoint_mode.value,
+            self.mid_turn,
+            self.taken,
         )

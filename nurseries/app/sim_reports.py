@@ -44,6 +44,17 @@ class IncarnationReport:
     """Gym instances replaced after they died."""
     hostile_fired: tuple[tuple[str, int], ...] = ()
     """The environment's hostile acts that struck (kind, times)."""
+    checkpoint_mode: str = "aligned"
+    """How its checkpoints took episodes (``CheckpointMode`` value; the scenario's)."""
+    episodes_mid_turn: int = 0
+    """Episodes its published checkpoints took in the middle of a turn (the sum of
+    ``CheckpointOutcome.mid_turn``; always 0 when aligned)."""
+    episodes_taken: int = 0
+    """Episodes in its published checkpoints (the sum of ``CheckpointOutcome.episodes``)."""
+
+    @property
+    def checkpoints_ok(self) -> int:
+        return sum(ok for _, ok, _ in self.checkpoints)
 
 
 @attrs.frozen
@@ -84,6 +95,9 @@ class ScenarioReport:
                     "claims": i.claims,
                     "lease_reopened": i.lease_reopened,
                     "hostile_fired": [list(f) for f in i.hostile_fired],
+                    "checkpoint_mode": i.checkpoint_mode,
+                    "episodes_mid_turn": i.episodes_mid_turn,
+                    "episodes_taken": i.episodes_taken,
                 }
                 for i in self.incarnations
             ],
@@ -92,5 +106,12 @@ class ScenarioReport:
             "steps": self.steps,
             "sentinels": self.sentinels,
             "virtual_s": self.virtual_s,
+            "checkpoint_mode": self.scenario.checkpoint_mode.value,
+            "episodes_mid_turn": self.episodes_mid_turn,
             "fingerprint": self.fingerprint,
         }
+
+    @property
+    def episodes_mid_turn(self) -> int:
+        """Episodes the scenario's published checkpoints took mid-turn."""
+        return sum(i.episodes_mid_turn for i in self.incarnations)

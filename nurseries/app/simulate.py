@@ -123,10 +123,25 @@ class Tally:
     struck: Counter[str] = attrs.field(factory=Counter)
     """The environment's hostile acts that struck, by kind."""
     virtual_s: float = 0.0
+    seeds_by_mode: Counter[str] = attrs.field(factory=Counter)
+    """Seeds by their checkpoint mode (``Scenario.checkpoint_mode``)."""
+    checkpoints_by_mode: Counter[str] = attrs.field(factory=Counter)
+    """Published checkpoints, by mode."""
+    taken_by_mode: Counter[str] = attrs.field(factory=Counter)
+    """Episodes in published checkpoints, by mode."""
+    episodes_mid_turn: int = 0
+    """Episodes the published checkpoints took mid-turn (``CheckpointOutcome.mid_turn``)."""
+    seeds_mid_turn: int = 0
+    """Seeds whose checkpoints took at least one episode mid-turn."""
 
     def add(self, report: ScenarioReport) -> None:
+        self.seeds_by_mode[report.scenario.checkpoint_mode.value] += 1
+        self.episodes_mid_turn += report.episodes_mid_turn
+        self.seeds_mid_turn += report.episodes_mid_turn > 0
         for inc in report.incarnations:
             self.struck.update(dict(inc.hostile_fired))
+            self.checkpoints_by_mode[inc.checkpoint_mode] += inc.checkpoints_ok
+            self.taken_by_mode[inc.checkpoint_mode] += inc.episodes_taken
         self.ends.update(inc.end for inc in report.incarnations)
         self.faults_fired += sum(len(inc.faults_fired) for inc in report.incarnations)
         self.restores += sum(inc.restored_from is not None for inc in report.incarnations)
@@ -265,6 +280,11 @@ def _json_summary(
         "replacements": tally.replacements,
         "hostile": hostile,
         "hostile_fired": dict(sorted(tally.struck.items())),
+        "seeds_by_mode": dict(sorted(tally.seeds_by_mode.items())),
+        "checkpoints_by_mode": dict(sorted(tally.checkpoints_by_mode.items())),
+        "episodes_taken_by_mode": dict(sorted(tally.taken_by_mode.items())),
+        "episodes_mid_turn": tally.episodes_mid_turn,
+        "seeds_mid_turn": tally.seeds_mid_turn,
     }
     if seeds == 1:
         out["scenario"] = reports[0].to_json()
@@ -282,7 +302,8 @@ def _incarnation_line(inc: IncarnationReport) -> str:
         + (f" ({inc.error})" if inc.error else "")
         + (f", restored {inc.restored_from}" if inc.restored_from else "")
         + f", {inc.steps_trained} steps, {len(inc.checkpoints)} checkpoints "
-        f"({sum(ok for _, ok, _ in inc.checkpoints)} ok), faults fired "
+        f"({inc.checkpoints_ok} ok, {inc.checkpoint_mode}: {inc.episodes_taken} episodes "
+        f"taken, {inc.episodes_mid_turn} mid-turn), faults fired "
         f"{_fired_summary(inc.faults_fired)}"
         + (
             ", hostile acts " + ", ".join(f"{k} x{n}" for k, n in inc.hostile_fired)
@@ -314,7 +335,11 @@ def _print_summary(tally: Tally, seeds: int, start: int, elapsed: float, hostile
         f"in {elapsed:.1f}s ({rate:.1f} seeds/s, {tally.virtual_s:.0f} virtual s); incarnation "
         f"ends {dict(sorted(tally.ends.items()))}; {tally.faults_fired} faults fired; "
         f"{tally.restores} restores ({tally.rollbacks} to an older snapshot); "
-        f"{tally.replacements} instances replaced"
+        f"{tally.replacements} instances replaced; seeds by mode "
+        f"{dict(sorted(tally.seeds_by_mode.items()))}, checkpoints by mode "
+        f"{dict(sorted(tally.checkpoints_by_mode.items()))}, episodes taken by mode "
+        f"{dict(sorted(tally.taken_by_mode.items()))}, {tally.episodes_mid_turn} episodes "
+        f"mid-turn (in {tally.seeds_mid_turn} seeds)"
         + (f"; hostile acts struck {dict(sorted(tally.struck.items()))}" if hostile else "")
     )
     if failed:
