@@ -1,5 +1,7 @@
 """The fault matrix: every C3 fault kind at every operation where it can occur, on the embedded
-Gym under the autojump clock, plus the trainer process SIGKILLed at each checkpoint stage.
+Gym under the autojump clock, plus the trainer process SIGKILLed at each checkpoint stage, each
+in both checkpoint modes (``CheckpointMode``: aligned parks every episode at a step boundary,
+unaligned takes them as they are, mid-turn ones at their last boundary).
 
 Each in-process case runs a scenario through the simulation harness (``nurseries._simulate``):
 the first incarnation runs with the fault; if it aborts the way the contract says (exit 4), the
@@ -41,7 +43,13 @@ from gymckpt.nurseries.app.simulate import (
     ScenarioReport,
     run_scenario,
 )
-from gymckpt.runtime import ADMISSION_CLOSED_ROWS, RetireItem, SnapshotStore, load_snapshot
+from gymckpt.runtime import (
+    ADMISSION_CLOSED_ROWS,
+    CheckpointMode,
+    RetireItem,
+    SnapshotStore,
+    load_snapshot,
+)
 
 BASE = Scenario(
     seed=5,
@@ -101,19 +109,23 @@ CASES = [
 ]
 
 
-def _scenario(op: str, kind: str, first_only: bool) -> Scenario:
+MODES = (CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED)
+
+
+def _scenario(op: str, kind: str, first_only: bool, mode: CheckpointMode) -> Scenario:
     spec = _spec(op, kind, first_only)
+    base = attrs.evolve(BASE, checkpoint_mode=mode)
     if op == "restore":
         # checkpoint 1 is published, then the trainer dies; the Gym it restores into faults
         return attrs.evolve(
-            BASE, restore_faults=(spec,), crashes=(Crash(checkpoint=2, point="before_prepare"),)
+            base, restore_faults=(spec,), crashes=(Crash(checkpoint=2, point="before_prepare"),)
         )
     if op == "retire":  # retires happen after a dropped stream (S3) and before prepare (S4)
-        return attrs.evolve(BASE, faults=("run:drop@1", spec))
+        return attrs.evolve(base, faults=("run:drop@1", spec))
     if _expected(op, kind, first_only) == "no_progress":
         # Gym refuses or fails every submission: stop that trainer after a while
-        return attrs.evolve(BASE, faults=(spec,), crashes=(Crash(at_s=120.0),))
-    return attrs.evolve(BASE, faults=(spec,))
+        return attrs.evolve(base, faults=(spec,), crashes=(Crash(at_s=30.0),))
+    return attrs.evolve(base, faults=(spec,))
 
 
 def _fired(inc: IncarnationReport, op: str) -> list[str]:
@@ -124,13 +136,26 @@ def _all_ok(inc: IncarnationReport) -> bool:
     return all(ok for _, ok, _ in inc.checkpoints)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 @pytest.mark.parametrize(("op", "kind", "first_only"), CASES, ids=[_spec(*c) for c in CASES])
 async def test_fault(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, op: str, kind: str, first_only: bool
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    op: str,
+    kind: str,
+    first_only: bool,
+    mode: CheckpointMode,
 ) -> None:
     expect = _expected(op, kind, first_only)
-    report: ScenarioReport = await run_scenario(_scenario(op, kind, first_only), tmp_path)
+    report: ScenarioReport = await run_scenario(_scenario(op, kind, first_only, mode), tmp_path)
     assert report.ok, report.violations
+    assert {i.checkpoint_mode for i in report.incarnations} == {mode.value}
+    mid_turn = sum(i.episodes_mid_turn for i in report.incarnations)
+    taken = sum(i.episodes_taken for i in report.incarnations)
+    if mode is CheckpointMode.ALIGNED:
+        assert mid_turn == 0  # aligned: every episode parked at a boundary
+    elif taken:  # unaligned: the calendar agent is inside a turn nearly all the time
+        assert mid_turn > 0, (taken, mid_turn)
     incs = report.incarnations
     planted = incs[1] if op == "restore" else incs[0]
     assert _fired(planted, op), f"{_spec(op, kind, first_only)} never fired: {planted}"
@@ -309,9 +334,13 @@ def test_cli_restore_gym_cannot_serve_exit_4(
 
 
 @pytest.mark.subprocess
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 @pytest.mark.parametrize("stage", CRASH_STAGES)
-def test_sigkill_at_stage_then_restore_is_exactly_once(tmp_path: Path, stage: str) -> None:
+def test_sigkill_at_stage_then_restore_is_exactly_once(
+    tmp_path: Path, stage: str, mode: CheckpointMode
+) -> None:
     opts = DemoOptions(
+        runtime=(("checkpoint_mode", mode.value),),
         rows=16,
         group_size=2,
         instances=2,

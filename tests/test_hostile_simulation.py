@@ -1,7 +1,8 @@
 """The hostile-environment dimension: the simulation (``gymckpt simulate --hostile``) and the
 conformance kit against environments that are wrong in every way a user's can be.
 
-The long run is a documented command: ``gymckpt simulate --seeds 1000 --hostile``.
+The long run is a documented command: ``gymckpt simulate --seeds 1000 --hostile``. Every
+act runs in both checkpoint modes (``CheckpointMode``); the simulation draws the mode per seed.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -22,12 +24,14 @@ from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.nurseries.app.simulate import (
+    IncarnationReport,
     Scenario,
     draw_scenario,
     main_simulate,
     replay_command,
     run_seed,
 )
+from gymckpt.runtime import CheckpointMode
 from gymckpt.testing import ConformanceError, check_environment
 from gymckpt.testing.hostile import (
     EPISODE_ACTS,
@@ -42,6 +46,9 @@ from gymckpt.testing.hostile import (
 
 HOSTILE_CI_SEEDS = 12
 """Seeds of the CI run (each a few hundred ms); the long run is the documented command."""
+
+MODES = (CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED)
+modes = pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 
 
 def test_hostile_draws_leave_the_other_draws_as_they_were() -> None:
@@ -67,9 +74,11 @@ def test_a_hostile_seed_replays_exactly(tmp_path: Path) -> None:
     assert struck == [dict(i.hostile_fired) for i in second.incarnations] and any(struck)
 
 
-def _one_act(act: HostileAct, **overrides: object) -> Scenario:
-    """A small healthy scenario on two instances whose environment does ``act``."""
+def _one_act(act: HostileAct, mode: CheckpointMode, **overrides: object) -> Scenario:
+    """A small healthy scenario on two instances whose environment does ``act``, checkpointing
+    in ``mode``."""
     base = dict(
+        checkpoint_mode=mode,
         seed=5,
         rows=8,
         group_size=2,
@@ -97,28 +106,47 @@ def _one_act(act: HostileAct, **overrides: object) -> Scenario:
     ],
     ids=lambda a: a.kind,
 )
+@modes
 def test_a_hostile_act_strikes_and_nothing_is_lost_or_repeated(
-    tmp_path: Path, act: HostileAct
+    tmp_path: Path, act: HostileAct, mode: CheckpointMode
 ) -> None:
     """Each act strikes the first incarnation; the run finishes, exactly once, with no data
     failure beyond what the act accounts for and no invariant abort."""
-    sc = _one_act(act)
+    sc = _one_act(act, mode)
     if act.kind in EPISODE_ACTS:  # strike an episode that ends: give it enough turns
         sc = attrs.evolve(sc, turns=(3, 3), hostile=(attrs.evolve(act, turn=min(act.turn, 3)),))
     report = run_seed(sc.seed, tmp_path, scenario=sc)
     struck = dict(report.incarnations[0].hostile_fired)
     assert struck.get(act.kind, 0) >= 1, report.incarnations[0]
     assert report.ok, report.violations
+    _took_mid_turn_as(report.incarnations, mode)
 
 
-def test_a_hanging_step_does_not_hang_the_run(tmp_path: Path) -> None:
-    """A step that never returns: the checkpoints that cannot park it fail (retryable), the
-    reply stream's deadline abandons the attempt, and a fresh attempt trains the row."""
-    sc = _one_act(HostileAct(kind="hang", row=0, slot=0, turn=1), max_consecutive_failures=3)
+def _took_mid_turn_as(incarnations: Sequence[IncarnationReport], mode: CheckpointMode) -> None:
+    """Aligned checkpoints took no episode mid-turn; unaligned ones that took episodes took
+    some mid-turn (the calendar agent is inside a turn nearly all the time)."""
+    assert {i.checkpoint_mode for i in incarnations} == {mode.value}
+    mid_turn = sum(i.episodes_mid_turn for i in incarnations)
+    if mode is CheckpointMode.ALIGNED:
+        assert mid_turn == 0
+    elif sum(i.episodes_taken for i in incarnations):
+        assert mid_turn > 0
+
+
+@modes
+def test_a_hanging_step_does_not_hang_the_run(tmp_path: Path, mode: CheckpointMode) -> None:
+    """A step that never returns: aligned, the checkpoints that cannot park it fail
+    (retryable); unaligned, they take it at its last boundary and succeed. The reply stream's
+    deadline abandons the attempt, and a fresh attempt trains the row."""
+    sc = _one_act(HostileAct(kind="hang", row=0, slot=0, turn=1), mode, max_consecutive_failures=3)
     report = run_seed(sc.seed, tmp_path, scenario=sc)
-    assert dict(report.incarnations[0].hostile_fired).get("hang") == 1
+    first = report.incarnations[0]
+    assert dict(first.hostile_fired).get("hang") == 1
     assert report.ok, report.violations
     assert report.rows_trained + report.rows_failed == sc.rows
+    _took_mid_turn_as(report.incarnations, mode)
+    if mode is CheckpointMode.UNALIGNED:  # nothing waits for the hung turn
+        assert all(ok for _, ok, _ in first.checkpoints), first.checkpoints
 
 
 @pytest.mark.parametrize(
@@ -130,19 +158,25 @@ def test_a_hanging_step_does_not_hang_the_run(tmp_path: Path) -> None:
     ],
     ids=lambda a: a.kind,
 )
-def test_a_journal_fault_keeps_every_mutation_once(tmp_path: Path, act: HostileAct) -> None:
+@modes
+def test_a_journal_fault_keeps_every_mutation_once(
+    tmp_path: Path, act: HostileAct, mode: CheckpointMode
+) -> None:
     """Short writes, a torn record (the instance dies inside its append and is replaced) and a
     full disk under the journal: an infrastructure failure, never a data failure, never the
     end of the run, and every sentinel once."""
-    sc = _one_act(act, stage_deaths=((2, "before_prepare"),))  # a replacement replays it
+    sc = _one_act(act, mode, stage_deaths=((2, "before_prepare"),))  # a replacement replays it
     report = run_seed(sc.seed, tmp_path, scenario=sc)
     assert dict(report.incarnations[0].hostile_fired).get(act.kind, 0) >= 1
     assert report.ok, report.violations
+    _took_mid_turn_as(report.incarnations, mode)
 
 
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_hostile_ci_seeds_hold_their_invariants(tmp_path: Path) -> None:
+    drawn = {draw_scenario(s, hostile=True).checkpoint_mode for s in range(HOSTILE_CI_SEEDS)}
+    assert drawn == set(MODES)  # both modes among the CI seeds
     assert (
         main_simulate(
             HOSTILE_CI_SEEDS,

@@ -22,6 +22,9 @@ def report(hostile: bool = False) -> ScenarioReport:
         {"m": 1.0},
         1,
         (("nan_reward", 1),),
+        "unaligned",
+        4,
+        6,
     )
     acts = (HostileAct(kind="nan_reward", row=0, slot=0, turn=1),) if hostile else ()
     return ScenarioReport(
@@ -57,7 +60,11 @@ def test_the_json_form_names_the_replay_and_each_incarnation() -> None:
         "claims": 1,
         "lease_reopened": 0,
         "hostile_fired": [["nan_reward", 1]],
+        "checkpoint_mode": "unaligned",
+        "episodes_mid_turn": 4,
+        "episodes_taken": 6,
     }
+    assert (out["checkpoint_mode"], out["episodes_mid_turn"]) == ("aligned", 4)
     assert (out["seed"], out["ok"], out["violations"], out["fingerprint"]) == (
         5,
         False,

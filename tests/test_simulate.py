@@ -57,6 +57,10 @@ def test_ci_seeds_all_hold_their_invariants() -> None:
     assert "gym_dead" not in ends  # a dead instance no longer ends a run
     assert report["faults_fired"] > CI_SEEDS
     assert report["restores"] > CI_SEEDS // 5 and report["rollbacks"] > 0
+    # both modes, and the unaligned checkpoints really took episodes in the middle of a turn
+    assert set(report["seeds_by_mode"]) == {"aligned", "unaligned"}
+    assert set(report["checkpoints_by_mode"]) == {"aligned", "unaligned"}
+    assert report["episodes_mid_turn"] > report["episodes_taken_by_mode"]["unaligned"] // 2
 
 
 # Seeds that found bugs (each fixed; see the docstrings that say "found by the simulation"):
