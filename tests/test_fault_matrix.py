@@ -340,7 +340,7 @@ def test_sigkill_at_stage_then_restore_is_exactly_once(
     tmp_path: Path, stage: str, mode: CheckpointMode
 ) -> None:
     opts = DemoOptions(
-        runtime=(("checkpoint_mode", mode.value),),
+        checkpoint_mode=mode.value,
         rows=16,
         group_size=2,
         instances=2,
@@ -391,6 +391,11 @@ def test_sigkill_at_stage_then_restore_is_exactly_once(
     phases = [orjson.loads((tmp_path / "phase-2.json").read_bytes())]
     report = verdict(opts, tmp_path, phases)
     assert report["exactly_once"], report
+    assert report["checkpoint_mode"] == mode.value
+    if mode is CheckpointMode.ALIGNED:
+        assert report["episodes_mid_turn"] == 0, report
+    else:  # the demo's turns are long enough that its cuts take episodes mid-turn
+        assert report["episodes_mid_turn"] > 0, report
     assert report["lost"] == 0 and report["duplicates"] == 0
     assert report["steps_trained_twice"] == 0 and report["sentinels_duplicated"] == 0
     assert report["rows_trained"] == opts.rows
