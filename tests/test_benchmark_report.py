@@ -320,3 +320,146 @@ def test_mode_misses_say_what_it_would_take() -> None:
     assert "unaligned 20.0 % > aligned 12.0 %" in lines[4]
     assert mode_miss_lines(set(), ck, None) == []
     assert mode_miss_lines(keys, None, None) == []
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+HOST = {
+    "per_step": {
+        "env": "CartPole-v1",
+        "episodes": 256,
+        "steps_per_trial": 5595,
+        "plain_us_per_step_median": 76.69,
+        "host_us_per_step_median": 139.12,
+        "host_overhead_us_per_step": 62.43,
+        "host_over_plain_ratio": 1.814,
+    },
+    "loop": {
+        "rows": 256,
+        "group_size": 4,
+        "embedded_2_instances_episodes_per_s": 326.7,
+        "embedded_2_instances_episodes": 1024,
+        "ray_2_actors_episodes_per_s": 323.2,
+        "ray_2_actors_episodes": 1024,
+    },
+    "meta": {
+        "command": "gymckpt bench host --json",
+        "source": {"commit_full": "c" * 40, "uncommitted_changes": []},
+        "machine": {"date_utc": "2026-12-02 06:00 UTC"},
+    },
+}
+"""A ``host.json`` written before the unaligned mode's marks were measured."""
+
+
+def _marks_of(ratio: float, cpu_ratio: float, **extra: object) -> dict[str, object]:
+    on, off = 100.0 * (1 + ratio), 100.0
+    return {
+        "marks_us_per_step_median": on,
+        "opted_out_us_per_step_median": off,
+        "marks_overhead_us_per_step": on - off,
+        "marks_overhead_ratio": ratio,
+        "marks_cpu_us_per_step_median": 80.0 * (1 + cpu_ratio),
+        "opted_out_cpu_us_per_step_median": 80.0,
+        "marks_overhead_cpu_us_per_step": 80.0 * cpu_ratio,
+        "marks_overhead_cpu_ratio": cpu_ratio,
+        **extra,
+    }
+
+
+def _host_with_marks(cpu_ratio: float = 0.04, episodes: int = 256) -> dict[str, object]:
+    return {
+        **HOST,
+        "marks": {
+            "cartpole": _marks_of(0.05, cpu_ratio, env="CartPole-v1", episodes=episodes),
+            "calendar": _marks_of(0.20, 0.15, episodes=64, turns=50),
+        },
+    }
+
+
+def _summary(out: Path) -> str:
+    """SUMMARY.md for the results in ``out``: the committed drain, memory and dispatch
+    results beside whatever the test wrote."""
+    from gymckpt.benchmarks.report import write_summary
+
+    for name in ("drain.json", "memory.json", "dispatch.json"):
+        (out / name).write_bytes((RESULTS / name).read_bytes())
+    write_summary(out / "SUMMARY.md", Results.read(out), [])
+    return (out / "SUMMARY.md").read_text()
+
+
+def _marks_line(text: str) -> str:
+    return next(line for line in text.splitlines() if "unaligned mode's per-step cost" in line)
+
+
+def test_host_json_without_marks_reads_and_its_row_is_not_run(tmp_path: Path) -> None:
+    """No ``host.json``: the row is not run and *Not measured here* says how to write one. A
+    ``host.json`` from before the marks: read (its per-step and loop figures in the host
+    section, named as another run's), the row still not run."""
+    from gymckpt.benchmarks.report._summary import NOT_MEASURED
+
+    text = _summary(tmp_path)
+    assert Results.read(tmp_path).host is None
+    assert _marks_line(text).endswith("| not run | **not measured** |")
+    assert NOT_MEASURED in text and "## The Gym host on Gymnasium CartPole" not in text
+    dump(tmp_path / "host.json", HOST)
+    got = Results.read(tmp_path)
+    assert got.host is not None and got.host.marks is None
+    assert got.host.per_step.plain_us_per_step_median == 76.69
+    assert got.host.loop.ray_2_actors_episodes_per_s == 323.2
+    assert "host.json" in got.others
+    row = next(t for t in got.targets() if t.key == "host_marks_overhead")
+    assert (row.status, row.measured) == (Status.NOT_MEASURED, "not run")
+    text = _summary(tmp_path)
+    assert _marks_line(text).endswith("| not run | **not measured** |")
+    assert "## The Gym host on Gymnasium CartPole" in text and NOT_MEASURED not in text
+    assert "plain Gymnasium 76.7 µs, hosted 139.1 µs" in text
+    assert "boundary marks: not measured (this `host.json` predates them" in text
+    assert "Ray with 2 actors 323.2." in text
+
+
+def test_host_json_marks_give_the_row_its_verdict(tmp_path: Path) -> None:
+    """With ``marks`` the row is judged on the larger of wall and CPU at 256 episodes, its
+    figure in the table, the µs per step on and off in the host section; ``marks`` are read
+    as strictly as every result."""
+    dump(tmp_path / "host.json", _host_with_marks(cpu_ratio=0.04))
+    text = _summary(tmp_path)
+    assert _marks_line(text).endswith(
+        "| 5.0 % wall, 4.0 % CPU of a 100 µs step; calendar (50 turns) 20.0 % wall, "
+        "15.0 % CPU | **met** |"
+    )
+    assert (
+        "| CartPole, 256 episodes | 105.0 µs (83.2 µs CPU) | 100.0 µs (80.0 µs CPU) | "
+        "5.0 % (4.0 % CPU) |"
+    ) in text
+    assert (
+        "| calendar, 64 episodes of 50 turns | 120.0 µs (92.0 µs CPU) | 100.0 µs (80.0 µs CPU) "
+        "| 20.0 % (15.0 % CPU) |"
+    ) in text
+    # a --no-ray run's figures merged into a file with Ray's: the loop names its own run
+    merged = _host_with_marks()
+    merged["loop"] = {**HOST["loop"], "meta": {"command": "gymckpt bench host --json"}}  # type: ignore[dict-item]
+    dump(tmp_path / "host.json", merged)
+    assert "(from an earlier run, `gymckpt bench host --json` on" in _summary(tmp_path)
+    assert "per-step cost on CartPole" not in text.split("## Targets")[1]  # met: no miss
+    dump(tmp_path / "host.json", _host_with_marks(cpu_ratio=0.11))
+    text = _summary(tmp_path)
+    assert _marks_line(text).endswith(" CPU | **MISSED** |")
+    miss = next(line for line in text.splitlines() if line.startswith("- **The unaligned mode"))
+    assert "CartPole 5.0 % wall, 11.0 % CPU > 10 %.**" in miss
+    assert "add 5.0 µs (8.8 µs CPU) to a 100 µs (80 µs CPU) step opted out" in miss
+    assert "*What it would take:* marks at most a tenth of a step, 10 µs wall and 8 µs" in miss
+    dump(tmp_path / "host.json", _host_with_marks(episodes=32))
+    row = next(t for t in Results.read(tmp_path).targets() if t.key == "host_marks_overhead")
+    assert row.status is Status.NOT_MEASURED and "(at 32; the target is at 256)" in row.measured
+    bad = _host_with_marks()
+    bad["marks"]["cartpole"]["marks_overhead_ratio"] = "0.05"  # type: ignore[index]
+    dump(tmp_path / "host.json", bad)
+    with pytest.raises(ValueError, match=r"host\.json\.marks\.cartpole\.marks_overhead_ratio"):
+        Results.read(tmp_path)
+    bad = _host_with_marks()
+    del bad["marks"]["calendar"]["turns"]  # type: ignore[index]
+    dump(tmp_path / "host.json", bad)
+    with pytest.raises(
+        ValueError, match=r"required field missing @ host\.json\.marks\.calendar\.turns"
+    ):
+        Results.read(tmp_path)

@@ -30,6 +30,12 @@ __all__ = [
     "DrainWakeControl",
     "EmbeddedDispatch",
     "GymCallsByOp",
+    "HostLoop",
+    "HostMarksCalendar",
+    "HostMarksFigures",
+    "HostMarksResult",
+    "HostPerStep",
+    "HostResult",
     "LatencyTrialsGc",
     "MachineLoad",
     "ModeCheckpoint",
@@ -548,3 +554,82 @@ class PreservedResult:
     modes: dict[str, PreservedMode] | None = None
     turn_times: dict[str, Any] | None = None
     kill_times_s: list[float] | None = None
+
+
+# -- the Gym host on Gymnasium CartPole (`gymckpt bench host`, run on its own) ----------------
+
+
+@attrs.frozen
+class HostPerStep:
+    """The host's per-step cost against plain Gymnasium on the same episodes, µs per step
+    (medians over the trials)."""
+
+    env: str
+    episodes: int
+    steps_per_trial: int
+    plain_us_per_step_median: float
+    host_us_per_step_median: float
+    host_overhead_us_per_step: float
+    host_over_plain_ratio: float
+
+
+@attrs.frozen
+class HostLoop:
+    """Episodes per second through the whole loop, embedded with 2 instances and (not under
+    ``--no-ray``) on Ray with 2 actors, the same rows. ``meta`` is set only when these
+    figures come from another run than the file's (kept when a ``--no-ray`` run's figures
+    were merged into a file that had Ray's): that run's ``meta``."""
+
+    rows: int
+    group_size: int
+    embedded_2_instances_episodes_per_s: float
+    embedded_2_instances_episodes: int
+    ray_2_actors_episodes_per_s: float | None = None
+    ray_2_actors_episodes: int | None = None
+    meta: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class HostMarksFigures:
+    """One environment hosted with boundary marks on and opted out
+    (``Environment(unaligned=False)``), interleaved in each trial: µs per step of each, wall
+    and CPU (medians over the trials), and the marks' overhead as a ratio of a step opted out
+    (the median of the per-trial ratios)."""
+
+    episodes: int
+    marks_us_per_step_median: float
+    opted_out_us_per_step_median: float
+    marks_overhead_us_per_step: float
+    marks_overhead_ratio: float
+    marks_cpu_us_per_step_median: float
+    opted_out_cpu_us_per_step_median: float
+    marks_overhead_cpu_us_per_step: float
+    marks_overhead_cpu_ratio: float
+
+
+@attrs.frozen
+class HostMarksCalendar(HostMarksFigures):
+    """The calendar workplace's marks, with its episodes' length in turns."""
+
+    turns: int = attrs.field(kw_only=True)
+
+
+@attrs.frozen
+class HostMarksResult:
+    """``host.json``'s ``marks``: the unaligned mode's per-step cost on CartPole (the target's
+    environment) and on the calendar (long episodes, a growing history in every mark)."""
+
+    cartpole: HostMarksFigures
+    calendar: HostMarksCalendar
+
+
+@attrs.frozen
+class HostResult:
+    """``host.json`` (``gymckpt bench host --json``, written on its own, not by ``all``, so
+    with its own ``meta``). A file written before the unaligned mode's marks were measured has
+    no ``marks`` (None)."""
+
+    per_step: HostPerStep
+    loop: HostLoop
+    marks: HostMarksResult | None = None
+    meta: dict[str, Any] | None = None

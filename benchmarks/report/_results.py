@@ -5,7 +5,9 @@ Writing replaces a file atomically, with every non-finite float written as ``nul
 no NaN), so an interrupted run never leaves half a result beside the others. ``Results.read``
 is the report's only reader: a directory without the drain, memory and dispatch results is a
 ``ValueError`` that says to run ``all`` first; the other benchmarks are optional (skipped with
-``--no-ray``, or not part of an older run).
+``--no-ray``, or not part of an older run). ``host.json`` is never written by ``all``: it is
+``gymckpt bench host --json`` saved on its own, read when present (its ``meta`` then names
+another run).
 
 Each result is structured once, here, into its record of ``_records`` by a copy of the
 project's converter that keeps its strict types (no string taken for a number) but skips the
@@ -31,11 +33,13 @@ from ._records import (
     DispatchResult,
     DrainResult,
     FanoutResult,
+    HostResult,
     MemoryResult,
     PreservedResult,
 )
+from ._targets import TargetRow, host_marks, targets
 
-__all__ = ["Result", "Results", "dump", "flat", "read_result"]
+__all__ = ["Result", "Results", "dump", "flat", "load_result", "other_runs", "read_result"]
 
 T = TypeVar("T")
 
@@ -57,9 +61,24 @@ class Results:
     fanout: FanoutResult | None = None
     preserved: PreservedResult | None = None
     checkpoint_ray: CheckpointRayResult | None = None
+    host: HostResult | None = None
+    """``host.json``, when present (``gymckpt bench host --json``, run on its own)."""
     others: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     """The ``meta`` of each result file that another run wrote (another command or commit
     than the drain's): a benchmark run on its own after ``all``."""
+
+    def targets(self) -> list[TargetRow]:
+        """The project's targets and their verdicts on these results (``host.json``'s marks
+        included when present): what SUMMARY.md's table and ``all``'s JSON both show."""
+        return targets(
+            self.drain,
+            self.memory,
+            self.checkpoint,
+            self.fanout,
+            self.preserved,
+            self.checkpoint_ray,
+            host_marks=host_marks(self.host),
+        )
 
     @classmethod
     def of(
@@ -73,6 +92,7 @@ class Results:
         fanout: Result | None = None,
         preserved: Result | None = None,
         checkpoint_ray: Result | None = None,
+        host: Result | None = None,
         others: dict[str, dict[str, Any]] | None = None,
     ) -> Results:
         """The results from each benchmark's JSON form (a file's, or what its ``run_*``
@@ -90,28 +110,31 @@ class Results:
             fanout=opt(fanout, FanoutResult, "fanout.json"),
             preserved=opt(preserved, PreservedResult, "preserved.json"),
             checkpoint_ray=opt(checkpoint_ray, CheckpointRayResult, "checkpoint_ray.json"),
+            host=opt(host, HostResult, "host.json"),
             others=others or {},
         )
 
     @classmethod
     def read(cls, out: Path) -> Results:
         """The results in ``out``; the run's ``meta`` is the drain result's."""
-
-        def load(name: str) -> Result | None:
-            path = out / name
-            if not path.exists():
-                return None
-            data: Result = json.loads(path.read_text())
-            return data
-
-        drain, memory, dispatch = load("drain.json"), load("memory.json"), load("dispatch.json")
+        drain, memory, dispatch = (
+            load_result(out, "drain.json"),
+            load_result(out, "memory.json"),
+            load_result(out, "dispatch.json"),
+        )
         if drain is None or memory is None or dispatch is None:
             raise ValueError(
                 f"{out} lacks drain.json, memory.json or dispatch.json; run `all` first"
             )
         rest = {
-            name: load(name)
-            for name in ("checkpoint.json", "fanout.json", "preserved.json", "checkpoint_ray.json")
+            name: load_result(out, name)
+            for name in (
+                "checkpoint.json",
+                "fanout.json",
+                "preserved.json",
+                "checkpoint_ray.json",
+                "host.json",
+            )
         }
         return cls.of(
             drain=drain,
@@ -122,13 +145,14 @@ class Results:
             fanout=rest["fanout.json"],
             preserved=rest["preserved.json"],
             checkpoint_ray=rest["checkpoint_ray.json"],
-            others=_other_runs(
+            host=rest["host.json"],
+            others=other_runs(
                 drain.get("meta") or {}, {"memory.json": memory, "dispatch.json": dispatch, **rest}
             ),
         )
 
 
-def _other_runs(meta: dict[str, Any], results: dict[str, Result | None]) -> dict[str, Any]:
+def other_runs(meta: dict[str, Any], results: dict[str, Result | None]) -> dict[str, Any]:
     """The result files whose run differs from ``meta``'s (command or commit), by name."""
 
     def run(m: dict[str, Any]) -> tuple[Any, Any]:
@@ -140,6 +164,15 @@ def _other_runs(meta: dict[str, Any], results: dict[str, Result | None]) -> dict
         if isinstance(other, dict) and run(other) != run(meta):
             out[name] = other
     return out
+
+
+def load_result(out: Path, name: str) -> Result | None:
+    """The result file ``name`` in ``out`` as JSON, None when there is none."""
+    path = out / name
+    if not path.exists():
+        return None
+    data: Result = json.loads(path.read_text())
+    return data
 
 
 def read_result(data: Result, cls: type[T], name: str) -> T:

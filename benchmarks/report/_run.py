@@ -18,9 +18,8 @@ from ..fanout import FanoutConfig, run_fanout
 from ..memory import run_memory
 from ..preserved import PreservedConfig, run_preserved
 from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
-from ._results import Result, Results, dump, flat
+from ._results import Result, Results, dump, flat, load_result, other_runs
 from ._summary import write_summary
-from ._targets import targets
 
 __all__ = ["rerender", "run_all"]
 
@@ -41,7 +40,9 @@ def run_all(
     """Every benchmark, then the JSON results, the plots and SUMMARY.md in ``out``.
     ``fanout_cfg`` and ``checkpoint_ray_cfg`` None skip the Ray parts (``--no-ray``). A
     checkpoint on Ray that cannot run (Ray does not start, the worker dies) is a result
-    (``checkpoint_ok`` false, with the error), not the end of the run."""
+    (``checkpoint_ok`` false, with the error), not the end of the run. A ``host.json``
+    already in ``out`` (``gymckpt bench host --json``, never run by ``all``) is read into
+    the report and named as another run's."""
     out.mkdir(parents=True, exist_ok=True)
     drain = run_drain(drain_cfg, progress, gc_freeze_variant=True)
     dump(out / "drain.json", {**drain, "meta": meta})
@@ -95,6 +96,7 @@ def run_all(
     for name in stale:  # results of an earlier run must not pass for this one's
         (out / name).unlink(missing_ok=True)
     progress("writing plots and SUMMARY.md")
+    host = load_result(out, "host.json")  # `bench host`, run on its own: kept, and named
     results = Results.of(
         drain=drain,
         memory=memory,
@@ -104,6 +106,8 @@ def run_all(
         fanout=fanout,
         preserved=preserved,
         checkpoint_ray=checkpoint_ray,
+        host=host,
+        others=other_runs(meta, {"host.json": host}),
     )
     files += _render(results, out)
     return {
@@ -114,17 +118,7 @@ def run_all(
         "checkpoint_ray": flat(checkpoint_ray),
         "fanout": flat(fanout),
         "preserved": flat(preserved),
-        "targets": [
-            t.to_json()
-            for t in targets(
-                results.drain,
-                results.memory,
-                results.checkpoint,
-                results.fanout,
-                results.preserved,
-                results.checkpoint_ray,
-            )
-        ],
+        "targets": [t.to_json() for t in results.targets()],
         "files": [str(p) for p in files],
         "meta": meta,
     }

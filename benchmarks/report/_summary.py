@@ -13,19 +13,22 @@ from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_sec
 from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
+from ._host import host_miss_lines, host_section
 from ._misses import miss_lines
 from ._modes import mode_miss_lines, modes_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
-from ._targets import Status, TargetRow, targets
+from ._targets import Status, TargetRow
 
 __all__ = ["NOT_MEASURED", "write_summary"]
 
 NOT_MEASURED = (
-    "The Gym host on Gymnasium CartPole (`gymckpt bench host`) is run separately; its results "
-    "are in `host.json` when present."
+    "The Gym host on Gymnasium CartPole (`gymckpt bench host`) is run separately, not by "
+    "`all`, and there is no `host.json` here: save `gymckpt bench host --json` as "
+    "`host.json` beside these results, then `gymckpt bench report`."
 )
+"""The *Not measured here* section, printed only when the results have no ``host.json``."""
 
 
 def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
@@ -36,7 +39,7 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     add = lines.append
     _provenance(add, r.meta)
     _other_runs(add, r.others)
-    rows = targets(r.drain, r.memory, r.checkpoint, r.fanout, r.preserved, r.checkpoint_ray)
+    rows = r.targets()
     _targets_table(add, rows)
     checkpoint_keys(add, r.checkpoint, r.checkpoint_ray)
     add("## Where a target is missed, and what it would take")
@@ -50,9 +53,9 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
         r.fanout,
         r.checkpoint_ray,
     )
-    misses += mode_miss_lines(
-        {t.key for t in rows if t.status is Status.MISSED}, r.checkpoint, r.preserved
-    )
+    missed = {t.key for t in rows if t.status is Status.MISSED}
+    misses += mode_miss_lines(missed, r.checkpoint, r.preserved)
+    misses += host_miss_lines(missed, r.host)
     for text in misses:
         add(text)
     if not misses:
@@ -70,10 +73,13 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     drain_section(add, r.drain, plots)
     memory_section(add, r.memory)
     dispatch_section(add, r.dispatch)
-    add("## Not measured here")
-    add("")
-    add(NOT_MEASURED)
-    add("")
+    if r.host is not None:
+        host_section(add, r.host)
+    else:
+        add("## Not measured here")
+        add("")
+        add(NOT_MEASURED)
+        add("")
     drain_method_section(add, r.drain)
     add(
         "Reproduce: `" + r.meta["command"] + "` (a few minutes); `--quick` for a smoke run; "

@@ -15,11 +15,13 @@ from ._records import (
     CheckpointResult,
     DrainResult,
     FanoutResult,
+    HostMarksResult,
+    HostResult,
     MemoryResult,
     PreservedResult,
 )
 
-__all__ = ["TARGETS", "HostMarks", "Status", "TargetRow", "targets"]
+__all__ = ["TARGETS", "HostMarks", "Status", "TargetRow", "host_marks", "targets"]
 
 TARGETS = {
     "ledger_bytes_per_attempt": 100.0,
@@ -52,6 +54,20 @@ class HostMarks:
     calendar_turns: int
 
     @classmethod
+    def of(cls, marks: HostMarksResult) -> HostMarks:
+        """From ``host.json``'s ``marks`` as ``Results`` structured it."""
+        cp, cal = marks.cartpole, marks.calendar
+        return cls(
+            cp.marks_overhead_ratio,
+            cp.marks_overhead_cpu_ratio,
+            cp.opted_out_us_per_step_median,
+            cp.episodes,
+            cal.marks_overhead_ratio,
+            cal.marks_overhead_cpu_ratio,
+            cal.turns,
+        )
+
+    @classmethod
     def from_json(cls, marks: dict[str, dict[str, float]]) -> HostMarks:
         """From the ``marks`` section of ``gymckpt bench host --json``."""
         cp, cal = marks["cartpole"], marks["calendar"]
@@ -64,6 +80,12 @@ class HostMarks:
             float(cal["marks_overhead_cpu_ratio"]),
             int(cal["turns"]),
         )
+
+
+def host_marks(host: HostResult | None) -> HostMarks | None:
+    """``host.json``'s marks for the targets; None without ``host.json`` or when it was
+    written before the marks were measured (the row is then *not run*)."""
+    return None if host is None or host.marks is None else HostMarks.of(host.marks)
 
 
 class Status(enum.StrEnum):
