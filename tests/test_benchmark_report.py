@@ -12,6 +12,7 @@ import pytest
 from gymckpt.benchmarks.report import Results, Status, TargetRow
 from gymckpt.benchmarks.report._format import at_size, first_line, fmt, stall
 from gymckpt.benchmarks.report._results import dump, flat
+from gymckpt.benchmarks.report._summary import results_targets
 
 DRAIN = {
     "rollouts": 1,
@@ -407,7 +408,7 @@ def test_host_json_without_marks_reads_and_its_row_is_not_run(tmp_path: Path) ->
     assert got.host.per_step.plain_us_per_step_median == 76.69
     assert got.host.loop.ray_2_actors_episodes_per_s == 323.2
     assert "host.json" in got.others
-    row = next(t for t in got.targets() if t.key == "host_marks_overhead")
+    row = next(t for t in results_targets(got) if t.key == "host_marks_overhead")
     assert (row.status, row.measured) == (Status.NOT_MEASURED, "not run")
     text = _summary(tmp_path)
     assert _marks_line(text).endswith("| not run | **not measured** |")
@@ -449,7 +450,7 @@ def test_host_json_marks_give_the_row_its_verdict(tmp_path: Path) -> None:
     assert "add 5.0 µs (8.8 µs CPU) to a 100 µs (80 µs CPU) step opted out" in miss
     assert "*What it would take:* marks at most a tenth of a step, 10 µs wall and 8 µs" in miss
     dump(tmp_path / "host.json", _host_with_marks(episodes=32))
-    row = next(t for t in Results.read(tmp_path).targets() if t.key == "host_marks_overhead")
+    row = next(t for t in results_targets(Results.read(tmp_path)) if t.key == "host_marks_overhead")
     assert row.status is Status.NOT_MEASURED and "(at 32; the target is at 256)" in row.measured
     bad = _host_with_marks()
     bad["marks"]["cartpole"]["marks_overhead_ratio"] = "0.05"  # type: ignore[index]

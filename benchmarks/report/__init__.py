@@ -6,7 +6,8 @@ One module per part: ``_records`` is what the report reads of each result, ``_re
 (structuring each result once into its record) and writes the JSON results, ``_targets`` gives
 each target its verdict, ``_misses`` explains the missed ones, one module per benchmark writes its
 section of the summary (``_drain``, ``_checkpoint``, ``_fanout``, ``_preserved``,
-``_runtime_tables``, ``_host``: ``host.json``, which ``all`` reads but never writes), ``_summary`` puts them in order, ``_plots`` draws, ``_run`` runs.
+``_runtime_tables``, ``_per_step``: ``host.json``, the host's cost a step, which ``all`` reads but
+never writes), ``_summary`` puts them in order, ``_plots`` draws, ``_run`` runs.
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ from ._records import (
     MemoryResult,
     PreservedResult,
 )
-from ._targets import TargetRow, host_marks, targets
 
 __all__ = ["Result", "Results", "dump", "flat", "load_result", "other_runs", "read_result"]
 
@@ -66,19 +65,6 @@ class Results:
     others: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     """The ``meta`` of each result file that another run wrote (another command or commit
     than the drain's): a benchmark run on its own after ``all``."""
-
-    def targets(self) -> list[TargetRow]:
-        """The project's targets and their verdicts on these results (``host.json``'s marks
-        included when present): what SUMMARY.md's table and ``all``'s JSON both show."""
-        return targets(
-            self.drain,
-            self.memory,
-            self.checkpoint,
-            self.fanout,
-            self.preserved,
-            self.checkpoint_ray,
-            host_marks=host_marks(self.host),
-        )
 
     @classmethod
     def of(

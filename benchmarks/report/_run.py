@@ -19,7 +19,7 @@ from ..memory import run_memory
 from ..preserved import PreservedConfig, run_preserved
 from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
 from ._results import Result, Results, dump, flat, load_result, other_runs
-from ._summary import write_summary
+from ._summary import results_targets, write_summary
 
 __all__ = ["rerender", "run_all"]
 
@@ -118,7 +118,7 @@ def run_all(
         "checkpoint_ray": flat(checkpoint_ray),
         "fanout": flat(fanout),
         "preserved": flat(preserved),
-        "targets": [t.to_json() for t in results.targets()],
+        "targets": [t.to_json() for t in results_targets(results)],
         "files": [str(p) for p in files],
         "meta": meta,
     }

@@ -13,15 +13,15 @@ from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_sec
 from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
-from ._host import host_miss_lines, host_section
 from ._misses import miss_lines
 from ._modes import mode_miss_lines, modes_section
+from ._per_step import host_miss_lines, host_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
-from ._targets import Status, TargetRow
+from ._targets import Status, TargetRow, host_marks, targets
 
-__all__ = ["NOT_MEASURED", "write_summary"]
+__all__ = ["NOT_MEASURED", "results_targets", "write_summary"]
 
 NOT_MEASURED = (
     "The Gym host on Gymnasium CartPole (`gymckpt bench host`) is run separately, not by "
@@ -39,7 +39,7 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     add = lines.append
     _provenance(add, r.meta)
     _other_runs(add, r.others)
-    rows = r.targets()
+    rows = results_targets(r)
     _targets_table(add, rows)
     checkpoint_keys(add, r.checkpoint, r.checkpoint_ray)
     add("## Where a target is missed, and what it would take")
@@ -87,6 +87,21 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     )
     add("")
     write_atomic(path, "\n".join(lines).encode())
+
+
+def results_targets(results: Results) -> list[TargetRow]:
+    """The project's targets and their verdicts on ``results`` (``host.json``'s marks
+    included when present): what SUMMARY.md's table and ``all``'s JSON both show."""
+    r = results
+    return targets(
+        r.drain,
+        r.memory,
+        r.checkpoint,
+        r.fanout,
+        r.preserved,
+        r.checkpoint_ray,
+        host_marks=host_marks(r.host),
+    )
 
 
 def _provenance(add: Add, meta: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
-"""The report's section on the Gym host on Gymnasium CartPole (``host.json``, written by
-``gymckpt bench host --json`` on its own): the host's per-step cost against plain Gymnasium,
-the unaligned mode's boundary marks on and opted out (CartPole and the calendar), and episodes
-per second through the whole loop."""
+"""The report's section on the Gym host's cost a step on Gymnasium CartPole (``host.json``,
+written by ``gymckpt bench host --json`` on its own): the host's per-step cost against plain
+Gymnasium, the unaligned mode's boundary marks on and opted out (CartPole and the calendar),
+and episodes per second through the whole loop."""
 
 from __future__ import annotations
 
