@@ -201,14 +201,7 @@ class ControlPlane:
         exported, sessions, participants, refused, problem = await offload(
             functools.partial(self._export, checkpoint_id, self._root(state_root), tables)
         )
-        if self.host.dead:  # died while exporting: what it committed died with it
-            raise GymInstanceDead(self.name, "commit")
-        self._check_still_prepared(checkpoint_id, generation)
-        if problem is not None:
-            self.failure_log.warn(
-                f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
-            )
-            raise GymControlError(self.name, "commit", f"exporting session state failed: {problem}")
+        self._check_exported(checkpoint_id, generation, problem)
         for refusal in refused:  # not in the records: failed, the reply goes on the wire
             self.failure_log.warn(refusal.message, refusal.exc)
             ep = self.table.active.get(refusal.rollout_id)
@@ -261,14 +254,7 @@ class ControlPlane:
                 self._export_cut, checkpoint_id, self._root(state_root), taken, unclaimed, kept
             )
         )
-        if self.host.dead:
-            raise GymInstanceDead(self.name, "commit")
-        self._check_still_prepared(checkpoint_id, generation)
-        if problem is not None:
-            self.failure_log.warn(
-                f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
-            )
-            raise GymControlError(self.name, "commit", f"exporting session state failed: {problem}")
+        self._check_exported(checkpoint_id, generation, problem)
         self.count.commits += 1
         self.parking.arm_lease(self._lease_expired)
         return CommitReply(
@@ -280,6 +266,21 @@ class ControlPlane:
             sessions,
             mid_turn=sum(1 for c in taken if c.mid_turn),
         )
+
+    def _check_exported(
+        self, checkpoint_id: str, generation: int, problem: Exception | None
+    ) -> None:
+        """After a commit's export: raise if the instance died meanwhile (what it committed died
+        with it), if the checkpoint reopened (``_check_still_prepared``), or if the export met a
+        ``problem`` (logged; the commit fails retryably)."""
+        if self.host.dead:
+            raise GymInstanceDead(self.name, "commit")
+        self._check_still_prepared(checkpoint_id, generation)
+        if problem is not None:
+            self.failure_log.warn(
+                f"instance {self.name} commit of {checkpoint_id}: {problem}", problem.__cause__
+            )
+            raise GymControlError(self.name, "commit", f"exporting session state failed: {problem}")
 
     def _check_still_prepared(self, checkpoint_id: str, generation: int) -> None:
         """``GymControlError`` if the checkpoint reopened while its records were being written
