@@ -248,7 +248,9 @@ async def test_on_wire_until_the_consumer_asks_for_the_next_batch(
         inv = await gym.inventory("gym-0")
         assert ids <= set(inv.on_wire)
         prep = await gym.prepare("gym-0", "c", deadline(), mode)
-        assert prep.on_wire == len(inv.on_wire)
+        # never fewer than the inventory listed (nothing left the wire unasked); on Ray, in
+        # real time, another row may have replied between the two calls
+        assert prep.on_wire >= len(inv.on_wire)
         reply = await gym.commit("gym-0", "c", "state", deadline())
         assert ids <= set(reply.on_wire)
         assert not ids & {e.rollout_id for e in reply.exported}
