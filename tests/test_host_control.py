@@ -11,7 +11,6 @@ host restores it, after the test rewrote a participant's records (digest recompu
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -517,16 +516,22 @@ async def test_a_restored_mid_turn_episode_replays_its_turn_asking_only_the_call
 
 
 class Slow:
-    """A retained participant whose ``export`` takes 2 s in a worker thread (a commit's)."""
+    """A retained participant whose ``export`` in a worker thread (a commit's) says it started
+    and then waits until the test lets it go."""
 
     name, kind, retained = "slow", "environment", True
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.go = threading.Event()
 
     def open(self, info: EpisodeInfo) -> Any:
         return {"n": 0}
 
     def export(self, state: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
-            time.sleep(2.0)
+            self.started.set()
+            assert self.go.wait(30.0), "the test never let the export go"
         return dict(state)
 
     def restore(self, data: Any) -> Any:
@@ -556,16 +561,28 @@ class Quick:
 async def test_a_commit_the_lease_overtakes_fails_instead_of_answering(
     tmp_path: Path, mode: CheckpointMode
 ) -> None:
-    """Real time (the export runs in a worker thread): the lease (0.5 s) runs out while the
-    commit's thread exports a kept session (2 s); the checkpoint reopened meanwhile, so the
-    commit must not report records that are no cut of the instance."""
-    env = Environment(agent=Quick(), participants=(Slow(),))
-    async with GymHost("gym-0", env, config=HostConfig(lease_s=0.5)) as host:
+    """Real time (the export runs in a worker thread): the lease (0.2 s) runs out while the
+    commit's thread exports a kept session, which waits until the lease has reopened the
+    instance; the commit must not report records that are no cut of the instance."""
+    slow = Slow()
+    env = Environment(agent=Quick(), participants=(slow,))
+    async with GymHost("gym-0", env, config=HostConfig(lease_s=0.2)) as host:
         stream = await host.run([RunRow("0-0", 0, 0, 0), RunRow("1-0", 1, 0, 0)])
         assert [r.rollout_id for r in await stream.__anext__()] == ["0-0"]  # kept: its slot
         await host.prepare("c1", trio.current_time() + 10, mode)
-        with pytest.raises(GymControlError, match="checkpoint c1 reopened while it was commit"):
-            await host.commit("c1", str(tmp_path / "snap"), trio.current_time() + 10)
+        async with trio.open_nursery() as nursery:
+
+            async def commit() -> None:
+                with pytest.raises(GymControlError, match="checkpoint c1 reopened while it was"):
+                    await host.commit("c1", str(tmp_path / "snap"), trio.current_time() + 10)
+
+            nursery.start_soon(commit)
+            assert await trio.to_thread.run_sync(slow.started.wait, 10.0)
+            with trio.fail_after(10.0):
+                # the lease has no event of its own to wait on: its timer runs on this loop
+                while host.inventory().prepared:  # noqa: ASYNC110 - bounded by fail_after
+                    await trio.sleep(0.01)
+            slow.go.set()
         inv = host.inventory()
         assert inv.lease_reopened == 1 and not inv.prepared and host.statistics().commits == 0
         await stream.aclose()
