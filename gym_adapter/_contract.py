@@ -102,13 +102,17 @@ ADMISSION_CLOSED = "admission_closed"
 @attrs.frozen
 class RunRow:
     """One attempt sent to ``/run``. ``restored_from`` names the exported attempt a restored
-    replacement claims (attempt + 1 on the same instance, S11)."""
+    replacement claims (attempt + 1 on the same instance, S11). ``task`` is the row's task from
+    the trainer's dataset (a JSON value; None when the environment owns its data and reads
+    ``row``); ``policy_version`` is the trainer's policy version when the row was dispatched."""
 
     rollout_id: str
     row: int
     slot: int
     attempt: int
     restored_from: str | None = None
+    task: Any = None
+    policy_version: int = 0
 
 
 @attrs.frozen

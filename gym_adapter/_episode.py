@@ -78,6 +78,7 @@ __all__ = [
     "EpisodeContext",
     "EpisodeFenced",
     "EpisodeInfo",
+    "ModelUnavailable",
     "Participant",
     "PayloadTooLarge",
     "StateParticipant",
@@ -132,13 +133,22 @@ class EpisodeFenced(RuntimeError):
     stops the episode and drops its reply."""
 
 
+class ModelUnavailable(RuntimeError):
+    """The model could not answer for a reason outside the episode (its server is down, timed
+    out, or answered 5xx after every retry). Raised from ``ctx.model``, it fails the episode as
+    **infra**: the trainer retries the row on a fresh attempt. Any other exception out of
+    ``step`` fails it as data."""
+
+
 class PayloadTooLarge(ValueError):
     """An episode's trajectory payload is over the host's limit."""
 
 
 @attrs.frozen
 class EpisodeInfo:
-    """Who an episode is: its attempt identity, the deployment seed, and the instance."""
+    """Who an episode is: its attempt identity, the deployment seed, the instance, and its
+    ``task`` from the trainer's dataset (a JSON value, the same for every attempt of the row;
+    None when the trainer gave no dataset and the environment reads its data by ``row``)."""
 
     rollout_id: str
     row: int
@@ -146,6 +156,7 @@ class EpisodeInfo:
     attempt: int
     seed: int
     instance: str
+    task: Any = None
 
     @property
     def session_key(self) -> str:

@@ -379,7 +379,9 @@ class GymHost:
         return HostReplyStream(self._streams, st)
 
     def _info(self, row: RunRow) -> EpisodeInfo:
-        return EpisodeInfo(row.rollout_id, row.row, row.slot, row.attempt, self.seed, self.name)
+        return EpisodeInfo(
+            row.rollout_id, row.row, row.slot, row.attempt, self.seed, self.name, row.task
+        )
 
     def _admit(self, st: RunStream, row: RunRow) -> RunReply | None:
         rid = row.rollout_id

@@ -19,7 +19,7 @@ import attrs
 
 from ._contract import Failed, RunReply
 from ._environment import Environment
-from ._episode import EpisodeFenced, Model
+from ._episode import EpisodeFenced, Model, ModelUnavailable
 from ._host_cut import mark_boundary
 from ._host_episodes import Episode, StepContext, completed_reply
 from ._host_log import FailureLog, episode_label
@@ -105,6 +105,13 @@ class Turns:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
             except EpisodeFenced:
                 raise
+            except ModelUnavailable as exc:  # the model's infrastructure, not the episode's data
+                failed = f"{episode_label(ep.info)} turn {ep.turn}: model unavailable: {exc}"
+                self.failure_log.warn(failed, exc)
+                problem = self.slots.journal_turn(ep, ctx.touched)
+                if problem is not None:
+                    self.failure_log.warn(problem)
+                return Failed(rid, "infra", problem or failed)
             except Exception as exc:
                 failed = f"{episode_label(ep.info)} turn {ep.turn}: step raised {exc!r}"
                 self.failure_log.warn(failed, exc)

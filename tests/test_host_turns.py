@@ -20,7 +20,7 @@ import trio.testing
 from gymckpt.gym_adapter import Done, Environment
 from gymckpt.gym_adapter._contract import Completed, Failed
 from gymckpt.gym_adapter._environment import Roles
-from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo
+from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, ModelUnavailable
 from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode
 from gymckpt.gym_adapter._host_journal import replay_journal
 from gymckpt.gym_adapter._host_log import FailureLog
@@ -51,6 +51,7 @@ class Agent:
 
     turns: int = 3
     fail_at: int | None = None
+    error: type[Exception] = RuntimeError
     on_turn: Any = None
     name: str = "agent"
     kind: str = "simple_agent"
@@ -67,7 +68,7 @@ class Agent:
     async def step(self, ctx: Any, state: Any) -> Done | None:
         await trio.sleep(1.0)
         if ctx.turn == self.fail_at:
-            raise RuntimeError(f"turn {ctx.turn} broke")
+            raise self.error(f"turn {ctx.turn} broke")
         ctx.session("cal")["n"] += 1
         if self.on_turn is not None:
             self.on_turn(ctx.turn)
@@ -142,6 +143,22 @@ async def test_a_step_that_raises_fails_the_episode_as_data_and_logs_it(
     assert isinstance(reply, Failed) and reply.failure_class == "data"
     assert "turn 1: step raised RuntimeError('turn 1 broke')" in reply.message
     assert r.count.turns == 1 and "turn 1 broke" in caplog.text
+
+
+async def test_a_model_that_is_unavailable_fails_the_episode_as_infra_and_logs_it(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``ModelUnavailable`` (the model's server is down after every retry) is not the episode's
+    data: the trainer retries the row on a fresh attempt."""
+    r = rig(Agent(turns=5, fail_at=1, error=ModelUnavailable))
+    async with trio.open_nursery() as nursery:
+        r.parking.open(nursery.start_soon, lambda ep: None)
+        reply = await r.turns.play(started(r))
+        nursery.cancel_scope.cancel()
+    assert isinstance(reply, Failed) and reply.failure_class == "infra"
+    assert "turn 1: model unavailable: turn 1 broke" in reply.message
+    assert "turn 1 broke" in caplog.text
 
 
 async def test_an_episode_parks_at_its_boundary_once_prepared(
