@@ -43,7 +43,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -125,6 +125,9 @@ class Dispatcher:
     request_timeout_s: float = 300.0
     on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None
     """Called with (instance, rows) right after rows are marked DISPATCHED (audit hooks)."""
+    tasks: Callable[[int], Any] | None = None
+    """Row index -> its task (a fresh copy each call), sent with every attempt of the row:
+    fresh, retried and restored alike. None: the environment owns its data (task None)."""
 
     _queue: deque[str] = attrs.field(factory=deque, init=False)
     _kick: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -204,11 +207,12 @@ class Dispatcher:
                 restored_from = restored.from_rollout_id
             else:
                 instance = live[next(self._rr) % len(live)]
+            task = None if self.tasks is None else self.tasks(row)
             submitting.add(rid)
             rows = groups.get(instance)
             if rows is None:
                 rows = groups[instance] = []
-            rows.append(RunRow(rid, row, slot, attempt, restored_from))
+            rows.append(RunRow(rid, row, slot, attempt, restored_from, task=task))
             touched.append(rid)
             taken += 1
         return [(name, replacer.generation(name), rows) for name, rows in groups.items()]

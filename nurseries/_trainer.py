@@ -15,6 +15,7 @@ invariant violations and too many failures in a row raise (exit codes 3 and 4).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -29,6 +30,7 @@ from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.runtime import (
     BudgetExhausted,
     CompletedGroup,
+    DatasetError,
     DeadlineRegistry,
     DispatchGate,
     Metrics,
@@ -38,6 +40,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
+    TaskDataset,
     WorkDirLock,
 )
 from gymckpt.runtime.lowlevel import (
@@ -312,8 +315,9 @@ async def open_rollouts(
     gym: GymBackend,
     workdir: Path | str,
     *,
-    rows: int | Iterable[int],
+    rows: int | Iterable[int] | None = None,
     group_size: int,
+    dataset: object = None,
     config: RuntimeConfig | None = None,
     max_rows_in_flight: int = 64,
     batch_size: int = 64,
@@ -328,8 +332,19 @@ async def open_rollouts(
 ) -> AsyncIterator[Rollouts]:
     """Open the rollout runtime on ``gym`` with snapshots under ``workdir/snapshots``.
 
-    ``rows`` is the dataset: a count (rows ``0..rows-1``) or an iterable of row indices in
-    order. With ``restore`` (default) the latest complete snapshot is restored first.
+    ``dataset`` is the trainer's dataset of tasks: a sequence or an iterable (materialised
+    once) of JSON tasks, the path of a JSONL file (one task a line), or anything with
+    ``__len__`` and ``__getitem__``, such as a Hugging Face ``datasets.Dataset``. Each
+    attempt of row ``i`` carries row ``i``'s task to Gym (``EpisodeInfo.task``: a fresh copy
+    of its JSON value, keys sorted), fresh, retried and restored attempts alike. Every row
+    the run will use is checked here, before anything else: one that is not finite plain
+    JSON raises ``DatasetError`` (exit code 2) naming the row and the place in it.
+
+    ``rows`` says which rows to train, in order: a count (rows ``0..rows-1``) or an iterable of
+    row indices. With a dataset it defaults to every row, and a row outside the dataset is
+    refused (``DatasetError``); without one it is required, and environments read their data
+    by row index (task None). With ``restore`` (default) the latest complete snapshot is
+    restored first.
     ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
 
     One trainer holds ``workdir`` at a time: a second one raises ``WorkDirLocked`` here, naming
@@ -359,6 +374,10 @@ async def open_rollouts(
                 # Rollouts before the trainer's body can take a step
                 inbox = _SignalInbox(trio.lowlevel.current_trio_token())
                 stack.enter_context(inbox.installed())
+            tasks = None if dataset is None else await offload(lambda: TaskDataset.of(dataset))
+            all_rows = _run_rows(rows, tasks)
+            if tasks is not None:
+                await offload(functools.partial(tasks.check, all_rows))
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
             restored = None
@@ -374,7 +393,6 @@ async def open_rollouts(
                     max_row_attempts=config.max_row_attempts,
                     data_failure_budget=config.data_failure_budget,
                 )
-            all_rows = range(rows) if isinstance(rows, int) else list(rows)
             start = ledger.next_row
             remaining_rows = [r for r in all_rows if r >= start]
             remaining = iter(remaining_rows)
@@ -396,6 +414,7 @@ async def open_rollouts(
                 max_rows_in_flight=max_rows_in_flight,
                 batch_size=batch_size,
                 on_dispatch=on_dispatch,
+                tasks=None if tasks is None else tasks.task,
             )
             replacer.on_released = dispatcher.enqueue
             replacer.on_up = lambda _instance: dispatcher.poke()
@@ -445,6 +464,33 @@ async def open_rollouts(
                     nursery.cancel_scope.cancel()
     finally:
         lock.release()
+
+
+def _run_rows(rows: int | Iterable[int] | None, dataset: TaskDataset | None) -> Sequence[int]:
+    """The rows the run trains, in order: ``rows`` as given, every row of ``dataset`` when it
+    is None; each inside the dataset (``DatasetError`` naming the first that is not)."""
+    if rows is None:
+        if dataset is None:
+            raise TypeError("open_rollouts needs rows= (a count or row indices) or dataset=")
+        return range(len(dataset))
+    chosen: Sequence[int] = range(rows) if isinstance(rows, int) else list(rows)
+    if dataset is None:
+        return chosen
+    n = len(dataset)
+    if isinstance(chosen, range):
+        if rows > n:  # type: ignore[operator]
+            raise DatasetError(
+                f"rows={rows}, but the dataset ({dataset.source}) has {n} rows: pass "
+                f"rows <= {n}, or leave rows out to train every row"
+            )
+        return chosen
+    for position, row in enumerate(chosen):
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n:
+            raise DatasetError(
+                f"rows[{position}] is {row!r}, not a row of the dataset ({dataset.source}, "
+                f"rows 0..{n - 1})"
+            )
+    return chosen
 
 
 def _log_restore(restored: RestoredRun, ledger: RecoveryLedger, step: int) -> None:

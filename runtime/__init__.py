@@ -12,6 +12,7 @@ down, in ``gymckpt.runtime.lowlevel``. The modules behind both are private.
 from ._barrier import ANY, BarrierStatistics, MutationBarrier
 from ._config import CheckpointMode, RuntimeConfig
 from ._config_file import runtime_config_from_toml
+from ._dataset import TaskDataset
 from ._deadlines import DeadlineRegistry, DeadlineStatistics
 from ._drain import wait_drained
 from ._errors import (
@@ -19,6 +20,8 @@ from ._errors import (
     BudgetExhausted,
     CheckpointInvariantError,
     CheckpointsFailed,
+    DatasetError,
+    DatasetMismatch,
     DeadlineExpired,
     DrainTimeout,
     GymAdmissionClosed,
@@ -76,6 +79,8 @@ __all__ = [
     "CheckpointMode",
     "CheckpointsFailed",
     "CompletedGroup",
+    "DatasetError",
+    "DatasetMismatch",
     "DeadlineExpired",
     "DeadlineRegistry",
     "DeadlineStatistics",
@@ -111,6 +116,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotStore",
     "StrandedSessionError",
+    "TaskDataset",
     "TopologyMismatch",
     "TrainerFilesRefused",
     "WorkDirLock",

@@ -36,6 +36,7 @@ _FIELDS: dict[str, frozenset[str]] = {
 TRAINER_ARGUMENTS: frozenset[str] = frozenset(
     {
         "rows",
+        "dataset",
         "group_size",
         "max_rows_in_flight",
         "batch_size",

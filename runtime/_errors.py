@@ -22,6 +22,8 @@ __all__ = [
     "BudgetExhausted",
     "CheckpointInvariantError",
     "CheckpointsFailed",
+    "DatasetError",
+    "DatasetMismatch",
     "DeadlineExpired",
     "DrainTimeout",
     "GymAdmissionClosed",
@@ -251,6 +253,20 @@ class TrainerFilesRefused(BadInput, ValueError):
     """The trainer's ``files=`` writer left something in ``trainer/`` that cannot be a file of
     the snapshot: a link to a directory, a dangling link, a fifo, socket or device. The
     checkpoint fails (``reason="trainer_files"``, retried at the next one) and names the entry."""
+
+
+class DatasetError(BadInput, ValueError):
+    """The trainer's dataset cannot be used as given (exit code 2): a row that is not a finite
+    plain JSON value (the message names the row and the place in it), a ``rows`` index outside
+    the dataset, a JSONL file that cannot be read, or a row that changed while the run was
+    open."""
+
+
+class DatasetMismatch(BadInput, ValueError):
+    """A restore against another dataset than the one its snapshot was made with (exit code 2):
+    the first row that differs (both digests), a dataset shorter than the rows the snapshot
+    used, or a dataset given to one of the two runs and not to the other. Raised before Gym is
+    asked to install anything."""
 
 
 class TopologyMismatch(BadInput, ValueError):

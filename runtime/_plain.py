@@ -37,12 +37,15 @@ def _key_path(path: str, key: Any) -> str:
     return f"{path}[{key!r}]"
 
 
-def plain_problem(value: Any, where: str, *, types: bool = True) -> str | None:
+def plain_problem(
+    value: Any, where: str, *, types: bool = True, json_only: bool = False
+) -> str | None:
     """The first place in ``value`` that is not a finite JSON value (dicts with str keys,
     lists, tuples, str, int, bool, None, finite floats, numpy arrays and scalars), as
     ``"<where>[3].x is nan"``; None when there is none. Without ``types`` only non-finite
-    numbers count (a value orjson serialised already). A walk in Python: see ``checked_json``
-    for the fast path."""
+    numbers count (a value orjson serialised already); with ``json_only`` a tuple or a numpy
+    value counts too (what must come back from JSON as itself). A walk in Python: see
+    ``checked_json`` for the fast path."""
     stack: list[tuple[str, Any]] = [(where, value)]
     while stack:
         path, v = stack.pop()
@@ -58,6 +61,8 @@ def plain_problem(value: Any, where: str, *, types: bool = True) -> str | None:
                     return f"{path}: key {k!r} is {type(k).__name__}, not str"
             stack.extend((_key_path(path, k), x) for k, x in reversed(items))
         elif isinstance(v, (list, tuple)):
+            if json_only and isinstance(v, tuple):
+                return f"{path} is a tuple, not a JSON list (it would come back as a list)"
             stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
         elif hasattr(type(v), "__dataclass_fields__"):  # orjson writes a dataclass's fields
             if types:
@@ -67,6 +72,8 @@ def plain_problem(value: Any, where: str, *, types: bool = True) -> str | None:
                 for name in reversed(list(type(v).__dataclass_fields__))
             )
         elif type(v).__module__ == "numpy":
+            if json_only:
+                return f"{path} is a numpy {type(v).__name__}, not plain JSON (use .tolist())"
             problem = _numpy_problem(path, v)
             if problem is not None:
                 return problem

@@ -1,14 +1,17 @@
 """Small environments on the episode API, importable by path (``gymckpt.testing.examples:NAME``)
-so Ray actors and the conformance kit can load them: the README's guess-the-number game."""
+so Ray actors and the conformance kit can load them: the README's guess-the-number game, and an
+agent that reads its task from the trainer's dataset."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+import anyio
+
 from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
 
-__all__ = ["Game", "Player", "guess_the_number"]
+__all__ = ["Game", "Player", "TaskReader", "guess_the_number", "task_reader"]
 
 
 class Game:
@@ -60,3 +63,40 @@ def _bisect(key: str, bounds: list[int], info: EpisodeInfo) -> int:
 def guess_the_number() -> Environment:
     """Guess-the-number with a bisecting policy."""
     return Environment(agent=Player(), participants=(Game(),), model=_bisect)
+
+
+class TaskReader:
+    """An agent that reads its task from the trainer's dataset (``ctx.info.task``) at every
+    turn, ``turns`` turns of ``turn_s`` seconds each; the payload is the row, the attempt and
+    the task each turn saw, so a test can check that every attempt, restored ones included,
+    got its own row's task."""
+
+    name, kind = "agent", "simple_agent"
+
+    def __init__(self, turns: int = 3, turn_s: float = 0.0) -> None:
+        self.turns, self.turn_s = turns, turn_s
+
+    def open(self, info: EpisodeInfo) -> dict[str, Any]:
+        return {"seen": []}
+
+    def export(self, state: dict[str, Any]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, Any]:
+        return dict(data)
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        if self.turn_s:
+            await anyio.sleep(self.turn_s)
+        state["seen"].append(ctx.info.task)
+        if len(state["seen"]) < self.turns:
+            return None
+        info = ctx.info
+        return Done(
+            reward=1.0, payload={"row": info.row, "attempt": info.attempt, "seen": state["seen"]}
+        )
+
+
+def task_reader(turns: int = 3, turn_s: float = 0.0) -> Environment:
+    """``TaskReader``'s environment (no model)."""
+    return Environment(agent=TaskReader(turns, turn_s))

@@ -1,0 +1,241 @@
+"""The trainer's dataset: the task each row stands for, checked where it enters.
+
+A trainer's dataloader owns its prompts (verl, OpenRLHF, TRL); a row index alone makes every
+Gym instance load and index the same data itself, and nothing could tell whether a restore runs
+against the data its snapshot was made with. So the trainer hands its dataset to
+``open_rollouts`` and each attempt carries its row's task to Gym.
+
+What a task is
+--------------
+A finite plain JSON value. Its *canonical form* is ``orjson.dumps(task, option=OPT_SORT_KEYS)``
+(compact, object keys sorted), and what travels to an environment is the value parsed back
+from those bytes: a fresh copy for every attempt (an environment that edits its task edits
+neither the trainer's dataset nor a sibling's task), equal to the row, and the same on every
+backend, in process or across Ray. A row that would not come back from JSON as itself (``nan``,
+a set, a tuple, a numpy array, a ``datetime``, a non-``str`` key, an integer beyond 64 bits) is
+refused when the dataset is checked, with the row and the place in it.
+
+What identifies a row
+---------------------
+Its *row digest*: the first 8 bytes of blake2b over its canonical form, computed once per row
+and kept (8 bytes a row: 8 MB at 1M rows). A row is read again when an attempt of it is
+dispatched, and its digest recomputed: a row that changed under the run is refused there, so
+what Gym got is what the snapshot identifies. ``gymckpt.runtime.lowlevel``'s dataset record
+(``_dataset_record``) is what a snapshot keeps of them.
+
+All of this is blocking and runs in a worker thread at start; ``task`` is called on the loop
+once per dispatched attempt (one ``orjson`` dump and load and one blake2b, microseconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping, Sequence, Set
+from pathlib import Path
+from typing import Any, Final, final
+
+import attrs
+import orjson
+
+from ._errors import DatasetError
+from ._plain import plain_problem
+
+__all__ = ["ROW_DIGEST_SIZE", "TaskDataset", "canonical_task", "row_digest", "row_ranges"]
+
+ROW_DIGEST_SIZE: Final = 8
+"""Bytes of blake2b kept per row: a chance of 2**-64 that an edited row goes unseen."""
+_CANONICAL: Final = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+"""Sorted keys; a dataclass, a datetime and a subclass of str, int, dict or list are refused
+(orjson would write each as something that does not come back as itself)."""
+
+
+def canonical_task(task: Any, where: str) -> bytes:
+    """The canonical JSON form of ``task``; ``DatasetError`` naming the place (``where`` is the
+    row, ``"dataset[3]"``) when ``task`` would not come back from JSON as itself."""
+    try:
+        data = orjson.dumps(task, option=_CANONICAL)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        problem = plain_problem(task, where, json_only=True)
+        raise DatasetError(problem or f"{where} is not plain JSON ({exc})") from None
+    # one parse and a comparison in C: ``nan`` came back as None, a tuple as a list, a UUID or
+    # an enum as a string
+    if orjson.loads(data) != task:
+        problem = plain_problem(task, where, json_only=True)
+        raise DatasetError(problem or f"{where} does not come back from JSON as itself")
+    return data
+
+
+def row_digest(canonical: bytes) -> bytes:
+    """The row digest of a task's canonical form (``ROW_DIGEST_SIZE`` bytes)."""
+    return hashlib.blake2b(canonical, digest_size=ROW_DIGEST_SIZE).digest()
+
+
+def row_ranges(rows: Iterable[int]) -> list[tuple[int, int]]:
+    """``rows`` as sorted, disjoint, non-adjacent ``(start, stop)`` ranges."""
+    if isinstance(rows, range) and rows.step == 1:
+        return [(rows.start, rows.stop)] if rows else []
+    out: list[tuple[int, int]] = []
+    for row in sorted(set(rows)):
+        if out and out[-1][1] == row:
+            out[-1] = (out[-1][0], row + 1)
+        else:
+            out.append((row, row + 1))
+    return out
+
+
+def _describe(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@final
+@attrs.define(eq=False, slots=True, repr=False)
+class TaskDataset:
+    """The trainer's dataset, row ``i`` the task of row index ``i``. Build it with ``of``.
+
+    Invariants: ``len`` never changes; ``digest(i)`` is computed once and kept; ``task(i)``
+    returns a fresh copy of row ``i``'s canonical JSON value and raises ``DatasetError`` if the
+    row no longer has the digest first computed for it.
+    """
+
+    source: str
+    """What the dataset was built from, for messages (``"list of 3 tasks"``, a file path)."""
+    _rows: Sequence[Any]
+    _encoded: bool
+    """``_rows`` holds canonical bytes already (a JSONL file), not tasks."""
+    _digests: bytearray = attrs.field(init=False)
+    _known: bytearray = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._digests = bytearray(ROW_DIGEST_SIZE * len(self._rows))
+        self._known = bytearray(len(self._rows))
+
+    @classmethod
+    def of(cls, dataset: object) -> TaskDataset:
+        """Adapt what a trainer passes as ``dataset=``: a ``TaskDataset``; a path (``str`` or
+        ``os.PathLike``) to a JSONL file, one task a line; anything with ``__len__`` and
+        ``__getitem__`` (a list, a Hugging Face ``datasets.Dataset``), indexed lazily; any other
+        iterable, materialised once. ``DatasetError`` for anything else."""
+        if isinstance(dataset, TaskDataset):
+            return dataset
+        if isinstance(dataset, str | os.PathLike):
+            return cls._jsonl(Path(dataset))
+        if isinstance(dataset, bytes | bytearray | memoryview):
+            raise DatasetError(
+                "dataset: bytes are not a dataset (pass a list of tasks or a JSONL file's path)"
+            )
+        if isinstance(dataset, Set):
+            raise DatasetError(
+                f"dataset: a set ({_describe(dataset)}) has no order, so its rows have no "
+                "index: pass a list"
+            )
+        if isinstance(dataset, Mapping):
+            raise DatasetError(
+                f"dataset: a mapping ({_describe(dataset)}) is not a dataset: pass a sequence "
+                "of tasks (of a Hugging Face DatasetDict, one split: ds['train'])"
+            )
+        if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+            return cls(f"{_describe(dataset)} of {len(dataset)} rows", dataset, False)  # type: ignore[arg-type]
+        if isinstance(dataset, Iterable):
+            rows = list(dataset)
+            return cls(f"iterable of {len(rows)} tasks", rows, False)
+        raise DatasetError(
+            f"dataset: a {_describe(dataset)} is not a dataset: pass a sequence or iterable of "
+            "JSON tasks, a JSONL file's path, or a Hugging Face datasets.Dataset"
+        )
+
+    @classmethod
+    def _jsonl(cls, path: Path) -> TaskDataset:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise DatasetError(f"dataset {path}: cannot read it ({exc})") from None
+        lines = data.split(b"\n")
+        if lines and not lines[-1].strip():
+            lines.pop()  # the newline that ends the last line
+        rows: list[bytes] = []
+        for n, line in enumerate(lines):
+            where = f"dataset {path}: line {n + 1} (row {n})"
+            if not line.strip():
+                raise DatasetError(f"{where} is empty: one JSON task a line, no blank lines")
+            try:
+                task = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise DatasetError(f"{where} is not valid JSON ({exc})") from None
+            rows.append(orjson.dumps(task, option=orjson.OPT_SORT_KEYS))
+        return cls(str(path), rows, True)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _canonical(self, row: int) -> bytes:
+        if not 0 <= row < len(self._rows):
+            raise DatasetError(f"row {row} is outside the dataset ({len(self._rows)} rows)")
+        if self._encoded:
+            return self._rows[row]
+        try:
+            task = self._rows[row]
+        except Exception as exc:
+            raise DatasetError(
+                f"dataset[{row}]: reading it from {self.source} failed "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+        return canonical_task(task, f"dataset[{row}]")
+
+    def digest(self, row: int) -> bytes:
+        """Row ``row``'s digest, computed (the row checked) on first use and kept."""
+        at = row * ROW_DIGEST_SIZE
+        if 0 <= row < len(self._known) and self._known[row]:
+            return bytes(self._digests[at : at + ROW_DIGEST_SIZE])
+        found = row_digest(self._canonical(row))
+        self._digests[at : at + ROW_DIGEST_SIZE] = found
+        self._known[row] = 1
+        return found
+
+    def check(self, rows: Iterable[int]) -> None:
+        """Check every row of ``rows`` (each inside the dataset, each plain JSON) and keep its
+        digest; the first bad one raises ``DatasetError`` naming it. Blocking: run it off the
+        loop (about a microsecond or two a row for small tasks)."""
+        known, digests, size = self._known, self._digests, ROW_DIGEST_SIZE
+        for row in rows:
+            if 0 <= row < len(known) and known[row]:
+                continue
+            found = row_digest(self._canonical(row))
+            digests[row * size : (row + 1) * size] = found
+            known[row] = 1
+
+    def task(self, row: int) -> Any:
+        """A fresh copy of row ``row``'s task, its digest checked against the one first
+        computed (``DatasetError`` if the row changed since)."""
+        data = self._canonical(row)
+        if self._known[row]:
+            found = row_digest(data)
+            at = row * ROW_DIGEST_SIZE
+            if found != self._digests[at : at + ROW_DIGEST_SIZE]:
+                raise DatasetError(
+                    f"dataset[{row}] changed while the run was open (digest "
+                    f"{self._digests[at : at + ROW_DIGEST_SIZE].hex()} when first read, "
+                    f"{found.hex()} now): a dataset must not change under a run"
+                )
+        return orjson.loads(data)
+
+    def digests(self, ranges: Iterable[tuple[int, int]]) -> bytes:
+        """The digests of the rows of ``ranges``, in order, ``ROW_DIGEST_SIZE`` bytes each;
+        each row is checked if it was not yet."""
+        size = ROW_DIGEST_SIZE
+        parts: list[bytes] = []
+        for start, stop in ranges:
+            if self._known.find(0, start, stop) != -1:  # a row not checked yet
+                self.check(range(start, stop))
+            parts.append(bytes(self._digests[start * size : stop * size]))
+        return b"".join(parts)
+
+    def __repr__(self) -> str:
+        checked = len(self._known) - self._known.count(0)
+        return f"<TaskDataset {self.source}: {len(self._rows)} rows, {checked} checked>"
