@@ -6,7 +6,10 @@ and what reaches Gym is all-or-nothing across instances:
 1. pick the latest complete snapshot and **copy it first** (pin), so trainer-checkpoint
    retention can never prune what we restore from (S13);
 2. load it strictly (marker, digests of its files, manifest structure, paths inside it);
-3. ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
+3. the trainer's dataset against the snapshot's dataset record (``check_dataset``: every row
+   reserved before the checkpoint must have the digest it had; a dataset given to one run
+   and not the other is refused too): ``DatasetMismatch`` naming the first row that differs;
+   then ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
    on-disk digest, committed state the manifest does not list, the live topology (bounded like
    any control call), the ledger (version, states, slots, its retire queue, this run's
    ``group_size``) and ledger vs manifest. Any problem raises before Gym is asked anything
@@ -50,17 +53,21 @@ from gymckpt.runtime import (
     RuntimeConfig,
     SnapshotInfo,
     SnapshotStore,
+    TaskDataset,
     TopologyMismatch,
     load_snapshot,
     rollout_id_for,
     verify_snapshot,
 )
 from gymckpt.runtime.lowlevel import (
+    DATASET_FILE,
     GYM_STATE_DIR,
     LEDGER_FILE,
     STEP_FILE,
     GymManifest,
     LedgerSnapshot,
+    check_dataset,
+    load_dataset_record,
     load_ledger_snapshot,
     load_step,
 )
@@ -89,6 +96,9 @@ class RestoredRun:
     ledger: RecoveryLedger
     summary: RestoreSummary
     files: dict[str, bytes]
+    dataset_rows: tuple[tuple[int, int], ...] = ()
+    """The dataset rows the snapshot covered (its ``dataset.json``), which the run's own
+    snapshots go on covering."""
 
     @property
     def step(self) -> int:
@@ -179,6 +189,16 @@ def snapshot_problems(
         saved_step(snap.files)
     except ManifestError as exc:
         problems.append(str(exc))
+    try:
+        found = load_dataset_record(snap.files)
+    except ManifestError as exc:
+        problems.append(str(exc))
+    else:
+        if found is not None and found[0].end > led.next_row:
+            problems.append(
+                f"{DATASET_FILE}: covers rows up to {found[0].end - 1}, but {LEDGER_FILE} "
+                f"reserved rows below {led.next_row} only"
+            )
     if group_size is not None and led.group_size != group_size:
         problems.append(
             f"{LEDGER_FILE}: snapshot has group_size {led.group_size}, this run asks for "
@@ -230,11 +250,14 @@ async def restore_latest(
     config: RuntimeConfig,
     *,
     group_size: int | None = None,
+    dataset: TaskDataset | None = None,
 ) -> RestoredRun | None:
     """Restore the latest complete snapshot in ``store``; None when there is none.
 
     ``group_size`` is this run's: a snapshot of another group size is rejected before Gym
-    installs anything. See the module docstring for the order and the all-or-nothing rule.
+    installs anything; so is one made with another ``dataset`` (``DatasetMismatch``), or with
+    a dataset when this run has none, or the reverse. See the module docstring for the order
+    and the all-or-nothing rule.
     """
     info = await offload(store.latest_complete)
     if info is None:
@@ -242,6 +265,11 @@ async def restore_latest(
     dest = pin_dir / info.path.name
     pinned = await offload(lambda: store.pin(info, dest))
     snap: LoadedSnapshot = await offload(lambda: load_snapshot(pinned.path))
+    try:
+        record = load_dataset_record(snap.files)
+    except ManifestError as exc:
+        raise ManifestError(f"{pinned.path}: {exc}") from None
+    await offload(functools.partial(check_dataset, record, dataset, str(info.path)))
     topology = await bounded_call(
         "deployment", "topology", lambda _deadline: gym.topology(), config
     )
@@ -287,7 +315,8 @@ async def restore_latest(
                 await _roll_back(gym, snap.manifest, episodes_by_replica, config)
             raise
         break
-    return RestoredRun(info, pinned, ledger, summary, dict(snap.files))
+    rows = () if record is None else record[0].rows
+    return RestoredRun(info, pinned, ledger, summary, dict(snap.files), rows)
 
 
 async def _install(

@@ -49,9 +49,12 @@ from gymckpt.runtime.lowlevel import (
     STEP_FILE,
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
+    DatasetIdentity,
     StepRecord,
     dump_step,
     freeze_startup_objects,
+    merge_ranges,
+    row_ranges,
 )
 
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
@@ -383,7 +386,7 @@ async def open_rollouts(
             restored = None
             if restore:
                 restored = await restore_latest(
-                    gym, store, workdir / RESTORED_DIR, config, group_size=group_size
+                    gym, store, workdir / RESTORED_DIR, config, group_size=group_size, dataset=tasks
                 )
             if restored is not None:
                 ledger = restored.ledger
@@ -396,6 +399,10 @@ async def open_rollouts(
             start = ledger.next_row
             remaining_rows = [r for r in all_rows if r >= start]
             remaining = iter(remaining_rows)
+            identity = None
+            if tasks is not None:
+                covered = () if restored is None else restored.dataset_rows
+                identity = DatasetIdentity(tasks, merge_ranges(row_ranges(all_rows), covered))
             metrics = Metrics()
             for name, value in (extra_metrics or {}).items():
                 metrics.set(name, value)
@@ -428,6 +435,7 @@ async def open_rollouts(
                 metrics,
                 run_id=run_id,
                 replacer=replacer,
+                dataset_files=None if identity is None else identity.files,
             )
             rollouts = Rollouts(
                 ledger,

@@ -20,6 +20,16 @@ from ._collector import (
 )
 from ._config_file import load_toml_table, structure_table
 from ._converter import converter, dumps_chunked, structure
+from ._dataset import row_ranges
+from ._dataset_record import (
+    DATASET_FILE,
+    DATASET_ROWS_FILE,
+    DatasetIdentity,
+    DatasetRecord,
+    check_dataset,
+    load_dataset_record,
+    merge_ranges,
+)
 from ._errors import crossable_error, crossing_boundary, sample_ids, unpicklable_error
 from ._plain import all_finite, checked_json, plain_problem
 from ._snapshot_format import (
@@ -75,6 +85,8 @@ from ._topology import LiveTopology, participant_differences, topology_differenc
 
 __all__ = [
     "COMMIT_MARKER",
+    "DATASET_FILE",
+    "DATASET_ROWS_FILE",
     "FULL_COLLECTION_EVERY",
     "GYM_STATE_DIR",
     "LEDGER_FILE",
@@ -94,6 +106,8 @@ __all__ = [
     "AttemptRow",
     "CommitMarker",
     "CommittedRecords",
+    "DatasetIdentity",
+    "DatasetRecord",
     "GymManifest",
     "LedgerSnapshot",
     "LiveTopology",
@@ -105,6 +119,7 @@ __all__ = [
     "StepRecord",
     "agent_records_plain",
     "all_finite",
+    "check_dataset",
     "check_snapshot",
     "checked_json",
     "collector_paused",
@@ -118,16 +133,19 @@ __all__ = [
     "dumps_chunked",
     "freeze_startup_objects",
     "fsync_dir",
+    "load_dataset_record",
     "load_ledger_snapshot",
     "load_manifest",
     "load_records",
     "load_step",
     "load_toml_table",
+    "merge_ranges",
     "participant_differences",
     "participant_state_problem",
     "plain_problem",
     "promote_survivors",
     "records_to_plain",
+    "row_ranges",
     "sample_ids",
     "session_records_plain",
     "staged_records_plain",
