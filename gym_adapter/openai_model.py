@@ -370,33 +370,10 @@ def _server_message(data: bytes) -> str:
     return data[:300].decode("utf-8", "replace")
 
 
-def openai_model(
-    *,
-    base_url: str,
-    model: str,
-    api_key: str | None = None,
-    timeout_s: float = 120.0,
-    max_concurrency: int = 64,
-    max_retries: int = 4,
-    backoff_s: float = 0.5,
-    max_backoff_s: float = 8.0,
-    max_response_bytes: int = 64 << 20,
-    headers: dict[str, str] | None = None,
-) -> OpenAIModel:
-    """The ``model`` of an ``Environment`` served by an OpenAI-compatible server at
-    ``base_url`` (``http://127.0.0.1:8000/v1`` for ``vllm serve MODEL --port 8000``).
-    ``api_key``: sent as a bearer token (default: ``$OPENAI_API_KEY``; none when unset, as
-    local servers want). ``headers``: sent with every request. See the module docstring for
-    the retry, timeout and failure rules."""
-    return OpenAIModel(
-        base_url=base_url,
-        model=model,
-        api_key=api_key,
-        timeout_s=timeout_s,
-        max_concurrency=max_concurrency,
-        max_retries=max_retries,
-        backoff_s=backoff_s,
-        max_backoff_s=max_backoff_s,
-        max_response_bytes=max_response_bytes,
-        headers=headers or {},
-    )
+openai_model: Final = OpenAIModel
+"""``openai_model(base_url=..., model=..., api_key=None, timeout_s=120, max_concurrency=64,
+max_retries=4, backoff_s=0.5, max_backoff_s=8, max_response_bytes=64 MiB, headers={})``: the
+``model`` of an ``Environment`` served by an OpenAI-compatible server at ``base_url``
+(``http://127.0.0.1:8000/v1`` for ``vllm serve MODEL --port 8000``). ``api_key`` is sent as a
+bearer token (default ``$OPENAI_API_KEY``; none when that is unset too, as local servers want);
+``headers`` go with every request. The same class as ``OpenAIModel``."""

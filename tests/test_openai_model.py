@@ -105,6 +105,14 @@ class ToolAgent:
         return Done(1.0, payload=state["seen"])
 
 
+async def one_episode(m: OpenAIModel, row: int) -> Any:
+    """The one reply of an episode of row ``row`` calling ``m``."""
+    async with EmbeddedGym.host(Environment(agent=ToolAgent(), model=m), instances=1) as gym:
+        stream = await gym.run("gym-0", [RunRow(f"{row}-0", row, 0, 0)])
+        [reply] = [reply async for batch in stream for reply in batch]
+    return reply
+
+
 def expected(request: dict[str, Any], server: OpenAITestServer) -> dict[str, Any]:
     return chat_completion({**request, "model": server.model}, server.model)
 
@@ -165,13 +173,8 @@ async def test_5xx_is_retried_until_the_server_answers(server: OpenAITestServer)
 
 
 async def test_retries_exhausted_fail_the_episode_as_infra(server: OpenAITestServer) -> None:
-    env = Environment(
-        agent=ToolAgent(), model=model(server, max_retries=1, headers={"X-Test-Fail-First": "5"})
-    )
-    async with EmbeddedGym.host(env, instances=1) as gym:
-        stream = await gym.run("gym-0", [RunRow("11-0", 11, 0, 0)])
-        replies = [reply async for batch in stream for reply in batch]
-    [failed] = replies
+    m = model(server, max_retries=1, headers={"X-Test-Fail-First": "5"})
+    failed = await one_episode(m, 11)
     assert isinstance(failed, Failed) and failed.failure_class == "infra", failed
     assert "2 attempts" in failed.message and "HTTP 500" in failed.message, failed.message
     assert server.stats()["by_capture_key"]["11-0/t0/c0"] == 2
@@ -180,11 +183,7 @@ async def test_retries_exhausted_fail_the_episode_as_infra(server: OpenAITestSer
 async def test_a_4xx_fails_the_episode_as_data_naming_the_status(
     server: OpenAITestServer,
 ) -> None:
-    env = Environment(agent=ToolAgent(), model=model(server, headers={"X-Test-Status": "400"}))
-    async with EmbeddedGym.host(env, instances=1) as gym:
-        stream = await gym.run("gym-0", [RunRow("12-0", 12, 0, 0)])
-        replies = [reply async for batch in stream for reply in batch]
-    [failed] = replies
+    failed = await one_episode(model(server, headers={"X-Test-Status": "400"}), 12)
     assert isinstance(failed, Failed) and failed.failure_class == "data", failed
     assert "HTTP 400" in failed.message and "on purpose" in failed.message, failed.message
     assert server.stats()["by_capture_key"]["12-0/t0/c0"] == 1  # never retried
