@@ -117,6 +117,10 @@ class _LoopClient:
     closer: Any = None
 
 
+def _strip_slash(url: str) -> str:
+    return str(url).rstrip("/")
+
+
 def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
         raise ValueError(f"openai_model: {attribute.name} must be > 0, got {value!r}")
@@ -128,7 +132,7 @@ class OpenAIModel:
     """An OpenAI-compatible chat-completions model (see the module docstring); a ``Model``:
     ``await model(capture_key, request, info)`` returns the server's response JSON object."""
 
-    base_url: str = attrs.field(converter=lambda u: str(u).rstrip("/"))
+    base_url: str = attrs.field(converter=_strip_slash)
     model: str
     api_key: str | None = attrs.field(default=None, repr=False)
     timeout_s: float = attrs.field(default=120.0, validator=_positive)

@@ -142,12 +142,12 @@ def _logprobs(tokens: list[str], seed: bytes, top: int) -> dict[str, Any]:
     for i, tok in enumerate(tokens):
         h = _digest(seed.hex(), i)
         lp = -round(h[0] / 64, 4)
-        alts = [
-            {"token": _WORDS[(h[1] + j) % len(_WORDS)], "logprob": lp - j - 1, "bytes": None}
-            for j in range(top)
+        alts = [_WORDS[(h[1] + j) % len(_WORDS)] for j in range(top)]
+        entry: dict[str, Any] = {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+        entry["top_logprobs"] = [
+            {"token": a, "logprob": lp - j - 1, "bytes": list(a.encode())}
+            for j, a in enumerate(alts)
         ]
-        entry = {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
-        entry["top_logprobs"] = [{**a, "bytes": list(a["token"].encode())} for a in alts]
         content.append(entry)
     return {"content": content}
 
@@ -173,7 +173,7 @@ def chat_completion(request: dict[str, Any], model: str) -> dict[str, Any]:
                 fn = next((t["function"] for t in tools if t["function"]["name"] == name), fn)
             args = _schema_value(fn.get("parameters", {"type": "object"}), cseed, fn.get("name"))
             arguments = json.dumps(args, sort_keys=True)
-            call = {"id": f"call_{cseed.hex()[:24]}", "type": "function"}
+            call: dict[str, Any] = {"id": f"call_{cseed.hex()[:24]}", "type": "function"}
             call["function"] = {"name": fn.get("name"), "arguments": arguments}
             message = {"role": "assistant", "content": None, "tool_calls": [call]}
             text, finish = arguments, "tool_calls"
