@@ -20,8 +20,8 @@ What identifies a row
 Its *row digest*: the first 8 bytes of blake2b over its canonical form, computed once per row
 and kept (8 bytes a row: 8 MB at 1M rows). A row is read again when an attempt of it is
 dispatched, and its digest recomputed: a row that changed under the run is refused there, so
-what Gym got is what the snapshot identifies. ``gymckpt.runtime.lowlevel``'s dataset record
-(``_dataset_record``) is what a snapshot keeps of them.
+what Gym got is what the snapshot identifies. ``_dataset_record`` says what a snapshot keeps
+of them.
 
 All of this is blocking and runs in a worker thread at start; ``task`` is called on the loop
 once per dispatched attempt (one ``orjson`` dump and load and one blake2b, microseconds).
@@ -160,15 +160,17 @@ class TaskDataset:
         if lines and not lines[-1].strip():
             lines.pop()  # the newline that ends the last line
         rows: list[bytes] = []
+        parse, dump, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
         for n, line in enumerate(lines):
-            where = f"dataset {path}: line {n + 1} (row {n})"
-            if not line.strip():
-                raise DatasetError(f"{where} is empty: one JSON task a line, no blank lines")
             try:
-                task = orjson.loads(line)
+                rows.append(dump(parse(line), option=sort))
             except orjson.JSONDecodeError as exc:
+                where = f"dataset {path}: line {n + 1} (row {n})"
+                if not line.strip():
+                    raise DatasetError(
+                        f"{where} is empty: one JSON task a line, no blank lines"
+                    ) from None
                 raise DatasetError(f"{where} is not valid JSON ({exc})") from None
-            rows.append(orjson.dumps(task, option=orjson.OPT_SORT_KEYS))
         return cls(str(path), rows, True)
 
     def __len__(self) -> int:

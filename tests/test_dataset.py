@@ -193,3 +193,13 @@ def test_a_run_row_with_its_task_crosses_the_ray_wire() -> None:
     back = decode(encode(rows, tuple[RunRow, ...]), tuple[RunRow, ...])
     assert back == rows
     assert back[0].task == TASKS[2] and back[2].task is None
+
+
+def test_a_hugging_face_dataset_is_read_by_index() -> None:
+    datasets = pytest.importorskip("datasets")  # an optional extra: gymckpt[datasets]
+    tasks = [{"prompt": f"q{i}", "answer": i, "tags": ["a", str(i)]} for i in range(6)]
+    hf = datasets.Dataset.from_list(tasks)
+    ds = TaskDataset.of(hf)
+    assert len(ds) == 6 and "Dataset" in ds.source
+    assert _as_read(ds) == tasks
+    assert ds.digests([(0, 6)]) == TaskDataset.of(tasks).digests([(0, 6)])
