@@ -15,7 +15,6 @@ import trio
 
 from gymckpt.gym_adapter import (
     Completed,
-    Done,
     EmbeddedGym,
     Environment,
     Failed,
@@ -23,10 +22,10 @@ from gymckpt.gym_adapter import (
     ModelUnavailable,
     RunRow,
 )
-from gymckpt.gym_adapter._episode import EpisodeInfo
 from gymckpt.gym_adapter.openai_model import ModelRequestRejected, OpenAIModel, openai_model
 from gymckpt.runtime import CheckpointMode
 from gymckpt.runtime.lowlevel import RECORDS_FILE, StagedRecords, load_records
+from gymckpt.testing.openai_examples import ToolAgent, first_request
 from gymckpt.testing.openai_server import (
     OpenAITestServer,
     chat_completion,
@@ -34,18 +33,6 @@ from gymckpt.testing.openai_server import (
 )
 
 KEY = "sk-test"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "move",
-            "parameters": {
-                "type": "object",
-                "properties": {"dir": {"type": "string", "enum": ["left", "right"]}},
-            },
-        },
-    }
-]
 
 
 @pytest.fixture(scope="module")
@@ -57,52 +44,6 @@ def server() -> Iterator[OpenAITestServer]:
 def model(server: OpenAITestServer, **kw: Any) -> OpenAIModel:
     kw = {"timeout_s": 10.0, "backoff_s": 0.01, "max_backoff_s": 0.05, **kw}
     return openai_model(base_url=server.base_url, model=server.model, api_key=KEY, **kw)
-
-
-def first_request(row: int) -> dict[str, Any]:
-    return {
-        "messages": [{"role": "user", "content": f"row {row}: move"}],
-        "tools": TOOLS,
-        "logprobs": True,
-        "top_logprobs": 2,
-        "return_token_ids": True,
-    }
-
-
-class ToolAgent:
-    """Turn 0: ask for a tool call; turn 1: answer it and ask for the final text (waiting on
-    ``gate`` after it, when given, so a checkpoint can cut the turn). The payload is every
-    response the episode saw."""
-
-    name, kind = "agent", "simple_agent"
-
-    def __init__(self, asked: trio.Event | None = None, gate: trio.Event | None = None) -> None:
-        self.asked, self.gate = asked, gate
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {"seen": []}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
-
-    async def step(self, ctx: Any, state: Any) -> Done | None:
-        request = first_request(ctx.info.row)
-        first = await ctx.model(request)
-        state["seen"].append(first)
-        if ctx.turn == 0:
-            return None
-        call = first["choices"][0]["message"]["tool_calls"][0]
-        messages = [*request["messages"], first["choices"][0]["message"]]
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": "ok"})
-        final = await ctx.model({**request, "messages": messages})
-        state["seen"].append(final)
-        if self.asked is not None and self.gate is not None:
-            self.asked.set()
-            await self.gate.wait()
-        return Done(1.0, payload=state["seen"])
 
 
 async def one_episode(m: OpenAIModel, row: int) -> Any:
@@ -283,3 +224,36 @@ async def test_under_trio_the_client_is_reused_and_closed_by_aclose(
         await m("trio/c1", first_request(1))
         assert client is not None and m._trio_clients.get() is client
     assert client.client.is_closed and m._trio_clients.get() is None
+
+
+def test_an_asyncio_trainer_runs_episodes_that_call_the_server(
+    server: OpenAITestServer, tmp_path: Path
+) -> None:
+    """Through ``gymckpt.aio`` (the trainer on trio-asyncio's loop): every row's episode gets
+    the server's responses, each call asked once."""
+    import gymckpt.aio
+
+    server.reset_stats()
+    env = Environment(agent=ToolAgent(), model=model(server))
+
+    async def main() -> list[tuple[int, Any]]:
+        asyncio.get_running_loop()
+        async with (
+            gymckpt.aio.open_gym(lambda: EmbeddedGym.host(env, instances=1)) as gym,
+            gymckpt.aio.open_rollouts(
+                gym, tmp_path / "w", rows=3, group_size=1, handle_signals=False
+            ) as ro,
+        ):
+            return [
+                (g.row, r.payload)
+                async for batch in ro.batches(1)
+                for g in batch
+                for r in g.results
+            ]
+
+    results = gymckpt.aio.run(main)
+    assert sorted(row for row, _ in results) == [0, 1, 2]
+    for row, payload in results:
+        assert payload[0] == expected(first_request(row), server)
+    stats = server.stats()
+    assert stats["requests"] == 9 and set(stats["by_capture_key"].values()) == {1}, stats
