@@ -6,9 +6,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,3 +169,42 @@ def test_the_process_ends_at_exit_and_a_bad_flag_fails_the_start() -> None:
 async def test_it_starts_under_trio_too() -> None:
     async with open_openai_test_server() as s:
         assert call(s, "/models", key=None)[0] == 200
+
+
+def test_a_server_whose_parent_is_killed_exits(tmp_path: Path) -> None:
+    """No orphan: the parent (a script holding the server) is SIGKILLed, the server follows."""
+    script = (
+        "import sys, time\n"
+        "from gymckpt.testing.openai_server import open_openai_test_server\n"
+        "with open_openai_test_server() as s:\n"
+        "    print(s.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        os.kill(pid, 0)  # running
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if _zombie(pid):
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"server {pid} outlived its killed parent by 10 s")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (FileNotFoundError, IndexError):
+        return True
