@@ -338,7 +338,10 @@ class OpenAIModel:
                 await asyncio.Event().wait()
         finally:
             with anyio.CancelScope(shield=True):
-                await have.client.aclose()
+                try:
+                    await have.client.aclose()
+                except Exception as exc:  # a system task must not fail the run
+                    LOGGER.warning("openai_model: closing the client failed: %r", exc)
 
     async def aclose(self) -> None:
         """Close the current event loop's client now (a later call opens a new one)."""

@@ -257,3 +257,14 @@ def test_an_asyncio_trainer_runs_episodes_that_call_the_server(
         assert payload[0] == expected(first_request(row), server)
     stats = server.stats()
     assert stats["requests"] == 9 and set(stats["by_capture_key"].values()) == {1}, stats
+
+
+async def test_the_timeout_covers_every_retry(server: OpenAITestServer) -> None:
+    """Retries left, but the call's time is up: unavailable at the bound, naming the last 500."""
+    head = {"X-Test-Fail-First": "1000", "X-Test-Latency-S": "0.1"}
+    m = model(server, timeout_s=0.5, max_retries=100, headers=head)
+    started = time.monotonic()
+    with pytest.raises(ModelUnavailable, match=r"within timeout_s=0.5s \(last: HTTP 500"):
+        await m("budget/c0", first_request(1))
+    assert 0.5 <= time.monotonic() - started < 2.0
+    assert 2 <= server.stats()["by_capture_key"]["budget/c0"] <= 6
