@@ -45,6 +45,8 @@ __all__ = ["ROW_DIGEST_SIZE", "TaskDataset", "canonical_task", "row_digest", "ro
 
 ROW_DIGEST_SIZE: Final = 8
 """Bytes of blake2b kept per row: a chance of 2**-64 that an edited row goes unseen."""
+_BATCH: Final = 4096
+"""Rows read in one slice when a range of rows is checked."""
 _CANONICAL: Final = (
     orjson.OPT_SORT_KEYS
     | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -92,6 +94,23 @@ def row_ranges(rows: Iterable[int]) -> list[tuple[int, int]]:
 def _describe(obj: object) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _parsed(path: Path, lines: list[bytes]) -> list[bytes]:
+    """The canonical bytes of each line (a JSON task); ``DatasetError`` naming a bad one."""
+    rows: list[bytes] = []
+    parse, dump, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
+    for n, line in enumerate(lines):
+        try:
+            rows.append(dump(parse(line), option=sort))
+        except orjson.JSONDecodeError as exc:
+            where = f"dataset {path}: line {n + 1} (row {n})"
+            if not line.strip():
+                raise DatasetError(
+                    f"{where} is empty: one JSON task a line, no blank lines"
+                ) from None
+            raise DatasetError(f"{where} is not valid JSON ({exc})") from None
+    return rows
 
 
 @final
@@ -159,19 +178,7 @@ class TaskDataset:
         lines = data.split(b"\n")
         if lines and not lines[-1].strip():
             lines.pop()  # the newline that ends the last line
-        rows: list[bytes] = []
-        parse, dump, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
-        for n, line in enumerate(lines):
-            try:
-                rows.append(dump(parse(line), option=sort))
-            except orjson.JSONDecodeError as exc:
-                where = f"dataset {path}: line {n + 1} (row {n})"
-                if not line.strip():
-                    raise DatasetError(
-                        f"{where} is empty: one JSON task a line, no blank lines"
-                    ) from None
-                raise DatasetError(f"{where} is not valid JSON ({exc})") from None
-        return cls(str(path), rows, True)
+        return cls(str(path), _parsed(path, lines), True)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -205,12 +212,42 @@ class TaskDataset:
         digest; the first bad one raises ``DatasetError`` naming it. Blocking: run it off the
         loop (about a microsecond or two a row for small tasks)."""
         known, digests, size = self._known, self._digests, ROW_DIGEST_SIZE
-        for row in rows:
+        if isinstance(rows, range) and rows.step == 1 and not self._encoded:
+            start, stop = max(rows.start, 0), min(rows.stop, len(known))
+            for at in range(start, stop, _BATCH):
+                batch = self._batch(at, min(at + _BATCH, stop))
+                if batch is None:
+                    break
+                for row, task in enumerate(batch, at):
+                    if not known[row]:
+                        digests[row * size : (row + 1) * size] = row_digest(
+                            canonical_task(task, f"dataset[{row}]")
+                        )
+                        known[row] = 1
+        for row in rows:  # what no batch read (or all of it, for indices): one row at a time
             if 0 <= row < len(known) and known[row]:
                 continue
             found = row_digest(self._canonical(row))
             digests[row * size : (row + 1) * size] = found
             known[row] = 1
+
+    def _batch(self, start: int, stop: int) -> list[Any] | None:
+        """Rows ``start..stop-1`` in one read of a slice, or None if the dataset cannot: a
+        sequence's slice is its rows, a Hugging Face Dataset's is its columns (a dict of
+        equal-length lists), a hundred times faster than reading each row."""
+        try:
+            got = self._rows[start:stop]
+        except Exception:
+            return None
+        n = stop - start
+        if isinstance(got, Mapping):
+            names, columns = list(got), list(got.values())
+            if not all(isinstance(c, list) and len(c) == n for c in columns):
+                return None
+            return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+        if isinstance(got, list | tuple) and len(got) == n:
+            return list(got)
+        return None
 
     def task(self, row: int) -> Any:
         """A fresh copy of row ``row``'s task, its digest checked against the one first

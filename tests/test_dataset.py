@@ -198,8 +198,41 @@ def test_a_run_row_with_its_task_crosses_the_ray_wire() -> None:
 def test_a_hugging_face_dataset_is_read_by_index() -> None:
     datasets = pytest.importorskip("datasets")  # an optional extra: gymckpt[datasets]
     tasks = [{"prompt": f"q{i}", "answer": i, "tags": ["a", str(i)]} for i in range(6)]
-    hf = datasets.Dataset.from_list(tasks)
+    import pyarrow
+
+    # from a table, with a fingerprint given: nothing hashed with dill, nothing cached on disk
+    hf = datasets.Dataset(pyarrow.Table.from_pylist(tasks), fingerprint="test-tasks")
     ds = TaskDataset.of(hf)
     assert len(ds) == 6 and "Dataset" in ds.source
     assert _as_read(ds) == tasks
     assert ds.digests([(0, 6)]) == TaskDataset.of(tasks).digests([(0, 6)])
+
+
+class _Columnar:
+    """Slices come back as columns, as a Hugging Face Dataset's do; rows as dicts."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows, self.slices, self.reads = rows, 0, 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            self.slices += 1
+            part = self.rows[i]
+            return {k: [r[k] for r in part] for k in part[0]}
+        self.reads += 1
+        return self.rows[i]
+
+
+def test_a_range_is_read_in_column_slices_with_the_same_digests() -> None:
+    tasks = [{"prompt": f"q{i}", "answer": [i, i + 1]} for i in range(10_000)]
+    src = _Columnar(tasks)
+    ds = TaskDataset.of(src)
+    ds.check(range(len(tasks)))
+    assert src.slices == 3 and src.reads == 0  # 4096 rows a slice
+    assert ds.digests([(0, 10_000)]) == TaskDataset.of(tasks).digests([(0, 10_000)])
+    tasks[5000]["answer"] = [math.nan]
+    with pytest.raises(DatasetError, match=r"dataset\[5000\]\.answer\[0\] is nan"):
+        TaskDataset.of(_Columnar(tasks)).check(range(len(tasks)))
