@@ -125,3 +125,23 @@ async def test_rows_or_a_dataset_is_required(tmp_path: Path) -> None:
         with pytest.raises(TypeError, match="needs rows="):
             async with open_rollouts(gym, tmp_path, group_size=GROUP):
                 pytest.fail("opened")
+
+
+def test_an_asyncio_trainer_passes_its_dataset_too(tmp_path: Path) -> None:
+    import gymckpt.aio
+
+    trained: list[CompletedGroup] = []
+
+    async def main() -> None:
+        async with (
+            gymckpt.aio.open_gym(lambda: EmbeddedGym.host(task_reader(), instances=2)) as gym,
+            gymckpt.aio.open_rollouts(
+                gym, tmp_path, dataset=TASKS[:4], group_size=GROUP, handle_signals=False
+            ) as ro,
+        ):
+            async for batch in ro.batches(2):
+                trained.extend(batch)
+
+    gymckpt.aio.run(main)
+    assert sorted(g.row for g in trained) == [0, 1, 2, 3]
+    _check_tasks(trained, TASKS)
