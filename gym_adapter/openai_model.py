@@ -27,6 +27,9 @@ Rules (the invariants the host relies on):
 - **Identified.** Every request carries the capture key in ``X-Gymckpt-Capture-Key``, so a
   server can log which call it answers.
 
+``api="responses"`` POSTs to ``{base_url}/responses`` (the Responses API) instead, by the
+same rules; the request is then a JSON object of Responses parameters (``input``, ...).
+
 Client lifetime: one ``httpx.AsyncClient`` (one connection pool) per event loop, made on the
 loop's first call, because a pool's connections belong to the loop that opened them. Under trio
 (the Gym host always runs episodes under trio, embedded or in a Ray actor's guest run) it is
@@ -141,6 +144,7 @@ class OpenAIModel:
     backoff_s: float = attrs.field(default=0.5, validator=_positive)
     max_backoff_s: float = attrs.field(default=8.0, validator=_positive)
     max_response_bytes: int = attrs.field(default=64 << 20, validator=_positive)
+    api: str = attrs.field(default="chat", validator=attrs.validators.in_(("chat", "responses")))
     headers: dict[str, str] = attrs.field(factory=dict, converter=dict)
     _trio_clients: trio.lowlevel.RunVar[_LoopClient | None] = attrs.field(init=False)
     _asyncio_clients: weakref.WeakKeyDictionary[Any, _LoopClient] = attrs.field(
@@ -182,8 +186,8 @@ class OpenAIModel:
         if not isinstance(request, dict):
             self._count("rejected")
             raise ModelRequestRejected(
-                f"{where}: a chat-completions request is a JSON object (a dict with "
-                f"'messages'), got {type(request).__name__}"
+                f"{where}: a request is a JSON object (a dict of {self.api} parameters), got "
+                f"{type(request).__name__}"
             )
         if request.get("stream"):
             self._count("rejected")
@@ -217,7 +221,7 @@ class OpenAIModel:
     async def _attempts(
         self, client: httpx.AsyncClient, key: str, body: bytes, last: list[str]
     ) -> dict[str, Any]:
-        url = f"{self.base_url}/chat/completions"
+        url = f"{self.base_url}/{'responses' if self.api == 'responses' else 'chat/completions'}"
         headers = {**self.headers, "Content-Type": "application/json", CAPTURE_KEY_HEADER: key}
         token = self.api_key if self.api_key is not None else os.environ.get("OPENAI_API_KEY")
         if token:
@@ -379,7 +383,8 @@ def _server_message(data: bytes) -> str:
 
 openai_model: Final = OpenAIModel
 """``openai_model(base_url=..., model=..., api_key=None, timeout_s=120, max_concurrency=64,
-max_retries=4, backoff_s=0.5, max_backoff_s=8, max_response_bytes=64 MiB, headers={})``: the
+max_retries=4, backoff_s=0.5, max_backoff_s=8, max_response_bytes=64 MiB, headers={},
+api="chat")``: the
 ``model`` of an ``Environment`` served by an OpenAI-compatible server at ``base_url``
 (``http://127.0.0.1:8000/v1`` for ``vllm serve MODEL --port 8000``). ``api_key`` is sent as a
 bearer token (default ``$OPENAI_API_KEY``; none when that is unset too, as local servers want);

@@ -9,14 +9,15 @@ for running the LLM examples offline:
         server.stats()["by_capture_key"]                       # how often each call was asked
 
 ``POST /v1/chat/completions`` answers from the request alone: the same request always gets the
-same response. With ``tools`` (and ``tool_choice`` not ``"none"``) and a last message that is not
-a tool result, it calls the first (or the named) tool with arguments built from its JSON schema;
-otherwise it answers text drawn from a sha256 of the model, the messages and the seed. Each
-response has ``usage``, ``logprobs`` when asked (``top_logprobs`` too), and with
-``return_token_ids: true`` vLLM's ``prompt_token_ids`` and per-choice ``token_ids``. ``GET
-/v1/models`` lists the model. ``GET /stats`` (authenticated): ``requests``, ``max_concurrent``,
-``in_flight``, ``by_capture_key`` (from ``X-Gymckpt-Capture-Key``), ``statuses``; ``POST
-/stats/reset`` zeroes them.
+same response (``POST /v1/responses`` too: a Responses request, ``input`` and ``instructions``,
+gets the same text in that API's shape, text only). With ``tools`` (and ``tool_choice`` not
+``"none"``) and a last message that is not a tool result, it calls the first (or the named) tool
+with arguments built from its JSON schema; otherwise it answers text drawn from a sha256 of the
+model, the messages and the seed. Each response has ``usage``, ``logprobs`` when asked
+(``top_logprobs`` too), and with ``return_token_ids: true`` vLLM's ``prompt_token_ids`` and
+per-choice ``token_ids``. ``GET /v1/models`` lists the model. ``GET /stats`` (authenticated):
+``requests``, ``max_concurrent``, ``in_flight``, ``by_capture_key`` (from
+``X-Gymckpt-Capture-Key``), ``statuses``; ``POST /stats/reset`` zeroes them.
 
 Faults, per server flag or per request header: ``--latency-s`` / ``X-Test-Latency-S``;
 ``--fail-first N`` / ``X-Test-Fail-First: N`` (the first N requests of each capture key answer
@@ -210,6 +211,44 @@ def chat_completion(request: dict[str, Any], model: str) -> dict[str, Any]:
     return response
 
 
+def _as_chat(request: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request (``input``: a string or messages; ``instructions``) as a chat one."""
+    given = request.get("input")
+    messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+    if isinstance(messages, list) and isinstance(request.get("instructions"), str):
+        messages = [{"role": "system", "content": request["instructions"]}, *messages]
+    keep = {k: v for k, v in request.items() if k not in ("input", "instructions", "tools")}
+    return {**keep, "messages": messages}
+
+
+def _as_response(chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion's first choice in the Responses API's shape (text output only)."""
+    text = chat["choices"][0]["message"].get("content") or ""
+    usage = chat["usage"]
+    return {
+        "id": "resp_" + chat["id"].removeprefix("chatcmpl-"),
+        "object": "response",
+        "created_at": chat["created"],
+        "model": chat["model"],
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_" + chat["id"].removeprefix("chatcmpl-"),
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "output_text": text,
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "total_tokens": usage["total_tokens"],
+        },
+    }
+
+
 # -- the server ------------------------------------------------------------------------------
 
 
@@ -299,7 +338,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats.reset()
             self._send(200, {"ok": True})
             return
-        if self.path not in ("/v1/chat/completions", "/chat/completions"):
+        if self.path not in ("/v1/chat/completions", "/v1/responses"):
             self._send(404, _error(404, f"no route POST {self.path}"), close=True)
             return
         stats = self.server.stats
@@ -347,6 +386,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._send(400, _error(400, f"body is not JSON: {exc}"))
             return 400
+        responses = self.path == "/v1/responses"
+        if isinstance(request, dict) and responses:
+            request = _as_chat(request)
         if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
             self._send(400, _error(400, "a request is an object with a 'messages' list"))
             return 400
@@ -359,6 +401,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 400
         try:
             response = chat_completion(request, opts.model)
+            if responses:
+                response = _as_response(response)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self._send(400, _error(400, f"bad request: {exc}"))
             return 400

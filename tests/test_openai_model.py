@@ -268,3 +268,23 @@ async def test_the_timeout_covers_every_retry(server: OpenAITestServer) -> None:
         await m("budget/c0", first_request(1))
     assert 0.5 <= time.monotonic() - started < 2.0
     assert 2 <= server.stats()["by_capture_key"]["budget/c0"] <= 6
+
+
+async def test_the_responses_api_by_the_same_rules(server: OpenAITestServer) -> None:
+    m = model(server, api="responses")
+    r = await m("responses/c0", {"input": "hello", "instructions": "be brief"})
+    chat = expected(
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hello"},
+            ]
+        },
+        server,
+    )
+    assert (
+        r["object"] == "response" and r["output_text"] == chat["choices"][0]["message"]["content"]
+    )
+    assert r["usage"]["total_tokens"] == chat["usage"]["total_tokens"]
+    with pytest.raises(ModelRequestRejected, match="'stream': true"):
+        await m("responses/c1", {"input": "hello", "stream": True})
