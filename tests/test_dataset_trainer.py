@@ -145,3 +145,14 @@ def test_an_asyncio_trainer_passes_its_dataset_too(tmp_path: Path) -> None:
     gymckpt.aio.run(main)
     assert sorted(g.row for g in trained) == [0, 1, 2, 3]
     _check_tasks(trained, TASKS)
+
+
+@pytest.mark.ray
+async def test_tasks_reach_episodes_in_ray_actors(tmp_path: Path) -> None:
+    from gymckpt.gym_adapter import RayGym
+
+    env = "gymckpt.testing.examples:task_reader"
+    async with RayGym.host(env, instances=2, work_dir=tmp_path / "gym") as gym:
+        trained = await _train_all(gym, tmp_path / "w", dataset=TASKS[:6])
+    assert sorted(g.row for g in trained) == list(range(6))
+    _check_tasks(trained, TASKS)
