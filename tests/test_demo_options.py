@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gymckpt.nurseries.app.demo_envs import FAMILIES
 from gymckpt.nurseries.app.demo_options import CRASH_STAGES, MID_PUBLISH, TURN_S, DemoOptions
 from gymckpt.runtime import CheckpointMode, ManifestError
 
@@ -40,7 +41,10 @@ def test_runtime_settings_override_the_demos_strictly() -> None:
     assert DemoOptions(runtime=(("lease_s", 60.0),)).runtime_config().lease_s == 60.0
     with pytest.raises(ManifestError, match=r"cfg\.toml"):
         DemoOptions(runtime=(("no_such_field", 1),)).runtime_config("cfg.toml")
-    assert DemoOptions(env="gymnasium:CartPole-v1").gymnasium_id == "CartPole-v1"
+    choice = DemoOptions(env="gymnasium:CartPole-v1").env_choice
+    assert choice is not None and choice.env_id == "CartPole-v1"
+    assert choice.family is FAMILIES["gymnasium:"] and choice.label == "gymnasium:CartPole-v1"
+    assert DemoOptions().env_choice is None
     assert DemoOptions(hold_first_mutation=True).sim_config().hold_after_first_mutation
 
 

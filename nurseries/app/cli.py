@@ -71,6 +71,8 @@ DEMO_FLAG_DEST = {"faults": "fault", "crash_stage": "crash_at_stage"}
 
 
 def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    from .demo_envs import FAMILIES
+
     parser = _Parser(
         prog="gymckpt",
         description=(
@@ -156,8 +158,12 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         "--env",
         default="calendar",
         metavar="ENV",
-        help="environment: calendar (the simulated workplace, default) or "
-        "gymnasium:ID (e.g. gymnasium:CartPole-v1; needs the gymnasium extra)",
+        help="environment: calendar (the simulated workplace, default) or PREFIX:ID of a "
+        "family from another project (embedded backend only): "
+        + "; ".join(
+            f"{f.prefix}ID (e.g. {f.prefix}{f.example}; needs the {f.extra} extra)"
+            for f in FAMILIES.values()
+        ),
     )
     demo.add_argument(
         "--checkpoint-mode",

@@ -14,7 +14,7 @@ from gymckpt.nurseries import HOOK_POINTS
 from gymckpt.runtime import CheckpointMode, ManifestError, RuntimeConfig
 from gymckpt.runtime.lowlevel import structure_table
 
-from .demo_gymnasium import environment_id
+from .demo_envs import EnvChoice, env_choice
 
 __all__ = ["CHECKPOINT_MODES", "CRASH_STAGES", "MID_PUBLISH", "TURN_S", "DemoOptions"]
 
@@ -56,7 +56,8 @@ class DemoOptions:
     """Test agent (S12): the episode making an instance's first calendar mutation holds at its
     next step boundary until a checkpoint parks it."""
     env: str = "calendar"
-    """The environment: the calendar workplace, or ``gymnasium:ID``."""
+    """The environment: the calendar workplace, or ``PREFIX:ID`` of a family in
+    ``demo_envs.FAMILIES`` (``gymnasium:ID``, ``textarena:ID``)."""
     crash_stage: str | None = None
     """Fault matrix: phase 1 SIGKILLs itself at this point (one of ``CRASH_STAGES``) of its
     checkpoint number ``crash_after_checkpoint`` (counting attempts, 1-based), instead of the
@@ -99,12 +100,14 @@ class DemoOptions:
             )
         if self.backend not in ("embedded", "ray"):
             raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
-        if environment_id(self.env) is not None and self.backend != "embedded":
-            raise ValueError("--env gymnasium:ID runs on --backend embedded")
+        choice = env_choice(self.env)
+        if choice is not None and self.backend != "embedded":
+            raise ValueError(f"--env {choice.family.prefix}ID runs on --backend embedded")
 
     @property
-    def gymnasium_id(self) -> str | None:
-        return environment_id(self.env)
+    def env_choice(self) -> EnvChoice | None:
+        """The family and id of ``env``; None for the calendar."""
+        return env_choice(self.env)
 
     def sim_config(self) -> SimConfig:
         return SimConfig(

@@ -209,20 +209,19 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
 
 
 def environment_problem(opts: DemoOptions) -> str | None:
-    """Why ``--env`` cannot run here (the gymnasium extra missing, an unknown id, an id
-    without a state codec), in one line; None when it can."""
-    env_id = opts.gymnasium_id
-    if env_id is None:
+    """Why ``--env`` cannot run here (the family's extra missing, an unknown id, an id
+    without a state codec or that needs the network), in one line; None when it can."""
+    choice = opts.env_choice
+    if choice is None:
         return None
+    family = choice.family
     try:
-        from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+        family.environment(choice.env_id)
     except ImportError as exc:
         return (
-            f"--env {opts.env} needs Gymnasium, an optional extra ({exc}): "
-            "pip install -e '.[gymnasium]'"
+            f"--env {opts.env} needs {family.title}, an optional extra ({exc}): "
+            f"pip install -e '.[{family.extra}]'"
         )
-    try:
-        gymnasium_environment(env_id)
     except EnvironmentSpecError as exc:
         return str(exc)
     return None

@@ -31,7 +31,8 @@ from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted
 from gymckpt.runtime.lowlevel import write_atomic
 
 from .demo_crash import install_crash
-from .demo_gymnasium import journal_episodes, open_gymnasium_gym
+from .demo_envs import open_demo_gym
+from .demo_gymnasium import journal_episodes
 from .demo_journal import JOURNAL, Journal, checkpoint_record
 from .demo_options import DemoOptions
 from .demo_progress import PROGRESS_ENV, Progress
@@ -55,9 +56,10 @@ published: the parent's cue to SIGKILL it."""
 @asynccontextmanager
 async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend]:
     """The Gym deployment the demo runs on."""
-    if opts.gymnasium_id is not None:
-        async with open_gymnasium_gym(
-            opts.gymnasium_id,
+    choice = opts.env_choice
+    if choice is not None:
+        async with open_demo_gym(
+            choice,
             opts.instances,
             opts.seed,
             workdir / "gym-live",
@@ -161,7 +163,7 @@ async def run_phase(
                         "step": trainer.step,
                         "rows": [g.row for g in batch],
                     }
-                    if opts.gymnasium_id is not None:
+                    if opts.env_choice is not None:
                         record["episodes"] = journal_episodes(batch)
                     journal.append(record)
                     progress(

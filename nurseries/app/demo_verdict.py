@@ -19,7 +19,7 @@ import orjson
 from gymckpt.runtime import SnapshotStore
 from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 
-from .demo_gymnasium import trajectory_verdict
+from .demo_envs import trajectory_verdict
 from .demo_journal import JOURNAL, read_journal
 from .demo_options import DemoOptions
 from .verdict import judge
@@ -40,7 +40,7 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
         seed=opts.seed,
         config=opts.sim_config(),
         group_size=opts.group_size,
-        calendar=opts.gymnasium_id is None,
+        calendar=opts.env_choice is None,
     )
     stages: dict[str, list[float]] = {}
     for c in checkpoints:
@@ -52,8 +52,9 @@ def verdict(opts: DemoOptions, workdir: Path, phases: Sequence[dict[str, Any]]) 
     failed = len(checkpoints) - ok
     restores = sum(1 for p in phases if p.get("restored"))
     extra: dict[str, Any] = {}
-    if opts.gymnasium_id is not None:
-        extra = trajectory_verdict(opts.gymnasium_id, opts.seed, lineage)
+    choice = opts.env_choice
+    if choice is not None:
+        extra = trajectory_verdict(choice, opts.seed, lineage)
     return extra | {
         "rows": opts.rows,
         "rows_trained": judged.rows_trained,
