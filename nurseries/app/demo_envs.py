@@ -98,6 +98,22 @@ def _textarena_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     return reference_trajectory(env_id, seed, row, slot, max_turns=TEXTARENA_MAX_TURNS)
 
 
+OPENSPIEL_MAX_TURNS: Final = 200
+"""The demo truncates an OpenSpiel game after this many decisions (random chess runs longer)."""
+
+
+def _openspiel_environment(env_id: str) -> Environment:
+    from gymckpt.gym_adapter.openspiel_env import openspiel_environment
+
+    return openspiel_environment(env_id, pace_s=PACE_S, max_turns=OPENSPIEL_MAX_TURNS)
+
+
+def _openspiel_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
+    from gymckpt.gym_adapter.openspiel_env import reference_trajectory
+
+    return reference_trajectory(env_id, seed, row, slot, max_turns=OPENSPIEL_MAX_TURNS)
+
+
 FAMILIES: Final[dict[str, EnvFamily]] = {
     f.prefix: f
     for f in (
@@ -117,6 +133,14 @@ FAMILIES: Final[dict[str, EnvFamily]] = {
             _textarena_environment,
             _textarena_reference,
             TEXTARENA_MODEL_LATENCY_S,
+        ),
+        EnvFamily(
+            "openspiel:",
+            "OpenSpiel",
+            "openspiel",
+            "connect_four",
+            _openspiel_environment,
+            _openspiel_reference,
         ),
     )
 }
