@@ -100,12 +100,16 @@ def _textarena_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
 
 OPENSPIEL_MAX_TURNS: Final = 200
 """The demo truncates an OpenSpiel game after this many decisions (random chess runs longer)."""
+OPENSPIEL_PACE_S: Final = 0.003
+OPENSPIEL_MODEL_LATENCY_S: Final = 0.005
+"""Short games (Kuhn and Leduc poker are a handful of decisions) would all be over by the first
+checkpoint at the Gymnasium demo's 1 ms turns: at these, a checkpoint finds them in flight."""
 
 
 def _openspiel_environment(env_id: str) -> Environment:
     from gymckpt.gym_adapter.openspiel_env import openspiel_environment
 
-    return openspiel_environment(env_id, pace_s=PACE_S, max_turns=OPENSPIEL_MAX_TURNS)
+    return openspiel_environment(env_id, pace_s=OPENSPIEL_PACE_S, max_turns=OPENSPIEL_MAX_TURNS)
 
 
 def _openspiel_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
@@ -141,6 +145,7 @@ FAMILIES: Final[dict[str, EnvFamily]] = {
             "connect_four",
             _openspiel_environment,
             _openspiel_reference,
+            OPENSPIEL_MODEL_LATENCY_S,
         ),
     )
 }
