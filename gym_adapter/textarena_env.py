@@ -57,7 +57,6 @@ from typing import Any, Final
 
 import anyio
 import attrs
-
 import textarena
 
 from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
