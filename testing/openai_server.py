@@ -280,6 +280,7 @@ class _Stats:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # a host's burst of connections waits in the backlog, not reset
     options: argparse.Namespace
     stats: _Stats
 

@@ -208,3 +208,27 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
     except (FileNotFoundError, IndexError):
         return True
+
+
+def test_a_burst_of_connections_is_queued_not_reset(server: OpenAITestServer) -> None:
+    """A host opens up to ``max_concurrency`` connections at once (64 by default): the listen
+    backlog holds them all, so none is reset (a reset costs a retry and a backoff)."""
+    import threading
+
+    burst = 64
+    start = threading.Barrier(burst)
+    statuses: list[int | str] = []
+
+    def one() -> None:
+        start.wait(10)
+        try:
+            statuses.append(call(server, "/chat/completions", chat())[0])
+        except OSError as exc:  # a reset connection
+            statuses.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=one) for _ in range(burst)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert statuses == [200] * burst
