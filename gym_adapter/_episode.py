@@ -35,9 +35,11 @@ Why it is shaped like this
   whatever it still mutates lives in state objects the host no longer holds (never exported,
   never replied). That is how a mutation happens once across any crash.
 - **Model calls are captured.** ``await ctx.model(request)`` stages the response under a capture
-  key (``"{row}-{slot}/t{turn}/c{n}"``); the keys of a parked episode go into the manifest, and
-  after a restore a call under a staged key returns the staged response without calling the
-  model again.
+  key (``"{row}-{slot}/t{turn}/c{n}"``) with a digest of the request and the trainer's policy
+  version; the keys of a parked episode go into the manifest, and after a restore a call under a
+  staged key returns the staged response without calling the model again — if its request has
+  the captured digest; a changed request fails the episode (data), naming both digests.
+  ``ctx.calls`` lists the episode's calls (``ModelCall``).
 - **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
   None), or an attrs instance which the host unstructures through the project's strict cattrs
   converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
@@ -78,6 +80,7 @@ __all__ = [
     "EpisodeContext",
     "EpisodeFenced",
     "EpisodeInfo",
+    "ModelCall",
     "ModelUnavailable",
     "Participant",
     "PayloadTooLarge",
@@ -162,6 +165,20 @@ class EpisodeInfo:
     def session_key(self) -> str:
         """The slot's sessions, shared by its attempts: ``"{row}-{slot}"``."""
         return f"{self.row}-{self.slot}"
+
+
+@attrs.frozen
+class ModelCall:
+    """One model call of an episode as the host captured it (``EpisodeContext.calls``): its
+    capture ``key``, the sha256 (hex) of its request's canonical JSON, the trainer's
+    ``policy_version`` the instance knew when the call was asked, and ``replayed``: made by an
+    earlier attempt and restored with the episode (so its response and version are the
+    original's; this attempt did not ask the model)."""
+
+    key: str
+    request_digest: str
+    policy_version: int
+    replayed: bool
 
 
 @attrs.frozen
@@ -269,7 +286,14 @@ class EpisodeContext(Protocol):
 
     async def model(self, request: Any) -> Any:
         """Call the environment's model under the next capture key of this turn; a staged
-        response (restored) is returned without calling it."""
+        response (restored) is returned without calling it, if the request is the one that was
+        captured (same digest), else the call raises and the episode fails as data."""
+        ...
+
+    @property
+    def calls(self) -> tuple[ModelCall, ...]:
+        """Every model call of the episode so far, in order, earlier attempts' included: put
+        them in the payload so the trajectory says which policy version produced each turn."""
         ...
 
     def count(self, name: str, n: int = 1) -> int:

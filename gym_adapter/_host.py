@@ -362,6 +362,9 @@ class GymHost:
         await anyio.lowlevel.checkpoint()
         tg = self._check_call("run")
         st = self._streams.open(len(rows), drop_after)
+        turns = self._turns
+        for row in rows:
+            turns.learn_policy_version(row.policy_version)  # rows carry the trainer's version
         for row in rows:
             if refuse_all or not self._parking.admission_open:
                 self.count.refused_rows += 1
@@ -448,6 +451,7 @@ class GymHost:
             turn=old.turn,
             stream=st,
             staged=old.staged,
+            inherited=len(old.staged),
             replay=old.replay,
             restored=True,
         )

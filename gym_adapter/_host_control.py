@@ -61,7 +61,7 @@ from ._contract import (
 from ._environment import Environment, Roles
 from ._episode import EpisodeInfo
 from ._host_cut import CutEpisode, mark_boundary, stand_ins, take_cut
-from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode, EpisodeTable
+from ._host_episodes import BOUNDARY, DONE, UNCLAIMED, Episode, EpisodeTable, StagedModelCall
 from ._host_log import FailureLog
 from ._host_parking import Parking
 from ._host_records import (
@@ -650,13 +650,17 @@ class ControlPlane:
             except Exception as exc:  # a participant's restore raised
                 diffs.append(f"{which}: committed session state cannot be restored ({exc!r})")
                 continue
-            calls = [(c.key, c.response) for c in staged.get(rec.rollout_id, ())]
+            calls = [
+                StagedModelCall(c.key, c.response, c.request_digest, c.policy_version)
+                for c in staged.get(rec.rollout_id, ())
+            ]
             out[rec.rollout_id] = Episode(
                 info,
                 sessions,
                 UNCLAIMED,
                 turn=s.step_boundary,
                 staged=calls,
+                inherited=len(calls),
                 replay=tuple(rec.capture_keys),
             )
         return out

@@ -29,7 +29,7 @@ from gymckpt.runtime import NotPlainData
 from gymckpt.runtime.lowlevel import checked_json
 
 from ._episode import to_plain
-from ._host_episodes import BOUNDARY, Episode
+from ._host_episodes import BOUNDARY, Episode, StagedModelCall
 from ._host_log import episode_label
 
 __all__ = ["BoundaryMark", "CutEpisode", "mark_boundary", "stand_ins", "take_cut"]
@@ -130,7 +130,7 @@ class CutEpisode:
 
     ep: Episode
     mark: BoundaryMark
-    staged: tuple[tuple[str, Any], ...]
+    staged: tuple[StagedModelCall, ...]
     mid_turn: bool
 
 

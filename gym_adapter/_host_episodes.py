@@ -14,11 +14,12 @@ wait unclaimed; ``StepContext`` reaches the host only through ``TurnHost``.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, NamedTuple, Protocol, final
 
 import attrs
 import orjson
@@ -26,7 +27,7 @@ import orjson
 from gymckpt.runtime.lowlevel import checked_json
 
 from ._contract import Completed, Failed, RunReply
-from ._episode import Done, EpisodeFenced, EpisodeInfo, Model, to_plain
+from ._episode import Done, EpisodeFenced, EpisodeInfo, Model, ModelCall, to_plain
 from ._host_log import episode_label
 from ._host_streams import RunStream
 
@@ -37,6 +38,8 @@ __all__ = [
     "UNCLAIMED",
     "Episode",
     "EpisodeTable",
+    "ModelRequestChanged",
+    "StagedModelCall",
     "StepContext",
     "TurnHost",
     "capture_key",
@@ -54,6 +57,28 @@ def capture_key(info: EpisodeInfo, turn: int, call: int) -> str:
     return f"{info.session_key}/t{turn}/c{call}"
 
 
+class StagedModelCall(NamedTuple):
+    """One model call as the host captured it, before the episode saw the response."""
+
+    key: str
+    response: Any
+    request_digest: str
+    """sha256 (hex) of the request's canonical JSON (sorted keys)."""
+    policy_version: int
+    """The newest trainer policy version the instance had been told when the call was made."""
+
+
+class ModelRequestChanged(ValueError):
+    """A restored episode asked a staged call with another request than the one captured: the
+    capture does not answer it (it would hand the episode a response to a question it did not
+    ask), and the episode fails as data."""
+
+
+def request_digest(data: bytes) -> str:
+    """The digest a call's request is staged with: sha256 (hex) of its canonical JSON."""
+    return hashlib.sha256(data).hexdigest()
+
+
 @attrs.define(eq=False, slots=True)
 class Episode:
     """One attempt on one instance (the host's record; users see ``StepContext``)."""
@@ -63,7 +88,9 @@ class Episode:
     state: str
     turn: int = 0
     stream: RunStream | None = None
-    staged: list[tuple[str, Any]] = attrs.field(factory=list)
+    staged: list[StagedModelCall] = attrs.field(factory=list)
+    inherited: int = 0
+    """How many of ``staged`` earlier attempts made (restored with the episode): replayed."""
     replay: tuple[str, ...] | None = None
     """A restored continuation's capture keys as the manifest recorded them."""
     restored: bool = False
@@ -91,7 +118,7 @@ class Episode:
 
     @property
     def capture_keys(self) -> tuple[str, ...]:
-        return tuple([k for k, _ in self.staged])
+        return tuple([c.key for c in self.staged])
 
 
 @final
@@ -162,6 +189,11 @@ class TurnHost(Protocol):
     @property
     def model(self) -> Model | None: ...
 
+    @property
+    def policy_version(self) -> int:
+        """The newest trainer policy version the instance has been told."""
+        ...
+
     def fenced(self, ep: Episode) -> bool:
         """Whether ``ep`` no longer owns its slot's sessions."""
         ...
@@ -231,26 +263,44 @@ class StepContext:
         self._check_owner()
         key = capture_key(ep.info, ep.turn, self._calls)
         self._calls += 1
+        digest = request_digest(_check_request(ep, key, request))
         if ep.restored:
-            for staged_key, response in ep.staged:
-                if staged_key == key:  # staged before a checkpoint: never asked twice
+            for staged in ep.staged:
+                if staged.key == key:  # staged before a checkpoint: never asked twice
+                    if staged.request_digest != digest:
+                        raise ModelRequestChanged(
+                            f"{episode_label(ep.info)}: model call {key} was captured for a "
+                            f"request with digest {staged.request_digest}, and is asked now "
+                            f"with digest {digest}: the episode does not replay as it ran "
+                            "(is the agent's code or its input different from the run that "
+                            "made the snapshot?); the call is not answered from the capture"
+                        )
                     host.model_called(replayed=True)
-                    return _copy(response)
+                    return _copy(staged.response)
+        version = host.policy_version
         response = model(key, request, ep.info)
         if inspect.isawaitable(response):
             response = await response
             self._check_owner()  # still the owner after the wait
         response = to_plain(response)
         if type(response) in _SCALARS:  # an int or a str needs no look, nor a copy
-            ep.staged.append((key, response))
+            ep.staged.append(StagedModelCall(key, response, digest, version))
             host.model_called(replayed=False)
             return response
         data = _check_response(ep, key, response)
-        ep.staged.append((key, response))
+        ep.staged.append(StagedModelCall(key, response, digest, version))
         host.model_called(replayed=False)
         # the episode gets its own copy: what it does to the response in place never reaches
         # the capture (a commit may be serialising it in a worker thread right now)
         return orjson.loads(data)
+
+    @property
+    def calls(self) -> tuple[ModelCall, ...]:
+        ep = self._ep
+        return tuple(
+            ModelCall(c.key, c.request_digest, c.policy_version, i < ep.inherited)
+            for i, c in enumerate(ep.staged)
+        )
 
     def _check_owner(self) -> None:
         if self._host.fenced(self._ep):
@@ -268,6 +318,18 @@ def _copy(response: Any) -> Any:
     if type(response) in _SCALARS:
         return response
     return orjson.loads(orjson.dumps(response))
+
+
+def _check_request(ep: Episode, key: str, request: Any) -> bytes:
+    """A model call's request must be finite plain data (its digest is staged); its canonical
+    JSON (sorted keys)."""
+    try:
+        checked_json(request, "request")
+    except ValueError as exc:
+        raise ValueError(
+            f"{episode_label(ep.info)}: model request under capture key {key} is refused: {exc}"
+        ) from None
+    return orjson.dumps(to_plain(request), option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _check_response(ep: Episode, key: str, response: Any) -> bytes:

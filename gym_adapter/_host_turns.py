@@ -50,6 +50,14 @@ class Turns:
     """Every participant that opens a session per episode, the agent first (``Roles``): what a
     boundary mark holds."""
     user_counts: dict[str, int] = attrs.field(factory=dict)
+    policy_version: int = 0
+    """The newest trainer policy version the instance has been told (``learn_policy_version``):
+    recorded with every model call asked from now on."""
+
+    def learn_policy_version(self, version: int) -> None:
+        """The trainer is at ``version`` (or later): versions only move forward."""
+        if version > self.policy_version:
+            self.policy_version = version
 
     def __repr__(self) -> str:
         return f"<Turns {self.name} turns={self.count.turns} counters={len(self.user_counts)}>"

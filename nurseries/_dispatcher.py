@@ -128,6 +128,8 @@ class Dispatcher:
     tasks: Callable[[int], Any] | None = None
     """Row index -> its task (a fresh copy each call), sent with every attempt of the row:
     fresh, retried and restored alike. None: the environment owns its data (task None)."""
+    policy_version: int = 0
+    """The trainer's policy version (``Rollouts.set_policy_version``), sent with every row."""
 
     _queue: deque[str] = attrs.field(factory=deque, init=False)
     _kick: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -212,7 +214,17 @@ class Dispatcher:
             rows = groups.get(instance)
             if rows is None:
                 rows = groups[instance] = []
-            rows.append(RunRow(rid, row, slot, attempt, restored_from, task=task))
+            rows.append(
+                RunRow(
+                    rid,
+                    row,
+                    slot,
+                    attempt,
+                    restored_from,
+                    task=task,
+                    policy_version=self.policy_version,
+                )
+            )
             touched.append(rid)
             taken += 1
         return [(name, replacer.generation(name), rows) for name, rows in groups.items()]

@@ -153,6 +153,27 @@ class Rollouts:
         ledger = self.ledger
         return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
 
+    @property
+    def policy_version(self) -> int:
+        """The trainer's policy version as last set (``set_policy_version``; 0 at start)."""
+        return self.dispatcher.policy_version
+
+    def set_policy_version(self, version: int) -> None:
+        """Tell the runtime the trainer's policy is now at ``version`` (call it after each
+        weight update). Every row dispatched from now on carries it to Gym, and an instance
+        records the newest version it has been told with every model call it makes
+        (``ModelCall.policy_version``; a replayed call keeps the version it was made with).
+        An instance learns it with the next rows sent to it. Versions are ints that never go
+        back: ``ValueError`` for a negative one, a bool, or one below the current version."""
+        if type(version) is not int or version < 0:
+            raise ValueError(f"a policy version is an int >= 0, got {version!r}")
+        if version < self.dispatcher.policy_version:
+            raise ValueError(
+                f"policy version {version} is below the current one, "
+                f"{self.dispatcher.policy_version}: versions never go back"
+            )
+        self.dispatcher.policy_version = version
+
     def preempt(self, signum: signal.Signals = signal.SIGTERM) -> None:
         """Stop after the current step with a final checkpoint (see the class docstring)."""
         if self.preempted_by is not None:

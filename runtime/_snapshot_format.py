@@ -135,8 +135,15 @@ CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 
 # -- versions ------------------------------------------------------------------------------
 
-MANIFEST_VERSION: Final = 1
-"""The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads."""
+MANIFEST_VERSION: Final = 2
+"""The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads. Version 2: every
+staged model call carries its request digest and policy version (``StagedCall``); a version 1
+snapshot has neither and is refused (``OLD_MANIFEST_HINT``)."""
+OLD_MANIFEST_HINT: Final = (
+    "a version 1 snapshot's model calls carry no request digest or policy version, so a "
+    "restore could not check a replayed call; finish that run with the gymckpt release that "
+    "wrote it, or start this one fresh (restore=False, or another work directory)"
+)
 MARKER_VERSION: Final = 1
 """The ``version`` of ``COMMITTED`` this runtime writes and reads."""
 
@@ -145,9 +152,14 @@ def _check_version(what: str, raw: object, supported: int) -> None:
     """Refuse a JSON object whose ``version`` is present and not ``supported`` (before its
     structure: a record of another version may well have other fields)."""
     if isinstance(raw, dict) and "version" in raw and raw["version"] != supported:
+        hint = (
+            f": {OLD_MANIFEST_HINT}"
+            if supported == MANIFEST_VERSION and raw["version"] == 1
+            else ""
+        )
         raise ManifestError(
             f"{what}: version {raw['version']!r} is not supported "
-            f"(this runtime reads version {supported})"
+            f"(this runtime reads version {supported}){hint}"
         )
 
 
@@ -415,10 +427,15 @@ class SessionRecords:
 
 @attrs.frozen
 class StagedCall:
-    """A model call staged before the commit: answered again from here after a restore."""
+    """A model call staged before the commit: answered again from here after a restore.
+    ``request_digest`` is the sha256 (hex) of the request's canonical JSON (sorted keys): a
+    restored call whose request differs is refused, not answered; ``policy_version`` is the
+    trainer's policy version the instance knew when the call was made."""
 
     key: str
     response: Any
+    request_digest: str
+    policy_version: int
 
 
 @attrs.frozen
@@ -494,7 +511,15 @@ def _staged_plain(r: StagedRecords) -> dict[str, Any]:
         "staged": [
             {
                 "rollout_id": e.rollout_id,
-                "calls": [{"key": c.key, "response": c.response} for c in e.calls],
+                "calls": [
+                    {
+                        "key": c.key,
+                        "policy_version": c.policy_version,
+                        "request_digest": c.request_digest,
+                        "response": c.response,
+                    }
+                    for c in e.calls
+                ],
             }
             for e in r.staged
         ],
@@ -571,16 +596,23 @@ def staged_records_plain(
     participant: str,
     kind: str,
     checkpoint_id: str,
-    staged: Iterable[tuple[str, Iterable[tuple[str, Any]]]],
+    staged: Iterable[tuple[str, Iterable[tuple[str, Any, str, int]]]],
 ) -> dict[str, Any]:
     """``records_to_plain`` of the ``StagedRecords`` of ``staged`` ((rollout ID, its calls as
-    (capture key, response) pairs) per episode), built as ``agent_records_plain`` is."""
+    (capture key, response, request digest, policy version)) per episode), built as
+    ``agent_records_plain`` is."""
     return {
         "participant": participant,
         "kind": kind,
         "checkpoint_id": checkpoint_id,
         "staged": [
-            {"rollout_id": rid, "calls": [{"key": k, "response": r} for k, r in calls]}
+            {
+                "rollout_id": rid,
+                "calls": [
+                    {"key": k, "policy_version": v, "request_digest": d, "response": r}
+                    for k, r, d, v in calls
+                ],
+            }
             for rid, calls in staged
         ],
     }

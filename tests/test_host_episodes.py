@@ -6,23 +6,33 @@ what the context asked of it), plus the participants' roles a host decides once
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 
 from gymckpt.gym_adapter import Environment, register_participant_kind
 from gymckpt.gym_adapter._environment import Roles
-from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, Model
+from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, Model, ModelCall
 from gymckpt.gym_adapter._host_episodes import (
     DONE,
     MOVING,
     UNCLAIMED,
     Episode,
     EpisodeTable,
+    ModelRequestChanged,
+    StagedModelCall,
     StepContext,
     TurnHost,
+    request_digest,
 )
+
+
+def S(key: str, response: object) -> StagedModelCall:
+    """A staged call of a request with digest 0...0 at policy version 0."""
+    return StagedModelCall(key, response, "0" * 64, 0)
 
 
 def episode(rid: str, state: str = MOVING, **kw: Any) -> Episode:
@@ -74,6 +84,7 @@ class FakeHost:
     fence: bool = False
     counts: dict[str, int] = attrs.field(factory=dict)
     model_calls: list[bool] = attrs.field(factory=list)
+    policy_version: int = 0
 
     def fenced(self, ep: Episode) -> bool:
         return self.fence
@@ -127,12 +138,53 @@ async def test_model_calls_are_staged_under_capture_keys_and_replayed_once_resto
     assert await ctx.model("q1") == {"answer": 2}
     assert ep.capture_keys == ("1-0/t3/c0", "1-0/t3/c1")
     assert host.model_calls == [False, False]
-    restored = episode("r2", turn=3, staged=[("1-0/t3/c0", {"answer": 1})], restored=True)
+    q0 = request_digest(orjson.dumps("q0"))
+    staged = [StagedModelCall("1-0/t3/c0", {"answer": 1}, q0, 0)]
+    restored = episode("r2", turn=3, staged=staged, inherited=1, restored=True)
     ctx = context(host, restored)
     assert await ctx.model("q0") == {"answer": 1}  # staged before the checkpoint: not asked
     assert await ctx.model("q1") == {"answer": 3}
     assert asked[-1] == ("1-0/t3/c1", "q1") and len(asked) == 3
     assert host.model_calls == [False, False, True, False]
+
+
+async def test_each_call_records_its_request_digest_and_the_policy_version_it_was_asked() -> None:
+    host = FakeHost(model=lambda key, request, info: {"r": request})
+    ep = episode("r1", turn=2)
+    ctx = context(host, ep)
+    await ctx.model({"b": 1, "a": [1.5]})
+    host.policy_version = 4  # the trainer updated its weights; the instance was told
+    await ctx.model("q")
+    digest = hashlib.sha256(b'{"a":[1.5],"b":1}').hexdigest()  # canonical: keys sorted
+    assert ctx.calls == (
+        ModelCall("1-0/t2/c0", digest, 0, False),
+        ModelCall("1-0/t2/c1", hashlib.sha256(b'"q"').hexdigest(), 4, False),
+    )
+    # a restored continuation: the calls of earlier attempts are replayed with their versions
+    restored = episode("r1-a1", turn=2, staged=list(ep.staged), inherited=2, restored=True)
+    again = context(host, restored)
+    host.policy_version = 9
+    assert await again.model({"a": [1.5], "b": 1}) == {"r": {"b": 1, "a": [1.5]}}
+    assert [c.policy_version for c in again.calls] == [0, 4]
+    assert all(c.replayed for c in again.calls)
+
+
+async def test_a_restored_call_with_a_changed_request_fails_closed_naming_both_digests() -> None:
+    asked: list[Any] = []
+    host = FakeHost(model=lambda key, request, info: asked.append(request) or "fresh")
+    before = request_digest(orjson.dumps({"prompt": "add 2 and 3"}))
+    staged = [StagedModelCall("1-0/t0/c0", "captured", before, 1)]
+    ep = episode("r1-a1", staged=staged, inherited=1, restored=True)
+    after = request_digest(orjson.dumps({"prompt": "add 2 and 4"}))
+    with pytest.raises(ModelRequestChanged, match=f"digest {before}.*digest {after}"):
+        await context(host, ep).model({"prompt": "add 2 and 4"})
+    assert asked == [] and host.model_calls == []  # neither answered from the capture nor asked
+
+
+async def test_a_model_request_that_is_not_plain_data_is_refused_and_not_asked() -> None:
+    host = FakeHost(model=lambda key, request, info: pytest.fail("asked"))
+    with pytest.raises(ValueError, match=r"model request under capture key 1-0/t0/c0 .*nan"):
+        await context(host, episode("r1")).model({"t": float("nan")})
 
 
 async def test_a_model_response_that_is_not_plain_data_is_refused_and_not_staged() -> None:

@@ -21,7 +21,7 @@ from gymckpt.gym_adapter import Done, Environment
 from gymckpt.gym_adapter._contract import Completed, Failed
 from gymckpt.gym_adapter._environment import Roles
 from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, ModelUnavailable
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode
+from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode, StagedModelCall
 from gymckpt.gym_adapter._host_journal import replay_journal
 from gymckpt.gym_adapter._host_log import FailureLog
 from gymckpt.gym_adapter._host_parking import Parking
@@ -29,6 +29,11 @@ from gymckpt.gym_adapter._host_slots import SlotTable
 from gymckpt.gym_adapter._host_turns import Turns
 from gymckpt.gym_adapter._host_views import HostCounts
 from gymckpt.gym_adapter._user_calls import UserCalls
+
+
+def S(key: str, response: object) -> StagedModelCall:
+    """A staged call of a request with digest 0...0 at policy version 0."""
+    return StagedModelCall(key, response, "0" * 64, 0)
 
 
 class Cal:
@@ -201,7 +206,7 @@ async def test_a_restored_episode_whose_staged_calls_differ_from_the_manifest_fa
     r = rig(Agent(turns=3))
     async with trio.open_nursery() as nursery:
         r.parking.open(nursery.start_soon, lambda ep: None)
-        ep = started(r, staged=[("1-0/t0/c0", 1)], replay=("1-0/t0/c9",), restored=True)
+        ep = started(r, staged=[S("1-0/t0/c0", 1)], replay=("1-0/t0/c9",), restored=True)
         reply = await r.turns.play(ep)
         nursery.cancel_scope.cancel()
     assert (

@@ -96,7 +96,13 @@ STAGED = StagedRecords(
     "model_proxy",
     "c7",
     (
-        StagedEpisode("0-0-a0", (StagedCall("0-0/t0/c0", {"text": "hi"}), StagedCall("k", 2.5))),
+        StagedEpisode(
+            "0-0-a0",
+            (
+                StagedCall("0-0/t0/c0", {"text": "hi"}, "a" * 64, 0),
+                StagedCall("k", 2.5, "b" * 64, 3),
+            ),
+        ),
         StagedEpisode("1-1-a2", ()),
     ),
 )
@@ -120,8 +126,10 @@ WRITTEN = {
     ),
     StagedRecords: (
         b'{"checkpoint_id":"c7","kind":"model_proxy","participant":"model_proxy","staged":['
-        b'{"calls":[{"key":"0-0/t0/c0","response":{"text":"hi"}},{"key":"0-0/t1/c0",'
+        b'{"calls":[{"key":"0-0/t0/c0","policy_version":0,"request_digest":"%s",'
+        b'"response":{"text":"hi"}},{"key":"0-0/t1/c0","policy_version":3,"request_digest":"%s",'
         b'"response":[1,2.5]}],"rollout_id":"0-0-a0"},{"calls":[],"rollout_id":"1-1-a2"}]}'
+        % (b"a" * 64, b"b" * 64)
     ),
 }
 
@@ -158,7 +166,10 @@ def from_columns(r: Any) -> dict[str, Any]:
         return session_records_plain(
             r.participant, r.kind, r.checkpoint_id, cols, exported=r.exported, retained=r.retained
         )
-    calls = [(e.rollout_id, [(c.key, c.response) for c in e.calls]) for e in r.staged]
+    calls = [
+        (e.rollout_id, [(c.key, c.response, c.request_digest, c.policy_version) for c in e.calls])
+        for e in r.staged
+    ]
     return staged_records_plain(r.participant, r.kind, r.checkpoint_id, calls)
 
 
@@ -191,7 +202,7 @@ def test_what_the_records_hold_of_the_user_is_handed_back_as_it_was() -> None:
     assert back.sessions[0].state == {"r": [1.0]} and back.sessions[1].state is None
     assert back.sessions[1].step_boundary is None and back.exported is None
     staged = load_records(WRITTEN[StagedRecords], RECORDS_FILE, StagedRecords)
-    assert staged.staged[0].calls[1] == StagedCall("0-0/t1/c0", [1, 2.5])
+    assert staged.staged[0].calls[1] == StagedCall("0-0/t1/c0", [1, 2.5], "b" * 64, 3)
 
 
 # -- refusals ---------------------------------------------------------------------------------
@@ -266,13 +277,22 @@ def test_a_bad_step_file_is_refused_naming_it(data: bytes, says: str) -> None:
 
 
 def test_a_manifest_or_a_marker_of_another_version_is_refused_saying_which_is_read() -> None:
-    reads = r"is not supported \(this runtime reads version 1\)$"
-    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=2, future=True))
-    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 2 {reads}"):
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=3, future=True))
+    reads = r"is not supported \(this runtime reads version 2\)$"
+    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 3 {reads}"):
         load_manifest(manifest)
     marker = _edit(dump_marker(MARKER), lambda r: r.update(version=2))
+    reads = r"is not supported \(this runtime reads version 1\)$"
     with pytest.raises(ManifestError, match=rf"^{COMMIT_MARKER}: marker version 2 {reads}"):
         load_marker(marker)
+
+
+def test_a_version_1_snapshot_is_refused_saying_why_and_what_to_do() -> None:
+    """Version 1 staged calls have no request digest: a restore could not check a replayed
+    call, so the snapshot is refused (exit 2, a ``ManifestError``), not read half-checked."""
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=1))
+    with pytest.raises(ManifestError, match=r"version 1 is not supported .*no request digest"):
+        load_manifest(manifest)
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from gymckpt.runtime.lowlevel import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
     MANIFEST_NAME,
+    MANIFEST_VERSION,
     CommitMarker,
     GymManifest,
     check_snapshot,
@@ -60,7 +61,7 @@ def _stage(store: SnapshotStore, checkpoint_id: str) -> tuple[Path, GymManifest]
             records.append(ParticipantRecord(server_name, kind, rel, records_digest(state)))
         instances.append(InstanceRecord(instance, tuple(records)))
     manifest = GymManifest(
-        version=1,
+        version=MANIFEST_VERSION,
         checkpoint_id=checkpoint_id,
         instances=tuple(instances),
         episodes=(EpisodeRecord("r-0-1-1", "calendar", "gym-0", ("cap-1", "cap-2")),),
@@ -318,12 +319,12 @@ def test_manifest_not_an_object(tmp_path: Path) -> None:
 
 def test_foreign_version(tmp_path: Path) -> None:
     def edit(raw: Raw) -> None:
-        raw["version"] = 2
+        raw["version"] = 3
         raw["something_new"] = True
 
     message = _manifest_error(tmp_path, lambda p: _edit_manifest(p, edit))
     assert message == (
-        "gym_checkpoint.json: version 2 is not supported (this runtime reads version 1)"
+        "gym_checkpoint.json: version 3 is not supported (this runtime reads version 2)"
     )
 
 

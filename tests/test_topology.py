@@ -8,7 +8,12 @@ manifest does not have, sorted.
 
 from __future__ import annotations
 
-from gymckpt.runtime._snapshot_format import GymManifest, InstanceRecord, ParticipantRecord
+from gymckpt.runtime._snapshot_format import (
+    MANIFEST_VERSION,
+    GymManifest,
+    InstanceRecord,
+    ParticipantRecord,
+)
 from gymckpt.runtime._topology import participant_differences, topology_differences
 
 
@@ -21,7 +26,9 @@ LIVE = [("agent", "simple_agent"), ("env", "environment"), ("proxy", "model_prox
 
 
 def manifest(*names: str) -> GymManifest:
-    return GymManifest(1, "c1", tuple(InstanceRecord(n, COMMITTED) for n in names), ())
+    return GymManifest(
+        MANIFEST_VERSION, "c1", tuple(InstanceRecord(n, COMMITTED) for n in names), ()
+    )
 
 
 def test_the_same_topology_has_no_difference() -> None:
