@@ -86,3 +86,54 @@ def test_readme_byo_example_runs_and_restores(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert again.stdout == ""
+
+
+def test_readme_llm_example_checkpoints_mid_turn_survives_a_sigkill_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """The LLM example as a user runs it, without a server of their own (it starts the test
+    server): SIGKILLed after its first checkpoint, it resumes from the snapshot and finishes,
+    and its later episodes record the policy versions the trainer announced."""
+    import os
+    import signal
+
+    block = _block("llm-example")
+    assert len(block.splitlines()) < 60
+    script = tmp_path / "llm.py"
+    script.write_text(block)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    first = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None
+        line = first.stdout.readline()  # blocks until the first checkpoint (bounded below)
+        assert line.startswith("run-0001 True"), line
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait(60)
+        assert first.stdout is not None
+        first.stdout.close()
+    assert first.returncode == -signal.SIGKILL
+    again = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "resumed from snapshot" in again.stderr
+    lines = again.stdout.splitlines()
+    assert lines and all(" True " in ln for ln in lines)
+    last = lines[-1]
+    versions = [int(v) for v in last.split("'versions': [")[1].split("]")[0].split(", ")]
+    assert max(versions) >= 1  # dispatched after a weight update: the version travelled
