@@ -1,0 +1,199 @@
+"""A multi-turn, tool-using LLM agent on an OpenAI-compatible server, and a trainer process
+that runs it, for the crash tests (and as a fuller version of the README's LLM example):
+
+    python -m gymckpt.testing.llm_agent --workdir W --base-url URL [--api-key K] [--rows N]
+                                        [--changed-request]
+
+Each row of the dataset is a question (``{"q": ..., "a": ..., "b": ...}``); the agent asks the
+model with an ``add`` tool, runs every tool call the model makes against the ``calculator``
+participant (whose session counts its uses; the tool takes ``TOOL_LATENCY_S`` times 1 to 4),
+and ends when the model answers in text (or after ``MAX_TURNS`` turns). Its payload records
+every model call of the episode as the agent saw it: the capture's identity (``ctx.calls``:
+capture key, request digest, policy version, replayed) beside a sha256 of the response the
+agent got, so a test can hold the trajectory against the server's log and the snapshot's
+capture.
+
+The trainer runs unaligned checkpoints (episodes are taken mid-turn), tells Gym a new policy
+version before every checkpoint (as a trainer does after it updates the weights), journals
+every trained step to ``W/journal.jsonl`` (one fsync'd line per step) and prints one line per
+checkpoint: ``checkpoint ID OK MID_TURN`` (flushed). ``--changed-request`` makes the agent add
+a system message to every request: a restored episode's staged calls then no longer match
+their requests and fail closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import orjson
+
+from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter.openai_model import openai_model
+
+__all__ = ["MAX_TURNS", "TOOLS", "Calculator", "ToolAgent", "dataset", "main", "tool_environment"]
+
+MAX_TURNS: Final = 4
+TOOL_LATENCY_S: Final = 0.1
+"""How long the calculator takes (a tool's latency), times 1 to 4 by the row, so episodes fall
+out of step: a checkpoint finds some here, inside a turn whose model call completed; restored,
+the turn runs again and its call is answered from the capture."""
+TOOLS: Final = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "a + b",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+def dataset(rows: int) -> list[dict[str, Any]]:
+    """``rows`` questions, each a task of the trainer's dataset."""
+    return [{"q": f"What is {n} + {3 * n + 1}?", "a": n, "b": 3 * n + 1} for n in range(rows)]
+
+
+def response_digest(response: Any) -> str:
+    """sha256 of a response's canonical JSON (sorted keys)."""
+    return hashlib.sha256(orjson.dumps(response, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+class Calculator:
+    """The tool environment: a session per slot, counting the tool's uses."""
+
+    name, kind = "calculator", "environment"
+
+    def open(self, info: EpisodeInfo) -> dict[str, int]:
+        return {"uses": 0}
+
+    def export(self, state: dict[str, int]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, int]:
+        return dict(data)
+
+
+class ToolAgent:
+    """The agent: one model call per turn, then the tool calls it asked for."""
+
+    name, kind = "agent", "simple_agent"
+
+    def __init__(self, changed_request: bool = False) -> None:
+        self.changed_request = changed_request
+
+    def open(self, info: EpisodeInfo) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": info.task["q"]}], "seen": []}
+
+    def export(self, state: dict[str, Any]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, Any]:
+        return dict(data)
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        messages = state["messages"]
+        if self.changed_request:
+            messages = [{"role": "system", "content": "be brief"}, *messages]
+        request = {"messages": messages, "tools": TOOLS, "logprobs": True}
+        reply = await ctx.model(request)
+        state["seen"].append(response_digest(reply))
+        message = reply["choices"][0]["message"]
+        state["messages"].append(message)
+        for call in message.get("tool_calls") or []:
+            args = json.loads(call["function"]["arguments"])
+            await anyio.sleep(TOOL_LATENCY_S * (1 + ctx.info.row % 4))
+            ctx.session("calculator")["uses"] += 1
+            content = str(int(args.get("a", 0)) + int(args.get("b", 0)))
+            state["messages"].append(
+                {"role": "tool", "tool_call_id": call["id"], "content": content}
+            )
+        if message.get("tool_calls") and ctx.turn + 1 < MAX_TURNS:
+            return None
+        calls = [
+            {
+                "key": c.key,
+                "request_digest": c.request_digest,
+                "policy_version": c.policy_version,
+                "replayed": c.replayed,
+                "response_digest": seen,
+            }
+            for c, seen in zip(ctx.calls, state["seen"], strict=True)
+        ]
+        return Done(reward=1.0, payload={"rollout_id": ctx.info.rollout_id, "calls": calls})
+
+
+def tool_environment(
+    base_url: str, model: str, api_key: str | None = None, *, changed_request: bool = False
+) -> Environment:
+    """The agent and its calculator, calling ``model`` at ``base_url``."""
+    return Environment(
+        agent=ToolAgent(changed_request),
+        participants=(Calculator(),),
+        model=openai_model(base_url=base_url, model=model, api_key=api_key, timeout_s=30.0),
+    )
+
+
+def _journal(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "ab") as f:
+        f.write(orjson.dumps(record) + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def _train(opts: argparse.Namespace) -> None:
+    import gymckpt
+
+    workdir = Path(opts.workdir)
+    env = tool_environment(
+        opts.base_url, opts.model, opts.api_key, changed_request=opts.changed_request
+    )
+    config = gymckpt.RuntimeConfig(checkpoint_mode="unaligned")
+    async with EmbeddedGym.host(env, instances=2, seed=0, work_dir=workdir / "gym-live") as gym:
+        async with gymckpt.open_rollouts(
+            gym,
+            workdir,
+            dataset=dataset(opts.rows),
+            group_size=2,
+            config=config,
+            max_rows_in_flight=4,
+        ) as rollouts:
+            async for batch in rollouts.batches(groups_per_step=2):
+                payloads = [r.payload for g in batch for r in g.results]
+                _journal(workdir / "journal.jsonl", {"step": rollouts.step, "payloads": payloads})
+                rollouts.set_policy_version(rollouts.step + 1)
+                outcome = await rollouts.checkpoint()
+                print("checkpoint", outcome.checkpoint_id, outcome.ok, outcome.mid_turn, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The trainer process (see the module docstring)."""
+    import gymckpt
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gymckpt.testing.llm_agent", description=__doc__
+    )
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--model", default="gymckpt-test")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--changed-request", action="store_true")
+    opts = parser.parse_args(argv)
+    gymckpt.run(lambda: _train(opts))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
