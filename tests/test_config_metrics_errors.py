@@ -96,6 +96,8 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "StrandedSessionError": ("gym-0", ("s-1", "s-2")),
     "ManifestError": ("gym_checkpoint.json: file is empty",),
     "TrainerFilesRefused": ("trainer/weights: a link to a directory",),
+    "DatasetError": ("dataset[12].prompt is nan",),
+    "DatasetMismatch": ("row 1 differs: snapshot 0a1b..., dataset 9f8e...",),
     "TopologyMismatch": (("instance gym-2: missing from the live deployment",),),
     "DeadlineExpired": ("row-1", "generate", 3.0),
     "BudgetExhausted": ("row 4 ran out of attempts",),
