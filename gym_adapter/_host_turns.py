@@ -113,20 +113,16 @@ class Turns:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
             except EpisodeFenced:
                 raise
-            except ModelUnavailable as exc:  # the model's infrastructure, not the episode's data
-                failed = f"{episode_label(ep.info)} turn {ep.turn}: model unavailable: {exc}"
-                self.failure_log.warn(failed, exc)
-                problem = self.slots.journal_turn(ep, ctx.touched)
-                if problem is not None:
-                    self.failure_log.warn(problem)
-                return Failed(rid, "infra", problem or failed)
             except Exception as exc:
-                failed = f"{episode_label(ep.info)} turn {ep.turn}: step raised {exc!r}"
+                # the model's infrastructure failing is not the episode's data: retried as infra
+                infra = isinstance(exc, ModelUnavailable)
+                what = f"model unavailable: {exc}" if infra else f"step raised {exc!r}"
+                failed = f"{episode_label(ep.info)} turn {ep.turn}: {what}"
                 self.failure_log.warn(failed, exc)
                 problem = self.slots.journal_turn(ep, ctx.touched)
                 if problem is not None:
                     self.failure_log.warn(problem)
-                return Failed(rid, "data", problem or failed)
+                return Failed(rid, "infra" if infra else "data", problem or failed)
             finally:
                 ep.stepping = False
             if self.slots.fenced(ep):

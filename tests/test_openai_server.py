@@ -6,10 +6,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -174,33 +174,32 @@ async def test_it_starts_under_trio_too() -> None:
 def test_a_server_whose_parent_is_killed_exits(tmp_path: Path) -> None:
     """No orphan: the parent (a script holding the server) is SIGKILLed, the server follows."""
     script = (
-        "import sys, time\n"
+        "import sys\n"
         "from gymckpt.testing.openai_server import open_openai_test_server\n"
         "with open_openai_test_server() as s:\n"
         "    print(s.pid, flush=True)\n"
-        "    time.sleep(60)\n"
+        "    sys.stdin.read()  # until it is killed\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         assert parent.stdout is not None
         pid = int(parent.stdout.readline())
-        os.kill(pid, 0)  # running
+        server = os.pidfd_open(pid)  # readable once the server has exited
     finally:
         parent.kill()
         parent.wait(10)
-        if parent.stdout is not None:
-            parent.stdout.close()
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        if _zombie(pid):
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    pytest.fail(f"server {pid} outlived its killed parent by 10 s")
+        for pipe in (parent.stdin, parent.stdout):
+            if pipe is not None:
+                pipe.close()
+    try:
+        exited, _, _ = select.select([server], [], [], 10)
+    finally:
+        os.close(server)
+    if not exited and not _zombie(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"server {pid} outlived its killed parent by 10 s")
 
 
 def _zombie(pid: int) -> bool:
