@@ -57,6 +57,7 @@ from ._episode import (
     StateParticipant,
     participant_kinds,
     register_participant_kind,
+    split_capture_key,
     to_plain,
 )
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
@@ -143,5 +144,6 @@ __all__ = [
     "participant_kinds",
     "register_participant_kind",
     "run_on_an_asyncio_loop",
+    "split_capture_key",
     "to_plain",
 ]

@@ -7,10 +7,12 @@ environment or backend author needs is ``gymckpt.gym_adapter``.
 
 from __future__ import annotations
 
+from ._episode import call_id
 from ._host_episodes import capture_key as host_capture_key
 from ._host_journal import JOURNAL_FILE
 
 __all__ = [
     "JOURNAL_FILE",
+    "call_id",
     "host_capture_key",
 ]
