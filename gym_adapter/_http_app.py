@@ -185,6 +185,7 @@ class GymHttpApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
         path: str = scope["path"]
+        body_read = False
         try:
             if path == "/health":
                 if method != "GET":
@@ -196,6 +197,7 @@ class GymHttpApp:
             op = self._route(method, path)
             content_length(headers, self.limits.max_body_bytes)
             body = await read_body(receive, self.limits.max_body_bytes)
+            body_read = True
             if op == "/run":
                 await self._run(body, receive, send)
             else:
@@ -212,9 +214,10 @@ class GymHttpApp:
                 refused.refusal.type,
                 refused.refusal.message,
             )
-            # an unread body (413) cannot be skipped on a kept-alive connection: close it
+            # a body left unread (refused before or while reading it) is never read: the
+            # connection cannot be kept alive past it, so it is closed
             await self._respond(
-                send, refused.status, encode_refusal(refused.refusal), close=refused.status == 413
+                send, refused.status, encode_refusal(refused.refusal), close=not body_read
             )
 
     def _route(self, method: str, path: str) -> str:
