@@ -53,12 +53,15 @@ async def _snapshot(client: httpx.AsyncClient, proc: ServeProcess) -> tuple[Any,
 async def _served(
     tmp_path: Path, *args: str, env: str = CAL
 ) -> AsyncIterator[tuple[ServeProcess, httpx.AsyncClient]]:
-    """A server with some history (episodes run, retained sessions journaled, replies acked)."""
+    """A server with some history (episodes run, retained sessions journaled, replies on the
+    wire)."""
     async with serve_process(tmp_path / "w", env, *args) as proc:
         async with httpx.AsyncClient(base_url=proc.url, headers=proc.auth(), timeout=20) as client:
-            batches, ended, _ = await run_to_end(client, 1, rows(3))
+            _, ended, _ = await run_to_end(client, 1, rows(3))
             assert ended
-            await control(client, "ack", {"sid": 1, "upto": batches[-1].seq})
+            # stream 1 is left unacknowledged: its replies stay on the wire, so a refused
+            # request that applied the acks it carries ({1: 99}) would change the inventory
+            assert len((await control(client, "inventory")).on_wire) == 3
             yield proc, client
 
 
@@ -216,13 +219,18 @@ async def test_paths_outside_the_state_root_are_refused_and_nothing_is_written(
         ]
         refused = 0
         for bad in bad_roots:
-            resp = await control_raw(client, "commit", {"checkpoint_id": "c1", "state_root": bad})
+            resp = await control_raw(
+                client, "commit", {"checkpoint_id": "c1", "state_root": bad}, acks={1: 99}
+            )
             _refusal(resp, 403, "PathOutsideStateRoot")
             refused += 1
         record = InstanceRecord("gym-0", (ParticipantRecord("calendar", "environment", "x", "0"),))
         for bad in bad_roots[:4]:
             resp = await control_raw(
-                client, "restore", {"state_root": bad, "record": record, "episodes": ()}
+                client,
+                "restore",
+                {"state_root": bad, "record": record, "episodes": ()},
+                acks={1: 99},
             )
             _refusal(resp, 403, "PathOutsideStateRoot")
             refused += 1
@@ -257,7 +265,7 @@ async def test_faults_are_refused_unless_the_server_allows_them(tmp_path: Path) 
         faulty = encode_control_request(
             "resume",
             deadline=DEADLINE,
-            acks={},
+            acks={1: 99},
             fault=FaultSpec("resume", "error"),
             args={"checkpoint_id": "c"},
         )
