@@ -9,6 +9,7 @@ import re
 import shutil
 import ssl
 import subprocess
+import time
 from contextlib import aclosing
 from pathlib import Path
 
@@ -19,14 +20,17 @@ import trio
 from http_wire_client import RemoteError, control, rows, run_to_end, state
 
 from gymckpt.gym_adapter._contract import Completed, RunRow
+from gymckpt.gym_adapter._faults import FaultSpec
 from gymckpt.gym_adapter._http_wire import (
     PROTOCOL,
     RunRequest,
     decode_health,
     decode_stream_line,
+    encode_control_request,
     encode_run_request,
 )
 from gymckpt.gym_adapter._transport_admission import RunShape
+from gymckpt.gym_adapter._transport_deadlines import WireDeadline
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -220,6 +224,28 @@ async def test_a_client_disconnect_mid_stream_leaks_no_handler(tmp_path: Path) -
         inv = await control(client, "inventory")
         assert {"0-0", "1-0"} <= set(inv.running)
         await control(client, "close_stream", {"sid": 1, "upto": 0})
+        assert await proc.stop() == 0
+
+
+async def test_a_hung_call_is_cancelled_when_its_client_gives_up(tmp_path: Path) -> None:
+    server = serve_process(tmp_path / "w", CAL, "--max-streams", "1", "--allow-faults")
+    async with server as proc, _client(proc) as client:
+        hang = RunShape(inject=FaultSpec("run", "hang"))
+        body = encode_run_request(RunRequest(1, {}, hang, False, 64, rows(1)))
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/run", content=body, timeout=0.5)
+        # the hung handler was cancelled when the client went away: its stream slot is free
+        await _wait_admitted(client, 2, rows(1, start=3))
+        faulty = encode_control_request(
+            "resume",
+            deadline=WireDeadline(60.0, time.time()),
+            acks={},
+            fault=FaultSpec("resume", "hang"),
+            args={"checkpoint_id": "c"},
+        )
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/control/v1/resume", content=faulty, timeout=0.5)
+        assert (await control(client, "inventory")).admission_open
         assert await proc.stop() == 0
 
 
