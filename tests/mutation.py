@@ -698,7 +698,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "c7-disconnect-not-watched",
         "C7",
         "gym_adapter/_http_app.py",
-        "nursery.start_soon(_cancel_when, _disconnected(receive, gone), nursery.cancel_scope)",
+        "nursery.start_soon(_cancel_when, _disconnected(receive), nursery.cancel_scope)",
         "pass",
         (HTTP_SERVER,),
         keyword="disconnect",
