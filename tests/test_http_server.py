@@ -313,3 +313,25 @@ async def test_bad_flags_and_environments_exit_2(tmp_path: Path) -> None:
         assert res.returncode == 2, res.stderr
         assert b"Traceback" not in res.stderr
         assert orjson.dumps(extra)  # the case, for the assertion message
+
+
+async def test_the_config_file_serve_table(tmp_path: Path) -> None:
+    import sys
+
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\ninstance = "gym-7"\nmax_rows = 2\n')
+    async with serve_process(tmp_path / "w", CAL, "--config", str(conf), instance="gym-7") as proc:
+        async with _client(proc) as client:
+            body = encode_run_request(RunRequest(1, {}, RunShape(), False, 8, rows(3)))
+            assert (await client.post("/run", content=body)).status_code == 413
+            _, ended, _ = await run_to_end(client, 2, rows(2))
+            assert ended
+    for text in ("[serve]\nmax_rowz = 2\n", '[serve]\nmax_rows = "2"\n', "max_rows = 2\n"):
+        conf.write_text(text)
+        res = await trio.run_process(
+            [sys.executable, "-m", "gymckpt", "serve", CAL, "--config", str(conf),
+             "--work-dir", str(tmp_path / "w")],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+        assert res.returncode == 2, (text, res.stderr)
+        assert b"Traceback" not in res.stderr
