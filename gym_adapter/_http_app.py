@@ -253,7 +253,7 @@ class GymHttpApp:
 
     # -- control plane -----------------------------------------------------------------------------
 
-    def _check_fault(self, fault: FaultSpec | None, what: str) -> None:
+    def _check_fault(self, fault: FaultSpec | str | None, what: str) -> None:
         if fault is not None and not self.allow_faults:
             raise RefusedRequest(
                 403,
@@ -349,7 +349,9 @@ class GymHttpApp:
                 f"{self.limits.max_rows} (--max-rows): split them over several requests",
             )
         if req.shape != RunShape():
-            self._check_fault(req.shape.inject or FaultSpec("run", "drop"), "/run shape")
+            shape = req.shape
+            label = shape.inject or ("run:refuse" if shape.refuse_all else "run:drop")
+            self._check_fault(label, "/run shape")
         if req.sid in self._outboxes:
             raise RefusedRequest(
                 400, "BadRequest", f"stream id {req.sid} is still open here: use a fresh sid"
