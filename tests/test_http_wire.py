@@ -1,0 +1,430 @@
+"""The HTTP wire (``gymckpt-http/1``): every message round-trips exactly, in NeMo Gym's episode
+shapes on ``/run``, and malformed bodies (bad JSON, unknown keys, wrong types) are refused with
+``WireFormatError``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gymckpt.gym_adapter._contract import (
+    CommitReply,
+    Completed,
+    ExportedEpisode,
+    Failed,
+    InstanceInventory,
+    InstanceTopology,
+    ParticipantInfo,
+    PrepareReply,
+    Refused,
+    RestoreReply,
+    RetireReply,
+    RunRow,
+)
+from gymckpt.gym_adapter._faults import FaultSpec
+from gymckpt.gym_adapter._host import HostStatistics
+from gymckpt.gym_adapter._host_views import RetainedSession
+from gymckpt.gym_adapter._http_wire import (
+    CONTROL_OPS,
+    END_LINE,
+    ControlRequest,
+    Health,
+    Refusal,
+    RunRequest,
+    WireFormatError,
+    decode_control_request,
+    decode_error_body,
+    decode_health,
+    decode_result,
+    decode_run_request,
+    decode_stream_line,
+    encode_batch_line,
+    encode_control_request,
+    encode_health,
+    encode_refusal,
+    encode_result,
+    encode_run_request,
+    qualified_key,
+    split_key,
+)
+from gymckpt.gym_adapter._transport_admission import ReplyBatch, RunShape, admission_header
+from gymckpt.gym_adapter._transport_deadlines import WireDeadline
+from gymckpt.gym_adapter._wire import encode_error
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    GymAdmissionClosed,
+    GymCallTimeout,
+    GymInstanceDead,
+    InstanceRecord,
+    ManifestError,
+    ParticipantRecord,
+    StrandedSessionError,
+    TopologyMismatch,
+    rollout_id_for,
+)
+
+DEADLINE = WireDeadline(2.5, 1_700_000_000.5)
+ROWS = (
+    RunRow(rollout_id_for(3, 1, 0), 3, 1, 0, task={"prompt": "hi", "n": [1, 2]}, policy_version=7),
+    RunRow(rollout_id_for(3, 1, 2), 3, 1, 2, restored_from=rollout_id_for(3, 1, 1)),
+    RunRow("free-form", 9, 0, 0),
+)
+REPLIES = (
+    Completed("3-1", 0.75, 4, {"trajectory": [1, "two", None]}),
+    Failed("3-1-a2", "infra", "instance gym-0 is dead"),
+    Failed("4-0", "data", "bad turn"),
+    Refused("5-0-a1"),
+)
+
+
+def _host_stats() -> HostStatistics:
+    import attrs
+
+    counts = {f.name: i for i, f in enumerate(attrs.fields(HostStatistics)) if f.type == "int"}
+    return HostStatistics(
+        instance="gym-0",
+        dead=False,
+        admission_open=True,
+        prepared=False,
+        counters={"m": 1},
+        **counts,
+    )
+
+
+RECORD = InstanceRecord("gym-0", (ParticipantRecord("cal", "environment", "gym-0/cal", "ab"),))
+CONTROL_SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
+    "prepare": (
+        {"checkpoint_id": "c1", "mode": CheckpointMode.UNALIGNED},
+        PrepareReply("gym-0", "c1", 2, 1),
+    ),
+    "commit": (
+        {"checkpoint_id": "c1", "state_root": "snap/c1"},
+        CommitReply(
+            "gym-0",
+            "c1",
+            (ParticipantInfo("cal", "environment", "gym-0/cal", "ab"),),
+            (ExportedEpisode("3-1", "cal", ("k",)),),
+            ("4-0",),
+        ),
+    ),
+    "resume": ({"checkpoint_id": "c1"}, None),
+    "retire": ({"rollout_ids": ("3-1", "4-0")}, RetireReply("gym-0", ("3-1",), ("4-0",))),
+    "retire_restored": ({"rollout_ids": ("3-1",)}, RetireReply("gym-0", ("3-1",))),
+    "restore": (
+        {
+            "state_root": "snap/c1",
+            "record": RECORD,
+            "episodes": (EpisodeRecord("3-1", "cal", "gym-0", ("k",)),),
+        },
+        RestoreReply("gym-0", ("3-1",)),
+    ),
+    "topology": ({}, InstanceTopology("gym-0", (("cal", "environment"),))),
+    "inventory": ({}, InstanceInventory("gym-0", True, False, ("a",), (), (), ("b",), 0)),
+    "statistics": ({}, _host_stats()),
+    "retained_sessions": (
+        {},
+        {"cal": {"3-1": RetainedSession("3-1", "3-1-a2", 2, {"events": [1]})}},
+    ),
+    "ack": ({"sid": 4, "upto": 7}, None),
+    "close_stream": ({"sid": 4, "upto": 0}, None),
+}
+
+
+def test_every_op_has_a_sample() -> None:
+    assert set(CONTROL_SAMPLES) == set(CONTROL_OPS)
+
+
+def test_attempt_keys_are_nemo_gyms() -> None:
+    assert qualified_key("3-1", 0) == "3-1" == rollout_id_for(3, 1, 0)
+    assert qualified_key("3-1", 2) == "3-1-a2" == rollout_id_for(3, 1, 2)
+    for rid in ("3-1", "3-1-a2", "x-a0", "x-a01", "a", "-a5", "r0-0-a0"):
+        assert qualified_key(*split_key(rid)) == rid
+    assert split_key("3-1-a12") == ("3-1", 12)
+    assert split_key("x-a0") == ("x-a0", 0)
+
+
+def test_run_request_round_trips_in_nemo_shapes() -> None:
+    req = RunRequest(5, {1: 3, 4: 0}, RunShape(drop_after=2), True, 16, ROWS)
+    data = encode_run_request(req)
+    back = decode_run_request(data)
+    assert back == req
+    assert encode_run_request(back) == data
+    raw = orjson.loads(data)
+    assert raw["acks"] == {"1": 3, "4": 0}
+    second = raw["rows"][1]
+    assert second["episode_id"] == {"rollout_id": "3-1", "attempt": 2}
+    assert second["gymckpt"] == {
+        "row": 3,
+        "slot": 1,
+        "restored_from": "3-1-a1",
+        "policy_version": 0,
+    }
+    assert raw["rows"][0]["task_input"] == {"prompt": "hi", "n": [1, 2]}
+    assert raw["rows"][0]["task_id"] is None
+
+
+def test_run_request_with_faulty_shape_round_trips() -> None:
+    shape = RunShape(inject=FaultSpec("run", "delay", 2, 0.5))
+    req = RunRequest(0, {}, shape, False, 1, ())
+    assert decode_run_request(encode_run_request(req)) == req
+
+
+def test_a_row_whose_key_does_not_name_its_attempt_cannot_be_sent() -> None:
+    req = RunRequest(0, {}, RunShape(), False, 8, (RunRow("0-0", 0, 0, 1),))
+    with pytest.raises(WireFormatError, match="-a1"):
+        encode_run_request(req)
+
+
+def test_batch_lines_round_trip_and_the_end_line_is_none() -> None:
+    for batch in (admission_header(), ReplyBatch(1, REPLIES), ReplyBatch(2, (REPLIES[0],))):
+        line = encode_batch_line(batch)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert decode_stream_line(line) == batch
+        assert decode_stream_line(line.rstrip(b"\n")) == batch
+    assert decode_stream_line(END_LINE) is None
+    raw = orjson.loads(encode_batch_line(ReplyBatch(1, REPLIES)))
+    completed, infra, data, refused = raw["replies"]
+    assert completed == {
+        "episode_id": {"rollout_id": "3-1", "attempt": 0},
+        "reward": 0.75,
+        "turns": 4,
+        "payload": {"trajectory": [1, "two", None]},
+    }
+    assert infra["episode_id"] == {"rollout_id": "3-1", "attempt": 2}
+    assert (infra["failure_reason"], infra["terminal"], infra["failure_class"]) == (
+        "instance gym-0 is dead",
+        False,
+        "infra",
+    )
+    assert {"failure_kind", "stage"} <= set(infra)
+    assert data["terminal"] is True
+    assert refused == {
+        "episode_id": {"rollout_id": "5-0", "attempt": 1},
+        "refused": "admission_closed",
+    }
+
+
+@pytest.mark.parametrize("op", CONTROL_OPS)
+def test_control_request_and_result_round_trip(op: str) -> None:
+    args, result = CONTROL_SAMPLES[op]
+    fault = FaultSpec("commit", "error", 1) if op == "commit" else None
+    data = encode_control_request(op, deadline=DEADLINE, acks={2: 5}, fault=fault, args=args)
+    req = decode_control_request(op, data)
+    assert req == ControlRequest(DEADLINE, {2: 5}, fault, dict(args))
+    out = encode_result(op, result)
+    assert decode_result(op, out) == result
+    assert orjson.loads(out).keys() == {"result"}
+
+
+def test_views_need_no_deadline_control_ops_do() -> None:
+    data = encode_control_request("inventory", deadline=None, acks={})
+    assert decode_control_request("inventory", data).deadline is None
+    with pytest.raises(WireFormatError, match="deadline"):
+        encode_control_request("resume", deadline=None, acks={}, args={"checkpoint_id": "c"})
+    body = orjson.dumps(
+        {"deadline": None, "acks": {}, "fault": None, "args": {"checkpoint_id": "c"}}
+    )
+    with pytest.raises(WireFormatError, match="deadline"):
+        decode_control_request("resume", body)
+
+
+def test_prepare_mode_defaults_to_aligned() -> None:
+    body = orjson.dumps(
+        {
+            "deadline": {"remaining_s": 1, "sent_wall": 2},
+            "acks": {},
+            "fault": None,
+            "args": {"checkpoint_id": "c"},
+        }
+    )
+    assert decode_control_request("prepare", body).args["mode"] is CheckpointMode.ALIGNED
+
+
+def test_errors_and_refusals_cross_as_themselves() -> None:
+    for exc in (
+        GymInstanceDead("gym-0", "run"),
+        GymCallTimeout("late", "gym-0", "commit"),
+        GymAdmissionClosed("3-1", "gym-0"),
+        TopologyMismatch(("gym-0: differs",)),
+        StrandedSessionError("gym-0", ("r",)),
+        ManifestError("bad"),
+    ):
+        body = b'{"error":' + encode_error(exc, "gym-0", "commit") + b"}"
+        back = decode_error_body(body)
+        assert type(back) is type(exc) and back.args == exc.args
+    refusal = Refusal("Unauthorized", "missing bearer token")
+    assert decode_error_body(encode_refusal(refusal)) == refusal
+    assert orjson.loads(encode_refusal(refusal)) == {
+        "error": {"type": "Unauthorized", "message": "missing bearer token"}
+    }
+
+
+def test_health_round_trips() -> None:
+    health = Health("gymckpt-http/1", "gym-0", "ab" * 16, True, CONTROL_SAMPLES["topology"][1])
+    assert decode_health(encode_health(health)) == health
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+
+def _run_body(**change: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = orjson.loads(
+        encode_run_request(RunRequest(1, {}, RunShape(), False, 8, ROWS[:1]))
+    )
+    raw.update(change)
+    return raw
+
+
+def _row(**change: Any) -> dict[str, Any]:
+    row: dict[str, Any] = _run_body()["rows"][0]
+    for key, value in change.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            row[outer] = {**row[outer], inner: value}
+        else:
+            row[key] = value
+    return row
+
+
+BAD_RUN_BODIES: dict[str, bytes] = {
+    "not json": b"{not json",
+    "not an object": b"[1, 2]",
+    "empty": b"",
+    "unknown top key": orjson.dumps(_run_body(extra=1)),
+    "missing key": orjson.dumps({k: v for k, v in _run_body().items() if k != "shape"}),
+    "sid a string": orjson.dumps(_run_body(sid="1")),
+    "sid negative": orjson.dumps(_run_body(sid=-1)),
+    "per_row an int": orjson.dumps(_run_body(per_row=1)),
+    "max_replies zero": orjson.dumps(_run_body(max_replies=0)),
+    "acks key not an int": orjson.dumps(_run_body(acks={"x": 1})),
+    "acks seq negative": orjson.dumps(_run_body(acks={"1": -1})),
+    "acks value a float": orjson.dumps(_run_body(acks={"1": 1.5})),
+    "rows not a list": orjson.dumps(_run_body(rows={"a": 1})),
+    "unknown row key": orjson.dumps(_run_body(rows=[_row(extra=True)])),
+    "unknown episode_id key": orjson.dumps(_run_body(rows=[_row(**{"episode_id.x": 1})])),
+    "attempt negative": orjson.dumps(_run_body(rows=[_row(**{"episode_id.attempt": -1})])),
+    "attempt a string": orjson.dumps(_run_body(rows=[_row(**{"episode_id.attempt": "0"})])),
+    "row a string": orjson.dumps(_run_body(rows=[_row(**{"gymckpt.row": "3"})])),
+    "unknown gymckpt key": orjson.dumps(_run_body(rows=[_row(**{"gymckpt.pickle": "x"})])),
+    "unknown shape key": orjson.dumps(_run_body(shape={"refuse_all": True, "boom": 1})),
+    "bad fault in shape": orjson.dumps(
+        _run_body(
+            shape={
+                "refuse_all": False,
+                "drop_after": None,
+                "inject": {"op": "run", "kind": "explode", "nth": None, "arg": None},
+            }
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_RUN_BODIES)
+def test_malformed_run_request_is_refused(name: str) -> None:
+    with pytest.raises(WireFormatError):
+        decode_run_request(BAD_RUN_BODIES[name])
+
+
+def _line(**change: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = orjson.loads(encode_batch_line(ReplyBatch(1, REPLIES)))
+    raw.update(change)
+    return raw
+
+
+BAD_LINES: dict[str, bytes] = {
+    "not json": b"{",
+    "end false": b'{"end":false}',
+    "end with more": b'{"end":true,"seq":1}',
+    "unknown key": orjson.dumps(_line(x=1)),
+    "seq negative": orjson.dumps(_line(seq=-1)),
+    "header with replies": orjson.dumps(_line(seq=0)),
+    "reply not an object": orjson.dumps(_line(replies=[1])),
+    "completed unknown key": orjson.dumps(_line(replies=[{**_line()["replies"][0], "x": 1}])),
+    "reward a string": orjson.dumps(_line(replies=[{**_line()["replies"][0], "reward": "1"}])),
+    "failure_class unknown": orjson.dumps(
+        _line(replies=[{**_line()["replies"][1], "failure_class": "cosmic"}])
+    ),
+    "terminal a string": orjson.dumps(
+        _line(replies=[{**_line()["replies"][1], "terminal": "yes"}])
+    ),
+    "refused unknown key": orjson.dumps(_line(replies=[{**_line()["replies"][3], "why": 1}])),
+}
+
+
+@pytest.mark.parametrize("name", BAD_LINES)
+def test_malformed_stream_line_is_refused(name: str) -> None:
+    with pytest.raises(WireFormatError):
+        decode_stream_line(BAD_LINES[name])
+
+
+def _control(op: str, **change: Any) -> bytes:
+    args, _ = CONTROL_SAMPLES[op]
+    raw = orjson.loads(encode_control_request(op, deadline=DEADLINE, acks={}, args=args))
+    raw.update(change)
+    return orjson.dumps(raw)
+
+
+BAD_CONTROL: dict[str, tuple[str, bytes]] = {
+    "not json": ("prepare", b"nope"),
+    "unknown top key": ("prepare", _control("prepare", x=1)),
+    "unknown arg": (
+        "commit",
+        _control("commit", args={"checkpoint_id": "c", "state_root": "s", "rm_rf": True}),
+    ),
+    "missing arg": ("commit", _control("commit", args={"checkpoint_id": "c"})),
+    "arg of wrong type": ("retire", _control("retire", args={"rollout_ids": "3-1"})),
+    "bad mode": ("prepare", _control("prepare", args={"checkpoint_id": "c", "mode": "sideways"})),
+    "deadline not finite": (
+        "resume",
+        _control("resume", deadline={"remaining_s": "inf", "sent_wall": 1}),
+    ),
+    "unknown fault key": (
+        "resume",
+        _control(
+            "resume", fault={"op": "resume", "kind": "hang", "nth": None, "arg": None, "x": 1}
+        ),
+    ),
+    "args for a view": ("inventory", _control("inventory", args={"x": 1})),
+    "negative upto": ("ack", _control("ack", args={"sid": 1, "upto": -2})),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CONTROL)
+def test_malformed_control_request_is_refused(name: str) -> None:
+    op, body = BAD_CONTROL[name]
+    with pytest.raises(WireFormatError):
+        decode_control_request(op, body)
+
+
+def test_unknown_op_is_refused() -> None:
+    with pytest.raises(WireFormatError, match="unknown control op"):
+        decode_control_request("format_disk", b"{}")
+    with pytest.raises(WireFormatError, match="unknown control op"):
+        encode_control_request("format_disk", deadline=DEADLINE, acks={})
+    with pytest.raises(WireFormatError, match="bad args"):
+        encode_control_request("resume", deadline=DEADLINE, acks={}, args={"nope": 1})
+
+
+def test_malformed_results_and_error_bodies_are_refused() -> None:
+    for op, body in (
+        ("resume", b'{"result": 1}'),
+        ("prepare", b'{"result": {"instance": "g"}}'),
+        ("prepare", b'{"value": null}'),
+        ("topology", b"[]"),
+    ):
+        with pytest.raises(WireFormatError):
+            decode_result(op, body)
+    for body in (
+        b"{}",
+        b'{"error": "x"}',
+        b'{"error": {"type": "Unauthorized", "message": 3}}',
+        b'{"error": {"type": "NoSuchError", "args": []}}',
+        b'{"error": {"type": "GymInstanceDead", "args": ["only one"]}}',
+    ):
+        with pytest.raises(WireFormatError):
+            decode_error_body(body)
+    with pytest.raises(WireFormatError):
+        decode_health(b'{"protocol": "gymckpt-http/1"}')
