@@ -89,7 +89,7 @@ from ._contract import (
     RunRow,
     Topology,
 )
-from ._deployment import instance_names
+from ._deployment import instance_names, per_instance
 from ._faults import FaultPlan, FaultSpec
 from ._host import HostConfig, HostStatistics
 from ._host_views import RetainedSession
@@ -175,7 +175,8 @@ class _Endpoint:
 class _ServeSpec:
     """How to start an instance's ``gymckpt serve`` process."""
 
-    environment: str
+    environments: tuple[tuple[str, str], ...]
+    """(instance, import path) for every instance."""
     seed: int
     work_dir: Path
     state_root: Path
@@ -188,7 +189,7 @@ class _ServeSpec:
     @classmethod
     def prepare(
         cls,
-        environment: str,
+        environments: Mapping[str, str],
         seed: int,
         work_dir: str | Path,
         state_root: str | Path | None,
@@ -210,7 +211,7 @@ class _ServeSpec:
             config_file = wd / "host-config.json"
             _write_private(config_file, encode(config).decode())
         return cls(
-            environment,
+            tuple(environments.items()),
             seed,
             wd,
             root,
@@ -222,7 +223,7 @@ class _ServeSpec:
         )
 
     def command(self, name: str, recover: bool) -> list[str]:
-        cmd = [sys.executable, "-m", "gymckpt", "serve", self.environment]
+        cmd = [sys.executable, "-m", "gymckpt", "serve", dict(self.environments)[name]]
         cmd += ["--instance", name, "--host", "127.0.0.1", "--port", "0"]
         cmd += ["--work-dir", str(self.work_dir / name), "--state-root", str(self.state_root)]
         cmd += ["--token-file", str(self.token_file), "--seed", str(self.seed)]
@@ -475,7 +476,7 @@ class HttpGym:
     @asynccontextmanager
     async def spawn(
         cls,
-        environment: str,
+        environment: str | Sequence[str],
         instances: int = 1,
         *,
         work_dir: str | Path,
@@ -494,7 +495,8 @@ class HttpGym:
         process too, however it ends (``_http_process``).
 
         ``environment`` is an import path (``package.module:factory``) each server loads
-        itself; ``environ`` adds environment variables for the servers (a factory's settings).
+        itself (or a list of them, one per instance); ``environ`` adds environment variables
+        for the servers (a factory's settings).
         Each instance works in ``work_dir/<instance>`` (its journal), logs to
         ``work_dir/<instance>.serve.log``, and accepts commit and restore paths inside
         ``state_root`` (default ``work_dir``; it must contain the trainer's snapshot
@@ -505,10 +507,17 @@ class HttpGym:
         left running then.
         """
         names = instance_names(instances)
+        sources = per_instance(environment, instances)
+        for source in sources:
+            if not isinstance(source, str):
+                raise TypeError(
+                    "HttpGym.spawn takes the environment's import path ('package.module:name'), "
+                    f"which each server loads itself, not a {type(source).__name__}"
+                )
         FaultPlan(faults)  # a bad spec fails before anything starts
         token = secrets.token_urlsafe(32)
         spec = _ServeSpec.prepare(
-            environment,
+            dict(zip(names, sources, strict=True)),
             seed,
             work_dir,
             state_root,
