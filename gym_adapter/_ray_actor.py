@@ -25,11 +25,12 @@ has produced by the time the generator looks (several of its timer-flushed batch
 one Ray object, up to
 ``max_replies``), because Ray charges a fixed cost per streamed object.
 
-The generator reads the instance's batches *without* acknowledging them (``UnackedBatches``,
-``_transport_acks``): a reply stays on the wire (listed by ``commit``) after it entered Ray and
-until the consumer asks for the batch after the one that carried it. The consumer says so with
-``ack(sid, seq)`` (every batch up to ``seq``), and the driver repeats its latest acknowledgements
-with every control and view call, which apply them before anything else (``acks``).
+The generator reads the instance's batches *without* acknowledging them (``Outbox``,
+``_transport_outbox``, shared with the HTTP server): a reply stays on the wire (listed by
+``commit``) after it entered Ray and until the consumer asks for the batch after the one that
+carried it. The consumer says so with ``ack(sid, seq)`` (every batch up to ``seq``), and the
+driver repeats its latest acknowledgements with every control and view call, which apply them
+before anything else (``acks``).
 ``close_stream`` acknowledges what the consumer received, discards what it did not (yielded into
 Ray but never read), and ends the stream: its rows keep running. Ray's generator backpressure
 stops the generator a couple of objects ahead of the consumer, so a slow consumer gets fewer,
@@ -52,7 +53,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, final
+from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -64,11 +65,10 @@ from gymckpt.runtime.lowlevel import crossing_boundary
 from ._contract import RunReply, RunRow
 from ._faults import FaultSpec, inject_fault
 from ._host import GymHost, HostConfig
-from ._host_streams import HostReplyStream, RunStream
 from ._load import EnvironmentRef, load_environment
-from ._transport_acks import UnackedBatches
 from ._transport_admission import HEADER_SEQ, ReplyBatch, RunShape, admission_header
 from ._transport_deadlines import WireDeadline
+from ._transport_outbox import Outbox, Outboxes
 from ._trio_guest import TrioGuest
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
@@ -100,86 +100,6 @@ class ActorCallStatistics:
         return sum(n for _, n in self.active)
 
 
-@final
-@attrs.define(eq=False, slots=True)
-class _Outbox:
-    """The actor's side of one ``run``: batches taken from the instance, acknowledged later."""
-
-    sim: GymHost
-    stream: HostReplyStream
-    """Kept alive: its finaliser closes the instance's receive side."""
-    unacked: UnackedBatches[RunReply] = attrs.field(factory=UnackedBatches)
-    finished: bool = False
-    closed: bool = False
-
-    @property
-    def _st(self) -> RunStream:
-        return self.stream.run_stream
-
-    async def take(self, cap: int) -> list[RunReply] | None:
-        """The next replies (one or more of the instance's batches, up to about ``cap``), or
-        None once the stream has ended."""
-        receive = self._st.receive
-        try:
-            replies = list(await receive.receive())
-        except _STREAM_ENDED:
-            self._ended()
-            return None
-        while len(replies) < cap:
-            try:
-                replies.extend(receive.receive_nowait())
-            except anyio.WouldBlock:
-                break
-            except _STREAM_ENDED:
-                self._ended()
-                break
-        return replies
-
-    def take_ready(self, cap: int) -> list[RunReply]:
-        """The replies already produced (up to about ``cap``, possibly none), without waiting:
-        the actor's fast path, called on the asyncio side, without a hop into the trio run.
-        Safe there: it runs in the thread the guest run shares, between trio's ticks, and the
-        instance's stream is unbounded, so no sender ever waits and ``receive_nowait`` sets no
-        trio event; an ended or closed stream is left to ``take`` (in the trio run)."""
-        receive = self._st.receive
-        replies: list[RunReply] = []
-        while len(replies) < cap:
-            try:
-                replies.extend(receive.receive_nowait())
-            except (anyio.WouldBlock, *_STREAM_ENDED):
-                break
-        return replies
-
-    def register(self, replies: Sequence[RunReply]) -> int:
-        """Number ``replies`` as the next batch; they stay on the wire until acknowledged."""
-        return self.unacked.register(replies)
-
-    def _ended(self) -> None:
-        self._st.receive.close()
-        self.sim.forget_stream(self._st)
-
-    def ack(self, upto: int) -> None:
-        """The consumer asked for the batch after ``upto``: every batch up to it is received."""
-        for replies in self.unacked.ack(upto):
-            self.sim.ack_replies(self._st, [r.rollout_id for r in replies])
-
-    def close(self, upto: int) -> None:
-        """Acknowledge up to ``upto``, discard the rest and end the stream (rows run on)."""
-        if self.closed:
-            return
-        self.closed = True
-        self.ack(upto)
-        lost = self.unacked.take_rest()
-        if lost:
-            self.sim.discard_replies(self._st, lost)
-        self.sim.close_consumer(self._st)
-
-    @property
-    def settled(self) -> bool:
-        """Nothing more will be produced and nothing waits for an acknowledgement."""
-        return self.closed or (self.finished and not self.unacked)
-
-
 class GymActor:
     """A Ray async actor hosting one ``GymHost`` (wrapped with ``ray.remote`` by the driver)
     serving the environment named by ``environment`` (an import path or an ``EnvironmentRef``,
@@ -202,7 +122,7 @@ class GymActor:
         self._stuck_loop_s = stuck_loop_s
         self._guest: TrioGuest | None = None
         self._starting: asyncio.Lock = asyncio.Lock()
-        self._streams: dict[int, _Outbox] = {}
+        self._streams = Outboxes()
         self._active: Counter[str] = Counter()
         self._cancelled: Counter[str] = Counter()
         self._started = 0
@@ -270,12 +190,7 @@ class GymActor:
     # -- control plane (each body runs in the trio run) --------------------------------------------
 
     def _apply_acks(self, acks: dict[int, int]) -> None:
-        for sid, seq in acks.items():
-            box = self._streams.get(sid)
-            if box is not None:
-                box.ack(seq)
-                if box.settled:
-                    del self._streams[sid]
+        self._streams.apply_acks(acks)
 
     async def control(
         self,
@@ -331,19 +246,15 @@ class GymActor:
 
     # -- data plane ------------------------------------------------------------------------------
 
-    async def _open_run(self, sid: int, rows: Sequence[RunRow], shape: RunShape) -> _Outbox:
+    async def _open_run(self, sid: int, rows: Sequence[RunRow], shape: RunShape) -> Outbox:
         if shape.inject is not None:
             await self._inject(shape.inject, "run")
         stream = await self._sim.run(rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after)
-        box = self._streams[sid] = _Outbox(self._sim, stream)
-        return box
+        return self._streams.open(sid, self._sim, stream)
 
-    def _finish_run(self, sid: int, box: _Outbox, completed: bool) -> None:
-        box.finished = True
-        if not completed:  # cancelled: the consumer is gone, nothing more is delivered
-            box.close(HEADER_SEQ)
-        if box.settled and self._streams.get(sid) is box:
-            del self._streams[sid]
+    def _finish_run(self, sid: int, box: Outbox, completed: bool) -> None:
+        # cancelled: the consumer is gone, nothing more is delivered (``Outboxes.finish``)
+        self._streams.finish(sid, box, completed)
 
     async def run(
         self,
@@ -387,6 +298,4 @@ class GymActor:
         self._in_trio().soon(self._close_stream, sid, upto)
 
     def _close_stream(self, sid: int, upto: int) -> None:
-        box = self._streams.pop(sid, None)
-        if box is not None:
-            box.close(upto)
+        self._streams.close(sid, upto)

@@ -13,7 +13,7 @@ Invariants:
   the run, reached through ``call`` (await a trio function from asyncio) or ``soon`` (a
   synchronous function, fire and forget, in submission order). The one exception is a read
   that needs no trio context, made from the loop's thread between trio's ticks: the actor's
-  ``_Outbox.take_ready`` (an unbounded memory stream's ``receive_nowait``).
+  ``Outbox.take_ready`` (an unbounded memory stream's ``receive_nowait``).
 - ``call`` returns (or raises) only once its trio task has finished: an asyncio cancellation of
   the caller (Ray's ``ray.cancel``) cancels the trio task's cancel scope, waits for it to end,
   then raises ``CancelledError``; so a cancelled call leaves nothing running.

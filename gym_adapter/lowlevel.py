@@ -1,7 +1,8 @@
 """gymckpt.gym_adapter.lowlevel: the Gym host's plumbing that other packages read.
 
 The session journal's file name inside a participant's state and the key the host captures an
-episode's state under: the application and the tests read snapshots with them. What an
+episode's state under: the application and the tests read snapshots with them. ``serve_gym``
+(with its ``Limits`` and ``Serving``) serves one instance over HTTP: ``gymckpt serve``. What an
 environment or backend author needs is ``gymckpt.gym_adapter``.
 """
 
@@ -9,8 +10,14 @@ from __future__ import annotations
 
 from ._host_episodes import capture_key as host_capture_key
 from ._host_journal import JOURNAL_FILE
+from ._http_guard import Limits
+from ._http_serve import DEFAULT_PORT, Serving, serve_gym
 
 __all__ = [
+    "DEFAULT_PORT",
     "JOURNAL_FILE",
+    "Limits",
+    "Serving",
     "host_capture_key",
+    "serve_gym",
 ]

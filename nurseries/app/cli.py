@@ -281,6 +281,10 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         "(default: /dev/shm when writable, else the system temp directory)",
     )
 
+    from .serve import add_serve_parser
+
+    add_serve_parser(sub)
+
     bench = sub.add_parser(
         "bench", help="run benchmarks (see gymckpt bench --help)", add_help=False
     )
@@ -554,6 +558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return prune_snapshots(args.dir, args.keep, args.json, every=args.all)
         if args.command == "simulate":
             return _simulate(args, reexec=as_program)
+        if args.command == "serve":
+            from .serve import main_serve
+
+            return main_serve(args)
         from .demo import DemoOptions, phase_main, run_demo
 
         if args.command == "_phase":
