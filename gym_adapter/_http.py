@@ -207,7 +207,7 @@ class _ServeSpec:
         token_file = wd / TOKEN_FILE
         _write_private(token_file, token)
         config_file: Path | None = None
-        if config is not None:
+        if config is not None and config != HostConfig():
             config_file = wd / "host-config.json"
             _write_private(config_file, encode(config).decode())
         return cls(
@@ -225,7 +225,7 @@ class _ServeSpec:
     def command(self, name: str, recover: bool) -> list[str]:
         cmd = [sys.executable, "-m", "gymckpt", "serve", dict(self.environments)[name]]
         cmd += ["--instance", name, "--host", "127.0.0.1", "--port", "0"]
-        cmd += ["--work-dir", str(self.work_dir / name), "--state-root", str(self.state_root)]
+        cmd += ["--work-dir", str(self.work_dir), "--state-root", str(self.state_root)]
         cmd += ["--token-file", str(self.token_file), "--seed", str(self.seed)]
         if self.host_config_file is not None:
             cmd += ["--host-config", str(self.host_config_file)]
@@ -497,7 +497,7 @@ class HttpGym:
         ``environment`` is an import path (``package.module:factory``) each server loads
         itself (or a list of them, one per instance); ``environ`` adds environment variables
         for the servers (a factory's settings).
-        Each instance works in ``work_dir/<instance>`` (its journal), logs to
+        Each instance journals in ``work_dir/<instance>/`` (as embedded and on Ray), logs to
         ``work_dir/<instance>.serve.log``, and accepts commit and restore paths inside
         ``state_root`` (default ``work_dir``; it must contain the trainer's snapshot
         directory). One bearer token for all of them is generated into ``work_dir/http-token``
