@@ -57,7 +57,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
@@ -355,7 +355,7 @@ class HttpGym:
         self._sids = itertools.count(1)
         self._replacements: list[HttpReplacement] = []
         self._last_stats: dict[str, HostStatistics] = {}
-        self._stack: AsyncExitStack | None = None
+        self._session: AbstractAsyncContextManager[HttpGym] | None = None
         self._nursery: trio.Nursery | None = None
         self._control: httpx.AsyncClient | None = None
         self._data: httpx.AsyncClient | None = None
@@ -375,35 +375,36 @@ class HttpGym:
         )
 
     async def __aenter__(self) -> HttpGym:
-        if self._stack is not None:
+        if self._session is not None:
             raise RuntimeError("HttpGym is already open")
-        stack = AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            max_streams, max_control = self._limits
-            self._data = await stack.enter_async_context(self._client(max_streams))
-            self._control = await stack.enter_async_context(self._client(max_control))
-            self._nursery = await stack.enter_async_context(trio.open_nursery())
-            await self._connect()
-        except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                await stack.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._stack = stack
-        return self
+        session = self._open()
+        gym = await session.__aenter__()
+        self._session = session
+        return gym
 
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> bool:
-        stack, self._stack = self._stack, None
-        if stack is None:
-            return False
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()  # acknowledgements still on their way
-        suppressed = False
-        with trio.CancelScope(shield=True):
-            suppressed = bool(await stack.__aexit__(t, e, tb))
-        return suppressed
+    ) -> bool | None:
+        session, self._session = self._session, None
+        if session is None:
+            return None
+        return await session.__aexit__(t, e, tb)
+
+    @asynccontextmanager
+    async def _open(self) -> AsyncIterator[HttpGym]:
+        max_streams, max_control = self._limits
+        async with (
+            self._client(max_streams) as data,
+            self._client(max_control) as control,
+            trio.open_nursery() as nursery,
+        ):
+            self._data, self._control, self._nursery = data, control, nursery
+            try:
+                await self._connect()
+                yield self
+            finally:
+                self._nursery = None
+                nursery.cancel_scope.cancel()  # acknowledgements still on their way
 
     async def _connect(self) -> None:
         """Ask every URL's ``/health`` (concurrently, each within ``connect_timeout_s``), then
