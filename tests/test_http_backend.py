@@ -11,6 +11,7 @@ readiness line, a process exit through its pidfd, an answer) under ``trio.fail_a
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -344,3 +345,79 @@ async def test_an_error_that_cannot_cross_is_checkpoint_unavailable(tmp_path: Pa
     async with http_gym(tmp_path, faults=["prepare:unpicklable@1"]) as gym:
         with pytest.raises(GymCheckpointUnavailable, match="gym-0"):
             await gym.prepare("gym-0", "c1", deadline())
+
+
+# -- the README's way: two servers someone started, a trainer killed and run again ------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_http() -> tuple[list[list[str]], str]:
+    """The README's two ``gymckpt serve`` command lines and its ``HttpGym`` trainer."""
+    text = README.read_text()
+    m = re.search(r"<!-- http-example -->\n```python\n(.*?)```\n<!-- /http-example -->", text, re.S)
+    assert m, "README has no http-example block"
+    shell = text[: m.start()].rsplit("```\ngymckpt serve", 1)[1].split("```", 1)[0]
+    lines = ("gymckpt serve" + shell).replace("\\\n", " ").strip().splitlines()
+    return [line.split() for line in lines], m.group(1)
+
+
+@pytest.mark.subprocess
+async def test_the_readme_trainer_on_two_served_instances_survives_a_sigkill(
+    tmp_path: Path,
+) -> None:
+    commands, script = _readme_http()
+    assert len(commands) == 2 and script.count("8101") == 1
+    procs: list[ServerProcess] = []
+    try:
+        urls = []
+        for n, cmd in enumerate(commands):  # one after the other: the second reads the token
+            cmd[cmd.index("--port") + 1] = "0"  # a free port: this machine is shared
+            argv = [sys.executable, "-m", "gymckpt", *cmd[1:]]
+            proc, ready = await ServerProcess.start(
+                argv, tmp_path / f"serve-{n}.log", deadline(60), cwd=tmp_path
+            )
+            procs.append(proc)
+            urls.append(ready.url)
+        assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+        program = tmp_path / "trainer.py"
+        program.write_text(
+            script.replace('["http://127.0.0.1:8101", "http://127.0.0.1:8102"]', repr(urls))
+        )
+
+        async def trainer() -> subprocess.CompletedProcess[bytes]:
+            with trio.fail_after(120):
+                return await trio.run_process(
+                    [sys.executable, str(program)],
+                    cwd=tmp_path,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+
+        killed = await trio.lowlevel.open_process(
+            [sys.executable, str(program)], cwd=tmp_path, stdout=subprocess.PIPE
+        )
+        assert killed.stdout is not None
+        out = b""
+        with trio.fail_after(120):
+            while b"\n" not in out:  # its first checkpoint is published ...
+                chunk = await killed.stdout.receive_some()
+                assert chunk, "the trainer exited before its first checkpoint"
+                out += chunk
+        killed.kill()  # ... and it is SIGKILLed
+        with trio.fail_after(10):
+            await killed.wait()
+        await killed.stdout.aclose()
+        assert out.split()[:3] == [b"2", b"run-0001", b"True"]
+        again = await trainer()  # restores it into the same servers and finishes
+        assert again.returncode == 0, again.stderr.decode()[-3000:]
+        steps = [int(line.split()[0]) for line in again.stdout.decode().splitlines()]
+        assert steps and steps[0] > 2 and steps == sorted(steps)  # it went on from step 2
+        done = await trainer()
+        assert done.returncode == 0 and done.stdout == b""  # nothing left to do
+    finally:
+        with trio.CancelScope(shield=True):
+            for proc in procs:
+                await proc.stop()
+                await proc.aclose()
