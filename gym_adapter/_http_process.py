@@ -111,8 +111,9 @@ class ServerProcess:
         cwd: Path | None = None,
     ) -> tuple[ServerProcess, Ready]:
         """Start ``command`` (in ``cwd``, ``environ`` added to this process's environment) and
-        wait, until ``deadline_ts`` (``trio.current_time()``), for its readiness line. Raises ``ServerExited`` if it exits first, ``TimeoutError`` if the
-        deadline passes (the process is killed then); either way nothing is left running."""
+        wait, until ``deadline_ts`` (``trio.current_time()``), for its readiness line. Raises
+        ``ServerExited`` if it exits first, ``TimeoutError`` if the deadline passes (the process
+        is killed then); either way nothing is left running."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         read_end, write_end = os.pipe()
         try:
