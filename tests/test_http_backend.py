@@ -131,6 +131,18 @@ async def test_run_streams_every_reply_and_acks_ride_the_next_call(tmp_path: Pat
         await stream.aclose()
 
 
+async def test_replies_come_in_batches_or_one_per_line_when_asked(tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, turns=(1, 1), turn_s=(0.05, 0.05), mutation_p=0.0)
+    async with http_gym(tmp_path / "a", config=config) as gym:
+        stream = await gym.run("gym-0", rows(12))
+        batches = [tuple(b) async for b in stream]  # all finish together: a few lines
+    assert sum(map(len, batches)) == 12 and len(batches) < 12
+    async with http_gym(tmp_path / "b", config=config, batch_replies=False) as gym:
+        stream = await gym.run("gym-0", rows(12))
+        batches = [tuple(b) async for b in stream]
+    assert [len(b) for b in batches] == [1] * 12
+
+
 async def test_aclose_tells_the_server_how_far_the_consumer_got(tmp_path: Path) -> None:
     config = attrs.evolve(CONFIG, turn_s=(0.3, 0.6))
     async with http_gym(tmp_path, config=config) as gym:
