@@ -96,6 +96,7 @@ from ._host_views import RetainedSession
 from ._http_process import Ready, ServerExited, ServerProcess
 from ._http_stream import HttpReplyStream
 from ._http_wire import (
+    EXPECT_INCARNATION_HEADER,
     INCARNATION_HEADER,
     PROTOCOL,
     Refusal,
@@ -139,8 +140,6 @@ REPLACE_POLL_S: Final = 0.1
 """How often ``replace`` asks an external server again whether it serves a new incarnation."""
 STARTUP_TIMEOUT_S: Final = 60.0
 """Default bound on starting spawned servers (each must log its readiness line by then)."""
-EXPECT_INCARNATION_HEADER: Final = "Gymckpt-Expect-Incarnation"
-"""Request header: the incarnation the client means (a server may refuse another)."""
 TOKEN_FILE: Final = "http-token"
 """The bearer token a spawned deployment's servers share, in ``work_dir`` (mode 0600)."""
 
