@@ -34,7 +34,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._http_process import ServerProcess
+from gymckpt.gym_adapter._http_process import ServerExited, ServerProcess
 from gymckpt.gym_adapter.calendar_env import (
     CONFIG_ENV,
     SimConfig,
@@ -296,6 +296,26 @@ async def test_a_server_that_stops_answering_is_gym_unavailable_within_the_deadl
             os.kill(pid, signal.SIGCONT)
         inv = await gym.inventory("gym-0")  # answering again: never marked dead
         assert inv.instance == "gym-0"
+
+
+async def test_a_server_that_cannot_start_fails_the_spawn_saying_why(tmp_path: Path) -> None:
+    with pytest.raises(ServerExited, match=r"exited with code 2.*no_such_module"):
+        async with HttpGym.spawn("no_such_module:env", 2, work_dir=tmp_path):
+            pass  # pragma: no cover
+    with pytest.raises(TypeError, match="import path"):
+        async with HttpGym.spawn([object()], 1, work_dir=tmp_path):  # type: ignore[list-item]
+            pass  # pragma: no cover
+
+
+async def test_leaving_stops_the_spawned_servers_cleanly(tmp_path: Path) -> None:
+    async with http_gym(tmp_path, instances=2) as gym:
+        pids = [gym.pid(n) for n in gym.instances]
+    for pid in pids:
+        assert pid is not None
+        await pid_exits(pid, 1)  # already reaped: gone
+    for name in ("gym-0", "gym-1"):
+        log = (tmp_path / "gym" / f"{name}.serve.log").read_text()
+        assert "signal 15, stopping" in log  # SIGTERM, a clean shutdown, no SIGKILL needed
 
 
 async def test_a_wrong_token_or_no_server_fails_on_opening(tmp_path: Path) -> None:
