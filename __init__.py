@@ -11,7 +11,7 @@ What a trainer needs is importable from here::
             ...
 
 The packages behind it are ``gymckpt.runtime`` (state and synchronisation, no Gym I/O),
-``gymckpt.gym_adapter`` (the Gym contract, the embedded and Ray deployments) and
+``gymckpt.gym_adapter`` (the Gym contract, the embedded, Ray and HTTP deployments) and
 ``gymckpt.nurseries`` (dispatch, checkpoint, restore, the trainer facade); dependencies point
 one way, in that order. ``RayGym`` is imported lazily: Ray is an optional extra
 (``pip install 'gymckpt[ray]'``).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 # Absolute imports: pytest imports this file as a plain module named ``__init__`` when the
 # checkout's directory is not a valid package name (``wt-1``); relative imports fail there.
 from gymckpt._version import __version__
-from gymckpt.gym_adapter import EmbeddedGym, FaultSpec
+from gymckpt.gym_adapter import EmbeddedGym, FaultSpec, HttpGym
 from gymckpt.nurseries import CheckpointOutcome, Rollouts, open_rollouts, run
 from gymckpt.runtime import (
     BadInput,
@@ -76,6 +76,7 @@ __all__ = [
     "GymControlError",
     "GymInstanceDead",
     "GymUnavailable",
+    "HttpGym",
     "ManifestError",
     "Preempted",
     "Rollouts",

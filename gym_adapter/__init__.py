@@ -1,5 +1,6 @@
 """gymckpt Gym adapter: the Gym contract, the Gym host for environments (the calendar
-workplace among them), the embedded deployment and the Ray deployment.
+workplace among them), the embedded deployment, the Ray deployment and the HTTP deployment
+(``HttpGym``: ``gymckpt serve`` processes, given or spawned).
 
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
@@ -63,6 +64,7 @@ from ._episode import (
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
 from ._host import GymHost, HostConfig, HostStatistics, SessionView
 from ._host_views import RetainedSession
+from ._http import HttpGym, HttpReplacement
 from ._load import EnvironmentRef, load_environment
 from ._statistics import GymStatistics
 from ._trio_guest import run_on_an_asyncio_loop
@@ -120,6 +122,8 @@ __all__ = [
     "GymStatistics",
     "HostConfig",
     "HostStatistics",
+    "HttpGym",
+    "HttpReplacement",
     "InstanceInventory",
     "InstanceTopology",
     "ModelCall",

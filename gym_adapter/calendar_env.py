@@ -21,6 +21,8 @@ only what ``gymckpt.gym_adapter`` exports.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -38,9 +40,11 @@ from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
 from ._faults import FaultSpec
 from ._host import GymHost, HostConfig, SessionView
 from ._host_episodes import capture_key as host_capture_key
+from ._host_views import RetainedSession
 from ._load import EnvironmentRef
 
 if TYPE_CHECKING:
+    from ._http import HttpGym
     from ._ray import RayGym
 
 __all__ = [
@@ -56,7 +60,9 @@ __all__ = [
     "SimConfig",
     "calendar_embedded",
     "calendar_environment",
+    "calendar_from_environ",
     "calendar_host",
+    "calendar_http",
     "calendar_model",
     "calendar_ray",
     "calendar_sessions",
@@ -70,6 +76,9 @@ __all__ = [
 ]
 
 AGENT_KINDS: Final = ("simple_agent", "legacy_agent")
+CONFIG_ENV: Final = "GYMCKPT_CALENDAR_CONFIG"
+"""The environment variable a spawned ``gymckpt serve`` reads the workplace's ``SimConfig`` from
+(JSON, ``calendar_from_environ``)."""
 AGENT: Final = "agent"
 CALENDAR: Final = "calendar"
 
@@ -403,6 +412,69 @@ async def calendar_ray(
         yield gym
 
 
+@asynccontextmanager
+async def calendar_http(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    seed: int = 0,
+    work_dir: str | Path | None = None,
+    config: SimConfig | None = None,
+    faults: Sequence[str | FaultSpec] = (),
+    *,
+    state_root: str | Path | None = None,
+    **options: Any,
+) -> AsyncIterator[HttpGym]:
+    """The calendar workplace served by ``instances`` spawned ``gymckpt serve`` processes until
+    the context exits: ``HttpGym.spawn`` of ``calendar_from_environ`` (one agent kind per
+    instance), the config handed over in ``CONFIG_ENV``. The arguments up to ``faults`` are
+    ``calendar_embedded``'s (``work_dir`` default: the current directory), the rest
+    ``HttpGym.spawn``'s."""
+    from ._http import HttpGym
+
+    workplace = calendar_workplace(instances, agent_kinds, config)
+    cfg = config if config is not None else SimConfig()
+    kinds = [dict(ref.kwargs)["agent_kind"] for ref in workplace.environments]
+    environments = [f"{__name__}:calendar_from_environ_{kind}" for kind in kinds]
+    async with HttpGym.spawn(
+        environments,
+        instances,
+        work_dir=work_dir if work_dir is not None else os.curdir,
+        config=workplace.host_config,
+        faults=faults,
+        seed=seed,
+        state_root=state_root,
+        environ={CONFIG_ENV: json.dumps(attrs.asdict(cfg))},
+        **options,
+    ) as gym:
+        yield gym
+
+
+def calendar_from_environ(agent_kind: str = "simple_agent") -> Environment:
+    """The calendar workplace with the ``SimConfig`` in ``CONFIG_ENV`` (JSON of its fields;
+    the defaults without it): how a ``gymckpt serve`` process started by ``calendar_http``
+    builds its environment. ``ValueError`` names a malformed config."""
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        return calendar_environment(agent_kind)
+    try:
+        raw = json.loads(text)
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+        config = SimConfig(**fields)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{CONFIG_ENV} is not a calendar SimConfig: {exc}") from None
+    return calendar_environment(agent_kind, config)
+
+
+def calendar_from_environ_simple_agent() -> Environment:
+    """``calendar_from_environ`` with the simple agent (an import path for ``gymckpt serve``)."""
+    return calendar_from_environ("simple_agent")
+
+
+def calendar_from_environ_legacy_agent() -> Environment:
+    """``calendar_from_environ`` with the legacy agent (an import path for ``gymckpt serve``)."""
+    return calendar_from_environ("legacy_agent")
+
+
 def calendar_host(
     name: str,
     agent_kind: str = "simple_agent",
@@ -440,10 +512,32 @@ class SessionStates(Protocol):
     ) -> Mapping[str, SessionView]: ...
 
 
-async def calendar_sessions_of(gym: SessionStates, instance: str) -> dict[str, CalendarSession]:
+class RetainedSessions(Protocol):
+    """A deployment that shows its retained sessions as plain data (``HttpGym``: a live
+    session has no wire form)."""
+
+    async def retained_sessions(
+        self, instance: str
+    ) -> Mapping[str, Mapping[str, RetainedSession]]: ...
+
+
+async def calendar_sessions_of(
+    gym: SessionStates | RetainedSessions, instance: str
+) -> dict[str, CalendarSession]:
     """The calendar sessions ``instance`` of deployment ``gym`` holds now, by session key (for
-    sentinel checks): ``calendar_sessions`` of its ``session_states(instance, CALENDAR)``."""
-    return calendar_sessions(await gym.session_states(instance, CALENDAR))
+    sentinel checks): ``calendar_sessions`` of its ``session_states(instance, CALENDAR)``, or,
+    on a deployment that has none (``HttpGym``), its retained calendar sessions (the calendar
+    is retained: the same sessions, exported)."""
+    if hasattr(gym, "session_states"):
+        return calendar_sessions(await gym.session_states(instance, CALENDAR))
+    retained = await gym.retained_sessions(instance)
+    server = CalendarServer()
+    return {
+        key: CalendarSession(
+            key, view.rollout_id, view.attempt, tuple(server.restore(view.state).events)
+        )
+        for key, view in sorted(retained.get(CALENDAR, {}).items())
+    }
 
 
 def calendar_state(host: GymHost) -> dict[str, CalendarSession]:

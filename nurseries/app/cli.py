@@ -105,9 +105,12 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     )
     demo.add_argument(
         "--backend",
-        choices=["embedded", "ray"],
+        choices=["embedded", "ray", "http"],
         default="embedded",
-        help="Gym deployment: in-process simulated Gym, or a Ray actor per instance",
+        help=(
+            "Gym deployment: in-process simulated Gym, a Ray actor per instance, or a local "
+            "gymckpt serve process per instance (HTTP)"
+        ),
     )
     demo.add_argument("--rows", type=int, default=64, help="dataset rows (prompts); default 64")
     demo.add_argument("--group-size", type=int, default=4, help="generations per prompt group")

@@ -16,8 +16,11 @@ from gymckpt.runtime.lowlevel import structure_table
 
 from .demo_envs import EnvChoice, env_choice
 
-__all__ = ["CHECKPOINT_MODES", "CRASH_STAGES", "MID_PUBLISH", "TURN_S", "DemoOptions"]
+__all__ = ["BACKENDS", "CHECKPOINT_MODES", "CRASH_STAGES", "MID_PUBLISH", "TURN_S", "DemoOptions"]
 
+BACKENDS = ("embedded", "ray", "http")
+"""``--backend``'s values: in-process, a Ray actor per instance, a spawned ``gymckpt serve``
+process per instance."""
 CHECKPOINT_MODES = tuple(m.value for m in CheckpointMode)
 """``--checkpoint-mode``'s values: ``RuntimeConfig.checkpoint_mode``'s names."""
 
@@ -98,8 +101,10 @@ class DemoOptions:
                 f"--checkpoint-mode must be {' or '.join(CHECKPOINT_MODES)}, "
                 f"got {self.checkpoint_mode!r}"
             )
-        if self.backend not in ("embedded", "ray"):
-            raise ValueError(f"--backend must be embedded or ray, got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+            )
         choice = env_choice(self.env)
         if choice is not None and self.backend != "embedded":
             raise ValueError(f"--env {choice.family.prefix}ID runs on --backend embedded")

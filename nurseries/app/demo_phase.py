@@ -25,7 +25,7 @@ import orjson
 import trio
 
 from gymckpt.gym_adapter import GymBackend, RunRow
-from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_ray
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_http, calendar_ray
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
 from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted
 from gymckpt.runtime.lowlevel import write_atomic
@@ -65,6 +65,20 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
             workdir / "gym-live",
             opts.faults,
             opts.runtime_config().lease_s,
+        ) as gym:
+            yield gym
+        return
+    if opts.backend == "http":
+        # the servers accept commit and restore paths inside the work directory, where the
+        # trainer's snapshots are
+        async with calendar_http(
+            instances=opts.instances,
+            agent_kinds=opts.agent_kind,
+            seed=opts.seed,
+            work_dir=workdir / "gym-live",
+            config=opts.sim_config(),
+            faults=opts.faults,
+            state_root=workdir,
         ) as gym:
             yield gym
         return
