@@ -23,7 +23,8 @@ servers (``_http_spawn``, ``_http_process``) and this deployment.
 **Connections.** Two ``httpx.AsyncClient``s with bounded pools: one for ``/run`` streams, which
 hold a connection for as long as their episodes run, and one for the control plane, so a
 control call never waits behind streams for a connection (``max_streams`` and
-``max_control_connections``).
+``max_control_connections``). A call that finds its pool exhausted waits at most
+``pool_timeout_s`` for a connection, then fails as ``GymCallTimeout`` naming the limit.
 
 **Deadlines** (S5): every control call sends its ``deadline_ts`` as the time left
 (``WireDeadline``; the server re-anchors it on its clock and fails a call past it with
@@ -125,6 +126,10 @@ __all__ = ["HttpGym", "HttpReplacement", "HttpReplyStream"]
 CONTROL_GRACE_S: Final = 1.0
 """A control call is given up this long after its deadline if the server has not answered (the
 server's own ``GymCallTimeout`` comes first when it can still answer)."""
+POOL_TIMEOUT_S: Final = 30.0
+"""Default bound on waiting for a free connection of the client's pool (``max_streams`` for
+``/run``, ``max_control_connections`` for the rest): a run past it is ``GymCallTimeout`` saying
+which limit is exhausted, never a wait without end."""
 VIEW_TIMEOUT_S: Final = 30.0
 """Default bound on the calls that carry no deadline (topology, inventory, statistics...)."""
 DEATH_CONFIRM_S: Final = 2.0
@@ -192,6 +197,7 @@ class HttpGym:
         max_batch_replies: int = 1024,
         connect_timeout_s: float = 10.0,
         view_timeout_s: float = VIEW_TIMEOUT_S,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
         max_streams: int = 256,
         max_control_connections: int = 64,
         verify: bool | str = True,
@@ -208,6 +214,7 @@ class HttpGym:
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("view_timeout_s", view_timeout_s),
+            ("pool_timeout_s", pool_timeout_s),
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
@@ -218,6 +225,7 @@ class HttpGym:
         self._max_batch_replies = max_batch_replies
         self._connect_timeout_s = connect_timeout_s
         self._view_timeout_s = view_timeout_s
+        self._pool_timeout_s = pool_timeout_s
         self._limits = (max_streams, max_control_connections)
         self._verify = verify
         self._supervisor = _supervisor
@@ -244,7 +252,7 @@ class HttpGym:
                 max_connections=max_connections,
                 max_keepalive_connections=min(max_connections, 32),
             ),
-            timeout=httpx.Timeout(None, connect=self._connect_timeout_s),
+            timeout=httpx.Timeout(None, connect=self._connect_timeout_s, pool=self._pool_timeout_s),
             verify=self._verify,
             trust_env=False,
         )
@@ -519,6 +527,17 @@ class HttpGym:
         self, instance: str, op: str, exc: BaseException, generation: int
     ) -> BaseException:
         """The runtime's error for httpx's ``exc`` on ``op`` of incarnation ``generation``."""
+        if isinstance(exc, httpx.PoolTimeout):
+            streams, control = self._limits
+            pool = f"max_streams={streams}" if op == "run" else f"max_control_connections={control}"
+            return GymCallTimeout(
+                f"instance {instance} {op}: no free connection within {self._pool_timeout_s} s: "
+                f"every one of HttpGym's {pool} is held (each open /run stream holds one until "
+                "its episodes end); give HttpGym a larger limit, and the servers --max-streams "
+                "to match, or dispatch larger batches",
+                instance,
+                op,
+            )
         if isinstance(exc, httpx.TimeoutException):
             return GymCallTimeout(
                 f"instance {instance} {op}: no answer from {self._endpoint(instance).url} in "
