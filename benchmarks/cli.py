@@ -54,11 +54,14 @@ never means or best cases.
             on the embedded Gym, heavy-tailed turns: until every episode moves again, CPU
             beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
             batches, snapshot size on disk; and rows/s on the embedded Gym;
-            --backend ray: the same on Ray with --actors actors (default 4), real time
+            --backend ray: the same on Ray with --actors actors (default 4), real time;
+            --backend http: on --actors gymckpt serve processes; both: Ray, then HTTP
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
-  fanout    control fan-out on Ray, 1 to 16 actors: prepare/commit/resume per checkpoint, the
-            slowest instance, a linear model for 64 and more; rows/s on Ray with 2 actors
+  fanout    control fan-out on Ray and over HTTP (gymckpt serve processes) in the same run,
+            1 to 16 instances: prepare/commit/resume per checkpoint, the slowest instance, a
+            linear model for 64 and more; rows/s through the whole loop with 2 instances on
+            each; HTTP as a ratio of Ray (--backend ray|http|both, default both)
   preserved work preserved across a crash: the fraction of in-flight rollout-seconds redone
             after a real restore, gymckpt (both modes) against a step-boundary baseline, over
             the same 10 kill times; the parked-time fraction each mode costs
@@ -295,6 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="measured checkpoints per size (default 5; quick 2), after one warm-up",
     )
+    f.add_argument(
+        "--backend",
+        choices=("ray", "http", "both"),
+        default="both",
+        help="Ray actors, spawned gymckpt serve processes, or both in the same run, "
+        "alternating per size (default both)",
+    )
+    f.add_argument(
+        "--dispatch-runs",
+        type=int,
+        default=None,
+        help="whole-loop dispatch runs per backend, medians reported (default 3; quick 1; "
+        "0: no dispatch)",
+    )
     _common(f)
     pv = sub.add_parser(
         "preserved",
@@ -475,6 +492,11 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
     return cfg
 
 
+def _backends(choice: str) -> tuple[str, ...]:
+    """``--backend ray|http|both`` as the remote backends to measure, in order."""
+    return _fanout_mod.BACKENDS if choice == "both" else (choice,)
+
+
 def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
     cfg = _fanout_mod.FanoutConfig.quick_defaults() if args.quick else _fanout_mod.FanoutConfig()
     if args.bench == "fanout":
@@ -482,6 +504,11 @@ def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
             cfg.actors = tuple(args.actors)
         if args.checkpoints is not None:
             cfg.checkpoints = args.checkpoints
+        cfg.backends = _backends(args.backend)
+        if args.dispatch_runs is not None:
+            if args.dispatch_runs < 0:
+                raise ValueError(f"--dispatch-runs must be >= 0, got {args.dispatch_runs}")
+            cfg.dispatch_runs = args.dispatch_runs
     if not cfg.actors or min(cfg.actors) < 1 or cfg.checkpoints < 1:
         raise ValueError("--actors must be >= 1 each and --checkpoints >= 1")
     return cfg
