@@ -249,14 +249,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--backend",
-        choices=("embedded", "ray"),
+        choices=("embedded", "ray", "http", "both"),
         default="embedded",
-        help="the Gym deployment: embedded (in this process, warp clock) or ray "
-        "(--actors Ray actors on a local cluster, real time)",
+        help="the Gym deployment: embedded (in this process, warp clock), ray "
+        "(--actors Ray actors on a local cluster, real time), http (--actors spawned "
+        "gymckpt serve processes, real time), or both: Ray then HTTP in the same run, "
+        "HTTP's figures as ratios of Ray's",
     )
     c.add_argument("--instances", type=int, default=None, help="embedded Gym instances (default 4)")
     c.add_argument(
-        "--actors", type=int, default=None, help="Ray actors with --backend ray (default 4)"
+        "--actors",
+        type=int,
+        default=None,
+        help="Ray actors or HTTP servers with --backend ray, http or both (default 4)",
     )
     c.add_argument(
         "--turn-mean",
@@ -483,10 +488,12 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
             cfg.modes = args.modes
         if args.turn_mean_s is not None:
             cfg.turn_mean_s = args.turn_mean_s
-        if args.backend != "ray" and args.actors is not None:
-            raise ValueError("--actors is for --backend ray (the embedded Gym takes --instances)")
-        if args.backend == "ray" and args.instances is not None:
-            raise ValueError("--instances is for the embedded Gym (Ray takes --actors)")
+        if args.backend == "embedded" and args.actors is not None:
+            raise ValueError(
+                "--actors is for --backend ray, http or both (the embedded Gym takes --instances)"
+            )
+        if args.backend != "embedded" and args.instances is not None:
+            raise ValueError("--instances is for the embedded Gym (Ray and HTTP take --actors)")
     if cfg.in_flight < cfg.group_size or cfg.actors < 1:
         raise ValueError("--in-flight must be >= the group size and --actors >= 1")
     return cfg
@@ -652,9 +659,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
-    elif args.bench == "checkpoint" and args.backend == "ray":
+    elif args.bench == "checkpoint" and args.backend != "embedded":
+        remote = _backends(args.backend)
         result = {
-            **_checkpoint_ray_mod.run_checkpoint_ray(checkpoint_ray_cfg, progress),
+            **_checkpoint_ray_mod.run_remote_checkpoints(checkpoint_ray_cfg, remote, progress),
             "meta": meta,
         }
     elif args.bench == "checkpoint":
