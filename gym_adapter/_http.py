@@ -111,7 +111,13 @@ from ._statistics import GymStatistics, dead_statistics
 from ._transport_acks import AckBook
 from ._transport_admission import RunShape
 from ._transport_deadlines import WireDeadline
-from ._transport_errors import TransportFailure, first_line, remote_error, transport_error
+from ._transport_errors import (
+    TransportFailure,
+    as_if_no_nursery,
+    first_line,
+    remote_error,
+    transport_error,
+)
 from ._transport_generations import Generations
 from ._wire import encode
 
@@ -156,6 +162,49 @@ class HttpReplacement:
     @property
     def total_s(self) -> float:
         return self.fence_s + self.start_s
+
+
+@final
+class _Body(httpx.AsyncByteStream):
+    """A request body of ``data``, sent in one piece through a plain iterator. (httpx's own
+    body streams are async generators, and a connection that breaks while sending leaves one
+    half-iterated for the garbage collector: a ``ResourceWarning`` under trio.)"""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
+
+
+@final
+class _Once:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
+def _post(client: httpx.AsyncClient, url: str, body: bytes, endpoint: _Endpoint) -> httpx.Request:
+    """A ``POST url`` of the JSON ``body`` to ``endpoint`` (its expected incarnation named)."""
+    request = client.build_request(
+        "POST",
+        url,
+        headers={
+            "Content-Type": "application/json",
+            "Content-Length": str(len(body)),
+            EXPECT_INCARNATION_HEADER: endpoint.incarnation,
+        },
+    )
+    request.stream = _Body(body)
+    return request
 
 
 @attrs.define
@@ -393,18 +442,17 @@ class HttpGym:
     @asynccontextmanager
     async def _open(self) -> AsyncIterator[HttpGym]:
         max_streams, max_control = self._limits
-        async with (
-            self._client(max_streams) as data,
-            self._client(max_control) as control,
-            trio.open_nursery() as nursery,
-        ):
-            self._data, self._control, self._nursery = data, control, nursery
-            try:
-                await self._connect()
-                yield self
-            finally:
-                self._nursery = None
-                nursery.cancel_scope.cancel()  # acknowledgements still on their way
+        async with self._client(max_streams) as data, self._client(max_control) as control:
+            self._data, self._control = data, control
+            await self._connect()
+            with as_if_no_nursery():
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    try:
+                        yield self
+                    finally:
+                        self._nursery = None
+                        nursery.cancel_scope.cancel()  # acknowledgements still on their way
 
     async def _connect(self) -> None:
         """Ask every URL's ``/health`` (concurrently, each within ``connect_timeout_s``), then
@@ -445,10 +493,13 @@ class HttpGym:
         self._acks = AckBook.of(self._names)
         if self._supervisor is not None:
             self._supervisor.on_exit = self._server_exited
-        try:
-            await self.topology()
-        except GymControlError as exc:
-            raise ValueError(f"the servers refuse this client: {exc}") from None
+        for name in self._names:  # needs the token: a wrong one fails here, naming the server
+            try:
+                await self._call(name, "topology", {}, None)
+            except GymControlError as exc:
+                raise ValueError(
+                    f"the server at {self._endpoints[name].url} refuses this client: {exc}"
+                ) from None
 
     async def _health(self, url: str, timeout_s: float) -> Any:
         """``GET url/health``, or None if nothing answers it within ``timeout_s``."""
@@ -528,31 +579,33 @@ class HttpGym:
             extra_args=tuple(extra_args),
             environ=environ or {},
         )
-        async with trio.open_nursery() as nursery:
-            supervisor = _Supervisor(nursery, spec)
-            try:
-                readies: dict[str, Ready] = {}
-                deadline = trio.current_time() + startup_timeout_s
+        with as_if_no_nursery():
+            async with trio.open_nursery() as nursery:
+                supervisor = _Supervisor(nursery, spec)
+                try:
+                    readies: dict[str, Ready] = {}
+                    deadline = trio.current_time() + startup_timeout_s
 
-                async def start(name: str) -> None:
-                    readies[name] = await supervisor.start(name, 0, deadline, recover=False)
+                    async def start(name: str) -> None:
+                        readies[name] = await supervisor.start(name, 0, deadline, recover=False)
 
-                async with trio.open_nursery() as starting:
-                    for name in names:
-                        starting.start_soon(start, name)
-                gym = cls(
-                    [readies[n].url for n in names],
-                    token=token,
-                    faults=faults,
-                    _supervisor=supervisor,
-                    **options,
-                )
-                async with gym:
-                    yield gym
-            finally:
-                with trio.CancelScope(shield=True):
-                    await supervisor.stop_all()
-                nursery.cancel_scope.cancel()
+                    with as_if_no_nursery():
+                        async with trio.open_nursery() as starting:
+                            for name in names:
+                                starting.start_soon(start, name)
+                    gym = cls(
+                        [readies[n].url for n in names],
+                        token=token,
+                        faults=faults,
+                        _supervisor=supervisor,
+                        **options,
+                    )
+                    async with gym:
+                        yield gym
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await supervisor.stop_all()
+                    nursery.cancel_scope.cancel()
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -602,9 +655,6 @@ class HttpGym:
 
     def serving(self, instance: str, generation: int) -> bool:
         return self._generations.serving(instance, generation)
-
-    def _headers(self, endpoint: _Endpoint) -> dict[str, str]:
-        return {EXPECT_INCARNATION_HEADER: endpoint.incarnation}
 
     def _check_incarnation(
         self, instance: str, op: str, endpoint: _Endpoint, response: httpx.Response, generation: int
@@ -695,11 +745,8 @@ class HttpGym:
         response: httpx.Response | None = None
         with trio.move_on_at(bound):
             try:
-                response = await self._control.post(
-                    f"{endpoint.url}/control/v1/{op}",
-                    content=body,
-                    headers=self._headers(endpoint),
-                )
+                request = _post(self._control, f"{endpoint.url}/control/v1/{op}", body, endpoint)
+                response = await self._control.send(request)
             except httpx.HTTPError as exc:
                 raise await self._transport_failure(instance, op, exc, generation) from None
         if response is None:
@@ -801,9 +848,7 @@ class HttpGym:
             )
         )
         assert self._data is not None, "HttpGym is not open (use async with)"
-        request = self._data.build_request(
-            "POST", f"{endpoint.url}/run", content=body, headers=self._headers(endpoint)
-        )
+        request = _post(self._data, f"{endpoint.url}/run", body, endpoint)
         try:
             response = await self._data.send(request, stream=True)
         except httpx.HTTPError as exc:

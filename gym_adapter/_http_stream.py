@@ -43,7 +43,6 @@ ACK_INTERVAL_S: Final = 0.05
 CLOSE_TIMEOUT_S: Final = 2.0
 """How long ``aclose`` waits for the server's ``close_stream`` answer (it runs shielded in the
 dispatcher: keep it bounded)."""
-_READ_BYTES: Final = 1 << 16
 
 
 class StreamPeer(Protocol):
@@ -108,7 +107,8 @@ class HttpReplyStream:
         self._generation = generation
         self._sid = sid
         self._response = response
-        self._chunks: AsyncIterator[bytes] = response.aiter_raw(_READ_BYTES)
+        # no chunk size: a chunk size makes httpx wait until that many bytes arrived
+        self._chunks: AsyncIterator[bytes] = response.aiter_raw()
         self._buffer = b""
         self._acks = StreamAcks(interval_s=ACK_INTERVAL_S, sent_at=time.monotonic())
         self._ended = False
@@ -254,12 +254,20 @@ class HttpReplyStream:
                 await self._close_response()
 
     async def _close_response(self) -> None:
+        """Close the response and finish its body's iterator. httpx reads a body through a chain
+        of async generators: closing the response closes the connection, and advancing the
+        iterator once more then ends every generator of the chain (at the end of the body, or
+        with the closed connection's error), so none is left for the garbage collector to
+        finalise."""
         self._closed = True
-        aclose = getattr(self._chunks, "aclose", None)
         with suppress(httpx.HTTPError, RuntimeError):
-            if aclose is not None:
-                await aclose()
             await self._response.aclose()
+        with trio.move_on_after(CLOSE_TIMEOUT_S):
+            while True:
+                try:
+                    await self._chunks.__anext__()
+                except (StopAsyncIteration, httpx.HTTPError, RuntimeError, OSError):
+                    break
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "ended" if self._ended else "open"

@@ -18,8 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Final
 
 import attrs
@@ -28,7 +26,7 @@ import trio
 
 from gymckpt.runtime import GymConnectionLost
 
-from ._transport_errors import first_line
+from ._transport_errors import as_if_no_nursery, first_line
 
 __all__ = [
     "CLUSTER_LOSS_S",
@@ -150,18 +148,6 @@ async def _check_reachable(address: str) -> None:
             "(ray start --head) or give the address of a running cluster",
             address,
         )
-
-
-@contextmanager
-def as_if_no_nursery() -> Iterator[None]:
-    """The watch's nursery wraps whatever leaves it in an exception group: an error of the
-    ``async with RayGym.host()`` body (or the watch's own) comes out as it went in."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
 
 
 @attrs.define(eq=False)

@@ -15,11 +15,19 @@ cause chain would make the runtime classify a retryable failure as an invariant.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from gymckpt.runtime import GymCheckpointUnavailable, GymInstanceDead
 from gymckpt.runtime.lowlevel import crossable_error, unpicklable_error
 
-__all__ = ["TransportFailure", "first_line", "remote_error", "transport_error"]
+__all__ = [
+    "TransportFailure",
+    "as_if_no_nursery",
+    "first_line",
+    "remote_error",
+    "transport_error",
+]
 
 
 class TransportFailure(enum.Enum):
@@ -70,3 +78,15 @@ def remote_error(cause: BaseException | None, detail: str, instance: str, op: st
     if isinstance(cause, Exception):
         return crossable_error(cause, instance, op)
     return unpicklable_error(detail, instance, op)
+
+
+@contextmanager
+def as_if_no_nursery() -> Iterator[None]:
+    """A deployment's own nursery wraps whatever leaves it in an exception group: an error of
+    the ``async with`` body (or of the deployment's own tasks) comes out as it went in."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -2,8 +2,10 @@
 
 Tests marked ``ray`` (including the ``ray`` variant of the Gym conformance suite) get the
 session's cluster automatically and run on trio's real clock: Ray answers from other threads and
-processes, which a virtual clock would leap past. The conformance tests that only make sense in
-virtual time are skipped for Ray, each with its reason (``RAY_SKIPS``).
+processes, which a virtual clock would leap past. Tests marked ``http`` (the ``http`` variant:
+real ``gymckpt serve`` processes) run on the real clock too, for the same reason. The
+conformance tests that only make sense in virtual time are skipped for both, each with its
+reason (``RAY_SKIPS``, ``HTTP_SKIPS``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,26 @@ RAY_SKIPS = {
 }
 
 
+HTTP_SKIPS = {
+    **RAY_SKIPS,
+    "test_replies_are_batched_per_flush_interval_and_max_batch": (
+        "asserts batch boundaries at exact virtual instants; real-time replies of one instant "
+        "spread over a few ms (batching over HTTP: test_http_backend.py)"
+    ),
+    "test_fault_hang_never_answers": (
+        "waits 30 s of virtual time; a server that never answers is covered with short real "
+        "deadlines in test_http_backend.py"
+    ),
+    "test_fault_unpicklable_becomes_checkpoint_unavailable": (
+        "sleeps the default 60 s lease; an error that cannot cross HTTP is "
+        "GymCheckpointUnavailable (test_http_backend.py)"
+    ),
+}
+"""The conformance tests skipped for HTTP (real time: Ray's reasons, in HTTP's words)."""
+REAL_TIME = ("ray", "http")
+"""Marks whose tests run on the real clock."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--slow",
@@ -55,8 +77,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("open_gym") is None:
             continue
-        if "ray" in callspec.id.split("-") and item.originalname in RAY_SKIPS:  # type: ignore[attr-defined]
-            item.add_marker(pytest.mark.skip(reason="Ray: " + RAY_SKIPS[item.originalname]))  # type: ignore[attr-defined]
+        ids = callspec.id.split("-")
+        name = item.originalname  # type: ignore[attr-defined]
+        if "ray" in ids and name in RAY_SKIPS:
+            item.add_marker(pytest.mark.skip(reason="Ray: " + RAY_SKIPS[name]))
+        if "http" in ids and name in HTTP_SKIPS:
+            item.add_marker(pytest.mark.skip(reason="HTTP: " + HTTP_SKIPS[name]))
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +127,7 @@ def ray_nodes() -> Iterator[Any]:
 
 @pytest.fixture
 def autojump_clock(request: pytest.FixtureRequest) -> trio.testing.MockClock | None:
-    """pytest-trio's autojump clock, except for tests marked ``ray`` (real time)."""
-    if request.node.get_closest_marker("ray") is not None:
+    """pytest-trio's autojump clock, except for tests marked ``ray`` or ``http`` (real time)."""
+    if any(request.node.get_closest_marker(mark) is not None for mark in REAL_TIME):
         return None
     return trio.testing.MockClock(autojump_threshold=0)

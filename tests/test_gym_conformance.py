@@ -2,13 +2,15 @@
 
 Every test runs against each backend factory in ``BACKENDS`` under trio's autojump clock, so
 timings are virtual and exact. A test that checkpoints takes the ``mode`` fixture and runs in
-both ``CheckpointMode``s (on Ray the unaligned mode only in the cases ``RAY_UNALIGNED`` names:
-Ray time is real time); the ``unaligned`` section holds the cases of that mode alone. A factory
+both ``CheckpointMode``s (on Ray and HTTP the unaligned mode only in the cases
+``REAL_TIME_UNALIGNED`` names: their time is real time); the ``unaligned`` section holds the
+cases of that mode alone. A factory
 is called like ``calendar_embedded`` (keyword arguments ``instances``, ``agent_kinds``, ``seed``,
 ``work_dir``, ``config``, ``faults``) and yields a backend that also offers
-``session_states(instance, participant)`` (the calendar's sessions are read through it,
-``calendar_sessions_of``) and ``statistics()``. Adding the Ray deployment is one line in
-``BACKENDS``.
+``session_states(instance, participant)`` or ``retained_sessions(instance)`` (the calendar's
+sessions are read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray
+deployment is one line in ``BACKENDS``, and so is the HTTP one (``gymckpt serve`` processes,
+real time like Ray).
 """
 
 from __future__ import annotations
@@ -67,20 +69,26 @@ BACKENDS = [
         id="ray",
         marks=pytest.mark.ray,
     ),  # imports Ray only when a ray test runs
+    pytest.param(
+        lambda **kw: __import__("test_http_backend").open_for_conformance(**kw),
+        id="http",
+        marks=pytest.mark.http,
+    ),  # real gymckpt serve processes
 ]
 
 SEED = 7
 FAST = SimConfig(turns=(2, 5), turn_s=(0.01, 0.05), mutation_p=1.0)
 ALIGNED, UNALIGNED = CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED
 
-RAY_UNALIGNED = frozenset(
+REAL_TIME_UNALIGNED = frozenset(
     {
         "test_restore_and_claim_continue_each_episode_once",
         "test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_cut",
         "test_unaligned_replies_after_the_cut_wait_for_the_resume",
     }
 )
-"""The tests that run unaligned on Ray too (every other one runs unaligned embedded only)."""
+"""The tests that run unaligned on Ray and HTTP too (every other one runs unaligned embedded
+only)."""
 
 
 @pytest.fixture(params=BACKENDS)
@@ -107,15 +115,17 @@ def mode(request: pytest.FixtureRequest) -> CheckpointMode:
 
 @pytest.fixture
 def unaligned(request: pytest.FixtureRequest) -> CheckpointMode:
-    """``UNALIGNED``, for a case of that mode alone (skipped on Ray unless ``RAY_UNALIGNED``)."""
+    """``UNALIGNED``, for a case of that mode alone (skipped on Ray and HTTP unless
+    ``REAL_TIME_UNALIGNED``)."""
     _unaligned_here(request)
     return UNALIGNED
 
 
 def _unaligned_here(request: pytest.FixtureRequest) -> None:
     node = request.node
-    if "ray" in node.callspec.id.split("-") and node.originalname not in RAY_UNALIGNED:
-        pytest.skip("Ray: unaligned only in the RAY_UNALIGNED cases (real time; CI time)")
+    ids = node.callspec.id.split("-")
+    if {"ray", "http"} & set(ids) and node.originalname not in REAL_TIME_UNALIGNED:
+        pytest.skip("real time: unaligned only in the REAL_TIME_UNALIGNED cases (CI time)")
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -1,0 +1,346 @@
+"""HttpGym against real ``gymckpt serve`` processes on loopback: the backend conformance kit,
+the reply stream, self-healing (a SIGKILLed server replaced, an external server restarted, a
+server that stops answering) and no orphan server after the trainer dies.
+
+Real time throughout (the servers are other processes); every wait is on a condition (a
+readiness line, a process exit through its pidfd, an answer) under ``trio.fail_after``.
+``open_for_conformance`` is the HTTP factory of the Gym conformance suite
+(``tests/test_gym_conformance.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from gymckpt.gym_adapter import (
+    Completed,
+    GymControlError,
+    GymInstanceDead,
+    HttpGym,
+    ReplyStream,
+    RunReply,
+    RunRow,
+)
+from gymckpt.gym_adapter._http_process import ServerProcess
+from gymckpt.gym_adapter.calendar_env import (
+    CONFIG_ENV,
+    SimConfig,
+    calendar_http,
+    calendar_sessions_of,
+)
+from gymckpt.runtime import (
+    GymCallTimeout,
+    GymCheckpointUnavailable,
+    GymConnectionLost,
+    rollout_id_for,
+)
+from gymckpt.testing import check_backend
+
+pytestmark = pytest.mark.http
+
+HTTP_TIME_SCALE = 5.0
+"""The conformance suite's episodes run this many times slower over HTTP: its scenarios were
+timed for a virtual clock (turns of 10-50 ms, events a few ms apart), and real replies cross a
+socket and a JSON codec each way on a shared 2-core machine. Stretching the turns keeps every
+assertion and widens the margins (as on Ray)."""
+
+
+def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
+    """``calendar_http`` with the simulated turns ``HTTP_TIME_SCALE`` times slower."""
+    config: SimConfig = kwargs.pop("config", None) or SimConfig()
+    lo, hi = config.turn_s
+    kwargs["config"] = attrs.evolve(config, turn_s=(lo * HTTP_TIME_SCALE, hi * HTTP_TIME_SCALE))
+    return calendar_http(**kwargs)
+
+
+CONFIG = SimConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
+ENVIRONMENT = "gymckpt.gym_adapter.calendar_env:calendar_from_environ_simple_agent"
+
+
+def rows(n: int, start: int = 0) -> list[RunRow]:
+    return [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in range(start, start + n)]
+
+
+def deadline(seconds: float = 5.0) -> float:
+    return trio.current_time() + seconds
+
+
+async def drain(stream: ReplyStream) -> list[RunReply]:
+    return [r async for batch in stream for r in batch]
+
+
+@asynccontextmanager
+async def http_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[HttpGym]:
+    kwargs.setdefault("config", CONFIG)
+    kwargs.setdefault("state_root", tmp_path)
+    async with calendar_http(work_dir=tmp_path / "gym", seed=5, **kwargs) as gym:
+        yield gym
+
+
+async def pid_exits(pid: int, within_s: float) -> None:
+    """Wait (through a pidfd) until process ``pid``, not our child, has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with trio.fail_after(within_s):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+# -- the conformance kit ---------------------------------------------------------------------
+
+
+async def test_check_backend_passes_on_spawned_servers(tmp_path: Path) -> None:
+    async with http_gym(tmp_path, instances=2) as gym:
+        report = await check_backend(gym, tmp_path / "kit", rows=6)  # raises on any failure
+    assert {"topology", "replies", "commit[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
+        report.checks
+    )
+    assert report.episodes > 0
+
+
+# -- the data plane --------------------------------------------------------------------------
+
+
+async def test_run_streams_every_reply_and_acks_ride_the_next_call(tmp_path: Path) -> None:
+    async with http_gym(tmp_path) as gym:
+        stream = await gym.run("gym-0", rows(6))
+        replies = await drain(stream)
+        assert sorted(r.rollout_id for r in replies) == sorted(r.rollout_id for r in rows(6))
+        assert all(isinstance(r, Completed) for r in replies)
+        inv = await gym.inventory("gym-0")  # carries the last acknowledgement
+        assert inv.on_wire == () and inv.running == ()
+        assert gym.acks.pending("gym-0") == 0  # settled: the call carried it
+        await stream.aclose()
+        await stream.aclose()
+
+
+async def test_aclose_tells_the_server_how_far_the_consumer_got(tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, turn_s=(0.3, 0.6))
+    async with http_gym(tmp_path, config=config) as gym:
+        stream = await gym.run("gym-0", rows(4))
+        first = await stream.__anext__()
+        await stream.aclose()  # close_stream(sid, seq of ``first``): the rest is discarded
+        inv = await gym.inventory("gym-0")
+        assert not {r.rollout_id for r in first} & set(inv.on_wire)
+        with trio.fail_after(20):
+            while True:  # the other rows run on, their replies discarded
+                inv = await gym.inventory("gym-0")
+                if not inv.running:
+                    break
+                await trio.sleep(0.05)
+        assert inv.on_wire == ()
+
+
+async def test_a_fault_drawn_by_the_client_is_executed_by_the_server(tmp_path: Path) -> None:
+    async with http_gym(tmp_path, faults=["prepare:error@1", "run:refuse@1"]) as gym:
+        with pytest.raises(GymControlError, match="injected fault prepare:error@1"):
+            await gym.prepare("gym-0", "c1", deadline())
+        stream = await gym.run("gym-0", rows(2))
+        refused = await drain(stream)
+        assert {type(r).__name__ for r in refused} == {"Refused"}
+        assert gym.faults.fired == (("prepare:error@1", 1), ("run:refuse@1", 1))
+
+
+# -- self-healing ----------------------------------------------------------------------------
+
+
+async def test_a_sigkilled_server_is_replaced_and_continues_its_sessions(
+    tmp_path: Path,
+) -> None:
+    async with http_gym(tmp_path, instances=2) as gym:
+        await drain(await gym.run("gym-0", rows(4)))
+        before = await calendar_sessions_of(gym, "gym-0")
+        assert before and all(s.sentinels for s in before.values())
+        old_pid, old_incarnation = gym.pid("gym-0"), gym.incarnation("gym-0")
+        assert old_pid is not None
+        in_flight = await gym.run("gym-0", rows(2, start=10))
+
+        os.kill(old_pid, signal.SIGKILL)
+        with pytest.raises(GymInstanceDead):  # the stream: its server died
+            await drain(in_flight)
+        with pytest.raises(GymInstanceDead):  # and every call, without reaching anything
+            await gym.inventory("gym-0")
+
+        await gym.replace("gym-0", deadline(30))
+
+        assert gym.pid("gym-0") not in (None, old_pid)
+        assert gym.incarnation("gym-0") != old_incarnation
+        (done,) = gym.replacements
+        assert done.instance == "gym-0" and 0 < done.total_s < 30
+        after = await calendar_sessions_of(gym, "gym-0")  # replayed from its journal
+        assert {"10-0", "11-0"} <= set(after)  # the killed episodes' sessions, opened
+        assert {k: after[k].sentinels for k in before} == {  # and every event, once
+            k: s.sentinels for k, s in before.items()
+        }
+        inv = await gym.inventory("gym-0")
+        assert inv.admission_open and not (inv.running or inv.parked or inv.on_wire)
+        replies = await drain(await gym.run("gym-0", rows(2, start=20)))
+        assert sorted(r.rollout_id for r in replies) == ["20-0", "21-0"]
+        with pytest.raises(StopAsyncIteration):  # the old stream has ended for good
+            await in_flight.__anext__()
+        await in_flight.aclose()  # and sends nothing to the new server
+        stats = await gym.statistics()
+        assert not any(s.dead for s in stats.instances)
+
+
+async def test_an_external_server_restarted_is_a_new_incarnation_never_the_same(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "served"
+    work.mkdir()
+    token_file = work / "token"
+    token_file.write_text("t0k3n-for-the-test")
+    token_file.chmod(0o600)
+    env = {CONFIG_ENV: '{"turns": [2, 2], "turn_s": [0.02, 0.02], "mutation_p": 1.0}'}
+
+    async def serve(port: int, *extra: str) -> tuple[ServerProcess, str]:
+        cmd = [sys.executable, "-m", "gymckpt", "serve", ENVIRONMENT, "--port", str(port)]
+        cmd += ["--work-dir", str(work), "--token-file", str(token_file), *extra]
+        proc, ready = await ServerProcess.start(cmd, work / "serve.log", deadline(60), env)
+        return proc, ready.url
+
+    proc, url = await serve(0)
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        async with HttpGym([url], token="t0k3n-for-the-test") as gym:
+            assert gym.instances == ("gym-0",) and not gym.spawned
+            await drain(await gym.run("gym-0", rows(3)))
+            before = await calendar_sessions_of(gym, "gym-0")
+            first = gym.incarnation("gym-0")
+            stream = await gym.run("gym-0", rows(2, start=10))
+
+            await proc.kill()  # someone else's server dies ... and is restarted on its port
+            await proc.aclose()
+            proc, _ = await serve(port, "--recover")
+
+            with pytest.raises(GymInstanceDead):  # the stream went to the old incarnation
+                await drain(stream)
+            await stream.aclose()
+            with pytest.raises(GymInstanceDead):  # an answer from another incarnation
+                await gym.inventory("gym-0")
+            with pytest.raises(GymInstanceDead):  # dead until replaced: nothing is sent
+                await gym.prepare("gym-0", "c1", deadline())
+
+            await gym.replace("gym-0", deadline(30))  # adopts the new incarnation
+
+            assert gym.incarnation("gym-0") != first
+            (done,) = gym.replacements
+            assert (done.old_incarnation, done.new_incarnation) == (first, gym.incarnation("gym-0"))
+            after = await calendar_sessions_of(gym, "gym-0")  # it recovered its journal
+            assert {k: after[k].sentinels for k in before} == {
+                k: s.sentinels for k, s in before.items()
+            }
+            assert len(await drain(await gym.run("gym-0", rows(1, start=20)))) == 1
+    finally:
+        with trio.CancelScope(shield=True):
+            await proc.stop()
+            await proc.aclose()
+
+
+async def test_replace_of_an_external_server_that_did_not_restart_times_out(
+    tmp_path: Path,
+) -> None:
+    async with http_gym(tmp_path) as spawned:
+        token = (tmp_path / "gym" / "http-token").read_text()
+        async with HttpGym([spawned.url("gym-0")], token=token) as gym:
+            with pytest.raises(GymCallTimeout, match="did not come back as a new incarnation"):
+                await gym.replace("gym-0", deadline(0.5))
+            with pytest.raises(GymInstanceDead):  # still dead: replace may be called again
+                await gym.inventory("gym-0")
+
+
+async def test_a_server_that_stops_answering_is_gym_unavailable_within_the_deadline(
+    tmp_path: Path,
+) -> None:
+    async with http_gym(tmp_path, view_timeout_s=1.0) as gym:
+        pid = gym.pid("gym-0")
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # alive, connected, answering nothing
+        try:
+            t0 = trio.current_time()
+            with pytest.raises(GymCallTimeout, match="gym-0"):
+                await gym.prepare("gym-0", "c1", deadline(1.0))
+            assert trio.current_time() - t0 < 1.0 + 1.0 + 0.5  # deadline + grace + slack
+            with pytest.raises(GymCallTimeout, match="gym-0"):
+                await gym.inventory("gym-0")  # a view: bounded by view_timeout_s
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        inv = await gym.inventory("gym-0")  # answering again: never marked dead
+        assert inv.instance == "gym-0"
+
+
+async def test_a_wrong_token_or_no_server_fails_on_opening(tmp_path: Path) -> None:
+    async with http_gym(tmp_path) as spawned:
+        with pytest.raises(ValueError, match=r"refuses this client.*HTTP 401"):
+            async with HttpGym([spawned.url("gym-0")], token="wrong"):
+                pass
+    with pytest.raises(GymConnectionLost, match="no gymckpt server answers"):
+        async with HttpGym(["http://127.0.0.1:9"], token="x", connect_timeout_s=1.0):
+            pass
+
+
+# -- no orphans --------------------------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+async def test_the_servers_die_with_a_sigkilled_trainer(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, trio
+        from gymckpt.gym_adapter.calendar_env import calendar_http
+
+        async def main():
+            async with calendar_http(instances=2, work_dir={str(tmp_path / "gym")!r}) as gym:
+                print(*(gym.pid(n) for n in gym.instances), flush=True)
+                await trio.sleep_forever()
+
+        trio.run(main)
+        """
+    )
+    trainer = await trio.lowlevel.open_process(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    try:
+        assert trainer.stdout is not None
+        line = b""
+        with trio.fail_after(60):
+            while not line.endswith(b"\n"):
+                chunk = await trainer.stdout.receive_some()
+                assert chunk, "the trainer exited before it printed its servers' pids"
+                line += chunk
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, 0)  # serving
+        trainer.kill()  # SIGKILL: no cleanup code of the trainer runs
+        with trio.fail_after(10):
+            await trainer.wait()
+        for pid in pids:
+            await pid_exits(pid, 10)  # the kernel killed them (PR_SET_PDEATHSIG)
+    finally:
+        if trainer.returncode is None:
+            trainer.kill()
+            with trio.CancelScope(shield=True):
+                await trainer.wait()
+
+
+async def test_an_error_that_cannot_cross_is_checkpoint_unavailable(tmp_path: Path) -> None:
+    async with http_gym(tmp_path, faults=["prepare:unpicklable@1"]) as gym:
+        with pytest.raises(GymCheckpointUnavailable, match="gym-0"):
+            await gym.prepare("gym-0", "c1", deadline())
