@@ -405,6 +405,8 @@ class HttpGym:
         self._replacements: list[HttpReplacement] = []
         self._last_stats: dict[str, HostStatistics] = {}
         self._session: AbstractAsyncContextManager[HttpGym] | None = None
+        self._streams: set[HttpReplyStream] = set()
+        """Streams whose response is open (held, so none is collected half-read)."""
         self._nursery: trio.Nursery | None = None
         self._control: httpx.AsyncClient | None = None
         self._data: httpx.AsyncClient | None = None
@@ -444,15 +446,19 @@ class HttpGym:
         max_streams, max_control = self._limits
         async with self._client(max_streams) as data, self._client(max_control) as control:
             self._data, self._control = data, control
-            await self._connect()
-            with as_if_no_nursery():
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    try:
-                        yield self
-                    finally:
-                        self._nursery = None
-                        nursery.cancel_scope.cancel()  # acknowledgements still on their way
+            try:
+                await self._connect()
+                with as_if_no_nursery():
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        try:
+                            yield self
+                        finally:
+                            self._nursery = None
+                            nursery.cancel_scope.cancel()  # acknowledgements on their way
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._close_streams()
 
     async def _connect(self) -> None:
         """Ask every URL's ``/health`` (concurrently, each within ``connect_timeout_s``), then
@@ -516,6 +522,17 @@ class HttpGym:
             except WireFormatError:
                 return None
         return None
+
+    async def _close_streams(self) -> None:
+        """Close the response of every stream its consumer left open (the deployment ends)."""
+        while self._streams:
+            await self._streams.pop().close_response()
+
+    def opened(self, stream: HttpReplyStream) -> None:
+        self._streams.add(stream)
+
+    def released(self, stream: HttpReplyStream) -> None:
+        self._streams.discard(stream)
 
     def _server_exited(self, name: str, generation: int) -> None:
         """A spawned server's process exited: that incarnation is dead."""

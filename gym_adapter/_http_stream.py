@@ -62,6 +62,15 @@ class StreamPeer(Protocol):
         """``close_stream(sid, upto)``, bounded by the caller; whether the server answered."""
         ...
 
+    def opened(self, stream: HttpReplyStream) -> None:
+        """``stream``'s response is open: the deployment closes it on exit if its consumer
+        does not."""
+        ...
+
+    def released(self, stream: HttpReplyStream) -> None:
+        """``stream``'s response is closed."""
+        ...
+
     async def broken(
         self, instance: str, generation: int, exc: BaseException | None
     ) -> BaseException | None:
@@ -114,6 +123,7 @@ class HttpReplyStream:
         self._ended = False
         self._natural_end = False
         self._closed = False
+        peer.opened(self)
 
     @property
     def sid(self) -> int:
@@ -165,7 +175,7 @@ class HttpReplyStream:
             item = await self._next_item()
         except StopAsyncIteration:
             self._ended = True
-            await self._close_response()
+            await self.close_response()
             raise GymCheckpointUnavailable(
                 f"instance {self._instance} run: the stream ended before admission",
                 self._instance,
@@ -174,11 +184,11 @@ class HttpReplyStream:
         except BaseException:
             self._ended = True
             with trio.CancelScope(shield=True):
-                await self._close_response()
+                await self.close_response()
             raise
         if item is None or not item.is_header:
             self._ended = self._closed = True
-            await self._close_response()
+            await self.close_response()
             raise GymCheckpointUnavailable(
                 f"instance {self._instance} run: the stream did not start with the admission "
                 "header",
@@ -221,7 +231,7 @@ class HttpReplyStream:
             if self._acks.unsent:
                 self._send_ack()  # the last one, so the server lets go of the stream
             with trio.CancelScope(shield=True):
-                await self._close_response()
+                await self.close_response()
             raise StopAsyncIteration
         if item.is_header:
             self._ended = True
@@ -251,15 +261,16 @@ class HttpReplyStream:
                 await trio.lowlevel.checkpoint()
         finally:
             with trio.CancelScope(shield=True):
-                await self._close_response()
+                await self.close_response()
 
-    async def _close_response(self) -> None:
+    async def close_response(self) -> None:
         """Close the response and finish its body's iterator. httpx reads a body through a chain
         of async generators: closing the response closes the connection, and advancing the
         iterator once more then ends every generator of the chain (at the end of the body, or
         with the closed connection's error), so none is left for the garbage collector to
         finalise."""
-        self._closed = True
+        self._closed = self._ended = True
+        self._peer.released(self)
         with suppress(httpx.HTTPError, RuntimeError):
             await self._response.aclose()
         with trio.move_on_after(CLOSE_TIMEOUT_S):
