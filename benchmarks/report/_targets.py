@@ -13,6 +13,7 @@ from ._fanout import ratio
 from ._format import TIMES, at_size, first_line, fmt, pct
 from ._records import (
     CheckpointRayResult,
+    CheckpointRemoteResult,
     CheckpointResult,
     DrainResult,
     FanoutResult,
@@ -299,9 +300,7 @@ def targets(
             "checkpoint_e2e_ray",
             "whole checkpoint at 200k on Ray with 4 actors",
             "report",
-            "failed: "
-            + first_line(cr.checkpoint_error or cr.error)
-            + at_size(cr.in_flight, 200_000),
+            _failure(cr),
             False,
             report_only=True,
         )
@@ -438,6 +437,11 @@ def targets(
     return rows
 
 
+def _failure(r: CheckpointRemoteResult) -> str:
+    """A remote checkpoint that failed, as its targets row says it."""
+    return "failed: " + first_line(r.checkpoint_error or r.error) + at_size(r.in_flight, 200_000)
+
+
 def _http_rows(
     row: Any, fanout: FanoutResult | None, checkpoint_ray: CheckpointRayResult | None
 ) -> None:
@@ -509,16 +513,7 @@ def _http_rows(
     if ch is None:
         row("checkpoint_e2e_http", fig, "report", "not run", None)
     elif not ch.checkpoint_ok:
-        row(
-            "checkpoint_e2e_http",
-            fig,
-            "report",
-            "failed: "
-            + first_line(ch.checkpoint_error or ch.error)
-            + at_size(ch.in_flight, 200_000),
-            False,
-            report_only=True,
-        )
+        row("checkpoint_e2e_http", fig, "report", _failure(ch), False, report_only=True)
     else:
         assert checkpoint_ray is not None
         cr = checkpoint_ray
