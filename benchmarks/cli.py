@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
         description=(
             "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
-            "4 actors at the same N), fanout (Ray) and preserved, "
+            "4 actors and over HTTP with 4 gymckpt serve processes at the same N), fanout (Ray "
+            "and HTTP in the same run) and preserved, "
             "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "default directory it refuses to run from a tree with uncommitted changes."
@@ -347,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--no-ray",
         action="store_true",
-        help="skip the Ray parts (fan-out, rows/s on Ray, the checkpoint on Ray): "
-        "reported as not run",
+        help="skip the remote parts (fan-out and rows/s on Ray and over HTTP, the checkpoint on "
+        "Ray and over HTTP): reported as not run",
     )
     a.add_argument(
         "--allow-dirty",
