@@ -61,7 +61,7 @@ import trio
 
 from gymckpt.nurseries import ExitCode
 
-from ._common import Progress, label
+from ._common import Progress, describe_error, label
 from ._heavy import (
     HEAVY_FROM_ENVIRON,
     PauseSource,
@@ -347,6 +347,10 @@ def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
 
     try:
         trio.run(_remote_main, cfg, verbose, finish)
+    except Exception as exc:  # the parent's error names the cause, stderr shown or not
+        sys.stdout.write(json.dumps({"worker_error": describe_error(exc)[:4000]}) + "\n")
+        sys.stdout.flush()
+        raise
     finally:
         if ray_started:
             import ray
@@ -398,6 +402,8 @@ def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str
             f"checkpoint on {cfg.backend}: the worker {why}:\n{(stderr or '').strip()[-4000:]}"
         )
     result: dict[str, Any] = json.loads(line)
+    if "worker_error" in result:
+        raise RuntimeError(f"checkpoint on {cfg.backend}: {result['worker_error']}")
     result["config"] = {**attrs.asdict(cfg), "turn_times": cfg.times().describe()}
     result["label"] = label(cfg.in_flight)
     progress(

@@ -60,7 +60,7 @@ import trio
 from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_http, calendar_ray
 from gymckpt.nurseries import ExitCode
 
-from ._common import Progress, median
+from ._common import Progress, describe_error, median
 
 __all__ = ["BACKENDS", "OPS", "FanoutConfig", "fit_linear", "http_over_ray", "run_fanout"]
 
@@ -289,13 +289,6 @@ async def _dispatch(cfg: FanoutConfig, work: Path, backend: str = "ray") -> dict
     }
 
 
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of the exception, or of each leaf of an exception group."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _worker(cfg: FanoutConfig, verbose: bool) -> None:
     """One JSON line per size and backend on stdout, as each finishes (the parent keeps what
     arrived); then one per dispatch run. The Ray cluster is started only if Ray is measured."""
@@ -323,7 +316,7 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
             emit({"cluster_start_s": round(perf() - t0, 2)})
             say(f"local Ray cluster up in {perf() - t0:.1f} s")
         except Exception as exc:
-            emit({"cluster_error": _describe(exc)[:2000]})
+            emit({"cluster_error": describe_error(exc)[:2000]})
             backends.remove("ray")
     for k in cfg.actors:
         for backend in backends:
@@ -332,7 +325,12 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
                 with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
                     rec = trio.run(_measure, k, cfg, Path(tmp), say, backend)
             except Exception as exc:
-                rec = {"actors": k, "backend": backend, "ok": False, "error": _describe(exc)[:2000]}
+                rec = {
+                    "actors": k,
+                    "backend": backend,
+                    "ok": False,
+                    "error": describe_error(exc)[:2000],
+                }
             say(
                 f"{k} {backend} instances: "
                 + (
@@ -355,7 +353,7 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
                     disp = trio.run(_dispatch, cfg, Path(tmp), backend)
                 say(f"dispatch on {backend}: {disp['rows_per_s']:,} rows/s")
             except Exception as exc:
-                disp = {"ok": False, "backend": backend, "error": _describe(exc)[:2000]}
+                disp = {"ok": False, "backend": backend, "error": describe_error(exc)[:2000]}
             emit({"dispatch": disp})
     if "ray" in backends:
         import ray
