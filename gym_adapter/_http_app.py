@@ -37,6 +37,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, final
 
@@ -185,6 +186,7 @@ class GymHttpApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
         path: str = scope["path"]
+        body_read = False
         try:
             if path == "/health":
                 if method != "GET":
@@ -196,10 +198,19 @@ class GymHttpApp:
             op = self._route(method, path)
             content_length(headers, self.limits.max_body_bytes)
             body = await read_body(receive, self.limits.max_body_bytes)
+            body_read = True
             if op == "/run":
-                await self._run(body, receive, send)
+                run = self._admit_run(body)
+                act = partial(self._run, run, send)
             else:
-                await self._control(op, body, send)
+                req, args = self._admit_control(op, body)
+                act = partial(self._control, op, req, args, send)
+            # every check passed: from here on the request acts, until it is done or the client
+            # goes away (a hung call, a stream nobody reads: cancelled, as a cancelled Ray call)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_when, _disconnected(receive), nursery.cancel_scope)
+                await act()
+                nursery.cancel_scope.cancel()
         except RefusedRequest as refused:
             self._refused += 1
             client = scope.get("client") or ("?", 0)
@@ -212,9 +223,10 @@ class GymHttpApp:
                 refused.refusal.type,
                 refused.refusal.message,
             )
-            # an unread body (413) cannot be skipped on a kept-alive connection: close it
+            # a body left unread (refused before or while reading it) is never read: the
+            # connection cannot be kept alive past it, so it is closed
             await self._respond(
-                send, refused.status, encode_refusal(refused.refusal), close=refused.status == 413
+                send, refused.status, encode_refusal(refused.refusal), close=not body_read
             )
 
     def _route(self, method: str, path: str) -> str:
@@ -241,7 +253,7 @@ class GymHttpApp:
 
     # -- control plane -----------------------------------------------------------------------------
 
-    def _check_fault(self, fault: FaultSpec | None, what: str) -> None:
+    def _check_fault(self, fault: FaultSpec | str | None, what: str) -> None:
         if fault is not None and not self.allow_faults:
             raise RefusedRequest(
                 403,
@@ -259,14 +271,17 @@ class GymHttpApp:
                 confine(str(root / p.state_dir), self.state_root, what)
         return {**args, "state_root": str(root)}
 
-    async def _control(self, op: str, body: bytes, send: Send) -> None:
+    def _admit_control(self, op: str, body: bytes) -> tuple[ControlRequest, dict[str, Any]]:
         try:
             req = decode_control_request(op, body)
         except WireFormatError as exc:
             raise RefusedRequest(400, "BadRequest", str(exc)) from None
         self._check_fault(req.fault, f"control {op}")
-        args = self._confine_args(op, req.args)
-        # every check passed: from here on the request acts
+        return req, self._confine_args(op, req.args)
+
+    async def _control(
+        self, op: str, req: ControlRequest, args: dict[str, Any], send: Send
+    ) -> None:
         self._outboxes.apply_acks(req.acks)
         try:
             result = await self._call(op, req, args)
@@ -334,7 +349,9 @@ class GymHttpApp:
                 f"{self.limits.max_rows} (--max-rows): split them over several requests",
             )
         if req.shape != RunShape():
-            self._check_fault(req.shape.inject or FaultSpec("run", "drop"), "/run shape")
+            shape = req.shape
+            label = shape.inject or ("run:refuse" if shape.refuse_all else "run:drop")
+            self._check_fault(label, "/run shape")
         if req.sid in self._outboxes:
             raise RefusedRequest(
                 400, "BadRequest", f"stream id {req.sid} is still open here: use a fresh sid"
@@ -348,8 +365,7 @@ class GymHttpApp:
             )
         return req
 
-    async def _run(self, body: bytes, receive: Receive, send: Send) -> None:
-        req = self._admit_run(body)
+    async def _run(self, req: RunRequest, send: Send) -> None:
         self._open_streams += 1
         try:
             self._outboxes.apply_acks(req.acks)
@@ -363,13 +379,12 @@ class GymHttpApp:
                 await self._gym_error(send, exc, "run")
                 return
             box = self._outboxes.open(req.sid, self.host, stream)
-            await self._stream(req, box, receive, send)
+            await self._stream(req, box, send)
         finally:
             self._open_streams -= 1
 
-    async def _stream(self, req: RunRequest, box: Outbox, receive: Receive, send: Send) -> None:
+    async def _stream(self, req: RunRequest, box: Outbox, send: Send) -> None:
         completed = False
-        gone = trio.Event()  # set by the watcher: the client disconnected
         try:
             start = {
                 "type": "http.response.start",
@@ -379,17 +394,14 @@ class GymHttpApp:
             await send(start)
             await send(_chunk(encode_batch_line(admission_header())))
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_when, _disconnected(receive, gone), nursery.cancel_scope)
                 nursery.start_soon(_cancel_when, self._stopping.wait, nursery.cancel_scope)
                 completed = await self._pump(req, box, send)
                 nursery.cancel_scope.cancel()
         finally:
-            # not completed: the client went away or the server stops; the rows run on and what
-            # was sent stays on the wire until the next acks or close_stream settle it
-            # (``Outboxes.finish``)
+            # not completed: the client went away (the request's scope is cancelled) or the
+            # server stops; the rows run on and what was sent stays on the wire until the next
+            # acks or close_stream settle it (``Outboxes.finish``)
             self._outboxes.finish(req.sid, box, completed, discard=False)
-        if gone.is_set():
-            return
         if completed and not self.host.dead and not self._stopping.is_set():
             await send({"type": "http.response.body", "body": END_LINE, "more_body": False})
         else:  # the instance died or the server stops: the body ends without the end line
@@ -413,16 +425,12 @@ def _chunk(data: bytes) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": True}
 
 
-def _disconnected(receive: Receive, gone: trio.Event) -> Callable[[], Awaitable[None]]:
-    """Returns once the client disconnected (the request body was read already), setting
-    ``gone``."""
+def _disconnected(receive: Receive) -> Callable[[], Awaitable[None]]:
+    """Returns once the client disconnected (the request body was read already)."""
 
     async def wait() -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gone.set()
-                return
+        while (await receive())["type"] != "http.disconnect":
+            pass
 
     return wait
 

@@ -11,7 +11,7 @@ import anyio
 
 from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
 
-__all__ = ["Game", "Player", "TaskReader", "guess_the_number", "task_reader"]
+__all__ = ["Game", "Player", "TaskReader", "guess_the_number", "slow_task_reader", "task_reader"]
 
 
 class Game:
@@ -100,3 +100,9 @@ class TaskReader:
 def task_reader(turns: int = 3, turn_s: float = 0.0) -> Environment:
     """``TaskReader``'s environment (no model)."""
     return Environment(agent=TaskReader(turns, turn_s))
+
+
+def slow_task_reader() -> Environment:
+    """``TaskReader`` whose one turn takes an hour: its rows stay running until cancelled (a
+    ``/run`` stream that stays open, for tests of disconnects, limits and shutdown)."""
+    return task_reader(turns=1, turn_s=3600.0)

@@ -38,6 +38,8 @@ HOSTILE = "tests/test_hostile_environment.py"
 JOURNAL = "tests/test_host_journal.py"
 PREEMPT = "tests/test_preemption_paths.py"
 UNALIGNED = "tests/test_unaligned_rules.py"
+HTTP_SECURITY = "tests/test_http_security.py"
+HTTP_SERVER = "tests/test_http_server.py"
 
 
 @dataclass(frozen=True)
@@ -650,6 +652,67 @@ MUTANTS: tuple[Mutant, ...] = (
         "if True  # the reference call, as any backend takes it",
         (UNALIGNED,),
         keyword="through_the_trainer",
+    ),
+    # -- C7: the HTTP wire's security rules and acknowledgement ---------------------------------
+    Mutant(
+        "c7-token-prefix-accepted",
+        "C7",
+        "gym_adapter/_http_guard.py",
+        "if not hmac.compare_digest(given.strip(), token):",
+        "if not token.startswith(given.strip()):",
+        (HTTP_SECURITY,),
+        keyword="bearer_token",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "c7-symlink-out-of-the-state-root",
+        "C7",
+        "gym_adapter/_http_guard.py",
+        "resolved = candidate.resolve(strict=False)",
+        'resolved = Path(__import__("os").path.abspath(candidate))',
+        (HTTP_SECURITY,),
+        keyword="outside_the_state_root",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "c7-refused-request-applies-its-acks",
+        "C7",
+        "gym_adapter/_http_app.py",
+        'self._check_fault(req.fault, f"control {op}")',
+        'self._outboxes.apply_acks(req.acks); self._check_fault(req.fault, f"control {op}")',
+        (HTTP_SECURITY,),
+        keyword="faults_are_refused",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "c7-body-read-to-its-end-before-the-limit",
+        "C7",
+        "gym_adapter/_http_guard.py",
+        "if size > limit:",
+        'if size > limit and not message.get("more_body", False):',
+        (HTTP_SECURITY,),
+        keyword="oversized_body",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "c7-disconnect-not-watched",
+        "C7",
+        "gym_adapter/_http_app.py",
+        "nursery.start_soon(_cancel_when, _disconnected(receive), nursery.cancel_scope)",
+        "pass",
+        (HTTP_SERVER,),
+        keyword="disconnect",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "c7-reply-off-the-wire-when-sent",
+        "C7",
+        "gym_adapter/_http_app.py",
+        "seq = box.register(replies)",
+        "seq = box.register(replies); box.ack(seq)",
+        (HTTP_SERVER,),
+        keyword="acks_free_them",
+        sim_seeds=0,
     ),
 )
 

@@ -10,6 +10,9 @@ harness checks, for every case, that nothing was lost or duplicated, every step 
 sentinel is there once, budgets add up, admission reopened, the deadline pause was released,
 no task was left behind, and Gym was not parked beyond its lease. Each case then asserts its
 documented outcome and that the fault really fired.
+
+``test_fault_over_http`` runs the faults that make sense over HTTP through ``gymckpt demo
+--backend http`` (real ``gymckpt serve`` processes executing them), same grammar, same outcomes.
 """
 
 from __future__ import annotations
@@ -485,3 +488,93 @@ async def test_lost_claim_of_a_restored_episode_is_retired(
     assert _all_ok(restored) and restored.faults_fired == (("run:hang@1", 1),)
     assert restored.metrics["rollout/run_submit_timeouts_total"] == 1
     assert restored.metrics["checkpoint/restore_retire_total"] >= 1
+
+
+# -- over HTTP: the faults through real gymckpt serve processes ------------------------------------
+
+HTTP_CASES = (
+    ("prepare:error@1", "retried", "aligned"),
+    ("prepare:error@1", "retried", "unaligned"),
+    ("prepare:hang@1", "retried", "aligned"),
+    ("commit:unpicklable@1", "retried", "aligned"),
+    ("commit:dead@1", "replaced", "aligned"),
+    ("commit:dead@1", "replaced", "unaligned"),
+    ("resume:error@1", "lease", "aligned"),
+    ("retire:error@1", "retire_later", "aligned"),
+    ("run:error@1", "resent_same", "aligned"),
+    ("run:refuse@1", "resent_same", "aligned"),
+    ("run:hang@1", "resent_fresh", "aligned"),
+    ("run:drop@1", "early_end", "aligned"),
+    ("run:dead@1", "replaced", "aligned"),
+)
+"""The faults that make sense over HTTP, with their documented outcome (``_expected``'s names):
+each is drawn by the trainer's plan, sent in the request, and executed by the server for real
+(``dead`` ends the server process, ``hang`` never answers, ``drop`` ends the body early with
+its end line, ``unpicklable`` is an error that cannot cross). A ``delay`` leaves no trace to
+assert on, and ``restore`` faults need a second trainer (the embedded matrix has them)."""
+
+
+@pytest.mark.http
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("spec", "expect", "mode"), HTTP_CASES, ids=[f"{s}-{m}" for s, _, m in HTTP_CASES]
+)
+def test_fault_over_http(tmp_path: Path, spec: str, expect: str, mode: str) -> None:
+    faults = ["--fault", spec]
+    if spec.startswith("retire:"):  # retires follow a dropped stream (S3), as embedded
+        faults = ["--fault", "run:drop@1", *faults]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gymckpt",
+            "demo",
+            "--backend",
+            "http",
+            "--rows",
+            "16",
+            "--crash-after-checkpoint",
+            "0",
+            "--checkpoint-mode",
+            mode,
+            *faults,
+            "--json",
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    m = orjson.loads((tmp_path / "w" / "phase-1.json").read_bytes())["metrics"]
+    assert report["exactly_once"] is True, report
+    assert report["rows_trained"] == 16 and report["duplicates"] == report["lost"] == 0
+    assert report["checkpoint_mode"] == mode
+    if expect == "retried":  # fails once as gym_unavailable, then succeeds
+        assert report["checkpoints_failed"] == 1, report
+        assert m["checkpoint/gym_unavailable_total"] >= 1
+    elif expect == "replaced":  # the server process died; a new one serves its name
+        assert report["replacements"] == 1 and m["rollout/instances_replaced_total"] == 1
+        assert report["rows_failed"] == 0  # a death costs no row attempt
+    elif expect == "lease":
+        assert report["checkpoints_failed"] == 0
+        assert m["checkpoint/resume_failures_total"] == 1
+    elif expect == "retire_later":
+        assert m["rollout/retire_failures_total"] == 1
+        assert m["checkpoint/retired_dropped_total"] >= 1
+    elif expect == "resent_same":  # nothing admitted: re-sent with the same identity
+        if spec.startswith("run:refuse"):
+            assert m[ADMISSION_CLOSED_ROWS] > 0
+        else:
+            assert m["rollout/run_errors_total"] == 1
+        assert report["rows_failed"] == 0
+    elif expect == "resent_fresh":  # an unanswered submission: abandoned, re-sent fresh
+        assert m["rollout/run_submit_timeouts_total"] == 1
+    elif expect == "early_end":  # the body ended early (with its end line): rows re-sent
+        assert m["rollout/early_stream_ends_total"] >= 1
+    else:  # pragma: no cover
+        raise AssertionError(expect)

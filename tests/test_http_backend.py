@@ -229,11 +229,11 @@ async def test_an_external_server_restarted_is_a_new_incarnation_never_the_same(
             await proc.aclose()
             proc, _ = await serve(port, "--recover")
 
+            with pytest.raises(GymInstanceDead):  # an answer from another incarnation
+                await gym.inventory("gym-0")
             with pytest.raises(GymInstanceDead):  # the stream went to the old incarnation
                 await drain(stream)
             await stream.aclose()
-            with pytest.raises(GymInstanceDead):  # an answer from another incarnation
-                await gym.inventory("gym-0")
             with pytest.raises(GymInstanceDead):  # dead until replaced: nothing is sent
                 await gym.prepare("gym-0", "c1", deadline())
 

@@ -45,7 +45,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
 
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``gymckpt`` subcommands ``sub``."""
-    serve = sub.add_parser(
+    serve: argparse.ArgumentParser = sub.add_parser(
         "serve",
         help="serve one Gym instance over HTTP (gymckpt-http/1) for HttpGym",
         description=(
@@ -226,7 +226,18 @@ def main_serve(args: argparse.Namespace) -> int:
 
     try:
         trio.run(run)
-    except (ValueError, OSError, ManifestError) as exc:
-        print(f"gymckpt: error: serve: {exc}", file=sys.stderr)
+    except BaseException as exc:  # sorted below: bad input, else re-raised
+        bad = _bad_input(exc)
+        if bad is None:
+            raise
+        print(f"gymckpt: error: serve: {bad}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     return 0
+
+
+def _bad_input(exc: BaseException) -> BaseException | None:
+    """The bad-input error ``exc`` is (an environment that does not load, a port that cannot be
+    bound, a TLS file that cannot be read), possibly wrapped alone in exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, (ValueError, OSError, ManifestError)) else None
