@@ -58,6 +58,7 @@ from ._episode import (
     StateParticipant,
     participant_kinds,
     register_participant_kind,
+    split_capture_key,
     to_plain,
 )
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
@@ -147,5 +148,6 @@ __all__ = [
     "participant_kinds",
     "register_participant_kind",
     "run_on_an_asyncio_loop",
+    "split_capture_key",
     "to_plain",
 ]

@@ -35,9 +35,10 @@ Why it is shaped like this
   whatever it still mutates lives in state objects the host no longer holds (never exported,
   never replied). That is how a mutation happens once across any crash.
 - **Model calls are captured.** ``await ctx.model(request)`` stages the response under a capture
-  key (``"{row}-{slot}/t{turn}/c{n}"``) with a digest of the request and the trainer's policy
+  key in NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``: the attempt's rollout id, then the
+  call id; ``split_capture_key``) with a digest of the request and the trainer's policy
   version; the keys of a parked episode go into the manifest, and after a restore a call under a
-  staged key returns the staged response without calling the model again — if its request has
+  staged call id returns the staged response without calling the model again — if its request has
   the captured digest; a changed request fails the episode (data), naming both digests.
   ``ctx.calls`` lists the episode's calls (``ModelCall``).
 - **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
@@ -73,6 +74,7 @@ from gymckpt.runtime import BadInput
 from gymckpt.runtime.lowlevel import PARTICIPANT_KIND_RE, converter, structure
 
 __all__ = [
+    "KEY_SEPARATOR",
     "ROLES",
     "AgentParticipant",
     "Done",
@@ -85,10 +87,12 @@ __all__ = [
     "Participant",
     "PayloadTooLarge",
     "StateParticipant",
+    "call_id",
     "check_environment",
     "is_retained",
     "participant_kinds",
     "register_participant_kind",
+    "split_capture_key",
     "to_plain",
 ]
 
@@ -165,6 +169,25 @@ class EpisodeInfo:
     def session_key(self) -> str:
         """The slot's sessions, shared by its attempts: ``"{row}-{slot}"``."""
         return f"{self.row}-{self.slot}"
+
+
+KEY_SEPARATOR: Final = ":"
+"""Between a capture key's attempt key and its call id."""
+
+
+def call_id(turn: int, call: int) -> str:
+    """A model call's id within its episode: ``"t{turn}-c{call}"``, the same for every attempt
+    of the slot (a restored attempt replays its staged calls by call id)."""
+    return f"t{turn}-c{call}"
+
+
+def split_capture_key(key: str) -> tuple[str, str]:
+    """``(attempt_key, call_id)`` of capture key ``key``; ``ValueError`` for a key of another
+    shape (an old ``"{row}-{slot}/t{turn}/c{n}"`` key, say)."""
+    attempt, sep, call = key.rpartition(KEY_SEPARATOR)
+    if not sep or not attempt or not call or "/" in key:
+        raise ValueError(f'capture key {key!r} is not "{{attempt_key}}:t{{turn}}-c{{call}}"')
+    return attempt, call
 
 
 @attrs.frozen

@@ -27,7 +27,17 @@ import orjson
 from gymckpt.runtime.lowlevel import checked_json
 
 from ._contract import Completed, Failed, RunReply
-from ._episode import Done, EpisodeFenced, EpisodeInfo, Model, ModelCall, to_plain
+from ._episode import (
+    KEY_SEPARATOR,
+    Done,
+    EpisodeFenced,
+    EpisodeInfo,
+    Model,
+    ModelCall,
+    call_id,
+    split_capture_key,
+    to_plain,
+)
 from ._host_log import episode_label
 from ._host_streams import RunStream
 
@@ -53,8 +63,12 @@ DONE: Final = "done"
 
 
 def capture_key(info: EpisodeInfo, turn: int, call: int) -> str:
-    """The key a model call is staged under: ``"{row}-{slot}/t{turn}/c{call}"``."""
-    return f"{info.session_key}/t{turn}/c{call}"
+    """The key a model call is staged under, in NeMo Gym's shape:
+    ``"{attempt_key}:{call_id}"``, where the attempt key is the attempt's rollout id
+    (``"{row}-{slot}"``, then ``"{row}-{slot}-a{n}"``) and the call id is
+    ``"t{turn}-c{call}"`` (``call_id``). It holds no ``/``, so either part can be a URL path
+    segment."""
+    return f"{info.rollout_id}{KEY_SEPARATOR}{call_id(turn, call)}"
 
 
 class StagedModelCall(NamedTuple):
@@ -262,11 +276,14 @@ class StepContext:
             raise RuntimeError("this environment has no model (give Environment(model=...))")
         self._check_owner()
         key = capture_key(ep.info, ep.turn, self._calls)
+        this_call = call_id(ep.turn, self._calls)
         self._calls += 1
         digest = request_digest(_check_request(ep, key, request))
         if ep.restored:
             for staged in ep.staged:
-                if staged.key == key:  # staged before a checkpoint: never asked twice
+                # staged before a checkpoint, by an earlier attempt of the slot (its key keeps
+                # that attempt's key): never asked twice
+                if split_capture_key(staged.key)[1] == this_call:
                     if staged.request_digest != digest:
                         raise ModelRequestChanged(
                             f"{episode_label(ep.info)}: model call {key} was captured for a "

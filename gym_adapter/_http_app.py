@@ -61,6 +61,7 @@ from ._http_wire import (
     CONTROL_OPS,
     DEADLINE_OPS,
     END_LINE,
+    EXPECT_INCARNATION_HEADER,
     INCARNATION_HEADER,
     INSTANCE_HEADER,
     PROTOCOL,
@@ -176,6 +177,19 @@ class GymHttpApp:
             *extra,
         ]
 
+    def _check_incarnation(self, headers: dict[bytes, bytes]) -> None:
+        """Refuse a request meant for another incarnation of this instance (a client that has
+        not yet seen the restart): 409, and nothing acts."""
+        expected = headers.get(EXPECT_INCARNATION_HEADER.lower().encode())
+        if expected is not None and expected != self.incarnation.encode():
+            raise RefusedRequest(
+                409,
+                "IncarnationMismatch",
+                f"instance {self.name} is incarnation {self.incarnation}, the request is for "
+                f"{expected.decode(errors='replace')[:64]}: the server restarted; treat the "
+                "instance as replaced",
+            )
+
     async def _respond(self, send: Send, status: int, body: bytes, *, close: bool = False) -> None:
         headers = self._headers(_JSON, (b"content-length", str(len(body)).encode()))
         if close:
@@ -196,6 +210,7 @@ class GymHttpApp:
             headers = {k.lower(): v for k, v in scope["headers"]}
             check_bearer(headers, self.token)
             op = self._route(method, path)
+            self._check_incarnation(headers)
             content_length(headers, self.limits.max_body_bytes)
             body = await read_body(receive, self.limits.max_body_bytes)
             body_read = True

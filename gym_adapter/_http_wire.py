@@ -70,6 +70,7 @@ __all__ = [
     "CONTROL_OPS",
     "DEADLINE_OPS",
     "END_LINE",
+    "EXPECT_INCARNATION_HEADER",
     "INCARNATION_HEADER",
     "INSTANCE_HEADER",
     "PROTOCOL",
@@ -101,6 +102,10 @@ INCARNATION_HEADER: Final = "Gymckpt-Incarnation"
 """Response header on every reply: 32 hex digits, random per server process start."""
 INSTANCE_HEADER: Final = "Gymckpt-Instance"
 """Response header on every reply: the instance's name."""
+EXPECT_INCARNATION_HEADER: Final = "Gymckpt-Expect-Incarnation"
+"""Optional request header: the incarnation the client means. A server of another incarnation
+(restarted under the same name) refuses the request with 409 ``IncarnationMismatch`` before it
+acts, so a call meant for the old process never reaches the new one."""
 END_LINE: Final = b'{"end":true}\n'
 """The last line of every complete ``/run`` body: a body that stops without it ended early."""
 

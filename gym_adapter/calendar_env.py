@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import anyio
 import attrs
 
+from gymckpt.runtime import rollout_id_for
+
 from ._embedded import EmbeddedGym
 from ._environment import Environment
 from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
@@ -86,9 +88,10 @@ def session_key(row: int, slot: int) -> str:
     return f"{row}-{slot}"
 
 
-def capture_key(row: int, slot: int, turn: int) -> str:
-    """The key turn ``turn``'s model call is staged under (one call per turn)."""
-    info = EpisodeInfo("", row, slot, 0, 0, "")
+def capture_key(row: int, slot: int, turn: int, attempt: int = 0) -> str:
+    """The key turn ``turn``'s model call is staged under by attempt ``attempt`` of the slot
+    (one call per turn)."""
+    info = EpisodeInfo(rollout_id_for(row, slot, attempt), row, slot, attempt, 0, "")
     return host_capture_key(info, turn, 0)
 
 

@@ -29,7 +29,13 @@ import gymnasium
 import numpy as np
 
 from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
-from ._episode import Done, EnvironmentSpecError, EpisodeContext, EpisodeInfo
+from ._episode import (
+    Done,
+    EnvironmentSpecError,
+    EpisodeContext,
+    EpisodeInfo,
+    split_capture_key,
+)
 from ._gym_codecs import (
     AttributeCodec,
     StateCodec,
@@ -206,10 +212,19 @@ def _model(env_id: str, policy: Policy) -> Callable[[str, Any, EpisodeInfo], Any
     space = gymnasium.make(env_id).action_space
 
     def model(key: str, observation: Any, info: EpisodeInfo) -> Any:
-        rng = np.random.default_rng(_derive("gymckpt-policy", info.seed, key))
+        rng = np.random.default_rng(_derive("gymckpt-policy", info.seed, _policy_key(key, info)))
         return plain(policy(observation, rng, space))
 
     return model
+
+
+def _policy_key(key: str, info: EpisodeInfo) -> str:
+    """What the policy's RNG of call ``key`` is seeded from: the slot and the call id, the same
+    for every attempt (a retried or restored attempt draws what an uninterrupted run draws),
+    spelled ``"{row}-{slot}/t{turn}/c{n}"`` as it was before capture keys took NeMo Gym's
+    shape, so a seed's trajectories stay what they were."""
+    turn, _, call = split_capture_key(key)[1].partition("-")
+    return f"{info.session_key}/{turn}/{call}"
 
 
 def gymnasium_environment(

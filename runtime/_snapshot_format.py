@@ -135,14 +135,26 @@ CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 
 # -- versions ------------------------------------------------------------------------------
 
-MANIFEST_VERSION: Final = 2
-"""The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads. Version 2: every
-staged model call carries its request digest and policy version (``StagedCall``); a version 1
-snapshot has neither and is refused (``OLD_MANIFEST_HINT``)."""
-OLD_MANIFEST_HINT: Final = (
-    "a version 1 snapshot's model calls carry no request digest or policy version, so a "
-    "restore could not check a replayed call; finish that run with the gymckpt release that "
-    "wrote it, or start this one fresh (restore=False, or another work directory)"
+MANIFEST_VERSION: Final = 3
+"""The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads. Version 2 gave
+every staged model call its request digest and policy version (``StagedCall``); version 3 gave
+capture keys NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``, was
+``"{row}-{slot}/t{turn}/c{n}"``). An older snapshot is refused (``OLD_MANIFEST_HINTS``)."""
+OLD_MANIFEST_HINTS: Final[Mapping[int, str]] = {
+    1: (
+        "a version 1 snapshot's model calls carry no request digest or policy version, so a "
+        "restore could not check a replayed call"
+    ),
+    2: (
+        'a version 2 snapshot\'s capture keys have the old shape "{row}-{slot}/t{turn}/c{n}" '
+        '(now "{attempt_key}:t{turn}-c{n}"), so a restore would not find its staged calls '
+        "and would ask the model again"
+    ),
+}
+"""Why a snapshot of an older manifest version cannot be restored, by version."""
+OLD_MANIFEST_ADVICE: Final = (
+    "finish that run with the gymckpt release that wrote it, or start this one fresh "
+    "(restore=False, or another work directory)"
 )
 MARKER_VERSION: Final = 1
 """The ``version`` of ``COMMITTED`` this runtime writes and reads."""
@@ -152,11 +164,10 @@ def _check_version(what: str, raw: object, supported: int) -> None:
     """Refuse a JSON object whose ``version`` is present and not ``supported`` (before its
     structure: a record of another version may well have other fields)."""
     if isinstance(raw, dict) and "version" in raw and raw["version"] != supported:
-        hint = (
-            f": {OLD_MANIFEST_HINT}"
-            if supported == MANIFEST_VERSION and raw["version"] == 1
-            else ""
-        )
+        old = raw["version"]
+        known = supported == MANIFEST_VERSION and type(old) is int
+        why = OLD_MANIFEST_HINTS.get(old) if known else None
+        hint = f": {why}; {OLD_MANIFEST_ADVICE}" if why is not None else ""
         raise ManifestError(
             f"{what}: version {raw['version']!r} is not supported "
             f"(this runtime reads version {supported}){hint}"

@@ -326,6 +326,23 @@ MUTANTS: tuple[Mutant, ...] = (
         (HOST_SLOTS,),
         keyword="retire",
     ),
+    # the model capture: a restored attempt replays what an earlier one was answered, only that
+    Mutant(
+        "capture-replays-by-whole-key",
+        "once",
+        "gym_adapter/_host_episodes.py",
+        "if split_capture_key(staged.key)[1] == this_call:",
+        "if staged.key == key:",
+        ("tests/test_host_episodes.py", UNALIGNED),
+    ),
+    Mutant(
+        "capture-answers-a-changed-request",
+        "once",
+        "gym_adapter/_host_episodes.py",
+        "if staged.request_digest != digest:",
+        "if False:",
+        ("tests/test_host_episodes.py",),
+    ),
     # values a user hands over: finite plain data, or refused where they enter
     Mutant(
         "finite-host-takes-a-nan-reward",

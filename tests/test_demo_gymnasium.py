@@ -25,10 +25,10 @@ async def test_the_policy_answers_after_its_latency_with_the_policys_answer(
     assert MODEL_LATENCY_S > 0
     slow = slow_model(policy, 0.25)
     t0 = trio.current_time()
-    assert await slow("3-1/t0/c0", [0.5], INFO) == ["3-1/t0/c0", [0.5], 7]
+    assert await slow("3-1:t0-c0", [0.5], INFO) == ["3-1:t0-c0", [0.5], 7]
     assert trio.current_time() - t0 == 0.25  # suspended at an await for that long
-    again = await slow("3-1/t0/c0", [0.5], INFO)  # asked again after a restore
-    assert again == policy("3-1/t0/c0", [0.5], INFO)
+    again = await slow("3-1:t0-c0", [0.5], INFO)  # asked again after a restore
+    assert again == policy("3-1:t0-c0", [0.5], INFO)
 
 
 async def test_an_awaitable_policy_is_awaited_after_the_latency(

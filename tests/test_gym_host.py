@@ -178,7 +178,7 @@ async def test_episode_payload_reaches_the_reply(autojump_clock: trio.testing.Mo
     async with GymHost("gym-0", environment(model)) as host:
         got = await replies(await host.run(rows((0, 1, 0))))
     assert got == [Completed("0-1", 3.0, 3, {"rewards": [1.0, 1.0, 1.0], "pad": []})]
-    assert model.calls == ["0-1/t0/c0", "0-1/t1/c0", "0-1/t2/c0"]
+    assert model.calls == ["0-1:t0-c0", "0-1:t1-c0", "0-1:t2-c0"]
 
 
 async def test_payload_over_the_limit_fails_the_episode_clearly(
@@ -227,7 +227,7 @@ async def test_commit_restore_claim_continues_without_repeating_model_calls(
         assert prep.parked == 1
         reply = await host.commit("c1", "snap", FAR)
         await stream.aclose()
-    assert [e.capture_keys for e in reply.exported] == [("3-1/t0/c0", "3-1/t1/c0")]
+    assert [e.capture_keys for e in reply.exported] == [("3-1:t0-c0", "3-1:t1-c0")]
     assert [(e.owner, e.rollout_id) for e in reply.exported] == [("counter", "3-1")]
     assert [s.step_boundary for s in reply.sessions] == [2]
     record = InstanceRecord(
@@ -247,7 +247,7 @@ async def test_commit_restore_claim_continues_without_repeating_model_calls(
         (done,) = await replies(await fresh.run([claim]))
     assert isinstance(done, Completed) and done.turns == 4
     assert done.payload["rewards"] == [1.0] * 4
-    assert model2.calls == ["3-1/t2/c0", "3-1/t3/c0"]  # turns 0 and 1 were not asked again
+    assert model2.calls == ["3-1-a1:t2-c0", "3-1-a1:t3-c0"]  # turns 0 and 1 were not asked again
 
 
 async def test_restore_refuses_tampered_state_and_changes_nothing(

@@ -310,7 +310,7 @@ def talking(
 
 
 def staged_keys(row: int, upto: list[tuple[int, int]]) -> tuple[str, ...]:
-    return tuple(f"{row}-0/t{t}/c{c}" for t, c in upto)
+    return tuple(f"{row}-0:t{t}-c{c}" for t, c in upto)
 
 
 async def cut_at(host: GymHost, at: float, root: Path, checkpoint: str = "c1") -> CommitReply:
@@ -341,7 +341,7 @@ async def test_a_cut_takes_an_episode_in_a_model_call_at_its_boundary_without_th
         assert ledger == {"1-0": [0]}  # the cut: as it was at boundary 1
         agent = load_records((root / "gym-0/agent" / RECORDS_FILE).read_bytes(), "agent")
         assert [s.state for s in agent.sessions] == [
-            {"answers": [{"key": "1-0/t0/c0"}, {"key": "1-0/t0/c1"}]}
+            {"answers": [{"key": "1-0:t0-c0"}, {"key": "1-0:t0-c1"}]}
         ]
         proxy = load_records((root / "gym-0/model_proxy" / RECORDS_FILE).read_bytes(), "proxy")
         assert [c.key for c in proxy.staged[0].calls] == list(exported.capture_keys)
@@ -505,8 +505,12 @@ async def test_a_restored_mid_turn_episode_replays_its_turn_asking_only_the_call
         stream = await host.run([RunRow("1-0-a1", 1, 0, 1, "1-0")])
         [[done]] = [b async for b in stream]
         assert isinstance(done, Completed) and done.turns == 3
-        assert done.payload == [{"key": f"1-0/t{t}/c{c}"} for t in range(3) for c in range(2)]
-        assert model.asked == ["1-0/t1/c1", "1-0/t2/c0", "1-0/t2/c1"]  # t1/c1: asked again
+        # the first three calls were answered before the cut, to attempt 0 (their keys name it);
+        # the rest are attempt 1's
+        keys = [f"1-0:t{t}-c{c}" for t, c in [(0, 0), (0, 1), (1, 0)]]
+        keys += [f"1-0-a1:t{t}-c{c}" for t, c in [(1, 1), (2, 0), (2, 1)]]
+        assert done.payload == [{"key": k} for k in keys]
+        assert model.asked == keys[3:]  # t1-c1: asked again, by the attempt that restores it
         stats = host.statistics()
         assert (stats.model_replays, stats.model_calls) == (1, 3)  # t1/c0 from the capture
         assert host.session_states("ledger")["1-0"].state == [0, 1, 2]  # each mutation once

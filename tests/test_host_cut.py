@@ -101,10 +101,10 @@ def test_states_that_pass_alone_but_not_together_are_a_problem_not_an_exception(
 
 
 def test_the_cut_takes_each_episode_at_its_mark_with_the_calls_completed_so_far() -> None:
-    ep = episode(staged=[S("3-0/t0/c0", "a"), S("3-0/t1/c0", "b")])
+    ep = episode(staged=[S("3-0:t0-c0", "a"), S("3-0:t1-c0", "b")])
     ep.mark = mark_boundary((AGENT, CAL), ep)
     ep.stepping = True
-    ep.staged.append(S("3-0/t2/c0", {"r": 1}))  # completed inside the turn, before the cut
+    ep.staged.append(S("3-0:t2-c0", {"r": 1}))  # completed inside the turn, before the cut
     other = episode("4-0", turn=0)
     other.mark = mark_boundary((AGENT, CAL), other)
     taken, refused = take_cut([ep, other])
@@ -113,8 +113,8 @@ def test_the_cut_takes_each_episode_at_its_mark_with_the_calls_completed_so_far(
         (ep, ep.mark, True),
         (other, other.mark, False),
     ]
-    assert taken[0].staged == (S("3-0/t0/c0", "a"), S("3-0/t1/c0", "b"), S("3-0/t2/c0", {"r": 1}))
-    ep.staged.append(S("3-0/t2/c1", "after the cut"))  # a capture made after the cut
+    assert taken[0].staged == (S("3-0:t0-c0", "a"), S("3-0:t1-c0", "b"), S("3-0:t2-c0", {"r": 1}))
+    ep.staged.append(S("3-0:t2-c1", "after the cut"))  # a capture made after the cut
     assert len(taken[0].staged) == 3
 
 
@@ -134,27 +134,27 @@ def test_the_cut_refuses_a_mark_of_another_boundary() -> None:
 
 
 def test_stand_ins_are_the_episodes_as_the_cut_holds_them() -> None:
-    ep = episode(staged=[S("3-0/t0/c0", "a")])
+    ep = episode(staged=[S("3-0:t0-c0", "a")])
     ep.mark = mark_boundary((AGENT, CAL), ep)
     ep.stepping = True
     taken, _ = take_cut([ep])
     ep.sessions["cal"]["events"].append("t2")  # the turn goes on after the cut
-    ep.staged.append(S("3-0/t2/c0", "late"))
+    ep.staged.append(S("3-0:t2-c0", "late"))
     ep.turn += 1
     unclaimed = Episode(
         EpisodeInfo("9-0", 9, 0, 0, 0, "gym-0"),
         {"agent": {"seen": []}, "cal": {"events": ["u"]}},
         "unclaimed",
         turn=4,
-        staged=[S("9-0/t3/c0", "z")],
+        staged=[S("9-0:t3-c0", "z")],
     )
     [stand_in, kept] = stand_ins((AGENT, CAL), taken, [unclaimed])
     assert stand_in.info is ep.info and stand_in.state == BOUNDARY
-    assert stand_in.turn == 2 and stand_in.capture_keys == ("3-0/t0/c0",)
+    assert stand_in.turn == 2 and stand_in.capture_keys == ("3-0:t0-c0",)
     assert stand_in.sessions == {"agent": {"seen": [1, 2]}, "cal": {"events": ["t0", "t1"]}}
     assert stand_in.staged is not ep.staged
     assert (kept.info, kept.state, kept.turn) == (unclaimed.info, BOUNDARY, 4)
-    assert kept.sessions == unclaimed.sessions and kept.capture_keys == ("9-0/t3/c0",)
+    assert kept.sessions == unclaimed.sessions and kept.capture_keys == ("9-0:t3-c0",)
 
 
 def test_an_unclaimed_episode_whose_export_raises_raises_from_stand_ins() -> None:

@@ -15,7 +15,14 @@ import pytest
 
 from gymckpt.gym_adapter import Environment, register_participant_kind
 from gymckpt.gym_adapter._environment import Roles
-from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, Model, ModelCall
+from gymckpt.gym_adapter._episode import (
+    EpisodeFenced,
+    EpisodeInfo,
+    Model,
+    ModelCall,
+    call_id,
+    split_capture_key,
+)
 from gymckpt.gym_adapter._host_episodes import (
     DONE,
     MOVING,
@@ -26,8 +33,10 @@ from gymckpt.gym_adapter._host_episodes import (
     StagedModelCall,
     StepContext,
     TurnHost,
+    capture_key,
     request_digest,
 )
+from gymckpt.runtime import rollout_id_for
 
 
 def S(key: str, response: object) -> StagedModelCall:
@@ -132,36 +141,38 @@ async def test_model_calls_are_staged_under_capture_keys_and_replayed_once_resto
         return {"answer": len(asked)}
 
     host = FakeHost(model=model)
-    ep = episode("r1", turn=3)
+    ep = episode("1-0", turn=3)
     ctx = context(host, ep)
     assert await ctx.model("q0") == {"answer": 1}
     assert await ctx.model("q1") == {"answer": 2}
-    assert ep.capture_keys == ("1-0/t3/c0", "1-0/t3/c1")
+    assert ep.capture_keys == ("1-0:t3-c0", "1-0:t3-c1")  # NeMo Gym's attempt key : call id
     assert host.model_calls == [False, False]
     q0 = request_digest(orjson.dumps("q0"))
-    staged = [StagedModelCall("1-0/t3/c0", {"answer": 1}, q0, 0)]
-    restored = episode("r2", turn=3, staged=staged, inherited=1, restored=True)
+    staged = [StagedModelCall("1-0:t3-c0", {"answer": 1}, q0, 0)]
+    restored = episode("1-0-a1", turn=3, staged=staged, inherited=1, restored=True)
     ctx = context(host, restored)
     assert await ctx.model("q0") == {"answer": 1}  # staged before the checkpoint: not asked
-    assert await ctx.model("q1") == {"answer": 3}
-    assert asked[-1] == ("1-0/t3/c1", "q1") and len(asked) == 3
+    assert await ctx.model("q1") == {"answer": 3}  # asked again, under the new attempt's key
+    assert asked[-1] == ("1-0-a1:t3-c1", "q1") and len(asked) == 3
+    # the replayed call keeps the key of the attempt that asked it
+    assert [c.key for c in ctx.calls] == ["1-0:t3-c0", "1-0-a1:t3-c1"]
     assert host.model_calls == [False, False, True, False]
 
 
 async def test_each_call_records_its_request_digest_and_the_policy_version_it_was_asked() -> None:
     host = FakeHost(model=lambda key, request, info: {"r": request})
-    ep = episode("r1", turn=2)
+    ep = episode("1-0", turn=2)
     ctx = context(host, ep)
     await ctx.model({"b": 1, "a": [1.5]})
     host.policy_version = 4  # the trainer updated its weights; the instance was told
     await ctx.model("q")
     digest = hashlib.sha256(b'{"a":[1.5],"b":1}').hexdigest()  # canonical: keys sorted
     assert ctx.calls == (
-        ModelCall("1-0/t2/c0", digest, 0, False),
-        ModelCall("1-0/t2/c1", hashlib.sha256(b'"q"').hexdigest(), 4, False),
+        ModelCall("1-0:t2-c0", digest, 0, False),
+        ModelCall("1-0:t2-c1", hashlib.sha256(b'"q"').hexdigest(), 4, False),
     )
     # a restored continuation: the calls of earlier attempts are replayed with their versions
-    restored = episode("r1-a1", turn=2, staged=list(ep.staged), inherited=2, restored=True)
+    restored = episode("1-0-a1", turn=2, staged=list(ep.staged), inherited=2, restored=True)
     again = context(host, restored)
     host.policy_version = 9
     assert await again.model({"a": [1.5], "b": 1}) == {"r": {"b": 1, "a": [1.5]}}
@@ -173,8 +184,8 @@ async def test_a_restored_call_with_a_changed_request_fails_closed_naming_both_d
     asked: list[Any] = []
     host = FakeHost(model=lambda key, request, info: asked.append(request) or "fresh")
     before = request_digest(orjson.dumps({"prompt": "add 2 and 3"}))
-    staged = [StagedModelCall("1-0/t0/c0", "captured", before, 1)]
-    ep = episode("r1-a1", staged=staged, inherited=1, restored=True)
+    staged = [StagedModelCall("1-0:t0-c0", "captured", before, 1)]
+    ep = episode("1-0-a1", staged=staged, inherited=1, restored=True)
     after = request_digest(orjson.dumps({"prompt": "add 2 and 4"}))
     with pytest.raises(ModelRequestChanged, match=f"digest {before}.*digest {after}"):
         await context(host, ep).model({"prompt": "add 2 and 4"})
@@ -183,14 +194,14 @@ async def test_a_restored_call_with_a_changed_request_fails_closed_naming_both_d
 
 async def test_a_model_request_that_is_not_plain_data_is_refused_and_not_asked() -> None:
     host = FakeHost(model=lambda key, request, info: pytest.fail("asked"))
-    with pytest.raises(ValueError, match=r"model request under capture key 1-0/t0/c0 .*nan"):
-        await context(host, episode("r1")).model({"t": float("nan")})
+    with pytest.raises(ValueError, match=r"model request under capture key 1-0:t0-c0 .*nan"):
+        await context(host, episode("1-0")).model({"t": float("nan")})
 
 
 async def test_a_model_response_that_is_not_plain_data_is_refused_and_not_staged() -> None:
     host = FakeHost(model=lambda key, request, info: {"x": float("nan")})
-    ep = episode("r1")
-    with pytest.raises(ValueError, match="capture key 1-0/t0/c0 is refused"):
+    ep = episode("1-0")
+    with pytest.raises(ValueError, match="capture key 1-0:t0-c0 is refused"):
         await context(host, ep).model("q")
     assert ep.staged == [] and host.model_calls == []
 
@@ -248,3 +259,14 @@ def test_a_legacy_agent_owns_its_episodes() -> None:
     assert roles.legacy and roles.owner == "old" and roles.retained == ()
     alone = Roles.of(Environment(agent=Agent("a", "simple_agent")))
     assert not alone.legacy and alone.owner == "a"
+
+
+def test_a_capture_key_is_the_attempt_key_and_the_call_id_with_no_slash() -> None:
+    first = EpisodeInfo("3-1", 3, 1, 0, 7, "gym-0")
+    retry = EpisodeInfo(rollout_id_for(3, 1, 2), 3, 1, 2, 7, "gym-0")
+    assert capture_key(first, 4, 0) == "3-1:t4-c0"
+    assert capture_key(retry, 4, 1) == "3-1-a2:t4-c1"
+    assert split_capture_key(capture_key(retry, 4, 1)) == ("3-1-a2", call_id(4, 1))
+    for old in ("3-1/t4/c0", "t4-c0", "3-1:", ":t4-c0"):
+        with pytest.raises(ValueError, match="is not"):
+            split_capture_key(old)

@@ -66,7 +66,7 @@ def episode(row: int, turn: int, agent: Any, calendar: Any, tool: Any = "t") -> 
         rollout_id=rid,
         key=f"{row}-0",
         turn=turn,
-        staged=[S(f"{row}-0/t0/c0", {"text": "hi"})],
+        staged=[S(f"{row}-0:t0-c0", {"text": "hi"})],
         info=SimpleNamespace(rollout_id=rid, row=row, slot=0, attempt=0, seed=0, instance="gym-0"),
         sessions={"agent": agent, "calendar": calendar, "tool": tool},
     )
@@ -97,7 +97,7 @@ def test_each_role_gets_its_own_records_and_the_owner_exports_the_held_episodes(
     tool = load_records(data["tool"], RECORDS_FILE, SessionRecords)
     assert tool.exported == () and not tool.retained and len(tool.sessions) == 2
     staged = load_records(data["model_proxy"], RECORDS_FILE, StagedRecords)
-    assert staged.staged[0].calls == (StagedCall("0-0/t0/c0", {"text": "hi"}, "0" * 64, 0),)
+    assert staged.staged[0].calls == (StagedCall("0-0:t0-c0", {"text": "hi"}, "0" * 64, 0),)
 
 
 def test_a_held_episode_whose_state_is_not_plain_data_is_refused_and_left_out() -> None:
@@ -230,7 +230,7 @@ def test_the_records_built_from_columns_are_the_typed_records_bytes(n: int) -> N
         for row in (4, 1, 7, 2, 9)[:n]
     ]
     for ep in held[::2]:
-        ep.staged.append(S(f"{ep.key}/t1/c0", [1.5, {"k": None}]))
+        ep.staged.append(S(f"{ep.key}:t1-c0", [1.5, {"k": None}]))
     kept = (
         ("3-0", "0-0-a2", 2, {"calendar": {"events": [3]}}),
         ("0-0", "9-0-a1", 1, {"calendar": None}),

@@ -17,11 +17,13 @@ import httpx
 import orjson
 import pytest
 import trio
-from http_wire_client import RemoteError, control, rows, run_to_end, state
+from http_wire_client import RemoteError, control, control_raw, rows, run_to_end, state
 
 from gymckpt.gym_adapter._contract import Completed, RunRow
 from gymckpt.gym_adapter._faults import FaultSpec
+from gymckpt.gym_adapter._host import HostConfig
 from gymckpt.gym_adapter._http_wire import (
+    EXPECT_INCARNATION_HEADER,
     PROTOCOL,
     RunRequest,
     decode_health,
@@ -31,6 +33,7 @@ from gymckpt.gym_adapter._http_wire import (
 )
 from gymckpt.gym_adapter._transport_admission import RunShape
 from gymckpt.gym_adapter._transport_deadlines import WireDeadline
+from gymckpt.gym_adapter._wire import encode
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -335,3 +338,52 @@ async def test_the_config_file_serve_table(tmp_path: Path) -> None:
         )  # fmt: skip
         assert res.returncode == 2, (text, res.stderr)
         assert b"Traceback" not in res.stderr
+
+
+async def test_a_request_for_another_incarnation_is_refused_409_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A client that has not seen the restart names the incarnation it means: the new process
+    refuses the request before it acts (a prepare meant for the old one must not close the new
+    one's admission)."""
+    async with serve_process(tmp_path / "w", CAL) as proc:
+        async with _client(proc) as client:
+            before = await state(client)
+            old = {EXPECT_INCARNATION_HEADER: "0" * 32}
+            args = {"checkpoint_id": "c1", "mode": CheckpointMode.ALIGNED}
+            resp = await control_raw(client, "prepare", args, headers=old)
+            assert resp.status_code == 409, resp.text
+            assert orjson.loads(resp.content)["error"]["type"] == "IncarnationMismatch"
+            assert proc.incarnation in resp.text
+            assert await state(client) == before and before[0].admission_open
+            mine = {EXPECT_INCARNATION_HEADER: proc.incarnation}
+            await control(client, "prepare", args, headers=mine)
+            assert not (await control(client, "inventory")).admission_open
+
+
+async def test_the_host_config_file_sets_the_hosts_settings_and_a_bad_one_exits_2(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    conf = tmp_path / "host-config.json"
+    conf.write_bytes(encode(HostConfig(lease_s=0.5)))
+    async with serve_process(tmp_path / "w", CAL, "--host-config", str(conf)) as proc:
+        async with _client(proc) as client:
+            args = {"checkpoint_id": "c1", "mode": CheckpointMode.ALIGNED}
+            await control(client, "prepare", args)
+            # nobody resumes: the 0.5 s lease (default 60 s) reopens admission by itself; the
+            # state is another process's, so it is polled, under a deadline
+            with trio.fail_after(20):
+                while (await control(client, "inventory")).lease_reopened == 0:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            assert (await control(client, "inventory")).admission_open
+    for text in (b'{"lease_s": 0.5, "leese": 1}', b'{"lease_s": "soon"}', b"{", b'{"lease_s": -1}'):
+        conf.write_bytes(text)
+        res = await trio.run_process(
+            [sys.executable, "-m", "gymckpt", "serve", CAL, "--host-config", str(conf),
+             "--work-dir", str(tmp_path / "w")],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+        assert res.returncode == 2, (text, res.stderr)
+        assert b"--host-config" in res.stderr and b"Traceback" not in res.stderr

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gymckpt.gym_adapter import split_capture_key
 from gymckpt.runtime import SnapshotStore, load_snapshot
 from gymckpt.runtime.lowlevel import RECORDS_FILE, AgentRecords, StagedRecords, load_records
 from gymckpt.testing.openai_server import OpenAITestServer, open_openai_test_server
@@ -76,7 +77,7 @@ def _reasked(workdir: Path) -> set[str]:
         c.key
         for rid, calls in _staged(snap.path).items()
         for c in calls
-        if rid in boundary and f"/t{boundary[rid]}/" in c.key
+        if rid in boundary and split_capture_key(c.key)[1].startswith(f"t{boundary[rid]}-")
     }
 
 

@@ -59,7 +59,7 @@ MANIFEST = GymManifest(
         ),
     ),
     (
-        EpisodeRecord("0-0-a0", "calendar", "gym-0", ("0-0/t0/c0",)),
+        EpisodeRecord("0-0-a0", "calendar", "gym-0", ("0-0:t0-c0",)),
         EpisodeRecord("1-1-a2", "calendar", "gym-0"),
     ),
 )
@@ -99,7 +99,7 @@ STAGED = StagedRecords(
         StagedEpisode(
             "0-0-a0",
             (
-                StagedCall("0-0/t0/c0", {"text": "hi"}, "a" * 64, 0),
+                StagedCall("0-0:t0-c0", {"text": "hi"}, "a" * 64, 0),
                 StagedCall("k", 2.5, "b" * 64, 3),
             ),
         ),
@@ -126,8 +126,8 @@ WRITTEN = {
     ),
     StagedRecords: (
         b'{"checkpoint_id":"c7","kind":"model_proxy","participant":"model_proxy","staged":['
-        b'{"calls":[{"key":"0-0/t0/c0","policy_version":0,"request_digest":"%s",'
-        b'"response":{"text":"hi"}},{"key":"0-0/t1/c0","policy_version":3,"request_digest":"%s",'
+        b'{"calls":[{"key":"0-0:t0-c0","policy_version":0,"request_digest":"%s",'
+        b'"response":{"text":"hi"}},{"key":"0-0:t1-c0","policy_version":3,"request_digest":"%s",'
         b'"response":[1,2.5]}],"rollout_id":"0-0-a0"},{"calls":[],"rollout_id":"1-1-a2"}]}'
         % (b"a" * 64, b"b" * 64)
     ),
@@ -202,7 +202,7 @@ def test_what_the_records_hold_of_the_user_is_handed_back_as_it_was() -> None:
     assert back.sessions[0].state == {"r": [1.0]} and back.sessions[1].state is None
     assert back.sessions[1].step_boundary is None and back.exported is None
     staged = load_records(WRITTEN[StagedRecords], RECORDS_FILE, StagedRecords)
-    assert staged.staged[0].calls[1] == StagedCall("0-0/t1/c0", [1, 2.5], "b" * 64, 3)
+    assert staged.staged[0].calls[1] == StagedCall("0-0:t1-c0", [1, 2.5], "b" * 64, 3)
 
 
 # -- refusals ---------------------------------------------------------------------------------
@@ -277,9 +277,9 @@ def test_a_bad_step_file_is_refused_naming_it(data: bytes, says: str) -> None:
 
 
 def test_a_manifest_or_a_marker_of_another_version_is_refused_saying_which_is_read() -> None:
-    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=3, future=True))
-    reads = r"is not supported \(this runtime reads version 2\)$"
-    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 3 {reads}"):
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=4, future=True))
+    reads = r"is not supported \(this runtime reads version 3\)$"
+    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 4 {reads}"):
         load_manifest(manifest)
     marker = _edit(dump_marker(MARKER), lambda r: r.update(version=2))
     reads = r"is not supported \(this runtime reads version 1\)$"
@@ -293,6 +293,20 @@ def test_a_version_1_snapshot_is_refused_saying_why_and_what_to_do() -> None:
     manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=1))
     with pytest.raises(ManifestError, match=r"version 1 is not supported .*no request digest"):
         load_manifest(manifest)
+
+
+def test_a_version_2_snapshot_is_refused_because_its_capture_keys_have_the_old_shape() -> None:
+    """Version 2 capture keys are ``"{row}-{slot}/t{turn}/c{n}"``: a restore looks staged calls
+    up by the call id of ``"{attempt_key}:t{turn}-c{n}"``, so it would find none and ask the
+    model again; the snapshot is refused saying so, and what to do."""
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=2))
+    with pytest.raises(ManifestError, match=r"version 2 is not supported .*old shape.*fresh"):
+        load_manifest(manifest)
+    for odd in ([2], "2", True):  # not a version this runtime ever wrote: no hint, still refused
+        bad = _edit(dump_manifest(MANIFEST), lambda r, v=odd: r.update(version=v))
+        reads = r"is not supported \(this runtime reads version 3\)$"
+        with pytest.raises(ManifestError, match=reads):
+            load_manifest(bad)
 
 
 @pytest.mark.parametrize(

@@ -319,12 +319,13 @@ def test_manifest_not_an_object(tmp_path: Path) -> None:
 
 def test_foreign_version(tmp_path: Path) -> None:
     def edit(raw: Raw) -> None:
-        raw["version"] = 3
+        raw["version"] = MANIFEST_VERSION + 1
         raw["something_new"] = True
 
     message = _manifest_error(tmp_path, lambda p: _edit_manifest(p, edit))
     assert message == (
-        "gym_checkpoint.json: version 3 is not supported (this runtime reads version 2)"
+        f"gym_checkpoint.json: version {MANIFEST_VERSION + 1} is not supported "
+        f"(this runtime reads version {MANIFEST_VERSION})"
     )
 
 

@@ -46,7 +46,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._episode import EpisodeInfo
+from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import (
     CheckpointMode,
@@ -56,6 +56,7 @@ from gymckpt.runtime import (
     ParticipantRecord,
     RuntimeConfig,
     load_snapshot,
+    rollout_id_for,
 )
 
 UNALIGNED = CheckpointMode.UNALIGNED
@@ -63,13 +64,16 @@ TURNS = 3
 """Every episode plays three turns of two model calls each."""
 
 
-def key(row: int, turn: int, call: int) -> str:
-    """The capture key of a model call of slot ``row``-0."""
-    return f"{row}-0/t{turn}/c{call}"
+def key(row: int, turn: int, call: int, attempt: int = 0) -> str:
+    """The capture key of a model call of slot ``row``-0 asked by attempt ``attempt``."""
+    return f"{rollout_id_for(row, 0, attempt)}:t{turn}-c{call}"
 
 
 def answer(k: str) -> str:
-    return f"answer {k}"
+    """The model's answer to call ``k``: the same for every attempt of the slot (a
+    deterministic model answers the question, not the attempt that asks it)."""
+    attempt, call = split_capture_key(k)
+    return f"answer {attempt.split('-a')[0]}:{call}"
 
 
 def answers(row: int, turns: int = TURNS) -> list[list[str]]:
@@ -170,7 +174,7 @@ async def host_at(
 
 
 def row(r: int) -> RunRow:
-    return RunRow(f"r{r}", r, 0, 0)
+    return RunRow(rollout_id_for(r, 0, 0), r, 0, 0)
 
 
 async def reached(model: GatedModel, *keys: str) -> None:
@@ -251,9 +255,9 @@ async def test_a_mid_turn_episode_is_taken_at_its_boundary_and_its_later_reply_h
         reply = await host.commit("c1", str(root), deadline())
         assert reply.mid_turn == 1
         assert [(e.rollout_id, e.capture_keys) for e in reply.exported] == [
-            ("r0", (key(0, 0, 0), key(0, 0, 1), key(0, 1, 0)))
+            ("0-0", (key(0, 0, 0), key(0, 0, 1), key(0, 1, 0)))
         ]
-        assert [(s.rollout_id, s.step_boundary) for s in reply.sessions] == [("r0", 1)]
+        assert [(s.rollout_id, s.step_boundary) for s in reply.sessions] == [("0-0", 1)]
         assert reply.on_wire == ()
 
         model.release(key(0, 1, 1))  # the old attempt goes on: turns 1 and 2 end after the cut
@@ -264,13 +268,13 @@ async def test_a_mid_turn_episode_is_taken_at_its_boundary_and_its_later_reply_h
         await host.resume("c1", deadline())
         late = await next_replies(stream, 20.0)
         assert late is not None, "the held reply was never delivered after the resume"
-        assert [(r.rollout_id, type(r).__name__) for r in late] == [("r0", "Completed")]
+        assert [(r.rollout_id, type(r).__name__) for r in late] == [("0-0", "Completed")]
     assert model.asked == [key(0, t, c) for t in range(TURNS) for c in (0, 1)]
 
-    again, done, tally, agent = await replay(tmp_path, root, reply, "r0", 0)
+    again, done, tally, agent = await replay(tmp_path, root, reply, "0-0", 0)
     assert tally == {"turns": [0]}, "taken at its current state, not at its step boundary"
     assert agent == {"answers": answers(0, 1)}
-    assert again.asked == [key(0, 1, 1), key(0, 2, 0), key(0, 2, 1)], (
+    assert again.asked == [key(0, 1, 1, 1), key(0, 2, 0, 1), key(0, 2, 1, 1)], (
         "a completed call asked twice, or the call in progress not asked again"
     )
     assert done.turns == TURNS and done.payload == answers(0)
@@ -309,8 +313,8 @@ async def test_a_call_completed_in_the_cuts_scheduler_batch_is_in_the_snapshot_o
         boundaries = {s.rollout_id: s.step_boundary for s in reply.sessions}
         assert len(exported) == 1, (exported, reply.on_wire)  # one on each side of the cut
         (cut,) = exported
-        r = int(cut[1:])
-        before = f"r{1 - r}"
+        r = int(cut.split("-")[0])
+        before = f"{1 - r}-0"
         assert reply.on_wire == (before,)
         assert exported[cut] == tuple(key(r, t, c) for t in range(3) for c in (0, 1))[:-1], (
             "a call completed after the cut is in the snapshot"
@@ -326,7 +330,7 @@ async def test_a_call_completed_in_the_cuts_scheduler_batch_is_in_the_snapshot_o
 
     again, done, tally, agent = await replay(tmp_path, root, reply, cut, r)
     assert tally == {"turns": [0, 1]} and agent == {"answers": answers(r, 2)}
-    assert again.asked == [last[r]]
+    assert again.asked == [key(r, 2, 1, attempt=1)]
     assert done.turns == TURNS and done.payload == answers(r)
 
 
@@ -348,7 +352,7 @@ async def test_the_lease_releases_the_replies_held_since_the_cut(
         model.release(key(0, 1, 1))
         late = await next_replies(stream, 60.0)
         assert late is not None, "the lease reopened the instance but kept its replies held"
-        assert [x.rollout_id for x in late] == ["r0"]
+        assert [x.rollout_id for x in late] == ["0-0"]
         assert trio.current_time() >= committed_at + 5.0
         assert host.statistics().lease_reopened == 1
 
@@ -365,20 +369,20 @@ async def test_a_second_commit_of_the_checkpoint_lists_what_the_first_held(
         await reached(model, key(0, 1, 1), key(1, 0, 1))
         await host.prepare("c1", deadline(), UNALIGNED)
         first = await host.commit("c1", str(tmp_path / "snap-1"), deadline())
-        assert [e.rollout_id for e in first.exported] == ["r0", "r1"]
+        assert [e.rollout_id for e in first.exported] == ["0-0", "1-0"]
         model.release(key(0, 1, 1))
         await reached(model, key(0, 2, 1))
         assert await next_replies(stream, 20.0) is None  # held
         second = await host.commit("c1", str(tmp_path / "snap-2"), deadline())
-        assert [e.rollout_id for e in second.exported] == ["r1"]
-        assert second.on_wire == ("r0",), "a reply held since the first cut is not on the wire"
+        assert [e.rollout_id for e in second.exported] == ["1-0"]
+        assert second.on_wire == ("0-0",), "a reply held since the first cut is not on the wire"
         assert second.mid_turn == 1
         got = await next_replies(stream, 20.0)
-        assert got is not None and [x.rollout_id for x in got] == ["r0"]
+        assert got is not None and [x.rollout_id for x in got] == ["0-0"]
         await host.resume("c1", deadline())
         model.release(key(1, 0, 1))
         rest = await next_replies(stream, 20.0)
-        assert rest is not None and [x.rollout_id for x in rest] == ["r1"]
+        assert rest is not None and [x.rollout_id for x in rest] == ["1-0"]
 
 
 # -- nothing parks; an environment that opts out parks ------------------------------------------
@@ -410,10 +414,10 @@ async def test_an_unaligned_prepare_parks_nothing_and_episodes_pass_their_bounda
             ) from None
         assert host.inventory().parked == ()
         reply = await host.commit("c1", str(tmp_path / "snap"), deadline())
-        assert [e.rollout_id for e in reply.exported] == ["r0"] and reply.mid_turn == 1
-        assert reply.on_wire == ("r1", f"r{HOLDS}")  # ended before the cut: drained
+        assert [e.rollout_id for e in reply.exported] == ["0-0"] and reply.mid_turn == 1
+        assert reply.on_wire == ("1-0", f"{HOLDS}-0")  # ended before the cut: drained
         got = await next_replies(stream, 20.0)
-        assert got is not None and [x.rollout_id for x in got] == ["r1", f"r{HOLDS}"]
+        assert got is not None and [x.rollout_id for x in got] == ["1-0", f"{HOLDS}-0"]
 
 
 async def test_an_environment_that_opts_out_is_parked_by_an_unaligned_checkpoint(
@@ -439,11 +443,11 @@ async def test_an_environment_that_opts_out_is_parked_by_an_unaligned_checkpoint
         assert prepared[0].parked == 1
         reply = await host.commit("c1", str(root), deadline())
         assert reply.mid_turn == 0
-        assert [(s.rollout_id, s.step_boundary) for s in reply.sessions] == [("r0", 2)]
-        assert host.inventory().parked == ("r0",)
+        assert [(s.rollout_id, s.step_boundary) for s in reply.sessions] == [("0-0", 2)]
+        assert host.inventory().parked == ("0-0",)
         await host.resume("c1", deadline())
 
-    _, done, tally, _agent = await replay(tmp_path, root, reply, "r0", 0)
+    _, done, tally, _agent = await replay(tmp_path, root, reply, "0-0", 0)
     assert tally == {"turns": [0, 1]}
     assert done.payload == answers(0)
 
@@ -519,7 +523,7 @@ async def test_through_the_trainer_a_checkpoint_mid_turn_restores_exactly_once(
             tally = gym.sim("gym-0").session_states("tally")
     assert sorted(before) == [1, 2, 3] and after == [0], (before, after)
     assert payloads[0] == [answers(0)]
-    assert again.asked == [key(0, 1, 1), key(0, 2, 0), key(0, 2, 1)]
+    assert again.asked == [key(0, 1, 1, 1), key(0, 2, 0, 1), key(0, 2, 1, 1)]
     assert {k: v.state for k, v in tally.items()} == {
         f"{r}-0": {"turns": [0, 1, 2]} for r in range(4)
     }

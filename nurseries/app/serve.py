@@ -18,7 +18,8 @@ from typing import Any, Final
 
 import trio
 
-from gymckpt.gym_adapter.lowlevel import DEFAULT_PORT, Limits, serve_gym
+from gymckpt.gym_adapter import HostConfig
+from gymckpt.gym_adapter.lowlevel import DEFAULT_PORT, Limits, serve_gym, wire_decode
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime import ManifestError
 
@@ -32,6 +33,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "state_root": None,
     "token_file": None,
     "seed": 0,
+    "host_config": None,
     "recover": False,
     "allow_faults": False,
     "max_body_bytes": Limits().max_body_bytes,
@@ -103,6 +105,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "written there with mode 0600 (default WORK_DIR/token); it is never printed or logged",
     )
     serve.add_argument("--seed", type=int, metavar="S", help="the instance's seed (default 0)")
+    serve.add_argument(
+        "--host-config",
+        metavar="FILE",
+        help="the host's settings (HostConfig: lease_s, max_batch, ...) as the JSON of its wire "
+        "form, read strictly (an unknown or mistyped key is exit 2); HttpGym.spawn writes it "
+        "for the servers it starts; default: HostConfig()'s defaults",
+    )
     serve.add_argument(
         "--recover",
         action="store_true",
@@ -176,6 +185,22 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def _host_config(file: str | None) -> HostConfig | None:
+    """The ``HostConfig`` in ``file`` (its JSON wire form), or None for the defaults;
+    ``ValueError`` naming the file for one that cannot be read or is not one."""
+    if file is None:
+        return None
+    try:
+        data = Path(file).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"--host-config {file}: cannot read it ({exc.strerror})") from None
+    try:
+        config: HostConfig = wire_decode(data, HostConfig)
+    except ValueError as exc:  # WireFormatError
+        raise ValueError(f"--host-config {file}: {exc}") from None
+    return config
+
+
 def _configure_logging() -> None:
     log = logging.getLogger("gymckpt.serve")
     if not log.handlers:
@@ -192,6 +217,7 @@ def main_serve(args: argparse.Namespace) -> int:
     try:
         opts = _options(args)
         limits = Limits(opts["max_body_bytes"], opts["max_rows"], opts["max_streams"])
+        host_config = _host_config(opts["host_config"])
         if not 0 <= opts["port"] <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {opts['port']}")
     except (ManifestError, ValueError, TypeError) as exc:
@@ -218,6 +244,7 @@ def main_serve(args: argparse.Namespace) -> int:
                     recover=bool(opts["recover"]),
                     allow_faults=bool(opts["allow_faults"]),
                     limits=limits,
+                    config=host_config,
                     certfile=path("certfile"),
                     keyfile=path("keyfile"),
                 )
