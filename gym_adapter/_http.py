@@ -96,6 +96,7 @@ from ._host_views import RetainedSession
 from ._http_process import Ready, ServerExited, ServerProcess
 from ._http_stream import HttpReplyStream
 from ._http_wire import (
+    EXPECT_INCARNATION_HEADER,
     INCARNATION_HEADER,
     PROTOCOL,
     Refusal,
@@ -139,8 +140,6 @@ REPLACE_POLL_S: Final = 0.1
 """How often ``replace`` asks an external server again whether it serves a new incarnation."""
 STARTUP_TIMEOUT_S: Final = 60.0
 """Default bound on starting spawned servers (each must log its readiness line by then)."""
-EXPECT_INCARNATION_HEADER: Final = "Gymckpt-Expect-Incarnation"
-"""Request header: the incarnation the client means (a server may refuse another)."""
 TOKEN_FILE: Final = "http-token"
 """The bearer token a spawned deployment's servers share, in ``work_dir`` (mode 0600)."""
 
@@ -714,8 +713,11 @@ class HttpGym:
             self._generations.mark_dead(instance, generation)
         return transport_error(failure, instance, op, exc, transport="HTTP", peer="server")
 
-    def _error_response(self, instance: str, op: str, response: httpx.Response) -> Exception:
-        """The runtime's error for a non-200 answer to ``op``."""
+    def _error_response(
+        self, instance: str, op: str, response: httpx.Response, generation: int
+    ) -> Exception:
+        """The runtime's error for a non-200 answer to ``op`` from incarnation ``generation``
+        (a ``GymInstanceDead`` it reports marks that incarnation dead)."""
         status = response.status_code
         try:
             decoded = decode_error_body(response.content)
@@ -733,7 +735,7 @@ class HttpGym:
                 f"the server refused the request (HTTP {status} {decoded.type}): {decoded.message}",
             )
         if isinstance(decoded, GymInstanceDead):
-            self._generations.mark_dead(instance, self._generations.current(instance))
+            self._generations.mark_dead(instance, generation)
         return remote_error(decoded, first_line(decoded), instance, op)
 
     async def _call(
@@ -774,7 +776,7 @@ class HttpGym:
             )
         self._check_incarnation(instance, op, endpoint, response, generation)
         if response.status_code != 200:
-            raise self._error_response(instance, op, response)
+            raise self._error_response(instance, op, response, generation)
         try:
             result = decode_result(op, response.content)
         except WireFormatError as exc:
@@ -874,7 +876,7 @@ class HttpGym:
             self._check_incarnation(instance, "run", endpoint, response, generation)
             if response.status_code != 200:
                 await response.aread()
-                raise self._error_response(instance, "run", response)
+                raise self._error_response(instance, "run", response, generation)
             stream = HttpReplyStream(self, instance, generation, sid, response)
             await stream.admitted()
         except BaseException:

@@ -108,11 +108,12 @@ class ServerProcess:
         log_path: Path,
         deadline_ts: float,
         environ: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> tuple[ServerProcess, Ready]:
-        """Start ``command`` (``environ`` added to this process's environment) and wait, until
-        ``deadline_ts`` (``trio.current_time()``), for its
-        readiness line. Raises ``ServerExited`` if it exits first, ``TimeoutError`` if the
-        deadline passes (the process is killed then); either way nothing is left running."""
+        """Start ``command`` (in ``cwd``, ``environ`` added to this process's environment) and
+        wait, until ``deadline_ts`` (``trio.current_time()``), for its readiness line. Raises
+        ``ServerExited`` if it exits first, ``TimeoutError`` if the deadline passes (the process
+        is killed then); either way nothing is left running."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         read_end, write_end = os.pipe()
         try:
@@ -122,6 +123,7 @@ class ServerProcess:
                 stdout=subprocess.DEVNULL,
                 stderr=write_end,
                 env={**os.environ, **environ} if environ else None,
+                cwd=cwd,
                 preexec_fn=_die_with_parent(),  # one prctl, no lock taken
             )
         except BaseException:

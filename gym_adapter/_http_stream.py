@@ -100,6 +100,7 @@ class HttpReplyStream:
         "_natural_end",
         "_peer",
         "_response",
+        "_scanned",
         "_sid",
     )
 
@@ -118,7 +119,9 @@ class HttpReplyStream:
         self._response = response
         # no chunk size: a chunk size makes httpx wait until that many bytes arrived
         self._chunks: AsyncIterator[bytes] = response.aiter_raw()
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._scanned = 0
+        """How much of ``_buffer`` holds no newline (a long line is scanned once)."""
         self._acks = StreamAcks(interval_s=ACK_INTERVAL_S, sent_at=time.monotonic())
         self._ended = False
         self._natural_end = False
@@ -133,14 +136,19 @@ class HttpReplyStream:
 
     async def _next_line(self) -> bytes | None:
         """The next complete line of the body, or None if the body stopped before one."""
-        while b"\n" not in self._buffer:
+        while True:
+            end = self._buffer.find(b"\n", self._scanned)
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buffer)
             try:
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
                 return None
             self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line
 
     async def _next_item(self) -> ReplyBatch | None:
         """The next line decoded: a batch, or None for the end line. A body that stopped (or a

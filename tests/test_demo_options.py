@@ -22,7 +22,7 @@ def test_options_round_trip_through_json() -> None:
         ({"crash_after_checkpoint": -1}, "--crash-after-checkpoint must be >= 0"),
         ({"crash_stage": "nowhere"}, "--crash-at-stage must be one of"),
         ({"crash_stage": MID_PUBLISH, "crash_after_checkpoint": 0}, "needs --crash-after"),
-        ({"backend": "http"}, "--backend must be embedded or ray"),
+        ({"backend": "grpc"}, "--backend must be one of embedded, ray, http"),
         ({"checkpoint_mode": "sideways"}, "--checkpoint-mode must be aligned or unaligned"),
         ({"env": "gymnasium:CartPole-v1", "backend": "ray"}, "runs on --backend embedded"),
     ],

@@ -11,6 +11,7 @@ readiness line, a process exit through its pidfd, an answer) under ``trio.fail_a
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._http_process import ServerProcess
+from gymckpt.gym_adapter._http_process import ServerExited, ServerProcess
 from gymckpt.gym_adapter.calendar_env import (
     CONFIG_ENV,
     SimConfig,
@@ -128,6 +129,18 @@ async def test_run_streams_every_reply_and_acks_ride_the_next_call(tmp_path: Pat
         assert gym.acks.pending("gym-0") == 0  # settled: the call carried it
         await stream.aclose()
         await stream.aclose()
+
+
+async def test_replies_come_in_batches_or_one_per_line_when_asked(tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, turns=(1, 1), turn_s=(0.05, 0.05), mutation_p=0.0)
+    async with http_gym(tmp_path / "a", config=config) as gym:
+        stream = await gym.run("gym-0", rows(12))
+        batches = [tuple(b) async for b in stream]  # all finish together: a few lines
+    assert sum(map(len, batches)) == 12 and len(batches) < 12
+    async with http_gym(tmp_path / "b", config=config, batch_replies=False) as gym:
+        stream = await gym.run("gym-0", rows(12))
+        batches = [tuple(b) async for b in stream]
+    assert [len(b) for b in batches] == [1] * 12
 
 
 async def test_aclose_tells_the_server_how_far_the_consumer_got(tmp_path: Path) -> None:
@@ -285,6 +298,26 @@ async def test_a_server_that_stops_answering_is_gym_unavailable_within_the_deadl
         assert inv.instance == "gym-0"
 
 
+async def test_a_server_that_cannot_start_fails_the_spawn_saying_why(tmp_path: Path) -> None:
+    with pytest.raises(ServerExited, match=r"exited with code 2.*no_such_module"):
+        async with HttpGym.spawn("no_such_module:env", 2, work_dir=tmp_path):
+            pass  # pragma: no cover
+    with pytest.raises(TypeError, match="import path"):
+        async with HttpGym.spawn([object()], 1, work_dir=tmp_path):  # type: ignore[list-item]
+            pass  # pragma: no cover
+
+
+async def test_leaving_stops_the_spawned_servers_cleanly(tmp_path: Path) -> None:
+    async with http_gym(tmp_path, instances=2) as gym:
+        pids = [gym.pid(n) for n in gym.instances]
+    for pid in pids:
+        assert pid is not None
+        await pid_exits(pid, 1)  # already reaped: gone
+    for name in ("gym-0", "gym-1"):
+        log = (tmp_path / "gym" / f"{name}.serve.log").read_text()
+        assert "signal 15, stopping" in log  # SIGTERM, a clean shutdown, no SIGKILL needed
+
+
 async def test_a_wrong_token_or_no_server_fails_on_opening(tmp_path: Path) -> None:
     async with http_gym(tmp_path) as spawned:
         with pytest.raises(ValueError, match=r"refuses this client.*HTTP 401"):
@@ -344,3 +377,79 @@ async def test_an_error_that_cannot_cross_is_checkpoint_unavailable(tmp_path: Pa
     async with http_gym(tmp_path, faults=["prepare:unpicklable@1"]) as gym:
         with pytest.raises(GymCheckpointUnavailable, match="gym-0"):
             await gym.prepare("gym-0", "c1", deadline())
+
+
+# -- the README's way: two servers someone started, a trainer killed and run again ------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_http() -> tuple[list[list[str]], str]:
+    """The README's two ``gymckpt serve`` command lines and its ``HttpGym`` trainer."""
+    text = README.read_text()
+    m = re.search(r"<!-- http-example -->\n```python\n(.*?)```\n<!-- /http-example -->", text, re.S)
+    assert m, "README has no http-example block"
+    shell = text[: m.start()].rsplit("```\ngymckpt serve", 1)[1].split("```", 1)[0]
+    lines = ("gymckpt serve" + shell).replace("\\\n", " ").strip().splitlines()
+    return [line.split() for line in lines], m.group(1)
+
+
+@pytest.mark.subprocess
+async def test_the_readme_trainer_on_two_served_instances_survives_a_sigkill(
+    tmp_path: Path,
+) -> None:
+    commands, script = _readme_http()
+    assert len(commands) == 2 and script.count("8101") == 1
+    procs: list[ServerProcess] = []
+    try:
+        urls = []
+        for n, cmd in enumerate(commands):  # one after the other: the second reads the token
+            cmd[cmd.index("--port") + 1] = "0"  # a free port: this machine is shared
+            argv = [sys.executable, "-m", "gymckpt", *cmd[1:]]
+            proc, ready = await ServerProcess.start(
+                argv, tmp_path / f"serve-{n}.log", deadline(60), cwd=tmp_path
+            )
+            procs.append(proc)
+            urls.append(ready.url)
+        assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+        program = tmp_path / "trainer.py"
+        program.write_text(
+            script.replace('["http://127.0.0.1:8101", "http://127.0.0.1:8102"]', repr(urls))
+        )
+
+        async def trainer() -> subprocess.CompletedProcess[bytes]:
+            with trio.fail_after(120):
+                return await trio.run_process(
+                    [sys.executable, str(program)],
+                    cwd=tmp_path,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+
+        killed = await trio.lowlevel.open_process(
+            [sys.executable, str(program)], cwd=tmp_path, stdout=subprocess.PIPE
+        )
+        assert killed.stdout is not None
+        out = b""
+        with trio.fail_after(120):
+            while b"\n" not in out:  # its first checkpoint is published ...
+                chunk = await killed.stdout.receive_some()
+                assert chunk, "the trainer exited before its first checkpoint"
+                out += chunk
+        killed.kill()  # ... and it is SIGKILLed
+        with trio.fail_after(10):
+            await killed.wait()
+        await killed.stdout.aclose()
+        assert out.split()[:3] == [b"2", b"run-0001", b"True"]
+        again = await trainer()  # restores it into the same servers and finishes
+        assert again.returncode == 0, again.stderr.decode()[-3000:]
+        steps = [int(line.split()[0]) for line in again.stdout.decode().splitlines()]
+        assert steps and steps[0] > 2 and steps == sorted(steps)  # it went on from step 2
+        done = await trainer()
+        assert done.returncode == 0 and done.stdout == b""  # nothing left to do
+    finally:
+        with trio.CancelScope(shield=True):
+            for proc in procs:
+                await proc.stop()
+                await proc.aclose()
