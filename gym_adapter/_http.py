@@ -13,13 +13,18 @@ Two ways to open it:
   machines, in containers). Each URL's ``GET /health`` names its instance and incarnation; a
   URL that does not answer raises ``GymConnectionLost``.
 - ``async with HttpGym.spawn("pkg.module:env", instances=K, work_dir=...) as gym``: K local
-  ``gymckpt serve`` processes on loopback ports, started and supervised here
-  (``_http_process``), killed on exit, never left behind (they die with the trainer's process).
+  ``gymckpt serve`` processes on loopback ports, started and supervised here (``_http_spawn``,
+  ``_http_process``), stopped on exit, never left behind (they die with the trainer's process).
+
+HTTP's own parts are each a module, as Ray's are: the wire (``_http_wire``), one exchange and
+the error an answer carries (``_http_calls``), the reply stream (``_http_stream``), the spawned
+servers (``_http_spawn``, ``_http_process``) and this deployment.
 
 **Connections.** Two ``httpx.AsyncClient``s with bounded pools: one for ``/run`` streams, which
 hold a connection for as long as their episodes run, and one for the control plane, so a
 control call never waits behind streams for a connection (``max_streams`` and
-``max_control_connections``).
+``max_control_connections``). A call that finds its pool exhausted waits at most
+``pool_timeout_s`` for a connection, then fails as ``GymCallTimeout`` naming the limit.
 
 **Deadlines** (S5): every control call sends its ``deadline_ts`` as the time left
 (``WireDeadline``; the server re-anchors it on its clock and fails a call past it with
@@ -52,11 +57,9 @@ embedded Gym does, and sends the fault it drew in the request (``fault``, or the
 from __future__ import annotations
 
 import itertools
-import os
 import secrets
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from types import TracebackType
@@ -93,16 +96,15 @@ from ._deployment import instance_names, per_instance
 from ._faults import FaultPlan, FaultSpec
 from ._host import HostConfig, HostStatistics
 from ._host_views import RetainedSession
-from ._http_process import Ready, ServerExited, ServerProcess
+from ._http_calls import answer_error, post_request
+from ._http_process import Ready, ServerExited
+from ._http_spawn import ServeSpec, Supervisor
 from ._http_stream import HttpReplyStream
 from ._http_wire import (
-    EXPECT_INCARNATION_HEADER,
     INCARNATION_HEADER,
     PROTOCOL,
-    Refusal,
     RunRequest,
     WireFormatError,
-    decode_error_body,
     decode_health,
     decode_result,
     encode_control_request,
@@ -115,18 +117,19 @@ from ._transport_deadlines import WireDeadline
 from ._transport_errors import (
     TransportFailure,
     as_if_no_nursery,
-    first_line,
-    remote_error,
     transport_error,
 )
 from ._transport_generations import Generations
-from ._wire import encode
 
 __all__ = ["HttpGym", "HttpReplacement", "HttpReplyStream"]
 
 CONTROL_GRACE_S: Final = 1.0
 """A control call is given up this long after its deadline if the server has not answered (the
 server's own ``GymCallTimeout`` comes first when it can still answer)."""
+POOL_TIMEOUT_S: Final = 30.0
+"""Default bound on waiting for a free connection of the client's pool (``max_streams`` for
+``/run``, ``max_control_connections`` for the rest): a run past it is ``GymCallTimeout`` saying
+which limit is exhausted, never a wait without end."""
 VIEW_TIMEOUT_S: Final = 30.0
 """Default bound on the calls that carry no deadline (topology, inventory, statistics...)."""
 DEATH_CONFIRM_S: Final = 2.0
@@ -140,8 +143,6 @@ REPLACE_POLL_S: Final = 0.1
 """How often ``replace`` asks an external server again whether it serves a new incarnation."""
 STARTUP_TIMEOUT_S: Final = 60.0
 """Default bound on starting spawned servers (each must log its readiness line by then)."""
-TOKEN_FILE: Final = "http-token"
-"""The bearer token a spawned deployment's servers share, in ``work_dir`` (mode 0600)."""
 
 
 @attrs.frozen
@@ -163,49 +164,6 @@ class HttpReplacement:
         return self.fence_s + self.start_s
 
 
-@final
-class _Body(httpx.AsyncByteStream):
-    """A request body of ``data``, sent in one piece through a plain iterator. (httpx's own
-    body streams are async generators, and a connection that breaks while sending leaves one
-    half-iterated for the garbage collector: a ``ResourceWarning`` under trio.)"""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return _Once(self._data)
-
-
-@final
-class _Once:
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
-
-    def __aiter__(self) -> _Once:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._data is None:
-            raise StopAsyncIteration
-        data, self._data = self._data, None
-        return data
-
-
-def _post(client: httpx.AsyncClient, url: str, body: bytes, endpoint: _Endpoint) -> httpx.Request:
-    """A ``POST url`` of the JSON ``body`` to ``endpoint`` (its expected incarnation named)."""
-    request = client.build_request(
-        "POST",
-        url,
-        headers={
-            "Content-Type": "application/json",
-            "Content-Length": str(len(body)),
-            EXPECT_INCARNATION_HEADER: endpoint.incarnation,
-        },
-    )
-    request.stream = _Body(body)
-    return request
-
-
 @attrs.define
 class _Endpoint:
     """Where an instance is served now and by which incarnation."""
@@ -214,134 +172,6 @@ class _Endpoint:
     incarnation: str
     seen: str | None = None
     """Another incarnation seen answering at ``url`` (the server was restarted)."""
-
-
-# -- the spawned servers -----------------------------------------------------------------------
-
-
-@attrs.frozen
-class _ServeSpec:
-    """How to start an instance's ``gymckpt serve`` process."""
-
-    environments: tuple[tuple[str, str], ...]
-    """(instance, import path) for every instance."""
-    seed: int
-    work_dir: Path
-    state_root: Path
-    token_file: Path
-    host_config_file: Path | None
-    allow_faults: bool
-    extra_args: tuple[str, ...]
-    environ: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def prepare(
-        cls,
-        environments: Mapping[str, str],
-        seed: int,
-        work_dir: str | Path,
-        state_root: str | Path | None,
-        token: str,
-        config: HostConfig | None,
-        *,
-        allow_faults: bool,
-        extra_args: tuple[str, ...],
-        environ: Mapping[str, str],
-    ) -> _ServeSpec:
-        """The spec, with ``work_dir`` made and the token (and host config) written there."""
-        wd = Path(work_dir).resolve()
-        wd.mkdir(parents=True, exist_ok=True)
-        root = Path(state_root).resolve() if state_root is not None else wd
-        token_file = wd / TOKEN_FILE
-        _write_private(token_file, token)
-        config_file: Path | None = None
-        if config is not None and config != HostConfig():
-            config_file = wd / "host-config.json"
-            _write_private(config_file, encode(config).decode())
-        return cls(
-            tuple(environments.items()),
-            seed,
-            wd,
-            root,
-            token_file,
-            config_file,
-            allow_faults,
-            extra_args,
-            tuple(sorted(environ.items())),
-        )
-
-    def command(self, name: str, recover: bool) -> list[str]:
-        cmd = [sys.executable, "-m", "gymckpt", "serve", dict(self.environments)[name]]
-        cmd += ["--instance", name, "--host", "127.0.0.1", "--port", "0"]
-        cmd += ["--work-dir", str(self.work_dir), "--state-root", str(self.state_root)]
-        cmd += ["--token-file", str(self.token_file), "--seed", str(self.seed)]
-        if self.host_config_file is not None:
-            cmd += ["--host-config", str(self.host_config_file)]
-        if recover:
-            cmd.append("--recover")
-        if self.allow_faults:
-            cmd.append("--allow-faults")
-        return [*cmd, *self.extra_args]
-
-
-@final
-class _Supervisor:
-    """The spawned servers of one deployment: each process, the generation it serves, and a
-    watcher task (in the deployment's nursery) that copies its log and reports its exit."""
-
-    def __init__(self, nursery: trio.Nursery, spec: _ServeSpec) -> None:
-        self._nursery = nursery
-        self.spec = spec
-        self._procs: dict[str, tuple[int, ServerProcess]] = {}
-        self._all: list[ServerProcess] = []
-        self.on_exit: Callable[[str, int], None] = lambda _name, _generation: None
-
-    def process(self, name: str) -> ServerProcess | None:
-        entry = self._procs.get(name)
-        return entry[1] if entry is not None else None
-
-    async def start(self, name: str, generation: int, deadline_ts: float, recover: bool) -> Ready:
-        log = self.spec.work_dir / f"{name}.serve.log"
-        proc, ready = await ServerProcess.start(
-            self.spec.command(name, recover), log, deadline_ts, dict(self.spec.environ)
-        )
-        self._all.append(proc)
-        if ready.name != name:
-            with trio.CancelScope(shield=True):
-                await proc.kill()
-            raise RuntimeError(f"gymckpt serve started as instance {ready.name!r}, not {name!r}")
-        self._procs[name] = (generation, proc)
-        self._nursery.start_soon(self._watch, name, generation, proc)
-        return ready
-
-    async def _watch(self, name: str, generation: int, proc: ServerProcess) -> None:
-        await proc.drain()
-        await proc.wait()
-        self.on_exit(name, generation)
-
-    async def exited(self, name: str, generation: int, within_s: float) -> bool:
-        """Has incarnation ``generation``'s process of ``name`` exited (waiting up to
-        ``within_s`` for it)? True too for a generation that was replaced since."""
-        entry = self._procs.get(name)
-        if entry is None or entry[0] != generation:
-            return True
-        proc = entry[1]
-        with trio.move_on_after(within_s):
-            await proc.wait()
-        return proc.exited()
-
-    async def kill(self, name: str) -> None:
-        proc = self.process(name)
-        if proc is not None:
-            await proc.kill()
-
-    async def stop_all(self) -> None:
-        """SIGTERM every server, SIGKILL those still there after a bound; release them."""
-        async with trio.open_nursery() as nursery:
-            for proc in self._all:
-                nursery.start_soon(proc.stop)
-        for proc in self._all:
-            await proc.aclose()
 
 
 # -- the deployment -------------------------------------------------------------------------
@@ -367,10 +197,11 @@ class HttpGym:
         max_batch_replies: int = 1024,
         connect_timeout_s: float = 10.0,
         view_timeout_s: float = VIEW_TIMEOUT_S,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
         max_streams: int = 256,
         max_control_connections: int = 64,
         verify: bool | str = True,
-        _supervisor: _Supervisor | None = None,
+        _supervisor: Supervisor | None = None,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("HttpGym takes a list of URLs, not one string")
@@ -383,6 +214,7 @@ class HttpGym:
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("view_timeout_s", view_timeout_s),
+            ("pool_timeout_s", pool_timeout_s),
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
@@ -393,6 +225,7 @@ class HttpGym:
         self._max_batch_replies = max_batch_replies
         self._connect_timeout_s = connect_timeout_s
         self._view_timeout_s = view_timeout_s
+        self._pool_timeout_s = pool_timeout_s
         self._limits = (max_streams, max_control_connections)
         self._verify = verify
         self._supervisor = _supervisor
@@ -419,7 +252,7 @@ class HttpGym:
                 max_connections=max_connections,
                 max_keepalive_connections=min(max_connections, 32),
             ),
-            timeout=httpx.Timeout(None, connect=self._connect_timeout_s),
+            timeout=httpx.Timeout(None, connect=self._connect_timeout_s, pool=self._pool_timeout_s),
             verify=self._verify,
             trust_env=False,
         )
@@ -584,7 +417,7 @@ class HttpGym:
                 )
         FaultPlan(faults)  # a bad spec fails before anything starts
         token = secrets.token_urlsafe(32)
-        spec = _ServeSpec.prepare(
+        spec = ServeSpec.prepare(
             dict(zip(names, sources, strict=True)),
             seed,
             work_dir,
@@ -597,7 +430,7 @@ class HttpGym:
         )
         with as_if_no_nursery():
             async with trio.open_nursery() as nursery:
-                supervisor = _Supervisor(nursery, spec)
+                supervisor = Supervisor(nursery, spec)
                 try:
                     readies: dict[str, Ready] = {}
                     deadline = trio.current_time() + startup_timeout_s
@@ -694,6 +527,17 @@ class HttpGym:
         self, instance: str, op: str, exc: BaseException, generation: int
     ) -> BaseException:
         """The runtime's error for httpx's ``exc`` on ``op`` of incarnation ``generation``."""
+        if isinstance(exc, httpx.PoolTimeout):
+            streams, control = self._limits
+            pool = f"max_streams={streams}" if op == "run" else f"max_control_connections={control}"
+            return GymCallTimeout(
+                f"instance {instance} {op}: no free connection within {self._pool_timeout_s} s: "
+                f"every one of HttpGym's {pool} is held (each open /run stream holds one until "
+                "its episodes end); give HttpGym a larger limit, and the servers --max-streams "
+                "to match, or dispatch larger batches",
+                instance,
+                op,
+            )
         if isinstance(exc, httpx.TimeoutException):
             return GymCallTimeout(
                 f"instance {instance} {op}: no answer from {self._endpoint(instance).url} in "
@@ -718,25 +562,10 @@ class HttpGym:
     ) -> Exception:
         """The runtime's error for a non-200 answer to ``op`` from incarnation ``generation``
         (a ``GymInstanceDead`` it reports marks that incarnation dead)."""
-        status = response.status_code
-        try:
-            decoded = decode_error_body(response.content)
-        except WireFormatError as exc:
-            return GymCheckpointUnavailable(
-                f"instance {instance} {op}: HTTP {status} with a body that is not a gymckpt "
-                f"error ({exc})",
-                instance,
-                op,
-            )
-        if isinstance(decoded, Refusal):
-            return GymControlError(
-                instance,
-                op,
-                f"the server refused the request (HTTP {status} {decoded.type}): {decoded.message}",
-            )
-        if isinstance(decoded, GymInstanceDead):
+        error = answer_error(instance, op, response)
+        if isinstance(error, GymInstanceDead):
             self._generations.mark_dead(instance, generation)
-        return remote_error(decoded, first_line(decoded), instance, op)
+        return error
 
     async def _call(
         self,
@@ -764,7 +593,9 @@ class HttpGym:
         response: httpx.Response | None = None
         with trio.move_on_at(bound):
             try:
-                request = _post(self._control, f"{endpoint.url}/control/v1/{op}", body, endpoint)
+                request = post_request(
+                    self._control, f"{endpoint.url}/control/v1/{op}", body, endpoint.incarnation
+                )
                 response = await self._control.send(request)
             except httpx.HTTPError as exc:
                 raise await self._transport_failure(instance, op, exc, generation) from None
@@ -867,7 +698,7 @@ class HttpGym:
             )
         )
         assert self._data is not None, "HttpGym is not open (use async with)"
-        request = _post(self._data, f"{endpoint.url}/run", body, endpoint)
+        request = post_request(self._data, f"{endpoint.url}/run", body, endpoint.incarnation)
         try:
             response = await self._data.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -1058,15 +889,6 @@ class HttpGym:
             f"<HttpGym {kind} instances={len(self._names)} "
             f"dead={self._generations.dead_count} faults={self._plan!r}>"
         )
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600 from the start)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 if TYPE_CHECKING:  # mypy checks that HttpGym implements the contract

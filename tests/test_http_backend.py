@@ -118,6 +118,22 @@ async def test_check_backend_passes_on_spawned_servers(tmp_path: Path) -> None:
 # -- the data plane --------------------------------------------------------------------------
 
 
+async def test_a_run_that_finds_every_stream_connection_held_fails_naming_the_limit(
+    tmp_path: Path,
+) -> None:
+    """Each open ``/run`` stream holds a connection until its episodes end: with all
+    ``max_streams`` held, the next run waits ``pool_timeout_s`` for one and then fails as a
+    timeout saying which limit to raise (it once waited without end)."""
+    long = SimConfig(turns=(40, 40), turn_s=(0.5, 0.5))  # 20 s per episode
+    async with http_gym(tmp_path, config=long, max_streams=1, pool_timeout_s=0.5) as gym:
+        held = await gym.run("gym-0", rows(1))
+        with trio.fail_after(20), pytest.raises(GymCallTimeout, match=r"max_streams=1 is held"):
+            await gym.run("gym-0", rows(1, start=1))
+        await held.aclose()
+        again = await gym.run("gym-0", rows(1, start=2))  # the connection is free again
+        await again.aclose()
+
+
 async def test_run_streams_every_reply_and_acks_ride_the_next_call(tmp_path: Path) -> None:
     async with http_gym(tmp_path) as gym:
         stream = await gym.run("gym-0", rows(6))
