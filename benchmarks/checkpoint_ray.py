@@ -176,8 +176,9 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
     if cfg.backend == "http":
         from gymckpt.gym_adapter import HttpGym
 
-        # every dispatched batch is one open /run stream until its episodes end
-        streams = 2 * (cfg.in_flight // cfg.dispatch_batch + 1)
+        # every /run stream holds a connection until its episodes end, and the dispatcher
+        # sends what is ready, a group (group_size rows) at the least: size the pool for that
+        streams = cfg.in_flight // cfg.group_size + 64
         return HttpGym.spawn(
             HEAVY_FROM_ENVIRON,
             cfg.actors,
