@@ -34,6 +34,7 @@ __all__ = [
     "LoopStallMonitor",
     "Progress",
     "SchedulerBatchMonitor",
+    "describe_error",
     "ints",
     "label",
     "machine_info",
@@ -56,6 +57,13 @@ class Progress:
         if self.enabled:
             elapsed = time.monotonic() - self._t0
             print(f"[bench {elapsed:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of the exception, or of each leaf of an exception group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def median(values: Sequence[float]) -> float:

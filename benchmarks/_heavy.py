@@ -58,6 +58,8 @@ from gymckpt.gym_adapter.calendar_env import (
 )
 
 __all__ = [
+    "HEAVY_ENV",
+    "HEAVY_FROM_ENVIRON",
     "HeavyAgent",
     "PauseRecorder",
     "PauseSource",
@@ -65,7 +67,9 @@ __all__ = [
     "TurnTimes",
     "all_moving_at",
     "flush_all",
+    "heavy_environ",
     "heavy_environment",
+    "heavy_from_environ",
     "heavy_plan",
     "heavy_refs",
     "pauses_in",
@@ -334,6 +338,25 @@ def heavy_environment(
     )
 
 
+HEAVY_ENV: Final = "GYMCKPT_HEAVY_CONFIG"
+"""The environment variable a ``gymckpt serve`` process reads ``heavy_environment``'s
+arguments from (JSON), in ``heavy_from_environ``."""
+
+
+def _heavy_kwargs(
+    turns: tuple[int, int], times: TurnTimes, record_dir: str | None, mutation_p: float
+) -> dict[str, Any]:
+    return {
+        "turns_min": turns[0],
+        "turns_max": turns[1],
+        "median_s": times.median_s,
+        "sigma": times.sigma,
+        "cap": times.cap,
+        "mutation_p": mutation_p,
+        "record_dir": record_dir,
+    }
+
+
 def heavy_refs(
     instances: int,
     turns: tuple[int, int],
@@ -343,16 +366,34 @@ def heavy_refs(
 ) -> list[EnvironmentRef]:
     """One reference per instance (an instance in another process builds its own)."""
     ref = EnvironmentRef.to(
-        heavy_environment,
-        turns_min=turns[0],
-        turns_max=turns[1],
-        median_s=times.median_s,
-        sigma=times.sigma,
-        cap=times.cap,
-        mutation_p=mutation_p,
-        record_dir=record_dir,
+        heavy_environment, **_heavy_kwargs(turns, times, record_dir, mutation_p)
     )
     return [ref] * instances
+
+
+HEAVY_FROM_ENVIRON: Final = "gymckpt.benchmarks._heavy:heavy_from_environ"
+"""The import path a ``gymckpt serve`` process builds the heavy workplace from."""
+
+
+def heavy_environ(
+    turns: tuple[int, int], times: TurnTimes, record_dir: str | None, mutation_p: float = 0.5
+) -> dict[str, str]:
+    """The environment variables that make ``heavy_from_environ`` build this workplace in a
+    spawned server (``HttpGym.spawn(HEAVY_FROM_ENVIRON, environ=...)``)."""
+    return {HEAVY_ENV: json.dumps(_heavy_kwargs(turns, times, record_dir, mutation_p))}
+
+
+def heavy_from_environ() -> Environment:
+    """``heavy_environment`` with the arguments in ``HEAVY_ENV`` (``heavy_environ``): a
+    zero-argument factory for ``gymckpt serve``. ``ValueError`` names a missing or malformed
+    variable."""
+    text = os.environ.get(HEAVY_ENV)
+    if not text:
+        raise ValueError(f"{HEAVY_ENV} is not set: start the server with heavy_environ(...)")
+    try:
+        return heavy_environment(**json.loads(text))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{HEAVY_ENV} is not heavy_environment's arguments: {exc}") from None
 
 
 def host_config(max_batch: int = 64, flush_interval_s: float = 0.005) -> HostConfig:

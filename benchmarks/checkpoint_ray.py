@@ -1,4 +1,5 @@
-"""Checkpoint end to end on Ray: one whole checkpoint per mode at N in flight over K actors.
+"""Checkpoint end to end on Ray or over HTTP: one whole checkpoint per mode at N in flight over
+K actors or K ``gymckpt serve`` processes.
 
 The counterpart of ``benchmarks.checkpoint`` (the embedded Gym) with each Gym instance a Ray
 actor in its own process: on a local Ray cluster of our own (``local_cluster_options``),
@@ -22,6 +23,13 @@ to reach its next step boundary: up to the longest turn in flight, the cap (7.6 
 the environment's time, not the runtime's. ``e2e_s`` is the checkpoint's wall time (close to
 resume) less ``prepare``'s (``turn_time_wall_s``); on Ray that also leaves out the actors' own
 parking work, which ``in_gym_calls_ms`` of the prepare stage shows.
+
+Over HTTP (``backend="http"``) the same, with ``HttpGym.spawn`` starting K ``gymckpt serve``
+processes of the heavy workplace (``_heavy.heavy_from_environ``, its arguments in an environment
+variable; each server's ``--max-streams`` and the client's stream pool sized for N in flight).
+``run_remote_checkpoints`` runs Ray, then HTTP, each in its own fresh subprocess, and gives
+Ray's result with HTTP's under ``http`` and HTTP's figures as ratios of Ray's
+(``http_over_ray``): ``gymckpt bench checkpoint --backend both``.
 
 Per stage, besides the embedded run's figures, the slowest and the median actor's time inside
 Gym calls (``gym_calls_by_op``): a stage over K actors waits for its slowest one.
@@ -53,11 +61,24 @@ import trio
 
 from gymckpt.nurseries import ExitCode
 
-from ._common import Progress, label
-from ._heavy import PauseSource, TurnTimes, heavy_refs, host_config
+from ._common import Progress, describe_error, label
+from ._heavy import (
+    HEAVY_FROM_ENVIRON,
+    PauseSource,
+    TurnTimes,
+    heavy_environ,
+    heavy_refs,
+    host_config,
+)
 from .checkpoint import MODES, TURN_CAP, TURN_SIGMA, _TimedGym, measure_checkpoint
 
-__all__ = ["GYM_OPS", "CheckpointRayConfig", "run_checkpoint_ray", "turn_mean"]
+__all__ = [
+    "GYM_OPS",
+    "CheckpointRayConfig",
+    "run_checkpoint_ray",
+    "run_remote_checkpoints",
+    "turn_mean",
+]
 
 GYM_OPS = {
     "topology": "close+retire",
@@ -94,6 +115,9 @@ class CheckpointRayConfig:
     startup_timeout_s: float = 240.0
     fill_timeout_s: float = 1200.0
     seed: int = 3
+    backend: str = "ray"
+    """``ray`` (actors) or ``http`` (spawned ``gymckpt serve`` processes); ``actors`` counts
+    either."""
     quick: bool = False
 
     @classmethod
@@ -130,17 +154,56 @@ def _per_actor(calls: list[tuple[str, str, int, int]]) -> dict[str, dict[str, An
     return out
 
 
-async def _ray_main(
+def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
+    """The K instances of the heavy workplace on ``cfg.backend`` (an async context manager);
+    journals under ``tmp/gym``, the trainer's paths inside ``tmp``."""
+    times = cfg.times()
+    config = host_config(cfg.dispatch_batch, 0.05)
+    if cfg.backend == "ray":
+        from gymckpt.gym_adapter import RayGym
+
+        return RayGym.host(
+            heavy_refs(cfg.actors, cfg.turns, times, str(records)),
+            cfg.actors,
+            cfg.seed,
+            tmp / "gym",
+            config,
+            (),
+            None,
+            num_cpus=0.1,
+            startup_timeout_s=cfg.startup_timeout_s,
+        )
+    if cfg.backend == "http":
+        from gymckpt.gym_adapter import HttpGym
+
+        # every /run stream holds a connection until its episodes end, and the dispatcher
+        # sends what is ready, a group (group_size rows) at the least: size the pool for that
+        streams = cfg.in_flight // cfg.group_size + 64
+        return HttpGym.spawn(
+            HEAVY_FROM_ENVIRON,
+            cfg.actors,
+            work_dir=tmp / "gym",
+            config=config,
+            seed=cfg.seed,
+            state_root=tmp,
+            environ=heavy_environ(cfg.turns, times, str(records)),
+            startup_timeout_s=cfg.startup_timeout_s,
+            extra_args=("--max-streams", str(streams)),
+            max_streams=streams,
+        )
+    raise ValueError(f"unknown backend {cfg.backend!r} (ray or http)")
+
+
+async def _remote_main(
     cfg: CheckpointRayConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> None:
     """Measure; ``finish(result)`` is called before anything is torn down (it exits)."""
-    from gymckpt.gym_adapter import RayGym
     from gymckpt.nurseries import STAGES, open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
     def say(msg: str) -> None:
         if verbose:
-            print(f"[checkpoint-ray] {msg}", file=sys.stderr, flush=True)
+            print(f"[checkpoint-{cfg.backend}] {msg}", file=sys.stderr, flush=True)
 
     n, g = cfg.in_flight, cfg.group_size
     times = cfg.times()
@@ -148,7 +211,7 @@ async def _ray_main(
         control_timeout_s=3600.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=7200.0
     )
     say(
-        f"local Ray cluster up; starting {cfg.actors} actors (turns {cfg.turns[0]}-"
+        f"starting {cfg.actors} {cfg.backend} instances (turns {cfg.turns[0]}-"
         f"{cfg.turns[1]}, lognormal median {times.median_s:g} s, cap {times.max_s:g} s)"
     )
     t_start = time.perf_counter()
@@ -156,19 +219,12 @@ async def _ray_main(
         with tempfile.TemporaryDirectory(prefix="gymckpt-bench-ray-") as tmp:
             records = Path(tmp) / "pauses"
             records.mkdir()
-            async with RayGym.host(
-                heavy_refs(cfg.actors, cfg.turns, times, str(records)),
-                cfg.actors,
-                cfg.seed,
-                Path(tmp) / "gym",
-                host_config(cfg.dispatch_batch, 0.05),
-                (),
-                None,
-                num_cpus=0.1,
-                startup_timeout_s=cfg.startup_timeout_s,
-            ) as gym:
+            async with _deployment(cfg, Path(tmp), records) as gym:
                 started_s = time.perf_counter() - t_start
-                say(f"{cfg.actors} actors up in {started_s:.1f} s; filling to {n:,}")
+                say(
+                    f"{cfg.actors} {cfg.backend} instances up in {started_s:.1f} s; "
+                    f"filling to {n:,}"
+                )
                 timed = _TimedGym(gym)
                 async with open_rollouts(
                     cast(Any, timed),
@@ -232,7 +288,7 @@ async def _ray_main(
                     out.update(
                         {
                             "modes": modes,
-                            "backend": "ray",
+                            "backend": cfg.backend,
                             "actors": cfg.actors,
                             "in_flight": dispatched,
                             "finished_before_checkpoint": finished,
@@ -245,14 +301,16 @@ async def _ray_main(
                     finish(out)
 
 
-def _shutdown_and_exit() -> None:
+def _shutdown_and_exit(ray_started: bool) -> None:
     """Stop the Ray cluster this process started (its actors with their 200k episodes are
-    killed, not torn down), then exit at once; never wait more than 60 s for Ray."""
+    killed, not torn down), then exit at once; never wait more than 60 s for Ray. Spawned
+    ``gymckpt serve`` processes die with this process (their parent-death signal)."""
     threading.Timer(60.0, os._exit, (0,)).start()
     try:
-        import ray
+        if ray_started:
+            import ray
 
-        ray.shutdown()
+            ray.shutdown()
     finally:
         os._exit(0)
 
@@ -267,33 +325,47 @@ def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
     cache retires after 10 s idle. Three 200k fills started that way lost their GCS and raylet
     (SIGKILL, nothing in their logs) 25 to 40 s in. But in a direct test that thread's
     retirement did not kill the cluster, so the likelier cause was outside this process (the
-    machine is shared): starting the cluster here is a precaution, not a fix.
+    machine is shared): starting the cluster here is a precaution, not a fix. Over HTTP no
+    cluster is started.
     """
-    import ray
+    ray_started = cfg.backend == "ray"
+    cluster_s = None
+    if ray_started:
+        import ray
 
-    from gymckpt.gym_adapter import local_cluster_options
+        from gymckpt.gym_adapter import local_cluster_options
 
-    t0 = time.perf_counter()
-    ray.init(**local_cluster_options())
-    cluster_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ray.init(**local_cluster_options())
+        cluster_s = round(time.perf_counter() - t0, 2)
 
     def finish(result: dict[str, Any]) -> None:
-        result["cluster_start_s"] = round(cluster_s, 2)
+        result["cluster_start_s"] = cluster_s
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
         sys.stderr.flush()
-        _shutdown_and_exit()
+        _shutdown_and_exit(ray_started)
 
     try:
-        trio.run(_ray_main, cfg, verbose, finish)
+        trio.run(_remote_main, cfg, verbose, finish)
+    except Exception as exc:  # the parent's error names the cause, stderr shown or not
+        sys.stdout.write(json.dumps({"worker_error": describe_error(exc)[:4000]}) + "\n")
+        sys.stdout.flush()
+        raise
     finally:
-        ray.shutdown()
+        if ray_started:
+            import ray
+
+            ray.shutdown()
 
 
 def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str, Any]:
     """The measurement in a fresh subprocess (see the module docstring); raises
     ``RuntimeError`` with the worker's last output if it fails or passes its deadline."""
-    progress(f"checkpoint N={cfg.in_flight:,} on Ray with {cfg.actors} actors (fresh subprocess)")
+    progress(
+        f"checkpoint N={cfg.in_flight:,} on {cfg.backend} with {cfg.actors} instances "
+        "(fresh subprocess)"
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -328,17 +400,69 @@ def run_checkpoint_ray(cfg: CheckpointRayConfig, progress: Progress) -> dict[str
             else f"exited with code {proc.returncode}"
         )
         raise RuntimeError(
-            f"checkpoint on Ray: the worker {why}:\n{(stderr or '').strip()[-4000:]}"
+            f"checkpoint on {cfg.backend}: the worker {why}:\n{(stderr or '').strip()[-4000:]}"
         )
     result: dict[str, Any] = json.loads(line)
+    if "worker_error" in result:
+        raise RuntimeError(f"checkpoint on {cfg.backend}: {result['worker_error']}")
     result["config"] = {**attrs.asdict(cfg), "turn_times": cfg.times().describe()}
     result["label"] = label(cfg.in_flight)
     progress(
-        f"checkpoint N={cfg.in_flight:,} on Ray, {cfg.actors} actors: "
+        f"checkpoint N={cfg.in_flight:,} on {cfg.backend}, {cfg.actors} instances: "
         f"{result['e2e_s']:.2f} s close to resume (+ {result['turn_time_wall_s']:.1f} s "
         f"turn time), longest stall {result['max_loop_stall_ms']:.1f} ms"
     )
     return result
+
+
+def failed_result(cfg: CheckpointRayConfig, exc: BaseException) -> dict[str, Any]:
+    """The result of a run that could not measure (the worker died or passed its deadline)."""
+    return {
+        "checkpoint_ok": False,
+        "error": str(exc)[-2000:],
+        "in_flight": cfg.in_flight,
+        "actors": cfg.actors,
+        "backend": cfg.backend,
+        "config": {**attrs.asdict(cfg), "turn_times": cfg.times().describe()},
+    }
+
+
+RATIO_KEYS = ("e2e_s", "checkpoint_wall_s", "max_loop_stall_ms", "fill_rows_per_s")
+"""The figures ``http_over_ray`` divides (HTTP's by Ray's)."""
+
+
+def run_remote_checkpoints(
+    cfg: CheckpointRayConfig, backends: tuple[str, ...], progress: Progress
+) -> dict[str, Any]:
+    """The checkpoint on each of ``backends`` (``ray``, ``http``), one after the other, each in
+    its own fresh subprocess at the same size; with two, a backend that fails is a result (its
+    error), not the end of the run; with one, its ``RuntimeError``. With both: Ray's result,
+    HTTP's under ``http`` and ``RATIO_KEYS`` (overall and per mode's ``until_all_moving_s``)
+    as HTTP/Ray under ``http_over_ray``."""
+    if len(backends) == 1:  # on its own, a failure is the command's (RuntimeError)
+        return run_checkpoint_ray(attrs.evolve(cfg, backend=backends[0]), progress)
+    got: dict[str, dict[str, Any]] = {}
+    for backend in backends:
+        one = attrs.evolve(cfg, backend=backend)
+        try:
+            got[backend] = run_checkpoint_ray(one, progress)
+        except RuntimeError as exc:
+            progress(f"checkpoint on {backend} FAILED: {exc}")
+            got[backend] = failed_result(one, exc)
+    ray, http = got["ray"], got["http"]
+
+    def ratio(h: Any, r: Any) -> float | None:
+        ok = isinstance(h, int | float) and isinstance(r, int | float) and r > 0
+        return round(h / r, 3) if ok else None
+
+    ratios = {k: ratio(http.get(k), ray.get(k)) for k in RATIO_KEYS}
+    for mode in cfg.modes:
+        hm, rm = (http.get("modes") or {}).get(mode), (ray.get("modes") or {}).get(mode)
+        if hm and rm:
+            ratios[f"{mode}_until_all_moving_s"] = ratio(
+                hm.get("until_all_moving_s"), rm.get("until_all_moving_s")
+            )
+    return {**ray, "http": http, "http_over_ray": ratios}
 
 
 def _main(argv: list[str]) -> int:

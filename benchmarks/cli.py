@@ -54,11 +54,14 @@ never means or best cases.
             on the embedded Gym, heavy-tailed turns: until every episode moves again, CPU
             beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
             batches, snapshot size on disk; and rows/s on the embedded Gym;
-            --backend ray: the same on Ray with --actors actors (default 4), real time
+            --backend ray: the same on Ray with --actors actors (default 4), real time;
+            --backend http: on --actors gymckpt serve processes; both: Ray, then HTTP
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
-  fanout    control fan-out on Ray, 1 to 16 actors: prepare/commit/resume per checkpoint, the
-            slowest instance, a linear model for 64 and more; rows/s on Ray with 2 actors
+  fanout    control fan-out on Ray and over HTTP (gymckpt serve processes) in the same run,
+            1 to 16 instances: prepare/commit/resume per checkpoint, the slowest instance, a
+            linear model for 64 and more; rows/s through the whole loop with 2 instances on
+            each; HTTP as a ratio of Ray (--backend ray|http|both, default both)
   preserved work preserved across a crash: the fraction of in-flight rollout-seconds redone
             after a real restore, gymckpt (both modes) against a step-boundary baseline, over
             the same 10 kill times; the parked-time fraction each mode costs
@@ -246,14 +249,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--backend",
-        choices=("embedded", "ray"),
+        choices=("embedded", "ray", "http", "both"),
         default="embedded",
-        help="the Gym deployment: embedded (in this process, warp clock) or ray "
-        "(--actors Ray actors on a local cluster, real time)",
+        help="the Gym deployment: embedded (in this process, warp clock), ray "
+        "(--actors Ray actors on a local cluster, real time), http (--actors spawned "
+        "gymckpt serve processes, real time), or both: Ray then HTTP in the same run, "
+        "HTTP's figures as ratios of Ray's",
     )
     c.add_argument("--instances", type=int, default=None, help="embedded Gym instances (default 4)")
     c.add_argument(
-        "--actors", type=int, default=None, help="Ray actors with --backend ray (default 4)"
+        "--actors",
+        type=int,
+        default=None,
+        help="Ray actors or HTTP servers with --backend ray, http or both (default 4)",
     )
     c.add_argument(
         "--turn-mean",
@@ -295,6 +303,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="measured checkpoints per size (default 5; quick 2), after one warm-up",
     )
+    f.add_argument(
+        "--backend",
+        choices=("ray", "http", "both"),
+        default="both",
+        help="Ray actors, spawned gymckpt serve processes, or both in the same run, "
+        "alternating per size (default both)",
+    )
+    f.add_argument(
+        "--dispatch-runs",
+        type=int,
+        default=None,
+        help="whole-loop dispatch runs per backend, medians reported (default 3; quick 1; "
+        "0: no dispatch)",
+    )
     _common(f)
     pv = sub.add_parser(
         "preserved",
@@ -310,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
         description=(
             "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
-            "4 actors at the same N), fanout (Ray) and preserved, "
+            "4 actors and over HTTP with 4 gymckpt serve processes at the same N), fanout (Ray "
+            "and HTTP in the same run) and preserved, "
             "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "default directory it refuses to run from a tree with uncommitted changes."
@@ -325,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--no-ray",
         action="store_true",
-        help="skip the Ray parts (fan-out, rows/s on Ray, the checkpoint on Ray): "
-        "reported as not run",
+        help="skip the remote parts (fan-out and rows/s on Ray and over HTTP, the checkpoint on "
+        "Ray and over HTTP): reported as not run",
     )
     a.add_argument(
         "--allow-dirty",
@@ -466,13 +489,20 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
             cfg.modes = args.modes
         if args.turn_mean_s is not None:
             cfg.turn_mean_s = args.turn_mean_s
-        if args.backend != "ray" and args.actors is not None:
-            raise ValueError("--actors is for --backend ray (the embedded Gym takes --instances)")
-        if args.backend == "ray" and args.instances is not None:
-            raise ValueError("--instances is for the embedded Gym (Ray takes --actors)")
+        if args.backend == "embedded" and args.actors is not None:
+            raise ValueError(
+                "--actors is for --backend ray, http or both (the embedded Gym takes --instances)"
+            )
+        if args.backend != "embedded" and args.instances is not None:
+            raise ValueError("--instances is for the embedded Gym (Ray and HTTP take --actors)")
     if cfg.in_flight < cfg.group_size or cfg.actors < 1:
         raise ValueError("--in-flight must be >= the group size and --actors >= 1")
     return cfg
+
+
+def _backends(choice: str) -> tuple[str, ...]:
+    """``--backend ray|http|both`` as the remote backends to measure, in order."""
+    return _fanout_mod.BACKENDS if choice == "both" else (choice,)
 
 
 def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
@@ -482,6 +512,11 @@ def _fanout_config(args: argparse.Namespace) -> _fanout_mod.FanoutConfig:
             cfg.actors = tuple(args.actors)
         if args.checkpoints is not None:
             cfg.checkpoints = args.checkpoints
+        cfg.backends = _backends(args.backend)
+        if args.dispatch_runs is not None:
+            if args.dispatch_runs < 0:
+                raise ValueError(f"--dispatch-runs must be >= 0, got {args.dispatch_runs}")
+            cfg.dispatch_runs = args.dispatch_runs
     if not cfg.actors or min(cfg.actors) < 1 or cfg.checkpoints < 1:
         raise ValueError("--actors must be >= 1 each and --checkpoints >= 1")
     return cfg
@@ -625,9 +660,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
-    elif args.bench == "checkpoint" and args.backend == "ray":
+    elif args.bench == "checkpoint" and args.backend != "embedded":
+        remote = _backends(args.backend)
         result = {
-            **_checkpoint_ray_mod.run_checkpoint_ray(checkpoint_ray_cfg, progress),
+            **_checkpoint_ray_mod.run_remote_checkpoints(checkpoint_ray_cfg, remote, progress),
             "meta": meta,
         }
     elif args.bench == "checkpoint":

@@ -1,12 +1,16 @@
-"""Control fan-out on Ray: what one checkpoint's control calls cost as the actors grow.
+"""Control fan-out on Ray and over HTTP: what one checkpoint's control calls cost as the
+instances grow, on both transports in the same run.
 
-For K = 1, 2, 4, 8, 16 Ray actors (``--quick``: 1 and 2), on one local Ray cluster started
-for the sweep (``address="local"``: never another process's cluster), ``calendar_ray`` starts
-K simulated Gym instances and ``open_rollouts`` runs the trainer facade on them. A few short
+For K = 1, 2, 4, 8, 16 instances (``--quick``: 1 and 2) and each backend (``--backend
+ray|http|both``, default both; both alternate per size, Ray first): on Ray, on one local Ray
+cluster started for the sweep (``address="local"``: never another process's cluster),
+``calendar_ray`` starts K simulated Gym instances as Ray actors; over HTTP, ``calendar_http``
+spawns K ``gymckpt serve`` processes on loopback (stopped when the size is done). Then
+``open_rollouts`` runs the trainer facade on them. A few short
 rows go through first (so every instance holds sessions and records to export), then the
 trainer takes ``--checkpoints`` whole checkpoints (after one warm-up checkpoint that is not
 counted). A proxy around the Gym times every control call per instance, as the trainer's loop
-sees it (Ray round trip included).
+sees it (the Ray or HTTP round trip included).
 
 Per K and per stage (prepare, commit, resume), medians over the checkpoints of:
 
@@ -25,9 +29,15 @@ process sharing the same 2 cores, so the slope includes the actors' own work ser
 those cores; the slope of ``fanout_overhead_ms`` is the part that stays on the trainer with a
 core per actor.
 
+Dispatch through the whole loop with 2 instances on each backend (``_dispatch``: one-turn
+episodes of 10-20 ms, real time) runs ``dispatch_runs`` times per backend, alternating; the
+medians are ``ray_dispatch`` and ``http.dispatch``, and ``http_over_ray`` gives every HTTP figure
+as a ratio of Ray's (above 1: HTTP slower for a time, faster for rows/s).
+
 Ray on 2 shared cores is slow and can fail to start (actors not placed, the GCS not
 reachable): the sweep runs in a fresh subprocess with a deadline per size, and a size that fails
-or times out is a result (``ok: false`` with the error), not a crash.
+or times out is a result (``ok: false`` with the error), not a crash. The result's top level is
+Ray's (as before HTTP was measured); HTTP's figures are under ``http``.
 """
 
 from __future__ import annotations
@@ -40,19 +50,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import aclosing
+from contextlib import AbstractAsyncContextManager, aclosing
 from pathlib import Path
 from typing import Any, cast
 
 import attrs
 import trio
 
-from gymckpt.gym_adapter.calendar_env import calendar_ray
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_http, calendar_ray
 from gymckpt.nurseries import ExitCode
 
-from ._common import Progress, median
+from ._common import Progress, describe_error, median
 
-__all__ = ["OPS", "FanoutConfig", "fit_linear", "run_fanout"]
+__all__ = ["BACKENDS", "OPS", "FanoutConfig", "fit_linear", "http_over_ray", "run_fanout"]
+
+BACKENDS = ("ray", "http")
+"""The remote backends measured side by side: Ray actors, ``gymckpt serve`` processes."""
 
 OPS = ("prepare", "commit", "resume")
 MODEL_AT = (64, 128, 256)
@@ -72,12 +85,19 @@ class FanoutConfig:
     gap_s: float = 0.3
     dispatch_attempts: int = 16_384
     dispatch_batch: int = 512
+    dispatch_runs: int = 3
+    backends: tuple[str, ...] = BACKENDS
     quick: bool = False
 
     @classmethod
     def quick_defaults(cls) -> FanoutConfig:
         return cls(
-            actors=(1, 2), checkpoints=2, size_timeout_s=240.0, dispatch_attempts=1_024, quick=True
+            actors=(1, 2),
+            checkpoints=2,
+            size_timeout_s=240.0,
+            dispatch_attempts=1_024,
+            dispatch_runs=1,
+            quick=True,
         )
 
 
@@ -136,19 +156,39 @@ class _CallTimer:
         return timed
 
 
-async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str, Any]:
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+def _deployment(
+    backend: str, k: int, sim: SimConfig, work: Path, cfg: FanoutConfig
+) -> AbstractAsyncContextManager[Any]:
+    """K calendar instances on ``backend``: Ray actors on the cluster this process started, or
+    spawned ``gymckpt serve`` processes (journals under ``work/gym``, every path the trainer
+    names inside ``work``)."""
+    if backend == "ray":
+        return calendar_ray(
+            instances=k, config=sim, work_dir=work / "gym", startup_timeout_s=cfg.startup_timeout_s
+        )
+    if backend == "http":
+        return calendar_http(
+            instances=k,
+            config=sim,
+            work_dir=work / "gym",
+            state_root=work,
+            startup_timeout_s=cfg.startup_timeout_s,
+        )
+    raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+
+
+async def _measure(
+    k: int, cfg: FanoutConfig, work: Path, say: Any, backend: str = "ray"
+) -> dict[str, Any]:
     from gymckpt.nurseries import open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
     sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005))
     rc = RuntimeConfig(control_timeout_s=45.0, drain_timeout_s=45.0)
     t0 = perf()
-    async with calendar_ray(
-        instances=k, config=sim, work_dir=work / "gym", startup_timeout_s=cfg.startup_timeout_s
-    ) as gym:
+    async with _deployment(backend, k, sim, work, cfg) as gym:
         started_s = perf() - t0
-        say(f"{k} actors started in {started_s:.1f} s")
+        say(f"{k} {backend} instances started in {started_s:.1f} s")
         timer = _CallTimer(gym)
         rows = cfg.rows_per_actor * k
         per_ckpt: list[dict[str, Any]] = []
@@ -174,7 +214,8 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
                 wall = perf() - c0
                 if not outcome.ok:
                     raise RuntimeError(
-                        f"checkpoint {i} with {k} actors failed: {outcome.reason}: {outcome.error}"
+                        f"checkpoint {i} with {k} {backend} instances failed: "
+                        f"{outcome.reason}: {outcome.error}"
                     )
                 if i >= cfg.warmup:
                     rec: dict[str, Any] = {"wall_ms": wall * 1e3}
@@ -190,6 +231,7 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
                 await trio.sleep(cfg.gap_s)
     out: dict[str, Any] = {
         "actors": k,
+        "backend": backend,
         "ok": True,
         "actor_start_s": round(started_s, 2),
         "rows_trained": trained,
@@ -210,17 +252,15 @@ async def _measure(k: int, cfg: FanoutConfig, work: Path, say: Any) -> dict[str,
     return out
 
 
-async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
-    """Rows/s through the whole loop on Ray with 2 actors: one-turn episodes (10-20 ms),
-    dispatcher batches of ``dispatch_batch``, the trainer taking every group; real time."""
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+async def _dispatch(cfg: FanoutConfig, work: Path, backend: str = "ray") -> dict[str, Any]:
+    """Rows/s through the whole loop on ``backend`` with 2 instances: one-turn episodes
+    (10-20 ms), dispatcher batches of ``dispatch_batch``, the trainer taking every group; real
+    time (the instances' start-up is not counted)."""
     from gymckpt.nurseries import open_rollouts
 
     g, batch = 8, cfg.dispatch_batch
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), max_batch=batch)
-    async with calendar_ray(
-        instances=2, config=sim, work_dir=work / "gym", startup_timeout_s=cfg.startup_timeout_s
-    ) as gym:
+    async with _deployment(backend, 2, sim, work, cfg) as gym:
         trained = 0
         t0 = perf()
         async with open_rollouts(
@@ -240,6 +280,7 @@ async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
         wall = perf() - t0
     return {
         "ok": True,
+        "backend": backend,
         "actors": 2,
         "attempts": trained * g,
         "batch": batch,
@@ -248,15 +289,9 @@ async def _dispatch(cfg: FanoutConfig, work: Path) -> dict[str, Any]:
     }
 
 
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of the exception, or of each leaf of an exception group."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _worker(cfg: FanoutConfig, verbose: bool) -> None:
-    """One JSON line per size on stdout, as each finishes (the parent keeps what arrived)."""
+    """One JSON line per size and backend on stdout, as each finishes (the parent keeps what
+    arrived); then one per dispatch run. The Ray cluster is started only if Ray is measured."""
 
     def say(msg: str) -> None:
         if verbose:
@@ -266,57 +301,144 @@ def _worker(cfg: FanoutConfig, verbose: bool) -> None:
         sys.stdout.write(json.dumps(rec) + "\n")
         sys.stdout.flush()
 
-    try:
+    backends = list(cfg.backends)
+    if "ray" in backends:
+        try:
+            import ray
+
+            t0 = perf()
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                object_store_memory=100 * 2**20,
+                log_to_driver=False,
+            )
+            emit({"cluster_start_s": round(perf() - t0, 2)})
+            say(f"local Ray cluster up in {perf() - t0:.1f} s")
+        except Exception as exc:
+            emit({"cluster_error": describe_error(exc)[:2000]})
+            backends.remove("ray")
+    for k in cfg.actors:
+        for backend in backends:
+            say(f"{k} {backend} instances: starting")
+            try:
+                with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
+                    rec = trio.run(_measure, k, cfg, Path(tmp), say, backend)
+            except Exception as exc:
+                rec = {
+                    "actors": k,
+                    "backend": backend,
+                    "ok": False,
+                    "error": describe_error(exc)[:2000],
+                }
+            say(
+                f"{k} {backend} instances: "
+                + (
+                    f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
+                    f"{rec['commit']['stage_ms']:.1f} ms, resume "
+                    f"{rec['resume']['stage_ms']:.1f} ms (medians)"
+                    if rec["ok"]
+                    else f"FAILED: {rec['error']}"
+                )
+            )
+            emit(rec)
+    for i in range(cfg.dispatch_runs if cfg.dispatch_attempts > 0 else 0):
+        for backend in backends:
+            say(
+                f"dispatch on {backend}, 2 instances, run {i + 1}: "
+                f"{cfg.dispatch_attempts:,} episodes"
+            )
+            try:
+                with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
+                    disp = trio.run(_dispatch, cfg, Path(tmp), backend)
+                say(f"dispatch on {backend}: {disp['rows_per_s']:,} rows/s")
+            except Exception as exc:
+                disp = {"ok": False, "backend": backend, "error": describe_error(exc)[:2000]}
+            emit({"dispatch": disp})
+    if "ray" in backends:
         import ray
 
-        t0 = perf()
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            object_store_memory=100 * 2**20,
-            log_to_driver=False,
-        )
-        emit({"cluster_start_s": round(perf() - t0, 2)})
-        say(f"local Ray cluster up in {perf() - t0:.1f} s")
-    except Exception as exc:
-        emit({"cluster_error": _describe(exc)[:2000]})
-        return
-    for k in cfg.actors:
-        say(f"{k} actors: starting")
-        try:
-            with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
-                rec = trio.run(_measure, k, cfg, Path(tmp), say)
-        except Exception as exc:
-            rec = {"actors": k, "ok": False, "error": _describe(exc)[:2000]}
-        say(
-            f"{k} actors: "
-            + (
-                f"prepare {rec['prepare']['stage_ms']:.1f} ms, commit "
-                f"{rec['commit']['stage_ms']:.1f} ms, resume "
-                f"{rec['resume']['stage_ms']:.1f} ms (medians)"
-                if rec["ok"]
-                else f"FAILED: {rec['error']}"
-            )
-        )
-        emit(rec)
-    if cfg.dispatch_attempts > 0:
-        say(f"dispatch on Ray, 2 actors: {cfg.dispatch_attempts:,} one-turn episodes")
-        try:
-            with tempfile.TemporaryDirectory(prefix="gymckpt-fanout-") as tmp:
-                disp = trio.run(_dispatch, cfg, Path(tmp))
-            say(f"dispatch on Ray: {disp['rows_per_s']:,} rows/s")
-        except Exception as exc:
-            disp = {"ok": False, "error": _describe(exc)[:2000]}
-        emit({"ray_dispatch": disp})
-    ray.shutdown()
+        ray.shutdown()
 
 
 # -- the driver -----------------------------------------------------------------------------
 
 
+def _dispatch_median(runs: list[dict[str, Any]], why: str) -> dict[str, Any]:
+    """The dispatch runs of one backend: the median run's figures and every run's rows/s; a
+    backend with no run that finished is ``ok: false`` with the (first) error."""
+    ok = [r for r in runs if r.get("ok")]
+    if not ok:
+        return {"ok": False, "error": runs[0]["error"] if runs else f"not measured: {why}"}
+    mid = sorted(ok, key=lambda r: r["rows_per_s"])[(len(ok) - 1) // 2]
+    return {
+        **mid,
+        "rows_per_s": round(median([r["rows_per_s"] for r in ok])),
+        "runs_rows_per_s": [r["rows_per_s"] for r in ok],
+        "runs_failed": len(runs) - len(ok),
+    }
+
+
+def _sweep(
+    cfg: FanoutConfig, sizes: dict[int, dict[str, Any]], why: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One backend's sizes in ``cfg.actors`` order (a missing one failed, saying ``why``) and
+    the linear models of its figures."""
+    results = [
+        sizes.get(k) or {"actors": k, "ok": False, "error": f"not measured: {why}"}
+        for k in cfg.actors
+    ]
+    ok = [r for r in results if r["ok"]]
+    xs = [float(r["actors"]) for r in ok]
+    models = {
+        f"{op}_{fig}": fit_linear(xs, [r[op][fig] for r in ok])
+        for op in OPS
+        for fig in ("stage_ms", "slowest_ms", "fanout_overhead_ms")
+    }
+    return results, models
+
+
+def http_over_ray(ray: dict[str, Any], http: dict[str, Any]) -> dict[str, Any]:
+    """Every HTTP figure as a ratio of Ray's, same size (None where either failed): per size
+    and stage the coordinator's stage time and the slowest instance's call, and the dispatch
+    rows/s; above 1 the HTTP time is longer (and its rows/s higher)."""
+
+    def ratio(h: float | None, r: float | None) -> float | None:
+        return None if h is None or r is None or r <= 0 else round(h / r, 3)
+
+    rs = {r["actors"]: r for r in ray["results"] if r["ok"]}
+    sizes: dict[str, Any] = {}
+    for h in http["results"]:
+        r = rs.get(h["actors"])
+        if not h["ok"] or r is None:
+            continue
+        sizes[str(h["actors"])] = {
+            "checkpoint_wall": ratio(h["checkpoint_wall_ms"], r["checkpoint_wall_ms"]),
+            **{
+                op: {
+                    "stage": ratio(h[op]["stage_ms"], r[op]["stage_ms"]),
+                    "slowest": ratio(h[op]["slowest_ms"], r[op]["slowest_ms"]),
+                }
+                for op in OPS
+            },
+        }
+    rd, hd = ray["dispatch"], http["dispatch"]
+    return {
+        "sizes": sizes,
+        "dispatch_rows_per_s": ratio(
+            hd.get("rows_per_s") if hd.get("ok") else None,
+            rd.get("rows_per_s") if rd.get("ok") else None,
+        ),
+    }
+
+
 def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
-    """The sweep in a fresh subprocess; sizes that did not finish are reported as failed."""
-    progress(f"fan-out on Ray: {', '.join(map(str, cfg.actors))} actors (fresh subprocess)")
+    """The sweep in a fresh subprocess; sizes that did not finish are reported as failed.
+    Ray's figures at the top level, HTTP's under ``http``, ratios under ``http_over_ray``."""
+    progress(
+        f"fan-out on {' and '.join(cfg.backends)}: {', '.join(map(str, cfg.actors))} "
+        "instances (fresh subprocess)"
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -326,7 +448,7 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
     ]
     if progress.enabled:
         cmd.append("--verbose")
-    deadline = 120.0 + cfg.size_timeout_s * len(cfg.actors)
+    deadline = 120.0 + cfg.size_timeout_s * len(cfg.actors) * len(cfg.backends)
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -342,58 +464,68 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
         os.killpg(proc.pid, signal.SIGKILL)  # the worker and the Ray processes it started
         stdout, stderr = proc.communicate()
     lines = [json.loads(line) for line in (stdout or "").splitlines() if line.startswith("{")]
-    sizes = {r["actors"]: r for r in lines if "actors" in r}
     cluster: dict[str, Any] = next(
         (r for r in lines if "cluster_start_s" in r or "cluster_error" in r), {}
     )
     why = (
-        cluster.get("cluster_error")
-        or (f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None)
-        or f"the worker exited with code {proc.returncode}: {(stderr or '').strip()[-1500:]}"
-    )
-    results = [
-        sizes.get(k) or {"actors": k, "ok": False, "error": f"not measured: {why}"}
-        for k in cfg.actors
-    ]
-    ok = [r for r in results if r["ok"]]
-    xs = [float(r["actors"]) for r in ok]
-    models = {
-        f"{op}_{fig}": fit_linear(xs, [r[op][fig] for r in ok])
-        for op in OPS
-        for fig in ("stage_ms", "slowest_ms", "fanout_overhead_ms")
-    }
-    disp = next(
-        (r["ray_dispatch"] for r in lines if "ray_dispatch" in r),
-        {"ok": False, "error": f"not measured: {why}"},
-    )
+        f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None
+    ) or f"the worker exited with code {proc.returncode}: {(stderr or '').strip()[-1500:]}"
+    per: dict[str, dict[str, Any]] = {}
+    for backend in BACKENDS:
+        b_why = (cluster.get("cluster_error") if backend == "ray" else None) or why
+        if backend not in cfg.backends:
+            b_why = "not asked for (--backend)"
+        sizes = {
+            r["actors"]: r for r in lines if "actors" in r and r.get("backend", "ray") == backend
+        }
+        results, models = _sweep(cfg, sizes, b_why)
+        runs = [r["dispatch"] for r in lines if r.get("dispatch", {}).get("backend") == backend]
+        per[backend] = {
+            "results": results,
+            "models": models,
+            "dispatch": _dispatch_median(runs, b_why),
+            "sizes_ok": sum(r["ok"] for r in results),
+            "sizes_failed": [r["actors"] for r in results if not r["ok"]],
+        }
+    ray, http = per["ray"], per["http"]
     out: dict[str, Any] = {
         "actors": list(cfg.actors),
-        "ray_dispatch": disp,
-        "ray_2_actors_rows_per_s": disp.get("rows_per_s"),
-        "sizes_ok": len(ok),
-        "sizes_failed": [r["actors"] for r in results if not r["ok"]],
+        "backends": list(cfg.backends),
+        "ray_dispatch": ray["dispatch"],
+        "ray_2_actors_rows_per_s": ray["dispatch"].get("rows_per_s"),
+        "http_2_servers_rows_per_s": http["dispatch"].get("rows_per_s"),
+        "sizes_ok": ray["sizes_ok"],
+        "sizes_failed": ray["sizes_failed"],
         "cluster_start_s": cluster.get("cluster_start_s"),
-        "results": results,
-        "models": models,
+        "results": ray["results"],
+        "models": ray["models"],
+        "http": http,
+        "http_over_ray": http_over_ray(ray, http),
         "config": attrs.asdict(cfg),
     }
-    for r in ok:
+    for backend, prefix in (("ray", ""), ("http", "http_")):
+        for r in per[backend]["results"]:
+            if not r["ok"]:
+                continue
+            unit = "actors" if backend == "ray" else "servers"
+            for op in OPS:
+                out[f"{prefix}{op}_ms_{r['actors']}_{unit}"] = r[op]["stage_ms"]
+                out[f"{prefix}{op}_slowest_ms_{r['actors']}_{unit}"] = r[op]["slowest_ms"]
         for op in OPS:
-            out[f"{op}_ms_{r['actors']}_actors"] = r[op]["stage_ms"]
-            out[f"{op}_slowest_ms_{r['actors']}_actors"] = r[op]["slowest_ms"]
-    for op in OPS:
-        m = models[f"{op}_stage_ms"]
-        out[f"{op}_ms_model_64_actors"] = None if m is None else m["at"]["64"]
-    for r in results:
-        progress(
-            f"fan-out {r['actors']} actors: "
-            + (
-                f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
-                f"resume {r['resume']['stage_ms']} ms"
-                if r["ok"]
-                else f"FAILED ({r['error']})"
+            m = per[backend]["models"][f"{op}_stage_ms"]
+            unit = "actors" if backend == "ray" else "servers"
+            out[f"{prefix}{op}_ms_model_64_{unit}"] = None if m is None else m["at"]["64"]
+    for backend in cfg.backends:
+        for r in per[backend]["results"]:
+            progress(
+                f"fan-out {r['actors']} {backend} instances: "
+                + (
+                    f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
+                    f"resume {r['resume']['stage_ms']} ms"
+                    if r["ok"]
+                    else f"FAILED ({r['error']})"
+                )
             )
-        )
     return out
 
 
@@ -401,6 +533,7 @@ def _main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "--worker":
         raw = json.loads(argv[1])
         raw["actors"] = tuple(raw["actors"])
+        raw["backends"] = tuple(raw["backends"])
         _worker(FanoutConfig(**raw), "--verbose" in argv)
         return 0
     print(

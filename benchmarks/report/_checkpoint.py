@@ -5,7 +5,7 @@ and median actor per Gym call)."""
 from __future__ import annotations
 
 from ._format import Add, fmt, stall, turns_text
-from ._records import CheckpointRayResult, CheckpointResult, StageRow
+from ._records import CheckpointRayResult, CheckpointRemoteResult, CheckpointResult, StageRow
 
 __all__ = ["checkpoint_keys", "checkpoint_ray_section", "checkpoint_section"]
 
@@ -85,12 +85,15 @@ def checkpoint_section(add: Add, ck: CheckpointResult) -> None:
         add("")
 
 
-def checkpoint_ray_section(add: Add, cr: CheckpointRayResult) -> None:
+def checkpoint_ray_section(add: Add, cr: CheckpointRemoteResult) -> None:
+    """The checkpoint on Ray actors, or (``cr.backend`` http) on spawned servers."""
     cfg = cr.config
+    http = cr.backend == "http"
+    where, unit = ("over HTTP", "servers") if http else ("on Ray", "actors")
     add(
-        f"## Checkpoint end to end on Ray "
+        f"## Checkpoint end to end {where} "
         f"({cfg.in_flight if cr.in_flight is None else cr.in_flight:,} in flight, "
-        f"{cfg.actors if cr.actors is None else cr.actors} actors)"
+        f"{cfg.actors if cr.actors is None else cr.actors} {unit})"
     )
     add("")
     if cr.stages is None:
@@ -101,11 +104,17 @@ def checkpoint_ray_section(add: Add, cr: CheckpointRayResult) -> None:
         add("```")
         add("")
         return
+    deployment = (
+        f"`HttpGym` ({cr.actors} simulated calendar instances, one spawned `gymckpt serve` "
+        f"process each, started in {fmt(cr.actors_start_s, ' s')})"
+        if http
+        else f"`RayGym` ({cr.actors} simulated calendar instances, one Ray actor each, "
+        f"started in {fmt(cr.actors_start_s, ' s')} on a local cluster started in "
+        f"{fmt(cr.cluster_start_s, ' s')})"
+    )
     add(
-        f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on `RayGym` "
-        f"({cr.actors} simulated calendar instances, one Ray actor each, started in "
-        f"{fmt(cr.actors_start_s, ' s')} on a local cluster started in "
-        f"{fmt(cr.cluster_start_s, ' s')}), real time throughout: "
+        f"One `Rollouts.checkpoint()` through `nurseries.open_rollouts` on {deployment}, "
+        "real time throughout: "
         f"ok = {cr.checkpoint_ok}, {cr.episodes_exported:,} episodes exported, "
         f"{cr.pending_drained} pending drained, {fmt(cr.checkpoint_wall_s, ' s', 2)} "
         f"wall, of which `prepare` (every episode reaching its next step boundary: turns of "
@@ -120,7 +129,7 @@ def checkpoint_ray_section(add: Add, cr: CheckpointRayResult) -> None:
     add("")
     add(
         "| stage | wall | longest loop stall (wall / CPU) | GC pauses | heartbeat late "
-        "| inside Gym calls | slowest / median actor |"
+        f"| inside Gym calls | slowest / median {unit[:-1]} |"
     )
     add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     by_op = cr.gym_calls_by_op or {}
@@ -144,11 +153,14 @@ def checkpoint_ray_section(add: Add, cr: CheckpointRayResult) -> None:
     add("")
     add(
         "Measured by the embedded run's code (`checkpoint.measure_checkpoint`). *Inside Gym "
-        "calls*: the stage's time with at least one actor's call outstanding, Ray round trip "
-        "included; *slowest / median actor*: each actor's time in that stage's calls "
-        "(`topology` is one call for every actor, asked once, at a run's first checkpoint, "
+        f"calls*: the stage's time with at least one call outstanding, "
+        f"{'HTTP' if http else 'Ray'} round trip included; *slowest / median*: each "
+        "instance's time in that stage's calls "
+        "(`topology` is one call for every instance, asked once, at a run's first checkpoint, "
         "before admission closes). GC pauses include collections in the trainer's worker "
-        "threads. The trainer, the actors and Ray's own processes share this machine's cores."
+        "threads. The trainer and the "
+        + ("servers" if http else "actors and Ray's own processes")
+        + " share this machine's cores."
     )
     add("")
 

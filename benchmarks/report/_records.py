@@ -193,10 +193,11 @@ class CheckpointRayRunConfig:
 
 
 @attrs.frozen
-class CheckpointRayResult:
-    """``checkpoint_ray.json``: one whole checkpoint on Ray. A run that failed (Ray did not
-    start, an actor died) has its configuration, ``checkpoint_ok`` false and the ``error``,
-    and no ``stages``; every measured field is then None."""
+class CheckpointRemoteResult:
+    """One whole checkpoint on Ray actors or spawned ``gymckpt serve`` processes
+    (``backend``; ``actors`` is the number of instances). A run that failed (Ray did not
+    start, an actor or a server died) has its configuration, ``checkpoint_ok`` false and the
+    ``error``, and no ``stages``; every measured field is then None."""
 
     config: CheckpointRayRunConfig
     checkpoint_ok: bool = False
@@ -224,6 +225,16 @@ class CheckpointRayResult:
     snapshot_files: int | None = None
     modes: dict[str, ModeCheckpoint] | None = None
     turn_times: dict[str, Any] | None = None
+    backend: str | None = None
+
+
+@attrs.frozen
+class CheckpointRayResult(CheckpointRemoteResult):
+    """``checkpoint_ray.json``: the checkpoint on Ray, and (``--backend both``) the same over
+    HTTP measured in the same run, with HTTP's figures as ratios of Ray's."""
+
+    http: CheckpointRemoteResult | None = None
+    http_over_ray: dict[str, float | None] | None = None
 
 
 # -- drain ----------------------------------------------------------------------------------
@@ -448,7 +459,9 @@ class LinearModel:
 
 @attrs.frozen
 class RayDispatch:
-    """Dispatch through the whole loop on Ray; a run that failed has ``ok`` false and its
+    """Dispatch through the whole loop on Ray (or over HTTP: ``backend``) with 2 instances;
+    ``rows_per_s`` is the median of ``runs_rows_per_s`` (one run in results from before the
+    runs were repeated). A backend with no run that finished has ``ok`` false and its
     ``error``."""
 
     ok: bool = False
@@ -457,6 +470,8 @@ class RayDispatch:
     seconds: float | None = None
     rows_per_s: int | None = None
     batch: int | None = None
+    backend: str | None = None
+    runs_rows_per_s: list[int] | None = None
 
 
 @attrs.frozen
@@ -466,9 +481,21 @@ class FanoutRunConfig:
 
 
 @attrs.frozen
+class FanoutHttp:
+    """``fanout.json``'s ``http``: the same sweep on spawned ``gymckpt serve`` processes
+    (``actors`` is the number of servers), its models and its dispatch."""
+
+    results: list[FanoutSize]
+    sizes_failed: list[int]
+    models: dict[str, LinearModel | None] | None = None
+    dispatch: RayDispatch | None = None
+
+
+@attrs.frozen
 class FanoutResult:
-    """``fanout.json``: the control fan-out per size, the linear models (None for a figure
-    with too few sizes measured) and dispatch on Ray."""
+    """``fanout.json``: the control fan-out per size on Ray, the linear models (None for a
+    figure with too few sizes measured) and dispatch on Ray; ``http`` the same over HTTP,
+    measured in the same run (None in results from before it was)."""
 
     config: FanoutRunConfig
     results: list[FanoutSize]
@@ -476,6 +503,7 @@ class FanoutResult:
     models: dict[str, LinearModel | None] | None = None
     ray_dispatch: RayDispatch | None = None
     cluster_start_s: float | None = None
+    http: FanoutHttp | None = None
 
 
 # -- work preserved across a crash ------------------------------------------------------------

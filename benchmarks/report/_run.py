@@ -7,11 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from .._common import Progress
 from ..checkpoint import CheckpointConfig, run_checkpoint
-from ..checkpoint_ray import CheckpointRayConfig, run_checkpoint_ray
+from ..checkpoint_ray import CheckpointRayConfig, run_remote_checkpoints
 from ..dispatch import DispatchConfig, run_dispatch
 from ..drain import DrainConfig, run_drain
 from ..fanout import FanoutConfig, run_fanout
@@ -36,13 +34,15 @@ def run_all(
     meta: dict[str, Any],
     progress: Progress,
     checkpoint_ray_cfg: CheckpointRayConfig | None = None,
+    remote_backends: tuple[str, ...] = ("ray", "http"),
 ) -> dict[str, Any]:
     """Every benchmark, then the JSON results, the plots and SUMMARY.md in ``out``.
-    ``fanout_cfg`` and ``checkpoint_ray_cfg`` None skip the Ray parts (``--no-ray``). A
-    checkpoint on Ray that cannot run (Ray does not start, the worker dies) is a result
-    (``checkpoint_ok`` false, with the error), not the end of the run. A ``host.json``
-    already in ``out`` (``gymckpt bench host --json``, never run by ``all``) is read into
-    the report and named as another run's."""
+    ``fanout_cfg`` and ``checkpoint_ray_cfg`` None skip the Ray parts (``--no-ray``); both
+    measure Ray and HTTP side by side (``remote_backends``, the checkpoint's: Ray, then HTTP
+    at the same size). A remote checkpoint that cannot run (Ray does not start, the worker
+    dies) is a result (``checkpoint_ok`` false, with the error), not the end of the run. A
+    ``host.json`` already in ``out`` (``gymckpt bench host --json``, never run by ``all``) is
+    read into the report and named as another run's."""
     out.mkdir(parents=True, exist_ok=True)
     drain = run_drain(drain_cfg, progress, gc_freeze_variant=True)
     dump(out / "drain.json", {**drain, "meta": meta})
@@ -63,20 +63,7 @@ def run_all(
     checkpoint_ray: Result | None = None
     stale: list[str] = []
     if checkpoint_ray_cfg is not None:
-        try:
-            checkpoint_ray = run_checkpoint_ray(checkpoint_ray_cfg, progress)
-        except RuntimeError as exc:
-            progress(f"checkpoint on Ray FAILED: {exc}")
-            checkpoint_ray = {
-                "checkpoint_ok": False,
-                "error": str(exc)[-2000:],
-                "in_flight": checkpoint_ray_cfg.in_flight,
-                "actors": checkpoint_ray_cfg.actors,
-                "config": {
-                    **attrs.asdict(checkpoint_ray_cfg),
-                    "turn_times": checkpoint_ray_cfg.times().describe(),
-                },
-            }
+        checkpoint_ray = run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress)
         dump(out / "checkpoint_ray.json", {**checkpoint_ray, "meta": meta})
         files.append(out / "checkpoint_ray.json")
     else:

@@ -70,6 +70,8 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
         checkpoint_section(add, r.checkpoint)
     if r.checkpoint_ray is not None:
         checkpoint_ray_section(add, r.checkpoint_ray)
+        if r.checkpoint_ray.http is not None:
+            checkpoint_ray_section(add, r.checkpoint_ray.http)
     drain_section(add, r.drain, plots)
     memory_section(add, r.memory)
     dispatch_section(add, r.dispatch)

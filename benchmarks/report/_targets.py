@@ -9,9 +9,11 @@ from typing import Any
 
 import attrs
 
+from ._fanout import ratio
 from ._format import TIMES, at_size, first_line, fmt, pct
 from ._records import (
     CheckpointRayResult,
+    CheckpointRemoteResult,
     CheckpointResult,
     DrainResult,
     FanoutResult,
@@ -298,9 +300,7 @@ def targets(
             "checkpoint_e2e_ray",
             "whole checkpoint at 200k on Ray with 4 actors",
             "report",
-            "failed: "
-            + first_line(cr.checkpoint_error or cr.error)
-            + at_size(cr.in_flight, 200_000),
+            _failure(cr),
             False,
             report_only=True,
         )
@@ -375,6 +375,8 @@ def targets(
             top is not None and top >= 16,
         )
 
+    _http_rows(row, fanout, checkpoint_ray)
+
     _mode_rows(row, checkpoint, checkpoint_ray, preserved)
 
     # 5. work preserved
@@ -433,6 +435,104 @@ def targets(
         )
 
     return rows
+
+
+def _failure(r: CheckpointRemoteResult) -> str:
+    """A remote checkpoint that failed, as its targets row says it."""
+    return "failed: " + first_line(r.checkpoint_error or r.error) + at_size(r.in_flight, 200_000)
+
+
+def _http_rows(
+    row: Any, fanout: FanoutResult | None, checkpoint_ray: CheckpointRayResult | None
+) -> None:
+    """Issue 24's figures over HTTP, each beside Ray's from the same run, as ratios."""
+    http = None if fanout is None else fanout.http
+    ray_d = None if fanout is None else fanout.ray_dispatch
+    hd = None if http is None else http.dispatch
+    fig = "dispatch through the whole loop over HTTP, 2 servers (Ray, 2 actors, same run)"
+    if hd is None:
+        row("dispatch_http", fig, "report", "not run", None)
+    elif not hd.ok or hd.rows_per_s is None:
+        row(
+            "dispatch_http",
+            fig,
+            "report",
+            f"failed: {first_line(hd.error)}",
+            False,
+            report_only=True,
+        )
+    else:
+        rr = ray_d.rows_per_s if ray_d is not None and ray_d.ok else None
+        row(
+            "dispatch_http",
+            fig,
+            "report",
+            f"{hd.rows_per_s:,} rows/s (Ray {'n/a' if rr is None else f'{rr:,}'} rows/s; "
+            f"HTTP/Ray {fmt(ratio(hd.rows_per_s, rr), TIMES, 2)})",
+            True,
+            report_only=True,
+        )
+    fig = "control fan-out, 1 to 16 HTTP servers, with a model for 64+ (Ray beside, same run)"
+    if fanout is None or http is None:
+        row("fanout_http", fig, "measured to 16", "not run", None)
+    else:
+        hs = {r.actors: r for r in http.results if r.ok}
+        rs = {r.actors: r for r in fanout.results if r.ok}
+        top = max(hs, default=None)
+        if top is None:
+            text = "no size measured: " + first_line(http.results[0].error if http.results else "")
+        else:
+            h, r = hs[top], rs.get(top)
+            text = f"{top} servers: " + ", ".join(
+                f"{op} {fmt(h.op(op).stage_ms, ' ms')}"
+                + (
+                    ""
+                    if r is None
+                    else f" (Ray {fmt(r.op(op).stage_ms, ' ms')}, "
+                    f"{fmt(ratio(h.op(op).stage_ms, r.op(op).stage_ms), TIMES, 2)})"
+                )
+                for op in ("prepare", "commit", "resume")
+            )
+            m = (http.models or {}).get("commit_stage_ms")
+            if m is not None:
+                text += (
+                    f"; commit at 64 servers {fmt(m.at['64'], ' ms', 0)} by the model (R² {m.r2})"
+                )
+        if http.sizes_failed:
+            text += f"; failed: {', '.join(map(str, http.sizes_failed))} servers"
+        row(
+            "fanout_http",
+            fig,
+            "measured to 16",
+            text,
+            not http.sizes_failed and top is not None,
+            top is not None and top >= 16,
+        )
+    fig = "whole checkpoint at 200k over HTTP with 4 servers (Ray beside, same run)"
+    ch = None if checkpoint_ray is None else checkpoint_ray.http
+    if ch is None:
+        row("checkpoint_e2e_http", fig, "report", "not run", None)
+    elif not ch.checkpoint_ok:
+        row("checkpoint_e2e_http", fig, "report", _failure(ch), False, report_only=True)
+    else:
+        assert checkpoint_ray is not None
+        cr = checkpoint_ray
+        ray_text = (
+            f"Ray {fmt(cr.e2e_s, ' s', 2)}, HTTP/Ray {fmt(ratio(ch.e2e_s, cr.e2e_s), TIMES, 2)}"
+            if cr.checkpoint_ok
+            else "Ray failed"
+        )
+        row(
+            "checkpoint_e2e_http",
+            fig,
+            "report",
+            f"{fmt(ch.e2e_s, ' s', 2)} close to resume (+ {fmt(ch.turn_time_wall_s, ' s', 1)} "
+            f"turn time; {ray_text}), longest loop stall {fmt(ch.max_loop_stall_ms, ' ms', 1)}, "
+            f"{ch.actors} servers" + at_size(ch.in_flight, 200_000),
+            True,
+            ch.in_flight is not None and ch.in_flight >= 200_000 and ch.actors == 4,
+            report_only=True,
+        )
 
 
 def _mode_rows(
