@@ -69,6 +69,8 @@ def modes_section(
     """Both modes side by side, for the results that carry them (older ones carry none)."""
     emb = None if checkpoint is None else checkpoint.modes
     ray = None if checkpoint_ray is None else checkpoint_ray.modes
+    over_http = None if checkpoint_ray is None else checkpoint_ray.http
+    http = None if over_http is None else over_http.modes
     pmodes = None if preserved is None else preserved.modes
     if not (emb or ray or pmodes):
         return
@@ -111,6 +113,9 @@ def modes_section(
             _checkpoint_rows(add, "embedded", emb)
         if ray:
             _checkpoint_rows(add, f"Ray, {checkpoint_ray.actors if checkpoint_ray else '?'}", ray)
+        if http:
+            servers = over_http.actors if over_http is not None else "?"
+            _checkpoint_rows(add, f"HTTP, {servers} (same run)", http)
         add("")
         add(
             "*Until every episode moves*: from `checkpoint()`'s start until the last episode "
@@ -125,7 +130,7 @@ def modes_section(
             "timer or reply due in it waits for its end."
         )
         add("")
-        for where, modes in (("embedded", emb), ("Ray", ray)):
+        for where, modes in (("embedded", emb), ("Ray", ray), ("HTTP", http)):
             if modes and "aligned" in modes and "unaligned" in modes:
                 a, u = modes["aligned"], modes["unaligned"]
                 r = ratio(u.until_all_moving_s, a.until_all_moving_s)
