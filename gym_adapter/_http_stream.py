@@ -222,11 +222,8 @@ class HttpReplyStream:
         if self._ended:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        seq = self._acks.asked_next()
-        if seq is not None:
-            self._peer.acks.record(self._instance, self._sid, seq)
-            if self._acks.due(time.monotonic()):
-                self._send_ack()
+        if self._acks.on_ask(self._peer.acks, self._instance, self._sid, time.monotonic()):
+            self._send_ack()
         try:
             item = await self._next_item()
         except BaseException:

@@ -129,11 +129,8 @@ class RayReplyStream:
         if self._ended:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        seq = self._acks.asked_next()
-        if seq is not None:
-            self._link.acks.record(self._instance, self._sid, seq)
-            if self._acks.due(time.monotonic()):
-                self._send_ack()
+        if self._acks.on_ask(self._link.acks, self._instance, self._sid, time.monotonic()):
+            self._send_ack()
         item = await self._link.bridge.advance(self._cursor)
         if isinstance(item, outcome.Error):
             self._ended = True

@@ -65,6 +65,16 @@ class StreamAcks:
         self.acked = self.delivered
         return self.acked
 
+    def on_ask(self, book: AckBook, instance: str, sid: int, now: float) -> bool:
+        """The consumer of stream ``sid`` asks for its next batch: what that acknowledges is
+        recorded in ``book`` (the instance's next call carries it); True if the latest
+        acknowledgement should also be sent on its own now (``mark_sent``)."""
+        seq = self.asked_next()
+        if seq is None:
+            return False
+        book.record(instance, sid, seq)
+        return self.due(now)
+
     def due(self, now: float) -> bool:
         """Should the latest acknowledgement be sent on its own now?"""
         return self.acked > self.sent and now - self.sent_at >= self.interval_s

@@ -35,6 +35,19 @@ def test_a_stream_sends_its_acknowledgement_on_its_own_at_most_every_interval() 
     assert not acks.due(10.09) and acks.due(10.2)
 
 
+def test_asking_for_the_next_batch_records_it_in_the_book_and_says_when_to_send() -> None:
+    """``on_ask``: what both transports' streams do when their consumer asks for a batch."""
+    book, acks = AckBook.of(["gym-0"]), StreamAcks(interval_s=0.05, sent_at=10.0)
+    assert not acks.on_ask(book, "gym-0", 7, 10.0) and book.outgoing("gym-0") == {}
+    acks.deliver(1)
+    assert not acks.on_ask(book, "gym-0", 7, 10.01)  # recorded, not due on its own yet
+    assert book.outgoing("gym-0") == {7: 1}
+    acks.deliver(2)
+    assert acks.on_ask(book, "gym-0", 7, 10.06) and book.outgoing("gym-0") == {7: 2}
+    assert acks.mark_sent(10.06) == 2
+    assert not acks.on_ask(book, "gym-0", 7, 11.0)  # nothing new since
+
+
 def test_the_book_hands_acknowledgements_to_the_next_call_until_settled() -> None:
     book = AckBook.of(["gym-0", "gym-1"])
     book.record("gym-0", 1, 4)
