@@ -43,7 +43,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 import trio
@@ -84,6 +84,8 @@ __all__ = [
     "Dispatcher",
     "DispatcherStatistics",
 ]
+
+T = TypeVar("T")
 
 READY = "rollout/groups-ready"
 """Barrier key touched whenever a prompt group becomes complete (the trainer waits on it)."""
@@ -316,9 +318,11 @@ class Dispatcher:
                     ledger.mark_dispatched(lost, instance, gate_id)
                     if origins:
                         ledger.record_orphans(origins, instance, restored=True)
-                    return self._abandon(lost, lost_touched)
+                    return ledger.abandon(lost)  # spends: a row may end
 
-                fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
+                fresh = ledger.barrier.mutate_nowait(
+                    self._rows_may_end(submitted_and_lost, lost_touched), lost_touched
+                )
                 self.enqueue(a.rollout_id for a in fresh)
                 return
             except GymUnavailable:
@@ -398,7 +402,9 @@ class Dispatcher:
         ledger = self.ledger
         lost = [rid for rid in outstanding if ledger.is_in_flight(rid)]
         touched = list(lost)
-        fresh = await ledger.barrier.mutate(lambda: ledger.abandon(lost, spend=False), touched)
+        fresh = await ledger.barrier.mutate(
+            self._rows_may_end(lambda: ledger.abandon(lost, spend=False), touched), touched
+        )
         self.enqueue(a.rollout_id for a in fresh)
 
     async def _apply(
@@ -420,7 +426,6 @@ class Dispatcher:
 
         def apply() -> None:
             ready_before = ledger.ready_groups
-            rows_before = len(ledger.rows())
             for reply in replies:
                 rid = reply.rollout_id
                 if rid not in outstanding:
@@ -459,10 +464,10 @@ class Dispatcher:
                     refused.append(rid)
                     self._refused += 1
                     self.metrics.inc(ADMISSION_CLOSED_ROWS)
-            if ledger.ready_groups > ready_before or len(ledger.rows()) < rows_before:
-                touched.append(READY)  # a group is ready, or a row failed: the trainer looks
+            if ledger.ready_groups > ready_before:
+                touched.append(READY)  # a group is ready: the trainer looks
 
-        await ledger.barrier.mutate(apply, touched)
+        await ledger.barrier.mutate(self._rows_may_end(apply, touched), touched)
         if resend:
             self.enqueue(resend)
         assert self._nursery is not None
@@ -484,19 +489,31 @@ class Dispatcher:
             await trio.sleep(delay)
         self.enqueue(ids)
 
-    def _abandon(self, rollout_ids: Sequence[str], touched: list[str]) -> list[Attempt]:
-        """``ledger.abandon`` inside a mutation; touches ``READY`` when a row failed for good.
+    def _rows_may_end(self, fn: Callable[[], T], touched: list[str]) -> Callable[[], T]:
+        """``fn`` as a mutation that may end rows for good (a failure or an abandonment that
+        spent a row's last attempt): when a row left the ledger, touch ``READY`` and wake the
+        planning loop. Liveness rests on both, whatever ``max_rows_in_flight``:
 
-        An abandoned attempt spends a row attempt, so the row may fail as a whole and leave
-        the ledger. The trainer waits on ``READY`` for "enough groups, or the dataset is done":
-        without this touch the trainer would sleep forever once the last rows fail through
-        abandonment (every stream dropped, or every submission unanswered).
+        * the trainer waits on ``READY`` for "enough groups, or the dataset is done", and a row
+          that fails for good may be what makes the dataset done;
+        * a row that leaves the ledger frees room under ``max_rows_in_flight``, and only the
+          planning loop reserves the next row, or learns that there is none left
+          (``rows_exhausted``): asleep, it would leave the trainer waiting for nothing.
+
+        Every mutation of the dispatcher that fails or abandons attempts runs through here.
         """
-        rows_before = len(self.ledger.rows())
-        replacements = self.ledger.abandon(rollout_ids)
-        if len(self.ledger.rows()) < rows_before:
-            touched.append(READY)
-        return replacements
+        ledger = self.ledger
+
+        def mutation() -> T:
+            rows_before = len(ledger.rows())
+            try:
+                return fn()
+            finally:
+                if len(ledger.rows()) < rows_before:
+                    touched.append(READY)
+                    self._kick.set()
+
+        return mutation
 
     async def _resend_later(self, ids: list[str]) -> None:
         await trio.sleep(self.config.backoff_s(1))
@@ -517,7 +534,7 @@ class Dispatcher:
         abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]
         touched = list(abandoned)
         replacements = await ledger.barrier.mutate(
-            lambda: self._abandon(abandoned, touched), touched
+            self._rows_may_end(lambda: ledger.abandon(abandoned), touched), touched
         )
         self.enqueue(a.rollout_id for a in replacements)
         if not abandoned or not self.replacer.is_up(instance):

@@ -731,6 +731,17 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="acks_free_them",
         sim_seeds=0,
     ),
+    # -- liveness and outages (issue 31: findings 6, 7) -------------------------------------------
+    Mutant(
+        "last-inflight-failure-no-wakeup",
+        "liveness",
+        "nurseries/_dispatcher.py",
+        "self._kick.set()",
+        "pass",
+        ("tests/test_liveness.py",),
+        nth=3,
+        sim_seeds=0,
+    ),
 )
 
 
