@@ -742,6 +742,16 @@ MUTANTS: tuple[Mutant, ...] = (
         nth=3,
         sim_seeds=0,
     ),
+    Mutant(
+        "fastapi-detail-shown-raw",
+        "model client",
+        "gym_adapter/openai_model.py",
+        'if "error" not in value and "detail" in value:',
+        "if False:",
+        ("tests/test_openai_model.py",),
+        keyword="fastapi",
+        sim_seeds=0,
+    ),
 )
 
 
