@@ -19,8 +19,14 @@ Invariants
   fatal — they stay queued for the next checkpoint. Their siblings are re-sent as fresh attempts
   under new rollout IDs (S3).
 * Completions are accepted only when identity and gate ID match the ledger (stale ones counted).
-* Failures are classified infra vs data by Gym; infra re-sends wait an exponential backoff.
-  Each counts in ``rollout/episode_failures_total`` and its class's
+* Failures are classified infra vs data by Gym. A data failure spends a row attempt and data
+  budget and is re-sent at once. An infra failure (``ModelUnavailable`` out of ``ctx.model``:
+  the model server is down; an instance that could not run the episode) spends nothing: the
+  slot's next attempt is re-sent after a backoff that grows with the outage, and the outage
+  is bounded by time — the ``OutageClock`` of the episodes' infrastructure runs from the first
+  infra failure after the last episode that ended otherwise, and past ``outage_budget_s``
+  the run stops (``InfraOutage``, exit code 8) naming the last failure; it never gives a row
+  up. Each failure counts in ``rollout/episode_failures_total`` and its class's
   ``rollout/episode_failures_{data,infra}_total``. A ``Completed`` whose reward is not a finite
   number (an int is taken as a float; a bool, ``nan`` or ``inf`` is not) is a data failure of
   that attempt (Gym's replies are not trusted: a ``nan`` in the ledger would make a snapshot
@@ -68,12 +74,14 @@ from gymckpt.runtime import (
     GymCallTimeout,
     GymInstanceDead,
     GymUnavailable,
+    InfraOutage,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
 )
 
 from ._calls import bounded_call, fan_out
+from ._outage import OutageClock
 from ._replace import InstanceReplacer
 
 __all__ = [
@@ -148,6 +156,12 @@ class Dispatcher:
     _submitting: set[str] = attrs.field(factory=set, init=False)
     """Rollout IDs planned into a submission still in progress: never planned twice."""
     _submissions: int = attrs.field(default=0, init=False)
+    outage: OutageClock = attrs.field(init=False)
+    """The episodes' infrastructure: down from the first infra failure after the last episode
+    that ended otherwise (see the module docstring)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.outage = OutageClock("infrastructure (every episode failed as infra)", self.config)
 
     # -- work list ---------------------------------------------------------------------------
 
@@ -325,13 +339,15 @@ class Dispatcher:
                 )
                 self.enqueue(a.rollout_id for a in fresh)
                 return
-            except GymUnavailable:
+            except GymUnavailable as exc:
                 # Gym's control plane failed the submission (C3 ``run:error`` /
                 # ``run:unpicklable``): nothing was admitted. The rows stay RESERVED with their
                 # identity and are re-sent after a backoff, at no cost (like S2): a control-plane
-                # failure says nothing about the rows and never ends the run.
+                # failure says nothing about the rows. It is an outage of the infrastructure,
+                # bounded by ``outage_budget_s`` like an episode's infra failure.
                 self.metrics.inc("rollout/run_errors_total")
-                streams.start_soon(self._resend_later, [r.rollout_id for r in rows])
+                delay = self.outage.down(f"gym instance {instance}: run failed: {exc}")
+                streams.start_soon(self._resend_after, delay, [r.rollout_id for r in rows])
                 return
             # the same mutation as the submission, nothing in between but the submission (S1);
             # rows the ledger dropped while Gym accepted them are queued for retirement (S4)
@@ -373,15 +389,16 @@ class Dispatcher:
                 key, f"/run of {len(ids)} rows on {instance}", self.request_timeout_s
             ):
                 async for replies in stream:
-                    await self._apply(replies, gate_id, outstanding)
+                    await self._apply(replies, instance, gate_id, outstanding)
         except (GymUnavailable, DeadlineExpired) as exc:
             if isinstance(exc, GymInstanceDead):
                 dead = exc
             self.metrics.inc("rollout/stream_errors_total")
-        except BudgetExhausted:
-            # prompt-group recovery (S3): the run cannot go on. Retire what Gym still runs or
-            # holds for us, so nothing goes on mutating environment state for a run that ends,
-            # then re-raise: the caller's retry (a restart from the last snapshot) takes over.
+        except (BudgetExhausted, InfraOutage):
+            # prompt-group recovery (S3), or an outage past its budget: the run cannot go on.
+            # Retire what Gym still runs or holds for us, so nothing goes on mutating
+            # environment state for a run that ends, then re-raise: the caller's retry (a
+            # restart from the last snapshot) takes over.
             with trio.CancelScope(shield=True):
                 await self._retire_everything()
             raise
@@ -410,21 +427,27 @@ class Dispatcher:
     async def _apply(
         self,
         replies: Sequence[RunReply],
+        instance: str,
         gate_id: int,
         outstanding: dict[str, None],
     ) -> None:
-        """Apply one batch in one mutation. Re-sends are scheduled, never awaited here: the
-        consumer asks for the next batch at once, so replies leave the wire promptly (S9)."""
+        """Apply one batch (of ``instance``) in one mutation. Re-sends are scheduled, never
+        awaited here: the consumer asks for the next batch at once, so replies leave the wire
+        promptly (S9). Raises ``InfraOutage`` when an infra failure comes past the outage
+        budget."""
         ledger = self.ledger
         refused: list[str] = []
         touched: list[str] = []
         resend: list[str] = []
         backoff: list[str] = []
+        infra: list[str] = []
+        answered = False
 
         complete = ledger.complete_with
         metrics = self.metrics
 
         def apply() -> None:
+            nonlocal answered
             ready_before = ledger.ready_groups
             for reply in replies:
                 rid = reply.rollout_id
@@ -451,6 +474,8 @@ class Dispatcher:
                         )
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)
+                if failure is None or failure[0] == "data":
+                    answered = answered or not isinstance(reply, Refused)
                 if failure is not None:
                     failure_class, message = failure
                     metrics.inc(EPISODE_FAILURES)
@@ -458,6 +483,8 @@ class Dispatcher:
                         EPISODE_FAILURES_DATA if failure_class == "data" else EPISODE_FAILURES_INFRA
                     )
                     nxt = ledger.fail(rid, gate_id, failure_class, message)
+                    if failure_class == "infra":
+                        infra.append(f"{rid}: {message}")
                     if nxt is not None:
                         (backoff if failure_class == "infra" else resend).append(nxt.rollout_id)
                 elif isinstance(reply, Refused) and ledger.refuse(rid):
@@ -468,23 +495,22 @@ class Dispatcher:
                 touched.append(READY)  # a group is ready: the trainer looks
 
         await ledger.barrier.mutate(self._rows_may_end(apply, touched), touched)
+        if answered:  # an episode ended on its own: its infrastructure works
+            self.outage.up()
+            self.replacer.served(instance)
+        delay = 0.0
+        for cause in infra:  # raises InfraOutage past the budget
+            delay = self.outage.down(cause)
         if resend:
             self.enqueue(resend)
         assert self._nursery is not None
         if backoff:
-            self._nursery.start_soon(self._after_backoff, backoff)
+            self._nursery.start_soon(self._resend_after, delay, backoff)
         if refused:  # back to RESERVED now; re-sent as soon as admission allows (S2)
             self._nursery.start_soon(self._requeue_refused, refused, gate_id)
 
-    async def _after_backoff(self, ids: list[str]) -> None:
-        spent = max(
-            (
-                self.ledger.row_attempts_spent(a.row, a.slot)
-                for a in filter(None, (self.ledger.get(i) for i in ids))
-            ),
-            default=1,
-        )
-        delay = self.config.backoff_s(spent)
+    async def _resend_after(self, delay: float, ids: list[str]) -> None:
+        """Re-send ``ids`` after ``delay`` (an outage's backoff, ``OutageClock.down``)."""
         if delay > 0:
             await trio.sleep(delay)
         self.enqueue(ids)
@@ -514,10 +540,6 @@ class Dispatcher:
                     self._kick.set()
 
         return mutation
-
-    async def _resend_later(self, ids: list[str]) -> None:
-        await trio.sleep(self.config.backoff_s(1))
-        self.enqueue(ids)
 
     async def _requeue_refused(self, ids: list[str], gate_id: int) -> None:
         # Refused under the gate ID we still hold open: Gym closed admission on its own (a

@@ -104,6 +104,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "CheckpointsFailed": ("3 consecutive failures",),
     "WorkDirLocked": ("/data/work", 4242),
     "ReplacementsExhausted": ("gym-2", 3, 600.0, "instance gym-2 replace: not serving"),
+    "InfraOutage": ("gym instance gym-1", 301.5, 300.0, "died: instance gym-1 is dead"),
 }
 
 
