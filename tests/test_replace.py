@@ -322,6 +322,7 @@ async def test_an_instance_that_crashes_after_serving_spends_its_budget_and_stop
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(crash_after_serving)
                 await _train_all(ro, checkpoint=False)
+                nursery.cancel_scope.cancel()  # it never stopped: the test fails below
     decided = run_exit(caught.value)  # type: ignore[arg-type]
     assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED == 5
     err = decided[1]
