@@ -153,7 +153,7 @@ class RecoveryLedger:
         slot's row attempts are spent (then the whole row fails)."""
         cols = self._cols
         cols.end(s, final, failure)
-        if not spend and final is _ABANDONED:
+        if not spend:  # an instance death or an infra failure: released at no cost
             self._released += 1
         if spend and cols.spend(s) >= self.max_row_attempts:
             cols.fail_row(cols.row_at(s))
