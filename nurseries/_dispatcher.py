@@ -332,11 +332,9 @@ class Dispatcher:
                     ledger.mark_dispatched(lost, instance, gate_id)
                     if origins:
                         ledger.record_orphans(origins, instance, restored=True)
-                    return ledger.abandon(lost)  # spends: a row may end
+                    return self._abandon(lost, lost_touched)
 
-                fresh = ledger.barrier.mutate_nowait(
-                    self._rows_may_end(submitted_and_lost, lost_touched), lost_touched
-                )
+                fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
                 self.enqueue(a.rollout_id for a in fresh)
                 return
             except GymUnavailable as exc:
@@ -541,6 +539,12 @@ class Dispatcher:
 
         return mutation
 
+    def _abandon(self, rollout_ids: Sequence[str], touched: list[str]) -> list[Attempt]:
+        """``ledger.abandon`` (S3: each spends a row attempt) inside a mutation, with the
+        wakeups of ``_rows_may_end`` when a row ran out of attempts. Returns the fresh
+        attempts to send."""
+        return self._rows_may_end(lambda: self.ledger.abandon(rollout_ids), touched)()
+
     async def _requeue_refused(self, ids: list[str], gate_id: int) -> None:
         # Refused under the gate ID we still hold open: Gym closed admission on its own (a
         # checkpoint we do not run, or a fault). Back off briefly instead of spinning.
@@ -556,7 +560,7 @@ class Dispatcher:
         abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]
         touched = list(abandoned)
         replacements = await ledger.barrier.mutate(
-            self._rows_may_end(lambda: ledger.abandon(abandoned), touched), touched
+            lambda: self._abandon(abandoned, touched), touched
         )
         self.enqueue(a.rollout_id for a in replacements)
         if not abandoned or not self.replacer.is_up(instance):
