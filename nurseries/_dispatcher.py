@@ -17,7 +17,9 @@ Invariants
 * A stream that ends early: rows that never came back (and were not refused) are abandoned,
   queued for retirement and retired at once under dispatch admission; a failed retire is not
   fatal — they stay queued for the next checkpoint. Their siblings are re-sent as fresh attempts
-  under new rollout IDs (S3).
+  under new rollout IDs (S3). A stream that failed because its instance could not be reached
+  (``GymUnavailable`` that is not a death) is an outage: its rows are abandoned the same way
+  but spend nothing, and are re-sent after the outage's backoff.
 * Completions are accepted only when identity and gate ID match the ledger (stale ones counted).
 * Failures are classified infra vs data by Gym. A data failure spends a row attempt and data
   budget and is re-sent at once. An infra failure (``ModelUnavailable`` out of ``ctx.model``:
@@ -380,6 +382,7 @@ class Dispatcher:
         # whatever the string hashing (the simulation replays in process)
         outstanding = dict.fromkeys(ids)
         dead: GymInstanceDead | None = None
+        unreachable: GymUnavailable | None = None
         self._streams += 1
         key = f"stream-{next(self._stream_ids)}"
         try:
@@ -391,6 +394,8 @@ class Dispatcher:
         except (GymUnavailable, DeadlineExpired) as exc:
             if isinstance(exc, GymInstanceDead):
                 dead = exc
+            elif isinstance(exc, GymUnavailable):
+                unreachable = exc
             self.metrics.inc("rollout/stream_errors_total")
         except (BudgetExhausted, InfraOutage):
             # prompt-group recovery (S3), or an outage past its budget: the run cannot go on.
@@ -409,7 +414,7 @@ class Dispatcher:
             if outstanding:
                 await self._lost_to_death(outstanding)
         elif outstanding:
-            await self._early_end(instance, outstanding)
+            await self._early_end(instance, outstanding, unreachable)
 
     async def _lost_to_death(self, outstanding: dict[str, None]) -> None:
         """A dead instance's stream: its rows in flight are abandoned and re-sent fresh, at no
@@ -552,17 +557,47 @@ class Dispatcher:
             await trio.sleep(self.config.backoff_s(1))
         self.enqueue(ids)
 
-    async def _early_end(self, instance: str, outstanding: dict[str, None]) -> None:
-        """S3: abandon, queue for retire, retire now under admission, re-send fresh."""
+    async def _early_end(
+        self,
+        instance: str,
+        outstanding: dict[str, None],
+        unreachable: GymUnavailable | None = None,
+    ) -> None:
+        """S3: abandon, queue for retire, retire now under admission, re-send fresh.
+
+        A stream that Gym ended without these rows spends a row attempt each (a row that
+        keeps breaking its stream fails for good). One that failed because the instance could
+        not be reached (``unreachable``: a connection that broke, a transport error; not a
+        death) is an outage of the infrastructure: the rows spend nothing and are re-sent
+        after the outage's backoff, and past ``outage_budget_s`` the run stops
+        (``InfraOutage``)."""
         self._early += 1
         self.metrics.inc("rollout/early_stream_ends_total")
         ledger = self.ledger
+        delay = 0.0
+        if unreachable is not None:
+            try:
+                delay = self.outage.down(f"gym instance {instance}: reply stream: {unreachable}")
+            except InfraOutage:
+                with trio.CancelScope(shield=True):
+                    await self._retire_everything()
+                raise
         abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]
         touched = list(abandoned)
-        replacements = await ledger.barrier.mutate(
-            lambda: self._abandon(abandoned, touched), touched
-        )
-        self.enqueue(a.rollout_id for a in replacements)
+        if unreachable is None:
+            replacements = await ledger.barrier.mutate(
+                lambda: self._abandon(abandoned, touched), touched
+            )
+            self.enqueue(a.rollout_id for a in replacements)
+        else:
+            replacements = await ledger.barrier.mutate(
+                self._rows_may_end(lambda: ledger.abandon(abandoned, spend=False), touched),
+                touched,
+            )
+            assert self._nursery is not None
+            self._nursery.start_soon(
+                self._resend_after, delay, [a.rollout_id for a in replacements]
+            )
         if not abandoned or not self.replacer.is_up(instance):
             return
         generation = self.replacer.generation(instance)

@@ -802,6 +802,16 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="crashes_after",
         sim_seeds=0,
     ),
+    Mutant(
+        "unreachable-stream-spends-row-attempt",
+        "outages",
+        "nurseries/_dispatcher.py",
+        "unreachable = exc",
+        "pass",
+        ("tests/test_dispatcher.py",),
+        keyword="unreachable",
+        sim_seeds=0,
+    ),
 )
 
 

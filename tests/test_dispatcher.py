@@ -27,6 +27,7 @@ from gymckpt.runtime import (
     DeadlineRegistry,
     DispatchGate,
     GymAdmissionClosed,
+    GymCheckpointUnavailable,
     InfraOutage,
     Metrics,
     RecoveryLedger,
@@ -331,3 +332,55 @@ async def test_an_outage_past_its_budget_stops_the_run_naming_what_is_down(
     assert "model unavailable: 503" in err.last and str(err).startswith("infrastructure")
     assert "outage_budget_s=30" in str(err)
     assert ledger.statistics().rows_failed == 0 and len(ledger.rows()) == 3
+
+
+@attrs.define
+class UnreachableStream:
+    """A reply stream whose connection breaks (``GymCheckpointUnavailable``) until ``t_up``,
+    then answers every row."""
+
+    rows: Sequence[RunRow]
+    t_up: float
+    done: bool = False
+
+    def __aiter__(self) -> UnreachableStream:
+        return self
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        await trio.sleep(0.1)
+        if self.done:
+            raise StopAsyncIteration
+        if trio.current_time() < self.t_up:
+            raise GymCheckpointUnavailable("connection reset by peer", "gym-0", "run")
+        self.done = True
+        return [Completed(r.rollout_id, 1.0, 2) for r in self.rows]
+
+    async def aclose(self) -> None:
+        pass
+
+
+@attrs.define
+class UnreachableGym(ScriptedGym):
+    t_up: float = 0.0
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> UnreachableStream:  # type: ignore[override]
+        await trio.lowlevel.checkpoint()
+        self.runs.append((instance, tuple(rows)))
+        return UnreachableStream(rows, self.t_up)
+
+
+async def test_a_stream_broken_by_an_unreachable_instance_spends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An instance that cannot be reached for 30 s breaks every reply stream (a transport
+    error, not a death): the rows are abandoned and re-sent fresh after the outage's backoff,
+    spending nothing, and every one completes once it is back."""
+    gym = UnreachableGym(t_up=30.0)
+    async with dispatching(gym, rows=3) as h:
+        await trio.sleep(60)
+        stats = h.ledger.statistics()
+        assert stats.by_state["completed"] == 3 and stats.rows_failed == 0
+        assert stats.row_attempts_spent == 0
+        assert h.metrics.get("rollout/stream_errors_total") >= 3
+        assert h.dispatcher.outage.statistics().outages >= 1
+    assert 3 < len(gym.runs) < 200  # re-sent, with a backoff between
