@@ -74,9 +74,11 @@ from gymckpt.runtime import BadInput
 from gymckpt.runtime.lowlevel import PARTICIPANT_KIND_RE, converter, structure
 
 __all__ = [
+    "CALL_DIGEST_HEX",
     "KEY_SEPARATOR",
     "ROLES",
     "AgentParticipant",
+    "CallId",
     "Done",
     "EnvironmentSpecError",
     "EpisodeContext",
@@ -90,6 +92,7 @@ __all__ = [
     "call_id",
     "check_environment",
     "is_retained",
+    "parse_call_id",
     "participant_kinds",
     "register_participant_kind",
     "split_capture_key",
@@ -175,10 +178,41 @@ KEY_SEPARATOR: Final = ":"
 """Between a capture key's attempt key and its call id."""
 
 
-def call_id(turn: int, call: int) -> str:
-    """A model call's id within its episode: ``"t{turn}-c{call}"``, the same for every attempt
-    of the slot (a restored attempt replays its staged calls by call id)."""
-    return f"t{turn}-c{call}"
+CALL_DIGEST_HEX: Final = 16
+"""How many hex digits of a request's digest a call id carries."""
+_CALL_ID_RE: Final = re.compile(rf"t(\d+)-([0-9a-f]{{{CALL_DIGEST_HEX}}})-c(\d+)")
+
+
+def call_id(turn: int, request_digest: str, occurrence: int) -> str:
+    """A model call's id within its episode: ``"t{turn}-{d}-c{occurrence}"``, where ``d`` is
+    the first ``CALL_DIGEST_HEX`` hex digits of the sha256 of the request's canonical JSON and
+    ``occurrence`` counts the calls of the same request the turn asked before it (0 for the
+    first). It says which question it is, never when it was asked: concurrent calls of a turn
+    (a nursery, a task group, ``asyncio.gather``) get the same ids whatever order they start in,
+    and every attempt of the slot gets the same ids, so a restored attempt replays its staged
+    calls by id."""
+    if len(request_digest) < CALL_DIGEST_HEX:
+        raise ValueError(f"request digest {request_digest!r} is shorter than {CALL_DIGEST_HEX}")
+    return f"t{turn}-{request_digest[:CALL_DIGEST_HEX]}-c{occurrence}"
+
+
+@attrs.frozen
+class CallId:
+    """A call id's parts (``parse_call_id``): its ``turn``, the ``request`` digest's first
+    ``CALL_DIGEST_HEX`` hex digits, its ``occurrence`` among the turn's calls of that request."""
+
+    turn: int
+    request: str
+    occurrence: int
+
+
+def parse_call_id(call: str) -> CallId:
+    """The parts of call id ``call`` (``call_id``); ``ValueError`` for another shape (the
+    ``"t{turn}-c{n}"`` of manifest version 3, say)."""
+    m = _CALL_ID_RE.fullmatch(call)
+    if m is None:
+        raise ValueError(f'call id {call!r} is not "t{{turn}}-{{request digest}}-c{{occurrence}}"')
+    return CallId(int(m[1]), m[2], int(m[3]))
 
 
 def split_capture_key(key: str) -> tuple[str, str]:
@@ -186,7 +220,7 @@ def split_capture_key(key: str) -> tuple[str, str]:
     shape (an old ``"{row}-{slot}/t{turn}/c{n}"`` key, say)."""
     attempt, sep, call = key.rpartition(KEY_SEPARATOR)
     if not sep or not attempt or not call or "/" in key:
-        raise ValueError(f'capture key {key!r} is not "{{attempt_key}}:t{{turn}}-c{{call}}"')
+        raise ValueError(f'capture key {key!r} is not "{{attempt_key}}:{{call_id}}"')
     return attempt, call
 
 
