@@ -111,7 +111,6 @@ class Episode:
     """How many of ``staged`` earlier attempts made (restored with the episode): replayed."""
     replay: tuple[str, ...] | None = None
     """A restored continuation's capture keys as the manifest recorded them."""
-    restored: bool = False
     hold: bool = False
     """Held at its next step boundary until a checkpoint is prepared (``ctx.hold()``)."""
     mark: Any = None
