@@ -156,7 +156,7 @@ def test_sigkill_mid_turn_with_model_calls_in_flight_then_restore(tmp_path: Path
             check=False,
         )
         assert again.returncode == 0, again.stderr[-3000:]
-        refused = [ln for ln in again.stderr.splitlines() if "was captured for a request" in ln]
+        refused = [ln for ln in again.stderr.splitlines() if "ended without asking again" in ln]
         assert refused, again.stderr[-3000:]
         digests = {captured[k].request_digest for k in reasked}
         assert any(any(d in ln for d in digests) for ln in refused)
