@@ -167,13 +167,17 @@ class ParallelAgent:
     async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
         answers: list[Any] = []
 
+        info = ctx.info
+
         async def ask(i: int, what: str) -> None:
-            await anyio.sleep(0.001 * ((i + ctx.info.row + ctx.turn) % 3))
+            # a tool's latency, which is not the same on the next attempt
+            await anyio.sleep(0.001 * ((i + info.row + ctx.turn + info.attempt) % 3))
             answers.append(await ctx.model({"turn": ctx.turn, "ask": what}))
 
         async with anyio.create_task_group() as tg:
             for i, what in enumerate(PARALLEL_REQUESTS):
                 tg.start_soon(ask, i, what)
+        await anyio.sleep(0.01 * (1 + info.row % 3))  # thinks it over: a cut may land here
         notes = ctx.session("notebook")
         notes.append(" ".join(sorted(answers)))
         state["turns"] += 1
