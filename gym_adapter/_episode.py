@@ -35,12 +35,17 @@ Why it is shaped like this
   whatever it still mutates lives in state objects the host no longer holds (never exported,
   never replied). That is how a mutation happens once across any crash.
 - **Model calls are captured.** ``await ctx.model(request)`` stages the response under a capture
-  key in NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``: the attempt's rollout id, then the
-  call id; ``split_capture_key``) with a digest of the request and the trainer's policy
-  version; the keys of a parked episode go into the manifest, and after a restore a call under a
-  staged call id returns the staged response without calling the model again — if its request has
-  the captured digest; a changed request fails the episode (data), naming both digests.
-  ``ctx.calls`` lists the episode's calls (``ModelCall``).
+  key in NeMo Gym's shape (``"{attempt_key}:t{turn}-{request digest}-c{occurrence}"``: the
+  attempt's rollout id, then the call id, ``call_id``; ``split_capture_key``,
+  ``parse_call_id``) with a digest of the request and the trainer's policy version. The call id
+  says which question the call is, never when it started, so calls made at once (a nursery, a
+  task group, ``asyncio.gather``) have the same ids in any order. The keys of a checkpointed
+  episode go into the manifest; after a restore a request of the turn an unaligned cut took
+  mid-turn is answered from a staged call of the same request without calling the model again
+  (identical requests interchangeably), any other is asked, and a restored turn that ends
+  without asking again every call staged for it fails the episode (data,
+  ``ModelRequestChanged``), naming them. ``ctx.calls`` lists the episode's calls
+  (``ModelCall``).
 - **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
   None), or an attrs instance which the host unstructures through the project's strict cattrs
   converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
@@ -342,9 +347,9 @@ class EpisodeContext(Protocol):
         ...
 
     async def model(self, request: Any) -> Any:
-        """Call the environment's model under the next capture key of this turn; a staged
-        response (restored) is returned without calling it, if the request is the one that was
-        captured (same digest), else the call raises and the episode fails as data."""
+        """Call the environment's model under this request's capture key in the turn; after a
+        restore, a response staged for the same request in this turn is returned without
+        calling it. Concurrent calls are fine: their keys do not depend on start order."""
         ...
 
     @property
