@@ -300,7 +300,8 @@ class TurnCalls:
             f"({', '.join(f'{c.key} for request digest {c.request_digest}' for c in left)})"
             f"{asked}: the episode does not replay as it ran (is the agent's code or its input "
             "different from the run that made the snapshot?); a capture only answers its own "
-            "request"
+            "request, so a turn's requests must follow from the session states at its step "
+            "boundary and the task (not the attempt, the clock or an unseeded RNG)"
         )
 
 
