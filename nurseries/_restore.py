@@ -9,6 +9,8 @@ and what reaches Gym is all-or-nothing across instances:
 3. the trainer's dataset against the snapshot's dataset record (``check_dataset``: every row
    reserved before the checkpoint must have the digest it had; a dataset given to one run
    and not the other is refused too): ``DatasetMismatch`` naming the first row that differs;
+   the run's row order against the snapshot's ``order.json`` (``check_order``: the same
+   epochs, seed and rows up to where the order stood): ``DatasetMismatch`` saying what differs;
    then ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
    on-disk digest, committed state the manifest does not list, the live topology (bounded like
    any control call), the ledger (version, states, slots, its retire queue, this run's
@@ -63,12 +65,16 @@ from gymckpt.runtime.lowlevel import (
     DATASET_FILE,
     GYM_STATE_DIR,
     LEDGER_FILE,
+    ORDER_FILE,
     STEP_FILE,
     GymManifest,
     LedgerSnapshot,
+    RowOrder,
     check_dataset,
+    check_order,
     load_dataset_record,
     load_ledger_snapshot,
+    load_order_record,
     load_step,
 )
 
@@ -104,6 +110,12 @@ class RestoredRun:
     def step(self) -> int:
         """The trainer facade's step when the snapshot was taken (0 if it saved none)."""
         return saved_step(self.files)
+
+    @property
+    def policy_version(self) -> int:
+        """The trainer's policy version at the cut (0 if the snapshot saved none)."""
+        raw = self.files.get(STEP_FILE)
+        return 0 if raw is None else load_step(raw).policy_version
 
     def __repr__(self) -> str:  # never the snapshot's bytes (``files`` may be megabytes)
         s = self.summary
@@ -194,10 +206,21 @@ def snapshot_problems(
     except ManifestError as exc:
         problems.append(str(exc))
     else:
-        if found is not None and found[0].end > led.next_row:
+        has_order = ORDER_FILE in snap.files
+        if found is not None and not has_order and found[0].end > led.next_row:
             problems.append(
                 f"{DATASET_FILE}: covers rows up to {found[0].end - 1}, but {LEDGER_FILE} "
                 f"reserved rows below {led.next_row} only"
+            )
+    try:
+        order = load_order_record(snap.files)
+    except ManifestError as exc:
+        problems.append(str(exc))
+    else:
+        if order is not None and order.position != led.next_row:
+            problems.append(
+                f"{ORDER_FILE}: position {order.position}, but {LEDGER_FILE} reserved "
+                f"positions below {led.next_row}"
             )
     if group_size is not None and led.group_size != group_size:
         problems.append(
@@ -251,13 +274,16 @@ async def restore_latest(
     *,
     group_size: int | None = None,
     dataset: TaskDataset | None = None,
+    order: RowOrder | None = None,
 ) -> RestoredRun | None:
     """Restore the latest complete snapshot in ``store``; None when there is none.
 
     ``group_size`` is this run's: a snapshot of another group size is rejected before Gym
     installs anything; so is one made with another ``dataset`` (``DatasetMismatch``), or with
-    a dataset when this run has none, or the reverse. See the module docstring for the order
-    and the all-or-nothing rule.
+    a dataset when this run has none, or the reverse; so is one whose row order (``order``:
+    this run's) puts a position below the snapshot's cursor on another row (``check_order``:
+    other ``epochs``, ``shuffle_seed`` or rows). See the module docstring for the order of
+    the steps and the all-or-nothing rule.
     """
     info = await offload(store.latest_complete)
     if info is None:
@@ -278,6 +304,11 @@ async def restore_latest(
     found.raise_if_any(pinned.path)
     assert found.ledger_snapshot is not None
     ledger_snap = found.ledger_snapshot
+    if order is not None:
+        saved_order = load_order_record(snap.files)  # read cleanly by snapshot_problems
+        await offload(
+            functools.partial(check_order, saved_order, order, ledger_snap.next_row, str(info.path))
+        )
     ledger, summary = RecoveryLedger.from_snapshot(ledger_snap, snap.manifest.episodes)
     episodes_by_replica: dict[str, list[EpisodeRecord]] = {}
     for ep in snap.manifest.episodes:
