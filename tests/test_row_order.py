@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import EmbeddedGym, RunRow
+from gymckpt.gym_adapter import Completed, EmbeddedGym, RunRow
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import (
     CompletedGroup,
@@ -257,3 +257,25 @@ async def test_the_policy_version_is_restored_and_carried_by_every_call_after(
     assert started_at == 5
     assert sent and {r.policy_version for r in sent} == {5}
     assert any(r.restored_from is not None for r in sent)  # claims carry it too
+
+
+async def test_a_row_in_two_epochs_is_two_slots_in_gym(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Dataset row 5 at positions 1 (a retry, attempt 1) and 9 (the next epoch, attempt 0),
+    running at once on one instance: each is a slot of its own (the slot key is the rollout
+    ID's head), so neither fences the other or is taken for the other's stale attempt."""
+    async with EmbeddedGym.host(task_reader(turn_s=1.0), instances=1) as gym:
+        name = gym.instances[0]
+        replies: list[Any] = []
+
+        async def drain(rows: list[RunRow]) -> None:
+            async for batch in await gym.run(name, rows):
+                replies.extend(batch)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, [RunRow("1-0-a1", 5, 0, 1, task=TASKS[5])])
+            await trio.sleep(0.5)
+            nursery.start_soon(drain, [RunRow("9-0", 5, 0, 0, task=TASKS[5])])
+    assert sorted(r.rollout_id for r in replies) == ["1-0-a1", "9-0"]
+    assert all(isinstance(r, Completed) for r in replies), replies
