@@ -165,7 +165,7 @@ class Dispatcher:
 
     @property
     def rows_exhausted(self) -> bool:
-        """Every row of the dataset has been reserved."""
+        """Every position of the run's row order has been reserved."""
         return self._rows_exhausted
 
     def poke(self) -> None:

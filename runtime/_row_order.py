@@ -42,6 +42,7 @@ only under the default order (positions and rows were the same), and is refused 
 from __future__ import annotations
 
 import hashlib
+import operator
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, final
@@ -94,6 +95,17 @@ def _shuffled_index(index: int, size: int, keys: tuple[int, ...]) -> int:
         x = (left << half) | right
         if x < size:
             return x
+
+
+def _index(value: object) -> int | None:
+    """``value`` as an int if it is one or stands for one (``__index__``: numpy's integers,
+    so ``rows=numpy.random.permutation(n)`` works); None for a bool or anything else."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _rows_digest(rows: Sequence[int], count: int) -> str:
@@ -167,7 +179,8 @@ class RowOrder:
             if dataset_rows is None:
                 raise TypeError("open_rollouts needs rows= (a count or row indices) or dataset=")
             chosen: range | array[int] = range(dataset_rows)
-        elif isinstance(rows, int) and not isinstance(rows, bool):
+        elif not isinstance(rows, Iterable) and (count := _index(rows)) is not None:
+            rows = count
             if rows < 0:
                 raise DatasetError(f"rows={rows}: pass a count >= 0 or row indices")
             if dataset_rows is not None and rows > dataset_rows:
@@ -176,6 +189,8 @@ class RowOrder:
                     f"rows <= {dataset_rows}, or leave rows out to train every row"
                 )
             chosen = range(rows)
+        elif not isinstance(rows, Iterable):
+            raise DatasetError(f"rows={rows!r}: pass a count, row indices, or leave it out")
         elif (
             isinstance(rows, range)
             and rows.step == 1
@@ -191,16 +206,15 @@ class RowOrder:
     def _checked(rows: Iterable[int], dataset_rows: int | None, of_dataset: str) -> array[int]:
         out: array[int] = array("q")
         seen: dict[int, int] = {}
-        for position, row in enumerate(rows):
-            if dataset_rows is not None and (
-                isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < dataset_rows
-            ):
+        for position, given in enumerate(rows):
+            row = _index(given)  # an int, or what stands for one (numpy's), else None
+            if dataset_rows is not None and (row is None or not 0 <= row < dataset_rows):
                 raise DatasetError(
-                    f"rows[{position}] is {row!r}, not a row of {of_dataset[:-1]}, rows "
+                    f"rows[{position}] is {given!r}, not a row of {of_dataset[:-1]}, rows "
                     f"0..{dataset_rows - 1})"
                 )
-            if isinstance(row, bool) or not isinstance(row, int) or row < 0:
-                raise DatasetError(f"rows[{position}] is {row!r}, not a row index (an int >= 0)")
+            if row is None or row < 0:
+                raise DatasetError(f"rows[{position}] is {given!r}, not a row index (an int >= 0)")
             first = seen.setdefault(row, position)
             if first != position:
                 raise DatasetError(

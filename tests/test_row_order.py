@@ -17,6 +17,7 @@ import trio.testing
 
 from gymckpt.gym_adapter import Completed, EmbeddedGym, RunRow
 from gymckpt.nurseries import open_rollouts
+from gymckpt.nurseries.app.cli import main
 from gymckpt.runtime import (
     CompletedGroup,
     DatasetError,
@@ -69,6 +70,13 @@ def test_the_order_is_a_pure_function_of_rows_seed_and_epoch() -> None:
     assert _epochs(RowOrder.of(None, 100, epochs=5, shuffle_seed=42, source="x"))[:3] == ea
 
 
+def test_numpy_integers_stand_for_rows_and_counts() -> None:
+    np = pytest.importorskip("numpy")
+    order = RowOrder.of(np.array([3, 1, 2]), None, epochs=2)
+    assert [order.row_at(p) for p in range(6)] == [3, 1, 2, 3, 1, 2]
+    assert len(RowOrder.of(np.int64(4), None)) == 4
+
+
 def test_without_a_seed_every_epoch_is_the_order_given() -> None:
     order = RowOrder.of([3, 1, 2], None, epochs=2)
     assert [order.row_at(p) for p in range(6)] == [3, 1, 2, 3, 1, 2]
@@ -84,6 +92,8 @@ def test_without_a_seed_every_epoch_is_the_order_given() -> None:
         ({"rows": [0, 1.0]}, r"rows\[1\] is 1.0, not a row index"),
         ({"rows": [True]}, r"rows\[0\] is True, not a row index"),
         ({"rows": -1}, r"rows=-1: pass a count"),
+        ({"rows": True}, r"rows=True: pass a count, row indices, or leave it out"),
+        ({"rows": 2.0}, r"rows=2.0: pass a count, row indices, or leave it out"),
         ({"rows": 3, "epochs": 0}, r"epochs=0: pass an int >= 1"),
         ({"rows": 3, "epochs": True}, r"epochs=True: pass an int >= 1"),
         ({"rows": 3, "shuffle_seed": -1}, r"shuffle_seed=-1: pass an int in 0\.\.2\*\*64-1"),
@@ -208,6 +218,7 @@ async def test_a_seeded_multi_epoch_run_resumes_where_the_order_stood(
     ledger = load_ledger_snapshot(files[LEDGER_FILE])
     assert record is not None and record.position == ledger.next_row
     assert record.epoch == epoch and (record.epochs, record.shuffle_seed) == (EPOCHS, SEED)
+    assert main(["verify", str(snap)]) == 0
     in_flight = {a.row for a in ledger.attempts}
     if epoch == 1:  # the cut straddles the boundary: rows of both epochs in flight or ready
         assert min(in_flight) < K <= record.position
