@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, final
@@ -109,7 +110,11 @@ def _index(value: object) -> int | None:
 
 
 def _rows_digest(rows: Sequence[int], count: int) -> str:
-    data = array("q", rows[:count]).tobytes()
+    """blake2b-16 of ``rows[:count]`` as little-endian int64s (the same on every machine)."""
+    packed = array("q", rows[:count])
+    if sys.byteorder != "little":
+        packed.byteswap()
+    data = packed.tobytes()
     return "blake2b-16:" + hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
@@ -149,6 +154,8 @@ class RowOrder:
     _ranges: list[tuple[int, int]] = attrs.field(factory=list)
     """``rows`` as sorted ranges (dataset rows the order uses), computed by ``of``."""
     _keys: dict[int, tuple[int, ...]] = attrs.field(factory=dict, init=False)
+    _digests: dict[int, str] = attrs.field(factory=dict, init=False)
+    """The digest of the last ``covered`` computed (all K, for most orders, is computed once)."""
 
     @classmethod
     def of(
@@ -279,6 +286,11 @@ class RowOrder:
         """The order's record at a cut whose cursor is ``position``. Blocking (a digest over
         up to K rows, 8 bytes each): run it off the loop."""
         covered = self._covered(position)
+        digest = self._digests.get(covered)
+        if digest is None:
+            digest = _rows_digest(self.rows, covered)
+            self._digests.clear()
+            self._digests[covered] = digest
         return OrderRecord(
             ORDER_VERSION,
             len(self.rows),
@@ -287,7 +299,7 @@ class RowOrder:
             position,
             position // max(1, len(self.rows)),
             covered,
-            _rows_digest(self.rows, covered),
+            digest,
         )
 
     def files(self, position: int) -> dict[str, bytes]:
