@@ -9,14 +9,15 @@ and what reaches Gym is all-or-nothing across instances:
 3. the trainer's dataset against the snapshot's dataset record (``check_dataset``: every row
    reserved before the checkpoint must have the digest it had; a dataset given to one run
    and not the other is refused too): ``DatasetMismatch`` naming the first row that differs;
-   the run's row order against the snapshot's ``order.json`` (``check_order``: the same
-   epochs, seed and rows up to where the order stood): ``DatasetMismatch`` saying what differs;
    then ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
    on-disk digest, committed state the manifest does not list, the live topology (bounded like
    any control call), the ledger (version, states, slots, its retire queue, this run's
    ``group_size``) and ledger vs manifest. Any problem raises before Gym is asked anything
    (``TopologyMismatch`` for state and topology, ``ManifestError`` for the ledger); the
    ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far as Gym;
+   then the run's row order against the snapshot's ``order.json`` and its ledger's cursor
+   (``check_order``: the same epochs, seed and rows up to where the order stood):
+   ``DatasetMismatch`` saying what differs;
 4. ask every instance, concurrently and each bounded, to restore its committed state;
 5. retire, on each instance, the dropped attempts the snapshot carries: Gym committed their
    state, the ledger no longer owns them, and a replacement dispatched elsewhere would repeat

@@ -34,7 +34,7 @@ digest of the rows given that the positions reserved so far depend on: all ``K``
 shuffled or multi-epoch order (the permutation and every later epoch depend on each), the first
 ``position`` of them for a single unshuffled epoch (the rows after the cursor may still change
 or be appended, as they could before orders were recorded). A restore with another order spec
-is refused before Gym is asked anything (``DatasetMismatch``, exit code 2) saying what differs.
+is refused before Gym installs anything (``DatasetMismatch``, exit code 2) saying what differs.
 A snapshot without ``order.json`` was made when the ledger counted dataset rows: it restores
 only under the default order (positions and rows were the same), and is refused otherwise.
 """

@@ -2,8 +2,9 @@
 a shuffled order, checkpoints with rows trained, in flight and not yet reserved, and is
 SIGKILLed; a second process restores and finishes. Every row is trained exactly once, the rows
 reach Gym in the order given (first attempts, across both processes), and each episode got its
-own row's task. Also: a repeated row is refused at open with exit code 2 and one line naming
-both indices, before Gym is asked anything."""
+own row's task; a third run in the same work directory with the rows in another order exits 2
+with one line saying what differs. Also: a repeated row is refused at open with exit code 2 and
+one line naming both indices, before Gym is asked anything."""
 
 from __future__ import annotations
 
@@ -108,6 +109,13 @@ def test_shuffled_rows_are_trained_once_each_in_order_across_a_sigkill(tmp_path:
             assert all(seen == [TASKS[r["trained"]]] * 3 for seen in r["seen"])
     first_sent = list(dict.fromkeys(r["sent"] for r in records if "sent" in r))
     assert first_sent == ROWS  # rows reach Gym in the order given, across the restore
+
+    # the same work directory with the rows in another order: exit 2, one line saying so
+    third = _trainer(script, workdir, log, ROWS[::-1], kill_after=0)
+    assert third.returncode == 2, third.stderr
+    [line] = third.stderr.splitlines()
+    assert "the row order differs from the snapshot's" in line, line
+    assert "the rows given differ" in line and "shuffle_seed=" in line, line
 
 
 def test_a_repeated_row_is_refused_at_open_with_exit_2_naming_both_indices(
