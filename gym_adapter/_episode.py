@@ -175,9 +175,17 @@ class EpisodeInfo:
 
     @property
     def session_key(self) -> str:
-        """The slot's sessions, shared by its attempts: ``"{row}-{slot}"``."""
-        return f"{self.row}-{self.slot}"
+        """The slot's sessions, shared by its attempts: the rollout ID without its attempt
+        suffix, ``"{position}-{slot}"`` (the trainer's rows are positions in its row order:
+        a dataset row trained in two epochs is two slots, with sessions of their own). For
+        the default order that is ``"{row}-{slot}"``, which is also the key of an ID that is
+        not canonical (``rollout_id_for``)."""
+        m = _CANONICAL_ID.match(self.rollout_id)
+        return f"{self.row}-{self.slot}" if m is None else m.group(1)
 
+
+_CANONICAL_ID: Final = re.compile(r"((?:0|[1-9][0-9]*)-(?:0|[1-9][0-9]*))(?:-a[1-9][0-9]*)?\Z")
+"""A canonical rollout ID; group 1 is its slot key."""
 
 KEY_SEPARATOR: Final = ":"
 """Between a capture key's attempt key and its call id."""

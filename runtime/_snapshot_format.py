@@ -369,13 +369,17 @@ def _non_negative(_record: object, _attribute: object, value: int) -> None:
 
 @attrs.frozen
 class StepRecord:
-    """``step.json``: the steps the trainer facade trained before this snapshot (>= 0)."""
+    """``step.json``: the steps the trainer facade trained before this snapshot (>= 0), and
+    the trainer's policy version at the cut (``Rollouts.set_policy_version``; >= 0). A
+    ``step.json`` written before the policy version was kept has no ``policy_version``: it
+    reads as 0, the version such a run's calls carried after a restore."""
 
     step: int = attrs.field(validator=_non_negative)
+    policy_version: int = attrs.field(default=0, validator=_non_negative)
 
 
 def dump_step(record: StepRecord) -> bytes:
-    """``{"step": N}`` as bytes."""
+    """``{"policy_version": V, "step": N}`` as bytes."""
     return orjson.dumps(converter.unstructure(record))
 
 

@@ -141,7 +141,8 @@ def test_the_manifest_the_marker_and_the_step_round_trip() -> None:
     assert load_manifest(dump_manifest(MANIFEST)) == MANIFEST
     assert load_marker(dump_marker(MARKER)) == MARKER
     assert load_step(dump_step(StepRecord(4))) == StepRecord(4)
-    assert orjson.loads(dump_step(StepRecord(4))) == {"step": 4}
+    assert orjson.loads(dump_step(StepRecord(4, 2))) == {"step": 4, "policy_version": 2}
+    assert load_step(b'{"step": 4}') == StepRecord(4, 0)  # written before versions were kept
 
 
 @pytest.mark.parametrize("records", PARTICIPANT_RECORDS, ids=lambda r: type(r).__name__)

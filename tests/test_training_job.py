@@ -600,7 +600,7 @@ async def test_a_resumed_run_goes_on_from_the_restored_step(
                     break  # ckpt-000002 was taken at step 4
     assert first == [1, 2, 3, 4]
     snap = tmp_path / "w" / "snapshots" / "ckpt-000002"
-    assert json.loads((snap / STEP_FILE).read_bytes()) == {"step": 4}
+    assert json.loads((snap / STEP_FILE).read_bytes()) == {"step": 4, "policy_version": 0}
     second: list[int] = []
     async with running(tmp_path / "w", tmp_path / "gym2", checkpoint_every=2) as ro:
         assert (ro.step, ro.steps) == (4, 0)
