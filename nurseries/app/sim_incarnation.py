@@ -426,6 +426,8 @@ class Incarnation:
         )
 
     def _report(self) -> IncarnationReport:
+        self.liveness.still()
+        self.run.longest_still_s = max(self.run.longest_still_s, self.liveness.longest_still_s)
         acts, gym, ro = self.acts, self.control.gym, self.rollouts
         hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
         if (

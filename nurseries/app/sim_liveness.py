@@ -56,6 +56,8 @@ class Liveness:
     last_at: float = attrs.field(default=0.0, init=False)
     last_move: str = attrs.field(default="the incarnation's start", init=False)
     moves: int = attrs.field(default=0, init=False)
+    longest_still_s: float = attrs.field(default=0.0, init=False)
+    """The longest stretch of virtual time with nothing moving so far (``still``)."""
 
     def arm(self) -> None:
         self.started_at = self.last_at = trio.current_time()
@@ -64,9 +66,17 @@ class Liveness:
     def moved(self, what: str) -> None:
         """Something moved (``what``: for the violation's line)."""
         self.moves += 1
+        self.still()
         self.last_at = trio.current_time()
         self.last_move = what
         self.scope.deadline = self.last_at + self.bound_s
+
+    def still(self) -> float:
+        """How long nothing has moved now; kept in ``longest_still_s`` (call it at the end
+        too: the stretch before the incarnation ended counts)."""
+        gap = trio.current_time() - self.last_at
+        self.longest_still_s = max(self.longest_still_s, gap)
+        return gap
 
     @property
     def stalled(self) -> bool:

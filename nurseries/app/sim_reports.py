@@ -77,6 +77,10 @@ class ScenarioReport:
     """An older snapshot than the latest was restored (``Scenario.rollback``)."""
     usage: tuple[tuple[str, float], ...] = ()
     """What the real-usage dimension exercised (``UsageCounts.summary``; empty when off)."""
+    longest_still_s: float = 0.0
+    """The longest stretch of virtual time with nothing moving (``ScenarioRun``); not in the
+    fingerprint."""
+    """What the real-usage dimension exercised (``UsageCounts.summary``; empty when off)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,7 @@ class ScenarioReport:
             "episodes_mid_turn": self.episodes_mid_turn,
             "fingerprint": self.fingerprint,
             "real_usage": dict(self.usage),
+            "longest_still_s": round(self.longest_still_s, 3),
         }
 
     @property

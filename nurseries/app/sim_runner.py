@@ -144,6 +144,7 @@ async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
         fingerprint=fingerprint,
         rolled_back=run.rolled_back,
         usage=exercised,
+        longest_still_s=run.longest_still_s,
     )
 
 

@@ -63,6 +63,9 @@ class ScenarioRun:
     counts: UsageCounts = attrs.field(factory=UsageCounts)
     """What the real-usage dimension exercised (every incarnation)."""
     live: LiveGym | None = None
+    longest_still_s: float = 0.0
+    """The longest stretch of virtual time any incarnation spent with nothing moving
+    (``Liveness.longest_still_s``): what the liveness bound must stay far above."""
     """The Gym the current incarnation runs on when it outlives it (a live restart)."""
 
     def violation(self, inc: int, text: str) -> None:

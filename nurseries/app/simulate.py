@@ -152,11 +152,17 @@ class Tally:
     """Seeds whose checkpoints took at least one episode mid-turn."""
     usage: Counter[str] = attrs.field(factory=Counter)
     """What the real-usage dimension exercised, summed (``ScenarioReport.usage``)."""
+    longest_still_s: float = 0.0
+    """The longest stretch of virtual time any seed spent with nothing moving, and which."""
+    longest_still_seed: int = -1
     violations_by_rule: Counter[str] = attrs.field(factory=Counter)
     """Failing seeds by the rule of their first violation (``violation_rule``)."""
 
     def add(self, report: ScenarioReport) -> None:
         self.usage.update(dict(report.usage))
+        if report.longest_still_s > self.longest_still_s:
+            self.longest_still_s = report.longest_still_s
+            self.longest_still_seed = report.seed
         self.seeds_by_mode[report.scenario.checkpoint_mode.value] += 1
         self.episodes_mid_turn += report.episodes_mid_turn
         self.seeds_mid_turn += report.episodes_mid_turn > 0
@@ -324,6 +330,8 @@ def _json_summary(
         "episodes_mid_turn": tally.episodes_mid_turn,
         "seeds_mid_turn": tally.seeds_mid_turn,
         "real_usage": usage_flag(usage),
+        "longest_still_s": round(tally.longest_still_s, 3),
+        "longest_still_seed": tally.longest_still_seed,
         "real_usage_exercised": {k: round(v, 3) for k, v in sorted(tally.usage.items())},
         "violations_by_rule": dict(sorted(tally.violations_by_rule.items())),
     }
@@ -384,7 +392,8 @@ def _print_summary(
         f"{dict(sorted(tally.seeds_by_mode.items()))}, checkpoints by mode "
         f"{dict(sorted(tally.checkpoints_by_mode.items()))}, episodes taken by mode "
         f"{dict(sorted(tally.taken_by_mode.items()))}, {tally.episodes_mid_turn} episodes "
-        f"mid-turn (in {tally.seeds_mid_turn} seeds)"
+        f"mid-turn (in {tally.seeds_mid_turn} seeds); longest still "
+        f"{tally.longest_still_s:.1f} virtual s (seed {tally.longest_still_seed})"
         + (f"; hostile acts struck {dict(sorted(tally.struck.items()))}" if hostile else "")
         + (
             f"; real usage {usage_flag(usage)}: "
