@@ -306,7 +306,7 @@ def _json_summary(
     elapsed: float,
     hostile: bool,
     reports: Sequence[ScenarioReport],
-    usage: frozenset[str],
+    usage: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """The ``--json`` object (with ``scenario``, the one seed's report, for a single seed)."""
     out: dict[str, Any] = {
@@ -379,7 +379,12 @@ def _print_seed(r: ScenarioReport) -> None:
 
 
 def _print_summary(
-    tally: Tally, seeds: int, start: int, elapsed: float, hostile: bool, usage: frozenset[str]
+    tally: Tally,
+    seeds: int,
+    start: int,
+    elapsed: float,
+    hostile: bool,
+    usage: frozenset[str] = frozenset(),
 ) -> None:
     failed = tally.failed
     rate = seeds / max(elapsed, 1e-9)
