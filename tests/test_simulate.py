@@ -26,6 +26,8 @@ from gymckpt.nurseries.app.simulate import (
 )
 
 CI_SEEDS = 300
+NO_USAGE = ("--real-usage", "none")
+"""The dimensions these seeds ran with (the real-usage one is tests/test_sim_usage.py's)."""
 
 
 def _simulate(*args: str, hash_seed: str = "random") -> subprocess.CompletedProcess[str]:
@@ -35,7 +37,7 @@ def _simulate(*args: str, hash_seed: str = "random") -> subprocess.CompletedProc
     AFTER MERGE of issue 31's branches: the CI seeds run with the default (all) too."""
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     return subprocess.run(
-        [sys.executable, "-m", "gymckpt", "simulate", *args, "--real-usage", "none"],
+        [sys.executable, "-m", "gymckpt", "simulate", *args, *NO_USAGE],
         capture_output=True,
         text=True,
         timeout=600,
@@ -185,8 +187,7 @@ def test_the_cli_prints_the_verdict_and_progress_not_the_runs_log_lines() -> Non
     # Seeds 0-1 fail checkpoints and stop runs, which the runtime logs under ``gymckpt``; with no
     # handler configured Python would print each of them to stderr (its last-resort handler).
     out = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "2", "--start", "0"]
-        + ["--real-usage", "none"],
+        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "2", "--start", "0", *NO_USAGE],
         capture_output=True,
         text=True,
         timeout=300,
