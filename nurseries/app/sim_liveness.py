@@ -8,8 +8,8 @@ a violation, ``liveness``, with the seed's replay command like every other: the 
 cut there (``IncarnationEnd.NO_PROGRESS``) and the next one restores, as after a crash.
 
 The bound is derived from the scenario (``liveness_bound_s``): ``LIVENESS_S`` (far above the
-longest gap a healthy seed shows: the longest episode, a control call's timeout, the lease
-the simulation waits out after a run) plus what the workload may legitimately take with
+longest gap a healthy seed shows: a hung attempt abandoned at the dispatcher's request
+timeout, the lease the simulation waits out after a run) plus what the workload may legitimately take with
 nothing moving: the longest drawn long turn and the drawn model-server outage.
 
 Before this check existed, a run that hung (rows failed for good with nothing left in flight,
@@ -35,8 +35,10 @@ from gymckpt.gym_adapter import ReplyStream, RunReply, RunRow
 __all__ = ["LIVENESS_S", "Liveness", "Moving", "liveness_bound_s"]
 
 LIVENESS_S = 600.0
-"""Virtual seconds with nothing moving that no healthy seed comes near (see the module
-docstring); the workload's own waits are added to it (``liveness_bound_s``)."""
+"""Virtual seconds with nothing moving that no healthy seed comes near: twice the dispatcher's
+request timeout (300 s; an attempt that hangs is abandoned after it, the longest a seed may
+legitimately wait: 300.03 s over 500 hostile seeds, 45 s over 1,000 others). The workload's
+own waits are added to it (``liveness_bound_s``)."""
 
 
 def liveness_bound_s(longest_wait_s: float) -> float:
