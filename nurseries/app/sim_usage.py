@@ -104,7 +104,9 @@ class RowOrder:
         AFTER MERGE (multi-epoch, issue 31 item 1): once ``open_rollouts`` takes an epoch count
         and a shuffle seed, this is the one line to change, to
         ``{"rows": self.rows, "epochs": self.epochs, "shuffle_seed": self.shuffle_seed}``
-        (with the names that API chose), and ``trained_epochs`` to ``self.epochs``.
+        (with the names that API chose), and ``trained_epochs`` to ``self.epochs``; the final
+        verdict (``sim_state.judge_scenario``, ``verdict.judge``) then counts each row once
+        per epoch (today it wants every row exactly once).
         """
         return {"rows": list(self.epoch_order(0))}
 
