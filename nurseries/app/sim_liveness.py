@@ -9,8 +9,9 @@ cut there (``IncarnationEnd.NO_PROGRESS``) and the next one restores, as after a
 
 The bound is derived from the scenario (``liveness_bound_s``): ``LIVENESS_S`` (far above the
 longest gap a healthy seed shows: a hung attempt abandoned at the dispatcher's request
-timeout, the lease the simulation waits out after a run) plus what the workload may legitimately take with
-nothing moving: the longest drawn long turn and the drawn model-server outage.
+timeout, the lease the simulation waits out after a run) plus what the workload may
+legitimately take with nothing moving: the longest drawn long turn and the drawn model-server
+outage.
 
 Before this check existed, a run that hung (rows failed for good with nothing left in flight,
 issue 31 finding 6) was only cut by the incarnation's total-time cap (``STALL_S``, 5000
