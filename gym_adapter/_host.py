@@ -453,7 +453,6 @@ class GymHost:
             staged=old.staged,
             inherited=len(old.staged),
             replay=old.replay,
-            restored=True,
         )
         self._start(ep)
         self.count.episodes_claimed += 1
