@@ -877,6 +877,27 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="jsonl",
         sim_seeds=0,
     ),
+    # -- the simulation's real-usage dimension: liveness (issue 31 item 6) ---------------------
+    Mutant(
+        "sim-liveness-watch-not-bounding",
+        "liveness",
+        "nurseries/app/sim_incarnation.py",
+        "                self.liveness.scope,",
+        "",
+        ("tests/test_sim_usage.py",),
+        keyword="liveness",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "sim-liveness-moves-not-counted",
+        "liveness",
+        "nurseries/app/sim_liveness.py",
+        '            self._liveness.moved(f"{len(replies)} attempt(s) resolved")',
+        "            pass",
+        ("tests/test_sim_usage.py",),
+        keyword="liveness or moves",
+        sim_seeds=0,
+    ),
 )
 
 
@@ -983,7 +1004,10 @@ def run_mutant(
                 return "killed", "tests: " + _last_line(out, "FAILED", "ERROR", "Timeout", "failed")
         n = m.sim_seeds if m.sim_seeds is not None else seeds
         if n > 0:
+            # the rules the real-usage dimension checks land with issue 31's branches; until
+            # then its violations on the unchanged tree would "kill" every mutant
             cmd = [sys.executable, "-m", "gymckpt", "simulate", "--seeds", str(n)]
+            cmd += ["--real-usage", "none"]
             rc, out = _run(cmd, root, env, timeout=max(600, 5 * n))
             if rc != 0:
                 return "killed", "simulate: " + _last_line(out, "FAIL:", "failing seeds")
