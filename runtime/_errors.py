@@ -33,6 +33,7 @@ __all__ = [
     "GymControlError",
     "GymInstanceDead",
     "GymUnavailable",
+    "InstanceDirLocked",
     "ManifestError",
     "Preempted",
     "ReplacementsExhausted",
@@ -364,4 +365,18 @@ class WorkDirLocked(BadInput, RuntimeError):
         return (
             f"work directory {self.workdir} is in use by {holder}; one trainer per work "
             "directory — stop that one or choose another directory"
+        )
+
+
+class InstanceDirLocked(WorkDirLocked):
+    """Another ``gymckpt serve`` holds the Gym instance's directory (``<work_dir>/<instance>``,
+    exit code 2): two servers of one instance would both write its journal of retained sessions
+    and its committed state; the second one is refused before it opens anything."""
+
+    def __str__(self) -> str:
+        holder = f"process {self.pid}" if self.pid is not None else "another process"
+        return (
+            f"instance directory {self.workdir} is in use by {holder}; one gymckpt serve per "
+            "instance directory — stop that one, or give this one another --work-dir or "
+            "--instance"
         )

@@ -731,6 +731,16 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="acks_free_them",
         sim_seeds=0,
     ),
+    # -- issue 31: one server per instance directory, paths confined, NeMo Gym's shapes ------
+    Mutant(
+        "serve-no-instance-lock",
+        "2g",
+        "gym_adapter/_http_serve.py",
+        "lock.acquire()  # first: a second server of this instance must change nothing",
+        "pass",
+        ("tests/test_http_instance_lock.py",),
+        sim_seeds=0,
+    ),
 )
 
 
