@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from gymckpt.runtime import GymUnavailable
+from gymckpt.runtime.lowlevel import RECORDS_FILE
 
 from ._faults import FaultSpec, inject_fault
 from ._host import GymHost
@@ -54,6 +55,7 @@ from ._http_guard import (
     RefusedRequest,
     check_bearer,
     confine,
+    confine_below,
     content_length,
     read_body,
 )
@@ -277,6 +279,8 @@ class GymHttpApp:
             )
 
     def _confine_args(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The request's paths resolved inside the state root, and every path the instance
+        will touch below them walked (``_http_guard`` rule 7), or ``RefusedRequest`` 403."""
         if "state_root" not in args:
             return args
         root = confine(args["state_root"], self.state_root, f"{op} state_root")
@@ -284,6 +288,11 @@ class GymHttpApp:
             for p in args["record"].participants:
                 what = f"restore state_dir of {p.server_name}"
                 confine(str(root / p.state_dir), self.state_root, what)
+                confine_below(root, f"{p.state_dir}/{RECORDS_FILE}", self.state_root, what)
+        else:  # commit: <state_root>/<instance>/<participant>/records.json
+            for server, _kind in self.host.participants:
+                rel = f"{self.host.name}/{server}/{RECORDS_FILE}"
+                confine_below(root, rel, self.state_root, f"{op} records of {server}")
         return {**args, "state_root": str(root)}
 
     def _admit_control(self, op: str, body: bytes) -> tuple[ControlRequest, dict[str, Any]]:

@@ -12,7 +12,8 @@ trio run, so a request handler calls the host directly. Lifecycle:
    The lock is held until ``serve_gym`` returns;
 1. the bearer token: read from ``token_file`` when it holds one, else 32 random bytes
    (``secrets.token_urlsafe``) written there (default ``<work_dir>/token``) atomically with mode
-   0600 (temporary file created 0600, fsync, rename, fsync of the directory). The token is never
+   0600 (``write_atomic``: a randomly named temporary file created ``O_EXCL | O_NOFOLLOW`` with
+   mode 0600, fsync, rename, fsync of the directory). The token is never
    logged or printed: a client reads the file;
 2. the incarnation: 32 random hex digits, new at every start, in every response's
    ``Gymckpt-Incarnation`` header and in ``/health``: a server that restarted is a new
@@ -32,7 +33,6 @@ hypercorn's ``Config``) on any network you do not trust.
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 import signal
 from contextlib import nullcontext
@@ -45,6 +45,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from gymckpt.runtime import InstanceDirLocked, WorkDirLock
+from gymckpt.runtime.lowlevel import write_atomic
 
 from ._host import GymHost, HostConfig
 from ._http_app import GymHttpApp
@@ -85,25 +86,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` atomically, readable by its owner only (0600 from creation)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # whatever the umask
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def load_or_create_token(token_file: Path) -> bytes:
     """The token ``token_file`` holds (surrounding whitespace ignored), or a new one written
     there with mode 0600. A file others may read is used but warned about."""
@@ -121,7 +103,8 @@ def load_or_create_token(token_file: Path) -> bytes:
             )
         return text
     token = secrets.token_urlsafe(TOKEN_BYTES).encode()
-    _write_private(token_file, token + b"\n")
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(token_file, token + b"\n", mode=0o600)
     return token
 
 

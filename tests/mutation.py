@@ -741,6 +741,26 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_http_instance_lock.py",),
         sim_seeds=0,
     ),
+    Mutant(
+        "state-root-follows-symlink",
+        "2g",
+        "gym_adapter/_http_guard.py",
+        "if not stat.S_ISLNK(mode):",
+        "if True:",
+        (HTTP_SECURITY,),
+        keyword="symlink_below",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "token-file-no-excl",
+        "2g",
+        "runtime/_store.py",
+        "flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC",
+        "flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC",
+        (HTTP_SECURITY,),
+        keyword="link",
+        sim_seeds=0,
+    ),
 )
 
 
