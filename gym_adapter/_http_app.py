@@ -416,7 +416,7 @@ class GymHttpApp:
                 "headers": self._headers(_NDJSON),
             }
             await send(start)
-            await send(_chunk(encode_batch_line(admission_header())))
+            await send(_chunk(encode_batch_line(admission_header(), {})))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_when, self._stopping.wait, nursery.cancel_scope)
                 completed = await self._pump(req, box, send)
@@ -433,16 +433,19 @@ class GymHttpApp:
 
     async def _pump(self, req: RunRequest, box: Outbox, send: Send) -> bool:
         cap = 1 if req.per_row else req.max_replies
+        rows = {r.rollout_id: r.row for r in req.rows}  # a reply names its row's task
         while True:
             replies = await box.take(cap)
             if replies is None:
                 return True
             if req.per_row:
-                lines = [encode_batch_line(ReplyBatch(box.register((r,)), (r,))) for r in replies]
+                lines = [
+                    encode_batch_line(ReplyBatch(box.register((r,)), (r,)), rows) for r in replies
+                ]
                 await send(_chunk(b"".join(lines)))
             else:
                 seq = box.register(replies)
-                await send(_chunk(encode_batch_line(ReplyBatch(seq, tuple(replies)))))
+                await send(_chunk(encode_batch_line(ReplyBatch(seq, tuple(replies)), rows)))
 
 
 def _chunk(data: bytes) -> Message:
