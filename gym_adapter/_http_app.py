@@ -1,4 +1,4 @@
-"""One Gym instance as an ASGI application (``gymckpt-http/1``): the Ray actor's twin over HTTP.
+"""One Gym instance as an ASGI application (``gymckpt-http/2``): the Ray actor's twin over HTTP.
 
 ``GymHttpApp`` serves one ``GymHost`` running in the same trio run as the ASGI server
 (``_http_serve``: hypercorn's trio worker and the host share one nursery), so every request

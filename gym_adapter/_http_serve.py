@@ -184,6 +184,7 @@ async def serve_gym(
             work_dir,
             config or HostConfig(),
             recover=recover,
+            instance_lock=lock,
         )
         with signals if signals is not None else nullcontext() as received:
             async with gym:

@@ -66,8 +66,8 @@ async def test_a_second_server_of_one_instance_exits_2_and_changes_nothing(
             assert len(lines) == 1, lines
             pattern = (
                 rf"^gymckpt: error: serve: instance directory {re.escape(str(work / 'gym-0'))} "
-                rf"is in use by process {first.process.pid}; one gymckpt serve per instance "
-                "directory"
+                rf"is in use by process {first.process.pid}; one Gym instance \(gymckpt serve, "
+                r"or a host with this work_dir\) per instance directory"
             )
             assert re.match(pattern, lines[0]), lines[0]
         # another instance on the same work directory is another directory: it serves

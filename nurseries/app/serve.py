@@ -1,4 +1,4 @@
-"""``gymckpt serve MODULE:FACTORY``: one Gym instance as an HTTP service (``gymckpt-http/1``).
+"""``gymckpt serve MODULE:FACTORY``: one Gym instance as an HTTP service (``gymckpt-http/2``).
 
 The command line of ``gym_adapter``'s ``serve_gym``: flags (and table ``[serve]`` of a TOML
 ``--config`` file, whose keys are the flags' names with underscores; a flag given on the command
@@ -51,7 +51,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``gymckpt`` subcommands ``sub``."""
     serve: argparse.ArgumentParser = sub.add_parser(
         "serve",
-        help="serve one Gym instance over HTTP (gymckpt-http/1) for HttpGym",
+        help="serve one Gym instance over HTTP (gymckpt-http/2) for HttpGym",
         description=(
             "Serves one Gym instance - the same host and environment as the embedded and the Ray "
             "backends - over HTTP, on hypercorn's trio worker, for an HttpGym trainer on this or "
