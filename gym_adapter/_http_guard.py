@@ -160,8 +160,8 @@ def _refuse_path(what: str, path: object, why: str, root: Path) -> RefusedReques
     return RefusedRequest(
         403,
         "PathOutsideStateRoot",
-        f"{what} {str(path)!r} {why}, outside the server's state root {root} (--state-root): "
-        "name a path inside it",
+        f"{what}: {str(path)!r} {why}; name a path inside the server's state root {root} "
+        "(--state-root) whose links stay inside it",
     )
 
 
@@ -191,7 +191,9 @@ def confine_below(base: Path, rel: str, root: Path, what: str) -> None:
         try:
             target = current.resolve(strict=True)
         except (OSError, RuntimeError):  # dangling, or a loop
-            raise _refuse_path(what, current, "is a symbolic link to nothing", root) from None
+            why = "is a symbolic link to nothing (dangling, or a loop)"
+            raise _refuse_path(what, current, why, root) from None
         if target != root and root not in target.parents:
-            raise _refuse_path(what, current, f"is a symbolic link to {target}", root)
+            why = f"is a symbolic link to {target}, outside the state root"
+            raise _refuse_path(what, current, why, root)
         current = target
