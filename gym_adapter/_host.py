@@ -54,7 +54,14 @@ import anyio.lowlevel
 import attrs
 import sniffio
 
-from gymckpt.runtime import CheckpointMode, EpisodeRecord, GymCallTimeout, InstanceRecord
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    GymCallTimeout,
+    InstanceDirLocked,
+    InstanceRecord,
+    WorkDirLock,
+)
 from gymckpt.runtime.lowlevel import promote_survivors
 
 from ._contract import (
@@ -133,6 +140,13 @@ class GymHost:
 
     ``recover``: continue the retained sessions journaled under ``work_dir/<name>/`` (what the
     replacement of a dead instance does); False starts the journal afresh (a new deployment).
+
+    One host per instance directory: a host that journals locks ``work_dir/<name>/``
+    (``runtime.WorkDirLock``) before it opens the journal, from entry until it exits or is
+    killed, so a second host of the same name on the same ``work_dir`` — in this process or
+    another — raises ``InstanceDirLocked`` on entry and never cuts the first one's journal.
+    ``instance_lock``: that lock, already held by the caller (``gymckpt serve`` takes it before
+    it opens anything and keeps it); the host then takes none and releases none.
     """
 
     name: str
@@ -141,12 +155,15 @@ class GymHost:
     work_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     config: HostConfig = attrs.field(factory=HostConfig)
     recover: bool = attrs.field(default=False, kw_only=True)
+    instance_lock: WorkDirLock | None = attrs.field(default=None, kw_only=True)
 
     _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
     _spawn: Callable[..., Any] = attrs.field(default=None, init=False)
     """Starts an episode's task (see ``_trio_episodes``)."""
     _new_scope: Callable[[], Any] = attrs.field(default=None, init=False)
     _dead: bool = attrs.field(default=False, init=False)
+    _own_lock: WorkDirLock | None = attrs.field(default=None, init=False)
+    """The instance directory's lock this host took (released when it exits or dies)."""
     _started_since_promotion: int = attrs.field(default=0, init=False)
     _roles: Roles = attrs.field(init=False)
     _table: EpisodeTable = attrs.field(factory=EpisodeTable, init=False)
@@ -231,7 +248,17 @@ class GymHost:
             raise RuntimeError(f"instance {self.name} is already serving")
         path = self.journal_path
         if path is not None:
-            self._slots.open_journal(path, recover=self.recover, on_failure=lambda _: self.kill())
+            if self.instance_lock is None:
+                lock = WorkDirLock(path.parent, refusal=InstanceDirLocked)
+                lock.acquire()  # before the journal is opened (and, without recover, cut)
+                self._own_lock = lock
+            try:
+                self._slots.open_journal(
+                    path, recover=self.recover, on_failure=lambda _: self.kill()
+                )
+            except BaseException:
+                self._release_lock()
+                raise
         self.user_calls.open()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -279,6 +306,7 @@ class GymHost:
         assert tg is not None
         self._shutdown()
         self._slots.close_journal()
+        self._release_lock()
         tg.cancel_scope.cancel()
         try:
             return await tg.__aexit__(exc_type, exc, tb)
@@ -301,6 +329,14 @@ class GymHost:
             self._streams.dead_instance = self.name
             self._shutdown()
             self._slots.close_journal()
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        """Release the instance directory's lock if this host took it (a replacement of the
+        same name may then open the journal)."""
+        lock, self._own_lock = self._own_lock, None
+        if lock is not None:
+            lock.release()
 
     def _shutdown(self) -> None:
         self._parking.close()  # the task group takes no new task from here (lease watchers)

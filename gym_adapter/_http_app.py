@@ -1,4 +1,4 @@
-"""One Gym instance as an ASGI application (``gymckpt-http/1``): the Ray actor's twin over HTTP.
+"""One Gym instance as an ASGI application (``gymckpt-http/2``): the Ray actor's twin over HTTP.
 
 ``GymHttpApp`` serves one ``GymHost`` running in the same trio run as the ASGI server
 (``_http_serve``: hypercorn's trio worker and the host share one nursery), so every request
@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from gymckpt.runtime import GymUnavailable
+from gymckpt.runtime.lowlevel import RECORDS_FILE
 
 from ._faults import FaultSpec, inject_fault
 from ._host import GymHost
@@ -54,6 +55,7 @@ from ._http_guard import (
     RefusedRequest,
     check_bearer,
     confine,
+    confine_below,
     content_length,
     read_body,
 )
@@ -277,6 +279,8 @@ class GymHttpApp:
             )
 
     def _confine_args(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The request's paths resolved inside the state root, and every path the instance
+        will touch below them walked (``_http_guard`` rule 7), or ``RefusedRequest`` 403."""
         if "state_root" not in args:
             return args
         root = confine(args["state_root"], self.state_root, f"{op} state_root")
@@ -284,6 +288,11 @@ class GymHttpApp:
             for p in args["record"].participants:
                 what = f"restore state_dir of {p.server_name}"
                 confine(str(root / p.state_dir), self.state_root, what)
+                confine_below(root, f"{p.state_dir}/{RECORDS_FILE}", self.state_root, what)
+        else:  # commit: <state_root>/<instance>/<participant>/records.json
+            for server, _kind in self.host.participants:
+                rel = f"{self.host.name}/{server}/{RECORDS_FILE}"
+                confine_below(root, rel, self.state_root, f"{op} records of {server}")
         return {**args, "state_root": str(root)}
 
     def _admit_control(self, op: str, body: bytes) -> tuple[ControlRequest, dict[str, Any]]:
@@ -407,7 +416,7 @@ class GymHttpApp:
                 "headers": self._headers(_NDJSON),
             }
             await send(start)
-            await send(_chunk(encode_batch_line(admission_header())))
+            await send(_chunk(encode_batch_line(admission_header(), {})))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_when, self._stopping.wait, nursery.cancel_scope)
                 completed = await self._pump(req, box, send)
@@ -424,16 +433,19 @@ class GymHttpApp:
 
     async def _pump(self, req: RunRequest, box: Outbox, send: Send) -> bool:
         cap = 1 if req.per_row else req.max_replies
+        rows = {r.rollout_id: r.row for r in req.rows}  # a reply names its row's task
         while True:
             replies = await box.take(cap)
             if replies is None:
                 return True
             if req.per_row:
-                lines = [encode_batch_line(ReplyBatch(box.register((r,)), (r,))) for r in replies]
+                lines = [
+                    encode_batch_line(ReplyBatch(box.register((r,)), (r,)), rows) for r in replies
+                ]
                 await send(_chunk(b"".join(lines)))
             else:
                 seq = box.register(replies)
-                await send(_chunk(encode_batch_line(ReplyBatch(seq, tuple(replies)))))
+                await send(_chunk(encode_batch_line(ReplyBatch(seq, tuple(replies)), rows)))
 
 
 def _chunk(data: bytes) -> Message:

@@ -33,6 +33,7 @@ __all__ = [
     "GymControlError",
     "GymInstanceDead",
     "GymUnavailable",
+    "InstanceDirLocked",
     "ManifestError",
     "Preempted",
     "ReplacementsExhausted",
@@ -364,4 +365,20 @@ class WorkDirLocked(BadInput, RuntimeError):
         return (
             f"work directory {self.workdir} is in use by {holder}; one trainer per work "
             "directory — stop that one or choose another directory"
+        )
+
+
+class InstanceDirLocked(WorkDirLocked):
+    """Another Gym instance of the same name holds its directory (``<work_dir>/<instance>``,
+    exit code 2): a ``gymckpt serve``, or a host with that ``work_dir``. Two of them would both
+    write its journal of retained sessions (the second one, started without ``recover``, cuts
+    it); the second one is refused before it opens anything."""
+
+    def __str__(self) -> str:
+        holder = f"process {self.pid}" if self.pid is not None else "another process"
+        return (
+            f"instance directory {self.workdir} is in use by {holder}; one Gym instance "
+            "(gymckpt serve, or a host with this work_dir) per instance directory — stop that "
+            "one, or give this one another work directory (--work-dir) or instance name "
+            "(--instance)"
         )
