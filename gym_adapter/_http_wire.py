@@ -20,9 +20,10 @@ field; ``tests/data/nemo_gym_0.7.0_episode_types.json`` holds their JSON schemas
   attempt-qualified key NeMo Gym builds from it (``EpisodeId.capture_key``, ``qualified_key``
   here: the base for attempt 0, ``"{base}-a{n}"`` after), so a canonical row
   ``"{position}-{slot}[-aN]"`` (its position in the trainer's row order) crosses as
-  ``{"rollout_id": "{position}-{slot}", "attempt": N}``; a base that is not a NeMo Gym rollout id (its pattern, its reserved ``-aN`` suffix) cannot cross.
-  The task is the trainer's row: ``taskset`` ``TASKSET``, ``task_id`` the dataset row index in decimal,
-  ``task_input`` the row's task as the trainer gives it (NeMo Gym types it with the
+  ``{"rollout_id": "{position}-{slot}", "attempt": N}``; a base that is not a NeMo Gym
+  rollout id (its pattern, its reserved ``-aN`` suffix) cannot cross.
+  The task is the trainer's row: ``taskset`` ``TASKSET``, ``task_id`` the dataset row index in
+  decimal, ``task_input`` the row's task as the trainer gives it (NeMo Gym types it with the
   environment's task model; gymckpt's is any JSON value, null when the environment reads its
   own data).
 - A reply crosses as a ``BaseEpisodeResponse``: ``{"episode_id", "task_id", "result" |
