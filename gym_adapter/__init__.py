@@ -22,6 +22,7 @@ from gymckpt.runtime import GymControlError, GymInstanceDead
 from ._contract import (
     ADMISSION_CLOSED,
     AgentSession,
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -39,6 +40,8 @@ from ._contract import (
     RunReply,
     RunRow,
     Topology,
+    TrainerAware,
+    can_attach,
     can_replace,
 )
 from ._embedded import EmbeddedGym
@@ -101,6 +104,7 @@ __all__ = [
     "ROLES",
     "AgentParticipant",
     "AgentSession",
+    "AttachReply",
     "CommitReply",
     "Completed",
     "Done",
@@ -143,6 +147,8 @@ __all__ = [
     "SessionView",
     "StateParticipant",
     "Topology",
+    "TrainerAware",
+    "can_attach",
     "can_replace",
     "load_environment",
     "participant_kinds",

@@ -43,6 +43,8 @@ class HostCounts:
     stale_runs: int = 0
     commits: int = 0
     lease_reopened: int = 0
+    fenced_terms: int = 0
+    """Takeovers by a trainer of a newer term that fenced what was here (``ControlPlane.fence``)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -54,9 +54,11 @@ from gymckpt.runtime.lowlevel import (
     dump_step,
     freeze_startup_objects,
     merge_ranges,
+    next_term,
     row_ranges,
 )
 
+from ._attach import attach_trainer
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher
 from ._offload import offload
@@ -374,6 +376,12 @@ async def open_rollouts(
     One trainer holds ``workdir`` at a time: a second one raises ``WorkDirLocked`` here, naming
     the holder's pid (an OS lock, released when the holder exits or is killed).
 
+    Each start takes the next *term* of the work directory's *lineage* (``TrainerTerm``, kept
+    in ``workdir/trainer_term.json``) and attaches it to every Gym instance first
+    (``attach_trainer``): servers that outlived an earlier trainer of this work directory
+    fence what it left running there (its episodes, its open checkpoint) and the run proceeds;
+    a server that serves another run (another work directory) refuses, ``GymInUse`` (exit 2).
+
     With ``handle_signals`` (default; only in the main thread) SIGTERM and SIGINT received while
     the block is open preempt the run (``Rollouts.preempt``) instead of killing the process or
     raising ``KeyboardInterrupt``: the current step finishes, ``batches`` takes a final
@@ -404,6 +412,10 @@ async def open_rollouts(
                 await offload(functools.partial(tasks.check, all_rows))
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
+            # this process's term of the work directory's lineage, attached to every instance
+            # before Gym is asked anything: it fences what an older term left running there
+            trainer = await offload(lambda: next_term(workdir))
+            await attach_trainer(gym, trainer, config)
             restored = None
             if restore:
                 restored = await restore_latest(

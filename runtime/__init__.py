@@ -30,6 +30,7 @@ from ._errors import (
     GymConnectionLost,
     GymControlError,
     GymInstanceDead,
+    GymInUse,
     GymUnavailable,
     ManifestError,
     Preempted,
@@ -65,6 +66,7 @@ from ._store import (
     records_digest,
     verify_snapshot,
 )
+from ._trainer_term import TrainerTerm
 from ._workdir import WorkDirLock, workdir_of
 
 __all__ = [
@@ -96,6 +98,7 @@ __all__ = [
     "GymCheckpointUnavailable",
     "GymConnectionLost",
     "GymControlError",
+    "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
     "InstanceRecord",
@@ -119,6 +122,7 @@ __all__ = [
     "TaskDataset",
     "TopologyMismatch",
     "TrainerFilesRefused",
+    "TrainerTerm",
     "WorkDirLock",
     "WorkDirLocked",
     "failure_kind",

@@ -31,6 +31,7 @@ __all__ = [
     "GymCheckpointUnavailable",
     "GymConnectionLost",
     "GymControlError",
+    "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
     "ManifestError",
@@ -365,3 +366,18 @@ class WorkDirLocked(BadInput, RuntimeError):
             f"work directory {self.workdir} is in use by {holder}; one trainer per work "
             "directory — stop that one or choose another directory"
         )
+
+
+class GymInUse(BadInput, RuntimeError):
+    """A Gym instance serves another trainer (exit code 2): another lineage (a run of another
+    work directory) holds it, or a newer term of this lineage took it over, fencing this one.
+    The instance refused the call and changed nothing."""
+
+    def __init__(self, instance: str, operation: str, message: str) -> None:
+        super().__init__(instance, operation, message)
+        self.instance = instance
+        self.operation = operation
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"instance {self.instance} {self.operation}: {self.message}"

@@ -82,6 +82,7 @@ from ._store import (
     write_atomic,
 )
 from ._topology import LiveTopology, participant_differences, topology_differences
+from ._trainer_term import TERM_FILE, next_term
 
 __all__ = [
     "COMMIT_MARKER",
@@ -99,6 +100,7 @@ __all__ = [
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
     "STEP_FILE",
+    "TERM_FILE",
     "TRAINER_FILES_DIR",
     "TRAINER_STATE_FILE",
     "AgentRecords",
@@ -140,6 +142,7 @@ __all__ = [
     "load_step",
     "load_toml_table",
     "merge_ranges",
+    "next_term",
     "participant_differences",
     "participant_state_problem",
     "plain_problem",

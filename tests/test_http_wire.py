@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from gymckpt.gym_adapter._contract import (
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -63,6 +64,7 @@ from gymckpt.runtime import (
     ParticipantRecord,
     StrandedSessionError,
     TopologyMismatch,
+    TrainerTerm,
     rollout_id_for,
 )
 
@@ -120,6 +122,10 @@ CONTROL_SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
             "episodes": (EpisodeRecord("3-1", "cal", "gym-0", ("k",)),),
         },
         RestoreReply("gym-0", ("3-1",)),
+    ),
+    "attach": (
+        {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2, "/work/run")},
+        AttachReply("gym-0", True, TrainerTerm("0123456789abcdef0123456789abcdef", 1), 3, 4),
     ),
     "topology": ({}, InstanceTopology("gym-0", (("cal", "environment"),))),
     "inventory": ({}, InstanceInventory("gym-0", True, False, ("a",), (), (), ("b",), 0)),
