@@ -612,6 +612,8 @@ class GymHost:
         if not self._tenancy.attach(trainer):
             return AttachReply(self.name, took_over=False)
         episodes, sessions, aborted = self._control.fence()
+        if previous is not None:
+            self.count.fenced_terms += 1
         return AttachReply(self.name, True, previous, episodes, sessions, aborted)
 
     def check_trainer(self, trainer: TrainerTerm | None, op: str) -> None:

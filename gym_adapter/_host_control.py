@@ -485,7 +485,6 @@ class ControlPlane:
         self.slots.install((), {}, ())
         if self.host.dead:  # the journal could not be rewritten: the instance stopped
             raise GymInstanceDead(self.name, "attach")
-        self.count.fenced_terms += 1
         return len(active) + dropped, freed, aborted
 
     # -- restore ---------------------------------------------------------------------------------

@@ -44,7 +44,8 @@ class HostCounts:
     commits: int = 0
     lease_reopened: int = 0
     fenced_terms: int = 0
-    """Takeovers by a trainer of a newer term that fenced what was here (``ControlPlane.fence``)."""
+    """Terms fenced here: takeovers by a newer term of the lineage that held the instance
+    (``GymHost.attach``)."""
 
 
 @attrs.frozen(kw_only=True)
