@@ -40,6 +40,8 @@ PREEMPT = "tests/test_preemption_paths.py"
 UNALIGNED = "tests/test_unaligned_rules.py"
 HTTP_SECURITY = "tests/test_http_security.py"
 HTTP_SERVER = "tests/test_http_server.py"
+TENANCY = "tests/test_host_tenancy.py"
+HTTP_FENCING = "tests/test_http_trainer_fencing.py"
 
 
 @dataclass(frozen=True)
@@ -729,6 +731,86 @@ MUTANTS: tuple[Mutant, ...] = (
         "seq = box.register(replies); box.ack(seq)",
         (HTTP_SERVER,),
         keyword="acks_free_them",
+        sim_seeds=0,
+    ),
+    # -- trainer terms: a trainer can always come back (issue 31, finding 3) ---------------------
+    Mutant(
+        "term-restore-does-not-fence",
+        "fencing",
+        "nurseries/_trainer.py",
+        "await attach_trainer(gym, trainer, config)",
+        "pass",
+        (HTTP_FENCING,),
+        keyword="mid_run",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-takeover-without-fencing",
+        "fencing",
+        "gym_adapter/_host.py",
+        "episodes, sessions, aborted = self._control.fence()",
+        "episodes, sessions, aborted = 0, 0, None",
+        (TENANCY,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-fence-keeps-sessions",
+        "fencing",
+        "gym_adapter/_host_control.py",
+        "self.slots.install((), {}, ())",
+        "pass",
+        (TENANCY,),
+        keyword="newer_term_fences",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-fence-leaves-checkpoint-open",
+        "fencing",
+        "gym_adapter/_host_control.py",
+        "if aborted is not None:",
+        "if False:",
+        (TENANCY,),
+        keyword="newer_term_fences or prepare_of_the_fenced",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-fenced-term-calls-admitted",
+        "fencing",
+        "gym_adapter/_host_tenancy.py",
+        "if caller.term < holder.term:",
+        "if False:",
+        (TENANCY,),
+        nth=2,
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-second-run-admitted",
+        "fencing",
+        "gym_adapter/_host_tenancy.py",
+        "if holder.lineage != caller.lineage:",
+        "if False:",
+        (TENANCY,),
+        keyword="another_lineage",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-second-run-attach-admitted-over-http",
+        "fencing",
+        "gym_adapter/_host_tenancy.py",
+        "if holder.lineage != caller.lineage:",
+        "if False:",
+        (HTTP_FENCING,),
+        keyword="second_trainer",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "term-http-header-not-read",
+        "fencing",
+        "gym_adapter/_http_app.py",
+        "trainer = _trainer_of(headers)",
+        "trainer = None",
+        (HTTP_FENCING,),
+        keyword="late_requests",
         sim_seeds=0,
     ),
 )

@@ -120,7 +120,7 @@ async def test_a_newer_term_fences_the_older_terms_episodes_checkpoint_and_late_
             lambda: host.attach(old, FAR),
         ]
         for call in late:
-            with pytest.raises(GymInUse, match="trainer term 1 .* was fenced"):
+            with pytest.raises(GymInUse, match=r"trainer term 1 .* was fenced"):
                 await call()
         assert not (tmp_path / "late").exists()
         assert host.inventory().admission_open

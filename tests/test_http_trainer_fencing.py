@@ -10,7 +10,8 @@ still running in the servers when it is run again at once:
   lease of 60 s): the rerun proceeds at once, without waiting for the lease;
 - a second trainer (another work directory) against the same servers while the first runs: a
   clear refusal (exit 2, one line naming the run that holds them), and the first run ends
-  exactly once.
+  exactly once;
+- a fenced term's late requests (two ``HttpGym`` clients in this process): refused 409.
 
 "Exactly once": the trainer's state (checkpointed with every step) lists the rows it trained;
 the run that ends lists every row once. Every wait is on a condition (a line, an exit) under
@@ -20,6 +21,7 @@ the run that ends lists every row once. Every wait is on a condition (a line, an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,7 +32,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from gymckpt.gym_adapter import HttpGym, RunRow
 from gymckpt.gym_adapter._http_process import ServerProcess
+from gymckpt.runtime import GymInUse, TrainerTerm, rollout_id_for
+from gymckpt.testing._http_serve_process import serve_process
 
 pytestmark = [pytest.mark.http, pytest.mark.subprocess]
 
@@ -98,8 +103,7 @@ TRAINER = textwrap.dedent(
 
 
     gymckpt.run(main)
-    """
-    % {"rows": ROWS}
+    """.replace("%(rows)d", str(ROWS))
 )
 
 
@@ -119,7 +123,7 @@ async def served(tmp_path: Path) -> AsyncIterator[list[str]]:
                 argv,
                 tmp_path / f"serve-{n}.log",
                 trio.current_time() + 60,
-                environ={"PYTHONPATH": str(tmp_path)},
+                environ={"PYTHONPATH": os.pathsep.join([str(tmp_path), *_pythonpath()])},
                 cwd=tmp_path,
             )
             procs.append(proc)
@@ -130,6 +134,11 @@ async def served(tmp_path: Path) -> AsyncIterator[list[str]]:
             for proc in procs:
                 await proc.stop()
                 await proc.aclose()
+
+
+def _pythonpath() -> list[str]:
+    """This process's ``PYTHONPATH`` (``tests/mutation.py`` imports its copy through it)."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def _command(tmp_path: Path, urls: list[str], workdir: str, mode: str) -> list[str]:
@@ -229,3 +238,33 @@ async def test_a_second_trainer_is_refused_and_the_first_ends_exactly_once(
                     await first.wait()
                 await first.stdin.aclose()
                 await first.stdout.aclose()
+
+
+async def test_a_fenced_terms_late_requests_are_refused_over_http(tmp_path: Path) -> None:
+    """Two trainer terms of one run, each with its own ``HttpGym``: once the newer attached,
+    every request of the older (the term rides the ``Gymckpt-Trainer`` header) is refused 409
+    ``GymInUse`` before it acts, and its stream ends without a reply; another run's attach is
+    refused naming the holder."""
+    lineage = "0123456789abcdef0123456789abcdef"
+    old, new = TrainerTerm(lineage, 1, "/runs/a"), TrainerTerm(lineage, 2, "/runs/a")
+    async with serve_process(tmp_path, "gymckpt.testing.examples:slow_task_reader") as proc:
+        async with HttpGym([proc.url], token=proc.token) as first:
+            await first.attach("gym-0", old, trio.current_time() + 10)
+            rows = [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in range(3)]
+            stream = await first.run("gym-0", rows)
+            async with HttpGym([proc.url], token=proc.token) as second:
+                reply = await second.attach("gym-0", new, trio.current_time() + 10)
+                assert reply.took_over and reply.previous == old and reply.episodes == 3
+                with trio.fail_after(10):
+                    assert [r async for batch in stream for r in batch] == []
+                for call in (
+                    lambda: first.prepare("gym-0", "run-0002", trio.current_time() + 10),
+                    lambda: first.run("gym-0", rows[:1]),
+                    lambda: first.retire("gym-0", [rows[0].rollout_id], trio.current_time() + 10),
+                ):
+                    with pytest.raises(GymInUse, match="was fenced"):
+                        await call()
+                assert (await second.inventory("gym-0")).admission_open
+                with pytest.raises(GymInUse, match=r"serves another training run.*/runs/a"):
+                    other = TrainerTerm("f" * 32, 1, "/runs/b")
+                    await second.attach("gym-0", other, trio.current_time() + 10)
