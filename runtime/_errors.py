@@ -52,9 +52,10 @@ SAMPLE_SIZE = 5
 
 class BadInput(Exception):
     """gymckpt refused what it was given: a snapshot, manifest or configuration file, the
-    deployment's topology, a work directory in use. ``gymckpt.run`` ends such a run with one
-    line and exit code 2; any other error (a bug in the trainer's own code included) keeps its
-    traceback. A mixin: each subclass also derives from the built-in error it always was."""
+    deployment's topology, a work directory or a Gym server in use. ``gymckpt.run`` ends such a
+    run with one line and exit code 2; any other error (a bug in the trainer's own code
+    included) keeps its traceback. A mixin: each subclass also derives from the built-in error
+    it always was."""
 
 
 def sample_ids(ids: Iterable[str], limit: int = SAMPLE_SIZE) -> str:

@@ -95,6 +95,9 @@ async def test_a_newer_term_fences_the_older_terms_episodes_checkpoint_and_late_
     old, new = TrainerTerm(LINEAGE, 1, "/w"), TrainerTerm(LINEAGE, 2, "/w")
     async with GymHost("gym-0", environment(), work_dir=tmp_path) as host:
         assert await host.attach(old, FAR) == AttachReply("gym-0", took_over=True)
+        kept = RunRow(rollout_id_for(7, 0, 2), 7, 0, 2)  # a third attempt, completed and kept
+        assert [type(r) for r in await replies(await host.run([kept], trainer=old))] == [Completed]
+        assert ledgers(host) == {"7-0": list(range(TURNS))}
         stream = await host.run(rows(3), trainer=old)
         await trio.sleep(1.5)  # one mutation each, inside their second turn
         await host.prepare("c1", FAR, CheckpointMode.UNALIGNED, trainer=old)
@@ -102,7 +105,7 @@ async def test_a_newer_term_fences_the_older_terms_episodes_checkpoint_and_late_
         assert host.inventory().prepared  # the old trainer dies here: c1 is never resumed
 
         reply = await host.attach(new, FAR)
-        assert reply == AttachReply("gym-0", True, old, episodes=3, sessions=3, aborted="c1")
+        assert reply == AttachReply("gym-0", True, old, episodes=3, sessions=4, aborted="c1")
         assert host.trainer == new
         assert await replies(stream) == []  # nothing the old term started replies
         inv = host.inventory()
@@ -125,10 +128,11 @@ async def test_a_newer_term_fences_the_older_terms_episodes_checkpoint_and_late_
         assert not (tmp_path / "late").exists()
         assert host.inventory().admission_open
 
-        done = await replies(await host.run(rows(3), trainer=new))  # the new term proceeds
-        assert sorted(r.rollout_id for r in done if isinstance(r, Completed)) == [
-            rollout_id_for(r, 0, 0) for r in range(3)
-        ]
+        fresh = [*rows(3), RunRow(rollout_id_for(7, 0, 0), 7, 0, 0)]  # a fresh start
+        done = await replies(await host.run(fresh, trainer=new))  # the new term proceeds
+        assert sorted(r.rollout_id for r in done if isinstance(r, Completed)) == sorted(
+            r.rollout_id for r in fresh
+        )
         assert set(map(tuple, ledgers(host).values())) == {tuple(range(TURNS))}  # each once
         assert host.statistics().fenced_terms == 1
         assert await host.attach(new, FAR) == AttachReply("gym-0", took_over=False)
