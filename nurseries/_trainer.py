@@ -413,14 +413,22 @@ async def open_rollouts(
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
             # this process's term of the work directory's lineage, attached to every instance
-            # before Gym is asked anything: it fences what an older term left running there
+            # before anything changes there (the restore attaches once its checks passed): it
+            # fences what an older term left running there
             trainer = await offload(lambda: next_term(workdir))
-            await attach_trainer(gym, trainer, config)
             restored = None
             if restore:
                 restored = await restore_latest(
-                    gym, store, workdir / RESTORED_DIR, config, group_size=group_size, dataset=tasks
+                    gym,
+                    store,
+                    workdir / RESTORED_DIR,
+                    config,
+                    group_size=group_size,
+                    dataset=tasks,
+                    trainer=trainer,
                 )
+            if restored is None:  # a fresh start: nothing attached yet
+                await attach_trainer(gym, trainer, config)
             if restored is not None:
                 ledger = restored.ledger
             else:

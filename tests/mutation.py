@@ -737,7 +737,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-restore-does-not-fence",
         "fencing",
-        "nurseries/_trainer.py",
+        "nurseries/_restore.py",
         "await attach_trainer(gym, trainer, config)",
         "pass",
         (HTTP_FENCING,),
