@@ -1,4 +1,5 @@
-"""The Gym host's control plane: prepare, commit, resume, the lease, retire, restore.
+"""The Gym host's control plane: prepare, commit, resume, the lease, retire, restore, and the
+fence of an older trainer term (``fence``: what a newer term's attach does first).
 
 Two modes of checkpoint (``CheckpointMode``). Aligned: ``prepare`` parks every episode at its
 next step boundary and returns once none moves; ``commit`` exports them as they are parked.
