@@ -229,7 +229,7 @@ class GymActor:
         if op not in _CONTROL_OPS:
             raise ValueError(f"unknown control operation {op!r}")
         if op == "attach":
-            reply = await self._sim.attach(*args, deadline_ts)
+            reply = await self._sim.attach(args[0], deadline_ts)
             if reply.took_over:  # the older term's streams are gone with its episodes
                 self._streams.forget_all()
             return reply
