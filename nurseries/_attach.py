@@ -61,7 +61,7 @@ async def attach_trainer(
             was = reply.previous.describe() if reply.previous is not None else "an earlier trainer"
             aborted = f", aborted its checkpoint {reply.aborted}" if reply.aborted else ""
             log.warning(
-                "gymckpt: instance %s served %s: fenced it (%d episodes ended, %d slots freed%s)",
+                "gymckpt: instance %s served %s: fenced it (episodes ended: %d, slots freed: %d%s)",
                 name,
                 was,
                 reply.episodes,

@@ -804,6 +804,16 @@ MUTANTS: tuple[Mutant, ...] = (
         sim_seeds=0,
     ),
     Mutant(
+        "term-fenced-trainer-aborts-as-invariant",
+        "C4",
+        "nurseries/_coordinator.py",
+        "except GymInUse:  # a newer trainer of this run fenced this one: it stops (exit 2)",
+        "except ZeroDivisionError:",
+        (TENANCY,),
+        keyword="fenced_trainer_stops",
+        sim_seeds=0,
+    ),
+    Mutant(
         "term-http-header-not-read",
         "fencing",
         "gym_adapter/_http_app.py",

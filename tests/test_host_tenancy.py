@@ -236,3 +236,32 @@ async def test_ray_actors_fence_an_older_term_and_refuse_its_late_calls() -> Non
             await gym.run("gym-0", rows(1))
         with pytest.raises(GymInUse, match="serves another training run"):
             await gym.attach("gym-0", TrainerTerm(OTHER, 1), trio.current_time() + 30)
+
+
+async def test_a_fenced_trainer_stops_at_its_next_checkpoint_with_exit_2(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A trainer whose servers were taken over by a newer term of its run (a second process it
+    does not know of) stops, with ``GymInUse`` (exit code 2), at its next checkpoint: it
+    neither retries nor aborts as an invariant violation."""
+    from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
+    from gymckpt.runtime.lowlevel import next_term
+
+    async with trio.open_nursery() as nursery:
+        hosts = [GymHost(f"gym-{n}", environment()) for n in range(2)]
+        for host in hosts:
+            await nursery.start(host.serve)
+        gym, newer = EmbeddedGym(hosts, FaultPlan(())), EmbeddedGym(hosts, FaultPlan(()))
+        with pytest.raises(Exception) as caught:  # GymInUse, in the rollouts' nursery
+            async with open_rollouts(
+                gym, tmp_path, rows=8, group_size=2, handle_signals=False
+            ) as ro:
+                await ro.next_batch(1)
+                term = next_term(tmp_path)  # what the newer process took
+                for name in newer.instances:
+                    await newer.attach(name, term, FAR)
+                await ro.checkpoint()
+        decided = run_exit(caught.value)
+        assert decided is not None and decided[0] == ExitCode.BAD_INPUT
+        assert isinstance(decided[1], GymInUse) and "was fenced" in str(decided[1])
+        nursery.cancel_scope.cancel()
