@@ -46,7 +46,8 @@ whose instances do implements ``TrainerAware.attach(instance, trainer, deadline_
 trainer's term (``runtime.TrainerTerm``) takes the instance over, fencing what an older term
 of its lineage left there (``AttachReply``), and from then on the backend sends that term with
 every call to every instance, so an instance refuses the calls of a fenced term and of another
-lineage (``GymInUse``, exit code 2) before they act. See ``_host_tenancy``.
+lineage (``GymInUse``, exit code 2) before they act; ``release`` lets another run attach once
+the trainer's run is done. See ``_host_tenancy``.
 
 Paths: a commit reply's ``ParticipantInfo.state_dir`` is relative to that commit's
 ``state_root``; ``restore`` resolves each ``ParticipantRecord.state_dir`` of the manifest against
@@ -353,6 +354,10 @@ class TrainerAware(GymBackend, Protocol):
         """``trainer`` takes ``instance`` over (fencing an older term of its lineage), and the
         backend sends it with every later call. ``GymInUse`` if the instance serves another
         lineage or a newer term."""
+        ...
+
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance``: another run may attach to it now."""
         ...
 
 

@@ -322,6 +322,12 @@ class EmbeddedGym:
         with crossing_boundary(instance, "attach"):
             return await sim.attach(trainer, deadline_ts)
 
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``GymHost.release``)."""
+        sim = self._live(instance, "release")
+        with crossing_boundary(instance, "release"):
+            await sim.release(trainer, deadline_ts)
+
     async def inventory(self, instance: str) -> InstanceInventory:
         await anyio.lowlevel.checkpoint()
         return self._live(instance, "inventory").inventory()

@@ -616,6 +616,12 @@ class GymHost:
             self.count.fenced_terms += 1
         return AttachReply(self.name, True, previous, episodes, sessions, aborted)
 
+    async def release(self, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done: another run may attach from now on (``Tenancy.release``);
+        a term other than the holder's changes nothing."""
+        await self._enter("release", deadline_ts, None)
+        self._tenancy.release(trainer)
+
     def check_trainer(self, trainer: TrainerTerm | None, op: str) -> None:
         """``GymInUse`` unless ``trainer`` may act here now (``Tenancy.check``): for a
         transport's own steps of a call (acknowledgements) before they act."""

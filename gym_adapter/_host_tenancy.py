@@ -15,6 +15,9 @@ the term the instance serves now:
   server, or the replacement of a dead instance, which continues the journal of the one it
   replaces) the caller is adopted as the holder, fencing nothing; anything else is refused
   (``GymInUse``) before it acts. A call that carries no term (a tool, a test) is not checked.
+- ``release(caller)``: the holder's run is done (its dataset trained); the holder stays, but a
+  trainer of another lineage may now ``attach``, taking the instance over as a newer term
+  would (fencing what is left there). Until then the server serves that one run.
 
 ``Tenancy`` is the only writer of the holder; it decides, the host acts.
 """
@@ -39,6 +42,8 @@ class Tenancy:
 
     instance: str
     holder: TrainerTerm | None = attrs.field(default=None, init=False)
+    released: bool = attrs.field(default=False, init=False)
+    """The holder's run is done: another lineage may attach."""
     takeovers: int = attrs.field(default=0, init=False)
     """``attach`` calls that took the instance over (each fenced what was there)."""
 
@@ -48,13 +53,23 @@ class Tenancy:
         holder = self.holder
         if holder is not None:
             if holder.lineage != caller.lineage:
-                raise self._another(holder, caller, "attach")
-            if caller.term < holder.term:
+                if not self.released:
+                    raise self._another(holder, caller, "attach")
+            elif caller.term < holder.term:
                 raise self._superseded(holder, caller, "attach")
-            if caller.term == holder.term:
+            elif caller.term == holder.term:
                 return False
         self.holder = caller
+        self.released = False
         self.takeovers += 1
+        return True
+
+    def release(self, caller: TrainerTerm) -> bool:
+        """The holder ``caller`` is done with the instance (its run finished): True; any other
+        caller changes nothing (False)."""
+        if self.holder is None or self.holder != caller:
+            return False
+        self.released = True
         return True
 
     def check(self, caller: TrainerTerm | None, op: str) -> None:
@@ -82,9 +97,9 @@ class Tenancy:
             self.instance,
             op,
             f"the instance serves another training run, {holder.describe()}; this trainer is "
-            f"{caller.describe()}. A Gym server serves one run at a time: resume that run from "
-            "its own work directory, or stop it and restart this server (gymckpt serve), or "
-            "give this run servers of its own",
+            f"{caller.describe()}. A Gym server serves one run at a time, until that run "
+            "finishes: resume that run from its own work directory, or stop it and restart "
+            "this server (gymckpt serve), or give this run servers of its own",
         )
 
     def _superseded(self, holder: TrainerTerm, caller: TrainerTerm, op: str) -> GymInUse:

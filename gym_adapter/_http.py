@@ -801,6 +801,10 @@ class HttpGym:
         )
         return reply
 
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``POST /control/v1/release``)."""
+        await self._control_op(instance, "release", {"trainer": trainer}, deadline_ts)
+
     async def inventory(self, instance: str) -> InstanceInventory:
         inv: InstanceInventory = await self._call(instance, "inventory", {}, None)
         return inv

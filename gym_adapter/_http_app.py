@@ -381,6 +381,8 @@ class GymHttpApp:
             if reply.took_over:  # the older term's streams are gone with its episodes
                 self._outboxes.forget_all()
             return reply
+        if op == "release":
+            return await host.release(args["trainer"], deadline_ts)
         raise AssertionError(f"control op {op} has no handler")  # pragma: no cover
 
     # -- data plane ------------------------------------------------------------------------------

@@ -473,6 +473,7 @@ _OPS: Final[Mapping[str, tuple[type, Any]]] = {
     "retire_restored": (_RetireArgs, RetireReply),
     "restore": (_RestoreArgs, RestoreReply),
     "attach": (_AttachArgs, AttachReply),
+    "release": (_AttachArgs, None),
     "topology": (_NoArgs, InstanceTopology),
     "inventory": (_NoArgs, InstanceInventory),
     "statistics": (_NoArgs, HostStatistics),
@@ -485,7 +486,7 @@ _OPS: Final[Mapping[str, tuple[type, Any]]] = {
 CONTROL_OPS: Final = tuple(_OPS)
 """Every ``<op>`` of ``POST /control/v1/<op>``."""
 DEADLINE_OPS: Final = frozenset(
-    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach"}
+    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach", "release"}
 )
 """The ops that run by a deadline: their request must carry one."""
 

@@ -490,6 +490,10 @@ class RayGym:
         reply: AttachReply = await self._control(instance, "attach", (trainer,), deadline_ts)
         return reply
 
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``GymHost.release`` in the actor)."""
+        await self._control(instance, "release", (trainer,), deadline_ts)
+
     async def inventory(self, instance: str) -> InstanceInventory:
         inv: InstanceInventory = await self._view(instance, "inventory")
         return inv

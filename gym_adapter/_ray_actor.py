@@ -74,7 +74,7 @@ from ._trio_guest import TrioGuest
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
 _CONTROL_OPS: Final = frozenset(
-    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach"}
+    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach", "release"}
 )
 _VIEWS: Final = frozenset(
     {"topology", "inventory", "session_states", "retained_sessions", "statistics"}
@@ -237,6 +237,8 @@ class GymActor:
         if op == "prepare" and "mode" in options:
             mode = CheckpointMode(options["mode"])
             return await call(*args, deadline_ts, mode, trainer=trainer)
+        if op == "release":
+            return await self._sim.release(args[0], deadline_ts)
         return await call(*args, deadline_ts, trainer=trainer)
 
     async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:

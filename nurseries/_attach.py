@@ -10,7 +10,9 @@ start) proceeds at once; an instance that serves another lineage refuses (``GymI
 code 2) and the trainer stops, having changed nothing there. An instance found dead is replaced
 (``ReplaceableGym``, within ``max_replacements``) and its replacement attached. A backend that
 is not ``TrainerAware`` (every instance lives and dies with the trainer's process) is left as it
-is.
+is. A run that finished (its dataset trained) releases its instances as ``open_rollouts``
+closes (``release_trainer``), so another run may attach to them; a run that stops otherwise (a
+crash, an error, a preemption) keeps them: it comes back.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from gymckpt.runtime import RuntimeConfig, TrainerTerm
 from ._calls import fan_out
 from ._replace import dead_in, replace_now
 
-__all__ = ["attach_trainer"]
+__all__ = ["attach_trainer", "release_trainer"]
 
 log = logging.getLogger("gymckpt")
 
@@ -69,3 +71,17 @@ async def attach_trainer(
                 aborted,
             )
     return replies
+
+
+async def release_trainer(gym: GymBackend, trainer: TrainerTerm, config: RuntimeConfig) -> None:
+    """The run of ``trainer`` is done: every instance may serve another run now. Best effort,
+    each call bounded: an instance that does not answer stays held (restart it for a new run),
+    which is logged, never raised."""
+    if not can_attach(gym):
+        return
+    release = gym.release  # type: ignore[attr-defined]
+    calls = {name: functools.partial(release, name, trainer) for name in gym.instances}
+    try:
+        await fan_out("release", calls, config)
+    except Exception as exc:
+        log.warning("gymckpt: releasing the Gym instances for another run failed: %s", exc)

@@ -58,7 +58,7 @@ from gymckpt.runtime.lowlevel import (
     row_ranges,
 )
 
-from ._attach import attach_trainer
+from ._attach import attach_trainer, release_trainer
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher
 from ._offload import offload
@@ -154,6 +154,12 @@ class Rollouts:
     def _finished(self) -> bool:
         ledger = self.ledger
         return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
+
+    @property
+    def finished(self) -> bool:
+        """The dataset is done: every row was trained (its groups taken) or failed for good,
+        and nothing is left to hand out."""
+        return self.dispatcher.rows_exhausted and not self.ledger.rows()
 
     @property
     def policy_version(self) -> int:
@@ -511,6 +517,8 @@ async def open_rollouts(
                     yield rollouts
                 finally:
                     nursery.cancel_scope.cancel()
+            if rollouts.finished:  # the run is done: another run may take its Gym instances
+                await release_trainer(gym, trainer, config)
     finally:
         lock.release()
 

@@ -814,6 +814,16 @@ MUTANTS: tuple[Mutant, ...] = (
         sim_seeds=0,
     ),
     Mutant(
+        "term-finished-run-keeps-its-servers",
+        "fencing",
+        "nurseries/_trainer.py",
+        "await release_trainer(gym, trainer, config)",
+        "pass",
+        (TENANCY,),
+        keyword="releases",
+        sim_seeds=0,
+    ),
+    Mutant(
         "term-http-header-not-read",
         "fencing",
         "gym_adapter/_http_app.py",

@@ -8,6 +8,7 @@ facades over the same instances), and through Ray (``tests/test_ray_host.py`` st
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -264,4 +265,36 @@ async def test_a_fenced_trainer_stops_at_its_next_checkpoint_with_exit_2(
         decided = run_exit(caught.value)
         assert decided is not None and decided[0] == ExitCode.BAD_INPUT
         assert isinstance(decided[1], GymInUse) and "was fenced" in str(decided[1])
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_finished_run_releases_its_instances_for_another_run(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A run that trained its whole dataset lets go of its instances as ``open_rollouts``
+    closes: another run (another work directory) may then attach, and does, fencing what
+    was left. A run that stops before (here: left early) keeps them."""
+    from gymckpt.nurseries import open_rollouts
+
+    async with trio.open_nursery() as nursery:
+        hosts = [GymHost(f"gym-{n}", environment()) for n in range(2)]
+        for host in hosts:
+            await nursery.start(host.serve)
+
+        async def train(workdir: Path, rows: int, *, leave_early: bool = False) -> None:
+            gym = EmbeddedGym(hosts, FaultPlan(()))
+            async with (
+                open_rollouts(gym, workdir, rows=rows, group_size=2, handle_signals=False) as ro,
+                aclosing(ro.batches(groups_per_step=1)) as batches,
+            ):
+                async for _batch in batches:
+                    if leave_early:
+                        break
+
+        await train(tmp_path / "first", 4, leave_early=True)
+        with pytest.raises(GymInUse, match="serves another training run"):
+            await train(tmp_path / "second", 2)  # still held: the first run comes back
+        await train(tmp_path / "first", 4)  # it came back and finished: released
+        await train(tmp_path / "second", 2)  # another run takes the instances over
+        assert all(h.trainer is not None and "second" in h.trainer.workdir for h in hosts)
         nursery.cancel_scope.cancel()

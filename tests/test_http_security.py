@@ -93,6 +93,7 @@ def _body(op: str) -> bytes:
             "episodes": (),
         },
         "attach": {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 1)},
+        "release": {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 1)},
         "ack": {"sid": 1, "upto": 1},
         "close_stream": {"sid": 1, "upto": 1},
     }.get(op, {})

@@ -10,7 +10,7 @@ still running in the servers when it is run again at once:
   lease of 60 s): the rerun proceeds at once, without waiting for the lease;
 - a second trainer (another work directory) against the same servers while the first runs: a
   clear refusal (exit 2, one line naming the run that holds them), and the first run ends
-  exactly once;
+  exactly once; once it finished, the second run may have the servers;
 - a fenced term's late requests (two ``HttpGym`` clients in this process): refused 409.
 
 "Exactly once": the trainer's state (checkpointed with every step) lists the rows it trained;
@@ -231,6 +231,10 @@ async def test_a_second_trainer_is_refused_and_the_first_ends_exactly_once(
                     rest += chunk
                 assert await first.wait() == 0
             assert _trained((out + rest).decode()) == list(range(ROWS))
+            # the first run finished and let go of the servers: the other run may have them now
+            code, out2, err = await _run(tmp_path, urls, "other-work")
+            assert code == 0, err[-3000:]
+            assert _trained(out2) == list(range(ROWS))
         finally:
             with trio.CancelScope(shield=True):
                 if first.returncode is None:

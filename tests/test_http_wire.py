@@ -127,6 +127,7 @@ CONTROL_SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2, "/work/run")},
         AttachReply("gym-0", True, TrainerTerm("0123456789abcdef0123456789abcdef", 1), 3, 4),
     ),
+    "release": ({"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2)}, None),
     "topology": ({}, InstanceTopology("gym-0", (("cal", "environment"),))),
     "inventory": ({}, InstanceInventory("gym-0", True, False, ("a",), (), (), ("b",), 0)),
     "statistics": ({}, _host_stats()),
