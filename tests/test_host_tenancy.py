@@ -237,6 +237,10 @@ async def test_ray_actors_fence_an_older_term_and_refuse_its_late_calls() -> Non
             await gym.run("gym-0", rows(1))
         with pytest.raises(GymInUse, match="serves another training run"):
             await gym.attach("gym-0", TrainerTerm(OTHER, 1), trio.current_time() + 30)
+        gym._trainer = new  # its run finished: it lets go, and another run may attach
+        await gym.release("gym-0", new, trio.current_time() + 30)
+        other = await gym.attach("gym-0", TrainerTerm(OTHER, 1), trio.current_time() + 30)
+        assert other.took_over and other.previous == new
 
 
 async def test_a_fenced_trainer_stops_at_its_next_checkpoint_with_exit_2(
