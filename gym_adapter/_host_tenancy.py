@@ -37,8 +37,8 @@ __all__ = ["Tenancy"]
 @attrs.define(eq=False, slots=True)
 class Tenancy:
     """The holder of instance ``instance`` (module docstring). Invariant: ``holder``'s term
-    never goes back for its lineage, and changes lineage only through ``attach`` with no
-    holder."""
+    never goes back for its lineage, and ``holder`` changes lineage only through ``attach``
+    after the holder released the instance (or by a first caller, when there is none)."""
 
     instance: str
     holder: TrainerTerm | None = attrs.field(default=None, init=False)

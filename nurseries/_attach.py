@@ -40,23 +40,20 @@ async def attach_trainer(
     if not can_attach(gym):
         return {}
     attach = gym.attach  # type: ignore[attr-defined]
-    pending = list(gym.instances)
-    replies: dict[str, AttachReply] = {}
+    calls = {name: functools.partial(attach, name, trainer) for name in gym.instances}
     replaced = 0
     while True:
-        calls = {name: functools.partial(attach, name, trainer) for name in pending}
         try:
-            replies.update(await fan_out("attach", calls, config))
+            replies: dict[str, AttachReply] = await fan_out("attach", calls, config)
         except Exception as exc:
-            dead = sorted({d.instance for d in dead_in(exc)} & set(pending))
+            dead = sorted({d.instance for d in dead_in(exc)} & set(calls))
             if not dead or not can_replace(gym) or replaced >= config.max_replacements:
                 raise
             replaced += 1
             log.warning("attach found %s dead: replacing, then attaching there", ", ".join(dead))
             for name in dead:
                 await replace_now(gym, name, config)
-            pending = [n for n in pending if n not in replies]
-            continue
+            continue  # again everywhere: an instance attached already answers took_over False
         break
     for name, reply in sorted(replies.items()):
         if reply.took_over and (reply.previous is not None or reply.episodes or reply.aborted):
