@@ -302,3 +302,31 @@ async def test_a_finished_run_releases_its_instances_for_another_run(
         await train(tmp_path / "second", 2)  # another run takes the instances over
         assert all(h.trainer is not None and "second" in h.trainer.workdir for h in hosts)
         nursery.cancel_scope.cancel()
+
+
+async def test_an_instance_found_dead_by_the_attach_is_replaced_and_attached(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    from gymckpt.nurseries import open_rollouts
+
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path / "live") as gym:
+        gym.sim("gym-1").kill()
+        async with (
+            open_rollouts(gym, tmp_path / "w", rows=4, group_size=2, handle_signals=False) as ro,
+            aclosing(ro.batches(groups_per_step=2)) as batches,
+        ):
+            rows = sorted(g.row for batch in [b async for b in batches] for g in batch)
+        assert rows == [0, 1, 2, 3]
+        assert gym.replacements("gym-1") == 1
+        assert {gym.sim(n).trainer.lineage for n in gym.instances} == {  # type: ignore[union-attr]
+            next_term_lineage(tmp_path / "w")
+        }
+
+
+def next_term_lineage(workdir: Path) -> str:
+    import orjson
+
+    from gymckpt.runtime.lowlevel import TERM_FILE
+
+    lineage: str = orjson.loads((workdir / TERM_FILE).read_bytes())["lineage"]
+    return lineage
