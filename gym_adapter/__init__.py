@@ -22,6 +22,7 @@ from gymckpt.runtime import GymControlError, GymInstanceDead
 from ._contract import (
     ADMISSION_CLOSED,
     AgentSession,
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -39,6 +40,8 @@ from ._contract import (
     RunReply,
     RunRow,
     Topology,
+    TrainerAware,
+    can_attach,
     can_replace,
 )
 from ._embedded import EmbeddedGym
@@ -103,6 +106,7 @@ __all__ = [
     "ROLES",
     "AgentParticipant",
     "AgentSession",
+    "AttachReply",
     "CallId",
     "CommitReply",
     "Completed",
@@ -146,6 +150,8 @@ __all__ = [
     "SessionView",
     "StateParticipant",
     "Topology",
+    "TrainerAware",
+    "can_attach",
     "can_replace",
     "load_environment",
     "parse_call_id",

@@ -50,10 +50,11 @@ import attrs
 import cattrs
 import orjson
 
-from gymckpt.runtime import CheckpointMode, EpisodeRecord, InstanceRecord
+from gymckpt.runtime import CheckpointMode, EpisodeRecord, InstanceRecord, TrainerTerm
 
 from ._contract import (
     ADMISSION_CLOSED,
+    AttachReply,
     CommitReply,
     Completed,
     Failed,
@@ -88,6 +89,7 @@ __all__ = [
     "PROTOCOL",
     "REFUSAL_CODES",
     "TASKSET",
+    "TRAINER_HEADER",
     "ControlRequest",
     "Health",
     "Refusal",
@@ -138,6 +140,11 @@ EXPECT_INCARNATION_HEADER: Final = "Gymckpt-Expect-Incarnation"
 """Optional request header: the incarnation the client means. A server of another incarnation
 (restarted under the same name) refuses the request with 409 ``IncarnationMismatch`` before it
 acts, so a call meant for the old process never reaches the new one."""
+TRAINER_HEADER: Final = "Gymckpt-Trainer"
+"""Request header on every request of a trainer that attached: its term as
+``"{lineage}.{term}"`` (``TrainerTerm.header``). The instance refuses the request (409
+``GymInUse``) before it acts when another lineage, or a newer term, holds it. Not an
+incarnation: the incarnation is the server process's, the term is the trainer process's."""
 END_LINE: Final = b'{"end":true}\n'
 """The last line of every complete ``/run`` body: a body that stops without it ended early."""
 
@@ -588,6 +595,11 @@ class _RestoreArgs:
 
 
 @attrs.frozen
+class _AttachArgs:
+    trainer: TrainerTerm
+
+
+@attrs.frozen
 class _NoArgs:
     pass
 
@@ -607,6 +619,8 @@ _OPS: Final[Mapping[str, tuple[type, Any]]] = {
     "retire": (_RetireArgs, RetireReply),
     "retire_restored": (_RetireArgs, RetireReply),
     "restore": (_RestoreArgs, RestoreReply),
+    "attach": (_AttachArgs, AttachReply),
+    "release": (_AttachArgs, None),
     "topology": (_NoArgs, InstanceTopology),
     "inventory": (_NoArgs, InstanceInventory),
     "statistics": (_NoArgs, HostStatistics),
@@ -619,7 +633,7 @@ _OPS: Final[Mapping[str, tuple[type, Any]]] = {
 CONTROL_OPS: Final = tuple(_OPS)
 """Every ``<op>`` of ``POST /control/v1/<op>``."""
 DEADLINE_OPS: Final = frozenset(
-    {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
+    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach", "release"}
 )
 """The ops that run by a deadline: their request must carry one."""
 

@@ -76,6 +76,7 @@ from gymckpt.runtime import (
     DispatchGate,
     DrainTimeout,
     FailureKind,
+    GymInUse,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
@@ -275,6 +276,8 @@ class CheckpointCoordinator:
         except TrainerFilesFailed as exc:  # the trainer's own code failed: its error
             self._stats.trainer_code_failed()
             raise exc.error from None
+        except GymInUse:  # a newer trainer of this run fenced this one: it stops (exit 2)
+            raise
         except Exception as exc:
             return self._failed(checkpoint_id, exc, pending.stage_s if pending else {}, started)
         self._failures.succeeded()

@@ -18,7 +18,10 @@ and what reaches Gym is all-or-nothing across instances:
    then the run's row order against the snapshot's ``order.json`` and its ledger's cursor
    (``check_order``: the same epochs, seed and rows up to where the order stood):
    ``DatasetMismatch`` saying what differs;
-4. ask every instance, concurrently and each bounded, to restore its committed state;
+4. attach the trainer's term to every instance (``attach_trainer``: an instance still running
+   an older term's episodes, or holding its checkpoint open, fences that term and is idle
+   afterwards; one that serves another run refuses, ``GymInUse``), then ask every instance,
+   concurrently and each bounded, to restore its committed state;
 5. retire, on each instance, the dropped attempts the snapshot carries: Gym committed their
    state, the ledger no longer owns them, and a replacement dispatched elsewhere would repeat
    their environment mutations;
@@ -58,6 +61,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     TaskDataset,
     TopologyMismatch,
+    TrainerTerm,
     load_snapshot,
     rollout_id_for,
     verify_snapshot,
@@ -79,6 +83,7 @@ from gymckpt.runtime.lowlevel import (
     load_step,
 )
 
+from ._attach import attach_trainer
 from ._calls import bounded_call, fan_out
 from ._offload import offload
 from ._replace import dead_in, replace_now
@@ -276,8 +281,13 @@ async def restore_latest(
     group_size: int | None = None,
     dataset: TaskDataset | None = None,
     order: RowOrder | None = None,
+    trainer: TrainerTerm | None = None,
 ) -> RestoredRun | None:
-    """Restore the latest complete snapshot in ``store``; None when there is none.
+    """Restore the latest complete snapshot in ``store``; None when there is none (then
+    nothing was attached either).
+
+    ``trainer``: this process's term, attached to every instance once every check passed and
+    before anything is installed (step 4).
 
     ``group_size`` is this run's: a snapshot of another group size is rejected before Gym
     installs anything; so is one made with another ``dataset`` (``DatasetMismatch``), or with
@@ -314,6 +324,8 @@ async def restore_latest(
     episodes_by_replica: dict[str, list[EpisodeRecord]] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
+    if trainer is not None:
+        await attach_trainer(gym, trainer, config)
     state_root = str(await offload(pinned.path.resolve))
     records = {rec.name: rec for rec in snap.manifest.instances}
     installed: set[str] = set()

@@ -53,8 +53,10 @@ from gymckpt.runtime.lowlevel import (
     StepRecord,
     dump_step,
     freeze_startup_objects,
+    next_term,
 )
 
+from ._attach import attach_trainer, release_trainer
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher
 from ._offload import offload
@@ -152,6 +154,12 @@ class Rollouts:
     def _finished(self) -> bool:
         ledger = self.ledger
         return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
+
+    @property
+    def finished(self) -> bool:
+        """The dataset is done: every row was trained (its groups taken) or failed for good,
+        and nothing is left to hand out."""
+        return self.dispatcher.rows_exhausted and not self.ledger.rows()
 
     @property
     def policy_version(self) -> int:
@@ -385,6 +393,12 @@ async def open_rollouts(
     One trainer holds ``workdir`` at a time: a second one raises ``WorkDirLocked`` here, naming
     the holder's pid (an OS lock, released when the holder exits or is killed).
 
+    Each start takes the next *term* of the work directory's *lineage* (``TrainerTerm``, kept
+    in ``workdir/trainer_term.json``) and attaches it to every Gym instance first
+    (``attach_trainer``): servers that outlived an earlier trainer of this work directory
+    fence what it left running there (its episodes, its open checkpoint) and the run proceeds;
+    a server that serves another run (another work directory) refuses, ``GymInUse`` (exit 2).
+
     With ``handle_signals`` (default; only in the main thread) SIGTERM and SIGINT received while
     the block is open preempt the run (``Rollouts.preempt``) instead of killing the process or
     raising ``KeyboardInterrupt``: the current step finishes, ``batches`` takes a final
@@ -424,6 +438,10 @@ async def open_rollouts(
                 await offload(functools.partial(tasks.check, order.rows))
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
+            # this process's term of the work directory's lineage, attached to every instance
+            # before anything changes there (the restore attaches once its checks passed): it
+            # fences what an older term left running there
+            trainer = await offload(lambda: next_term(workdir))
             restored = None
             if restore:
                 restored = await restore_latest(
@@ -434,7 +452,10 @@ async def open_rollouts(
                     group_size=group_size,
                     dataset=tasks,
                     order=order,
+                    trainer=trainer,
                 )
+            if restored is None:  # a fresh start: nothing attached yet
+                await attach_trainer(gym, trainer, config)
             if restored is not None:
                 ledger = restored.ledger
             else:
@@ -521,6 +542,8 @@ async def open_rollouts(
                     yield rollouts
                 finally:
                     nursery.cancel_scope.cancel()
+            if rollouts.finished:  # the run is done: another run may take its Gym instances
+                await release_trainer(gym, trainer, config)
     finally:
         lock.release()
 

@@ -30,6 +30,7 @@ from ._errors import (
     GymConnectionLost,
     GymControlError,
     GymInstanceDead,
+    GymInUse,
     GymUnavailable,
     InstanceDirLocked,
     ManifestError,
@@ -66,6 +67,7 @@ from ._store import (
     records_digest,
     verify_snapshot,
 )
+from ._trainer_term import TrainerTerm
 from ._workdir import WorkDirLock, workdir_of
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "GymCheckpointUnavailable",
     "GymConnectionLost",
     "GymControlError",
+    "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
     "InstanceDirLocked",
@@ -121,6 +124,7 @@ __all__ = [
     "TaskDataset",
     "TopologyMismatch",
     "TrainerFilesRefused",
+    "TrainerTerm",
     "WorkDirLock",
     "WorkDirLocked",
     "failure_kind",

@@ -31,6 +31,7 @@ __all__ = [
     "GymCheckpointUnavailable",
     "GymConnectionLost",
     "GymControlError",
+    "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
     "InstanceDirLocked",
@@ -52,9 +53,10 @@ SAMPLE_SIZE = 5
 
 class BadInput(Exception):
     """gymckpt refused what it was given: a snapshot, manifest or configuration file, the
-    deployment's topology, a work directory in use. ``gymckpt.run`` ends such a run with one
-    line and exit code 2; any other error (a bug in the trainer's own code included) keeps its
-    traceback. A mixin: each subclass also derives from the built-in error it always was."""
+    deployment's topology, a work directory or a Gym server in use. ``gymckpt.run`` ends such a
+    run with one line and exit code 2; any other error (a bug in the trainer's own code
+    included) keeps its traceback. A mixin: each subclass also derives from the built-in error
+    it always was."""
 
 
 def sample_ids(ids: Iterable[str], limit: int = SAMPLE_SIZE) -> str:
@@ -382,3 +384,18 @@ class InstanceDirLocked(WorkDirLocked):
             "one, or give this one another work directory (--work-dir) or instance name "
             "(--instance)"
         )
+
+
+class GymInUse(BadInput, RuntimeError):
+    """A Gym instance serves another trainer (exit code 2): another lineage (a run of another
+    work directory) holds it, or a newer term of this lineage took it over, fencing this one.
+    The instance refused the call and changed nothing."""
+
+    def __init__(self, instance: str, operation: str, message: str) -> None:
+        super().__init__(instance, operation, message)
+        self.instance = instance
+        self.operation = operation
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"instance {self.instance} {self.operation}: {self.message}"

@@ -83,6 +83,7 @@ from ._store import (
     write_atomic,
 )
 from ._topology import LiveTopology, participant_differences, topology_differences
+from ._trainer_term import TERM_FILE, next_term
 
 __all__ = [
     "COMMIT_MARKER",
@@ -101,6 +102,7 @@ __all__ = [
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
     "STEP_FILE",
+    "TERM_FILE",
     "TRAINER_FILES_DIR",
     "TRAINER_STATE_FILE",
     "AgentRecords",
@@ -146,6 +148,7 @@ __all__ = [
     "load_step",
     "load_toml_table",
     "merge_ranges",
+    "next_term",
     "participant_differences",
     "participant_state_problem",
     "plain_problem",

@@ -31,7 +31,13 @@ from gymckpt.gym_adapter._http_wire import (
 )
 from gymckpt.gym_adapter._transport_admission import RunShape
 from gymckpt.gym_adapter._transport_deadlines import WireDeadline
-from gymckpt.runtime import CheckpointMode, EpisodeRecord, InstanceRecord, ParticipantRecord
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    InstanceRecord,
+    ParticipantRecord,
+    TrainerTerm,
+)
 from gymckpt.testing._http_serve_process import (
     ServeProcess,
     open_raw_run,
@@ -87,6 +93,8 @@ def _body(op: str) -> bytes:
             "record": InstanceRecord("gym-0", ()),
             "episodes": (),
         },
+        "attach": {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 1)},
+        "release": {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 1)},
         "ack": {"sid": 1, "upto": 1},
         "close_stream": {"sid": 1, "upto": 1},
     }.get(op, {})

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from gymckpt.gym_adapter._contract import (
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -70,6 +71,7 @@ from gymckpt.runtime import (
     ParticipantRecord,
     StrandedSessionError,
     TopologyMismatch,
+    TrainerTerm,
     rollout_id_for,
 )
 
@@ -133,6 +135,11 @@ CONTROL_SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         },
         RestoreReply("gym-0", ("3-1",)),
     ),
+    "attach": (
+        {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2, "/work/run")},
+        AttachReply("gym-0", True, TrainerTerm("0123456789abcdef0123456789abcdef", 1), 3, 4),
+    ),
+    "release": ({"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2)}, None),
     "topology": ({}, InstanceTopology("gym-0", (("cal", "environment"),))),
     "inventory": ({}, InstanceInventory("gym-0", True, False, ("a",), (), (), ("b",), 0)),
     "statistics": ({}, _host_stats()),

@@ -79,7 +79,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "Consistent checkpoints of RL rollouts while they run in a Gym service, and "
             "exactly-once restore after a crash."
         ),
-        epilog="exit codes: 0 ok, 2 bad input, 3 run aborted (invariant), "
+        epilog="exit codes: 0 ok, 2 bad input (or a work directory or Gym server in use), "
+        "3 run aborted (invariant), "
         "4 checkpoints failed too often, 5 a Gym instance kept dying (replacement budget spent), "
         "6 the Ray cluster is unreachable or was lost",
     )
