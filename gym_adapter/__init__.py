@@ -22,6 +22,7 @@ from gymckpt.runtime import GymControlError, GymInstanceDead
 from ._contract import (
     ADMISSION_CLOSED,
     AgentSession,
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -39,6 +40,8 @@ from ._contract import (
     RunReply,
     RunRow,
     Topology,
+    TrainerAware,
+    can_attach,
     can_replace,
 )
 from ._embedded import EmbeddedGym
@@ -46,6 +49,7 @@ from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
 from ._episode import (
     ROLES,
     AgentParticipant,
+    CallId,
     Done,
     EnvironmentSpecError,
     EpisodeContext,
@@ -56,6 +60,7 @@ from ._episode import (
     Participant,
     PayloadTooLarge,
     StateParticipant,
+    parse_call_id,
     participant_kinds,
     register_participant_kind,
     split_capture_key,
@@ -101,6 +106,8 @@ __all__ = [
     "ROLES",
     "AgentParticipant",
     "AgentSession",
+    "AttachReply",
+    "CallId",
     "CommitReply",
     "Completed",
     "Done",
@@ -143,8 +150,11 @@ __all__ = [
     "SessionView",
     "StateParticipant",
     "Topology",
+    "TrainerAware",
+    "can_attach",
     "can_replace",
     "load_environment",
+    "parse_call_id",
     "participant_kinds",
     "register_participant_kind",
     "run_on_an_asyncio_loop",

@@ -39,6 +39,16 @@ state lives outside the instance). It raises a ``GymUnavailable`` when it cannot
 retries within its replacement budget). Replacing a live instance kills it first. A backend
 without ``replace`` keeps a dead instance dead: checkpoints then fail until the run stops.
 
+Trainer terms
+-------------
+A Gym deployment may outlive the trainer that drives it (servers someone else runs). A backend
+whose instances do implements ``TrainerAware.attach(instance, trainer, deadline_ts)``: the
+trainer's term (``runtime.TrainerTerm``) takes the instance over, fencing what an older term
+of its lineage left there (``AttachReply``), and from then on the backend sends that term with
+every call to every instance, so an instance refuses the calls of a fenced term and of another
+lineage (``GymInUse``, exit code 2) before they act; ``release`` lets another run attach once
+the trainer's run is done. See ``_host_tenancy``.
+
 Paths: a commit reply's ``ParticipantInfo.state_dir`` is relative to that commit's
 ``state_root``; ``restore`` resolves each ``ParticipantRecord.state_dir`` of the manifest against
 its own ``state_root`` (the snapshot directory, since the manifest's paths are relative to it).
@@ -66,11 +76,13 @@ from gymckpt.runtime import (
     GymControlError,
     GymInstanceDead,
     InstanceRecord,
+    TrainerTerm,
 )
 
 __all__ = [
     "ADMISSION_CLOSED",
     "AgentSession",
+    "AttachReply",
     "CommitReply",
     "Completed",
     "ExportedEpisode",
@@ -90,6 +102,8 @@ __all__ = [
     "RunReply",
     "RunRow",
     "Topology",
+    "TrainerAware",
+    "can_attach",
     "can_replace",
 ]
 
@@ -223,6 +237,22 @@ class RetireReply:
 
 
 @attrs.frozen
+class AttachReply:
+    """A trainer attached to an instance (``GymHost.attach``). ``took_over``: it fenced what
+    was there (every attach but the holder's own); then ``previous`` is the term it fenced
+    (None for a fresh instance), ``episodes`` the episodes it ended or dropped (running,
+    parked and unclaimed), ``sessions`` the slots whose sessions it freed, and ``aborted``
+    the checkpoint it aborted (None if none was open)."""
+
+    instance: str
+    took_over: bool
+    previous: TrainerTerm | None = None
+    episodes: int = 0
+    sessions: int = 0
+    aborted: str | None = None
+
+
+@attrs.frozen
 class RestoreReply:
     instance: str
     restored: tuple[str, ...]
@@ -313,6 +343,27 @@ class ReplaceableGym(GymBackend, Protocol):
         """Bring up a fresh instance under ``instance``'s name, by ``deadline_ts`` (caller's
         clock). Raises a ``GymUnavailable`` if it cannot; the runtime retries."""
         ...
+
+
+@runtime_checkable
+class TrainerAware(GymBackend, Protocol):
+    """A Gym deployment whose instances know which trainer term they serve (see the module
+    docstring)."""
+
+    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
+        """``trainer`` takes ``instance`` over (fencing an older term of its lineage), and the
+        backend sends it with every later call. ``GymInUse`` if the instance serves another
+        lineage or a newer term."""
+        ...
+
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance``: another run may attach to it now."""
+        ...
+
+
+def can_attach(gym: object) -> bool:
+    """Whether ``gym`` implements ``TrainerAware.attach``."""
+    return callable(getattr(gym, "attach", None))
 
 
 def can_replace(gym: object) -> bool:

@@ -16,6 +16,8 @@ remote backend adds too:
   an episode (the calendar's sessions and events) survives the death. Every
   instance is served as a task of the deployment's task group, so a replacement lives exactly as
   long as the deployment, like the instances it started with;
+- the trainer's term (``attach``, the ``TrainerAware`` contract): once attached, every call
+  carries it, so an instance refuses the calls of a fenced term (``_host_tenancy``);
 - the picklability rule (S6): every error raised by Gym passes through
   ``runtime.crossing_boundary``, which replaces one that cannot be pickled by
   ``GymCheckpointUnavailable`` naming the instance and operation.
@@ -47,10 +49,12 @@ from gymckpt.runtime import (
     GymCallTimeout,
     GymInstanceDead,
     InstanceRecord,
+    TrainerTerm,
 )
 from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ._contract import (
+    AttachReply,
     CommitReply,
     GymBackend,
     InstanceInventory,
@@ -61,6 +65,7 @@ from ._contract import (
     RetireReply,
     RunRow,
     Topology,
+    TrainerAware,
 )
 from ._deployment import instance_names, per_instance
 from ._faults import FaultPlan, FaultSpec, inject_fault
@@ -94,6 +99,7 @@ class EmbeddedGym:
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._replacements: dict[str, int] = dict.fromkeys(self._names, 0)
         self._replaced: list[GymHost] = []
+        self._trainer: TrainerTerm | None = None
 
     @classmethod
     @asynccontextmanager
@@ -239,7 +245,12 @@ class EmbeddedGym:
         with crossing_boundary(instance, "run"):
             if shape.inject is not None:
                 await self._inject(sim, shape.inject, "run")
-            return await sim.run(rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after)
+            return await sim.run(
+                rows,
+                refuse_all=shape.refuse_all,
+                drop_after=shape.drop_after,
+                trainer=self._trainer,
+            )
 
     async def prepare(
         self,
@@ -249,24 +260,34 @@ class EmbeddedGym:
         mode: CheckpointMode = CheckpointMode.ALIGNED,
     ) -> PrepareReply:
         return await self._call(
-            instance, "prepare", lambda sim: sim.prepare(checkpoint_id, deadline_ts, mode)
+            instance,
+            "prepare",
+            lambda sim: sim.prepare(checkpoint_id, deadline_ts, mode, trainer=self._trainer),
         )
 
     async def commit(
         self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
     ) -> CommitReply:
         return await self._call(
-            instance, "commit", lambda sim: sim.commit(checkpoint_id, state_root, deadline_ts)
+            instance,
+            "commit",
+            lambda sim: sim.commit(checkpoint_id, state_root, deadline_ts, trainer=self._trainer),
         )
 
     async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
-        await self._call(instance, "resume", lambda sim: sim.resume(checkpoint_id, deadline_ts))
+        await self._call(
+            instance,
+            "resume",
+            lambda sim: sim.resume(checkpoint_id, deadline_ts, trainer=self._trainer),
+        )
 
     async def retire(
         self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
     ) -> RetireReply:
         ids = tuple(rollout_ids)
-        return await self._call(instance, "retire", lambda sim: sim.retire(ids, deadline_ts))
+        return await self._call(
+            instance, "retire", lambda sim: sim.retire(ids, deadline_ts, trainer=self._trainer)
+        )
 
     async def restore(
         self,
@@ -278,7 +299,9 @@ class EmbeddedGym:
     ) -> RestoreReply:
         eps = tuple(episodes)
         return await self._call(
-            instance, "restore", lambda sim: sim.restore(state_root, record, eps, deadline_ts)
+            instance,
+            "restore",
+            lambda sim: sim.restore(state_root, record, eps, deadline_ts, trainer=self._trainer),
         )
 
     async def retire_restored(
@@ -286,8 +309,24 @@ class EmbeddedGym:
     ) -> RetireReply:
         ids = tuple(rollout_ids)
         return await self._call(
-            instance, "retire_restored", lambda sim: sim.retire_restored(ids, deadline_ts)
+            instance,
+            "retire_restored",
+            lambda sim: sim.retire_restored(ids, deadline_ts, trainer=self._trainer),
         )
+
+    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
+        """``trainer`` takes ``instance`` over (``GymHost.attach``); every later call of this
+        deployment carries it."""
+        sim = self._live(instance, "attach")
+        self._trainer = trainer
+        with crossing_boundary(instance, "attach"):
+            return await sim.attach(trainer, deadline_ts)
+
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``GymHost.release``)."""
+        sim = self._live(instance, "release")
+        with crossing_boundary(instance, "release"):
+            await sim.release(trainer, deadline_ts)
 
     async def inventory(self, instance: str) -> InstanceInventory:
         await anyio.lowlevel.checkpoint()
@@ -323,6 +362,9 @@ class EmbeddedGym:
 if TYPE_CHECKING:  # mypy checks that EmbeddedGym implements the contract
 
     def _is_a_backend(gym: EmbeddedGym) -> GymBackend:
+        return gym
+
+    def _is_trainer_aware(gym: EmbeddedGym) -> TrainerAware:
         return gym
 
     def _can_replace(gym: EmbeddedGym) -> ReplaceableGym:

@@ -35,12 +35,17 @@ Why it is shaped like this
   whatever it still mutates lives in state objects the host no longer holds (never exported,
   never replied). That is how a mutation happens once across any crash.
 - **Model calls are captured.** ``await ctx.model(request)`` stages the response under a capture
-  key in NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``: the attempt's rollout id, then the
-  call id; ``split_capture_key``) with a digest of the request and the trainer's policy
-  version; the keys of a parked episode go into the manifest, and after a restore a call under a
-  staged call id returns the staged response without calling the model again — if its request has
-  the captured digest; a changed request fails the episode (data), naming both digests.
-  ``ctx.calls`` lists the episode's calls (``ModelCall``).
+  key in NeMo Gym's shape (``"{attempt_key}:t{turn}-{request digest}-c{occurrence}"``: the
+  attempt's rollout id, then the call id, ``call_id``; ``split_capture_key``,
+  ``parse_call_id``) with a digest of the request and the trainer's policy version. The call id
+  says which question the call is, never when it started, so calls made at once (a nursery, a
+  task group, ``asyncio.gather``) have the same ids in any order. The keys of a checkpointed
+  episode go into the manifest; after a restore a request of the turn an unaligned cut took
+  mid-turn is answered from a staged call of the same request without calling the model again
+  (identical requests interchangeably), any other is asked, and a restored turn that ends
+  without asking again every call staged for it fails the episode (data,
+  ``ModelRequestChanged``), naming them. ``ctx.calls`` lists the episode's calls
+  (``ModelCall``).
 - **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
   None), or an attrs instance which the host unstructures through the project's strict cattrs
   converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
@@ -74,9 +79,11 @@ from gymckpt.runtime import BadInput
 from gymckpt.runtime.lowlevel import PARTICIPANT_KIND_RE, converter, structure
 
 __all__ = [
+    "CALL_DIGEST_HEX",
     "KEY_SEPARATOR",
     "ROLES",
     "AgentParticipant",
+    "CallId",
     "Done",
     "EnvironmentSpecError",
     "EpisodeContext",
@@ -90,6 +97,7 @@ __all__ = [
     "call_id",
     "check_environment",
     "is_retained",
+    "parse_call_id",
     "participant_kinds",
     "register_participant_kind",
     "split_capture_key",
@@ -167,18 +175,57 @@ class EpisodeInfo:
 
     @property
     def session_key(self) -> str:
-        """The slot's sessions, shared by its attempts: ``"{row}-{slot}"``."""
-        return f"{self.row}-{self.slot}"
+        """The slot's sessions, shared by its attempts: the rollout ID without its attempt
+        suffix, ``"{position}-{slot}"`` (the trainer's rows are positions in its row order:
+        a dataset row trained in two epochs is two slots, with sessions of their own). For
+        the default order that is ``"{row}-{slot}"``, which is also the key of an ID that is
+        not canonical (``rollout_id_for``)."""
+        m = _CANONICAL_ID.match(self.rollout_id)
+        return f"{self.row}-{self.slot}" if m is None else m.group(1)
 
+
+_CANONICAL_ID: Final = re.compile(r"((?:0|[1-9][0-9]*)-(?:0|[1-9][0-9]*))(?:-a[1-9][0-9]*)?\Z")
+"""A canonical rollout ID; group 1 is its slot key."""
 
 KEY_SEPARATOR: Final = ":"
 """Between a capture key's attempt key and its call id."""
 
 
-def call_id(turn: int, call: int) -> str:
-    """A model call's id within its episode: ``"t{turn}-c{call}"``, the same for every attempt
-    of the slot (a restored attempt replays its staged calls by call id)."""
-    return f"t{turn}-c{call}"
+CALL_DIGEST_HEX: Final = 16
+"""How many hex digits of a request's digest a call id carries."""
+_CALL_ID_RE: Final = re.compile(rf"t(\d+)-([0-9a-f]{{{CALL_DIGEST_HEX}}})-c(\d+)")
+
+
+def call_id(turn: int, request_digest: str, occurrence: int) -> str:
+    """A model call's id within its episode: ``"t{turn}-{d}-c{occurrence}"``, where ``d`` is
+    the first ``CALL_DIGEST_HEX`` hex digits of the sha256 of the request's canonical JSON and
+    ``occurrence`` counts the calls of the same request the turn asked before it (0 for the
+    first). It says which question it is, never when it was asked: concurrent calls of a turn
+    (a nursery, a task group, ``asyncio.gather``) get the same ids whatever order they start in,
+    and every attempt of the slot gets the same ids, so a restored attempt replays its staged
+    calls by id."""
+    if len(request_digest) < CALL_DIGEST_HEX:
+        raise ValueError(f"request digest {request_digest!r} is shorter than {CALL_DIGEST_HEX}")
+    return f"t{turn}-{request_digest[:CALL_DIGEST_HEX]}-c{occurrence}"
+
+
+@attrs.frozen
+class CallId:
+    """A call id's parts (``parse_call_id``): its ``turn``, the ``request`` digest's first
+    ``CALL_DIGEST_HEX`` hex digits, its ``occurrence`` among the turn's calls of that request."""
+
+    turn: int
+    request: str
+    occurrence: int
+
+
+def parse_call_id(call: str) -> CallId:
+    """The parts of call id ``call`` (``call_id``); ``ValueError`` for another shape (the
+    ``"t{turn}-c{n}"`` of manifest version 3, say)."""
+    m = _CALL_ID_RE.fullmatch(call)
+    if m is None:
+        raise ValueError(f'call id {call!r} is not "t{{turn}}-{{request digest}}-c{{occurrence}}"')
+    return CallId(int(m[1]), m[2], int(m[3]))
 
 
 def split_capture_key(key: str) -> tuple[str, str]:
@@ -186,7 +233,7 @@ def split_capture_key(key: str) -> tuple[str, str]:
     shape (an old ``"{row}-{slot}/t{turn}/c{n}"`` key, say)."""
     attempt, sep, call = key.rpartition(KEY_SEPARATOR)
     if not sep or not attempt or not call or "/" in key:
-        raise ValueError(f'capture key {key!r} is not "{{attempt_key}}:t{{turn}}-c{{call}}"')
+        raise ValueError(f'capture key {key!r} is not "{{attempt_key}}:{{call_id}}"')
     return attempt, call
 
 
@@ -308,9 +355,9 @@ class EpisodeContext(Protocol):
         ...
 
     async def model(self, request: Any) -> Any:
-        """Call the environment's model under the next capture key of this turn; a staged
-        response (restored) is returned without calling it, if the request is the one that was
-        captured (same digest), else the call raises and the episode fails as data."""
+        """Call the environment's model under this request's capture key in the turn; after a
+        restore, a response staged for the same request in this turn is returned without
+        calling it. Concurrent calls are fine: their keys do not depend on start order."""
         ...
 
     @property

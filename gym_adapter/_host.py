@@ -26,6 +26,11 @@ What the host owns, and the user's code never sees
 - **Restore and claims.** ``restore`` verifies topology and digests, then installs the sessions;
   restored episodes wait unclaimed until attempt + 1 claims them on this instance.
 - **Retire.** Stops attempts and frees their sessions (refused while a checkpoint is open).
+- **Trainer terms** (``_host_tenancy``). The instance serves one training run (a lineage) at a
+  time, and of it one trainer process (a term). ``attach`` by a newer term fences everything
+  the older one started (``ControlPlane.fence``); every call that carries a ``trainer`` is
+  checked against the holder on entry, and again after its one scheduling point, before it
+  acts: a fenced term's, or another lineage's, is refused (``GymInUse``), changing nothing.
 
 The host is the composition of small parts, each the only writer of its state: the
 ``EpisodeTable`` (active and unclaimed episodes, ``_host_episodes``), the ``SlotTable``
@@ -54,10 +59,19 @@ import anyio.lowlevel
 import attrs
 import sniffio
 
-from gymckpt.runtime import CheckpointMode, EpisodeRecord, GymCallTimeout, InstanceRecord
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    GymCallTimeout,
+    InstanceDirLocked,
+    InstanceRecord,
+    TrainerTerm,
+    WorkDirLock,
+)
 from gymckpt.runtime.lowlevel import promote_survivors
 
 from ._contract import (
+    AttachReply,
     CommitReply,
     Completed,
     Failed,
@@ -86,6 +100,7 @@ from ._host_log import FailureLog, episode_label
 from ._host_parking import RESUME_CHUNK, Parking
 from ._host_slots import SlotTable
 from ._host_streams import HostReplyStream, ReplyStreams, RunStream
+from ._host_tenancy import Tenancy
 from ._host_turns import Turns
 from ._host_views import HostCounts, HostStatistics, HostViews, RetainedSession, SessionView
 from ._user_calls import UserCalls
@@ -133,6 +148,13 @@ class GymHost:
 
     ``recover``: continue the retained sessions journaled under ``work_dir/<name>/`` (what the
     replacement of a dead instance does); False starts the journal afresh (a new deployment).
+
+    One host per instance directory: a host that journals locks ``work_dir/<name>/``
+    (``runtime.WorkDirLock``) before it opens the journal, from entry until it exits or is
+    killed, so a second host of the same name on the same ``work_dir`` — in this process or
+    another — raises ``InstanceDirLocked`` on entry and never cuts the first one's journal.
+    ``instance_lock``: that lock, already held by the caller (``gymckpt serve`` takes it before
+    it opens anything and keeps it); the host then takes none and releases none.
     """
 
     name: str
@@ -141,12 +163,15 @@ class GymHost:
     work_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     config: HostConfig = attrs.field(factory=HostConfig)
     recover: bool = attrs.field(default=False, kw_only=True)
+    instance_lock: WorkDirLock | None = attrs.field(default=None, kw_only=True)
 
     _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
     _spawn: Callable[..., Any] = attrs.field(default=None, init=False)
     """Starts an episode's task (see ``_trio_episodes``)."""
     _new_scope: Callable[[], Any] = attrs.field(default=None, init=False)
     _dead: bool = attrs.field(default=False, init=False)
+    _own_lock: WorkDirLock | None = attrs.field(default=None, init=False)
+    """The instance directory's lock this host took (released when it exits or dies)."""
     _started_since_promotion: int = attrs.field(default=0, init=False)
     _roles: Roles = attrs.field(init=False)
     _table: EpisodeTable = attrs.field(factory=EpisodeTable, init=False)
@@ -155,6 +180,7 @@ class GymHost:
     _streams: ReplyStreams = attrs.field(init=False)
     _turns: Turns = attrs.field(init=False)
     _control: ControlPlane = attrs.field(init=False)
+    _tenancy: Tenancy = attrs.field(init=False)
     _views: HostViews = attrs.field(init=False)
     count: HostCounts = attrs.field(factory=HostCounts, init=False)
     user_calls: UserCalls = attrs.field(factory=UserCalls, init=False)
@@ -170,6 +196,7 @@ class GymHost:
         self._streams = ReplyStreams(config.flush_interval_s, config.max_batch)
         self._slots = SlotTable(self.name, roles.retained)
         self._parking = Parking(config.lease_s, config.freeze_survivors)
+        self._tenancy = Tenancy(self.name)
         self._turns = Turns(
             name=self.name,
             environment=self.environment,
@@ -231,7 +258,17 @@ class GymHost:
             raise RuntimeError(f"instance {self.name} is already serving")
         path = self.journal_path
         if path is not None:
-            self._slots.open_journal(path, recover=self.recover, on_failure=lambda _: self.kill())
+            if self.instance_lock is None:
+                lock = WorkDirLock(path.parent, refusal=InstanceDirLocked)
+                lock.acquire()  # before the journal is opened (and, without recover, cut)
+                self._own_lock = lock
+            try:
+                self._slots.open_journal(
+                    path, recover=self.recover, on_failure=lambda _: self.kill()
+                )
+            except BaseException:
+                self._release_lock()
+                raise
         self.user_calls.open()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -279,6 +316,7 @@ class GymHost:
         assert tg is not None
         self._shutdown()
         self._slots.close_journal()
+        self._release_lock()
         tg.cancel_scope.cancel()
         try:
             return await tg.__aexit__(exc_type, exc, tb)
@@ -301,6 +339,14 @@ class GymHost:
             self._streams.dead_instance = self.name
             self._shutdown()
             self._slots.close_journal()
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        """Release the instance directory's lock if this host took it (a replacement of the
+        same name may then open the journal)."""
+        lock, self._own_lock = self._own_lock, None
+        if lock is not None:
+            lock.release()
 
     def _shutdown(self) -> None:
         self._parking.close()  # the task group takes no new task from here (lease watchers)
@@ -319,11 +365,14 @@ class GymHost:
     def participants(self) -> tuple[tuple[str, str], ...]:
         return self.environment.topology
 
-    def _check_call(self, op: str, deadline_ts: float | None = None) -> anyio.abc.TaskGroup:
+    def _check_call(
+        self, op: str, deadline_ts: float | None = None, trainer: TrainerTerm | None = None
+    ) -> anyio.abc.TaskGroup:
         if self._dead:
             raise GymInstanceDead(self.name, op)
         if self._tg is None:
             raise RuntimeError(f"instance {self.name} is not serving: use 'async with'")
+        self._tenancy.check(trainer, op)
         if deadline_ts is not None:
             now = anyio.current_time()
             if now >= deadline_ts:
@@ -335,12 +384,12 @@ class GymHost:
                 )
         return self._tg
 
-    async def _enter(self, op: str, deadline_ts: float) -> None:
+    async def _enter(self, op: str, deadline_ts: float, trainer: TrainerTerm | None) -> None:
         """Check a control call on entry and again after one scheduling point (a call that
-        waited behind others sees a death or a deadline that came meanwhile)."""
-        self._check_call(op, deadline_ts)
+        waited behind others sees a death, a deadline or a fence that came meanwhile)."""
+        self._check_call(op, deadline_ts, trainer)
         await anyio.lowlevel.checkpoint()
-        self._check_call(op, deadline_ts)
+        self._check_call(op, deadline_ts, trainer)
 
     def drop_stream(self, pick: Callable[[int], int] = lambda n: 0) -> bool:
         """End one open reply stream now, as a ``drop`` fault would: undelivered replies are
@@ -355,12 +404,17 @@ class GymHost:
     # -- data plane --------------------------------------------------------------------------
 
     async def run(
-        self, rows: Sequence[RunRow], *, refuse_all: bool = False, drop_after: int | None = None
+        self,
+        rows: Sequence[RunRow],
+        *,
+        refuse_all: bool = False,
+        drop_after: int | None = None,
+        trainer: TrainerTerm | None = None,
     ) -> HostReplyStream:
         """Admit ``rows`` and return their reply stream at once (see the module docstring)."""
-        self._check_call("run")
+        self._check_call("run", trainer=trainer)
         await anyio.lowlevel.checkpoint()
-        tg = self._check_call("run")
+        tg = self._check_call("run", trainer=trainer)
         st = self._streams.open(len(rows), drop_after)
         turns = self._turns
         for row in rows:
@@ -453,7 +507,6 @@ class GymHost:
             staged=old.staged,
             inherited=len(old.staged),
             replay=old.replay,
-            restored=True,
         )
         self._start(ep)
         self.count.episodes_claimed += 1
@@ -534,35 +587,80 @@ class GymHost:
         checkpoint_id: str,
         deadline_ts: float,
         mode: CheckpointMode = CheckpointMode.ALIGNED,
+        *,
+        trainer: TrainerTerm | None = None,
     ) -> PrepareReply:
         """Close admission and park every episode at its next step boundary; returns once
         nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
         resume or the lease). Reopened meanwhile: ``GymControlError``. ``UNALIGNED``: nothing
         parks (``ControlPlane.prepare``)."""
-        self._check_call("prepare", deadline_ts)
+        self._check_call("prepare", deadline_ts, trainer)
         return await self._control.prepare(checkpoint_id, deadline_ts, mode)
 
-    async def commit(self, checkpoint_id: str, state_root: str, deadline_ts: float) -> CommitReply:
+    async def commit(
+        self,
+        checkpoint_id: str,
+        state_root: str,
+        deadline_ts: float,
+        *,
+        trainer: TrainerTerm | None = None,
+    ) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
         report them; needs a finished prepare of the same checkpoint (``ControlPlane.commit``:
         a commit that returns is restorable)."""
-        await self._enter("commit", deadline_ts)
+        await self._enter("commit", deadline_ts, trainer)
         return await self._control.commit(checkpoint_id, state_root)
 
-    async def resume(self, checkpoint_id: str, deadline_ts: float) -> None:
+    async def resume(
+        self, checkpoint_id: str, deadline_ts: float, *, trainer: TrainerTerm | None = None
+    ) -> None:
         """Reopen admission and unpark; a no-op when nothing is prepared."""
-        await self._enter("resume", deadline_ts)
+        await self._enter("resume", deadline_ts, trainer)
         self._control.resume(checkpoint_id)
 
-    async def retire(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
+    async def retire(
+        self, rollout_ids: Sequence[str], deadline_ts: float, *, trainer: TrainerTerm | None = None
+    ) -> RetireReply:
         """Stop these attempts and free their sessions; refused while a checkpoint is open."""
-        await self._enter("retire", deadline_ts)
+        await self._enter("retire", deadline_ts, trainer)
         return self._control.retire("retire", rollout_ids, restored_only=False)
 
-    async def retire_restored(self, rollout_ids: Sequence[str], deadline_ts: float) -> RetireReply:
+    async def retire_restored(
+        self, rollout_ids: Sequence[str], deadline_ts: float, *, trainer: TrainerTerm | None = None
+    ) -> RetireReply:
         """Drop unclaimed restored episodes; any other ID is reported unknown."""
-        await self._enter("retire_restored", deadline_ts)
+        await self._enter("retire_restored", deadline_ts, trainer)
         return self._control.retire("retire_restored", rollout_ids, restored_only=True)
+
+    async def attach(self, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
+        """``trainer`` takes the instance over (``_host_tenancy``): a term other than the
+        holder's fences everything here first (``ControlPlane.fence``); the holder attaching
+        again changes nothing. ``GymInUse`` (nothing changed) if another lineage, or a newer
+        term of this one, holds the instance."""
+        await self._enter("attach", deadline_ts, None)
+        previous = self._tenancy.holder
+        if not self._tenancy.attach(trainer):
+            return AttachReply(self.name, took_over=False)
+        episodes, sessions, aborted = self._control.fence()
+        if previous is not None:
+            self.count.fenced_terms += 1
+        return AttachReply(self.name, True, previous, episodes, sessions, aborted)
+
+    async def release(self, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done: another run may attach from now on (``Tenancy.release``);
+        a term other than the holder's changes nothing."""
+        await self._enter("release", deadline_ts, None)
+        self._tenancy.release(trainer)
+
+    def check_trainer(self, trainer: TrainerTerm | None, op: str) -> None:
+        """``GymInUse`` unless ``trainer`` may act here now (``Tenancy.check``): for a
+        transport's own steps of a call (acknowledgements) before they act."""
+        self._tenancy.check(trainer, op)
+
+    @property
+    def trainer(self) -> TrainerTerm | None:
+        """The trainer term this instance serves (None before any reached it)."""
+        return self._tenancy.holder
 
     async def restore(
         self,
@@ -570,6 +668,8 @@ class GymHost:
         record: InstanceRecord,
         episodes: Sequence[EpisodeRecord],
         deadline_ts: float,
+        *,
+        trainer: TrainerTerm | None = None,
     ) -> RestoreReply:
         """Verify, then install committed sessions; restored episodes wait unclaimed.
 
@@ -577,7 +677,7 @@ class GymHost:
         the participant cannot restore) raises ``TopologyMismatch`` listing all of them, with
         nothing changed. The instance must be idle and not prepared (``GymControlError``).
         """
-        await self._enter("restore", deadline_ts)
+        await self._enter("restore", deadline_ts, trainer)
         return self._control.restore(state_root, record, episodes)
 
     def topology(self) -> InstanceTopology:

@@ -1,4 +1,5 @@
-"""The Gym host's control plane: prepare, commit, resume, the lease, retire, restore.
+"""The Gym host's control plane: prepare, commit, resume, the lease, retire, restore, and the
+fence of an older trainer term (``fence``: what a newer term's attach does first).
 
 Two modes of checkpoint (``CheckpointMode``). Aligned: ``prepare`` parks every episode at its
 next step boundary and returns once none moves; ``commit`` exports them as they are parked.
@@ -458,6 +459,34 @@ class ControlPlane:
             # would read as unknown, while the replacement replays the journal and holds it.
             raise GymInstanceDead(self.name, op)
         return RetireReply(self.name, tuple(retired), tuple(unknown))
+
+    # -- fencing a trainer term ------------------------------------------------------------------
+
+    def fence(self) -> tuple[int, int, str | None]:
+        """A trainer of a newer term took the instance over (``_host_tenancy``): nothing the
+        older one started may reply, mutate or commit from now on. Every active episode ends
+        without a reply (as a retire ends it), unclaimed restored episodes are dropped, every
+        slot's sessions are freed as a retire frees them (the journal rewritten empty), every
+        reply stream ends with what it had not delivered, and an open checkpoint is aborted:
+        admission reopens, and a prepare or commit of it still running fails (the generation
+        check of ``_check_still_prepared``). Synchronous: no call of the older term acts in
+        between. Returns (episodes ended or dropped, slots freed, the aborted checkpoint)."""
+        parking = self.parking
+        aborted = parking.checkpoint_id if parking.prepared else None
+        active = list(self.table.active.values())
+        for ep in active:
+            ep.stop()
+            self.host.end_episode(ep, None)
+        dropped = len(self.table.unclaimed)
+        self.table.clear_unclaimed()
+        freed = sum(1 for _ in self.slots.owners())
+        self.streams.end_all()
+        if aborted is not None:
+            self._reopen()
+        self.slots.install((), {}, ())
+        if self.host.dead:  # the journal could not be rewritten: the instance stopped
+            raise GymInstanceDead(self.name, "attach")
+        return len(active) + dropped, freed, aborted
 
     # -- restore ---------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from gymckpt.runtime.lowlevel import checked_json
 
 from ._contract import Completed, Failed, RunReply
 from ._episode import (
+    CALL_DIGEST_HEX,
     KEY_SEPARATOR,
     Done,
     EpisodeFenced,
@@ -35,6 +36,7 @@ from ._episode import (
     Model,
     ModelCall,
     call_id,
+    parse_call_id,
     split_capture_key,
     to_plain,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "ModelRequestChanged",
     "StagedModelCall",
     "StepContext",
+    "TurnCalls",
     "TurnHost",
     "capture_key",
     "completed_reply",
@@ -62,13 +65,13 @@ UNCLAIMED: Final = "unclaimed"
 DONE: Final = "done"
 
 
-def capture_key(info: EpisodeInfo, turn: int, call: int) -> str:
+def capture_key(info: EpisodeInfo, turn: int, request_digest: str, occurrence: int) -> str:
     """The key a model call is staged under, in NeMo Gym's shape:
     ``"{attempt_key}:{call_id}"``, where the attempt key is the attempt's rollout id
     (``"{row}-{slot}"``, then ``"{row}-{slot}-a{n}"``) and the call id is
-    ``"t{turn}-c{call}"`` (``call_id``). It holds no ``/``, so either part can be a URL path
-    segment."""
-    return f"{info.rollout_id}{KEY_SEPARATOR}{call_id(turn, call)}"
+    ``"t{turn}-{request digest}-c{occurrence}"`` (``call_id``). It holds no ``/``, so either
+    part can be a URL path segment."""
+    return f"{info.rollout_id}{KEY_SEPARATOR}{call_id(turn, request_digest, occurrence)}"
 
 
 class StagedModelCall(NamedTuple):
@@ -83,9 +86,10 @@ class StagedModelCall(NamedTuple):
 
 
 class ModelRequestChanged(ValueError):
-    """A restored episode asked a staged call with another request than the one captured: the
-    capture does not answer it (it would hand the episode a response to a question it did not
-    ask), and the episode fails as data."""
+    """A restored turn ended without asking again a model call staged for it before the
+    checkpoint: it did not replay as it ran (a changed request, a dropped call). A capture only
+    answers the request it was made for, so the turn's other requests were asked of the model;
+    the episode fails as data (``TurnCalls``)."""
 
 
 def request_digest(data: bytes) -> str:
@@ -107,7 +111,6 @@ class Episode:
     """How many of ``staged`` earlier attempts made (restored with the episode): replayed."""
     replay: tuple[str, ...] | None = None
     """A restored continuation's capture keys as the manifest recorded them."""
-    restored: bool = False
     hold: bool = False
     """Held at its next step boundary until a checkpoint is prepared (``ctx.hold()``)."""
     mark: Any = None
@@ -221,13 +224,99 @@ class TurnHost(Protocol):
         ...
 
 
+@final
+@attrs.define(eq=False, slots=True)
+class TurnCalls:
+    """The model calls of one turn of one episode: which call id each gets, and which calls
+    staged for the turn by an earlier attempt are still to be replayed.
+
+    A call is identified by (turn, request digest, occurrence), never by when it started: a
+    call takes the lowest occurrence of its request not yet ``taken`` in the turn (a staged
+    call's, or one this turn asked), so concurrent calls get the same ids in any order, and
+    identical requests are interchangeable. In a restored turn (the one an unaligned cut took
+    mid-turn) a call whose request has an ``unreplayed`` staged call is answered from it, by
+    full digest; any other call is asked (it was in flight at the cut, or is a new request).
+    When the turn ends, every staged call of it must have been replayed, else the turn did not
+    replay as it ran: ``check_replayed`` raises ``ModelRequestChanged``. (It cannot be decided
+    earlier: a request no capture answers may be the call that was in flight at the cut, asked
+    before the calls that completed.)"""
+
+    turn: int
+    taken: dict[str, set[int]] = attrs.field(factory=dict)
+    """Occurrences taken in this turn, by the call id's digest part."""
+    unreplayed: dict[str, list[StagedModelCall]] = attrs.field(factory=dict)
+    """Staged calls of this turn not yet answered again, by full request digest."""
+    asked: list[str] = attrs.field(factory=list)
+    """Digests this turn asked of the model while calls were still to be replayed."""
+
+    @classmethod
+    def of(cls, ep: Episode) -> TurnCalls:
+        """``ep``'s current turn, with the calls earlier attempts staged for it."""
+        calls = cls(ep.turn)
+        if not ep.inherited:
+            return calls
+        inherited = ep.staged[: ep.inherited]
+        if _call_turn(inherited[-1]) < ep.turn:  # a later turn than the cut's: nothing staged
+            return calls
+        for c in inherited:
+            call = parse_call_id(split_capture_key(c.key)[1])
+            if call.turn == ep.turn:
+                calls.taken.setdefault(call.request, set()).add(call.occurrence)
+                calls.unreplayed.setdefault(c.request_digest, []).append(c)
+        return calls
+
+    def replay(self, digest: str) -> StagedModelCall | None:
+        """The staged call that answers a request of ``digest``, now replayed, or None (the
+        request is asked)."""
+        staged = self.unreplayed.get(digest)
+        if not staged:
+            if self.unreplayed:
+                self.asked.append(digest)
+            return None
+        call = staged.pop(0)
+        if not staged:
+            del self.unreplayed[digest]
+        return call
+
+    def occurrence(self, digest: str) -> int:
+        """Take the lowest free occurrence of a request of ``digest`` in this turn."""
+        taken = self.taken.setdefault(digest[:CALL_DIGEST_HEX], set())
+        n = 0
+        while n in taken:
+            n += 1
+        taken.add(n)
+        return n
+
+    def check_replayed(self, ep: Episode) -> None:
+        """At the end of the turn: ``ModelRequestChanged`` if a staged call of it was not
+        asked again (see the class docstring)."""
+        if not self.unreplayed:
+            return
+        left = [c for staged in self.unreplayed.values() for c in staged]
+        asked = f"; it asked {sorted(set(self.asked))} instead" if self.asked else ""
+        raise ModelRequestChanged(
+            f"{episode_label(ep.info)}: restored turn {self.turn} ended without asking again "
+            f"{len(left)} model call(s) captured for it before the checkpoint "
+            f"({', '.join(f'{c.key} for request digest {c.request_digest}' for c in left)})"
+            f"{asked}: the episode does not replay as it ran (is the agent's code or its input "
+            "different from the run that made the snapshot?); a capture only answers its own "
+            "request, so a turn's requests must follow from the session states at its step "
+            "boundary and the task (not the attempt, the clock or an unseeded RNG)"
+        )
+
+
+def _call_turn(c: StagedModelCall) -> int:
+    return parse_call_id(split_capture_key(c.key)[1]).turn
+
+
 @attrs.define(eq=False, slots=True)
 class StepContext:
     """The ``EpisodeContext`` of one turn of one episode."""
 
     _host: TurnHost
     _ep: Episode
-    _calls: int = 0
+    _calls: TurnCalls | None = None
+    """This turn's calls (made by the turn's first call)."""
     touched: set[str] | None = None
     """The retained participants whose session this turn fetched (journaled after it)."""
 
@@ -275,25 +364,15 @@ class StepContext:
         if model is None:
             raise RuntimeError("this environment has no model (give Environment(model=...))")
         self._check_owner()
-        key = capture_key(ep.info, ep.turn, self._calls)
-        this_call = call_id(ep.turn, self._calls)
-        self._calls += 1
-        digest = request_digest(_check_request(ep, key, request))
-        if ep.restored:
-            for staged in ep.staged:
-                # staged before a checkpoint, by an earlier attempt of the slot (its key keeps
-                # that attempt's key): never asked twice
-                if split_capture_key(staged.key)[1] == this_call:
-                    if staged.request_digest != digest:
-                        raise ModelRequestChanged(
-                            f"{episode_label(ep.info)}: model call {key} was captured for a "
-                            f"request with digest {staged.request_digest}, and is asked now "
-                            f"with digest {digest}: the episode does not replay as it ran "
-                            "(is the agent's code or its input different from the run that "
-                            "made the snapshot?); the call is not answered from the capture"
-                        )
-                    host.model_called(replayed=True)
-                    return _copy(staged.response)
+        digest = request_digest(_check_request(ep, request))
+        calls = self.turn_calls()
+        staged = calls.replay(digest)
+        if staged is not None:
+            # staged before a checkpoint by an earlier attempt of the slot, for this very
+            # request (its key keeps that attempt's key): never asked twice
+            host.model_called(replayed=True)
+            return _copy(staged.response)
+        key = capture_key(ep.info, ep.turn, digest, calls.occurrence(digest))
         version = host.policy_version
         response = model(key, request, ep.info)
         if inspect.isawaitable(response):
@@ -310,6 +389,12 @@ class StepContext:
         # the episode gets its own copy: what it does to the response in place never reaches
         # the capture (a commit may be serialising it in a worker thread right now)
         return orjson.loads(data)
+
+    def turn_calls(self) -> TurnCalls:
+        """This turn's ``TurnCalls`` (made on first use)."""
+        if self._calls is None:
+            self._calls = TurnCalls.of(self._ep)
+        return self._calls
 
     @property
     def calls(self) -> tuple[ModelCall, ...]:
@@ -337,14 +422,14 @@ def _copy(response: Any) -> Any:
     return orjson.loads(orjson.dumps(response))
 
 
-def _check_request(ep: Episode, key: str, request: Any) -> bytes:
+def _check_request(ep: Episode, request: Any) -> bytes:
     """A model call's request must be finite plain data (its digest is staged); its canonical
     JSON (sorted keys)."""
     try:
         checked_json(request, "request")
     except ValueError as exc:
         raise ValueError(
-            f"{episode_label(ep.info)}: model request under capture key {key} is refused: {exc}"
+            f"{episode_label(ep.info)}: model request of turn {ep.turn} is refused: {exc}"
         ) from None
     return orjson.dumps(to_plain(request), option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 

@@ -4,7 +4,9 @@ A turn is one call of the agent's ``step`` between two step boundaries (``Parkin
 parks the episode there while a checkpoint is prepared). After a turn the retained sessions it
 fetched are journaled (``SlotTable.journal_turn``); a turn of an attempt that lost its slot
 meanwhile raises ``EpisodeFenced`` (its caller drops the episode and its reply). A failure of
-the user's code (``step`` raising, a bad ``Done``, a journaled state that cannot export) ends
+the user's code (``step`` raising, a bad ``Done``, a journaled state that cannot export, a
+restored turn that did not ask again every model call staged for it: ``ModelRequestChanged``,
+``TurnCalls``) ends
 the episode ``Failed`` (data), logged rate-limited; it never ends the instance.
 
 ``Turns`` is also what each turn's ``StepContext`` reaches (the ``TurnHost`` protocol), and
@@ -21,7 +23,7 @@ from ._contract import Failed, RunReply
 from ._environment import Environment
 from ._episode import EpisodeFenced, Model, ModelUnavailable
 from ._host_cut import mark_boundary
-from ._host_episodes import Episode, StepContext, completed_reply
+from ._host_episodes import Episode, ModelRequestChanged, StepContext, completed_reply
 from ._host_log import FailureLog, episode_label
 from ._host_parking import Parking
 from ._host_slots import SlotTable
@@ -111,12 +113,20 @@ class Turns:
             ep.stepping = True
             try:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
+                if ep.inherited:  # a restored turn asked again every call staged for it
+                    ctx.turn_calls().check_replayed(ep)
             except EpisodeFenced:
                 raise
             except Exception as exc:
                 # the model's infrastructure failing is not the episode's data: retried as infra
                 infra = isinstance(exc, ModelUnavailable)
-                what = f"model unavailable: {exc}" if infra else f"step raised {exc!r}"
+                what = (
+                    f"model unavailable: {exc}"
+                    if infra
+                    else str(exc)
+                    if isinstance(exc, ModelRequestChanged)
+                    else f"step raised {exc!r}"
+                )
                 failed = f"{episode_label(ep.info)} turn {ep.turn}: {what}"
                 self.failure_log.warn(failed, exc)
                 problem = self.slots.journal_turn(ep, ctx.touched)

@@ -43,6 +43,9 @@ class HostCounts:
     stale_runs: int = 0
     commits: int = 0
     lease_reopened: int = 0
+    fenced_terms: int = 0
+    """Terms fenced here: takeovers by a newer term of the lineage that held the instance
+    (``GymHost.attach``)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -48,6 +48,12 @@ someone else restarted, who must start it with ``--recover`` so it continues its
 for a spawned server, kills the process and starts a new one under the same name with
 ``--recover``.
 
+**Trainer terms.** ``attach`` (the ``TrainerAware`` contract) sends the trainer's term to an
+instance, which takes it over for that term (fencing an older term's episodes, checkpoint and
+streams) or refuses it (409 ``GymInUse``: another run holds the server); from then on every
+request carries the term (``Gymckpt-Trainer``), so a fenced trainer's late requests are refused
+before they act.
+
 **Faults** (C3): one ``FaultPlan`` in the client counts calls across the deployment, as the
 embedded Gym does, and sends the fault it drew in the request (``fault``, or the run's
 ``shape``); the server executes it for real. Only servers started with ``--allow-faults``
@@ -79,9 +85,11 @@ from gymckpt.runtime import (
     GymInstanceDead,
     GymUnavailable,
     InstanceRecord,
+    TrainerTerm,
 )
 
 from ._contract import (
+    AttachReply,
     CommitReply,
     InstanceInventory,
     InstanceTopology,
@@ -234,6 +242,7 @@ class HttpGym:
         self._generations = Generations.of(())
         self._acks = AckBook.of(())
         self._sids = itertools.count(1)
+        self._trainer: TrainerTerm | None = None
         self._replacements: list[HttpReplacement] = []
         self._last_stats: dict[str, HostStatistics] = {}
         self._session: AbstractAsyncContextManager[HttpGym] | None = None
@@ -594,7 +603,11 @@ class HttpGym:
         with trio.move_on_at(bound):
             try:
                 request = post_request(
-                    self._control, f"{endpoint.url}/control/v1/{op}", body, endpoint.incarnation
+                    self._control,
+                    f"{endpoint.url}/control/v1/{op}",
+                    body,
+                    endpoint.incarnation,
+                    self._trainer,
                 )
                 response = await self._control.send(request)
             except httpx.HTTPError as exc:
@@ -698,7 +711,9 @@ class HttpGym:
             )
         )
         assert self._data is not None, "HttpGym is not open (use async with)"
-        request = post_request(self._data, f"{endpoint.url}/run", body, endpoint.incarnation)
+        request = post_request(
+            self._data, f"{endpoint.url}/run", body, endpoint.incarnation, self._trainer
+        )
         try:
             response = await self._data.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -775,6 +790,20 @@ class HttpGym:
             instance, "retire_restored", {"rollout_ids": tuple(rollout_ids)}, deadline_ts
         )
         return reply
+
+    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
+        """``trainer`` takes ``instance`` over (``POST /control/v1/attach``); every later
+        request to every instance carries it (``Gymckpt-Trainer``). ``GymInUse`` if the server
+        serves another run."""
+        self._trainer = trainer
+        reply: AttachReply = await self._control_op(
+            instance, "attach", {"trainer": trainer}, deadline_ts
+        )
+        return reply
+
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``POST /control/v1/release``)."""
+        await self._control_op(instance, "release", {"trainer": trainer}, deadline_ts)
 
     async def inventory(self, instance: str) -> InstanceInventory:
         inv: InstanceInventory = await self._call(instance, "inventory", {}, None)

@@ -1,4 +1,4 @@
-"""One Gym instance as an ASGI application (``gymckpt-http/1``): the Ray actor's twin over HTTP.
+"""One Gym instance as an ASGI application (``gymckpt-http/2``): the Ray actor's twin over HTTP.
 
 ``GymHttpApp`` serves one ``GymHost`` running in the same trio run as the ASGI server
 (``_http_serve``: hypercorn's trio worker and the host share one nursery), so every request
@@ -23,6 +23,12 @@ the rows keep running, and what was sent but not acknowledged stays on the wire 
 client's next ``acks`` or ``close_stream`` settles it. A stream whose instance died ends without
 the end line: the body stops, as a dead server's would.
 
+A request that carries ``Gymckpt-Trainer`` (the trainer's term, ``_host_tenancy``) is checked
+against the term the instance serves before it acts, acknowledgements included: a fenced
+term's, or another lineage's, is refused 409 ``GymInUse``. ``attach`` takes the instance over
+for a newer term; when it fenced what was there, the streams of the older term are forgotten
+here too, so the newer trainer's stream ids (which start again at 1) never meet them.
+
 Gym errors cross as their class (``_wire.encode_error``): 409 for a refusal (``TopologyMismatch``,
 ``StrandedSessionError``, ``ManifestError``, ``GymAdmissionClosed``, ``EnvironmentSpecError``),
 503 for the ``GymUnavailable`` family and anything else (which crosses as
@@ -44,7 +50,8 @@ from typing import Any, Final, final
 import attrs
 import trio
 
-from gymckpt.runtime import GymUnavailable
+from gymckpt.runtime import GymInUse, GymUnavailable, TrainerTerm
+from gymckpt.runtime.lowlevel import RECORDS_FILE
 
 from ._faults import FaultSpec, inject_fault
 from ._host import GymHost
@@ -54,6 +61,7 @@ from ._http_guard import (
     RefusedRequest,
     check_bearer,
     confine,
+    confine_below,
     content_length,
     read_body,
 )
@@ -65,6 +73,7 @@ from ._http_wire import (
     INCARNATION_HEADER,
     INSTANCE_HEADER,
     PROTOCOL,
+    TRAINER_HEADER,
     ControlRequest,
     Health,
     RunRequest,
@@ -211,15 +220,16 @@ class GymHttpApp:
             check_bearer(headers, self.token)
             op = self._route(method, path)
             self._check_incarnation(headers)
+            trainer = _trainer_of(headers)
             content_length(headers, self.limits.max_body_bytes)
             body = await read_body(receive, self.limits.max_body_bytes)
             body_read = True
             if op == "/run":
                 run = self._admit_run(body)
-                act = partial(self._run, run, send)
+                act = partial(self._run, run, trainer, send)
             else:
                 req, args = self._admit_control(op, body)
-                act = partial(self._control, op, req, args, send)
+                act = partial(self._control, op, req, args, trainer, send)
             # every check passed: from here on the request acts, until it is done or the client
             # goes away (a hung call, a stream nobody reads: cancelled, as a cancelled Ray call)
             async with trio.open_nursery() as nursery:
@@ -277,6 +287,8 @@ class GymHttpApp:
             )
 
     def _confine_args(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The request's paths resolved inside the state root, and every path the instance
+        will touch below them walked (``_http_guard`` rule 7), or ``RefusedRequest`` 403."""
         if "state_root" not in args:
             return args
         root = confine(args["state_root"], self.state_root, f"{op} state_root")
@@ -284,6 +296,11 @@ class GymHttpApp:
             for p in args["record"].participants:
                 what = f"restore state_dir of {p.server_name}"
                 confine(str(root / p.state_dir), self.state_root, what)
+                confine_below(root, f"{p.state_dir}/{RECORDS_FILE}", self.state_root, what)
+        else:  # commit: <state_root>/<instance>/<participant>/records.json
+            for server, _kind in self.host.participants:
+                rel = f"{self.host.name}/{server}/{RECORDS_FILE}"
+                confine_below(root, rel, self.state_root, f"{op} records of {server}")
         return {**args, "state_root": str(root)}
 
     def _admit_control(self, op: str, body: bytes) -> tuple[ControlRequest, dict[str, Any]]:
@@ -295,11 +312,22 @@ class GymHttpApp:
         return req, self._confine_args(op, req.args)
 
     async def _control(
-        self, op: str, req: ControlRequest, args: dict[str, Any], send: Send
+        self,
+        op: str,
+        req: ControlRequest,
+        args: dict[str, Any],
+        trainer: TrainerTerm | None,
+        send: Send,
     ) -> None:
-        self._outboxes.apply_acks(req.acks)
+        if op != "attach":  # an attach is the takeover itself (``GymHost.attach``)
+            try:
+                self.host.check_trainer(trainer, op)
+            except GymInUse as exc:  # nothing acted, acknowledgements included
+                await self._gym_error(send, exc, op)
+                return
+            self._outboxes.apply_acks(req.acks)
         try:
-            result = await self._call(op, req, args)
+            result = await self._call(op, req, args, trainer)
             data = encode_result(op, result)
         except Exception as exc:
             await self._gym_error(send, exc, op)
@@ -319,7 +347,9 @@ class GymHttpApp:
         )
         await self._respond(send, status, b'{"error":' + encode_error(exc, self.name, op) + b"}")
 
-    async def _call(self, op: str, req: ControlRequest, args: Mapping[str, Any]) -> Any:
+    async def _call(
+        self, op: str, req: ControlRequest, args: Mapping[str, Any], trainer: TrainerTerm | None
+    ) -> Any:
         host = self.host
         if op == "ack":
             self._outboxes.apply_acks({args["sid"]: args["upto"]})
@@ -335,18 +365,33 @@ class GymHttpApp:
         assert req.deadline is not None  # decode_control_request requires it
         deadline_ts = req.deadline.local(trio.current_time(), time.time())
         if op == "prepare":
-            return await host.prepare(args["checkpoint_id"], deadline_ts, args["mode"])
+            return await host.prepare(
+                args["checkpoint_id"], deadline_ts, args["mode"], trainer=trainer
+            )
         if op == "commit":
-            return await host.commit(args["checkpoint_id"], args["state_root"], deadline_ts)
+            return await host.commit(
+                args["checkpoint_id"], args["state_root"], deadline_ts, trainer=trainer
+            )
         if op == "resume":
-            return await host.resume(args["checkpoint_id"], deadline_ts)
+            return await host.resume(args["checkpoint_id"], deadline_ts, trainer=trainer)
         if op in ("retire", "retire_restored"):
             call = host.retire if op == "retire" else host.retire_restored
-            return await call(list(args["rollout_ids"]), deadline_ts)
+            return await call(list(args["rollout_ids"]), deadline_ts, trainer=trainer)
         if op == "restore":
             return await host.restore(
-                args["state_root"], args["record"], list(args["episodes"]), deadline_ts
+                args["state_root"],
+                args["record"],
+                list(args["episodes"]),
+                deadline_ts,
+                trainer=trainer,
             )
+        if op == "attach":
+            reply = await host.attach(args["trainer"], deadline_ts)
+            if reply.took_over:  # the older term's streams are gone with its episodes
+                self._outboxes.forget_all()
+            return reply
+        if op == "release":
+            return await host.release(args["trainer"], deadline_ts)
         raise AssertionError(f"control op {op} has no handler")  # pragma: no cover
 
     # -- data plane ------------------------------------------------------------------------------
@@ -380,15 +425,19 @@ class GymHttpApp:
             )
         return req
 
-    async def _run(self, req: RunRequest, send: Send) -> None:
+    async def _run(self, req: RunRequest, trainer: TrainerTerm | None, send: Send) -> None:
         self._open_streams += 1
         try:
-            self._outboxes.apply_acks(req.acks)
             try:
+                self.host.check_trainer(trainer, "run")  # before its acknowledgements act
+                self._outboxes.apply_acks(req.acks)
                 if req.shape.inject is not None:
                     await inject_fault(req.shape.inject, self.name, "run", _die)
                 stream = await self.host.run(
-                    req.rows, refuse_all=req.shape.refuse_all, drop_after=req.shape.drop_after
+                    req.rows,
+                    refuse_all=req.shape.refuse_all,
+                    drop_after=req.shape.drop_after,
+                    trainer=trainer,
                 )
             except Exception as exc:
                 await self._gym_error(send, exc, "run")
@@ -407,7 +456,7 @@ class GymHttpApp:
                 "headers": self._headers(_NDJSON),
             }
             await send(start)
-            await send(_chunk(encode_batch_line(admission_header())))
+            await send(_chunk(encode_batch_line(admission_header(), {})))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_when, self._stopping.wait, nursery.cancel_scope)
                 completed = await self._pump(req, box, send)
@@ -424,16 +473,30 @@ class GymHttpApp:
 
     async def _pump(self, req: RunRequest, box: Outbox, send: Send) -> bool:
         cap = 1 if req.per_row else req.max_replies
+        rows = {r.rollout_id: r.row for r in req.rows}  # a reply names its row's task
         while True:
             replies = await box.take(cap)
             if replies is None:
                 return True
             if req.per_row:
-                lines = [encode_batch_line(ReplyBatch(box.register((r,)), (r,))) for r in replies]
+                lines = [
+                    encode_batch_line(ReplyBatch(box.register((r,)), (r,)), rows) for r in replies
+                ]
                 await send(_chunk(b"".join(lines)))
             else:
                 seq = box.register(replies)
-                await send(_chunk(encode_batch_line(ReplyBatch(seq, tuple(replies)))))
+                await send(_chunk(encode_batch_line(ReplyBatch(seq, tuple(replies)), rows)))
+
+
+def _trainer_of(headers: Mapping[bytes, bytes]) -> TrainerTerm | None:
+    """The trainer term a request carries (``TRAINER_HEADER``), or None; 400 if malformed."""
+    raw = headers.get(TRAINER_HEADER.lower().encode())
+    if raw is None:
+        return None
+    try:
+        return TrainerTerm.parse(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RefusedRequest(400, "BadRequest", f"{TRAINER_HEADER}: {exc}") from None
 
 
 def _chunk(data: bytes) -> Message:

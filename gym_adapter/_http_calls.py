@@ -17,9 +17,15 @@ from typing import final
 
 import httpx
 
-from gymckpt.runtime import GymCheckpointUnavailable, GymControlError
+from gymckpt.runtime import GymCheckpointUnavailable, GymControlError, TrainerTerm
 
-from ._http_wire import EXPECT_INCARNATION_HEADER, Refusal, WireFormatError, decode_error_body
+from ._http_wire import (
+    EXPECT_INCARNATION_HEADER,
+    TRAINER_HEADER,
+    Refusal,
+    WireFormatError,
+    decode_error_body,
+)
 from ._transport_errors import first_line, remote_error
 
 __all__ = ["answer_error", "post_request"]
@@ -54,18 +60,22 @@ class _Once:
 
 
 def post_request(
-    client: httpx.AsyncClient, url: str, body: bytes, incarnation: str
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    incarnation: str,
+    trainer: TrainerTerm | None = None,
 ) -> httpx.Request:
-    """A ``POST url`` of the JSON ``body``, meant for server incarnation ``incarnation``."""
-    request = client.build_request(
-        "POST",
-        url,
-        headers={
-            "Content-Type": "application/json",
-            "Content-Length": str(len(body)),
-            EXPECT_INCARNATION_HEADER: incarnation,
-        },
-    )
+    """A ``POST url`` of the JSON ``body``, meant for server incarnation ``incarnation``, from
+    ``trainer`` (its term, once it attached)."""
+    headers = {
+        "Content-Type": "application/json",
+        "Content-Length": str(len(body)),
+        EXPECT_INCARNATION_HEADER: incarnation,
+    }
+    if trainer is not None:
+        headers[TRAINER_HEADER] = trainer.header()
+    request = client.build_request("POST", url, headers=headers)
     request.stream = _Body(body)
     return request
 

@@ -17,7 +17,13 @@ rule broken with a ``Refusal`` (a 4xx, a JSON body, one log line on logger ``gym
    plain one) is 403 unless the server was started with ``--allow-faults``;
 7. paths: a ``state_root`` (commit, restore) is resolved inside the server's state root — a
    relative path is joined to it, an absolute one must lie inside it once symlinks are resolved
-   — and so must every participant's ``state_dir`` of a restore's record; anything else is 403;
+   — and so must every participant's ``state_dir`` of a restore's record; then every path the
+   instance will touch below it (a commit's ``<instance>/<participant>/records.json``, a
+   restore's ``<state_dir>/records.json``) is walked component by component (``confine_below``):
+   an existing component that is a symbolic link must resolve inside the state root too (a
+   ``<state_root>/<instance>`` linked out would have the commit write outside). Anything else is
+   403. (The walk is made when the request arrives: the state root is the operator's directory,
+   and whoever can swap links in it between that walk and the write can write there anyway.);
 8. open streams: a ``/run`` beyond the limit of open response bodies is 429.
 
 A refused request changed nothing: the checks only read the request, and the acknowledgements
@@ -28,8 +34,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
+import stat
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 import attrs
@@ -42,6 +50,7 @@ __all__ = [
     "RefusedRequest",
     "check_bearer",
     "confine",
+    "confine_below",
     "content_length",
     "read_body",
 ]
@@ -145,3 +154,46 @@ def confine(path: str, root: Path, what: str) -> Path:
             "(--state-root): name a path inside it",
         )
     return resolved
+
+
+def _refuse_path(what: str, path: object, why: str, root: Path) -> RefusedRequest:
+    return RefusedRequest(
+        403,
+        "PathOutsideStateRoot",
+        f"{what}: {str(path)!r} {why}; name a path inside the server's state root {root} "
+        "(--state-root) whose links stay inside it",
+    )
+
+
+def confine_below(base: Path, rel: str, root: Path, what: str) -> None:
+    """Walk ``base/rel`` component by component (``base``: resolved, inside ``root``, which is
+    resolved): an existing component that is a symbolic link must resolve, whole, inside
+    ``root``, and the walk goes on from where it lands; a dangling link, a loop, or a link out
+    is ``RefusedRequest`` 403. The walk stops at the first component that does not exist (the
+    instance creates the rest as plain directories under a checked one). ``rel`` is relative,
+    without ``..`` (the caller's own path or one ``confine`` already passed)."""
+    parts = PurePosixPath(rel).parts
+    if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or "\x00" in rel:
+        raise _refuse_path(what, rel, "is not a relative path below the state root", root)
+    current = base
+    for part in parts:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _refuse_path(
+                what, current, f"cannot be examined ({exc.strerror})", root
+            ) from None
+        if not stat.S_ISLNK(mode):
+            continue
+        try:
+            target = current.resolve(strict=True)
+        except (OSError, RuntimeError):  # dangling, or a loop
+            why = "is a symbolic link to nothing (dangling, or a loop)"
+            raise _refuse_path(what, current, why, root) from None
+        if target != root and root not in target.parents:
+            why = f"is a symbolic link to {target}, outside the state root"
+            raise _refuse_path(what, current, why, root)
+        current = target

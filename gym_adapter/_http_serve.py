@@ -3,9 +3,17 @@
 The host (``GymHost``) and the ASGI server (``hypercorn.trio.serve``) run in one nursery of one
 trio run, so a request handler calls the host directly. Lifecycle:
 
+0. the instance directory (``<work_dir>/<instance>``, where the host journals its retained
+   sessions) is locked (``runtime.WorkDirLock``, an ``flock`` the kernel drops when the process
+   dies, SIGKILL included) before anything is opened or written: a second server of the same
+   instance on the same work directory raises ``InstanceDirLocked`` naming the holder's pid
+   (``gymckpt serve`` exits 2 with that line) and has changed nothing — it never reaches the
+   journal (which a start without ``--recover`` begins afresh), the token or the state root.
+   The lock is held until ``serve_gym`` returns;
 1. the bearer token: read from ``token_file`` when it holds one, else 32 random bytes
    (``secrets.token_urlsafe``) written there (default ``<work_dir>/token``) atomically with mode
-   0600 (temporary file created 0600, fsync, rename, fsync of the directory). The token is never
+   0600 (``write_atomic``: a randomly named temporary file created ``O_EXCL | O_NOFOLLOW`` with
+   mode 0600, fsync, rename, fsync of the directory). The token is never
    logged or printed: a client reads the file;
 2. the incarnation: 32 random hex digits, new at every start, in every response's
    ``Gymckpt-Incarnation`` header and in ``/health``: a server that restarted is a new
@@ -25,7 +33,6 @@ hypercorn's ``Config``) on any network you do not trust.
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 import signal
 from contextlib import nullcontext
@@ -36,6 +43,9 @@ import attrs
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+
+from gymckpt.runtime import InstanceDirLocked, WorkDirLock
+from gymckpt.runtime.lowlevel import write_atomic
 
 from ._host import GymHost, HostConfig
 from ._http_app import GymHttpApp
@@ -76,25 +86,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` atomically, readable by its owner only (0600 from creation)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # whatever the umask
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def load_or_create_token(token_file: Path) -> bytes:
     """The token ``token_file`` holds (surrounding whitespace ignored), or a new one written
     there with mode 0600. A file others may read is used but warned about."""
@@ -112,7 +103,8 @@ def load_or_create_token(token_file: Path) -> bytes:
             )
         return text
     token = secrets.token_urlsafe(TOKEN_BYTES).encode()
-    _write_private(token_file, token + b"\n")
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(token_file, token + b"\n", mode=0o600)
     return token
 
 
@@ -160,54 +152,62 @@ async def serve_gym(
     it. ``certfile`` and ``keyfile``: serve HTTPS (both or neither)."""
     if (certfile is None) != (keyfile is None):
         raise ValueError("TLS needs both --certfile and --keyfile")
-    root, token_path, token = _prepare_dirs(work_dir, state_root, token_file)
-    incarnation = secrets.token_hex(16)
-    if not is_loopback(host):
-        LOG.warning(
-            "gymckpt serve: binding %s, reachable from other machines: the bearer token is all "
-            "that guards the control plane%s",
-            host,
-            "" if certfile else "; without TLS (--certfile/--keyfile) it crosses in clear",
-        )
-
-    cfg = Config()
-    cfg.bind = [_bind(host, port)]
-    cfg.accesslog = None
-    cfg.errorlog = LOG.getChild("hypercorn")
-    cfg.graceful_timeout = graceful_timeout_s
-    if certfile is not None and keyfile is not None:
-        cfg.certfile = str(certfile)
-        cfg.keyfile = str(keyfile)
-
-    signals = trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) if handle_signals else None
-    gym = GymHost(
-        instance,
-        load_environment(environment),
-        seed,
-        work_dir,
-        config or HostConfig(),
-        recover=recover,
-    )
-    with signals if signals is not None else nullcontext() as received:
-        async with gym:
-            app = GymHttpApp(
-                gym,
-                token,
-                root,
-                incarnation,
-                limits=limits or Limits(),
-                allow_faults=allow_faults,
+    lock = WorkDirLock(work_dir / instance, refusal=InstanceDirLocked)
+    lock.acquire()  # first: a second server of this instance must change nothing
+    try:
+        root, token_path, token = _prepare_dirs(work_dir, state_root, token_file)
+        incarnation = secrets.token_hex(16)
+        if not is_loopback(host):
+            LOG.warning(
+                "gymckpt serve: binding %s, reachable from other machines: the bearer token is all "
+                "that guards the control plane%s",
+                host,
+                "" if certfile else "; without TLS (--certfile/--keyfile) it crosses in clear",
             )
-            stop = trio.Event()
-            async with trio.open_nursery() as nursery:
-                binds: list[str] = await nursery.start(_serve_app, app, cfg, stop)
-                task_status.started(Serving(instance, binds[0], incarnation, token_path))
-                if received is not None:
-                    async for signum in received:
-                        LOG.info("gymckpt serve: signal %d, stopping", signum)
-                        break
-                    app.stop()
-                    stop.set()
+
+        cfg = Config()
+        cfg.bind = [_bind(host, port)]
+        cfg.accesslog = None
+        cfg.errorlog = LOG.getChild("hypercorn")
+        cfg.graceful_timeout = graceful_timeout_s
+        if certfile is not None and keyfile is not None:
+            cfg.certfile = str(certfile)
+            cfg.keyfile = str(keyfile)
+
+        signals = (
+            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) if handle_signals else None
+        )
+        gym = GymHost(
+            instance,
+            load_environment(environment),
+            seed,
+            work_dir,
+            config or HostConfig(),
+            recover=recover,
+            instance_lock=lock,
+        )
+        with signals if signals is not None else nullcontext() as received:
+            async with gym:
+                app = GymHttpApp(
+                    gym,
+                    token,
+                    root,
+                    incarnation,
+                    limits=limits or Limits(),
+                    allow_faults=allow_faults,
+                )
+                stop = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    binds: list[str] = await nursery.start(_serve_app, app, cfg, stop)
+                    task_status.started(Serving(instance, binds[0], incarnation, token_path))
+                    if received is not None:
+                        async for signum in received:
+                            LOG.info("gymckpt serve: signal %d, stopping", signum)
+                            break
+                        app.stop()
+                        stop.set()
+    finally:
+        lock.release()
 
 
 async def _serve_app(

@@ -4,17 +4,18 @@ started (``ServeSpec``) and who watches them (``Supervisor``).
 Every instance runs ``[sys.executable, "-m", "gymckpt", "serve", PATH, ...]`` on a loopback port
 the kernel picks (``--port 0``, the readiness line names it), all sharing one ``work_dir`` (each
 journals under ``work_dir/<instance>/``, as embedded and on Ray) and one bearer token
-(``work_dir/http-token``, mode 0600), accepting paths inside ``state_root``, with the host's
-``HostConfig`` in ``work_dir/host-config.json`` (when it is not the default) and
-``--allow-faults`` when the deployment has a fault plan. A replacement runs the same command
-with ``--recover``. The supervisor holds each instance's process and the generation it serves,
-and a watcher task per process (in the deployment's nursery) copies its log and reports its
-exit (``on_exit``), so a server that dies is known dead before any call finds out.
+(``work_dir/http-token``, written atomically through a randomly named temporary file created
+``O_EXCL | O_NOFOLLOW`` with mode 0600: never through a link planted there), accepting paths
+inside ``state_root``, with the host's ``HostConfig`` in ``work_dir/host-config.json`` (when it
+is not the default) and ``--allow-faults`` when the deployment has a fault plan. A replacement
+runs the same command with ``--recover``. The supervisor holds each instance's process and the
+generation it serves, and a watcher task per process (in the deployment's nursery) copies its
+log and reports its exit (``on_exit``), so a server that dies is known dead before any call
+finds out.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,11 +24,13 @@ from typing import Final, final
 import attrs
 import trio
 
+from gymckpt.runtime.lowlevel import write_atomic
+
 from ._host import HostConfig
 from ._http_process import Ready, ServerProcess
 from ._wire import encode
 
-__all__ = ["TOKEN_FILE", "ServeSpec", "Supervisor", "write_private"]
+__all__ = ["TOKEN_FILE", "ServeSpec", "Supervisor"]
 
 TOKEN_FILE: Final = "http-token"
 """The bearer token a spawned deployment's servers share, in ``work_dir`` (mode 0600)."""
@@ -67,11 +70,11 @@ class ServeSpec:
         wd.mkdir(parents=True, exist_ok=True)
         root = Path(state_root).resolve() if state_root is not None else wd
         token_file = wd / TOKEN_FILE
-        write_private(token_file, token)
+        write_atomic(token_file, token.encode(), mode=0o600)
         config_file: Path | None = None
         if config is not None and config != HostConfig():
             config_file = wd / "host-config.json"
-            write_private(config_file, encode(config).decode())
+            write_atomic(config_file, encode(config), mode=0o600)
         return cls(
             tuple(environments.items()),
             seed,
@@ -156,12 +159,3 @@ class Supervisor:
                 nursery.start_soon(proc.stop)
         for proc in self._all:
             await proc.aclose()
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600 from the start)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -1,4 +1,4 @@
-"""The HTTP wire of one Gym instance (``gymckpt-http/1``): request and response bodies as bytes.
+"""The HTTP wire of one Gym instance (``gymckpt-http/2``): request and response bodies as bytes.
 
 Both sides of ``gymckpt serve`` build on this module and nothing else of the HTTP transport:
 the server (``_http_app``) decodes requests and encodes replies with it, the client (``HttpGym``)
@@ -6,29 +6,35 @@ the other way round. Everything goes through the strict wire converter (``_wire`
 missing keys, values of the wrong type and bytes that are not JSON raise ``WireFormatError``
 naming the body and the field. ``docs/http-wire.md`` is the contract in prose.
 
-The data plane speaks NeMo Gym's episode shapes
------------------------------------------------
-A ``RunRow`` crosses as ``{"episode_id": {"rollout_id", "attempt"}, "task_input", "task_id",
-"gymckpt": {"row", "slot", "restored_from", "policy_version"}}``. ``episode_id.rollout_id`` is the
-attempt's *base* key and ``RunRow.rollout_id`` the attempt-qualified key NeMo Gym builds from it
-(``qualified_key``: the base for attempt 0, ``"{base}-a{n}"`` after), so a canonical row
-``"{row}-{slot}[-aN]"`` crosses as ``{"rollout_id": "{row}-{slot}", "attempt": N}``. A reply
-names its episode the same way (``split_key`` recovers the pair from the qualified key, which is
-all a reply carries). Replies are NeMo-shaped results: completed ``{episode_id, reward, turns,
-payload}``, failed ``{episode_id, failure_reason, terminal, failure_kind, stage, failure_class}``,
-refused (a sidecar row) ``{episode_id, refused: "admission_closed"}``.
+The data plane speaks NeMo Gym 0.7.0's episode shapes
+-----------------------------------------------------
+The released package's models (``nemo_gym.episode_types``, ``NEMO_GYM_VERSION``), field for
+field; ``tests/data/nemo_gym_0.7.0_episode_types.json`` holds their JSON schemas as released and
+``tests/test_http_wire.py`` checks every row and reply against them.
 
-What was confirmed in NeMo Gym's source (github NVIDIA-NeMo/Gym, main at 2026-08-22, no 0.7 tag
-in the mirror): its ``/run`` takes the agent's request body and correlates model calls by a
-capture key built in ``nemo_gym/rollout_correlation.py`` (``maybe_rollout_id_from_run_body``):
-``"{_ng_task_index}-{_ng_rollout_index}"`` (or an explicit ``_ng_rollout_id``), with ``-a{n}``
-appended for ``_ng_attempt_index`` n > 0 — exactly ``runtime.rollout_id_for(row, slot, attempt)``
-and ``qualified_key`` here. Its results carry ``reward`` (``BaseVerifyResponse``). The names
-``episode_id``, ``task_input``/``task_id`` and the failure record ``{failure_reason, terminal,
-failure_kind, stage}`` were NOT found in that source; they are the names the issue and the brief
-fix, used as given. ``failure_kind``, ``terminal`` and ``stage`` are derived from the ``Failed``
-record (``failure_fields``) and validated but not trusted on decode; ``task_id`` is accepted and
-dropped (a ``RunRow`` has no task identity beyond its row).
+- A ``RunRow`` crosses as a ``BaseEpisodeRequest``: ``{"episode_id": {"rollout_id", "attempt"},
+  "task": {"task_id": {"taskset", "task_id"}, "task_input"}}``, and beside it, what NeMo Gym's
+  request has no place for, ``"gymckpt": {"slot", "restored_from", "policy_version"}`` (all
+  optional: a row without it is slot 0, restores nothing, policy version 0).
+  ``episode_id.rollout_id`` is the attempt's *base* key and ``RunRow.rollout_id`` the
+  attempt-qualified key NeMo Gym builds from it (``EpisodeId.capture_key``, ``qualified_key``
+  here: the base for attempt 0, ``"{base}-a{n}"`` after), so a canonical row
+  ``"{position}-{slot}[-aN]"`` (its position in the trainer's row order) crosses as
+  ``{"rollout_id": "{position}-{slot}", "attempt": N}``; a base that is not a NeMo Gym
+  rollout id (its pattern, its reserved ``-aN`` suffix) cannot cross.
+  The task is the trainer's row: ``taskset`` ``TASKSET``, ``task_id`` the dataset row index in
+  decimal, ``task_input`` the row's task as the trainer gives it (NeMo Gym types it with the
+  environment's task model; gymckpt's is any JSON value, null when the environment reads its
+  own data).
+- A reply crosses as a ``BaseEpisodeResponse``: ``{"episode_id", "task_id", "result" |
+  "failure"}``, exactly one of the two (the other left out, as NeMo Gym's serializer does).
+  Completed: ``result`` ``{"reward", "turns", "payload"}`` (NeMo Gym's ``EpisodeResultT`` is
+  the environment's). Failed and refused: ``failure`` is an ``EpisodeFailure``
+  ``{"failure_reason", "terminal", "failure_kind"?, "stage"?}`` (``failure_of``): gymckpt's
+  class is the namespaced ``failure_kind`` ``gymckpt:infra`` or ``gymckpt:data``, and a
+  refused row (a sidecar row) is ``gymckpt:admission_closed`` at stage ``admission``, not
+  terminal. A decoder takes the class from the kind; another producer's kind is a data failure
+  if ``terminal``, else infra.
 
 The control plane is gymckpt's own: ``POST /control/v1/<op>`` with a ``ControlRequest`` body,
 answered ``{"result": ...}`` (``encode_result``), or an error body.
@@ -44,9 +50,11 @@ import attrs
 import cattrs
 import orjson
 
-from gymckpt.runtime import CheckpointMode, EpisodeRecord, InstanceRecord
+from gymckpt.runtime import CheckpointMode, EpisodeRecord, InstanceRecord, TrainerTerm
 
 from ._contract import (
+    ADMISSION_CLOSED,
+    AttachReply,
     CommitReply,
     Completed,
     Failed,
@@ -71,9 +79,17 @@ __all__ = [
     "DEADLINE_OPS",
     "END_LINE",
     "EXPECT_INCARNATION_HEADER",
+    "FAILURE_REASON_MAX",
     "INCARNATION_HEADER",
     "INSTANCE_HEADER",
+    "KIND_DATA",
+    "KIND_INFRA",
+    "KIND_PREFIX",
+    "NEMO_GYM_VERSION",
     "PROTOCOL",
+    "REFUSAL_CODES",
+    "TASKSET",
+    "TRAINER_HEADER",
     "ControlRequest",
     "Health",
     "Refusal",
@@ -91,13 +107,31 @@ __all__ = [
     "encode_refusal",
     "encode_result",
     "encode_run_request",
-    "failure_fields",
+    "failure_of",
     "qualified_key",
     "split_key",
+    "task_id_of",
 ]
 
-PROTOCOL: Final = "gymckpt-http/1"
-"""The protocol's name and version; ``GET /health`` says it, a client refuses any other."""
+PROTOCOL: Final = "gymckpt-http/2"
+"""The protocol's name and version; ``GET /health`` says it, a client refuses any other.
+Version 2: ``/run`` rows and replies in NeMo Gym 0.7.0's episode shapes (version 1 had them
+flat: ``task_input``, ``task_id`` beside ``episode_id``, a reply's fields at its top)."""
+NEMO_GYM_VERSION: Final = "0.7.0"
+"""The released NeMo Gym whose episode shapes (``nemo_gym.episode_types``) ``/run`` speaks."""
+TASKSET: Final = "gymckpt:rows"
+"""The ``taskset`` of every task gymckpt sends: its tasks are the rows of the trainer's
+dataset, and a ``task_id`` is the row index in decimal (``task_id_of``)."""
+KIND_PREFIX: Final = "gymckpt:"
+"""gymckpt's ``failure_kind`` names, namespaced as NeMo Gym asks of names it does not register."""
+KIND_INFRA: Final = "gymckpt:infra"
+"""``failure_kind`` of an infra failure (the instance, a model server): not the row's fault."""
+KIND_DATA: Final = "gymckpt:data"
+"""``failure_kind`` of a data failure: the episode's own problem."""
+REFUSAL_CODES: Final = frozenset({ADMISSION_CLOSED})
+"""The codes a refused row (a sidecar row) may carry, as ``failure_kind`` ``gymckpt:<code>``."""
+FAILURE_REASON_MAX: Final = 2000
+"""NeMo Gym's longest ``failure_reason``."""
 INCARNATION_HEADER: Final = "Gymckpt-Incarnation"
 """Response header on every reply: 32 hex digits, random per server process start."""
 INSTANCE_HEADER: Final = "Gymckpt-Instance"
@@ -106,10 +140,18 @@ EXPECT_INCARNATION_HEADER: Final = "Gymckpt-Expect-Incarnation"
 """Optional request header: the incarnation the client means. A server of another incarnation
 (restarted under the same name) refuses the request with 409 ``IncarnationMismatch`` before it
 acts, so a call meant for the old process never reaches the new one."""
+TRAINER_HEADER: Final = "Gymckpt-Trainer"
+"""Request header on every request of a trainer that attached: its term as
+``"{lineage}.{term}"`` (``TrainerTerm.header``). The instance refuses the request (409
+``GymInUse``) before it acts when another lineage, or a newer term, holds it. Not an
+incarnation: the incarnation is the server process's, the term is the trainer process's."""
 END_LINE: Final = b'{"end":true}\n'
 """The last line of every complete ``/run`` body: a body that stops without it ended early."""
 
 _ATTEMPT_SUFFIX: Final = re.compile(r"-a([1-9][0-9]*)\Z")
+_BASE_KEY: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+"""NeMo Gym's ``EpisodeId.rollout_id`` pattern."""
+_ROW_INDEX: Final = re.compile(r"(0|[1-9][0-9]*)\Z")
 
 
 # -- attempt keys ------------------------------------------------------------------------------
@@ -137,59 +179,107 @@ def _non_negative(_inst: object, attr: attrs.Attribute[int], value: int) -> None
         raise ValueError(f"{attr.name} must be an integer >= 0, got {value!r}")
 
 
+def _non_empty(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if not value:
+        raise ValueError(f"{attr.name} must not be empty")
+
+
+def _base_key(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if not _BASE_KEY.match(value):
+        raise ValueError(
+            f"episode_id.rollout_id {value!r} is not a NeMo Gym rollout id "
+            "(letters, digits, '.', '_', '-', starting with a letter or digit)"
+        )
+    if _ATTEMPT_SUFFIX.search(value):
+        raise ValueError(
+            f"episode_id.rollout_id {value!r} ends with the attempt suffix '-aN' NeMo Gym "
+            "reserves: the attempt goes in episode_id.attempt"
+        )
+
+
+def _reason(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if len(value) > FAILURE_REASON_MAX:
+        raise ValueError(f"{attr.name} has {len(value)} characters, over {FAILURE_REASON_MAX}")
+
+
 @attrs.frozen
 class _EpisodeId:
-    rollout_id: str
-    attempt: int = attrs.field(validator=_non_negative)
+    """NeMo Gym's ``EpisodeId``."""
+
+    rollout_id: str = attrs.field(validator=_base_key)
+    attempt: int = attrs.field(default=0, validator=_non_negative)
 
 
 @attrs.frozen
 class _TaskId:
-    taskset: str
-    task_id: str | int
+    """NeMo Gym's ``TaskId``."""
+
+    taskset: str = attrs.field(validator=_non_empty)
+    task_id: str = attrs.field(validator=_non_empty)
+
+
+@attrs.frozen
+class _Task:
+    """NeMo Gym's ``MaterializedTask``."""
+
+    task_id: _TaskId
+    task_input: Any
 
 
 @attrs.frozen
 class _RowExtras:
-    row: int
-    slot: int
-    restored_from: str | None
-    policy_version: int
+    """What a row of gymckpt's carries where NeMo Gym's request has no place for it."""
+
+    slot: int = attrs.field(default=0, validator=_non_negative)
+    restored_from: str | None = None
+    policy_version: int = 0
 
 
 @attrs.frozen
 class _WireRow:
+    """NeMo Gym's ``BaseEpisodeRequest`` (``episode_id``, ``task``), ``gymckpt`` beside."""
+
     episode_id: _EpisodeId
-    task_input: Any
-    task_id: _TaskId | None
-    gymckpt: _RowExtras
+    task: _Task
+    gymckpt: _RowExtras = attrs.field(factory=_RowExtras)
 
 
 @attrs.frozen
-class _WireCompleted:
-    episode_id: _EpisodeId
+class _Result:
+    """The ``result`` of a completed episode (NeMo Gym's ``EpisodeResultT``: gymckpt's)."""
+
     reward: float
-    turns: int
+    turns: int = attrs.field(validator=_non_negative)
     payload: Any
 
 
-FailureKind = Literal["infrastructure_error", "environment_error"]
+FailureStage = Literal["admission", "seed", "agent", "verification", "cleanup"]
+"""NeMo Gym's ``failure_kinds.FailureStage``."""
 
 
 @attrs.frozen
-class _WireFailed:
-    episode_id: _EpisodeId
-    failure_reason: str
+class _Failure:
+    """NeMo Gym's ``EpisodeFailure``."""
+
+    failure_reason: str = attrs.field(validator=_reason)
     terminal: bool
-    failure_kind: FailureKind
-    stage: Literal["rollout"]
-    failure_class: Literal["infra", "data"]
+    failure_kind: str | None = None
+    stage: FailureStage | None = None
+
+
+def _exactly_one(inst: _WireReply, _attr: attrs.Attribute[Any], _value: Any) -> None:
+    if (inst.result is None) == (inst.failure is None):
+        raise ValueError("a reply carries exactly one of result or failure")
 
 
 @attrs.frozen
-class _WireRefused:
+class _WireReply:
+    """NeMo Gym's ``BaseEpisodeResponse``: exactly one of ``result`` and ``failure``."""
+
     episode_id: _EpisodeId
-    refused: str
+    task_id: _TaskId
+    result: _Result | None = None
+    failure: _Failure | None = attrs.field(default=None, validator=_exactly_one)
 
 
 @attrs.frozen
@@ -208,13 +298,38 @@ class _WireBatch:
     replies: tuple[dict[str, Any], ...]
 
 
-def failure_fields(reply: Failed) -> tuple[bool, FailureKind, Literal["rollout"]]:
-    """``(terminal, failure_kind, stage)`` of a failed reply, in NeMo Gym's failure record: a
-    data failure (the episode's own problem) is terminal, an infra failure (the instance, a
-    model server) is not — the attempt may run again elsewhere."""
+def task_id_of(row: int) -> tuple[str, str]:
+    """``(taskset, task_id)`` of the trainer's row ``row``: ``(TASKSET, str(row))``."""
+    return TASKSET, str(row)
+
+
+def _row_of(task_id: _TaskId, what: str) -> int:
+    """The row index a ``TaskId`` names (see ``TASKSET``), or ``WireFormatError``."""
+    if task_id.taskset != TASKSET or not _ROW_INDEX.match(task_id.task_id):
+        raise WireFormatError(
+            f"{what}: task_id {{taskset: {task_id.taskset!r}, task_id: {task_id.task_id!r}}} "
+            f"names no row: gymckpt's tasks are rows of the trainer's dataset, taskset "
+            f"{TASKSET!r} and task_id the row index in decimal"
+        )
+    return int(task_id.task_id)
+
+
+def failure_of(reply: Failed | Refused) -> tuple[str, bool, str, FailureStage | None]:
+    """``(failure_reason, terminal, failure_kind, stage)``: NeMo Gym's failure record of a
+    failed or refused reply. A data failure (the episode's own problem) is terminal (this
+    attempt is not run again), kind ``gymckpt:data``, stage ``agent``; an infra failure (the
+    instance, a model server) is not, kind ``gymckpt:infra``, stage unknown (omitted); a
+    refused row (a sidecar row) is not terminal either, kind ``gymckpt:<code>``, stage
+    ``admission``. A reason over NeMo Gym's 2000 characters is cut, ending in '…'."""
+    if isinstance(reply, Refused):
+        reason = f"{reply.code}: the instance refused the row at admission; send it again"
+        return reason, False, f"{KIND_PREFIX}{reply.code}", "admission"
+    message = reply.message
+    if len(message) > FAILURE_REASON_MAX:
+        message = message[: FAILURE_REASON_MAX - 1] + "\u2026"
     if reply.failure_class == "infra":
-        return False, "infrastructure_error", "rollout"
-    return True, "environment_error", "rollout"
+        return message, False, KIND_INFRA, None
+    return message, True, KIND_DATA, "agent"
 
 
 def _episode_id_of_row(row: RunRow) -> _EpisodeId:
@@ -228,57 +343,87 @@ def _episode_id_of_row(row: RunRow) -> _EpisodeId:
                 f"with -a{row.attempt}; the wire carries NeMo Gym's attempt-qualified keys "
                 "(rollout_id_for(row, slot, attempt))"
             )
-    return _EpisodeId(base, row.attempt)
+    try:
+        return _EpisodeId(base, row.attempt)
+    except ValueError as exc:
+        raise WireFormatError(f"run row {row.rollout_id!r}: {exc}") from None
 
 
 def _row_to_wire(row: RunRow) -> _WireRow:
+    if isinstance(row.row, bool) or row.row < 0:
+        raise WireFormatError(f"run row {row.rollout_id!r}: row {row.row!r} is not a row index")
     return _WireRow(
         _episode_id_of_row(row),
-        row.task,
-        None,
-        _RowExtras(row.row, row.slot, row.restored_from, row.policy_version),
+        _Task(_TaskId(*task_id_of(row.row)), row.task),
+        _RowExtras(row.slot, row.restored_from, row.policy_version),
     )
 
 
-def _row_from_wire(w: _WireRow) -> RunRow:
+def _row_from_wire(w: _WireRow, what: str) -> RunRow:
     return RunRow(
         qualified_key(w.episode_id.rollout_id, w.episode_id.attempt),
-        w.gymckpt.row,
+        _row_of(w.task.task_id, what),
         w.gymckpt.slot,
         w.episode_id.attempt,
         restored_from=w.gymckpt.restored_from,
-        task=w.task_input,
+        task=w.task.task_input,
         policy_version=w.gymckpt.policy_version,
     )
 
 
-def _episode_id_of(rollout_id: str) -> _EpisodeId:
-    return _EpisodeId(*split_key(rollout_id))
-
-
-def _reply_to_wire(reply: RunReply) -> _WireCompleted | _WireFailed | _WireRefused:
-    eid = _episode_id_of(reply.rollout_id)
+def _reply_to_wire(reply: RunReply, row: int) -> dict[str, Any]:
+    """NeMo Gym's ``BaseEpisodeResponse`` of ``reply`` (of the trainer's row ``row``), as its
+    serializer writes it: the absent one of ``result``/``failure`` left out, and so are a
+    failure's ``failure_kind`` and ``stage`` when unknown."""
+    try:
+        eid = _EpisodeId(*split_key(reply.rollout_id))
+    except ValueError as exc:
+        raise WireFormatError(f"reply for {reply.rollout_id!r}: {exc}") from None
     if isinstance(reply, Completed):
-        return _WireCompleted(eid, reply.reward, reply.turns, reply.payload)
-    if isinstance(reply, Failed):
-        terminal, kind, stage = failure_fields(reply)
-        return _WireFailed(eid, reply.message, terminal, kind, stage, reply.failure_class)
-    return _WireRefused(eid, reply.code)
+        wire = _WireReply(eid, _TaskId(*task_id_of(row)), result=_Result(*_completed(reply)))
+    else:
+        wire = _WireReply(eid, _TaskId(*task_id_of(row)), failure=_Failure(*failure_of(reply)))
+    raw: dict[str, Any] = _unstructure(wire, _WireReply, "reply")
+    for key in ("result", "failure"):
+        if raw[key] is None:
+            del raw[key]
+    failure = raw.get("failure")
+    if failure is not None:
+        for key in ("failure_kind", "stage"):
+            if failure[key] is None:
+                del failure[key]
+    return raw
+
+
+def _completed(reply: Completed) -> tuple[float, int, Any]:
+    return reply.reward, reply.turns, reply.payload
 
 
 def _reply_from_raw(raw: Any) -> RunReply:
+    what = "wire reply"
     if not isinstance(raw, dict):
-        raise WireFormatError(f"wire reply: expected an object, got {type(raw).__name__}")
-    if "refused" in raw:
-        r: _WireRefused = _structure(raw, _WireRefused, "wire refused reply")
-        return Refused(qualified_key(r.episode_id.rollout_id, r.episode_id.attempt), r.refused)
-    if "failure_reason" in raw:
-        f: _WireFailed = _structure(raw, _WireFailed, "wire failed reply")
-        rid = qualified_key(f.episode_id.rollout_id, f.episode_id.attempt)
-        return Failed(rid, f.failure_class, f.failure_reason)
-    c: _WireCompleted = _structure(raw, _WireCompleted, "wire completed reply")
-    rid = qualified_key(c.episode_id.rollout_id, c.episode_id.attempt)
-    return Completed(rid, c.reward, c.turns, c.payload)
+        raise WireFormatError(f"{what}: expected an object, got {type(raw).__name__}")
+    w: _WireReply = _structure(raw, _WireReply, what)
+    _row_of(w.task_id, what)
+    rid = qualified_key(w.episode_id.rollout_id, w.episode_id.attempt)
+    if w.result is not None:
+        return Completed(rid, w.result.reward, w.result.turns, w.result.payload)
+    f = w.failure
+    assert f is not None  # _exactly_one
+    kind = f.failure_kind
+    if kind in (KIND_INFRA, KIND_DATA):
+        return Failed(rid, "infra" if kind == KIND_INFRA else "data", f.failure_reason)
+    if kind is not None and kind.startswith(KIND_PREFIX):
+        code = kind[len(KIND_PREFIX) :]
+        if code in REFUSAL_CODES and f.stage == "admission" and not f.terminal:
+            return Refused(rid, code)
+        raise WireFormatError(
+            f"{what}: failure_kind {kind!r} (stage {f.stage!r}, terminal {f.terminal}) is not "
+            f"one of gymckpt's ({KIND_INFRA}, {KIND_DATA}, or a refusal "
+            f"{', '.join(KIND_PREFIX + c for c in sorted(REFUSAL_CODES))} at stage admission)"
+        )
+    # another producer's kind: terminal is all NeMo Gym says about running it again
+    return Failed(rid, "data" if f.terminal else "infra", f.failure_reason)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -377,7 +522,7 @@ def decode_run_request(data: bytes) -> RunRequest:
             wire.shape,
             wire.per_row,
             wire.max_replies,
-            tuple(_row_from_wire(r) for r in wire.rows),
+            tuple(_row_from_wire(r, what) for r in wire.rows),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, WireFormatError):
@@ -385,9 +530,18 @@ def decode_run_request(data: bytes) -> RunRequest:
         raise WireFormatError(f"{what}: {exc}") from None
 
 
-def encode_batch_line(batch: ReplyBatch) -> bytes:
-    """One line of a ``/run`` body (newline-terminated): the admission header or a batch."""
-    replies = [_unstructure(_reply_to_wire(r), None, "reply") for r in batch.replies]
+def encode_batch_line(batch: ReplyBatch, rows: Mapping[str, int]) -> bytes:
+    """One line of a ``/run`` body (newline-terminated): the admission header or a batch.
+    ``rows``: the trainer's row of each rollout ID the stream carries (a reply names its
+    task, as NeMo Gym's does); a reply of a rollout it does not hold is ``WireFormatError``."""
+    replies = []
+    for reply in batch.replies:
+        row = rows.get(reply.rollout_id)
+        if row is None:
+            raise WireFormatError(
+                f"reply for {reply.rollout_id!r}, a rollout this stream did not submit"
+            )
+        replies.append(_reply_to_wire(reply, row))
     return _dumps({"seq": batch.seq, "replies": replies}, "reply batch") + b"\n"
 
 
@@ -441,6 +595,11 @@ class _RestoreArgs:
 
 
 @attrs.frozen
+class _AttachArgs:
+    trainer: TrainerTerm
+
+
+@attrs.frozen
 class _NoArgs:
     pass
 
@@ -460,6 +619,8 @@ _OPS: Final[Mapping[str, tuple[type, Any]]] = {
     "retire": (_RetireArgs, RetireReply),
     "retire_restored": (_RetireArgs, RetireReply),
     "restore": (_RestoreArgs, RestoreReply),
+    "attach": (_AttachArgs, AttachReply),
+    "release": (_AttachArgs, None),
     "topology": (_NoArgs, InstanceTopology),
     "inventory": (_NoArgs, InstanceInventory),
     "statistics": (_NoArgs, HostStatistics),
@@ -472,7 +633,7 @@ _OPS: Final[Mapping[str, tuple[type, Any]]] = {
 CONTROL_OPS: Final = tuple(_OPS)
 """Every ``<op>`` of ``POST /control/v1/<op>``."""
 DEADLINE_OPS: Final = frozenset(
-    {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
+    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach", "release"}
 )
 """The ops that run by a deadline: their request must carry one."""
 

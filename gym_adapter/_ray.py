@@ -54,9 +54,11 @@ from gymckpt.runtime import (
     GymCallTimeout,
     GymInstanceDead,
     InstanceRecord,
+    TrainerTerm,
 )
 
 from ._contract import (
+    AttachReply,
     CommitReply,
     GymBackend,
     InstanceInventory,
@@ -183,6 +185,8 @@ class RayGym:
         self._last_stats: dict[str, HostStatistics] = {}
         self._acks = AckBook.of(self._names)
         """Acknowledgements recorded per instance, handed to its next call."""
+        self._trainer: TrainerTerm | None = None
+        """The trainer term every call carries once it attached (``attach``)."""
 
     @classmethod
     @asynccontextmanager
@@ -364,7 +368,10 @@ class RayGym:
         spec = self._plan.check(op)
         acks = self._acks.outgoing(instance)
         deadline = WireDeadline.send(deadline_ts, trio.current_time(), time.time())
-        ref = actor.control.remote(op, args, deadline, spec, acks, options or {})
+        options = dict(options or {})
+        if self._trainer is not None:
+            options["trainer"] = self._trainer.header()
+        ref = actor.control.remote(op, args, deadline, spec, acks, options)
         reply = await self._wait(instance, op, ref, generation)
         if self._generations.serving(instance, generation):
             self._acks.carried(instance, acks)
@@ -411,7 +418,14 @@ class RayGym:
         backpressure = BACKPRESSURE_OBJECTS if self._batch_replies else -1
         gen = actor.run.options(
             num_returns="streaming", _generator_backpressure_num_objects=backpressure
-        ).remote(sid, tuple(rows), shape, not self._batch_replies, self._max_batch_replies)
+        ).remote(
+            sid,
+            tuple(rows),
+            shape,
+            not self._batch_replies,
+            self._max_batch_replies,
+            None if self._trainer is None else self._trainer.header(),
+        )
         link = StreamLink(instance, generation, self._bridge, self._acks, self._generations)
         stream = RayReplyStream(link, actor, sid, gen)
         await stream.admitted()
@@ -468,6 +482,17 @@ class RayGym:
             instance, "retire_restored", (tuple(rollout_ids),), deadline_ts
         )
         return reply
+
+    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
+        """``trainer`` takes ``instance`` over (``GymHost.attach`` in the actor); every later
+        call to every actor carries it."""
+        self._trainer = trainer
+        reply: AttachReply = await self._control(instance, "attach", (trainer,), deadline_ts)
+        return reply
+
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``GymHost.release`` in the actor)."""
+        await self._control(instance, "release", (trainer,), deadline_ts)
 
     async def inventory(self, instance: str) -> InstanceInventory:
         inv: InstanceInventory = await self._view(instance, "inventory")

@@ -59,7 +59,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import CheckpointMode
+from gymckpt.runtime import CheckpointMode, TrainerTerm
 from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ._contract import RunReply, RunRow
@@ -74,7 +74,7 @@ from ._trio_guest import TrioGuest
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
 _CONTROL_OPS: Final = frozenset(
-    {"prepare", "commit", "resume", "retire", "retire_restored", "restore"}
+    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach", "release"}
 )
 _VIEWS: Final = frozenset(
     {"topology", "inventory", "session_states", "retained_sessions", "statistics"}
@@ -203,7 +203,8 @@ class GymActor:
     ) -> Any:
         """Run control call ``op`` by ``deadline`` (re-anchored on the trio run's clock), once
         the stream acknowledgements ``acks`` (sid -> seq) are applied. ``options``: the call's
-        keyword options as strings (``prepare``'s ``mode``)."""
+        keyword options as strings (``prepare``'s ``mode``; ``trainer``, the caller's term as
+        ``TrainerTerm.header`` gives it, checked before the acknowledgements act)."""
         with self._track(op), crossing_boundary(self.name, op):
             return await self._in_trio().call(
                 self._control, op, args, deadline, fault, acks, options or {}
@@ -218,16 +219,27 @@ class GymActor:
         acks: dict[int, int],
         options: dict[str, str],
     ) -> Any:
+        trainer = TrainerTerm.parse(options["trainer"]) if "trainer" in options else None
+        if op != "attach":  # an attach is the takeover itself (``GymHost.attach``)
+            self._sim.check_trainer(trainer, op)
         self._apply_acks(acks)
         deadline_ts = deadline.local(anyio.current_time(), time.time())
         if fault is not None:
             await self._inject(fault, op)
         if op not in _CONTROL_OPS:
             raise ValueError(f"unknown control operation {op!r}")
+        if op == "attach":
+            reply = await self._sim.attach(args[0], deadline_ts)
+            if reply.took_over:  # the older term's streams are gone with its episodes
+                self._streams.forget_all()
+            return reply
         call: Callable[..., Any] = getattr(self._sim, op)
         if op == "prepare" and "mode" in options:
-            return await call(*args, deadline_ts, CheckpointMode(options["mode"]))
-        return await call(*args, deadline_ts)
+            mode = CheckpointMode(options["mode"])
+            return await call(*args, deadline_ts, mode, trainer=trainer)
+        if op == "release":
+            return await self._sim.release(args[0], deadline_ts)
+        return await call(*args, deadline_ts, trainer=trainer)
 
     async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
         """``topology``, ``inventory``, ``session_states(participant)`` or ``statistics`` of the
@@ -246,10 +258,15 @@ class GymActor:
 
     # -- data plane ------------------------------------------------------------------------------
 
-    async def _open_run(self, sid: int, rows: Sequence[RunRow], shape: RunShape) -> Outbox:
+    async def _open_run(
+        self, sid: int, rows: Sequence[RunRow], shape: RunShape, trainer: str | None
+    ) -> Outbox:
+        term = None if trainer is None else TrainerTerm.parse(trainer)
         if shape.inject is not None:
             await self._inject(shape.inject, "run")
-        stream = await self._sim.run(rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after)
+        stream = await self._sim.run(
+            rows, refuse_all=shape.refuse_all, drop_after=shape.drop_after, trainer=term
+        )
         return self._streams.open(sid, self._sim, stream)
 
     def _finish_run(self, sid: int, box: Outbox, completed: bool) -> None:
@@ -263,12 +280,14 @@ class GymActor:
         shape: RunShape,
         per_row: bool,
         max_replies: int,
+        trainer: str | None = None,
     ) -> AsyncIterator[ReplyBatch]:
-        """Streaming generator: the admission header, then one ``ReplyBatch`` per object."""
+        """Streaming generator: the admission header, then one ``ReplyBatch`` per object.
+        ``trainer``: the caller's term (``TrainerTerm.header``), checked by the instance."""
         with self._track("run"):
             guest = self._in_trio()
             with crossing_boundary(self.name, "run"):
-                box = await guest.call(self._open_run, sid, rows, shape)
+                box = await guest.call(self._open_run, sid, rows, shape, trainer)
             completed = False
             try:
                 yield admission_header()

@@ -160,6 +160,12 @@ class Outboxes:
         if box.settled and self._boxes.get(sid) is box:
             del self._boxes[sid]
 
+    def forget_all(self) -> None:
+        """A trainer of a newer term fenced the instance: every stream of the older one is
+        forgotten (the instance ended them and discarded what they carried), so a stream id
+        of the newer trainer never names one of them."""
+        self._boxes.clear()
+
     def close(self, sid: int, upto: int) -> None:
         """The consumer closed stream ``sid`` having received every batch up to ``upto``."""
         box = self._boxes.pop(sid, None)

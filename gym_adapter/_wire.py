@@ -40,16 +40,19 @@ from gymckpt.runtime import (
     GymConnectionLost,
     GymControlError,
     GymInstanceDead,
+    GymInUse,
     InstanceRecord,
     ManifestError,
     ParticipantRecord,
     StrandedSessionError,
     TopologyMismatch,
+    TrainerTerm,
 )
 from gymckpt.runtime.lowlevel import converter
 
 from ._contract import (
     AgentSession,
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -115,6 +118,8 @@ WIRE_RECORDS: Final[tuple[type, ...]] = (
     CommitReply,
     RetireReply,
     RestoreReply,
+    TrainerTerm,
+    AttachReply,
     InstanceTopology,
     Topology,
     InstanceInventory,
@@ -145,6 +150,7 @@ WIRE_ERRORS: Final[Mapping[str, tuple[type[Exception], tuple[Any, ...]]]] = {
         (TopologyMismatch, (tuple[str, ...],)),
         (ManifestError, (str,)),
         (EnvironmentSpecError, (str,)),
+        (GymInUse, (str, str, str)),
     )
 }
 """Error class name -> (class, the types of its constructor arguments): the errors that cross

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 import attrs
+import orjson
 
 from gymckpt.runtime import rollout_id_for
 
@@ -40,6 +41,7 @@ from ._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
 from ._faults import FaultSpec
 from ._host import GymHost, HostConfig, SessionView
 from ._host_episodes import capture_key as host_capture_key
+from ._host_episodes import request_digest
 from ._host_views import RetainedSession
 from ._load import EnvironmentRef
 
@@ -88,11 +90,11 @@ def session_key(row: int, slot: int) -> str:
     return f"{row}-{slot}"
 
 
-def capture_key(row: int, slot: int, turn: int, attempt: int = 0) -> str:
-    """The key turn ``turn``'s model call is staged under by attempt ``attempt`` of the slot
-    (one call per turn)."""
+def capture_key(row: int, slot: int, turn: int, request: str, attempt: int = 0) -> str:
+    """The key turn ``turn``'s model call, of ``request`` (the plan's payload of the turn), is
+    staged under by attempt ``attempt`` of the slot (one call per turn)."""
     info = EpisodeInfo(rollout_id_for(row, slot, attempt), row, slot, attempt, 0, "")
-    return host_capture_key(info, turn, 0)
+    return host_capture_key(info, turn, request_digest(orjson.dumps(request)), 0)
 
 
 def sentinel(row: int, slot: int, turn: int) -> str:

@@ -34,6 +34,7 @@ from ._episode import (
     EnvironmentSpecError,
     EpisodeContext,
     EpisodeInfo,
+    parse_call_id,
     split_capture_key,
 )
 from ._gym_codecs import (
@@ -219,12 +220,13 @@ def _model(env_id: str, policy: Policy) -> Callable[[str, Any, EpisodeInfo], Any
 
 
 def _policy_key(key: str, info: EpisodeInfo) -> str:
-    """What the policy's RNG of call ``key`` is seeded from: the slot and the call id, the same
-    for every attempt (a retried or restored attempt draws what an uninterrupted run draws),
-    spelled ``"{row}-{slot}/t{turn}/c{n}"`` as it was before capture keys took NeMo Gym's
-    shape, so a seed's trajectories stay what they were."""
-    turn, _, call = split_capture_key(key)[1].partition("-")
-    return f"{info.session_key}/{turn}/{call}"
+    """What the policy's RNG of call ``key`` is seeded from: the slot, the turn and the call's
+    occurrence, the same for every attempt (a retried or restored attempt draws what an
+    uninterrupted run draws), spelled ``"{row}-{slot}/t{turn}/c{n}"`` as it was before capture
+    keys took NeMo Gym's shape (one call a turn: ``n`` is 0), so a seed's trajectories stay what
+    they were. The observation is the request: its digest in the call id is not needed."""
+    call = parse_call_id(split_capture_key(key)[1])
+    return f"{info.session_key}/t{call.turn}/c{call.occurrence}"
 
 
 def gymnasium_environment(

@@ -24,6 +24,7 @@ from gymckpt.runtime import (
     FailureKind,
     GymCallTimeout,
     GymCheckpointUnavailable,
+    GymInUse,
     GymUnavailable,
     RuntimeConfig,
     TopologyMismatch,
@@ -143,7 +144,10 @@ def _gathered(operation: str, errors: Mapping[str, Exception]) -> Exception:
     )
     err: Exception
     mismatches = [e for e in errors.values() if isinstance(e, TopologyMismatch)]
-    if mismatches:
+    in_use = [errors[i] for i in order if isinstance(errors[i], GymInUse)]
+    if in_use:  # another trainer holds the instance: that decides, as itself (exit code 2)
+        err = in_use[0]
+    elif mismatches:
         err = TopologyMismatch(d for m in mismatches for d in m.differences)
     elif classify(group) is FailureKind.INVARIANT:
         err = CheckpointInvariantError(f"{operation}: {detail}")

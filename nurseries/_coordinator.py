@@ -76,6 +76,7 @@ from gymckpt.runtime import (
     DispatchGate,
     DrainTimeout,
     FailureKind,
+    GymInUse,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
@@ -204,9 +205,10 @@ class CheckpointCoordinator:
     run_id: str = "run"
     replacer: InstanceReplacer | None = None
     """Told about instances a checkpoint found dead; the checkpoint waits for replacements."""
-    dataset_files: Callable[[int], Mapping[str, bytes]] | None = None
-    """The files identifying the trainer's dataset, given the cut's ``next_row``; called off
-    the loop, their bytes published with the snapshot (``DatasetIdentity.files``)."""
+    cut_files: Callable[[int], Mapping[str, bytes]] | None = None
+    """The files identifying the run's row order and the trainer's dataset as far as the
+    cut's ``next_row`` (``RowOrder.files``, ``DatasetIdentity.files``); called off the loop,
+    their bytes published with the snapshot."""
     on_stage: Callable[[str, str], None] | None = None
     """Test hook, called as ``on_stage(checkpoint_id, point)`` at each point of ``HOOK_POINTS``
     (fault injection kills the process there)."""
@@ -274,6 +276,8 @@ class CheckpointCoordinator:
         except TrainerFilesFailed as exc:  # the trainer's own code failed: its error
             self._stats.trainer_code_failed()
             raise exc.error from None
+        except GymInUse:  # a newer trainer of this run fenced this one: it stops (exit 2)
+            raise
         except Exception as exc:
             return self._failed(checkpoint_id, exc, pending.stage_s if pending else {}, started)
         self._failures.succeeded()
@@ -398,7 +402,7 @@ class CheckpointCoordinator:
             while True:
                 async with ledger.barrier.hold(checkpoint_id):
                     taken = await offload(functools.partial(cut, ledger, owned, names))
-                    next_row = ledger.next_row  # the cut's dataset cursor
+                    next_row = ledger.next_row  # the cut's cursor in the row order
                 if not taken.unaccounted:
                     break
                 if trio.current_time() >= drain_deadline:
@@ -415,8 +419,8 @@ class CheckpointCoordinator:
         with stage("publish"):
             manifest = GymManifest(MANIFEST_VERSION, checkpoint_id, instances, episodes)
             files[LEDGER_FILE] = ledger_bytes
-            if self.dataset_files is not None:
-                files.update(await offload(functools.partial(self.dataset_files, next_row)))
+            if self.cut_files is not None:
+                files.update(await offload(functools.partial(self.cut_files, next_row)))
             info = await pending.publish(manifest, files)
 
         hook("after_publish")

@@ -122,7 +122,9 @@ class DispatcherStatistics:
 
 @attrs.define(eq=False, slots=True)
 class Dispatcher:
-    """Feeds rows ``rows`` (dataset order) to Gym, keeping ``max_rows_in_flight`` rows open."""
+    """Feeds the positions ``rows`` (ascending positions of the run's row order) to Gym,
+    keeping ``max_rows_in_flight`` rows open; each attempt carries its position's dataset row
+    (``row_of``) and that row's task."""
 
     gym: GymBackend
     ledger: RecoveryLedger
@@ -137,8 +139,11 @@ class Dispatcher:
     request_timeout_s: float = 300.0
     on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None
     """Called with (instance, rows) right after rows are marked DISPATCHED (audit hooks)."""
+    row_of: Callable[[int], int] | None = None
+    """Position (a ledger row) -> the dataset row it trains (``RowOrder.row_at``); None: the
+    same number (the default order)."""
     tasks: Callable[[int], Any] | None = None
-    """Row index -> its task (a fresh copy each call), sent with every attempt of the row:
+    """Dataset row -> its task (a fresh copy each call), sent with every attempt of the row:
     fresh, retried and restored alike. None: the environment owns its data (task None)."""
     policy_version: int = 0
     """The trainer's policy version (``Rollouts.set_policy_version``), sent with every row."""
@@ -178,7 +183,7 @@ class Dispatcher:
 
     @property
     def rows_exhausted(self) -> bool:
-        """Every row of the dataset has been reserved."""
+        """Every position of the run's row order has been reserved."""
         return self._rows_exhausted
 
     def poke(self) -> None:
@@ -216,7 +221,7 @@ class Dispatcher:
             att = ledger.reserved_attempt(rid)
             if att is None:
                 continue  # superseded, or already sent
-            row, slot, attempt, restored = att
+            position, slot, attempt, restored = att
             restored_from = None
             if restored is not None:
                 if not replacer.is_up(restored.instance):
@@ -227,6 +232,7 @@ class Dispatcher:
                 restored_from = restored.from_rollout_id
             else:
                 instance = live[next(self._rr) % len(live)]
+            row = position if self.row_of is None else self.row_of(position)
             task = None if self.tasks is None else self.tasks(row)
             submitting.add(rid)
             rows = groups.get(instance)

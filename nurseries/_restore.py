@@ -15,7 +15,13 @@ and what reaches Gym is all-or-nothing across instances:
    ``group_size``) and ledger vs manifest. Any problem raises before Gym is asked anything
    (``TopologyMismatch`` for state and topology, ``ManifestError`` for the ledger); the
    ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far as Gym;
-4. ask every instance, concurrently and each bounded, to restore its committed state;
+   then the run's row order against the snapshot's ``order.json`` and its ledger's cursor
+   (``check_order``: the same epochs, seed and rows up to where the order stood):
+   ``DatasetMismatch`` saying what differs;
+4. attach the trainer's term to every instance (``attach_trainer``: an instance still running
+   an older term's episodes, or holding its checkpoint open, fences that term and is idle
+   afterwards; one that serves another run refuses, ``GymInUse``), then ask every instance,
+   concurrently and each bounded, to restore its committed state;
 5. retire, on each instance, the dropped attempts the snapshot carries: Gym committed their
    state, the ledger no longer owns them, and a replacement dispatched elsewhere would repeat
    their environment mutations;
@@ -55,6 +61,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     TaskDataset,
     TopologyMismatch,
+    TrainerTerm,
     load_snapshot,
     rollout_id_for,
     verify_snapshot,
@@ -63,15 +70,20 @@ from gymckpt.runtime.lowlevel import (
     DATASET_FILE,
     GYM_STATE_DIR,
     LEDGER_FILE,
+    ORDER_FILE,
     STEP_FILE,
     GymManifest,
     LedgerSnapshot,
+    RowOrder,
     check_dataset,
+    check_order,
     load_dataset_record,
     load_ledger_snapshot,
+    load_order_record,
     load_step,
 )
 
+from ._attach import attach_trainer
 from ._calls import bounded_call, fan_out
 from ._offload import offload
 from ._replace import dead_in, replace_now
@@ -104,6 +116,12 @@ class RestoredRun:
     def step(self) -> int:
         """The trainer facade's step when the snapshot was taken (0 if it saved none)."""
         return saved_step(self.files)
+
+    @property
+    def policy_version(self) -> int:
+        """The trainer's policy version at the cut (0 if the snapshot saved none)."""
+        raw = self.files.get(STEP_FILE)
+        return 0 if raw is None else load_step(raw).policy_version
 
     def __repr__(self) -> str:  # never the snapshot's bytes (``files`` may be megabytes)
         s = self.summary
@@ -194,10 +212,21 @@ def snapshot_problems(
     except ManifestError as exc:
         problems.append(str(exc))
     else:
-        if found is not None and found[0].end > led.next_row:
+        has_order = ORDER_FILE in snap.files
+        if found is not None and not has_order and found[0].end > led.next_row:
             problems.append(
                 f"{DATASET_FILE}: covers rows up to {found[0].end - 1}, but {LEDGER_FILE} "
                 f"reserved rows below {led.next_row} only"
+            )
+    try:
+        order = load_order_record(snap.files)
+    except ManifestError as exc:
+        problems.append(str(exc))
+    else:
+        if order is not None and order.position != led.next_row:
+            problems.append(
+                f"{ORDER_FILE}: position {order.position}, but {LEDGER_FILE} reserved "
+                f"positions below {led.next_row}"
             )
     if group_size is not None and led.group_size != group_size:
         problems.append(
@@ -251,13 +280,21 @@ async def restore_latest(
     *,
     group_size: int | None = None,
     dataset: TaskDataset | None = None,
+    order: RowOrder | None = None,
+    trainer: TrainerTerm | None = None,
 ) -> RestoredRun | None:
-    """Restore the latest complete snapshot in ``store``; None when there is none.
+    """Restore the latest complete snapshot in ``store``; None when there is none (then
+    nothing was attached either).
+
+    ``trainer``: this process's term, attached to every instance once every check passed and
+    before anything is installed (step 4).
 
     ``group_size`` is this run's: a snapshot of another group size is rejected before Gym
     installs anything; so is one made with another ``dataset`` (``DatasetMismatch``), or with
-    a dataset when this run has none, or the reverse. See the module docstring for the order
-    and the all-or-nothing rule.
+    a dataset when this run has none, or the reverse; so is one whose row order (``order``:
+    this run's) puts a position below the snapshot's cursor on another row (``check_order``:
+    other ``epochs``, ``shuffle_seed`` or rows). See the module docstring for the order of
+    the steps and the all-or-nothing rule.
     """
     info = await offload(store.latest_complete)
     if info is None:
@@ -278,10 +315,17 @@ async def restore_latest(
     found.raise_if_any(pinned.path)
     assert found.ledger_snapshot is not None
     ledger_snap = found.ledger_snapshot
+    if order is not None:
+        saved_order = load_order_record(snap.files)  # read cleanly by snapshot_problems
+        await offload(
+            functools.partial(check_order, saved_order, order, ledger_snap.next_row, str(info.path))
+        )
     ledger, summary = RecoveryLedger.from_snapshot(ledger_snap, snap.manifest.episodes)
     episodes_by_replica: dict[str, list[EpisodeRecord]] = {}
     for ep in snap.manifest.episodes:
         episodes_by_replica.setdefault(ep.replica, []).append(ep)
+    if trainer is not None:
+        await attach_trainer(gym, trainer, config)
     state_root = str(await offload(pinned.path.resolve))
     records = {rec.name: rec for rec in snap.manifest.instances}
     installed: set[str] = set()

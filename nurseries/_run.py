@@ -49,7 +49,8 @@ class ExitCode(enum.IntEnum):
     """Done, or preempted by SIGTERM/SIGINT after a final checkpoint (``Preempted``)."""
     BAD_INPUT = 2
     """gymckpt refused its input (``BadInput``): a bad flag, manifest, configuration file,
-    topology or digest; a work directory in use."""
+    topology or digest; a work directory in use; a Gym server that serves another training run
+    (``GymInUse``)."""
     INVARIANT = 3
     """The run aborted on an invariant violation (or a simulated seed violated one)."""
     CHECKPOINTS_FAILED = 4

@@ -30,7 +30,6 @@ from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.runtime import (
     BudgetExhausted,
     CompletedGroup,
-    DatasetError,
     DeadlineRegistry,
     DispatchGate,
     Metrics,
@@ -50,13 +49,14 @@ from gymckpt.runtime.lowlevel import (
     TRAINER_FILES_DIR,
     TRAINER_STATE_FILE,
     DatasetIdentity,
+    RowOrder,
     StepRecord,
     dump_step,
     freeze_startup_objects,
-    merge_ranges,
-    row_ranges,
+    next_term,
 )
 
+from ._attach import attach_trainer, release_trainer
 from ._coordinator import CheckpointCoordinator, CheckpointOutcome
 from ._dispatcher import READY, Dispatcher
 from ._offload import offload
@@ -98,6 +98,8 @@ class Rollouts:
     keep_snapshots: int
     checkpoint_every: int | None
     preempt_timeout_s: float = 60.0
+    order: RowOrder | None = None
+    """The run's row order (None: the ledger's rows are the dataset rows)."""
     _steps: int = attrs.field(default=0, init=False)
     _handed: int = attrs.field(default=0, init=False)
     """Batches ``batches`` handed out in this process (a step's batch is trained data in the
@@ -154,6 +156,12 @@ class Rollouts:
         return self.dispatcher.rows_exhausted and ledger.ready_groups == len(ledger.rows())
 
     @property
+    def finished(self) -> bool:
+        """The dataset is done: every row was trained (its groups taken) or failed for good,
+        and nothing is left to hand out."""
+        return self.dispatcher.rows_exhausted and not self.ledger.rows()
+
+    @property
     def policy_version(self) -> int:
         """The trainer's policy version as last set (``set_policy_version``; 0 at start)."""
         return self.dispatcher.policy_version
@@ -208,7 +216,8 @@ class Rollouts:
                 self._waits.discard(waiting)
         if self.preempted_by is not None:
             return []
-        taken = await ledger.barrier.mutate(lambda: ledger.take_ready(groups))
+        row_of = None if self.order is None or self.order.is_identity else self.order.row_at
+        taken = await ledger.barrier.mutate(lambda: ledger.take_ready(groups, row_of))
         self.dispatcher.poke()
         return taken
 
@@ -324,7 +333,8 @@ class Rollouts:
         ``files(directory)`` writes the trainer's own files (model and optimizer shards, any
         size) into the same atomic snapshot: they are published together with the rollouts or
         not at all, digested in the commit marker, and come back as ``trainer_files``."""
-        extra = {STEP_FILE: dump_step(StepRecord(self._first_step + self._handed))}
+        step = StepRecord(self._first_step + self._handed, self.dispatcher.policy_version)
+        extra = {STEP_FILE: dump_step(step)}
         if trainer_state is not None:
             extra[TRAINER_STATE_FILE] = trainer_state
         outcome = await self.coordinator.checkpoint(extra, files)
@@ -342,6 +352,8 @@ async def open_rollouts(
     rows: int | Iterable[int] | None = None,
     group_size: int,
     dataset: object = None,
+    epochs: int = 1,
+    shuffle_seed: int | None = None,
     config: RuntimeConfig | None = None,
     max_rows_in_flight: int = 64,
     batch_size: int = 64,
@@ -364,15 +376,28 @@ async def open_rollouts(
     the run will use is checked here, before anything else: one that is not finite plain
     JSON raises ``DatasetError`` (exit code 2) naming the row and the place in it.
 
-    ``rows`` says which rows to train, in order: a count (rows ``0..rows-1``) or an iterable of
-    row indices. With a dataset it defaults to every row, and a row outside the dataset is
-    refused (``DatasetError``); without one it is required, and environments read their data
-    by row index (task None). With ``restore`` (default) the latest complete snapshot is
+    ``rows`` says which rows to train, in order: a count (rows ``0..rows-1``) or row indices in
+    any order, each once. With a dataset it defaults to every row, and a row outside the
+    dataset is refused (``DatasetError``); without one it is required, and environments read
+    their data by row index (task None). A repeated row is refused (``DatasetError`` naming
+    both indices). ``epochs`` trains the rows that many times; with ``shuffle_seed`` (an int)
+    each epoch goes through them in its own seeded shuffle, a pure function of (the rows, the
+    seed, the epoch), like ``DistributedSampler(seed=...).set_epoch(e)``. Each row of each
+    epoch is a row of the run of its own (``CompletedGroup.position``; ``.row`` is the dataset
+    row). A snapshot records where the order stands, and a restore resumes exactly there; one
+    with other ``rows``, ``epochs`` or ``shuffle_seed`` is refused (``DatasetMismatch``, exit
+    code 2, saying what differs). With ``restore`` (default) the latest complete snapshot is
     restored first.
     ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
 
     One trainer holds ``workdir`` at a time: a second one raises ``WorkDirLocked`` here, naming
     the holder's pid (an OS lock, released when the holder exits or is killed).
+
+    Each start takes the next *term* of the work directory's *lineage* (``TrainerTerm``, kept
+    in ``workdir/trainer_term.json``) and attaches it to every Gym instance first
+    (``attach_trainer``): servers that outlived an earlier trainer of this work directory
+    fence what it left running there (its episodes, its open checkpoint) and the run proceeds;
+    a server that serves another run (another work directory) refuses, ``GymInUse`` (exit 2).
 
     With ``handle_signals`` (default; only in the main thread) SIGTERM and SIGINT received while
     the block is open preempt the run (``Rollouts.preempt``) instead of killing the process or
@@ -399,16 +424,38 @@ async def open_rollouts(
                 inbox = _SignalInbox(trio.lowlevel.current_trio_token())
                 stack.enter_context(inbox.installed())
             tasks = None if dataset is None else await offload(lambda: TaskDataset.of(dataset))
-            all_rows = _run_rows(rows, tasks)
+            order = await offload(
+                functools.partial(
+                    RowOrder.of,
+                    rows,
+                    None if tasks is None else len(tasks),
+                    epochs=epochs,
+                    shuffle_seed=shuffle_seed,
+                    source="" if tasks is None else tasks.source,
+                )
+            )
             if tasks is not None:
-                await offload(functools.partial(tasks.check, all_rows))
+                await offload(functools.partial(tasks.check, order.rows))
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
+            # this process's term of the work directory's lineage, attached to every instance
+            # before anything changes there (the restore attaches once its checks passed): it
+            # fences what an older term left running there
+            trainer = await offload(lambda: next_term(workdir))
             restored = None
             if restore:
                 restored = await restore_latest(
-                    gym, store, workdir / RESTORED_DIR, config, group_size=group_size, dataset=tasks
+                    gym,
+                    store,
+                    workdir / RESTORED_DIR,
+                    config,
+                    group_size=group_size,
+                    dataset=tasks,
+                    order=order,
+                    trainer=trainer,
                 )
+            if restored is None:  # a fresh start: nothing attached yet
+                await attach_trainer(gym, trainer, config)
             if restored is not None:
                 ledger = restored.ledger
             else:
@@ -417,13 +464,13 @@ async def open_rollouts(
                     max_row_attempts=config.max_row_attempts,
                     data_failure_budget=config.data_failure_budget,
                 )
-            start = ledger.next_row
-            remaining_rows = [r for r in all_rows if r >= start]
-            remaining = iter(remaining_rows)
-            identity = None
+            # positions are reserved in ascending order: the cursor is where the order stands
+            remaining = iter(range(ledger.next_row, len(order)))
+            cut_files = order.files
             if tasks is not None:
                 covered = () if restored is None else restored.dataset_rows
-                identity = DatasetIdentity(tasks, merge_ranges(row_ranges(all_rows), covered))
+                identity = DatasetIdentity(tasks, covered, order.rows_used)
+                cut_files = functools.partial(_cut_files, order, identity)
             metrics = Metrics()
             for name, value in (extra_metrics or {}).items():
                 metrics.set(name, value)
@@ -442,6 +489,7 @@ async def open_rollouts(
                 max_rows_in_flight=max_rows_in_flight,
                 batch_size=batch_size,
                 on_dispatch=on_dispatch,
+                row_of=None if order.is_identity else order.row_at,
                 tasks=None if tasks is None else tasks.task,
             )
             replacer.on_released = dispatcher.enqueue
@@ -456,7 +504,7 @@ async def open_rollouts(
                 metrics,
                 run_id=run_id,
                 replacer=replacer,
-                dataset_files=None if identity is None else identity.files,
+                cut_files=cut_files,
             )
             rollouts = Rollouts(
                 ledger,
@@ -468,8 +516,9 @@ async def open_rollouts(
                 keep_snapshots,
                 checkpoint_every,
                 preempt_timeout_s,
+                order,
             )
-            if restored is not None and not remaining_rows and not ledger.rows():
+            if restored is not None and ledger.next_row >= len(order) and not ledger.rows():
                 logger.warning(
                     "gymckpt: nothing left to do: every row of the dataset was trained "
                     "(restored %s, checkpoint %s)",
@@ -480,6 +529,8 @@ async def open_rollouts(
                 metrics.inc("rollout/restores_total")
                 metrics.inc("checkpoint/restored_total")
                 rollouts._first_step = restored.step
+                # before anything is dispatched: every call after the restore carries it
+                dispatcher.policy_version = restored.policy_version
                 _log_restore(restored, ledger, rollouts._first_step)
                 dispatcher.enqueue_reserved()
             async with trio.open_nursery() as nursery:
@@ -491,35 +542,15 @@ async def open_rollouts(
                     yield rollouts
                 finally:
                     nursery.cancel_scope.cancel()
+            if rollouts.finished:  # the run is done: another run may take its Gym instances
+                await release_trainer(gym, trainer, config)
     finally:
         lock.release()
 
 
-def _run_rows(rows: int | Iterable[int] | None, dataset: TaskDataset | None) -> Sequence[int]:
-    """The rows the run trains, in order: ``rows`` as given, every row of ``dataset`` when it
-    is None; each inside the dataset (``DatasetError`` naming the first that is not)."""
-    if rows is None:
-        if dataset is None:
-            raise TypeError("open_rollouts needs rows= (a count or row indices) or dataset=")
-        return range(len(dataset))
-    chosen: Sequence[int] = range(rows) if isinstance(rows, int) else list(rows)
-    if dataset is None:
-        return chosen
-    n = len(dataset)
-    if isinstance(chosen, range):
-        if rows > n:  # type: ignore[operator]
-            raise DatasetError(
-                f"rows={rows}, but the dataset ({dataset.source}) has {n} rows: pass "
-                f"rows <= {n}, or leave rows out to train every row"
-            )
-        return chosen
-    for position, row in enumerate(chosen):
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n:
-            raise DatasetError(
-                f"rows[{position}] is {row!r}, not a row of the dataset ({dataset.source}, "
-                f"rows 0..{n - 1})"
-            )
-    return chosen
+def _cut_files(order: RowOrder, identity: DatasetIdentity, next_row: int) -> dict[str, bytes]:
+    """The order's and the dataset's files of a cut at ``next_row`` (blocking)."""
+    return {**order.files(next_row), **identity.files(next_row)}
 
 
 def _log_restore(restored: RestoredRun, ledger: RecoveryLedger, step: int) -> None:

@@ -30,8 +30,10 @@ from ._errors import (
     GymConnectionLost,
     GymControlError,
     GymInstanceDead,
+    GymInUse,
     GymUnavailable,
     InfraOutage,
+    InstanceDirLocked,
     ManifestError,
     Preempted,
     ReplacementsExhausted,
@@ -66,6 +68,7 @@ from ._store import (
     records_digest,
     verify_snapshot,
 )
+from ._trainer_term import TrainerTerm
 from ._workdir import WorkDirLock, workdir_of
 
 __all__ = [
@@ -97,9 +100,11 @@ __all__ = [
     "GymCheckpointUnavailable",
     "GymConnectionLost",
     "GymControlError",
+    "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
     "InfraOutage",
+    "InstanceDirLocked",
     "InstanceRecord",
     "LedgerStatistics",
     "LoadedSnapshot",
@@ -121,6 +126,7 @@ __all__ = [
     "TaskDataset",
     "TopologyMismatch",
     "TrainerFilesRefused",
+    "TrainerTerm",
     "WorkDirLock",
     "WorkDirLocked",
     "failure_kind",

@@ -30,6 +30,8 @@ once per dispatched attempt (one ``orjson`` dump and load and one blake2b, micro
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence, Set
 from pathlib import Path
@@ -96,20 +98,69 @@ def _describe(obj: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is beyond a finite float")
+    return value
+
+
+_STRICT_JSON: Final = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite
+)
+"""Python's own decoder (its C scanner): integers of any size come back exact, as ints, an
+object that repeats a key and a number beyond a finite float are refused, so a line is held to
+the rules of a row given in a list (``canonical_task``) instead of orjson's (a float for a big
+integer, the last of repeated keys)."""
+
+
 def _parsed(path: Path, lines: list[bytes]) -> list[bytes]:
-    """The canonical bytes of each line (a JSON task); ``DatasetError`` naming a bad one."""
+    """The canonical bytes of each line (a JSON task); ``DatasetError`` naming the file and
+    the line of a bad one: not JSON, an object that repeats a key, or a task a list of tasks
+    would refuse (an integer beyond 64 bits, ``NaN``)."""
     rows: list[bytes] = []
-    parse, dump, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
+    decode = _STRICT_JSON.decode
     for n, line in enumerate(lines):
+        where = f"dataset {path}: line {n + 1} (row {n})"
         try:
-            rows.append(dump(parse(line), option=sort))
-        except orjson.JSONDecodeError as exc:
-            where = f"dataset {path}: line {n + 1} (row {n})"
+            task = decode(line.decode("utf-8"))
+        except _DuplicateKey as exc:
+            raise DatasetError(
+                f"{where} repeats the key {exc.args[0]!r} in one object: each key once"
+            ) from None
+        except (UnicodeDecodeError, ValueError) as exc:
             if not line.strip():
                 raise DatasetError(
                     f"{where} is empty: one JSON task a line, no blank lines"
                 ) from None
             raise DatasetError(f"{where} is not valid JSON ({exc})") from None
+        try:  # what the decoder gives is plain JSON: only an integer beyond 64 bits fails
+            rows.append(orjson.dumps(task, option=_CANONICAL))
+        except orjson.JSONEncodeError:
+            try:
+                canonical_task(task, f"dataset[{n}]")  # names the place in the row
+            except DatasetError as exc:
+                raise DatasetError(f"dataset {path}: line {n + 1}: {exc}") from None
+            raise  # not reached: canonical_task refuses what orjson could not write
     return rows
 
 

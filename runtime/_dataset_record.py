@@ -8,10 +8,12 @@ covered by the commit marker's sha256:
     dataset_rows.bin   the row digest (8 bytes, ``_dataset.row_digest``) of every covered
                        row, in the ranges' order
 
-Which rows are covered, so must be the same at a restore: every row of the run's rows below
-the ledger's cursor at the cut (``next_row``: one past the highest row ever reserved), and
-every row an earlier snapshot of the run covered. Every row dispatched before the checkpoint
-is among them (trained, failed, in flight, parked, reserved); rows after it may differ or be
+Which rows are covered, so must be the same at a restore: every dataset row the positions of
+the run's row order below the ledger's cursor at the cut (``next_row``) may have trained
+(``RowOrder.rows_used``: the rows below the cursor for a single unshuffled epoch of
+consecutive rows, every row of the order otherwise), and every row an earlier snapshot of the
+run covered. Every row dispatched before the checkpoint is among them (trained, failed, in
+flight, parked, reserved); in the default order, rows after the cursor may differ or be
 appended, as nothing in Gym or the trainer depends on them yet. 8 bytes a row: 8 MB at 1M
 rows, sliced from the digests the dataset computed once at start.
 """
@@ -19,7 +21,7 @@ rows, sliced from the digests the dataset computed once at start.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final, final
 
 import attrs
@@ -81,26 +83,23 @@ def merge_ranges(*lists: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _clip(ranges: Sequence[tuple[int, int]], end: int) -> list[tuple[int, int]]:
-    return [(a, min(b, end)) for a, b in ranges if a < end]
-
-
 @final
 @attrs.define(eq=False, slots=True)
 class DatasetIdentity:
-    """The dataset files of a run's snapshots. ``ranges``: the rows the run may reserve,
-    merged with those its restored snapshot covered; ``files(next_row)`` covers those below
-    the cut's cursor (the bytes are reused while the cursor stays)."""
+    """The dataset files of a run's snapshots. ``files(next_row)`` covers ``used(next_row)``
+    (the dataset rows the positions below the cut's cursor may have trained) and ``covered``
+    (the rows its restored snapshot covered); the bytes are reused while the cursor stays."""
 
     dataset: TaskDataset
-    ranges: list[tuple[int, int]]
+    covered: Sequence[tuple[int, int]]
+    used: Callable[[int], Sequence[tuple[int, int]]]
     _last: tuple[int, dict[str, bytes]] | None = attrs.field(default=None, init=False)
 
     def files(self, next_row: int) -> dict[str, bytes]:
         """Blocking (an 8-byte slice a row and one blake2b over them): run it off the loop."""
         if self._last is not None and self._last[0] == next_row:
             return self._last[1]
-        covered = _clip(self.ranges, next_row)
+        covered = merge_ranges(self.covered, self.used(next_row))
         rows_bin = self.dataset.digests(covered)
         record = DatasetRecord(
             DATASET_VERSION,

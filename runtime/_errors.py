@@ -31,9 +31,11 @@ __all__ = [
     "GymCheckpointUnavailable",
     "GymConnectionLost",
     "GymControlError",
+    "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
     "InfraOutage",
+    "InstanceDirLocked",
     "ManifestError",
     "Preempted",
     "ReplacementsExhausted",
@@ -52,9 +54,10 @@ SAMPLE_SIZE = 5
 
 class BadInput(Exception):
     """gymckpt refused what it was given: a snapshot, manifest or configuration file, the
-    deployment's topology, a work directory in use. ``gymckpt.run`` ends such a run with one
-    line and exit code 2; any other error (a bug in the trainer's own code included) keeps its
-    traceback. A mixin: each subclass also derives from the built-in error it always was."""
+    deployment's topology, a work directory or a Gym server in use. ``gymckpt.run`` ends such a
+    run with one line and exit code 2; any other error (a bug in the trainer's own code
+    included) keeps its traceback. A mixin: each subclass also derives from the built-in error
+    it always was."""
 
 
 def sample_ids(ids: Iterable[str], limit: int = SAMPLE_SIZE) -> str:
@@ -389,3 +392,34 @@ class WorkDirLocked(BadInput, RuntimeError):
             f"work directory {self.workdir} is in use by {holder}; one trainer per work "
             "directory — stop that one or choose another directory"
         )
+
+
+class InstanceDirLocked(WorkDirLocked):
+    """Another Gym instance of the same name holds its directory (``<work_dir>/<instance>``,
+    exit code 2): a ``gymckpt serve``, or a host with that ``work_dir``. Two of them would both
+    write its journal of retained sessions (the second one, started without ``recover``, cuts
+    it); the second one is refused before it opens anything."""
+
+    def __str__(self) -> str:
+        holder = f"process {self.pid}" if self.pid is not None else "another process"
+        return (
+            f"instance directory {self.workdir} is in use by {holder}; one Gym instance "
+            "(gymckpt serve, or a host with this work_dir) per instance directory — stop that "
+            "one, or give this one another work directory (--work-dir) or instance name "
+            "(--instance)"
+        )
+
+
+class GymInUse(BadInput, RuntimeError):
+    """A Gym instance serves another trainer (exit code 2): another lineage (a run of another
+    work directory) holds it, or a newer term of this lineage took it over, fencing this one.
+    The instance refused the call and changed nothing."""
+
+    def __init__(self, instance: str, operation: str, message: str) -> None:
+        super().__init__(instance, operation, message)
+        self.instance = instance
+        self.operation = operation
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"instance {self.instance} {self.operation}: {self.message}"

@@ -4,7 +4,10 @@ Identity and states
 -------------------
 An attempt is ``(row, slot, attempt)`` with a stable rollout ID ``"{row}-{slot}"`` (attempt 0) or
 ``"{row}-{slot}-a{n}"``. Each generation slot of a row has exactly one *current* attempt; an
-older attempt is never current again (fencing). States::
+older attempt is never current again (fencing). A ledger row is a *position* in the run's row
+order (``_row_order``): the dataset row it trains is the order's business (``take_ready`` names
+it), and in the default order the two are the same number. Positions are reserved in ascending
+order, so ``next_row`` is where the order stands. States::
 
     RESERVED ──admit──▶ DISPATCHED ──reply──▶ COMPLETED
         ▲                   │  │──failure──▶ FAILED     (next attempt RESERVED, or the row fails)
@@ -383,11 +386,14 @@ class RecoveryLedger:
             raise KeyError(f"row {row} is not in flight")
         self._cols.fail_row(row)
 
-    def take_ready(self, limit: int) -> list[CompletedGroup]:
+    def take_ready(
+        self, limit: int, row_of: Callable[[int], int] | None = None
+    ) -> list[CompletedGroup]:
         """Hand up to ``limit`` complete groups to the trainer, oldest first; they leave the
-        ledger as trained rows. O(groups taken)."""
+        ledger as trained rows. ``row_of(position)`` is the dataset row of a ledger row (the
+        run's ``RowOrder.row_at``; the identity if None). O(groups taken)."""
         self._assert_mutating()
-        return self._cols.take_ready(limit)
+        return self._cols.take_ready(limit, row_of)
 
     def forget_retired(self, rollout_ids: Iterable[str]) -> None:
         """Forget exactly these retired attempts; a drop queued meanwhile stays (S4)."""
@@ -491,7 +497,8 @@ class RecoveryLedger:
 
     @property
     def next_row(self) -> int:
-        """One past the highest row ever reserved (the dataset cursor)."""
+        """One past the highest row ever reserved: where the run's row order stands (rows are
+        positions in it, reserved in ascending order)."""
         return self._next_row
 
     # -- snapshot and restore ------------------------------------------------------------------

@@ -722,8 +722,11 @@ class LedgerColumns:
             self._counts[code] -= 1
         self._free_block(row, b)
 
-    def take_ready(self, limit: int) -> list[CompletedGroup]:
-        """Up to ``limit`` ready rows, oldest first, leave as trained. O(groups taken)."""
+    def take_ready(
+        self, limit: int, row_of: Callable[[int], int] | None = None
+    ) -> list[CompletedGroup]:
+        """Up to ``limit`` ready rows, oldest first, leave as trained; ``row_of`` names the
+        dataset row of each (the identity if None). O(groups taken)."""
         out: list[CompletedGroup] = []
         g = self.group_size
         reward, turns, att, payload = self._reward, self._turns, self._att, self._payload
@@ -737,7 +740,8 @@ class LedgerColumns:
             self._counts[_COMPLETED] -= g
             self._free_block(row_index, b)
             self._trained[row_index] = None
-            out.append(CompletedGroup(row_index, results, ids))
+            row = row_index if row_of is None else row_of(row_index)
+            out.append(CompletedGroup(row, results, ids, row_index))
         return out
 
     # -- storage -------------------------------------------------------------------------------

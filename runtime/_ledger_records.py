@@ -113,11 +113,15 @@ class RetireItem:
 
 @attrs.frozen
 class CompletedGroup:
-    """A row whose every generation slot completed: ready to train."""
+    """A row whose every generation slot completed: ready to train. ``row`` is the dataset
+    row it trained; ``position`` its place in the run's row order (``_row_order``: the
+    ledger's identity for it, the head of its rollout IDs), equal to ``row`` in the default
+    order and different for each epoch that trains the row."""
 
     row: int
     results: tuple[EpisodeResult, ...]
     rollout_ids: tuple[str, ...]
+    position: int
 
 
 @attrs.frozen

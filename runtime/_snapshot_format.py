@@ -135,11 +135,14 @@ CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 
 # -- versions ------------------------------------------------------------------------------
 
-MANIFEST_VERSION: Final = 3
+MANIFEST_VERSION: Final = 4
 """The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads. Version 2 gave
 every staged model call its request digest and policy version (``StagedCall``); version 3 gave
 capture keys NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``, was
-``"{row}-{slot}/t{turn}/c{n}"``). An older snapshot is refused (``OLD_MANIFEST_HINTS``)."""
+``"{row}-{slot}/t{turn}/c{n}"``); version 4 made the call id say which request it is
+(``"t{turn}-{request digest}-c{occurrence}"``, was ``"t{turn}-c{n}"`` numbered in the order
+calls started, which concurrent calls do not keep). An older snapshot is refused
+(``OLD_MANIFEST_HINTS``)."""
 OLD_MANIFEST_HINTS: Final[Mapping[int, str]] = {
     1: (
         "a version 1 snapshot's model calls carry no request digest or policy version, so a "
@@ -147,8 +150,13 @@ OLD_MANIFEST_HINTS: Final[Mapping[int, str]] = {
     ),
     2: (
         'a version 2 snapshot\'s capture keys have the old shape "{row}-{slot}/t{turn}/c{n}" '
-        '(now "{attempt_key}:t{turn}-c{n}"), so a restore would not find its staged calls '
-        "and would ask the model again"
+        '(now "{attempt_key}:t{turn}-{request digest}-c{occurrence}"), so a restore would not '
+        "find its staged calls and would ask the model again"
+    ),
+    3: (
+        'a version 3 snapshot\'s call ids are "t{turn}-c{n}", numbered in the order calls '
+        'started (now "t{turn}-{request digest}-c{occurrence}"), so a restore would not find '
+        "its staged calls and would ask the model again"
     ),
 }
 """Why a snapshot of an older manifest version cannot be restored, by version."""
@@ -361,13 +369,17 @@ def _non_negative(_record: object, _attribute: object, value: int) -> None:
 
 @attrs.frozen
 class StepRecord:
-    """``step.json``: the steps the trainer facade trained before this snapshot (>= 0)."""
+    """``step.json``: the steps the trainer facade trained before this snapshot (>= 0), and
+    the trainer's policy version at the cut (``Rollouts.set_policy_version``; >= 0). A
+    ``step.json`` written before the policy version was kept has no ``policy_version``: it
+    reads as 0, the version such a run's calls carried after a restore."""
 
     step: int = attrs.field(validator=_non_negative)
+    policy_version: int = attrs.field(default=0, validator=_non_negative)
 
 
 def dump_step(record: StepRecord) -> bytes:
-    """``{"step": N}`` as bytes."""
+    """``{"policy_version": V, "step": N}`` as bytes."""
     return orjson.dumps(converter.unstructure(record))
 
 

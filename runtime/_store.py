@@ -121,16 +121,22 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` atomically: readers see the old file or the new one.
 
     Writes a temp file in the same directory, flushes and fsyncs it, ``os.replace``s it over
-    ``path`` and fsyncs the directory. On any error the temp file is removed.
+    ``path`` and fsyncs the directory. On any error the temp file is removed. The temp file has
+    a random name and is created ``O_EXCL | O_NOFOLLOW``: never an existing file, never through
+    a symbolic link planted in the directory. ``mode``: the file's exact permissions from its
+    creation on, whatever the umask (``0o600`` for a secret); None: ``0o644`` less the umask.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o644 if mode is None else mode)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

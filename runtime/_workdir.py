@@ -1,5 +1,8 @@
 """One trainer per work directory: an OS-level lock on ``<workdir>/.gymckpt.lock``.
 
+(The same lock keeps one ``gymckpt serve`` per Gym instance directory, ``<work_dir>/<instance>``:
+a second server would cut the first one's journal of retained sessions.)
+
 Two trainers on one work directory (a second launch by mistake, a scheduler retry while the first
 still runs) would race on the snapshot namespace: one of them dies at its next checkpoint with a
 confusing rename error, after both have dispatched work to Gym. The lock makes the second one
@@ -57,9 +60,13 @@ class WorkDirLock:
     Invariants: while ``held``, no other process (or other ``WorkDirLock`` in this process) can
     acquire the same directory; the lock is released by ``release`` or by the death of the
     process, whichever comes first. Blocking I/O: call it off the event loop.
+
+    ``refusal``: the error ``acquire`` raises when another holds it (``WorkDirLocked`` for a
+    trainer's work directory, ``InstanceDirLocked`` for a Gym server's instance directory).
     """
 
     workdir: Path = attrs.field(converter=Path)
+    refusal: type[WorkDirLocked] = attrs.field(default=WorkDirLocked, kw_only=True)
     _fd: int | None = attrs.field(default=None, init=False)
 
     @property
@@ -71,7 +78,7 @@ class WorkDirLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock or raise ``WorkDirLocked`` naming the holder's pid. Never waits."""
+        """Take the lock or raise ``refusal`` naming the holder's pid. Never waits."""
         if self._fd is not None:
             raise RuntimeError(f"{self.workdir} is already locked by this WorkDirLock")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -82,7 +89,7 @@ class WorkDirLock:
             holder = _read_pid(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise WorkDirLocked(str(self.workdir), holder) from None
+                raise self.refusal(str(self.workdir), holder) from None
             raise
         with contextlib.suppress(OSError):  # a full disk must not stop the holder
             os.ftruncate(fd, 0)

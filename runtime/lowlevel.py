@@ -32,6 +32,7 @@ from ._dataset_record import (
 )
 from ._errors import crossable_error, crossing_boundary, sample_ids, unpicklable_error
 from ._plain import all_finite, checked_json, plain_problem
+from ._row_order import ORDER_FILE, OrderRecord, RowOrder, check_order, load_order_record
 from ._snapshot_format import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
@@ -82,6 +83,7 @@ from ._store import (
     write_atomic,
 )
 from ._topology import LiveTopology, participant_differences, topology_differences
+from ._trainer_term import TERM_FILE, next_term
 
 __all__ = [
     "COMMIT_MARKER",
@@ -93,12 +95,14 @@ __all__ = [
     "LOCK_FILE",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
+    "ORDER_FILE",
     "PARTICIPANT_KINDS",
     "PARTICIPANT_KIND_RE",
     "RECORDS_FILE",
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
     "STEP_FILE",
+    "TERM_FILE",
     "TRAINER_FILES_DIR",
     "TRAINER_STATE_FILE",
     "AgentRecords",
@@ -111,6 +115,8 @@ __all__ = [
     "GymManifest",
     "LedgerSnapshot",
     "LiveTopology",
+    "OrderRecord",
+    "RowOrder",
     "SessionRecord",
     "SessionRecords",
     "StagedCall",
@@ -120,6 +126,7 @@ __all__ = [
     "agent_records_plain",
     "all_finite",
     "check_dataset",
+    "check_order",
     "check_snapshot",
     "checked_json",
     "collector_paused",
@@ -136,10 +143,12 @@ __all__ = [
     "load_dataset_record",
     "load_ledger_snapshot",
     "load_manifest",
+    "load_order_record",
     "load_records",
     "load_step",
     "load_toml_table",
     "merge_ranges",
+    "next_term",
     "participant_differences",
     "participant_state_problem",
     "plain_problem",

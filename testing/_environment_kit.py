@@ -11,6 +11,11 @@ The kit hosts the environment on an in-process ``GymHost`` and checks, with real
    reproducible training needs anyway.
 4. ``model_calls_once[k]``: no model call is repeated across the park and restore (the calls of
    both hosts add up to the uninterrupted run's).
+3'. ``restore_equivalence[k,unaligned]`` and ``model_calls_once[k,unaligned]``: the same with an
+   unaligned checkpoint, taken the moment about ``k`` turns were played, most episodes inside a
+   turn: each restored turn replays from its step boundary, its completed model calls answered
+   from the capture — concurrent ones too, in whatever order the turn starts them — so no call
+   the snapshot captured is asked again (a call in flight at the cut is asked, once).
 5. ``fencing``: a fresh attempt of a slot silences the older one (no reply from it) and
    completes.
 6. ``retained_journal`` (only with ``retained`` participants): the sessions that outlive their
@@ -47,9 +52,16 @@ from gymckpt.gym_adapter import (
     RunRow,
     load_environment,
     run_on_an_asyncio_loop,
+    split_capture_key,
     to_plain,
 )
-from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, rollout_id_for
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    InstanceRecord,
+    ParticipantRecord,
+    rollout_id_for,
+)
 
 from ._report import Checks, ConformanceReport
 
@@ -60,11 +72,15 @@ _INSTANCE = "conformance-0"
 
 @attrs.define
 class _CountingModel:
+    """The environment's model, counting its calls and recording each by (slot, call id)."""
+
     inner: Callable[[str, Any, EpisodeInfo], Any]
     calls: int = 0
+    asked: list[tuple[str, str]] = attrs.field(factory=list)
 
     async def __call__(self, key: str, request: Any, info: EpisodeInfo) -> Any:
         self.calls += 1
+        self.asked.append((info.session_key, split_capture_key(key)[1]))
         out = self.inner(key, request, info)
         return await out if inspect.isawaitable(out) else out
 
@@ -144,9 +160,11 @@ async def check_environment(
     seed: int = 0,
     park_after: Sequence[int] = (1, 2, 3),
     timeout_s: float = 120.0,
+    modes: Sequence[CheckpointMode] = (CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED),
 ) -> ConformanceReport:
     """Run the checks above on ``environment`` (or its import path); files go under
-    ``workdir``. Raises ``ConformanceError`` listing every failed check.
+    ``workdir``. Raises ``ConformanceError`` listing every failed check. ``modes``: the
+    checkpoint modes the park-and-restore checks take (both by default).
 
     The checks run under every event loop a deployment runs the host on: first in the caller's
     trio run (embedded), then again, each named ``<check>@asyncio``, with the host in a trio run
@@ -163,7 +181,7 @@ async def check_environment(
         checks.check("spec", False, str(exc))
         return checks.finish()
     checks.check("spec", True)
-    args = (env, rows, group_size, seed, tuple(park_after), timeout_s)
+    args = (env, rows, group_size, seed, tuple(park_after), tuple(modes), timeout_s)
     await _all_checks(workdir, *args, checks)
     on_asyncio = Checks(checks.subject)
     await anyio.to_thread.run_sync(  # as a Ray actor runs the host
@@ -185,6 +203,7 @@ async def _all_checks(
     group_size: int,
     seed: int,
     park_after: Sequence[int],
+    modes: Sequence[CheckpointMode],
     timeout_s: float,
     checks: Checks,
 ) -> None:
@@ -202,10 +221,13 @@ async def _all_checks(
         ):
             return
         ref_calls = ref_model.calls if ref_model is not None else 0
-        for k in park_after:
-            await _park_and_restore(
-                env, workdir / f"park-{k}", rows, group_size, seed, k, ref, ref_calls, checks
-            )
+        for mode in modes:
+            for k in park_after:
+                aligned = mode is CheckpointMode.ALIGNED
+                where = workdir / (f"park-{k}" if aligned else f"cut-{k}")
+                await _park_and_restore(
+                    env, where, rows, group_size, seed, k, mode, ref, ref_calls, checks
+                )
         await _fencing(env, workdir / "fencing", seed, checks)
         if any(getattr(p, "retained", False) is True for p in env.participants):
             await _retained_journal(env, workdir / "journal", rows, group_size, seed, checks)
@@ -249,10 +271,13 @@ async def _park_and_restore(
     group_size: int,
     seed: int,
     k: int,
+    mode: CheckpointMode,
     ref: dict[str, RunReply],
     ref_calls: int,
     checks: Checks,
 ) -> None:
+    aligned = mode is CheckpointMode.ALIGNED
+    label = f"[{k}]" if aligned else f"[{k},unaligned]"
     got: dict[str, RunReply] = {}
     first_env, first_model = _with_counter(env)
     watch = _TurnWatch(first_env.agent, k * rows * group_size)
@@ -265,7 +290,7 @@ async def _park_and_restore(
     async with GymHost(_INSTANCE, first_env, seed, where) as host, anyio.create_task_group() as tg:
         tg.start_soon(read_all)
         await watch.reached.wait()
-        await host.prepare("conformance", anyio.current_time() + 60)
+        await host.prepare("conformance", anyio.current_time() + 60, mode)
         commit = await host.commit("conformance", "snapshot", anyio.current_time() + 60)
         await anyio.sleep(0.05)  # let replies produced before the park reach the reader
         tg.cancel_scope.cancel()
@@ -302,20 +327,38 @@ async def _park_and_restore(
         got[rid.rsplit("-a", 1)[0]] = reply
     checks.episodes += len(held)
     mismatched = [rid for rid in ref if not _same(ref[rid], got.get(rid))]
+    how = "parked" if aligned else "cut (unaligned)"
     checks.check(
-        f"restore_equivalence[{k}]",
+        f"restore_equivalence{label}",
         not mismatched,
-        f"{len(held)} episodes parked after ~{k} turns; {len(mismatched)} differ from the "
+        f"{len(held)} episodes {how} after ~{k} turns; {len(mismatched)} differ from the "
         f"uninterrupted run after restore (e.g. {mismatched[:3]}: "
         f"{[got.get(r) for r in mismatched[:1]]} vs {[ref[r] for r in mismatched[:1]]})",
     )
-    if first_model is not None and second_model is not None:
+    if first_model is None or second_model is None:
+        return
+    if aligned:
         calls = first_model.calls + second_model.calls
         checks.check(
-            f"model_calls_once[{k}]",
+            f"model_calls_once{label}",
             calls == ref_calls,
             f"{calls} model calls across park and restore, {ref_calls} uninterrupted",
         )
+        return
+    # unaligned: a call in flight at the cut is asked again; one the snapshot captured is not
+    captured = {  # (slot, call id): the call ids of every attempt of a slot are the same
+        ("-".join(e.rollout_id.split("-")[:2]), split_capture_key(key)[1])
+        for e in episodes
+        for key in e.capture_keys
+    }
+    again = [c for c in second_model.asked if c in captured]
+    twice = len(second_model.asked) - len(set(second_model.asked))
+    checks.check(
+        f"model_calls_once{label}",
+        not again and not twice,
+        f"{len(again)} calls the snapshot captured were asked again after the restore "
+        f"(e.g. {again[:3]}), {twice} asked twice by the restored attempts",
+    )
 
 
 async def _fencing(env: Environment, where: Path, seed: int, checks: Checks) -> None:

@@ -1,17 +1,36 @@
 """Small environments on the episode API, importable by path (``gymckpt.testing.examples:NAME``)
-so Ray actors and the conformance kit can load them: the README's guess-the-number game, and an
-agent that reads its task from the trainer's dataset."""
+so Ray actors and the conformance kit can load them: the README's guess-the-number game, an
+agent that reads its task from the trainer's dataset, and an agent that makes its model calls
+at once (``parallel_calls``)."""
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Final
 
 import anyio
 
-from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter import (
+    Done,
+    Environment,
+    EpisodeContext,
+    EpisodeInfo,
+    parse_call_id,
+    split_capture_key,
+)
 
-__all__ = ["Game", "Player", "TaskReader", "guess_the_number", "slow_task_reader", "task_reader"]
+__all__ = [
+    "PARALLEL_REQUESTS",
+    "Game",
+    "Notebook",
+    "ParallelAgent",
+    "Player",
+    "TaskReader",
+    "guess_the_number",
+    "parallel_calls",
+    "slow_task_reader",
+    "task_reader",
+]
 
 
 class Game:
@@ -106,3 +125,76 @@ def slow_task_reader() -> Environment:
     """``TaskReader`` whose one turn takes an hour: its rows stay running until cancelled (a
     ``/run`` stream that stays open, for tests of disconnects, limits and shutdown)."""
     return task_reader(turns=1, turn_s=3600.0)
+
+
+PARALLEL_REQUESTS: Final = ("plan", "search", "plan")
+"""What ``ParallelAgent`` asks each turn, at once: ``plan`` twice (identical requests)."""
+
+
+class Notebook:
+    """The environment participant of ``parallel_calls``: a slot's notes, one line a turn."""
+
+    name, kind = "notebook", "environment"
+
+    def open(self, info: EpisodeInfo) -> list[str]:
+        return []
+
+    def export(self, state: list[str]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> list[str]:
+        return list(data)
+
+
+class ParallelAgent:
+    """An agent that makes its model calls at once, as agents with parallel tool calls do:
+    each turn asks ``PARALLEL_REQUESTS`` in an anyio task group (two of them identical), each
+    after a short wait of its own (a tool's latency), then writes the answers, sorted (which
+    task got which of two identical requests' answers is the scheduler's choice), to the
+    notebook. Four turns."""
+
+    name, kind = "agent", "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> dict[str, Any]:
+        return {"turns": 0}
+
+    def export(self, state: dict[str, Any]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, Any]:
+        return dict(data)
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        answers: list[Any] = []
+
+        info = ctx.info
+
+        async def ask(i: int, what: str) -> None:
+            # a tool's latency, which is not the same on the next attempt
+            await anyio.sleep(0.001 * ((i + info.row + ctx.turn + info.attempt) % 3))
+            answers.append(await ctx.model({"turn": ctx.turn, "ask": what}))
+
+        async with anyio.create_task_group() as tg:
+            for i, what in enumerate(PARALLEL_REQUESTS):
+                tg.start_soon(ask, i, what)
+        await anyio.sleep(0.01 * (1 + info.row % 3))  # thinks it over: a cut may land here
+        notes = ctx.session("notebook")
+        notes.append(" ".join(sorted(answers)))
+        state["turns"] += 1
+        if state["turns"] < 4:
+            return None
+        return Done(reward=float(len(notes)), payload=notes)
+
+
+async def _answer(key: str, request: Any, info: EpisodeInfo) -> str:
+    """A deterministic model of ``parallel_calls``: answers the call (its request and its
+    occurrence in the turn), the same for every attempt; it takes a moment that depends on
+    the request, so calls complete in another order than they started."""
+    call = parse_call_id(split_capture_key(key)[1])
+    await anyio.sleep(0.002 * (len(request["ask"]) % 3 + call.occurrence))
+    return f"{request['ask']}#{call.occurrence}@{info.session_key}/t{call.turn}"
+
+
+def parallel_calls() -> Environment:
+    """``ParallelAgent`` with its notebook and model: concurrent model calls across a cut."""
+    return Environment(agent=ParallelAgent(), participants=(Notebook(),), model=_answer)

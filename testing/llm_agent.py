@@ -2,7 +2,7 @@
 that runs it, for the crash tests (and as a fuller version of the README's LLM example):
 
     python -m gymckpt.testing.llm_agent --workdir W --base-url URL [--api-key K] [--rows N]
-                                        [--changed-request]
+                                        [--changed-request] [--parallel]
 
 Each row of the dataset is a question (``{"q": ..., "a": ..., "b": ...}``); the agent asks the
 model with an ``add`` tool, runs every tool call the model makes against the ``calculator``
@@ -18,7 +18,9 @@ version before every checkpoint (as a trainer does after it updates the weights)
 every trained step to ``W/journal.jsonl`` (one fsync'd line per step) and prints one line per
 checkpoint: ``checkpoint ID OK MID_TURN`` (flushed). ``--changed-request`` makes the agent add
 a system message to every request: a restored episode's staged calls then no longer match
-their requests and fail closed.
+their requests and fail closed. ``--parallel`` makes each turn ask three calls at once in a trio
+nursery (parallel tool calls, as agents make them): the turn's request twice (identical
+requests) and a ``judge`` request; the first answer drives the conversation.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, Final
 
 import anyio
 import orjson
+import trio
 
 from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, EpisodeContext, EpisodeInfo
 from gymckpt.gym_adapter.openai_model import openai_model
@@ -87,12 +90,14 @@ class Calculator:
 
 
 class ToolAgent:
-    """The agent: one model call per turn, then the tool calls it asked for."""
+    """The agent: one model call per turn (three at once with ``parallel``), then the tool
+    calls it asked for."""
 
     name, kind = "agent", "simple_agent"
 
-    def __init__(self, changed_request: bool = False) -> None:
+    def __init__(self, changed_request: bool = False, parallel: bool = False) -> None:
         self.changed_request = changed_request
+        self.parallel = parallel
 
     def open(self, info: EpisodeInfo) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": info.task["q"]}], "seen": []}
@@ -108,8 +113,15 @@ class ToolAgent:
         if self.changed_request:
             messages = [{"role": "system", "content": "be brief"}, *messages]
         request = {"messages": messages, "tools": TOOLS, "logprobs": True}
-        reply = await ctx.model(request)
-        state["seen"].append(response_digest(reply))
+        if self.parallel:
+            judge = {"messages": [*messages, {"role": "user", "content": "judge"}]}
+            replies: list[Any] = [None] * 3
+            async with trio.open_nursery() as nursery:
+                for i, r in enumerate((request, request, judge)):
+                    nursery.start_soon(self._ask, ctx, state, r, replies, i)
+            reply = replies[0]
+        else:
+            reply = await self._ask(ctx, state, request)
         message = reply["choices"][0]["message"]
         state["messages"].append(message)
         for call in message.get("tool_calls") or []:
@@ -122,25 +134,49 @@ class ToolAgent:
             )
         if message.get("tool_calls") and ctx.turn + 1 < MAX_TURNS:
             return None
+        seen: dict[str, list[str]] = {}
+        for request_digest, got in state["seen"]:
+            seen.setdefault(request_digest, []).append(got)
         calls = [
             {
                 "key": c.key,
                 "request_digest": c.request_digest,
                 "policy_version": c.policy_version,
                 "replayed": c.replayed,
-                "response_digest": seen,
+                "response_digest": seen[c.request_digest].pop(0),
             }
-            for c, seen in zip(ctx.calls, state["seen"], strict=True)
+            for c in ctx.calls
         ]
         return Done(reward=1.0, payload={"rollout_id": ctx.info.rollout_id, "calls": calls})
 
+    @staticmethod
+    async def _ask(
+        ctx: EpisodeContext,
+        state: dict[str, Any],
+        request: Any,
+        into: list[Any] | None = None,
+        i: int = 0,
+    ) -> Any:
+        """Ask ``request``; record (its digest, the response's) in ``seen``, which the payload
+        pairs with ``ctx.calls`` by request (calls made at once complete in any order)."""
+        reply = await ctx.model(request)
+        state["seen"].append([response_digest(request), response_digest(reply)])
+        if into is not None:
+            into[i] = reply
+        return reply
+
 
 def tool_environment(
-    base_url: str, model: str, api_key: str | None = None, *, changed_request: bool = False
+    base_url: str,
+    model: str,
+    api_key: str | None = None,
+    *,
+    changed_request: bool = False,
+    parallel: bool = False,
 ) -> Environment:
     """The agent and its calculator, calling ``model`` at ``base_url``."""
     return Environment(
-        agent=ToolAgent(changed_request),
+        agent=ToolAgent(changed_request, parallel),
         participants=(Calculator(),),
         model=openai_model(base_url=base_url, model=model, api_key=api_key, timeout_s=30.0),
     )
@@ -158,7 +194,11 @@ async def _train(opts: argparse.Namespace) -> None:
 
     workdir = Path(opts.workdir)
     env = tool_environment(
-        opts.base_url, opts.model, opts.api_key, changed_request=opts.changed_request
+        opts.base_url,
+        opts.model,
+        opts.api_key,
+        changed_request=opts.changed_request,
+        parallel=opts.parallel,
     )
     config = gymckpt.RuntimeConfig(checkpoint_mode="unaligned")
     async with EmbeddedGym.host(env, instances=2, seed=0, work_dir=workdir / "gym-live") as gym:
@@ -191,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="gymckpt-test")
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--changed-request", action="store_true")
+    parser.add_argument("--parallel", action="store_true")
     opts = parser.parse_args(argv)
     gymckpt.run(lambda: _train(opts))
 

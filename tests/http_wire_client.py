@@ -1,4 +1,4 @@
-"""A bare client of ``gymckpt-http/1`` for the server's tests (not ``HttpGym``): one call per
+"""A bare client of ``gymckpt-http/2`` for the server's tests (not ``HttpGym``): one call per
 function, the wire encoded and decoded with ``_http_wire``, no retries, no bookkeeping."""
 
 from __future__ import annotations

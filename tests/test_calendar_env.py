@@ -92,9 +92,10 @@ def test_a_plan_keeps_within_its_config() -> None:
 def test_sentinels_session_keys_and_capture_keys_name_their_turn() -> None:
     assert sentinel(12, 3, 4) == "sentinel:12-3:t4"
     assert session_key(12, 3) == "12-3"
-    keys = {capture_key(12, 3, t) for t in range(5)} | {capture_key(12, 4, 0)}
-    assert len(keys) == 6
-    assert capture_key(12, 3, 1) == capture_key(12, 3, 1)
+    keys = {capture_key(12, 3, t, "p") for t in range(5)} | {capture_key(12, 4, 0, "p")}
+    assert len(keys) == 6 and capture_key(12, 3, 1, "p") == capture_key(12, 3, 1, "p")
+    assert capture_key(12, 3, 1, "p") != capture_key(12, 3, 1, "q")  # the call id names it
+    assert capture_key(12, 3, 1, "p", attempt=2).startswith("12-3-a2:t1-")
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "BudgetExhausted": ("row 4 ran out of attempts",),
     "CheckpointsFailed": ("3 consecutive failures",),
     "WorkDirLocked": ("/data/work", 4242),
+    "GymInUse": ("gym-0", "attach", "the instance serves another training run"),
     "ReplacementsExhausted": ("gym-2", 3, 600.0, "instance gym-2 replace: not serving"),
     "InfraOutage": ("gym instance gym-1", 301.5, 300.0, "died: instance gym-1 is dead"),
 }
@@ -159,6 +160,7 @@ def test_exit_codes_of_the_errors_that_end_a_run() -> None:
         CheckpointInvariantError,
         CheckpointsFailed,
         GymConnectionLost,
+        GymInUse,
         ManifestError,
     )
 
@@ -172,6 +174,7 @@ def test_exit_codes_of_the_errors_that_end_a_run() -> None:
     assert code(CheckpointsFailed("3 in a row")) == 4
     assert code(ExceptionGroup("run", [GymInstanceDead("gym-0")])) == 4
     assert code(ManifestError("ledger.json: bad")) == 2
+    assert code(GymInUse("gym-0", "attach", "another training run holds it")) == 2
     assert code(ZeroDivisionError()) is None
     lost = GymConnectionLost("lost the Ray cluster", "10.0.0.1:6379")
     assert code(lost) == ExitCode.CLUSTER_LOST == 6

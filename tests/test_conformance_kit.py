@@ -24,7 +24,7 @@ from gymckpt.gym_adapter.calendar_env import (
     calendar_embedded,
     calendar_environment,
 )
-from gymckpt.testing import ConformanceError, check_backend, check_environment
+from gymckpt.testing import ConformanceError, check_backend, check_environment, examples
 
 gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")
 
@@ -235,3 +235,36 @@ async def test_backend_kit_rejects_replies_after_the_cut_before_the_resume(
     ) as gym:
         with pytest.raises(ConformanceError, match=r"cut\[unaligned\]: replies \['1-2', "):
             await check_backend(_LeakyCut(gym), tmp_path)  # type: ignore[arg-type]
+
+
+async def test_kit_runs_concurrent_model_calls_across_an_aligned_and_an_unaligned_cut(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """``parallel_calls`` asks three calls at once each turn (two identical): both checkpoint
+    modes restore it to the uninterrupted run's payloads, and no captured call is asked again
+    (start-order call ids failed the unaligned checks)."""
+    report = await check_environment(
+        "gymckpt.testing.examples:parallel_calls", tmp_path, rows=6, park_after=(1, 2)
+    )
+    for k in (1, 2):
+        for label in (f"[{k}]", f"[{k},unaligned]"):
+            assert f"restore_equivalence{label}" in report.checks
+            assert f"model_calls_once{label}@asyncio" in report.checks
+
+
+async def test_kit_rejects_an_agent_whose_restored_turn_asks_another_request(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An agent whose requests depend on the attempt does not replay as it ran: an unaligned
+    cut takes it mid-turn, and the restored turn fails closed (``ModelRequestChanged``)."""
+
+    class Fickle(examples.ParallelAgent):
+        async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+            await ctx.model({"turn": ctx.turn, "ask": "plan", "attempt": ctx.info.attempt})
+            await trio.sleep(0.1 + 0.03 * ctx.info.row)  # the cut finds row 0 here, in turn 1
+            return Done(1.0) if ctx.turn >= 2 else None
+
+    env = attrs.evolve(examples.parallel_calls(), agent=Fickle())
+    says = r"(?s)restore_equivalence\[1,unaligned\].*ended without asking again"
+    with pytest.raises(ConformanceError, match=says):
+        await check_environment(env, tmp_path, rows=2, park_after=(1,))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import re
 import uuid
@@ -73,6 +74,39 @@ def test_a_bad_jsonl_line_is_named(tmp_path: Path, content: bytes, said: str) ->
     path.write_bytes(content)
     with pytest.raises(DatasetError, match=r"tasks\.jsonl: " + re.escape(said)):
         TaskDataset.of(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (b'{"n": 18446744073709551616}', "line 2: dataset[1] is not plain JSON"),
+        (b'{"n": [-9223372036854775809]}', "line 2: dataset[1] is not plain JSON"),
+        (b'{"a": 1, "a": 2}', "line 2 (row 1) repeats the key 'a' in one object"),
+        (b'{"x": {"b": [], "b": []}}', "line 2 (row 1) repeats the key 'b' in one object"),
+        (b'{"n": 1e400}', "line 2 (row 1) is not valid JSON (1e400 is beyond a finite float"),
+    ],
+)
+def test_a_jsonl_row_is_held_to_a_lists_rules(tmp_path: Path, line: bytes, said: str) -> None:
+    """An integer beyond 64 bits is refused (never a float), as a list's row is; an object
+    that repeats a key is refused (never its last value); the file and the line are named."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + line + b"\n")
+    with pytest.raises(DatasetError, match=r"tasks\.jsonl: " + re.escape(said)):
+        TaskDataset.of(path)
+    if said.endswith("is not plain JSON"):  # the list form refuses the same row alike
+        with pytest.raises(DatasetError, match=re.escape("dataset[1] is not plain JSON")):
+            TaskDataset.of([{"a": 1}, json.loads(line)]).check(range(2))
+
+
+def test_64_bit_integers_in_a_jsonl_row_stay_exact(tmp_path: Path) -> None:
+    tasks = [{"u": 2**64 - 1, "i": -(2**63), "big": [2**53 + 1]}]
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(
+        b'{"u": 18446744073709551615, "i": -9223372036854775808, "big": [9007199254740993]}\n'
+    )
+    ds = TaskDataset.of(path)
+    assert ds.task(0) == tasks[0] and type(ds.task(0)["big"][0]) is int
+    assert ds.digest(0) == TaskDataset.of(tasks).digest(0)  # the same row as the list's
 
 
 def test_a_missing_file_is_bad_input(tmp_path: Path) -> None:

@@ -176,7 +176,7 @@ def test_check_dataset_names_the_first_difference_among_many_rows() -> None:
     ds = TaskDataset.of(tasks)
     from gymckpt.runtime.lowlevel import DatasetIdentity
 
-    files = DatasetIdentity(ds, [(0, 10_000)]).files(9_000)
+    files = DatasetIdentity(ds, [], lambda cursor: [(0, cursor)]).files(9_000)
     found = load_dataset_record(files)
     check_dataset(found, TaskDataset.of(tasks), "snap")
     for row in (0, 4095, 4096, 8999):

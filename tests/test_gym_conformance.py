@@ -145,6 +145,11 @@ def plan_of(row: int, slot: int = 0, config: SimConfig = FAST) -> EpisodePlan:
     return plan_episode(SEED, row, slot, config)
 
 
+def key_of(row: int, slot: int, turn: int, config: SimConfig = FAST) -> str:
+    """The capture key of turn ``turn``'s model call of slot ``row``-``slot`` (attempt 0)."""
+    return capture_key(row, slot, turn, plan_of(row, slot, config).payloads[turn])
+
+
 async def drain(stream: ReplyStream) -> list[RunReply]:
     replies: list[RunReply] = []
     async for batch in stream:
@@ -368,7 +373,7 @@ async def test_prepare_parks_at_the_next_step_boundary(
         assert list(sessions["0-0"].sentinels) == [sentinel(0, 0, 0)]
         reply = await gym.commit("gym-0", "c", "s", deadline())
         assert reply.sessions[0].step_boundary == 1
-        assert reply.exported[0].capture_keys == (capture_key(0, 0, 0),)
+        assert reply.exported[0].capture_keys == (key_of(0, 0, 0),)
 
 
 async def test_prepare_past_its_deadline_times_out_naming_the_instance(
@@ -434,7 +439,7 @@ async def test_commit_writes_records_whose_digests_match(
             assert boundary == sessions[rid].step_boundary and boundary >= 1
             # unaligned, an episode inside turn ``boundary`` has made that turn's call already
             turns = boundary + (mode is UNALIGNED and boundary < plan_of(row).turns)
-            assert e.capture_keys == tuple(capture_key(row, 0, t) for t in range(turns))
+            assert e.capture_keys == tuple(key_of(row, 0, t) for t in range(turns))
             assert tuple(c.key for c in proxy[rid].calls) == e.capture_keys
         events = {s.key: [ev["sentinel"] for ev in s.state["events"]] for s in calendar.sessions}
         state = await calendar_sessions_of(_gym, "gym-0")
@@ -516,7 +521,7 @@ async def test_unaligned_prepare_parks_nothing_and_each_instance_takes_its_own_c
             assert reply.mid_turn == len(rows)
             assert sorted(e.rollout_id for e in reply.exported) == [f"{r}-0" for r in rows]
             for e in reply.exported:  # at boundary 0, with turn 0's call
-                assert e.capture_keys == (capture_key(int(e.rollout_id.split("-")[0]), 0, 0),)
+                assert e.capture_keys == (key_of(int(e.rollout_id.split("-")[0]), 0, 0, LONG),)
             assert {s.step_boundary for s in reply.sessions} == {0}
             calendar = read_records(root, f"{name}/calendar")
             assert {s.rollout_id: s.state["events"] for s in calendar.sessions} == {
@@ -579,7 +584,7 @@ async def test_unaligned_restore_replays_a_mid_turn_episode_from_its_boundary(
         await gym.prepare("gym-0", "c", deadline(), unaligned)
         reply = await gym.commit("gym-0", "c", str(root), deadline())
         assert (reply.mid_turn, reply.sessions[0].step_boundary) == (1, 1)
-        assert reply.exported[0].capture_keys == (capture_key(0, 0, 0), capture_key(0, 0, 1))
+        assert reply.exported[0].capture_keys == (key_of(0, 0, 0, LONG), key_of(0, 0, 1, LONG))
         live = await calendar_sessions_of(gym, "gym-0")
         assert list(live["0-0"].sentinels) == [sentinel(0, 0, 0)]
     record, episodes = manifest_parts(reply)

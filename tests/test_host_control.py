@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 import trio
 import trio.testing
 
 from gymckpt.gym_adapter import Completed, Done, Environment, Failed, GymHost, HostConfig, RunRow
 from gymckpt.gym_adapter._contract import CommitReply, GymControlError
-from gymckpt.gym_adapter._episode import EpisodeInfo
+from gymckpt.gym_adapter._episode import EpisodeInfo, call_id
+from gymckpt.gym_adapter._host_episodes import request_digest
 from gymckpt.gym_adapter._host_journal import replay_journal
 from gymckpt.runtime import (
     CheckpointMode,
@@ -309,8 +311,14 @@ def talking(
     )
 
 
+def call_key(rid: str, turn: int, call: int) -> str:
+    """The capture key of ``Talker``'s call ``call`` of ``turn``, asked by attempt ``rid``."""
+    request = orjson.dumps({"call": call, "turn": turn})  # canonical: keys sorted
+    return f"{rid}:{call_id(turn, request_digest(request), 0)}"
+
+
 def staged_keys(row: int, upto: list[tuple[int, int]]) -> tuple[str, ...]:
-    return tuple(f"{row}-0:t{t}-c{c}" for t, c in upto)
+    return tuple(call_key(f"{row}-0", t, c) for t, c in upto)
 
 
 async def cut_at(host: GymHost, at: float, root: Path, checkpoint: str = "c1") -> CommitReply:
@@ -341,7 +349,7 @@ async def test_a_cut_takes_an_episode_in_a_model_call_at_its_boundary_without_th
         assert ledger == {"1-0": [0]}  # the cut: as it was at boundary 1
         agent = load_records((root / "gym-0/agent" / RECORDS_FILE).read_bytes(), "agent")
         assert [s.state for s in agent.sessions] == [
-            {"answers": [{"key": "1-0:t0-c0"}, {"key": "1-0:t0-c1"}]}
+            {"answers": [{"key": call_key("1-0", 0, 0)}, {"key": call_key("1-0", 0, 1)}]}
         ]
         proxy = load_records((root / "gym-0/model_proxy" / RECORDS_FILE).read_bytes(), "proxy")
         assert [c.key for c in proxy.staged[0].calls] == list(exported.capture_keys)
@@ -507,10 +515,12 @@ async def test_a_restored_mid_turn_episode_replays_its_turn_asking_only_the_call
         assert isinstance(done, Completed) and done.turns == 3
         # the first three calls were answered before the cut, to attempt 0 (their keys name it);
         # the rest are attempt 1's
-        keys = [f"1-0:t{t}-c{c}" for t, c in [(0, 0), (0, 1), (1, 0)]]
-        keys += [f"1-0-a1:t{t}-c{c}" for t, c in [(1, 1), (2, 0), (2, 1)]]
+        keys = [call_key("1-0", t, c) for t, c in [(0, 0), (0, 1), (1, 0)]]
+        keys += [call_key("1-0-a1", t, c) for t, c in [(1, 1), (2, 0), (2, 1)]]
         assert done.payload == [{"key": k} for k in keys]
-        assert model.asked == keys[3:]  # t1-c1: asked again, by the attempt that restores it
+        assert (
+            model.asked == keys[3:]
+        )  # turn 1's call 1: asked again, by the attempt that restores it
         stats = host.statistics()
         assert (stats.model_replays, stats.model_calls) == (1, 3)  # t1/c0 from the capture
         assert host.session_states("ledger")["1-0"].state == [0, 1, 2]  # each mutation once

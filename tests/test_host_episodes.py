@@ -16,11 +16,13 @@ import pytest
 from gymckpt.gym_adapter import Environment, register_participant_kind
 from gymckpt.gym_adapter._environment import Roles
 from gymckpt.gym_adapter._episode import (
+    CallId,
     EpisodeFenced,
     EpisodeInfo,
     Model,
     ModelCall,
     call_id,
+    parse_call_id,
     split_capture_key,
 )
 from gymckpt.gym_adapter._host_episodes import (
@@ -133,6 +135,16 @@ def test_a_fenced_context_gets_no_session_but_still_counts() -> None:
     assert ctx.count("seen", 2) == 2 and host.counts == {"seen": 2}
 
 
+def digest_of(request: Any) -> str:
+    return request_digest(orjson.dumps(request, option=orjson.OPT_SORT_KEYS))
+
+
+def key(rid: str, turn: int, request: Any, occurrence: int = 0) -> str:
+    """The capture key of attempt ``rid``'s call of ``request`` in ``turn``."""
+    info = EpisodeInfo(rid, 1, 0, 0, 7, "gym-0")
+    return capture_key(info, turn, digest_of(request), occurrence)
+
+
 async def test_model_calls_are_staged_under_capture_keys_and_replayed_once_restored() -> None:
     asked: list[tuple[str, Any]] = []
 
@@ -145,18 +157,18 @@ async def test_model_calls_are_staged_under_capture_keys_and_replayed_once_resto
     ctx = context(host, ep)
     assert await ctx.model("q0") == {"answer": 1}
     assert await ctx.model("q1") == {"answer": 2}
-    assert ep.capture_keys == ("1-0:t3-c0", "1-0:t3-c1")  # NeMo Gym's attempt key : call id
+    assert ep.capture_keys == (key("1-0", 3, "q0"), key("1-0", 3, "q1"))  # attempt : call id
     assert host.model_calls == [False, False]
-    q0 = request_digest(orjson.dumps("q0"))
-    staged = [StagedModelCall("1-0:t3-c0", {"answer": 1}, q0, 0)]
-    restored = episode("1-0-a1", turn=3, staged=staged, inherited=1, restored=True)
+    staged = [StagedModelCall(key("1-0", 3, "q0"), {"answer": 1}, digest_of("q0"), 0)]
+    restored = episode("1-0-a1", turn=3, staged=staged, inherited=1)
     ctx = context(host, restored)
     assert await ctx.model("q0") == {"answer": 1}  # staged before the checkpoint: not asked
     assert await ctx.model("q1") == {"answer": 3}  # asked again, under the new attempt's key
-    assert asked[-1] == ("1-0-a1:t3-c1", "q1") and len(asked) == 3
+    assert asked[-1] == (key("1-0-a1", 3, "q1"), "q1") and len(asked) == 3
     # the replayed call keeps the key of the attempt that asked it
-    assert [c.key for c in ctx.calls] == ["1-0:t3-c0", "1-0-a1:t3-c1"]
+    assert [c.key for c in ctx.calls] == [key("1-0", 3, "q0"), key("1-0-a1", 3, "q1")]
     assert host.model_calls == [False, False, True, False]
+    ctx.turn_calls().check_replayed(restored)  # every staged call of the turn was asked again
 
 
 async def test_each_call_records_its_request_digest_and_the_policy_version_it_was_asked() -> None:
@@ -168,40 +180,97 @@ async def test_each_call_records_its_request_digest_and_the_policy_version_it_wa
     await ctx.model("q")
     digest = hashlib.sha256(b'{"a":[1.5],"b":1}').hexdigest()  # canonical: keys sorted
     assert ctx.calls == (
-        ModelCall("1-0:t2-c0", digest, 0, False),
-        ModelCall("1-0:t2-c1", hashlib.sha256(b'"q"').hexdigest(), 4, False),
+        ModelCall(f"1-0:t2-{digest[:16]}-c0", digest, 0, False),
+        ModelCall(key("1-0", 2, "q"), hashlib.sha256(b'"q"').hexdigest(), 4, False),
     )
     # a restored continuation: the calls of earlier attempts are replayed with their versions
-    restored = episode("1-0-a1", turn=2, staged=list(ep.staged), inherited=2, restored=True)
+    restored = episode("1-0-a1", turn=2, staged=list(ep.staged), inherited=2)
     again = context(host, restored)
     host.policy_version = 9
+    assert await again.model("q") == {"r": "q"}
     assert await again.model({"a": [1.5], "b": 1}) == {"r": {"b": 1, "a": [1.5]}}
     assert [c.policy_version for c in again.calls] == [0, 4]
     assert all(c.replayed for c in again.calls)
 
 
-async def test_a_restored_call_with_a_changed_request_fails_closed_naming_both_digests() -> None:
+async def test_a_call_id_says_which_request_it_is_whatever_order_calls_start_in() -> None:
+    """Concurrent calls of a turn get the same ids in any order: (turn, request, occurrence of
+    that request in the turn); identical requests take occurrences 0, 1, ... as they start."""
+    orders = [["a", "b", "a"], ["b", "a", "a"], ["a", "a", "b"]]
+    seen = set()
+    for order in orders:
+        host = FakeHost(model=lambda key, request, info: request)
+        ep = episode("1-0", turn=1)
+        ctx = context(host, ep)
+        for request in order:
+            await ctx.model(request)
+        seen.add(frozenset(ep.capture_keys))
+    assert seen == {frozenset({key("1-0", 1, "a"), key("1-0", 1, "a", 1), key("1-0", 1, "b")})}
+    assert split_capture_key(key("1-0", 1, "a", 1))[1] == call_id(1, digest_of("a"), 1)
+
+
+async def test_a_restored_turn_replays_by_request_in_any_order_asking_what_was_in_flight() -> None:
+    """The cut took turn 2 with ``a`` (occurrence 1) and ``b`` done, ``a`` (occurrence 0) still
+    in flight: the restored turn, whatever order it asks in, gets ``a`` and ``b`` from the
+    capture and asks one ``a``, under the occurrence the capture does not hold."""
+    staged = [
+        StagedModelCall(key("1-0", 1, "x"), "x1", digest_of("x"), 0),  # an earlier turn's
+        StagedModelCall(key("1-0", 2, "a", 1), "a1", digest_of("a"), 0),
+        StagedModelCall(key("1-0", 2, "b"), "b0", digest_of("b"), 0),
+    ]
+    for order in (["a", "b", "a"], ["b", "a", "a"], ["a", "a", "b"]):
+        asked: list[str] = []
+        host = FakeHost(model=lambda key, request, info, a=asked: a.append(key) or "fresh")
+        ep = episode("1-0-a1", turn=2, staged=list(staged), inherited=3)
+        ctx = context(host, ep)
+        got = [await ctx.model(r) for r in order]
+        assert sorted(got) == ["a1", "b0", "fresh"]
+        assert asked == [key("1-0-a1", 2, "a", 0)]  # the one in flight at the cut, once
+        assert host.model_calls.count(True) == 2
+        ctx.turn_calls().check_replayed(ep)
+    # a later turn of the restored attempt replays nothing: "x" is asked, as occurrence 0
+    asked = []
+    host = FakeHost(model=lambda key, request, info: asked.append(key) or "fresh")
+    later = episode("1-0-a1", turn=3, staged=list(staged), inherited=3)
+    assert await context(host, later).model("x") == "fresh"
+    assert asked == [key("1-0-a1", 3, "x")]
+
+
+async def test_a_restored_turn_that_leaves_a_staged_call_unasked_fails_closed_naming_it() -> None:
+    """A request no capture answers is asked (it may be the call in flight at the cut); a turn
+    that ends with a call staged for it not asked again did not replay as it ran: the captured
+    response is never used, and ``ModelRequestChanged`` names the call and both requests."""
     asked: list[Any] = []
     host = FakeHost(model=lambda key, request, info: asked.append(request) or "fresh")
-    before = request_digest(orjson.dumps({"prompt": "add 2 and 3"}))
-    staged = [StagedModelCall("1-0:t0-c0", "captured", before, 1)]
-    ep = episode("1-0-a1", staged=staged, inherited=1, restored=True)
-    after = request_digest(orjson.dumps({"prompt": "add 2 and 4"}))
-    with pytest.raises(ModelRequestChanged, match=f"digest {before}.*digest {after}"):
-        await context(host, ep).model({"prompt": "add 2 and 4"})
-    assert asked == [] and host.model_calls == []  # neither answered from the capture nor asked
+    before = {"prompt": "add 2 and 3"}
+    staged = [StagedModelCall(key("1-0", 0, before), "captured", digest_of(before), 1)]
+    ep = episode("1-0-a1", staged=staged, inherited=1)
+    ctx = context(host, ep)
+    after = {"prompt": "add 2 and 4"}
+    assert await ctx.model(after) == "fresh"  # never the capture of another request
+    assert asked == [after] and host.model_calls == [False]
+    with pytest.raises(
+        ModelRequestChanged,
+        match=rf"restored turn 0 ended without asking again 1 model call.*{key('1-0', 0, before)}"
+        rf" for request digest {digest_of(before)}.*asked \['{digest_of(after)}'\]",
+    ):
+        ctx.turn_calls().check_replayed(ep)
+    # a turn that asks nothing at all fails the same way
+    quiet = context(host, episode("1-0-a1", staged=list(staged), inherited=1))
+    with pytest.raises(ModelRequestChanged, match="without asking again 1 model call"):
+        quiet.turn_calls().check_replayed(ep)
 
 
 async def test_a_model_request_that_is_not_plain_data_is_refused_and_not_asked() -> None:
     host = FakeHost(model=lambda key, request, info: pytest.fail("asked"))
-    with pytest.raises(ValueError, match=r"model request under capture key 1-0:t0-c0 .*nan"):
+    with pytest.raises(ValueError, match=r"model request of turn 0 is refused: .*nan"):
         await context(host, episode("1-0")).model({"t": float("nan")})
 
 
 async def test_a_model_response_that_is_not_plain_data_is_refused_and_not_staged() -> None:
     host = FakeHost(model=lambda key, request, info: {"x": float("nan")})
     ep = episode("1-0")
-    with pytest.raises(ValueError, match="capture key 1-0:t0-c0 is refused"):
+    with pytest.raises(ValueError, match=f"capture key {key('1-0', 0, 'q')} is refused"):
         await context(host, ep).model("q")
     assert ep.staged == [] and host.model_calls == []
 
@@ -264,9 +333,14 @@ def test_a_legacy_agent_owns_its_episodes() -> None:
 def test_a_capture_key_is_the_attempt_key_and_the_call_id_with_no_slash() -> None:
     first = EpisodeInfo("3-1", 3, 1, 0, 7, "gym-0")
     retry = EpisodeInfo(rollout_id_for(3, 1, 2), 3, 1, 2, 7, "gym-0")
-    assert capture_key(first, 4, 0) == "3-1:t4-c0"
-    assert capture_key(retry, 4, 1) == "3-1-a2:t4-c1"
-    assert split_capture_key(capture_key(retry, 4, 1)) == ("3-1-a2", call_id(4, 1))
+    d = "5d41402abc4b2a76b9719d911017c592ae1dd3b2f6b3d8d0eda7cfd6f1b4c4d2"
+    assert capture_key(first, 4, d, 0) == "3-1:t4-5d41402abc4b2a76-c0"
+    assert capture_key(retry, 4, d, 1) == "3-1-a2:t4-5d41402abc4b2a76-c1"
+    assert split_capture_key(capture_key(retry, 4, d, 1)) == ("3-1-a2", call_id(4, d, 1))
+    assert parse_call_id(call_id(4, d, 1)) == CallId(4, d[:16], 1)
     for old in ("3-1/t4/c0", "t4-c0", "3-1:", ":t4-c0"):
         with pytest.raises(ValueError, match="is not"):
             split_capture_key(old)
+    for old in ("t4-c0", "t4-5d41402abc4b2a7-c0", "t4-5D41402ABC4B2A76-c0"):  # version 3's
+        with pytest.raises(ValueError, match="is not"):
+            parse_call_id(old)

@@ -46,6 +46,7 @@ from gymckpt.runtime import (
     EpisodeRecord,
     GymUnavailable,
     InfraOutage,
+    InstanceDirLocked,
     InstanceRecord,
     ParticipantRecord,
     RuntimeConfig,
@@ -622,3 +623,31 @@ async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
         group_size=2,
     )
     assert verdict.ok, verdict.violations()
+
+
+async def test_a_second_host_of_one_instance_directory_is_refused_and_cuts_nothing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Hosts share the journal code with ``gymckpt serve``, and its lock: a second host of the
+    same name on the same ``work_dir`` (in this process here; another process alike) is
+    refused on entry with ``InstanceDirLocked`` (exit 2) before it opens the journal, whose
+    bytes stay as the first wrote them. Once the first dies, its replacement continues every
+    retained session; another name on the same ``work_dir`` is another directory."""
+    journal = tmp_path / "gym-0" / JOURNAL_FILE
+    async with calendar_host("gym-0", work_dir=tmp_path, config=CAL) as first:
+        await _read_all(await first.run([RunRow(f"{r}-0", r, 0, 0) for r in range(4)]))
+        kept = {k: s.sentinels for k, s in calendar_state(first).items()}
+        assert len(kept) == 4
+        written = journal.read_bytes()
+        for recover in (False, True):
+            second = calendar_host("gym-0", work_dir=tmp_path, config=CAL, recover=recover)
+            with pytest.raises(InstanceDirLocked, match=f"process {os.getpid()}") as caught:
+                async with second:
+                    pass
+            assert run_exit(caught.value)[0] == ExitCode.BAD_INPUT
+            assert journal.read_bytes() == written
+        async with calendar_host("gym-1", work_dir=tmp_path, config=CAL):
+            pass
+        first.kill()  # a dead instance writes nothing more: its directory is free
+        async with calendar_host("gym-0", work_dir=tmp_path, config=CAL, recover=True) as again:
+            assert {k: s.sentinels for k, s in calendar_state(again).items()} == kept

@@ -206,7 +206,7 @@ async def test_a_restored_episode_whose_staged_calls_differ_from_the_manifest_fa
     r = rig(Agent(turns=3))
     async with trio.open_nursery() as nursery:
         r.parking.open(nursery.start_soon, lambda ep: None)
-        ep = started(r, staged=[S("1-0:t0-c0", 1)], replay=("1-0:t0-c9",), restored=True)
+        ep = started(r, staged=[S("1-0:t0-c0", 1)], replay=("1-0:t0-c9",))
         reply = await r.turns.play(ep)
         nursery.cancel_scope.cancel()
     assert (

@@ -20,6 +20,7 @@ import trio
 from http_wire_client import control, control_raw, rows, run_to_end, state
 
 from gymckpt.gym_adapter._faults import FaultSpec
+from gymckpt.gym_adapter._http_spawn import TOKEN_FILE, ServeSpec
 from gymckpt.gym_adapter._http_wire import (
     CONTROL_OPS,
     Refusal,
@@ -30,7 +31,13 @@ from gymckpt.gym_adapter._http_wire import (
 )
 from gymckpt.gym_adapter._transport_admission import RunShape
 from gymckpt.gym_adapter._transport_deadlines import WireDeadline
-from gymckpt.runtime import CheckpointMode, EpisodeRecord, InstanceRecord, ParticipantRecord
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    InstanceRecord,
+    ParticipantRecord,
+    TrainerTerm,
+)
 from gymckpt.testing._http_serve_process import (
     ServeProcess,
     open_raw_run,
@@ -86,6 +93,8 @@ def _body(op: str) -> bytes:
             "record": InstanceRecord("gym-0", ()),
             "episodes": (),
         },
+        "attach": {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 1)},
+        "release": {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 1)},
         "ack": {"sid": 1, "upto": 1},
         "close_stream": {"sid": 1, "upto": 1},
     }.get(op, {})
@@ -257,6 +266,119 @@ async def test_paths_outside_the_state_root_are_refused_and_nothing_is_written(
         assert reply.participants and (root / "snap" / "c1").is_dir()
         await control(client, "resume", {"checkpoint_id": "c1"})
         assert list(outside.iterdir()) == []
+
+
+async def test_a_symlink_below_an_allowed_state_root_is_walked_and_refused(
+    tmp_path: Path,
+) -> None:
+    """The state root a request names is inside, but a component the instance would write or
+    read below it is a link out (``<root>/<dir>/gym-0`` linked elsewhere): 403, nothing
+    written outside, nothing changed; a link that stays inside is followed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "inst-out").mkdir()
+    (root / "inst-out" / "gym-0").symlink_to(outside, target_is_directory=True)
+    (root / "part-out" / "gym-0").mkdir(parents=True)
+    (root / "part-out" / "gym-0" / "calendar").symlink_to(outside, target_is_directory=True)
+    (root / "file-out" / "gym-0" / "agent").mkdir(parents=True)
+    (root / "file-out" / "gym-0" / "agent" / "records.json").symlink_to(secret)
+    (root / "dangling").mkdir()
+    (root / "dangling" / "gym-0").symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    (root / "loop").mkdir()
+    (root / "loop" / "gym-0").symlink_to(root / "loop" / "gym-0")
+    (root / "inside").mkdir()
+    (root / "inside" / "gym-0").symlink_to(root / "real", target_is_directory=True)
+    async with _served(tmp_path, "--state-root", str(root)) as (proc, client):
+        await control(client, "prepare", {"checkpoint_id": "c1", "mode": CheckpointMode.ALIGNED})
+        before = await _snapshot(client, proc)
+        root_before = tree_digest(root)
+        refused = 0
+        for bad in ("inst-out", "part-out", "file-out", "dangling", "loop", str(root / "inst-out")):
+            resp = await control_raw(
+                client, "commit", {"checkpoint_id": "c1", "state_root": bad}, acks={1: 99}
+            )
+            body = _refusal(resp, 403, "PathOutsideStateRoot")
+            assert "symbolic link" in body.message, body
+            refused += 1
+        # a restore reading a participant's records through a link out
+        record = InstanceRecord(
+            "gym-0", (ParticipantRecord("agent", "simple_agent", "gym-0/agent", "0"),)
+        )
+        resp = await control_raw(
+            client,
+            "restore",
+            {"state_root": "file-out", "record": record, "episodes": ()},
+            acks={1: 99},
+        )
+        _refusal(resp, 403, "PathOutsideStateRoot")
+        refused += 1
+        await _refusal_lines(proc, refused)
+        assert await _snapshot(client, proc) == before
+        assert tree_digest(root) == root_before
+        assert list(outside.iterdir()) == [] and secret.read_text() == "{}"
+        # a link that stays inside the state root is followed: the records land inside
+        reply = await control(client, "commit", {"checkpoint_id": "c1", "state_root": "inside"})
+        assert reply.participants
+        assert (root / "real" / "calendar" / "records.json").is_file()
+        await control(client, "resume", {"checkpoint_id": "c1"})
+        assert list(outside.iterdir()) == [] and secret.read_text() == "{}"
+
+
+async def test_the_spawned_servers_token_is_never_written_through_a_planted_link(
+    tmp_path: Path,
+) -> None:
+    """``HttpGym.spawn``'s token file: written through a fresh temporary file created
+    ``O_EXCL | O_NOFOLLOW`` with mode 0600, so a link planted where a temporary file would be
+    (the old fixed name ``http-token.tmp``) is neither followed nor renamed into place; a real
+    server then serves with that token."""
+    work = tmp_path / "w"
+    work.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("not yours\n")
+    planted = work / f"{TOKEN_FILE}.tmp"
+    planted.symlink_to(victim)
+    spec = ServeSpec.prepare(
+        {"gym-0": CAL}, 0, work, None, "spawned-token-0123456789abcdef", None,
+        allow_faults=False, extra_args=(), environ={},
+    )  # fmt: skip
+    assert victim.read_text() == "not yours\n"
+    assert planted.is_symlink()
+    token_file = spec.token_file
+    assert not token_file.is_symlink() and token_file.is_file()
+    assert stat.S_IMODE(os.lstat(token_file).st_mode) == 0o600
+    assert token_file.read_text() == "spawned-token-0123456789abcdef"
+    async with serve_process(work, CAL, "--token-file", str(token_file)) as proc:
+        assert proc.token == "spawned-token-0123456789abcdef"
+        async with httpx.AsyncClient(base_url=proc.url, headers=proc.auth(), timeout=10) as client:
+            assert (await control(client, "topology")).name == "gym-0"
+    assert victim.read_text() == "not yours\n"
+
+
+def test_a_secret_is_never_written_through_a_link_even_at_its_own_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were the random temporary name guessed and a link planted there, the secret's
+    temporary file is still created ``O_EXCL | O_NOFOLLOW``: the write fails, the link's
+    target is untouched, no token file appears."""
+    import gymckpt.runtime._store as store
+
+    monkeypatch.setattr(store.secrets, "token_hex", lambda _n: "guessed")
+    work = tmp_path / "w"
+    work.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("not yours\n")
+    (work / f".{TOKEN_FILE}.guessed.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        ServeSpec.prepare(
+            {"gym-0": CAL}, 0, work, None, "spawned-token-0123456789abcdef", None,
+            allow_faults=False, extra_args=(), environ={},
+        )  # fmt: skip
+    assert victim.read_text() == "not yours\n"
+    assert not (work / TOKEN_FILE).exists()
 
 
 async def test_faults_are_refused_unless_the_server_allows_them(tmp_path: Path) -> None:

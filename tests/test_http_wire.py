@@ -1,15 +1,21 @@
-"""The HTTP wire (``gymckpt-http/1``): every message round-trips exactly, in NeMo Gym's episode
-shapes on ``/run``, and malformed bodies (bad JSON, unknown keys, wrong types) are refused with
-``WireFormatError``."""
+"""The HTTP wire (``gymckpt-http/2``): every message round-trips exactly, in NeMo Gym 0.7.0's
+episode shapes on ``/run`` (checked against the JSON schemas of the released package's models,
+``tests/data/nemo_gym_0.7.0_episode_types.json``), and malformed bodies (bad JSON, unknown keys,
+wrong types, NeMo Gym's own constraints) are refused with ``WireFormatError``."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
+import jsonschema  # installed with ray, a test dependency
 import orjson
 import pytest
 
 from gymckpt.gym_adapter._contract import (
+    AttachReply,
     CommitReply,
     Completed,
     ExportedEpisode,
@@ -29,6 +35,8 @@ from gymckpt.gym_adapter._host_views import RetainedSession
 from gymckpt.gym_adapter._http_wire import (
     CONTROL_OPS,
     END_LINE,
+    NEMO_GYM_VERSION,
+    PROTOCOL,
     ControlRequest,
     Health,
     Refusal,
@@ -63,6 +71,7 @@ from gymckpt.runtime import (
     ParticipantRecord,
     StrandedSessionError,
     TopologyMismatch,
+    TrainerTerm,
     rollout_id_for,
 )
 
@@ -77,6 +86,11 @@ REPLIES = (
     Failed("3-1-a2", "infra", "instance gym-0 is dead"),
     Failed("4-0", "data", "bad turn"),
     Refused("5-0-a1"),
+)
+REPLY_ROWS = {"3-1": 3, "3-1-a2": 3, "4-0": 4, "5-0-a1": 5}
+"""The row of each reply's rollout (what the server's stream knows from its request)."""
+NEMO = json.loads(
+    (Path(__file__).parent / "data" / f"nemo_gym_{NEMO_GYM_VERSION}_episode_types.json").read_text()
 )
 
 
@@ -121,6 +135,11 @@ CONTROL_SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         },
         RestoreReply("gym-0", ("3-1",)),
     ),
+    "attach": (
+        {"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2, "/work/run")},
+        AttachReply("gym-0", True, TrainerTerm("0123456789abcdef0123456789abcdef", 1), 3, 4),
+    ),
+    "release": ({"trainer": TrainerTerm("0123456789abcdef0123456789abcdef", 2)}, None),
     "topology": ({}, InstanceTopology("gym-0", (("cal", "environment"),))),
     "inventory": ({}, InstanceInventory("gym-0", True, False, ("a",), (), (), ("b",), 0)),
     "statistics": ({}, _host_stats()),
@@ -154,16 +173,128 @@ def test_run_request_round_trips_in_nemo_shapes() -> None:
     assert encode_run_request(back) == data
     raw = orjson.loads(data)
     assert raw["acks"] == {"1": 3, "4": 0}
-    second = raw["rows"][1]
-    assert second["episode_id"] == {"rollout_id": "3-1", "attempt": 2}
-    assert second["gymckpt"] == {
-        "row": 3,
-        "slot": 1,
-        "restored_from": "3-1-a1",
-        "policy_version": 0,
+    first, second, _ = raw["rows"]
+    assert first == {
+        "episode_id": {"rollout_id": "3-1", "attempt": 0},
+        "task": {
+            "task_id": {"taskset": "gymckpt:rows", "task_id": "3"},
+            "task_input": {"prompt": "hi", "n": [1, 2]},
+        },
+        "gymckpt": {"slot": 1, "restored_from": None, "policy_version": 7},
     }
-    assert raw["rows"][0]["task_input"] == {"prompt": "hi", "n": [1, 2]}
-    assert raw["rows"][0]["task_id"] is None
+    assert second["episode_id"] == {"rollout_id": "3-1", "attempt": 2}
+    assert second["gymckpt"] == {"slot": 1, "restored_from": "3-1-a1", "policy_version": 0}
+
+
+def test_a_nemo_gym_row_without_gymckpts_fields_runs_as_slot_0() -> None:
+    """Our fields sit beside NeMo Gym's and are optional: its own request (no ``gymckpt``, no
+    ``attempt``) decodes as attempt 0, slot 0, nothing restored, policy version 0."""
+    row = {
+        "episode_id": {"rollout_id": "7-0"},
+        "task": {"task_id": {"taskset": "gymckpt:rows", "task_id": "7"}, "task_input": {"q": 1}},
+    }
+    req = decode_run_request(orjson.dumps(_run_body(rows=[row])))
+    assert req.rows == (RunRow("7-0", 7, 0, 0, task={"q": 1}),)
+
+
+def _validate(instance: Any, model: str) -> None:
+    """``instance`` against the released model's JSON schema (``jsonschema``), and against its
+    validators the schema cannot say (the fixture's ``validators_outside_the_schema``)."""
+    jsonschema.validate(instance, NEMO["schemas"][model])
+    if model in ("BaseEpisodeRequest", "BaseEpisodeResponse"):
+        assert not re.search(r"-a[1-9][0-9]*$", instance["episode_id"]["rollout_id"]), instance
+    if model == "BaseEpisodeResponse":
+        assert ("result" in instance) != ("failure" in instance), instance
+        assert instance.get("result", instance.get("failure")) is not None, instance
+
+
+def test_rows_and_replies_are_nemo_gyms_released_shapes_field_for_field() -> None:
+    """Every row and reply we send is valid against NeMo Gym 0.7.0's own models, with our
+    fields only where theirs have no place: a row's one extra key ``gymckpt`` (their request
+    forbids extra keys: it is taken off before the check, and must be all there is to take
+    off), nothing extra in a reply. And the shapes are exactly theirs: a NeMo-valid row or
+    reply with any key of theirs removed, renamed or flattened does not decode."""
+    assert NEMO["source"]["package"] == "nemo_gym"
+    assert NEMO["source"]["version"] == NEMO_GYM_VERSION == "0.7.0"
+    assert PROTOCOL == "gymckpt-http/2"
+    rows = [*ROWS, RunRow("0-0", 0, 0, 0, task={"prompt": "p"}, policy_version=2)]
+    rows = [RunRow(r.rollout_id, r.row, r.slot, r.attempt, r.restored_from, {"t": i},
+                   r.policy_version) for i, r in enumerate(rows)]  # fmt: skip
+    raw_rows = orjson.loads(encode_run_request(RunRequest(1, {}, RunShape(), False, 8, rows)))
+    for raw in raw_rows["rows"]:
+        assert set(raw) == {"episode_id", "task", "gymckpt"}
+        _validate({k: v for k, v in raw.items() if k != "gymckpt"}, "BaseEpisodeRequest")
+        with pytest.raises(jsonschema.ValidationError):  # theirs has no place for ours
+            _validate(raw, "BaseEpisodeRequest")
+    long = Failed("6-0", "data", "x" * 5000)
+    replies = (*REPLIES, long)
+    line = encode_batch_line(ReplyBatch(1, replies), {**REPLY_ROWS, "6-0": 6})
+    decoded = decode_stream_line(line)
+    assert decoded is not None
+    assert decoded.replies[:4] == REPLIES
+    assert decoded.replies[4] == Failed("6-0", "data", "x" * 1999 + "\u2026")
+    raw_replies = orjson.loads(line)["replies"]
+    for raw in raw_replies:
+        _validate(raw, "BaseEpisodeResponse")
+        if "failure" in raw:
+            _validate(raw["failure"], "EpisodeFailure")
+            assert raw["failure"].get("stage", "agent") in NEMO["failure_stages"]
+    completed, infra, data, refused, _ = raw_replies
+    assert completed == {
+        "episode_id": {"rollout_id": "3-1", "attempt": 0},
+        "task_id": {"taskset": "gymckpt:rows", "task_id": "3"},
+        "result": {"reward": 0.75, "turns": 4, "payload": {"trajectory": [1, "two", None]}},
+    }
+    assert infra == {
+        "episode_id": {"rollout_id": "3-1", "attempt": 2},
+        "task_id": {"taskset": "gymckpt:rows", "task_id": "3"},
+        "failure": {
+            "failure_reason": "instance gym-0 is dead",
+            "terminal": False,
+            "failure_kind": "gymckpt:infra",
+        },
+    }
+    assert data["failure"] == {
+        "failure_reason": "bad turn",
+        "terminal": True,
+        "failure_kind": "gymckpt:data",
+        "stage": "agent",
+    }
+    assert refused["episode_id"] == {"rollout_id": "5-0", "attempt": 1}
+    assert refused["failure"]["failure_kind"] == "gymckpt:admission_closed"
+    assert (refused["failure"]["stage"], refused["failure"]["terminal"]) == ("admission", False)
+    # the flat shapes of gymckpt-http/1 are not theirs, and do not decode
+    flat_row = {"episode_id": {"rollout_id": "3-1", "attempt": 0}, "task_input": {"t": 0},
+                "task_id": None, "gymckpt": {"row": 3, "slot": 1, "restored_from": None,
+                                              "policy_version": 0}}  # fmt: skip
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(flat_row, "BaseEpisodeRequest")
+    with pytest.raises(WireFormatError):
+        decode_run_request(orjson.dumps(_run_body(rows=[flat_row])))
+    flat_reply = {"episode_id": {"rollout_id": "3-1", "attempt": 0}, "reward": 0.75, "turns": 4,
+                  "payload": None}  # fmt: skip
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(flat_reply, "BaseEpisodeResponse")
+    with pytest.raises(WireFormatError):
+        decode_stream_line(orjson.dumps({"seq": 1, "replies": [flat_reply]}))
+
+
+def test_another_producers_failure_kind_is_classed_by_terminal() -> None:
+    def reply(**failure: Any) -> bytes:
+        body = {"episode_id": {"rollout_id": "1-0"},
+                "task_id": {"taskset": "gymckpt:rows", "task_id": "1"},
+                "failure": {"failure_reason": "r", **failure}}  # fmt: skip
+        return orjson.dumps({"seq": 1, "replies": [body]})
+
+    for failure, expect in (
+        ({"terminal": True, "failure_kind": "agent_run_error"}, Failed("1-0", "data", "r")),
+        ({"terminal": False, "failure_kind": "transport_timeout"}, Failed("1-0", "infra", "r")),
+        ({"terminal": False}, Failed("1-0", "infra", "r")),
+        ({"terminal": False, "failure_kind": "gymckpt:infra", "stage": None},
+         Failed("1-0", "infra", "r")),
+    ):  # fmt: skip
+        batch = decode_stream_line(reply(**failure))
+        assert batch is not None and batch.replies == (expect,), failure
 
 
 def test_run_request_with_faulty_shape_round_trips() -> None:
@@ -180,31 +311,13 @@ def test_a_row_whose_key_does_not_name_its_attempt_cannot_be_sent() -> None:
 
 def test_batch_lines_round_trip_and_the_end_line_is_none() -> None:
     for batch in (admission_header(), ReplyBatch(1, REPLIES), ReplyBatch(2, (REPLIES[0],))):
-        line = encode_batch_line(batch)
+        line = encode_batch_line(batch, REPLY_ROWS)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
         assert decode_stream_line(line) == batch
         assert decode_stream_line(line.rstrip(b"\n")) == batch
     assert decode_stream_line(END_LINE) is None
-    raw = orjson.loads(encode_batch_line(ReplyBatch(1, REPLIES)))
-    completed, infra, data, refused = raw["replies"]
-    assert completed == {
-        "episode_id": {"rollout_id": "3-1", "attempt": 0},
-        "reward": 0.75,
-        "turns": 4,
-        "payload": {"trajectory": [1, "two", None]},
-    }
-    assert infra["episode_id"] == {"rollout_id": "3-1", "attempt": 2}
-    assert (infra["failure_reason"], infra["terminal"], infra["failure_class"]) == (
-        "instance gym-0 is dead",
-        False,
-        "infra",
-    )
-    assert {"failure_kind", "stage"} <= set(infra)
-    assert data["terminal"] is True
-    assert refused == {
-        "episode_id": {"rollout_id": "5-0", "attempt": 1},
-        "refused": "admission_closed",
-    }
+    with pytest.raises(WireFormatError, match="did not submit"):
+        encode_batch_line(ReplyBatch(1, REPLIES), {"3-1": 3})
 
 
 @pytest.mark.parametrize("op", CONTROL_OPS)
@@ -263,7 +376,7 @@ def test_errors_and_refusals_cross_as_themselves() -> None:
 
 
 def test_health_round_trips() -> None:
-    health = Health("gymckpt-http/1", "gym-0", "ab" * 16, True, CONTROL_SAMPLES["topology"][1])
+    health = Health(PROTOCOL, "gym-0", "ab" * 16, True, CONTROL_SAMPLES["topology"][1])
     assert decode_health(encode_health(health)) == health
 
 
@@ -307,7 +420,33 @@ BAD_RUN_BODIES: dict[str, bytes] = {
     "unknown episode_id key": orjson.dumps(_run_body(rows=[_row(**{"episode_id.x": 1})])),
     "attempt negative": orjson.dumps(_run_body(rows=[_row(**{"episode_id.attempt": -1})])),
     "attempt a string": orjson.dumps(_run_body(rows=[_row(**{"episode_id.attempt": "0"})])),
-    "row a string": orjson.dumps(_run_body(rows=[_row(**{"gymckpt.row": "3"})])),
+    "slot a string": orjson.dumps(_run_body(rows=[_row(**{"gymckpt.slot": "3"})])),
+    "the flat row key": orjson.dumps(_run_body(rows=[_row(**{"gymckpt.row": 3})])),
+    "task_input beside task": orjson.dumps(_run_body(rows=[_row(task_input=1)])),
+    "task without task_input": orjson.dumps(
+        _run_body(rows=[_row(task={"task_id": {"taskset": "gymckpt:rows", "task_id": "3"}})])
+    ),
+    "task_id not a row": orjson.dumps(
+        _run_body(rows=[_row(**{"task.task_id": {"taskset": "gymckpt:rows", "task_id": "x"}})])
+    ),
+    "task_id an int": orjson.dumps(
+        _run_body(rows=[_row(**{"task.task_id": {"taskset": "gymckpt:rows", "task_id": 3}})])
+    ),
+    "task_id with a leading zero": orjson.dumps(
+        _run_body(rows=[_row(**{"task.task_id": {"taskset": "gymckpt:rows", "task_id": "03"}})])
+    ),
+    "another taskset": orjson.dumps(
+        _run_body(rows=[_row(**{"task.task_id": {"taskset": "math:gsm8k", "task_id": "3"}})])
+    ),
+    "empty taskset": orjson.dumps(
+        _run_body(rows=[_row(**{"task.task_id": {"taskset": "", "task_id": "3"}})])
+    ),
+    "rollout_id with the attempt suffix": orjson.dumps(
+        _run_body(rows=[_row(**{"episode_id.rollout_id": "3-1-a2"})])
+    ),
+    "rollout_id not NeMo's pattern": orjson.dumps(
+        _run_body(rows=[_row(**{"episode_id.rollout_id": "-3/1"})])
+    ),
     "unknown gymckpt key": orjson.dumps(_run_body(rows=[_row(**{"gymckpt.pickle": "x"})])),
     "unknown shape key": orjson.dumps(_run_body(shape={"refuse_all": True, "boom": 1})),
     "bad fault in shape": orjson.dumps(
@@ -329,9 +468,20 @@ def test_malformed_run_request_is_refused(name: str) -> None:
 
 
 def _line(**change: Any) -> dict[str, Any]:
-    raw: dict[str, Any] = orjson.loads(encode_batch_line(ReplyBatch(1, REPLIES)))
+    raw: dict[str, Any] = orjson.loads(encode_batch_line(ReplyBatch(1, REPLIES), REPLY_ROWS))
     raw.update(change)
     return raw
+
+
+def _reply(i: int, **change: Any) -> dict[str, Any]:
+    """Reply ``i`` of the sample line with keys changed (None: the key removed)."""
+    reply: dict[str, Any] = {**_line()["replies"][i], **change}
+    return {k: v for k, v in reply.items() if v is not None}
+
+
+def _failure(i: int) -> dict[str, Any]:
+    failure: dict[str, Any] = _line()["replies"][i]["failure"]
+    return failure
 
 
 BAD_LINES: dict[str, bytes] = {
@@ -343,14 +493,41 @@ BAD_LINES: dict[str, bytes] = {
     "header with replies": orjson.dumps(_line(seq=0)),
     "reply not an object": orjson.dumps(_line(replies=[1])),
     "completed unknown key": orjson.dumps(_line(replies=[{**_line()["replies"][0], "x": 1}])),
-    "reward a string": orjson.dumps(_line(replies=[{**_line()["replies"][0], "reward": "1"}])),
-    "failure_class unknown": orjson.dumps(
-        _line(replies=[{**_line()["replies"][1], "failure_class": "cosmic"}])
+    "reward a string": orjson.dumps(
+        _line(replies=[_reply(0, result={**_line()["replies"][0]["result"], "reward": "1"})])
+    ),
+    "the flat reward": orjson.dumps(_line(replies=[_reply(0, reward=0.5)])),
+    "no task_id": orjson.dumps(
+        _line(replies=[{k: v for k, v in _line()["replies"][0].items() if k != "task_id"}])
+    ),
+    "task_id not a row": orjson.dumps(
+        _line(replies=[_reply(0, task_id={"taskset": "gymckpt:rows", "task_id": "a"})])
+    ),
+    "result and failure": orjson.dumps(
+        _line(replies=[_reply(0, failure=_line()["replies"][1]["failure"])])
+    ),
+    "neither result nor failure": orjson.dumps(_line(replies=[_reply(0, result=None)])),
+    "unknown gymckpt kind": orjson.dumps(
+        _line(replies=[_reply(1, failure={**_failure(1), "failure_kind": "gymckpt:cosmic"})])
+    ),
+    "a refusal that is terminal": orjson.dumps(
+        _line(replies=[_reply(3, failure={**_failure(3), "terminal": True})])
     ),
     "terminal a string": orjson.dumps(
-        _line(replies=[{**_line()["replies"][1], "terminal": "yes"}])
+        _line(replies=[_reply(1, failure={**_failure(1), "terminal": "yes"})])
     ),
-    "refused unknown key": orjson.dumps(_line(replies=[{**_line()["replies"][3], "why": 1}])),
+    "stage not NeMo's": orjson.dumps(
+        _line(replies=[_reply(2, failure={**_failure(2), "stage": "rollout"})])
+    ),
+    "failure_reason over 2000": orjson.dumps(
+        _line(replies=[_reply(2, failure={**_failure(2), "failure_reason": "x" * 2001})])
+    ),
+    "the flat failure_class": orjson.dumps(
+        _line(replies=[_reply(1, failure={**_failure(1), "failure_class": "infra"})])
+    ),
+    "failure unknown key": orjson.dumps(
+        _line(replies=[_reply(3, failure={**_failure(3), "why": 1})])
+    ),
 }
 
 
@@ -427,4 +604,4 @@ def test_malformed_results_and_error_bodies_are_refused() -> None:
         with pytest.raises(WireFormatError):
             decode_error_body(body)
     with pytest.raises(WireFormatError):
-        decode_health(b'{"protocol": "gymckpt-http/1"}')
+        decode_health(b'{"protocol": "gymckpt-http/2"}')

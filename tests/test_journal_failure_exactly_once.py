@@ -185,6 +185,8 @@ def test_the_hostile_seeds_that_found_it_hold(seed: int) -> None:
             "--start",
             str(seed),
             "--hostile",
+            "--real-usage",
+            "none",
         ],
         capture_output=True,
         text=True,

@@ -141,7 +141,8 @@ def test_the_manifest_the_marker_and_the_step_round_trip() -> None:
     assert load_manifest(dump_manifest(MANIFEST)) == MANIFEST
     assert load_marker(dump_marker(MARKER)) == MARKER
     assert load_step(dump_step(StepRecord(4))) == StepRecord(4)
-    assert orjson.loads(dump_step(StepRecord(4))) == {"step": 4}
+    assert orjson.loads(dump_step(StepRecord(4, 2))) == {"step": 4, "policy_version": 2}
+    assert load_step(b'{"step": 4}') == StepRecord(4, 0)  # written before versions were kept
 
 
 @pytest.mark.parametrize("records", PARTICIPANT_RECORDS, ids=lambda r: type(r).__name__)
@@ -277,9 +278,9 @@ def test_a_bad_step_file_is_refused_naming_it(data: bytes, says: str) -> None:
 
 
 def test_a_manifest_or_a_marker_of_another_version_is_refused_saying_which_is_read() -> None:
-    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=4, future=True))
-    reads = r"is not supported \(this runtime reads version 3\)$"
-    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 4 {reads}"):
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=5, future=True))
+    reads = r"is not supported \(this runtime reads version 4\)$"
+    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 5 {reads}"):
         load_manifest(manifest)
     marker = _edit(dump_marker(MARKER), lambda r: r.update(version=2))
     reads = r"is not supported \(this runtime reads version 1\)$"
@@ -297,16 +298,25 @@ def test_a_version_1_snapshot_is_refused_saying_why_and_what_to_do() -> None:
 
 def test_a_version_2_snapshot_is_refused_because_its_capture_keys_have_the_old_shape() -> None:
     """Version 2 capture keys are ``"{row}-{slot}/t{turn}/c{n}"``: a restore looks staged calls
-    up by the call id of ``"{attempt_key}:t{turn}-c{n}"``, so it would find none and ask the
-    model again; the snapshot is refused saying so, and what to do."""
+    up by the call id of ``"{attempt_key}:t{turn}-{request digest}-c{occurrence}"``, so it would
+    find none and ask the model again; the snapshot is refused saying so, and what to do."""
     manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=2))
     with pytest.raises(ManifestError, match=r"version 2 is not supported .*old shape.*fresh"):
         load_manifest(manifest)
     for odd in ([2], "2", True):  # not a version this runtime ever wrote: no hint, still refused
         bad = _edit(dump_manifest(MANIFEST), lambda r, v=odd: r.update(version=v))
-        reads = r"is not supported \(this runtime reads version 3\)$"
+        reads = r"is not supported \(this runtime reads version 4\)$"
         with pytest.raises(ManifestError, match=reads):
             load_manifest(bad)
+
+
+def test_a_version_3_snapshot_is_refused_because_its_call_ids_follow_start_order() -> None:
+    """Version 3 call ids are ``"t{turn}-c{n}"``, numbered in the order the calls started
+    (which concurrent calls do not keep): a restore finds staged calls by request, so it would
+    find none of them and ask the model again; refused saying so, and what to do."""
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=3))
+    with pytest.raises(ManifestError, match=r"version 3 is not supported .*order calls.*fresh"):
+        load_manifest(manifest)
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,8 @@ def test_the_hostile_seed_that_found_it_holds() -> None:
             "--start",
             "1647",
             "--hostile",
+            "--real-usage",
+            "none",
         ],
         capture_output=True,
         text=True,

@@ -339,9 +339,15 @@ def test_a_second_trainer_on_the_same_work_dir_fails_at_start(tmp_path: Path) ->
         second = _trainer(tmp_path, work, rows=12)
         out, err = second.communicate(timeout=60)
         assert second.returncode == 2, err
+        # the program enters its embedded Gym (work_dir WORK-gym) before open_rollouts takes
+        # the trainer's lock: the Gym's instance directory refuses it first, before its host
+        # opens (and, starting afresh, would cut) the first one's journal of retained sessions
+        gym_dir = Path(f"{work}-gym") / "gym-0"
         assert err.strip().splitlines() == [
-            f"gymckpt: error: work directory {work} is in use by process {first.pid}; one "
-            "trainer per work directory — stop that one or choose another directory"
+            f"gymckpt: error: instance directory {gym_dir} is in use by process {first.pid}; "
+            "one Gym instance (gymckpt serve, or a host with this work_dir) per instance "
+            "directory — stop that one, or give this one another work directory (--work-dir) "
+            "or instance name (--instance)"
         ]
         assert "holding" not in out
         first.stdin.write("\n")
@@ -600,7 +606,7 @@ async def test_a_resumed_run_goes_on_from_the_restored_step(
                     break  # ckpt-000002 was taken at step 4
     assert first == [1, 2, 3, 4]
     snap = tmp_path / "w" / "snapshots" / "ckpt-000002"
-    assert json.loads((snap / STEP_FILE).read_bytes()) == {"step": 4}
+    assert json.loads((snap / STEP_FILE).read_bytes()) == {"step": 4, "policy_version": 0}
     second: list[int] = []
     async with running(tmp_path / "w", tmp_path / "gym2", checkpoint_every=2) as ro:
         assert (ro.step, ro.steps) == (4, 0)

@@ -46,7 +46,8 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
+from gymckpt.gym_adapter._episode import EpisodeInfo, call_id, split_capture_key
+from gymckpt.gym_adapter._host_episodes import request_digest
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import (
     CheckpointMode,
@@ -64,9 +65,16 @@ TURNS = 3
 """Every episode plays three turns of two model calls each."""
 
 
+REQUESTS = ("first", "second")
+"""A turn's two requests, in the order it asks them."""
+
+
 def key(row: int, turn: int, call: int, attempt: int = 0) -> str:
-    """The capture key of a model call of slot ``row``-0 asked by attempt ``attempt``."""
-    return f"{rollout_id_for(row, 0, attempt)}:t{turn}-c{call}"
+    """The capture key of model call ``call`` (of ``REQUESTS``) of slot ``row``-0 asked by
+    attempt ``attempt``."""
+    request = orjson.dumps(REQUESTS[call])
+    digest = request_digest(request)
+    return f"{rollout_id_for(row, 0, attempt)}:{call_id(turn, digest, 0)}"
 
 
 def answer(k: str) -> str:
@@ -116,8 +124,8 @@ class Relay:
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         ctx.session("tally")["turns"].append(ctx.turn)
-        first = await ctx.model("first")
-        second = await ctx.model("second")
+        first = await ctx.model(REQUESTS[0])
+        second = await ctx.model(REQUESTS[1])
         state["answers"].append([first, second])
         if ctx.info.row == HOLDS and ctx.turn == 0:
             ctx.hold()

@@ -14,6 +14,7 @@ import pytest
 import gymckpt.runtime as runtime
 from gymckpt.gym_adapter import (
     AgentSession,
+    AttachReply,
     CommitReply,
     Completed,
     EnvironmentSpecError,
@@ -60,12 +61,14 @@ from gymckpt.runtime import (
     GymConnectionLost,
     GymControlError,
     GymInstanceDead,
+    GymInUse,
     GymUnavailable,
     InstanceRecord,
     ManifestError,
     ParticipantRecord,
     StrandedSessionError,
     TopologyMismatch,
+    TrainerTerm,
 )
 
 
@@ -84,6 +87,8 @@ def _host_stats(name: str, dead: bool = False) -> HostStatistics:
 _COMPLETED = Completed("r0-0-a0", 0.5, 3, {"trajectory": [1, "two", None, {"k": 1.5}]})
 _FAILED = Failed("r0-1-a0", "data", "bad turn")
 _REFUSED = Refused("r0-2-a0")
+_TERM = TrainerTerm("0123456789abcdef0123456789abcdef", 4, "/work/run")
+
 SAMPLES: dict[type, Any] = {
     RunRow: RunRow("r1-0-a1", 1, 0, 1, restored_from="r1-0-a0"),
     Completed: _COMPLETED,
@@ -105,6 +110,8 @@ SAMPLES: dict[type, Any] = {
     ),
     RetireReply: RetireReply("gym-0", ("a", "b"), ("c",)),
     RestoreReply: RestoreReply("gym-1", ("r2-0-a0",)),
+    TrainerTerm: _TERM,
+    AttachReply: AttachReply("gym-0", True, _TERM, 3, 5, "run-0002"),
     InstanceTopology: InstanceTopology("gym-0", (("agent", "simple_agent"), ("calendar", "env"))),
     Topology: Topology((InstanceTopology("gym-0", (("agent", "simple_agent"),)),)),
     InstanceInventory: InstanceInventory("gym-0", False, True, ("a",), ("b",), (), ("c",), 1),
@@ -137,6 +144,7 @@ ERROR_SAMPLES: list[Exception] = [
     StrandedSessionError("gym-0", ["r3", "r1"]),
     TopologyMismatch(["gym-0: agent kind simple_agent expected, legacy_agent found"]),
     ManifestError("manifest: version 9 unsupported"),
+    GymInUse("gym-0", "attach", "the instance serves another training run"),
     EnvironmentSpecError("agent has no step"),
 ]
 

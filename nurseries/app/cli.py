@@ -80,7 +80,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "Consistent checkpoints of RL rollouts while they run in a Gym service, and "
             "exactly-once restore after a crash."
         ),
-        epilog="exit codes: 0 ok, 2 bad input, 3 run aborted (invariant), "
+        epilog="exit codes: 0 ok, 2 bad input (or a work directory or Gym server in use), "
+        "3 run aborted (invariant), "
         "4 checkpoints failed too often, 5 a Gym instance kept dying (replacement budget spent), "
         "6 the Ray cluster is unreachable or was lost, 7 episodes failed as data past the "
         "budget, 8 infrastructure down past outage_budget_s",
@@ -259,7 +260,9 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
             "points, runs them on the embedded Gym under trio's MockClock (milliseconds of real "
             "time each), restores after every crash, and checks the invariants: nothing lost or "
             "duplicated, every step and every sentinel once, budgets consistent, no task left "
-            "behind. A failing seed replays exactly with --seeds 1 --start SEED."
+            "behind, and liveness (a run makes progress or ends with its exit code). The "
+            "real-usage dimension (--real-usage) draws the workload the way people run RL. A "
+            "failing seed replays exactly with the command it prints (--seeds 1 --start SEED)."
         ),
         epilog="exit codes: 0 every seed passed, 2 bad flag, 3 some seed violated an invariant",
     )
@@ -275,6 +278,19 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         "end with non-finite or non-JSON values or hang; exports that return "
         "such values or raise; journal writes that are short, torn or hit a full "
         "disk (drawn by seed, in every incarnation but the last; off by default)",
+    )
+    sim.add_argument(
+        "--real-usage",
+        default="all",
+        metavar="WHICH",
+        help="the real-usage dimension: all (default), none, or a comma-separated list of "
+        "shuffle (rows in a shuffled order), calls (2-3 concurrent model calls in one turn), "
+        "long-turns (turns longer than the control timeout and the lease), outages (the model "
+        "server down for a drawn time), live-restart (a trainer dies, its Gym keeps running, "
+        "the next restores into it), second-trainer (another trainer opens the same Gym: "
+        "must be refused); drawn by seed, each from its own generator, with one more "
+        "invariant, liveness: nothing moving for the scenario's bound of virtual time is a "
+        "violation",
     )
     sim.add_argument(
         "--tmp",
@@ -501,13 +517,20 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
     if reexec and os.environ.get("PYTHONHASHSEED") != "0":
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         os.execve(sys.executable, [sys.executable, "-m", "gymckpt", *sys.argv[1:]], env)
-    from .simulate import SchedulingHookUnavailable, main_simulate
+    from .simulate import SchedulingHookUnavailable, main_simulate, parse_real_usage
 
+    try:
+        usage = parse_real_usage(args.real_usage)
+    except ValueError as exc:
+        print(f"gymckpt: error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     tmp = Path(args.tmp) if args.tmp else None
     if tmp is None and os.access("/dev/shm", os.W_OK):
         tmp = Path("/dev/shm")
     try:
-        return main_simulate(args.seeds, args.start, args.json, tmp, hostile=args.hostile)
+        return main_simulate(
+            args.seeds, args.start, args.json, tmp, hostile=args.hostile, usage=usage
+        )
     except SchedulingHookUnavailable as exc:  # refused before any seed ran
         print(f"gymckpt: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT

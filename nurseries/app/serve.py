@@ -1,10 +1,12 @@
-"""``gymckpt serve MODULE:FACTORY``: one Gym instance as an HTTP service (``gymckpt-http/1``).
+"""``gymckpt serve MODULE:FACTORY``: one Gym instance as an HTTP service (``gymckpt-http/2``).
 
 The command line of ``gym_adapter``'s ``serve_gym``: flags (and table ``[serve]`` of a TOML
 ``--config`` file, whose keys are the flags' names with underscores; a flag given on the command
 line wins), logging on stderr (logger ``gymckpt.serve``: the readiness line, a warning per
 refused request or failed call), exit codes: 0 after SIGTERM or SIGINT, 2 for bad input (a flag,
-an environment that does not load, a port that cannot be bound, a TLS file that cannot be read).
+an environment that does not load, a port that cannot be bound, a TLS file that cannot be read,
+an instance directory another server holds: one line naming it and the holder's pid, nothing
+changed).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import trio
 from gymckpt.gym_adapter import HostConfig
 from gymckpt.gym_adapter.lowlevel import DEFAULT_PORT, Limits, serve_gym, wire_decode
 from gymckpt.nurseries import ExitCode
-from gymckpt.runtime import ManifestError
+from gymckpt.runtime import InstanceDirLocked, ManifestError
 
 __all__ = ["add_serve_parser", "main_serve"]
 
@@ -49,7 +51,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``gymckpt`` subcommands ``sub``."""
     serve: argparse.ArgumentParser = sub.add_parser(
         "serve",
-        help="serve one Gym instance over HTTP (gymckpt-http/1) for HttpGym",
+        help="serve one Gym instance over HTTP (gymckpt-http/2) for HttpGym",
         description=(
             "Serves one Gym instance - the same host and environment as the embedded and the Ray "
             "backends - over HTTP, on hypercorn's trio worker, for an HttpGym trainer on this or "
@@ -60,7 +62,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
             "at http://HOST:PORT (incarnation HEX)'. SIGTERM stops it cleanly (exit 0)."
         ),
         epilog="exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad input (flag, environment, "
-        "port, TLS files)",
+        "port, TLS files, an instance directory another gymckpt serve holds)",
     )
     serve.add_argument(
         "environment",
@@ -89,7 +91,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--work-dir",
         metavar="DIR",
         help="the instance's directory: its journal of retained sessions under DIR/NAME/, "
-        "and the token file unless --token-file (default ./gymckpt-serve)",
+        "and the token file unless --token-file (default ./gymckpt-serve); one server per "
+        "DIR/NAME/ (an OS lock: a second one exits 2 and changes nothing)",
     )
     serve.add_argument(
         "--state-root",
@@ -264,7 +267,9 @@ def main_serve(args: argparse.Namespace) -> int:
 
 def _bad_input(exc: BaseException) -> BaseException | None:
     """The bad-input error ``exc`` is (an environment that does not load, a port that cannot be
-    bound, a TLS file that cannot be read), possibly wrapped alone in exception groups."""
+    bound, a TLS file that cannot be read, an instance directory another server holds),
+    possibly wrapped alone in exception groups."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, (ValueError, OSError, ManifestError)) else None
+    bad = (ValueError, OSError, ManifestError, InstanceDirLocked)
+    return exc if isinstance(exc, bad) else None

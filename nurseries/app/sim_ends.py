@@ -45,8 +45,10 @@ class IncarnationEnd(enum.StrEnum):
     """The run aborted on an invariant violation (exit 3): a violation."""
     BAD_SNAPSHOT = "bad_snapshot"
     """One of our own snapshots did not load (exit 2): a violation."""
+    NO_PROGRESS = "no_progress"
+    """Nothing moved within the liveness bound (``sim_liveness``): a violation."""
     STALLED = "stalled"
-    """No progress within the stall budget: a violation."""
+    """Moved, but did not end within the incarnation's total-time cap: a violation."""
     ERROR = "error"
     """Anything else: a violation."""
 

@@ -26,21 +26,29 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.calendar_env import calendar_embedded, calendar_environment
 from gymckpt.testing.hostile import HostileActs, hostile_calendar_environment
 
 from .sim_scenario import Scenario
+from .sim_usage_env import UsageCounts, usage_environment
 
 __all__ = ["LateEnds", "generations", "installs", "open_gym"]
 
 
 @asynccontextmanager
 async def open_gym(
-    sc: Scenario, work_dir: Path, faults: tuple[str, ...], acts: HostileActs | None
+    sc: Scenario,
+    work_dir: Path,
+    faults: tuple[str, ...],
+    acts: HostileActs | None,
+    usage: tuple[UsageCounts, float] | None = None,
 ) -> AsyncIterator[EmbeddedGym]:
     """The scenario's embedded Gym: the calendar workplace, or, with hostile acts, the same
-    workplace doing them (same instances, agent kinds, seed, config and journal)."""
-    if acts is None:
+    workplace doing them (same instances, agent kinds, seed, config and journal); with
+    ``usage`` (where it counts, the scenario's start in trio's clock) and real-usage draws
+    that change the environment, used as ``Scenario.usage`` says (``usage_environment``)."""
+    wraps = sc.usage.calls is not None or sc.usage.long_turns or sc.usage.outage is not None
+    if acts is None and (usage is None or not wraps):
         async with calendar_embedded(
             instances=sc.instances,
             agent_kinds=sc.kinds(),
@@ -52,7 +60,15 @@ async def open_gym(
             yield gym
         return
     cfg = sc.sim_config()
-    envs = {kind: hostile_calendar_environment(kind, cfg, acts) for kind in set(sc.kinds())}
+    envs = {
+        kind: hostile_calendar_environment(kind, cfg, acts)
+        if acts is not None
+        else calendar_environment(kind, cfg)
+        for kind in set(sc.kinds())
+    }
+    if usage is not None and wraps:
+        counts, t0 = usage
+        envs = {kind: usage_environment(env, sc.usage, counts, t0) for kind, env in envs.items()}
     kind_of = {f"gym-{i}": kind for i, kind in enumerate(sc.kinds())}
 
     def make(name: str, *, recover: bool = True) -> GymHost:

@@ -10,10 +10,17 @@ reports how it ended (``IncarnationReport``).
 Its cancel scope (``CrashControl.scope``) is the crash: cancelled at a virtual time or at a
 hook point of one of its checkpoints, it abandons the runtime and its Gym mid-flight, and the
 next incarnation restores what the last one published. A stall budget (``STALL_S``) bounds it
-in virtual time. An error out of the run ends it too (``sim_ends.failed_end``); a restore Gym
-could not serve is retried once into the same Gym when the scenario says so
-(``Scenario.restore_retry``), which must then restore cleanly (all-or-nothing across
-instances).
+in virtual time, and its liveness watch (``sim_liveness``) cuts it when nothing moves within
+the scenario's liveness bound (a violation). An error out of the run ends it too
+(``sim_ends.failed_end``); a restore Gym could not serve is retried once into the same Gym
+when the scenario says so (``Scenario.restore_retry``), which must then restore cleanly
+(all-or-nothing across instances).
+
+Real usage (``sim_usage``): the rows go in the drawn order; a live restart runs the first
+incarnation on a Gym that outlives it (``ScenarioRun.live``), which the second restores into
+while it still runs the dead trainer's episodes; a second trainer opens the first
+incarnation's Gym at a drawn time and must be refused (``_second_trainer``); rows the model
+server's outage struck must never be given up for it.
 
 The lineage of the final model is kept in ``ScenarioRun.lineage``: on every restore, the
 steps after the restored trainer's step are dropped (they died with the abandoned trainer).
@@ -21,19 +28,20 @@ steps after the restored trainer's step are dropped (they died with the abandone
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from contextlib import aclosing, nullcontext
-from typing import cast
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager, nullcontext
+from typing import Any, cast
 
 import attrs
 import trio
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow
-from gymckpt.nurseries import Rollouts, open_rollouts
+from gymckpt.nurseries import Rollouts, open_rollouts, run_failure
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     BudgetExhausted,
     CompletedGroup,
+    FailureKind,
     RuntimeConfig,
     load_snapshot,
 )
@@ -48,12 +56,14 @@ from .sim_checks import (
     check_restored_installs,
 )
 from .sim_crashes import CrashControl
-from .sim_ends import IncarnationEnd, failed_end, restore_may_retry
+from .sim_ends import IncarnationEnd, failed_end, restore_may_retry, single_error
 from .sim_gym import LateEnds, installs, open_gym
+from .sim_liveness import Liveness, Moving, liveness_bound_s
 from .sim_modes import ModeWatch
 from .sim_reports import IncarnationReport
 from .sim_scenario import Crash, Scenario
 from .sim_state import ScenarioRun
+from .sim_usage import SecondTrainer
 from .toy_trainer import ToyTrainer
 
 __all__ = ["STALL_S", "Incarnation"]
@@ -98,6 +108,13 @@ class Incarnation:
     taken: int = attrs.field(default=0, init=False)
     """Episodes in this incarnation's published checkpoints (``CheckpointOutcome.episodes``)."""
     watch: ModeWatch | None = attrs.field(default=None, init=False)
+    liveness: Liveness = attrs.field(init=False)
+    live_restart: bool = attrs.field(default=False, init=False)
+    """This incarnation restores into the previous one's Gym, still running."""
+    claimed_before: int = attrs.field(default=0, init=False)
+    """Restored episodes the Gym had continued before this incarnation (a live Gym's)."""
+    fired_before: int = attrs.field(default=0, init=False)
+    """Faults the Gym had fired before this incarnation (a live Gym's)."""
 
     def __attrs_post_init__(self) -> None:
         sc = self.run.sc
@@ -105,7 +122,12 @@ class Incarnation:
         self.run.final_snapshot = None
         self.control = CrashControl(sc, self.run.rng, self.crash, self.races)
         self.control.arm()
-        self.acts = HostileActs(sc.hostile, active=self.races) if sc.hostile else None
+        self.liveness = Liveness(liveness_bound_s(sc.usage.longest_wait_s))
+        self.liveness.arm()
+        if self.run.live is not None:  # the Gym and its environment's acts outlive us
+            self.acts = self.run.live.acts
+        else:
+            self.acts = HostileActs(sc.hostile, active=self.races) if sc.hostile else None
 
     @property
     def scenario(self) -> Scenario:
@@ -121,14 +143,18 @@ class Incarnation:
             with (
                 self.control.scope,
                 trio.move_on_after(STALL_S) as stall_scope,
+                self.liveness.scope,
                 journal_faults(acts, self.control.kill) if acts is not None else nullcontext(),
             ):
                 await self._serve()
             if self.control.scope.cancelled_caught:
                 self.end = IncarnationEnd.CRASHED
+            elif self.liveness.stalled:
+                self.end = IncarnationEnd.NO_PROGRESS
+                self.violation(self.liveness.violation())
             elif stall_scope.cancelled_caught:
                 self.end = IncarnationEnd.STALLED
-                self.violation(f"no progress for {STALL_S:g} virtual seconds")
+                self.violation(f"moved but did not end within {STALL_S:g} virtual seconds")
         except Exception as exc:
             failed = failed_end(exc, opened=self.rollouts is not None)
             self.end, self.error = failed.end, failed.error
@@ -140,11 +166,11 @@ class Incarnation:
         """Open the Gym and the runtime on it (once more after a restore Gym could not serve,
         when the scenario retries it)."""
         sc = self.scenario
-        async with open_gym(sc, self.run.root / f"gym-{self.index}", self.faults, self.acts) as gym:
+        async with self._gym() as gym:
             self.control.gym = gym
             inner = LateEnds(gym, sc.late_end_s) if sc.late_end_s else gym
             self.watch = ModeWatch(inner, gym, sc.checkpoint_mode, self.violation)
-            backend = cast(GymBackend, self.watch)
+            backend = cast(GymBackend, Moving(self.watch, self.liveness))
             for attempt in (1, 2):
                 try:
                     await self._train(gym, backend)
@@ -161,13 +187,38 @@ class Incarnation:
                     # the same Gym must restore cleanly (all-or-nothing across instances)
                     self.installed_before.update(installs(await gym.statistics()))
 
+    @asynccontextmanager
+    async def _gym(self) -> AsyncIterator[EmbeddedGym]:
+        """This incarnation's Gym: a fresh one, closed when it ends, or the live Gym the
+        scenario run holds (a live restart: the previous incarnation's, still running)."""
+        live = self.run.live
+        if live is None:
+            usage = (self.run.counts, self.run.t0)
+            work = self.run.root / f"gym-{self.index}"
+            async with open_gym(self.scenario, work, self.faults, self.acts, usage) as gym:
+                yield gym
+            return
+        gs = await live.gym.statistics()
+        if self.index > 0:  # restored into the dead incarnation's running Gym
+            self.live_restart = True
+            self.run.counts.live_restarts += 1
+            self.installed_before.update(installs(gs))
+            self.claimed_before = sum(s.episodes_claimed for s in (*gs.instances, *gs.replaced))
+            self.fired_before = sum(n for _, n in live.gym.faults.fired)
+        yield live.gym
+
+    def _rows(self) -> dict[str, Any]:
+        """``open_rollouts``' rows: the scenario's count, or the drawn order (``RowOrder``)."""
+        order = self.scenario.usage.order
+        return {"rows": self.scenario.rows} if order is None else order.open_kwargs()
+
     async def _train(self, gym: EmbeddedGym, backend: GymBackend) -> None:
         sc, run = self.scenario, self.run
         self.checkpoint_calls = 0
         async with open_rollouts(
             backend,
             run.workdir,
-            rows=sc.rows,
+            **self._rows(),
             group_size=sc.group_size,
             config=self.config,
             max_rows_in_flight=sc.max_rows_in_flight,
@@ -178,6 +229,7 @@ class Incarnation:
             handle_signals=False,  # SIGTERM and Ctrl-C stop the simulation, not a seed's trainer
         ) as ro:
             self.rollouts = ro
+            self.liveness.moved("the open (and restore)")
             replaced_at_open = len((await gym.statistics()).replaced)
             ro.coordinator.on_stage = self._on_stage
             if ro.restored is not None:  # nothing dispatched yet
@@ -197,7 +249,12 @@ class Incarnation:
                 replicas = {e.rollout_id: e.replica for e in manifest.episodes}
             initial_spent = ro.ledger.statistics().row_attempts_spent
             initial_data = ro.ledger.statistics().data_failures
-            await self._train_dataset(ro)
+            second = sc.usage.second_trainer if self.index == 0 else None
+            if second is None:
+                await self._train_dataset(ro)
+            else:
+                await self._train_beside_second(ro, backend, second)
+            self._check_outage_rows(ro)
             run.final_snapshot = None
             for _ in range(self.config.max_consecutive_failures + 1):
                 if await self._checkpoint(ro):
@@ -218,7 +275,7 @@ class Incarnation:
             check_restored_installs(
                 self.violation,
                 gs,
-                claimed_restored=len(seen),
+                claimed_restored=len(seen) + self.claimed_before,
                 restored=len(replicas),
                 journal_stopped=acts is not None
                 and bool(acts.fired["full_disk"] or acts.fired["torn_record"]),
@@ -226,6 +283,7 @@ class Incarnation:
                 installed_before=self.installed_before,
             )
             # Gym is never left parked beyond its lease, whatever the last resume did
+            self.liveness.moved("the dataset's end")
             await trio.sleep(sc.lease_s + 1.0)
             self.lease_reopened += check_not_parked(self.violation, gym, sc.lease_s)
 
@@ -242,6 +300,7 @@ class Incarnation:
                     self.trainer = self.trainer.train(rewards, len(batch))
                     self.run.lineage.append((self.trainer.step, tuple(g.row for g in batch)))
                     self.steps += 1
+                    self.liveness.moved(f"step {self.trainer.step} trained")
                     if self.trainer.step % sc.checkpoint_every == 0:
                         await self._checkpoint(ro)
             except BudgetExhausted:
@@ -253,6 +312,94 @@ class Incarnation:
                 if failed_here and not self._faulty():
                     self.violation(f"{failed_here} rows failed for good without any fault")
 
+    async def _train_beside_second(
+        self, ro: Rollouts, backend: GymBackend, second: SecondTrainer
+    ) -> None:
+        """``_train_dataset`` while a second trainer tries to open the same Gym (the errors
+        of the training itself come out as they would alone, not in a group)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._second_trainer, backend, second)
+                await self._train_dataset(ro)
+        except BaseExceptionGroup as group:
+            err = single_error(group)
+            if err is group:
+                raise
+            raise err from None
+
+    async def _second_trainer(self, backend: GymBackend, second: SecondTrainer) -> None:
+        """A second trainer, with a work directory of its own, opens the Gym this incarnation
+        drives ``second.at_s`` in and tries to train one step within ``second.window_s``.
+
+        Expected (one trainer per Gym, issue 31 item 3): a clear refusal, an error out of
+        ``open_rollouts`` or its first step that ends a run with a documented exit code (not
+        an invariant violation); the first run goes on unaffected (its own checks say so).
+        Let in (a step trained, or no refusal within the window) is a violation.
+
+        AFTER MERGE (branch fence): the refusal's error type and exit code are not decided
+        yet; anything ``run_failure`` classifies but ``INVARIANT`` counts as a refusal here.
+        If the refusal comes later than ``window_s`` (a lease?), widen the window.
+        """
+        sc = self.scenario
+        await trio.sleep(second.at_s)
+        trained = False
+        error: BaseException | None = None
+        with trio.move_on_after(second.window_s):
+            try:
+                async with open_rollouts(
+                    backend,
+                    self.run.root / "second-trainer",
+                    rows=sc.rows,
+                    group_size=sc.group_size,
+                    config=self.config,
+                    max_rows_in_flight=sc.max_rows_in_flight,
+                    batch_size=sc.batch_size,
+                    restore=False,
+                    run_id="second",
+                    handle_signals=False,
+                ) as second_ro:
+                    batches = cast(AsyncGenerator[list[CompletedGroup], None], second_ro.batches(1))
+                    async with aclosing(batches):
+                        async for _ in batches:
+                            trained = True
+                            break
+            except Exception as exc:
+                error = exc
+        if error is not None and not trained:
+            decided = run_failure(error)
+            if decided is not None and decided[0] is not FailureKind.INVARIANT:
+                self.run.counts.second_refused += 1
+                return
+            err = single_error(error)
+            self.violation(
+                f"second trainer: expected a clear refusal, got {type(err).__name__}: {err}"
+            )
+        else:
+            what = "trained a step" if trained else f"was not refused within {second.window_s:g}s"
+            self.violation(
+                f"second trainer (another work dir) attached to the Gym this one drives and "
+                f"{what} (one trainer per Gym: expected a clear refusal)"
+            )
+        self.run.counts.second_let_in += 1
+
+    def _check_outage_rows(self, ro: Rollouts) -> None:
+        """No row given up because the model server was down: a slot the outage refused in
+        every attempt a row has (``max_row_attempts``) is an outage charged to the row."""
+        failed = ro.ledger.rows_failed
+        given_up = sorted(
+            {
+                row
+                for (row, _slot), attempts in self.run.counts.outage_attempts.items()
+                if row in failed and len(attempts) >= self.config.max_row_attempts
+            }
+        )
+        if given_up:
+            self.violation(
+                f"{len(given_up)} rows given up for a model-server outage "
+                f"({given_up[:5]}): an outage is infrastructure, waited out, never charged "
+                "to a row's attempts"
+            )
+
     def _on_stage(self, checkpoint_id: str, point: str) -> None:
         """The coordinator's hook: the mode's checks (before a race strikes), then the crash
         control's races and crash."""
@@ -263,6 +410,7 @@ class Incarnation:
     async def _checkpoint(self, ro: Rollouts) -> bool:
         self.checkpoint_calls += 1
         outcome = await ro.checkpoint(self.trainer.to_bytes())
+        self.liveness.moved(f"checkpoint {outcome.checkpoint_id} ended")
         self.outcomes.append((outcome.checkpoint_id, outcome.ok, outcome.reason))
         self.mid_turn += outcome.mid_turn
         self.taken += outcome.episodes
@@ -278,10 +426,13 @@ class Incarnation:
         )
 
     def _report(self) -> IncarnationReport:
+        self.liveness.still()
+        self.run.longest_still_s = max(self.run.longest_still_s, self.liveness.longest_still_s)
         acts, gym, ro = self.acts, self.control.gym, self.rollouts
         hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
         if (
             self.end.documented_abort
+            and not (self.live_restart and self.end is IncarnationEnd.RESTORE_FAILED)
             and not self.faults
             and not (self.races and self.scenario.stage_deaths)
             and not hostile_fired
@@ -289,6 +440,18 @@ class Incarnation:
             self.violation(f"aborted ({self.end}) without any fault: {self.error}")
         if ro is not None:
             check_released(self.violation, ro)
+        if (
+            self.live_restart
+            and self.end is IncarnationEnd.RESTORE_FAILED
+            and gym is not None
+            and sum(n for _, n in gym.faults.fired) == self.fired_before
+            and not hostile_fired
+        ):
+            self.violation(
+                "restore into the dead trainer's still running Gym refused, no fault "
+                f"accounting for it: {self.error} (a restore fences the dead incarnation "
+                "and proceeds)"
+            )
         fired: tuple[tuple[str, int], ...] = ()
         replacements = 0
         if gym is not None:

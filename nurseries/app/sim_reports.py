@@ -75,13 +75,21 @@ class ScenarioReport:
     fingerprint: str
     rolled_back: bool = False
     """An older snapshot than the latest was restored (``Scenario.rollback``)."""
+    usage: tuple[tuple[str, float], ...] = ()
+    """What the real-usage dimension exercised (``UsageCounts.summary``; empty when off)."""
+    longest_still_s: float = 0.0
+    """The longest stretch of virtual time with nothing moving (``ScenarioRun``); not in the
+    fingerprint."""
+    """What the real-usage dimension exercised (``UsageCounts.summary``; empty when off)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
             "ok": self.ok,
             "violations": list(self.violations),
-            "replay": replay_command(self.seed, bool(self.scenario.hostile)),
+            "replay": replay_command(
+                self.seed, bool(self.scenario.hostile), self.scenario.usage.names
+            ),
             "scenario": self.scenario.describe(),
             "incarnations": [
                 {
@@ -109,6 +117,8 @@ class ScenarioReport:
             "checkpoint_mode": self.scenario.checkpoint_mode.value,
             "episodes_mid_turn": self.episodes_mid_turn,
             "fingerprint": self.fingerprint,
+            "real_usage": dict(self.usage),
+            "longest_still_s": round(self.longest_still_s, 3),
         }
 
     @property

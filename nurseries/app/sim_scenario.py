@@ -6,6 +6,10 @@ points, sometimes a rollback to an older snapshot. Races (stream drops and insta
 between checkpoint stages, late stream ends, a restore retried into the same Gym) and the
 environment's hostile acts are drawn from generators of their own, so adding a dimension leaves
 the draws of the others as they were: a seed's replay command keeps reproducing the same run.
+So is the real-usage dimension (``sim_usage``: shuffled row orders, concurrent model calls, long
+turns, model-server outages, a restart into a live Gym, a second trainer), each of its
+sub-dimensions from a generator of its own; a live restart that finds no crash of the first
+incarnation adds one (the only draw of another dimension it touches).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from gymckpt.gym_adapter.calendar_env import SimConfig
 from gymckpt.nurseries import HOOK_POINTS
 from gymckpt.runtime import CheckpointMode, RuntimeConfig
 from gymckpt.testing.hostile import HostileAct, acts_summary, draw_hostile
+
+from .sim_usage import USAGE_NAMES, RealUsage, draw_usage, live_restart_crash_at, usage_flag
 
 __all__ = ["MAX_INCARNATIONS", "Crash", "Scenario", "draw_scenario", "replay_command"]
 
@@ -39,9 +45,13 @@ _EVERY_CALL_OK = frozenset(
 )
 
 
-def replay_command(seed: int, hostile: bool = False) -> str:
-    """The command that replays ``seed`` exactly (in its own process, ``PYTHONHASHSEED=0``)."""
-    return f"gymckpt simulate --seeds 1 --start {seed}" + (" --hostile" if hostile else "")
+def replay_command(seed: int, hostile: bool = False, usage: frozenset[str] | None = None) -> str:
+    """The command that replays ``seed`` exactly (in its own process, ``PYTHONHASHSEED=0``);
+    ``usage``: the real-usage sub-dimensions it ran with (None: the command's default, all)."""
+    flags = " --hostile" if hostile else ""
+    if usage is not None and usage != frozenset(USAGE_NAMES):
+        flags += f" --real-usage {usage_flag(usage)}"
+    return f"gymckpt simulate --seeds 1 --start {seed}" + flags
 
 
 @attrs.frozen(kw_only=True)
@@ -107,6 +117,9 @@ class Scenario:
     after a mutation, end with non-finite or non-JSON values, hang; exports that return such
     values or raise; journal writes that are short, torn or hit a full disk. Every incarnation
     but the last."""
+    usage: RealUsage = attrs.field(factory=RealUsage)
+    """The real-usage dimension's draws (``sim_usage``; in every incarnation: it is the
+    workload, not a fault)."""
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -144,7 +157,8 @@ class Scenario:
             f"stream drops at {list(self.stage_drops)}; instance deaths at "
             f"{list(self.stage_deaths)}; late stream ends {self.late_end_s:g}s; "
             f"restore retried into the same Gym {self.restore_retry}; checkpoints "
-            f"{self.checkpoint_mode.value}; hostile {acts_summary(self.hostile)}"
+            f"{self.checkpoint_mode.value}; hostile {acts_summary(self.hostile)}; real usage "
+            f"{self.usage.describe()}"
         )
 
 
@@ -161,14 +175,32 @@ def _draw_faults(rng: random.Random, n: int, ops: Sequence[str]) -> tuple[str, .
     return tuple(specs)
 
 
-def draw_scenario(seed: int, hostile: bool = False) -> Scenario:
+def draw_scenario(
+    seed: int, hostile: bool = False, usage: frozenset[str] = frozenset()
+) -> Scenario:
     """The scenario of ``seed``: a pure function of the seed (and ``hostile``: draw what the
-    environment does wrong too, from its own generator, so the other draws stay as they
-    were)."""
+    environment does wrong too; ``usage``: the real-usage sub-dimensions to draw, of
+    ``USAGE_NAMES``; each from its own generator, so the other draws stay as they were)."""
     sc = _draw_scenario(seed)
-    if not hostile:
+    if hostile:
+        sc = attrs.evolve(sc, hostile=draw_hostile(seed, sc.rows, sc.group_size, sc.sim_config()))
+    if not usage:
         return sc
-    return attrs.evolve(sc, hostile=draw_hostile(seed, sc.rows, sc.group_size, sc.sim_config()))
+    first_crash = bool(sc.crashes) and sc.crashes[0] is not None
+    drawn = draw_usage(
+        seed,
+        usage,
+        rows=sc.rows,
+        group_size=sc.group_size,
+        config=sc.sim_config(),
+        lease_s=sc.lease_s,
+        first_crash=first_crash,
+    )
+    sc = attrs.evolve(sc, usage=drawn)
+    if drawn.live_restart and not first_crash:
+        crash = Crash(at_s=live_restart_crash_at(seed))
+        sc = attrs.evolve(sc, crashes=(crash, *sc.crashes[1:]))
+    return sc
 
 
 def _draw_scenario(seed: int) -> Scenario:

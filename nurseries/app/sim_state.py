@@ -14,15 +14,30 @@ from pathlib import Path
 
 import attrs
 
+from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import snapshot_problems
 from gymckpt.runtime import ManifestError, SnapshotStore, TopologyMismatch, load_snapshot
 from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.testing.hostile import HostileActs
 
 from .sim_reports import IncarnationReport
 from .sim_scenario import Scenario
+from .sim_usage_env import UsageCounts
 from .verdict import judge
 
-__all__ = ["ScenarioRun", "judge_scenario", "verify_offline"]
+__all__ = ["LiveGym", "ScenarioRun", "judge_scenario", "verify_offline"]
+
+
+@attrs.frozen
+class LiveGym:
+    """A Gym that outlives the incarnation that opened it (``RealUsage.live_restart``): the
+    next incarnation restores into it while it still runs the dead one's episodes. ``acts``:
+    the hostile acts its environment does, ``faults`` its fault schedule (the opening
+    incarnation's)."""
+
+    gym: EmbeddedGym
+    acts: HostileActs | None
+    faults: tuple[str, ...]
 
 
 @attrs.define(eq=False)
@@ -42,6 +57,16 @@ class ScenarioRun:
     final_snapshot: Path | None = None
     """The snapshot the current incarnation published last (None until it published one)."""
     rolled_back: bool = False
+    t0: float = 0.0
+    """When the scenario started, in trio's clock (the real-usage outage window counts from
+    it)."""
+    counts: UsageCounts = attrs.field(factory=UsageCounts)
+    """What the real-usage dimension exercised (every incarnation)."""
+    live: LiveGym | None = None
+    longest_still_s: float = 0.0
+    """The longest stretch of virtual time any incarnation spent with nothing moving
+    (``Liveness.longest_still_s``): what the liveness bound must stay far above."""
+    """The Gym the current incarnation runs on when it outlives it (a live restart)."""
 
     def violation(self, inc: int, text: str) -> None:
         self.violations.append(f"incarnation {inc}: {text}")

@@ -35,6 +35,18 @@ durable log, and the dead attempts' sessions are freed there). After each restor
 anything is dispatched, no instance may hold the state of an attempt the snapshot's ledger
 dropped.
 
+Real usage (``--real-usage``, ``sim_usage``; all of it by default on the command line, none for
+in-process callers) draws the workload the way people run RL, each sub-dimension from its own
+generator and switchable on its own: ``shuffle`` (rows in a shuffled order), ``calls`` (two or
+three concurrent model calls in one turn, in a trio nursery), ``long-turns`` (turns longer than
+the control timeout and the lease), ``outages`` (the model server down for a drawn window of
+virtual time, calls raising ``ModelUnavailable``), ``live-restart`` (the first trainer dies and
+its Gym keeps running: the next restores into it) and ``second-trainer`` (another trainer opens
+the same Gym: it must be refused, the first run unaffected). The same invariants hold, and
+two more: no row given up for a model-server outage, and *liveness* (``sim_liveness``): an
+incarnation in which nothing moves (no row trained, no checkpoint, no attempt resolved) for
+the scenario's bound of virtual time is a violation, replayable like every other.
+
 A *crash* abandons the whole runtime and its embedded Gym at a random virtual time or at a
 coordinator hook point (the incarnation's cancel scope is cancelled), and the next incarnation
 restores the latest complete snapshot into a fresh embedded Gym in the same trio run — or, with
@@ -66,7 +78,9 @@ Layout
 ------
 ``sim_scenario`` (what a seed draws), ``sim_determinism`` (the guarded scheduling hook),
 ``sim_gym`` (the scenario's Gym), ``sim_crashes`` (crash control and stage races),
-``sim_incarnation`` (one trainer incarnation), ``sim_ends`` (how an incarnation ended),
+``sim_usage`` (the real-usage draws), ``sim_usage_env`` (the workplace used that way and what
+it counted), ``sim_liveness`` (the liveness watch), ``sim_incarnation`` (one trainer
+incarnation), ``sim_ends`` (how an incarnation ended),
 ``sim_checks`` (the invariants checked live), ``sim_state`` (the scenario across incarnations
 and its final verdict), ``sim_reports`` (reports and their JSON), ``sim_runner`` (a scenario,
 a seed); this module is ``gymckpt simulate``: seeds in a row, progress, the summary.
@@ -91,8 +105,10 @@ from .sim_determinism import SchedulingHookUnavailable, check_scheduling_hook
 from .sim_reports import IncarnationReport, ScenarioReport
 from .sim_runner import run_scenario, run_seed
 from .sim_scenario import Crash, Scenario, draw_scenario, replay_command
+from .sim_usage import USAGE_NAMES, parse_real_usage, usage_flag
 
 __all__ = [
+    "USAGE_NAMES",
     "Crash",
     "IncarnationReport",
     "Scenario",
@@ -100,6 +116,7 @@ __all__ = [
     "SchedulingHookUnavailable",
     "draw_scenario",
     "main_simulate",
+    "parse_real_usage",
     "replay_command",
     "run_scenario",
     "run_seed",
@@ -133,8 +150,19 @@ class Tally:
     """Episodes the published checkpoints took mid-turn (``CheckpointOutcome.mid_turn``)."""
     seeds_mid_turn: int = 0
     """Seeds whose checkpoints took at least one episode mid-turn."""
+    usage: Counter[str] = attrs.field(factory=Counter)
+    """What the real-usage dimension exercised, summed (``ScenarioReport.usage``)."""
+    longest_still_s: float = 0.0
+    """The longest stretch of virtual time any seed spent with nothing moving, and which."""
+    longest_still_seed: int = -1
+    violations_by_rule: Counter[str] = attrs.field(factory=Counter)
+    """Failing seeds by the rule of their first violation (``violation_rule``)."""
 
     def add(self, report: ScenarioReport) -> None:
+        self.usage.update(dict(report.usage))
+        if report.longest_still_s > self.longest_still_s:
+            self.longest_still_s = report.longest_still_s
+            self.longest_still_seed = report.seed
         self.seeds_by_mode[report.scenario.checkpoint_mode.value] += 1
         self.episodes_mid_turn += report.episodes_mid_turn
         self.seeds_mid_turn += report.episodes_mid_turn > 0
@@ -150,6 +178,16 @@ class Tally:
         self.virtual_s += report.virtual_s
         if not report.ok:
             self.failed.append(report)
+            self.violations_by_rule[violation_rule(report.violations[0])] += 1
+
+
+def violation_rule(violation: str) -> str:
+    """A violation's rule, for the summary: its line without the incarnation and the
+    specifics (numbers, ids, what followed a colon)."""
+    text = violation.split(": ", 1)[1] if violation.startswith("incarnation ") else violation
+    head = text.split(":", 1)[0] if text.startswith(("liveness", "second trainer")) else text
+    words = [w for w in head.split() if not any(c.isdigit() for c in w)]
+    return " ".join(words[:8])
 
 
 @attrs.define(eq=False, slots=True)
@@ -189,9 +227,12 @@ def main_simulate(
     tmp_root: Path | None = None,
     progress: Callable[[str], None] | None = None,
     hostile: bool = False,
+    usage: frozenset[str] = frozenset(),
 ) -> int:
     """``gymckpt simulate``: run seeds ``start .. start+seeds-1`` (``hostile``: with the
-    environment's hostile acts, ``--hostile``); exit 0, or 3 on a violation.
+    environment's hostile acts, ``--hostile``; ``usage``: the real-usage sub-dimensions,
+    ``--real-usage``, none by default here, all on the command line); exit 0, or 3 on a
+    violation.
 
     Raises ``SchedulingHookUnavailable`` before any seed runs when the installed trio is not
     one the deterministic scheduling was written for.
@@ -215,7 +256,7 @@ def main_simulate(
     quiet = logging.NullHandler()
     logging.getLogger("gymckpt").addHandler(quiet)
     try:
-        return _simulate_seeds(seeds, start, as_json, tmp_root, meter, hostile)
+        return _simulate_seeds(seeds, start, as_json, tmp_root, meter, hostile, usage)
     finally:
         logging.getLogger("gymckpt").removeHandler(quiet)
 
@@ -227,18 +268,19 @@ def _simulate_seeds(
     tmp_root: Path | None,
     meter: SeedProgress,
     hostile: bool,
+    usage: frozenset[str],
 ) -> int:
     tally = Tally()
     reports: list[ScenarioReport] = []
     for i, seed in enumerate(range(start, start + seeds)):
-        report = run_seed(seed, tmp_root, hostile=hostile)
+        report = run_seed(seed, tmp_root, hostile=hostile, usage=usage)
         tally.add(report)
         if seeds == 1:
             reports.append(report)
         if not report.ok and not as_json:
             print(
                 f"seed {seed}: FAIL: {report.violations[0]}  replay: "
-                f"{replay_command(seed, hostile)}",
+                f"{replay_command(seed, hostile, usage)}",
                 flush=True,
             )
         meter.seed_done(i, len(tally.failed))
@@ -246,13 +288,14 @@ def _simulate_seeds(
     if as_json:
         print(
             json.dumps(
-                _json_summary(tally, seeds, start, elapsed, hostile, reports), sort_keys=True
+                _json_summary(tally, seeds, start, elapsed, hostile, reports, usage),
+                sort_keys=True,
             )
         )
     else:
         if seeds == 1:
             _print_seed(reports[0])
-        _print_summary(tally, seeds, start, elapsed, hostile)
+        _print_summary(tally, seeds, start, elapsed, hostile, usage)
     return ExitCode.INVARIANT if tally.failed else ExitCode.OK
 
 
@@ -263,6 +306,7 @@ def _json_summary(
     elapsed: float,
     hostile: bool,
     reports: Sequence[ScenarioReport],
+    usage: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """The ``--json`` object (with ``scenario``, the one seed's report, for a single seed)."""
     out: dict[str, Any] = {
@@ -285,6 +329,11 @@ def _json_summary(
         "episodes_taken_by_mode": dict(sorted(tally.taken_by_mode.items())),
         "episodes_mid_turn": tally.episodes_mid_turn,
         "seeds_mid_turn": tally.seeds_mid_turn,
+        "real_usage": usage_flag(usage),
+        "longest_still_s": round(tally.longest_still_s, 3),
+        "longest_still_seed": tally.longest_still_seed,
+        "real_usage_exercised": {k: round(v, 3) for k, v in sorted(tally.usage.items())},
+        "violations_by_rule": dict(sorted(tally.violations_by_rule.items())),
     }
     if seeds == 1:
         out["scenario"] = reports[0].to_json()
@@ -325,9 +374,18 @@ def _print_seed(r: ScenarioReport) -> None:
         f"sentinels {r.sentinels}, {r.virtual_s:.3f} virtual s, fingerprint "
         f"{r.fingerprint}"
     )
+    if r.usage:
+        print("  real usage exercised: " + ", ".join(f"{k} {v:g}" for k, v in r.usage))
 
 
-def _print_summary(tally: Tally, seeds: int, start: int, elapsed: float, hostile: bool) -> None:
+def _print_summary(
+    tally: Tally,
+    seeds: int,
+    start: int,
+    elapsed: float,
+    hostile: bool,
+    usage: frozenset[str] = frozenset(),
+) -> None:
     failed = tally.failed
     rate = seeds / max(elapsed, 1e-9)
     print(
@@ -339,8 +397,20 @@ def _print_summary(tally: Tally, seeds: int, start: int, elapsed: float, hostile
         f"{dict(sorted(tally.seeds_by_mode.items()))}, checkpoints by mode "
         f"{dict(sorted(tally.checkpoints_by_mode.items()))}, episodes taken by mode "
         f"{dict(sorted(tally.taken_by_mode.items()))}, {tally.episodes_mid_turn} episodes "
-        f"mid-turn (in {tally.seeds_mid_turn} seeds)"
+        f"mid-turn (in {tally.seeds_mid_turn} seeds); longest still "
+        f"{tally.longest_still_s:.1f} virtual s (seed {tally.longest_still_seed})"
         + (f"; hostile acts struck {dict(sorted(tally.struck.items()))}" if hostile else "")
+        + (
+            f"; real usage {usage_flag(usage)}: "
+            + ", ".join(f"{k} {v:g}" for k, v in sorted(tally.usage.items()))
+            if usage
+            else ""
+        )
     )
+    if tally.violations_by_rule:
+        print(
+            "violations by rule (first of each failing seed): "
+            + "; ".join(f"{rule} x{n}" for rule, n in tally.violations_by_rule.most_common())
+        )
     if failed:
         print("failing seeds: " + " ".join(str(r.seed) for r in failed))
