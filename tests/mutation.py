@@ -1151,6 +1151,16 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="unreachable",
         sim_seeds=0,
     ),
+    Mutant(
+        "concurrent-model-unavailable-is-data",
+        "outages",
+        "gym_adapter/_host_turns.py",
+        "unavailable = model_unavailable(exc)",
+        "unavailable = exc if isinstance(exc, ModelUnavailable) else None",
+        ("tests/test_host_turns.py",),
+        keyword="concurrent_calls",
+        sim_seeds=0,
+    ),
 )
 
 
