@@ -30,7 +30,7 @@ from ._host_slots import SlotTable
 from ._host_views import HostCounts
 from ._user_calls import UserCalls
 
-__all__ = ["Turns"]
+__all__ = ["Turns", "model_unavailable"]
 
 
 @final
@@ -119,9 +119,10 @@ class Turns:
                 raise
             except Exception as exc:
                 # the model's infrastructure failing is not the episode's data: retried as infra
-                infra = isinstance(exc, ModelUnavailable)
+                unavailable = model_unavailable(exc)
+                infra = unavailable is not None
                 what = (
-                    f"model unavailable: {exc}"
+                    f"model unavailable: {unavailable}"
                     if infra
                     else str(exc)
                     if isinstance(exc, ModelRequestChanged)
@@ -155,3 +156,25 @@ class Turns:
             message = f"{episode_label(ep.info)}: {message}"
         self.failure_log.warn(message)
         return reply
+
+
+def model_unavailable(exc: BaseException) -> ModelUnavailable | None:
+    """The ``ModelUnavailable`` a step failed with, or None: ``exc`` itself, or the first of
+    an exception group every error of which is one — concurrent calls in a trio nursery or an
+    anyio task group all failing because the server is down fail the step with such a group.
+    A group with any other error in it is the episode's own failure (data)."""
+    if isinstance(exc, ModelUnavailable):
+        return exc
+    if not isinstance(exc, BaseExceptionGroup):
+        return None
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(reversed(e.exceptions))
+        else:
+            leaves.append(e)
+    if leaves and all(isinstance(e, ModelUnavailable) for e in leaves):
+        return leaves[0]  # type: ignore[return-value]
+    return None

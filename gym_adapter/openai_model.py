@@ -367,18 +367,47 @@ class OpenAIModel:
 
 
 def _server_message(data: bytes) -> str:
-    """The server's error message (OpenAI's ``{"error": {"message": …}}``), else its body."""
+    """The server's error message: OpenAI's ``{"error": {"message": …}}``, FastAPI's
+    ``{"detail": "…"}`` or its validation errors ``{"detail": [{"loc": […], "msg": "…"}, …]}``
+    (``body.messages: Field required``, joined by ``; ``), else the body (its first 300
+    bytes)."""
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return data[:300].decode("utf-8", "replace") or "(empty body)"
     if isinstance(value, dict):
+        if "error" not in value and "detail" in value:
+            detail = _detail_message(value["detail"])
+            if detail:
+                return detail
         error = value.get("error", value)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])
         if isinstance(error, str):
             return error
     return data[:300].decode("utf-8", "replace")
+
+
+def _detail_message(detail: object) -> str | None:
+    """FastAPI's ``detail``: a string, an object with a ``message`` or ``msg``, or a list of
+    validation errors (each ``{"loc": [...], "msg": ...}``); None for another shape."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, dict):
+        for key in ("message", "msg"):
+            if isinstance(detail.get(key), str):
+                return str(detail[key])
+        return None
+    if isinstance(detail, list) and detail:
+        parts = []
+        for item in detail:
+            if not isinstance(item, dict) or not isinstance(item.get("msg"), str):
+                return None
+            loc = item.get("loc")
+            where = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else ""
+            parts.append(f"{where}: {item['msg']}" if where else str(item["msg"]))
+        return "; ".join(parts)[:300]
+    return None
 
 
 openai_model: Final = OpenAIModel

@@ -17,10 +17,18 @@ Invariants
 * A stream that ends early: rows that never came back (and were not refused) are abandoned,
   queued for retirement and retired at once under dispatch admission; a failed retire is not
   fatal — they stay queued for the next checkpoint. Their siblings are re-sent as fresh attempts
-  under new rollout IDs (S3).
+  under new rollout IDs (S3). A stream that failed because its instance could not be reached
+  (``GymUnavailable`` that is not a death) is an outage: its rows are abandoned the same way
+  but spend nothing, and are re-sent after the outage's backoff.
 * Completions are accepted only when identity and gate ID match the ledger (stale ones counted).
-* Failures are classified infra vs data by Gym; infra re-sends wait an exponential backoff.
-  Each counts in ``rollout/episode_failures_total`` and its class's
+* Failures are classified infra vs data by Gym. A data failure spends a row attempt and data
+  budget and is re-sent at once. An infra failure (``ModelUnavailable`` out of ``ctx.model``:
+  the model server is down; an instance that could not run the episode) spends nothing: the
+  slot's next attempt is re-sent after a backoff that grows with the outage, and the outage
+  is bounded by time — the ``OutageClock`` of the episodes' infrastructure runs from the first
+  infra failure after the last episode that ended otherwise, and past ``outage_budget_s``
+  the run stops (``InfraOutage``, exit code 8) naming the last failure; it never gives a row
+  up. Each failure counts in ``rollout/episode_failures_total`` and its class's
   ``rollout/episode_failures_{data,infra}_total``. A ``Completed`` whose reward is not a finite
   number (an int is taken as a float; a bool, ``nan`` or ``inf`` is not) is a data failure of
   that attempt (Gym's replies are not trusted: a ``nan`` in the ledger would make a snapshot
@@ -43,7 +51,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 import trio
@@ -68,12 +76,14 @@ from gymckpt.runtime import (
     GymCallTimeout,
     GymInstanceDead,
     GymUnavailable,
+    InfraOutage,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
 )
 
 from ._calls import bounded_call, fan_out
+from ._outage import OutageClock
 from ._replace import InstanceReplacer
 
 __all__ = [
@@ -84,6 +94,8 @@ __all__ = [
     "Dispatcher",
     "DispatcherStatistics",
 ]
+
+T = TypeVar("T")
 
 READY = "rollout/groups-ready"
 """Barrier key touched whenever a prompt group becomes complete (the trainer waits on it)."""
@@ -151,6 +163,12 @@ class Dispatcher:
     _submitting: set[str] = attrs.field(factory=set, init=False)
     """Rollout IDs planned into a submission still in progress: never planned twice."""
     _submissions: int = attrs.field(default=0, init=False)
+    outage: OutageClock = attrs.field(init=False)
+    """The episodes' infrastructure: down from the first infra failure after the last episode
+    that ended otherwise (see the module docstring)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.outage = OutageClock("infrastructure (every episode failed as infra)", self.config)
 
     # -- work list ---------------------------------------------------------------------------
 
@@ -327,13 +345,15 @@ class Dispatcher:
                 fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
                 self.enqueue(a.rollout_id for a in fresh)
                 return
-            except GymUnavailable:
+            except GymUnavailable as exc:
                 # Gym's control plane failed the submission (C3 ``run:error`` /
                 # ``run:unpicklable``): nothing was admitted. The rows stay RESERVED with their
                 # identity and are re-sent after a backoff, at no cost (like S2): a control-plane
-                # failure says nothing about the rows and never ends the run.
+                # failure says nothing about the rows. It is an outage of the infrastructure,
+                # bounded by ``outage_budget_s`` like an episode's infra failure.
                 self.metrics.inc("rollout/run_errors_total")
-                streams.start_soon(self._resend_later, [r.rollout_id for r in rows])
+                delay = self.outage.down(f"gym instance {instance}: run failed: {exc}")
+                streams.start_soon(self._resend_after, delay, [r.rollout_id for r in rows])
                 return
             # the same mutation as the submission, nothing in between but the submission (S1);
             # rows the ledger dropped while Gym accepted them are queued for retirement (S4)
@@ -368,6 +388,7 @@ class Dispatcher:
         # whatever the string hashing (the simulation replays in process)
         outstanding = dict.fromkeys(ids)
         dead: GymInstanceDead | None = None
+        unreachable: GymUnavailable | None = None
         self._streams += 1
         key = f"stream-{next(self._stream_ids)}"
         try:
@@ -375,15 +396,18 @@ class Dispatcher:
                 key, f"/run of {len(ids)} rows on {instance}", self.request_timeout_s
             ):
                 async for replies in stream:
-                    await self._apply(replies, gate_id, outstanding)
+                    await self._apply(replies, instance, gate_id, outstanding)
         except (GymUnavailable, DeadlineExpired) as exc:
             if isinstance(exc, GymInstanceDead):
                 dead = exc
+            elif isinstance(exc, GymUnavailable):
+                unreachable = exc
             self.metrics.inc("rollout/stream_errors_total")
-        except BudgetExhausted:
-            # prompt-group recovery (S3): the run cannot go on. Retire what Gym still runs or
-            # holds for us, so nothing goes on mutating environment state for a run that ends,
-            # then re-raise: the caller's retry (a restart from the last snapshot) takes over.
+        except (BudgetExhausted, InfraOutage):
+            # prompt-group recovery (S3), or an outage past its budget: the run cannot go on.
+            # Retire what Gym still runs or holds for us, so nothing goes on mutating
+            # environment state for a run that ends, then re-raise: the caller's retry (a
+            # restart from the last snapshot) takes over.
             with trio.CancelScope(shield=True):
                 await self._retire_everything()
             raise
@@ -396,7 +420,7 @@ class Dispatcher:
             if outstanding:
                 await self._lost_to_death(outstanding)
         elif outstanding:
-            await self._early_end(instance, outstanding)
+            await self._early_end(instance, outstanding, unreachable)
 
     async def _lost_to_death(self, outstanding: dict[str, None]) -> None:
         """A dead instance's stream: its rows in flight are abandoned and re-sent fresh, at no
@@ -404,29 +428,36 @@ class Dispatcher:
         ledger = self.ledger
         lost = [rid for rid in outstanding if ledger.is_in_flight(rid)]
         touched = list(lost)
-        fresh = await ledger.barrier.mutate(lambda: ledger.abandon(lost, spend=False), touched)
+        fresh = await ledger.barrier.mutate(
+            self._rows_may_end(lambda: ledger.abandon(lost, spend=False), touched), touched
+        )
         self.enqueue(a.rollout_id for a in fresh)
 
     async def _apply(
         self,
         replies: Sequence[RunReply],
+        instance: str,
         gate_id: int,
         outstanding: dict[str, None],
     ) -> None:
-        """Apply one batch in one mutation. Re-sends are scheduled, never awaited here: the
-        consumer asks for the next batch at once, so replies leave the wire promptly (S9)."""
+        """Apply one batch (of ``instance``) in one mutation. Re-sends are scheduled, never
+        awaited here: the consumer asks for the next batch at once, so replies leave the wire
+        promptly (S9). Raises ``InfraOutage`` when an infra failure comes past the outage
+        budget."""
         ledger = self.ledger
         refused: list[str] = []
         touched: list[str] = []
         resend: list[str] = []
         backoff: list[str] = []
+        infra: list[str] = []
+        answered = False
 
         complete = ledger.complete_with
         metrics = self.metrics
 
         def apply() -> None:
+            nonlocal answered
             ready_before = ledger.ready_groups
-            rows_before = len(ledger.rows())
             for reply in replies:
                 rid = reply.rollout_id
                 if rid not in outstanding:
@@ -452,6 +483,8 @@ class Dispatcher:
                         )
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)
+                if failure is None or failure[0] == "data":
+                    answered = answered or not isinstance(reply, Refused)
                 if failure is not None:
                     failure_class, message = failure
                     metrics.inc(EPISODE_FAILURES)
@@ -459,54 +492,69 @@ class Dispatcher:
                         EPISODE_FAILURES_DATA if failure_class == "data" else EPISODE_FAILURES_INFRA
                     )
                     nxt = ledger.fail(rid, gate_id, failure_class, message)
+                    if failure_class == "infra":
+                        infra.append(f"{rid}: {message}")
                     if nxt is not None:
                         (backoff if failure_class == "infra" else resend).append(nxt.rollout_id)
                 elif isinstance(reply, Refused) and ledger.refuse(rid):
                     refused.append(rid)
                     self._refused += 1
                     self.metrics.inc(ADMISSION_CLOSED_ROWS)
-            if ledger.ready_groups > ready_before or len(ledger.rows()) < rows_before:
-                touched.append(READY)  # a group is ready, or a row failed: the trainer looks
+            if ledger.ready_groups > ready_before:
+                touched.append(READY)  # a group is ready: the trainer looks
 
-        await ledger.barrier.mutate(apply, touched)
+        await ledger.barrier.mutate(self._rows_may_end(apply, touched), touched)
+        if answered:  # an episode ended on its own: its infrastructure works
+            self.outage.up()
+            self.replacer.served(instance)
+        delay = 0.0
+        for cause in infra:  # raises InfraOutage past the budget
+            delay = self.outage.down(cause)
         if resend:
             self.enqueue(resend)
         assert self._nursery is not None
         if backoff:
-            self._nursery.start_soon(self._after_backoff, backoff)
+            self._nursery.start_soon(self._resend_after, delay, backoff)
         if refused:  # back to RESERVED now; re-sent as soon as admission allows (S2)
             self._nursery.start_soon(self._requeue_refused, refused, gate_id)
 
-    async def _after_backoff(self, ids: list[str]) -> None:
-        spent = max(
-            (
-                self.ledger.row_attempts_spent(a.row, a.slot)
-                for a in filter(None, (self.ledger.get(i) for i in ids))
-            ),
-            default=1,
-        )
-        delay = self.config.backoff_s(spent)
+    async def _resend_after(self, delay: float, ids: list[str]) -> None:
+        """Re-send ``ids`` after ``delay`` (an outage's backoff, ``OutageClock.down``)."""
         if delay > 0:
             await trio.sleep(delay)
         self.enqueue(ids)
 
-    def _abandon(self, rollout_ids: Sequence[str], touched: list[str]) -> list[Attempt]:
-        """``ledger.abandon`` inside a mutation; touches ``READY`` when a row failed for good.
+    def _rows_may_end(self, fn: Callable[[], T], touched: list[str]) -> Callable[[], T]:
+        """``fn`` as a mutation that may end rows for good (a failure or an abandonment that
+        spent a row's last attempt): when a row left the ledger, touch ``READY`` and wake the
+        planning loop. Liveness rests on both, whatever ``max_rows_in_flight``:
 
-        An abandoned attempt spends a row attempt, so the row may fail as a whole and leave
-        the ledger. The trainer waits on ``READY`` for "enough groups, or the dataset is done":
-        without this touch the trainer would sleep forever once the last rows fail through
-        abandonment (every stream dropped, or every submission unanswered).
+        * the trainer waits on ``READY`` for "enough groups, or the dataset is done", and a row
+          that fails for good may be what makes the dataset done;
+        * a row that leaves the ledger frees room under ``max_rows_in_flight``, and only the
+          planning loop reserves the next row, or learns that there is none left
+          (``rows_exhausted``): asleep, it would leave the trainer waiting for nothing.
+
+        Every mutation of the dispatcher that fails or abandons attempts runs through here.
         """
-        rows_before = len(self.ledger.rows())
-        replacements = self.ledger.abandon(rollout_ids)
-        if len(self.ledger.rows()) < rows_before:
-            touched.append(READY)
-        return replacements
+        ledger = self.ledger
 
-    async def _resend_later(self, ids: list[str]) -> None:
-        await trio.sleep(self.config.backoff_s(1))
-        self.enqueue(ids)
+        def mutation() -> T:
+            rows_before = len(ledger.rows())
+            try:
+                return fn()
+            finally:
+                if len(ledger.rows()) < rows_before:
+                    touched.append(READY)
+                    self._kick.set()
+
+        return mutation
+
+    def _abandon(self, rollout_ids: Sequence[str], touched: list[str]) -> list[Attempt]:
+        """``ledger.abandon`` (S3: each spends a row attempt) inside a mutation, with the
+        wakeups of ``_rows_may_end`` when a row ran out of attempts. Returns the fresh
+        attempts to send."""
+        return self._rows_may_end(lambda: self.ledger.abandon(rollout_ids), touched)()
 
     async def _requeue_refused(self, ids: list[str], gate_id: int) -> None:
         # Refused under the gate ID we still hold open: Gym closed admission on its own (a
@@ -515,17 +563,47 @@ class Dispatcher:
             await trio.sleep(self.config.backoff_s(1))
         self.enqueue(ids)
 
-    async def _early_end(self, instance: str, outstanding: dict[str, None]) -> None:
-        """S3: abandon, queue for retire, retire now under admission, re-send fresh."""
+    async def _early_end(
+        self,
+        instance: str,
+        outstanding: dict[str, None],
+        unreachable: GymUnavailable | None = None,
+    ) -> None:
+        """S3: abandon, queue for retire, retire now under admission, re-send fresh.
+
+        A stream that Gym ended without these rows spends a row attempt each (a row that
+        keeps breaking its stream fails for good). One that failed because the instance could
+        not be reached (``unreachable``: a connection that broke, a transport error; not a
+        death) is an outage of the infrastructure: the rows spend nothing and are re-sent
+        after the outage's backoff, and past ``outage_budget_s`` the run stops
+        (``InfraOutage``)."""
         self._early += 1
         self.metrics.inc("rollout/early_stream_ends_total")
         ledger = self.ledger
+        delay = 0.0
+        if unreachable is not None:
+            try:
+                delay = self.outage.down(f"gym instance {instance}: reply stream: {unreachable}")
+            except InfraOutage:
+                with trio.CancelScope(shield=True):
+                    await self._retire_everything()
+                raise
         abandoned = [rid for rid in outstanding if ledger.is_in_flight(rid)]
         touched = list(abandoned)
-        replacements = await ledger.barrier.mutate(
-            lambda: self._abandon(abandoned, touched), touched
-        )
-        self.enqueue(a.rollout_id for a in replacements)
+        if unreachable is None:
+            replacements = await ledger.barrier.mutate(
+                lambda: self._abandon(abandoned, touched), touched
+            )
+            self.enqueue(a.rollout_id for a in replacements)
+        else:
+            replacements = await ledger.barrier.mutate(
+                self._rows_may_end(lambda: ledger.abandon(abandoned, spend=False), touched),
+                touched,
+            )
+            assert self._nursery is not None
+            self._nursery.start_soon(
+                self._resend_after, delay, [a.rollout_id for a in replacements]
+            )
         if not abandoned or not self.replacer.is_up(instance):
             return
         generation = self.replacer.generation(instance)

@@ -20,11 +20,24 @@ gate-ID check (fencing).
 
 Then the backend's ``replace`` is called (``ReplaceableGym``), bounded by
 ``replace_timeout_s`` plus the reply grace, in a task of this replacer's nursery, which the
-runtime owns (``open_rollouts``). A failed call is retried after a backoff. Each call counts
-against the instance's budget: at most ``max_replacements`` within ``replacement_window_s``;
-one more stops the run with ``ReplacementsExhausted`` (exit code 5), naming the instance, the
-count and the window. A backend without ``replace`` keeps the instance dead:
-its checkpoints fail until ``max_consecutive_failures`` stops the run.
+runtime owns (``open_rollouts``). A backend without ``replace`` keeps the instance dead: its
+checkpoints fail until ``max_consecutive_failures`` stops the run.
+
+Outages and crash loops. Each instance has an ``OutageClock``: it goes down at a death and
+comes up when the instance (its replacement) runs an episode to its end (``served``, told by
+the dispatcher). Two budgets follow from it:
+
+* A death of an instance that is *up* — it served since its last replacement, or was never
+  replaced — is a crash: it counts against ``max_replacements`` within
+  ``replacement_window_s``, one more stops the run with ``ReplacementsExhausted`` (exit code
+  5, naming the instance, the count and the window), and the replacement starts at once.
+* A death of an instance that is still *down* — its replacement died again before it served
+  an episode (a disk that is full for a moment, a server restarting) — and every failed
+  ``replace`` call belong to the same outage: they are not charged again, and the next
+  ``replace`` waits a backoff that grows with the outage (``backoff_s`` of its failures), so
+  a disk full for 1.5 s costs a handful of spaced replacements, not the budget in a few
+  milliseconds. The outage is bounded by time: past ``outage_budget_s`` the run stops
+  (``InfraOutage``, exit code 8) naming the instance and its last failure.
 
 Generations: every replacement starts a new generation of the instance name. A report carries
 the generation its observer talked to, so a stream of the dead generation that reports late
@@ -36,6 +49,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import attrs
 import trio
@@ -44,6 +58,7 @@ from gymckpt.gym_adapter import GymBackend, can_replace
 from gymckpt.runtime import (
     GymInstanceDead,
     GymUnavailable,
+    InfraOutage,
     Metrics,
     RecoveryLedger,
     ReplacementsExhausted,
@@ -51,6 +66,7 @@ from gymckpt.runtime import (
 )
 
 from ._calls import bounded_call
+from ._outage import OutageClock
 
 __all__ = ["InstanceReplacer", "ReplacerStatistics", "dead_in", "replace_now"]
 
@@ -69,6 +85,8 @@ class ReplacerStatistics:
     released_attempts: int
     last_replacement_s: float | None
     """Time from the death being reported to the replacement serving, for the last one."""
+    outages: tuple[str, ...] = ()
+    """Instances in an outage: died, and not served an episode since (see ``served``)."""
 
 
 @attrs.define(eq=False, slots=True)
@@ -92,6 +110,7 @@ class InstanceReplacer:
     _down: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _lost: set[str] = attrs.field(factory=set, init=False)
     _history: dict[str, deque[float]] = attrs.field(factory=dict, init=False)
+    _outages: dict[str, OutageClock] = attrs.field(factory=dict, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _deaths: int = attrs.field(default=0, init=False)
     _replaced: int = attrs.field(default=0, init=False)
@@ -135,8 +154,21 @@ class InstanceReplacer:
             "gym instance %s died%s; replacing it", instance, f" ({cause})" if cause else ""
         )
         self._down[instance] = trio.Event()
-        self._nursery.start_soon(self._replace, instance, trio.current_time())
+        self._nursery.start_soon(self._replace, instance, trio.current_time(), cause)
         return True
+
+    def served(self, instance: str) -> None:
+        """``instance`` ran an episode to its end (completed, or failed as data): it works, and
+        its outage, if any, is over. O(1)."""
+        clock = self._outages.get(instance)
+        if clock is not None:
+            clock.up()
+
+    def _outage(self, instance: str) -> OutageClock:
+        clock = self._outages.get(instance)
+        if clock is None:
+            clock = self._outages[instance] = OutageClock(f"gym instance {instance}", self.config)
+        return clock
 
     async def wait_up(self, deadline: float) -> None:
         """Wait until no instance is being replaced, or ``deadline`` (a checkpoint does not
@@ -160,7 +192,7 @@ class InstanceReplacer:
                 # clean-up that outlives us is only noted
                 self._nursery = None
 
-    async def _replace(self, instance: str, seen_at: float) -> None:
+    async def _replace(self, instance: str, seen_at: float, cause: str) -> None:
         ledger = self.ledger
         touched: list[str] = []
 
@@ -185,21 +217,20 @@ class InstanceReplacer:
             return
         replace = self.gym.replace  # type: ignore[attr-defined]
         bound = _replace_bound(self.config)
-        history = self._history.setdefault(instance, deque())
-        window = self.config.replacement_window_s
-        last = ""
+        outage = self._outage(instance)
+        crashed = not outage.is_down  # it served since its last replacement (or never had one)
+        try:
+            delay = outage.down(f"died: {cause}" if cause else "died")
+        except InfraOutage as exc:
+            self._stop(instance, exc)
+        if crashed:  # a crash, not an outage going on: charged, and replaced at once
+            self._charge(instance)
+            delay = 0.0
         attempt = 0
         while True:
-            now = trio.current_time()
-            while history and history[0] <= now - window:
-                history.popleft()
-            if len(history) >= self.config.max_replacements:
-                self._lost.add(instance)
-                self._down.pop(instance).set()
-                exhausted = ReplacementsExhausted(instance, len(history), window, last)
-                logger.error("the run stops: %s", exhausted)
-                raise exhausted
-            history.append(now)
+            if delay > 0:
+                self.metrics.inc("rollout/replace_backoffs_total")
+                await trio.sleep(delay)
             attempt += 1
             try:
                 await bounded_call(
@@ -208,11 +239,13 @@ class InstanceReplacer:
             except GymUnavailable as exc:
                 self._failed_calls += 1
                 self.metrics.inc("rollout/replace_failures_total")
-                last = str(exc)
                 logger.warning(
                     "replacing gym instance %s failed (try %d): %s", instance, attempt, exc
                 )
-                await trio.sleep(self.config.backoff_s(attempt))
+                try:
+                    delay = outage.down(f"replace failed: {exc}")
+                except InfraOutage as stop:
+                    self._stop(instance, stop)
                 continue
             break
         self._generation[instance] = self.generation(instance) + 1
@@ -229,6 +262,25 @@ class InstanceReplacer:
         self._down.pop(instance).set()
         self.on_up(instance)
 
+    def _charge(self, instance: str) -> None:
+        """Count a crash of ``instance`` against ``max_replacements`` per
+        ``replacement_window_s``; past it, stop the run (``ReplacementsExhausted``)."""
+        history = self._history.setdefault(instance, deque())
+        window = self.config.replacement_window_s
+        now = trio.current_time()
+        while history and history[0] <= now - window:
+            history.popleft()
+        if len(history) >= self.config.max_replacements:
+            self._stop(instance, ReplacementsExhausted(instance, len(history), window))
+        history.append(now)
+
+    def _stop(self, instance: str, error: ReplacementsExhausted | InfraOutage) -> NoReturn:
+        """``instance`` stays dead, and the run stops with ``error`` (logged first)."""
+        self._lost.add(instance)
+        self._down.pop(instance).set()
+        logger.error("the run stops: %s", error)
+        raise error
+
     def statistics(self) -> ReplacerStatistics:
         return ReplacerStatistics(
             deaths=self._deaths,
@@ -238,6 +290,7 @@ class InstanceReplacer:
             lost=tuple(sorted(self._lost)),
             released_attempts=self._released,
             last_replacement_s=self._last_s,
+            outages=tuple(sorted(n for n, c in self._outages.items() if c.is_down)),
         )
 
     def __repr__(self) -> str:

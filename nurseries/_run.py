@@ -6,9 +6,10 @@ broke an invariant with a long nested traceback and exit 1. ``run`` decides the 
 the errors inside the groups (the command line's codes: 2 gymckpt refused its input or the
 work directory is in use, 3 invariant violation, 4 checkpoints failed too often, 5 a Gym
 instance died past its replacement budget, 6 the cluster lost, 7 episodes failed past the
-data-failure budget, 130 interrupted) and prints one line. Anything else — an error in the
-trainer's own code, a ``ValueError`` from its ``json.loads`` included — is not gymckpt's to
-summarise, and propagates unchanged, traceback and all.
+data-failure budget, 8 infrastructure down past the outage budget, 130 interrupted) and
+prints one line. Anything else — an error in the trainer's own code, a ``ValueError`` from its
+``json.loads`` included — is not gymckpt's to summarise, and propagates unchanged, traceback
+and all.
 
 Preemption (SIGTERM, SIGINT): ``open_rollouts`` handles both signals while it is open — the
 trainer finishes its step, a final checkpoint is taken and logged in one line, and
@@ -64,6 +65,10 @@ class ExitCode(enum.IntEnum):
     """Episodes failed as data past ``data_failure_budget``, or every row of the dataset
     failed for good (``BudgetExhausted``): the environment (or the data) is broken. The line
     names the last failure; each is logged under the ``gymckpt`` logger with its traceback."""
+    INFRA_OUTAGE = 8
+    """Infrastructure stayed down past ``outage_budget_s`` (``InfraOutage``): a model server
+    every episode failed on, or a Gym instance that could not be brought back. The line names
+    what is down; no row was given up, and a rerun resumes from the last snapshot."""
     INTERRUPTED = 130
     """SIGINT outside the trainer facade (which handles it itself)."""
 
@@ -79,6 +84,7 @@ EXIT_CODES: Mapping[FailureKind, ExitCode] = {
     FailureKind.REPLACEMENTS_EXHAUSTED: ExitCode.REPLACEMENTS_EXHAUSTED,
     FailureKind.CLUSTER_LOST: ExitCode.CLUSTER_LOST,
     FailureKind.DATA_FAILURES: ExitCode.DATA_FAILURES,
+    FailureKind.INFRA_OUTAGE: ExitCode.INFRA_OUTAGE,
     FailureKind.PREEMPTED: ExitCode.OK,
 }
 """The exit code of each kind of failure that can end a run (``run_failure`` decides the
@@ -89,6 +95,7 @@ _DECIDES_ALONE = (
     FailureKind.INVARIANT,
     FailureKind.CLUSTER_LOST,
     FailureKind.REPLACEMENTS_EXHAUSTED,
+    FailureKind.INFRA_OUTAGE,
 )
 """Kinds that decide a run's end whatever failed with them, in this order."""
 _UNAVAILABLE = frozenset({FailureKind.CHECKPOINTS_FAILED, FailureKind.GYM_UNAVAILABLE})
@@ -108,9 +115,10 @@ def run_failure(exc: BaseException) -> tuple[FailureKind, BaseException] | None:
     Two tasks may fail together (the dispatcher finding every instance dead while a checkpoint
     gives up), so every error inside the groups is classified (``failure_kind``): an
     invariant violation anywhere decides; then the cluster lost (whatever failed with it);
-    then an instance that died past its replacement budget. Checkpoints failing too often,
-    every instance dead, or a restore Gym could not serve (a ``GymUnavailable`` only escapes a
-    run from the restore; checkpoints retry it) — those and nothing else — are
+    then an instance that died past its replacement budget; then infrastructure down past
+    the outage budget. Checkpoints failing too often, every instance dead, or a restore Gym
+    could not serve (a ``GymUnavailable`` only escapes a run from the restore; checkpoints
+    retry it) — those and nothing else — are
     ``CHECKPOINTS_FAILED`` (the first ``CheckpointsFailed``) or ``GYM_UNAVAILABLE``; episodes
     failing past the data-failure budget (``BudgetExhausted``, alone or beside Gym being
     unavailable), ``DATA_FAILURES`` (the last one); a run preempted by a signal (``Preempted``
@@ -173,6 +181,7 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
             ExitCode.REPLACEMENTS_EXHAUSTED: "run stopped",
             ExitCode.CLUSTER_LOST: "run stopped",
             ExitCode.DATA_FAILURES: "run stopped",
+            ExitCode.INFRA_OUTAGE: "run stopped",
         }[code]
         print(f"gymckpt: {what}: {err}", file=sys.stderr)
         raise SystemExit(code) from None

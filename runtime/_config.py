@@ -66,6 +66,13 @@ class RuntimeConfig:
     replacement_window_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0))
     replace_timeout_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
     """Bound of one ``replace`` call (a new Ray actor may take a while to schedule)."""
+    outage_budget_s: float = attrs.field(default=300.0, validator=attrs.validators.gt(0.0))
+    """How long infrastructure may stay down before the run stops (``InfraOutage``, exit code
+    8): a model server every episode fails on (episodes failing as infra, nothing answered
+    since), or a Gym instance that cannot be brought back (it dies again before it served an
+    episode, or its ``replace`` fails). Meanwhile rows wait and are re-sent with backoff,
+    spending no row attempt and no data budget. The default outlasts a model server's restart
+    for a weight update."""
     checkpoint_mode: CheckpointMode = attrs.field(default=CheckpointMode.ALIGNED, converter=_mode)
     """``ALIGNED`` (every episode parks at its next step boundary) or ``UNALIGNED`` (no episode
     waits for a turn; see ``CheckpointMode``). A string names one."""

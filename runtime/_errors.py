@@ -34,6 +34,7 @@ __all__ = [
     "GymInUse",
     "GymInstanceDead",
     "GymUnavailable",
+    "InfraOutage",
     "InstanceDirLocked",
     "ManifestError",
     "Preempted",
@@ -350,6 +351,29 @@ class ReplacementsExhausted(RuntimeError):
             f"within {self.window_s:g}s, its budget (max_replacements per "
             f"replacement_window_s){tail}: find out why it keeps dying, or raise "
             "max_replacements"
+        )
+
+
+class InfraOutage(RuntimeError):
+    """Infrastructure stayed down past ``outage_budget_s``: the run stops (exit code 8).
+    ``what`` names what is down (a model server's URL in the last failure, or a Gym
+    instance), ``down_s`` how long it has been down, ``last`` the last failure it caused.
+    Nothing was given up: the rows waiting for it are in the ledger, and a rerun resumes from
+    the last snapshot once the infrastructure is back."""
+
+    def __init__(self, what: str, down_s: float, budget_s: float, last: str = "") -> None:
+        super().__init__(what, down_s, budget_s, last)
+        self.what = what
+        self.down_s = down_s
+        self.budget_s = budget_s
+        self.last = last
+
+    def __str__(self) -> str:
+        tail = f" (last: {self.last})" if self.last else ""
+        return (
+            f"{self.what} down for {self.down_s:.0f}s, past outage_budget_s="
+            f"{self.budget_s:g}{tail}: bring it back and run again (it resumes from the last "
+            "snapshot), or raise outage_budget_s"
         )
 
 

@@ -30,6 +30,7 @@ from ._errors import (
     CheckpointsFailed,
     GymConnectionLost,
     GymUnavailable,
+    InfraOutage,
     Preempted,
     ReplacementsExhausted,
     TrainerFilesRefused,
@@ -66,6 +67,9 @@ class FailureKind(enum.StrEnum):
     """Checkpoints failed too often in a row (``CheckpointsFailed``)."""
     REPLACEMENTS_EXHAUSTED = "replacements_exhausted"
     """An instance died past its replacement budget (``ReplacementsExhausted``)."""
+    INFRA_OUTAGE = "infra_outage"
+    """Infrastructure (a model server, a Gym instance) stayed down past ``outage_budget_s``
+    (``InfraOutage``)."""
     CLUSTER_LOST = "cluster_lost"
     """The cluster Gym runs on is out of reach (``GymConnectionLost``)."""
     DATA_FAILURES = "data_failures"
@@ -84,6 +88,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureKind], ...] = (
     (GymUnavailable, FailureKind.GYM_UNAVAILABLE),
     (CheckpointsFailed, FailureKind.CHECKPOINTS_FAILED),
     (ReplacementsExhausted, FailureKind.REPLACEMENTS_EXHAUSTED),
+    (InfraOutage, FailureKind.INFRA_OUTAGE),
     (BudgetExhausted, FailureKind.DATA_FAILURES),
     (Preempted, FailureKind.PREEMPTED),
 )

@@ -21,6 +21,9 @@ Invariants (checked by the stateful test):
   with; any other is stale, counted and ignored (fencing);
 * a refusal (``admission_closed``) returns the attempt to RESERVED with its identity and spends
   neither a row attempt nor data budget (S2);
+* a failure spends a row attempt only when it is the episode's own (``"data"``); an
+  ``"infra"`` failure (a model server or an instance down) ends the attempt and starts the
+  slot's next one, spending nothing: outages are bounded by time, not by giving rows up;
 * the retire queue holds every dropped attempt Gym may still run (dispatched, or reserved with
   restored Gym state) and forgets only what ``forget_retired`` names (S4); between checkpoints it
   lives in memory, and a snapshot carries what it holds at the cut (Gym committed those
@@ -153,7 +156,7 @@ class RecoveryLedger:
         slot's row attempts are spent (then the whole row fails)."""
         cols = self._cols
         cols.end(s, final, failure)
-        if not spend and final is _ABANDONED:
+        if not spend:  # an instance death or an infra failure: released at no cost
             self._released += 1
         if spend and cols.spend(s) >= self.max_row_attempts:
             cols.fail_row(cols.row_at(s))
@@ -297,7 +300,10 @@ class RecoveryLedger:
         return True
 
     def fail(self, rollout_id: str, gate_id: int, cls: FailureClass, reason: str) -> Attempt | None:
-        """A failed episode: spend a row attempt (and data budget for ``"data"``).
+        """A failed episode. ``"data"`` (the episode's own problem) spends a row attempt and
+        data budget; ``"infra"`` (its infrastructure was down: a model server, the instance)
+        spends neither — the row did nothing wrong, and an outage is bounded by time
+        (``outage_budget_s``, the dispatcher's ``OutageClock``), never by giving rows up.
 
         Returns the slot's next attempt (RESERVED, new rollout ID), or None when the reply was
         stale or the row ran out of attempts (the row then fails as a whole). Raises
@@ -311,7 +317,7 @@ class RecoveryLedger:
         if cls == "data":
             self._data_failures += 1
         self.last_failure = f"{rollout_id}: {cls}: {reason}"
-        nxt = self._replace(s, _FAILED, spend=True, failure=f"{cls}: {reason}")
+        nxt = self._replace(s, _FAILED, spend=cls == "data", failure=f"{cls}: {reason}")
         if cls == "data" and self._data_failures > self.data_failure_budget:
             raise BudgetExhausted(
                 f"data-failure budget of {self.data_failure_budget} spent "

@@ -140,8 +140,10 @@ class LedgerStatistics:
     data_failures: int
     stale_replies: int
     released_total: int = 0
-    """Attempts abandoned because their instance died (``release_instance``,
-    ``abandon(spend=False)``): counted in ``abandoned_total`` but spending no row attempt."""
+    """Attempts ended at no cost: abandoned because their instance died
+    (``release_instance``, ``abandon(spend=False)``; counted in ``abandoned_total``) or failed
+    as infra (``fail(..., "infra", ...)``; counted in ``failed_total``). None spent a row
+    attempt."""
 
 
 @attrs.frozen

@@ -22,9 +22,14 @@ per-choice ``token_ids``. ``GET /v1/models`` lists the model. ``GET /stats`` (au
 Faults, per server flag or per request header: ``--latency-s`` / ``X-Test-Latency-S``;
 ``--fail-first N`` / ``X-Test-Fail-First: N`` (the first N requests of each capture key answer
 500); ``X-Test-Status: 400`` (answer that status); ``X-Test-Hang: 1`` (answer nothing until the
-client hangs up, at most ``--max-hang-s``). It binds loopback by default, wants the bearer token
-when ``--api-key`` is given (401 otherwise), refuses bodies over ``--max-body-bytes`` (413), and
-answers every error in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``).
+client hangs up, at most ``--max-hang-s``). An outage: ``POST /test/outage`` with
+``{"seconds": S}`` (authenticated; ``OpenAITestServer.outage(S)``) answers every completion 503
+for the next S seconds, as a server restarting for a weight update does; and
+``OpenAITestServer.restart(down_s)`` stops the process and starts it again on the same port
+(nothing listens meanwhile). It binds loopback by default, wants the bearer token when
+``--api-key`` is given (401 otherwise), refuses bodies over ``--max-body-bytes`` (413), and
+answers every error in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``),
+or in FastAPI's (``{"detail": "…"}``) to a request with ``X-Test-Error-Shape: fastapi``.
 The process exits when its parent dies, so a killed test leaves no server behind.
 """
 
@@ -260,6 +265,8 @@ class _Stats:
     max_concurrent: int = 0
     by_key: dict[str, int] = attrs.field(factory=dict)
     statuses: dict[str, int] = attrs.field(factory=dict)
+    down_until: float = 0.0
+    """``time.monotonic()`` until which completions answer 503 (``POST /test/outage``)."""
 
     def view(self) -> dict[str, Any]:
         with self.lock:
@@ -298,6 +305,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, value: Any, close: bool = False) -> None:
+        if status >= 400 and self.headers.get("X-Test-Error-Shape") == "fastapi":
+            value = {"detail": value["error"]["message"]}  # FastAPI's HTTPException body
         data = json.dumps(value).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -339,6 +348,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats.reset()
             self._send(200, {"ok": True})
             return
+        if self.path == "/test/outage":
+            try:
+                length = int(self.headers.get("Content-Length", "0") or 0)
+                seconds = float(json.loads(self.rfile.read(length))["seconds"])
+            except (ValueError, KeyError, TypeError) as exc:
+                self._send(400, _error(400, f'/test/outage takes {{"seconds": S}}: {exc}'))
+                return
+            with self.server.stats.lock:
+                self.server.stats.down_until = time.monotonic() + seconds
+            self._send(200, {"ok": True, "seconds": seconds})
+            return
         if self.path not in ("/v1/chat/completions", "/v1/responses"):
             self._send(404, _error(404, f"no route POST {self.path}"), close=True)
             return
@@ -369,6 +389,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413, _error(413, f"body over {opts.max_body_bytes} bytes"), close=True)
             return 413
         raw = self.rfile.read(length)
+        if time.monotonic() < self.server.stats.down_until:
+            self._send(503, _error(503, "the model server is restarting (an outage on purpose)"))
+            return 503
         latency = float(self.headers.get("X-Test-Latency-S", opts.latency_s))
         if latency > 0:
             time.sleep(latency)
@@ -482,11 +505,12 @@ class OpenAITestServer:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def start(self) -> None:
+    def start(self, port: int = 0) -> None:
+        """Start the process on ``port`` (0: one the OS picks) and wait for it to listen."""
         self._dir = tempfile.TemporaryDirectory(prefix="gymckpt-openai-")
         port_file = Path(self._dir.name) / "port"
         log = open(Path(self._dir.name) / "stderr", "wb")  # noqa: SIM115 (the child owns it)
-        args = [sys.executable, "-m", "gymckpt.testing.openai_server", "--port", "0"]
+        args = [sys.executable, "-m", "gymckpt.testing.openai_server", "--port", str(port)]
         args += ["--port-file", str(port_file), "--model", self.model, "--exit-with-parent"]
         args += ["--latency-s", str(self.latency_s), "--fail-first", str(self.fail_first)]
         if self.api_key is not None:
@@ -520,9 +544,22 @@ class OpenAITestServer:
             self._dir.cleanup()
             self._dir = None
 
-    def _request(self, method: str, path: str) -> Any:
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the process, wait ``down_s`` (nothing listens on the port: connections are
+        refused), and start it again on the same port; its stats start from zero."""
+        port = self.port
+        self.stop()
+        time.sleep(down_s)
+        self.start(port)
+
+    def outage(self, seconds: float) -> None:
+        """Answer every completion 503 for the next ``seconds`` (the process keeps running)."""
+        self._request("POST", "/test/outage", {"seconds": seconds})
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
         url = self.base_url.removesuffix("/v1") + path
-        req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+        data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
+        req = urllib.request.Request(url, method=method, data=data)
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         with urllib.request.urlopen(req, timeout=10) as r:

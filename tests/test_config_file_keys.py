@@ -102,3 +102,13 @@ def test_the_readme_configuration_example_is_accepted(tmp_path: Path) -> None:
     assert _demo_file_defaults(str(conf))["group_size"] == 4
     opts = DemoOptions(runtime=_demo_file_runtime(str(conf)))
     assert opts.runtime_config(f"{conf} [runtime]").lease_s == 60.0
+
+
+def test_outage_budget_is_a_runtime_key(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text("[runtime]\noutage_budget_s = 90.0\n")
+    assert runtime_config_from_toml(job).outage_budget_s == 90.0
+    assert RuntimeConfig().outage_budget_s == 300.0  # outlasts a model server's restart
+    job.write_text("[runtime]\noutage_budget_s = 0.0\n")
+    with pytest.raises(ManifestError, match="outage_budget_s"):
+        runtime_config_from_toml(job)

@@ -105,6 +105,8 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "WorkDirLocked": ("/data/work", 4242),
     "GymInUse": ("gym-0", "attach", "the instance serves another training run"),
     "ReplacementsExhausted": ("gym-2", 3, 600.0, "instance gym-2 replace: not serving"),
+    "InfraOutage": ("gym instance gym-1", 301.5, 300.0, "died: instance gym-1 is dead"),
+    "InstanceDirLocked": ("/data/gym-live/gym-0", 4242),
 }
 
 

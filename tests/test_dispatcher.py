@@ -7,6 +7,7 @@ then ends the stream; rows it does not answer are an early stream end.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -19,12 +20,15 @@ from gymckpt.gym_adapter import Completed, Failed, Refused, RetireReply, RunRepl
 from gymckpt.nurseries import Dispatcher
 from gymckpt.nurseries._dispatcher import EPISODE_FAILURES_DATA
 from gymckpt.nurseries._replace import InstanceReplacer
+from gymckpt.nurseries._run import leaf_errors
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     AttemptState,
     DeadlineRegistry,
     DispatchGate,
     GymAdmissionClosed,
+    GymCheckpointUnavailable,
+    InfraOutage,
     Metrics,
     RecoveryLedger,
     RuntimeConfig,
@@ -240,7 +244,7 @@ async def test_an_int_reward_is_taken_as_a_float_and_stale_replies_are_ignored(
         assert h.ledger.get("9-0-a9") is None
 
 
-async def test_failed_replies_spend_an_attempt_and_count_by_class(
+async def test_failed_replies_count_by_class_and_infra_spends_nothing(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     answered: list[str] = []
@@ -261,3 +265,122 @@ async def test_failed_replies_spend_an_attempt_and_count_by_class(
         assert len(answered) == 2
         assert h.metrics.get("rollout/episode_failures_infra_total") == 1
         assert h.ledger.statistics().by_state["completed"] == 1
+        assert h.ledger.statistics().row_attempts_spent == 0
+
+
+def down_until(t_up: float, log: list[tuple[float, str]]) -> Script:
+    """Every episode fails as infra (its model server is down) until ``t_up``, then
+    completes; ``log`` gets (time, rollout ID) of every attempt sent."""
+
+    def script(_instance: str, rows: Sequence[RunRow]) -> list[list[RunReply]]:
+        now = trio.current_time()
+        log.extend((now, r.rollout_id) for r in rows)
+        if now < t_up:
+            return [[Failed(r.rollout_id, "infra", "model unavailable: 503") for r in rows]]
+        return [[Completed(r.rollout_id, 1.0, 2) for r in rows]]
+
+    return script
+
+
+async def test_an_outage_longer_than_the_attempts_budget_is_waited_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """60 s of model-server downtime, far more than 3 row attempts' worth: the rows wait
+    (re-sent with a backoff that grows with the outage, capped at ``infra_backoff_max_s``)
+    and every one completes, no row attempt spent, no row given up (issue 31, finding 7)."""
+    sent: list[tuple[float, str]] = []
+    async with dispatching(ScriptedGym(down_until(60.0, sent)), rows=4) as h:
+        await trio.sleep(90)
+        stats = h.ledger.statistics()
+        assert stats.by_state["completed"] == 4 and stats.rows_failed == 0
+        assert stats.row_attempts_spent == 0 and stats.data_failures == 0
+        assert not h.dispatcher.outage.is_down  # the completions ended the outage
+    per_row = [[t for t, rid in sent if rid.startswith(f"{row}-")] for row in range(4)]
+    for times in per_row:
+        assert times[-1] >= 60.0  # still waiting when the server came back
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(g >= CONFIG.infra_backoff_initial_s for g in gaps), gaps  # never a spin
+        assert len(times) < 200  # spaced: the late gaps are the 2 s cap
+        assert max(gaps) <= CONFIG.infra_backoff_max_s + 0.5
+
+
+async def test_an_outage_past_its_budget_stops_the_run_naming_what_is_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The server never comes back: past ``outage_budget_s`` the dispatcher raises
+    ``InfraOutage`` (exit code 8) naming the last failure; the rows are still in the ledger,
+    not given up."""
+    config = attrs.evolve(CONFIG, outage_budget_s=30.0)
+    ledger = RecoveryLedger(group_size=1)
+    metrics = Metrics(clock=trio.current_time)
+    gym = ScriptedGym(down_until(float("inf"), []))
+    dispatcher = Dispatcher(
+        gym,  # type: ignore[arg-type]
+        ledger,
+        DispatchGate(),
+        DeadlineRegistry(),
+        config,
+        metrics,
+        iter(range(3)),
+        InstanceReplacer(gym, ledger, config, metrics),  # type: ignore[arg-type]
+    )
+    with pytest.RaisesGroup(InfraOutage, flatten_subgroups=True) as caught:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(dispatcher.run)
+    [err] = [e for e in leaf_errors(caught.value) if isinstance(e, InfraOutage)]
+    assert 30.0 < err.down_s < 30.0 + config.infra_backoff_max_s + 1.0
+    assert "model unavailable: 503" in err.last and str(err).startswith("infrastructure")
+    assert "outage_budget_s=30" in str(err)
+    assert ledger.statistics().rows_failed == 0 and len(ledger.rows()) == 3
+
+
+@attrs.define
+class UnreachableStream:
+    """A reply stream whose connection breaks (``GymCheckpointUnavailable``) until ``t_up``,
+    then answers every row."""
+
+    rows: Sequence[RunRow]
+    t_up: float
+    done: bool = False
+
+    def __aiter__(self) -> UnreachableStream:
+        return self
+
+    async def __anext__(self) -> Sequence[RunReply]:
+        await trio.sleep(0.1)
+        if self.done:
+            raise StopAsyncIteration
+        if trio.current_time() < self.t_up:
+            raise GymCheckpointUnavailable("connection reset by peer", "gym-0", "run")
+        self.done = True
+        return [Completed(r.rollout_id, 1.0, 2) for r in self.rows]
+
+    async def aclose(self) -> None:
+        pass
+
+
+@attrs.define
+class UnreachableGym(ScriptedGym):
+    t_up: float = 0.0
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> UnreachableStream:  # type: ignore[override]
+        await trio.lowlevel.checkpoint()
+        self.runs.append((instance, tuple(rows)))
+        return UnreachableStream(rows, self.t_up)
+
+
+async def test_a_stream_broken_by_an_unreachable_instance_spends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An instance that cannot be reached for 30 s breaks every reply stream (a transport
+    error, not a death): the rows are abandoned and re-sent fresh after the outage's backoff,
+    spending nothing, and every one completes once it is back."""
+    gym = UnreachableGym(t_up=30.0)
+    async with dispatching(gym, rows=3) as h:
+        await trio.sleep(60)
+        stats = h.ledger.statistics()
+        assert stats.by_state["completed"] == 3 and stats.rows_failed == 0
+        assert stats.row_attempts_spent == 0
+        assert h.metrics.get("rollout/stream_errors_total") >= 3
+        assert h.dispatcher.outage.statistics().outages >= 1
+    assert 3 < len(gym.runs) < 200  # re-sent, with a backoff between

@@ -192,11 +192,17 @@ async def test_fault(
         assert failed == (["gym_unavailable"] if op in ("prepare", "commit") else []), first
         assert first.checkpoints[-1][1]
         assert report.rows_failed == 0  # a death costs no row attempt
-    elif expect == "dies_again":  # every call kills: the budget or the checkpoint bound stops it
-        assert first.end in ("replacements_exhausted", "checkpoints_failed"), first
+    elif expect == "dies_again":  # every call kills: an outage, a budget or the checkpoint bound
+        # an instance killed by every call never serves an episode: an outage (exit 8, its
+        # replacements backed off) unless the checkpoint bound or a crash budget ends it first
+        ends = ("infra_outage", "replacements_exhausted", "checkpoints_failed")
+        assert first.end in ends, first
         assert first.replacements >= 1, first
         if first.end == "replacements_exhausted":
             assert "max_replacements" in (first.error or "") and "gym-" in (first.error or "")
+        if first.end == "infra_outage":
+            assert "outage_budget_s" in (first.error or "")
+            assert "gym instance gym-" in (first.error or "")
         assert incs[-1].end == "finished"
     elif expect == "restore_replaced":  # the restore replaced the dead instance and went on
         assert incs[1].end == "finished" and incs[1].restored_from == "i0-0001", incs[1]

@@ -45,10 +45,10 @@ from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import (
     EpisodeRecord,
     GymUnavailable,
+    InfraOutage,
     InstanceDirLocked,
     InstanceRecord,
     ParticipantRecord,
-    ReplacementsExhausted,
     RuntimeConfig,
 )
 from gymckpt.testing.hostile import HostileAct, HostileActs, hostile_calendar_environment
@@ -506,15 +506,17 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
     assert verdict.ok, verdict.violations()
 
 
-async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
+async def test_a_disk_that_stays_full_ends_the_run_past_the_outage_budget(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Every journal append fails from some point on: each replacement stops at its first
-    change, until the budget ends the run with exit 5 naming the instance (and the log says
-    why it kept dying), never a bare OSError and never a data failure."""
+    change, before it serves an episode — one outage per instance, its replacements spaced by
+    a backoff — until ``outage_budget_s`` ends the run with exit 8 naming the instance (and
+    the log says why it kept dying), never a bare OSError, never a data failure, never a row
+    given up."""
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
@@ -523,8 +525,9 @@ async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
         lease_s=30.0,
         max_consecutive_failures=2,
         max_replacements=2,
+        outage_budget_s=20.0,
     )
-    data_failures = -1
+    data_failures = rows_failed = -1
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
             calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
@@ -546,11 +549,80 @@ async def test_a_disk_that_stays_full_ends_the_run_at_the_replacement_budget(
                         await ro.checkpoint()
             finally:
                 data_failures = ro.ledger.statistics().data_failures
+                rows_failed = ro.ledger.statistics().rows_failed
     decided = run_exit(caught.value)
-    assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED, caught.value
-    assert isinstance(decided[1], ReplacementsExhausted)
-    assert data_failures == 0
+    assert decided is not None and decided[0] == ExitCode.INFRA_OUTAGE, caught.value
+    assert isinstance(decided[1], InfraOutage)
+    assert decided[1].what.startswith("gym instance gym-")
+    assert data_failures == 0 and rows_failed == 0
     assert any("could not record a change" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk is full for 1.5 s of (virtual) time: every instance dies at its first change,
+    and so does each replacement while it lasts. Replacements of an instance that died again
+    before it served back off (0.1, 0.2, 0.4, 0.8 s ...) and are not charged to
+    ``max_replacements``: the run trains every row once, spends nothing, and is exactly
+    once. (Before: three replacements in a few milliseconds, then exit 5.)"""
+    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    config = RuntimeConfig(
+        control_timeout_s=2.0,
+        reply_grace_s=0.5,
+        drain_timeout_s=5.0,
+        lease_s=30.0,
+        max_consecutive_failures=5,
+    )
+    full_until = 0.0
+
+    def full_for_a_moment(_n: int, fd: int, data: Any) -> int:
+        if trio.current_time() < full_until:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    async with (
+        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        open_rollouts(
+            gym,
+            tmp_path,
+            rows=12,
+            group_size=2,
+            config=config,
+            max_rows_in_flight=6,
+            handle_signals=False,
+        ) as ro,
+    ):
+        await trio.sleep(0.5)
+        full_until = trio.current_time() + 1.5
+        monkeypatch.setattr(_host_journal, "os", FaultyDisk(full_for_a_moment))
+        trained: list[list[str]] = []
+        with trio.fail_after(300):
+            async with aclosing(ro.batches(2)) as batches:
+                async for batch in batches:
+                    trained.extend(list(g.rollout_ids) for g in batch)
+                    await ro.checkpoint()
+            final = await ro.checkpoint()
+        assert final.ok, final.error
+        stats = ro.ledger.statistics()
+        assert stats.data_failures == 0 and stats.rows_failed == 0
+        assert stats.row_attempts_spent == 0
+        replaced = gym.replacements("gym-0") + gym.replacements("gym-1")
+        assert replaced >= 3  # it did die again while the disk was full
+        assert ro.metrics.get("rollout/replace_backoffs_total") >= 1
+        snapshot = ro.outcomes[-1].snapshot
+    rows = [int(ids[0].split("-")[0]) for ids in trained]
+    assert sorted(rows) == list(range(12))
+    assert snapshot is not None
+    verdict = judge(
+        [(i + 1, (r,)) for i, r in enumerate(rows)],
+        12,
+        snapshot.path,
+        seed=3,
+        config=sim,
+        group_size=2,
+    )
+    assert verdict.ok, verdict.violations()
 
 
 async def test_a_second_host_of_one_instance_directory_is_refused_and_cuts_nothing(

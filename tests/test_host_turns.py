@@ -255,3 +255,48 @@ async def test_an_environment_that_opts_out_keeps_no_marks(
         assert isinstance(await r.turns.play(ep), Completed)
         nursery.cancel_scope.cancel()
     assert ep.mark is None
+
+
+@attrs.define
+class ConcurrentAgent(Agent):
+    """Turn 1 runs two calls in a trio nursery; ``errors`` are what they raise."""
+
+    errors: tuple[type[Exception], ...] = (ModelUnavailable, ModelUnavailable)
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        if ctx.turn == 1:
+
+            async def call(error: type[Exception]) -> None:
+                await trio.sleep(0.5)
+                raise error("server down")
+
+            async with trio.open_nursery() as nursery:
+                for error in self.errors:
+                    nursery.start_soon(call, error)
+        return await super().step(ctx, state)
+
+
+@pytest.mark.parametrize(
+    ("errors", "failure_class"),
+    [
+        ((ModelUnavailable, ModelUnavailable), "infra"),
+        ((ModelUnavailable,), "infra"),
+        ((ModelUnavailable, KeyError), "data"),
+    ],
+)
+async def test_concurrent_calls_that_all_find_the_model_down_fail_as_infra(
+    autojump_clock: trio.testing.MockClock,
+    errors: tuple[type[Exception], ...],
+    failure_class: str,
+) -> None:
+    """Parallel model calls in a nursery fail the step with an exception group: every error
+    in it ``ModelUnavailable`` is the model's outage (infra, waited out by the trainer); any
+    other error in it is the episode's own (data)."""
+    r = rig(ConcurrentAgent(turns=5, errors=errors))
+    async with trio.open_nursery() as nursery:
+        r.parking.open(nursery.start_soon, lambda ep: None)
+        reply = await r.turns.play(started(r))
+        nursery.cancel_scope.cancel()
+    assert isinstance(reply, Failed) and reply.failure_class == failure_class, reply
+    if failure_class == "infra":
+        assert "turn 1: model unavailable: server down" in reply.message, reply.message

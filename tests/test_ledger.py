@@ -61,11 +61,11 @@ def test_completion_needs_matching_gate_id() -> None:
     assert ledger.ready_groups == 1
 
 
-def test_failures_spend_attempts_then_fail_the_row() -> None:
+def test_data_failures_spend_attempts_then_fail_the_row() -> None:
     ledger = RecoveryLedger(group_size=2, max_row_attempts=2, data_failure_budget=10)
     _m(ledger, lambda: ledger.reserve_row(0))
     _m(ledger, lambda: ledger.mark_dispatched(["0-0"], "gym-0", 1))
-    nxt = _m(ledger, lambda: ledger.fail("0-0", 1, "infra", "timeout"))
+    nxt = _m(ledger, lambda: ledger.fail("0-0", 1, "data", "bad row"))
     assert nxt is not None and nxt.rollout_id == "0-0-a1"
     assert ledger.get("0-0") is None  # the old attempt is no longer current
     _m(ledger, lambda: ledger.mark_dispatched(["0-0-a1", "0-1"], "gym-1", 1))
@@ -73,6 +73,24 @@ def test_failures_spend_attempts_then_fail_the_row() -> None:
     assert ledger.rows_failed == {0}
     # the sibling Gym still runs is queued for retirement (S4)
     assert [i.rollout_id for i in ledger.retire_queue()["gym-1"]] == ["0-1"]
+
+
+def test_infra_failures_spend_nothing_and_never_fail_the_row() -> None:
+    """An outage (the model server down, an instance that could not run the episode) is not
+    the row's fault: however often, it spends no row attempt and no data budget; the slot's
+    next attempt is a fresh one (new rollout ID), and the old one's late replies are stale."""
+    ledger = RecoveryLedger(group_size=1, max_row_attempts=1, data_failure_budget=0)
+    _m(ledger, lambda: ledger.reserve_row(0))
+    rid = "0-0"
+    for n in range(1, 6):
+        _m(ledger, lambda rid=rid: ledger.mark_dispatched([rid], "gym-0", 1))
+        nxt = _m(ledger, lambda rid=rid: ledger.fail(rid, 1, "infra", "model unavailable"))
+        assert nxt is not None and nxt.rollout_id == f"0-0-a{n}"
+        assert not _m(ledger, lambda rid=rid: ledger.complete(rid, 1, R))  # fenced
+        rid = nxt.rollout_id
+    assert ledger.row_attempts_spent(0, 0) == 0 and ledger.data_failures == 0
+    assert ledger.rows_failed == frozenset() and list(ledger.rows()) == [0]
+    assert ledger.last_failure == "0-0-a4: infra: model unavailable"
 
 
 def test_data_budget_exhausted_raises() -> None:
@@ -289,7 +307,8 @@ class LedgerMachine(RuleBasedStateMachine):
             rid = data.draw(st.sampled_from(ids))
             att = self.ledger.get(rid)
             assert att is not None
-            self.spent[(att.row, att.slot)] += 1
+            if cls == "data":  # an infra failure (an outage) spends nothing
+                self.spent[(att.row, att.slot)] += 1
             self.m(lambda: self.ledger.fail(rid, att.gate_id, cls, "x"))  # type: ignore[arg-type]
 
     @rule(data=st.data())

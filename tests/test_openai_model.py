@@ -292,3 +292,32 @@ async def test_the_responses_api_by_the_same_rules(server: OpenAITestServer) -> 
     assert r["usage"]["total_tokens"] == chat["usage"]["total_tokens"]
     with pytest.raises(ModelRequestRejected, match="'stream': true"):
         await m("responses/c1", {"input": "hello", "stream": True})
+
+
+async def test_a_fastapi_error_body_is_shown_by_its_detail(server: OpenAITestServer) -> None:
+    """A FastAPI server (``transformers serve``) answers errors as ``{"detail": …}``: the
+    message says the detail, not the raw JSON body (issue 31, finding 11)."""
+    m = model(server, headers={"X-Test-Status": "404", "X-Test-Error-Shape": "fastapi"})
+    with pytest.raises(ModelRequestRejected) as info:
+        await m("k-fastapi", first_request(0), None)
+    assert info.value.status == 404
+    assert info.value.server_message == "status 404 on purpose", info.value.server_message
+    assert str(info.value).endswith("HTTP 404: status 404 on purpose"), str(info.value)
+    assert "detail" not in str(info.value)
+
+
+def test_fastapi_validation_errors_are_joined_by_their_location() -> None:
+    from gymckpt.gym_adapter.openai_model import _server_message
+
+    body = (
+        b'{"detail": [{"type": "missing", "loc": ["body", "messages"], "msg": "Field required",'
+        b' "input": {}}, {"loc": ["body", "n"], "msg": "Input should be a valid integer"}]}'
+    )
+    assert _server_message(body) == (
+        "body.messages: Field required; body.n: Input should be a valid integer"
+    )
+    assert _server_message(b'{"detail": "Not Found"}') == "Not Found"
+    assert _server_message(b'{"detail": {"message": "busy"}}') == "busy"
+    # OpenAI's shape wins, and a detail of another shape leaves the body as it was
+    assert _server_message(b'{"error": {"message": "m"}, "detail": "d"}') == "m"
+    assert _server_message(b'{"detail": 3}') == '{"detail": 3}'

@@ -44,6 +44,7 @@ from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import (
     CheckpointsFailed,
     EpisodeResult,
+    InfraOutage,
     RecoveryLedger,
     ReplacementsExhausted,
     RetireItem,
@@ -289,10 +290,59 @@ async def test_restored_episodes_of_a_dead_instance_are_rerun_fresh_never_claime
     assert restored.metrics["rollout/attempts_lost_to_dead_instances_total"] > 0
 
 
-async def test_an_instance_that_keeps_dying_spends_its_budget_and_stops_the_run(
+async def test_an_instance_that_crashes_after_serving_spends_its_budget_and_stops_the_run(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A crash loop: gym-1 dies, its replacement serves episodes, dies again... Each death of
+    an instance that served since its last replacement is charged; one past
+    ``max_replacements`` stops the run with exit 5."""
     config = attrs.evolve(CONFIG, max_replacements=2, replacement_window_s=600.0)
+    caplog.set_level(logging.ERROR, logger="gymckpt")
+    kills = 0
+    with pytest.raises(BaseException) as caught:  # a nursery's exception group
+        async with (
+            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+            open_rollouts(
+                gym, tmp_path, rows=200, group_size=2, config=config, handle_signals=False
+            ) as ro,
+        ):
+            replacer = ro.dispatcher.replacer
+
+            async def crash_after_serving() -> None:
+                nonlocal kills
+                while True:
+                    await trio.sleep(0.1)
+                    s = replacer.statistics()
+                    if "gym-1" in s.down or "gym-1" in s.outages or not ro.ledger.held_by("gym-1"):
+                        continue  # being replaced, or not served since: not a crash loop yet
+                    kills += 1
+                    gym.sim("gym-1").kill()
+                    await trio.sleep(0.5)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(crash_after_serving)
+                await _train_all(ro, checkpoint=False)
+                nursery.cancel_scope.cancel()  # it never stopped: the test fails below
+    decided = run_exit(caught.value)  # type: ignore[arg-type]
+    assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED == 5
+    err = decided[1]
+    assert isinstance(err, ReplacementsExhausted)
+    assert kills == 3 and err.instance == "gym-1"
+    assert err.replacements == 2 and err.window_s == 600.0
+    assert "instance gym-1 died again after 2 replacements within 600s" in str(err)
+    assert "max_replacements" in str(err)
+    stops = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert stops == [f"the run stops: {err}"]
+
+
+async def test_an_instance_that_dies_before_it_serves_is_an_outage_bounded_by_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every ``run`` kills its instance: no replacement ever serves an episode. That is one
+    outage per instance, not a crash loop: the replacements are spaced by a growing backoff,
+    charged once, and past ``outage_budget_s`` the run stops with exit 8 naming the
+    instance. No row is given up meanwhile."""
+    config = attrs.evolve(CONFIG, max_replacements=2, outage_budget_s=30.0)
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
@@ -303,17 +353,23 @@ async def test_an_instance_that_keeps_dying_spends_its_budget_and_stops_the_run(
                 gym, tmp_path, rows=12, group_size=2, config=config, handle_signals=False
             ) as ro,
         ):
-            await _train_all(ro)
+            try:
+                await _train_all(ro)
+            finally:
+                stats = ro.ledger.statistics()
+                replaced = gym.replacements("gym-0"), gym.replacements("gym-1")
     decided = run_exit(caught.value)  # type: ignore[arg-type]
-    assert decided is not None and decided[0] == ExitCode.REPLACEMENTS_EXHAUSTED == 5
+    assert decided is not None and decided[0] == ExitCode.INFRA_OUTAGE == 8, caught.value
     err = decided[1]
-    assert isinstance(err, ReplacementsExhausted)
-    assert err.replacements == 2 and err.window_s == 600.0
-    assert f"instance {err.instance} died again after 2 replacements within 600s" in str(err)
-    assert "max_replacements" in str(err)
-    stops = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert f"the run stops: {err}" in stops  # every abort is logged (each instance's here)
-    assert stops and all(line.startswith("the run stops: instance gym-") for line in stops)
+    assert isinstance(err, InfraOutage)
+    assert err.what in ("gym instance gym-0", "gym instance gym-1")
+    assert err.down_s > 30.0 and err.budget_s == 30.0
+    assert str(err).startswith(f"{err.what} down for ") and "outage_budget_s=30" in str(err)
+    assert "died" in err.last
+    # spaced by the backoff (capped at infra_backoff_max_s = 2 s): about 15 in 30 s, not
+    # max_replacements (2) in a few milliseconds
+    assert all(10 <= n <= 40 for n in replaced), replaced
+    assert stats.rows_failed == 0 and stats.row_attempts_spent == 0 and stats.data_failures == 0
 
 
 async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +114,16 @@ def test_a_seed_replays_exactly_in_process(tmp_path: Path) -> None:
 def test_the_simulation_catches_a_reintroduced_bug(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Undo one fix (rows failing through abandonment wake the trainer): seed 11 must fail,
-    with its replay command, and pass again once the fix is back."""
+    """Undo one fix (rows failing for good wake the trainer and the planning loop): seed 11
+    must fail, with its replay command, and pass again once the fix is back."""
 
-    def old_abandon(self: _dispatcher.Dispatcher, ids: list[str], touched: list[str]) -> list:
-        return self.ledger.abandon(ids)  # without touching READY
+    def old_rows_may_end(
+        self: _dispatcher.Dispatcher, fn: Callable[[], Any], touched: list[str]
+    ) -> Callable[[], Any]:
+        return fn  # without touching READY or waking the planning loop
 
     with monkeypatch.context() as m:
-        m.setattr(_dispatcher.Dispatcher, "_abandon", old_abandon)
+        m.setattr(_dispatcher.Dispatcher, "_rows_may_end", old_rows_may_end)
         assert main_simulate(3, 10, as_json=False, tmp_root=tmp_path) == 3
     out = capsys.readouterr().out
     # the trainer waits forever for rows that failed: nothing moves, a liveness violation

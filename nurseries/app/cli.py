@@ -3,8 +3,9 @@
 Exit codes (C4): 0 success; 2 bad input (flag, manifest, topology or digest mismatch);
 3 run aborted by an invariant violation; 4 checkpoints failed more than
 ``max_consecutive_failures`` times in a row; 5 a Gym instance died more often than its
-replacement budget allows; 6 the Ray cluster is unreachable or was lost. Errors are one line,
-never a traceback.
+replacement budget allows; 6 the Ray cluster is unreachable or was lost; 7 episodes failed as
+data past the budget; 8 infrastructure (a model server, a Gym instance) down past
+``outage_budget_s``. Errors are one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         epilog="exit codes: 0 ok, 2 bad input (or a work directory or Gym server in use), "
         "3 run aborted (invariant), "
         "4 checkpoints failed too often, 5 a Gym instance kept dying (replacement budget spent), "
-        "6 the Ray cluster is unreachable or was lost",
+        "6 the Ray cluster is unreachable or was lost, 7 episodes failed as data past the "
+        "budget, 8 infrastructure down past outage_budget_s",
     )
     parser.add_argument("--version", action="version", version=f"gymckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

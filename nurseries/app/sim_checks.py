@@ -125,8 +125,8 @@ def check_budgets(
     if stats.row_attempts_spent != spent:
         violation(
             f"row attempts spent {stats.row_attempts_spent}, but {spent} attempts "
-            "failed or were abandoned (refusals and instance deaths must cost "
-            "nothing)"
+            "failed or were abandoned (refusals, instance deaths and infra failures must "
+            "cost nothing)"
         )
     allowed = hostile.data_failures_allowed if hostile is not None else 0
     data_failures = stats.data_failures - initial_data_failures  # a restored ledger's count

@@ -38,6 +38,9 @@ class IncarnationEnd(enum.StrEnum):
     """Gym could not restore the snapshot (exit 4, before ``open_rollouts`` yielded)."""
     REPLACEMENTS_EXHAUSTED = "replacements_exhausted"
     """An instance died past its replacement budget (exit 5)."""
+    INFRA_OUTAGE = "infra_outage"
+    """Infrastructure down past ``outage_budget_s`` (exit 8): an instance that could not be
+    brought back, or every episode failing as infra."""
     INVARIANT = "invariant"
     """The run aborted on an invariant violation (exit 3): a violation."""
     BAD_SNAPSHOT = "bad_snapshot"
@@ -61,6 +64,7 @@ _DOCUMENTED_ABORTS = frozenset(
         IncarnationEnd.GYM_DEAD,
         IncarnationEnd.RESTORE_FAILED,
         IncarnationEnd.REPLACEMENTS_EXHAUSTED,
+        IncarnationEnd.INFRA_OUTAGE,
     }
 )
 
@@ -102,6 +106,8 @@ def failed_end(exc: BaseException, *, opened: bool) -> FailedEnd:
     kind = decided[0] if decided is not None else None
     if kind is FailureKind.REPLACEMENTS_EXHAUSTED:
         return FailedEnd(IncarnationEnd.REPLACEMENTS_EXHAUSTED, error)
+    if kind is FailureKind.INFRA_OUTAGE:
+        return FailedEnd(IncarnationEnd.INFRA_OUTAGE, error)
     if kind in _GYM_GAVE_UP:
         if not opened:  # open_rollouts never yielded: the restore gave up
             return FailedEnd(IncarnationEnd.RESTORE_FAILED, error)
