@@ -118,6 +118,8 @@ class Turns:
             except EpisodeFenced:
                 raise
             except Exception as exc:
+                if fenced_in(exc):  # the agent's own nursery or task group wrapped the fence
+                    raise EpisodeFenced(rid) from exc
                 # the model's infrastructure failing is not the episode's data: retried as infra
                 unavailable = model_unavailable(exc)
                 infra = unavailable is not None
@@ -156,6 +158,14 @@ class Turns:
             message = f"{episode_label(ep.info)}: {message}"
         self.failure_log.warn(message)
         return reply
+
+
+def fenced_in(exc: BaseException) -> bool:
+    """Whether ``exc`` is an exception group holding an ``EpisodeFenced``: a session fetched
+    inside the agent's own nursery (tool calls run at once) after a newer attempt took the slot.
+    The fence wins over whatever else the group holds: the attempt owns nothing any more, so
+    neither a reply nor a journal record of it may follow."""
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(EpisodeFenced) is not None
 
 
 def model_unavailable(exc: BaseException) -> ModelUnavailable | None:

@@ -1161,6 +1161,17 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="concurrent_calls",
         sim_seeds=0,
     ),
+    # -- a fence wrapped in the agent's own nursery is still the fence ---------------------------
+    Mutant(
+        "fence-in-a-nursery-is-data",
+        "fencing",
+        "gym_adapter/_host_turns.py",
+        "if fenced_in(exc):  # the agent's own nursery or task group wrapped the fence",
+        "if False:",
+        ("tests/test_host_turns.py",),
+        keyword="nursery",
+        sim_seeds=0,
+    ),
 )
 
 

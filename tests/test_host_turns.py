@@ -267,7 +267,8 @@ class ConcurrentAgent(Agent):
         if ctx.turn == 1:
 
             async def call(error: type[Exception]) -> None:
-                await trio.sleep(0.5)
+                with trio.CancelScope(shield=True):  # each raises, whichever raised first
+                    await trio.sleep(0.5)
                 raise error("server down")
 
             async with trio.open_nursery() as nursery:
@@ -300,3 +301,46 @@ async def test_concurrent_calls_that_all_find_the_model_down_fail_as_infra(
     assert isinstance(reply, Failed) and reply.failure_class == failure_class, reply
     if failure_class == "infra":
         assert "turn 1: model unavailable: server down" in reply.message, reply.message
+
+
+@attrs.define
+class NurseryAgent(Agent):
+    """Each turn fetches the calendar inside a trio nursery, as an agent running its tool calls
+    at once does; ``on_turn`` runs before the fetch."""
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        await trio.sleep(1.0)
+        if self.on_turn is not None:
+            self.on_turn(ctx.turn)
+
+        async def tool() -> None:
+            ctx.session("cal")["n"] += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tool)
+            nursery.start_soon(trio.sleep, 0.5)
+        return Done(1.0) if ctx.turn + 1 >= self.turns else None
+
+
+async def test_an_attempt_fenced_inside_a_nursery_is_fenced_not_a_data_failure(
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+) -> None:
+    """The fence raised by ``ctx.session`` inside the agent's own nursery reaches the host
+    wrapped in an exception group: it is still the fence (no reply, nothing journaled), not the
+    episode's data failure."""
+    r = rig(NurseryAgent(turns=10), journal=tmp_path / "j")
+
+    def newer_attempt(turn: int) -> None:
+        if turn == 1:
+            r.slots.open("1-0", "r-a1", 1, {"cal": {"n": 100}})
+
+    r.turns.environment.agent.on_turn = newer_attempt  # type: ignore[attr-defined]
+    async with trio.open_nursery() as nursery:
+        r.parking.open(nursery.start_soon, lambda ep: None)
+        ep = started(r)
+        with pytest.raises(EpisodeFenced):
+            await r.turns.play(ep)
+        nursery.cancel_scope.cancel()
+    slots = replay_journal((tmp_path / "j").read_bytes())
+    assert slots["1-0"].rollout_id == "r-a1" and slots["1-0"].states == {"cal": {"n": 100}}
