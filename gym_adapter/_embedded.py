@@ -316,11 +316,13 @@ class EmbeddedGym:
 
     async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
         """``trainer`` takes ``instance`` over (``GymHost.attach``); every later call of this
-        deployment carries it."""
+        deployment carries it. A refused attach (``GymInUse``) leaves the term the calls carry
+        as it was."""
         sim = self._live(instance, "attach")
-        self._trainer = trainer
         with crossing_boundary(instance, "attach"):
-            return await sim.attach(trainer, deadline_ts)
+            reply = await sim.attach(trainer, deadline_ts)
+        self._trainer = trainer  # only once the instance took it: a refusal changes nothing
+        return reply
 
     async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
         """``trainer``'s run is done with ``instance`` (``GymHost.release``)."""

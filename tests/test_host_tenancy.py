@@ -330,3 +330,22 @@ def next_term_lineage(workdir: Path) -> str:
 
     lineage: str = orjson.loads((workdir / TERM_FILE).read_bytes())["lineage"]
     return lineage
+
+
+async def test_a_refused_attach_leaves_the_embedded_deployment_on_its_trainers_term(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A second lineage's ``attach`` through the same ``EmbeddedGym`` is refused, and the
+    deployment's later calls still carry the holder's term (the simulation's second trainer
+    once left the first run's next checkpoint refused as the intruder's)."""
+    holder, intruder = TrainerTerm(LINEAGE, 1, "/runs/first"), TrainerTerm(OTHER, 1, "/runs/x")
+    async with trio.open_nursery() as nursery:
+        host = GymHost("gym-0", environment())
+        await nursery.start(host.serve)
+        gym = EmbeddedGym([host], FaultPlan(()))
+        await gym.attach("gym-0", holder, FAR)
+        with pytest.raises(GymInUse):
+            await gym.attach("gym-0", intruder, FAR)
+        await gym.prepare("gym-0", "run-0001", FAR)  # the holder's checkpoint goes on
+        await gym.resume("gym-0", "run-0001", FAR)
+        nursery.cancel_scope.cancel()
