@@ -1278,10 +1278,7 @@ def run_mutant(
                 return "killed", "tests: " + _last_line(out, "FAILED", "ERROR", "Timeout", "failed")
         n = m.sim_seeds if m.sim_seeds is not None else seeds
         if n > 0:
-            # the rules the real-usage dimension checks land with issue 31's branches; until
-            # then its violations on the unchanged tree would "kill" every mutant
             cmd = [sys.executable, "-m", "gymckpt", "simulate", "--seeds", str(n)]
-            cmd += ["--real-usage", "none"]
             rc, out = _run(cmd, root, env, timeout=max(600, 5 * n))
             if rc != 0:
                 return "killed", "simulate: " + _last_line(out, "FAIL:", "failing seeds")

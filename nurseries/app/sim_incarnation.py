@@ -36,12 +36,12 @@ import attrs
 import trio
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow
-from gymckpt.nurseries import Rollouts, open_rollouts, run_failure
+from gymckpt.nurseries import Rollouts, open_rollouts, run_exit
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     BudgetExhausted,
     CompletedGroup,
-    FailureKind,
+    GymInUse,
     RuntimeConfig,
     load_snapshot,
 )
@@ -298,7 +298,8 @@ class Incarnation:
                 async for batch in batches:
                     rewards = [r.reward for g in batch for r in g.results]
                     self.trainer = self.trainer.train(rewards, len(batch))
-                    self.run.lineage.append((self.trainer.step, tuple(g.row for g in batch)))
+                    self.run.lineage.append((self.trainer.step, tuple(g.position for g in batch)))
+                    self.run.rows_of.update((g.position, g.row) for g in batch)
                     self.steps += 1
                     self.liveness.moved(f"step {self.trainer.step} trained")
                     if self.trainer.step % sc.checkpoint_every == 0:
@@ -306,7 +307,7 @@ class Incarnation:
             except BudgetExhausted:
                 # the dataset is done, every row failed for good (faults can do that: a
                 # run that hangs every submission): this trainer still leaves a snapshot
-                if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.rows:
+                if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.positions:
                     raise
                 failed_here = len(ro.ledger.rows_failed) - initial_failed
                 if failed_here and not self._faulty():
@@ -331,14 +332,11 @@ class Incarnation:
         """A second trainer, with a work directory of its own, opens the Gym this incarnation
         drives ``second.at_s`` in and tries to train one step within ``second.window_s``.
 
-        Expected (one trainer per Gym, issue 31 item 3): a clear refusal, an error out of
-        ``open_rollouts`` or its first step that ends a run with a documented exit code (not
-        an invariant violation); the first run goes on unaffected (its own checks say so).
-        Let in (a step trained, or no refusal within the window) is a violation.
-
-        AFTER MERGE (branch fence): the refusal's error type and exit code are not decided
-        yet; anything ``run_failure`` classifies but ``INVARIANT`` counts as a refusal here.
-        If the refusal comes later than ``window_s`` (a lease?), widen the window.
+        Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
+        a run ending with exit code 2, and nothing else: any other error, a step trained, or no
+        refusal within the window is a violation. The first run goes on unaffected: its own
+        checks and the final verdict say so (a checkpoint of it refused, a row lost, a
+        sentinel twice all are violations of their own).
         """
         sc = self.scenario
         await trio.sleep(second.at_s)
@@ -366,13 +364,13 @@ class Incarnation:
             except Exception as exc:
                 error = exc
         if error is not None and not trained:
-            decided = run_failure(error)
-            if decided is not None and decided[0] is not FailureKind.INVARIANT:
+            decided = run_exit(error)
+            if decided is not None and decided[0] == 2 and isinstance(decided[1], GymInUse):
                 self.run.counts.second_refused += 1
                 return
             err = single_error(error)
             self.violation(
-                f"second trainer: expected a clear refusal, got {type(err).__name__}: {err}"
+                f"second trainer: expected GymInUse (exit code 2), got {type(err).__name__}: {err}"
             )
         else:
             what = "trained a step" if trained else f"was not refused within {second.window_s:g}s"

@@ -17,7 +17,7 @@ import attrs
 from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import snapshot_problems
 from gymckpt.runtime import ManifestError, SnapshotStore, TopologyMismatch, load_snapshot
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR, RowOrder
 from gymckpt.testing.hostile import HostileActs
 
 from .sim_reports import IncarnationReport
@@ -51,7 +51,11 @@ class ScenarioRun:
     snapshot a rollback restores): seeded from the seed, consumed in scheduling order."""
     workdir: Path
     lineage: list[tuple[int, tuple[int, ...]]] = attrs.field(factory=list)
-    """``(step, rows)`` of every step in the final model's lineage, in order."""
+    """``(step, positions)`` of every step in the final model's lineage, in order (a position
+    is a row in the default order; ``RowOrder``)."""
+    rows_of: dict[int, int] = attrs.field(factory=dict)
+    """position -> the dataset row its trained group said it trained (``CompletedGroup.row``),
+    for every group any incarnation trained."""
     violations: list[str] = attrs.field(factory=list)
     reports: list[IncarnationReport] = attrs.field(factory=list)
     final_snapshot: Path | None = None
@@ -86,7 +90,9 @@ class ScenarioRun:
 
 def judge_scenario(run: ScenarioRun) -> tuple[int, int, int]:
     """The final verdict over the whole scenario, its violations added to ``run``:
-    (rows trained, rows failed, sentinels)."""
+    (positions trained, positions failed, sentinels). With a drawn order (``RowOrder``) every
+    position once, each epoch's positions covering its rows once each, and each trained group
+    on the row the order puts at its position."""
     sc = run.sc
     if run.final_snapshot is None:
         run.violations.append("no final snapshot: the last incarnation did not finish")
@@ -94,13 +100,31 @@ def judge_scenario(run: ScenarioRun) -> tuple[int, int, int]:
         problems = verify_offline(run.final_snapshot)
         if problems:
             run.violations.append(f"final snapshot does not verify: {problems[:3]}")
+    usage_order = sc.usage.order
+    row_at = None
+    if usage_order is not None:
+        order = RowOrder.of(
+            usage_order.rows,
+            None,
+            epochs=usage_order.epochs,
+            shuffle_seed=usage_order.shuffle_seed,
+        )
+        row_at = order.row_at
+        wrong = sorted(p for p, row in run.rows_of.items() if row != row_at(p))
+        if wrong:
+            run.violations.append(
+                f"{len(wrong)} trained groups name another row than their position's: "
+                f"{[(p, run.rows_of[p], row_at(p)) for p in wrong[:3]]}"
+            )
     judged = judge(
         run.lineage,
-        sc.rows,
+        sc.positions,
         run.final_snapshot,
         seed=sc.seed,
         config=sc.sim_config(),
         group_size=sc.group_size,
+        row_at=row_at,
+        per_epoch=sc.rows,
     )
     run.violations.extend(judged.violations())
     return judged.rows_trained, judged.rows_failed, judged.sentinels_total

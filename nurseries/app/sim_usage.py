@@ -3,8 +3,9 @@
 The other dimensions draw faults; this one draws the *workload* the way trainers and agents
 really are, which no fault schedule covers:
 
-* ``shuffle``: the rows in a shuffled order (``open_rollouts(rows=[...])``), the way an epoch
-  of a ``DistributedSampler`` or ``datasets.shuffle(seed)`` hands them out (``RowOrder``);
+* ``shuffle``: one to three epochs of the rows, each in a seeded shuffle
+  (``open_rollouts(epochs=, shuffle_seed=)``), the way a ``DistributedSampler`` or
+  ``datasets.shuffle(seed)`` hands them out (``RowOrder``);
 * ``calls``: concurrent model calls inside one turn: the agent starts two or three
   ``ctx.model`` calls in one trio nursery (parallel tool calls), sometimes with identical
   requests (``ConcurrentCalls``);
@@ -81,46 +82,27 @@ def usage_flag(names: Iterable[str]) -> str:
 
 @attrs.frozen(kw_only=True)
 class RowOrder:
-    """The order the rows are trained in: a seeded shuffle per epoch (``shuffle_seed``), as a
-    ``DistributedSampler.set_epoch`` or ``datasets.shuffle(seed)`` gives it.
-
-    ``epochs`` is drawn already, so that the switch to multi-epoch training leaves the draws
-    as they are; until ``open_rollouts`` takes an epoch count and a shuffle seed, only the
-    first epoch's order runs, as a shuffled ``rows=`` list (``open_kwargs``)."""
+    """The order the rows are trained in: ``epochs`` epochs, each a seeded shuffle
+    (``shuffle_seed``) of rows ``0..rows-1``, as a ``DistributedSampler.set_epoch`` or
+    ``datasets.shuffle(seed)`` gives it, through ``open_rollouts``' own ``epochs=`` and
+    ``shuffle_seed=`` (``open_kwargs``). The run trains ``positions`` positions, each dataset
+    row once per epoch; the verdict counts positions (``CompletedGroup.position``)."""
 
     rows: int
     epochs: int
     shuffle_seed: int
 
-    def epoch_order(self, epoch: int) -> tuple[int, ...]:
-        """Epoch ``epoch``'s order of rows ``0..rows-1`` (a function of the seed and epoch)."""
-        return tuple(
-            random.Random(f"{self.shuffle_seed}:{epoch}").sample(range(self.rows), self.rows)
-        )
-
     def open_kwargs(self) -> dict[str, Any]:
-        """What ``open_rollouts`` gets for this order.
-
-        AFTER MERGE (multi-epoch, issue 31 item 1): once ``open_rollouts`` takes an epoch count
-        and a shuffle seed, this is the one line to change, to
-        ``{"rows": self.rows, "epochs": self.epochs, "shuffle_seed": self.shuffle_seed}``
-        (with the names that API chose), and ``trained_epochs`` to ``self.epochs``; the final
-        verdict (``sim_state.judge_scenario``, ``verdict.judge``) then counts each row once
-        per epoch (today it wants every row exactly once).
-        """
-        return {"rows": list(self.epoch_order(0))}
+        """What ``open_rollouts`` gets for this order."""
+        return {"rows": self.rows, "epochs": self.epochs, "shuffle_seed": self.shuffle_seed}
 
     @property
-    def trained_epochs(self) -> int:
-        """Epochs the run trains (1 until ``open_kwargs`` passes ``epochs``): every row is
-        trained this many times, once per epoch."""
-        return 1
+    def positions(self) -> int:
+        """Positions the run trains: every row once per epoch."""
+        return self.rows * self.epochs
 
     def __str__(self) -> str:
-        return (
-            f"shuffled (seed {self.shuffle_seed}, {self.epochs} epoch(s) drawn, "
-            f"{self.trained_epochs} run)"
-        )
+        return f"shuffled (seed {self.shuffle_seed}, {self.epochs} epoch(s))"
 
 
 @attrs.frozen(kw_only=True)
