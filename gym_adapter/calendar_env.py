@@ -7,7 +7,8 @@ Every instance hosts the same ``Environment`` a user would write:
   turn's duration, and, on a mutating turn, creates a calendar event carrying the sentinel
   ``sentinel:{position}-{slot}:t{t}`` (the slot's session key: a row trained in two epochs
   is two positions, each with sentinels of its own); one more call after the last turn
-  reports the end (so an episode that did all its turns still passes a step boundary before it replies);
+  reports the end (so an episode that did all its turns still passes a step boundary before
+  it replies);
 - ``calendar`` (kind ``environment``, ``retained``): the calendar itself. A slot's calendar
   session outlives its episode until the attempt is retired, is in every checkpoint, and is
   journaled, so the replacement of a dead instance holds the same events;
