@@ -334,12 +334,14 @@ class Incarnation:
 
         Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
         a run ending with exit code 2, and nothing else: any other error, a step trained, or no
-        refusal within the window is a violation. The first run goes on unaffected: its own
+        refusal within the window is a violation, unless instances died meanwhile (faults:
+        then it waits for them within the outage budget, unreachable rather than refused). The first run goes on unaffected: its own
         checks and the final verdict say so (a checkpoint of it refused, a row lost, a
         sentinel twice all are violations of their own).
         """
         sc = self.scenario
         await trio.sleep(second.at_s)
+        died_before = self._deaths()
         trained = False
         error: BaseException | None = None
         with trio.move_on_after(second.window_s):
@@ -372,6 +374,11 @@ class Incarnation:
             self.violation(
                 f"second trainer: expected GymInUse (exit code 2), got {type(err).__name__}: {err}"
             )
+        elif not trained and self._deaths() > died_before:
+            # instances kept dying (faults): it waited for them, as the first run did; not let
+            # in (a step trained, on a replacement too, is), not refused either
+            self.run.counts.second_unreachable += 1
+            return
         else:
             what = "trained a step" if trained else f"was not refused within {second.window_s:g}s"
             self.violation(
@@ -379,6 +386,13 @@ class Incarnation:
                 f"{what} (one trainer per Gym: expected a clear refusal)"
             )
         self.run.counts.second_let_in += 1
+
+    def _deaths(self) -> int:
+        """Faults that killed an instance of this incarnation's Gym so far."""
+        gym = self.control.gym
+        if gym is None:
+            return 0
+        return sum(1 for spec, _ in gym.faults.fired if "dead" in spec)
 
     def _check_outage_rows(self, ro: Rollouts) -> None:
         """No row given up because the model server was down: a slot the outage refused in

@@ -17,7 +17,7 @@ import attrs
 from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import snapshot_problems
 from gymckpt.runtime import ManifestError, SnapshotStore, TopologyMismatch, load_snapshot
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR, RowOrder
+from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR, TERM_FILE, RowOrder
 from gymckpt.testing.hostile import HostileActs
 
 from .sim_reports import IncarnationReport
@@ -76,14 +76,18 @@ class ScenarioRun:
         self.violations.append(f"incarnation {inc}: {text}")
 
     def rollback(self, inc: int) -> None:
-        """Restore an older snapshot next: copy it alone into a fresh work directory (with
-        fewer than two complete snapshots, the latest is restored as usual)."""
+        """Restore an older snapshot next: copy it, with the run's lineage (``TERM_FILE``), alone
+        into a fresh work directory (with fewer than two complete snapshots, the latest is
+        restored as usual)."""
         complete = SnapshotStore(self.workdir / SNAPSHOTS_DIR).list_complete()
         if len(complete) < 2:
             return
         chosen = complete[self.rng.randrange(len(complete) - 1)]
         fresh = self.root / f"work-{inc + 1}"
         shutil.copytree(chosen.path, fresh / SNAPSHOTS_DIR / chosen.path.name, symlinks=True)
+        # the same run, rolled back: its lineage goes along (a Gym still running it, a live
+        # restart's, takes the rolled-back trainer as the next term, not as another run)
+        shutil.copy2(self.workdir / TERM_FILE, fresh / TERM_FILE)
         self.workdir = fresh
         self.rolled_back = True
 

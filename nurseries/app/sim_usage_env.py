@@ -55,6 +55,9 @@ class UsageCounts:
     """Second trainers refused (the expected outcome)."""
     second_let_in: int = 0
     """Second trainers let in (a violation)."""
+    second_unreachable: int = 0
+    """Second trainers still waiting for instances that faults kept killing at the end of
+    their window (neither refused nor let in)."""
 
     def summary(self, usage: RealUsage) -> tuple[tuple[str, float], ...]:
         """The counts as report items (name, value), in a fixed order."""
@@ -68,6 +71,7 @@ class UsageCounts:
             ("live_restarts", float(self.live_restarts)),
             ("second_trainers_refused", float(self.second_refused)),
             ("second_trainers_let_in", float(self.second_let_in)),
+            ("second_trainers_unreachable", float(self.second_unreachable)),
         )
 
 
