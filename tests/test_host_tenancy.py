@@ -349,3 +349,29 @@ async def test_a_refused_attach_leaves_the_embedded_deployment_on_its_trainers_t
         await gym.prepare("gym-0", "run-0001", FAR)  # the holder's checkpoint goes on
         await gym.resume("gym-0", "run-0001", FAR)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_restore_into_servers_that_outlived_the_trainer_replaces_one_found_dead(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The trainer dies, its Gym keeps running, and an instance dies while no trainer drives
+    it: the next trainer's restore replaces it (the topology found it dead) and proceeds,
+    instead of failing with ``GymInstanceDead`` before it checked anything (simulate seeds 17
+    and 30, a live restart)."""
+    from gymckpt.nurseries import open_rollouts
+
+    work = tmp_path / "work"
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path / "gym") as gym:
+        with trio.CancelScope() as crash:
+            async with open_rollouts(gym, work, rows=6, group_size=2, handle_signals=False) as ro:
+                await ro.next_batch(1)
+                assert (await ro.checkpoint()).ok
+                crash.cancel()  # the trainer dies mid-run; its Gym runs on
+        gym.sim("gym-0").kill()
+        async with open_rollouts(gym, work, rows=6, group_size=2, handle_signals=False) as ro:
+            assert ro.restored is not None
+            async with aclosing(ro.batches(groups_per_step=1)) as batches:
+                async for _batch in batches:
+                    pass
+            assert ro.ledger.statistics().rows_trained == 6
+        assert gym.replacements("gym-0") == 1
