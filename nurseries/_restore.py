@@ -12,10 +12,11 @@ and what reaches Gym is all-or-nothing across instances:
    then ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
    on-disk digest, committed state the manifest does not list, the live topology (bounded like
    any control call; an instance found dead there, one that died while no trainer drove it, is
-   replaced first when the backend can), the ledger (version, states, slots, its retire queue, this run's
-   ``group_size``) and ledger vs manifest. Any problem raises before Gym is asked anything
-   (``TopologyMismatch`` for state and topology, ``ManifestError`` for the ledger); the
-   ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far as Gym;
+   replaced first when the backend can), the ledger (version, states, slots, its retire
+   queue, this run's ``group_size``) and ledger vs manifest. Any problem raises before Gym is
+   asked anything (``TopologyMismatch`` for state and topology, ``ManifestError`` for the
+   ledger); the ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far
+   as Gym;
    then the run's row order against the snapshot's ``order.json`` and its ledger's cursor
    (``check_order``: the same epochs, seed and rows up to where the order stood):
    ``DatasetMismatch`` saying what differs;

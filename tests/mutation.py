@@ -1172,6 +1172,37 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="nursery",
         sim_seeds=0,
     ),
+    # -- the simulation's real usage after the merges (sim2) ------------------------------------
+    Mutant(
+        "refused-attach-switches-the-embedded-term",
+        "fencing",
+        "gym_adapter/_embedded.py",
+        "reply = await sim.attach(trainer, deadline_ts)",
+        "self._trainer = trainer; reply = await sim.attach(trainer, deadline_ts)",
+        (TENANCY,),
+        keyword="refused_attach",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "restore-topology-does-not-replace-the-dead",
+        "restore",
+        "nurseries/_restore.py",
+        "if not dead or not can_replace(gym) or replaced >= config.max_replacements:",
+        "if True:",
+        (TENANCY,),
+        keyword="outlived",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "sentinel-per-dataset-row",
+        "verdict",
+        "gym_adapter/calendar_env.py",
+        'f"sentinel:{key}:t{turn}"',
+        "sentinel(info.row, info.slot, turn)",
+        ("tests/test_sim_usage.py",),
+        keyword="once_per_epoch",
+        sim_seeds=0,
+    ),
 )
 
 

@@ -335,9 +335,10 @@ class Incarnation:
         Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
         a run ending with exit code 2, and nothing else: any other error, a step trained, or no
         refusal within the window is a violation, unless instances died meanwhile (faults:
-        then it waits for them within the outage budget, unreachable rather than refused). The first run goes on unaffected: its own
-        checks and the final verdict say so (a checkpoint of it refused, a row lost, a
-        sentinel twice all are violations of their own).
+        then it waits for them within the outage budget, unreachable rather than refused).
+        The first run goes on unaffected: its own checks and the final verdict say so (a
+        checkpoint of it refused, a row lost, a sentinel twice all are violations of their
+        own).
         """
         sc = self.scenario
         await trio.sleep(second.at_s)
