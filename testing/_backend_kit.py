@@ -18,8 +18,8 @@
 Checks 3-6 run once per ``CheckpointMode`` (``commit[aligned]``, ``commit[unaligned]``, ...): the
 aligned checkpoint calls ``prepare(instance, checkpoint_id, deadline_ts)``, the unaligned one
 passes ``CheckpointMode.UNALIGNED`` as the fourth argument. A backend whose ``prepare`` takes no
-``mode`` fails ``prepare_mode`` (naming the contract's signature) and its unaligned checks are
-not run.
+``mode``, or no ``alignment_timeout_s`` keyword (the trainer passes both), fails
+``prepare_mode`` (naming the contract's signature) and its unaligned checks are not run.
 """
 
 from __future__ import annotations
@@ -81,6 +81,17 @@ def _mode_problem(gym: GymBackend) -> str | None:
             f"{type(gym).__name__}.prepare{signature} takes no mode ({exc}); the contract is "
             "prepare(instance, checkpoint_id, deadline_ts, mode=CheckpointMode.ALIGNED): take "
             "the mode and pass it to the host's prepare (or park as aligned whatever it says)"
+        )
+    try:
+        signature.bind(
+            "instance", "checkpoint", 0.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0
+        )
+    except TypeError as exc:
+        return (
+            f"{type(gym).__name__}.prepare{signature} takes no alignment_timeout_s ({exc}); the "
+            "contract is prepare(instance, checkpoint_id, deadline_ts, "
+            "mode=CheckpointMode.ALIGNED, alignment_timeout_s=None): take it and pass it to the "
+            "host's prepare"
         )
     return None
 
