@@ -1,0 +1,254 @@
+"""Aligned checkpoints complete whatever the turn length (the alignment timeout).
+
+An aligned checkpoint parks every episode at its next step boundary, but waits for that at most
+``RuntimeConfig.alignment_timeout_s`` (Flink's aligned-checkpoint timeout): the episodes still
+inside a turn then are taken unaligned by that checkpoint, at their last step boundary with the
+model calls they had completed. So one long turn (a long generation, a test suite run) neither
+fails checkpoints nor keeps the other episodes parked for longer than the timeout, and a
+restore of such a checkpoint is exactly once: each turn's mutation once, no completed model call
+asked again. An environment that opts out of unaligned cuts has no boundary marks to cut at: it
+is waited for until the control timeout, as without an alignment timeout.
+
+The environment: each turn appends its number to the episode's ``tally`` (a mutation that must
+happen once), asks the model once, then works ``SHORT_S``; turn 1 of row 0 works ``LONG_S``.
+Virtual time throughout (``MockClock``); the model counts every ask by row, turn and call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, GymHost, HostConfig, RunRow
+from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
+from gymckpt.nurseries import CheckpointOutcome, open_rollouts
+from gymckpt.runtime import (
+    CheckpointMode,
+    GymCallTimeout,
+    RuntimeConfig,
+    SnapshotStore,
+    rollout_id_for,
+)
+
+LONG_S = 120.0
+"""Row 0's turn 1: longer than every timeout (control 10 s, lease 60 s)."""
+SHORT_S = 0.5
+TURNS = 3
+EVERY_S = 5.0
+"""The trainer checkpoints every 5 virtual seconds."""
+ROWS = 160
+"""Rows 1.. keep three slots busy with short episodes (1.5 s each) while row 0's turn runs."""
+
+
+@attrs.define
+class World:
+    """What the episodes did, seen from outside Gym: model asks by (row, turn, call), and when
+    each turn of each attempt started and ended."""
+
+    asked: Counter[tuple[int, int, int]] = attrs.field(factory=Counter)
+    turns: dict[str, list[tuple[int, float, float]]] = attrs.field(factory=dict)
+    long_turn: list[tuple[float, float]] = attrs.field(factory=list)
+
+    async def model(self, key: str, request: Any, info: EpisodeInfo) -> str:
+        _, call = split_capture_key(key)  # "t{turn}-c{call}"
+        turn, index = (int(part[1:]) for part in call.split("-"))
+        self.asked[(info.row, turn, index)] += 1
+        await trio.lowlevel.checkpoint()
+        return f"answer {info.row}:{call}"
+
+
+class Tally:
+    """Per episode: each turn appends its number."""
+
+    name, kind = "tally", "environment"
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {"turns": []}
+
+    def export(self, state: Any) -> Any:
+        return {"turns": list(state["turns"])}
+
+    def restore(self, data: Any) -> Any:
+        return {"turns": list(data["turns"])}
+
+
+@attrs.define
+class Worker:
+    """The agent: a mutation, a model call, then work (row 0's turn 1 works ``LONG_S``)."""
+
+    world: World
+    name: str = "agent"
+    kind: str = "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {"answers": []}
+
+    def export(self, state: Any) -> Any:
+        return {"answers": list(state["answers"])}
+
+    def restore(self, data: Any) -> Any:
+        return {"answers": list(data["answers"])}
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        started = trio.current_time()
+        ctx.session("tally")["turns"].append(ctx.turn)
+        state["answers"].append(await ctx.model({"turn": ctx.turn}))
+        long = ctx.info.row == 0 and ctx.turn == 1
+        await anyio.sleep(LONG_S if long else SHORT_S)
+        ended = trio.current_time()
+        if long:
+            self.world.long_turn.append((started, ended))
+        self.world.turns.setdefault(ctx.info.rollout_id, []).append((ctx.turn, started, ended))
+        if ctx.turn + 1 == TURNS:
+            payload = {"tally": list(ctx.session("tally")["turns"]), "answers": state["answers"]}
+            return Done(1.0, payload=payload)
+        return None
+
+
+def environment(world: World, *, unaligned: bool = True) -> Environment:
+    return Environment(
+        agent=Worker(world), participants=(Tally(),), model=world.model, unaligned=unaligned
+    )
+
+
+async def train(
+    world: World, work: Path, gym_dir: Path, *, stop_after: int | None = None
+) -> tuple[list[tuple[float, CheckpointOutcome]], list[dict[str, Any]], dict[str, float]]:
+    """Train ``ROWS`` rows with the default runtime config, checkpointing every ``EVERY_S``
+    virtual seconds; after ``stop_after`` checkpoints that took an episode mid-turn, stop
+    (the trainer goes away with everything in flight, as a killed one does). Returns each
+    checkpoint with the time it started, the payloads trained, and the final metrics."""
+    outcomes: list[tuple[float, CheckpointOutcome]] = []
+    payloads: list[dict[str, Any]] = []
+    async with EmbeddedGym.host(environment(world), instances=2, seed=0, work_dir=gym_dir) as gym:
+        async with open_rollouts(
+            gym, work, rows=ROWS, group_size=1, config=RuntimeConfig(), max_rows_in_flight=4
+        ) as rollouts:
+            done = trio.Event()
+
+            async def checkpoints(stop: trio.CancelScope) -> None:
+                while not done.is_set():
+                    with trio.move_on_after(EVERY_S):
+                        await done.wait()
+                    if done.is_set():
+                        return
+                    at = trio.current_time()
+                    outcomes.append((at, await rollouts.checkpoint()))
+                    taken = sum(1 for _, o in outcomes if o.ok and o.mid_turn)
+                    if stop_after is not None and taken >= stop_after:
+                        stop.cancel()
+
+            with trio.CancelScope() as stop:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(checkpoints, stop)
+                    async for batch in rollouts.batches(groups_per_step=1):
+                        payloads.extend(r.payload for g in batch for r in g.results)
+                    done.set()
+            metrics = rollouts.metrics.snapshot()
+    return outcomes, payloads, metrics
+
+
+async def test_a_turn_longer_than_every_timeout_fails_no_aligned_checkpoint(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Row 0's turn 1 runs 120 s while the trainer takes an aligned checkpoint every 5 s: every
+    checkpoint completes, each one taken while that turn runs takes row 0 mid-turn and every
+    other episode at a boundary, and its prepare waits exactly the alignment timeout (1 s),
+    not the control timeout (10 s). The other episodes never wait at a boundary for longer
+    than one checkpoint. (Before the alignment timeout, every prepare failed after 10 s.)"""
+    config = RuntimeConfig()
+    assert config.checkpoint_mode is CheckpointMode.ALIGNED  # the default, as train() runs
+    world = World()
+    outcomes, payloads, metrics = await train(world, tmp_path / "work", tmp_path / "gym")
+    assert config.alignment_timeout_s == 1.0
+
+    ((long_start, long_end),) = world.long_turn
+    assert long_end - long_start == LONG_S
+    during = [o for at, o in outcomes if long_start < at and at + 1.0 < long_end]
+    # one every 5 s after the last ended, each taking the 1 s alignment timeout
+    assert len(during) >= LONG_S // (EVERY_S + 1.0) - 1, [o.checkpoint_id for o in during]
+    failed = [(o.checkpoint_id, o.reason, o.error) for _, o in outcomes if not o.ok]
+    assert failed == []
+    for o in during:
+        assert (o.mid_turn, o.at_boundary) == (1, o.episodes - 1), o
+        assert o.stage_s["prepare"] == config.alignment_timeout_s, o.stage_s
+    beside = [o.episodes for o in during if o.episodes > 1]  # short ones taken parked
+    assert len(beside) >= 3, [o.episodes for o in during]
+    assert metrics["checkpoint/mid_turn_total"] == sum(o.mid_turn for _, o in outcomes)
+    assert metrics["checkpoint/last_mid_turn"] == outcomes[-1][1].mid_turn
+
+    # every other episode waited at a boundary at most the alignment timeout (no stage but
+    # the prepare takes virtual time here: the checkpoint is that wait)
+    assert max(sum(o.stage_s.values()) for _, o in outcomes) == config.alignment_timeout_s
+    for rid, turns in world.turns.items():
+        if not rid.startswith("0-"):
+            gaps = [b[1] - a[2] for a, b in pairwise(turns)]
+            assert max(gaps, default=0.0) <= config.alignment_timeout_s, (rid, turns)
+
+    # trained exactly once, every turn's mutation once, every model call asked once
+    assert sorted(p["answers"][0].split(":")[0] for p in payloads) == sorted(
+        f"answer {r}" for r in range(ROWS)
+    )
+    assert all(p["tally"] == list(range(TURNS)) for p in payloads)
+    assert set(world.asked.values()) == {1}
+    assert len(world.asked) == ROWS * TURNS
+
+
+async def test_restoring_a_checkpoint_that_took_a_long_turn_unaligned_is_exactly_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A trainer goes away (everything in flight abandoned) after two aligned checkpoints took
+    row 0 mid-turn by the alignment timeout; a new trainer restores the latest into a new Gym.
+    Row 0's turn 1 runs again from its boundary: its mutation once (the tally restored is the
+    boundary's), its completed model calls answered from the capture (asked once in all), and
+    every row trained exactly once."""
+    world = World()
+    work = tmp_path / "work"
+    first, trained, _ = await train(world, work, tmp_path / "gym-a", stop_after=2)
+    latest = SnapshotStore(work / "snapshots").list_complete()[-1]
+    (taken,) = [o for _, o in first if o.ok and o.snapshot is not None and o.snapshot == latest]
+    assert taken.mid_turn == 1
+    assert world.long_turn == [], "the long turn ended before the trainer went away"
+    asked_before = Counter(world.asked)
+    assert asked_before[(0, 1, 0)] == 1  # row 0's turn 1 asked its call before the cut
+
+    world.long_turn.clear()
+    second, payloads, _ = await train(world, work, tmp_path / "gym-b")
+    assert all(o.ok for _, o in second)
+    before, after = (
+        Counter(int(p["answers"][0].split(":")[0].removeprefix("answer ")) for p in ps)
+        for ps in (trained, payloads)
+    )
+    assert set(after.values()) == {1} and set(before) | set(after) == set(range(ROWS))
+    assert 0 not in before
+    restored_row0 = [p for p in payloads if p["answers"][0].startswith("answer 0:")]
+    assert len(restored_row0) == 1
+    assert restored_row0[0]["tally"] == list(range(TURNS)), "a mutation applied twice"
+    assert restored_row0[0]["answers"] == [f"answer 0:t{t}-c0" for t in range(TURNS)]
+    # no call the snapshot captured was asked again: row 0's turns 0 and 1 asked once in all
+    assert world.asked[(0, 0, 0)] == 1 and world.asked[(0, 1, 0)] == 1
+
+
+async def test_an_environment_that_opts_out_is_waited_for_until_the_control_timeout(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """``Environment(unaligned=False)`` keeps no boundary marks, so no episode of it can be
+    taken mid-turn: its aligned prepare ignores the alignment timeout and waits for every
+    episode until the call's deadline, failing (retryably) as before if a turn outlasts it."""
+    world = World()
+    env = environment(world, unaligned=False)
+    async with GymHost("gym-0", env, work_dir=tmp_path / "g", config=HostConfig()) as host:
+        await host.run([RunRow(rollout_id_for(0, 0, 0), 0, 0, 0)])
+        await trio.sleep(SHORT_S + 1.0)  # row 0 is inside its long turn 1
+        t0 = trio.current_time()
+        with pytest.raises(GymCallTimeout, match="did not reach a step boundary"):
+            await host.prepare("c1", t0 + 10.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0)
+        assert trio.current_time() - t0 == 10.0
