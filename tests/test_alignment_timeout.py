@@ -16,6 +16,9 @@ Virtual time throughout (``MockClock``); the model counts every ask by row, turn
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -23,13 +26,16 @@ from typing import Any
 
 import anyio
 import attrs
+import orjson
 import pytest
 import trio
 import trio.testing
 
 from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, GymHost, HostConfig, RunRow
 from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
+from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_http
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
+from gymckpt.nurseries.app.demo_journal import JOURNAL
 from gymckpt.runtime import (
     CheckpointMode,
     GymCallTimeout,
@@ -252,3 +258,68 @@ async def test_an_environment_that_opts_out_is_waited_for_until_the_control_time
         with pytest.raises(GymCallTimeout, match="did not reach a step boundary"):
             await host.prepare("c1", t0 + 10.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0)
         assert trio.current_time() - t0 == 10.0
+
+
+@pytest.mark.http
+async def test_the_alignment_timeout_reaches_a_gymckpt_serve_process(tmp_path: Path) -> None:
+    """Over HTTP (a real ``gymckpt serve`` on loopback, real time): the prepare request carries
+    the alignment timeout, and the server's host honours it. Both episodes are inside a turn
+    of 8 s; the aligned prepare returns after the 0.5 s alignment timeout with neither parked
+    (without it the server would wait for them to end their turn and park both), and the
+    commit takes both mid-turn, at their first step boundary."""
+    config = SimConfig(turns=(2, 2), turn_s=(8.0, 8.0), mutation_p=1.0)
+    async with calendar_http(
+        work_dir=tmp_path / "gym", seed=5, config=config, state_root=tmp_path
+    ) as gym:
+        await gym.run("gym-0", [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in (0, 1)])
+        with trio.fail_after(30):  # another process: nothing to wait on but its counts
+            while (await gym.statistics()).instances[0].model_calls < 2:  # noqa: ASYNC110
+                await trio.sleep(0.05)  # both asked turn 0's model call: inside their turn
+        asked = trio.current_time()
+        prepared = await gym.prepare(
+            "gym-0", "c1", asked + 30.0, CheckpointMode.ALIGNED, alignment_timeout_s=0.5
+        )
+        assert trio.current_time() - asked >= 0.5
+        assert prepared.parked == 0
+        reply = await gym.commit("gym-0", "c1", str(tmp_path / "snap"), asked + 30.0)
+        assert reply.mid_turn == 2
+        assert sorted(s.step_boundary for s in reply.sessions) == [0, 0]
+        await gym.resume("gym-0", "c1", trio.current_time() + 30.0)
+
+
+@pytest.mark.subprocess
+def test_sigkill_after_an_aligned_checkpoint_took_episodes_by_the_timeout_is_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """The demo's two processes (a real SIGKILL after the first checkpoint, a restore in a new
+    process), aligned, with ``alignment_timeout_s = 0`` in ``[runtime]``: every episode inside
+    a turn at a prepare is taken unaligned at once. The run is exactly once (every row and
+    step once, every calendar sentinel once) and the snapshot phase 2 restored had taken
+    episodes mid-turn."""
+    conf = tmp_path / "demo.toml"
+    conf.write_text("[runtime]\nalignment_timeout_s = 0.0\n")
+    work = tmp_path / "w"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "gymckpt", "demo", "--checkpoint-mode", "aligned"),
+            *("--crash-after-checkpoint", "1", "--rows", "32", "--json"),
+            *("--workdir", str(work), "--config", str(conf)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["exactly_once"] is True and report["killed_with_sigkill"] is True, report
+    assert report["checkpoint_mode"] == "aligned" and report["restores"] == 1
+    assert report["duplicates"] == report["lost"] == report["steps_trained_twice"] == 0
+    assert report["sentinels_duplicated"] == report["sentinels_missing"] == 0
+    assert report["rows_trained"] == 32 and report["checkpoints_failed"] == 0
+    lines = [orjson.loads(x) for x in (work / JOURNAL).read_bytes().splitlines()]
+    taken = {r["checkpoint"]: r["mid_turn"] for r in lines if "checkpoint" in r and r["ok"]}
+    (restored,) = [r["snapshot"] for r in lines if "restore_to_step" in r]
+    assert taken[restored] > 0, taken
+    assert sum(taken.values()) == report["episodes_mid_turn"] > 0
