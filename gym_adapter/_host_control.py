@@ -150,8 +150,7 @@ class ControlPlane:
         it returns with the episodes that have not parked still moving, for the commit's cut
         (``Parking.alignment_timed_out``); ``parked`` then counts fewer than run."""
         parking = self.parking
-        cuts = self.environment.unaligned
-        park = mode is CheckpointMode.ALIGNED or not cuts
+        park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned
         gen = parking.prepare(checkpoint_id, park=park)
         parking.arm_lease(self._lease_expired)
         if not parking.parks:
@@ -160,7 +159,7 @@ class ControlPlane:
                 raise GymInstanceDead(self.name, "prepare")
             return PrepareReply(self.name, checkpoint_id, 0, len(self.streams.on_wire))
         aligned_by = deadline_ts
-        if alignment_timeout_s is not None and cuts:
+        if alignment_timeout_s is not None and self.environment.unaligned:
             aligned_by = min(deadline_ts, anyio.current_time() + alignment_timeout_s)
         in_time = await parking.wait_parked(gen, aligned_by)
         await anyio.lowlevel.checkpoint()

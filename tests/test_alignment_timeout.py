@@ -39,9 +39,11 @@ from gymckpt.nurseries.app.demo_journal import JOURNAL
 from gymckpt.runtime import (
     CheckpointMode,
     GymCallTimeout,
+    ManifestError,
     RuntimeConfig,
     SnapshotStore,
     rollout_id_for,
+    runtime_config_from_toml,
 )
 
 LONG_S = 120.0
@@ -323,3 +325,21 @@ def test_sigkill_after_an_aligned_checkpoint_took_episodes_by_the_timeout_is_exa
     (restored,) = [r["snapshot"] for r in lines if "restore_to_step" in r]
     assert taken[restored] > 0, taken
     assert sum(taken.values()) == report["episodes_mid_turn"] > 0
+
+
+def test_the_alignment_timeout_must_be_below_the_control_timeout(tmp_path: Path) -> None:
+    """Refused where it enters, naming both knobs and what to do: in ``RuntimeConfig`` and in
+    a configuration file's ``[runtime]`` (exit code 2 on the command line)."""
+    with pytest.raises(ValueError, match=r"alignment_timeout_s \(10\) must be < control_timeout"):
+        RuntimeConfig(alignment_timeout_s=10.0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        RuntimeConfig(alignment_timeout_s=-1.0)
+    with pytest.raises(ValueError, match="finite"):
+        RuntimeConfig(alignment_timeout_s=float("inf"), control_timeout_s=1e308)
+    assert RuntimeConfig(alignment_timeout_s=0.0).alignment_timeout_s == 0.0
+    job = tmp_path / "job.toml"
+    job.write_text("[runtime]\nalignment_timeout_s = 2.5\ncontrol_timeout_s = 5.0\n")
+    assert runtime_config_from_toml(job).alignment_timeout_s == 2.5
+    job.write_text("[runtime]\ncontrol_timeout_s = 1.0\n")
+    with pytest.raises(ManifestError, match=r"job.toml.*lower alignment_timeout_s"):
+        runtime_config_from_toml(job)
