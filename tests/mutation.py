@@ -1199,7 +1199,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'args["alignment_timeout_s"] = float(alignment_timeout_s)',
         "pass",
         (ALIGNMENT,),
-        keyword="serve",
+        keyword="another_process and http",
         sim_seeds=0,
     ),
     Mutant(
@@ -1209,7 +1209,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'args["checkpoint_id"], deadline_ts, args["mode"], args["alignment_timeout_s"]',
         'args["checkpoint_id"], deadline_ts, args["mode"], None',
         (ALIGNMENT,),
-        keyword="serve",
+        keyword="another_process and http",
         sim_seeds=0,
     ),
     Mutant(

@@ -33,7 +33,12 @@ import trio.testing
 
 from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, GymHost, HostConfig, RunRow
 from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_http
+from gymckpt.gym_adapter.calendar_env import (
+    SimConfig,
+    calendar_embedded,
+    calendar_http,
+    calendar_ray,
+)
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
 from gymckpt.nurseries.app.demo_journal import JOURNAL
 from gymckpt.runtime import (
@@ -45,6 +50,7 @@ from gymckpt.runtime import (
     rollout_id_for,
     runtime_config_from_toml,
 )
+from gymckpt.testing import ConformanceError, check_backend
 
 LONG_S = 120.0
 """Row 0's turn 1: longer than every timeout (control 10 s, lease 60 s)."""
@@ -262,17 +268,25 @@ async def test_an_environment_that_opts_out_is_waited_for_until_the_control_time
         assert trio.current_time() - t0 == 10.0
 
 
-@pytest.mark.http
-async def test_the_alignment_timeout_reaches_a_gymckpt_serve_process(tmp_path: Path) -> None:
-    """Over HTTP (a real ``gymckpt serve`` on loopback, real time): the prepare request carries
-    the alignment timeout, and the server's host honours it. Both episodes are inside a turn
-    of 8 s; the aligned prepare returns after the 0.5 s alignment timeout with neither parked
-    (without it the server would wait for them to end their turn and park both), and the
-    commit takes both mid-turn, at their first step boundary."""
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("http", marks=pytest.mark.http), pytest.param("ray", marks=pytest.mark.ray)],
+)
+async def test_the_alignment_timeout_reaches_a_gym_in_another_process(
+    tmp_path: Path, backend: str
+) -> None:
+    """Over HTTP (a real ``gymckpt serve`` on loopback) and on Ray (an actor), in real time:
+    the prepare request carries the alignment timeout, and the remote host honours it. Both
+    episodes are inside a turn of 8 s; the aligned prepare returns after the 0.5 s alignment
+    timeout with neither parked (without it the host would wait for them to end their turn and
+    park both), and the commit takes both mid-turn, at their first step boundary."""
     config = SimConfig(turns=(2, 2), turn_s=(8.0, 8.0), mutation_p=1.0)
-    async with calendar_http(
-        work_dir=tmp_path / "gym", seed=5, config=config, state_root=tmp_path
-    ) as gym:
+    gym_at = (
+        calendar_http(work_dir=tmp_path / "gym", seed=5, config=config, state_root=tmp_path)
+        if backend == "http"
+        else calendar_ray(work_dir=tmp_path / "gym", seed=5, config=config)
+    )
+    async with gym_at as gym:
         await gym.run("gym-0", [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in (0, 1)])
         with trio.fail_after(30):  # another process: nothing to wait on but its counts
             while (await gym.statistics()).instances[0].model_calls < 2:  # noqa: ASYNC110
@@ -343,3 +357,31 @@ def test_the_alignment_timeout_must_be_below_the_control_timeout(tmp_path: Path)
     job.write_text("[runtime]\ncontrol_timeout_s = 1.0\n")
     with pytest.raises(ManifestError, match=r"job.toml.*lower alignment_timeout_s"):
         runtime_config_from_toml(job)
+
+
+class _NoAlignmentTimeout:
+    """A backend whose ``prepare`` takes a mode but no ``alignment_timeout_s``."""
+
+    def __init__(self, gym: Any) -> None:
+        self._gym = gym
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gym, name)
+
+    async def prepare(
+        self, instance: str, checkpoint_id: str, deadline_ts: float, mode: Any = None
+    ) -> Any:
+        return await self._gym.prepare(instance, checkpoint_id, deadline_ts, mode)
+
+
+async def test_the_backend_kit_names_a_prepare_that_takes_no_alignment_timeout(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The trainer passes the alignment timeout to every prepare: ``check_backend`` says so
+    before a run would abort on the ``TypeError``."""
+    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+        with pytest.raises(ConformanceError) as info:
+            await check_backend(_NoAlignmentTimeout(gym), tmp_path)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "prepare_mode: _NoAlignmentTimeout.prepare(" in text
+    assert "takes no alignment_timeout_s" in text and "alignment_timeout_s=None)" in text
