@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import attrs
@@ -31,8 +31,20 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, GymHost, HostConfig, RunRow
+from gymckpt.gym_adapter import (
+    CommitReply,
+    Done,
+    EmbeddedGym,
+    Environment,
+    GymHost,
+    HostConfig,
+    InstanceInventory,
+    PrepareReply,
+    RunRow,
+)
 from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
+from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode
+from gymckpt.gym_adapter._host_parking import Parking
 from gymckpt.gym_adapter.calendar_env import (
     SimConfig,
     calendar_embedded,
@@ -41,6 +53,7 @@ from gymckpt.gym_adapter.calendar_env import (
 )
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
 from gymckpt.nurseries.app.demo_journal import JOURNAL
+from gymckpt.nurseries.app.sim_modes import ModeWatch
 from gymckpt.runtime import (
     CheckpointMode,
     GymCallTimeout,
@@ -385,3 +398,103 @@ async def test_the_backend_kit_names_a_prepare_that_takes_no_alignment_timeout(
     text = str(info.value)
     assert "prepare_mode: _NoAlignmentTimeout.prepare(" in text
     assert "takes no alignment_timeout_s" in text and "alignment_timeout_s=None)" in text
+
+
+async def test_a_timed_out_alignment_belongs_to_its_generation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``Parking.alignment_timed_out`` is set for the generation whose prepare gave up waiting
+    (never for a stale one, never when nothing parks), keeps parking the stragglers that reach
+    their boundary meanwhile, and a new generation starts without it."""
+    parking = Parking(60.0, freeze_survivors=False)
+    async with trio.open_nursery() as nursery:
+        parking.open(nursery.start_soon, lambda ep: None)
+        ep = Episode(EpisodeInfo("r0", 0, 0, 0, 0, "gym-0"), {}, MOVING)
+        parking.started()
+        gen = parking.prepare("c1")
+        assert await parking.wait_parked(gen, trio.current_time() + 1.0) is False
+        parking.time_out_alignment(gen - 1)  # a stale generation: nothing
+        assert not parking.alignment_timed_out
+        parking.time_out_alignment(gen)
+        assert parking.alignment_timed_out and parking.parks
+        assert await parking.boundary(ep, lambda ep: False) is False  # a straggler parks
+        assert ep.state == BOUNDARY and parking.moving == 0
+        parking.reopen()
+        assert not parking.prepared
+        parking.prepare("c2", park=False)
+        parking.time_out_alignment(parking.generation)  # nothing parks: nothing to cut
+        assert not parking.alignment_timed_out
+        parking.reopen()
+        parking.prepare("c3")
+        assert not parking.alignment_timed_out  # a new generation starts aligned
+        parking.close()
+        parking.release_all()
+        nursery.cancel_scope.cancel()
+
+
+@attrs.define
+class _PlantedHost:
+    running: tuple[str, ...] = ()
+    unaligned: bool = True
+    dead: bool = False
+
+    @property
+    def environment(self) -> Any:
+        return type("E", (), {"unaligned": self.unaligned})()
+
+    def inventory(self) -> InstanceInventory:
+        return InstanceInventory("gym-0", False, True, self.running, (), (), (), 0)
+
+
+@attrs.define
+class _PlantedGym:
+    """Answers a prepare after ``wait_s`` virtual seconds, and a commit with ``mid_turn``."""
+
+    host: _PlantedHost
+    wait_s: float = 0.0
+    mid_turn: int = 0
+
+    def sim(self, name: str) -> _PlantedHost:
+        return self.host
+
+    async def prepare(self, instance: str, checkpoint_id: str, *args: Any, **kw: Any) -> Any:
+        await trio.sleep(self.wait_s)
+        return PrepareReply(instance, checkpoint_id, 0, 0)
+
+    async def commit(self, instance: str, checkpoint_id: str, *args: Any) -> Any:
+        return CommitReply(instance, checkpoint_id, (), (), (), mid_turn=self.mid_turn)
+
+
+async def test_the_simulation_watch_holds_aligned_mid_turn_episodes_to_the_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``ModeWatch`` (the simulation's check of each checkpoint's mode), against planted
+    replies: an aligned prepare may leave episodes running only after its alignment timeout
+    and on an environment that takes cuts, and its commit may take at most those mid-turn."""
+    found: list[str] = []
+    gym = _PlantedGym(_PlantedHost(running=("0-0",)), wait_s=1.0, mid_turn=1)
+    watch = ModeWatch(gym, cast(EmbeddedGym, gym), CheckpointMode.ALIGNED, found.append)
+    await watch.prepare("gym-0", "c1", 0.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0)
+    await watch.commit("gym-0", "c1", "/s", 0.0)
+    assert found == []  # waited the timeout, took the one it left running
+    gym.mid_turn = 2
+    await watch.commit("gym-0", "c1", "/s", 0.0)
+    assert found == [
+        "c1: aligned commit of gym-0 took 2 episodes mid-turn, its prepare left 1 running (an "
+        "aligned checkpoint takes mid-turn only the episodes that had not parked within the "
+        "alignment timeout)"
+    ]
+    found.clear()
+    gym.wait_s = 0.5
+    await watch.prepare("gym-0", "c2", 0.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0)
+    assert found == [
+        "c2: aligned prepare of gym-0 left 1 episodes running after 0.5s, before its "
+        "alignment timeout (1.0s)"
+    ]
+    found.clear()
+    gym.host.unaligned, gym.wait_s = False, 1.0
+    await watch.prepare("gym-0", "c3", 0.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0)
+    assert found == [
+        "c3: aligned prepare of gym-0 left 1 episodes running on an environment that opts "
+        "out of unaligned cuts (it must wait)"
+    ]
