@@ -117,7 +117,7 @@ class ModeWatch:
                 f"{checkpoint_id}: aligned prepare of {instance} left {unparked} episodes "
                 "running on an environment that opts out of unaligned cuts (it must wait)"
             )
-        elif timeout_s is None or waited_s < timeout_s:
+        elif timeout_s is None or waited_s < timeout_s - 1e-6:  # clock arithmetic rounds
             self.violation(
                 f"{checkpoint_id}: aligned prepare of {instance} left {unparked} episodes "
                 f"running after {waited_s:g}s, before its alignment timeout ({timeout_s}s)"
