@@ -26,8 +26,7 @@ prepare never lets a stale one through. The lease: a prepared instance reopens b
 
 ``Parking`` is the only writer of admission, the prepared flag, the checkpoint ID, the
 generation, whether its alignment timed out, the count of moving episodes, the parked list and
-the lease; the episodes it moves
-between ``MOVING`` and ``BOUNDARY`` are the host's.
+the lease; the episodes it moves between ``MOVING`` and ``BOUNDARY`` are the host's.
 """
 
 from __future__ import annotations
