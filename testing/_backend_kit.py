@@ -18,8 +18,9 @@
 Checks 3-6 run once per ``CheckpointMode`` (``commit[aligned]``, ``commit[unaligned]``, ...): the
 aligned checkpoint calls ``prepare(instance, checkpoint_id, deadline_ts)``, the unaligned one
 passes ``CheckpointMode.UNALIGNED`` as the fourth argument. A backend whose ``prepare`` takes no
-``mode``, or no ``alignment_timeout_s`` keyword (the trainer passes both), fails
-``prepare_mode`` (naming the contract's signature) and its unaligned checks are not run.
+``mode`` fails ``prepare_mode`` (naming the contract's signature) and its unaligned checks are
+not run; one whose ``prepare`` takes no ``alignment_timeout_s`` keyword (the trainer passes it
+to every prepare) fails ``prepare_alignment_timeout``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,15 @@ def _mode_problem(gym: GymBackend) -> str | None:
             "prepare(instance, checkpoint_id, deadline_ts, mode=CheckpointMode.ALIGNED): take "
             "the mode and pass it to the host's prepare (or park as aligned whatever it says)"
         )
+    return None
+
+
+def _alignment_problem(gym: GymBackend) -> str | None:
+    """Why ``gym.prepare`` cannot take an ``alignment_timeout_s`` (None if it can)."""
+    try:
+        signature = inspect.signature(gym.prepare)
+    except (TypeError, ValueError):  # no signature to read: the call itself will tell
+        return None
     try:
         signature.bind(
             "instance", "checkpoint", 0.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0
@@ -140,6 +150,8 @@ async def check_backend(
         # 3-6. a checkpoint in the middle of a run, in each mode
         problem = _mode_problem(gym)
         checks.check("prepare_mode", problem is None, problem or "")
+        alignment = _alignment_problem(gym)
+        checks.check("prepare_alignment_timeout", alignment is None, alignment or "")
         modes = [CheckpointMode.ALIGNED] + ([CheckpointMode.UNALIGNED] if problem is None else [])
         for slot, mode in enumerate(modes, start=1):
             checks.episodes += await _checkpoint(checks, gym, topo, workdir, rows, slot, mode)

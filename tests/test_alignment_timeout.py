@@ -42,7 +42,7 @@ from gymckpt.gym_adapter import (
     PrepareReply,
     RunRow,
 )
-from gymckpt.gym_adapter._episode import EpisodeInfo, split_capture_key
+from gymckpt.gym_adapter._episode import EpisodeInfo, parse_call_id, split_capture_key
 from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode
 from gymckpt.gym_adapter._host_parking import Parking
 from gymckpt.gym_adapter.calendar_env import (
@@ -85,11 +85,10 @@ class World:
     long_turn: list[tuple[float, float]] = attrs.field(factory=list)
 
     async def model(self, key: str, request: Any, info: EpisodeInfo) -> str:
-        _, call = split_capture_key(key)  # "t{turn}-c{call}"
-        turn, index = (int(part[1:]) for part in call.split("-"))
-        self.asked[(info.row, turn, index)] += 1
+        call = parse_call_id(split_capture_key(key)[1])
+        self.asked[(info.row, call.turn, call.occurrence)] += 1
         await trio.lowlevel.checkpoint()
-        return f"answer {info.row}:{call}"
+        return f"answer {info.row}:t{call.turn}"
 
 
 class Tally:
@@ -259,7 +258,7 @@ async def test_restoring_a_checkpoint_that_took_a_long_turn_unaligned_is_exactly
     restored_row0 = [p for p in payloads if p["answers"][0].startswith("answer 0:")]
     assert len(restored_row0) == 1
     assert restored_row0[0]["tally"] == list(range(TURNS)), "a mutation applied twice"
-    assert restored_row0[0]["answers"] == [f"answer 0:t{t}-c0" for t in range(TURNS)]
+    assert restored_row0[0]["answers"] == [f"answer 0:t{t}" for t in range(TURNS)]
     # no call the snapshot captured was asked again: row 0's turns 0 and 1 asked once in all
     assert world.asked[(0, 0, 0)] == 1 and world.asked[(0, 1, 0)] == 1
 
@@ -396,7 +395,8 @@ async def test_the_backend_kit_names_a_prepare_that_takes_no_alignment_timeout(
         with pytest.raises(ConformanceError) as info:
             await check_backend(_NoAlignmentTimeout(gym), tmp_path)  # type: ignore[arg-type]
     text = str(info.value)
-    assert "prepare_mode: _NoAlignmentTimeout.prepare(" in text
+    assert "prepare_alignment_timeout: _NoAlignmentTimeout.prepare(" in text
+    assert "prepare_mode" not in text and "commit[unaligned]" not in text  # the rest passed
     assert "takes no alignment_timeout_s" in text and "alignment_timeout_s=None)" in text
 
 
