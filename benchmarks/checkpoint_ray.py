@@ -207,8 +207,14 @@ async def _remote_main(
 
     n, g = cfg.in_flight, cfg.group_size
     times = cfg.times()
+    # the aligned row measures the reference protocol (every episode parked until the slowest
+    # turn in flight ends): an alignment timeout inside the control bound never cuts it short
     rc = RuntimeConfig(
-        control_timeout_s=3600.0, reply_grace_s=5.0, drain_timeout_s=900.0, lease_s=7200.0
+        control_timeout_s=3600.0,
+        alignment_timeout_s=3599.0,
+        reply_grace_s=5.0,
+        drain_timeout_s=900.0,
+        lease_s=7200.0,
     )
     say(
         f"starting {cfg.actors} {cfg.backend} instances (turns {cfg.turns[0]}-"

@@ -14,16 +14,18 @@ the previous one: until then Gym lists those replies as *on the wire* in its com
 Control plane
 -------------
 Every control call carries an absolute ``deadline_ts`` on the caller's clock
-(``trio.current_time()``; a remote backend converts it to the remaining time and re-anchors it on
-its own clock). Gym enforces it only once it runs the call, so the caller bounds each call as
+(``trio.current_time()``; a remote backend converts it to the remaining time and re-anchors it
+on its own clock). Gym enforces it only once it runs the call, so the caller bounds each call as
 well (S5). Calls: ``prepare`` (close admission; in the ``ALIGNED`` mode park every episode at
-its next step boundary, in the ``UNALIGNED`` mode park none), ``commit`` (write each
-participant's records under ``state_root`` and report them, the exported episodes with their
-owner and ``capture_keys``, the replies on the wire, and the agent sessions; unaligned, the
-commit is the instance's cut: each episode as it was at its last step boundary with the model
-calls completed up to the cut, and every reply produced after it held back until ``resume``),
-``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify, then
-install committed state), ``retire_restored``; ``topology`` and ``inventory`` serve checks.
+its next step boundary, in the ``UNALIGNED`` mode park none; aligned with an
+``alignment_timeout_s``, the episodes of an environment that takes unaligned cuts that have not
+parked by then are left running, and the commit takes them as an unaligned one does), ``commit``
+(write each participant's records under ``state_root`` and report them, the exported episodes
+with their owner and ``capture_keys``, the replies on the wire, and the agent sessions;
+unaligned, the commit is the instance's cut: each episode as it was at its last step boundary
+with the model calls completed up to the cut, and every reply produced after it held back until
+``resume``), ``resume``, ``retire`` (refused while a checkpoint is open), ``restore`` (verify,
+then install committed state), ``retire_restored``; ``topology`` and ``inventory`` serve checks.
 
 Replacing a dead instance
 -------------------------
@@ -207,7 +209,9 @@ class AgentSession:
 
 @attrs.frozen
 class PrepareReply:
-    """``parked``: the episodes held at a step boundary (none in an unaligned prepare)."""
+    """``parked``: the episodes held at a step boundary (none in an unaligned prepare; in an
+    aligned one whose alignment timeout ran out, fewer than the instance runs: the commit takes
+    the others at their last step boundary)."""
 
     instance: str
     checkpoint_id: str
@@ -217,8 +221,10 @@ class PrepareReply:
 
 @attrs.frozen
 class CommitReply:
-    """``mid_turn``: the exported episodes that were inside a turn at an unaligned cut (taken
-    at their last step boundary); always 0 for an aligned commit."""
+    """``mid_turn``: the exported episodes that were inside a turn at the cut (taken at their
+    last step boundary with the model calls they had completed): in an unaligned commit, or in
+    an aligned one whose alignment timeout ran out before they parked; 0 for an aligned commit
+    that found every episode parked."""
 
     instance: str
     checkpoint_id: str
@@ -307,7 +313,12 @@ class GymBackend(Protocol):
         checkpoint_id: str,
         deadline_ts: float,
         mode: CheckpointMode = CheckpointMode.ALIGNED,
-    ) -> PrepareReply: ...
+        alignment_timeout_s: float | None = None,
+    ) -> PrepareReply:
+        """``alignment_timeout_s`` (aligned only; None: wait until ``deadline_ts``): seconds
+        to wait for the episodes to park before the rest are left to the commit's cut
+        (module docstring)."""
+        ...
 
     async def commit(
         self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float

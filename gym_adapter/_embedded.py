@@ -258,11 +258,14 @@ class EmbeddedGym:
         checkpoint_id: str,
         deadline_ts: float,
         mode: CheckpointMode = CheckpointMode.ALIGNED,
+        alignment_timeout_s: float | None = None,
     ) -> PrepareReply:
         return await self._call(
             instance,
             "prepare",
-            lambda sim: sim.prepare(checkpoint_id, deadline_ts, mode, trainer=self._trainer),
+            lambda sim: sim.prepare(
+                checkpoint_id, deadline_ts, mode, alignment_timeout_s, trainer=self._trainer
+            ),
         )
 
     async def commit(

@@ -587,15 +587,17 @@ class GymHost:
         checkpoint_id: str,
         deadline_ts: float,
         mode: CheckpointMode = CheckpointMode.ALIGNED,
+        alignment_timeout_s: float | None = None,
         *,
         trainer: TrainerTerm | None = None,
     ) -> PrepareReply:
         """Close admission and park every episode at its next step boundary; returns once
         nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
         resume or the lease). Reopened meanwhile: ``GymControlError``. ``UNALIGNED``: nothing
-        parks (``ControlPlane.prepare``)."""
+        parks. ``alignment_timeout_s``: the episodes not parked by then are left to the
+        commit's cut (``ControlPlane.prepare``)."""
         self._check_call("prepare", deadline_ts, trainer)
-        return await self._control.prepare(checkpoint_id, deadline_ts, mode)
+        return await self._control.prepare(checkpoint_id, deadline_ts, mode, alignment_timeout_s)
 
     async def commit(
         self,

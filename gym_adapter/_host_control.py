@@ -7,8 +7,13 @@ Unaligned: ``prepare`` closes admission and returns at once; ``commit`` is the i
 (``_host_cut``): on the loop, in one go, every active episode is taken at its boundary mark with
 the model calls it completed so far, the replies on the wire are listed, and from then on every
 reply is held (``ReplyStreams.hold``) until ``resume`` (or the lease, or a later commit of the
-same checkpoint, which first puts what it held on the wire). Nothing waits for a turn. An
-attempt fenced inside its turn (a newer attempt owns its slot) is not taken, as an aligned
+same checkpoint, which first puts what it held on the wire). Nothing waits for a turn.
+Aligned with an alignment timeout (Flink's aligned-checkpoint timeout): ``prepare`` waits that
+long for the episodes to park, then returns with the rest still moving, and the commit is a cut
+as above (a parked episode taken at the boundary it waits at, the others at their last one): no
+turn, however long, fails a checkpoint. An environment that opts out of unaligned cuts has no
+marks to cut at: its prepare waits for every episode until the call's deadline. An attempt
+fenced inside its turn (a newer attempt owns its slot) is not taken, as an aligned
 commit never holds one. In either mode, a checkpoint that reopens while its commit writes the
 records (the lease ran out) fails that commit: what it wrote is no cut of the instance.
 
@@ -130,12 +135,20 @@ class ControlPlane:
     # -- prepare / commit / resume -------------------------------------------------------------
 
     async def prepare(
-        self, checkpoint_id: str, deadline_ts: float, mode: CheckpointMode
+        self,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode,
+        alignment_timeout_s: float | None = None,
     ) -> PrepareReply:
         """Close admission and park every episode at its next step boundary; returns once
         nothing moves. Past ``deadline_ts``: ``GymCallTimeout`` (admission stays closed until a
         resume or the lease). Reopened meanwhile: ``GymControlError``. ``UNALIGNED`` (and an
-        environment that does not opt out): nothing parks, it returns at once."""
+        environment that does not opt out): nothing parks, it returns at once.
+
+        ``alignment_timeout_s`` (and an environment that does not opt out): after that long,
+        it returns with the episodes that have not parked still moving, for the commit's cut
+        (``Parking.alignment_timed_out``); ``parked`` then counts fewer than run."""
         parking = self.parking
         park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned
         gen = parking.prepare(checkpoint_id, park=park)
@@ -145,7 +158,10 @@ class ControlPlane:
             if self.host.dead:
                 raise GymInstanceDead(self.name, "prepare")
             return PrepareReply(self.name, checkpoint_id, 0, len(self.streams.on_wire))
-        in_time = await parking.wait_parked(gen, deadline_ts)
+        aligned_by = deadline_ts
+        if alignment_timeout_s is not None and self.environment.unaligned:
+            aligned_by = min(deadline_ts, anyio.current_time() + alignment_timeout_s)
+        in_time = await parking.wait_parked(gen, aligned_by)
         await anyio.lowlevel.checkpoint()
         if self.host.dead:
             raise GymInstanceDead(self.name, "prepare")
@@ -153,6 +169,11 @@ class ControlPlane:
             raise GymControlError(
                 self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
             )
+        if (not in_time or parking.moving) and aligned_by < deadline_ts:
+            # the alignment timeout ran out, not the call: the rest are the commit's to cut
+            parking.time_out_alignment(gen)
+            parked = len(self.table.active) - parking.moving
+            return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
         if not in_time or parking.moving:
             raise GymCallTimeout(
                 f"instance {self.name} prepare: {parking.moving} episodes did not reach a step "
@@ -183,7 +204,7 @@ class ControlPlane:
             raise GymControlError(
                 self.name, "commit", f"checkpoint {checkpoint_id} is not prepared ({now})"
             )
-        if not parking.parks:
+        if not parking.parks or parking.alignment_timed_out:
             return await self._commit_cut(checkpoint_id, state_root)
         if parking.moving:
             raise GymControlError(
@@ -222,7 +243,9 @@ class ControlPlane:
         )
 
     async def _commit_cut(self, checkpoint_id: str, state_root: str) -> CommitReply:
-        """An unaligned commit: the cut on the loop, the records off it (module docstring).
+        """An unaligned commit, or an aligned one whose alignment timed out: the cut on the
+        loop, the records off it (module docstring). A parked episode is taken at the boundary
+        it waits at (its mark's), one still moving at its last one.
 
         An episode whose boundary mark holds a problem fails (data) before the cut lists the
         replies on the wire, so its reply is among them and the checkpoint drains it. An

@@ -14,14 +14,19 @@ without parking anything: episodes pass their boundaries on, an episode held by 
 is let go, a reopen's restart of the episodes an earlier checkpoint parked goes on, and
 ``wait_parked`` has nothing to wait for (the instance's cut is its commit).
 
+An aligned prepare may give up waiting (the *alignment timeout*, Flink's aligned-checkpoint
+timeout): ``alignment_timed_out`` then says, for the rest of the generation, that the episodes
+still moving are the commit's to take as an unaligned cut does (they go on; one reaching its
+boundary meanwhile parks there as usual).
+
 Each prepare that raises the flag starts a new *generation*: a prepare waiting for its episodes
 to park, and a lease timer, act only for their own generation, so a reopen followed by another
 prepare never lets a stale one through. The lease: a prepared instance reopens by itself after
 ``lease_s`` without a resume (a trainer that died mid-checkpoint never holds Gym forever).
 
 ``Parking`` is the only writer of admission, the prepared flag, the checkpoint ID, the
-generation, the count of moving episodes, the parked list and the lease; the episodes it moves
-between ``MOVING`` and ``BOUNDARY`` are the host's.
+generation, whether its alignment timed out, the count of moving episodes, the parked list and
+the lease; the episodes it moves between ``MOVING`` and ``BOUNDARY`` are the host's.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class Parking:
     prepared: bool = attrs.field(default=False, init=False)
     parks: bool = attrs.field(default=True, init=False)
     """Whether the prepared checkpoint parks episodes at their boundaries (aligned)."""
+    alignment_timed_out: bool = attrs.field(default=False, init=False)
+    """The prepared (aligned) checkpoint stopped waiting for episodes to park: its commit is a
+    cut (module docstring). Reset by the next generation."""
     checkpoint_id: str | None = attrs.field(default=None, init=False)
     generation: int = attrs.field(default=0, init=False)
     moving: int = attrs.field(default=0, init=False)
@@ -173,6 +181,7 @@ class Parking:
         if not self.prepared:
             assert self._prepared_evt is not None
             self.parks = park
+            self.alignment_timed_out = False
             self.prepared = True
             self.generation += 1
             self._all_parked = anyio.Event()
@@ -196,6 +205,12 @@ class Parking:
                 assert self._all_parked is not None
                 await self._all_parked.wait()
         return not scope.cancelled_caught
+
+    def time_out_alignment(self, generation: int) -> None:
+        """The alignment timeout of ``generation`` ran out with episodes still moving: the
+        commit takes those as a cut (no-op for another generation, or when nothing parks)."""
+        if self.prepared and self.parks and self.generation == generation:
+            self.alignment_timed_out = True
 
     def reopen(self) -> None:
         """Reopen admission and start every parked episode's task again (see ``restart``)."""

@@ -739,10 +739,12 @@ class HttpGym:
         checkpoint_id: str,
         deadline_ts: float,
         mode: CheckpointMode = CheckpointMode.ALIGNED,
+        alignment_timeout_s: float | None = None,
     ) -> PrepareReply:
-        reply: PrepareReply = await self._control_op(
-            instance, "prepare", {"checkpoint_id": checkpoint_id, "mode": mode}, deadline_ts
-        )
+        args: dict[str, Any] = {"checkpoint_id": checkpoint_id, "mode": mode}
+        if alignment_timeout_s is not None:
+            args["alignment_timeout_s"] = float(alignment_timeout_s)
+        reply: PrepareReply = await self._control_op(instance, "prepare", args, deadline_ts)
         return reply
 
     async def commit(

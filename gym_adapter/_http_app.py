@@ -366,7 +366,11 @@ class GymHttpApp:
         deadline_ts = req.deadline.local(trio.current_time(), time.time())
         if op == "prepare":
             return await host.prepare(
-                args["checkpoint_id"], deadline_ts, args["mode"], trainer=trainer
+                args["checkpoint_id"],
+                deadline_ts,
+                args["mode"],
+                args["alignment_timeout_s"],
+                trainer=trainer,
             )
         if op == "commit":
             return await host.commit(

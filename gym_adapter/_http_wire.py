@@ -565,10 +565,16 @@ def decode_stream_line(line: bytes) -> ReplyBatch | None:
 # -- /control/v1/<op> -----------------------------------------------------------------------------
 
 
+def _seconds_or_none(_inst: object, attr: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None and not (isinstance(value, float) and value >= 0.0):
+        raise ValueError(f"{attr.name} must be a number of seconds >= 0 or null, got {value!r}")
+
+
 @attrs.frozen
 class _PrepareArgs:
     checkpoint_id: str
     mode: CheckpointMode = CheckpointMode.ALIGNED
+    alignment_timeout_s: float | None = attrs.field(default=None, validator=_seconds_or_none)
 
 
 @attrs.frozen

@@ -437,9 +437,13 @@ class RayGym:
         checkpoint_id: str,
         deadline_ts: float,
         mode: CheckpointMode = CheckpointMode.ALIGNED,
+        alignment_timeout_s: float | None = None,
     ) -> PrepareReply:
+        options = {"mode": mode.value}
+        if alignment_timeout_s is not None:
+            options["alignment_timeout_s"] = repr(float(alignment_timeout_s))
         reply: PrepareReply = await self._control(
-            instance, "prepare", (checkpoint_id,), deadline_ts, {"mode": mode.value}
+            instance, "prepare", (checkpoint_id,), deadline_ts, options
         )
         return reply
 

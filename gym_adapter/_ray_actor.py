@@ -203,8 +203,9 @@ class GymActor:
     ) -> Any:
         """Run control call ``op`` by ``deadline`` (re-anchored on the trio run's clock), once
         the stream acknowledgements ``acks`` (sid -> seq) are applied. ``options``: the call's
-        keyword options as strings (``prepare``'s ``mode``; ``trainer``, the caller's term as
-        ``TrainerTerm.header`` gives it, checked before the acknowledgements act)."""
+        keyword options as strings (``prepare``'s ``mode`` and ``alignment_timeout_s``;
+        ``trainer``, the caller's term as ``TrainerTerm.header`` gives it, checked before the
+        acknowledgements act)."""
         with self._track(op), crossing_boundary(self.name, op):
             return await self._in_trio().call(
                 self._control, op, args, deadline, fault, acks, options or {}
@@ -236,7 +237,9 @@ class GymActor:
         call: Callable[..., Any] = getattr(self._sim, op)
         if op == "prepare" and "mode" in options:
             mode = CheckpointMode(options["mode"])
-            return await call(*args, deadline_ts, mode, trainer=trainer)
+            alignment = options.get("alignment_timeout_s")
+            timeout_s = None if alignment is None else float(alignment)
+            return await call(*args, deadline_ts, mode, timeout_s, trainer=trainer)
         if op == "release":
             return await self._sim.release(args[0], deadline_ts)
         return await call(*args, deadline_ts, trainer=trainer)

@@ -10,6 +10,9 @@ what happened. The metric names follow Flink's checkpoint metrics:
 * ``checkpoint/consecutive_failures``; ``checkpoint/since_last_completed_s`` (a mark);
 * ``checkpoint/last_duration_s`` of the last checkpoint, completed or not, and
   ``checkpoint/last_size_bytes`` of the last completed one; ``checkpoint/stage_<name>_s``;
+* of the last completed checkpoint: ``checkpoint/last_episodes`` and
+  ``checkpoint/last_mid_turn`` (episodes taken in the middle of a turn, unaligned or past the
+  alignment timeout), with ``checkpoint/mid_turn_total`` over the run;
 * per stage: ``checkpoint/drain_pending``, ``checkpoint/retired_dropped_total``,
   ``checkpoint/restore_retire_total``, ``checkpoint/resume_failures_total``.
 
@@ -56,6 +59,12 @@ class CheckpointStatsTracker:
         self.metrics.mark("checkpoint/since_last_completed_s")
         self.metrics.set("checkpoint/consecutive_failures", 0)
         self._record_stages(stage_s)
+
+    def taken(self, episodes: int, mid_turn: int) -> None:
+        """A completed checkpoint took ``episodes``, ``mid_turn`` of them inside a turn."""
+        self.metrics.set("checkpoint/last_episodes", episodes)
+        self.metrics.set("checkpoint/last_mid_turn", mid_turn)
+        self.metrics.inc("checkpoint/mid_turn_total", mid_turn)
 
     def trainer_code_failed(self) -> None:
         """The trainer's ``trainer_files`` writer raised: its error propagates unchanged."""

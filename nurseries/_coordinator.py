@@ -10,14 +10,16 @@ The protocol, and why it is in this order
    checkpoint is open. Only what was retired is forgotten; a failure here fails the checkpoint
    (retryable) rather than letting Gym export an episode the ledger no longer owns.
 3. **Prepare** every instance in ``RuntimeConfig.checkpoint_mode``: Gym closes its own
-   admission; aligned, it parks each episode at its next step boundary; unaligned, nothing
-   parks.
+   admission; aligned, it parks each episode at its next step boundary, waiting at most
+   ``alignment_timeout_s`` (Flink's aligned-checkpoint timeout: the episodes still inside a
+   turn then are taken as step 4 takes them unaligned, so no turn fails a checkpoint);
+   unaligned, nothing parks.
 4. **Commit** every instance: participants write their records under the staging snapshot; the
    replies list participants and digests, exported episodes, and replies on the wire.
-   Unaligned, each instance's commit is its cut: episodes are taken at their last step
-   boundary with the model calls completed so far, and every reply the instance produces
-   after its cut is held there until resume, so steps 6 and 7 see exactly the replies sent
-   before the cut.
+   Unaligned (or aligned past the alignment timeout), each instance's commit is its cut:
+   episodes are taken at their last step boundary with the model calls completed so far, and
+   every reply the instance produces after its cut is held there until resume, so steps 6 and
+   7 see exactly the replies sent before the cut.
 5. **Ownership** (S10), off the loop: an episode is owned by the participant that exported it,
    else by a legacy agent session with a step boundary; a parked session nobody owns fails the
    checkpoint at once instead of waiting out the drain.
@@ -161,10 +163,20 @@ class CheckpointOutcome:
     error: str | None
     stage_s: Mapping[str, float]
     episodes: int = 0
+    """Episodes the snapshot holds: ``at_boundary`` of them at a step boundary, ``mid_turn``
+    in the middle of a turn."""
     drained: int = 0
     mid_turn: int = 0
-    """Episodes an unaligned checkpoint took in the middle of a turn (at their last step
-    boundary, with the model calls they had completed); 0 when aligned."""
+    """Episodes taken in the middle of a turn (at their last step boundary, with the model
+    calls they had completed; a restore replays that turn): unaligned, those inside a turn at
+    the cut; aligned, those that had not reached a boundary within ``alignment_timeout_s``
+    (0 when every episode parked in time)."""
+
+    @property
+    def at_boundary(self) -> int:
+        """Episodes taken at a step boundary (parked there, between turns, or restored and
+        not claimed yet)."""
+        return self.episodes - self.mid_turn
 
 
 def _storage_detail(root: Path) -> str:
@@ -282,6 +294,7 @@ class CheckpointCoordinator:
             return self._failed(checkpoint_id, exc, pending.stage_s if pending else {}, started)
         self._failures.succeeded()
         self._stats.completed(pending.stage_s)
+        self._stats.taken(episodes, mid_turn)
         size = await offload(lambda: tree_size(info.path))
         self._stats.record_last(started, size)
         return CheckpointOutcome(

@@ -77,9 +77,17 @@ def _write_trainer_files(write: Callable[[Path], None], target: Path) -> None:
 
 
 async def _prepare_in(
-    gym: GymBackend, instance: str, checkpoint_id: str, deadline_ts: float, *, mode: CheckpointMode
+    gym: GymBackend,
+    instance: str,
+    checkpoint_id: str,
+    deadline_ts: float,
+    *,
+    mode: CheckpointMode,
+    alignment_timeout_s: float,
 ) -> object:
-    return await gym.prepare(instance, checkpoint_id, deadline_ts, mode)
+    return await gym.prepare(
+        instance, checkpoint_id, deadline_ts, mode, alignment_timeout_s=alignment_timeout_s
+    )
 
 
 @attrs.define(eq=False, slots=True, repr=False)
@@ -167,17 +175,22 @@ class PendingCheckpoint:
         self._paused = True
 
     async def prepare(self, names: Sequence[str]) -> None:
-        """Ask every instance to prepare in the configured mode (aligned: park); from the first
-        call on, Gym may be parked (or, unaligned, holding replies after its cut)."""
+        """Ask every instance to prepare in the configured mode (aligned: park, and leave the
+        episodes not parked within the alignment timeout to the commit's cut); from the first
+        call on, Gym may be parked (or holding replies after its cut)."""
         self._parked = tuple(names)
-        gym, checkpoint_id, mode = self.gym, self.checkpoint_id, self.config.checkpoint_mode
-        calls = (
-            {n: functools.partial(gym.prepare, n, checkpoint_id) for n in names}
-            if mode is CheckpointMode.ALIGNED  # the reference call, as any backend takes it
-            else {
-                n: functools.partial(_prepare_in, gym, n, checkpoint_id, mode=mode) for n in names
-            }
-        )
+        gym, checkpoint_id, config = self.gym, self.checkpoint_id, self.config
+        calls = {
+            n: functools.partial(
+                _prepare_in,
+                gym,
+                n,
+                checkpoint_id,
+                mode=config.checkpoint_mode,
+                alignment_timeout_s=config.alignment_timeout_s,
+            )
+            for n in names
+        }
         await fan_out("prepare", calls, self.config)
 
     async def commit(self, names: Sequence[str]) -> dict[str, CommitReply]:

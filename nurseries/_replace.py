@@ -308,7 +308,14 @@ def _replace_bound(config: RuntimeConfig) -> RuntimeConfig:
         config.lease_s,
         config.replace_timeout_s + config.reply_grace_s + config.drain_timeout_s + 1.0,
     )
-    return attrs.evolve(config, control_timeout_s=config.replace_timeout_s, lease_s=lease)
+    # a replace has nothing to align: the alignment timeout only has to stay below the bound
+    alignment = min(config.alignment_timeout_s, config.replace_timeout_s / 2)
+    return attrs.evolve(
+        config,
+        control_timeout_s=config.replace_timeout_s,
+        lease_s=lease,
+        alignment_timeout_s=alignment,
+    )
 
 
 def dead_in(exc: BaseException) -> list[GymInstanceDead]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 
@@ -40,6 +41,11 @@ def _mode(value: object) -> CheckpointMode:
         raise ValueError(f"checkpoint_mode is {value!r}; expected one of {names}") from None
 
 
+def _finite(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{attribute.name} is {value!r}; expected a finite number of seconds")
+
+
 @attrs.frozen(kw_only=True)
 class RuntimeConfig:
     """Knobs of the checkpoint runtime.
@@ -47,7 +53,9 @@ class RuntimeConfig:
     Invariants checked on construction (each error names both knobs involved):
     - a control call's deadline plus its reply grace is shorter than the Gym lease, so giving up
       on a call always leaves the lease to reopen Gym (S5);
-    - the drain fits in the lease as well, since Gym is parked while we drain.
+    - the drain fits in the lease as well, since Gym is parked while we drain;
+    - the alignment timeout is shorter than the control timeout (so an aligned ``prepare``
+      answers before its call gives up on it), hence shorter than the lease.
     """
 
     control_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
@@ -76,6 +84,17 @@ class RuntimeConfig:
     checkpoint_mode: CheckpointMode = attrs.field(default=CheckpointMode.ALIGNED, converter=_mode)
     """``ALIGNED`` (every episode parks at its next step boundary) or ``UNALIGNED`` (no episode
     waits for a turn; see ``CheckpointMode``). A string names one."""
+    alignment_timeout_s: float = attrs.field(
+        default=1.0, validator=[attrs.validators.ge(0.0), _finite]
+    )
+    """Flink's aligned-checkpoint timeout: how long an aligned ``prepare`` waits for every
+    episode to reach a step boundary. The episodes still inside a turn then are taken
+    unaligned by that checkpoint (at their last step boundary, with the model calls they had
+    completed: ``CheckpointOutcome.mid_turn`` counts them), so a turn longer than every
+    timeout never fails a checkpoint, and the parked episodes idle at most this long waiting
+    for it. 0 takes every episode not already at a boundary unaligned at once. An environment
+    that opts out of unaligned cuts (``Environment(unaligned=False)``) is waited for until
+    ``control_timeout_s``, as without a timeout. Must be < ``control_timeout_s``."""
     pause_collector: bool = True
     """No automatic full garbage collection while a checkpoint runs (``collector_paused``): one
     pauses the loop and every thread for as long as it walks all of the process's objects."""
@@ -95,6 +114,13 @@ class RuntimeConfig:
             raise ValueError(
                 f"drain_timeout_s ({self.drain_timeout_s:g}) must be < lease_s "
                 f"({self.lease_s:g}): Gym stays parked while the drain waits"
+            )
+        if self.alignment_timeout_s >= self.control_timeout_s:
+            raise ValueError(
+                f"alignment_timeout_s ({self.alignment_timeout_s:g}) must be < "
+                f"control_timeout_s ({self.control_timeout_s:g}): an aligned prepare must "
+                "answer before the trainer gives up on it; lower alignment_timeout_s or raise "
+                "control_timeout_s"
             )
         if self.infra_backoff_initial_s > self.infra_backoff_max_s:
             raise ValueError(

@@ -19,7 +19,8 @@ Checks 3-6 run once per ``CheckpointMode`` (``commit[aligned]``, ``commit[unalig
 aligned checkpoint calls ``prepare(instance, checkpoint_id, deadline_ts)``, the unaligned one
 passes ``CheckpointMode.UNALIGNED`` as the fourth argument. A backend whose ``prepare`` takes no
 ``mode`` fails ``prepare_mode`` (naming the contract's signature) and its unaligned checks are
-not run.
+not run; one whose ``prepare`` takes no ``alignment_timeout_s`` keyword (the trainer passes it
+to every prepare) fails ``prepare_alignment_timeout``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,26 @@ def _mode_problem(gym: GymBackend) -> str | None:
     return None
 
 
+def _alignment_problem(gym: GymBackend) -> str | None:
+    """Why ``gym.prepare`` cannot take an ``alignment_timeout_s`` (None if it can)."""
+    try:
+        signature = inspect.signature(gym.prepare)
+    except (TypeError, ValueError):  # no signature to read: the call itself will tell
+        return None
+    try:
+        signature.bind(
+            "instance", "checkpoint", 0.0, CheckpointMode.ALIGNED, alignment_timeout_s=1.0
+        )
+    except TypeError as exc:
+        return (
+            f"{type(gym).__name__}.prepare{signature} takes no alignment_timeout_s ({exc}); the "
+            "contract is prepare(instance, checkpoint_id, deadline_ts, "
+            "mode=CheckpointMode.ALIGNED, alignment_timeout_s=None): take it and pass it to the "
+            "host's prepare"
+        )
+    return None
+
+
 def _final(replies: list[RunReply]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in replies:
@@ -129,6 +150,8 @@ async def check_backend(
         # 3-6. a checkpoint in the middle of a run, in each mode
         problem = _mode_problem(gym)
         checks.check("prepare_mode", problem is None, problem or "")
+        alignment = _alignment_problem(gym)
+        checks.check("prepare_alignment_timeout", alignment is None, alignment or "")
         modes = [CheckpointMode.ALIGNED] + ([CheckpointMode.UNALIGNED] if problem is None else [])
         for slot, mode in enumerate(modes, start=1):
             checks.episodes += await _checkpoint(checks, gym, topo, workdir, rows, slot, mode)

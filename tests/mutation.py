@@ -38,6 +38,7 @@ HOSTILE = "tests/test_hostile_environment.py"
 JOURNAL = "tests/test_host_journal.py"
 PREEMPT = "tests/test_preemption_paths.py"
 UNALIGNED = "tests/test_unaligned_rules.py"
+ALIGNMENT = "tests/test_alignment_timeout.py"
 HTTP_SECURITY = "tests/test_http_security.py"
 HTTP_SERVER = "tests/test_http_server.py"
 TENANCY = "tests/test_host_tenancy.py"
@@ -667,8 +668,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "unaligned-trainer-prepares-aligned",
         "cut",
         "nurseries/_pending.py",
-        "if mode is CheckpointMode.ALIGNED  # the reference call, as any backend takes it",
-        "if True  # the reference call, as any backend takes it",
+        "mode=config.checkpoint_mode,",
+        "mode=CheckpointMode.ALIGNED,",
         (UNALIGNED,),
         keyword="through_the_trainer",
     ),
@@ -1201,6 +1202,83 @@ MUTANTS: tuple[Mutant, ...] = (
         "sentinel(info.row, info.slot, turn)",
         ("tests/test_sim_usage.py",),
         keyword="once_per_epoch",
+        sim_seeds=0,
+    ),
+    # -- the alignment timeout: aligned checkpoints complete whatever the turn length ----------
+    Mutant(
+        "alignment-timeout-ignored",
+        "align",
+        "nurseries/_pending.py",
+        "alignment_timeout_s=config.alignment_timeout_s,",
+        "alignment_timeout_s=None,",
+        (ALIGNMENT,),
+        keyword="longer_than",
+    ),
+    Mutant(
+        "alignment-timeout-ignored-by-the-host",
+        "align",
+        "gym_adapter/_host_control.py",
+        "if alignment_timeout_s is not None and self.environment.unaligned:",
+        "if False:",
+        (ALIGNMENT,),
+        keyword="longer_than",
+    ),
+    Mutant(
+        "alignment-timeout-not-sent-over-http",
+        "align",
+        "gym_adapter/_http.py",
+        'args["alignment_timeout_s"] = float(alignment_timeout_s)',
+        "pass",
+        (ALIGNMENT,),
+        keyword="another_process and http",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "alignment-timeout-ignored-by-the-server",
+        "align",
+        "gym_adapter/_http_app.py",
+        'args["alignment_timeout_s"],',
+        "None,",
+        (ALIGNMENT,),
+        keyword="another_process and http",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "timed-out-episode-dropped-from-cut",
+        "align",
+        "gym_adapter/_host_control.py",
+        "if ep.state != DONE and not self.slots.fenced(ep)",
+        "if ep.state != DONE and not self.slots.fenced(ep)"
+        " and (ep.state == BOUNDARY or not self.parking.parks)",
+        (ALIGNMENT,),
+        keyword="longer_than",
+    ),
+    Mutant(
+        "timed-out-commit-not-a-cut",
+        "align",
+        "gym_adapter/_host_control.py",
+        "if not parking.parks or parking.alignment_timed_out:",
+        "if not parking.parks:",
+        (ALIGNMENT,),
+        keyword="longer_than",
+    ),
+    Mutant(
+        "alignment-timeout-cuts-an-opted-out-environment",
+        "align",
+        "gym_adapter/_host_control.py",
+        "if alignment_timeout_s is not None and self.environment.unaligned:",
+        "if alignment_timeout_s is not None:",
+        (ALIGNMENT,),
+        keyword="opts_out",
+    ),
+    Mutant(
+        "alignment-timeout-not-below-the-control-timeout",
+        "align",
+        "runtime/_config.py",
+        "if self.alignment_timeout_s >= self.control_timeout_s:",
+        "if False:",
+        (ALIGNMENT,),
+        keyword="below",
         sim_seeds=0,
     ),
 )

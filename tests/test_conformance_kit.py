@@ -211,7 +211,12 @@ class _LeakyCut(_NoMode):
     produced after the cut reach the trainer before the checkpoint resumes."""
 
     async def prepare(
-        self, instance: str, checkpoint_id: str, deadline_ts: float, mode: Any = None
+        self,
+        instance: str,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: Any = None,
+        alignment_timeout_s: float | None = None,
     ) -> Any:
         self._mode = mode
         return await self._gym.prepare(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -58,7 +59,9 @@ class RecordingGym:
         if key in self.fail:
             raise GymControlError(instance, op, "refused")
 
-    async def prepare(self, instance: str, checkpoint_id: str, deadline: float) -> None:
+    async def prepare(
+        self, instance: str, checkpoint_id: str, deadline: float, *args: Any, **kwargs: Any
+    ) -> None:
         await self._call("prepare", instance)
 
     async def commit(

@@ -111,7 +111,7 @@ def _host_stats() -> HostStatistics:
 RECORD = InstanceRecord("gym-0", (ParticipantRecord("cal", "environment", "gym-0/cal", "ab"),))
 CONTROL_SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "prepare": (
-        {"checkpoint_id": "c1", "mode": CheckpointMode.UNALIGNED},
+        {"checkpoint_id": "c1", "mode": CheckpointMode.ALIGNED, "alignment_timeout_s": 0.5},
         PrepareReply("gym-0", "c1", 2, 1),
     ),
     "commit": (
@@ -353,7 +353,9 @@ def test_prepare_mode_defaults_to_aligned() -> None:
             "args": {"checkpoint_id": "c"},
         }
     )
-    assert decode_control_request("prepare", body).args["mode"] is CheckpointMode.ALIGNED
+    args = decode_control_request("prepare", body).args
+    assert args["mode"] is CheckpointMode.ALIGNED
+    assert args["alignment_timeout_s"] is None  # absent: wait until the deadline
 
 
 def test_errors_and_refusals_cross_as_themselves() -> None:
@@ -554,6 +556,14 @@ BAD_CONTROL: dict[str, tuple[str, bytes]] = {
     "missing arg": ("commit", _control("commit", args={"checkpoint_id": "c"})),
     "arg of wrong type": ("retire", _control("retire", args={"rollout_ids": "3-1"})),
     "bad mode": ("prepare", _control("prepare", args={"checkpoint_id": "c", "mode": "sideways"})),
+    "negative alignment timeout": (
+        "prepare",
+        _control("prepare", args={"checkpoint_id": "c", "alignment_timeout_s": -1.0}),
+    ),
+    "alignment timeout not a number": (
+        "prepare",
+        _control("prepare", args={"checkpoint_id": "c", "alignment_timeout_s": "1"}),
+    ),
     "deadline not finite": (
         "resume",
         _control("resume", deadline={"remaining_s": "inf", "sent_wall": 1}),

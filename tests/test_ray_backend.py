@@ -273,7 +273,11 @@ async def test_a_cancelled_call_leaves_no_task_future_or_ray_call_behind(
 @pytest.mark.ray
 async def test_a_call_ray_never_schedules_is_bounded_and_cancelled(tmp_path: Path) -> None:
     config = RuntimeConfig(
-        control_timeout_s=0.5, reply_grace_s=0.2, lease_s=5.0, drain_timeout_s=2.0
+        control_timeout_s=0.5,
+        alignment_timeout_s=0.25,
+        reply_grace_s=0.2,
+        lease_s=5.0,
+        drain_timeout_s=2.0,
     )
     async with ray_gym(tmp_path) as gym:
         async with gym.unschedulable("gym-0"):

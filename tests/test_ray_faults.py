@@ -27,6 +27,7 @@ pytestmark = pytest.mark.ray
 SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=3.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=1.0,
+    alignment_timeout_s=0.5,
     reply_grace_s=0.3,
     drain_timeout_s=2.0,
     lease_s=3.0,

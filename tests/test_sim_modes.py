@@ -58,7 +58,11 @@ async def test_an_unaligned_checkpoint_that_parks_is_a_violation(
     real = ControlPlane.prepare
 
     async def parks_anyway(
-        self: ControlPlane, checkpoint_id: str, deadline_ts: float, mode: CheckpointMode
+        self: ControlPlane,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode,
+        alignment_timeout_s: float | None = None,
     ) -> PrepareReply:
         return await real(self, checkpoint_id, deadline_ts, ALIGNED)
 
@@ -75,7 +79,13 @@ async def test_a_prepare_that_asks_for_the_wrong_mode_is_a_violation(
     (aligned) prepare although the runtime is configured unaligned."""
 
     async def drops_the_mode(
-        gym: Any, instance: str, checkpoint_id: str, deadline_ts: float, *, mode: CheckpointMode
+        gym: Any,
+        instance: str,
+        checkpoint_id: str,
+        deadline_ts: float,
+        *,
+        mode: CheckpointMode,
+        alignment_timeout_s: float,
     ) -> object:
         return await gym.prepare(instance, checkpoint_id, deadline_ts)
 
@@ -105,7 +115,7 @@ class _Gym:
     def sim(self, name: str) -> _Host:
         return self.host
 
-    async def prepare(self, *args: Any) -> PrepareReply:
+    async def prepare(self, *args: Any, **kwargs: Any) -> PrepareReply:
         return self.prepare_reply
 
     async def commit(self, *args: Any) -> CommitReply:
@@ -151,6 +161,7 @@ async def test_the_watch_against_planted_replies() -> None:
     await watch.commit("gym-0", "c2", "/s", 0.0)  # unaligned: mid-turn is what it does
     assert aligned.commits_mid_turn == watch.commits_mid_turn == 2
     assert found == [
-        "c2: aligned commit of gym-0 took 2 episodes mid-turn (an aligned "
-        "checkpoint takes every episode parked at a boundary)"
+        "c2: aligned commit of gym-0 took 2 episodes mid-turn, its prepare left 0 running (an "
+        "aligned checkpoint takes mid-turn only the episodes that had not parked within the "
+        "alignment timeout)"
     ]
