@@ -443,7 +443,13 @@ class Incarnation:
         self.run.longest_still_s = max(self.run.longest_still_s, self.liveness.longest_still_s)
         acts, gym, ro = self.acts, self.control.gym, self.rollouts
         hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
-        if (
+        outage = self.scenario.usage.outage
+        if self.end is IncarnationEnd.INFRA_OUTAGE and outage is not None and outage.over_budget:
+            if self.error is None or "\n" in self.error:  # the expected end: exit 8, one line
+                self.violation(
+                    f"an outage over the budget ended the run without one line: {self.error!r}"
+                )
+        elif (
             self.end.documented_abort
             and not (self.live_restart and self.end is IncarnationEnd.RESTORE_FAILED)
             and not self.faults

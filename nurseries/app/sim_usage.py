@@ -35,6 +35,7 @@ from typing import Any, Final
 import attrs
 
 from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode
+from gymckpt.runtime import RuntimeConfig
 
 __all__ = [
     "USAGE_NAMES",
@@ -48,6 +49,14 @@ __all__ = [
     "parse_real_usage",
     "usage_flag",
 ]
+
+OUTAGE_BUDGET_S: Final = RuntimeConfig().outage_budget_s
+"""The default outage budget, which the simulation's runtime config keeps: every drawn outage
+is shorter (waited out), but one over it (``Outage.over_budget``)."""
+OUTAGE_LENGTHS_S: Final = (5.0, 15.0, 30.0, 60.0)
+"""The lengths of the outages the run must wait out (a model server restarting)."""
+OVER_BUDGET_S: Final = OUTAGE_BUDGET_S + 30.0
+"""The length of an outage over the budget: the run stops with exit code 8 and one line."""
 
 USAGE_NAMES: Final = ("shuffle", "calls", "long-turns", "outages", "live-restart", "second-trainer")
 """The sub-dimensions, each switchable on its own (``gymckpt simulate --real-usage``)."""
@@ -142,10 +151,17 @@ class LongTurn:
 @attrs.frozen(kw_only=True)
 class Outage:
     """The model server is down from ``start_s`` for ``length_s`` virtual seconds after the
-    scenario starts: every model call asked then raises ``ModelUnavailable``."""
+    scenario starts: every model call asked then raises ``ModelUnavailable``. Within the
+    outage budget (``OUTAGE_BUDGET_S``) the run waits it out; over it (``over_budget``) an
+    incarnation may stop with ``InfraOutage`` (exit code 8) and one line, an expected end, and
+    the next restores after it."""
 
     start_s: float
     length_s: float
+
+    @property
+    def over_budget(self) -> bool:
+        return self.length_s > OUTAGE_BUDGET_S
 
     def __str__(self) -> str:
         return f"{self.length_s:g}s from {self.start_s:g}s"
@@ -260,9 +276,10 @@ def draw_usage(
     if "outages" in chosen:
         r = rng("outages")
         if r.random() < 0.4:
-            out["outage"] = Outage(
-                start_s=round(r.uniform(0.0, 20.0), 3), length_s=r.choice((5.0, 15.0, 30.0, 60.0))
-            )
+            start, length = round(r.uniform(0.0, 20.0), 3), r.choice(OUTAGE_LENGTHS_S)
+            if r.random() < 0.05:  # drawn after the rest: the other outages stay as they were
+                length = OVER_BUDGET_S
+            out["outage"] = Outage(start_s=start, length_s=length)
     if "live-restart" in chosen:
         r = rng("live-restart")
         # a crash of the first incarnation keeps its Gym (drawn below when it has none)
