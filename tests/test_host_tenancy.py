@@ -375,3 +375,23 @@ async def test_a_restore_into_servers_that_outlived_the_trainer_replaces_one_fou
                     pass
             assert ro.ledger.statistics().rows_trained == 6
         assert gym.replacements("gym-0") == 1
+
+
+async def test_the_replacement_of_a_dead_instance_serves_the_run_that_replaced_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A replacement starts with no holder; adopted by whoever reached it first, it let a
+    second trainer (another process, another run) take it over between its start and the
+    first run's next call, and the first run then stopped with ``GymInUse`` (simulate seeds
+    193, 331). The replacing deployment's trainer holds it from the start."""
+    holder, intruder = TrainerTerm(LINEAGE, 1, "/runs/first"), TrainerTerm(OTHER, 1, "/runs/x")
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path) as gym:
+        for name in gym.instances:
+            await gym.attach(name, holder, FAR)
+        gym.sim("gym-0").kill()
+        await gym.replace("gym-0", FAR)
+        second = EmbeddedGym([gym.sim(n) for n in gym.instances], FaultPlan(()))
+        with pytest.raises(GymInUse, match="serves another training run"):
+            await second.attach("gym-0", intruder, FAR)
+        assert gym.sim("gym-0").trainer == holder
+        await gym.prepare("gym-0", "run-0001", FAR)  # the first run goes on there

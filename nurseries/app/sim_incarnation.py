@@ -35,7 +35,7 @@ from typing import Any, cast
 import attrs
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow
+from gymckpt.gym_adapter import EmbeddedGym, FaultPlan, GymBackend, RunRow
 from gymckpt.nurseries import Rollouts, open_rollouts, run_exit
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
@@ -253,7 +253,7 @@ class Incarnation:
             if second is None:
                 await self._train_dataset(ro)
             else:
-                await self._train_beside_second(ro, backend, second)
+                await self._train_beside_second(ro, gym, second)
             self._check_outage_rows(ro)
             run.final_snapshot = None
             for _ in range(self.config.max_consecutive_failures + 1):
@@ -314,13 +314,13 @@ class Incarnation:
                     self.violation(f"{failed_here} rows failed for good without any fault")
 
     async def _train_beside_second(
-        self, ro: Rollouts, backend: GymBackend, second: SecondTrainer
+        self, ro: Rollouts, gym: EmbeddedGym, second: SecondTrainer
     ) -> None:
         """``_train_dataset`` while a second trainer tries to open the same Gym (the errors
         of the training itself come out as they would alone, not in a group)."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._second_trainer, backend, second)
+                nursery.start_soon(self._second_trainer, gym, second)
                 await self._train_dataset(ro)
         except BaseExceptionGroup as group:
             err = single_error(group)
@@ -328,9 +328,10 @@ class Incarnation:
                 raise
             raise err from None
 
-    async def _second_trainer(self, backend: GymBackend, second: SecondTrainer) -> None:
-        """A second trainer, with a work directory of its own, opens the Gym this incarnation
-        drives ``second.at_s`` in and tries to train one step within ``second.window_s``.
+    async def _second_trainer(self, gym: EmbeddedGym, second: SecondTrainer) -> None:
+        """A second trainer, with a work directory and a facade of its own, opens the Gym this
+        incarnation drives ``second.at_s`` in and tries to train one step within
+        ``second.window_s``.
 
         Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
         a run ending with exit code 2, and nothing else: any other error, a step trained, or no
@@ -343,6 +344,9 @@ class Incarnation:
         sc = self.scenario
         await trio.sleep(second.at_s)
         died_before = self._deaths()
+        # another trainer process: a facade of its own over the same instances (a deployment's
+        # facade carries its own trainer's term), which cannot replace them
+        backend = EmbeddedGym([gym.sim(n) for n in gym.instances], FaultPlan(()))
         trained = False
         error: BaseException | None = None
         with trio.move_on_after(second.window_s):
