@@ -41,6 +41,7 @@ from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     BudgetExhausted,
     CompletedGroup,
+    GymInstanceDead,
     GymInUse,
     RuntimeConfig,
     load_snapshot,
@@ -335,8 +336,9 @@ class Incarnation:
 
         Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
         a run ending with exit code 2, and nothing else: any other error, a step trained, or no
-        refusal within the window is a violation, unless instances died meanwhile (faults:
-        then it waits for them within the outage budget, unreachable rather than refused).
+        refusal within the window is a violation, unless instances died (faults: then it
+        waits for them within the outage budget, or stops on one it cannot replace,
+        ``GymInstanceDead``: unreachable rather than refused).
         The first run goes on unaffected: its own checks and the final verdict say so (a
         checkpoint of it refused, a row lost, a sentinel twice all are violations of their
         own).
@@ -374,6 +376,11 @@ class Incarnation:
             decided = run_exit(error)
             if decided is not None and decided[0] == 2 and isinstance(decided[1], GymInUse):
                 self.run.counts.second_refused += 1
+                return
+            if decided is not None and isinstance(decided[1], GymInstanceDead):
+                # it met an instance dead (faults) that it cannot replace: it never reached
+                # one to be refused by; not let in either
+                self.run.counts.second_unreachable += 1
                 return
             err = single_error(error)
             self.violation(
