@@ -408,12 +408,16 @@ class Incarnation:
 
     def _check_outage_rows(self, ro: Rollouts) -> None:
         """No row given up because the model server was down: a slot the outage refused in
-        every attempt a row has (``max_row_attempts``) is an outage charged to the row."""
+        every attempt a row has (``max_row_attempts``) is an outage charged to the row. Judged
+        when nothing else fails rows (``_faulty``): a Gym fault that spends an attempt the
+        outage also refused a call of (a stream dropped after it) is charged to the fault."""
+        if self._faulty():
+            return
         failed = ro.ledger.rows_failed
         given_up = sorted(
             {
                 row
-                for (row, _slot), attempts in self.run.counts.outage_attempts.items()
+                for (row, _slot), attempts in self.run.counts.outage_attempts.items()  # positions
                 if row in failed and len(attempts) >= self.config.max_row_attempts
             }
         )

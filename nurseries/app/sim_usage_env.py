@@ -48,7 +48,8 @@ class UsageCounts:
     outage_attempts: defaultdict[tuple[int, int], set[int]] = attrs.field(
         factory=lambda: defaultdict(set)
     )
-    """(row, slot) -> the attempts the outage refused a call of."""
+    """(position, slot) -> the attempts the outage refused a call of (a position is the
+    ledger's row: the dataset row once per epoch, ``EpisodeInfo.session_key``)."""
     live_restarts: int = 0
     """Incarnations that restored into the previous one's still running Gym."""
     second_refused: int = 0
@@ -130,7 +131,8 @@ class _OutageModel:
         now = trio.current_time()
         if self.start_ts <= now < self.end_ts:
             self.counts.outage_refused += 1
-            self.counts.outage_attempts[(info.row, info.slot)].add(info.attempt)
+            position = int(info.session_key.split("-")[0])  # the ledger's row, per epoch
+            self.counts.outage_attempts[(position, info.slot)].add(info.attempt)
             raise ModelUnavailable(
                 f"model server unreachable (simulated outage, back in {self.end_ts - now:.3g}s)"
             )
