@@ -22,6 +22,9 @@ from gymckpt.gym_adapter.calendar_env import CalendarAgent, SimConfig
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.nurseries.app.sim_liveness import LIVENESS_S, Liveness, Moving, liveness_bound_s
 from gymckpt.nurseries.app.sim_usage import (
+    OUTAGE_BUDGET_S,
+    OUTAGE_LENGTHS_S,
+    OVER_BUDGET_S,
     USAGE_NAMES,
     ConcurrentCalls,
     LongTurn,
@@ -43,6 +46,7 @@ from gymckpt.nurseries.app.simulate import (
     run_seed,
 )
 from gymckpt.nurseries.app.verdict import expected_sentinels, judge
+from gymckpt.runtime import RuntimeConfig
 
 ALL = frozenset(USAGE_NAMES)
 
@@ -224,6 +228,27 @@ def test_an_outage_refuses_the_model_calls_in_its_window(tmp_path: Path) -> None
     report = run(tmp_path, outage=Outage(start_s=0.0, length_s=15.0))
     c = counts(report)
     assert c["outage_s"] == 15.0 and c["outage_refused_calls"] > 0
+
+
+def test_every_outage_but_the_over_budget_one_fits_the_default_budget() -> None:
+    """The simulation's runtime keeps the default outage budget, which every drawn length is
+    under (a model server's restart is waited out); the over-budget length is past it."""
+    sc = Scenario(seed=1, rows=2, group_size=1, instances=1)
+    assert sc.runtime_config().outage_budget_s == RuntimeConfig().outage_budget_s
+    assert max(OUTAGE_LENGTHS_S) < OUTAGE_BUDGET_S < OVER_BUDGET_S
+    drawn = [draw_scenario(s, usage=ALL).usage.outage for s in range(400)]
+    lengths = {o.length_s for o in drawn if o is not None}
+    assert lengths == {*OUTAGE_LENGTHS_S, OVER_BUDGET_S}
+
+
+def test_an_outage_over_the_budget_ends_with_exit_8_then_the_run_comes_back(
+    tmp_path: Path,
+) -> None:
+    report = run(tmp_path, outage=Outage(start_s=0.0, length_s=OVER_BUDGET_S))
+    assert report.ok, report.violations
+    first = report.incarnations[0]
+    assert first.end == "infra_outage" and "outage_budget_s=300" in (first.error or "")
+    assert report.incarnations[-1].end == "finished" and report.rows_trained == 6
 
 
 def test_a_live_restart_restores_into_the_running_gym(tmp_path: Path) -> None:
