@@ -128,7 +128,7 @@ def judge_scenario(run: ScenarioRun) -> tuple[int, int, int]:
         config=sc.sim_config(),
         group_size=sc.group_size,
         row_at=row_at,
-        per_epoch=sc.rows,
+        per_epoch=usage_order.rows if usage_order is not None else None,
     )
     run.violations.extend(judged.violations())
     return judged.rows_trained, judged.rows_failed, judged.sentinels_total

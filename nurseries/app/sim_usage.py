@@ -95,7 +95,9 @@ class RowOrder:
     (``shuffle_seed``) of rows ``0..rows-1``, as a ``DistributedSampler.set_epoch`` or
     ``datasets.shuffle(seed)`` gives it, through ``open_rollouts``' own ``epochs=`` and
     ``shuffle_seed=`` (``open_kwargs``). The run trains ``positions`` positions, each dataset
-    row once per epoch; the verdict counts positions (``CompletedGroup.position``)."""
+    row once per epoch; the verdict counts positions (``CompletedGroup.position``). Drawn, an
+    epoch has the scenario's rows divided by the epochs (rounded up): rows ``0..rows-1`` of
+    the workplace, about as many positions in all as a single epoch would have."""
 
     rows: int
     epochs: int
@@ -252,8 +254,11 @@ def draw_usage(
     if "shuffle" in chosen:
         r = rng("shuffle")
         if r.random() < 0.8:
+            epochs = r.choice((1, 2, 3))
+            # the scenario's rows split over the epochs: about as many positions as rows, so a
+            # multi-epoch seed costs what a single-epoch one does
             out["order"] = RowOrder(
-                rows=rows, epochs=r.choice((1, 2, 3)), shuffle_seed=r.getrandbits(32)
+                rows=-(-rows // epochs), epochs=epochs, shuffle_seed=r.getrandbits(32)
             )
     if "calls" in chosen:
         r = rng("calls")
