@@ -150,6 +150,15 @@ async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
         await check_environment(env, tmp_path, park_after=(1,))
 
 
+USAGE_CHECKS = (
+    "trainer_terms",
+    "trainer_restart[running]",
+    "trainer_restart[prepared]",
+    "second_trainer",
+    "shuffled_restore",
+)
+
+
 async def test_backend_kit_on_the_embedded_calendar(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -160,7 +169,8 @@ async def test_backend_kit_on_the_embedded_calendar(
     assert {"commit[aligned]", "cut[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
         report.checks
     )
-    assert "prepare_mode" in report.checks and report.episodes == 24
+    assert "prepare_mode" in report.checks and report.episodes == 104
+    assert set(USAGE_CHECKS) <= set(report.checks)
 
 
 async def test_backend_kit_on_the_embedded_host(
