@@ -173,8 +173,8 @@ async def _restart(
             if left or inv.prepared or not inv.admission_open:
                 problems.append(
                     f"{inst}: after term 2 attached, term 1's episodes {sorted(left)} are still "
-                    f"there (prepared={inv.prepared}, admission_open={inv.admission_open}): the "
-                    "attach must fence everything an older term started"
+                    f"there, prepared={inv.prepared}, admission_open={inv.admission_open}: the "
+                    "attach must end every episode and abort any checkpoint an older term started"
                 )
         with trio.move_on_after(_DEADLINE_S) as waited:
             for event in ended.values():
@@ -287,7 +287,8 @@ async def _shuffled_restore(checks: Checks, gym: GymBackend, workdir: Path, rows
             async for batch in batches:
                 seen.extend((g.position, g.row) for g in batch)
     except Exception as exc:  # a backend's failure is a failed check, named
-        problems.append(f"the run raised {type(exc).__name__}: {exc}")
+        checks.check("shuffled_restore", False, f"the run raised {type(exc).__name__}: {exc}")
+        return len(seen)
     positions = [p for p, _ in seen]
     twice = sorted({p for p in positions if positions.count(p) > 1})
     never = sorted(set(range(len(order))) - set(positions))
