@@ -29,9 +29,10 @@ instances a real run holds unless ``check_backend`` is given them (it fences wha
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -44,7 +45,7 @@ from gymckpt.gym_adapter import (
     RunRow,
     can_attach,
 )
-from gymckpt.runtime import GymInUse, TrainerTerm, rollout_id_for
+from gymckpt.runtime import CompletedGroup, GymInUse, TrainerTerm, rollout_id_for
 from gymckpt.runtime.lowlevel import RowOrder
 
 from ._report import Checks
@@ -258,6 +259,10 @@ async def _second_trainer(
 async def _shuffled_restore(checks: Checks, gym: GymBackend, workdir: Path, rows: int) -> int:
     from gymckpt.nurseries import open_rollouts
 
+    def batches_of(ro: Any) -> AsyncGenerator[list[CompletedGroup], None]:
+        """``ro.batches`` (an async generator annotated as an iterator), closed by the caller."""
+        return cast(AsyncGenerator[list[CompletedGroup], None], ro.batches(groups_per_step=1))
+
     order_rows = [(r * 5 + 3) % (2 * rows + 1) for r in range(2 * rows)]  # shuffled, unique
     order = RowOrder.of(order_rows, None, epochs=_EPOCHS, shuffle_seed=_SHUFFLE_SEED)
     seen: list[tuple[int, int]] = []
@@ -271,7 +276,7 @@ async def _shuffled_restore(checks: Checks, gym: GymBackend, workdir: Path, rows
     problems: list[str] = []
     try:
         async with open_rollouts(gym, workdir, **kw) as ro:
-            async with aclosing(ro.batches(groups_per_step=1)) as batches:
+            async with aclosing(batches_of(ro)) as batches:
                 async for batch in batches:
                     seen.extend((g.position, g.row) for g in batch)
                     if len(seen) >= len(order) // 2:
@@ -282,7 +287,7 @@ async def _shuffled_restore(checks: Checks, gym: GymBackend, workdir: Path, rows
         # abandoned after the checkpoint: the next open restores it (term 2 of its lineage)
         async with (
             open_rollouts(gym, workdir, **kw) as ro,
-            aclosing(ro.batches(groups_per_step=1)) as batches,
+            aclosing(batches_of(ro)) as batches,
         ):
             async for batch in batches:
                 seen.extend((g.position, g.row) for g in batch)
