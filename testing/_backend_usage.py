@@ -138,24 +138,22 @@ async def _restart(
     first = _rows(names, rows, slot, 0)
     old_replies: list[RunReply] = []
     ended = {inst: trio.Event() for inst in names}
+    streams = {inst: await gym.run(inst, first[inst]) for inst in names}
+    await trio.lowlevel.checkpoint()
+    if prepared:  # term 1 dies with its checkpoint open, before commit and resume
+        for inst in names:
+            await gym.prepare(inst, checkpoint_id, deadline)
+    # term 1 is abandoned here: it reads no reply, retires, resumes and closes nothing
+    held = 0
+    for inst in names:
+        inv = await gym.inventory(inst)
+        held += len(inv.running) + len(inv.parked) + len(inv.on_wire)
+    if held == 0 and not prepared:
+        problems.append(
+            "nothing of term 1 was running, parked or on the wire when term 2 attached, though "
+            "term 1 read no reply: a reply must wait on the wire until its trainer asks for it"
+        )
     async with trio.open_nursery() as nursery:
-        for inst in names:
-            stream = await gym.run(inst, first[inst])
-            nursery.start_soon(_collect, stream, old_replies, ended[inst])
-        await trio.lowlevel.checkpoint()
-        if prepared:  # term 1 dies with its checkpoint open, before commit and resume
-            for inst in names:
-                await gym.prepare(inst, checkpoint_id, deadline)
-        # term 1 is abandoned here: it neither retires, resumes nor closes anything
-        held = 0
-        for inst in names:
-            inv = await gym.inventory(inst)
-            held += len(inv.running) + len(inv.parked)
-        if held == 0:
-            problems.append(
-                "nothing of term 1 was running or parked when term 2 attached (its episodes all "
-                "ended at once): host an environment whose episodes take a few turns"
-            )
         for inst in names:
             reply = await gym.attach(inst, new, deadline)
             if not reply.took_over or reply.previous != old:
@@ -170,13 +168,15 @@ async def _restart(
                 )
         for inst in names:
             inv = await gym.inventory(inst)
-            left = (*inv.running, *inv.parked, *inv.unclaimed)
+            left = (*inv.running, *inv.parked, *inv.unclaimed, *inv.on_wire)
             if left or inv.prepared or not inv.admission_open:
                 problems.append(
                     f"{inst}: after term 2 attached, term 1's episodes {sorted(left)} are still "
                     f"there, prepared={inv.prepared}, admission_open={inv.admission_open}: the "
                     "attach must end every episode and abort any checkpoint an older term started"
                 )
+        for inst, stream in streams.items():  # what term 1's streams still deliver
+            nursery.start_soon(_collect, stream, old_replies, ended[inst])
         with trio.move_on_after(_DEADLINE_S) as waited:
             for event in ended.values():
                 await event.wait()
