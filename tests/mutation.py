@@ -1213,6 +1213,26 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="embedded_calendar",
         sim_seeds=0,
     ),
+    Mutant(
+        "kit-fence-leaves-taken-batches-on-wire",
+        "trainer terms",
+        "gym_adapter/_host_streams.py",
+        "self.on_wire.clear()",
+        "pass",
+        (TENANCY,),
+        keyword="transport_took",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-http-refused-ack-raises",
+        "trainer terms",
+        "gym_adapter/_http.py",
+        "suppress(GymUnavailable, GymInUse)",
+        "suppress(GymUnavailable)",
+        ("tests/test_http_backend.py",),
+        keyword="ack_refused",
+        sim_seeds=0,
+    ),
 )
 
 
