@@ -335,3 +335,21 @@ async def test_backend_kit_rejects_a_restart_that_fences_nothing(
     assert "trainer_restart[prepared]: gym-0: term 2's attach aborted None" in text
     assert "second_trainer: gym-0: a trainer of another lineage attached" in text
     assert "commit[aligned]" not in text  # the contract checks passed
+
+
+async def test_backend_kit_on_instances_another_run_holds_fails_by_name(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The kit's trainers are a run of their own: instances an unfinished run holds refuse
+    them, and the kit says so instead of raising out of ``check_backend``."""
+    from gymckpt.runtime import TrainerTerm
+
+    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+        holder = TrainerTerm("0123456789abcdef0123456789abcdef", 1, "/runs/unfinished")
+        for name in gym.instances:
+            await gym.sim(name).attach(holder, 1e9)
+        with pytest.raises(ConformanceError) as info:
+            await check_backend(gym, tmp_path)
+    text = str(info.value)
+    assert "trainer_restart: instance gym-0 attach: the instance serves another training" in text
+    assert "/runs/unfinished" in text and "run it on instances no unfinished run holds" in text
