@@ -330,3 +330,20 @@ def next_term_lineage(workdir: Path) -> str:
 
     lineage: str = orjson.loads((workdir / TERM_FILE).read_bytes())["lineage"]
     return lineage
+
+
+async def test_a_fence_takes_off_the_wire_the_batches_a_transport_took_and_never_acknowledged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A Ray actor or an HTTP server reads its host stream's batches itself and acknowledges
+    them when its trainer does (``HostReplyStream.run_stream``). The old term's trainer never
+    will: after a newer term's attach nothing of the old term is on the wire, whoever took
+    its batches (else every later commit lists them on the wire)."""
+    old, new = TrainerTerm(LINEAGE, 1), TrainerTerm(LINEAGE, 2)
+    async with GymHost("gym-0", environment()) as host:
+        await host.attach(old, FAR)
+        stream: Any = await host.run(rows(2), trainer=old)
+        taken = await stream.run_stream.receive.receive()  # the transport's pump took it
+        assert {r.rollout_id for r in taken} <= set(host.inventory().on_wire)
+        await host.attach(new, FAR)
+        assert host.inventory().on_wire == ()
