@@ -198,8 +198,14 @@ class ReplyStreams:
             self.forget(st)
 
     def end_all(self) -> None:
+        """Every stream ends hard, and nothing is on the wire any more: a reply in a batch a
+        transport took from its stream and its trainer never acknowledged (a Ray actor's or an
+        HTTP server's pump) leaves the wire too, since no stream is left to carry it (a fence,
+        a shutdown)."""
         for st in list(self.streams):
             self.end(st, hard=True)
+        self.discarded += len(self.on_wire)
+        self.on_wire.clear()
 
     def forget(self, st: RunStream) -> None:
         self.streams.pop(st, None)

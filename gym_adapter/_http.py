@@ -83,6 +83,7 @@ from gymckpt.runtime import (
     GymConnectionLost,
     GymControlError,
     GymInstanceDead,
+    GymInUse,
     GymUnavailable,
     InstanceRecord,
     TrainerTerm,
@@ -648,7 +649,10 @@ class HttpGym:
     async def _ack(self, instance: str, generation: int, sid: int, upto: int) -> None:
         if not self._generations.serving(instance, generation):
             return
-        with trio.move_on_after(ACK_TIMEOUT_S), suppress(GymUnavailable):
+        # an ack is advisory (a lost one is carried by the next request): one refused because
+        # the instance now serves another term or run than this facade's (GymInUse: it acted
+        # on nothing) is dropped too, not raised into the facade's nursery
+        with trio.move_on_after(ACK_TIMEOUT_S), suppress(GymUnavailable, GymInUse):
             await self._call(instance, "ack", {"sid": sid, "upto": upto}, None)
 
     async def close_stream(self, instance: str, generation: int, sid: int, upto: int) -> bool:

@@ -15,6 +15,14 @@
 7. ``restore_refuses_mismatch``: ``restore`` of a record with a participant the instance does
    not have raises ``TopologyMismatch`` and leaves nothing unclaimed.
 
+8-12. The real-usage checks of ``_backend_usage``: ``trainer_terms``,
+   ``trainer_restart[running]`` and ``trainer_restart[prepared]`` (a trainer abandoned as a
+   SIGKILL leaves it, with its episodes running or its checkpoint open, and the next term of
+   its run attaching: everything of the old term fenced, every row ending once),
+   ``second_trainer`` (another run refused with ``GymInUse``, the holder's run unaffected) and
+   ``shuffled_restore`` (a shuffled two-epoch order through ``open_rollouts``, checkpointed,
+   abandoned and restored: every position once). They leave the instances released.
+
 Checks 3-6 run once per ``CheckpointMode`` (``commit[aligned]``, ``commit[unaligned]``, ...): the
 aligned checkpoint calls ``prepare(instance, checkpoint_id, deadline_ts)``, the unaligned one
 passes ``CheckpointMode.UNALIGNED`` as the fourth argument. A backend whose ``prepare`` takes no
@@ -50,6 +58,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime.lowlevel import state_dir_problem
 
+from ._backend_usage import check_usage
 from ._report import Checks, ConformanceReport
 
 __all__ = ["check_backend"]
@@ -179,6 +188,8 @@ async def check_backend(
             )
         else:
             checks.check("restore_refuses_mismatch", False, "restore accepted a bad topology")
+        # 8-12. real usage: trainer restarts, a second trainer, a shuffled order restored
+        checks.episodes += await check_usage(checks, gym, names, workdir, rows)
     return checks.finish()
 
 

@@ -43,6 +43,7 @@ HTTP_SECURITY = "tests/test_http_security.py"
 HTTP_SERVER = "tests/test_http_server.py"
 TENANCY = "tests/test_host_tenancy.py"
 HTTP_FENCING = "tests/test_http_trainer_fencing.py"
+BACKEND_KIT = "tests/test_conformance_kit.py"
 
 
 @dataclass(frozen=True)
@@ -1279,6 +1280,77 @@ MUTANTS: tuple[Mutant, ...] = (
         "if False:",
         (ALIGNMENT,),
         keyword="below",
+        sim_seeds=0,
+    ),
+    # -- the backend conformance kit's real-usage checks (issue 31 item 10) --------------------
+    Mutant(
+        "kit-attach-fences-nothing",
+        "trainer terms",
+        "gym_adapter/_host.py",
+        "episodes, sessions, aborted = self._control.fence()",
+        "episodes, sessions, aborted = 0, 0, None",
+        (BACKEND_KIT,),
+        keyword="embedded_calendar",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-fence-leaves-episodes-running",
+        "trainer terms",
+        "gym_adapter/_host_control.py",
+        "for ep in active:",
+        "for ep in ():",
+        (BACKEND_KIT,),
+        keyword="embedded_calendar",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-fence-keeps-checkpoint-open",
+        "trainer terms",
+        "gym_adapter/_host_control.py",
+        "if aborted is not None:",
+        "if False:",
+        (BACKEND_KIT,),
+        keyword="embedded_calendar",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-second-lineage-attaches",
+        "trainer terms",
+        "gym_adapter/_host_tenancy.py",
+        "if not self.released:",
+        "if False:",
+        (BACKEND_KIT,),
+        keyword="embedded_calendar",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-shuffled-resume-from-max-row",
+        "§2f",
+        "nurseries/_trainer.py",
+        "remaining = iter(range(ledger.next_row, len(order)))",
+        "remaining = iter(p for p in range(len(order)) if order.row_at(p) >= ledger.next_row)",
+        (BACKEND_KIT,),
+        keyword="embedded_calendar",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-fence-leaves-taken-batches-on-wire",
+        "trainer terms",
+        "gym_adapter/_host_streams.py",
+        "self.on_wire.clear()",
+        "pass",
+        (TENANCY,),
+        keyword="transport_took",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "kit-http-refused-ack-raises",
+        "trainer terms",
+        "gym_adapter/_http.py",
+        "suppress(GymUnavailable, GymInUse)",
+        "suppress(GymUnavailable)",
+        ("tests/test_http_backend.py",),
+        keyword="ack_refused",
         sim_seeds=0,
     ),
 )

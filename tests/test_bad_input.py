@@ -145,15 +145,15 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     ),
     (
         "foreign-version",
-        _edit(lambda m: m.update(version=4)),
-        r"gym_checkpoint.json: version 4 is not supported \(this runtime reads version 3\)",
+        _edit(lambda m: m.update(version=5)),
+        r"gym_checkpoint.json: version 5 is not supported \(this runtime reads version 4\)",
         "",
         ManifestError,
     ),
     (
         "version-1",
         _edit(lambda m: m.update(version=1)),
-        r"gym_checkpoint.json: version 1 is not supported \(this runtime reads version 3\): "
+        r"gym_checkpoint.json: version 1 is not supported \(this runtime reads version 4\): "
         r"a version 1 snapshot's model calls carry no request digest",
         "",
         ManifestError,
@@ -161,8 +161,17 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-2",
         _edit(lambda m: m.update(version=2)),
-        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads version 3\): "
+        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads version 4\): "
         r"a version 2 snapshot's capture keys have the old shape .*start this one fresh",
+        "",
+        ManifestError,
+    ),
+    (
+        "version-3",
+        _edit(lambda m: m.update(version=3)),
+        r"gym_checkpoint.json: version 3 is not supported \(this runtime reads version 4\): "
+        r"a version 3 snapshot's call ids .* numbered in the order calls started.*start this "
+        r"one fresh",
         "",
         ManifestError,
     ),

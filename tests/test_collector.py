@@ -87,8 +87,9 @@ async def main(freeze):
         async with calendar_embedded(instances=1, work_dir=tmp + "/g") as gym:
             before = gc.get_freeze_count()
             cfg = RuntimeConfig(freeze_startup_objects=freeze)
-            async with open_rollouts(gym, tmp + "/w", rows=1, group_size=1, config=cfg):
-                pass
+            async with open_rollouts(gym, tmp + "/w", rows=1, group_size=1, config=cfg) as ro:
+                async for _ in ro.batches(1):  # a finished run releases the Gym for the next
+                    pass
             after = gc.get_freeze_count()
             async with open_rollouts(gym, tmp + "/w2", rows=1, group_size=1, config=cfg):
                 pass

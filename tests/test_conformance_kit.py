@@ -150,6 +150,15 @@ async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
         await check_environment(env, tmp_path, park_after=(1,))
 
 
+USAGE_CHECKS = (
+    "trainer_terms",
+    "trainer_restart[running]",
+    "trainer_restart[prepared]",
+    "second_trainer",
+    "shuffled_restore",
+)
+
+
 async def test_backend_kit_on_the_embedded_calendar(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -160,7 +169,8 @@ async def test_backend_kit_on_the_embedded_calendar(
     assert {"commit[aligned]", "cut[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
         report.checks
     )
-    assert "prepare_mode" in report.checks and report.episodes == 24
+    assert "prepare_mode" in report.checks and report.episodes == 104
+    assert set(USAGE_CHECKS) <= set(report.checks)
 
 
 async def test_backend_kit_on_the_embedded_host(
@@ -273,3 +283,78 @@ async def test_kit_rejects_an_agent_whose_restored_turn_asks_another_request(
     says = r"(?s)restore_equivalence\[1,unaligned\].*ended without asking again"
     with pytest.raises(ConformanceError, match=says):
         await check_environment(env, tmp_path, rows=2, park_after=(1,))
+
+
+class _NoTerms(_NoMode):
+    """A backend written before trainer terms: no ``attach`` or ``release``."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("attach", "release"):
+            raise AttributeError(name)
+        return getattr(self._gym, name)
+
+
+async def test_backend_kit_names_a_backend_without_trainer_terms(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+        with pytest.raises(ConformanceError) as info:
+            await check_backend(_NoTerms(gym), tmp_path)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "trainer_terms: _NoTerms has no attach(instance, trainer, deadline_ts)" in text
+    assert "trainer_restart" not in text and "commit[aligned]" not in text  # the rest passed
+
+
+class _AttachNotForwarded(_NoMode):
+    """A backend whose ``attach`` only remembers the trainer and answers a takeover itself:
+    its instances never learn of the new term, so they fence nothing and refuse no one."""
+
+    def __init__(self, gym: Any) -> None:
+        super().__init__(gym)
+        self._holders: dict[str, Any] = {}
+
+    async def attach(self, instance: str, trainer: Any, deadline_ts: float) -> Any:
+        from gymckpt.gym_adapter import AttachReply
+
+        previous = self._holders.get(instance)
+        self._holders[instance] = trainer
+        return AttachReply(instance, previous != trainer, previous)
+
+    async def release(self, instance: str, trainer: Any, deadline_ts: float) -> None:
+        pass
+
+
+async def test_backend_kit_rejects_a_restart_that_fences_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Term 2 of a run attaching while term 1's episodes run or its checkpoint is open (the
+    trainer was SIGKILLed): a backend whose instances never see the attach leaves them there,
+    and lets a second run in."""
+    async with calendar_embedded(
+        instances=2, work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
+    ) as gym:
+        with pytest.raises(ConformanceError) as info:
+            await check_backend(_AttachNotForwarded(gym), tmp_path)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "trainer_restart[running]: gym-0: after term 2 attached, term 1's episodes" in text
+    assert "trainer_restart[prepared]: gym-0: term 2's attach aborted None" in text
+    assert "second_trainer: gym-0: a trainer of another lineage attached" in text
+    assert "commit[aligned]" not in text  # the contract checks passed
+
+
+async def test_backend_kit_on_instances_another_run_holds_fails_by_name(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The kit's trainers are a run of their own: instances an unfinished run holds refuse
+    them, and the kit says so instead of raising out of ``check_backend``."""
+    from gymckpt.runtime import TrainerTerm
+
+    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+        holder = TrainerTerm("0123456789abcdef0123456789abcdef", 1, "/runs/unfinished")
+        for name in gym.instances:
+            await gym.sim(name).attach(holder, 1e9)
+        with pytest.raises(ConformanceError) as info:
+            await check_backend(gym, tmp_path)
+    text = str(info.value)
+    assert "trainer_restart: instance gym-0 attach: the instance serves another training" in text
+    assert "/runs/unfinished" in text and "run it on instances no unfinished run holds" in text

@@ -395,3 +395,20 @@ async def test_the_replacement_of_a_dead_instance_serves_the_run_that_replaced_i
             await second.attach("gym-0", intruder, FAR)
         assert gym.sim("gym-0").trainer == holder
         await gym.prepare("gym-0", "run-0001", FAR)  # the first run goes on there
+
+
+async def test_a_fence_takes_off_the_wire_the_batches_a_transport_took_and_never_acknowledged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A Ray actor or an HTTP server reads its host stream's batches itself and acknowledges
+    them when its trainer does (``HostReplyStream.run_stream``). The old term's trainer never
+    will: after a newer term's attach nothing of the old term is on the wire, whoever took
+    its batches (else every later commit lists them on the wire)."""
+    old, new = TrainerTerm(LINEAGE, 1), TrainerTerm(LINEAGE, 2)
+    async with GymHost("gym-0", environment()) as host:
+        await host.attach(old, FAR)
+        stream: Any = await host.run(rows(2), trainer=old)
+        taken = await stream.run_stream.receive.receive()  # the transport's pump took it
+        assert {r.rollout_id for r in taken} <= set(host.inventory().on_wire)
+        await host.attach(new, FAR)
+        assert host.inventory().on_wire == ()

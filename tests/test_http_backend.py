@@ -45,6 +45,7 @@ from gymckpt.runtime import (
     GymCallTimeout,
     GymCheckpointUnavailable,
     GymConnectionLost,
+    TrainerTerm,
     rollout_id_for,
 )
 from gymckpt.testing import check_backend
@@ -113,6 +114,28 @@ async def test_check_backend_passes_on_spawned_servers(tmp_path: Path) -> None:
         report.checks
     )
     assert report.episodes > 0
+
+
+async def test_an_ack_refused_because_another_run_took_over_is_dropped(tmp_path: Path) -> None:
+    """A stream's acknowledgements go out in the background, with whatever term the facade
+    carries when they leave. One that leaves after this facade moved on to another run (found
+    by ``check_backend``: a run released, the next one attaching) is refused, acting on
+    nothing (``GymInUse``): it is dropped, as a lost ack is, and the facade goes on (it
+    raised in the facade's nursery, ending every call of the facade)."""
+    first = TrainerTerm("0123456789abcdef0123456789abcdef", 1)
+    second = TrainerTerm("fedcba9876543210fedcba9876543210", 1)
+    async with http_gym(tmp_path, instances=2) as gym:
+        for name in gym.instances:
+            await gym.attach(name, first, deadline())
+        stream: Any = await gym.run("gym-0", rows(2))
+        got = [r async for batch in stream for r in batch]
+        assert len(got) == 2
+        for name in gym.instances:
+            await gym.release(name, first, deadline())
+        await gym.attach("gym-1", second, deadline())  # the facade carries the second run
+        # what ``send_ack`` starts in the background for the first run's stream, awaited here
+        await gym._ack("gym-0", stream._generation, stream.sid, 2)
+        assert (await gym.attach("gym-0", second, deadline())).took_over
 
 
 # -- the data plane --------------------------------------------------------------------------
