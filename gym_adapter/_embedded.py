@@ -170,7 +170,9 @@ class EmbeddedGym:
         """Replace ``instance`` by a new one of the same name, seed and config (killing it
         first if it still lives); ``GymCallTimeout`` past ``deadline_ts``. The new instance
         holds no episodes, streams or unclaimed episodes; it continues the dead one's retained
-        sessions from their journal (each retirable by its attempt)."""
+        sessions from their journal (each retirable by its attempt), and serves this
+        deployment's trainer before anyone reaches it (adopted, fencing nothing): another run
+        cannot take the replacement over while this one holds the rest."""
         old = self.sim(instance)
         if self._make is None or self._tg is None:
             raise GymInstanceDead(instance, "replace")
@@ -181,6 +183,8 @@ class EmbeddedGym:
                 old_scope.cancel()  # the old instance leaves its context (its tasks end)
             new = self._make(instance)
             await self._start(new)
+            if self._trainer is not None:  # it serves our run, as the dead one did, from the start
+                new.check_trainer(self._trainer, "replace")
             self._sims[instance] = new
             self._replaced.append(old)
             self._replacements[instance] += 1
@@ -319,11 +323,13 @@ class EmbeddedGym:
 
     async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
         """``trainer`` takes ``instance`` over (``GymHost.attach``); every later call of this
-        deployment carries it."""
+        deployment carries it. A refused attach (``GymInUse``) leaves the term the calls carry
+        as it was."""
         sim = self._live(instance, "attach")
-        self._trainer = trainer
         with crossing_boundary(instance, "attach"):
-            return await sim.attach(trainer, deadline_ts)
+            reply = await sim.attach(trainer, deadline_ts)
+        self._trainer = trainer  # only once the instance took it: a refusal changes nothing
+        return reply
 
     async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
         """``trainer``'s run is done with ``instance`` (``GymHost.release``)."""

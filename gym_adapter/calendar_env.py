@@ -5,8 +5,10 @@ Every instance hosts the same ``Environment`` a user would write:
 - ``agent`` (kind ``simple_agent`` or ``legacy_agent``): the episode loop. Turn ``t`` asks the
   model for the turn's plan payload (a model call, captured under a capture key), works for the
   turn's duration, and, on a mutating turn, creates a calendar event carrying the sentinel
-  ``sentinel:{row}-{slot}:t{t}``; one more call after the last turn reports the end (so an
-  episode that did all its turns still passes a step boundary before it replies);
+  ``sentinel:{position}-{slot}:t{t}`` (the slot's session key: a row trained in two epochs
+  is two positions, each with sentinels of its own); one more call after the last turn
+  reports the end (so an episode that did all its turns still passes a step boundary before
+  it replies);
 - ``calendar`` (kind ``environment``, ``retained``): the calendar itself. A slot's calendar
   session outlives its episode until the attempt is retired, is in every checkpoint, and is
   journaled, so the replacement of a dead instance holds the same events;
@@ -97,9 +99,12 @@ def capture_key(row: int, slot: int, turn: int, request: str, attempt: int = 0) 
     return host_capture_key(info, turn, request_digest(orjson.dumps(request)), 0)
 
 
-def sentinel(row: int, slot: int, turn: int) -> str:
-    """The sentinel carried by the calendar event a turn creates."""
-    return f"sentinel:{row}-{slot}:t{turn}"
+def sentinel(position: int, slot: int, turn: int) -> str:
+    """The sentinel carried by the calendar event turn ``turn`` of slot ``slot`` of the run's
+    position ``position`` creates (``EpisodeInfo.session_key``: ``"{position}-{slot}"``; the
+    position is the dataset row in the default order). Unique per position, slot and turn: the
+    same row trained in another epoch leaves other sentinels."""
+    return f"sentinel:{position}-{slot}:t{turn}"
 
 
 # -- configuration and plans ---------------------------------------------------------------
@@ -289,7 +294,7 @@ class CalendarAgent:
                 raise
             key = info.session_key
             calendar.events.append(
-                CalendarEvent(turn, f"meeting {key} t{turn}", sentinel(info.row, info.slot, turn))
+                CalendarEvent(turn, f"meeting {key} t{turn}", f"sentinel:{key}:t{turn}")
             )
             if ctx.count("mutations") == 1 and self.config.hold_after_first_mutation:
                 ctx.hold()

@@ -11,10 +11,12 @@ and what reaches Gym is all-or-nothing across instances:
    and not the other is refused too): ``DatasetMismatch`` naming the first row that differs;
    then ``snapshot_problems`` — the one check ``gymckpt verify`` runs too: every participant's
    on-disk digest, committed state the manifest does not list, the live topology (bounded like
-   any control call), the ledger (version, states, slots, its retire queue, this run's
-   ``group_size``) and ledger vs manifest. Any problem raises before Gym is asked anything
-   (``TopologyMismatch`` for state and topology, ``ManifestError`` for the ledger); the
-   ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far as Gym;
+   any control call; an instance found dead there, one that died while no trainer drove it, is
+   replaced first when the backend can), the ledger (version, states, slots, its retire
+   queue, this run's ``group_size``) and ledger vs manifest. Any problem raises before Gym is
+   asked anything (``TopologyMismatch`` for state and topology, ``ManifestError`` for the
+   ledger); the ledger is rebuilt here too, so a ledger the rebuild rejects never gets as far
+   as Gym;
    then the run's row order against the snapshot's ``order.json`` and its ledger's cursor
    (``check_order``: the same epochs, seed and rows up to where the order stood):
    ``DatasetMismatch`` saying what differs;
@@ -48,7 +50,7 @@ from pathlib import Path, PurePosixPath
 import attrs
 import trio
 
-from gymckpt.gym_adapter import GymBackend, can_replace
+from gymckpt.gym_adapter import GymBackend, Topology, can_replace
 from gymckpt.runtime import (
     EpisodeRecord,
     InstanceRecord,
@@ -307,9 +309,7 @@ async def restore_latest(
     except ManifestError as exc:
         raise ManifestError(f"{pinned.path}: {exc}") from None
     await offload(functools.partial(check_dataset, record, dataset, str(info.path)))
-    topology = await bounded_call(
-        "deployment", "topology", lambda _deadline: gym.topology(), config
-    )
+    topology = await _live_topology(gym, config)
     live = {i.name: list(i.participants) for i in topology.instances}
     found = await offload(lambda: snapshot_problems(snap, live, group_size))
     found.raise_if_any(pinned.path)
@@ -361,6 +361,28 @@ async def restore_latest(
         break
     rows = () if record is None else record[0].rows
     return RestoredRun(info, pinned, ledger, summary, dict(snap.files), rows)
+
+
+async def _live_topology(gym: GymBackend, config: RuntimeConfig) -> Topology:
+    """The deployment's topology (bounded). An instance found dead (one that died while no
+    trainer drove it: servers that outlived the trainer) is replaced first when the backend
+    can (``ReplaceableGym``, at most ``max_replacements`` times), as the dispatcher would
+    replace it; the replacement continues the dead one's journal and hosts the same
+    environment. Raises what the topology raised otherwise."""
+    replaced = 0
+    while True:
+        try:
+            return await bounded_call(
+                "deployment", "topology", lambda _deadline: gym.topology(), config
+            )
+        except Exception as exc:
+            dead = sorted({d.instance for d in dead_in(exc)} & set(gym.instances))
+            if not dead or not can_replace(gym) or replaced >= config.max_replacements:
+                raise
+            replaced += 1
+            log.warning("restore found %s dead: replacing before the checks", ", ".join(dead))
+            for name in dead:
+                await replace_now(gym, name, config)
 
 
 async def _install(

@@ -129,8 +129,14 @@ class RuntimeConfig:
             )
 
     def backoff_s(self, failures: int) -> float:
-        """Exponential backoff before the retry that follows ``failures`` infra failures."""
+        """Exponential backoff before the retry that follows ``failures`` infra failures,
+        capped at ``infra_backoff_max_s`` whatever the count (an outage of many episodes counts
+        thousands of failures: the doubling stops at the cap, it never overflows a float)."""
         if failures <= 0:
             return 0.0
-        delay = self.infra_backoff_initial_s * 2 ** (failures - 1)
+        delay = self.infra_backoff_initial_s
+        for _ in range(min(failures - 1, 1100)):  # 2**1100 of any positive float is past the cap
+            if delay >= self.infra_backoff_max_s:
+                break
+            delay *= 2
         return float(min(self.infra_backoff_max_s, delay))

@@ -1174,6 +1174,37 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="nursery",
         sim_seeds=0,
     ),
+    # -- the simulation's real usage after the merges (sim2) ------------------------------------
+    Mutant(
+        "refused-attach-switches-the-embedded-term",
+        "fencing",
+        "gym_adapter/_embedded.py",
+        "reply = await sim.attach(trainer, deadline_ts)",
+        "self._trainer = trainer; reply = await sim.attach(trainer, deadline_ts)",
+        (TENANCY,),
+        keyword="refused_attach",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "restore-topology-does-not-replace-the-dead",
+        "restore",
+        "nurseries/_restore.py",
+        "if not dead or not can_replace(gym) or replaced >= config.max_replacements:",
+        "if True:",
+        (TENANCY,),
+        keyword="outlived",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "sentinel-per-dataset-row",
+        "verdict",
+        "gym_adapter/calendar_env.py",
+        'f"sentinel:{key}:t{turn}"',
+        "sentinel(info.row, info.slot, turn)",
+        ("tests/test_sim_usage.py",),
+        keyword="once_per_epoch",
+        sim_seeds=0,
+    ),
     # -- the alignment timeout: aligned checkpoints complete whatever the turn length ----------
     Mutant(
         "alignment-timeout-ignored",
@@ -1428,10 +1459,7 @@ def run_mutant(
                 return "killed", "tests: " + _last_line(out, "FAILED", "ERROR", "Timeout", "failed")
         n = m.sim_seeds if m.sim_seeds is not None else seeds
         if n > 0:
-            # the rules the real-usage dimension checks land with issue 31's branches; until
-            # then its violations on the unchanged tree would "kill" every mutant
             cmd = [sys.executable, "-m", "gymckpt", "simulate", "--seeds", str(n)]
-            cmd += ["--real-usage", "none"]
             rc, out = _run(cmd, root, env, timeout=max(600, 5 * n))
             if rc != 0:
                 return "killed", "simulate: " + _last_line(out, "FAIL:", "failing seeds")

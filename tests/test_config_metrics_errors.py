@@ -46,6 +46,14 @@ def test_backoff_is_exponential_and_capped() -> None:
     assert [config.backoff_s(n) for n in range(6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
 
 
+def test_backoff_stays_capped_after_thousands_of_failures() -> None:
+    """An outage of many episodes counts a failure per reply: past 1025 failures the doubling
+    overflowed a float (``OverflowError`` out of the dispatcher, an unclassified crash; found
+    by the simulation, seed 89 with a 330 s model-server outage)."""
+    config = RuntimeConfig()
+    assert config.backoff_s(1025) == config.backoff_s(10**6) == config.infra_backoff_max_s
+
+
 # -- metrics -----------------------------------------------------------------------------------
 
 

@@ -332,6 +332,71 @@ def next_term_lineage(workdir: Path) -> str:
     return lineage
 
 
+async def test_a_refused_attach_leaves_the_embedded_deployment_on_its_trainers_term(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A second lineage's ``attach`` through the same ``EmbeddedGym`` is refused, and the
+    deployment's later calls still carry the holder's term (the simulation's second trainer
+    once left the first run's next checkpoint refused as the intruder's)."""
+    holder, intruder = TrainerTerm(LINEAGE, 1, "/runs/first"), TrainerTerm(OTHER, 1, "/runs/x")
+    async with trio.open_nursery() as nursery:
+        host = GymHost("gym-0", environment())
+        await nursery.start(host.serve)
+        gym = EmbeddedGym([host], FaultPlan(()))
+        await gym.attach("gym-0", holder, FAR)
+        with pytest.raises(GymInUse):
+            await gym.attach("gym-0", intruder, FAR)
+        await gym.prepare("gym-0", "run-0001", FAR)  # the holder's checkpoint goes on
+        await gym.resume("gym-0", "run-0001", FAR)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restore_into_servers_that_outlived_the_trainer_replaces_one_found_dead(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The trainer dies, its Gym keeps running, and an instance dies while no trainer drives
+    it: the next trainer's restore replaces it (the topology found it dead) and proceeds,
+    instead of failing with ``GymInstanceDead`` before it checked anything (simulate seeds 17
+    and 30, a live restart)."""
+    from gymckpt.nurseries import open_rollouts
+
+    work = tmp_path / "work"
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path / "gym") as gym:
+        with trio.CancelScope() as crash:
+            async with open_rollouts(gym, work, rows=6, group_size=2, handle_signals=False) as ro:
+                await ro.next_batch(1)
+                assert (await ro.checkpoint()).ok
+                crash.cancel()  # the trainer dies mid-run; its Gym runs on
+        gym.sim("gym-0").kill()
+        async with open_rollouts(gym, work, rows=6, group_size=2, handle_signals=False) as ro:
+            assert ro.restored is not None
+            async with aclosing(ro.batches(groups_per_step=1)) as batches:
+                async for _batch in batches:
+                    pass
+            assert ro.ledger.statistics().rows_trained == 6
+        assert gym.replacements("gym-0") == 1
+
+
+async def test_the_replacement_of_a_dead_instance_serves_the_run_that_replaced_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A replacement starts with no holder; adopted by whoever reached it first, it let a
+    second trainer (another process, another run) take it over between its start and the
+    first run's next call, and the first run then stopped with ``GymInUse`` (simulate seeds
+    193, 331). The replacing deployment's trainer holds it from the start."""
+    holder, intruder = TrainerTerm(LINEAGE, 1, "/runs/first"), TrainerTerm(OTHER, 1, "/runs/x")
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path) as gym:
+        for name in gym.instances:
+            await gym.attach(name, holder, FAR)
+        gym.sim("gym-0").kill()
+        await gym.replace("gym-0", FAR)
+        second = EmbeddedGym([gym.sim(n) for n in gym.instances], FaultPlan(()))
+        with pytest.raises(GymInUse, match="serves another training run"):
+            await second.attach("gym-0", intruder, FAR)
+        assert gym.sim("gym-0").trainer == holder
+        await gym.prepare("gym-0", "run-0001", FAR)  # the first run goes on there
+
+
 async def test_a_fence_takes_off_the_wire_the_batches_a_transport_took_and_never_acknowledged(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

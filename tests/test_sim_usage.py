@@ -22,6 +22,9 @@ from gymckpt.gym_adapter.calendar_env import CalendarAgent, SimConfig
 from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.nurseries.app.sim_liveness import LIVENESS_S, Liveness, Moving, liveness_bound_s
 from gymckpt.nurseries.app.sim_usage import (
+    OUTAGE_BUDGET_S,
+    OUTAGE_LENGTHS_S,
+    OVER_BUDGET_S,
     USAGE_NAMES,
     ConcurrentCalls,
     LongTurn,
@@ -42,6 +45,8 @@ from gymckpt.nurseries.app.simulate import (
     replay_command,
     run_seed,
 )
+from gymckpt.nurseries.app.verdict import expected_sentinels, judge
+from gymckpt.runtime import RuntimeConfig
 
 ALL = frozenset(USAGE_NAMES)
 
@@ -128,14 +133,54 @@ def test_a_bad_real_usage_flag_is_refused_in_one_line(capsys: pytest.CaptureFixt
     assert err.count("\n") == 1
 
 
-def test_multi_epoch_orders_are_drawn_for_the_switch() -> None:
-    """The shuffle draws an epoch count and a shuffle seed already, so the switch to the
-    multi-epoch API leaves the draws as they are; until then one epoch runs, shuffled."""
+def test_a_drawn_order_opens_the_runs_epochs_with_their_shuffle_seed() -> None:
     order = RowOrder(rows=12, epochs=3, shuffle_seed=7)
-    assert sorted(order.epoch_order(0)) == list(range(12)) != list(order.epoch_order(0))
-    assert order.epoch_order(0) != order.epoch_order(1)  # a fresh shuffle per epoch
-    assert order.open_kwargs() == {"rows": list(order.epoch_order(0))}
-    assert order.trained_epochs == 1
+    assert order.open_kwargs() == {"rows": 12, "epochs": 3, "shuffle_seed": 7}
+    assert order.positions == 36
+
+
+def test_the_verdict_counts_positions_and_each_row_once_per_epoch() -> None:
+    """Two epochs of two rows: four positions, each with sentinels of its own (the same row's
+    plan in both epochs), and an order that puts one row twice in an epoch is a violation."""
+    config = SimConfig(mutation_p=1.0)
+    swap = {0: 1, 1: 0, 2: 0, 3: 1}.__getitem__
+    first, again = (expected_sentinels(5, config, [p], 1, row_at=swap) for p in (1, 2))
+    assert first and len(first) == len(again) and not first & again  # row 0, two epochs
+    ok = judge(
+        [(1, [0, 1]), (2, [2, 3])],
+        4,
+        None,
+        seed=5,
+        config=config,
+        group_size=1,
+        row_at=swap,
+        per_epoch=2,
+        calendar=False,
+    )
+    assert ok.ok and ok.rows_trained == 4
+    twice = judge(
+        [(1, [0, 1]), (2, [2, 3])],
+        4,
+        None,
+        seed=5,
+        config=config,
+        group_size=1,
+        row_at=lambda p: p // 2,
+        per_epoch=2,
+        calendar=False,
+    )
+    assert twice.rows_twice_in_epoch == (0, 1)
+    assert "dataset rows at two positions of one epoch" in twice.violations()[0]
+
+
+def test_shuffled_epochs_train_every_row_once_per_epoch_across_a_crash(tmp_path: Path) -> None:
+    order = RowOrder(rows=5, epochs=3, shuffle_seed=11)
+    sc = Scenario(seed=5, rows=5, group_size=2, instances=2, crashes=(Crash(at_s=2.0),))
+    sc = attrs.evolve(sc, usage=RealUsage(names=ALL, order=order))
+    report = run_seed(sc.seed, tmp_path, scenario=sc)
+    assert report.ok, report.violations
+    assert report.rows_trained == 15 and report.incarnations[0].end == "crashed"
+    assert report.sentinels > 0
 
 
 # -- each sub-dimension exercises what it says ----------------------------------------------------
@@ -183,6 +228,27 @@ def test_an_outage_refuses_the_model_calls_in_its_window(tmp_path: Path) -> None
     report = run(tmp_path, outage=Outage(start_s=0.0, length_s=15.0))
     c = counts(report)
     assert c["outage_s"] == 15.0 and c["outage_refused_calls"] > 0
+
+
+def test_every_outage_but_the_over_budget_one_fits_the_default_budget() -> None:
+    """The simulation's runtime keeps the default outage budget, which every drawn length is
+    under (a model server's restart is waited out); the over-budget length is past it."""
+    sc = Scenario(seed=1, rows=2, group_size=1, instances=1)
+    assert sc.runtime_config().outage_budget_s == RuntimeConfig().outage_budget_s
+    assert max(OUTAGE_LENGTHS_S) < OUTAGE_BUDGET_S < OVER_BUDGET_S
+    drawn = [draw_scenario(s, usage=ALL).usage.outage for s in range(400)]
+    lengths = {o.length_s for o in drawn if o is not None}
+    assert lengths == {*OUTAGE_LENGTHS_S, OVER_BUDGET_S}
+
+
+def test_an_outage_over_the_budget_ends_with_exit_8_then_the_run_comes_back(
+    tmp_path: Path,
+) -> None:
+    report = run(tmp_path, outage=Outage(start_s=0.0, length_s=OVER_BUDGET_S))
+    assert report.ok, report.violations
+    first = report.incarnations[0]
+    assert first.end == "infra_outage" and "outage_budget_s=300" in (first.error or "")
+    assert report.incarnations[-1].end == "finished" and report.rows_trained == 6
 
 
 def test_a_live_restart_restores_into_the_running_gym(tmp_path: Path) -> None:

@@ -27,18 +27,13 @@ from gymckpt.nurseries.app.simulate import (
 )
 
 CI_SEEDS = 300
-NO_USAGE = ("--real-usage", "none")
-"""The dimensions these seeds ran with (the real-usage one is tests/test_sim_usage.py's)."""
 
 
 def _simulate(*args: str, hash_seed: str = "random") -> subprocess.CompletedProcess[str]:
-    """``gymckpt simulate ARGS`` without the real-usage dimension (``--real-usage none``: the
-    dimensions these seeds were run with; tests/test_sim_usage.py covers the new one).
-
-    AFTER MERGE of issue 31's branches: the CI seeds run with the default (all) too."""
+    """``gymckpt simulate ARGS`` with every dimension (the real-usage one's default, all)."""
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     return subprocess.run(
-        [sys.executable, "-m", "gymckpt", "simulate", *args, *NO_USAGE],
+        [sys.executable, "-m", "gymckpt", "simulate", *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -190,7 +185,7 @@ def test_the_cli_prints_the_verdict_and_progress_not_the_runs_log_lines() -> Non
     # Seeds 0-1 fail checkpoints and stop runs, which the runtime logs under ``gymckpt``; with no
     # handler configured Python would print each of them to stderr (its last-resort handler).
     out = subprocess.run(
-        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "2", "--start", "0", *NO_USAGE],
+        [sys.executable, "-m", "gymckpt", "simulate", "--seeds", "2", "--start", "0"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -35,13 +35,14 @@ from typing import Any, cast
 import attrs
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend, RunRow
-from gymckpt.nurseries import Rollouts, open_rollouts, run_failure
+from gymckpt.gym_adapter import EmbeddedGym, FaultPlan, GymBackend, RunRow
+from gymckpt.nurseries import Rollouts, open_rollouts, run_exit
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     BudgetExhausted,
     CompletedGroup,
-    FailureKind,
+    GymInstanceDead,
+    GymInUse,
     RuntimeConfig,
     load_snapshot,
 )
@@ -253,7 +254,7 @@ class Incarnation:
             if second is None:
                 await self._train_dataset(ro)
             else:
-                await self._train_beside_second(ro, backend, second)
+                await self._train_beside_second(ro, gym, second)
             self._check_outage_rows(ro)
             run.final_snapshot = None
             for _ in range(self.config.max_consecutive_failures + 1):
@@ -298,7 +299,8 @@ class Incarnation:
                 async for batch in batches:
                     rewards = [r.reward for g in batch for r in g.results]
                     self.trainer = self.trainer.train(rewards, len(batch))
-                    self.run.lineage.append((self.trainer.step, tuple(g.row for g in batch)))
+                    self.run.lineage.append((self.trainer.step, tuple(g.position for g in batch)))
+                    self.run.rows_of.update((g.position, g.row) for g in batch)
                     self.steps += 1
                     self.liveness.moved(f"step {self.trainer.step} trained")
                     if self.trainer.step % sc.checkpoint_every == 0:
@@ -306,20 +308,20 @@ class Incarnation:
             except BudgetExhausted:
                 # the dataset is done, every row failed for good (faults can do that: a
                 # run that hangs every submission): this trainer still leaves a snapshot
-                if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.rows:
+                if ro.ledger.rows_trained or len(ro.ledger.rows_failed) != sc.positions:
                     raise
                 failed_here = len(ro.ledger.rows_failed) - initial_failed
                 if failed_here and not self._faulty():
                     self.violation(f"{failed_here} rows failed for good without any fault")
 
     async def _train_beside_second(
-        self, ro: Rollouts, backend: GymBackend, second: SecondTrainer
+        self, ro: Rollouts, gym: EmbeddedGym, second: SecondTrainer
     ) -> None:
         """``_train_dataset`` while a second trainer tries to open the same Gym (the errors
         of the training itself come out as they would alone, not in a group)."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._second_trainer, backend, second)
+                nursery.start_soon(self._second_trainer, gym, second)
                 await self._train_dataset(ro)
         except BaseExceptionGroup as group:
             err = single_error(group)
@@ -327,21 +329,26 @@ class Incarnation:
                 raise
             raise err from None
 
-    async def _second_trainer(self, backend: GymBackend, second: SecondTrainer) -> None:
-        """A second trainer, with a work directory of its own, opens the Gym this incarnation
-        drives ``second.at_s`` in and tries to train one step within ``second.window_s``.
+    async def _second_trainer(self, gym: EmbeddedGym, second: SecondTrainer) -> None:
+        """A second trainer, with a work directory and a facade of its own, opens the Gym this
+        incarnation drives ``second.at_s`` in and tries to train one step within
+        ``second.window_s``.
 
-        Expected (one trainer per Gym, issue 31 item 3): a clear refusal, an error out of
-        ``open_rollouts`` or its first step that ends a run with a documented exit code (not
-        an invariant violation); the first run goes on unaffected (its own checks say so).
-        Let in (a step trained, or no refusal within the window) is a violation.
-
-        AFTER MERGE (branch fence): the refusal's error type and exit code are not decided
-        yet; anything ``run_failure`` classifies but ``INVARIANT`` counts as a refusal here.
-        If the refusal comes later than ``window_s`` (a lease?), widen the window.
+        Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
+        a run ending with exit code 2, and nothing else: any other error, a step trained, or no
+        refusal within the window is a violation, unless instances died (faults: then it
+        waits for them within the outage budget, or stops on one it cannot replace,
+        ``GymInstanceDead``: unreachable rather than refused).
+        The first run goes on unaffected: its own checks and the final verdict say so (a
+        checkpoint of it refused, a row lost, a sentinel twice all are violations of their
+        own).
         """
         sc = self.scenario
         await trio.sleep(second.at_s)
+        died_before = self._deaths()
+        # another trainer process: a facade of its own over the same instances (a deployment's
+        # facade carries its own trainer's term), which cannot replace them
+        backend = EmbeddedGym([gym.sim(n) for n in gym.instances], FaultPlan(()))
         trained = False
         error: BaseException | None = None
         with trio.move_on_after(second.window_s):
@@ -366,14 +373,24 @@ class Incarnation:
             except Exception as exc:
                 error = exc
         if error is not None and not trained:
-            decided = run_failure(error)
-            if decided is not None and decided[0] is not FailureKind.INVARIANT:
+            decided = run_exit(error)
+            if decided is not None and decided[0] == 2 and isinstance(decided[1], GymInUse):
                 self.run.counts.second_refused += 1
+                return
+            if decided is not None and isinstance(decided[1], GymInstanceDead):
+                # it met an instance dead (faults) that it cannot replace: it never reached
+                # one to be refused by; not let in either
+                self.run.counts.second_unreachable += 1
                 return
             err = single_error(error)
             self.violation(
-                f"second trainer: expected a clear refusal, got {type(err).__name__}: {err}"
+                f"second trainer: expected GymInUse (exit code 2), got {type(err).__name__}: {err}"
             )
+        elif not trained and self._deaths() > died_before:
+            # instances kept dying (faults): it waited for them, as the first run did; not let
+            # in (a step trained, on a replacement too, is), not refused either
+            self.run.counts.second_unreachable += 1
+            return
         else:
             what = "trained a step" if trained else f"was not refused within {second.window_s:g}s"
             self.violation(
@@ -382,14 +399,25 @@ class Incarnation:
             )
         self.run.counts.second_let_in += 1
 
+    def _deaths(self) -> int:
+        """Faults that killed an instance of this incarnation's Gym so far."""
+        gym = self.control.gym
+        if gym is None:
+            return 0
+        return sum(1 for spec, _ in gym.faults.fired if "dead" in spec)
+
     def _check_outage_rows(self, ro: Rollouts) -> None:
         """No row given up because the model server was down: a slot the outage refused in
-        every attempt a row has (``max_row_attempts``) is an outage charged to the row."""
+        every attempt a row has (``max_row_attempts``) is an outage charged to the row. Judged
+        when nothing else fails rows (``_faulty``): a Gym fault that spends an attempt the
+        outage also refused a call of (a stream dropped after it) is charged to the fault."""
+        if self._faulty():
+            return
         failed = ro.ledger.rows_failed
         given_up = sorted(
             {
                 row
-                for (row, _slot), attempts in self.run.counts.outage_attempts.items()
+                for (row, _slot), attempts in self.run.counts.outage_attempts.items()  # positions
                 if row in failed and len(attempts) >= self.config.max_row_attempts
             }
         )
@@ -430,7 +458,13 @@ class Incarnation:
         self.run.longest_still_s = max(self.run.longest_still_s, self.liveness.longest_still_s)
         acts, gym, ro = self.acts, self.control.gym, self.rollouts
         hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
-        if (
+        outage = self.scenario.usage.outage
+        if self.end is IncarnationEnd.INFRA_OUTAGE and outage is not None and outage.over_budget:
+            if self.error is None or "\n" in self.error:  # the expected end: exit 8, one line
+                self.violation(
+                    f"an outage over the budget ended the run without one line: {self.error!r}"
+                )
+        elif (
             self.end.documented_abort
             and not (self.live_restart and self.end is IncarnationEnd.RESTORE_FAILED)
             and not self.faults

@@ -121,6 +121,11 @@ class Scenario:
     """The real-usage dimension's draws (``sim_usage``; in every incarnation: it is the
     workload, not a fault)."""
 
+    @property
+    def positions(self) -> int:
+        """Positions of the run's row order: ``rows`` once per epoch drawn (``RowOrder``)."""
+        return self.usage.order.positions if self.usage.order is not None else self.rows
+
     def sim_config(self) -> SimConfig:
         return SimConfig(
             turns=self.turns,

@@ -3,8 +3,9 @@
 The other dimensions draw faults; this one draws the *workload* the way trainers and agents
 really are, which no fault schedule covers:
 
-* ``shuffle``: the rows in a shuffled order (``open_rollouts(rows=[...])``), the way an epoch
-  of a ``DistributedSampler`` or ``datasets.shuffle(seed)`` hands them out (``RowOrder``);
+* ``shuffle``: one to three epochs of the rows, each in a seeded shuffle
+  (``open_rollouts(epochs=, shuffle_seed=)``), the way a ``DistributedSampler`` or
+  ``datasets.shuffle(seed)`` hands them out (``RowOrder``);
 * ``calls``: concurrent model calls inside one turn: the agent starts two or three
   ``ctx.model`` calls in one trio nursery (parallel tool calls), sometimes with identical
   requests (``ConcurrentCalls``);
@@ -34,6 +35,7 @@ from typing import Any, Final
 import attrs
 
 from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode
+from gymckpt.runtime import RuntimeConfig
 
 __all__ = [
     "USAGE_NAMES",
@@ -47,6 +49,14 @@ __all__ = [
     "parse_real_usage",
     "usage_flag",
 ]
+
+OUTAGE_BUDGET_S: Final = RuntimeConfig().outage_budget_s
+"""The default outage budget, which the simulation's runtime config keeps: every drawn outage
+is shorter (waited out), but one over it (``Outage.over_budget``)."""
+OUTAGE_LENGTHS_S: Final = (5.0, 15.0, 30.0, 60.0)
+"""The lengths of the outages the run must wait out (a model server restarting)."""
+OVER_BUDGET_S: Final = OUTAGE_BUDGET_S + 30.0
+"""The length of an outage over the budget: the run stops with exit code 8 and one line."""
 
 USAGE_NAMES: Final = ("shuffle", "calls", "long-turns", "outages", "live-restart", "second-trainer")
 """The sub-dimensions, each switchable on its own (``gymckpt simulate --real-usage``)."""
@@ -81,46 +91,29 @@ def usage_flag(names: Iterable[str]) -> str:
 
 @attrs.frozen(kw_only=True)
 class RowOrder:
-    """The order the rows are trained in: a seeded shuffle per epoch (``shuffle_seed``), as a
-    ``DistributedSampler.set_epoch`` or ``datasets.shuffle(seed)`` gives it.
-
-    ``epochs`` is drawn already, so that the switch to multi-epoch training leaves the draws
-    as they are; until ``open_rollouts`` takes an epoch count and a shuffle seed, only the
-    first epoch's order runs, as a shuffled ``rows=`` list (``open_kwargs``)."""
+    """The order the rows are trained in: ``epochs`` epochs, each a seeded shuffle
+    (``shuffle_seed``) of rows ``0..rows-1``, as a ``DistributedSampler.set_epoch`` or
+    ``datasets.shuffle(seed)`` gives it, through ``open_rollouts``' own ``epochs=`` and
+    ``shuffle_seed=`` (``open_kwargs``). The run trains ``positions`` positions, each dataset
+    row once per epoch; the verdict counts positions (``CompletedGroup.position``). Drawn, an
+    epoch has the scenario's rows divided by the epochs (rounded up): rows ``0..rows-1`` of
+    the workplace, about as many positions in all as a single epoch would have."""
 
     rows: int
     epochs: int
     shuffle_seed: int
 
-    def epoch_order(self, epoch: int) -> tuple[int, ...]:
-        """Epoch ``epoch``'s order of rows ``0..rows-1`` (a function of the seed and epoch)."""
-        return tuple(
-            random.Random(f"{self.shuffle_seed}:{epoch}").sample(range(self.rows), self.rows)
-        )
-
     def open_kwargs(self) -> dict[str, Any]:
-        """What ``open_rollouts`` gets for this order.
-
-        AFTER MERGE (multi-epoch, issue 31 item 1): once ``open_rollouts`` takes an epoch count
-        and a shuffle seed, this is the one line to change, to
-        ``{"rows": self.rows, "epochs": self.epochs, "shuffle_seed": self.shuffle_seed}``
-        (with the names that API chose), and ``trained_epochs`` to ``self.epochs``; the final
-        verdict (``sim_state.judge_scenario``, ``verdict.judge``) then counts each row once
-        per epoch (today it wants every row exactly once).
-        """
-        return {"rows": list(self.epoch_order(0))}
+        """What ``open_rollouts`` gets for this order."""
+        return {"rows": self.rows, "epochs": self.epochs, "shuffle_seed": self.shuffle_seed}
 
     @property
-    def trained_epochs(self) -> int:
-        """Epochs the run trains (1 until ``open_kwargs`` passes ``epochs``): every row is
-        trained this many times, once per epoch."""
-        return 1
+    def positions(self) -> int:
+        """Positions the run trains: every row once per epoch."""
+        return self.rows * self.epochs
 
     def __str__(self) -> str:
-        return (
-            f"shuffled (seed {self.shuffle_seed}, {self.epochs} epoch(s) drawn, "
-            f"{self.trained_epochs} run)"
-        )
+        return f"shuffled (seed {self.shuffle_seed}, {self.epochs} epoch(s))"
 
 
 @attrs.frozen(kw_only=True)
@@ -160,10 +153,17 @@ class LongTurn:
 @attrs.frozen(kw_only=True)
 class Outage:
     """The model server is down from ``start_s`` for ``length_s`` virtual seconds after the
-    scenario starts: every model call asked then raises ``ModelUnavailable``."""
+    scenario starts: every model call asked then raises ``ModelUnavailable``. Within the
+    outage budget (``OUTAGE_BUDGET_S``) the run waits it out; over it (``over_budget``) an
+    incarnation may stop with ``InfraOutage`` (exit code 8) and one line, an expected end, and
+    the next restores after it."""
 
     start_s: float
     length_s: float
+
+    @property
+    def over_budget(self) -> bool:
+        return self.length_s > OUTAGE_BUDGET_S
 
     def __str__(self) -> str:
         return f"{self.length_s:g}s from {self.start_s:g}s"
@@ -254,8 +254,11 @@ def draw_usage(
     if "shuffle" in chosen:
         r = rng("shuffle")
         if r.random() < 0.8:
+            epochs = r.choice((1, 2, 3))
+            # the scenario's rows split over the epochs: about as many positions as rows, so a
+            # multi-epoch seed costs what a single-epoch one does
             out["order"] = RowOrder(
-                rows=rows, epochs=r.choice((1, 2, 3)), shuffle_seed=r.getrandbits(32)
+                rows=-(-rows // epochs), epochs=epochs, shuffle_seed=r.getrandbits(32)
             )
     if "calls" in chosen:
         r = rng("calls")
@@ -278,9 +281,10 @@ def draw_usage(
     if "outages" in chosen:
         r = rng("outages")
         if r.random() < 0.4:
-            out["outage"] = Outage(
-                start_s=round(r.uniform(0.0, 20.0), 3), length_s=r.choice((5.0, 15.0, 30.0, 60.0))
-            )
+            start, length = round(r.uniform(0.0, 20.0), 3), r.choice(OUTAGE_LENGTHS_S)
+            if r.random() < 0.05:  # drawn after the rest: the other outages stay as they were
+                length = OVER_BUDGET_S
+            out["outage"] = Outage(start_s=start, length_s=length)
     if "live-restart" in chosen:
         r = rng("live-restart")
         # a crash of the first incarnation keeps its Gym (drawn below when it has none)

@@ -48,13 +48,17 @@ class UsageCounts:
     outage_attempts: defaultdict[tuple[int, int], set[int]] = attrs.field(
         factory=lambda: defaultdict(set)
     )
-    """(row, slot) -> the attempts the outage refused a call of."""
+    """(position, slot) -> the attempts the outage refused a call of (a position is the
+    ledger's row: the dataset row once per epoch, ``EpisodeInfo.session_key``)."""
     live_restarts: int = 0
     """Incarnations that restored into the previous one's still running Gym."""
     second_refused: int = 0
     """Second trainers refused (the expected outcome)."""
     second_let_in: int = 0
     """Second trainers let in (a violation)."""
+    second_unreachable: int = 0
+    """Second trainers still waiting for instances that faults kept killing at the end of
+    their window (neither refused nor let in)."""
 
     def summary(self, usage: RealUsage) -> tuple[tuple[str, float], ...]:
         """The counts as report items (name, value), in a fixed order."""
@@ -68,6 +72,7 @@ class UsageCounts:
             ("live_restarts", float(self.live_restarts)),
             ("second_trainers_refused", float(self.second_refused)),
             ("second_trainers_let_in", float(self.second_let_in)),
+            ("second_trainers_unreachable", float(self.second_unreachable)),
         )
 
 
@@ -126,7 +131,8 @@ class _OutageModel:
         now = trio.current_time()
         if self.start_ts <= now < self.end_ts:
             self.counts.outage_refused += 1
-            self.counts.outage_attempts[(info.row, info.slot)].add(info.attempt)
+            position = int(info.session_key.split("-")[0])  # the ledger's row, per epoch
+            self.counts.outage_attempts[(position, info.slot)].add(info.attempt)
             raise ModelUnavailable(
                 f"model server unreachable (simulated outage, back in {self.end_ts - now:.3g}s)"
             )
