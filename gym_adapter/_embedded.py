@@ -170,9 +170,11 @@ class EmbeddedGym:
         """Replace ``instance`` by a new one of the same name, seed and config (killing it
         first if it still lives); ``GymCallTimeout`` past ``deadline_ts``. The new instance
         holds no episodes, streams or unclaimed episodes; it continues the dead one's retained
-        sessions from their journal (each retirable by its attempt), and serves this
-        deployment's trainer before anyone reaches it (adopted, fencing nothing): another run
-        cannot take the replacement over while this one holds the rest."""
+        sessions from their journal (each retirable by its attempt), and serves the dead one's
+        trainer (this deployment's when the dead one had none) before anyone reaches it
+        (adopted, fencing nothing): another run cannot take the replacement over while this one
+        holds the rest, and a newer term that replaces it before attaching there fences, at
+        its attach, what the journal brought back of the older one."""
         old = self.sim(instance)
         if self._make is None or self._tg is None:
             raise GymInstanceDead(instance, "replace")
@@ -183,8 +185,12 @@ class EmbeddedGym:
                 old_scope.cancel()  # the old instance leaves its context (its tasks end)
             new = self._make(instance)
             await self._start(new)
-            if self._trainer is not None:  # it serves our run, as the dead one did, from the start
-                new.check_trainer(self._trainer, "replace")
+            # it serves whom the dead one served, from the start: our run when it held it; an
+            # older term when a newer one replaces it before attaching there, so that attach
+            # fences the old term's sessions the journal brought back
+            holder = old.trainer if old.trainer is not None else self._trainer
+            if holder is not None:
+                new.check_trainer(holder, "replace")
             self._sims[instance] = new
             self._replaced.append(old)
             self._replacements[instance] += 1

@@ -1353,6 +1353,16 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="ack_refused",
         sim_seeds=0,
     ),
+    # -- a replacement serves the dead instance's holder until a newer term attaches ----------
+    Mutant(
+        "replacement-adopts-the-newer-term",
+        "fencing",
+        "gym_adapter/_embedded.py",
+        "holder = old.trainer if old.trainer is not None else self._trainer",
+        "holder = self._trainer if self._trainer is not None else old.trainer",
+        ("tests/test_host_tenancy.py",),
+        keyword="keeps_the_dead",
+    ),
 )
 
 

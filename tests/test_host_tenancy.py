@@ -412,3 +412,29 @@ async def test_a_fence_takes_off_the_wire_the_batches_a_transport_took_and_never
         assert {r.rollout_id for r in taken} <= set(host.inventory().on_wire)
         await host.attach(new, FAR)
         assert host.inventory().on_wire == ()
+
+
+async def test_a_replacement_keeps_the_dead_instances_holder_so_a_newer_term_fences_its_journal(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An instance of a dead trainer's run dies too; the next trainer's attach finds it dead
+    once it has attached elsewhere (so the deployment already carries the new term) and
+    replaces it. The replacement continues the dead instance's journal, whose retained
+    sessions are the old term's mutations: it must serve the old term until the new one
+    attaches, which fences them. Adopted by the new term it fenced nothing, and a fresh start
+    ran those rows again beside them (simulate seed 5595: two sentinels twice)."""
+    old, new = TrainerTerm(LINEAGE, 1, "/runs/w"), TrainerTerm(LINEAGE, 2, "/runs/w")
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path) as gym:
+        for name in gym.instances:
+            await gym.attach(name, old, FAR)
+        stream: Any = await gym.sim("gym-1").run(rows(2), trainer=old)
+        assert len(await replies(stream)) == 2
+        assert len(ledgers(gym.sim("gym-1"))) == 2  # the old term's retained mutations
+        gym.sim("gym-1").kill()
+        await gym.attach("gym-0", new, FAR)  # the new trainer reached gym-0 first
+        await gym.replace("gym-1", FAR)
+        assert gym.sim("gym-1").trainer == old
+        reply = await gym.attach("gym-1", new, FAR)
+        assert reply.took_over and reply.sessions == 2
+        assert ledgers(gym.sim("gym-1")) == {}
+        assert gym.sim("gym-1").trainer == new
