@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # installed with ray, a test dependency
+import jsonschema
 import orjson
 import pytest
 
