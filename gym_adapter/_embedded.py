@@ -187,8 +187,11 @@ class EmbeddedGym:
             await self._start(new)
             # it serves whom the dead one served, from the start: our run when it held it; an
             # older term when a newer one replaces it before attaching there, so that attach
-            # fences the old term's sessions the journal brought back
+            # fences the old term's sessions the journal brought back. A finished (released)
+            # run's is served by nobody: whoever attaches next fences what it left.
             holder = old.trainer if old.trainer is not None else self._trainer
+            if old.released:
+                holder = None
             if holder is not None:
                 new.check_trainer(holder, "replace")
             self._sims[instance] = new

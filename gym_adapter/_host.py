@@ -664,6 +664,11 @@ class GymHost:
         """The trainer term this instance serves (None before any reached it)."""
         return self._tenancy.holder
 
+    @property
+    def released(self) -> bool:
+        """The holder's run finished here (``release``): another run may attach."""
+        return self._tenancy.released
+
     async def restore(
         self,
         state_root: str,

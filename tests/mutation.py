@@ -1363,6 +1363,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_host_tenancy.py",),
         keyword="keeps_the_dead",
     ),
+    Mutant(
+        "replacement-keeps-a-released-holder",
+        "fencing",
+        "gym_adapter/_embedded.py",
+        "if old.released:",
+        "if False:",
+        ("tests/test_host_tenancy.py",),
+        keyword="released_instance",
+        sim_seeds=0,
+    ),
 )
 
 

@@ -438,3 +438,27 @@ async def test_a_replacement_keeps_the_dead_instances_holder_so_a_newer_term_fen
         assert reply.took_over and reply.sessions == 2
         assert ledgers(gym.sim("gym-1")) == {}
         assert gym.sim("gym-1").trainer == new
+
+
+async def test_the_replacement_of_a_released_instance_serves_nobody_until_the_next_run_attaches(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A finished run released its instances; one dies and the next run (another lineage),
+    having attached elsewhere first, replaces it: the replacement is not held by the finished
+    run (the next run would be refused) nor adopted by the next one (the journal's sessions
+    of the finished run would stay): the next run's attach takes it over and fences them."""
+    first, second = TrainerTerm(LINEAGE, 1, "/runs/a"), TrainerTerm(OTHER, 1, "/runs/b")
+    async with EmbeddedGym.host(environment(), instances=2, work_dir=tmp_path) as gym:
+        for name in gym.instances:
+            await gym.attach(name, first, FAR)
+        stream: Any = await gym.sim("gym-1").run(rows(2), trainer=first)
+        assert len(await replies(stream)) == 2
+        for name in gym.instances:
+            await gym.release(name, first, FAR)
+        gym.sim("gym-1").kill()
+        await gym.attach("gym-0", second, FAR)
+        await gym.replace("gym-1", FAR)
+        assert gym.sim("gym-1").trainer is None
+        reply = await gym.attach("gym-1", second, FAR)
+        assert reply.took_over and reply.sessions == 2
+        assert ledgers(gym.sim("gym-1")) == {} and gym.sim("gym-1").trainer == second
