@@ -4,7 +4,7 @@ exactly once after a crash.
 What a trainer needs is importable from here::
 
     import gymckpt
-    from gymckpt.gym_adapter.calendar_env import calendar_embedded
+    from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 
     async with calendar_embedded(instances=2, seed=0, work_dir="gym-live") as gym:
         async with gymckpt.open_rollouts(gym, "work", rows=32, group_size=4) as rollouts:

@@ -2,6 +2,6 @@
 
 import sys
 
-from gymckpt.nurseries.app.cli import main
+from gymckpt.app.cli import main
 
 sys.exit(main())

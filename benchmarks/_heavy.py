@@ -1,6 +1,7 @@
 """A heavy-tailed workplace for the checkpoint benchmarks, and the pauses its episodes feel.
 
-The calendar workplace (``gym_adapter.calendar_env``) with one change: each turn's length is
+The calendar workplace (``gym_adapter.environments.calendar``) with one change: each turn's
+length is
 drawn from a **lognormal** distribution (``TurnTimes``: median, sigma, truncated at ``cap`` times
 the median so that an aligned checkpoint's wait stays bounded), whose p99 is at least 20 times
 its median — the long agentic turns (a generation, a tool call) that aligned checkpoints wait for.
@@ -47,7 +48,7 @@ import anyio
 import attrs
 
 from gymckpt.gym_adapter import Done, Environment, EnvironmentRef, HostConfig
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CALENDAR,
     CalendarEvent,
     CalendarServer,

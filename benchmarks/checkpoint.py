@@ -80,7 +80,7 @@ import attrs
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime.lowlevel import LEDGER_FILE
 
@@ -776,7 +776,7 @@ DISPATCH_ENVIRONMENTS = ("one_step", "calendar")
 
 async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) -> dict[str, Any]:
     from gymckpt.gym_adapter import EmbeddedGym, Environment, HostConfig
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     g = cfg.group_size

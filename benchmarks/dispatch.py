@@ -60,7 +60,7 @@ from gymckpt.gym_adapter import (
     RunRow,
     Topology,
 )
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 from gymckpt.runtime import DispatchGate, EpisodeRecord, InstanceRecord, RecoveryLedger
 
 from ._common import Progress, label
@@ -276,7 +276,7 @@ async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
 
 
 async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import SimConfig
 
     sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch)
     async with calendar_embedded(

@@ -57,7 +57,7 @@ from typing import Any, cast
 import attrs
 import trio
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_http, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_http, calendar_ray
 from gymckpt.nurseries import ExitCode
 
 from ._common import Progress, describe_error, median

@@ -70,7 +70,7 @@ class HostBenchConfig:
 
 
 def _plain(episodes: int, seed: int) -> tuple[float, int, list[Any]]:
-    from gymckpt.gym_adapter.gymnasium_env import reference_trajectory
+    from gymckpt.gym_adapter.environments.gymnasium import reference_trajectory
 
     t0 = time.perf_counter()
     trajs = [reference_trajectory(ENV_ID, seed, row, 0) for row in range(episodes)]
@@ -82,7 +82,7 @@ async def _hosted(
     episodes: int, seed: int, work: Path, marks: bool = True
 ) -> tuple[float, int, dict[int, Any], float]:
     """(wall seconds, steps, payload per row, CPU seconds) of one run of ``episodes`` rows."""
-    from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+    from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
 
     env = attrs.evolve(gymnasium_environment(ENV_ID), unaligned=marks)
     got: dict[int, Any] = {}
@@ -155,7 +155,7 @@ async def _loop(gym: Any, rows: int, group_size: int, work: Path) -> tuple[float
 
 
 async def _embedded_loop(rows: int, group_size: int, work: Path) -> tuple[float, int]:
-    from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+    from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
 
     async with EmbeddedGym.host(
         gymnasium_environment(ENV_ID), instances=2, work_dir=work / "live"
@@ -189,7 +189,7 @@ async def _calendar(
 ) -> tuple[float, int, float]:
     """(wall seconds, steps, CPU seconds) of ``episodes`` calendar episodes of ``turns``
     turns, each creating an event, with no turn time."""
-    from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_environment
+    from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_environment
 
     cfg = SimConfig(turns=(turns, turns), turn_s=(0.0, 0.0), mutation_p=1.0)
     env = attrs.evolve(calendar_environment(config=cfg), unaligned=marks)

@@ -81,7 +81,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym
-from gymckpt.gym_adapter.calendar_env import EpisodePlan
+from gymckpt.gym_adapter.environments.calendar import EpisodePlan
 
 from ._common import Progress, median
 from ._heavy import TurnTimes, heavy_plan, heavy_refs, host_config, recorder

@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from gymckpt.gym_adapter import GymInstanceDead, RunRow
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
 from gymckpt.runtime import GymUnavailable, rollout_id_for
 
 __all__ = ["main", "measure"]

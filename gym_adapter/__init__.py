@@ -5,8 +5,9 @@ workplace among them), the embedded deployment, the Ray deployment and the HTTP 
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
-The calendar workplace's names are its module's (``gymckpt.gym_adapter.calendar_env``), as
-the Gymnasium adapter's are (``gymckpt.gym_adapter.gymnasium_env``); the host's file names and
+The calendar workplace's names are its module's (``gymckpt.gym_adapter.environments.calendar``), as
+the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``); the host's file
+names and
 capture key, which the application reads snapshots with, are in
 ``gymckpt.gym_adapter.lowlevel``.
 
@@ -44,9 +45,9 @@ from ._contract import (
     can_attach,
     can_replace,
 )
-from ._embedded import EmbeddedGym
-from ._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
-from ._episode import (
+from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
+from .host._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
+from .host._episode import (
     ROLES,
     AgentParticipant,
     CallId,
@@ -66,17 +67,17 @@ from ._episode import (
     split_capture_key,
     to_plain,
 )
-from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
-from ._host import GymHost, HostConfig, HostStatistics, SessionView
-from ._host_views import RetainedSession
-from ._http import HttpGym, HttpReplacement
-from ._load import EnvironmentRef, load_environment
-from ._statistics import GymStatistics
-from ._trio_guest import run_on_an_asyncio_loop
+from .host._host import GymHost, HostConfig, HostStatistics, SessionView
+from .host._load import EnvironmentRef, load_environment
+from .host._views import RetainedSession
+from .transports._embedded import EmbeddedGym
+from .transports._statistics import GymStatistics
+from .transports._trio_guest import run_on_an_asyncio_loop
+from .transports.http._gym import HttpGym, HttpReplacement
 
 if TYPE_CHECKING:
-    from ._ray import RayGym as RayGym
-    from ._ray import local_cluster_options as local_cluster_options
+    from .transports.ray._gym import RayGym as RayGym
+    from .transports.ray._gym import local_cluster_options as local_cluster_options
 
 _LAZY = ("RayGym", "local_cluster_options")
 """Names from ``_ray``, imported (with Ray) on first use."""
@@ -85,7 +86,7 @@ _LAZY = ("RayGym", "local_cluster_options")
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         try:
-            from . import _ray
+            from .transports.ray import _gym as _ray
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise

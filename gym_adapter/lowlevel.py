@@ -8,13 +8,13 @@ environment or backend author needs is ``gymckpt.gym_adapter``.
 
 from __future__ import annotations
 
-from ._episode import call_id
-from ._host_episodes import capture_key as host_capture_key
-from ._host_journal import JOURNAL_FILE
-from ._http_guard import Limits
-from ._http_serve import DEFAULT_PORT, Serving, serve_gym
-from ._wire import decode as wire_decode
-from ._wire import encode as wire_encode
+from .host._episode import call_id
+from .host._episodes import capture_key as host_capture_key
+from .host._journal import JOURNAL_FILE
+from .transports._wire import decode as wire_decode
+from .transports._wire import encode as wire_encode
+from .transports.http._guard import Limits
+from .transports.http._serve import DEFAULT_PORT, Serving, serve_gym
 
 __all__ = [
     "DEFAULT_PORT",

@@ -31,7 +31,7 @@ import trio
 import trio_asyncio
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 from gymckpt.runtime import CompletedGroup
 
 from ._coordinator import CheckpointOutcome

@@ -116,7 +116,7 @@ async def _read_stderr(proc: ServeProcess, stream: Any) -> None:
 @asynccontextmanager
 async def serve_process(
     work_dir: Path,
-    environment: str = "gymckpt.gym_adapter.calendar_env:calendar_environment",
+    environment: str = "gymckpt.gym_adapter.environments.calendar:calendar_environment",
     *args: str,
     instance: str = "gym-0",
     ready_timeout: float = 30.0,

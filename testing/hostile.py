@@ -53,7 +53,7 @@ import anyio
 import attrs
 
 from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_environment, plan_episode
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_environment, plan_episode
 from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 
 from .examples import Game, Player, _bisect

@@ -39,7 +39,7 @@ import orjson
 import trio
 
 from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, EpisodeContext, EpisodeInfo
-from gymckpt.gym_adapter.openai_model import openai_model
+from gymckpt.gym_adapter.environments.openai_model import openai_model
 
 __all__ = ["MAX_TURNS", "TOOLS", "Calculator", "ToolAgent", "dataset", "main", "tool_environment"]
 

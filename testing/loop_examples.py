@@ -1,7 +1,7 @@
 """Environments whose code calls one async library each, importable by path
 (``gymckpt.testing.loop_examples:NAME``) so Ray actors and the conformance kit can load them.
 
-Environment code may call trio, anyio or asyncio (``gym_adapter._user_calls``): each of these
+Environment code may call trio, anyio or asyncio (``gym_adapter.host._user_calls``): each of these
 agents waits in its ``step`` and through its model with one of them, and must play the same
 episodes embedded and on Ray.
 """

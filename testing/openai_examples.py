@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
-from gymckpt.gym_adapter.openai_model import openai_model
+from gymckpt.gym_adapter.environments.openai_model import openai_model
 
 __all__ = ["TOOLS", "ToolAgent", "first_request", "tool_agent_environment"]
 

@@ -89,7 +89,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def ray_cluster() -> Iterator[None]:
     """A local Ray cluster for the whole session (started once: about 2-4 s)."""
     ray = pytest.importorskip("ray")
-    from gymckpt.gym_adapter._ray import local_cluster_options
+    from gymckpt.gym_adapter.transports.ray._gym import local_cluster_options
 
     if ray.is_initialized():
         yield

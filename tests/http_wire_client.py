@@ -11,7 +11,9 @@ import httpx
 import trio
 
 from gymckpt.gym_adapter._contract import RunReply, RunRow
-from gymckpt.gym_adapter._http_wire import (
+from gymckpt.gym_adapter.transports._admission import ReplyBatch, RunShape
+from gymckpt.gym_adapter.transports._deadlines import WireDeadline
+from gymckpt.gym_adapter.transports.http._wire import (
     RunRequest,
     decode_error_body,
     decode_result,
@@ -19,8 +21,6 @@ from gymckpt.gym_adapter._http_wire import (
     encode_control_request,
     encode_run_request,
 )
-from gymckpt.gym_adapter._transport_admission import ReplyBatch, RunShape
-from gymckpt.gym_adapter._transport_deadlines import WireDeadline
 from gymckpt.runtime import rollout_id_for
 
 __all__ = ["RemoteError", "control", "control_raw", "rows", "run_to_end", "state"]

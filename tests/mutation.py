@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bug1-verify-skips-the-ledger",
         "C2/C6",
-        "nurseries/app/cli.py",
+        "app/cli.py",
         "problems = snapshot_problems(snap).all",
         "problems = list(snapshot_problems(snap).state)",
         (RACES, "tests/test_bad_input.py"),
@@ -304,7 +304,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fencing-gym-lets-a-stale-attempt-mutate",
         "fencing",
-        "gym_adapter/_host_slots.py",
+        "gym_adapter/host/_slots.py",
         "return owner is None or owner[0] != ep.rollout_id",
         "return owner is None",
         ("tests/test_gym_conformance.py",),
@@ -315,7 +315,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "host-journals-a-fenced-attempts-turn",
         "fencing",
-        "gym_adapter/_host_slots.py",
+        "gym_adapter/host/_slots.py",
         "if not touched or self._journal is None or self.fenced(ep):",
         "if not touched or self._journal is None:",
         (HOST_SLOTS,),
@@ -324,7 +324,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "host-retire-frees-a-newer-attempts-session",
         "fencing",
-        "gym_adapter/_host_slots.py",
+        "gym_adapter/host/_slots.py",
         'if self._owners.get(key, ("",))[0] == rollout_id:',
         "if key in self._owners:",
         (HOST_SLOTS,),
@@ -334,7 +334,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "capture-replays-by-whole-key",
         "once",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "staged = calls.replay(digest)",
         "staged = calls.replay(digest) if key in ep.capture_keys else None",
         ("tests/test_host_episodes.py", UNALIGNED),
@@ -342,7 +342,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "capture-answers-a-changed-request",
         "once",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "staged = self.unreplayed.get(digest)",
         "staged = self.unreplayed.get(digest) or next(iter(self.unreplayed.values()), None)",
         ("tests/test_host_episodes.py",),
@@ -351,7 +351,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "finite-host-takes-a-nan-reward",
         "finite",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "if not isinstance(reward, (int, float)) or not math.isfinite(reward):",
         "if not isinstance(reward, (int, float)):",
         (HOSTILE,),
@@ -378,7 +378,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "data-failed-attempt-keeps-its-retained-session",
         "once",
-        "gym_adapter/_host.py",
+        "gym_adapter/host/_host.py",
         "self._slots.release_quietly(ep.key, ep.rollout_id)",
         "pass",
         (HOSTILE, HOST_SLOTS),
@@ -388,7 +388,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "journal-short-write-left-short",
         "journal",
-        "gym_adapter/_host_journal.py",
+        "gym_adapter/host/_journal.py",
         "while written < size:",
         "while False:",
         (JOURNAL,),
@@ -397,7 +397,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "journal-torn-tail-applied",
         "journal",
-        "gym_adapter/_host_journal.py",
+        "gym_adapter/host/_journal.py",
         "end = complete_length(data)",
         "end = len(data)",
         (JOURNAL,),
@@ -406,7 +406,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "journal-io-error-escapes-as-oserror",
         "journal",
-        "gym_adapter/_host_journal.py",
+        "gym_adapter/host/_journal.py",
         'self._fail("appending a record", exc)',
         "raise",
         (JOURNAL,),
@@ -470,7 +470,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "prune-locks-the-directory-it-was-given",
         "lock",
-        "nurseries/app/snapshots.py",
+        "app/snapshots.py",
         "lock_dir = workdir if workdir is not None else path",
         "lock_dir = path",
         ("tests/test_snapshot_tools_lock.py",),
@@ -517,7 +517,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "retire-answers-after-dying-inside-it",
         "fencing",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "raise GymInstanceDead(self.name, op)",
         "pass",
         ("tests/test_torn_retire_exactly_once.py",),
@@ -528,7 +528,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-cut-does-not-hold-replies",
         "cut",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "self.streams.hold()",
         "pass",
         (UNALIGNED,),
@@ -537,7 +537,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-push-ignores-the-hold",
         "cut",
-        "gym_adapter/_host_streams.py",
+        "gym_adapter/host/_streams.py",
         "if self.holding:",
         "if False:",
         (UNALIGNED,),
@@ -546,7 +546,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-stream-with-held-replies-ends",
         "cut",
-        "gym_adapter/_host_streams.py",
+        "gym_adapter/host/_streams.py",
         "if st.rows_left <= 0 and not st.held:",
         "if st.rows_left <= 0:",
         (UNALIGNED,),
@@ -555,7 +555,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-resume-keeps-replies-held",
         "cut",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "self._reopen()",
         "self.parking.reopen()",
         (UNALIGNED,),
@@ -565,7 +565,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-lease-keeps-replies-held",
         "cut",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "self._reopen()",
         "self.parking.reopen()",
         (UNALIGNED,),
@@ -575,7 +575,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-second-commit-keeps-the-first-cuts-replies-held",
         "cut",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "self.streams.release()  # held since an earlier cut of this checkpoint: before this one",
         "pass",
         (UNALIGNED,),
@@ -585,7 +585,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-cut-exports-the-live-sessions",
         "cut",
-        "gym_adapter/_host_cut.py",
+        "gym_adapter/host/_cut.py",
         "dict(zip(names, states, strict=True)),",
         "{p.name: to_plain(p.export(c.ep.sessions[p.name])) for p in participants},",
         (UNALIGNED,),
@@ -594,7 +594,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-cut-marks-every-episode-where-it-is",
         "cut",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if ep.mark is None:",
         "if True:",
         (UNALIGNED,),
@@ -603,7 +603,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-mark-not-remade-at-the-next-boundary",
         "cut",
-        "gym_adapter/_host_turns.py",
+        "gym_adapter/host/_turns.py",
         "if marks and (ep.mark is None or ep.mark.turn != ep.turn):",
         "if marks and ep.mark is None:",
         (UNALIGNED,),
@@ -612,7 +612,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-host-keeps-no-boundary-marks",
         "cut",
-        "gym_adapter/_host_turns.py",
+        "gym_adapter/host/_turns.py",
         "marks = self.environment.unaligned",
         "marks = False",
         (UNALIGNED,),
@@ -622,7 +622,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-cut-shares-the-staged-calls",
         "cut",
-        "gym_adapter/_host_cut.py",
+        "gym_adapter/host/_cut.py",
         "taken.append(CutEpisode(ep, mark, tuple(ep.staged), ep.stepping))",
         "taken.append(CutEpisode(ep, mark, ep.staged, ep.stepping))",
         (UNALIGNED,),
@@ -631,7 +631,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-cut-records-the-live-turn",
         "cut",
-        "gym_adapter/_host_cut.py",
+        "gym_adapter/host/_cut.py",
         "turn=c.mark.turn,",
         "turn=c.ep.turn,",
         (UNALIGNED,),
@@ -641,7 +641,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-prepare-parks",
         "cut",
-        "gym_adapter/_host_parking.py",
+        "gym_adapter/host/_parking.py",
         "self.parks = park",
         "self.parks = True",
         (UNALIGNED,),
@@ -650,7 +650,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-held-episode-parks",
         "cut",
-        "gym_adapter/_host_parking.py",
+        "gym_adapter/host/_parking.py",
         "if not self.parks and ep.state == BOUNDARY:  # unaligned: a held episode goes on",
         "if False:",
         (UNALIGNED,),
@@ -659,7 +659,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unaligned-opted-out-environment-not-parked",
         "cut",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned",
         "park = mode is CheckpointMode.ALIGNED",
         (UNALIGNED,),
@@ -678,7 +678,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "c7-token-prefix-accepted",
         "C7",
-        "gym_adapter/_http_guard.py",
+        "gym_adapter/transports/http/_guard.py",
         "if not hmac.compare_digest(given.strip(), token):",
         "if not token.startswith(given.strip()):",
         (HTTP_SECURITY,),
@@ -688,7 +688,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "c7-symlink-out-of-the-state-root",
         "C7",
-        "gym_adapter/_http_guard.py",
+        "gym_adapter/transports/http/_guard.py",
         "resolved = candidate.resolve(strict=False)",
         'resolved = Path(__import__("os").path.abspath(candidate))',
         (HTTP_SECURITY,),
@@ -698,7 +698,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "c7-refused-request-applies-its-acks",
         "C7",
-        "gym_adapter/_http_app.py",
+        "gym_adapter/transports/http/_app.py",
         'self._check_fault(req.fault, f"control {op}")',
         'self._outboxes.apply_acks(req.acks); self._check_fault(req.fault, f"control {op}")',
         (HTTP_SECURITY,),
@@ -708,7 +708,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "c7-body-read-to-its-end-before-the-limit",
         "C7",
-        "gym_adapter/_http_guard.py",
+        "gym_adapter/transports/http/_guard.py",
         "if size > limit:",
         'if size > limit and not message.get("more_body", False):',
         (HTTP_SECURITY,),
@@ -718,7 +718,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "c7-disconnect-not-watched",
         "C7",
-        "gym_adapter/_http_app.py",
+        "gym_adapter/transports/http/_app.py",
         "nursery.start_soon(_cancel_when, _disconnected(receive), nursery.cancel_scope)",
         "pass",
         (HTTP_SERVER,),
@@ -728,7 +728,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "c7-reply-off-the-wire-when-sent",
         "C7",
-        "gym_adapter/_http_app.py",
+        "gym_adapter/transports/http/_app.py",
         "seq = box.register(replies)",
         "seq = box.register(replies); box.ack(seq)",
         (HTTP_SERVER,),
@@ -739,7 +739,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "call-id-from-start-order",
         "once",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "taken = self.taken.setdefault(digest[:CALL_DIGEST_HEX], set())",
         'taken = self.taken.setdefault("", set())',
         ("tests/test_host_episodes.py", "tests/test_concurrent_calls.py"),
@@ -748,7 +748,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "call-occurrence-ignores-staged-calls",
         "once",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "while n in taken:",
         "while False:",
         ("tests/test_host_episodes.py", "tests/test_concurrent_calls.py"),
@@ -757,7 +757,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "replay-by-start-order",
         "once",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "staged = self.unreplayed.get(digest)",
         "staged = next(iter(self.unreplayed.values()), None)",
         ("tests/test_concurrent_calls.py", "tests/test_host_episodes.py"),
@@ -766,7 +766,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "replay-from-any-turn",
         "once",
-        "gym_adapter/_host_episodes.py",
+        "gym_adapter/host/_episodes.py",
         "if call.turn == ep.turn:",
         "if call.turn <= ep.turn:",
         ("tests/test_host_episodes.py", "tests/test_concurrent_calls.py"),
@@ -775,7 +775,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "restored-turn-may-leave-a-staged-call-unasked",
         "once",
-        "gym_adapter/_host_turns.py",
+        "gym_adapter/host/_turns.py",
         "if ep.inherited:  # a restored turn asked again every call staged for it",
         "if False:",
         ("tests/test_concurrent_calls.py", "tests/test_conformance_kit.py"),
@@ -834,7 +834,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "epoch-sessions-shared",
         "§2f",
-        "gym_adapter/_episode.py",
+        "gym_adapter/host/_episode.py",
         'return f"{self.row}-{self.slot}" if m is None else m.group(1)',
         'return f"{self.row}-{self.slot}"',
         ("tests/test_row_order.py",),
@@ -885,7 +885,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sim-liveness-watch-not-bounding",
         "liveness",
-        "nurseries/app/sim_incarnation.py",
+        "app/simulation/incarnation.py",
         "                self.liveness.scope,",
         "",
         ("tests/test_sim_usage.py",),
@@ -895,7 +895,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sim-liveness-moves-not-counted",
         "liveness",
-        "nurseries/app/sim_liveness.py",
+        "app/simulation/liveness.py",
         '            self._liveness.moved(f"{len(replies)} attempt(s) resolved")',
         "            pass",
         ("tests/test_sim_usage.py",),
@@ -906,7 +906,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "serve-no-instance-lock",
         "2g",
-        "gym_adapter/_http_serve.py",
+        "gym_adapter/transports/http/_serve.py",
         "lock.acquire()  # first: a second server of this instance must change nothing",
         "pass",
         ("tests/test_http_instance_lock.py",),
@@ -915,7 +915,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "host-no-instance-lock",
         "2g",
-        "gym_adapter/_host.py",
+        "gym_adapter/host/_host.py",
         "lock.acquire()  # before the journal is opened (and, without recover, cut)",
         "pass",
         (JOURNAL,),
@@ -925,7 +925,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "state-root-follows-symlink",
         "2g",
-        "gym_adapter/_http_guard.py",
+        "gym_adapter/transports/http/_guard.py",
         "if not stat.S_ISLNK(mode):",
         "if True:",
         (HTTP_SECURITY,),
@@ -945,7 +945,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wire-flat-task",
         "2g",
-        "gym_adapter/_http_wire.py",
+        "gym_adapter/transports/http/_wire.py",
         "task: _Task",
         "task_input: _Task",
         ("tests/test_http_wire.py",),
@@ -955,7 +955,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wire-failure-stage-not-nemo",
         "2g",
-        "gym_adapter/_http_wire.py",
+        "gym_adapter/transports/http/_wire.py",
         'return message, True, KIND_DATA, "agent"',
         'return message, True, KIND_DATA, "rollout"',
         ("tests/test_http_wire.py",),
@@ -965,7 +965,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wire-failure-reason-not-cut",
         "2g",
-        "gym_adapter/_http_wire.py",
+        "gym_adapter/transports/http/_wire.py",
         "if len(message) > FAILURE_REASON_MAX:",
         "if False:",
         ("tests/test_http_wire.py",),
@@ -986,7 +986,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-takeover-without-fencing",
         "fencing",
-        "gym_adapter/_host.py",
+        "gym_adapter/host/_host.py",
         "episodes, sessions, aborted = self._control.fence()",
         "episodes, sessions, aborted = 0, 0, None",
         (TENANCY,),
@@ -995,7 +995,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-fence-keeps-sessions",
         "fencing",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "self.slots.install((), {}, ())",
         "pass",
         (TENANCY,),
@@ -1005,7 +1005,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-fence-leaves-checkpoint-open",
         "fencing",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if aborted is not None:",
         "if False:",
         (TENANCY,),
@@ -1015,7 +1015,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-fenced-term-calls-admitted",
         "fencing",
-        "gym_adapter/_host_tenancy.py",
+        "gym_adapter/host/_tenancy.py",
         "if caller.term < holder.term:",
         "if False:",
         (TENANCY,),
@@ -1025,7 +1025,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-second-run-admitted",
         "fencing",
-        "gym_adapter/_host_tenancy.py",
+        "gym_adapter/host/_tenancy.py",
         "if holder.lineage != caller.lineage:",
         "if False:",
         (TENANCY,),
@@ -1065,7 +1065,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "term-http-header-not-read",
         "fencing",
-        "gym_adapter/_http_app.py",
+        "gym_adapter/transports/http/_app.py",
         "trainer = _trainer_of(headers)",
         "trainer = None",
         (HTTP_FENCING,),
@@ -1086,7 +1086,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fastapi-detail-shown-raw",
         "model client",
-        "gym_adapter/openai_model.py",
+        "gym_adapter/environments/openai_model.py",
         'if "error" not in value and "detail" in value:',
         "if False:",
         ("tests/test_openai_model.py",),
@@ -1156,7 +1156,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "concurrent-model-unavailable-is-data",
         "outages",
-        "gym_adapter/_host_turns.py",
+        "gym_adapter/host/_turns.py",
         "unavailable = model_unavailable(exc)",
         "unavailable = exc if isinstance(exc, ModelUnavailable) else None",
         ("tests/test_host_turns.py",),
@@ -1167,7 +1167,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fence-in-a-nursery-is-data",
         "fencing",
-        "gym_adapter/_host_turns.py",
+        "gym_adapter/host/_turns.py",
         "if fenced_in(exc):  # the agent's own nursery or task group wrapped the fence",
         "if False:",
         ("tests/test_host_turns.py",),
@@ -1178,7 +1178,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "refused-attach-switches-the-embedded-term",
         "fencing",
-        "gym_adapter/_embedded.py",
+        "gym_adapter/transports/_embedded.py",
         "reply = await sim.attach(trainer, deadline_ts)",
         "self._trainer = trainer; reply = await sim.attach(trainer, deadline_ts)",
         (TENANCY,),
@@ -1198,7 +1198,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sentinel-per-dataset-row",
         "verdict",
-        "gym_adapter/calendar_env.py",
+        "gym_adapter/environments/calendar.py",
         'f"sentinel:{key}:t{turn}"',
         "sentinel(info.row, info.slot, turn)",
         ("tests/test_sim_usage.py",),
@@ -1218,7 +1218,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "alignment-timeout-ignored-by-the-host",
         "align",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if alignment_timeout_s is not None and self.environment.unaligned:",
         "if False:",
         (ALIGNMENT,),
@@ -1227,7 +1227,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "alignment-timeout-not-sent-over-http",
         "align",
-        "gym_adapter/_http.py",
+        "gym_adapter/transports/http/_gym.py",
         'args["alignment_timeout_s"] = float(alignment_timeout_s)',
         "pass",
         (ALIGNMENT,),
@@ -1237,7 +1237,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "alignment-timeout-ignored-by-the-server",
         "align",
-        "gym_adapter/_http_app.py",
+        "gym_adapter/transports/http/_app.py",
         'args["alignment_timeout_s"],',
         "None,",
         (ALIGNMENT,),
@@ -1247,7 +1247,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "timed-out-episode-dropped-from-cut",
         "align",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if ep.state != DONE and not self.slots.fenced(ep)",
         "if ep.state != DONE and not self.slots.fenced(ep)"
         " and (ep.state == BOUNDARY or not self.parking.parks)",
@@ -1257,7 +1257,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "timed-out-commit-not-a-cut",
         "align",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if not parking.parks or parking.alignment_timed_out:",
         "if not parking.parks:",
         (ALIGNMENT,),
@@ -1266,7 +1266,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "alignment-timeout-cuts-an-opted-out-environment",
         "align",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if alignment_timeout_s is not None and self.environment.unaligned:",
         "if alignment_timeout_s is not None:",
         (ALIGNMENT,),
@@ -1286,7 +1286,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kit-attach-fences-nothing",
         "trainer terms",
-        "gym_adapter/_host.py",
+        "gym_adapter/host/_host.py",
         "episodes, sessions, aborted = self._control.fence()",
         "episodes, sessions, aborted = 0, 0, None",
         (BACKEND_KIT,),
@@ -1296,7 +1296,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kit-fence-leaves-episodes-running",
         "trainer terms",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "for ep in active:",
         "for ep in ():",
         (BACKEND_KIT,),
@@ -1306,7 +1306,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kit-fence-keeps-checkpoint-open",
         "trainer terms",
-        "gym_adapter/_host_control.py",
+        "gym_adapter/host/_control.py",
         "if aborted is not None:",
         "if False:",
         (BACKEND_KIT,),
@@ -1316,7 +1316,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kit-second-lineage-attaches",
         "trainer terms",
-        "gym_adapter/_host_tenancy.py",
+        "gym_adapter/host/_tenancy.py",
         "if not self.released:",
         "if False:",
         (BACKEND_KIT,),
@@ -1336,7 +1336,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kit-fence-leaves-taken-batches-on-wire",
         "trainer terms",
-        "gym_adapter/_host_streams.py",
+        "gym_adapter/host/_streams.py",
         "self.on_wire.clear()",
         "pass",
         (TENANCY,),
@@ -1346,7 +1346,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kit-http-refused-ack-raises",
         "trainer terms",
-        "gym_adapter/_http.py",
+        "gym_adapter/transports/http/_gym.py",
         "suppress(GymUnavailable, GymInUse)",
         "suppress(GymUnavailable)",
         ("tests/test_http_backend.py",),
@@ -1357,7 +1357,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "replacement-adopts-the-newer-term",
         "fencing",
-        "gym_adapter/_embedded.py",
+        "gym_adapter/transports/_embedded.py",
         "holder = old.trainer if old.trainer is not None else self._trainer",
         "holder = self._trainer if self._trainer is not None else old.trainer",
         ("tests/test_host_tenancy.py",),
@@ -1366,7 +1366,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "replacement-keeps-a-released-holder",
         "fencing",
-        "gym_adapter/_embedded.py",
+        "gym_adapter/transports/_embedded.py",
         "if old.released:",
         "if False:",
         ("tests/test_host_tenancy.py",),

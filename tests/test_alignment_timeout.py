@@ -31,6 +31,8 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.demo.journal import JOURNAL
+from gymckpt.app.simulation.modes import ModeWatch
 from gymckpt.gym_adapter import (
     CommitReply,
     Done,
@@ -42,18 +44,16 @@ from gymckpt.gym_adapter import (
     PrepareReply,
     RunRow,
 )
-from gymckpt.gym_adapter._episode import EpisodeInfo, parse_call_id, split_capture_key
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode
-from gymckpt.gym_adapter._host_parking import Parking
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     SimConfig,
     calendar_embedded,
     calendar_http,
     calendar_ray,
 )
+from gymckpt.gym_adapter.host._episode import EpisodeInfo, parse_call_id, split_capture_key
+from gymckpt.gym_adapter.host._episodes import BOUNDARY, MOVING, Episode
+from gymckpt.gym_adapter.host._parking import Parking
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
-from gymckpt.nurseries.app.demo_journal import JOURNAL
-from gymckpt.nurseries.app.sim_modes import ModeWatch
 from gymckpt.runtime import (
     CheckpointMode,
     GymCallTimeout,

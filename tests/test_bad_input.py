@@ -20,10 +20,14 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_sessions_of
+from gymckpt.app.cli import main
+from gymckpt.app.demo.main import DemoOptions
+from gymckpt.gym_adapter.environments.calendar import (
+    SimConfig,
+    calendar_embedded,
+    calendar_sessions_of,
+)
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import main
-from gymckpt.nurseries.app.demo import DemoOptions
 from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
 from gymckpt.runtime.lowlevel import COMMIT_MARKER, MANIFEST_NAME
 

@@ -1,4 +1,4 @@
-"""Tests of ``gym_adapter.calendar_env``: ``calendar_embedded``, ``calendar_sessions_of``,
+"""Tests of ``gym_adapter.environments.calendar``: ``calendar_embedded``, ``calendar_sessions_of``,
 ``plan_episode`` and ``sentinel`` (an episode's plan is a function of (seed, row, slot) only),
 and what ``SimConfig`` and the workplace builders refuse.
 """
@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import ReplyStream, RunReply, RunRow
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CALENDAR,
     CalendarEvent,
     CalendarServer,
@@ -60,7 +60,7 @@ def test_a_plan_is_the_same_in_another_process() -> None:
     """No hash randomisation or process state enters a plan: a restored run in a new process
     checks the same sentinels."""
     code = (
-        "from gymckpt.gym_adapter.calendar_env import SimConfig, plan_episode\n"
+        "from gymckpt.gym_adapter.environments.calendar import SimConfig, plan_episode\n"
         "print(repr(plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

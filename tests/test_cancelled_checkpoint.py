@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 

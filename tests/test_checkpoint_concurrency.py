@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, load_snapshot
 

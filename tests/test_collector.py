@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.runtime.lowlevel import collector_paused
@@ -78,7 +78,7 @@ async def test_a_checkpoint_runs_without_the_collector(
 _PROBE = """
 import gc, sys, tempfile
 import trio
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import attrs
 import pytest
 
+from gymckpt.app.cli import _demo_file_defaults, _demo_file_runtime
+from gymckpt.app.cli import main as cli_main
+from gymckpt.app.demo.main import DemoOptions
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import _demo_file_defaults, _demo_file_runtime
-from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.nurseries.app.demo import DemoOptions
 from gymckpt.runtime import ManifestError, RuntimeConfig, runtime_config_from_toml
 from gymckpt.runtime._config_file import TRAINER_ARGUMENTS
 from gymckpt.runtime.lowlevel import load_toml_table

@@ -162,9 +162,9 @@ def test_classify_unknown_errors_are_invariants_and_io_errors_retryable() -> Non
 
 
 def test_exit_codes_of_the_errors_that_end_a_run() -> None:
+    from gymckpt.app.demo.main import run_exit
     from gymckpt.gym_adapter import GymInstanceDead
     from gymckpt.nurseries import ExitCode
-    from gymckpt.nurseries.app.demo import run_exit
     from gymckpt.runtime import (
         CheckpointInvariantError,
         CheckpointsFailed,

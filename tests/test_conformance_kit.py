@@ -18,7 +18,7 @@ from gymckpt.gym_adapter import (
     EpisodeInfo,
     HostConfig,
 )
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CalendarServer,
     SimConfig,
     calendar_embedded,
@@ -26,7 +26,7 @@ from gymckpt.gym_adapter.calendar_env import (
 )
 from gymckpt.testing import ConformanceError, check_backend, check_environment, examples
 
-gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.gymnasium_env")
+gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.environments.gymnasium")
 
 BUILTIN_IDS = [
     "CartPole-v1",

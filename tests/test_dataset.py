@@ -216,7 +216,7 @@ def test_row_ranges() -> None:
 
 def test_a_run_row_with_its_task_crosses_the_ray_wire() -> None:
     from gymckpt.gym_adapter import RunRow
-    from gymckpt.gym_adapter._wire import decode, encode
+    from gymckpt.gym_adapter.transports._wire import decode, encode
 
     task = TaskDataset.of(TASKS).task(2)
     rows = (

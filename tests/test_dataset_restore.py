@@ -12,9 +12,9 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.cli import main
 from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import main
 from gymckpt.runtime import DatasetMismatch, ManifestError, RuntimeConfig, load_snapshot
 from gymckpt.runtime._dataset import TaskDataset
 from gymckpt.runtime.lowlevel import (

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gymckpt.nurseries.app import demo
-from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.nurseries.app.demo_options import CHECKPOINT_MODES, DemoOptions
+from gymckpt.app.cli import main as cli_main
+from gymckpt.app.demo import main as demo
+from gymckpt.app.demo.options import CHECKPOINT_MODES, DemoOptions
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gymckpt.nurseries.app import demo_crash
-from gymckpt.nurseries.app.demo_crash import CrashingStore, install_crash
-from gymckpt.nurseries.app.demo_options import MID_PUBLISH, DemoOptions
+from gymckpt.app.demo import crash as demo_crash
+from gymckpt.app.demo.crash import CrashingStore, install_crash
+from gymckpt.app.demo.options import MID_PUBLISH, DemoOptions
 from gymckpt.runtime.lowlevel import MANIFEST_NAME
 
 

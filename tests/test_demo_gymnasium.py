@@ -9,8 +9,8 @@ from typing import Any
 
 import trio
 
+from gymckpt.app.demo.gymnasium import MODEL_LATENCY_S, slow_model
 from gymckpt.gym_adapter import EpisodeInfo
-from gymckpt.nurseries.app.demo_gymnasium import MODEL_LATENCY_S, slow_model
 
 INFO = EpisodeInfo("3-1", 3, 1, 0, 7, "")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import attrs
 
+from gymckpt.app.demo.journal import JOURNAL, Journal, checkpoint_record, read_journal
 from gymckpt.nurseries import CheckpointOutcome
-from gymckpt.nurseries.app.demo_journal import JOURNAL, Journal, checkpoint_record, read_journal
 
 
 def test_a_restore_discards_the_steps_after_it(tmp_path: Path) -> None:

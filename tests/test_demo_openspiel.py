@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gymckpt.nurseries.app.demo import DemoOptions
-from gymckpt.nurseries.app.demo_journal import JOURNAL
+from gymckpt.app.demo.journal import JOURNAL
+from gymckpt.app.demo.main import DemoOptions
 
 pytest.importorskip("pyspiel")
 pytestmark = pytest.mark.subprocess

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.nurseries.app.demo_envs import FAMILIES
-from gymckpt.nurseries.app.demo_options import CRASH_STAGES, MID_PUBLISH, TURN_S, DemoOptions
+from gymckpt.app.demo.envs import FAMILIES
+from gymckpt.app.demo.options import CRASH_STAGES, MID_PUBLISH, TURN_S, DemoOptions
 from gymckpt.runtime import CheckpointMode, ManifestError
 
 

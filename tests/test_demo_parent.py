@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gymckpt.nurseries.app import demo_parent
-from gymckpt.nurseries.app.demo_options import DemoOptions
-from gymckpt.nurseries.app.demo_parent import environment_problem, phase_cmd, preempted, run_demo
+from gymckpt.app.demo import parent as demo_parent
+from gymckpt.app.demo.options import DemoOptions
+from gymckpt.app.demo.parent import environment_problem, phase_cmd, preempted, run_demo
 
 
 def test_a_phase_gets_its_options_as_json(tmp_path: Path) -> None:

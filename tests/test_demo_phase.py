@@ -9,9 +9,9 @@ import orjson
 import pytest
 import trio
 
-from gymckpt.nurseries.app.demo_journal import JOURNAL, read_journal
-from gymckpt.nurseries.app.demo_options import DemoOptions
-from gymckpt.nurseries.app.demo_phase import (
+from gymckpt.app.demo.journal import JOURNAL, read_journal
+from gymckpt.app.demo.options import DemoOptions
+from gymckpt.app.demo.phase import (
     PUBLISHED,
     phase_error,
     phase_error_file,

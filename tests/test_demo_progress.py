@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.nurseries.app.demo_progress import Progress
+from gymckpt.app.demo.progress import Progress
 
 
 def test_frequent_lines_are_sparse_in_a_log(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.nurseries.app.demo_report import print_report
+from gymckpt.app.demo.report import print_report
 
 RECORD = {
     "backend": "embedded",

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gymckpt.nurseries.app.demo_journal import JOURNAL
+from gymckpt.app.demo.journal import JOURNAL
 
 pytestmark = pytest.mark.subprocess
 

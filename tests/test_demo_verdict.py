@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gymckpt.nurseries.app.demo_journal import JOURNAL, Journal
-from gymckpt.nurseries.app.demo_options import DemoOptions
-from gymckpt.nurseries.app.demo_verdict import error_report, run_report, verdict
+from gymckpt.app.demo.journal import JOURNAL, Journal
+from gymckpt.app.demo.options import DemoOptions
+from gymckpt.app.demo.verdict import error_report, run_report, verdict
 
 
 def journal(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gymckpt.gym_adapter import EmbeddedGym
-from gymckpt.gym_adapter._deployment import instance_names, per_instance
+from gymckpt.gym_adapter.transports._deployment import instance_names, per_instance
 from gymckpt.testing.examples import guess_the_number
 
 
@@ -24,7 +24,7 @@ def test_one_environment_for_all_or_one_each() -> None:
 
 
 async def test_a_deployment_hosts_one_environment_per_instance() -> None:
-    from gymckpt.gym_adapter.calendar_env import calendar_environment
+    from gymckpt.gym_adapter.environments.calendar import calendar_environment
 
     envs = [guess_the_number(), calendar_environment("legacy_agent")]
     async with EmbeddedGym.host(envs, instances=2) as gym:

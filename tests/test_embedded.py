@@ -1,4 +1,4 @@
-"""Tests of ``gym_adapter._embedded``: ``EmbeddedGym.host``, ``EmbeddedGym.serve_hosts``,
+"""Tests of ``gym_adapter.transports._embedded``: ``EmbeddedGym.host``, ``EmbeddedGym.serve_hosts``,
 ``replace`` and ``replacements``, and what the deployment refuses.
 
 The backend contract itself (every call, every fault kind) is the conformance suite's
@@ -25,7 +25,7 @@ from gymckpt.gym_adapter import (
     RunRow,
 )
 from gymckpt.gym_adapter._faults import FaultPlan
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CalendarAgent,
     CalendarServer,
     SimConfig,
@@ -105,7 +105,7 @@ async def test_host_passes_seed_config_and_work_dir_to_each_instance(
         ({"instances": 3, "environment": "two"}, "got 2 environments for 3 instances"),
         ({"faults": ["prepare:explode"]}, "explode"),
         (
-            {"environment": "gymckpt.gym_adapter.calendar_env:CALENDAR"},
+            {"environment": "gymckpt.gym_adapter.environments.calendar:CALENDAR"},
             "is a str, not an Environment",
         ),
     ],

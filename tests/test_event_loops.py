@@ -31,7 +31,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._trio_guest import GuestRunEnded, TrioGuest
+from gymckpt.gym_adapter.transports._trio_guest import GuestRunEnded, TrioGuest
 from gymckpt.nurseries import open_rollouts
 from gymckpt.testing import ConformanceError, check_environment
 from gymckpt.testing import loop_examples as examples
@@ -249,7 +249,7 @@ async def test_asyncio_code_that_needs_a_task_runs_in_ensure_future() -> None:
 
 
 async def test_asyncio_code_that_needs_a_task_fails_naming_the_rule() -> None:
-    from gymckpt.gym_adapter._user_calls import NOT_AN_ASYNCIO_TASK, UserCalls
+    from gymckpt.gym_adapter.host._user_calls import NOT_AN_ASYNCIO_TASK, UserCalls
 
     calls = UserCalls()
     calls.open()
@@ -264,7 +264,7 @@ async def test_asyncio_code_that_needs_a_task_fails_naming_the_rule() -> None:
 async def test_a_step_cancelled_before_the_loop_for_user_code_opens_is_closed() -> None:
     """A cancel while the host waits for its asyncio loop closes the user's step coroutine: it
     is never left unawaited (a RuntimeWarning, an error under filterwarnings = error)."""
-    from gymckpt.gym_adapter._user_calls import UserCalls
+    from gymckpt.gym_adapter.host._user_calls import UserCalls
 
     calls = UserCalls()
     calls.open()  # no trio-asyncio loop in this run: the host's opens in a system task

@@ -24,6 +24,9 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.cli import main
+from gymckpt.app.demo.main import snapshot_sentinels
+from gymckpt.app.simulation.gym import LateEnd
 from gymckpt.gym_adapter import (
     EmbeddedGym,
     Failed,
@@ -33,11 +36,8 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_state
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_state
 from gymckpt.nurseries import Rollouts, open_rollouts
-from gymckpt.nurseries.app.cli import main
-from gymckpt.nurseries.app.demo import snapshot_sentinels
-from gymckpt.nurseries.app.sim_gym import LateEnd
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     BudgetExhausted,
@@ -253,7 +253,7 @@ async def test_an_attempt_dropped_during_a_checkpoint_is_retired_by_the_restore(
 # -- a late end-of-stream -----------------------------------------------------------------------
 
 
-# ``LateEnd``: the simulation's own late-ending stream (nurseries/app/sim_gym.py)
+# ``LateEnd``: the simulation's own late-ending stream (app/simulation/gym.py)
 
 
 async def test_a_late_end_of_stream_is_waited_for_not_an_abort(

@@ -29,9 +29,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import calendar_embedded
-from gymckpt.nurseries.app.cli import main
-from gymckpt.nurseries.app.demo import (
+from gymckpt.app.cli import main
+from gymckpt.app.demo.main import (
     CRASH_STAGES,
     JOURNAL,
     DemoOptions,
@@ -39,13 +38,14 @@ from gymckpt.nurseries.app.demo import (
     _read_journal,
     verdict,
 )
-from gymckpt.nurseries.app.simulate import (
+from gymckpt.app.simulation.main import (
     Crash,
     IncarnationReport,
     Scenario,
     ScenarioReport,
     run_scenario,
 )
+from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     CheckpointMode,
@@ -436,7 +436,7 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
     """An early stream end applied between commit and the cut (simulation seed 1716): Gym
     exported the dropped episode, the ledger no longer holds it. The checkpoint succeeds, the
     manifest leaves it out, the next checkpoint retires it, and every row is trained once."""
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import SimConfig
     from gymckpt.nurseries import open_rollouts
 
     sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)

@@ -1,4 +1,5 @@
-"""State codecs for Gymnasium environments (``gym_adapter._gym_codecs``): ``encode_value`` and
+"""State codecs for Gymnasium environments (``gym_adapter.environments._codecs``):
+``encode_value`` and
 ``decode_value`` are inverses through JSON for every tagged kind (arrays, numpy scalars,
 tuples, dicts, big ints) and refuse what they cannot carry; ``AttributeCodec`` carries its
 fields, the random generator and the ``TimeLimit`` count and refuses fields it does not know;
@@ -14,8 +15,8 @@ import gymnasium
 import numpy as np
 import pytest
 
-from gymckpt.gym_adapter import _gym_codecs
-from gymckpt.gym_adapter._gym_codecs import (
+from gymckpt.gym_adapter.environments import _codecs as _gym_codecs
+from gymckpt.gym_adapter.environments._codecs import (
     AttributeCodec,
     builtin_codec_names,
     codec_for,

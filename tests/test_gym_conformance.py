@@ -38,7 +38,7 @@ from gymckpt.gym_adapter import (
     RunRow,
     can_replace,
 )
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     EpisodePlan,
     SimConfig,
     calendar_embedded,

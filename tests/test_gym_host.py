@@ -377,7 +377,7 @@ async def test_a_resume_wakes_parked_episodes_in_chunks_not_all_in_one_batch(
     """Waking every parked episode in one scheduler batch stalls the loop for as long as they
     all take to reach their next await (about a second at 200k here): a resume wakes them
     RESUME_CHUNK at a time, a batch apart, and every one of them wakes."""
-    from gymckpt.gym_adapter._host import RESUME_CHUNK
+    from gymckpt.gym_adapter.host._host import RESUME_CHUNK
 
     agent = _Ticker()
     n = 2 * RESUME_CHUNK + 500
@@ -488,7 +488,7 @@ async def test_every_promote_every_episodes_started_the_host_promotes_what_it_ho
     it walks only those started since."""
     import gc
 
-    from gymckpt.gym_adapter._host import PROMOTE_EVERY
+    from gymckpt.gym_adapter.host._host import PROMOTE_EVERY
 
     gc.unfreeze()
     env = Environment(agent=_Ticker(), participants=(Counter(),))

@@ -14,9 +14,17 @@ import pytest
 
 gymnasium = pytest.importorskip("gymnasium")
 
+from gymckpt.app.demo.main import (  # noqa: E402
+    CRASH_STAGES,
+    JOURNAL,
+    DemoOptions,
+    _phase_cmd,
+    _read_journal,
+    verdict,
+)
 from gymckpt.gym_adapter import EnvironmentSpecError  # noqa: E402
-from gymckpt.gym_adapter._gym_codecs import codec_for, decode_value  # noqa: E402
-from gymckpt.gym_adapter.gymnasium_env import (  # noqa: E402
+from gymckpt.gym_adapter.environments._codecs import codec_for, decode_value  # noqa: E402
+from gymckpt.gym_adapter.environments.gymnasium import (  # noqa: E402
     AttributeCodec,
     builtin_codec_names,
     gymnasium_environment,
@@ -24,14 +32,6 @@ from gymckpt.gym_adapter.gymnasium_env import (  # noqa: E402
     random_policy,
     reference_trajectory,
     register_state_codec,
-)
-from gymckpt.nurseries.app.demo import (  # noqa: E402
-    CRASH_STAGES,
-    JOURNAL,
-    DemoOptions,
-    _phase_cmd,
-    _read_journal,
-    verdict,
 )
 
 BUILTIN_IDS = {

@@ -1,4 +1,4 @@
-"""The host's control plane (``gym_adapter._host_control``): a restore reads the committed
+"""The host's control plane (``gym_adapter.host._control``): a restore reads the committed
 participant records typed (``AgentRecords``, ``SessionRecords``, ``StagedRecords``) and either
 installs everything (unclaimed episodes, kept retained sessions, the journal rewritten to the
 committed data) or, on any difference, raises ``TopologyMismatch`` naming each and changes
@@ -24,9 +24,9 @@ import trio.testing
 
 from gymckpt.gym_adapter import Completed, Done, Environment, Failed, GymHost, HostConfig, RunRow
 from gymckpt.gym_adapter._contract import CommitReply, GymControlError
-from gymckpt.gym_adapter._episode import EpisodeInfo, call_id
-from gymckpt.gym_adapter._host_episodes import request_digest
-from gymckpt.gym_adapter._host_journal import replay_journal
+from gymckpt.gym_adapter.host._episode import EpisodeInfo, call_id
+from gymckpt.gym_adapter.host._episodes import request_digest
+from gymckpt.gym_adapter.host._journal import replay_journal
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,

@@ -1,4 +1,4 @@
-"""An unaligned checkpoint's cut (``gym_adapter._host_cut``): ``mark_boundary`` serialises an
+"""An unaligned checkpoint's cut (``gym_adapter.host._cut``): ``mark_boundary`` serialises an
 episode's session states as it passes a step boundary (a later change of a live state never
 reaches the mark; what cannot be taken is a problem in the mark naming the participant, never
 an exception); ``take_cut`` takes each episode at its mark with a copy of its staged calls;
@@ -14,9 +14,9 @@ import attrs
 import orjson
 import pytest
 
-from gymckpt.gym_adapter._episode import EpisodeInfo
-from gymckpt.gym_adapter._host_cut import BoundaryMark, mark_boundary, stand_ins, take_cut
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode, StagedModelCall
+from gymckpt.gym_adapter.host._cut import BoundaryMark, mark_boundary, stand_ins, take_cut
+from gymckpt.gym_adapter.host._episode import EpisodeInfo
+from gymckpt.gym_adapter.host._episodes import BOUNDARY, MOVING, Episode, StagedModelCall
 
 
 def S(key: str, response: object) -> StagedModelCall:

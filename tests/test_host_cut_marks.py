@@ -1,4 +1,4 @@
-"""Boundary marks (``gym_adapter._host_cut.mark_boundary``) on their fast path: a mark's bytes
+"""Boundary marks (``gym_adapter.host._cut.mark_boundary``) on their fast path: a mark's bytes
 are ``checked_json``'s bytes of the exported states (one JSON array, agent first), and a mark
 still refuses what is not finite plain data (``nan`` and ``inf`` anywhere, ``None`` beside them
 or not, inside numpy arrays, and inside a container whose ``__eq__`` would hide them); the
@@ -14,9 +14,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gymckpt.gym_adapter._episode import EpisodeInfo
-from gymckpt.gym_adapter._host_cut import mark_boundary
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, Episode
+from gymckpt.gym_adapter.host._cut import mark_boundary
+from gymckpt.gym_adapter.host._episode import EpisodeInfo
+from gymckpt.gym_adapter.host._episodes import BOUNDARY, Episode
 from gymckpt.runtime.lowlevel import checked_json
 
 INFO = EpisodeInfo("3-1", 3, 1, 0, 7, "i-0")
@@ -83,7 +83,7 @@ def test_a_mark_refuses_non_finite_numbers(bad: float, env: Any) -> None:
 
 
 def test_gymnasium_agent_export_is_a_copy_of_the_history() -> None:
-    from gymckpt.gym_adapter.gymnasium_env import GymnasiumAgent, Trajectory
+    from gymckpt.gym_adapter.environments.gymnasium import GymnasiumAgent, Trajectory
 
     traj = Trajectory([[0.5, 1.0], [0.25, 2.0]], [1], [1.0])
     exported = GymnasiumAgent().export(traj)

@@ -1,4 +1,4 @@
-"""Episodes on the host (``gym_adapter._host_episodes``): the episode table's rules, and a turn's
+"""Episodes on the host (``gym_adapter.host._episodes``): the episode table's rules, and a turn's
 ``StepContext`` working over the narrow ``TurnHost`` protocol (here a fake host that records
 what the context asked of it), plus the participants' roles a host decides once
 (``_environment.Roles``).
@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from gymckpt.gym_adapter import Environment, register_participant_kind
-from gymckpt.gym_adapter._environment import Roles
-from gymckpt.gym_adapter._episode import (
+from gymckpt.gym_adapter.host._environment import Roles
+from gymckpt.gym_adapter.host._episode import (
     CallId,
     EpisodeFenced,
     EpisodeInfo,
@@ -25,7 +25,7 @@ from gymckpt.gym_adapter._episode import (
     parse_call_id,
     split_capture_key,
 )
-from gymckpt.gym_adapter._host_episodes import (
+from gymckpt.gym_adapter.host._episodes import (
     DONE,
     MOVING,
     UNCLAIMED,

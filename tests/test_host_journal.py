@@ -1,4 +1,4 @@
-"""The host's session journal (``gym_adapter._host_journal``): every record is written whole or
+"""The host's session journal (``gym_adapter.host._journal``): every record is written whole or
 not at all, replay counts only complete records (so two replays agree), and an I/O error under
 the journal stops the instance (an infra failure the runtime survives), never a data failure
 and never a bare ``OSError``.
@@ -27,21 +27,22 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow, _host_journal
-from gymckpt.gym_adapter._host_journal import (
-    JOURNAL_FILE,
-    JournalFailed,
-    SessionJournal,
-    replay_journal,
-)
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.app.verdict import judge
+from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow
+from gymckpt.gym_adapter.environments.calendar import (
     SimConfig,
     calendar_embedded,
     calendar_host,
     calendar_state,
 )
+from gymckpt.gym_adapter.host import _journal as _host_journal
+from gymckpt.gym_adapter.host._journal import (
+    JOURNAL_FILE,
+    JournalFailed,
+    SessionJournal,
+    replay_journal,
+)
 from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
-from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import (
     EpisodeRecord,
     GymUnavailable,
@@ -200,7 +201,7 @@ def test_a_journal_that_cannot_be_read_refuses_to_start_the_instance(tmp_path: P
 REAL_LIMIT = textwrap.dedent("""
     import json, resource, signal, sys
     from pathlib import Path
-    from gymckpt.gym_adapter._host_journal import SessionJournal
+    from gymckpt.gym_adapter.host._journal import SessionJournal
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not a signal
     j = SessionJournal(Path(sys.argv[1]), "gym-0")
     j.open(recover=False)

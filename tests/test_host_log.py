@@ -1,4 +1,4 @@
-"""The rate-limited failure log of a Gym host (``gym_adapter._host_log``): the first ``burst``
+"""The rate-limited failure log of a Gym host (``gym_adapter.host._log``): the first ``burst``
 failures are logged under ``gymckpt.gym`` as WARNINGs (the last of them says what happens next),
 then one line per ``every_s`` seconds of the injected clock with the count left out since the
 previous line; ``total`` counts every failure, and tracebacks ride along."""
@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from gymckpt.gym_adapter._episode import EpisodeInfo
-from gymckpt.gym_adapter._host_log import BURST, EVERY_S, LOGGER, FailureLog, episode_label
+from gymckpt.gym_adapter.host._episode import EpisodeInfo
+from gymckpt.gym_adapter.host._log import BURST, EVERY_S, LOGGER, FailureLog, episode_label
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The host's parking (``gym_adapter._host_parking``): a prepare closes admission and parks every
+"""The host's parking (``gym_adapter.host._parking``): a prepare closes admission and parks every
 moving episode at its next step boundary; a reopen restarts them in chunks; the lease reopens a
 prepared instance by itself, for its own generation only.
 
@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode
-from gymckpt.gym_adapter._host_parking import RESUME_CHUNK, Parking
+from gymckpt.gym_adapter.host._episode import EpisodeFenced, EpisodeInfo
+from gymckpt.gym_adapter.host._episodes import BOUNDARY, MOVING, Episode
+from gymckpt.gym_adapter.host._parking import RESUME_CHUNK, Parking
 
 LEASE_S = 10.0
 

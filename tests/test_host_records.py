@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gymckpt.gym_adapter._host_episodes import StagedModelCall
-from gymckpt.gym_adapter._host_records import (
+from gymckpt.gym_adapter.host._episodes import StagedModelCall
+from gymckpt.gym_adapter.host._records import (
     KeptExportError,
     build_records,
     read_committed,

@@ -1,4 +1,4 @@
-"""The host's slot table (``gym_adapter._host_slots``): one owning attempt per slot, fencing by
+"""The host's slot table (``gym_adapter.host._slots``): one owning attempt per slot, fencing by
 it, retained sessions kept for a completed owner, freed only by their owner, and every change
 journaled so a replay holds what the table holds.
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gymckpt.gym_adapter import _host_journal
-from gymckpt.gym_adapter._episode import EpisodeInfo
-from gymckpt.gym_adapter._host_episodes import MOVING, Episode
-from gymckpt.gym_adapter._host_journal import JournalFailed, replay_journal
-from gymckpt.gym_adapter._host_slots import KeptCopy, SlotTable
+from gymckpt.gym_adapter.host import _journal as _host_journal
+from gymckpt.gym_adapter.host._episode import EpisodeInfo
+from gymckpt.gym_adapter.host._episodes import MOVING, Episode
+from gymckpt.gym_adapter.host._journal import JournalFailed, replay_journal
+from gymckpt.gym_adapter.host._slots import KeptCopy, SlotTable
 
 
 class Counter:

@@ -1,4 +1,4 @@
-"""Reply streams of the Gym host (``gym_adapter._host_streams``): batches go out per flush
+"""Reply streams of the Gym host (``gym_adapter.host._streams``): batches go out per flush
 interval, at once when ``max_batch`` are pending or every row replied, sorted by rollout ID; a
 reply is on the wire from ``push`` until the consumer asks for the next batch; a drop fault, a
 closed consumer or a dead instance end the stream and take what cannot be delivered off the
@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter._contract import Completed, GymInstanceDead
-from gymckpt.gym_adapter._host_streams import HostReplyStream, ReplyStreams, RunStream
+from gymckpt.gym_adapter.host._streams import HostReplyStream, ReplyStreams, RunStream
 
 
 def done(rid: str) -> Completed:

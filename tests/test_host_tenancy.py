@@ -220,7 +220,7 @@ async def test_embedded_two_trainer_processes_over_the_same_instances(
 
 @pytest.mark.ray
 async def test_ray_actors_fence_an_older_term_and_refuse_its_late_calls() -> None:
-    RayGym = pytest.importorskip("gymckpt.gym_adapter._ray").RayGym
+    RayGym = pytest.importorskip("gymckpt.gym_adapter.transports.ray._gym").RayGym
     old, new = TrainerTerm(LINEAGE, 1), TrainerTerm(LINEAGE, 2)
     async with RayGym.host("gymckpt.testing.examples:slow_task_reader", instances=1) as gym:
         deadline = trio.current_time() + 30

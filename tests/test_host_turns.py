@@ -1,4 +1,4 @@
-"""One episode's turns (``gym_adapter._host_turns``): ``Turns.play`` runs the agent's ``step``
+"""One episode's turns (``gym_adapter.host._turns``): ``Turns.play`` runs the agent's ``step``
 from a step boundary until the episode ends (its reply) or parks (None); a failure of the user's
 code is a data failure, logged; an attempt that lost its slot is fenced; the retained sessions a
 turn fetched are journaled after it.
@@ -19,16 +19,16 @@ import trio.testing
 
 from gymckpt.gym_adapter import Done, Environment
 from gymckpt.gym_adapter._contract import Completed, Failed
-from gymckpt.gym_adapter._environment import Roles
-from gymckpt.gym_adapter._episode import EpisodeFenced, EpisodeInfo, ModelUnavailable
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, Episode, StagedModelCall
-from gymckpt.gym_adapter._host_journal import replay_journal
-from gymckpt.gym_adapter._host_log import FailureLog
-from gymckpt.gym_adapter._host_parking import Parking
-from gymckpt.gym_adapter._host_slots import SlotTable
-from gymckpt.gym_adapter._host_turns import Turns
-from gymckpt.gym_adapter._host_views import HostCounts
-from gymckpt.gym_adapter._user_calls import UserCalls
+from gymckpt.gym_adapter.host._environment import Roles
+from gymckpt.gym_adapter.host._episode import EpisodeFenced, EpisodeInfo, ModelUnavailable
+from gymckpt.gym_adapter.host._episodes import BOUNDARY, MOVING, Episode, StagedModelCall
+from gymckpt.gym_adapter.host._journal import replay_journal
+from gymckpt.gym_adapter.host._log import FailureLog
+from gymckpt.gym_adapter.host._parking import Parking
+from gymckpt.gym_adapter.host._slots import SlotTable
+from gymckpt.gym_adapter.host._turns import Turns
+from gymckpt.gym_adapter.host._user_calls import UserCalls
+from gymckpt.gym_adapter.host._views import HostCounts
 
 
 def S(key: str, response: object) -> StagedModelCall:

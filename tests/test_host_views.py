@@ -1,4 +1,4 @@
-"""What a host reports (``gym_adapter._host_views``): ``HostStatistics`` is the host's one tally
+"""What a host reports (``gym_adapter.host._views``): ``HostStatistics`` is the host's one tally
 (``HostCounts``) plus the gauges of the moment; ``HostViews`` reads the host's parts (episode
 table, slot table, parking, streams) and changes none of them.
 
@@ -15,13 +15,13 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import GymInstanceDead
-from gymckpt.gym_adapter._environment import Roles
-from gymckpt.gym_adapter._episode import EpisodeInfo
-from gymckpt.gym_adapter._host_episodes import BOUNDARY, MOVING, UNCLAIMED, Episode, EpisodeTable
-from gymckpt.gym_adapter._host_parking import Parking
-from gymckpt.gym_adapter._host_slots import SlotTable
-from gymckpt.gym_adapter._host_streams import ReplyStreams
-from gymckpt.gym_adapter._host_views import HostCounts, HostStatistics, HostViews
+from gymckpt.gym_adapter.host._environment import Roles
+from gymckpt.gym_adapter.host._episode import EpisodeInfo
+from gymckpt.gym_adapter.host._episodes import BOUNDARY, MOVING, UNCLAIMED, Episode, EpisodeTable
+from gymckpt.gym_adapter.host._parking import Parking
+from gymckpt.gym_adapter.host._slots import SlotTable
+from gymckpt.gym_adapter.host._streams import ReplyStreams
+from gymckpt.gym_adapter.host._views import HostCounts, HostStatistics, HostViews
 
 
 class Cal:

@@ -497,7 +497,7 @@ async def test_the_dispatcher_refuses_a_non_finite_reward_from_the_wire_and_coun
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gymckpt.gym_adapter._host_turns as host_module
+    import gymckpt.gym_adapter.host._turns as host_module
 
     def lying(instance: str, ep: Any, done: Done, limit: int) -> RunReply:
         if ep.info.row == 1:  # a Gym that does not check what it sends

@@ -19,11 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import GymHost, RunRow
-from gymckpt.gym_adapter.calendar_env import SimConfig
-from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
-from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.nurseries.app.simulate import (
+from gymckpt.app.cli import main as cli_main
+from gymckpt.app.simulation.main import (
     IncarnationReport,
     Scenario,
     draw_scenario,
@@ -31,6 +28,9 @@ from gymckpt.nurseries.app.simulate import (
     replay_command,
     run_seed,
 )
+from gymckpt.gym_adapter import GymHost, RunRow
+from gymckpt.gym_adapter.environments.calendar import SimConfig
+from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.runtime import CheckpointMode
 from gymckpt.testing import ConformanceError, check_environment
 from gymckpt.testing.hostile import (

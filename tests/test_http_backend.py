@@ -34,13 +34,13 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._http_process import ServerExited, ServerProcess
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CONFIG_ENV,
     SimConfig,
     calendar_http,
     calendar_sessions_of,
 )
+from gymckpt.gym_adapter.transports.http._process import ServerExited, ServerProcess
 from gymckpt.runtime import (
     GymCallTimeout,
     GymCheckpointUnavailable,
@@ -68,7 +68,7 @@ def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
 
 
 CONFIG = SimConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
-ENVIRONMENT = "gymckpt.gym_adapter.calendar_env:calendar_from_environ_simple_agent"
+ENVIRONMENT = "gymckpt.gym_adapter.environments.calendar:calendar_from_environ_simple_agent"
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:
@@ -375,7 +375,7 @@ async def test_the_servers_die_with_a_sigkilled_trainer(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, trio
-        from gymckpt.gym_adapter.calendar_env import calendar_http
+        from gymckpt.gym_adapter.environments.calendar import calendar_http
 
         async def main():
             async with calendar_http(instances=2, work_dir={str(tmp_path / "gym")!r}) as gym:

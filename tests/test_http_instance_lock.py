@@ -20,12 +20,12 @@ import pytest
 import trio
 from http_wire_client import control, rows, run_to_end
 
-from gymckpt.gym_adapter._host_journal import JOURNAL_FILE
+from gymckpt.gym_adapter.host._journal import JOURNAL_FILE
 from gymckpt.testing._http_serve_process import serve_process, tree_digest
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(180)]
 
-CAL = "gymckpt.gym_adapter.calendar_env:calendar_environment"
+CAL = "gymckpt.gym_adapter.environments.calendar:calendar_environment"
 SESSIONS = 12
 
 

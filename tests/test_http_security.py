@@ -20,8 +20,10 @@ import trio
 from http_wire_client import control, control_raw, rows, run_to_end, state
 
 from gymckpt.gym_adapter._faults import FaultSpec
-from gymckpt.gym_adapter._http_spawn import TOKEN_FILE, ServeSpec
-from gymckpt.gym_adapter._http_wire import (
+from gymckpt.gym_adapter.transports._admission import RunShape
+from gymckpt.gym_adapter.transports._deadlines import WireDeadline
+from gymckpt.gym_adapter.transports.http._spawn import TOKEN_FILE, ServeSpec
+from gymckpt.gym_adapter.transports.http._wire import (
     CONTROL_OPS,
     Refusal,
     RunRequest,
@@ -29,8 +31,6 @@ from gymckpt.gym_adapter._http_wire import (
     encode_control_request,
     encode_run_request,
 )
-from gymckpt.gym_adapter._transport_admission import RunShape
-from gymckpt.gym_adapter._transport_deadlines import WireDeadline
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -47,7 +47,7 @@ from gymckpt.testing._http_serve_process import (
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(180)]
 
-CAL = "gymckpt.gym_adapter.calendar_env:calendar_environment"
+CAL = "gymckpt.gym_adapter.environments.calendar:calendar_environment"
 DEADLINE = WireDeadline(10.0, 0.0)
 
 

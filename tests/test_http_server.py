@@ -21,8 +21,11 @@ from http_wire_client import RemoteError, control, control_raw, rows, run_to_end
 
 from gymckpt.gym_adapter._contract import Completed, RunRow
 from gymckpt.gym_adapter._faults import FaultSpec
-from gymckpt.gym_adapter._host import HostConfig
-from gymckpt.gym_adapter._http_wire import (
+from gymckpt.gym_adapter.host._host import HostConfig
+from gymckpt.gym_adapter.transports._admission import RunShape
+from gymckpt.gym_adapter.transports._deadlines import WireDeadline
+from gymckpt.gym_adapter.transports._wire import encode
+from gymckpt.gym_adapter.transports.http._wire import (
     EXPECT_INCARNATION_HEADER,
     PROTOCOL,
     RunRequest,
@@ -31,9 +34,6 @@ from gymckpt.gym_adapter._http_wire import (
     encode_control_request,
     encode_run_request,
 )
-from gymckpt.gym_adapter._transport_admission import RunShape
-from gymckpt.gym_adapter._transport_deadlines import WireDeadline
-from gymckpt.gym_adapter._wire import encode
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -52,7 +52,7 @@ from gymckpt.testing._http_serve_process import (
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(180)]
 
 SLOW = "gymckpt.testing.examples:slow_task_reader"
-CAL = "gymckpt.gym_adapter.calendar_env:calendar_environment"
+CAL = "gymckpt.gym_adapter.environments.calendar:calendar_environment"
 
 
 def _client(proc: object, **kw: object) -> httpx.AsyncClient:

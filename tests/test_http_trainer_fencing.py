@@ -33,7 +33,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import HttpGym, RunRow
-from gymckpt.gym_adapter._http_process import ServerProcess
+from gymckpt.gym_adapter.transports.http._process import ServerProcess
 from gymckpt.runtime import GymInUse, TrainerTerm, rollout_id_for
 from gymckpt.testing._http_serve_process import serve_process
 

@@ -30,9 +30,12 @@ from gymckpt.gym_adapter._contract import (
     RunRow,
 )
 from gymckpt.gym_adapter._faults import FaultSpec
-from gymckpt.gym_adapter._host import HostStatistics
-from gymckpt.gym_adapter._host_views import RetainedSession
-from gymckpt.gym_adapter._http_wire import (
+from gymckpt.gym_adapter.host._host import HostStatistics
+from gymckpt.gym_adapter.host._views import RetainedSession
+from gymckpt.gym_adapter.transports._admission import ReplyBatch, RunShape, admission_header
+from gymckpt.gym_adapter.transports._deadlines import WireDeadline
+from gymckpt.gym_adapter.transports._wire import encode_error
+from gymckpt.gym_adapter.transports.http._wire import (
     CONTROL_OPS,
     END_LINE,
     NEMO_GYM_VERSION,
@@ -57,9 +60,6 @@ from gymckpt.gym_adapter._http_wire import (
     qualified_key,
     split_key,
 )
-from gymckpt.gym_adapter._transport_admission import ReplyBatch, RunShape, admission_header
-from gymckpt.gym_adapter._transport_deadlines import WireDeadline
-from gymckpt.gym_adapter._wire import encode_error
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,

@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.cli import main as cli_main
 from gymckpt.gym_adapter import (
     Done,
     EmbeddedGym,
@@ -23,7 +24,7 @@ from gymckpt.gym_adapter import (
     RetainedSession,
     RunRow,
 )
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     SimConfig,
     calendar_embedded,
     calendar_ray,
@@ -31,7 +32,6 @@ from gymckpt.gym_adapter.calendar_env import (
     sentinel,
 )
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.testing.examples import guess_the_number
 
 CONFIG = SimConfig(turns=(2, 3), turn_s=(0.01, 0.05), mutation_p=1.0)

@@ -24,10 +24,10 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.app.verdict import judge
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeConfig
 from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
 
@@ -204,7 +204,7 @@ def test_a_hostile_seed_replays_exactly_in_process_whatever_the_string_hashing()
     of a set of rollout IDs, so the fresh attempts went out in hash order (seed 1141's
     fingerprint changed from one process to the next, and the violation came and went)."""
     code = (
-        "from gymckpt.nurseries.app.simulate import run_seed; "
+        "from gymckpt.app.simulation.main import run_seed; "
         "print(run_seed(1141, hostile=True).fingerprint)"
     )
     prints = set()

@@ -1,7 +1,7 @@
 """The layering of the installed namespace stays true: read every module's source with ``ast``.
 
 Dependencies point one way: ``runtime`` <- ``gym_adapter`` <- ``nurseries`` <- the top
-(``nurseries.app``: CLI, demo, simulation; ``benchmarks``; ``testing``). Imports inside
+(``app``: CLI, demo, simulation; ``benchmarks``; ``testing``). Imports inside
 functions count like the others. Checked:
 
 - no upward import;
@@ -24,13 +24,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_FOLDERS = ("runtime", "gym_adapter", "nurseries", "benchmarks", "testing")
+TOP_FOLDERS = ("runtime", "gym_adapter", "nurseries", "app", "benchmarks", "testing")
 
 ALLOWED: Mapping[str, frozenset[str]] = {
     "gymckpt": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries"}),
-    "gymckpt.__main__": frozenset(
-        {"gymckpt", "runtime", "gym_adapter", "nurseries", "nurseries.app"}
-    ),
+    "gymckpt.__main__": frozenset({"gymckpt", "runtime", "gym_adapter", "nurseries", "app"}),
     "runtime": frozenset({"runtime"}),
     "gym_adapter": frozenset({"runtime", "gym_adapter"}),
     "nurseries": frozenset({"runtime", "gym_adapter", "nurseries"}),
@@ -38,8 +36,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "benchmarks": frozenset(
         {"gymckpt", "runtime", "gym_adapter", "nurseries", "testing", "benchmarks"}
     ),
-    "nurseries.app": frozenset(
-        {"gymckpt", "runtime", "gym_adapter", "nurseries", "testing", "benchmarks", "nurseries.app"}
+    "app": frozenset(
+        {"gymckpt", "runtime", "gym_adapter", "nurseries", "testing", "benchmarks", "app"}
     ),
 }
 """Package -> the packages its modules may import (``gymckpt`` is the root package: the trainer
@@ -91,12 +89,10 @@ def library_modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def package_of(module: str) -> str:
-    """``gymckpt.nurseries.app.cli`` -> ``nurseries.app``; ``gymckpt._version`` -> ``gymckpt``."""
+    """``gymckpt.app.cli`` -> ``app``; ``gymckpt._version`` -> ``gymckpt``."""
     if module == "gymckpt.__main__":
         return module
     parts = module.split(".")[1:]
-    if parts[:2] == ["nurseries", "app"]:
-        return "nurseries.app"
     if parts and parts[0] in TOP_FOLDERS:
         return parts[0]
     return "gymckpt"
@@ -381,9 +377,9 @@ def test_every_library_module_is_seen() -> None:
     for name in (
         "gymckpt",
         "gymckpt.runtime._ledger",
-        "gymckpt.gym_adapter._host",
+        "gymckpt.gym_adapter.host._host",
         "gymckpt.nurseries._coordinator",
-        "gymckpt.nurseries.app.cli",
+        "gymckpt.app.cli",
         "gymckpt.benchmarks.cli",
         "gymckpt.benchmarks.report._targets",
     ):
@@ -395,7 +391,8 @@ def test_the_layers_hold() -> None:
 
 
 @pytest.mark.parametrize(
-    "deployment", ["gymckpt.gym_adapter._embedded", "gymckpt.gym_adapter._ray"]
+    "deployment",
+    ["gymckpt.gym_adapter.transports._embedded", "gymckpt.gym_adapter.transports.ray._gym"],
 )
 def test_the_deployments_know_nothing_of_the_calendar(deployment: str) -> None:
     """A deployment hosts any environment: the calendar workplace serves itself on them
@@ -403,7 +400,7 @@ def test_the_deployments_know_nothing_of_the_calendar(deployment: str) -> None:
     known = library_modules()
     imported = {target for target, _line, _typing in imports(deployment, known[deployment], known)}
     assert imported, deployment  # its imports are seen at all
-    assert "gymckpt.gym_adapter.calendar_env" not in imported, imported
+    assert "gymckpt.gym_adapter.environments.calendar" not in imported, imported
 
 
 def test_each_lowlevel_namespace_is_one_namespace_down() -> None:
@@ -460,13 +457,13 @@ def _copy_tree(dest: Path) -> None:
         ),
         (
             "nurseries/_calls.py",
-            "    from gymckpt.nurseries.app import cli\n",
-            "upward import of gymckpt.nurseries.app.cli (nurseries -> nurseries.app)",
+            "    from gymckpt.app import cli\n",
+            "upward import of gymckpt.app.cli (nurseries -> app)",
         ),
         (
             "benchmarks/_common.py",
-            "from gymckpt.nurseries.app.demo import ToyTrainer\n",
-            "upward import of gymckpt.nurseries.app.demo (benchmarks -> nurseries.app)",
+            "from gymckpt.app.demo.main import ToyTrainer\n",
+            "upward import of gymckpt.app.demo.main (benchmarks -> app)",
         ),
         (
             "nurseries/_restore.py",
@@ -474,19 +471,19 @@ def _copy_tree(dest: Path) -> None:
             "private gymckpt.runtime._ledger of package runtime imported",
         ),
         (
-            "nurseries/app/demo.py",
-            "from gymckpt.gym_adapter import _host\n",
-            "private gymckpt.gym_adapter._host of package gym_adapter imported",
+            "app/demo/main.py",
+            "from gymckpt.gym_adapter.host import _host\n",
+            "private gymckpt.gym_adapter.host._host of package gym_adapter imported",
         ),
         (
             "aio.py",
-            "    from gymckpt.nurseries.app import cli\n",
-            "upward import of gymckpt.nurseries.app.cli (gymckpt -> nurseries.app)",
+            "    from gymckpt.app import cli\n",
+            "upward import of gymckpt.app.cli (gymckpt -> app)",
         ),
         (
             "__init__.py",
-            "from gymckpt.nurseries.app.verdict import judge\n",
-            "upward import of gymckpt.nurseries.app.verdict (gymckpt -> nurseries.app)",
+            "from gymckpt.app.verdict import judge\n",
+            "upward import of gymckpt.app.verdict (gymckpt -> app)",
         ),
         (
             "runtime/_barrier.py",

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from gymckpt.gym_adapter import Environment, EnvironmentRef, load_environment
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CalendarAgent,
     SimConfig,
     calendar_environment,
@@ -20,7 +20,7 @@ from gymckpt.testing.examples import guess_the_number
 def test_a_ref_names_a_factory_and_its_arguments_and_builds_it() -> None:
     config = SimConfig(turns=(3, 3))
     ref = EnvironmentRef.to(calendar_environment, agent_kind="legacy_agent", config=config)
-    assert ref.path == "gymckpt.gym_adapter.calendar_env:calendar_environment"
+    assert ref.path == "gymckpt.gym_adapter.environments.calendar:calendar_environment"
     env = load_environment(ref)
     assert isinstance(env.agent, CalendarAgent)
     assert (env.agent.kind, env.agent.config) == ("legacy_agent", config)
@@ -47,7 +47,10 @@ def test_import_paths_factories_and_environments() -> None:
         ("no_such_module_x:env", "cannot import no_such_module_x"),
         ("gymckpt.testing.examples:nothing", "has no nothing"),
         ("gymckpt.testing.examples:__all__", "not an Environment"),
-        (EnvironmentRef("gymckpt.gym_adapter.calendar_env:AGENT_KINDS"), "names no factory"),
+        (
+            EnvironmentRef("gymckpt.gym_adapter.environments.calendar:AGENT_KINDS"),
+            "names no factory",
+        ),
         (42, "is a int: give an Environment, a factory of one"),
         (None, "is a NoneType: give an Environment"),
     ],

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import EmbeddedGym, Environment
-from gymckpt.gym_adapter.openai_model import openai_model
+from gymckpt.gym_adapter.environments.openai_model import openai_model
 from gymckpt.nurseries import ExitCode, open_rollouts
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.testing.llm_agent import Calculator, ToolAgent, dataset
@@ -100,7 +100,7 @@ TRAINER = textwrap.dedent("""
     import sys
     import gymckpt
     from gymckpt.gym_adapter import Environment
-    from gymckpt.gym_adapter.openai_model import openai_model
+    from gymckpt.gym_adapter.environments.openai_model import openai_model
     from gymckpt.testing.llm_agent import Calculator, ToolAgent, dataset
 
     async def main() -> None:

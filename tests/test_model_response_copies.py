@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import Done, Environment, GymHost, RunRow
-from gymckpt.gym_adapter._episode import EpisodeInfo
+from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.runtime import CheckpointMode
 from gymckpt.runtime.lowlevel import RECORDS_FILE, StagedRecords, load_records
 

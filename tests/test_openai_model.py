@@ -1,4 +1,5 @@
-"""Tests of ``gym_adapter.openai_model`` against the real test server process on loopback
+"""Tests of ``gym_adapter.environments.openai_model`` against the real test server process on
+loopback
 (``gymckpt.testing.openai_server``): episodes calling it through ``ctx.model``, its capture,
 retries, the infra/data split, the timeout, the concurrency limit, auth, and asyncio."""
 
@@ -22,7 +23,11 @@ from gymckpt.gym_adapter import (
     ModelUnavailable,
     RunRow,
 )
-from gymckpt.gym_adapter.openai_model import ModelRequestRejected, OpenAIModel, openai_model
+from gymckpt.gym_adapter.environments.openai_model import (
+    ModelRequestRejected,
+    OpenAIModel,
+    openai_model,
+)
 from gymckpt.runtime import CheckpointMode
 from gymckpt.runtime.lowlevel import RECORDS_FILE, StagedRecords, load_records
 from gymckpt.testing.openai_examples import ToolAgent, first_request
@@ -307,7 +312,7 @@ async def test_a_fastapi_error_body_is_shown_by_its_detail(server: OpenAITestSer
 
 
 def test_fastapi_validation_errors_are_joined_by_their_location() -> None:
-    from gymckpt.gym_adapter.openai_model import _server_message
+    from gymckpt.gym_adapter.environments.openai_model import _server_message
 
     body = (
         b'{"detail": [{"type": "missing", "loc": ["body", "messages"], "msg": "Field required",'

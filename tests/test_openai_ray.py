@@ -13,7 +13,7 @@ from gymckpt.testing.openai_examples import first_request
 from gymckpt.testing.openai_server import chat_completion, open_openai_test_server
 
 pytestmark = pytest.mark.ray
-RayGym = pytest.importorskip("gymckpt.gym_adapter._ray").RayGym
+RayGym = pytest.importorskip("gymckpt.gym_adapter.transports.ray._gym").RayGym
 
 
 async def test_episodes_on_a_ray_actor_call_the_server(tmp_path: Path) -> None:

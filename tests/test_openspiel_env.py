@@ -1,4 +1,5 @@
-"""OpenSpiel on the Gym host (``gym_adapter.openspiel_env``): hosted self-play episodes equal
+"""OpenSpiel on the Gym host (``gym_adapter.environments.openspiel``): hosted self-play
+episodes equal
 their uninterrupted pyspiel runs; a session exported mid-game through JSON bytes and restored
 in another session continues bit-identically (chance nodes, simultaneous nodes included); the
 chance RNG is per (seed, row, slot) and part of the export; the policy's answer is checked; a
@@ -25,7 +26,7 @@ from gymckpt.gym_adapter import (  # noqa: E402
     Failed,
     RunRow,
 )
-from gymckpt.gym_adapter.openspiel_env import (  # noqa: E402
+from gymckpt.gym_adapter.environments.openspiel import (  # noqa: E402
     OpenSpielParticipant,
     episode_rng,
     openspiel_environment,

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_state
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_state
 from gymckpt.nurseries import CheckpointCoordinator, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries.lowlevel import PAUSE_HOLDER
 from gymckpt.runtime import (

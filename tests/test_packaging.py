@@ -69,7 +69,7 @@ def test_the_wheel_installs_one_namespace(wheel: Path) -> None:
     top = {n.split("/")[0] for n in names}
     assert top == {"gymckpt", f"gymckpt-{gymckpt.__version__}.dist-info"}
     assert "gymckpt/py.typed" in names
-    for pkg in ("runtime", "gym_adapter", "nurseries", "nurseries/app", "benchmarks"):
+    for pkg in ("runtime", "gym_adapter", "nurseries", "app", "benchmarks"):
         assert f"gymckpt/{pkg}/__init__.py" in names or any(
             n.startswith(f"gymckpt/{pkg}/") for n in names
         ), pkg
@@ -84,7 +84,7 @@ import importlib, sys
 sys.path.insert(0, {str(site)!r})
 import gymckpt
 assert gymckpt.__file__.startswith({str(site)!r}), gymckpt.__file__
-from gymckpt.nurseries.app.cli import main
+from gymckpt.app.cli import main
 import gymckpt.runtime, gymckpt.gym_adapter, gymckpt.nurseries, gymckpt.benchmarks
 for name in {GENERIC!r}:
     try:

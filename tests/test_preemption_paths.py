@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import Preempted, RuntimeConfig
 

@@ -30,7 +30,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     SimConfig,
     calendar_ray,
     calendar_sessions_of,
@@ -379,7 +379,7 @@ def test_no_address_starts_our_own_cluster_whatever_the_environment_says() -> No
     another cluster ran."""
     script = (
         "import ray\n"
-        "from gymckpt.gym_adapter._ray import local_cluster_options\n"
+        "from gymckpt.gym_adapter.transports.ray._gym import local_cluster_options\n"
         "ray.init(**local_cluster_options())\n"
         "print('nodes', len(ray.nodes()))\n"
         "ray.shutdown()\n"

@@ -9,7 +9,7 @@ import trio.testing
 
 pytest.importorskip("ray")
 
-from gymckpt.gym_adapter._ray_cluster import (
+from gymckpt.gym_adapter.transports.ray._cluster import (
     GcsWatch,
     _host_port,
     as_if_no_nursery,

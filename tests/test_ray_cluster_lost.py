@@ -168,7 +168,7 @@ def our_lines(stderr: str) -> list[str]:
 def test_the_trainer_losing_its_cluster_stops_with_one_line_and_a_restart_resumes(
     ray_head: Callable[[], Head], tmp_path: Path
 ) -> None:
-    from gymckpt.nurseries.app.demo import DemoOptions, verdict
+    from gymckpt.app.demo.main import DemoOptions, verdict
 
     head = ray_head()
     workdir = tmp_path / "w"

@@ -18,8 +18,8 @@ from ray.exceptions import (
     TaskCancelledError,
 )
 
-from gymckpt.gym_adapter._ray_errors import actor_gone, stream_ends, translate
-from gymckpt.gym_adapter._transport_generations import Generations
+from gymckpt.gym_adapter.transports._generations import Generations
+from gymckpt.gym_adapter.transports.ray._errors import actor_gone, stream_ends, translate
 from gymckpt.runtime import (
     GymCheckpointUnavailable,
     GymControlError,

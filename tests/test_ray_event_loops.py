@@ -14,7 +14,7 @@ from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 pytestmark = pytest.mark.ray
-RayGym = pytest.importorskip("gymckpt.gym_adapter._ray").RayGym
+RayGym = pytest.importorskip("gymckpt.gym_adapter.transports.ray._gym").RayGym
 
 ROWS = 6
 

@@ -18,7 +18,7 @@ import attrs
 import pytest
 import trio
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import RuntimeConfig
 

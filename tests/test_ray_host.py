@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from gymckpt.gym_adapter import EnvironmentSpecError, HostConfig
-from gymckpt.gym_adapter.gymnasium_env import Trajectory, reference_trajectory
+from gymckpt.gym_adapter.environments.gymnasium import Trajectory, reference_trajectory
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.testing import check_backend
 
 pytestmark = pytest.mark.ray
-RayGym = pytest.importorskip("gymckpt.gym_adapter._ray").RayGym
+RayGym = pytest.importorskip("gymckpt.gym_adapter.transports.ray._gym").RayGym
 
 
 async def test_gymnasium_on_ray_restores_bit_identically(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ import attrs
 import pytest
 import trio
 
+from gymckpt.app.verdict import judge
 from gymckpt.gym_adapter import GymInstanceDead, RunRow
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
-from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import GymUnavailable, RuntimeConfig, rollout_id_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import GymInstanceDead, InstanceInventory, RunRow
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
 from gymckpt.runtime import GymCallTimeout, rollout_id_for
 
 pytestmark = pytest.mark.ray

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import RunRow
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_ray
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, rollout_id_for
 
@@ -99,7 +99,7 @@ async def test_batching_beats_one_object_per_row(tmp_path: Path) -> None:
 if __name__ == "__main__":
     import ray
 
-    from gymckpt.gym_adapter._ray import local_cluster_options
+    from gymckpt.gym_adapter.transports.ray._gym import local_cluster_options
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     ray.init(**local_cluster_options())

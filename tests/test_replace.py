@@ -19,6 +19,8 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.simulation.main import Crash, Scenario, run_scenario
+from gymckpt.app.verdict import judge
 from gymckpt.gym_adapter import (
     Completed,
     EmbeddedGym,
@@ -29,8 +31,7 @@ from gymckpt.gym_adapter import (
     RunRow,
     can_replace,
 )
-from gymckpt.gym_adapter._host_journal import JOURNAL_FILE, replay_journal
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     CalendarServer,
     SimConfig,
     calendar_embedded,
@@ -38,9 +39,8 @@ from gymckpt.gym_adapter.calendar_env import (
     calendar_host,
     calendar_state,
 )
+from gymckpt.gym_adapter.host._journal import JOURNAL_FILE, replay_journal
 from gymckpt.nurseries import HOOK_POINTS, ExitCode, open_rollouts, run_exit
-from gymckpt.nurseries.app.simulate import Crash, Scenario, run_scenario
-from gymckpt.nurseries.app.verdict import judge
 from gymckpt.runtime import (
     CheckpointsFailed,
     EpisodeResult,
@@ -548,7 +548,7 @@ def test_demo_survives_a_dead_instance_exactly_once(tmp_path: Path, fault: str) 
 def test_demo_json_on_a_phase_that_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gymckpt.nurseries.app.cli import main
+    from gymckpt.app.cli import main
 
     rc = main(
         [
@@ -589,7 +589,7 @@ def test_demo_json_on_a_phase_that_fails(
 def test_demo_json_on_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    from gymckpt.nurseries.app.cli import main
+    from gymckpt.app.cli import main
 
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "f").write_text("x")

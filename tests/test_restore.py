@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, RestoreReply, RetireReply, Topology
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import SnapshotProblems, open_rollouts, restore_latest
 from gymckpt.nurseries._restore import saved_step
 from gymckpt.runtime import (

@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.cli import main
 from gymckpt.gym_adapter import Completed, EmbeddedGym, RunRow
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import main
 from gymckpt.runtime import (
     CompletedGroup,
     DatasetError,

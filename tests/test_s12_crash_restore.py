@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gymckpt.nurseries.app.demo import (
+from gymckpt.app.demo.main import (
     JOURNAL,
     DemoOptions,
     _phase_cmd,

@@ -13,7 +13,7 @@ import anyio.lowlevel
 import sniffio
 
 from gymckpt.gym_adapter import Completed, Refused, ReplyStream, RunReply, RunRow
-from gymckpt.gym_adapter.calendar_env import (
+from gymckpt.gym_adapter.environments.calendar import (
     SimConfig,
     calendar_embedded,
     calendar_host,

@@ -9,14 +9,14 @@ from typing import cast
 import pytest
 import trio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunRow
-from gymckpt.nurseries.app.sim_checks import (
+from gymckpt.app.simulation.checks import (
     StepBudget,
     all_tasks,
     check_not_parked,
     check_restored_claims,
     check_restored_installs,
 )
+from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunRow
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from typing import Any, cast
 import attrs
 import trio
 
+from gymckpt.app.simulation.crashes import CrashControl
+from gymckpt.app.simulation.scenario import Crash, Scenario
 from gymckpt.gym_adapter import EmbeddedGym
-from gymckpt.nurseries.app.sim_crashes import CrashControl
-from gymckpt.nurseries.app.sim_scenario import Crash, Scenario
 
 
 @attrs.define

@@ -10,15 +10,15 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.nurseries.app import sim_determinism
-from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.nurseries.app.sim_determinism import (
+from gymckpt.app.cli import main as cli_main
+from gymckpt.app.simulation import determinism as sim_determinism
+from gymckpt.app.simulation.determinism import (
     TRIO_VERSIONS,
     SchedulingHookUnavailable,
     check_scheduling_hook,
     deterministic_scheduling,
 )
-from gymckpt.nurseries.app.simulate import main_simulate
+from gymckpt.app.simulation.main import main_simulate
 
 RUN = importlib.import_module("trio._core._run")
 
@@ -103,7 +103,7 @@ def test_the_simulation_refuses_before_any_seed_and_the_cli_says_why(
     def no_seed(*_args: object, **_kw: object) -> None:
         pytest.fail("a seed ran on a trio the hook was not written for")
 
-    monkeypatch.setattr("gymckpt.nurseries.app.simulate.run_seed", no_seed)
+    monkeypatch.setattr("gymckpt.app.simulation.main.run_seed", no_seed)
     with pytest.raises(SchedulingHookUnavailable, match=r"trio 0\.99\.0 is installed"):
         main_simulate(1, 0, as_json=False)
     assert cli_main(["simulate", "--seeds", "1"]) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.nurseries.app.sim_ends import (
+from gymckpt.app.simulation.ends import (
     IncarnationEnd,
     failed_end,
     restore_may_retry,

@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import trio
 
+from gymckpt.app.simulation.gym import LateEnds, generations, installs, open_gym
+from gymckpt.app.simulation.scenario import Scenario
 from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunReply, RunRow
-from gymckpt.nurseries.app.sim_gym import LateEnds, generations, installs, open_gym
-from gymckpt.nurseries.app.sim_scenario import Scenario
 from gymckpt.testing.hostile import HostileAct, HostileActs
 
 

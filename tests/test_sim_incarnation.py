@@ -10,10 +10,10 @@ from pathlib import Path
 
 import trio
 
-from gymckpt.nurseries.app.sim_ends import IncarnationEnd
-from gymckpt.nurseries.app.sim_incarnation import Incarnation
-from gymckpt.nurseries.app.sim_scenario import Crash, Scenario
-from gymckpt.nurseries.app.sim_state import ScenarioRun, judge_scenario, verify_offline
+from gymckpt.app.simulation.ends import IncarnationEnd
+from gymckpt.app.simulation.incarnation import Incarnation
+from gymckpt.app.simulation.scenario import Crash, Scenario
+from gymckpt.app.simulation.state import ScenarioRun, judge_scenario, verify_offline
 from gymckpt.runtime import SnapshotStore
 from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
 

@@ -13,13 +13,13 @@ import attrs
 import pytest
 import trio
 
+from gymckpt.app.simulation.main import Tally, _json_summary
+from gymckpt.app.simulation.modes import ModeWatch
+from gymckpt.app.simulation.runner import run_scenario
+from gymckpt.app.simulation.scenario import Scenario
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, InstanceInventory, PrepareReply
-from gymckpt.gym_adapter._host_control import ControlPlane
+from gymckpt.gym_adapter.host._control import ControlPlane
 from gymckpt.nurseries import _pending
-from gymckpt.nurseries.app.sim_modes import ModeWatch
-from gymckpt.nurseries.app.sim_runner import run_scenario
-from gymckpt.nurseries.app.sim_scenario import Scenario
-from gymckpt.nurseries.app.simulate import Tally, _json_summary
 from gymckpt.runtime import CheckpointMode
 
 ALIGNED, UNALIGNED = CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED

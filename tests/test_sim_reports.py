@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gymckpt.nurseries.app.sim_reports import IncarnationReport, ScenarioReport
-from gymckpt.nurseries.app.sim_scenario import Scenario
+from gymckpt.app.simulation.reports import IncarnationReport, ScenarioReport
+from gymckpt.app.simulation.scenario import Scenario
 from gymckpt.testing.hostile import HostileAct
 
 

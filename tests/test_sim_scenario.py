@@ -7,14 +7,14 @@ import re
 
 import attrs
 
-from gymckpt.nurseries import HOOK_POINTS
-from gymckpt.nurseries.app.sim_scenario import (
+from gymckpt.app.simulation.scenario import (
     MAX_INCARNATIONS,
     Crash,
     Scenario,
     draw_scenario,
     replay_command,
 )
+from gymckpt.nurseries import HOOK_POINTS
 
 EVERY_CALL = re.compile(r"^(\w+):(\w+)(:[\d.]+)?$")  # a spec without @N: every call
 

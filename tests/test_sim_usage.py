@@ -18,10 +18,18 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import CalendarAgent, SimConfig
-from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.nurseries.app.sim_liveness import LIVENESS_S, Liveness, Moving, liveness_bound_s
-from gymckpt.nurseries.app.sim_usage import (
+from gymckpt.app.cli import main as cli_main
+from gymckpt.app.simulation.liveness import LIVENESS_S, Liveness, Moving, liveness_bound_s
+from gymckpt.app.simulation.main import (
+    Crash,
+    Scenario,
+    ScenarioReport,
+    draw_scenario,
+    main_simulate,
+    replay_command,
+    run_seed,
+)
+from gymckpt.app.simulation.usage import (
     OUTAGE_BUDGET_S,
     OUTAGE_LENGTHS_S,
     OVER_BUDGET_S,
@@ -36,16 +44,8 @@ from gymckpt.nurseries.app.sim_usage import (
     parse_real_usage,
     usage_flag,
 )
-from gymckpt.nurseries.app.simulate import (
-    Crash,
-    Scenario,
-    ScenarioReport,
-    draw_scenario,
-    main_simulate,
-    replay_command,
-    run_seed,
-)
-from gymckpt.nurseries.app.verdict import expected_sentinels, judge
+from gymckpt.app.verdict import expected_sentinels, judge
+from gymckpt.gym_adapter.environments.calendar import CalendarAgent, SimConfig
 from gymckpt.runtime import RuntimeConfig
 
 ALL = frozenset(USAGE_NAMES)

@@ -16,15 +16,15 @@ from typing import Any
 import orjson
 import pytest
 
-from gymckpt.nurseries import _dispatcher
-from gymckpt.nurseries.app.sim_state import ScenarioRun, judge_scenario
-from gymckpt.nurseries.app.simulate import (
+from gymckpt.app.simulation.main import (
     Scenario,
     draw_scenario,
     main_simulate,
     replay_command,
     run_seed,
 )
+from gymckpt.app.simulation.state import ScenarioRun, judge_scenario
+from gymckpt.nurseries import _dispatcher
 
 CI_SEEDS = 300
 
@@ -134,7 +134,7 @@ def test_the_verdict_catches_duplicates_and_losses(tmp_path: Path) -> None:
     import trio
     import trio.testing
 
-    from gymckpt.nurseries.app.simulate import run_scenario
+    from gymckpt.app.simulation.main import run_scenario
 
     sc = Scenario(seed=1, rows=6, group_size=2, instances=1)
     clock = trio.testing.MockClock(autojump_threshold=0)

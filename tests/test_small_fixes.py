@@ -16,10 +16,10 @@ import pytest
 import trio
 import trio.testing
 
+from gymckpt.app.cli import main as cli_main
 from gymckpt.gym_adapter import EnvironmentSpecError
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import RuntimeConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ async def test_a_resumed_run_says_so_at_warning(
 
 RERUN = textwrap.dedent("""
     import gymckpt
-    from gymckpt.gym_adapter.calendar_env import calendar_embedded
+    from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 
     async def main() -> None:
         async with calendar_embedded(instances=2, seed=0, work_dir="gym-live") as gym:
@@ -105,7 +105,7 @@ def test_a_rerun_that_resumed_says_so_on_stderr_with_no_logging_configured(
 
 
 def test_an_unknown_gymnasium_id_is_no_such_environment() -> None:
-    from gymckpt.gym_adapter.gymnasium_env import gymnasium_environment
+    from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
 
     with pytest.raises(EnvironmentSpecError, match="no such Gymnasium environment 'NoSuch"):
         gymnasium_environment("NoSuchEnv-v0")

@@ -108,7 +108,7 @@ STAGED = StagedRecords(
 )
 PARTICIPANT_RECORDS = [AGENT, OWNING_AGENT, SESSIONS, STAGED]
 
-# As ``gym_adapter._host_records.build_records`` writes them (keys sorted, compact): the
+# As ``gym_adapter.host._records.build_records`` writes them (keys sorted, compact): the
 # agent's without ``exported`` and with a stranded session, an environment's retained
 # sessions, the model proxy's staged calls.
 WRITTEN = {

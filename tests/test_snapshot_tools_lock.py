@@ -19,9 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.app.cli import main as cli_main
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
-from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import RuntimeConfig, WorkDirLock, workdir_of
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)

@@ -1,4 +1,4 @@
-"""TextArena games (``gym_adapter.textarena_env``): the replay codec restores a session
+"""TextArena games (``gym_adapter.environments.textarena``): the replay codec restores a session
 bit-identically in another session, sessions' ``random`` states never mix, an id that cannot
 run fails in one line, and the demo survives a SIGKILL with identical trajectories."""
 
@@ -13,8 +13,9 @@ import pytest
 
 pytest.importorskip("textarena")
 
+from gymckpt.app.cli import main as cli_main
 from gymckpt.gym_adapter import EnvironmentSpecError
-from gymckpt.gym_adapter.textarena_env import (
+from gymckpt.gym_adapter.environments.textarena import (
     TextArenaParticipant,
     TextArenaSession,
     random_legal_policy,
@@ -22,7 +23,6 @@ from gymckpt.gym_adapter.textarena_env import (
     supported_games,
     textarena_environment,
 )
-from gymckpt.nurseries.app.cli import main as cli_main
 
 GAMES = supported_games()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gymckpt.nurseries.app.toy_trainer import ToyTrainer
+from gymckpt.app.toy_trainer import ToyTrainer
 
 
 def test_a_step_counts_rows_and_moves_the_reward_estimate() -> None:

@@ -21,9 +21,9 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.app.cli import main as cli_main
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts
-from gymckpt.nurseries.app.cli import main as cli_main
 from gymckpt.runtime import RuntimeConfig, TopologyMismatch, load_snapshot, records_digest
 from gymckpt.runtime.lowlevel import COMMIT_MARKER
 

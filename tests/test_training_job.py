@@ -26,11 +26,11 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.calendar_env import SimConfig, calendar_embedded
+from gymckpt.app.cli import main as cli_main
+from gymckpt.app.demo.main import DemoOptions
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
 from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
-from gymckpt.nurseries.app.cli import main as cli_main
-from gymckpt.nurseries.app.demo import DemoOptions
 from gymckpt.runtime import (
     CheckpointsFailed,
     ManifestError,
@@ -251,8 +251,8 @@ TRAINER = textwrap.dedent("""
     import json, os, sys
     import trio
     import gymckpt
-    from gymckpt.gym_adapter.calendar_env import SimConfig
-    from gymckpt.gym_adapter.calendar_env import calendar_embedded
+    from gymckpt.gym_adapter.environments.calendar import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 
     WORK, ROWS, HOLD = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"
     SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
@@ -284,7 +284,7 @@ TRAINER = textwrap.dedent("""
 TRAINER_ASYNCIO = textwrap.dedent("""
     import asyncio, json, os, sys
     import gymckpt.aio
-    from gymckpt.gym_adapter.calendar_env import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import SimConfig
 
     WORK, ROWS = sys.argv[1], int(sys.argv[2])
     SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
@@ -691,7 +691,7 @@ def test_demo_runtime_settings_from_the_config_file_reach_its_phases() -> None:
 def test_demo_on_ray_without_the_extra_is_one_line_exit_2() -> None:
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "from gymckpt.nurseries.app.cli import main\n"
+        "from gymckpt.app.cli import main\n"
         "sys.exit(main(['demo', '--backend', 'ray']))\n"
     )
     done = subprocess.run(
@@ -794,7 +794,7 @@ def test_sigterm_to_gymckpt_demo_leaves_a_snapshot_and_exits_0(tmp_path: Path) -
 
 
 def test_progress_lines_are_rate_limited_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
-    from gymckpt.nurseries.app.demo import _Progress
+    from gymckpt.app.demo.main import _Progress
 
     progress = _Progress(enabled=True, tty=False, every_s=3600.0)
     for step in range(5):

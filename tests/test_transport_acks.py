@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.gym_adapter._transport_acks import AckBook, StreamAcks, UnackedBatches
-from gymckpt.gym_adapter._transport_admission import HEADER_SEQ
+from gymckpt.gym_adapter.transports._acks import AckBook, StreamAcks, UnackedBatches
+from gymckpt.gym_adapter.transports._admission import HEADER_SEQ
 
 
 def test_a_stream_acknowledges_only_what_it_handed_over_and_asked_past() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gymckpt.gym_adapter import Completed, FaultSpec
-from gymckpt.gym_adapter._transport_admission import (
+from gymckpt.gym_adapter.transports._admission import (
     HEADER_SEQ,
     ReplyBatch,
     RunShape,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gymckpt.gym_adapter._transport_deadlines import WireDeadline
+from gymckpt.gym_adapter.transports._deadlines import WireDeadline
 
 
 def test_the_time_left_travels_and_time_in_transit_counts_as_spent() -> None:

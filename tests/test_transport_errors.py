@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from gymckpt.gym_adapter._transport_errors import (
+from gymckpt.gym_adapter.transports._errors import (
     TransportFailure,
     first_line,
     remote_error,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gymckpt.gym_adapter._transport_generations import Generations
+from gymckpt.gym_adapter.transports._generations import Generations
 from gymckpt.runtime import GymInstanceDead
 
 

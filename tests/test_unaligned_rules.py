@@ -46,8 +46,8 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter._episode import EpisodeInfo, call_id, split_capture_key
-from gymckpt.gym_adapter._host_episodes import request_digest
+from gymckpt.gym_adapter.host._episode import EpisodeInfo, call_id, split_capture_key
+from gymckpt.gym_adapter.host._episodes import request_digest
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import (
     CheckpointMode,

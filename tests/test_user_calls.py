@@ -1,4 +1,4 @@
-"""Tests of ``gym_adapter._user_calls``: how ``UserCalls.wait`` drives a user's step.
+"""Tests of ``gym_adapter.host._user_calls``: how ``UserCalls.wait`` drives a user's step.
 
 Under trio the step runs in the calling trio task: trio's own waits pass through, an asyncio
 future it awaits is waited for in trio (its result or exception sent back in), a trio cancel
@@ -19,7 +19,7 @@ import trio
 import trio.testing
 import trio_asyncio
 
-from gymckpt.gym_adapter._user_calls import NOT_AN_ASYNCIO_TASK, UserCalls
+from gymckpt.gym_adapter.host._user_calls import NOT_AN_ASYNCIO_TASK, UserCalls
 
 
 def opened() -> UserCalls:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gymckpt.gym_adapter.calendar_env import SimConfig
-from gymckpt.nurseries.app.verdict import judge, snapshot_sentinels
+from gymckpt.app.verdict import judge, snapshot_sentinels
+from gymckpt.gym_adapter.environments.calendar import SimConfig
 from gymckpt.runtime import (
     InstanceRecord,
     ManifestError,

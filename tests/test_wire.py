@@ -36,13 +36,13 @@ from gymckpt.gym_adapter import (
     RunRow,
     Topology,
     _contract,
-    _statistics,
-    _transport_admission,
-    _transport_deadlines,
 )
-from gymckpt.gym_adapter._transport_admission import ReplyBatch, RunShape, admission_header
-from gymckpt.gym_adapter._transport_deadlines import WireDeadline
-from gymckpt.gym_adapter._wire import (
+from gymckpt.gym_adapter.transports import _admission as _transport_admission
+from gymckpt.gym_adapter.transports import _deadlines as _transport_deadlines
+from gymckpt.gym_adapter.transports import _statistics
+from gymckpt.gym_adapter.transports._admission import ReplyBatch, RunShape, admission_header
+from gymckpt.gym_adapter.transports._deadlines import WireDeadline
+from gymckpt.gym_adapter.transports._wire import (
     WIRE_ERRORS,
     WIRE_RECORDS,
     WireError,

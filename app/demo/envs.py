@@ -1,0 +1,227 @@
+"""The demo's environment families (``gymckpt demo --env PREFIX:ID``): a small registry keyed by
+prefix, so a family from another project is one entry here.
+
+Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
+
+- ``title``, ``extra``, ``example``: the project's name, its optional extra
+  (``pip install -e '.[extra]'``) and an id for the ``--env`` help (``"CartPole-v1"``).
+- ``model_latency_s``: how long the demo's model takes to answer (``slow_model``); choose it
+  with the environment's own per-turn pace so that a checkpoint finds episodes in flight (the
+  restore then has parked episodes to install, not only finished ones).
+- ``environment(env_id) -> Environment``: the demo's environment for ``env_id``, with a policy
+  that plays legal moves and an ``Environment.model`` that answers from the capture key and
+  request alone (a call asked again after a restore answers as the first asking did). Import
+  the family's adapter inside the function: a missing extra is an ``ImportError`` there
+  (reported as one line naming the extra); an id the family cannot run (unknown, no state
+  codec, needs the network) is an ``EnvironmentSpecError`` with a one-line message naming the
+  supported ids. The demo calls it once in the parent before any process starts (the check)
+  and once per phase to host the Gym (``open_demo_gym`` wraps the model with ``slow_model``).
+- ``reference(env_id, seed, row, slot) -> payload``: the episode of (row, slot) under
+  deployment ``seed`` run uninterrupted with the plain library, the same value the hosted
+  episode's ``Done.payload`` is (attrs records are unstructured with the project's converter
+  before the digest). ``trajectory_verdict`` compares its digest with every trained one.
+
+Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from gymckpt.gym_adapter import EmbeddedGym, Environment, GymBackend, HostConfig
+
+from .gymnasium import (
+    MAX_EPISODE_STEPS,
+    MODEL_LATENCY_S,
+    PACE_S,
+    slow_model,
+    trajectory_digest,
+)
+
+__all__ = [
+    "FAMILIES",
+    "EnvChoice",
+    "EnvFamily",
+    "env_choice",
+    "open_demo_gym",
+    "trajectory_verdict",
+]
+
+TEXTARENA_MAX_TURNS: Final = 100
+"""The demo truncates a TextArena game here (every supported game ends well before)."""
+TEXTARENA_PACE_S: Final = 0.01
+TEXTARENA_MODEL_LATENCY_S: Final = 0.02
+"""A TextArena game is a few moves, each an LLM's answer in real use: the demo's turns take
+this long (the policy's answer, then the pause before the move), so a checkpoint finds games
+in flight, to be restored, rather than every game already over."""
+
+
+@attrs.frozen
+class EnvFamily:
+    """One family of ``--env PREFIX:ID`` (see the module docstring for the contract)."""
+
+    prefix: str
+    title: str
+    extra: str
+    example: str
+    environment: Callable[[str], Environment]
+    reference: Callable[[str, int, int, int], Any]
+    model_latency_s: float = MODEL_LATENCY_S
+
+
+def _gymnasium_environment(env_id: str) -> Environment:
+    from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
+
+    return gymnasium_environment(env_id, pace_s=PACE_S, max_episode_steps=MAX_EPISODE_STEPS)
+
+
+def _gymnasium_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
+    from gymckpt.gym_adapter.environments.gymnasium import reference_trajectory
+
+    return reference_trajectory(env_id, seed, row, slot, max_episode_steps=MAX_EPISODE_STEPS)
+
+
+def _textarena_environment(env_id: str) -> Environment:
+    from gymckpt.gym_adapter.environments.textarena import textarena_environment
+
+    return textarena_environment(env_id, pace_s=TEXTARENA_PACE_S, max_turns=TEXTARENA_MAX_TURNS)
+
+
+def _textarena_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
+    from gymckpt.gym_adapter.environments.textarena import reference_trajectory
+
+    return reference_trajectory(env_id, seed, row, slot, max_turns=TEXTARENA_MAX_TURNS)
+
+
+OPENSPIEL_MAX_TURNS: Final = 200
+"""The demo truncates an OpenSpiel game after this many decisions (random chess runs longer)."""
+OPENSPIEL_PACE_S: Final = 0.003
+OPENSPIEL_MODEL_LATENCY_S: Final = 0.005
+"""Short games (Kuhn and Leduc poker are a handful of decisions) would all be over by the first
+checkpoint at the Gymnasium demo's 1 ms turns: at these, a checkpoint finds them in flight."""
+
+
+def _openspiel_environment(env_id: str) -> Environment:
+    from gymckpt.gym_adapter.environments.openspiel import openspiel_environment
+
+    return openspiel_environment(env_id, pace_s=OPENSPIEL_PACE_S, max_turns=OPENSPIEL_MAX_TURNS)
+
+
+def _openspiel_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
+    from gymckpt.gym_adapter.environments.openspiel import reference_trajectory
+
+    return reference_trajectory(env_id, seed, row, slot, max_turns=OPENSPIEL_MAX_TURNS)
+
+
+FAMILIES: Final[dict[str, EnvFamily]] = {
+    f.prefix: f
+    for f in (
+        EnvFamily(
+            "gymnasium:",
+            "Gymnasium",
+            "gymnasium",
+            "CartPole-v1",
+            _gymnasium_environment,
+            _gymnasium_reference,
+        ),
+        EnvFamily(
+            "textarena:",
+            "TextArena",
+            "textarena",
+            "TicTacToe-v0",
+            _textarena_environment,
+            _textarena_reference,
+            TEXTARENA_MODEL_LATENCY_S,
+        ),
+        EnvFamily(
+            "openspiel:",
+            "OpenSpiel",
+            "openspiel",
+            "connect_four",
+            _openspiel_environment,
+            _openspiel_reference,
+            OPENSPIEL_MODEL_LATENCY_S,
+        ),
+    )
+}
+
+
+@attrs.frozen
+class EnvChoice:
+    """``--env PREFIX:ID`` parsed: the family and the id within it."""
+
+    family: EnvFamily
+    env_id: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.family.prefix}{self.env_id}"
+
+
+def env_choice(env: str) -> EnvChoice | None:
+    """The family and id of ``--env PREFIX:ID``, None for the calendar; ValueError else."""
+    if env == "calendar":
+        return None
+    for prefix, family in FAMILIES.items():
+        if env.startswith(prefix) and len(env) > len(prefix):
+            return EnvChoice(family, env[len(prefix) :])
+    ids = " or ".join(f"{p}ID" for p in FAMILIES)
+    raise ValueError(f"--env must be calendar or {ids}, got {env!r}")
+
+
+@asynccontextmanager
+async def open_demo_gym(
+    choice: EnvChoice,
+    instances: int,
+    seed: int,
+    work_dir: Path,
+    faults: Sequence[str],
+    lease_s: float,
+) -> AsyncIterator[GymBackend]:
+    """The family's environment for the id, its model answering after the family's
+    ``model_latency_s``, hosted in this process."""
+    env = choice.family.environment(choice.env_id)
+    assert env.model is not None
+    env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
+    async with EmbeddedGym.host(
+        env,
+        instances=instances,
+        seed=seed,
+        work_dir=work_dir,
+        config=HostConfig(lease_s=lease_s),
+        faults=faults,
+    ) as gym:
+        yield gym
+
+
+def trajectory_verdict(
+    choice: EnvChoice, seed: int, lineage: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``episodes`` trained in the lineage and whether each equals its uninterrupted run."""
+    got: dict[tuple[int, int], list[str]] = {}
+    for step in lineage:
+        for row, slot, digest in step.get("episodes", ()):
+            got.setdefault((row, slot), []).append(digest)
+    mismatched = 0
+    for (row, slot), digests in got.items():
+        ref = trajectory_digest(
+            _plain_trajectory(choice.family.reference(choice.env_id, seed, row, slot))
+        )
+        mismatched += sum(1 for d in digests if d != ref)
+    return {
+        "env": choice.label,
+        "episodes": sum(len(d) for d in got.values()),
+        "trajectories_mismatched": mismatched,
+        "trajectories_match": bool(got) and mismatched == 0,
+    }
+
+
+def _plain_trajectory(traj: Any) -> Any:
+    from gymckpt.runtime.lowlevel import converter
+
+    return converter.unstructure(traj)

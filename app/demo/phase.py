@@ -1,0 +1,285 @@
+"""One phase of the demo: a trainer process's worth of the run (``run_phase``) and its
+entry point (``phase_main``, ``gymckpt _phase``).
+
+A phase opens the Gym deployment and the runtime on the work directory (restoring its latest
+complete snapshot, if any), trains the toy trainer on the batches it is handed, journals every
+step, checkpoints every ``--checkpoint-every`` steps, and ends with a final checkpoint. Phase 1
+prints ``PUBLISHED`` and the checkpoint id on stdout once its N-th checkpoint is published,
+for the parent to SIGKILL it. A phase that fails leaves its one-line error in
+``phase-N-error.json`` for the parent's report, and exits with the code ``run_exit`` gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import orjson
+import trio
+
+from gymckpt.gym_adapter import GymBackend, RunRow
+from gymckpt.gym_adapter.environments.calendar import calendar_embedded, calendar_http, calendar_ray
+from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
+from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted
+from gymckpt.runtime.lowlevel import write_atomic
+
+from ..toy_trainer import ToyTrainer
+from .crash import install_crash
+from .envs import open_demo_gym
+from .gymnasium import journal_episodes
+from .journal import JOURNAL, Journal, checkpoint_record
+from .options import DemoOptions
+from .progress import PROGRESS_ENV, Progress
+
+__all__ = [
+    "PUBLISHED",
+    "open_gym",
+    "phase_error",
+    "phase_error_file",
+    "phase_main",
+    "record_phase_error",
+    "run_phase",
+]
+
+PUBLISHED = "GYMCKPT-CHECKPOINT-PUBLISHED"
+"""What phase 1 prints on stdout, with the checkpoint id, once its N-th checkpoint is
+published: the parent's cue to SIGKILL it."""
+
+
+@asynccontextmanager
+async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend]:
+    """The Gym deployment the demo runs on."""
+    choice = opts.env_choice
+    if choice is not None:
+        async with open_demo_gym(
+            choice,
+            opts.instances,
+            opts.seed,
+            workdir / "gym-live",
+            opts.faults,
+            opts.runtime_config().lease_s,
+        ) as gym:
+            yield gym
+        return
+    if opts.backend == "http":
+        # the servers accept commit and restore paths inside the work directory, where the
+        # trainer's snapshots are
+        async with calendar_http(
+            instances=opts.instances,
+            agent_kinds=opts.agent_kind,
+            seed=opts.seed,
+            work_dir=workdir / "gym-live",
+            config=opts.sim_config(),
+            faults=opts.faults,
+            state_root=workdir,
+        ) as gym:
+            yield gym
+        return
+    if opts.backend == "ray":
+        async with calendar_ray(
+            instances=opts.instances,
+            agent_kinds=opts.agent_kind,
+            seed=opts.seed,
+            work_dir=workdir / "gym-live",
+            config=opts.sim_config(),
+            faults=opts.faults,
+            address=opts.ray_address,
+        ) as gym:
+            yield gym
+        return
+    async with calendar_embedded(
+        instances=opts.instances,
+        agent_kinds=opts.agent_kind,
+        seed=opts.seed,
+        work_dir=workdir / "gym-live",
+        config=opts.sim_config(),
+        faults=opts.faults,
+    ) as gym:
+        yield gym
+
+
+async def run_phase(
+    opts: DemoOptions, workdir: Path, phase: int, crash_after: int
+) -> dict[str, Any]:
+    """Run one trainer process's worth of the demo; returns its result record."""
+    default = "1" if sys.stderr.isatty() else "0"
+    progress = Progress(enabled=os.environ.get(PROGRESS_ENV, default) == "1")
+    journal = Journal(workdir / JOURNAL)
+    total_steps = -(-opts.rows // opts.groups_per_step)
+    outcomes = []
+
+    def audit(instance: str, rows: Sequence[RunRow]) -> None:
+        for r in rows:
+            if r.restored_from is not None:  # a restored episode's one dispatch (S11)
+                journal.append(
+                    {
+                        "phase": phase,
+                        "dispatch": r.rollout_id,
+                        "instance": instance,
+                        "restored_from": r.restored_from,
+                    }
+                )
+
+    async with (
+        open_gym(opts, workdir) as gym,
+        open_rollouts(
+            gym,
+            workdir,
+            rows=opts.rows,
+            group_size=opts.group_size,
+            config=opts.runtime_config(),
+            max_rows_in_flight=opts.max_rows_in_flight,
+            run_id=f"p{phase}",
+            on_dispatch=audit,
+        ) as rollouts,
+    ):
+        if crash_after and opts.crash_stage is not None:
+            install_crash(opts, phase, crash_after, rollouts)
+        trainer = ToyTrainer()
+        if rollouts.trainer_state is not None:
+            trainer = ToyTrainer.from_bytes(rollouts.trainer_state)
+        if rollouts.restored is not None:
+            summary = rollouts.restore_summary
+            journal.append(
+                {
+                    "phase": phase,
+                    "restore_to_step": trainer.step,
+                    "snapshot": rollouts.restored.snapshot.checkpoint_id,
+                }
+            )
+            assert summary is not None
+            progress(
+                f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
+                f" at step {trainer.step}: {summary.restored} episodes parked in Gym, "
+                f"{summary.completed_untrained} completed but untrained, "
+                f"{summary.reserved + summary.redispatched_fresh} to dispatch again"
+            )
+        published = 0
+        # an async generator (annotated as an iterator): close it here, not at garbage collection
+        batches = cast(
+            AsyncGenerator[list[CompletedGroup], None],
+            rollouts.batches(opts.groups_per_step, state=lambda: trainer.to_bytes()),
+        )
+        async with aclosing(batches):  # an abort mid-loop finalises the generator here
+            try:
+                async for batch in batches:
+                    rewards = [r.reward for g in batch for r in g.results]
+                    trainer = trainer.train(rewards, len(batch))
+                    record: dict[str, Any] = {
+                        "phase": phase,
+                        "step": trainer.step,
+                        "rows": [g.row for g in batch],
+                    }
+                    if opts.env_choice is not None:
+                        record["episodes"] = journal_episodes(batch)
+                    journal.append(record)
+                    progress(
+                        f"[phase {phase}] step {trainer.step}/{total_steps} "
+                        f"rows {trainer.rows_trained}/{opts.rows} "
+                        f"reward≈{trainer.reward_ema:.3f}",
+                        frequent=True,
+                    )
+                    if trainer.step % opts.checkpoint_every == 0:
+                        outcome = await rollouts.checkpoint(trainer.to_bytes())
+                        outcomes.append(outcome)
+                        journal.append(checkpoint_record(phase, outcome))
+                        progress(
+                            f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
+                            f"{'ok' if outcome.ok else outcome.reason} "
+                            f"({outcome.episodes} episodes parked, "
+                            f"{outcome.drained} drained)",
+                            frequent=published > 0 or not outcome.ok,
+                        )  # the first is shown
+                        if outcome.ok:
+                            published += 1
+                            if crash_after and published == crash_after:
+                                print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
+            except Preempted:
+                pass  # its final checkpoint is taken (or tried): the record below says which
+        # a last checkpoint saves the environment state the verdict reads
+        final = rollouts.outcomes[-1] if rollouts.final_snapshot is not None else None  # preempted
+        for _ in range(
+            0 if final is not None else opts.runtime_config().max_consecutive_failures + 1
+        ):
+            final = await rollouts.checkpoint(trainer.to_bytes())
+            outcomes.append(final)
+            journal.append(checkpoint_record(phase, final))
+            if final.ok:
+                break
+        assert final is not None
+        metrics = rollouts.metrics.snapshot()
+        restore_summary = rollouts.restore_summary
+    return {
+        "phase": phase,
+        "steps": trainer.step,
+        "final_snapshot": str(final.snapshot.path) if final.snapshot else None,
+        "restored": attrs.asdict(restore_summary) if restore_summary else None,
+        "metrics": metrics,
+    }
+
+
+def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:
+    """Entry point of a phase process; exit codes per C4 (see ``run_exit``).
+
+    The run's error arrives wrapped in the nurseries' exception groups; ``run_exit`` decides
+    on the errors inside them, so ``CheckpointsFailed`` ends the phase with exit 4, not a
+    traceback with exit 1. Bad input (manifest, topology) is re-raised bare for the CLI to
+    report with exit 2. Every Gym
+    instance dead leaves nothing to dispatch to or checkpoint: exit 4, like checkpoints that
+    keep failing.
+    """
+    # the parent reports for the whole demo (a preemption included): no lines from here
+    logging.getLogger("gymckpt").addHandler(logging.NullHandler())
+    try:
+        result = trio.run(run_phase, opts, workdir, phase, crash_after)
+    except Exception as exc:
+        decided = run_exit(exc)
+        if decided is None:
+            record_phase_error(workdir, phase, f"{type(exc).__name__}: {exc}", 1)
+            raise
+        code, err = decided
+        if isinstance(err, GymUnavailable):
+            line = f"Gym unavailable: {err}"
+        elif code == ExitCode.INVARIANT:
+            line = f"run aborted: {err}"
+        elif code == ExitCode.BAD_INPUT:
+            line = f"error: {err}"
+        else:
+            line = str(err)
+        record_phase_error(workdir, phase, line, code)
+        if code == ExitCode.BAD_INPUT:
+            raise err from None
+        print(f"gymckpt: {line}", file=sys.stderr)
+        return code
+    write_atomic(workdir / f"phase-{phase}.json", orjson.dumps(result))
+    return 0
+
+
+def phase_error_file(workdir: Path, phase: int) -> Path:
+    """Where a failed phase leaves its one-line error and exit code."""
+    return workdir / f"phase-{phase}-error.json"
+
+
+def record_phase_error(workdir: Path, phase: int, error: str, code: int) -> None:
+    """Leave the phase's one-line error for the parent's report (``--json``)."""
+    with contextlib.suppress(OSError):  # the error line on stderr still says it
+        write_atomic(
+            phase_error_file(workdir, phase), orjson.dumps({"error": error, "exit_code": int(code)})
+        )
+
+
+def phase_error(workdir: Path, phase: int, rc: int) -> str:
+    """The error line a failed phase left, or what its exit code says."""
+    path = phase_error_file(workdir, phase)
+    try:
+        return str(orjson.loads(path.read_bytes())["error"])
+    except (OSError, ValueError, KeyError, TypeError):
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        return f"phase {phase} {how}"

@@ -1,0 +1,181 @@
+"""An unaligned checkpoint's cut on a Gym host: episodes taken at their last step boundary.
+
+As an episode passes a step boundary (before its next turn starts), the host keeps a
+``BoundaryMark``: every session state of the episode (agent, participants, retained ones of its
+slot), exported and serialised to JSON bytes there and then, so nothing a later turn does to a
+live state can reach it. An unaligned commit is the instance's *cut*, taken on the event loop
+in one go: each active episode is taken as its mark holds it, with every model call it
+completed up to the cut (``ep.staged`` is append-only: a copy of it at the cut is exactly those
+calls); a call in progress at the cut is not among them, so a restore asks it again. The worker
+thread that writes the records reads only what the cut copied.
+
+Invariant: an episode that has a mark has one of its current boundary (``ep.mark.turn ==
+ep.turn``: the turn counter moves on only where the next mark is made, with no scheduling point
+between); an episode inside a turn (``ep.stepping``) always has one.
+A mark whose states could not be exported or are not finite plain data carries the problem
+instead (``problem``); the cut fails that episode (data), as an aligned commit fails a parked
+episode whose export fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, final
+
+import attrs
+import orjson
+
+from gymckpt.runtime import NotPlainData
+from gymckpt.runtime.lowlevel import checked_json
+
+from ._episode import to_plain
+from ._episodes import BOUNDARY, Episode, StagedModelCall
+from ._log import episode_label
+
+__all__ = ["BoundaryMark", "CutEpisode", "mark_boundary", "stand_ins", "take_cut"]
+
+
+@final
+@attrs.define(slots=True, eq=False)
+class BoundaryMark:
+    """An episode's session states as it passed step boundary ``turn``: a JSON array, one
+    state per participant in ``Roles.sessions`` order (agent first), or the ``problem`` that
+    kept them from being taken (and the exception, if one was raised)."""
+
+    turn: int
+    states: bytes | None
+    problem: str | None = None
+    exc: BaseException | None = None
+
+
+_EXACT: Final = (
+    orjson.OPT_SERIALIZE_NUMPY  # as checked_json serialises: the same bytes when both succeed
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+
+
+def _finite_json(states: list[Any]) -> bytes | None:
+    """``checked_json(states)``'s bytes when they are finite plain data and that is cheap to
+    prove, else None (ask ``checked_json``, which says what is wrong).
+
+    orjson writes ``nan`` and ``inf`` as ``null``: output without ``null`` is finite. Else
+    each state whose own bytes hold a ``null`` must equal them read back (a non-finite float
+    is unequal to the ``None`` read in its place). That equality is the builtin one: under
+    these options orjson raises on subclasses of ``dict``, ``list``, ``str`` and ``int``, on
+    dataclasses and datetimes (whose ``__eq__`` could say anything), and numpy values compare
+    element-wise (an array is never equal to a list, a scalar never to ``None``). No walk in
+    Python, unlike the standard library's encoder that ``checked_json`` asks."""
+    try:
+        data = orjson.dumps(states, option=_EXACT)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if b"null" not in data:
+        return data
+    for state in states:
+        try:
+            part = orjson.dumps(state, option=_EXACT)
+            same = b"null" not in part or orjson.loads(part) == state
+        except Exception:  # e.g. an array's truth value, asked inside a comparison
+            return None
+        if same is not True:
+            return None
+    return data
+
+
+def mark_boundary(participants: Sequence[Any], ep: Episode) -> BoundaryMark:
+    """``ep``'s mark at its current step boundary (``participants``: ``Roles.sessions``).
+
+    One ``export`` per participant and one ``orjson.dumps`` of them all; a failure is kept in
+    the mark, naming the participant whose state it is, never raised (the episode runs on;
+    only a cut that needs the mark fails it). States that pass one by one but not together (a
+    nesting one level short of orjson's limit) are a problem of the whole."""
+    turn = ep.turn
+    states: list[Any] = []
+    for p in participants:
+        try:
+            states.append(to_plain(p.export(ep.sessions[p.name])))
+        except Exception as exc:
+            return BoundaryMark(
+                turn,
+                None,
+                f"{episode_label(ep.info)}: exporting its {p.name} session state at step "
+                f"boundary {turn} raised {exc!r}",
+                exc,
+            )
+    data = _finite_json(states)
+    if data is not None:
+        return BoundaryMark(turn, data)
+    try:
+        return BoundaryMark(turn, checked_json(states, "session state"))
+    except NotPlainData as whole:
+        problem = str(whole)
+        for p, state in zip(participants, states, strict=True):
+            try:
+                checked_json(state, f"{p.name} session state")
+            except NotPlainData as exc:
+                problem = str(exc)
+                break
+        return BoundaryMark(
+            turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {problem}"
+        )
+
+
+@final
+@attrs.define(slots=True, eq=False)
+class CutEpisode:
+    """One active episode as the cut took it: its mark, the model calls it had completed
+    (a copy), and whether it was inside a turn."""
+
+    ep: Episode
+    mark: BoundaryMark
+    staged: tuple[StagedModelCall, ...]
+    mid_turn: bool
+
+
+def take_cut(episodes: Iterable[Episode]) -> tuple[list[CutEpisode], list[Episode]]:
+    """(the episodes taken, those whose mark holds a problem): on the loop, at the cut.
+
+    Every episode must have a mark of its current boundary (``Turns`` makes one at each
+    boundary; the caller marks an episode whose task has not reached its first); ``staged`` is
+    copied here, so a capture made after the cut is not in it."""
+    taken: list[CutEpisode] = []
+    refused: list[Episode] = []
+    for ep in episodes:
+        mark = ep.mark
+        assert mark is not None and mark.turn == ep.turn, ep.rollout_id
+        if mark.problem is not None:
+            refused.append(ep)
+            continue
+        taken.append(CutEpisode(ep, mark, tuple(ep.staged), ep.stepping))
+    return taken, refused
+
+
+def stand_ins(
+    participants: Sequence[Any], cut: Sequence[CutEpisode], unclaimed: Sequence[Episode]
+) -> list[Episode]:
+    """In the worker thread: an ``Episode`` per cut entry as the cut holds it (the turn of its
+    mark, its copied calls, its exported states as ``sessions``) and per unclaimed restored
+    episode (exported now: no task runs it), for ``build_records(..., exported=True)``.
+
+    An unclaimed episode whose export raises raises (the caller makes it ``KeptExportError``:
+    the host cannot fail it as an episode)."""
+    names = [p.name for p in participants]
+    out: list[Episode] = []
+    for c in cut:
+        assert c.mark.states is not None
+        states = orjson.loads(c.mark.states)
+        out.append(
+            Episode(
+                c.ep.info,
+                dict(zip(names, states, strict=True)),
+                BOUNDARY,
+                turn=c.mark.turn,
+                staged=list(c.staged),
+            )
+        )
+    for ep in unclaimed:
+        sessions = {p.name: to_plain(p.export(ep.sessions[p.name])) for p in participants}
+        out.append(Episode(ep.info, sessions, BOUNDARY, turn=ep.turn, staged=ep.staged))
+    return out

@@ -1,0 +1,404 @@
+"""Committed participant records of the Gym host: building and writing them (off the loop), and
+reading them back verified.
+
+Each participant's records are one JSON file (``records.json``) in its own directory, written
+atomically (temp, fsync, rename, fsync dir); its digest goes in the commit reply and the
+manifest. What the file holds is a typed record of the snapshot format (``AgentRecords``,
+``SessionRecords``, ``StagedRecords``), parsed strictly on the way back. Reading back first
+checks what the runtime checks too (topology equal to the live instance's, state directory
+inside the snapshot, digest as committed) and collects every difference, so a restore refuses
+with the whole list and changes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import attrs
+import orjson
+import sniffio
+
+from gymckpt.runtime import InstanceRecord, ManifestError, NotPlainData
+from gymckpt.runtime.lowlevel import (
+    RECORDS_FILE,
+    AgentRecords,
+    CommittedRecords,
+    SessionRecords,
+    StagedRecords,
+    agent_records_plain,
+    all_finite,
+    checked_json,
+    dump_records,
+    load_records,
+    participant_differences,
+    participant_state_problem,
+    plain_problem,
+    session_records_plain,
+    staged_records_plain,
+    write_atomic,
+)
+
+from ._episode import to_plain
+from ._log import episode_label
+
+if TYPE_CHECKING:
+    from ._environment import Environment
+    from ._episodes import Episode
+
+__all__ = [
+    "RECORDS_FILE",
+    "Kept",
+    "KeptExportError",
+    "Refusal",
+    "build_records",
+    "offload",
+    "read_committed",
+    "topology_differences",
+    "write_records",
+]
+
+T = TypeVar("T")
+MODEL_PROXY: Final = "model_proxy"
+Kept = tuple[str, str, int, dict[str, Any]]
+"""A retained slot of an ended episode: (key, rollout ID, attempt, states by participant)."""
+
+
+def write_records(directory: Path, data: bytes) -> None:
+    """Write one participant's records (``build_records``' bytes) as
+    ``directory/records.json`` (atomic)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / RECORDS_FILE, data)
+
+
+def topology_differences(
+    instance: str, live: Sequence[tuple[str, str]], record: InstanceRecord
+) -> list[str]:
+    """Every way the committed participants differ from the live ones (names, kinds, order)."""
+    where = f"instance {instance}"
+    diffs: list[str] = []
+    if record.name != instance:
+        diffs.append(f"{where}: manifest record is for instance {record.name}")
+    diffs += participant_differences(where, record.participants, live)
+    return diffs
+
+
+def read_committed(
+    instance: str, live: Sequence[tuple[str, str]], root: Path, record: InstanceRecord
+) -> tuple[list[str], dict[str, CommittedRecords]]:
+    """(every difference, each participant's typed records by server name) for a restore.
+
+    Each participant's records are read only once its state passed the checks (inside the
+    snapshot, digest as committed), and parsed strictly in the role its place in the live
+    topology gives it: the first participant is the agent (``AgentRecords``), the model proxy
+    has ``StagedRecords``, every other ``SessionRecords``. A file that does not parse is one
+    difference naming it and what differs; it is left out of the records."""
+    diffs = topology_differences(instance, live, record)
+    loaded: dict[str, CommittedRecords] = {}
+    for i, p in enumerate(record.participants):
+        who = f"instance {instance}: participant {p.server_name}"
+        problem = participant_state_problem(root, p, who)
+        if problem is not None:
+            diffs.append(problem)
+            continue
+        expect: type[CommittedRecords] = (
+            AgentRecords
+            if i == 0
+            else StagedRecords
+            if (p.server_name, p.kind) == (MODEL_PROXY, MODEL_PROXY)
+            else SessionRecords
+        )
+        what = f"{p.state_dir}/{RECORDS_FILE}"
+        try:
+            loaded[p.server_name] = load_records(
+                (root / p.state_dir / RECORDS_FILE).read_bytes(), what, expect
+            )
+        except (OSError, ManifestError) as exc:
+            diffs.append(f"{who} records unreadable ({exc})")
+    return diffs, loaded
+
+
+@attrs.frozen
+class Refusal:
+    """A held episode whose session state a participant could not hand over at a commit
+    (``export`` raised, or returned what is not finite plain data): not in the records; the
+    host fails the episode (data) instead."""
+
+    rollout_id: str
+    message: str
+    exc: BaseException | None = None
+
+
+class KeptExportError(Exception):
+    """A session the host must commit but cannot fail as an episode (a retained session of an
+    ended episode, an unclaimed restored one) cannot be exported: the commit fails, retryably."""
+
+
+def build_records(
+    env: Environment,
+    owner: str,
+    retained_participants: Sequence[Any],
+    checkpoint_id: str,
+    held: Sequence[Episode],
+    kept: Sequence[Kept],
+    stranded: str | None,
+    failable: Callable[[Episode], bool] = lambda ep: True,
+    *,
+    exported: bool = False,
+) -> tuple[dict[str, bytes], list[Refusal]]:
+    """Every participant's records for a commit, as the JSON bytes to write, by server name,
+    and the held episodes refused. The records hold: the agent's sessions (with their step
+    boundary; None for ``stranded``), each participant's sessions of the held episodes (and,
+    for a retained one, of ``kept`` slots), which episodes ``owner`` exports, the model
+    proxy's staged calls. Calls the participants' ``export``.
+
+    Every state in the records is finite plain data, so what is written reads back as it was
+    committed: a held episode whose state is not (``failable(ep)``: the host can fail it) is
+    left out and refused; any other state that is not raises ``KeptExportError``. The common
+    case costs one ``orjson.dumps`` per participant and a search of its output for ``null``.
+
+    ``exported``: the held episodes' ``sessions`` hold exported plain states already (an
+    unaligned cut's stand-ins), so no ``export`` is called for them."""
+    every = (env.agent, *env.participants)
+    refused: list[Refusal] = []
+    columns = (
+        {p.name: [ep.sessions[p.name] for ep in held] for p in every}
+        if exported
+        else _export_columns(every, held)
+    )
+    if columns is None:  # an export raised: find whose, per episode
+        states: dict[str, dict[str, Any]] = {}
+        for ep in held:
+            try:
+                states[ep.rollout_id] = {
+                    p.name: to_plain(p.export(ep.sessions[p.name])) for p in every
+                }
+            except Exception as exc:
+                _refuse(
+                    ep,
+                    f"{episode_label(ep.info)}: exporting its session state at "
+                    f"checkpoint {checkpoint_id} raised {exc!r}",
+                    exc,
+                    failable,
+                    refused,
+                )
+        held = [ep for ep in held if ep.rollout_id in states]
+        columns = {p.name: [states[ep.rollout_id][p.name] for ep in held] for p in every}
+    kept_states: list[tuple[str, str, int, dict[str, Any]]] = []
+    for key, rid, attempt, sessions in kept:
+        try:
+            kept_states.append(
+                (
+                    key,
+                    rid,
+                    attempt,
+                    {p.name: to_plain(p.export(sessions[p.name])) for p in retained_participants},
+                )
+            )
+        except Exception as exc:
+            raise KeptExportError(
+                f"retained session {key} of {rid} attempt {attempt}: export raised {exc!r}"
+            ) from exc
+    records = _records(
+        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
+    )
+    data = _dumps_all(records)
+    if data is not None:
+        return data, refused
+    # something is not finite plain data: find each state that is not, refuse its episode
+    bad: set[int] = set()
+    for i, ep in enumerate(held):
+        for name, column in columns.items():
+            problem = _state_problem(column[i], f"{name} session state")
+            if problem is not None:
+                bad.add(i)
+                _refuse(
+                    ep,
+                    f"{episode_label(ep.info)}: at checkpoint {checkpoint_id}, {problem}",
+                    None,
+                    failable,
+                    refused,
+                )
+                break
+    for key, rid, attempt, by_name in kept_states:
+        for name, state in by_name.items():
+            problem = _state_problem(state, f"{name} session state")
+            if problem is not None:
+                raise KeptExportError(
+                    f"retained session {key} of {rid} attempt {attempt}: {problem}"
+                )
+    held = [ep for i, ep in enumerate(held) if i not in bad]
+    columns = {
+        name: [x for i, x in enumerate(column) if i not in bad] for name, column in columns.items()
+    }
+    records = _records(
+        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
+    )
+    data = _dumps_all(records)
+    if data is None:
+        problems = [
+            f"{server}: {_state_problem(r, server)}"
+            for server, r in records.items()
+            if _state_problem(r, server) is not None
+        ]
+        raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
+    return data, refused
+
+
+def _export_columns(
+    participants: Sequence[Any], held: Sequence[Episode]
+) -> dict[str, list[Any]] | None:
+    """Each participant's exported states of ``held``, in order (None if an export raised):
+    one comprehension per participant, what a commit of 200k episodes can afford."""
+    try:
+        return {
+            p.name: [to_plain(export(ep.sessions[name])) for ep in held]
+            for p in participants
+            for export, name in ((p.export, p.name),)
+        }
+    except Exception:
+        return None
+
+
+def _refuse(
+    ep: Episode,
+    message: str,
+    exc: BaseException | None,
+    failable: Callable[[Episode], bool],
+    refused: list[Refusal],
+) -> None:
+    if not failable(ep):
+        raise KeptExportError(message) from exc
+    refused.append(Refusal(ep.rollout_id, message, exc))
+
+
+def _state_problem(state: Any, where: str) -> str | None:
+    try:
+        checked_json(state, where)
+    except NotPlainData as exc:
+        return str(exc)
+    return None
+
+
+def _dumps_all(records: Mapping[str, Mapping[str, Any]]) -> dict[str, bytes] | None:
+    """Each participant's records (as ``_records`` builds them) as JSON, or None if one is not
+    finite plain data (orjson refused it, or its output holds ``null``, which a non-finite
+    float becomes, and one is found: see ``runtime._plain``)."""
+    out: dict[str, bytes] = {}
+    for server, plain in records.items():
+        try:
+            data = dump_records(plain)
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        if (
+            b"null" in data
+            and all_finite(plain) is not True
+            and (plain_problem(plain, server, types=False) is not None)
+        ):
+            return None
+        out[server] = data
+    return out
+
+
+def _records(
+    env: Environment,
+    owner: str,
+    retained_participants: Sequence[Any],
+    checkpoint_id: str,
+    held: Sequence[Episode],
+    columns: Mapping[str, Sequence[Any]],
+    kept: Sequence[tuple[str, str, int, Mapping[str, Any]]],
+    stranded: str | None,
+) -> dict[str, dict[str, Any]]:
+    """Each participant's records, by server name, as the JSON objects they are on disk
+    (``records_to_plain`` of ``AgentRecords`` / ``SessionRecords`` / ``StagedRecords``), built
+    from per-episode columns: no record object per session (the reader stays strict)."""
+    agent = env.agent
+    name = agent.name
+    rids = [ep.rollout_id for ep in held]
+    infos = [ep.info for ep in held]
+    attempts = [info.attempt for info in infos]
+    boundaries: list[int | None] = [ep.turn for ep in held]
+    if stranded is not None:
+        boundaries = [
+            None if rid == stranded else b for rid, b in zip(rids, boundaries, strict=True)
+        ]
+    records: dict[str, dict[str, Any]] = {
+        name: agent_records_plain(
+            name,
+            agent.kind,
+            checkpoint_id,
+            (
+                rids,
+                [info.row for info in infos],
+                [info.slot for info in infos],
+                attempts,
+                boundaries,
+                columns[name],
+            ),
+            # no environment participant: the agent's sessions own the episodes
+            exported=rids if owner == name else None,
+        )
+    }
+    retained = {p.name for p in retained_participants}
+    keys = [ep.key for ep in held]
+    for p in env.participants:
+        name = p.name
+        cols: tuple[Sequence[Any], ...] = (keys, rids, attempts, columns[name])
+        if name in retained:  # the kept slots too, every session by key (a stable sort)
+            rows = sorted(
+                [
+                    *zip(*cols, strict=True),
+                    *((key, rid, attempt, by_name[name]) for key, rid, attempt, by_name in kept),
+                ],
+                key=itemgetter(0),
+            )
+            cols = tuple(zip(*rows, strict=True)) if rows else ((), (), (), ())
+        records[name] = session_records_plain(
+            name,
+            p.kind,
+            checkpoint_id,
+            cols,  # type: ignore[arg-type]
+            exported=rids if name == owner else (),
+            retained=name in retained,
+        )
+    if env.model is not None:
+        records[MODEL_PROXY] = staged_records_plain(
+            MODEL_PROXY, MODEL_PROXY, checkpoint_id, [(ep.rollout_id, ep.staged) for ep in held]
+        )
+    return records
+
+
+_EXPORT_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+    "gymckpt_host_export_threads"
+)
+
+
+async def offload(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread; inline under trio's ``MockClock`` (virtual time would leap
+    past every deadline while a real thread runs).
+
+    One such thread per event loop at a time: instances hosted in one process share one GIL, so
+    parallel exports are not faster, and every extra thread wanting the GIL makes the event
+    loop wait longer for it."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        # looked up, not imported: trio.testing imports pytest (objects every full collection
+        # would walk), and a MockClock exists only once it was imported
+        testing = sys.modules.get("trio.testing")
+        if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
+            await anyio.lowlevel.checkpoint()
+            return fn()
+    try:
+        limiter = _EXPORT_THREADS.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(1)
+        _EXPORT_THREADS.set(limiter)
+    return await anyio.to_thread.run_sync(fn, limiter=limiter)

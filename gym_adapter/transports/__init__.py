@@ -1,0 +1,1 @@
+"""The transports: embedded, and what every remote transport shares."""

@@ -1,0 +1,932 @@
+"""HttpGym: the Gym deployment over HTTP, one ``gymckpt serve`` process per instance.
+
+The client twin of ``RayGym``, on the same transport layer: acknowledgement on the next call
+(``_transport_acks``), the admission header (``_transport_admission``), generations
+(``_transport_generations``), deadlines sent as the time left (``_transport_deadlines``), errors
+by class (``_transport_errors``), and every body through the strict wire (``_http_wire`` over
+``_wire``: nothing pickled, nothing trusted unchecked). The trainer is trio; the HTTP client is
+httpx, which runs on trio through anyio.
+
+Two ways to open it:
+
+- ``async with HttpGym(urls, token=...) as gym``: servers someone else runs (on other
+  machines, in containers). Each URL's ``GET /health`` names its instance and incarnation; a
+  URL that does not answer raises ``GymConnectionLost``.
+- ``async with HttpGym.spawn("pkg.module:env", instances=K, work_dir=...) as gym``: K local
+  ``gymckpt serve`` processes on loopback ports, started and supervised here (``_http_spawn``,
+  ``_http_process``), stopped on exit, never left behind (they die with the trainer's process).
+
+HTTP's own parts are each a module, as Ray's are: the wire (``_http_wire``), one exchange and
+the error an answer carries (``_http_calls``), the reply stream (``_http_stream``), the spawned
+servers (``_http_spawn``, ``_http_process``) and this deployment.
+
+**Connections.** Two ``httpx.AsyncClient``s with bounded pools: one for ``/run`` streams, which
+hold a connection for as long as their episodes run, and one for the control plane, so a
+control call never waits behind streams for a connection (``max_streams`` and
+``max_control_connections``). A call that finds its pool exhausted waits at most
+``pool_timeout_s`` for a connection, then fails as ``GymCallTimeout`` naming the limit.
+
+**Deadlines** (S5): every control call sends its ``deadline_ts`` as the time left
+(``WireDeadline``; the server re-anchors it on its clock and fails a call past it with
+``GymCallTimeout``) and is bounded here too, by the deadline plus ``CONTROL_GRACE_S``, in its
+own cancel scope: a server that stops answering is ``GymCallTimeout`` naming the instance. The
+calls without a deadline (topology, inventory, statistics...) are bounded by ``view_timeout_s``.
+
+**Errors crossing HTTP** (S6). A Gym error arrives as its class (409/503 with the wire error,
+``_wire.decode_error``); a refusal (4xx: unauthenticated, malformed, too large...) changed
+nothing and is ``GymControlError`` saying why. A transport failure is classified like Ray's:
+the instance is *gone* (``GymInstanceDead``, its incarnation marked dead) when the server
+process was seen to exit (a spawned one) or a response comes from another incarnation; a
+connection that cannot be made or breaks is otherwise a retryable ``GymCheckpointUnavailable``.
+
+**Incarnations.** Every response carries ``Gymckpt-Incarnation``, random per server start.
+Each request goes to the incarnation the client knows; a response from another one means the
+server was restarted under the same name (its episodes and streams are gone): never the same
+instance. That generation is marked dead and the call raises ``GymInstanceDead``; the
+trainer's replacement path then calls ``replace``, which adopts the new incarnation (a server
+someone else restarted, who must start it with ``--recover`` so it continues its journal) or,
+for a spawned server, kills the process and starts a new one under the same name with
+``--recover``.
+
+**Trainer terms.** ``attach`` (the ``TrainerAware`` contract) sends the trainer's term to an
+instance, which takes it over for that term (fencing an older term's episodes, checkpoint and
+streams) or refuses it (409 ``GymInUse``: another run holds the server); from then on every
+request carries the term (``Gymckpt-Trainer``), so a fenced trainer's late requests are refused
+before they act.
+
+**Faults** (C3): one ``FaultPlan`` in the client counts calls across the deployment, as the
+embedded Gym does, and sends the fault it drew in the request (``fault``, or the run's
+``shape``); the server executes it for real. Only servers started with ``--allow-faults``
+(spawned ones with faults) honour one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, final
+
+import attrs
+import httpx
+import trio
+
+from gymckpt.runtime import (
+    CheckpointMode,
+    EpisodeRecord,
+    GymCallTimeout,
+    GymCheckpointUnavailable,
+    GymConnectionLost,
+    GymControlError,
+    GymInstanceDead,
+    GymInUse,
+    GymUnavailable,
+    InstanceRecord,
+    TrainerTerm,
+)
+
+from ..._contract import (
+    AttachReply,
+    CommitReply,
+    InstanceInventory,
+    InstanceTopology,
+    PrepareReply,
+    ReplaceableGym,
+    RestoreReply,
+    RetireReply,
+    RunRow,
+    Topology,
+)
+from ..._faults import FaultPlan, FaultSpec
+from ...host._host import HostConfig, HostStatistics
+from ...host._views import RetainedSession
+from .._acks import AckBook
+from .._admission import RunShape
+from .._deadlines import WireDeadline
+from .._deployment import instance_names, per_instance
+from .._errors import (
+    TransportFailure,
+    as_if_no_nursery,
+    transport_error,
+)
+from .._generations import Generations
+from .._statistics import GymStatistics, dead_statistics
+from ._calls import answer_error, post_request
+from ._process import Ready, ServerExited
+from ._spawn import ServeSpec, Supervisor
+from ._stream import HttpReplyStream
+from ._wire import (
+    INCARNATION_HEADER,
+    PROTOCOL,
+    RunRequest,
+    WireFormatError,
+    decode_health,
+    decode_result,
+    encode_control_request,
+    encode_run_request,
+)
+
+__all__ = ["HttpGym", "HttpReplacement", "HttpReplyStream"]
+
+CONTROL_GRACE_S: Final = 1.0
+"""A control call is given up this long after its deadline if the server has not answered (the
+server's own ``GymCallTimeout`` comes first when it can still answer)."""
+POOL_TIMEOUT_S: Final = 30.0
+"""Default bound on waiting for a free connection of the client's pool (``max_streams`` for
+``/run``, ``max_control_connections`` for the rest): a run past it is ``GymCallTimeout`` saying
+which limit is exhausted, never a wait without end."""
+VIEW_TIMEOUT_S: Final = 30.0
+"""Default bound on the calls that carry no deadline (topology, inventory, statistics...)."""
+DEATH_CONFIRM_S: Final = 2.0
+"""How long a broken connection to a spawned server waits for the process to exit before it
+counts as a broken connection rather than a death."""
+HEALTH_PROBE_S: Final = 2.0
+"""Bound on the ``/health`` probe that tells an external server's death from an early end."""
+ACK_TIMEOUT_S: Final = 2.0
+"""Bound on an acknowledgement sent on its own (it is repeated by the next call anyway)."""
+REPLACE_POLL_S: Final = 0.1
+"""How often ``replace`` asks an external server again whether it serves a new incarnation."""
+STARTUP_TIMEOUT_S: Final = 60.0
+"""Default bound on starting spawned servers (each must log its readiness line by then)."""
+
+
+@attrs.frozen
+class HttpReplacement:
+    """One replacement of a dead instance by ``HttpGym.replace``."""
+
+    instance: str
+    old_url: str
+    new_url: str
+    old_incarnation: str
+    new_incarnation: str
+    fence_s: float
+    """Killing the old server until it was seen to exit (0 for a server someone else runs)."""
+    start_s: float
+    """Starting the new server (or waiting for the restarted one) until it serves."""
+
+    @property
+    def total_s(self) -> float:
+        return self.fence_s + self.start_s
+
+
+@attrs.define
+class _Endpoint:
+    """Where an instance is served now and by which incarnation."""
+
+    url: str
+    incarnation: str
+    seen: str | None = None
+    """Another incarnation seen answering at ``url`` (the server was restarted)."""
+
+
+# -- the deployment -------------------------------------------------------------------------
+
+
+@final
+class HttpGym:
+    """The Gym deployment over HTTP (see the module docstring). ``async with`` it.
+
+    Each instance name has one live incarnation at a time: a restart (seen, or done by
+    ``replace``) starts a new *generation* (``Generations``); every call and stream remembers
+    the generation it went to, so a late failure of an old incarnation marks the new one
+    nothing, and nothing is sent to an incarnation known to be gone.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        token: str,
+        faults: Sequence[str | FaultSpec] = (),
+        batch_replies: bool = True,
+        max_batch_replies: int = 1024,
+        connect_timeout_s: float = 10.0,
+        view_timeout_s: float = VIEW_TIMEOUT_S,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
+        max_streams: int = 256,
+        max_control_connections: int = 64,
+        verify: bool | str = True,
+        _supervisor: Supervisor | None = None,
+    ) -> None:
+        if isinstance(urls, str):
+            raise TypeError("HttpGym takes a list of URLs, not one string")
+        if not urls:
+            raise ValueError("HttpGym needs at least one server URL")
+        if not token:
+            raise ValueError("HttpGym needs the servers' bearer token (token=...)")
+        if max_batch_replies < 1:
+            raise ValueError(f"max_batch_replies must be >= 1, got {max_batch_replies!r}")
+        for name, value in (
+            ("connect_timeout_s", connect_timeout_s),
+            ("view_timeout_s", view_timeout_s),
+            ("pool_timeout_s", pool_timeout_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        self._urls = tuple(u.rstrip("/") for u in urls)
+        self._token = token
+        self._plan = FaultPlan(faults)
+        self._batch_replies = batch_replies
+        self._max_batch_replies = max_batch_replies
+        self._connect_timeout_s = connect_timeout_s
+        self._view_timeout_s = view_timeout_s
+        self._pool_timeout_s = pool_timeout_s
+        self._limits = (max_streams, max_control_connections)
+        self._verify = verify
+        self._supervisor = _supervisor
+        self._names: tuple[str, ...] = ()
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._generations = Generations.of(())
+        self._acks = AckBook.of(())
+        self._sids = itertools.count(1)
+        self._trainer: TrainerTerm | None = None
+        self._replacements: list[HttpReplacement] = []
+        self._last_stats: dict[str, HostStatistics] = {}
+        self._session: AbstractAsyncContextManager[HttpGym] | None = None
+        self._streams: set[HttpReplyStream] = set()
+        """Streams whose response is open (held, so none is collected half-read)."""
+        self._nursery: trio.Nursery | None = None
+        self._control: httpx.AsyncClient | None = None
+        self._data: httpx.AsyncClient | None = None
+
+    # -- opening and closing ---------------------------------------------------------------------
+
+    def _client(self, max_connections: int) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {self._token}"},
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=min(max_connections, 32),
+            ),
+            timeout=httpx.Timeout(None, connect=self._connect_timeout_s, pool=self._pool_timeout_s),
+            verify=self._verify,
+            trust_env=False,
+        )
+
+    async def __aenter__(self) -> HttpGym:
+        if self._session is not None:
+            raise RuntimeError("HttpGym is already open")
+        session = self._open()
+        gym = await session.__aenter__()
+        self._session = session
+        return gym
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        session, self._session = self._session, None
+        if session is None:
+            return None
+        return await session.__aexit__(t, e, tb)
+
+    @asynccontextmanager
+    async def _open(self) -> AsyncIterator[HttpGym]:
+        max_streams, max_control = self._limits
+        async with self._client(max_streams) as data, self._client(max_control) as control:
+            self._data, self._control = data, control
+            try:
+                await self._connect()
+                with as_if_no_nursery():
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        try:
+                            yield self
+                        finally:
+                            self._nursery = None
+                            nursery.cancel_scope.cancel()  # acknowledgements on their way
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._close_streams()
+
+    async def _connect(self) -> None:
+        """Ask every URL's ``/health`` (concurrently, each within ``connect_timeout_s``), then
+        its topology (which needs the token)."""
+        healths: dict[str, Any] = {}
+
+        async def one(url: str) -> None:
+            healths[url] = await self._health(url, self._connect_timeout_s)
+
+        async with trio.open_nursery() as nursery:
+            for url in self._urls:
+                nursery.start_soon(one, url)
+        names: list[str] = []
+        for url in self._urls:
+            health = healths[url]
+            if health is None:
+                raise GymConnectionLost(
+                    f"no gymckpt server answers GET {url}/health within "
+                    f"{self._connect_timeout_s:g}s: start it (gymckpt serve) or fix the URL",
+                    url,
+                )
+            if health.protocol != PROTOCOL:
+                raise ValueError(
+                    f"the server at {url} speaks {health.protocol!r}, this client {PROTOCOL!r}: "
+                    "run the same gymckpt version on both sides"
+                )
+            if not health.serving:
+                raise GymConnectionLost(f"the server at {url} does not serve yet", url)
+            names.append(health.instance)
+            self._endpoints[health.instance] = _Endpoint(url, health.incarnation)
+        if len(set(names)) != len(names):
+            served = dict(zip(self._urls, names, strict=True))
+            raise ValueError(
+                f"two servers serve the same instance name: {served}; give each its own --instance"
+            )
+        self._names = tuple(names)
+        self._generations = Generations.of(self._names)
+        self._acks = AckBook.of(self._names)
+        if self._supervisor is not None:
+            self._supervisor.on_exit = self._server_exited
+        for name in self._names:  # needs the token: a wrong one fails here, naming the server
+            try:
+                await self._call(name, "topology", {}, None)
+            except GymControlError as exc:
+                raise ValueError(
+                    f"the server at {self._endpoints[name].url} refuses this client: {exc}"
+                ) from None
+
+    async def _health(self, url: str, timeout_s: float) -> Any:
+        """``GET url/health``, or None if nothing answers it within ``timeout_s``."""
+        assert self._control is not None
+        with trio.move_on_after(timeout_s):
+            try:
+                resp = await self._control.get(url + "/health")
+            except httpx.HTTPError:
+                return None
+            if resp.status_code != 200:
+                return None
+            try:
+                return decode_health(resp.content)
+            except WireFormatError:
+                return None
+        return None
+
+    async def _close_streams(self) -> None:
+        """Close the response of every stream its consumer left open (the deployment ends)."""
+        while self._streams:
+            await self._streams.pop().close_response()
+
+    def opened(self, stream: HttpReplyStream) -> None:
+        self._streams.add(stream)
+
+    def released(self, stream: HttpReplyStream) -> None:
+        self._streams.discard(stream)
+
+    def _server_exited(self, name: str, generation: int) -> None:
+        """A spawned server's process exited: that incarnation is dead."""
+        if name in self._endpoints:
+            self._generations.mark_dead(name, generation)
+
+    # -- spawning --------------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def spawn(
+        cls,
+        environment: str | Sequence[str],
+        instances: int = 1,
+        *,
+        work_dir: str | Path,
+        config: HostConfig | None = None,
+        faults: Sequence[str | FaultSpec] = (),
+        seed: int = 0,
+        state_root: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        extra_args: Sequence[str] = (),
+        **options: Any,
+    ) -> AsyncIterator[HttpGym]:
+        """Start ``instances`` local ``gymckpt serve ENVIRONMENT`` processes (instances
+        ``gym-0`` …), on loopback ports the kernel picks, and serve the deployment on them until
+        the context exits, when they are stopped (SIGTERM, then SIGKILL). They die with this
+        process too, however it ends (``_http_process``).
+
+        ``environment`` is an import path (``package.module:factory``) each server loads
+        itself (or a list of them, one per instance); ``environ`` adds environment variables
+        for the servers (a factory's settings).
+        Each instance journals in ``work_dir/<instance>/`` (as embedded and on Ray), logs to
+        ``work_dir/<instance>.serve.log``, and accepts commit and restore paths inside
+        ``state_root`` (default ``work_dir``; it must contain the trainer's snapshot
+        directory). One bearer token for all of them is generated into ``work_dir/http-token``
+        (mode 0600). ``config`` is every host's ``HostConfig``; ``faults`` are C3 specs (the
+        servers then run with ``--allow-faults``). ``options`` go to ``HttpGym``. Raises
+        ``TimeoutError`` if a server does not serve within ``startup_timeout_s``; nothing is
+        left running then.
+        """
+        names = instance_names(instances)
+        sources = per_instance(environment, instances)
+        for source in sources:
+            if not isinstance(source, str):
+                raise TypeError(
+                    "HttpGym.spawn takes the environment's import path ('package.module:name'), "
+                    f"which each server loads itself, not a {type(source).__name__}"
+                )
+        FaultPlan(faults)  # a bad spec fails before anything starts
+        token = secrets.token_urlsafe(32)
+        spec = ServeSpec.prepare(
+            dict(zip(names, sources, strict=True)),
+            seed,
+            work_dir,
+            state_root,
+            token,
+            config,
+            allow_faults=bool(faults),
+            extra_args=tuple(extra_args),
+            environ=environ or {},
+        )
+        with as_if_no_nursery():
+            async with trio.open_nursery() as nursery:
+                supervisor = Supervisor(nursery, spec)
+                try:
+                    readies: dict[str, Ready] = {}
+                    deadline = trio.current_time() + startup_timeout_s
+
+                    async def start(name: str) -> None:
+                        readies[name] = await supervisor.start(name, 0, deadline, recover=False)
+
+                    with as_if_no_nursery():
+                        async with trio.open_nursery() as starting:
+                            for name in names:
+                                starting.start_soon(start, name)
+                    gym = cls(
+                        [readies[n].url for n in names],
+                        token=token,
+                        faults=faults,
+                        _supervisor=supervisor,
+                        **options,
+                    )
+                    async with gym:
+                        yield gym
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await supervisor.stop_all()
+                    nursery.cancel_scope.cancel()
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def faults(self) -> FaultPlan:
+        return self._plan
+
+    @property
+    def acks(self) -> AckBook:
+        return self._acks
+
+    @property
+    def spawned(self) -> bool:
+        """Whether this deployment started (and supervises) its servers."""
+        return self._supervisor is not None
+
+    @property
+    def replacements(self) -> tuple[HttpReplacement, ...]:
+        """Every replacement so far, oldest first."""
+        return tuple(self._replacements)
+
+    def url(self, instance: str) -> str:
+        """The URL ``instance`` is served at now."""
+        return self._endpoint(instance).url
+
+    def incarnation(self, instance: str) -> str:
+        """The incarnation of ``instance`` this client talks to."""
+        return self._endpoint(instance).incarnation
+
+    def pid(self, instance: str) -> int | None:
+        """The process id of a spawned instance's server (None for one someone else runs)."""
+        self._endpoint(instance)
+        proc = self._supervisor.process(instance) if self._supervisor is not None else None
+        return proc.pid if proc is not None else None
+
+    def _endpoint(self, instance: str) -> _Endpoint:
+        try:
+            return self._endpoints[instance]
+        except KeyError:
+            raise ValueError(
+                f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
+            ) from None
+
+    def serving(self, instance: str, generation: int) -> bool:
+        return self._generations.serving(instance, generation)
+
+    def _check_incarnation(
+        self, instance: str, op: str, endpoint: _Endpoint, response: httpx.Response, generation: int
+    ) -> None:
+        """A response from another incarnation than the one asked: that one is gone."""
+        seen = response.headers.get(INCARNATION_HEADER)
+        if seen is None:
+            raise GymCheckpointUnavailable(
+                f"instance {instance} {op}: the answer from {endpoint.url} has no "
+                f"{INCARNATION_HEADER} header (HTTP {response.status_code}): is it a gymckpt "
+                "server?",
+                instance,
+                op,
+            )
+        if seen != endpoint.incarnation:
+            endpoint.seen = seen
+            self._generations.mark_dead(instance, generation)
+            raise GymInstanceDead(instance, op)
+
+    async def _transport_failure(
+        self, instance: str, op: str, exc: BaseException, generation: int
+    ) -> BaseException:
+        """The runtime's error for httpx's ``exc`` on ``op`` of incarnation ``generation``."""
+        if isinstance(exc, httpx.PoolTimeout):
+            streams, control = self._limits
+            pool = f"max_streams={streams}" if op == "run" else f"max_control_connections={control}"
+            return GymCallTimeout(
+                f"instance {instance} {op}: no free connection within {self._pool_timeout_s} s: "
+                f"every one of HttpGym's {pool} is held (each open /run stream holds one until "
+                "its episodes end); give HttpGym a larger limit, and the servers --max-streams "
+                "to match, or dispatch larger batches",
+                instance,
+                op,
+            )
+        if isinstance(exc, httpx.TimeoutException):
+            return GymCallTimeout(
+                f"instance {instance} {op}: no answer from {self._endpoint(instance).url} in "
+                f"time ({type(exc).__name__})",
+                instance,
+                op,
+            )
+        failure = (
+            TransportFailure.UNREACHABLE
+            if isinstance(exc, httpx.ConnectError)
+            else TransportFailure.BROKEN
+        )
+        if self._supervisor is not None and await self._supervisor.exited(
+            instance, generation, DEATH_CONFIRM_S
+        ):
+            failure = TransportFailure.GONE
+            self._generations.mark_dead(instance, generation)
+        return transport_error(failure, instance, op, exc, transport="HTTP", peer="server")
+
+    def _error_response(
+        self, instance: str, op: str, response: httpx.Response, generation: int
+    ) -> Exception:
+        """The runtime's error for a non-200 answer to ``op`` from incarnation ``generation``
+        (a ``GymInstanceDead`` it reports marks that incarnation dead)."""
+        error = answer_error(instance, op, response)
+        if isinstance(error, GymInstanceDead):
+            self._generations.mark_dead(instance, generation)
+        return error
+
+    async def _call(
+        self,
+        instance: str,
+        op: str,
+        args: Mapping[str, Any],
+        deadline_ts: float | None,
+        fault: FaultSpec | None = None,
+    ) -> Any:
+        """``POST /control/v1/<op>`` to the live incarnation of ``instance``, carrying its
+        recorded acknowledgements; bounded by ``deadline_ts`` plus ``CONTROL_GRACE_S`` (or
+        ``view_timeout_s`` without a deadline)."""
+        generation = self._generations.live(instance, op)
+        endpoint = self._endpoint(instance)
+        acks = self._acks.outgoing(instance)
+        now = trio.current_time()
+        deadline = None
+        if deadline_ts is not None:
+            deadline = WireDeadline.send(deadline_ts, now, time.time())
+            bound = deadline_ts + CONTROL_GRACE_S
+        else:
+            bound = now + self._view_timeout_s
+        body = encode_control_request(op, deadline=deadline, acks=acks, fault=fault, args=args)
+        assert self._control is not None, "HttpGym is not open (use async with)"
+        response: httpx.Response | None = None
+        with trio.move_on_at(bound):
+            try:
+                request = post_request(
+                    self._control,
+                    f"{endpoint.url}/control/v1/{op}",
+                    body,
+                    endpoint.incarnation,
+                    self._trainer,
+                )
+                response = await self._control.send(request)
+            except httpx.HTTPError as exc:
+                raise await self._transport_failure(instance, op, exc, generation) from None
+        if response is None:
+            raise GymCallTimeout(
+                f"instance {instance} did not answer {op} in time (server {endpoint.url})",
+                instance,
+                op,
+            )
+        self._check_incarnation(instance, op, endpoint, response, generation)
+        if response.status_code != 200:
+            raise self._error_response(instance, op, response, generation)
+        try:
+            result = decode_result(op, response.content)
+        except WireFormatError as exc:
+            raise GymCheckpointUnavailable(
+                f"instance {instance} {op}: the server's answer is not the wire form ({exc})",
+                instance,
+                op,
+            ) from None
+        if self._generations.serving(instance, generation):
+            self._acks.carried(instance, acks)
+        return result
+
+    async def _control_op(
+        self, instance: str, op: str, args: Mapping[str, Any], deadline_ts: float
+    ) -> Any:
+        self._generations.live(instance, op)  # a dead instance counts no call
+        return await self._call(instance, op, args, deadline_ts, self._plan.check(op))
+
+    # -- StreamPeer (for HttpReplyStream) ----------------------------------------------------------
+
+    def send_ack(self, instance: str, generation: int, sid: int, upto: int) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._ack, instance, generation, sid, upto)
+
+    async def _ack(self, instance: str, generation: int, sid: int, upto: int) -> None:
+        if not self._generations.serving(instance, generation):
+            return
+        # an ack is advisory (a lost one is carried by the next request): one refused because
+        # the instance now serves another term or run than this facade's (GymInUse: it acted
+        # on nothing) is dropped too, not raised into the facade's nursery
+        with trio.move_on_after(ACK_TIMEOUT_S), suppress(GymUnavailable, GymInUse):
+            await self._call(instance, "ack", {"sid": sid, "upto": upto}, None)
+
+    async def close_stream(self, instance: str, generation: int, sid: int, upto: int) -> bool:
+        if not self._generations.serving(instance, generation):
+            await trio.lowlevel.checkpoint()
+            return False
+        try:
+            await self._call(instance, "close_stream", {"sid": sid, "upto": upto}, None)
+        except GymUnavailable:
+            return False
+        return True
+
+    async def broken(
+        self, instance: str, generation: int, exc: BaseException | None
+    ) -> BaseException | None:
+        if not self._generations.serving(instance, generation):
+            return GymInstanceDead(instance, "run")
+        if self._supervisor is not None:
+            if await self._supervisor.exited(instance, generation, DEATH_CONFIRM_S):
+                self._generations.mark_dead(instance, generation)
+                return GymInstanceDead(instance, "run")
+            return None
+        endpoint = self._endpoint(instance)
+        health = await self._health(endpoint.url, HEALTH_PROBE_S)
+        if health is not None and health.incarnation != endpoint.incarnation:
+            endpoint.seen = health.incarnation
+            self._generations.mark_dead(instance, generation)
+            return GymInstanceDead(instance, "run")
+        return None
+
+    # -- GymBackend ------------------------------------------------------------------------------
+
+    async def topology(self) -> Topology:
+        """Every instance's topology, asked of all servers at once (each within
+        ``view_timeout_s``)."""
+        for name in self._names:
+            self._generations.live(name, "topology")
+        got: dict[str, InstanceTopology] = {}
+
+        async def one(name: str) -> None:
+            got[name] = await self._call(name, "topology", {}, None)
+
+        async with trio.open_nursery() as nursery:
+            for name in self._names:
+                nursery.start_soon(one, name)
+        return Topology(tuple(got[n] for n in self._names))
+
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> HttpReplyStream:
+        """Submit ``rows`` (``POST /run``) and wait for their admission header; a ``refuse``
+        fault refuses them all, a ``drop`` fault ends the stream after ``len(rows) // 2``
+        replies (``RunShape``)."""
+        generation = self._generations.live(instance, "run")
+        endpoint = self._endpoint(instance)
+        shape = RunShape.of(self._plan.check("run"), rows)
+        sid = next(self._sids)
+        acks = self._acks.outgoing(instance)
+        body = encode_run_request(
+            RunRequest(
+                sid, acks, shape, not self._batch_replies, self._max_batch_replies, tuple(rows)
+            )
+        )
+        assert self._data is not None, "HttpGym is not open (use async with)"
+        request = post_request(
+            self._data, f"{endpoint.url}/run", body, endpoint.incarnation, self._trainer
+        )
+        try:
+            response = await self._data.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise await self._transport_failure(instance, "run", exc, generation) from None
+        try:
+            self._check_incarnation(instance, "run", endpoint, response, generation)
+            if response.status_code != 200:
+                await response.aread()
+                raise self._error_response(instance, "run", response, generation)
+            stream = HttpReplyStream(self, instance, generation, sid, response)
+            await stream.admitted()
+        except BaseException:
+            with trio.CancelScope(shield=True), suppress(httpx.HTTPError):
+                await response.aclose()
+            raise
+        if self._generations.serving(instance, generation):
+            self._acks.carried(instance, acks)
+        return stream
+
+    async def prepare(
+        self,
+        instance: str,
+        checkpoint_id: str,
+        deadline_ts: float,
+        mode: CheckpointMode = CheckpointMode.ALIGNED,
+        alignment_timeout_s: float | None = None,
+    ) -> PrepareReply:
+        args: dict[str, Any] = {"checkpoint_id": checkpoint_id, "mode": mode}
+        if alignment_timeout_s is not None:
+            args["alignment_timeout_s"] = float(alignment_timeout_s)
+        reply: PrepareReply = await self._control_op(instance, "prepare", args, deadline_ts)
+        return reply
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply:
+        reply: CommitReply = await self._control_op(
+            instance,
+            "commit",
+            {"checkpoint_id": checkpoint_id, "state_root": str(state_root)},
+            deadline_ts,
+        )
+        return reply
+
+    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
+        await self._control_op(instance, "resume", {"checkpoint_id": checkpoint_id}, deadline_ts)
+
+    async def retire(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        reply: RetireReply = await self._control_op(
+            instance, "retire", {"rollout_ids": tuple(rollout_ids)}, deadline_ts
+        )
+        return reply
+
+    async def restore(
+        self,
+        instance: str,
+        state_root: str,
+        record: InstanceRecord,
+        episodes: Sequence[EpisodeRecord],
+        deadline_ts: float,
+    ) -> RestoreReply:
+        reply: RestoreReply = await self._control_op(
+            instance,
+            "restore",
+            {"state_root": str(state_root), "record": record, "episodes": tuple(episodes)},
+            deadline_ts,
+        )
+        return reply
+
+    async def retire_restored(
+        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
+    ) -> RetireReply:
+        reply: RetireReply = await self._control_op(
+            instance, "retire_restored", {"rollout_ids": tuple(rollout_ids)}, deadline_ts
+        )
+        return reply
+
+    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
+        """``trainer`` takes ``instance`` over (``POST /control/v1/attach``); every later
+        request to every instance carries it (``Gymckpt-Trainer``). ``GymInUse`` if the server
+        serves another run."""
+        self._trainer = trainer
+        reply: AttachReply = await self._control_op(
+            instance, "attach", {"trainer": trainer}, deadline_ts
+        )
+        return reply
+
+    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
+        """``trainer``'s run is done with ``instance`` (``POST /control/v1/release``)."""
+        await self._control_op(instance, "release", {"trainer": trainer}, deadline_ts)
+
+    async def inventory(self, instance: str) -> InstanceInventory:
+        inv: InstanceInventory = await self._call(instance, "inventory", {}, None)
+        return inv
+
+    # -- replacement -----------------------------------------------------------------------------
+
+    async def replace(self, instance: str, deadline_ts: float) -> None:
+        """Bring up a fresh incarnation under ``instance``'s name, in place of its dead one.
+
+        From the first line on, the instance counts as dead (no call reaches either
+        incarnation) and its generation is new (a late error of the old one marks nothing).
+        A spawned server: the old process is killed and must be seen to exit (fenced: it can
+        write nothing more), then a new ``gymckpt serve --recover`` starts under the same name
+        and continues the dead one's retained sessions from its journal. A server someone else
+        runs: ``replace`` waits until its URL answers with an incarnation other than the dead
+        one (someone restarted it, with ``--recover``) and adopts it. Raises
+        ``GymCallTimeout`` if that did not happen by ``deadline_ts``, ``GymInstanceDead`` if the
+        new server exits while starting; the instance then stays dead and ``replace`` may be
+        called again.
+        """
+        old = self._endpoint(instance)
+        t0 = trio.current_time()
+        generation = self._generations.begin_replacement(instance)
+        supervisor = self._supervisor
+        if supervisor is None:
+            ready = await self._adopt(instance, old, deadline_ts)
+            t1 = t0
+        else:
+            with trio.move_on_at(deadline_ts):
+                await supervisor.kill(instance)
+            proc = supervisor.process(instance)
+            if proc is not None and not proc.exited():
+                raise GymCallTimeout(
+                    f"instance {instance} replace: its old server (pid {proc.pid}) did not exit "
+                    "by the deadline; not replaced",
+                    instance,
+                    "replace",
+                )
+            t1 = trio.current_time()
+            try:
+                ready = await supervisor.start(instance, generation, deadline_ts, recover=True)
+            except TimeoutError as exc:
+                raise GymCallTimeout(
+                    f"instance {instance} replace: {exc}", instance, "replace"
+                ) from None
+            except ServerExited:
+                raise GymInstanceDead(instance, "replace") from None
+        self._endpoints[instance] = _Endpoint(ready.url, ready.incarnation)
+        self._acks.reset(instance)
+        self._generations.installed(instance, generation)
+        self._replacements.append(
+            HttpReplacement(
+                instance,
+                old.url,
+                ready.url,
+                old.incarnation,
+                ready.incarnation,
+                t1 - t0,
+                trio.current_time() - t1,
+            )
+        )
+
+    async def _adopt(self, instance: str, old: _Endpoint, deadline_ts: float) -> Ready:
+        """Wait until the server at ``old.url`` serves ``instance`` in another incarnation."""
+        last = "no answer"
+        with trio.move_on_at(deadline_ts):
+            while True:
+                health = await self._health(old.url, max(0.1, deadline_ts - trio.current_time()))
+                if health is not None:
+                    if health.instance != instance:
+                        last = f"it serves instance {health.instance!r}"
+                    elif health.incarnation != old.incarnation and health.serving:
+                        return Ready(instance, old.url, health.incarnation)
+                    else:
+                        last = f"it still serves incarnation {health.incarnation}"
+                await trio.sleep(REPLACE_POLL_S)
+        raise GymCallTimeout(
+            f"instance {instance} replace: the server at {old.url} did not come back as a new "
+            f"incarnation by the deadline ({last}); restart it with gymckpt serve --recover",
+            instance,
+            "replace",
+        )
+
+    # -- extras (tests, demo) --------------------------------------------------------------------
+
+    async def retained_sessions(self, instance: str) -> dict[str, dict[str, RetainedSession]]:
+        """``GymHost.retained_sessions()`` of ``instance``: every retained participant's
+        session per slot, as plain data. (``session_states`` has no wire form: a
+        ``SessionView`` holds a participant's live object, which stays in its process.)"""
+        views: dict[str, dict[str, RetainedSession]] = await self._call(
+            instance, "retained_sessions", {}, None
+        )
+        return views
+
+    async def statistics(self) -> GymStatistics:
+        """Per-instance counts and the faults that fired. A dead instance reports the counts
+        last seen (zeros if none) with ``dead`` set."""
+        stats = []
+        for name in self._names:
+            try:
+                st: HostStatistics = await self._call(name, "statistics", {}, None)
+                self._last_stats[name] = st
+            except GymInstanceDead:
+                st = dead_statistics(name, self._last_stats.get(name))
+            stats.append(st)
+        return GymStatistics(instances=tuple(stats), faults_fired=self._plan.fired)
+
+    def __repr__(self) -> str:
+        kind = "spawned" if self._supervisor is not None else "external"
+        return (
+            f"<HttpGym {kind} instances={len(self._names)} "
+            f"dead={self._generations.dead_count} faults={self._plan!r}>"
+        )
+
+
+if TYPE_CHECKING:  # mypy checks that HttpGym implements the contract
+
+    def _is_a_backend(gym: HttpGym) -> ReplaceableGym:
+        return gym
