@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -71,25 +71,58 @@ DEMO_FLAG_DEST = {"faults": "fault", "crash_stage": "crash_at_stage"}
 """``DemoOptions`` fields whose command-line flag stores under another name."""
 
 
-def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    from .demo.envs import FAMILIES
+EXIT_CODE_SUMMARY: dict[ExitCode, str] = {
+    ExitCode.OK: "ok",
+    ExitCode.BAD_INPUT: "bad input (or a work directory or Gym server in use)",
+    ExitCode.INVARIANT: "run aborted (invariant)",
+    ExitCode.CHECKPOINTS_FAILED: "checkpoints failed too often",
+    ExitCode.REPLACEMENTS_EXHAUSTED: "a Gym instance kept dying (replacement budget spent)",
+    ExitCode.CLUSTER_LOST: "the Ray cluster is unreachable or was lost",
+    ExitCode.DATA_FAILURES: "episodes failed as data past the budget",
+    ExitCode.INFRA_OUTAGE: "infrastructure down past outage_budget_s",
+    ExitCode.INTERRUPTED: "interrupted (SIGINT)",
+}
+"""The few words ``gymckpt --help`` says of each exit code; ``ExitCode``'s own docstrings are
+the full meaning (the reference's exit-code page is generated from them)."""
 
+
+def exit_codes_epilog() -> str:
+    """The ``exit codes:`` line of ``gymckpt --help``: every ``ExitCode``, in order, so the help
+    cannot leave one out (a code without words here is listed by its name)."""
+    return "exit codes: " + ", ".join(
+        f"{int(code)} {EXIT_CODE_SUMMARY.get(code, code.name.lower().replace('_', ' '))}"
+        for code in ExitCode
+    )
+
+
+def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The ``gymckpt`` parser, every subcommand in the order ``--help`` lists them;
+    ``demo_defaults`` (the demo's ``--config`` table) become the demo flags' defaults."""
     parser = _Parser(
         prog="gymckpt",
         description=(
             "Consistent checkpoints of RL rollouts while they run in a Gym service, and "
             "exactly-once restore after a crash."
         ),
-        epilog="exit codes: 0 ok, 2 bad input (or a work directory or Gym server in use), "
-        "3 run aborted (invariant), "
-        "4 checkpoints failed too often, 5 a Gym instance kept dying (replacement budget spent), "
-        "6 the Ray cluster is unreachable or was lost, 7 episodes failed as data past the "
-        "budget, 8 infrastructure down past outage_budget_s",
+        epilog=exit_codes_epilog(),
     )
     parser.add_argument("--version", action="version", version=f"gymckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_demo_parser(sub, demo_defaults)
+    _add_snapshots_parser(sub)
+    _add_offline_parsers(sub)
+    _add_simulate_parser(sub)
+    from .serve import add_serve_parser
 
-    demo = sub.add_parser(
+    add_serve_parser(sub)
+    # A subcommand of its own module registers here, one line: ``add_X_parser(sub)`` adds its
+    # parser and sets ``handler=main_X`` (``main_X(args) -> int``), which ``main`` calls.
+    _add_bench_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub: Any, demo_defaults: dict[str, Any] | None) -> None:
+    demo: argparse.ArgumentParser = sub.add_parser(
         "demo",
         help="run a toy trio trainer against Gym with checkpoints, a SIGKILL and a restore",
         description=(
@@ -149,6 +182,15 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         help="inject a Gym fault OP:KIND[@N][:ARG] (repeatable), e.g. "
         "prepare:hang@1; KIND dead kills the instance, which is then replaced",
     )
+    _add_demo_setup_flags(demo)
+    if demo_defaults:
+        demo.set_defaults(**demo_defaults)
+
+
+def _add_demo_setup_flags(demo: argparse.ArgumentParser) -> None:
+    """The demo's flags of where and on what it runs (work directory, environment, mode)."""
+    from .demo.envs import FAMILIES
+
     demo.add_argument(
         "--workdir",
         help="new or empty directory for snapshots and the journal "
@@ -202,9 +244,9 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         "the command line win) and runtime settings from its table [runtime] "
         "(RuntimeConfig's fields, e.g. lease_s = 60.0)",
     )
-    if demo_defaults:
-        demo.set_defaults(**demo_defaults)
 
+
+def _add_snapshots_parser(sub: Any) -> None:
     snaps = sub.add_parser(
         "snapshots",
         help="list or prune the rollout snapshots of a work directory",
@@ -235,6 +277,9 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     )
     snaps_prune.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_offline_parsers(sub: Any) -> None:
+    """``inspect`` and ``verify``: a snapshot read offline."""
     for name, text in (
         (
             "inspect",
@@ -252,6 +297,8 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         p.add_argument("dir", metavar="DIR")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_simulate_parser(sub: Any) -> None:
     sim = sub.add_parser(
         "simulate",
         help="run N randomized scenarios (workload, faults, crashes) in virtual time",
@@ -299,15 +346,13 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
         "(default: /dev/shm when writable, else the system temp directory)",
     )
 
-    from .serve import add_serve_parser
 
-    add_serve_parser(sub)
-
+def _add_bench_parser(sub: Any) -> None:
+    """``bench``: its own parser (``gymckpt.benchmarks.cli``) reads the rest."""
     bench = sub.add_parser(
         "bench", help="run benchmarks (see gymckpt bench --help)", add_help=False
     )
     bench.add_argument("args", nargs=argparse.REMAINDER)
-    return parser
 
 
 def _ray_installed() -> bool:
@@ -543,92 +588,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gymckpt.benchmarks.cli import main as bench_main
 
         return bench_main(argv[1:])
-    if argv[:1] == ["_phase"]:
-        parser = _phase_parser()
-        args = parser.parse_args(argv[1:])
-        args.command = "_phase"
-    else:
-        demo_json = argv[:1] == ["demo"] and "--json" in argv
-        parser = build_parser()
-        try:
-            args = parser.parse_args(argv)
-            if args.command == "demo" and args.config:  # the file's values become defaults
-                try:
-                    parser = build_parser(_demo_file_defaults(args.config))
-                except ManifestError as exc:
-                    print(f"gymckpt: error: {exc}", file=sys.stderr)
-                    if demo_json:
-                        _demo_json_error(str(exc))
-                    return ExitCode.BAD_INPUT
-                args = parser.parse_args(argv)
-        except SystemExit as exc:  # a bad flag (argparse printed why), or --help
-            if demo_json and exc.code == ExitCode.BAD_INPUT:
-                _demo_json_error(_Parser.last_error or "bad flags")
-            raise
+    parsed = _parse(argv)
+    if isinstance(parsed, int):
+        return parsed
+    parser, args = parsed
     try:
-        if args.command is None:
-            parser.print_help()
-            return 0
-        if args.command == "bench":
-            from gymckpt.benchmarks.cli import main as bench_main
-
-            return bench_main(args.args)
-        if args.command in ("inspect", "verify"):
-            return _offline(args.command, args.dir, args.json)
-        if args.command == "snapshots":
-            from .snapshots import list_snapshots, prune_snapshots
-
-            if args.action == "list":
-                return list_snapshots(args.dir, args.json)
-            return prune_snapshots(args.dir, args.keep, args.json, every=args.all)
-        if args.command == "simulate":
-            return _simulate(args, reexec=as_program)
-        if args.command == "serve":
-            from .serve import main_serve
-
-            return main_serve(args)
-        from .demo.main import DemoOptions, phase_main, run_demo
-
-        if args.command == "_phase":
-            opts = DemoOptions.from_json(args.options)
-            return phase_main(opts, Path(args.workdir), args.phase, args.crash_after)
-        from gymckpt.gym_adapter import FaultSpec
-
-        for spec in args.fault:
-            FaultSpec.parse(spec)
-        hidden = {
-            k: getattr(args, k)
-            for k in ("groups_per_step", "max_rows_in_flight", "hold_first_mutation")
-            if hasattr(args, k)
-        }
-        opts = DemoOptions(
-            **hidden,
-            backend=args.backend,
-            rows=args.rows,
-            group_size=args.group_size,
-            instances=args.instances,
-            seed=args.seed,
-            checkpoint_every=args.checkpoint_every,
-            crash_after_checkpoint=args.crash_after_checkpoint,
-            faults=tuple(args.fault),
-            workdir=args.workdir,
-            ray_address=args.ray_address,
-            agent_kind=args.agent_kind,
-            checkpoint_mode=args.checkpoint_mode,
-            crash_stage=args.crash_at_stage,
-            env=args.env,
-            keep=args.keep,
-            runtime=_demo_file_runtime(args.config),
-        )
-        if args.config:
-            opts.runtime_config(f"{args.config} [runtime]")  # bad settings: exit 2, named
-        if opts.backend == "ray" and not _ray_installed():
-            error = "--backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"
-            print(f"gymckpt: error: {error}", file=sys.stderr)
-            if args.json:
-                _demo_json_error(error)
-            return ExitCode.BAD_INPUT
-        return run_demo(opts, args.json)
+        return _dispatch(parser, args, as_program)
     except (ManifestError, TopologyMismatch, ValueError, WorkDirLocked) as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
         if args.command == "demo" and args.json:
@@ -636,6 +601,107 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+
+
+def _parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace] | int:
+    """The parser and the parsed ``argv`` (the demo's ``--config`` values as its defaults), or
+    the exit code of a ``--config`` that cannot be read; a bad flag or ``--help`` exits."""
+    if argv[:1] == ["_phase"]:
+        parser = _phase_parser()
+        args = parser.parse_args(argv[1:])
+        args.command = "_phase"
+        return parser, args
+    demo_json = argv[:1] == ["demo"] and "--json" in argv
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "demo" and args.config:  # the file's values become defaults
+            try:
+                parser = build_parser(_demo_file_defaults(args.config))
+            except ManifestError as exc:
+                print(f"gymckpt: error: {exc}", file=sys.stderr)
+                if demo_json:
+                    _demo_json_error(str(exc))
+                return ExitCode.BAD_INPUT
+            args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (argparse printed why), or --help
+        if demo_json and exc.code == ExitCode.BAD_INPUT:
+            _demo_json_error(_Parser.last_error or "bad flags")
+        raise
+    return parser, args
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, as_program: bool) -> int:
+    """Run the parsed command; its exit code."""
+    if args.command is None:
+        parser.print_help()
+        return 0
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is not None:  # a subcommand of its own module (``serve`` …)
+        return handler(args)
+    if args.command == "bench":
+        from gymckpt.benchmarks.cli import main as bench_main
+
+        return bench_main(args.args)
+    if args.command in ("inspect", "verify"):
+        return _offline(args.command, args.dir, args.json)
+    if args.command == "snapshots":
+        from .snapshots import list_snapshots, prune_snapshots
+
+        if args.action == "list":
+            return list_snapshots(args.dir, args.json)
+        return prune_snapshots(args.dir, args.keep, args.json, every=args.all)
+    if args.command == "simulate":
+        return _simulate(args, reexec=as_program)
+    if args.command == "_phase":
+        from .demo.main import DemoOptions, phase_main
+
+        opts = DemoOptions.from_json(args.options)
+        return phase_main(opts, Path(args.workdir), args.phase, args.crash_after)
+    return _demo(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``gymckpt demo`` with the parsed ``args``; its exit code."""
+    from gymckpt.gym_adapter import FaultSpec
+
+    from .demo.main import DemoOptions, run_demo
+
+    for spec in args.fault:
+        FaultSpec.parse(spec)
+    hidden = {
+        k: getattr(args, k)
+        for k in ("groups_per_step", "max_rows_in_flight", "hold_first_mutation")
+        if hasattr(args, k)
+    }
+    opts = DemoOptions(
+        **hidden,
+        backend=args.backend,
+        rows=args.rows,
+        group_size=args.group_size,
+        instances=args.instances,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        crash_after_checkpoint=args.crash_after_checkpoint,
+        faults=tuple(args.fault),
+        workdir=args.workdir,
+        ray_address=args.ray_address,
+        agent_kind=args.agent_kind,
+        checkpoint_mode=args.checkpoint_mode,
+        crash_stage=args.crash_at_stage,
+        env=args.env,
+        keep=args.keep,
+        runtime=_demo_file_runtime(args.config),
+    )
+    if args.config:
+        opts.runtime_config(f"{args.config} [runtime]")  # bad settings: exit 2, named
+    if opts.backend == "ray" and not _ray_installed():
+        error = "--backend ray needs Ray, an optional extra: pip install 'gymckpt[ray]'"
+        print(f"gymckpt: error: {error}", file=sys.stderr)
+        if args.json:
+            _demo_json_error(error)
+        return ExitCode.BAD_INPUT
+    return run_demo(opts, args.json)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,36 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="import path of a function returning the Environment to serve, e.g. "
         "gymckpt.gym_adapter.environments.calendar:calendar_environment",
     )
+    _add_place_flags(serve)
+    serve.add_argument("--seed", type=int, metavar="S", help="the instance's seed (default 0)")
+    serve.add_argument(
+        "--host-config",
+        metavar="FILE",
+        help="the host's settings (HostConfig: lease_s, max_batch, ...) as the JSON of its wire "
+        "form, read strictly (an unknown or mistyped key is exit 2); HttpGym.spawn writes it "
+        "for the servers it starts; default: HostConfig()'s defaults",
+    )
+    serve.add_argument(
+        "--recover",
+        action="store_true",
+        default=None,
+        help="continue the retained sessions journaled under WORK_DIR/NAME/ (a replacement "
+        "of a dead server); without it the journal starts afresh",
+    )
+    serve.add_argument(
+        "--allow-faults",
+        action="store_true",
+        default=None,
+        help="honour the fault a request carries (tests, the fault matrix); without it such a "
+        "request is refused 403",
+    )
+    _add_limit_flags(serve)
+    serve.set_defaults(handler=main_serve)
+    return serve
+
+
+def _add_place_flags(serve: argparse.ArgumentParser) -> None:
+    """Where the instance serves and keeps its files: name, address, directories, token."""
     serve.add_argument(
         "--instance",
         metavar="NAME",
@@ -107,28 +137,10 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="the bearer token: read from FILE if it holds one, else 32 random bytes are "
         "written there with mode 0600 (default WORK_DIR/token); it is never printed or logged",
     )
-    serve.add_argument("--seed", type=int, metavar="S", help="the instance's seed (default 0)")
-    serve.add_argument(
-        "--host-config",
-        metavar="FILE",
-        help="the host's settings (HostConfig: lease_s, max_batch, ...) as the JSON of its wire "
-        "form, read strictly (an unknown or mistyped key is exit 2); HttpGym.spawn writes it "
-        "for the servers it starts; default: HostConfig()'s defaults",
-    )
-    serve.add_argument(
-        "--recover",
-        action="store_true",
-        default=None,
-        help="continue the retained sessions journaled under WORK_DIR/NAME/ (a replacement "
-        "of a dead server); without it the journal starts afresh",
-    )
-    serve.add_argument(
-        "--allow-faults",
-        action="store_true",
-        default=None,
-        help="honour the fault a request carries (tests, the fault matrix); without it such a "
-        "request is refused 403",
-    )
+
+
+def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """What one request may hold, TLS, and the ``--config`` file."""
     serve.add_argument(
         "--max-body-bytes",
         type=int,
@@ -161,7 +173,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="read the options from table [serve] of a TOML file (keys are the option names "
         "with underscores, e.g. max_rows = 500); flags given on the command line win",
     )
-    return serve
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
