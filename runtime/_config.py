@@ -51,6 +51,7 @@ class RuntimeConfig:
     """Knobs of the checkpoint runtime.
 
     Invariants checked on construction (each error names both knobs involved):
+
     - a control call's deadline plus its reply grace is shorter than the Gym lease, so giving up
       on a call always leaves the lease to reopen Gym (S5);
     - the drain fits in the lease as well, since Gym is parked while we drain;

@@ -394,6 +394,7 @@ class SnapshotStore:
     """Rollout snapshots under ``root``: staging, atomic publish, listing, pinning, pruning.
 
     Invariants:
+
     - only directories named ``ckpt-NNNNNN`` with a valid ``COMMITTED`` marker are listed;
     - sequence numbers grow: a new snapshot gets 1 + the highest ``ckpt-`` seq present (or
       published by this store);

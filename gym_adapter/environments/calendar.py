@@ -504,7 +504,7 @@ def calendar_host(
 
 
 def calendar_sessions(views: Mapping[str, SessionView]) -> dict[str, CalendarSession]:
-    """``session_states(CALENDAR)`` (of a host or a deployment) as ``CalendarSession``s."""
+    """``session_states(CALENDAR)`` (of a host or a deployment) as ``CalendarSession`` records."""
     return {
         key: CalendarSession(key, view.rollout_id, view.attempt, tuple(view.state.events))
         for key, view in views.items()
