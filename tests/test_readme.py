@@ -1,4 +1,6 @@
-"""The README stays true: its trainer example runs, and CI runs its test command."""
+"""The README and the documentation's examples stay true: each runs (and restores when run
+again), and CI runs the README's test command. An example is the code block between
+``<!-- marker -->`` and ``<!-- /marker -->`` of the page that shows it."""
 
 from __future__ import annotations
 
@@ -10,18 +12,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+PAGES = {
+    "example": "README.md",
+    "main-command": "README.md",
+    "test-command": "README.md",
+    "example-asyncio": "docs/howto/asyncio.md",
+    "byo-example": "docs/tutorials/first-environment.md",
+    "llm-example": "docs/tutorials/llm-agent.md",
+}
+"""The page that shows each example."""
 
 
 def _block(marker: str) -> str:
-    m = re.search(rf"<!-- {marker} -->\n```[a-z]*\n(.*?)```\n<!-- /{marker} -->", README, re.S)
-    assert m, f"README has no {marker} block"
+    page = PAGES[marker]
+    text = (ROOT / page).read_text()
+    m = re.search(rf"<!-- {marker} -->\n```[a-z]*\n(.*?)```\n<!-- /{marker} -->", text, re.S)
+    assert m, f"{page} has no {marker} block"
     return m.group(1)
 
 
 @pytest.mark.parametrize("marker", ["example", "example-asyncio"])
 def test_readme_example_runs_and_restores(tmp_path: Path, marker: str) -> None:
-    """The trio example, and the asyncio one (through trio-asyncio)."""
+    """The README's trio example, and the asyncio one of the how-to (through trio-asyncio)."""
     script = tmp_path / "example.py"
     script.write_text(_block(marker))
     first = subprocess.run(
