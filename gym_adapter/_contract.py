@@ -296,7 +296,7 @@ class InstanceInventory:
 
 
 class GymBackend(Protocol):
-    """A Gym deployment. Implemented by the embedded simulated Gym and the Ray deployment."""
+    """A Gym deployment. Implemented by the three backends: embedded, Ray and HTTP."""
 
     @property
     def instances(self) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """``GymStatistics``: the counts of a whole deployment, whatever its backend.
 
-Its own module so that every backend (embedded, Ray, a transport still to come) reports the same
+Its own module so that every backend (embedded, Ray, HTTP) reports the same
 record without importing another backend.
 """
 
