@@ -20,7 +20,10 @@ autodoc_typehints = "none"
 html_theme = "alabaster"
 nitpick_ignore_regex = [
     # the standard library's and dependencies' classes: no inventory of theirs is fetched
-    ("py:class", r"(enum|typing|collections\.abc|builtins|pathlib|datetime|os|trio|anyio|attrs|asyncio|contextlib|types|abc|logging|subprocess|socket|ssl|httpx)\..*"),
+    (
+        "py:class",
+        r"(enum|typing|collections\.abc|builtins|pathlib|datetime|os|trio|anyio|attrs|asyncio|contextlib|types|abc|logging|subprocess|socket|ssl|httpx)\..*",
+    ),
 ]
 nitpick_ignore_regex += [
     ("py:class", r"(numpy|gymnasium|random|pyspiel|textarena|ray)\..*"),

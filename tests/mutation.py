@@ -1373,6 +1373,27 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="released_instance",
         sim_seeds=0,
     ),
+    # -- docs: the reference and the help generated from the code (issue 32) ------------------
+    Mutant(
+        "c4-help-leaves-out-an-exit-code",
+        "C4",
+        "app/cli.py",
+        "for code in ExitCode",
+        "for code in ExitCode if code != ExitCode.INTERRUPTED",
+        ("tests/test_docs.py",),
+        keyword="exit_code",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "docs-anchors-are-not-targets",
+        "C1",
+        "docs/_ext/gymckpt_docs.py",
+        'source[0] = _ANCHOR.sub(r"(\\1)=", source[0])',
+        "pass",
+        ("tests/test_docs.py",),
+        keyword="broken_link",
+        sim_seeds=0,
+    ),
 )
 
 

@@ -33,9 +33,10 @@ FUNCTION_MAX_LINES = 80
 def _sphinx(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
     """``sphinx-build -W --keep-going -n -b html`` of ``source`` into ``out`` (nitpicky: every
     cross-reference must resolve)."""
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html"]
+    command += ["-d", str(out / ".doctrees"), str(source), str(out)]
     return subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html"]
-        + ["-d", str(out / ".doctrees"), str(source), str(out)],
+        command,
         capture_output=True,
         text=True,
         timeout=240,
@@ -52,7 +53,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     for command in ("gymckpt demo", "gymckpt snapshots prune", "gymckpt serve", "gymckpt bench"):
         assert f'id="{command.replace(" ", "-")}"' in cli, command
     for code in ExitCode:
-        assert f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{code.name}" in cli
+        assert f'<code class="docutils literal notranslate"><span class="pre">{code.name}' in cli
 
 
 @pytest.mark.timeout(120)

@@ -179,7 +179,9 @@ class ExitCodesDirective(_Generated):
             [f"``{int(c)}``", f"``{c.name}``", EXIT_CODE_SUMMARY.get(c, ""), docs.get(c.name, "")]
             for c in ExitCode
         ]
-        return self.parse(_table(["code", "ExitCode", "gymckpt --help", "meaning"], rows, [6, 20, 24, 50]))
+        return self.parse(
+            _table(["code", "ExitCode", "gymckpt --help", "meaning"], rows, [6, 20, 24, 50])
+        )
 
 
 class ConfigDirective(_Generated):
@@ -200,10 +202,14 @@ class ConfigDirective(_Generated):
                     default = default.factory()  # type: ignore[union-attr]
                 value = getattr(default, "value", default)
                 type_name = getattr(f.type, "__name__", None) or str(f.type)
-                rows.append([f"``{f.name}``", f"``{type_name}``", f"``{value!r}``", docs.get(f.name, "")])
+                rows.append(
+                    [f"``{f.name}``", f"``{type_name}``", f"``{value!r}``", docs.get(f.name, "")]
+                )
         else:  # a mapping of option -> default
             for name, default in target.items():
-                rows.append([f"``{name}``", f"``{type(default).__name__}``", f"``{default!r}``", ""])
+                rows.append(
+                    [f"``{name}``", f"``{type(default).__name__}``", f"``{default!r}``", ""]
+                )
         header = [f"key in ``[{table}]``", "type", "default", "meaning"]
         return self.parse(_table(header, rows, [22, 12, 14, 52]))
 
