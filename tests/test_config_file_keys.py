@@ -3,7 +3,7 @@
 A table's key written at the top level (above every table header, so TOML puts it outside the
 table) is refused whether or not the file also has the table; ``group_size`` and the other
 ``open_rollouts`` arguments in ``[runtime]`` are refused with a message saying where they go;
-and the README's configuration example is a file that both readers accept.
+and the configuration how-to's example is a file that both readers accept.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gymckpt.runtime import ManifestError, RuntimeConfig, runtime_config_from_to
 from gymckpt.runtime._config_file import TRAINER_ARGUMENTS
 from gymckpt.runtime.lowlevel import load_toml_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "howto" / "configuration.md"
 
 
 def test_a_top_level_key_above_its_table_is_refused(tmp_path: Path) -> None:
@@ -86,8 +86,9 @@ def test_trainer_arguments_are_open_rollouts_keywords_and_no_runtime_field() -> 
 
 
 def test_the_readme_configuration_example_is_accepted(tmp_path: Path) -> None:
-    text = README.read_text()
-    section = text[text.index("### Configuration file") : text.index("## The command line")]
+    """The configuration how-to's example (it was the README's)."""
+    text = CONFIGURATION.read_text()
+    section = text[text.index("## A configuration file") : text.index("## Checkpoint modes")]
     # every `key = value` the section shows, in the table the section says it goes in
     shown = re.findall(r"`(\w+) = ([^`]+)` in `\[(\w+)\]`", section)
     assert ("group_size", "4", "demo") in shown and ("lease_s", "60.0", "runtime") in shown

@@ -418,16 +418,16 @@ async def test_an_error_that_cannot_cross_is_checkpoint_unavailable(tmp_path: Pa
             await gym.prepare("gym-0", "c1", deadline())
 
 
-# -- the README's way: two servers someone started, a trainer killed and run again ------------
+# -- the HTTP how-to's way: two servers someone started, a trainer killed and run again -------
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+HOWTO = Path(__file__).resolve().parent.parent / "docs" / "howto" / "http.md"
 
 
 def _readme_http() -> tuple[list[list[str]], str]:
-    """The README's two ``gymckpt serve`` command lines and its ``HttpGym`` trainer."""
-    text = README.read_text()
+    """The HTTP how-to's two ``gymckpt serve`` command lines and its ``HttpGym`` trainer."""
+    text = HOWTO.read_text()
     m = re.search(r"<!-- http-example -->\n```python\n(.*?)```\n<!-- /http-example -->", text, re.S)
-    assert m, "README has no http-example block"
+    assert m, "docs/howto/http.md has no http-example block"
     shell = text[: m.start()].rsplit("```\ngymckpt serve", 1)[1].split("```", 1)[0]
     lines = ("gymckpt serve" + shell).replace("\\\n", " ").strip().splitlines()
     return [line.split() for line in lines], m.group(1)
