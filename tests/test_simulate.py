@@ -1,7 +1,8 @@
 """The deterministic simulation (``gymckpt simulate``): a CI run of a few hundred seeds, exact
 replay, and proof that its checks catch a real regression.
 
-The long run is documented in docs/howto/simulation.md: ``gymckpt simulate --seeds 10000 --start 0``.
+The long run is documented in docs/howto/simulation.md:
+``gymckpt simulate --seeds 10000 --start 0``.
 """
 
 from __future__ import annotations
