@@ -82,6 +82,36 @@ def _kind(obj: Any) -> str:
     return "data"
 
 
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 and "\n" not in text else f"{type(value).__name__}(…)"
+
+
+@cache
+def _module_docs() -> dict[str, str]:
+    """The docstrings written under module-level names (a string literal after the assignment),
+    by name, across every ``gymckpt`` module imported: a constant is documented where it is
+    defined, usually a private module."""
+    import sys
+
+    found: dict[str, str] = {}
+    for module_name in sorted(sys.modules):
+        if module_name != "gymckpt" and not module_name.startswith("gymckpt."):
+            continue
+        try:
+            docs = ModuleAnalyzer.for_module(module_name).find_attr_docs()
+        except Exception:  # a module without source (a namespace, a compiled one)
+            continue
+        for (scope, name), lines in docs.items():
+            if scope == "" and any(line.strip() for line in lines):
+                found.setdefault(name, "\n".join(lines).strip())
+    return found
+
+
+def _data_doc(name: str) -> str:
+    return _module_docs().get(name, "")
+
+
 def _attr_docs(cls: type) -> dict[str, str]:
     """The docstrings written under the attributes of ``cls``."""
     docs = ModuleAnalyzer.for_module(cls.__module__).find_attr_docs()
@@ -128,11 +158,14 @@ class ApiDirective(_Generated):
                 elsewhere.append(f":py:obj:`{name} <{home}>`")
                 continue
             kind = _kind(obj)
+            if kind == "data":  # autodoc would show the docstring of the value's type
+                lines += [f".. py:data:: {home}", f"   :value: {_short_repr(obj)}", ""]
+                lines += [f"   {line}" for line in _data_doc(name).splitlines()]
+                lines.append("")
+                continue
             lines.append(f".. auto{kind}:: {home}")
             if kind in ("class", "exception"):
                 lines += ["   :members:", "   :show-inheritance:"]
-            elif kind == "data":
-                lines.append("   :no-value:")
             lines.append("")
         if elsewhere:
             lines = [f"Also exported here: {', '.join(elsewhere)}.", "", *lines]
