@@ -18,26 +18,36 @@ OUT``); it writes a tree of files under ``OUT`` (which must not exist):
   ``Content-Type`` and ``Gymckpt-Instance`` headers and its body as received. Requests are
   encoded by the wire module of the tree (``encode_control_request``, ``encode_run_request``).
   Sequential calls, one row per ``/run``: the replies' order and batching are deterministic.
-* ``cli/<name>.json``: ``gymckpt demo --json`` (embedded calendar; with a SIGKILL and restore;
-  on Gymnasium CartPole), ``inspect --json``, ``verify --json``, ``snapshots list --json`` and
-  ``snapshots prune --json`` of the aligned work directory above, ``simulate --seeds 3 --json``;
-  run as ``python -m gymckpt``, stdout as printed, then its exit code on a last line.
+* ``wire/state/``: the participants' records the HTTP ``commit`` wrote under the state root.
+* ``cli/<name>.out``: stdout as printed, then each stderr line after ``stderr: ``, then
+  ``exit N``. The demos run as ``python -m gymckpt demo --json`` processes, started together:
+  the embedded calendar without a crash; with phase 1 killing itself (SIGKILL) after its first
+  checkpoint is published, then a restore; killing itself in the middle of publishing its
+  second (a torn snapshot); on Gymnasium CartPole with the same crash; and a bad flag. The
+  crashes come from inside at a checkpoint stage (``--crash-at-stage``), not from the parent's
+  kill, whose landing races the training. ``inspect --json`` (the last and the mid-run
+  snapshot), ``verify --json`` (intact, a participant's records changed, a file the marker
+  digests changed), ``snapshots list --json`` and ``snapshots prune --keep 1 --json`` of the
+  aligned work directory above, and ``simulate --seeds 3 --json`` run in this process through
+  the command line's ``main``.
 
-Normalisation (each field below was seen to differ between two runs of identical inputs, and
-nothing else is touched; everything is literal substitution on the bytes, so what is left is
-compared byte for byte):
+Normalisation. Each field below was seen to differ between two runs of identical inputs
+(``golden_capture.py OUT --raw`` twice, then ``diff -r``: these and nothing else); nothing else
+is touched, and what is left is compared byte for byte:
 
 * absolute temporary paths: the capture's scratch directory is written ``<tmp>``;
 * the trainer's lineage (``trainer_term.json``, 32 random hex digits per run) is ``<lineage>``;
 * a ``gymckpt serve``'s incarnation (random per process start, in ``/health``) is
   ``<incarnation>``;
-* the wire's ``deadline.sent_wall`` is no normalisation: requests are sent with ``sent_wall``
-  fixed in the future (``FAR_WALL``), which the server reads as no time spent (a receiver clock
-  behind counts as none), so the request bytes are fixed;
-* ``demo --json``: ``elapsed_s`` and each value of ``stage_ms_median`` (wall-clock durations) are
-  ``"<s>"`` and ``"<ms>"``; ``episodes_mid_turn`` of an unaligned demo would depend on timing, so
-  no unaligned demo is captured (the unaligned snapshot above pins that mode);
-* ``simulate --json``: ``elapsed_s`` (wall clock) is ``"<s>"``.
+* ``demo --json``: ``elapsed_s`` (wall clock) is ``"<s>"`` and each value of
+  ``stage_ms_median`` (wall-clock durations; the keys stay) is ``"<ms>"``;
+* ``simulate --json``: ``elapsed_s`` and ``seeds_per_s`` (wall clock) are ``"<s>"``.
+
+Made fixed rather than normalised: the wire's ``deadline.sent_wall`` is ``FAR_WALL``, in the
+future, which a server reads as no time spent (a receiver clock behind counts as none); the
+trainer term ``attach`` and ``release`` send is a constant. Not captured because it depends on
+timing: an unaligned demo's ``episodes_mid_turn`` (the unaligned snapshot pins that mode) and
+the parent's SIGKILL (above).
 
 Layouts: the tree may have the application at ``gymckpt.app`` and the Gym side in rooms
 (``gym_adapter.environments``, ``transports``) or the layout before that move
@@ -50,15 +60,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,6 +95,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "gymckpt.gym_adapter.transports._deadlines",
         "gymckpt.gym_adapter._transport_deadlines",
     ),
+    "cli": ("gymckpt.app.cli", "gymckpt.nurseries.app.cli"),
     "admission": (
         "gymckpt.gym_adapter.transports._admission",
         "gymckpt.gym_adapter._transport_admission",
@@ -107,9 +119,8 @@ def _module(name: str) -> ModuleType:
 
 
 def _calendar_factory() -> str:
-    return _MODULES["calendar"][0 if _has(_MODULES["calendar"][0]) else 1] + (
-        ":calendar_environment"
-    )
+    """The import path of the calendar whose ``SimConfig`` is read from ``CONFIG_ENV``."""
+    return f"{_module('calendar').__name__}:calendar_from_environ"
 
 
 def _has(path: str) -> bool:
@@ -122,13 +133,16 @@ def _has(path: str) -> bool:
 class _Scrub:
     """The run-dependent strings of one capture and what they are written as."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, normalise: bool = True) -> None:
         self.literals: list[tuple[bytes, bytes]] = [(str(tmp).encode(), b"<tmp>")]
+        self.normalise = normalise
 
     def add(self, value: str, as_: str) -> None:
         self.literals.append((value.encode(), as_.encode()))
 
     def __call__(self, data: bytes) -> bytes:
+        if not self.normalise:
+            return data
         for value, as_ in self.literals:
             data = data.replace(value, as_)
         return LINEAGE.sub(b'"lineage": "<lineage>"', data)
@@ -155,12 +169,13 @@ async def _rollout_run(workdir: Path, gym_dir: Path, mode: CheckpointMode) -> No
             await trio.sleep(0.7)  # the other rows in flight are inside a turn
             outcome = await ro.checkpoint(b'{"groups": %d}' % len(first))
             assert outcome.ok and outcome.episodes > 0, outcome
+            assert (outcome.mid_turn > 0) == (mode is CheckpointMode.UNALIGNED), outcome
             while not ro.finished:
                 await ro.next_batch(1)
             assert (await ro.checkpoint(b'{"groups": "all"}')).ok
 
 
-def _snapshot(out: Path, scratch: Path, mode: CheckpointMode) -> Path:
+def _snapshot(out: Path, scratch: Path, mode: CheckpointMode, normalise: bool) -> Path:
     work = scratch / f"work-{mode.value}"
     gym_dir = work / "gym-live"
     with _module("determinism").deterministic_scheduling(SEED):
@@ -171,7 +186,7 @@ def _snapshot(out: Path, scratch: Path, mode: CheckpointMode) -> Path:
             mode,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
-    scrub = _Scrub(scratch)
+    scrub = _Scrub(scratch, normalise)
     for path in sorted(work.rglob("*")):
         if path.is_file():
             _write(out / "snapshot" / mode.value / path.relative_to(work), scrub(path.read_bytes()))
@@ -247,7 +262,7 @@ async def _wire_session(scratch: Path, log: list[tuple[int, str, bytes]], scrub:
     from gymckpt.testing._http_serve_process import serve_process
 
     wire = _module("http_wire")
-    factory = _calendar_factory().replace(":calendar_environment", ":calendar_from_environ")
+    factory = _calendar_factory()
     states = scratch / "states"
     states.mkdir()
     common = ("--state-root", str(states), "--seed", str(SEED))
@@ -264,6 +279,24 @@ async def _wire_session(scratch: Path, log: list[tuple[int, str, bytes]], scrub:
 
     def plain(proc: Any) -> httpx.AsyncClient:  # not recorded: waiting for a state
         return httpx.AsyncClient(base_url=proc.url, headers=proc.auth(), timeout=30.0)
+
+    async def _held(p: httpx.AsyncClient, key: str) -> None:
+        """Until slot ``key``'s calendar has its first event: the episode is held (another
+        process's state: polled, with a deadline)."""
+        with trio.fail_after(20):
+            while True:
+                got = await p.post(
+                    "/control/v1/retained_sessions", content=_control("retained_sessions")
+                )
+                if (
+                    got.json()["result"]
+                    .get("calendar", {})
+                    .get(key, {})
+                    .get("state", {})
+                    .get("events")
+                ):
+                    return
+                await trio.sleep(0.02)
 
     async def post(c: httpx.AsyncClient, op: str, body: bytes) -> httpx.Response:
         path = "/run" if op == "run" else f"/control/v1/{op}"
@@ -282,13 +315,7 @@ async def _wire_session(scratch: Path, log: list[tuple[int, str, bytes]], scrub:
                 # row 0 mutates the calendar on its first turn and is held at the step boundary
                 # after it (hold_after_first_mutation) until the prepare parks it
                 nursery.start_soon(post, c, "run", _run(1, (RunRow("0-0", 0, 0, 0),)))
-                with trio.fail_after(20):
-                    while not (await p.post("/control/v1/retained_sessions", content=_control(
-                        "retained_sessions"
-                    ))).json()["result"].get("calendar", {}).get("0-0", {}).get("state", {}).get(
-                        "events"
-                    ):
-                        await trio.sleep(0.02)
+                await _held(p, "0-0")
                 await post(c, "inventory", _control("inventory"))
                 await post(c, "prepare", _control("prepare", {"checkpoint_id": "c1"}))
                 commit = await post(
@@ -333,9 +360,9 @@ async def _wire_session(scratch: Path, log: list[tuple[int, str, bytes]], scrub:
             await post(c, "restore", _control("restore", wrong))  # TopologyMismatch: 409
 
 
-def _wire(out: Path, scratch: Path) -> None:
+def _wire(out: Path, scratch: Path, normalise: bool) -> None:
     log: list[tuple[int, str, bytes]] = []
-    scrub = _Scrub(scratch)
+    scrub = _Scrub(scratch, normalise)
     trio.run(_wire_session, scratch, log, scrub)
     for n, label, data in log:
         _write(out / "wire" / f"{n:02d}-{label}.http", data)
@@ -345,18 +372,137 @@ def _wire(out: Path, scratch: Path) -> None:
             _write(out / "wire" / "state" / path.relative_to(states), scrub(path.read_bytes()))
 
 
-def capture(out: Path, parts: tuple[str, ...] = ("snapshot", "wire", "cli")) -> None:
-    """Write the golden tree of the installed ``gymckpt`` under ``out`` (a new directory)."""
+# --- c. the command line's --json outputs ----------------------------------------------------
+
+DEMO = ("demo", "--json", "--rows", "8", "--instances", "2", "--group-size", "2", "--seed", "3")
+"""A small demo: the embedded calendar, 8 rows, 2 steps, a checkpoint every 2 steps."""
+
+CRASH = ("--crash-after-checkpoint", "1", "--crash-at-stage", "after_publish")
+"""Phase 1 kills itself (SIGKILL) once its first checkpoint is published: the same crash and
+restore as the parent's kill after checkpoint 1, without the race of a signal from outside."""
+
+TORN = ("--checkpoint-every", "1", "--crash-after-checkpoint", "2", "--crash-at-stage")
+"""Phase 1 kills itself in the middle of publishing its second checkpoint (a torn snapshot)."""
+
+CLI_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("demo", (*DEMO, "--crash-after-checkpoint", "0")),
+    ("demo-crash-after-publish", (*DEMO, *CRASH)),
+    ("demo-crash-mid-publish", (*DEMO, *TORN, "mid_publish")),
+    ("demo-gymnasium-cartpole", (*DEMO, "--env", "gymnasium:CartPole-v1", *CRASH)),
+    ("demo-bad-flag", ("demo", "--json", "--rows", "0")),
+)
+"""The demos: name, arguments after ``gymckpt`` (each a ``python -m gymckpt`` process, as the
+demo's phases are processes of their own)."""
+
+WALL_KEYS = re.compile(rb'"(elapsed_s|seeds_per_s)": -?[0-9][0-9.e+-]*')
+STAGE_MS = re.compile(rb'"stage_ms_median": \{[^}]*\}')
+NUMBER_VALUE = re.compile(rb'(": )-?[0-9][0-9.e+-]*')
+
+
+def _wall_times(data: bytes) -> bytes:
+    """``elapsed_s`` and ``seeds_per_s`` (wall clock) as ``"<s>"``, and each value of
+    ``stage_ms_median`` (wall-clock stage durations) as ``"<ms>"``."""
+    data = WALL_KEYS.sub(lambda m: b'"' + m.group(1) + b'": "<s>"', data)
+    return STAGE_MS.sub(lambda m: NUMBER_VALUE.sub(rb'\1"<ms>"', m.group(0)), data)
+
+
+def _in_process(args: tuple[str, ...]) -> bytes:
+    """``gymckpt ARGS`` run by the command line's ``main`` in this process (no interpreter to
+    start): stdout, then each stderr line after ``stderr: ``, then the exit code."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = _module("cli").main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+    lines = "".join(f"stderr: {line}\n" for line in err.getvalue().splitlines())
+    return (out.getvalue() + lines + f"exit {int(code or 0)}\n").encode()
+
+
+def _gymckpt(args: tuple[str, ...], cwd: Path) -> bytes:
+    done = subprocess.run(
+        [sys.executable, "-m", "gymckpt", *args],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    return done.stdout + b"exit %d\n" % done.returncode
+
+
+def _start_demos(pool: ThreadPoolExecutor, scratch: Path) -> dict[str, Future[bytes]]:
+    """The demos, started at once (each a process that mostly waits: turns, phases)."""
+    return {
+        name: pool.submit(_gymckpt, (*args, "--workdir", str(scratch / f"cli-{name}")), scratch)
+        for name, args in CLI_RUNS
+    }
+
+
+def _cli(
+    out: Path, scratch: Path, aligned: Path, demos: dict[str, Future[bytes]], normalise: bool
+) -> None:
+    scrub = _Scrub(scratch, normalise)
+
+    def wall(data: bytes) -> bytes:
+        return _wall_times(data) if normalise else data
+
+    for name, done in demos.items():
+        _write(out / "cli" / f"{name}.out", wall(scrub(done.result())))
+    pruned, tampered, torn = (scratch / f"cli-{n}" for n in ("pruned", "tampered", "torn"))
+    for copy in (pruned, tampered, torn):
+        shutil.copytree(aligned, copy)
+    records = tampered / "snapshots" / "ckpt-000002" / "gym" / "gym-0" / "calendar"
+    (records / "records.json").write_bytes(b"{}")  # verify finds a participant's digest off
+    ledger = torn / "snapshots" / "ckpt-000002" / "ledger.json"
+    ledger.write_bytes(ledger.read_bytes().replace(b'"next_row":6', b'"next_row":5'))
+    offline = (
+        ("inspect", ("inspect", str(aligned), "--json")),
+        ("inspect-mid-run", ("inspect", str(aligned / "snapshots" / "ckpt-000001"), "--json")),
+        ("verify", ("verify", str(aligned), "--json")),
+        ("verify-tampered", ("verify", str(tampered), "--json")),
+        ("verify-torn", ("verify", str(torn), "--json")),  # a file the marker digests: exit 2
+        ("snapshots-list", ("snapshots", "list", str(aligned), "--json")),
+        ("snapshots-prune", ("snapshots", "prune", "--keep", "1", str(pruned), "--json")),
+        ("simulate-3-seeds", ("simulate", "--seeds", "3", "--json", "--tmp", str(scratch))),
+    )
+    for name, args in offline:
+        _write(out / "cli" / f"{name}.out", wall(scrub(_in_process(args))))
+
+
+PARTS = ("snapshot", "wire", "cli")
+
+
+def capture(out: Path, parts: tuple[str, ...] = PARTS, normalise: bool = True) -> None:
+    """Write the golden tree of the installed ``gymckpt`` under ``out`` (a new directory):
+    ``parts`` of it, normalised as the module says (``normalise=False``: the raw bytes, to see
+    which fields differ between two runs)."""
     out.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="gymckpt-golden-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="gymckpt-golden-") as tmp,
+        ThreadPoolExecutor(len(CLI_RUNS)) as pool,
+    ):
         scratch = Path(tmp).resolve()
-        aligned = None
-        if "snapshot" in parts or "cli" in parts:
-            aligned = _snapshot(out, scratch, CheckpointMode.ALIGNED)
-            _snapshot(out, scratch, CheckpointMode.UNALIGNED)
+        demos = _start_demos(pool, scratch) if "cli" in parts else {}
+        aligned = _snapshot(out, scratch, CheckpointMode.ALIGNED, normalise)
+        _snapshot(out, scratch, CheckpointMode.UNALIGNED, normalise)
+        if "snapshot" not in parts:
+            shutil.rmtree(out / "snapshot")
         if "wire" in parts:
-            _wire(out, scratch)
+            _wire(out, scratch, normalise)
+        if "cli" in parts:
+            _cli(out, scratch, aligned, demos, normalise)
+
+
+def main(argv: list[str]) -> None:
+    """``golden_capture.py OUT [--raw] [PART...]``: PART is snapshot, wire or cli (all by
+    default); ``--raw`` skips the normalisation."""
+    raw = "--raw" in argv
+    args = [a for a in argv if a != "--raw"]
+    if not args or any(a not in PARTS for a in args[1:]):
+        raise SystemExit(main.__doc__)
+    capture(Path(args[0]), tuple(args[1:]) or PARTS, normalise=not raw)
 
 
 if __name__ == "__main__":
-    capture(Path(sys.argv[1]), tuple(sys.argv[2:]) or ("snapshot", "wire", "cli"))
+    main(sys.argv[1:])
