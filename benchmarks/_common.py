@@ -369,7 +369,7 @@ def source_info() -> dict[str, Any]:
                 "--untracked-files=normal",
                 "--",
                 ".",
-                ":(exclude)benchmarks/results",
+                ":(exclude)docs/benchmarks/results",
             ],
             capture_output=True,
             text=True,

@@ -34,7 +34,13 @@ from ._common import Progress, ints, machine_info, source_info
 
 __all__ = ["build_parser", "main"]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DEFAULT_OUT = Path("benchmark-results")
+"""Where ``all`` and ``report`` write when not told (``--out``): in the current directory, never
+inside the installed package."""
+
+COMMITTED_RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "results"
+"""The results the documentation quotes, in a source checkout (absent from an installed wheel):
+written there only from a clean tree."""
 
 _DESCRIPTION = """\
 Benchmarks for gymckpt's checkpoint runtime: the drain and the figures it must reach. Every
@@ -65,7 +71,7 @@ never means or best cases.
   preserved work preserved across a crash: the fraction of in-flight rollout-seconds redone
             after a real restore, gymckpt (both modes) against a step-boundary baseline, over
             the same 10 kill times; the parked-time fraction each mode costs
-  all       everything (full sweep), then benchmarks/results/*.json, PNG plots, SUMMARY.md
+  all       everything (full sweep), then *.json, PNG plots, SUMMARY.md into --out
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
 
@@ -329,21 +335,22 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pv)
     a = sub.add_parser(
         "all",
-        help="everything; writes benchmarks/results/ (JSON, PNG plots, SUMMARY.md)",
+        help="everything; writes --out (JSON, PNG plots, SUMMARY.md)",
         description=(
             "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
             "4 actors and over HTTP with 4 gymckpt serve processes at the same N), fanout (Ray "
             "and HTTP in the same run) and preserved, "
             "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
-            "default directory it refuses to run from a tree with uncommitted changes."
+            "committed results (docs/benchmarks/results in a checkout) it refuses to run from a "
+            "tree with uncommitted changes."
         ),
     )
     a.add_argument(
         "--out",
         type=Path,
         default=None,
-        help=f"output directory (default {RESULTS_DIR}; quick: {RESULTS_DIR}/quick)",
+        help=f"output directory (default ./{DEFAULT_OUT}; quick: ./{DEFAULT_OUT}/quick)",
     )
     a.add_argument(
         "--no-ray",
@@ -354,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--allow-dirty",
         action="store_true",
-        help="write into the default directory although the tree has uncommitted "
+        help="write into the committed results although the tree has uncommitted "
         "changes (SUMMARY.md says so at the top)",
     )
     rr = sub.add_parser(
@@ -363,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rewrites the PNG plots and SUMMARY.md from drain.json, memory.json, "
         "dispatch.json and checkpoint.json in --out, without measuring anything.",
     )
-    rr.add_argument("--out", type=Path, default=None, help=f"default {RESULTS_DIR}")
+    rr.add_argument("--out", type=Path, default=None, help=f"default ./{DEFAULT_OUT}")
     _common(rr)
     a.add_argument(
         "--million",
@@ -656,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .report import rerender
 
         try:
-            result = rerender(args.out or RESULTS_DIR)
+            result = rerender(args.out or DEFAULT_OUT)
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
@@ -688,13 +695,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         out = args.out
         if out is None:
-            out = RESULTS_DIR / "quick" if args.quick else RESULTS_DIR
+            out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
         dirty = meta["source"].get("uncommitted_changes")
-        if dirty and out.resolve() == RESULTS_DIR.resolve() and not args.allow_dirty:
+        if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
             print(
                 f"gymckpt bench all: error: the tree has uncommitted changes "
                 f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
-                f"{RESULTS_DIR} must come from a clean commit. Commit or stash them, or pass "
+                f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
                 "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
                 file=sys.stderr,
             )

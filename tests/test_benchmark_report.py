@@ -323,7 +323,7 @@ def test_mode_misses_say_what_it_would_take() -> None:
     assert mode_miss_lines(keys, None, None) == []
 
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "results"
 
 HOST = {
     "per_step": {

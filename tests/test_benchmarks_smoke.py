@@ -304,6 +304,26 @@ def test_all_quick_writes_results(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "## Work preserved across a crash" in summary
 
 
+COMMITTED = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "results"
+
+
+def test_report_writes_into_the_current_directory_by_default(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``--out`` the results are read and written in ``./benchmark-results``, never
+    inside the installed package (the committed ones are in ``docs/benchmarks/results``)."""
+    out = tmp_path / "benchmark-results"
+    out.mkdir()
+    for committed in COMMITTED.glob("*.json"):
+        (out / committed.name).write_bytes(committed.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    result = _run(capsys, "report", "--json")
+    written = [Path(p).resolve() for p in result["files"]]
+    assert written[-1] == out.resolve() / "SUMMARY.md"
+    assert all(p.parent == out.resolve() for p in written), written
+    assert {p.name for p in written} >= {"drain_wake_latency.png", "fanout.png"}
+
+
 def _check_modes(ck: dict[str, Any], n: int) -> None:
     """Both modes measured on the same episodes, each until every episode moves again."""
     modes = ck["modes"]
@@ -669,7 +689,7 @@ def test_all_refuses_a_dirty_tree_for_the_results(
 ) -> None:
     from gymckpt.benchmarks import cli
 
-    monkeypatch.setattr(cli, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(cli, "COMMITTED_RESULTS", tmp_path)
     monkeypatch.setattr(
         cli,
         "source_info",
@@ -680,7 +700,7 @@ def test_all_refuses_a_dirty_tree_for_the_results(
             "clean": False,
         },
     )
-    assert main(["all"]) == 2
+    assert main(["all", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "uncommitted changes" in err and "runtime/_gate.py" in err
     assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written

@@ -74,6 +74,9 @@ def test_the_wheel_installs_one_namespace(wheel: Path) -> None:
             n.startswith(f"gymckpt/{pkg}/") for n in names
         ), pkg
     assert not any(n.startswith("gymckpt/tests/") for n in names)
+    # benchmark results are documentation (docs/benchmarks/results), not code: none installed
+    results = [n for n in names if n.endswith((".json", ".png", ".md")) or "/results/" in n]
+    assert results == [], results
 
 
 def test_a_regular_install_imports_gymckpt_and_nothing_generic(wheel: Path, tmp_path: Path) -> None:
