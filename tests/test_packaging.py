@@ -19,6 +19,7 @@ import gymckpt
 pytestmark = pytest.mark.subprocess
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("runtime", "gym_adapter", "nurseries", "app", "benchmarks", "testing")
 GENERIC = ("runtime", "nurseries", "gym_adapter", "benchmarks", "tests", "testing")
 
 
@@ -77,6 +78,19 @@ def test_the_wheel_installs_one_namespace(wheel: Path) -> None:
     # benchmark results are documentation (docs/benchmarks/results), not code: none installed
     results = [n for n in names if n.endswith((".json", ".png", ".md")) or "/results/" in n]
     assert results == [], results
+
+
+def test_the_package_folders_hold_only_code() -> None:
+    """An editable install is the checkout itself: data in a package folder (benchmark results
+    once were) is installed with it. Results and documents live in ``docs/``."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", *PACKAGES],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    data = [name for name in tracked.split("\0") if name and not name.endswith(".py")]
+    assert data == [], f"move these out of the package folders (docs/ or tests/): {data}"
 
 
 def test_a_regular_install_imports_gymckpt_and_nothing_generic(wheel: Path, tmp_path: Path) -> None:
