@@ -5,7 +5,6 @@ measured* (the figure is still shown), so a quick run is never passed off as mee
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 import attrs
 
@@ -139,9 +138,27 @@ def targets(
     missed or not measured (a figure measured at another size than the target's counts as
     not measured; the figure is still shown); a figure to be reported only (no threshold)
     is ``REPORTED`` once measured at its size, ``MISSED`` if the run failed."""
-    rows: list[TargetRow] = []
+    row = _Rows()
+    _memory_rows(row, memory)
+    _drain_rows(row, drain)
+    _checkpoint_rows(row, checkpoint)
+    _ray_checkpoint_row(row, checkpoint_ray, fanout)
+    _ray_rows(row, fanout)
+    _http_rows(row, fanout, checkpoint_ray)
+    _mode_rows(row, checkpoint, checkpoint_ray, preserved)
+    _preserved_row(row, preserved)
+    _host_marks_row(row, host_marks)
+    return row.rows
 
-    def row(
+
+@attrs.define
+class _Rows:
+    """The targets table as it is written, one ``row(...)`` call per target, in order."""
+
+    rows: list[TargetRow] = attrs.Factory(list)
+
+    def __call__(
+        self,
         key: str,
         figure: str,
         target: str,
@@ -151,6 +168,8 @@ def targets(
         why: str = "",
         report_only: bool = False,
     ) -> None:
+        """Add a row: ``ok`` None (or a figure at another size than the target's) is not
+        measured; ``report_only`` rows are ``REPORTED`` when ``ok``."""
         status = (
             Status.NOT_MEASURED
             if ok is None or not exact_size
@@ -158,9 +177,11 @@ def targets(
             if ok
             else Status.MISSED
         )
-        rows.append(TargetRow(key, figure, target, measured, status, why))
+        self.rows.append(TargetRow(key, figure, target, measured, status, why))
 
-    # 1. ledger storage
+
+def _memory_rows(row: _Rows, memory: MemoryResult) -> None:
+    """Ledger storage at 1M attempts: bytes per attempt, a full collection."""
     mem = {(r.target_attempts, r.mode): r for r in memory.results}
     sizes = sorted({n for n, _m in mem})
     n_mem = 1_000_000 if 1_000_000 in sizes else (sizes[-1] if sizes else None)
@@ -191,7 +212,9 @@ def targets(
         n_mem == 1_000_000,
     )
 
-    # 2. drain
+
+def _drain_rows(row: _Rows, drain: DrainResult) -> None:
+    """The drain at 200k in flight: wake median and p99, speedup over polling, loop stall."""
     n_d = drain.rollouts
     wake = drain.drain_wake_us_median
     p99_ms = drain.drain_wake_ms_p99
@@ -230,7 +253,9 @@ def targets(
         n_d == 200_000,
     )
 
-    # 3. checkpoint on the embedded host
+
+def _checkpoint_rows(row: _Rows, checkpoint: CheckpointResult | None) -> None:
+    """The whole checkpoint on the embedded host: stall, close to resume, dispatch."""
     if checkpoint is not None:
         n_c = checkpoint.in_flight
         cst = checkpoint.max_loop_stall_ms
@@ -286,7 +311,12 @@ def targets(
             ("dispatch_embedded", "dispatch through the whole loop, embedded", "≥ 50,000 rows/s"),
         ):
             row(key, fig, tgt, "not run", None)
-    cr = checkpoint_ray
+
+
+def _ray_checkpoint_row(
+    row: _Rows, cr: CheckpointRayResult | None, fanout: FanoutResult | None
+) -> None:
+    """The whole checkpoint on Ray (reported, no threshold)."""
     if cr is None:  # results from before the Ray checkpoint was part of `bench all`: not run
         row(
             "checkpoint_e2e_ray",
@@ -318,7 +348,9 @@ def targets(
             report_only=True,
         )
 
-    # 4. Ray: dispatch and fan-out
+
+def _ray_rows(row: _Rows, fanout: FanoutResult | None) -> None:
+    """Ray: dispatch through the whole loop, and the control fan-out."""
     disp = None if fanout is None else fanout.ray_dispatch
     rps = disp.rows_per_s if disp is not None and disp.ok else None
     row(
@@ -375,11 +407,9 @@ def targets(
             top is not None and top >= 16,
         )
 
-    _http_rows(row, fanout, checkpoint_ray)
 
-    _mode_rows(row, checkpoint, checkpoint_ray, preserved)
-
-    # 5. work preserved
+def _preserved_row(row: _Rows, preserved: PreservedResult | None) -> None:
+    """Work preserved across a crash against the step-boundary baseline."""
     if preserved is None:
         row(
             "preserved",
@@ -409,7 +439,10 @@ def targets(
             preserved.boundary_mismatches == 0 and preserved.restores > 0,
             preserved.kills >= 10,
         )
-    # 6. the unaligned mode's per-step cost on the host (`gymckpt bench host`)
+
+
+def _host_marks_row(row: _Rows, host_marks: HostMarks | None) -> None:
+    """The unaligned mode's per-step cost on the host (``gymckpt bench host``)."""
     hm = host_marks
     if hm is None:
         row(
@@ -434,8 +467,6 @@ def targets(
             hm.cartpole_episodes == 256,
         )
 
-    return rows
-
 
 def _failure(r: CheckpointRemoteResult) -> str:
     """A remote checkpoint that failed, as its targets row says it."""
@@ -443,9 +474,16 @@ def _failure(r: CheckpointRemoteResult) -> str:
 
 
 def _http_rows(
-    row: Any, fanout: FanoutResult | None, checkpoint_ray: CheckpointRayResult | None
+    row: _Rows, fanout: FanoutResult | None, checkpoint_ray: CheckpointRayResult | None
 ) -> None:
     """Issue 24's figures over HTTP, each beside Ray's from the same run, as ratios."""
+    _dispatch_http_row(row, fanout)
+    _fanout_http_row(row, fanout)
+    _checkpoint_http_row(row, checkpoint_ray)
+
+
+def _dispatch_http_row(row: _Rows, fanout: FanoutResult | None) -> None:
+    """Dispatch through the whole loop over HTTP, Ray's beside."""
     http = None if fanout is None else fanout.http
     ray_d = None if fanout is None else fanout.ray_dispatch
     hd = None if http is None else http.dispatch
@@ -472,6 +510,11 @@ def _http_rows(
             True,
             report_only=True,
         )
+
+
+def _fanout_http_row(row: _Rows, fanout: FanoutResult | None) -> None:
+    """The control fan-out over HTTP, each stage beside Ray's at the same size."""
+    http = None if fanout is None else fanout.http
     fig = "control fan-out, 1 to 16 HTTP servers, with a model for 64+ (Ray beside, same run)"
     if fanout is None or http is None:
         row("fanout_http", fig, "measured to 16", "not run", None)
@@ -508,6 +551,10 @@ def _http_rows(
             not http.sizes_failed and top is not None,
             top is not None and top >= 16,
         )
+
+
+def _checkpoint_http_row(row: _Rows, checkpoint_ray: CheckpointRayResult | None) -> None:
+    """The whole checkpoint over HTTP, Ray's beside."""
     fig = "whole checkpoint at 200k over HTTP with 4 servers (Ray beside, same run)"
     ch = None if checkpoint_ray is None else checkpoint_ray.http
     if ch is None:
@@ -536,12 +583,20 @@ def _http_rows(
 
 
 def _mode_rows(
-    row: Any,
+    row: _Rows,
     checkpoint: CheckpointResult | None,
     checkpoint_ray: CheckpointRayResult | None,
     preserved: PreservedResult | None,
 ) -> None:
     """Issue 22's targets: the unaligned mode against the aligned one, in the same run."""
+    _unaligned_embedded_rows(row, checkpoint)
+    _modes_ray_row(row, checkpoint_ray)
+    _unaligned_preserved_rows(row, preserved)
+
+
+def _unaligned_embedded_rows(row: _Rows, checkpoint: CheckpointResult | None) -> None:
+    """The unaligned checkpoint at 200k on the embedded Gym: pause p99, until every episode
+    moves, loop stall (the aligned mode's beside)."""
     emb = (checkpoint.modes or {}) if checkpoint is not None else {}
     u, a = emb.get("unaligned"), emb.get("aligned")
     n_c = checkpoint.in_flight if checkpoint is not None else None
@@ -597,6 +652,10 @@ def _mode_rows(
             st <= TARGETS["loop_stall_ms"],
             full,
         )
+
+
+def _modes_ray_row(row: _Rows, checkpoint_ray: CheckpointRayResult | None) -> None:
+    """Both modes on Ray with 4 actors (reported, no threshold)."""
     rm = (checkpoint_ray.modes or {}) if checkpoint_ray is not None else {}
     ru, ra = rm.get("unaligned"), rm.get("aligned")
     if ru is None:
@@ -629,6 +688,10 @@ def _mode_rows(
             n_r is not None and n_r >= 200_000 and checkpoint_ray.actors == 4,
             report_only=True,
         )
+
+
+def _unaligned_preserved_rows(row: _Rows, preserved: PreservedResult | None) -> None:
+    """The unaligned mode's parked-time fraction and work redone after a crash, aligned beside."""
     pm = (preserved.modes or {}) if preserved is not None else {}
     pu, pa = pm.get("unaligned"), pm.get("aligned")
     if pu is None:
