@@ -5,6 +5,7 @@ nothing to draw)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..fanout import OPS
 from ._records import (
@@ -23,30 +24,33 @@ __all__ = ["plot_checkpoint", "plot_drain", "plot_fanout", "plot_preserved"]
 def plot_drain(drain: DrainResult, out: Path) -> list[Path]:
     """Wake latency and per-wakeup cost against in-flight size (log axes), ours vs polling; and
     wake latency against the number pending at the headline size."""
-    import matplotlib
+    plt = _pyplot()
+    files = [_plot_wake(plt, drain, out), _plot_wakeup_cost(plt, drain, out)]
+    if drain.wake_by_pending:
+        files.append(_plot_wake_by_pending(plt, drain, drain.wake_by_pending, out))
+    return files
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _pos(v: float) -> float:
+    """A value drawn on log axes: at least 0.001."""
+    return max(v, 1e-3)
+
+
+def _plot_wake(plt: Any, drain: DrainResult, out: Path) -> Path:
+    """Wake latency against rollouts in flight: ours (median, p99), polling, bare trio."""
     sweep = drain.sweep
     xs = [r.in_flight for r in sweep]
-    files: list[Path] = []
-
-    def pos(v: float) -> float:
-        return max(v, 1e-3)
-
-    # 1. wake latency
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=130)
     ax.plot(
         xs,
-        [pos(r.ours.wake.median_us) for r in sweep],
+        [_pos(r.ours.wake.median_us) for r in sweep],
         "o-",
         color="tab:blue",
         label=f"event-driven drain, median ({drain.pending} pending)",
     )
     ax.plot(
         xs,
-        [pos(r.ours.wake.p99_us) for r in sweep],
+        [_pos(r.ours.wake.p99_us) for r in sweep],
         "o--",
         color="tab:blue",
         alpha=0.5,
@@ -54,14 +58,14 @@ def plot_drain(drain: DrainResult, out: Path) -> list[Path]:
     )
     ax.plot(
         xs,
-        [pos(r.baseline.wake.median_ms * 1e3) for r in sweep],
+        [_pos(r.baseline.wake.median_ms * 1e3) for r in sweep],
         "s-",
         color="tab:red",
         label="polling drain (50 ms), median",
     )
     ax.plot(
         xs,
-        [pos(r.trio_wake_floor.median_us) for r in sweep],
+        [_pos(r.trio_wake_floor.median_us) for r in sweep],
         "^:",
         color="gray",
         label="bare trio wake (Event.set → waiter), median",
@@ -81,30 +85,31 @@ def plot_drain(drain: DrainResult, out: Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     fig.legend(fontsize=8, loc="lower center", ncol=2, frameon=False)
     fig.tight_layout(rect=(0, 0.13, 1, 1))
-    path = out / "drain_wake_latency.png"
-    fig.savefig(path)
-    plt.close(fig)
-    files.append(path)
+    return _save(plt, fig, out / "drain_wake_latency.png")
 
-    # 2. per-wakeup cost
+
+def _plot_wakeup_cost(plt: Any, drain: DrainResult, out: Path) -> Path:
+    """CPU per wakeup against rollouts in flight: ours, polling, and a line linear in N."""
+    sweep = drain.sweep
+    xs = [r.in_flight for r in sweep]
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=130)
     ax.plot(
         xs,
-        [pos(r.ours.per_wakeup_us) for r in sweep],
+        [_pos(r.ours.per_wakeup_us) for r in sweep],
         "o-",
         color="tab:blue",
         label="event-driven: one predicate evaluation (median)",
     )
     ax.plot(
         xs,
-        [pos(r.ours.per_reply_overhead_us) for r in sweep],
+        [_pos(r.ours.per_reply_overhead_us) for r in sweep],
         "o--",
         color="tab:cyan",
         label="event-driven: A/B cost added to a pending reply's mutation",
     )
     ax.plot(
         xs,
-        [pos(r.baseline.per_wakeup_us) for r in sweep],
+        [_pos(r.baseline.per_wakeup_us) for r in sweep],
         "s-",
         color="tab:red",
         label="polling: one poll = full inventory scan (median)",
@@ -113,7 +118,7 @@ def plot_drain(drain: DrainResult, out: Path) -> list[Path]:
         base0 = sweep[0].baseline.per_wakeup_us
         ax.plot(
             xs,
-            [pos(base0 * x / xs[0]) for x in xs],
+            [_pos(base0 * x / xs[0]) for x in xs],
             ":",
             color="tab:red",
             alpha=0.4,
@@ -127,54 +132,59 @@ def plot_drain(drain: DrainResult, out: Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    path = out / "drain_per_wakeup_cost.png"
-    fig.savefig(path)
-    plt.close(fig)
-    files.append(path)
-
-    # 3. wake latency against pending, at the headline size
-    by_p = drain.wake_by_pending or []
-    if by_p:
-        fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=130)
-        bars: list[tuple[str, WakeByPending | DrainWakeControl]] = [
-            (str(r.pending), r) for r in by_p
-        ]
-        ctrl = drain.one_pending_after_same_traffic
-        if ctrl is not None:
-            bars.append((f"1, after\n{ctrl.unrelated_mutations_before:,} other\nmutations", ctrl))
-        labels = [b for b, _ in bars]
-        sched = [r.reply_to_drain_running_us_median for _, r in bars]
-        step = [r.drain_step_us_median for _, r in bars]
-        ax.bar(labels, sched, color="tab:gray", label="last reply → drain task running")
-        ax.bar(
-            labels, step, bottom=sched, color="tab:blue", label="drain task's own step after waking"
-        )
-        ax.plot(labels, [r.wake_us_median for _, r in bars], "ko", label="wake latency (median)")
-        ax.axhline(
-            TARGETS["drain_wake_us_median"], color="tab:green", ls="--", lw=1, label="target: 50 µs"
-        )
-        ax.set_xlabel(
-            f"episodes pending (on the wire), {drain.rollouts:,} in flight; "
-            f"{drain.config.interleave} other mutations before each reply"
-        )
-        ax.set_ylabel("µs (medians)")
-        ax.set_title("Where the drain's wake latency goes")
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-        fig.tight_layout()
-        path = out / "drain_wake_vs_pending.png"
-        fig.savefig(path)
-        plt.close(fig)
-        files.append(path)
-    return files
+    return _save(plt, fig, out / "drain_per_wakeup_cost.png")
 
 
-def plot_checkpoint(ck: CheckpointResult, out: Path) -> list[Path]:
-    """Stage breakdown of one whole checkpoint: wall time and longest loop stall per stage."""
+def _plot_wake_by_pending(
+    plt: Any, drain: DrainResult, by_p: list[WakeByPending], out: Path
+) -> Path:
+    """Where the wake latency goes against the number pending, at the headline size."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=130)
+    bars: list[tuple[str, WakeByPending | DrainWakeControl]] = [(str(r.pending), r) for r in by_p]
+    ctrl = drain.one_pending_after_same_traffic
+    if ctrl is not None:
+        bars.append((f"1, after\n{ctrl.unrelated_mutations_before:,} other\nmutations", ctrl))
+    labels = [b for b, _ in bars]
+    sched = [r.reply_to_drain_running_us_median for _, r in bars]
+    step = [r.drain_step_us_median for _, r in bars]
+    ax.bar(labels, sched, color="tab:gray", label="last reply → drain task running")
+    ax.bar(labels, step, bottom=sched, color="tab:blue", label="drain task's own step after waking")
+    ax.plot(labels, [r.wake_us_median for _, r in bars], "ko", label="wake latency (median)")
+    ax.axhline(
+        TARGETS["drain_wake_us_median"], color="tab:green", ls="--", lw=1, label="target: 50 µs"
+    )
+    ax.set_xlabel(
+        f"episodes pending (on the wire), {drain.rollouts:,} in flight; "
+        f"{drain.config.interleave} other mutations before each reply"
+    )
+    ax.set_ylabel("µs (medians)")
+    ax.set_title("Where the drain's wake latency goes")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return _save(plt, fig, out / "drain_wake_vs_pending.png")
+
+
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (imported only when a plot is drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` and close it."""
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_checkpoint(ck: CheckpointResult, out: Path) -> list[Path]:
+    """Stage breakdown of one whole checkpoint: wall time and longest loop stall per stage."""
+    plt = _pyplot()
 
     rows = ck.stages
     names = [r.stage for r in rows][::-1]
@@ -227,20 +237,15 @@ def plot_checkpoint(ck: CheckpointResult, out: Path) -> list[Path]:
     fig.legend(fontsize=8, loc="lower center", ncol=5, frameon=False)
     fig.suptitle(f"One checkpoint at {ck.in_flight:,} in flight on the embedded Gym")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    path = out / "checkpoint_stages.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, out / "checkpoint_stages.png")]
 
 
 def plot_fanout(fo: FanoutResult, out: Path) -> list[Path]:
     """Stage time and slowest instance against actors (measured), and the linear model
     extended to 256 actors."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    plt = _pyplot()
 
     ok = [r for r in fo.results if r.ok]
     if not ok:
@@ -280,19 +285,13 @@ def plot_fanout(fo: FanoutResult, out: Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    path = out / "fanout.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, out / "fanout.png")]
 
 
 def plot_preserved(pv: PreservedResult, out: Path) -> list[Path]:
     """Per kill time: the in-flight rollout-seconds (what the baseline redoes), split into what
     gymckpt keeps and what it redoes; and the fraction redone."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     ks = pv.per_kill
     if not ks:
@@ -332,7 +331,4 @@ def plot_preserved(pv: PreservedResult, out: Path) -> list[Path]:
     a2.legend(fontsize=8, loc="center right")
     a2.grid(True, alpha=0.3)
     fig.tight_layout()
-    path = out / "preserved_work.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, out / "preserved_work.png")]
