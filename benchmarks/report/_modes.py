@@ -85,63 +85,80 @@ def modes_section(
     )
     add("")
     if emb or ray:
-        if checkpoint is not None and emb:
-            add(
-                f"Embedded: {checkpoint.in_flight:,} episodes in flight on "
-                f"{checkpoint.config.instances} instances, turns "
-                f"{turns_text(None, checkpoint.turn_times)}; the aligned wait for the turns in "
-                "flight runs on the warp clock (simulated seconds, shown apart), the rest in "
-                "real time."
-            )
-            add("")
-        if checkpoint_ray is not None and ray:
-            add(
-                f"Ray: {checkpoint_ray.in_flight or 0:,} episodes in flight on "
-                f"{checkpoint_ray.actors} actors, turns "
-                f"{turns_text(None, checkpoint_ray.turn_times)}, real time throughout (the "
-                "aligned wait is real seconds)."
-            )
-            add("")
-        add(
-            "| Gym | mode | until every episode moves (CPU) | same, less the turn wait | "
-            "`checkpoint()` returns (CPU) | moving after it returned | per-episode pause "
-            "p50 / p99 / max | same, a window of no checkpoint | longest task step / all "
-            "causes | longest scheduler batch |"
-        )
-        add("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        if emb:
-            _checkpoint_rows(add, "embedded", emb)
-        if ray:
-            _checkpoint_rows(add, f"Ray, {checkpoint_ray.actors if checkpoint_ray else '?'}", ray)
-        if http:
-            servers = over_http.actors if over_http is not None else "?"
-            _checkpoint_rows(add, f"HTTP, {servers} (same run)", http)
-        add("")
-        add(
-            "*Until every episode moves*: from `checkpoint()`'s start until the last episode "
-            "that reached a step boundary during it started its next turn (the episodes record "
-            "it themselves), not just until `checkpoint()` returns. *Per-episode pause*: each "
-            "in-flight episode's gaps between a step boundary and its next turn, plus how late "
-            "its turns' sleeps woke, over 0.5 ms each, summed over that window; an episode with "
-            "none counts 0. The window of no checkpoint is the same episodes a few seconds "
-            "later: what a step costs them anyway on this loop. *All causes*: the longest task "
-            "step or the 1 ms heartbeat's lateness (the loop waiting for the GIL), whichever is "
-            "longer. A *scheduler batch* runs every task that was runnable when it began; a "
-            "timer or reply due in it waits for its end."
-        )
-        add("")
-        for where, modes in (("embedded", emb), ("Ray", ray), ("HTTP", http)):
-            if modes and "aligned" in modes and "unaligned" in modes:
-                a, u = modes["aligned"], modes["unaligned"]
-                r = ratio(u.until_all_moving_s, a.until_all_moving_s)
-                rp = ratio(u.pauses.pause_p99_ms, a.pauses.pause_p99_ms)
-                add(
-                    f"- {where}: unaligned / aligned, until every episode moves "
-                    f"{fmt(r, TIMES, 3)}; per-episode pause p99 {fmt(rp, TIMES, 5)}."
-                )
-        add("")
+        _checkpoint_modes(add, checkpoint, checkpoint_ray, (emb, ray, http))
     if preserved is not None and pmodes:
         _preserved_modes(add, preserved, pmodes)
+
+
+def _checkpoint_modes(
+    add: Add,
+    checkpoint: CheckpointResult | None,
+    checkpoint_ray: CheckpointRayResult | None,
+    modes: tuple[
+        Mapping[str, ModeCheckpoint] | None,
+        Mapping[str, ModeCheckpoint] | None,
+        Mapping[str, ModeCheckpoint] | None,
+    ],
+) -> None:
+    """The checkpoint in both modes on each Gym (embedded, Ray, HTTP): the table, what its
+    columns mean, and unaligned / aligned per Gym."""
+    emb, ray, http = modes
+    over_http = None if checkpoint_ray is None else checkpoint_ray.http
+    if checkpoint is not None and emb:
+        add(
+            f"Embedded: {checkpoint.in_flight:,} episodes in flight on "
+            f"{checkpoint.config.instances} instances, turns "
+            f"{turns_text(None, checkpoint.turn_times)}; the aligned wait for the turns in "
+            "flight runs on the warp clock (simulated seconds, shown apart), the rest in "
+            "real time."
+        )
+        add("")
+    if checkpoint_ray is not None and ray:
+        add(
+            f"Ray: {checkpoint_ray.in_flight or 0:,} episodes in flight on "
+            f"{checkpoint_ray.actors} actors, turns "
+            f"{turns_text(None, checkpoint_ray.turn_times)}, real time throughout (the "
+            "aligned wait is real seconds)."
+        )
+        add("")
+    add(
+        "| Gym | mode | until every episode moves (CPU) | same, less the turn wait | "
+        "`checkpoint()` returns (CPU) | moving after it returned | per-episode pause "
+        "p50 / p99 / max | same, a window of no checkpoint | longest task step / all "
+        "causes | longest scheduler batch |"
+    )
+    add("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if emb:
+        _checkpoint_rows(add, "embedded", emb)
+    if ray:
+        _checkpoint_rows(add, f"Ray, {checkpoint_ray.actors if checkpoint_ray else '?'}", ray)
+    if http:
+        servers = over_http.actors if over_http is not None else "?"
+        _checkpoint_rows(add, f"HTTP, {servers} (same run)", http)
+    add("")
+    add(
+        "*Until every episode moves*: from `checkpoint()`'s start until the last episode "
+        "that reached a step boundary during it started its next turn (the episodes record "
+        "it themselves), not just until `checkpoint()` returns. *Per-episode pause*: each "
+        "in-flight episode's gaps between a step boundary and its next turn, plus how late "
+        "its turns' sleeps woke, over 0.5 ms each, summed over that window; an episode with "
+        "none counts 0. The window of no checkpoint is the same episodes a few seconds "
+        "later: what a step costs them anyway on this loop. *All causes*: the longest task "
+        "step or the 1 ms heartbeat's lateness (the loop waiting for the GIL), whichever is "
+        "longer. A *scheduler batch* runs every task that was runnable when it began; a "
+        "timer or reply due in it waits for its end."
+    )
+    add("")
+    for where, modes in (("embedded", emb), ("Ray", ray), ("HTTP", http)):
+        if modes and "aligned" in modes and "unaligned" in modes:
+            a, u = modes["aligned"], modes["unaligned"]
+            r = ratio(u.until_all_moving_s, a.until_all_moving_s)
+            rp = ratio(u.pauses.pause_p99_ms, a.pauses.pause_p99_ms)
+            add(
+                f"- {where}: unaligned / aligned, until every episode moves "
+                f"{fmt(r, TIMES, 3)}; per-episode pause p99 {fmt(rp, TIMES, 5)}."
+            )
+    add("")
 
 
 def _preserved_modes(add: Add, pv: PreservedResult, modes: Mapping[str, PreservedMode]) -> None:
@@ -191,6 +208,69 @@ def _stage_text(m: ModeCheckpoint, n: int) -> str:
     )
 
 
+def _pause_miss(u: ModeCheckpoint, a: ModeCheckpoint | None) -> str:
+    """The unaligned pause p99 above 10 ms: the busy loop, beside a window of no checkpoint."""
+    c = u.control_pauses
+    base = None if c is None else c.pause_p99_ms
+    own = base is not None and base > 10.0
+    return (
+        f"- **Per-episode pause, unaligned, p99 {fmt(u.pauses.pause_p99_ms, ' ms', 1)} > "
+        f"10 ms** (aligned {fmt(None if a is None else a.pauses.pause_p99_ms / 1e3, ' s', 1)}"
+        "). No episode is parked: the longest boundary gap is "
+        f"{fmt(u.pauses.boundary_gap_max_ms, ' ms', 1)} and the longest late wake of a "
+        f"turn {fmt(u.pauses.turn_overrun_max_ms, ' ms', 1)}; what the episodes feel is "
+        "the loop being busy — its longest task step "
+        f"{fmt(u.max_loop_stall_ms, ' ms', 1)}, its longest scheduler batch "
+        f"{fmt(u.scheduler_batch_max_ms, ' ms', 1)} "
+        f"({fmt(u.scheduler_batch_max_cpu_ms, ' ms', 1)} of CPU), the heartbeat up to "
+        f"{fmt(u.heartbeat_max_late_ms, ' ms', 1)} late. In a window of no checkpoint the "
+        f"same episodes' p99 is {fmt(base, ' ms', 1)}"
+        + (
+            ": the loop's own latency on this loaded 2-core machine is already over the "
+            "target without a checkpoint. *What it would take:* the Gym host off the "
+            "trainer's loop (its own process, as on Ray) and a core for each."
+            if own
+            else ": the excess is the checkpoint's own work on the loop (the cut and the "
+            "records in `commit`, the release of held replies in `resume`). *What it "
+            "would take:* that work in chunks between scheduling points or off the loop."
+        )
+    )
+
+
+def _stall_miss(u: ModeCheckpoint) -> str:
+    """The unaligned checkpoint's loop stall: the longest task step and the heartbeat, by stage."""
+    worst = max(u.stages, key=lambda r: r.max_loop_stall_ms or 0.0)
+    late = max(u.stages, key=lambda r: r.heartbeat_max_late_ms or 0.0)
+    return (
+        f"- **Loop stall, unaligned checkpoint, {fmt(u.stall_all_causes_ms(), ' ms', 1)} "
+        f"> 10 ms** (all causes). Longest task step {fmt(worst.max_loop_stall_ms, ' ms', 1)} "
+        f"in `{worst.stage}` (task `{worst.max_stall_task}`, "
+        f"{fmt(worst.max_loop_stall_cpu_ms, ' ms', 1)} of CPU); the heartbeat latest in "
+        f"`{late.stage}` ({fmt(late.heartbeat_max_late_ms, ' ms', 1)}), GC pauses up to "
+        f"{fmt(u.gc_max_pause_ms, ' ms', 1)}. A stall far above its CPU time is the loop "
+        "waiting for the GIL or a core, not working. *What it would take:* the embedded "
+        "Gym's export and the snapshot's long serialisations in chunks or in another "
+        "process, fewer objects freed at once at resume, and a core of its own."
+    )
+
+
+def _redone_miss(pu: PreservedMode, pa: PreservedMode) -> str:
+    """The unaligned mode redoing more than the aligned one after a crash, and why."""
+    return (
+        f"- **Work redone after a crash, unaligned {pct(pu.gymckpt_redone_fraction_pooled)}"
+        f" > aligned {pct(pa.gymckpt_redone_fraction_pooled)}** (pooled over the same "
+        "kill times). An unaligned checkpoint takes each episode at its *last* step "
+        "boundary before the cut, so the part of the turn in flight at the cut is redone "
+        "(only its completed model calls are kept); an aligned one waits until every "
+        "episode reaches its *next* boundary, so it keeps those turns whole, and it moved "
+        "less before the kill (it parked its episodes). With heavy-tailed turns the turn "
+        "in flight is long. *What it would take:* keeping more of the turn in flight — "
+        "every completed call is already replayed; the rest is the environment's time "
+        "(the sleep between calls here), which only a checkpoint of the environment's own "
+        "progress inside the turn could keep."
+    )
+
+
 def mode_miss_lines(
     missed: set[str],
     checkpoint: CheckpointResult | None,
@@ -202,31 +282,7 @@ def mode_miss_lines(
     u, a = emb.get("unaligned"), emb.get("aligned")
     n = checkpoint.in_flight if checkpoint is not None else 0
     if u is not None and "unaligned_pause_p99" in missed:
-        c = u.control_pauses
-        base = None if c is None else c.pause_p99_ms
-        own = base is not None and base > 10.0
-        out.append(
-            f"- **Per-episode pause, unaligned, p99 {fmt(u.pauses.pause_p99_ms, ' ms', 1)} > "
-            f"10 ms** (aligned {fmt(None if a is None else a.pauses.pause_p99_ms / 1e3, ' s', 1)}"
-            "). No episode is parked: the longest boundary gap is "
-            f"{fmt(u.pauses.boundary_gap_max_ms, ' ms', 1)} and the longest late wake of a "
-            f"turn {fmt(u.pauses.turn_overrun_max_ms, ' ms', 1)}; what the episodes feel is "
-            "the loop being busy — its longest task step "
-            f"{fmt(u.max_loop_stall_ms, ' ms', 1)}, its longest scheduler batch "
-            f"{fmt(u.scheduler_batch_max_ms, ' ms', 1)} "
-            f"({fmt(u.scheduler_batch_max_cpu_ms, ' ms', 1)} of CPU), the heartbeat up to "
-            f"{fmt(u.heartbeat_max_late_ms, ' ms', 1)} late. In a window of no checkpoint the "
-            f"same episodes' p99 is {fmt(base, ' ms', 1)}"
-            + (
-                ": the loop's own latency on this loaded 2-core machine is already over the "
-                "target without a checkpoint. *What it would take:* the Gym host off the "
-                "trainer's loop (its own process, as on Ray) and a core for each."
-                if own
-                else ": the excess is the checkpoint's own work on the loop (the cut and the "
-                "records in `commit`, the release of held replies in `resume`). *What it "
-                "would take:* that work in chunks between scheduling points or off the loop."
-            )
-        )
+        out.append(_pause_miss(u, a))
     if u is not None and "unaligned_checkpoint_e2e" in missed:
         out.append(
             f"- **Whole unaligned checkpoint {fmt(u.until_all_moving_s, ' s', 2)} > 2 s** "
@@ -240,19 +296,7 @@ def mode_miss_lines(
             "and on this machine a quiet core."
         )
     if u is not None and "unaligned_checkpoint_stall" in missed:
-        worst = max(u.stages, key=lambda r: r.max_loop_stall_ms or 0.0)
-        late = max(u.stages, key=lambda r: r.heartbeat_max_late_ms or 0.0)
-        out.append(
-            f"- **Loop stall, unaligned checkpoint, {fmt(u.stall_all_causes_ms(), ' ms', 1)} "
-            f"> 10 ms** (all causes). Longest task step {fmt(worst.max_loop_stall_ms, ' ms', 1)} "
-            f"in `{worst.stage}` (task `{worst.max_stall_task}`, "
-            f"{fmt(worst.max_loop_stall_cpu_ms, ' ms', 1)} of CPU); the heartbeat latest in "
-            f"`{late.stage}` ({fmt(late.heartbeat_max_late_ms, ' ms', 1)}), GC pauses up to "
-            f"{fmt(u.gc_max_pause_ms, ' ms', 1)}. A stall far above its CPU time is the loop "
-            "waiting for the GIL or a core, not working. *What it would take:* the embedded "
-            "Gym's export and the snapshot's long serialisations in chunks or in another "
-            "process, fewer objects freed at once at resume, and a core of its own."
-        )
+        out.append(_stall_miss(u))
     pm = (preserved.modes or {}) if preserved is not None else {}
     pu, pa = pm.get("unaligned"), pm.get("aligned")
     if pu is not None and "unaligned_parked" in missed:
@@ -264,17 +308,5 @@ def mode_miss_lines(
             "parked as aligned). *What it would take:* no episode held at the cut."
         )
     if pu is not None and pa is not None and "unaligned_redone" in missed:
-        out.append(
-            f"- **Work redone after a crash, unaligned {pct(pu.gymckpt_redone_fraction_pooled)}"
-            f" > aligned {pct(pa.gymckpt_redone_fraction_pooled)}** (pooled over the same "
-            "kill times). An unaligned checkpoint takes each episode at its *last* step "
-            "boundary before the cut, so the part of the turn in flight at the cut is redone "
-            "(only its completed model calls are kept); an aligned one waits until every "
-            "episode reaches its *next* boundary, so it keeps those turns whole, and it moved "
-            "less before the kill (it parked its episodes). With heavy-tailed turns the turn "
-            "in flight is long. *What it would take:* keeping more of the turn in flight — "
-            "every completed call is already replayed; the rest is the environment's time "
-            "(the sleep between calls here), which only a checkpoint of the environment's own "
-            "progress inside the turn could keep."
-        )
+        out.append(_redone_miss(pu, pa))
     return out
