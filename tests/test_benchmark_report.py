@@ -254,7 +254,8 @@ def test_mode_targets_met_and_missed() -> None:
 def test_modes_section_renders_both_modes() -> None:
     from typing import Any, cast
 
-    from gymckpt.benchmarks.report._modes import modes_section, ratio
+    from gymckpt.benchmarks.report._format import ratio
+    from gymckpt.benchmarks.report._modes import modes_section
 
     lines: list[str] = []
     ck, pv = _checkpoint(_mode("unaligned", 4.0, 1.5, 3.0)), _preserved(0.10, 0.001)

@@ -6,15 +6,10 @@ through the whole loop with 2 instances on each."""
 from __future__ import annotations
 
 from ..fanout import OPS
-from ._format import TIMES, Add, fmt
+from ._format import TIMES, Add, fmt, ratio
 from ._records import FanoutResult, FanoutSize, RayDispatch
 
-__all__ = ["dispatch_text", "fanout_section", "ratio"]
-
-
-def ratio(http: float | None, ray: float | None) -> float | None:
-    """``http / ray`` (None when either is missing or Ray's is not positive)."""
-    return None if http is None or ray is None or ray <= 0 else http / ray
+__all__ = ["dispatch_text", "fanout_section"]
 
 
 def _cells(r: FanoutSize) -> str:
@@ -46,6 +41,7 @@ def dispatch_text(d: RayDispatch | None, where: str) -> str:
 
 
 def fanout_section(add: Add, fo: FanoutResult) -> None:
+    """The fan-out section: how it was measured, the sizes, the model, dispatch."""
     http = fo.http
     add("## Control fan-out on Ray" + ("" if http is None else " and over HTTP"))
     add("")
@@ -68,6 +64,14 @@ def fanout_section(add: Add, fo: FanoutResult) -> None:
         + "."
     )
     add("")
+    _sizes_table(add, fo)
+    _model(add, fo)
+    _dispatch(add, fo)
+
+
+def _sizes_table(add: Add, fo: FanoutResult) -> None:
+    """Per size: each backend's stages, and HTTP's as a ratio of Ray's."""
+    http = fo.http
     add("| instances | backend | started in | prepare | commit | resume | whole checkpoint |")
     add("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     https = {r.actors: r for r in (http.results if http is not None else [])}
@@ -88,6 +92,11 @@ def fanout_section(add: Add, fo: FanoutResult) -> None:
                 f"{fmt(ratio(h.checkpoint_wall_ms, r.checkpoint_wall_ms), TIMES, 2)} |"
             )
     add("")
+
+
+def _model(add: Add, fo: FanoutResult) -> None:
+    """The linear model for 64 and more actors, and how to read it on this machine."""
+    http = fo.http
     models = fo.models or {}
     ok = [r.actors for r in fo.results if r.ok]
     if any(models.values()):
@@ -126,6 +135,11 @@ def fanout_section(add: Add, fo: FanoutResult) -> None:
             "and beyond: read it as an order of magnitude."
         )
         add("")
+
+
+def _dispatch(add: Add, fo: FanoutResult) -> None:
+    """Dispatch through the whole loop with 2 instances on each backend."""
+    http = fo.http
     disp = fo.ray_dispatch
     hd = None if http is None else http.dispatch
     add(

@@ -10,7 +10,7 @@ from typing import Any
 
 from .._common import label
 
-__all__ = ["TIMES", "Add", "at_size", "first_line", "fmt", "pct", "stall", "turns_text"]
+__all__ = ["TIMES", "Add", "at_size", "first_line", "fmt", "pct", "ratio", "stall", "turns_text"]
 
 Add = Callable[[str], None]
 """Appends one line of Markdown to the report being written."""
@@ -58,3 +58,9 @@ def turns_text(turn_s: Sequence[float] | None, times: Mapping[str, Any] | None) 
 def pct(fraction: float | None, digits: int = 1) -> str:
     """A fraction as a percentage (``n/a`` for None)."""
     return fmt(None if fraction is None else 100 * fraction, " %", digits)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` (HTTP's over Ray's, one mode's over the other's); None when either is
+    missing or ``b`` is not positive."""
+    return None if a is None or b is None or b <= 0 else a / b

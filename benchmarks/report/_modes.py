@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ._format import TIMES, Add, fmt, pct, turns_text
+from ._format import TIMES, Add, fmt, pct, ratio, turns_text
 from ._records import (
     CheckpointRayResult,
     CheckpointResult,
@@ -16,14 +16,7 @@ from ._records import (
     PreservedResult,
 )
 
-__all__ = ["mode_miss_lines", "modes_section", "ratio"]
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    """``a / b``, None when either is missing or ``b`` is 0."""
-    if a is None or b is None or b == 0:
-        return None
-    return a / b
+__all__ = ["mode_miss_lines", "modes_section"]
 
 
 def _cpu(wall: float | None, loop: float | None, proc: float | None) -> str:

@@ -8,8 +8,7 @@ import enum
 
 import attrs
 
-from ._fanout import ratio
-from ._format import TIMES, at_size, first_line, fmt, pct
+from ._format import TIMES, at_size, first_line, fmt, pct, ratio
 from ._records import (
     CheckpointRayResult,
     CheckpointRemoteResult,
