@@ -44,44 +44,37 @@ def run_all(
     ``host.json`` already in ``out`` (``gymckpt bench host --json``, never run by ``all``) is
     read into the report and named as another run's."""
     out.mkdir(parents=True, exist_ok=True)
-    drain = run_drain(drain_cfg, progress, gc_freeze_variant=True)
-    dump(out / "drain.json", {**drain, "meta": meta})
-    memory = run_memory(memory_sizes, progress)
-    dump(out / "memory.json", {**memory, "meta": meta})
-    dispatch = run_dispatch(dispatch_cfg, progress)
-    dump(out / "dispatch.json", {**dispatch, "meta": meta})
-    checkpoint = run_checkpoint(checkpoint_cfg, progress)
-    dump(out / "checkpoint.json", {**checkpoint, "meta": meta})
-    files = [
-        out / "drain.json",
-        out / "memory.json",
-        out / "dispatch.json",
-        out / "checkpoint.json",
-    ]
-    fanout: Result | None = None
-    preserved: Result | None = None
-    checkpoint_ray: Result | None = None
-    stale: list[str] = []
+    files: list[Path] = []
+
+    def write(name: str, result: Result) -> Result:
+        dump(out / name, {**result, "meta": meta})
+        files.append(out / name)
+        return result
+
+    drain = write("drain.json", run_drain(drain_cfg, progress, gc_freeze_variant=True))
+    memory = write("memory.json", run_memory(memory_sizes, progress))
+    dispatch = write("dispatch.json", run_dispatch(dispatch_cfg, progress))
+    checkpoint = write("checkpoint.json", run_checkpoint(checkpoint_cfg, progress))
+    checkpoint_ray = fanout = preserved = None
     if checkpoint_ray_cfg is not None:
-        checkpoint_ray = run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress)
-        dump(out / "checkpoint_ray.json", {**checkpoint_ray, "meta": meta})
-        files.append(out / "checkpoint_ray.json")
-    else:
-        stale.append("checkpoint_ray.json")
+        checkpoint_ray = write(
+            "checkpoint_ray.json",
+            run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress),
+        )
     if fanout_cfg is not None:
-        fanout = run_fanout(fanout_cfg, progress)
-        dump(out / "fanout.json", {**fanout, "meta": meta})
-        files.append(out / "fanout.json")
-    else:
-        stale += ["fanout.json", "fanout.png"]
+        fanout = write("fanout.json", run_fanout(fanout_cfg, progress))
     if preserved_cfg is not None:
-        preserved = run_preserved(preserved_cfg, progress)
-        dump(out / "preserved.json", {**preserved, "meta": meta})
-        files.append(out / "preserved.json")
-    else:
-        stale += ["preserved.json", "preserved_work.png"]
-    for name in stale:  # results of an earlier run must not pass for this one's
-        (out / name).unlink(missing_ok=True)
+        preserved = write("preserved.json", run_preserved(preserved_cfg, progress))
+    stale = {
+        "checkpoint_ray.json": checkpoint_ray,
+        "fanout.json": fanout,
+        "fanout.png": fanout,
+        "preserved.json": preserved,
+        "preserved_work.png": preserved,
+    }
+    for name, result in stale.items():  # results of an earlier run must not pass for this one's
+        if result is None:
+            (out / name).unlink(missing_ok=True)
     progress("writing plots and SUMMARY.md")
     host = load_result(out, "host.json")  # `bench host`, run on its own: kept, and named
     results = Results.of(
