@@ -518,6 +518,36 @@ async def _measure_size(
 
     freeze_log: list[int] | None = [] if cfg.gc_freeze else None
     o = await _ours(fx, n, cfg, gcm, progress, tag, freeze_log)
+    ours_out = _ours_figures(o, cfg, wrapper_ns)
+    if freeze_log:
+        ours_out["between_trials_collect_and_freeze_ms"] = summarize_ns(freeze_log, "ms")
+    result: dict[str, Any] = {
+        "ledger_attempts": fx.ledger.statistics().attempts,
+        "trio_wake_floor": summarize_ns(floor, "us"),
+        "ours": ours_out,
+    }
+    if ours_only:
+        return result
+    await _reply_cost(fx, n, cfg, freeze_log, ours_out)
+    by_pending: list[dict[str, Any]] = []
+    if headline:
+        by_pending, control = await _wake_by_pending(
+            fx, n, cfg, wrapper_ns, freeze_log, progress, tag
+        )
+        ours_out["one_pending_after_same_traffic"] = control
+    ours_out["wake_by_pending"] = by_pending
+    at_p = [r for r in by_pending if r["pending"] == cfg.pending]
+    ours_out["reply_to_drain_running_us_median"] = (
+        at_p[0]["reply_to_drain_running_us_median"] if at_p else None
+    )
+    ours_out["drain_step_us_median"] = at_p[0]["drain_step_us_median"] if at_p else None
+    result["baseline"] = await _baseline(fx, n, cfg, gcm, freeze_log, progress, tag)
+    return result
+
+
+def _ours_figures(o: dict[str, Any], cfg: DrainConfig, wrapper_ns: float) -> dict[str, Any]:
+    """The event-driven drain's figures from ``_ours``' records, the timing wrapper's cost
+    subtracted from each predicate evaluation."""
     ours: _OursRecord = o["record"]
     inst: _OursRecord = o["instrumented"]
     latency_gc: dict[str, Any] = o["latency_gc"]
@@ -525,7 +555,7 @@ async def _measure_size(
     max_gc = max(latency_gc["max_gc_pause_ms"], stall_pass["max_gc_pause_ms"])
     per_wakeup_raw = median(ours.predicate_ns)
     evals_per_trial = median(ours.evaluations)
-    ours_out: dict[str, Any] = {
+    return {
         "trials": cfg.trials,
         "wake": summarize_ns(ours.latency_ns, "us"),
         "per_wakeup_us": round(max(0.0, per_wakeup_raw - wrapper_ns) / 1e3, 3),
@@ -550,17 +580,16 @@ async def _measure_size(
             "wake": summarize_ns(inst.latency_ns, "us"),
         },
     }
-    if freeze_log:
-        ours_out["between_trials_collect_and_freeze_ms"] = summarize_ns(freeze_log, "ms")
-    result: dict[str, Any] = {
-        "ledger_attempts": fx.ledger.statistics().attempts,
-        "trio_wake_floor": summarize_ns(floor, "us"),
-        "ours": ours_out,
-    }
-    if ours_only:
-        return result
 
-    # ours: A/B cost of a pending reply's mutation with and without the drain parked
+
+async def _reply_cost(
+    fx: InFlightFixture,
+    n: int,
+    cfg: DrainConfig,
+    freeze_log: list[int] | None,
+    ours_out: dict[str, Any],
+) -> None:
+    """A/B cost of a pending reply's mutation with and without the drain parked."""
     with_drain: list[int] = []
     without: list[int] = []
     for _ in range(cfg.cost_trials):
@@ -572,69 +601,83 @@ async def _measure_size(
     ours_out["per_reply_mutation_without_waiter_us"] = round(median(without) / 1e3, 3)
     ours_out["per_reply_overhead_us"] = round((median(with_drain) - median(without)) / 1e3, 3)
 
-    # ours at the headline size: wake latency against the number pending (probe installed)
-    by_pending: list[dict[str, Any]] = []
-    if headline:
-        probe = _WakeProbe()
-        with _instrumented(probe):
-            for p in _pending_sweep_sizes(cfg):
-                rec = _OursRecord()
-                for _ in range(max(10, cfg.trials // 4)):
-                    await _between(fx, n, (), freeze_log)
-                    await _trial_ours(fx, cfg, rec, probe, pending_count=p)
-                by_pending.append(
-                    {
-                        "pending": p,
-                        "trials": len(rec.latency_ns),
-                        "wake_us_median": round(median(rec.latency_ns) / 1e3, 3),
-                        "wake_us_p99": round(p99(rec.latency_ns) / 1e3, 3),
-                        "reply_to_drain_running_us_median": round(
-                            median(rec.to_drain_step_ns) / 1e3, 3
-                        ),
-                        "drain_step_us_median": round(median(rec.drain_step_ns) / 1e3, 3),
-                        "per_wakeup_us": round(
-                            max(0.0, median(rec.predicate_ns) - wrapper_ns) / 1e3, 3
-                        ),
-                    }
-                )
-                progress(
-                    f"{tag}: {p} pending: median wake {by_pending[-1]['wake_us_median']:.1f} us"
-                )
-            # diagnostic: the same at the largest P with the drain's pending set freed after
-            # the measurement instead of on the wake path
-            kept = _OursRecord()
-            keep: list[object] = []
-            for _ in range(max(10, cfg.trials // 4)):
-                await _between(fx, n, (), freeze_log)
-                await _trial_ours(fx, cfg, kept, probe, keep_alive=keep)
-            keep.clear()
-            # control: ONE pending reply, delivered after as many unrelated mutations as the
-            # largest-P trial runs before its last reply (does the cost follow P or traffic?)
-            ctrl = _OursRecord()
-            ctrl_cfg = attrs.evolve(cfg, interleave=(cfg.interleave + 1) * cfg.pending)
-            for _ in range(max(10, cfg.trials // 4)):
-                await _between(fx, n, (), freeze_log)
-                await _trial_ours(fx, ctrl_cfg, ctrl, probe, pending_count=1)
-            ours_out["one_pending_after_same_traffic"] = {
-                "unrelated_mutations_before": ctrl_cfg.interleave,
-                "wake_us_median": round(median(ctrl.latency_ns) / 1e3, 3),
-                "reply_to_drain_running_us_median": round(median(ctrl.to_drain_step_ns) / 1e3, 3),
-                "drain_step_us_median": round(median(ctrl.drain_step_ns) / 1e3, 3),
-            }
-            by_pending[-1]["wake_us_median_pending_set_freed_later"] = round(
-                median(kept.latency_ns) / 1e3, 3
-            )
-            by_pending[-1]["drain_step_us_median_pending_set_freed_later"] = round(
-                median(kept.drain_step_ns) / 1e3, 3
-            )
-    ours_out["wake_by_pending"] = by_pending
-    at_p = [r for r in by_pending if r["pending"] == cfg.pending]
-    ours_out["reply_to_drain_running_us_median"] = (
-        at_p[0]["reply_to_drain_running_us_median"] if at_p else None
-    )
-    ours_out["drain_step_us_median"] = at_p[0]["drain_step_us_median"] if at_p else None
 
-    # baseline, with the stall monitor throughout (its latencies are milliseconds)
+async def _wake_by_pending(
+    fx: InFlightFixture,
+    n: int,
+    cfg: DrainConfig,
+    wrapper_ns: float,
+    freeze_log: list[int] | None,
+    progress: Progress,
+    tag: str,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """At the headline size, with the probe installed: the wake latency against the number
+    pending (the largest also with the pending set freed after the measurement), and the
+    control: one pending reply after as much traffic as the largest trial's."""
+    by_pending: list[dict[str, Any]] = []
+    probe = _WakeProbe()
+    with _instrumented(probe):
+        for p in _pending_sweep_sizes(cfg):
+            rec = _OursRecord()
+            for _ in range(max(10, cfg.trials // 4)):
+                await _between(fx, n, (), freeze_log)
+                await _trial_ours(fx, cfg, rec, probe, pending_count=p)
+            by_pending.append(
+                {
+                    "pending": p,
+                    "trials": len(rec.latency_ns),
+                    "wake_us_median": round(median(rec.latency_ns) / 1e3, 3),
+                    "wake_us_p99": round(p99(rec.latency_ns) / 1e3, 3),
+                    "reply_to_drain_running_us_median": round(
+                        median(rec.to_drain_step_ns) / 1e3, 3
+                    ),
+                    "drain_step_us_median": round(median(rec.drain_step_ns) / 1e3, 3),
+                    "per_wakeup_us": round(
+                        max(0.0, median(rec.predicate_ns) - wrapper_ns) / 1e3, 3
+                    ),
+                }
+            )
+            progress(f"{tag}: {p} pending: median wake {by_pending[-1]['wake_us_median']:.1f} us")
+        # diagnostic: the same at the largest P with the drain's pending set freed after
+        # the measurement instead of on the wake path
+        kept = _OursRecord()
+        keep: list[object] = []
+        for _ in range(max(10, cfg.trials // 4)):
+            await _between(fx, n, (), freeze_log)
+            await _trial_ours(fx, cfg, kept, probe, keep_alive=keep)
+        keep.clear()
+        # control: ONE pending reply, delivered after as many unrelated mutations as the
+        # largest-P trial runs before its last reply (does the cost follow P or traffic?)
+        ctrl = _OursRecord()
+        ctrl_cfg = attrs.evolve(cfg, interleave=(cfg.interleave + 1) * cfg.pending)
+        for _ in range(max(10, cfg.trials // 4)):
+            await _between(fx, n, (), freeze_log)
+            await _trial_ours(fx, ctrl_cfg, ctrl, probe, pending_count=1)
+        control = {
+            "unrelated_mutations_before": ctrl_cfg.interleave,
+            "wake_us_median": round(median(ctrl.latency_ns) / 1e3, 3),
+            "reply_to_drain_running_us_median": round(median(ctrl.to_drain_step_ns) / 1e3, 3),
+            "drain_step_us_median": round(median(ctrl.drain_step_ns) / 1e3, 3),
+        }
+        by_pending[-1]["wake_us_median_pending_set_freed_later"] = round(
+            median(kept.latency_ns) / 1e3, 3
+        )
+        by_pending[-1]["drain_step_us_median_pending_set_freed_later"] = round(
+            median(kept.drain_step_ns) / 1e3, 3
+        )
+    return by_pending, control
+
+
+async def _baseline(
+    fx: InFlightFixture,
+    n: int,
+    cfg: DrainConfig,
+    gcm: GcMonitor,
+    freeze_log: list[int] | None,
+    progress: Progress,
+    tag: str,
+) -> dict[str, Any]:
+    """The polling drain, with the stall monitor throughout (its latencies are milliseconds)."""
     base = _BaselineRecord()
     stall = LoopStallMonitor(cpu=True)
     gcm.reset()
@@ -650,7 +693,7 @@ async def _measure_size(
                 f"scan {median(base.scan_ns) / 1e6:.2f} ms"
             )
         stall.active = gcm.active = False
-    result["baseline"] = {
+    return {
         "trials": trials,
         "wake": summarize_ns(base.latency_ns, "ms"),
         "per_wakeup_us": round(median(base.scan_ns) / 1e3, 3),
@@ -660,7 +703,6 @@ async def _measure_size(
         "attempts_scanned_per_wakeup": median(base.scanned),
         **_stall_report(stall, gcm),
     }
-    return result
 
 
 def _measure(
@@ -728,7 +770,6 @@ def run_drain(
     head = _nearest(by_n, cfg.rollouts)
     ours_ms = head["ours"]["wake"]["median_us"] / 1e3
     base_ms = head["baseline"]["wake"]["median_ms"]
-    small = by_n.get(_nearest_key(by_n, 2_000))
 
     out: dict[str, Any] = {
         "rollouts": head["in_flight"],
@@ -742,21 +783,7 @@ def run_drain(
         "trio_wake_floor_us": head["trio_wake_floor"]["median_us"],
         "trio_wake_floor_us_p99": head["trio_wake_floor"]["p99_us"],
     }
-    for r in sweep:
-        out[f"per_wakeup_us_{label(r['in_flight'])}"] = r["ours"]["per_wakeup_us"]
-    out.setdefault("per_wakeup_us_2k", None)
-    out.setdefault("per_wakeup_us_200k", None)
-    for r in sweep:
-        out[f"baseline_per_wakeup_us_{label(r['in_flight'])}"] = r["baseline"]["per_wakeup_us"]
-    big = by_n.get(200_000, head)
-    if small is not None and small["ours"]["per_wakeup_us"] > 0:
-        out["per_wakeup_ratio_large_vs_2k"] = round(
-            big["ours"]["per_wakeup_us"] / small["ours"]["per_wakeup_us"], 3
-        )
-        out["baseline_per_wakeup_ratio_large_vs_2k"] = round(
-            big["baseline"]["per_wakeup_us"] / small["baseline"]["per_wakeup_us"], 1
-        )
-        out["ratio_sizes"] = [small["in_flight"], big["in_flight"]]
+    out.update(_scaling(sweep, by_n, head))
     stall_pass = head["ours"]["stall_pass"]
     out.update(
         {
@@ -780,25 +807,53 @@ def run_drain(
         }
     )
     if gc_freeze_variant:
-        frozen = attrs.evolve(cfg, gc_freeze=True)
-        r = _measure(head["in_flight"], frozen, progress, headline=False, ours_only=True)
-        o = r["ours"]
-        out["gc_freeze_variant"] = {
-            "in_flight": r["in_flight"],
-            "drain_wake_us_median": o["wake"]["median_us"],
-            "drain_wake_ms_p99": round(o["wake"]["p99_us"] / 1e3, 6),
-            "max_loop_stall_ms": o["max_loop_stall_ms"],
-            "max_loop_stall_excluding_gc_ms": o["stall_pass"]["max_loop_stall_excluding_gc_ms"],
-            "max_loop_stall_cpu_ms": o["stall_pass"]["max_loop_stall_cpu_ms"],
-            "max_loop_stall_cpu_excluding_gc_ms": o["stall_pass"][
-                "max_loop_stall_cpu_excluding_gc_ms"
-            ],
-            "max_gc_pause_ms": o["max_gc_pause_ms"],
-            "collect_and_freeze_between_trials": o.get("between_trials_collect_and_freeze_ms"),
-            "machine_load": r["machine_load"],
-            "detail": r,
-        }
+        out["gc_freeze_variant"] = _gc_freeze_variant(cfg, head["in_flight"], progress)
     return out
+
+
+def _scaling(
+    sweep: list[dict[str, Any]], by_n: dict[int, dict[str, Any]], head: dict[str, Any]
+) -> dict[str, Any]:
+    """Per-wakeup cost at every size, ours and polling, and how each grows from 2k to the
+    largest (200k, or the headline size)."""
+    out: dict[str, Any] = {}
+    small = by_n.get(_nearest_key(by_n, 2_000))
+    for r in sweep:
+        out[f"per_wakeup_us_{label(r['in_flight'])}"] = r["ours"]["per_wakeup_us"]
+    out.setdefault("per_wakeup_us_2k", None)
+    out.setdefault("per_wakeup_us_200k", None)
+    for r in sweep:
+        out[f"baseline_per_wakeup_us_{label(r['in_flight'])}"] = r["baseline"]["per_wakeup_us"]
+    big = by_n.get(200_000, head)
+    if small is not None and small["ours"]["per_wakeup_us"] > 0:
+        out["per_wakeup_ratio_large_vs_2k"] = round(
+            big["ours"]["per_wakeup_us"] / small["ours"]["per_wakeup_us"], 3
+        )
+        out["baseline_per_wakeup_ratio_large_vs_2k"] = round(
+            big["baseline"]["per_wakeup_us"] / small["baseline"]["per_wakeup_us"], 1
+        )
+        out["ratio_sizes"] = [small["in_flight"], big["in_flight"]]
+    return out
+
+
+def _gc_freeze_variant(cfg: DrainConfig, n: int, progress: Progress) -> dict[str, Any]:
+    """The event-driven trials once more at ``n`` with the collector frozen."""
+    frozen = attrs.evolve(cfg, gc_freeze=True)
+    r = _measure(n, frozen, progress, headline=False, ours_only=True)
+    o = r["ours"]
+    return {
+        "in_flight": r["in_flight"],
+        "drain_wake_us_median": o["wake"]["median_us"],
+        "drain_wake_ms_p99": round(o["wake"]["p99_us"] / 1e3, 6),
+        "max_loop_stall_ms": o["max_loop_stall_ms"],
+        "max_loop_stall_excluding_gc_ms": o["stall_pass"]["max_loop_stall_excluding_gc_ms"],
+        "max_loop_stall_cpu_ms": o["stall_pass"]["max_loop_stall_cpu_ms"],
+        "max_loop_stall_cpu_excluding_gc_ms": o["stall_pass"]["max_loop_stall_cpu_excluding_gc_ms"],
+        "max_gc_pause_ms": o["max_gc_pause_ms"],
+        "collect_and_freeze_between_trials": o.get("between_trials_collect_and_freeze_ms"),
+        "machine_load": r["machine_load"],
+        "detail": r,
+    }
 
 
 def _nearest_key(by_n: dict[int, Any], n: int) -> int:
