@@ -439,6 +439,44 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
         f"fan-out on {' and '.join(cfg.backends)}: {', '.join(map(str, cfg.actors))} "
         "instances (fresh subprocess)"
     )
+    lines, cluster, why = _run_worker(cfg, progress)
+    per = _per_backend(cfg, lines, cluster, why)
+    ray, http = per["ray"], per["http"]
+    out: dict[str, Any] = {
+        "actors": list(cfg.actors),
+        "backends": list(cfg.backends),
+        "ray_dispatch": ray["dispatch"],
+        "ray_2_actors_rows_per_s": ray["dispatch"].get("rows_per_s"),
+        "http_2_servers_rows_per_s": http["dispatch"].get("rows_per_s"),
+        "sizes_ok": ray["sizes_ok"],
+        "sizes_failed": ray["sizes_failed"],
+        "cluster_start_s": cluster.get("cluster_start_s"),
+        "results": ray["results"],
+        "models": ray["models"],
+        "http": http,
+        "http_over_ray": http_over_ray(ray, http),
+        "config": attrs.asdict(cfg),
+    }
+    out.update(_flat_figures(per))
+    for backend in cfg.backends:
+        for r in per[backend]["results"]:
+            progress(
+                f"fan-out {r['actors']} {backend} instances: "
+                + (
+                    f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
+                    f"resume {r['resume']['stage_ms']} ms"
+                    if r["ok"]
+                    else f"FAILED ({r['error']})"
+                )
+            )
+    return out
+
+
+def _run_worker(
+    cfg: FanoutConfig, progress: Progress
+) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """Run the worker under its deadline: its JSON lines, the cluster's line, and why a size
+    that has no line did not finish."""
     cmd = [
         sys.executable,
         "-m",
@@ -470,6 +508,13 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
     why = (
         f"the sweep passed its {deadline:.0f} s deadline" if timed_out else None
     ) or f"the worker exited with code {proc.returncode}: {(stderr or '').strip()[-1500:]}"
+    return lines, cluster, why
+
+
+def _per_backend(
+    cfg: FanoutConfig, lines: list[dict[str, Any]], cluster: dict[str, Any], why: str
+) -> dict[str, dict[str, Any]]:
+    """Each backend's sizes, models and dispatch from the worker's lines."""
     per: dict[str, dict[str, Any]] = {}
     for backend in BACKENDS:
         b_why = (cluster.get("cluster_error") if backend == "ray" else None) or why
@@ -487,22 +532,12 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
             "sizes_ok": sum(r["ok"] for r in results),
             "sizes_failed": [r["actors"] for r in results if not r["ok"]],
         }
-    ray, http = per["ray"], per["http"]
-    out: dict[str, Any] = {
-        "actors": list(cfg.actors),
-        "backends": list(cfg.backends),
-        "ray_dispatch": ray["dispatch"],
-        "ray_2_actors_rows_per_s": ray["dispatch"].get("rows_per_s"),
-        "http_2_servers_rows_per_s": http["dispatch"].get("rows_per_s"),
-        "sizes_ok": ray["sizes_ok"],
-        "sizes_failed": ray["sizes_failed"],
-        "cluster_start_s": cluster.get("cluster_start_s"),
-        "results": ray["results"],
-        "models": ray["models"],
-        "http": http,
-        "http_over_ray": http_over_ray(ray, http),
-        "config": attrs.asdict(cfg),
-    }
+    return per
+
+
+def _flat_figures(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each size's stage and slowest instance, and the model at 64, as top-level keys."""
+    out: dict[str, Any] = {}
     for backend, prefix in (("ray", ""), ("http", "http_")):
         for r in per[backend]["results"]:
             if not r["ok"]:
@@ -515,17 +550,6 @@ def run_fanout(cfg: FanoutConfig, progress: Progress) -> dict[str, Any]:
             m = per[backend]["models"][f"{op}_stage_ms"]
             unit = "actors" if backend == "ray" else "servers"
             out[f"{prefix}{op}_ms_model_64_{unit}"] = None if m is None else m["at"]["64"]
-    for backend in cfg.backends:
-        for r in per[backend]["results"]:
-            progress(
-                f"fan-out {r['actors']} {backend} instances: "
-                + (
-                    f"prepare {r['prepare']['stage_ms']} ms, commit {r['commit']['stage_ms']} ms, "
-                    f"resume {r['resume']['stage_ms']} ms"
-                    if r["ok"]
-                    else f"FAILED ({r['error']})"
-                )
-            )
     return out
 
 
