@@ -212,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    _add_runtime_benchmarks(sub)
+    _add_checkpoint(sub)
+    _add_gym_benchmarks(sub)
+    _add_all_and_report(sub)
+    return parser
+
+
+def _add_runtime_benchmarks(sub: Any) -> None:
+    """``drain``, ``memory``, ``dispatch``: the runtime alone."""
     raw = argparse.RawDescriptionHelpFormatter
     d = sub.add_parser(
         "drain",
@@ -238,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     _dispatch_args(dp)
     dp.add_argument("--million", action="store_true", help="also measure with 1M in flight")
     _common(dp)
+
+
+def _add_checkpoint(sub: Any) -> None:
+    """``checkpoint``: one whole checkpoint, embedded, on Ray or over HTTP."""
+    raw = argparse.RawDescriptionHelpFormatter
     c = sub.add_parser(
         "checkpoint",
         help="whole checkpoint at 200k on the embedded Gym or on Ray, by stage",
@@ -280,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _modes_arg(c)
     _common(c)
+
+
+def _add_gym_benchmarks(sub: Any) -> None:
+    """``host``, ``fanout``, ``preserved``: the Gym side, the fan-out, a crash."""
+    raw = argparse.RawDescriptionHelpFormatter
     h = sub.add_parser(
         "host",
         help="Gym host per-step overhead vs plain Gymnasium; episodes/s",
@@ -333,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     pv.add_argument("--kills", type=int, default=None, help="kill times (default 10)")
     _modes_arg(pv)
     _common(pv)
+
+
+def _add_all_and_report(sub: Any) -> None:
+    """``all`` (every benchmark, then the report) and ``report`` (the report again)."""
     a = sub.add_parser(
         "all",
         help="everything; writes --out (JSON, PNG plots, SUMMARY.md)",
@@ -379,7 +402,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="include 1M in flight (default: yes when 6 GiB are free; no with --quick)",
     )
     _common(a)
-    return parser
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -619,6 +641,117 @@ def missing_extra(bench: str) -> str | None:
     return None
 
 
+@attrs.define
+class _Configs:
+    """Every benchmark's configuration from the flags (``all`` runs them all)."""
+
+    drain_cfg: _drain_mod.DrainConfig
+    dispatch_cfg: _dispatch_mod.DispatchConfig
+    memory_sizes: tuple[int, ...]
+    checkpoint_cfg: _checkpoint_mod.CheckpointConfig
+    checkpoint_ray_cfg: _checkpoint_ray_mod.CheckpointRayConfig
+    fanout_cfg: _fanout_mod.FanoutConfig
+    preserved_cfg: _preserved_mod.PreservedConfig
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> _Configs:
+        """``ValueError`` naming the flag when one cannot run."""
+        return cls(
+            _drain_config(args),
+            _dispatch_config(args),
+            _memory_sizes(args),
+            _checkpoint_config(args),
+            _checkpoint_ray_config(args),
+            _fanout_config(args),
+            _preserved_config(args),
+        )
+
+
+def _run_one(
+    args: argparse.Namespace, cfg: _Configs, meta: dict[str, Any], progress: Progress
+) -> dict[str, Any] | int:
+    """One benchmark (or ``report``): its result, or the exit code of a refusal."""
+    result: dict[str, Any]
+    if args.bench == "drain":
+        result = {**_drain_mod.run_drain(cfg.drain_cfg, progress), "meta": meta}
+    elif args.bench == "memory":
+        result = {**_memory_mod.run_memory(cfg.memory_sizes, progress), "meta": meta}
+    elif args.bench == "dispatch":
+        result = {**_dispatch_mod.run_dispatch(cfg.dispatch_cfg, progress), "meta": meta}
+    elif args.bench == "report":
+        from .report import rerender
+
+        try:
+            result = rerender(args.out or DEFAULT_OUT)
+        except ValueError as exc:
+            print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+    elif args.bench == "checkpoint" and args.backend != "embedded":
+        remote = _backends(args.backend)
+        result = {
+            **_checkpoint_ray_mod.run_remote_checkpoints(cfg.checkpoint_ray_cfg, remote, progress),
+            "meta": meta,
+        }
+    elif args.bench == "checkpoint":
+        result = {**_checkpoint_mod.run_checkpoint(cfg.checkpoint_cfg, progress), "meta": meta}
+    elif args.bench == "fanout":
+        result = {**_fanout_mod.run_fanout(cfg.fanout_cfg, progress), "meta": meta}
+    elif args.bench == "preserved":
+        result = {**_preserved_mod.run_preserved(cfg.preserved_cfg, progress), "meta": meta}
+    else:  # host
+        host_cfg = (
+            _host_mod.HostBenchConfig.quick_defaults()
+            if args.quick
+            else _host_mod.HostBenchConfig()
+        )
+        if args.episodes is not None:
+            host_cfg.episodes = args.episodes
+        if args.no_ray:
+            host_cfg.ray = False
+        result = {**_host_mod.run_host(host_cfg, progress), "meta": meta}
+    return result
+
+
+def _run_all(
+    args: argparse.Namespace, cfg: _Configs, meta: dict[str, Any], progress: Progress
+) -> dict[str, Any] | int:
+    """``all``: every benchmark into ``--out``, then the report; or the exit code of a refusal
+    (uncommitted changes, into the committed results)."""
+    from .report import run_all
+
+    out = args.out
+    if out is None:
+        out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
+    dirty = meta["source"].get("uncommitted_changes")
+    if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
+        print(
+            f"gymckpt bench all: error: the tree has uncommitted changes "
+            f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
+            f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
+            "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
+    if _want_million(args):
+        cfg.drain_cfg = attrs.evolve(cfg.drain_cfg, sweep=(*cfg.drain_cfg.sweep, 1_000_000))
+        cfg.dispatch_cfg.in_flight = (*cfg.dispatch_cfg.in_flight, 1_000_000)
+    result = run_all(
+        drain_cfg=cfg.drain_cfg,
+        memory_sizes=cfg.memory_sizes,
+        dispatch_cfg=cfg.dispatch_cfg,
+        checkpoint_cfg=cfg.checkpoint_cfg,
+        fanout_cfg=None if args.no_ray else cfg.fanout_cfg,
+        checkpoint_ray_cfg=None
+        if args.no_ray
+        else attrs.evolve(cfg.checkpoint_ray_cfg, in_flight=cfg.checkpoint_cfg.in_flight),
+        preserved_cfg=cfg.preserved_cfg,
+        out=out,
+        meta=meta,
+        progress=progress,
+    )
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gymckpt bench ARGV``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -642,86 +775,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quick": args.quick,
     }
     try:
-        drain_cfg = _drain_config(args)
-        dispatch_cfg = _dispatch_config(args)
-        memory_sizes = _memory_sizes(args)
-        checkpoint_cfg = _checkpoint_config(args)
-        checkpoint_ray_cfg = _checkpoint_ray_config(args)
-        fanout_cfg = _fanout_config(args)
-        preserved_cfg = _preserved_config(args)
+        cfg = _Configs.of(args)
     except ValueError as exc:
         print(f"gymckpt bench {args.bench}: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    result: dict[str, Any]
-    if args.bench == "drain":
-        result = {**_drain_mod.run_drain(drain_cfg, progress), "meta": meta}
-    elif args.bench == "memory":
-        result = {**_memory_mod.run_memory(memory_sizes, progress), "meta": meta}
-    elif args.bench == "dispatch":
-        result = {**_dispatch_mod.run_dispatch(dispatch_cfg, progress), "meta": meta}
-    elif args.bench == "report":
-        from .report import rerender
-
-        try:
-            result = rerender(args.out or DEFAULT_OUT)
-        except ValueError as exc:
-            print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
-            return ExitCode.BAD_INPUT
-    elif args.bench == "checkpoint" and args.backend != "embedded":
-        remote = _backends(args.backend)
-        result = {
-            **_checkpoint_ray_mod.run_remote_checkpoints(checkpoint_ray_cfg, remote, progress),
-            "meta": meta,
-        }
-    elif args.bench == "checkpoint":
-        result = {**_checkpoint_mod.run_checkpoint(checkpoint_cfg, progress), "meta": meta}
-    elif args.bench == "fanout":
-        result = {**_fanout_mod.run_fanout(fanout_cfg, progress), "meta": meta}
-    elif args.bench == "preserved":
-        result = {**_preserved_mod.run_preserved(preserved_cfg, progress), "meta": meta}
-    elif args.bench == "host":
-        host_cfg = (
-            _host_mod.HostBenchConfig.quick_defaults()
-            if args.quick
-            else _host_mod.HostBenchConfig()
-        )
-        if args.episodes is not None:
-            host_cfg.episodes = args.episodes
-        if args.no_ray:
-            host_cfg.ray = False
-        result = {**_host_mod.run_host(host_cfg, progress), "meta": meta}
-    else:
-        from .report import run_all
-
-        out = args.out
-        if out is None:
-            out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
-        dirty = meta["source"].get("uncommitted_changes")
-        if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
-            print(
-                f"gymckpt bench all: error: the tree has uncommitted changes "
-                f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
-                f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
-                "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
-                file=sys.stderr,
-            )
-            return ExitCode.BAD_INPUT
-        if _want_million(args):
-            drain_cfg = attrs.evolve(drain_cfg, sweep=(*drain_cfg.sweep, 1_000_000))
-            dispatch_cfg.in_flight = (*dispatch_cfg.in_flight, 1_000_000)
-        result = run_all(
-            drain_cfg=drain_cfg,
-            memory_sizes=memory_sizes,
-            dispatch_cfg=dispatch_cfg,
-            checkpoint_cfg=checkpoint_cfg,
-            fanout_cfg=None if args.no_ray else fanout_cfg,
-            checkpoint_ray_cfg=None
-            if args.no_ray
-            else attrs.evolve(checkpoint_ray_cfg, in_flight=checkpoint_cfg.in_flight),
-            preserved_cfg=preserved_cfg,
-            out=out,
-            meta=meta,
-            progress=progress,
-        )
+    run = _run_all if args.bench == "all" else _run_one
+    result = run(args, cfg, meta, progress)
+    if isinstance(result, int):
+        return result
     _emit(result, args.json)
     return 0
