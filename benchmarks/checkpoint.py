@@ -65,6 +65,7 @@ bound on what the runtime sustains against a remote Gym.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -72,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -380,87 +381,40 @@ async def measure_checkpoint(
     from gymckpt.runtime.lowlevel import collector_paused
 
     ledger = ro.ledger
-    marks: dict[str, int] = {}
-    mutations: dict[str, int] = {}
-    virtual_at: dict[str, float] = {}
-    heartbeat: list[tuple[int, int]] = []
-    beating = [True]
-
-    async def beat() -> None:
-        # lateness of a 1 ms sleep: also catches the loop waiting for the GIL
-        # (a worker thread collecting garbage), which task steps cannot show
-        while beating[0]:
-            t = perf_ns()
-            await trio.sleep(0.001)
-            late = perf_ns() - t - 1_000_000
-            if late > 1_000_000:
-                heartbeat.append((t, late))
-
-    def hook(_cid: str, point: str) -> None:
-        marks[point] = perf_ns()
-        mutations[point] = ledger.barrier.statistics().mutations
-        if on_after_prepare is not None:
-            virtual_at[point] = trio.current_time()
-            if point == "after_prepare":
-                on_after_prepare()
-                nursery.start_soon(beat, name="heartbeat")
-
-    ro.coordinator.on_stage = hook
+    st = _StageHook(ledger, nursery, on_after_prepare)
+    marks, mutations = st.marks, st.mutations
+    ro.coordinator.on_stage = st.hook
     if on_after_prepare is None:
-        nursery.start_soon(beat, name="heartbeat")
-    stall = LoopStallMonitor(cpu=True, keep_over_ns=100_000, keep_max=500_000)
-    batches = SchedulerBatchMonitor()
+        nursery.start_soon(st.beat, name="heartbeat")
     moving: dict[str, Any] = {}
-    with GcMonitor() as gcm:
-        trio.lowlevel.add_instrument(stall)
-        trio.lowlevel.add_instrument(batches)
-        stall.active = gcm.active = batches.active = True
+    with _monitors() as (stall, batches, gcm):
         marks["start"] = perf_ns()
-        cpu0, proc0 = time.thread_time(), time.process_time()
+        cpu0 = _cpu_now()
         mutations["start"] = ledger.barrier.statistics().mutations
         # nested in the coordinator's own pause, so that the collection the
         # collector owes once switched back on falls after the mark
         with collector_paused(pause_collector):
             outcome = await ro.checkpoint()
             marks["end"] = perf_ns()
-        cpu1, proc1 = time.thread_time(), time.process_time()
+        cpu1 = _cpu_now()
         after = _AfterWindow(stall, gcm, marks["end"])
         mutations["end"] = ledger.barrier.statistics().mutations
         if pauses is not None:
             moving = await _until_all_moving(pauses, marks["start"], moving_timeout_s, say)
         batches.active = False
-        cpu2, proc2 = time.thread_time(), time.process_time()
+        cpu2 = _cpu_now()
         # the collector is back on: watch what its first collections cost
         await trio.sleep(after_s)
         after.close()
         if pauses is not None and control_s > 0:
-            # the same episodes, no checkpoint: what a step costs them anyway
-            c0 = time.perf_counter()
-            await trio.sleep(control_s)
-            records = await trio.to_thread.run_sync(pauses.records)
-            moving["control_window_s"] = control_s
-            moving["control_pauses"] = pauses_in(records, c0, time.perf_counter(), pauses.episodes)
-        beating[0] = False
-        stall.active = gcm.active = False
-        trio.lowlevel.remove_instrument(stall)
-        trio.lowlevel.remove_instrument(batches)
+            moving.update(await _control_window(pauses, control_s))
+        st.beating = False
     took = (marks["end"] - marks["start"]) / 1e9
     say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
-    cpu = {
-        "checkpoint_loop_cpu_s": round(cpu1 - cpu0, 3),
-        "checkpoint_process_cpu_s": round(proc1 - proc0, 3),
-    }
-    if moving:
-        cpu["until_moving_loop_cpu_s"] = round(cpu2 - cpu0, 3)
-        cpu["until_moving_process_cpu_s"] = round(proc2 - proc0, 3)
-    size = files = ledger_bytes = 0
-    if outcome.snapshot is not None:
-        snap = outcome.snapshot.path
-        size, files = await trio.to_thread.run_sync(_dir_size, snap)
-        lj = snap / LEDGER_FILE
-        ledger_bytes = lj.stat().st_size if lj.exists() else 0
+    cpu = _cpu_figures(cpu0, cpu1, cpu2 if moving else None)
+    snapshot = await _snapshot_figures(outcome)
     out = _checkpoint_report(
-        outcome, marks, mutations, virtual_at, stall, gcm, spans, stages, heartbeat
+        outcome, marks, mutations, st.virtual_at, stall, gcm, spans, stages, st.heartbeat
     )
     out.update(after.report())
     out.update(cpu)
@@ -473,16 +427,110 @@ async def measure_checkpoint(
         turn = out["turn_time_wall_s"] if outcome_mode(ro) == "aligned" else 0.0
         out["until_all_moving_excluding_turn_s"] = round(moving["until_all_moving_s"] - turn, 3)
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
-    out.update(
-        {
-            "snapshot_bytes": size,
-            "snapshot_mib": round(size / 2**20, 1),
-            "snapshot_files": files,
-            "ledger_json_bytes": ledger_bytes,
-            "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
-        }
-    )
+    out.update(snapshot)
     return out
+
+
+def _cpu_now() -> tuple[float, float]:
+    """The loop thread's CPU time and the process's, now."""
+    return time.thread_time(), time.process_time()
+
+
+def _cpu_figures(
+    start: tuple[float, float], end: tuple[float, float], moving: tuple[float, float] | None
+) -> dict[str, float]:
+    """Loop and process CPU from the checkpoint's start to its return, and (``moving``) until
+    every episode moved again."""
+    cpu = {
+        "checkpoint_loop_cpu_s": round(end[0] - start[0], 3),
+        "checkpoint_process_cpu_s": round(end[1] - start[1], 3),
+    }
+    if moving is not None:
+        cpu["until_moving_loop_cpu_s"] = round(moving[0] - start[0], 3)
+        cpu["until_moving_process_cpu_s"] = round(moving[1] - start[1], 3)
+    return cpu
+
+
+@contextlib.contextmanager
+def _monitors() -> Iterator[tuple[LoopStallMonitor, SchedulerBatchMonitor, GcMonitor]]:
+    """The loop-stall and scheduler-batch instruments and the GC monitor, active inside."""
+    stall = LoopStallMonitor(cpu=True, keep_over_ns=100_000, keep_max=500_000)
+    batches = SchedulerBatchMonitor()
+    with GcMonitor() as gcm:
+        trio.lowlevel.add_instrument(stall)
+        trio.lowlevel.add_instrument(batches)
+        stall.active = gcm.active = batches.active = True
+        try:
+            yield stall, batches, gcm
+        finally:
+            stall.active = gcm.active = False
+            trio.lowlevel.remove_instrument(stall)
+            trio.lowlevel.remove_instrument(batches)
+
+
+async def _control_window(pauses: PauseSource, control_s: float) -> dict[str, Any]:
+    """The same episodes for ``control_s`` with no checkpoint: what a step costs them anyway."""
+    c0 = time.perf_counter()
+    await trio.sleep(control_s)
+    records = await trio.to_thread.run_sync(pauses.records)
+    return {
+        "control_window_s": control_s,
+        "control_pauses": pauses_in(records, c0, time.perf_counter(), pauses.episodes),
+    }
+
+
+@attrs.define
+class _StageHook:
+    """The coordinator's stage hook during a measured checkpoint: when each stage point was
+    reached (``perf_ns``), the ledger's mutations by then, the virtual time (a run on the warp
+    clock), and the 1 ms heartbeat's lateness once it beats."""
+
+    ledger: Any
+    nursery: trio.Nursery
+    on_after_prepare: Callable[[], None] | None
+    marks: dict[str, int] = attrs.Factory(dict)
+    mutations: dict[str, int] = attrs.Factory(dict)
+    virtual_at: dict[str, float] = attrs.Factory(dict)
+    heartbeat: list[tuple[int, int]] = attrs.Factory(list)
+    beating: bool = True
+
+    async def beat(self) -> None:
+        """Lateness of a 1 ms sleep: also catches the loop waiting for the GIL (a worker
+        thread collecting garbage), which task steps cannot show."""
+        while self.beating:
+            t = perf_ns()
+            await trio.sleep(0.001)
+            late = perf_ns() - t - 1_000_000
+            if late > 1_000_000:
+                self.heartbeat.append((t, late))
+
+    def hook(self, _cid: str, point: str) -> None:
+        """``Coordinator.on_stage``: the heartbeat starts at ``after_prepare`` when the run
+        switches its warp clock to real time there."""
+        self.marks[point] = perf_ns()
+        self.mutations[point] = self.ledger.barrier.statistics().mutations
+        if self.on_after_prepare is not None:
+            self.virtual_at[point] = trio.current_time()
+            if point == "after_prepare":
+                self.on_after_prepare()
+                self.nursery.start_soon(self.beat, name="heartbeat")
+
+
+async def _snapshot_figures(outcome: Any) -> dict[str, Any]:
+    """The snapshot on disk: bytes, files, the ledger's JSON, bytes per episode."""
+    size = files = ledger_bytes = 0
+    if outcome.snapshot is not None:
+        snap = outcome.snapshot.path
+        size, files = await trio.to_thread.run_sync(_dir_size, snap)
+        lj = snap / LEDGER_FILE
+        ledger_bytes = lj.stat().st_size if lj.exists() else 0
+    return {
+        "snapshot_bytes": size,
+        "snapshot_mib": round(size / 2**20, 1),
+        "snapshot_files": files,
+        "ledger_json_bytes": ledger_bytes,
+        "snapshot_bytes_per_episode": round(size / max(1, outcome.episodes), 1),
+    }
 
 
 async def _checkpoint_main(
@@ -490,8 +538,7 @@ async def _checkpoint_main(
 ) -> dict[str, Any]:
     """Measure; ``finish(result)`` is called before anything is torn down (it may exit)."""
     from gymckpt.gym_adapter import EmbeddedGym
-    from gymckpt.nurseries import STAGES, open_rollouts
-    from gymckpt.runtime import RuntimeConfig
+    from gymckpt.nurseries import open_rollouts
 
     def say(msg: str) -> None:
         if verbose:
@@ -499,15 +546,7 @@ async def _checkpoint_main(
 
     n, g = cfg.in_flight, cfg.group_size
     times = cfg.times()
-    # the aligned row measures the reference protocol (every episode parked until the slowest
-    # turn in flight ends): an alignment timeout inside the control bound never cuts it short
-    rc = RuntimeConfig(
-        control_timeout_s=3600.0,
-        alignment_timeout_s=3599.0,
-        reply_grace_s=5.0,
-        drain_timeout_s=900.0,
-        lease_s=7200.0,
-    )
+    rc = measured_runtime_config()
     out: dict[str, Any] = {}
     async with trio.open_nursery() as top:
         top.start_soon(warp_driver, clock, name="warp-clock")
@@ -534,46 +573,11 @@ async def _checkpoint_main(
                     restore=False,
                     keep_snapshots=0,
                 ) as ro:
-                    ledger = ro.ledger
-                    t0 = time.perf_counter()
-                    last = 0.0
-                    while ledger.statistics().by_state["dispatched"] < n:
-                        await trio.sleep(1.0)
-                        if time.perf_counter() - last > 5:
-                            last = time.perf_counter()
-                            say(f"dispatched {ledger.statistics().by_state['dispatched']:,}/{n:,}")
-                    fill_s = time.perf_counter() - t0
-                    dispatched = ledger.statistics().by_state["dispatched"]
-                    say(f"{dispatched:,} in flight after {fill_s:.1f} s; checkpointing")
+                    dispatched, fill_s = await _fill(ro.ledger, n, say)
                     src = PauseSource(records, in_process=True, episodes=dispatched)
-                    modes: dict[str, Any] = {}
-                    for k, mode in enumerate(cfg.modes):
-                        if k and not clock.realtime:  # pragma: no cover - each mode ends real
-                            raise AssertionError("the clock is virtual after a checkpoint")
-                        if k:
-                            clock.go_virtual()
-                            top.start_soon(warp_driver, clock, name="warp-clock")
-                        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
-                        # aligned: the wait for the turns to end is simulated (virtual until
-                        # Gym is prepared); unaligned: nothing waits, real time throughout
-                        if mode != "aligned":
-                            clock.go_realtime()
-                        say(f"{mode} checkpoint")
-                        modes[mode] = await measure_checkpoint(
-                            ro,
-                            timed.spans,
-                            STAGES,
-                            nursery=top,
-                            dispatched=dispatched,
-                            pause_collector=rc.pause_collector,
-                            after_s=cfg.after_s,
-                            on_after_prepare=clock.go_realtime,
-                            say=say,
-                            pauses=src,
-                            control_s=cfg.control_s,
-                        )
-                        modes[mode]["checkpoint_mode"] = mode
-                        timed.spans.clear()
+                    modes = await _measure_modes(
+                        cfg, ro, timed, rc, clock, top, dispatched, src, say
+                    )
                     first = modes.get("aligned") or modes[cfg.modes[0]]
                     out.update(first)  # the reference run's figures, where the report has them
                     out.update(
@@ -590,6 +594,81 @@ async def _checkpoint_main(
     return out  # pragma: no cover - the return above always runs
 
 
+def measured_runtime_config() -> Any:
+    """The runtime's configuration for a measured checkpoint (embedded, Ray, HTTP): the
+    aligned row measures the reference protocol (every episode parked until the slowest turn
+    in flight ends), so an alignment timeout inside the control bound never cuts it short."""
+    from gymckpt.runtime import RuntimeConfig
+
+    return RuntimeConfig(
+        control_timeout_s=3600.0,
+        alignment_timeout_s=3599.0,
+        reply_grace_s=5.0,
+        drain_timeout_s=900.0,
+        lease_s=7200.0,
+    )
+
+
+async def _fill(ledger: Any, n: int, say: Callable[[str], None]) -> tuple[int, float]:
+    """Wait until ``n`` attempts are dispatched: how many were, and how long it took."""
+    t0 = time.perf_counter()
+    last = 0.0
+    while ledger.statistics().by_state["dispatched"] < n:
+        await trio.sleep(1.0)
+        if time.perf_counter() - last > 5:
+            last = time.perf_counter()
+            say(f"dispatched {ledger.statistics().by_state['dispatched']:,}/{n:,}")
+    fill_s = time.perf_counter() - t0
+    dispatched = ledger.statistics().by_state["dispatched"]
+    say(f"{dispatched:,} in flight after {fill_s:.1f} s; checkpointing")
+    return dispatched, fill_s
+
+
+async def _measure_modes(
+    cfg: CheckpointConfig,
+    ro: Any,
+    timed: _TimedGym,
+    rc: Any,
+    clock: WarpClock,
+    top: trio.Nursery,
+    dispatched: int,
+    src: PauseSource,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """One measured checkpoint per mode, in ``cfg.modes``' order, on the same episodes."""
+    from gymckpt.nurseries import STAGES
+
+    modes: dict[str, Any] = {}
+    for k, mode in enumerate(cfg.modes):
+        if k and not clock.realtime:  # pragma: no cover - each mode ends real
+            raise AssertionError("the clock is virtual after a checkpoint")
+        if k:
+            clock.go_virtual()
+            top.start_soon(warp_driver, clock, name="warp-clock")
+        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
+        # aligned: the wait for the turns to end is simulated (virtual until
+        # Gym is prepared); unaligned: nothing waits, real time throughout
+        if mode != "aligned":
+            clock.go_realtime()
+        say(f"{mode} checkpoint")
+        modes[mode] = await measure_checkpoint(
+            ro,
+            timed.spans,
+            STAGES,
+            nursery=top,
+            dispatched=dispatched,
+            pause_collector=rc.pause_collector,
+            after_s=cfg.after_s,
+            on_after_prepare=clock.go_realtime,
+            say=say,
+            pauses=src,
+            control_s=cfg.control_s,
+        )
+        modes[mode]["checkpoint_mode"] = mode
+        timed.spans.clear()
+    return modes
+
+
 def _checkpoint_report(
     outcome: Any,
     marks: dict[str, int],
@@ -602,27 +681,7 @@ def _checkpoint_report(
     heartbeat: list[tuple[int, int]],
 ) -> dict[str, Any]:
     s = dict(outcome.stage_s)
-    # stage windows on the perf_counter timeline, from hook points and (for the stages between
-    # after_commit and before_publish, timed by the coordinator in real time) stage durations
-    own0 = marks.get("after_commit", marks["end"])
-    drain0 = own0 + int(s.get("ownership", 0.0) * 1e9)
-    snap0 = drain0 + int(s.get("drain", 0.0) * 1e9)
-    windows = {
-        "close+retire": (marks["start"], marks.get("before_prepare", marks["end"])),
-        "prepare": (
-            marks.get("before_prepare", marks["end"]),
-            marks.get("after_prepare", marks["end"]),
-        ),
-        "commit": (marks.get("after_prepare", marks["end"]), own0),
-        "ownership": (own0, drain0),
-        "drain": (drain0, snap0),
-        "snapshot": (snap0, marks.get("before_publish", marks["end"])),
-        "publish": (
-            marks.get("before_publish", marks["end"]),
-            marks.get("after_publish", marks["end"]),
-        ),
-        "resume": (marks.get("before_resume", marks["end"]), marks["end"]),
-    }
+    windows = _stage_windows(marks, s)
     mut_points = {
         "close+retire": ("start", "before_prepare"),
         "prepare": ("before_prepare", "after_prepare"),
@@ -633,45 +692,7 @@ def _checkpoint_report(
     gym_spans = _union([(a, b) for _op, a, b in spans])  # calls to K instances overlap
     rows: list[dict[str, Any]] = []
     for name, (w0, w1) in windows.items():
-        longest = longest_cpu = 0
-        who = ""
-        over = 0
-        runtime_worst = runtime_cpu = 0
-        runtime_who = ""
-        gc_spans = [(g0, g1) for g0, g1, _ in gcm.pauses]
-        for a, b, task, cpu in stall.long:
-            if w0 <= a < w1:
-                if b - a > longest:
-                    longest, who = b - a, task
-                longest_cpu = max(longest_cpu, cpu)
-                over += (b - a) > 10_000_000
-                # the runtime's own work: not a task of the embedded Gym, not inside a Gym
-                # call, and with the collector's pauses taken out
-                if task.startswith("gymckpt.gym_adapter.") or _overlap(a, b, gym_spans):
-                    continue
-                gc_in = _overlap(a, b, gc_spans)
-                if b - a - gc_in > runtime_worst:
-                    runtime_worst, runtime_who = b - a - gc_in, task
-                    runtime_cpu = max(0, cpu - gc_in)
-        gc_ns = _overlap(w0, w1, gc_spans)
-        late = [d for t, d in heartbeat if w0 <= t < w1]
-        row: dict[str, Any] = {
-            "stage": name,
-            "wall_ms": round((w1 - w0) / 1e6, 3),
-            # null: no interval over 0.1 ms in this stage
-            "max_loop_stall_ms": round(longest / 1e6, 3) if longest else None,
-            "max_loop_stall_cpu_ms": round(longest_cpu / 1e6, 3) if longest else None,
-            "max_stall_task": who,
-            "stalls_over_10ms": over,
-            "max_runtime_stall_excluding_gc_ms": (
-                round(runtime_worst / 1e6, 3) if runtime_worst else None
-            ),
-            "max_runtime_stall_cpu_ms": round(runtime_cpu / 1e6, 3) if runtime_worst else None,
-            "max_runtime_stall_task": runtime_who,
-            "gc_pause_ms": round(gc_ns / 1e6, 3),
-            "heartbeat_max_late_ms": round(max(late) / 1e6, 3) if late else None,
-            "in_gym_calls_ms": round(_overlap(w0, w1, gym_spans) / 1e6, 3),
-        }
+        row = _stage_row(name, w0, w1, stall, gcm, gym_spans, heartbeat)
         if name in mut_points:
             p0, p1 = mut_points[name]
             if p0 in mutations and p1 in mutations:
@@ -708,18 +729,7 @@ def _checkpoint_report(
         "coordinator_stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},
         "stages": rows,
         # the checkpoint's window only (the seconds after it are reported as after_checkpoint_*)
-        "max_loop_stall_ms": round(
-            max(
-                (
-                    min(b, marks["end"]) - a
-                    for a, b, _t, _c in stall.long
-                    if marks["start"] <= a < marks["end"]
-                ),
-                default=0,
-            )
-            / 1e6,
-            3,
-        ),
+        "max_loop_stall_ms": _longest_step_ms(stall, marks["start"], marks["end"]),
         "max_loop_stall_task": stall.max_task,
         "max_runtime_stall_excluding_gc_ms": num(worst_rt["max_runtime_stall_excluding_gc_ms"]),
         "max_runtime_stall_cpu_ms": worst_rt["max_runtime_stall_cpu_ms"],
@@ -729,6 +739,91 @@ def _checkpoint_report(
         "gc_collections_by_generation": list(gcm.collections),
         "heartbeat_max_late_ms": round(max((d for _t, d in heartbeat), default=0) / 1e6, 3),
         "gym_calls": _gym_call_summary(spans),
+    }
+
+
+def _longest_step_ms(stall: LoopStallMonitor, start: int, end: int) -> float:
+    """The longest task step that began in ``[start, end)``, cut at ``end``."""
+    return round(
+        max((min(b, end) - a for a, b, _t, _c in stall.long if start <= a < end), default=0) / 1e6,
+        3,
+    )
+
+
+def _stage_windows(marks: dict[str, int], s: dict[str, float]) -> dict[str, tuple[int, int]]:
+    """Each stage's window on the perf_counter timeline, from the hook points and (for the
+    stages between after_commit and before_publish, timed by the coordinator in real time)
+    the stage durations ``s``."""
+    own0 = marks.get("after_commit", marks["end"])
+    drain0 = own0 + int(s.get("ownership", 0.0) * 1e9)
+    snap0 = drain0 + int(s.get("drain", 0.0) * 1e9)
+    return {
+        "close+retire": (marks["start"], marks.get("before_prepare", marks["end"])),
+        "prepare": (
+            marks.get("before_prepare", marks["end"]),
+            marks.get("after_prepare", marks["end"]),
+        ),
+        "commit": (marks.get("after_prepare", marks["end"]), own0),
+        "ownership": (own0, drain0),
+        "drain": (drain0, snap0),
+        "snapshot": (snap0, marks.get("before_publish", marks["end"])),
+        "publish": (
+            marks.get("before_publish", marks["end"]),
+            marks.get("after_publish", marks["end"]),
+        ),
+        "resume": (marks.get("before_resume", marks["end"]), marks["end"]),
+    }
+
+
+def _stage_row(
+    name: str,
+    w0: int,
+    w1: int,
+    stall: LoopStallMonitor,
+    gcm: GcMonitor,
+    gym_spans: list[tuple[int, int]],
+    heartbeat: list[tuple[int, int]],
+) -> dict[str, Any]:
+    """One stage's row: its wall time, its longest task step (and the runtime's own, outside
+    the Gym's tasks and calls and the collector's pauses), GC, the heartbeat, Gym calls."""
+    longest = longest_cpu = 0
+    who = ""
+    over = 0
+    runtime_worst = runtime_cpu = 0
+    runtime_who = ""
+    gc_spans = [(g0, g1) for g0, g1, _ in gcm.pauses]
+    for a, b, task, cpu in stall.long:
+        if w0 <= a < w1:
+            if b - a > longest:
+                longest, who = b - a, task
+            longest_cpu = max(longest_cpu, cpu)
+            over += (b - a) > 10_000_000
+            # the runtime's own work: not a task of the embedded Gym, not inside a Gym
+            # call, and with the collector's pauses taken out
+            if task.startswith("gymckpt.gym_adapter.") or _overlap(a, b, gym_spans):
+                continue
+            gc_in = _overlap(a, b, gc_spans)
+            if b - a - gc_in > runtime_worst:
+                runtime_worst, runtime_who = b - a - gc_in, task
+                runtime_cpu = max(0, cpu - gc_in)
+    gc_ns = _overlap(w0, w1, gc_spans)
+    late = [d for t, d in heartbeat if w0 <= t < w1]
+    return {
+        "stage": name,
+        "wall_ms": round((w1 - w0) / 1e6, 3),
+        # null: no interval over 0.1 ms in this stage
+        "max_loop_stall_ms": round(longest / 1e6, 3) if longest else None,
+        "max_loop_stall_cpu_ms": round(longest_cpu / 1e6, 3) if longest else None,
+        "max_stall_task": who,
+        "stalls_over_10ms": over,
+        "max_runtime_stall_excluding_gc_ms": (
+            round(runtime_worst / 1e6, 3) if runtime_worst else None
+        ),
+        "max_runtime_stall_cpu_ms": round(runtime_cpu / 1e6, 3) if runtime_worst else None,
+        "max_runtime_stall_task": runtime_who,
+        "gc_pause_ms": round(gc_ns / 1e6, 3),
+        "heartbeat_max_late_ms": round(max(late) / 1e6, 3) if late else None,
+        "in_gym_calls_ms": round(_overlap(w0, w1, gym_spans) / 1e6, 3),
     }
 
 

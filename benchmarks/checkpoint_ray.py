@@ -70,7 +70,14 @@ from ._heavy import (
     heavy_refs,
     host_config,
 )
-from .checkpoint import MODES, TURN_CAP, TURN_SIGMA, _TimedGym, measure_checkpoint
+from .checkpoint import (
+    MODES,
+    TURN_CAP,
+    TURN_SIGMA,
+    _TimedGym,
+    measure_checkpoint,
+    measured_runtime_config,
+)
 
 __all__ = [
     "GYM_OPS",
@@ -198,8 +205,7 @@ async def _remote_main(
     cfg: CheckpointRayConfig, verbose: bool, finish: Callable[[dict[str, Any]], None]
 ) -> None:
     """Measure; ``finish(result)`` is called before anything is torn down (it exits)."""
-    from gymckpt.nurseries import STAGES, open_rollouts
-    from gymckpt.runtime import RuntimeConfig
+    from gymckpt.nurseries import open_rollouts
 
     def say(msg: str) -> None:
         if verbose:
@@ -207,15 +213,7 @@ async def _remote_main(
 
     n, g = cfg.in_flight, cfg.group_size
     times = cfg.times()
-    # the aligned row measures the reference protocol (every episode parked until the slowest
-    # turn in flight ends): an alignment timeout inside the control bound never cuts it short
-    rc = RuntimeConfig(
-        control_timeout_s=3600.0,
-        alignment_timeout_s=3599.0,
-        reply_grace_s=5.0,
-        drain_timeout_s=900.0,
-        lease_s=7200.0,
-    )
+    rc = measured_runtime_config()
     say(
         f"starting {cfg.actors} {cfg.backend} instances (turns {cfg.turns[0]}-"
         f"{cfg.turns[1]}, lognormal median {times.median_s:g} s, cap {times.max_s:g} s)"
@@ -244,52 +242,9 @@ async def _remote_main(
                     keep_snapshots=0,
                     handle_signals=False,
                 ) as ro:
-                    ledger = ro.ledger
-                    t0 = time.perf_counter()
-                    last = t0
-                    with trio.fail_after(cfg.fill_timeout_s):
-                        while ledger.statistics().by_state["dispatched"] < n:
-                            await trio.sleep(0.2)
-                            if time.perf_counter() - last > 5:
-                                last = time.perf_counter()
-                                say(
-                                    f"dispatched {ledger.statistics().by_state['dispatched']:,}"
-                                    f"/{n:,}"
-                                )
-                    fill_s = time.perf_counter() - t0
-                    stats = ledger.statistics()
-                    dispatched = stats.by_state["dispatched"]
-                    finished = (
-                        stats.by_state.get("completed", 0)
-                        + stats.failed_total
-                        + stats.abandoned_total
-                    )
-                    say(
-                        f"{dispatched:,} in flight after {fill_s:.1f} s "
-                        f"({dispatched / fill_s:,.0f} rows/s); checkpointing"
-                    )
+                    dispatched, finished, fill_s = await _fill(cfg, ro.ledger, say)
                     src = PauseSource(records, in_process=False, episodes=dispatched)
-                    modes: dict[str, Any] = {}
-                    for mode in cfg.modes:
-                        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
-                        say(f"{mode} checkpoint")
-                        calls0 = len(timed.calls)
-                        r = await measure_checkpoint(
-                            ro,
-                            timed.spans,
-                            STAGES,
-                            nursery=top,
-                            dispatched=dispatched,
-                            pause_collector=rc.pause_collector,
-                            after_s=cfg.after_s,
-                            say=say,
-                            pauses=src,
-                            control_s=cfg.control_s,
-                        )
-                        r["checkpoint_mode"] = mode
-                        r["gym_calls_by_op"] = _per_actor(timed.calls[calls0:])
-                        modes[mode] = r
-                        timed.spans.clear()
+                    modes = await _measure_modes(cfg, ro, timed, rc, top, dispatched, src, say)
                     out = dict(modes.get("aligned") or modes[cfg.modes[0]])
                     out.update(
                         {
@@ -305,6 +260,69 @@ async def _remote_main(
                         }
                     )
                     finish(out)
+
+
+async def _fill(
+    cfg: CheckpointRayConfig, ledger: Any, say: Callable[[str], None]
+) -> tuple[int, int, float]:
+    """Wait (at most ``cfg.fill_timeout_s``) until ``cfg.in_flight`` attempts are dispatched:
+    how many are, how many finished meanwhile, and how long it took."""
+    n = cfg.in_flight
+    t0 = time.perf_counter()
+    last = t0
+    with trio.fail_after(cfg.fill_timeout_s):
+        while ledger.statistics().by_state["dispatched"] < n:
+            await trio.sleep(0.2)
+            if time.perf_counter() - last > 5:
+                last = time.perf_counter()
+                say(f"dispatched {ledger.statistics().by_state['dispatched']:,}/{n:,}")
+    fill_s = time.perf_counter() - t0
+    stats = ledger.statistics()
+    dispatched = stats.by_state["dispatched"]
+    finished = stats.by_state.get("completed", 0) + stats.failed_total + stats.abandoned_total
+    say(
+        f"{dispatched:,} in flight after {fill_s:.1f} s "
+        f"({dispatched / fill_s:,.0f} rows/s); checkpointing"
+    )
+    return dispatched, finished, fill_s
+
+
+async def _measure_modes(
+    cfg: CheckpointRayConfig,
+    ro: Any,
+    timed: _TimedGym,
+    rc: Any,
+    top: trio.Nursery,
+    dispatched: int,
+    src: PauseSource,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """One measured checkpoint per mode, in ``cfg.modes``' order, with each mode's Gym calls
+    per instance."""
+    from gymckpt.nurseries import STAGES
+
+    modes: dict[str, Any] = {}
+    for mode in cfg.modes:
+        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
+        say(f"{mode} checkpoint")
+        calls0 = len(timed.calls)
+        r = await measure_checkpoint(
+            ro,
+            timed.spans,
+            STAGES,
+            nursery=top,
+            dispatched=dispatched,
+            pause_collector=rc.pause_collector,
+            after_s=cfg.after_s,
+            say=say,
+            pauses=src,
+            control_s=cfg.control_s,
+        )
+        r["checkpoint_mode"] = mode
+        r["gym_calls_by_op"] = _per_actor(timed.calls[calls0:])
+        modes[mode] = r
+        timed.spans.clear()
+    return modes
 
 
 def _shutdown_and_exit(ray_started: bool) -> None:
