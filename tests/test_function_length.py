@@ -31,7 +31,6 @@ KNOWN_LONG: frozenset[tuple[str, str]] = frozenset(
         ("nurseries/_dispatcher.py", "_submit_planned"),
         ("nurseries/_restore.py", "restore_latest"),
         ("nurseries/_trainer.py", "open_rollouts"),
-        ("testing/_backend_usage.py", "_park_and_restore"),
         ("testing/_backend_usage.py", "_restart"),
         ("testing/_environment_kit.py", "_park_and_restore"),
     }
