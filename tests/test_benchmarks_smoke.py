@@ -687,9 +687,13 @@ def test_fit_linear() -> None:
 def test_all_refuses_a_dirty_tree_for_the_results(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gymckpt.benchmarks import cli
+    from gymckpt.benchmarks import cli, report
+
+    def measured(**_kwargs: object) -> None:
+        raise AssertionError("measured into the committed results from a dirty tree")
 
     monkeypatch.setattr(cli, "COMMITTED_RESULTS", tmp_path)
+    monkeypatch.setattr(report, "run_all", measured)
     monkeypatch.setattr(
         cli,
         "source_info",
