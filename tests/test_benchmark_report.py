@@ -465,3 +465,12 @@ def test_host_json_marks_give_the_row_its_verdict(tmp_path: Path) -> None:
         ValueError, match=r"required field missing @ host\.json\.marks\.calendar\.turns"
     ):
         Results.read(tmp_path)
+
+
+def test_the_results_index_names_every_committed_result() -> None:
+    """``docs/benchmarks/index.md`` lists each committed result with the commit it measured."""
+    index = (RESULTS.parent / "index.md").read_text(encoding="utf-8")
+    for path in sorted(RESULTS.glob("*.json")):
+        commit = json.loads(path.read_text())["meta"]["source"]["commit"]
+        line = next((x for x in index.splitlines() if f"(results/{path.name})" in x), "")
+        assert f"`{commit}`" in line, f"{path.name} (commit {commit}) is not in the index"
