@@ -35,6 +35,7 @@ __all__ = [
     "Progress",
     "SchedulerBatchMonitor",
     "describe_error",
+    "finite",
     "ints",
     "label",
     "machine_info",
@@ -436,3 +437,14 @@ def label(n: int) -> str:
     if n >= 1000 and n % 1000 == 0:
         return f"{n // 1000}k"
     return str(n)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (JSON has none) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import os
 import shlex
 import sys
@@ -30,7 +29,7 @@ from . import fanout as _fanout_mod
 from . import host as _host_mod
 from . import memory as _memory_mod
 from . import preserved as _preserved_mod
-from ._common import Progress, ints, machine_info, source_info
+from ._common import Progress, finite, ints, machine_info, source_info
 
 __all__ = ["build_parser", "main"]
 
@@ -596,19 +595,8 @@ def invocation(argv: Sequence[str]) -> str:
 # -- output --------------------------------------------------------------------------------------
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN: turn it into null."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 def _emit(result: dict[str, Any], as_json: bool) -> None:
-    result = _clean(result)
+    result = finite(result)  # JSON has no NaN: null
     if as_json:
         print(json.dumps(result, indent=2))
         return

@@ -27,7 +27,7 @@ from gymckpt.benchmarks.report import (
     read_result,
     targets,
 )
-from gymckpt.benchmarks.report._targets import HostMarks
+from gymckpt.benchmarks.report._records import HostMarksResult
 
 DRAIN_KEYS = {
     "rollouts": int,
@@ -160,20 +160,17 @@ def test_host_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
             assert figures[f"marks_{clock}us_per_step_median"] > 0
             assert figures[f"opted_out_{clock}us_per_step_median"] > 0
     # the targets row: judged on the larger of wall and CPU, only at the target's size
-    hm = HostMarks.from_json(marks)
+    hm = read_result(marks, HostMarksResult, "host.json")
     row = next(t for t in _targets_with(hm) if t.key == "host_marks_overhead")
     assert row.status == "not measured" and "(at 32;" in row.measured
-    at_size = attrs.evolve(hm, cartpole_episodes=256, cartpole_ratio=0.05)
+    cp = attrs.evolve(hm.cartpole, episodes=256, marks_overhead_ratio=0.05)
     for cpu, status in ((0.09, "met"), (0.11, "MISSED")):
-        row = next(
-            t
-            for t in _targets_with(attrs.evolve(at_size, cartpole_cpu_ratio=cpu))
-            if t.key == "host_marks_overhead"
-        )
+        at_size = attrs.evolve(hm, cartpole=attrs.evolve(cp, marks_overhead_cpu_ratio=cpu))
+        row = next(t for t in _targets_with(at_size) if t.key == "host_marks_overhead")
         assert row.status == status, (cpu, row)
 
 
-def _targets_with(host_marks: HostMarks) -> list[TargetRow]:
+def _targets_with(host_marks: HostMarksResult) -> list[TargetRow]:
     drain = _drain_result(
         rollouts=1, drain_wake_us_median=1.0, drain_wake_ms_p99=1.0, max_loop_stall_ms=1.0
     )

@@ -170,6 +170,7 @@ def checkpoint_keys(
 ) -> None:
     """The headline keys of ``gymckpt bench checkpoint --json`` from this run, so a reader can
     match the report to that command's output."""
+    runs: list[tuple[str, dict[str, float | None], dict[str, float]]] = []
     if checkpoint is not None:
         keys = {
             "e2e_s": checkpoint.e2e_s,
@@ -177,28 +178,24 @@ def checkpoint_keys(
             "gc_max_pause_ms": checkpoint.gc_max_pause_ms,
             "bytes_per_attempt": checkpoint.bytes_per_attempt,
         }
-        add(
-            f"`gymckpt bench checkpoint --rollouts {checkpoint.in_flight} --json` keys, from "
-            "this run: "
-            + ", ".join(f"`{k}` = {v}" for k, v in keys.items())
-            + ", `stage_s` = "
-            + ", ".join(f"{k} {v:.3f}" for k, v in (checkpoint.stage_s or {}).items())
-            + "."
-        )
-        add("")
+        runs.append((f"--rollouts {checkpoint.in_flight}", keys, checkpoint.stage_s or {}))
     if checkpoint_ray is not None and checkpoint_ray.stage_s is not None:
+        cr = checkpoint_ray
         keys = {
-            "e2e_s": checkpoint_ray.e2e_s,
-            "turn_time_wall_s": checkpoint_ray.turn_time_wall_s,
-            "max_loop_stall_ms": checkpoint_ray.max_loop_stall_ms,
-            "gc_max_pause_ms": checkpoint_ray.gc_max_pause_ms,
+            "e2e_s": cr.e2e_s,
+            "turn_time_wall_s": cr.turn_time_wall_s,
+            "max_loop_stall_ms": cr.max_loop_stall_ms,
+            "gc_max_pause_ms": cr.gc_max_pause_ms,
         }
+        runs.append(
+            (f"--backend ray --actors {cr.actors} --rollouts {cr.in_flight}", keys, cr.stage_s)
+        )
+    for flags, keys, stage_s in runs:
         add(
-            f"`gymckpt bench checkpoint --backend ray --actors {checkpoint_ray.actors} "
-            f"--rollouts {checkpoint_ray.in_flight} --json` keys, from this run: "
+            f"`gymckpt bench checkpoint {flags} --json` keys, from this run: "
             + ", ".join(f"`{k}` = {v}" for k, v in keys.items())
             + ", `stage_s` = "
-            + ", ".join(f"{k} {v:.3f}" for k, v in checkpoint_ray.stage_s.items())
+            + ", ".join(f"{k} {v:.3f}" for k, v in stage_s.items())
             + "."
         )
         add("")

@@ -18,7 +18,6 @@ wrong type, is a ``ValueError`` naming the file and the field.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +26,7 @@ import cattrs
 
 from gymckpt.runtime.lowlevel import converter, write_atomic
 
+from .._common import finite
 from ._records import (
     CheckpointRayResult,
     CheckpointResult,
@@ -38,7 +38,16 @@ from ._records import (
     PreservedResult,
 )
 
-__all__ = ["Result", "Results", "dump", "flat", "load_result", "other_runs", "read_result"]
+__all__ = [
+    "OPTIONAL",
+    "Result",
+    "Results",
+    "dump",
+    "flat",
+    "load_result",
+    "other_runs",
+    "read_result",
+]
 
 T = TypeVar("T")
 
@@ -74,30 +83,23 @@ class Results:
         memory: Result,
         dispatch: Result,
         meta: dict[str, Any],
-        checkpoint: Result | None = None,
-        fanout: Result | None = None,
-        preserved: Result | None = None,
-        checkpoint_ray: Result | None = None,
-        host: Result | None = None,
         others: dict[str, dict[str, Any]] | None = None,
+        **optional: Result | None,
     ) -> Results:
         """The results from each benchmark's JSON form (a file's, or what its ``run_*``
-        function returned), each structured into its record; None for one not run."""
-
-        def opt(data: Result | None, record: type[T], name: str) -> T | None:
-            return None if data is None else read_result(data, record, name)
-
+        function returned), each structured into its record; None for one not run
+        (``optional``: the benchmarks of ``OPTIONAL``, by name)."""
+        records = {
+            name: None if data is None else read_result(data, OPTIONAL[name], f"{name}.json")
+            for name, data in optional.items()
+        }
         return cls(
             drain=read_result(drain, DrainResult, "drain.json"),
             memory=read_result(memory, MemoryResult, "memory.json"),
             dispatch=read_result(dispatch, DispatchResult, "dispatch.json"),
             meta=meta,
-            checkpoint=opt(checkpoint, CheckpointResult, "checkpoint.json"),
-            fanout=opt(fanout, FanoutResult, "fanout.json"),
-            preserved=opt(preserved, PreservedResult, "preserved.json"),
-            checkpoint_ray=opt(checkpoint_ray, CheckpointRayResult, "checkpoint_ray.json"),
-            host=opt(host, HostResult, "host.json"),
             others=others or {},
+            **records,
         )
 
     @classmethod
@@ -112,30 +114,33 @@ class Results:
             raise ValueError(
                 f"{out} lacks drain.json, memory.json or dispatch.json; run `all` first"
             )
-        rest = {
-            name: load_result(out, name)
-            for name in (
-                "checkpoint.json",
-                "fanout.json",
-                "preserved.json",
-                "checkpoint_ray.json",
-                "host.json",
-            )
-        }
+        rest = {name: load_result(out, f"{name}.json") for name in OPTIONAL}
         return cls.of(
             drain=drain,
             memory=memory,
             dispatch=dispatch,
             meta=drain["meta"],
-            checkpoint=rest["checkpoint.json"],
-            fanout=rest["fanout.json"],
-            preserved=rest["preserved.json"],
-            checkpoint_ray=rest["checkpoint_ray.json"],
-            host=rest["host.json"],
             others=other_runs(
-                drain.get("meta") or {}, {"memory.json": memory, "dispatch.json": dispatch, **rest}
+                drain.get("meta") or {},
+                {
+                    "memory.json": memory,
+                    "dispatch.json": dispatch,
+                    **{f"{name}.json": data for name, data in rest.items()},
+                },
             ),
+            **rest,
         )
+
+
+OPTIONAL: dict[str, type] = {
+    "checkpoint": CheckpointResult,
+    "fanout": FanoutResult,
+    "preserved": PreservedResult,
+    "checkpoint_ray": CheckpointRayResult,
+    "host": HostResult,
+}
+"""The benchmarks a run may lack (``--no-ray``, an older run, ``host.json`` saved on its own
+or not): each one's ``Results`` field and ``<name>.json`` file, and its record."""
 
 
 def other_runs(meta: dict[str, Any], results: dict[str, Result | None]) -> dict[str, Any]:
@@ -173,7 +178,7 @@ def read_result(data: Result, cls: type[T], name: str) -> T:
 
 def dump(path: Path, data: Result) -> None:
     """Write ``data`` to ``path`` atomically as indented JSON, non-finite floats as null."""
-    write_atomic(path, (json.dumps(_finite(data), indent=2) + "\n").encode())
+    write_atomic(path, (json.dumps(finite(data), indent=2) + "\n").encode())
 
 
 def flat(data: Result | None) -> Result | None:
@@ -181,13 +186,3 @@ def flat(data: Result | None) -> Result | None:
     if data is None:
         return None
     return {k: v for k, v in data.items() if not isinstance(v, dict | list)}
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value

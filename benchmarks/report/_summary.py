@@ -19,7 +19,7 @@ from ._per_step import host_miss_lines, host_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
-from ._targets import Status, TargetRow, host_marks, targets
+from ._targets import Status, TargetRow, targets
 
 __all__ = ["NOT_MEASURED", "results_targets", "write_summary"]
 
@@ -102,7 +102,7 @@ def results_targets(results: Results) -> list[TargetRow]:
         r.fanout,
         r.preserved,
         r.checkpoint_ray,
-        host_marks=host_marks(r.host),
+        host_marks=None if r.host is None else r.host.marks,
     )
 
 
