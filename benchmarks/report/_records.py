@@ -91,7 +91,6 @@ class PauseStats:
     pause_p50_ms: float
     pause_p99_ms: float
     pause_max_ms: float
-    episodes_paused_over_threshold: int
     episodes: int
     boundary_gap_max_ms: float | None = None
     turn_overrun_max_ms: float | None = None
@@ -103,7 +102,6 @@ class ModeCheckpoint:
     with the CPU time beside them, the scheduler's longest batch beside the longest task step,
     and what the episodes felt (``pauses``) against a window of no checkpoint (``control``)."""
 
-    checkpoint_mode: str
     checkpoint_ok: bool
     checkpoint_wall_s: float
     max_loop_stall_ms: float
@@ -124,11 +122,9 @@ class ModeCheckpoint:
     scheduler_batch_max_ms: float | None = None
     scheduler_batch_max_cpu_ms: float | None = None
     scheduler_batch_p99_ms: float | None = None
-    scheduler_batch_max_steps: int | None = None
     gc_max_pause_ms: float | None = None
     episodes_exported: int | None = None
     control_pauses: PauseStats | None = None
-    control_window_s: float | None = None
     checkpoint_error: str | None = None
 
     def stall_all_causes_ms(self) -> float:
@@ -234,7 +230,6 @@ class CheckpointRayResult(CheckpointRemoteResult):
     HTTP measured in the same run, with HTTP's figures as ratios of Ray's."""
 
     http: CheckpointRemoteResult | None = None
-    http_over_ray: dict[str, float | None] | None = None
 
 
 # -- drain ----------------------------------------------------------------------------------
@@ -535,7 +530,6 @@ class PreservedMode:
     step boundary and their next turn, over the turn time done), ``held_*`` the pauses of the
     episodes a checkpoint held at a boundary."""
 
-    checkpoint_mode: str
     kills: int
     restores: int
     boundary_mismatches: int
@@ -581,7 +575,6 @@ class PreservedResult:
     parked_fraction_of_rollout_time: float | None = None
     modes: dict[str, PreservedMode] | None = None
     turn_times: dict[str, Any] | None = None
-    kill_times_s: list[float] | None = None
 
 
 # -- the Gym host on Gymnasium CartPole (`gymckpt bench host`, run on its own) ----------------
@@ -611,9 +604,7 @@ class HostLoop:
     rows: int
     group_size: int
     embedded_2_instances_episodes_per_s: float
-    embedded_2_instances_episodes: int
     ray_2_actors_episodes_per_s: float | None = None
-    ray_2_actors_episodes: int | None = None
     meta: dict[str, Any] | None = None
 
 
