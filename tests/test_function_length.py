@@ -19,11 +19,8 @@ LIMIT = 80
 
 KNOWN_LONG: frozenset[tuple[str, str]] = frozenset(
     {
-        ("app/cli.py", "build_parser"),
-        ("app/cli.py", "main"),
         ("app/demo/parent.py", "run_demo"),
         ("app/demo/phase.py", "run_phase"),
-        ("app/serve.py", "add_serve_parser"),
         ("gym_adapter/host/_control.py", "_rebuild"),
         ("gym_adapter/host/_records.py", "build_records"),
         ("gym_adapter/transports/http/_serve.py", "serve_gym"),
