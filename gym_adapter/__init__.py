@@ -70,10 +70,11 @@ from .host._episode import (
 from .host._host import GymHost, HostConfig, HostStatistics, SessionView
 from .host._load import EnvironmentRef, load_environment
 from .host._views import RetainedSession
+from .transports._deployment import Replacement
 from .transports._embedded import EmbeddedGym
 from .transports._statistics import GymStatistics
 from .transports._trio_guest import run_on_an_asyncio_loop
-from .transports.http._gym import HttpGym, HttpReplacement
+from .transports.http._gym import HttpGym
 
 if TYPE_CHECKING:
     from .transports.ray._gym import RayGym as RayGym
@@ -131,7 +132,6 @@ __all__ = [
     "HostConfig",
     "HostStatistics",
     "HttpGym",
-    "HttpReplacement",
     "InstanceInventory",
     "InstanceTopology",
     "ModelCall",
@@ -142,6 +142,7 @@ __all__ = [
     "PrepareReply",
     "Refused",
     "ReplaceableGym",
+    "Replacement",
     "ReplyStream",
     "RestoreReply",
     "RetainedSession",

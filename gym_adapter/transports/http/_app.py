@@ -57,6 +57,7 @@ from ..._faults import FaultSpec, inject_fault
 from ...host._host import GymHost
 from .._admission import ReplyBatch, RunShape, admission_header
 from .._outbox import Outbox, Outboxes
+from .._verbs import call_host
 from .._wire import WIRE_ERRORS, encode_error
 from ._guard import (
     LOG,
@@ -364,39 +365,10 @@ class GymHttpApp:
             return getattr(host, op)()
         assert req.deadline is not None  # decode_control_request requires it
         deadline_ts = req.deadline.local(trio.current_time(), time.time())
-        if op == "prepare":
-            return await host.prepare(
-                args["checkpoint_id"],
-                deadline_ts,
-                args["mode"],
-                args["alignment_timeout_s"],
-                trainer=trainer,
-            )
-        if op == "commit":
-            return await host.commit(
-                args["checkpoint_id"], args["state_root"], deadline_ts, trainer=trainer
-            )
-        if op == "resume":
-            return await host.resume(args["checkpoint_id"], deadline_ts, trainer=trainer)
-        if op in ("retire", "retire_restored"):
-            call = host.retire if op == "retire" else host.retire_restored
-            return await call(list(args["rollout_ids"]), deadline_ts, trainer=trainer)
-        if op == "restore":
-            return await host.restore(
-                args["state_root"],
-                args["record"],
-                list(args["episodes"]),
-                deadline_ts,
-                trainer=trainer,
-            )
-        if op == "attach":
-            reply = await host.attach(args["trainer"], deadline_ts)
-            if reply.took_over:  # the older term's streams are gone with its episodes
-                self._outboxes.forget_all()
-            return reply
-        if op == "release":
-            return await host.release(args["trainer"], deadline_ts)
-        raise AssertionError(f"control op {op} has no handler")  # pragma: no cover
+        result = await call_host(host, op, args, deadline_ts, trainer)
+        if op == "attach" and result.took_over:  # the older term's streams are gone with them
+            self._outboxes.forget_all()
+        return result
 
     # -- data plane ------------------------------------------------------------------------------
 
