@@ -208,8 +208,8 @@ class HttpGym(RemoteGym):
         self._streams: set[HttpReplyStream] = set()
         """Streams whose response is open (held, so none is collected half-read)."""
         self._nursery: trio.Nursery | None = None
-        self._control: httpx.AsyncClient | None = None
-        self._data: httpx.AsyncClient | None = None
+        self._control_client: httpx.AsyncClient | None = None
+        self._run_client: httpx.AsyncClient | None = None
 
     # -- opening and closing ---------------------------------------------------------------------
 
@@ -245,7 +245,7 @@ class HttpGym(RemoteGym):
     async def _open(self) -> AsyncIterator[HttpGym]:
         max_streams, max_control = self._limits
         async with self._client(max_streams) as data, self._client(max_control) as control:
-            self._data, self._control = data, control
+            self._run_client, self._control_client = data, control
             try:
                 await self._connect()
                 with as_if_no_nursery():
@@ -307,10 +307,10 @@ class HttpGym(RemoteGym):
 
     async def _health(self, url: str, timeout_s: float) -> Any:
         """``GET url/health``, or None if nothing answers it within ``timeout_s``."""
-        assert self._control is not None
+        assert self._control_client is not None
         with trio.move_on_after(timeout_s):
             try:
-                resp = await self._control.get(url + "/health")
+                resp = await self._control_client.get(url + "/health")
             except httpx.HTTPError:
                 return None
             if resp.status_code != 200:
@@ -547,18 +547,18 @@ class HttpGym(RemoteGym):
         else:
             bound = now + self._view_timeout_s
         body = encode_control_request(op, deadline=deadline, acks=acks, fault=fault, args=args)
-        assert self._control is not None, "HttpGym is not open (use async with)"
+        assert self._control_client is not None, "HttpGym is not open (use async with)"
         response: httpx.Response | None = None
         with trio.move_on_at(bound):
             try:
                 request = post_request(
-                    self._control,
+                    self._control_client,
                     f"{endpoint.url}/control/v1/{op}",
                     body,
                     endpoint.incarnation_id,
                     self._trainer,
                 )
-                response = await self._control.send(request)
+                response = await self._control_client.send(request)
             except httpx.HTTPError as exc:
                 raise await self._transport_failure(instance, op, exc, incarnation) from None
         if response is None:
@@ -641,12 +641,12 @@ class HttpGym(RemoteGym):
                 sid, acks, shape, not self._batch_replies, self._max_batch_replies, tuple(rows)
             )
         )
-        assert self._data is not None, "HttpGym is not open (use async with)"
+        assert self._run_client is not None, "HttpGym is not open (use async with)"
         request = post_request(
-            self._data, f"{endpoint.url}/run", body, endpoint.incarnation_id, self._trainer
+            self._run_client, f"{endpoint.url}/run", body, endpoint.incarnation_id, self._trainer
         )
         try:
-            response = await self._data.send(request, stream=True)
+            response = await self._run_client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise await self._transport_failure(instance, "run", exc, incarnation) from None
         try:
