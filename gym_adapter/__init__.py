@@ -6,10 +6,9 @@ workplace among them), the embedded deployment, the Ray deployment and the HTTP 
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
 The calendar workplace's names are its module's (``gymckpt.gym_adapter.environments.calendar``), as
-the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``); the host's file
-names and
-capture key, which the application reads snapshots with, are in
-``gymckpt.gym_adapter.lowlevel``.
+the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``). What a backend
+author needs beyond these names (the remote transport's base class, ``RemoteGym``, and what it
+stands on; serving an instance over HTTP) is in ``gymckpt.gym_adapter.lowlevel``.
 
 ``RayGym`` and ``local_cluster_options`` are exported lazily (and left out of ``__all__``): Ray
 is an optional extra, so ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or
@@ -81,7 +80,7 @@ if TYPE_CHECKING:
     from .transports.ray._gym import local_cluster_options as local_cluster_options
 
 _LAZY = ("RayGym", "local_cluster_options")
-"""Names from ``_ray``, imported (with Ray) on first use."""
+"""Names from ``transports/ray/_gym``, imported (with Ray) on first use."""
 
 
 def __getattr__(name: str) -> Any:

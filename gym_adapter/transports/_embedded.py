@@ -17,13 +17,13 @@ remote backend adds too:
   instance is served as a task of the deployment's task group, so a replacement lives exactly as
   long as the deployment, like the instances it started with;
 - the trainer's term (``attach``, the ``TrainerAware`` contract): once attached, every call
-  carries it, so an instance refuses the calls of a fenced term (``_host_tenancy``);
+  carries it, so an instance refuses the calls of a fenced term (``host/_tenancy``);
 - the picklability rule (S6): every error raised by Gym passes through
   ``runtime.crossing_boundary``, which replaces one that cannot be pickled by
   ``GymCheckpointUnavailable`` naming the instance and operation.
 
 Environment code may call trio, anyio or asyncio: the hosts serve in the trainer's trio run and
-await user code through ``_user_calls`` (its asyncio on the trainer's trio-asyncio loop when it
+await user code through ``host/_user_calls`` (its asyncio on the trainer's trio-asyncio loop when it
 has one, ``gymckpt.aio``, else on one trio-asyncio loop per trio run), as a Ray actor's host
 does in its own trio run.
 

@@ -1,11 +1,12 @@
 """HttpGym: the Gym deployment over HTTP, one ``gymckpt serve`` process per instance.
 
-The client twin of ``RayGym``, on the same transport layer: acknowledgement on the next call
-(``_transport_acks``), the admission header (``_transport_admission``), incarnations
-(``_incarnations``), deadlines sent as the time left (``_transport_deadlines``), errors
-by class (``_transport_errors``), and every body through the strict wire (``_http_wire`` over
-``_wire``: nothing pickled, nothing trusted unchecked). The trainer is trio; the HTTP client is
-httpx, which runs on trio through anyio.
+The client twin of ``RayGym``, on the same transport layer: the contract's verbs written once
+over one call primitive (``RemoteGym``; here one ``POST /control/v1/<op>``, which the server
+runs with ``_verbs.call_host``), acknowledgement on the next call (``_acks``), the admission
+header (``_admission``), incarnations (``_incarnations``), deadlines sent as the time left
+(``_deadlines``), errors by class (``_errors``), and every body through the strict wire
+(``http/_wire`` over ``_wire``: nothing pickled, nothing trusted unchecked). The trainer is
+trio; the HTTP client is httpx, which runs on trio through anyio.
 
 Two ways to open it:
 
@@ -13,12 +14,12 @@ Two ways to open it:
   machines, in containers). Each URL's ``GET /health`` names its instance and incarnation; a
   URL that does not answer raises ``GymConnectionLost``.
 - ``async with HttpGym.spawn("pkg.module:env", instances=K, work_dir=...) as gym``: K local
-  ``gymckpt serve`` processes on loopback ports, started and supervised here (``_http_spawn``,
-  ``_http_process``), stopped on exit, never left behind (they die with the trainer's process).
+  ``gymckpt serve`` processes on loopback ports, started and supervised here (``http/_spawn``,
+  ``http/_process``), stopped on exit, never left behind (they die with the trainer's process).
 
-HTTP's own parts are each a module, as Ray's are: the wire (``_http_wire``), one exchange and
-the error an answer carries (``_http_calls``), the reply stream (``_http_stream``), the spawned
-servers (``_http_spawn``, ``_http_process``) and this deployment.
+HTTP's own parts are each a module, as Ray's are: the wire (``http/_wire``), one exchange and
+the error an answer carries (``http/_calls``), the reply stream (``http/_stream``), the spawned
+servers (``http/_spawn``, ``http/_process``) and this deployment.
 
 **Connections.** Two ``httpx.AsyncClient``s with bounded pools: one for ``/run`` streams, which
 hold a connection for as long as their episodes run, and one for the control plane, so a
@@ -39,7 +40,8 @@ the instance is *gone* (``GymInstanceDead``, its incarnation marked dead) when t
 process was seen to exit (a spawned one) or a response comes from another incarnation; a
 connection that cannot be made or breaks is otherwise a retryable ``GymCheckpointUnavailable``.
 
-**Incarnations.** Every response carries ``Gymckpt-Incarnation``, random per server start.
+**Incarnations.** Every response carries ``Gymckpt-Incarnation``, the id of the server's
+incarnation (random per server start; ``Incarnations`` numbers them in the client).
 Each request goes to the incarnation the client knows; a response from another one means the
 server was restarted under the same name (its episodes and streams are gone): never the same
 instance. That incarnation is marked dead and the call raises ``GymInstanceDead``; the
@@ -359,7 +361,7 @@ class HttpGym(RemoteGym):
         """Start ``instances`` local ``gymckpt serve ENVIRONMENT`` processes (instances
         ``gym-0`` …), on loopback ports the kernel picks, and serve the deployment on them until
         the context exits, when they are stopped (SIGTERM, then SIGKILL). They die with this
-        process too, however it ends (``_http_process``).
+        process too, however it ends (``http/_process``).
 
         ``environment`` is an import path (``package.module:factory``) each server loads
         itself (or a list of them, one per instance); ``environ`` adds environment variables
@@ -398,16 +400,8 @@ class HttpGym(RemoteGym):
             async with trio.open_nursery() as nursery:
                 supervisor = Supervisor(nursery, spec)
                 try:
-                    readies: dict[str, Ready] = {}
                     deadline = trio.current_time() + startup_timeout_s
-
-                    async def start(name: str) -> None:
-                        readies[name] = await supervisor.start(name, 0, deadline, recover=False)
-
-                    with as_if_no_nursery():
-                        async with trio.open_nursery() as starting:
-                            for name in names:
-                                starting.start_soon(start, name)
+                    readies = await supervisor.start_all(names, deadline)
                     gym = cls(
                         [readies[n].url for n in names],
                         token=token,

@@ -17,7 +17,7 @@ finds out.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, final
 
@@ -27,6 +27,7 @@ import trio
 from gymckpt.runtime.lowlevel import write_atomic
 
 from ...host._host import HostConfig
+from .._errors import as_if_no_nursery
 from .._wire import encode
 from ._process import Ready, ServerProcess
 
@@ -131,6 +132,19 @@ class Supervisor:
         self._nursery.start_soon(self._watch, name, incarnation, proc)
         return ready
 
+    async def start_all(self, names: Sequence[str], deadline_ts: float) -> dict[str, Ready]:
+        """Start the first incarnation of every instance in ``names`` at once."""
+        readies: dict[str, Ready] = {}
+
+        async def start(name: str) -> None:
+            readies[name] = await self.start(name, 0, deadline_ts, recover=False)
+
+        with as_if_no_nursery():
+            async with trio.open_nursery() as starting:
+                for name in names:
+                    starting.start_soon(start, name)
+        return readies
+
     async def _watch(self, name: str, incarnation: int, proc: ServerProcess) -> None:
         await proc.drain()
         await proc.wait()
@@ -138,7 +152,7 @@ class Supervisor:
 
     async def exited(self, name: str, incarnation: int, within_s: float) -> bool:
         """Has incarnation ``incarnation``'s process of ``name`` exited (waiting up to
-        ``within_s`` for it)? True too for a incarnation that was replaced since."""
+        ``within_s`` for it)? True too for an incarnation that was replaced since."""
         entry = self._procs.get(name)
         if entry is None or entry[0] != incarnation:
             return True

@@ -1,9 +1,9 @@
 """``HttpReplyStream``: the consumer's side of one ``POST /run`` (a ``ReplyStream``).
 
-The response body is NDJSON (``_http_wire``): line 1 the admission header (``HttpGym.run``
+The response body is NDJSON (``http/_wire``): line 1 the admission header (``HttpGym.run``
 returns once it is read, so a checkpoint never overtakes a submission the ledger counts, S1),
 then one ``ReplyBatch`` per line, then the end line ``{"end": true}``. Replies stay *on the
-wire* until the consumer asks for the next batch, exactly as on Ray (``_transport_acks``):
+wire* until the consumer asks for the next batch, exactly as on Ray (``_acks``):
 ``__anext__`` records the acknowledgement of the batch it returned last time in the deployment's
 ``AckBook`` (the instance's next control or ``/run`` request carries it), and every
 ``ACK_INTERVAL_S`` at most also sends it on its own (``ack``, not awaited).

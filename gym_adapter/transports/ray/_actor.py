@@ -3,11 +3,11 @@
 This module runs inside a Ray worker process. Ray calls the actor's methods on its asyncio
 loop; the instance itself runs under trio, in a trio run hosted on that same loop (trio's guest
 mode, ``_trio_guest.TrioGuest``, started by ``start``): the host runs user code under trio
-everywhere, so an environment may call trio, anyio or asyncio (``_user_calls``) and runs the
+everywhere, so an environment may call trio, anyio or asyncio (``host/_user_calls``) and runs the
 same embedded and on Ray. Every method body that touches the instance runs in that trio run
 (``TrioGuest.call``; acknowledgements without a reply through ``TrioGuest.soon``); a Ray
 cancellation of a call cancels its trio task and returns once the task has ended. (The trio side
-of the driver waits on Ray through ``_ray_bridge``, which with ``_ray`` is all that touches
+of the driver waits on Ray through ``ray/_bridge``, which with ``ray/_gym`` is all that touches
 trio-asyncio; no trio-asyncio here.) The driver decides everything deployment-wide (the
 ``FaultPlan`` counts, dead instances, stream ids); the actor executes: it re-anchors each
 deadline on the trio run's clock, applies the fault it was handed for real, runs the call on its
@@ -18,7 +18,7 @@ environment is pickled and every environment, the calendar workplace too, is hos
 Data plane and acknowledgement
 ------------------------------
 ``run`` is a Ray streaming generator. Its first object is the admission header
-(``_transport_admission``): the rows' fate (admitted, refused, fenced) is decided before the
+(``_admission``): the rows' fate (admitted, refused, fenced) is decided before the
 driver's ``run`` returns, as it is in-process (S1: a checkpoint must never overtake a submission
 the ledger counts). Then every object is one ``ReplyBatch``: whatever the instance's flusher
 has produced by the time the generator looks (several of its timer-flushed batches coalesce into
@@ -26,7 +26,7 @@ one Ray object, up to
 ``max_replies``), because Ray charges a fixed cost per streamed object.
 
 The generator reads the instance's batches *without* acknowledging them (``Outbox``,
-``_transport_outbox``, shared with the HTTP server): a reply stays on the wire (listed by
+``_outbox``, shared with the HTTP server): a reply stays on the wire (listed by
 ``commit``) after it entered Ray and until the consumer asks for the batch after the one that
 carried it. The consumer says so with ``ack(sid, seq)`` (every batch up to ``seq``), and the
 driver repeats its latest acknowledgements with every control and view call, which apply them

@@ -1,4 +1,4 @@
-"""Ray's errors, classified for the transport-neutral translation (``_transport_errors``).
+"""Ray's errors, classified for the transport-neutral translation (``_errors``).
 
 A dead actor (``ActorDiedError``, its node gone) is the instance gone for good: it marks the
 incarnation dead (``Incarnations``) and raises ``GymInstanceDead``; an unavailable actor, a

@@ -3,7 +3,7 @@
 Each instance is a Ray **async actor** (``_actor.GymActor``) hosting the same ``GymHost``
 the embedded Gym runs, under trio as embedded: in a trio run the actor hosts on its asyncio loop
 (trio's guest mode), so a user's environment may call trio, anyio or asyncio on both
-deployments (``_user_calls``). The control plane is actor methods; the data plane is one Ray
+deployments (``host/_user_calls``). The control plane is actor methods; the data plane is one Ray
 streaming generator per ``run``. The trainer is trio.
 
 What crossing a process means is written once, beside the backends, and Ray uses it: the

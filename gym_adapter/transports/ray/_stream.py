@@ -1,10 +1,10 @@
 """``RayReplyStream``: the consumer's side of one ``run`` on Ray (a ``ReplyStream``).
 
-The actor's streaming generator yields the admission header first (``_transport_admission``),
+The actor's streaming generator yields the admission header first (``_admission``),
 then one ``ReplyBatch`` per object (several timer-flushed batches of the instance coalesce into
 one object, because Ray charges about 0.4 ms per streamed object). Replies stay *on the wire*
 until the consumer asks for the next batch: ``__anext__`` then acknowledges the batch it
-returned last time (``_transport_acks``): it records the acknowledgement in the deployment's
+returned last time (``_acks``): it records the acknowledgement in the deployment's
 ``AckBook``, which hands it to the instance's next control or view call, and every
 ``ACK_INTERVAL_S`` it also sends its latest one on its own (an ``ack`` call, not awaited), so the
 actor frees what was delivered; no batch costs a round trip. ``aclose`` acknowledges what was
