@@ -5,7 +5,8 @@ environment code may call trio, anyio or asyncio whether the instance is embedde
 or an HTTP server. A Ray async actor is an asyncio program; ``TrioGuest`` starts a trio run
 *as a guest* of the actor's loop: trio's tasks run in the loop's thread, between its callbacks
 (only trio's wait for I/O and timers sits in a helper thread), so there is still one thread
-touching the host, and a task that blocks the thread (the ``hang`` fault's stuck loop) stops both loops, as a stuck loop does.
+touching the host, and a task that blocks the thread (the ``hang`` fault's stuck loop) stops
+both loops, as a stuck loop does.
 
 Invariants:
 
