@@ -77,7 +77,6 @@ __all__ = [
     "BridgeStatistics",
     "RayGym",
     "RayReplyStream",
-    "Replacement",
     "local_cluster_options",
 ]
 
