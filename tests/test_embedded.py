@@ -201,6 +201,10 @@ async def test_replace_serves_a_new_instance_of_the_same_name_seed_and_config(
         assert (gym.replacement_count("gym-1"), gym.replacement_count("gym-0")) == (1, 0)
         await gym.replace("gym-1", deadline())
         assert gym.replacement_count("gym-1") == 2
+        assert [r.instance for r in gym.replacements] == [
+            "gym-1",
+            "gym-1",
+        ]  # one shape (Replacement)
         stats = await gym.statistics()
         assert [s.dead for s in stats.replaced] == [True, True]
         assert len(await drain(await gym.run("gym-1", rows(1, start=7)))) == 1
