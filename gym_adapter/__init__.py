@@ -6,10 +6,9 @@ workplace among them), the embedded deployment, the Ray deployment and the HTTP 
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
 The calendar workplace's names are its module's (``gymckpt.gym_adapter.environments.calendar``), as
-the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``); the host's file
-names and
-capture key, which the application reads snapshots with, are in
-``gymckpt.gym_adapter.lowlevel``.
+the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``). What a backend
+author needs beyond these names (the remote transport's base class, ``RemoteGym``, and what it
+stands on; serving an instance over HTTP) is in ``gymckpt.gym_adapter.lowlevel``.
 
 ``RayGym`` and ``local_cluster_options`` are exported lazily (and left out of ``__all__``): Ray
 is an optional extra, so ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or
@@ -70,17 +69,18 @@ from .host._episode import (
 from .host._host import GymHost, HostConfig, HostStatistics, SessionView
 from .host._load import EnvironmentRef, load_environment
 from .host._views import RetainedSession
+from .transports._deployment import Replacement
 from .transports._embedded import EmbeddedGym
 from .transports._statistics import GymStatistics
 from .transports._trio_guest import run_on_an_asyncio_loop
-from .transports.http._gym import HttpGym, HttpReplacement
+from .transports.http._gym import HttpGym
 
 if TYPE_CHECKING:
     from .transports.ray._gym import RayGym as RayGym
     from .transports.ray._gym import local_cluster_options as local_cluster_options
 
 _LAZY = ("RayGym", "local_cluster_options")
-"""Names from ``_ray``, imported (with Ray) on first use."""
+"""Names from ``transports/ray/_gym``, imported (with Ray) on first use."""
 
 
 def __getattr__(name: str) -> Any:
@@ -131,7 +131,6 @@ __all__ = [
     "HostConfig",
     "HostStatistics",
     "HttpGym",
-    "HttpReplacement",
     "InstanceInventory",
     "InstanceTopology",
     "ModelCall",
@@ -142,6 +141,7 @@ __all__ = [
     "PrepareReply",
     "Refused",
     "ReplaceableGym",
+    "Replacement",
     "ReplyStream",
     "RestoreReply",
     "RetainedSession",

@@ -49,7 +49,7 @@ trainer's term (``runtime.TrainerTerm``) takes the instance over, fencing what a
 of its lineage left there (``AttachReply``), and from then on the backend sends that term with
 every call to every instance, so an instance refuses the calls of a fenced term and of another
 lineage (``GymInUse``, exit code 2) before they act; ``release`` lets another run attach once
-the trainer's run is done. See ``_host_tenancy``.
+the trainer's run is done. See ``host/_tenancy.py``.
 
 Paths: a commit reply's ``ParticipantInfo.state_dir`` is relative to that commit's
 ``state_root``; ``restore`` resolves each ``ParticipantRecord.state_dir`` of the manifest against
@@ -296,7 +296,11 @@ class InstanceInventory:
 
 
 class GymBackend(Protocol):
-    """A Gym deployment. Implemented by the three backends: embedded, Ray and HTTP."""
+    """A Gym deployment. Implemented by the three backends: the embedded deployment
+    (``EmbeddedGym``, in the trainer's process), the Ray deployment (``RayGym``) and the HTTP
+    deployment (``HttpGym``); the two remote ones write these verbs once, in ``RemoteGym``.
+    Each also has what every deployment of ours has beside the verbs (``faults``,
+    ``replacements``, ``statistics``, ``retained_sessions``: ``transports/_deployment.py``)."""
 
     @property
     def instances(self) -> tuple[str, ...]:

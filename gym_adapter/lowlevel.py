@@ -1,16 +1,38 @@
-"""gymckpt.gym_adapter.lowlevel: the Gym host's plumbing that other packages read.
+"""gymckpt.gym_adapter.lowlevel: what a Gym backend author may use, beyond the public names.
 
-The session journal's file name inside a participant's state and the key the host captures an
-episode's state under: the application and the tests read snapshots with them. ``serve_gym``
-(with its ``Limits`` and ``Serving``) serves one instance over HTTP: ``gymckpt serve``. What an
-environment or backend author needs is ``gymckpt.gym_adapter``.
+``gymckpt.gym_adapter`` is enough to write an environment and to run one on the three
+backends (``EmbeddedGym``, ``RayGym``, ``HttpGym``). This namespace is for writing a backend:
+documented, kept stable like the public names, but a level down (as ``trio.lowlevel``).
+
+A transport to instances in other processes:
+
+- ``RemoteGym``: the contract's verbs written once over one call primitive; a transport
+  implements ``_call(instance, op, args, deadline_ts, fault)``, ``run`` and ``replace``
+  (``RayGym`` and ``HttpGym`` are two). It stands on ``Deployment`` (instance names, the fault
+  plan, ``replacements``), ``Incarnations`` (which life of an instance a call went to),
+  ``AckBook`` (acknowledgements carried by the next call), ``WireDeadline`` (a deadline sent as
+  the time left) and ``RunShape`` (what a ``refuse`` or ``drop`` fault does to a ``run``);
+- on the instance's side, ``call_host`` runs a control verb on a ``GymHost`` by its named
+  arguments, and ``wire_encode``/``wire_decode`` give every contract record and error its JSON
+  wire form;
+- ``serve_gym`` (with ``Limits``, ``Serving`` and ``DEFAULT_PORT``) serves one instance over
+  HTTP, as ``gymckpt serve`` does.
+
+``JOURNAL_FILE`` (the session journal's file name inside an instance's state) is here for
+readers of a Gym's state directory (``gymckpt.testing``); it is not a backend author's and will
+move.
 """
 
 from __future__ import annotations
 
-from .host._episode import call_id
-from .host._episodes import capture_key as host_capture_key
 from .host._journal import JOURNAL_FILE
+from .transports._acks import AckBook
+from .transports._admission import RunShape
+from .transports._deadlines import WireDeadline
+from .transports._deployment import Deployment
+from .transports._incarnations import Incarnations
+from .transports._remote import RemoteGym
+from .transports._verbs import call_host
 from .transports._wire import decode as wire_decode
 from .transports._wire import encode as wire_encode
 from .transports.http._guard import Limits
@@ -19,10 +41,15 @@ from .transports.http._serve import DEFAULT_PORT, Serving, serve_gym
 __all__ = [
     "DEFAULT_PORT",
     "JOURNAL_FILE",
+    "AckBook",
+    "Deployment",
+    "Incarnations",
     "Limits",
+    "RemoteGym",
+    "RunShape",
     "Serving",
-    "call_id",
-    "host_capture_key",
+    "WireDeadline",
+    "call_host",
     "serve_gym",
     "wire_decode",
     "wire_encode",

@@ -169,7 +169,7 @@ async def test_an_unknown_instance_is_refused_naming_the_instances(
         with pytest.raises(ValueError, match=message):
             gym.sim("gym-7")
         with pytest.raises(ValueError, match=message):
-            gym.replacements("gym-7")
+            gym.replacement_count("gym-7")
         with pytest.raises(ValueError, match=message):
             await gym.replace("gym-7", deadline())
         with pytest.raises(ValueError, match=message):
@@ -198,9 +198,13 @@ async def test_replace_serves_a_new_instance_of_the_same_name_seed_and_config(
         )
         assert new.recover and not old.recover  # it continues the dead one's journal
         assert await gym.topology() == topology
-        assert (gym.replacements("gym-1"), gym.replacements("gym-0")) == (1, 0)
+        assert (gym.replacement_count("gym-1"), gym.replacement_count("gym-0")) == (1, 0)
         await gym.replace("gym-1", deadline())
-        assert gym.replacements("gym-1") == 2
+        assert gym.replacement_count("gym-1") == 2
+        assert [r.instance for r in gym.replacements] == [
+            "gym-1",
+            "gym-1",
+        ]  # one shape (Replacement)
         stats = await gym.statistics()
         assert [s.dead for s in stats.replaced] == [True, True]
         assert len(await drain(await gym.run("gym-1", rows(1, start=7)))) == 1
@@ -216,10 +220,10 @@ async def test_replace_past_its_deadline_times_out_and_counts_nothing(
         with pytest.raises(GymCallTimeout, match="instance gym-0 replace: not serving") as info:
             await gym.replace("gym-0", trio.current_time() - 1.0)
         assert (info.value.instance, info.value.operation) == ("gym-0", "replace")
-        assert gym.replacements("gym-0") == 0 and gym.sim("gym-0") is old
+        assert gym.replacement_count("gym-0") == 0 and gym.sim("gym-0") is old
         assert old.dead  # killed first
         await gym.replace("gym-0", deadline())  # a later replace with time to spare works
-        assert gym.replacements("gym-0") == 1 and not gym.sim("gym-0").dead
+        assert gym.replacement_count("gym-0") == 1 and not gym.sim("gym-0").dead
         assert len(await drain(await gym.run("gym-0", rows(1)))) == 1
 
 
@@ -229,7 +233,7 @@ async def test_a_deployment_that_cannot_build_a_replacement_refuses_to_replace()
     with pytest.raises(GymInstanceDead) as info:
         await gym.replace("gym-0", deadline())
     assert (info.value.instance, info.value.operation) == ("gym-0", "replace")
-    assert gym.replacements("gym-0") == 0 and not host.dead  # nothing was killed
+    assert gym.replacement_count("gym-0") == 0 and not host.dead  # nothing was killed
 
 
 # -- serve_hosts -----------------------------------------------------------------------------

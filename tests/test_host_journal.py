@@ -491,7 +491,7 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
         stats = ro.ledger.statistics()
         assert stats.data_failures == 0 and stats.rows_failed == 0
         assert stats.row_attempts_spent == 0
-        assert gym.replacements("gym-0") + gym.replacements("gym-1") == 1
+        assert gym.replacement_count("gym-0") + gym.replacement_count("gym-1") == 1
         snapshot = ro.outcomes[-1].snapshot
     rows = [int(ids[0].split("-")[0]) for ids in trained]
     assert sorted(rows) == list(range(12))
@@ -608,7 +608,7 @@ async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
         stats = ro.ledger.statistics()
         assert stats.data_failures == 0 and stats.rows_failed == 0
         assert stats.row_attempts_spent == 0
-        replaced = gym.replacements("gym-0") + gym.replacements("gym-1")
+        replaced = gym.replacement_count("gym-0") + gym.replacement_count("gym-1")
         assert replaced >= 3  # it did die again while the disk was full
         assert ro.metrics.get("rollout/replace_backoffs_total") >= 1
         snapshot = ro.outcomes[-1].snapshot

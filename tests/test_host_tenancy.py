@@ -317,7 +317,7 @@ async def test_an_instance_found_dead_by_the_attach_is_replaced_and_attached(
         ):
             rows = sorted(g.row for batch in [b async for b in batches] for g in batch)
         assert rows == [0, 1, 2, 3]
-        assert gym.replacements("gym-1") == 1
+        assert gym.replacement_count("gym-1") == 1
         assert {gym.sim(n).trainer.lineage for n in gym.instances} == {  # type: ignore[union-attr]
             next_term_lineage(tmp_path / "w")
         }
@@ -374,7 +374,7 @@ async def test_a_restore_into_servers_that_outlived_the_trainer_replaces_one_fou
                 async for _batch in batches:
                     pass
             assert ro.ledger.statistics().rows_trained == 6
-        assert gym.replacements("gym-0") == 1
+        assert gym.replacement_count("gym-0") == 1
 
 
 async def test_the_replacement_of_a_dead_instance_serves_the_run_that_replaced_it(

@@ -134,7 +134,7 @@ async def test_an_ack_refused_because_another_run_took_over_is_dropped(tmp_path:
             await gym.release(name, first, deadline())
         await gym.attach("gym-1", second, deadline())  # the facade carries the second run
         # what ``send_ack`` starts in the background for the first run's stream, awaited here
-        await gym._ack("gym-0", stream._generation, stream.sid, 2)
+        await gym._ack("gym-0", stream._incarnation, stream.sid, 2)
         assert (await gym.attach("gym-0", second, deadline())).took_over
 
 

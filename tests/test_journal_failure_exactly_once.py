@@ -163,7 +163,7 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
             final = await ro.checkpoint()
             assert final.ok and final.snapshot is not None, final.error
             # the journal failure stopped one; its attempts re-ran on the other
-            assert gym.replacements("gym-0") + gym.replacements("gym-1") == 1
+            assert gym.replacement_count("gym-0") + gym.replacement_count("gym-1") == 1
     assert failed, "no claim reached the journal"
     verdict = judge(lineage, ROWS, final.snapshot.path, seed=3, config=SIM, group_size=2)
     assert verdict.ok, verdict.violations()

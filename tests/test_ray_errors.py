@@ -18,7 +18,7 @@ from ray.exceptions import (
     TaskCancelledError,
 )
 
-from gymckpt.gym_adapter.transports._generations import Generations
+from gymckpt.gym_adapter.transports._incarnations import Incarnations
 from gymckpt.gym_adapter.transports.ray._errors import actor_gone, stream_ends, translate
 from gymckpt.runtime import (
     GymCheckpointUnavailable,
@@ -42,12 +42,12 @@ def test_a_dead_actor_or_node_is_gone_an_unavailable_one_is_not() -> None:
 
 
 def test_a_gone_actor_marks_its_own_incarnation_dead_only() -> None:
-    gens = Generations.of(["gym-0"])
+    gens = Incarnations.of(["gym-0"])
     new = gens.begin_replacement("gym-0")
     gens.installed("gym-0", new)
-    err = translate(gens, "gym-0", "commit", ActorDiedError(), generation=0)  # the old one
+    err = translate(gens, "gym-0", "commit", ActorDiedError(), incarnation=0)  # the old one
     assert type(err) is GymInstanceDead and not gens.is_dead("gym-0")
-    translate(gens, "gym-0", "commit", ActorDiedError(), generation=new)
+    translate(gens, "gym-0", "commit", ActorDiedError(), incarnation=new)
     assert gens.is_dead("gym-0")
 
 
@@ -63,16 +63,16 @@ def test_a_gone_actor_marks_its_own_incarnation_dead_only() -> None:
     ],
 )
 def test_other_ray_failures_are_retryable(exc: BaseException, expected: str) -> None:
-    gens = Generations.of(["gym-1"])
-    err = translate(gens, "gym-1", "prepare", exc, generation=0)
+    gens = Incarnations.of(["gym-1"])
+    err = translate(gens, "gym-1", "prepare", exc, incarnation=0)
     assert type(err) is GymCheckpointUnavailable and expected in str(err)
     assert not gens.is_dead("gym-1")
 
 
 def test_a_gym_error_carried_by_ray_crosses_as_itself() -> None:
-    gens = Generations.of(["gym-0"])
+    gens = Incarnations.of(["gym-0"])
     for cause in (GymControlError("gym-0", "retire", "open"), TopologyMismatch(["x"])):
-        err = translate(gens, "gym-0", "retire", _task_error(cause), generation=0)
+        err = translate(gens, "gym-0", "retire", _task_error(cause), incarnation=0)
         assert err is cause
 
 
@@ -82,13 +82,13 @@ def test_a_gym_error_that_cannot_cross_is_replaced() -> None:
             super().__init__("state lock")
             self.lock = threading.Lock()
 
-    gens = Generations.of(["gym-0"])
-    err = translate(gens, "gym-0", "commit", _task_error(Locked()), generation=0)
+    gens = Incarnations.of(["gym-0"])
+    err = translate(gens, "gym-0", "commit", _task_error(Locked()), incarnation=0)
     assert type(err) is GymCheckpointUnavailable and "cannot be pickled" in str(err)
-    nested = translate(gens, "gym-0", "commit", _task_error(TaskCancelledError()), generation=0)
+    nested = translate(gens, "gym-0", "commit", _task_error(TaskCancelledError()), incarnation=0)
     assert type(nested) is GymCheckpointUnavailable and "cannot be pickled" in str(nested)
 
 
 def test_an_error_that_is_not_ray_s_passes_through() -> None:
     exc = KeyError("x")
-    assert translate(Generations.of(["gym-0"]), "gym-0", "run", exc, generation=0) is exc
+    assert translate(Incarnations.of(["gym-0"]), "gym-0", "run", exc, incarnation=0) is exc

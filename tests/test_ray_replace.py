@@ -57,7 +57,7 @@ async def test_replace_serves_the_name_again_and_the_old_incarnation_marks_nothi
         reply = await gym.prepare("gym-0", "c2", trio.current_time() + 10)  # fault was @1
         await gym.resume("gym-0", reply.checkpoint_id, trio.current_time() + 10)
         (done,) = gym.replacements
-        assert done.instance == "gym-0" and done.new_node == gym.placement["gym-0"]
+        assert done.instance == "gym-0" and done.new_location == gym.placement["gym-0"]
         assert 0 < done.total_s < 30
         stats = await gym.statistics()
         assert not any(s.dead for s in stats.instances)

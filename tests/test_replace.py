@@ -142,7 +142,7 @@ async def test_instance_dying_mid_run_is_replaced_and_costs_no_row_attempt(
         stats = ro.ledger.statistics()
         assert stats.row_attempts_spent == 0 and stats.rows_failed == 0
         assert stats.released_total >= len(held)
-        assert gym.replacements("gym-1") == 1 and gym.replacements("gym-0") == 0
+        assert gym.replacement_count("gym-1") == 1 and gym.replacement_count("gym-0") == 0
         replacer = ro.dispatcher.replacer.statistics()
         assert replacer.deaths == replacer.replacements == 1 and replacer.down == ()
         assert replacer.last_replacement_s is not None
@@ -357,7 +357,7 @@ async def test_an_instance_that_dies_before_it_serves_is_an_outage_bounded_by_ti
                 await _train_all(ro)
             finally:
                 stats = ro.ledger.statistics()
-                replaced = gym.replacements("gym-0"), gym.replacements("gym-1")
+                replaced = gym.replacement_count("gym-0"), gym.replacement_count("gym-1")
     decided = run_exit(caught.value)  # type: ignore[arg-type]
     assert decided is not None and decided[0] == ExitCode.INFRA_OUTAGE == 8, caught.value
     err = decided[1]
@@ -422,7 +422,7 @@ async def test_a_report_about_an_older_generation_is_ignored(
         await replacer.wait_up(trio.current_time() + 10.0)
         assert replacer.is_up("gym-0") and replacer.generation("gym-0") == 1
         assert not replacer.report_dead("gym-0", 0, "a stream of the dead one, late")
-        assert replacer.is_up("gym-0") and gym.replacements("gym-0") == 1
+        assert replacer.is_up("gym-0") and gym.replacement_count("gym-0") == 1
         await _train_all(ro, checkpoint=False)
 
 
@@ -447,7 +447,7 @@ async def test_a_hosted_user_environment_is_replaced_too(
         ) as ro,
     ):
         trained = await _train_all(ro)
-        assert sum(gym.replacements(n) for n in gym.instances) == 1
+        assert sum(gym.replacement_count(n) for n in gym.instances) == 1
         assert ro.ledger.statistics().row_attempts_spent == 0
     assert sorted(int(ids[0].split("-")[0]) for ids in trained) == list(range(8))
 
@@ -675,7 +675,7 @@ async def test_the_next_checkpoint_waits_for_a_slow_replacement(
         second = await ro.checkpoint()
         assert second.ok, second.error
         assert trio.current_time() - started >= 4.0  # it waited for the replacement
-        assert gym.replacements("gym-1") == 1
+        assert gym.replacement_count("gym-1") == 1
         assert second.snapshot is not None
         await _train_all(ro, checkpoint=False)
 

@@ -490,7 +490,7 @@ class Incarnation:
         replacements = 0
         if gym is not None:
             fired = gym.faults.fired
-            replacements = sum(gym.replacements(n) for n in gym.instances)
+            replacements = sum(gym.replacement_count(n) for n in gym.instances)
         metrics = ro.metrics.snapshot(ages=False) if ro is not None else {}  # replayable
         return IncarnationReport(
             self.index,

@@ -5,7 +5,7 @@ returns. A remote stream must keep that order (S1: a checkpoint must never overt
 submission the ledger counts), so its first object is the **admission header**, a
 ``ReplyBatch`` of sequence ``HEADER_SEQ`` and no replies: the caller's ``run`` waits for it, and
 an error of the ``run`` itself arrives in its place. Every later object is one batch of replies,
-numbered ``HEADER_SEQ + 1``, ``+ 2``… for acknowledgement (``_transport_acks``).
+numbered ``HEADER_SEQ + 1``, ``+ 2``… for acknowledgement (``_acks``).
 
 ``RunShape`` is what the deployment-wide ``FaultPlan`` decided for one ``run`` (C3), the same for
 every backend: ``refuse`` refuses every row, ``drop`` ends the stream after half of them, any

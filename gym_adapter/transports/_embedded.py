@@ -17,13 +17,13 @@ remote backend adds too:
   instance is served as a task of the deployment's task group, so a replacement lives exactly as
   long as the deployment, like the instances it started with;
 - the trainer's term (``attach``, the ``TrainerAware`` contract): once attached, every call
-  carries it, so an instance refuses the calls of a fenced term (``_host_tenancy``);
+  carries it, so an instance refuses the calls of a fenced term (``host/_tenancy``);
 - the picklability rule (S6): every error raised by Gym passes through
   ``runtime.crossing_boundary``, which replaces one that cannot be pickled by
   ``GymCheckpointUnavailable`` naming the instance and operation.
 
 Environment code may call trio, anyio or asyncio: the hosts serve in the trainer's trio run and
-await user code through ``_user_calls`` (its asyncio on the trainer's trio-asyncio loop when it
+await user code through ``host/_user_calls`` (its asyncio on the trainer's trio-asyncio loop when it
 has one, ``gymckpt.aio``, else on one trio-asyncio loop per trio run), as a Ray actor's host
 does in its own trio run.
 
@@ -72,7 +72,7 @@ from ..host._host import GymHost, HostConfig, SessionView
 from ..host._load import EnvironmentSource, load_environment
 from ..host._views import RetainedSession
 from ._admission import RunShape
-from ._deployment import instance_names, per_instance
+from ._deployment import Deployment, Replacement, instance_names, per_instance
 from ._statistics import GymStatistics
 
 __all__ = ["EmbeddedGym"]
@@ -81,7 +81,7 @@ T = TypeVar("T")
 
 
 @final
-class EmbeddedGym:
+class EmbeddedGym(Deployment):
     """The embedded Gym deployment. Build it with ``EmbeddedGym.host(...)``."""
 
     def __init__(
@@ -97,8 +97,8 @@ class EmbeddedGym:
         self._make = make
         self._tg = tg
         self._scopes: dict[str, anyio.CancelScope] = {}
-        self._replacements: dict[str, int] = dict.fromkeys(self._names, 0)
-        self._replaced: list[GymHost] = []
+        self._replacements: list[Replacement] = []
+        self._replaced_hosts: list[GymHost] = []
         self._trainer: TrainerTerm | None = None
 
     @classmethod
@@ -179,10 +179,12 @@ class EmbeddedGym:
         if self._make is None or self._tg is None:
             raise GymInstanceDead(instance, "replace")
         with anyio.move_on_at(deadline_ts) as scope:
+            t0 = anyio.current_time()
             old.kill()
             old_scope = self._scopes.get(instance)
             if old_scope is not None:
                 old_scope.cancel()  # the old instance leaves its context (its tasks end)
+            t1 = anyio.current_time()
             new = self._make(instance)
             await self._start(new)
             # it serves whom the dead one served, from the start: our run when it held it; an
@@ -195,28 +197,15 @@ class EmbeddedGym:
             if holder is not None:
                 new.check_trainer(holder, "replace")
             self._sims[instance] = new
-            self._replaced.append(old)
-            self._replacements[instance] += 1
+            self._replaced_hosts.append(old)
+            self._replacements.append(Replacement(instance, t1 - t0, anyio.current_time() - t1))
             return
         assert scope.cancelled_caught
         raise GymCallTimeout(
             f"instance {instance} replace: not serving before the deadline", instance, "replace"
         )
 
-    def replacements(self, instance: str) -> int:
-        """How often ``instance`` was replaced."""
-        self.sim(instance)
-        return self._replacements[instance]
-
     # -- plumbing ----------------------------------------------------------------------------
-
-    @property
-    def instances(self) -> tuple[str, ...]:
-        return self._names
-
-    @property
-    def faults(self) -> FaultPlan:
-        return self._plan
 
     def sim(self, instance: str) -> Any:
         """The instance itself (tests and the demo only; bypasses faults)."""
@@ -350,7 +339,7 @@ class EmbeddedGym:
         await anyio.lowlevel.checkpoint()
         return self._live(instance, "inventory").inventory()
 
-    # -- extras (tests, demo) ------------------------------------------------------------------
+    # -- Deployment and extras (tests, demo) ------------------------------------------------
 
     async def session_states(self, instance: str, participant: str) -> dict[str, SessionView]:
         """``GymHost.session_states(participant)`` of ``instance``."""
@@ -369,7 +358,7 @@ class EmbeddedGym:
         return GymStatistics(
             instances=tuple(self._sims[n].statistics() for n in self._names),
             faults_fired=self._plan.fired,
-            replaced=tuple(old.statistics() for old in self._replaced),
+            replaced=tuple(old.statistics() for old in self._replaced_hosts),
         )
 
     def __repr__(self) -> str:

@@ -3,7 +3,7 @@
 A remote transport (the Ray actor, the HTTP server) serves one ``GymHost`` and streams each
 ``run``'s replies to a consumer in another process. ``Outbox`` is one such stream on the
 instance's side: it takes the instance's batches *without* acknowledging them
-(``UnackedBatches``, ``_transport_acks``), so a reply stays on the wire (listed by ``commit``)
+(``UnackedBatches``, ``_acks``), so a reply stays on the wire (listed by ``commit``)
 after it left the instance and until the consumer asks for the batch after the one that carried
 it. ``Outboxes`` is the transport's registry of them, by stream id: it applies the consumer's
 acknowledgements (they ride every later call), closes a stream the consumer closed

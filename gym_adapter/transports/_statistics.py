@@ -1,7 +1,7 @@
 """``GymStatistics``: the counts of a whole deployment, whatever its backend.
 
-Its own module so that every backend (embedded, Ray, HTTP) reports the same
-record without importing another backend.
+Its own module so that every backend (embedded, Ray, HTTP) reports the same record without
+importing another backend.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """A trio run hosted on a running asyncio loop (trio's guest mode), and calls into it.
 
-Why: a Gym host runs user code under trio everywhere (``_user_calls``), so that environment code
-may call trio, anyio or asyncio whether the instance is embedded or a Ray actor. A Ray async
-actor is an asyncio program; ``TrioGuest`` starts a trio run *as a guest* of the actor's loop:
-trio's tasks run in the loop's thread, between its callbacks (only trio's wait for I/O and
-timers sits in a helper thread), so there is still one thread touching the host, and a task
-that blocks the thread (the ``hang`` fault's stuck loop) stops both loops, as a stuck loop does.
+Why: a Gym host runs user code under trio everywhere (``host/_user_calls``), so that
+environment code may call trio, anyio or asyncio whether the instance is embedded, a Ray actor
+or an HTTP server. A Ray async actor is an asyncio program; ``TrioGuest`` starts a trio run
+*as a guest* of the actor's loop: trio's tasks run in the loop's thread, between its callbacks
+(only trio's wait for I/O and timers sits in a helper thread), so there is still one thread
+touching the host, and a task that blocks the thread (the ``hang`` fault's stuck loop) stops
+both loops, as a stuck loop does.
 
 Invariants:
 

@@ -1,21 +1,21 @@
 """One Gym instance as an ASGI application (``gymckpt-http/2``): the Ray actor's twin over HTTP.
 
 ``GymHttpApp`` serves one ``GymHost`` running in the same trio run as the ASGI server
-(``_http_serve``: hypercorn's trio worker and the host share one nursery), so every request
+(``http/_serve``: hypercorn's trio worker and the host share one nursery), so every request
 handler calls the host directly, with no thread and no hop. Routes (``docs/http-wire.md``):
 
 - ``GET /health`` (no token): protocol, instance, incarnation, serving, topology;
-- ``POST /control/v1/<op>``: one control call or view (``_http_wire.CONTROL_OPS``);
+- ``POST /control/v1/<op>``: one control call or view (``http/_wire.CONTROL_OPS``);
 - ``POST /run``: rows in, an NDJSON body out — the admission header line once every row's fate
   is decided (S1: the response status is sent only then, so an error of the ``run`` itself is
   an error response, never a half stream), then one ``ReplyBatch`` per line, then the end line.
 
-Every request passes the security rules of ``_http_guard`` first; a refused one changed
+Every request passes the security rules of ``http/_guard`` first; a refused one changed
 nothing (the acknowledgements it carries are applied only after every check). Every response
 carries ``Gymckpt-Incarnation`` (random per process start: a restarted server is a new
 incarnation, never the same instance) and ``Gymckpt-Instance``.
 
-Acknowledgement is exactly the Ray actor's (``_transport_outbox``): a reply sent on a ``/run``
+Acknowledgement is exactly the Ray actor's (``_outbox``): a reply sent on a ``/run``
 body stays on the wire (listed by ``commit``) until the client acknowledges its batch, on the
 ``acks`` of any later request or with ``ack``/``close_stream``. A client that disconnects
 mid-body ends the handler (a watcher of ``http.disconnect`` cancels it: no task is left behind);
@@ -23,7 +23,7 @@ the rows keep running, and what was sent but not acknowledged stays on the wire 
 client's next ``acks`` or ``close_stream`` settles it. A stream whose instance died ends without
 the end line: the body stops, as a dead server's would.
 
-A request that carries ``Gymckpt-Trainer`` (the trainer's term, ``_host_tenancy``) is checked
+A request that carries ``Gymckpt-Trainer`` (the trainer's term, ``host/_tenancy``) is checked
 against the term the instance serves before it acts, acknowledgements included: a fenced
 term's, or another lineage's, is refused 409 ``GymInUse``. ``attach`` takes the instance over
 for a newer term; when it fenced what was there, the streams of the older term are forgotten
@@ -57,6 +57,7 @@ from ..._faults import FaultSpec, inject_fault
 from ...host._host import GymHost
 from .._admission import ReplyBatch, RunShape, admission_header
 from .._outbox import Outbox, Outboxes
+from .._verbs import call_host
 from .._wire import WIRE_ERRORS, encode_error
 from ._guard import (
     LOG,
@@ -288,7 +289,7 @@ class GymHttpApp:
 
     def _confine_args(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """The request's paths resolved inside the state root, and every path the instance
-        will touch below them walked (``_http_guard`` rule 7), or ``RefusedRequest`` 403."""
+        will touch below them walked (``http/_guard`` rule 7), or ``RefusedRequest`` 403."""
         if "state_root" not in args:
             return args
         root = confine(args["state_root"], self.state_root, f"{op} state_root")
@@ -364,39 +365,10 @@ class GymHttpApp:
             return getattr(host, op)()
         assert req.deadline is not None  # decode_control_request requires it
         deadline_ts = req.deadline.local(trio.current_time(), time.time())
-        if op == "prepare":
-            return await host.prepare(
-                args["checkpoint_id"],
-                deadline_ts,
-                args["mode"],
-                args["alignment_timeout_s"],
-                trainer=trainer,
-            )
-        if op == "commit":
-            return await host.commit(
-                args["checkpoint_id"], args["state_root"], deadline_ts, trainer=trainer
-            )
-        if op == "resume":
-            return await host.resume(args["checkpoint_id"], deadline_ts, trainer=trainer)
-        if op in ("retire", "retire_restored"):
-            call = host.retire if op == "retire" else host.retire_restored
-            return await call(list(args["rollout_ids"]), deadline_ts, trainer=trainer)
-        if op == "restore":
-            return await host.restore(
-                args["state_root"],
-                args["record"],
-                list(args["episodes"]),
-                deadline_ts,
-                trainer=trainer,
-            )
-        if op == "attach":
-            reply = await host.attach(args["trainer"], deadline_ts)
-            if reply.took_over:  # the older term's streams are gone with its episodes
-                self._outboxes.forget_all()
-            return reply
-        if op == "release":
-            return await host.release(args["trainer"], deadline_ts)
-        raise AssertionError(f"control op {op} has no handler")  # pragma: no cover
+        result = await call_host(host, op, args, deadline_ts, trainer)
+        if op == "attach" and result.took_over:  # the older term's streams are gone with them
+            self._outboxes.forget_all()
+        return result
 
     # -- data plane ------------------------------------------------------------------------------
 

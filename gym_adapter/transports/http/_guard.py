@@ -11,7 +11,7 @@ rule broken with a ``Refusal`` (a 4xx, a JSON body, one log line on logger ``gym
 3. the body size: a ``Content-Length`` over the limit is 413 before a byte of the body is read;
    a body without one (chunked) is read chunk by chunk and refused as soon as it passes the
    limit, so the server never holds more than the limit plus one chunk;
-4. the body: not the wire form of the request (``_http_wire``) is 400;
+4. the body: not the wire form of the request (``http/_wire``) is 400;
 5. the rows of one ``/run``: more than the limit is 413;
 6. faults: a request carrying one (a control call's ``fault``, a ``/run`` shape other than the
    plain one) is 403 unless the server was started with ``--allow-faults``;

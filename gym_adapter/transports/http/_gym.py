@@ -1,11 +1,12 @@
 """HttpGym: the Gym deployment over HTTP, one ``gymckpt serve`` process per instance.
 
-The client twin of ``RayGym``, on the same transport layer: acknowledgement on the next call
-(``_transport_acks``), the admission header (``_transport_admission``), generations
-(``_transport_generations``), deadlines sent as the time left (``_transport_deadlines``), errors
-by class (``_transport_errors``), and every body through the strict wire (``_http_wire`` over
-``_wire``: nothing pickled, nothing trusted unchecked). The trainer is trio; the HTTP client is
-httpx, which runs on trio through anyio.
+The client twin of ``RayGym``, on the same transport layer: the contract's verbs written once
+over one call primitive (``RemoteGym``; here one ``POST /control/v1/<op>``, which the server
+runs with ``_verbs.call_host``), acknowledgement on the next call (``_acks``), the admission
+header (``_admission``), incarnations (``_incarnations``), deadlines sent as the time left
+(``_deadlines``), errors by class (``_errors``), and every body through the strict wire
+(``http/_wire`` over ``_wire``: nothing pickled, nothing trusted unchecked). The trainer is
+trio; the HTTP client is httpx, which runs on trio through anyio.
 
 Two ways to open it:
 
@@ -13,12 +14,12 @@ Two ways to open it:
   machines, in containers). Each URL's ``GET /health`` names its instance and incarnation; a
   URL that does not answer raises ``GymConnectionLost``.
 - ``async with HttpGym.spawn("pkg.module:env", instances=K, work_dir=...) as gym``: K local
-  ``gymckpt serve`` processes on loopback ports, started and supervised here (``_http_spawn``,
-  ``_http_process``), stopped on exit, never left behind (they die with the trainer's process).
+  ``gymckpt serve`` processes on loopback ports, started and supervised here (``http/_spawn``,
+  ``http/_process``), stopped on exit, never left behind (they die with the trainer's process).
 
-HTTP's own parts are each a module, as Ray's are: the wire (``_http_wire``), one exchange and
-the error an answer carries (``_http_calls``), the reply stream (``_http_stream``), the spawned
-servers (``_http_spawn``, ``_http_process``) and this deployment.
+HTTP's own parts are each a module, as Ray's are: the wire (``http/_wire``), one exchange and
+the error an answer carries (``http/_calls``), the reply stream (``http/_stream``), the spawned
+servers (``http/_spawn``, ``http/_process``) and this deployment.
 
 **Connections.** Two ``httpx.AsyncClient``s with bounded pools: one for ``/run`` streams, which
 hold a connection for as long as their episodes run, and one for the control plane, so a
@@ -39,10 +40,11 @@ the instance is *gone* (``GymInstanceDead``, its incarnation marked dead) when t
 process was seen to exit (a spawned one) or a response comes from another incarnation; a
 connection that cannot be made or breaks is otherwise a retryable ``GymCheckpointUnavailable``.
 
-**Incarnations.** Every response carries ``Gymckpt-Incarnation``, random per server start.
+**Incarnations.** Every response carries ``Gymckpt-Incarnation``, the id of the server's
+incarnation (random per server start; ``Incarnations`` numbers them in the client).
 Each request goes to the incarnation the client knows; a response from another one means the
 server was restarted under the same name (its episodes and streams are gone): never the same
-instance. That generation is marked dead and the call raises ``GymInstanceDead``; the
+instance. That incarnation is marked dead and the call raises ``GymInstanceDead``; the
 trainer's replacement path then calls ``replace``, which adopts the new incarnation (a server
 someone else restarted, who must start it with ``--recover`` so it continues its journal) or,
 for a spawned server, kills the process and starts a new one under the same name with
@@ -76,8 +78,6 @@ import httpx
 import trio
 
 from gymckpt.runtime import (
-    CheckpointMode,
-    EpisodeRecord,
     GymCallTimeout,
     GymCheckpointUnavailable,
     GymConnectionLost,
@@ -85,36 +85,17 @@ from gymckpt.runtime import (
     GymInstanceDead,
     GymInUse,
     GymUnavailable,
-    InstanceRecord,
-    TrainerTerm,
 )
 
-from ..._contract import (
-    AttachReply,
-    CommitReply,
-    InstanceInventory,
-    InstanceTopology,
-    PrepareReply,
-    ReplaceableGym,
-    RestoreReply,
-    RetireReply,
-    RunRow,
-    Topology,
-)
+from ..._contract import ReplaceableGym, RunRow, TrainerAware
 from ..._faults import FaultPlan, FaultSpec
-from ...host._host import HostConfig, HostStatistics
-from ...host._views import RetainedSession
+from ...host._host import HostConfig
 from .._acks import AckBook
 from .._admission import RunShape
 from .._deadlines import WireDeadline
-from .._deployment import instance_names, per_instance
-from .._errors import (
-    TransportFailure,
-    as_if_no_nursery,
-    transport_error,
-)
-from .._generations import Generations
-from .._statistics import GymStatistics, dead_statistics
+from .._deployment import Replacement, instance_names, per_instance
+from .._errors import TransportFailure, as_if_no_nursery, transport_error
+from .._remote import RemoteGym
 from ._calls import answer_error, post_request
 from ._process import Ready, ServerExited
 from ._spawn import ServeSpec, Supervisor
@@ -130,7 +111,7 @@ from ._wire import (
     encode_run_request,
 )
 
-__all__ = ["HttpGym", "HttpReplacement", "HttpReplyStream"]
+__all__ = ["HttpGym", "HttpReplyStream"]
 
 CONTROL_GRACE_S: Final = 1.0
 """A control call is given up this long after its deadline if the server has not answered (the
@@ -154,31 +135,12 @@ STARTUP_TIMEOUT_S: Final = 60.0
 """Default bound on starting spawned servers (each must log its readiness line by then)."""
 
 
-@attrs.frozen
-class HttpReplacement:
-    """One replacement of a dead instance by ``HttpGym.replace``."""
-
-    instance: str
-    old_url: str
-    new_url: str
-    old_incarnation: str
-    new_incarnation: str
-    fence_s: float
-    """Killing the old server until it was seen to exit (0 for a server someone else runs)."""
-    start_s: float
-    """Starting the new server (or waiting for the restarted one) until it serves."""
-
-    @property
-    def total_s(self) -> float:
-        return self.fence_s + self.start_s
-
-
 @attrs.define
 class _Endpoint:
     """Where an instance is served now and by which incarnation."""
 
     url: str
-    incarnation: str
+    incarnation_id: str
     seen: str | None = None
     """Another incarnation seen answering at ``url`` (the server was restarted)."""
 
@@ -187,13 +149,17 @@ class _Endpoint:
 
 
 @final
-class HttpGym:
+class HttpGym(RemoteGym):
     """The Gym deployment over HTTP (see the module docstring). ``async with`` it.
 
     Each instance name has one live incarnation at a time: a restart (seen, or done by
-    ``replace``) starts a new *generation* (``Generations``); every call and stream remembers
-    the generation it went to, so a late failure of an old incarnation marks the new one
-    nothing, and nothing is sent to an incarnation known to be gone.
+    ``replace``) starts a new incarnation (``Incarnations``); every call and stream remembers
+    the incarnation it went to, so a late failure of an old incarnation marks the new one
+    nothing, and nothing is sent to an incarnation known to be gone. The contract's verbs are
+    ``RemoteGym``'s; this class is the primitive (``_call``: one ``POST /control/v1/<op>``),
+    the stream, the connections and ``replace``. It has no ``session_states`` (RayGym and
+    EmbeddedGym do): a ``SessionView`` holds a participant's live object, which has no wire form
+    and stays in its process.
     """
 
     def __init__(
@@ -227,9 +193,9 @@ class HttpGym:
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
+        super().__init__(FaultPlan(faults))
         self._urls = tuple(u.rstrip("/") for u in urls)
         self._token = token
-        self._plan = FaultPlan(faults)
         self._batch_replies = batch_replies
         self._max_batch_replies = max_batch_replies
         self._connect_timeout_s = connect_timeout_s
@@ -238,20 +204,14 @@ class HttpGym:
         self._limits = (max_streams, max_control_connections)
         self._verify = verify
         self._supervisor = _supervisor
-        self._names: tuple[str, ...] = ()
         self._endpoints: dict[str, _Endpoint] = {}
-        self._generations = Generations.of(())
-        self._acks = AckBook.of(())
         self._sids = itertools.count(1)
-        self._trainer: TrainerTerm | None = None
-        self._replacements: list[HttpReplacement] = []
-        self._last_stats: dict[str, HostStatistics] = {}
         self._session: AbstractAsyncContextManager[HttpGym] | None = None
         self._streams: set[HttpReplyStream] = set()
         """Streams whose response is open (held, so none is collected half-read)."""
         self._nursery: trio.Nursery | None = None
-        self._control: httpx.AsyncClient | None = None
-        self._data: httpx.AsyncClient | None = None
+        self._control_client: httpx.AsyncClient | None = None
+        self._run_client: httpx.AsyncClient | None = None
 
     # -- opening and closing ---------------------------------------------------------------------
 
@@ -287,7 +247,7 @@ class HttpGym:
     async def _open(self) -> AsyncIterator[HttpGym]:
         max_streams, max_control = self._limits
         async with self._client(max_streams) as data, self._client(max_control) as control:
-            self._data, self._control = data, control
+            self._run_client, self._control_client = data, control
             try:
                 await self._connect()
                 with as_if_no_nursery():
@@ -336,9 +296,7 @@ class HttpGym:
             raise ValueError(
                 f"two servers serve the same instance name: {served}; give each its own --instance"
             )
-        self._names = tuple(names)
-        self._generations = Generations.of(self._names)
-        self._acks = AckBook.of(self._names)
+        self._open_instances(names)
         if self._supervisor is not None:
             self._supervisor.on_exit = self._server_exited
         for name in self._names:  # needs the token: a wrong one fails here, naming the server
@@ -351,10 +309,10 @@ class HttpGym:
 
     async def _health(self, url: str, timeout_s: float) -> Any:
         """``GET url/health``, or None if nothing answers it within ``timeout_s``."""
-        assert self._control is not None
+        assert self._control_client is not None
         with trio.move_on_after(timeout_s):
             try:
-                resp = await self._control.get(url + "/health")
+                resp = await self._control_client.get(url + "/health")
             except httpx.HTTPError:
                 return None
             if resp.status_code != 200:
@@ -376,10 +334,10 @@ class HttpGym:
     def released(self, stream: HttpReplyStream) -> None:
         self._streams.discard(stream)
 
-    def _server_exited(self, name: str, generation: int) -> None:
+    def _server_exited(self, name: str, incarnation: int) -> None:
         """A spawned server's process exited: that incarnation is dead."""
         if name in self._endpoints:
-            self._generations.mark_dead(name, generation)
+            self._incarnations.mark_dead(name, incarnation)
 
     # -- spawning --------------------------------------------------------------------------------
 
@@ -403,7 +361,7 @@ class HttpGym:
         """Start ``instances`` local ``gymckpt serve ENVIRONMENT`` processes (instances
         ``gym-0`` …), on loopback ports the kernel picks, and serve the deployment on them until
         the context exits, when they are stopped (SIGTERM, then SIGKILL). They die with this
-        process too, however it ends (``_http_process``).
+        process too, however it ends (``http/_process``).
 
         ``environment`` is an import path (``package.module:factory``) each server loads
         itself (or a list of them, one per instance); ``environ`` adds environment variables
@@ -442,16 +400,8 @@ class HttpGym:
             async with trio.open_nursery() as nursery:
                 supervisor = Supervisor(nursery, spec)
                 try:
-                    readies: dict[str, Ready] = {}
                     deadline = trio.current_time() + startup_timeout_s
-
-                    async def start(name: str) -> None:
-                        readies[name] = await supervisor.start(name, 0, deadline, recover=False)
-
-                    with as_if_no_nursery():
-                        async with trio.open_nursery() as starting:
-                            for name in names:
-                                starting.start_soon(start, name)
+                    readies = await supervisor.start_all(names, deadline)
                     gym = cls(
                         [readies[n].url for n in names],
                         token=token,
@@ -469,14 +419,6 @@ class HttpGym:
     # -- plumbing --------------------------------------------------------------------------------
 
     @property
-    def instances(self) -> tuple[str, ...]:
-        return self._names
-
-    @property
-    def faults(self) -> FaultPlan:
-        return self._plan
-
-    @property
     def acks(self) -> AckBook:
         return self._acks
 
@@ -485,18 +427,13 @@ class HttpGym:
         """Whether this deployment started (and supervises) its servers."""
         return self._supervisor is not None
 
-    @property
-    def replacements(self) -> tuple[HttpReplacement, ...]:
-        """Every replacement so far, oldest first."""
-        return tuple(self._replacements)
-
     def url(self, instance: str) -> str:
         """The URL ``instance`` is served at now."""
         return self._endpoint(instance).url
 
     def incarnation(self, instance: str) -> str:
         """The incarnation of ``instance`` this client talks to."""
-        return self._endpoint(instance).incarnation
+        return self._endpoint(instance).incarnation_id
 
     def pid(self, instance: str) -> int | None:
         """The process id of a spawned instance's server (None for one someone else runs)."""
@@ -512,11 +449,16 @@ class HttpGym:
                 f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
             ) from None
 
-    def serving(self, instance: str, generation: int) -> bool:
-        return self._generations.serving(instance, generation)
+    def serving(self, instance: str, incarnation: int) -> bool:
+        return self._incarnations.serving(instance, incarnation)
 
     def _check_incarnation(
-        self, instance: str, op: str, endpoint: _Endpoint, response: httpx.Response, generation: int
+        self,
+        instance: str,
+        op: str,
+        endpoint: _Endpoint,
+        response: httpx.Response,
+        incarnation: int,
     ) -> None:
         """A response from another incarnation than the one asked: that one is gone."""
         seen = response.headers.get(INCARNATION_HEADER)
@@ -528,15 +470,15 @@ class HttpGym:
                 instance,
                 op,
             )
-        if seen != endpoint.incarnation:
+        if seen != endpoint.incarnation_id:
             endpoint.seen = seen
-            self._generations.mark_dead(instance, generation)
+            self._incarnations.mark_dead(instance, incarnation)
             raise GymInstanceDead(instance, op)
 
     async def _transport_failure(
-        self, instance: str, op: str, exc: BaseException, generation: int
+        self, instance: str, op: str, exc: BaseException, incarnation: int
     ) -> BaseException:
-        """The runtime's error for httpx's ``exc`` on ``op`` of incarnation ``generation``."""
+        """The runtime's error for httpx's ``exc`` on ``op`` of incarnation ``incarnation``."""
         if isinstance(exc, httpx.PoolTimeout):
             streams, control = self._limits
             pool = f"max_streams={streams}" if op == "run" else f"max_control_connections={control}"
@@ -561,20 +503,20 @@ class HttpGym:
             else TransportFailure.BROKEN
         )
         if self._supervisor is not None and await self._supervisor.exited(
-            instance, generation, DEATH_CONFIRM_S
+            instance, incarnation, DEATH_CONFIRM_S
         ):
             failure = TransportFailure.GONE
-            self._generations.mark_dead(instance, generation)
+            self._incarnations.mark_dead(instance, incarnation)
         return transport_error(failure, instance, op, exc, transport="HTTP", peer="server")
 
     def _error_response(
-        self, instance: str, op: str, response: httpx.Response, generation: int
+        self, instance: str, op: str, response: httpx.Response, incarnation: int
     ) -> Exception:
-        """The runtime's error for a non-200 answer to ``op`` from incarnation ``generation``
+        """The runtime's error for a non-200 answer to ``op`` from incarnation ``incarnation``
         (a ``GymInstanceDead`` it reports marks that incarnation dead)."""
         error = answer_error(instance, op, response)
         if isinstance(error, GymInstanceDead):
-            self._generations.mark_dead(instance, generation)
+            self._incarnations.mark_dead(instance, incarnation)
         return error
 
     async def _call(
@@ -588,7 +530,7 @@ class HttpGym:
         """``POST /control/v1/<op>`` to the live incarnation of ``instance``, carrying its
         recorded acknowledgements; bounded by ``deadline_ts`` plus ``CONTROL_GRACE_S`` (or
         ``view_timeout_s`` without a deadline)."""
-        generation = self._generations.live(instance, op)
+        incarnation = self._incarnations.live(instance, op)
         endpoint = self._endpoint(instance)
         acks = self._acks.outgoing(instance)
         now = trio.current_time()
@@ -599,29 +541,29 @@ class HttpGym:
         else:
             bound = now + self._view_timeout_s
         body = encode_control_request(op, deadline=deadline, acks=acks, fault=fault, args=args)
-        assert self._control is not None, "HttpGym is not open (use async with)"
+        assert self._control_client is not None, "HttpGym is not open (use async with)"
         response: httpx.Response | None = None
         with trio.move_on_at(bound):
             try:
                 request = post_request(
-                    self._control,
+                    self._control_client,
                     f"{endpoint.url}/control/v1/{op}",
                     body,
-                    endpoint.incarnation,
+                    endpoint.incarnation_id,
                     self._trainer,
                 )
-                response = await self._control.send(request)
+                response = await self._control_client.send(request)
             except httpx.HTTPError as exc:
-                raise await self._transport_failure(instance, op, exc, generation) from None
+                raise await self._transport_failure(instance, op, exc, incarnation) from None
         if response is None:
             raise GymCallTimeout(
                 f"instance {instance} did not answer {op} in time (server {endpoint.url})",
                 instance,
                 op,
             )
-        self._check_incarnation(instance, op, endpoint, response, generation)
+        self._check_incarnation(instance, op, endpoint, response, incarnation)
         if response.status_code != 200:
-            raise self._error_response(instance, op, response, generation)
+            raise self._error_response(instance, op, response, incarnation)
         try:
             result = decode_result(op, response.content)
         except WireFormatError as exc:
@@ -630,24 +572,18 @@ class HttpGym:
                 instance,
                 op,
             ) from None
-        if self._generations.serving(instance, generation):
+        if self._incarnations.serving(instance, incarnation):
             self._acks.carried(instance, acks)
         return result
 
-    async def _control_op(
-        self, instance: str, op: str, args: Mapping[str, Any], deadline_ts: float
-    ) -> Any:
-        self._generations.live(instance, op)  # a dead instance counts no call
-        return await self._call(instance, op, args, deadline_ts, self._plan.check(op))
-
     # -- StreamPeer (for HttpReplyStream) ----------------------------------------------------------
 
-    def send_ack(self, instance: str, generation: int, sid: int, upto: int) -> None:
+    def send_ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
         if self._nursery is not None:
-            self._nursery.start_soon(self._ack, instance, generation, sid, upto)
+            self._nursery.start_soon(self._ack, instance, incarnation, sid, upto)
 
-    async def _ack(self, instance: str, generation: int, sid: int, upto: int) -> None:
-        if not self._generations.serving(instance, generation):
+    async def _ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
+        if not self._incarnations.serving(instance, incarnation):
             return
         # an ack is advisory (a lost one is carried by the next request): one refused because
         # the instance now serves another term or run than this facade's (GymInUse: it acted
@@ -655,8 +591,8 @@ class HttpGym:
         with trio.move_on_after(ACK_TIMEOUT_S), suppress(GymUnavailable, GymInUse):
             await self._call(instance, "ack", {"sid": sid, "upto": upto}, None)
 
-    async def close_stream(self, instance: str, generation: int, sid: int, upto: int) -> bool:
-        if not self._generations.serving(instance, generation):
+    async def close_stream(self, instance: str, incarnation: int, sid: int, upto: int) -> bool:
+        if not self._incarnations.serving(instance, incarnation):
             await trio.lowlevel.checkpoint()
             return False
         try:
@@ -666,45 +602,30 @@ class HttpGym:
         return True
 
     async def broken(
-        self, instance: str, generation: int, exc: BaseException | None
+        self, instance: str, incarnation: int, exc: BaseException | None
     ) -> BaseException | None:
-        if not self._generations.serving(instance, generation):
+        if not self._incarnations.serving(instance, incarnation):
             return GymInstanceDead(instance, "run")
         if self._supervisor is not None:
-            if await self._supervisor.exited(instance, generation, DEATH_CONFIRM_S):
-                self._generations.mark_dead(instance, generation)
+            if await self._supervisor.exited(instance, incarnation, DEATH_CONFIRM_S):
+                self._incarnations.mark_dead(instance, incarnation)
                 return GymInstanceDead(instance, "run")
             return None
         endpoint = self._endpoint(instance)
         health = await self._health(endpoint.url, HEALTH_PROBE_S)
-        if health is not None and health.incarnation != endpoint.incarnation:
+        if health is not None and health.incarnation != endpoint.incarnation_id:
             endpoint.seen = health.incarnation
-            self._generations.mark_dead(instance, generation)
+            self._incarnations.mark_dead(instance, incarnation)
             return GymInstanceDead(instance, "run")
         return None
 
     # -- GymBackend ------------------------------------------------------------------------------
 
-    async def topology(self) -> Topology:
-        """Every instance's topology, asked of all servers at once (each within
-        ``view_timeout_s``)."""
-        for name in self._names:
-            self._generations.live(name, "topology")
-        got: dict[str, InstanceTopology] = {}
-
-        async def one(name: str) -> None:
-            got[name] = await self._call(name, "topology", {}, None)
-
-        async with trio.open_nursery() as nursery:
-            for name in self._names:
-                nursery.start_soon(one, name)
-        return Topology(tuple(got[n] for n in self._names))
-
     async def run(self, instance: str, rows: Sequence[RunRow]) -> HttpReplyStream:
         """Submit ``rows`` (``POST /run``) and wait for their admission header; a ``refuse``
         fault refuses them all, a ``drop`` fault ends the stream after ``len(rows) // 2``
         replies (``RunShape``)."""
-        generation = self._generations.live(instance, "run")
+        incarnation = self._incarnations.live(instance, "run")
         endpoint = self._endpoint(instance)
         shape = RunShape.of(self._plan.check("run"), rows)
         sid = next(self._sids)
@@ -714,106 +635,28 @@ class HttpGym:
                 sid, acks, shape, not self._batch_replies, self._max_batch_replies, tuple(rows)
             )
         )
-        assert self._data is not None, "HttpGym is not open (use async with)"
+        assert self._run_client is not None, "HttpGym is not open (use async with)"
         request = post_request(
-            self._data, f"{endpoint.url}/run", body, endpoint.incarnation, self._trainer
+            self._run_client, f"{endpoint.url}/run", body, endpoint.incarnation_id, self._trainer
         )
         try:
-            response = await self._data.send(request, stream=True)
+            response = await self._run_client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise await self._transport_failure(instance, "run", exc, generation) from None
+            raise await self._transport_failure(instance, "run", exc, incarnation) from None
         try:
-            self._check_incarnation(instance, "run", endpoint, response, generation)
+            self._check_incarnation(instance, "run", endpoint, response, incarnation)
             if response.status_code != 200:
                 await response.aread()
-                raise self._error_response(instance, "run", response, generation)
-            stream = HttpReplyStream(self, instance, generation, sid, response)
+                raise self._error_response(instance, "run", response, incarnation)
+            stream = HttpReplyStream(self, instance, incarnation, sid, response)
             await stream.admitted()
         except BaseException:
             with trio.CancelScope(shield=True), suppress(httpx.HTTPError):
                 await response.aclose()
             raise
-        if self._generations.serving(instance, generation):
+        if self._incarnations.serving(instance, incarnation):
             self._acks.carried(instance, acks)
         return stream
-
-    async def prepare(
-        self,
-        instance: str,
-        checkpoint_id: str,
-        deadline_ts: float,
-        mode: CheckpointMode = CheckpointMode.ALIGNED,
-        alignment_timeout_s: float | None = None,
-    ) -> PrepareReply:
-        args: dict[str, Any] = {"checkpoint_id": checkpoint_id, "mode": mode}
-        if alignment_timeout_s is not None:
-            args["alignment_timeout_s"] = float(alignment_timeout_s)
-        reply: PrepareReply = await self._control_op(instance, "prepare", args, deadline_ts)
-        return reply
-
-    async def commit(
-        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
-    ) -> CommitReply:
-        reply: CommitReply = await self._control_op(
-            instance,
-            "commit",
-            {"checkpoint_id": checkpoint_id, "state_root": str(state_root)},
-            deadline_ts,
-        )
-        return reply
-
-    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
-        await self._control_op(instance, "resume", {"checkpoint_id": checkpoint_id}, deadline_ts)
-
-    async def retire(
-        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
-    ) -> RetireReply:
-        reply: RetireReply = await self._control_op(
-            instance, "retire", {"rollout_ids": tuple(rollout_ids)}, deadline_ts
-        )
-        return reply
-
-    async def restore(
-        self,
-        instance: str,
-        state_root: str,
-        record: InstanceRecord,
-        episodes: Sequence[EpisodeRecord],
-        deadline_ts: float,
-    ) -> RestoreReply:
-        reply: RestoreReply = await self._control_op(
-            instance,
-            "restore",
-            {"state_root": str(state_root), "record": record, "episodes": tuple(episodes)},
-            deadline_ts,
-        )
-        return reply
-
-    async def retire_restored(
-        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
-    ) -> RetireReply:
-        reply: RetireReply = await self._control_op(
-            instance, "retire_restored", {"rollout_ids": tuple(rollout_ids)}, deadline_ts
-        )
-        return reply
-
-    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
-        """``trainer`` takes ``instance`` over (``POST /control/v1/attach``); every later
-        request to every instance carries it (``Gymckpt-Trainer``). ``GymInUse`` if the server
-        serves another run."""
-        self._trainer = trainer
-        reply: AttachReply = await self._control_op(
-            instance, "attach", {"trainer": trainer}, deadline_ts
-        )
-        return reply
-
-    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
-        """``trainer``'s run is done with ``instance`` (``POST /control/v1/release``)."""
-        await self._control_op(instance, "release", {"trainer": trainer}, deadline_ts)
-
-    async def inventory(self, instance: str) -> InstanceInventory:
-        inv: InstanceInventory = await self._call(instance, "inventory", {}, None)
-        return inv
 
     # -- replacement -----------------------------------------------------------------------------
 
@@ -821,7 +664,7 @@ class HttpGym:
         """Bring up a fresh incarnation under ``instance``'s name, in place of its dead one.
 
         From the first line on, the instance counts as dead (no call reaches either
-        incarnation) and its generation is new (a late error of the old one marks nothing).
+        incarnation) and its incarnation is new (a late error of the old one marks nothing).
         A spawned server: the old process is killed and must be seen to exit (fenced: it can
         write nothing more), then a new ``gymckpt serve --recover`` starts under the same name
         and continues the dead one's retained sessions from its journal. A server someone else
@@ -833,7 +676,7 @@ class HttpGym:
         """
         old = self._endpoint(instance)
         t0 = trio.current_time()
-        generation = self._generations.begin_replacement(instance)
+        incarnation = self._incarnations.begin_replacement(instance)
         supervisor = self._supervisor
         if supervisor is None:
             ready = await self._adopt(instance, old, deadline_ts)
@@ -851,7 +694,7 @@ class HttpGym:
                 )
             t1 = trio.current_time()
             try:
-                ready = await supervisor.start(instance, generation, deadline_ts, recover=True)
+                ready = await supervisor.start(instance, incarnation, deadline_ts, recover=True)
             except TimeoutError as exc:
                 raise GymCallTimeout(
                     f"instance {instance} replace: {exc}", instance, "replace"
@@ -860,16 +703,16 @@ class HttpGym:
                 raise GymInstanceDead(instance, "replace") from None
         self._endpoints[instance] = _Endpoint(ready.url, ready.incarnation)
         self._acks.reset(instance)
-        self._generations.installed(instance, generation)
-        self._replacements.append(
-            HttpReplacement(
+        self._incarnations.installed(instance, incarnation)
+        self._log_replacement(
+            Replacement(
                 instance,
-                old.url,
-                ready.url,
-                old.incarnation,
-                ready.incarnation,
                 t1 - t0,
                 trio.current_time() - t1,
+                old.url,
+                ready.url,
+                old.incarnation_id,
+                ready.incarnation,
             )
         )
 
@@ -882,7 +725,7 @@ class HttpGym:
                 if health is not None:
                     if health.instance != instance:
                         last = f"it serves instance {health.instance!r}"
-                    elif health.incarnation != old.incarnation and health.serving:
+                    elif health.incarnation != old.incarnation_id and health.serving:
                         return Ready(instance, old.url, health.incarnation)
                     else:
                         last = f"it still serves incarnation {health.incarnation}"
@@ -894,39 +737,18 @@ class HttpGym:
             "replace",
         )
 
-    # -- extras (tests, demo) --------------------------------------------------------------------
-
-    async def retained_sessions(self, instance: str) -> dict[str, dict[str, RetainedSession]]:
-        """``GymHost.retained_sessions()`` of ``instance``: every retained participant's
-        session per slot, as plain data. (``session_states`` has no wire form: a
-        ``SessionView`` holds a participant's live object, which stays in its process.)"""
-        views: dict[str, dict[str, RetainedSession]] = await self._call(
-            instance, "retained_sessions", {}, None
-        )
-        return views
-
-    async def statistics(self) -> GymStatistics:
-        """Per-instance counts and the faults that fired. A dead instance reports the counts
-        last seen (zeros if none) with ``dead`` set."""
-        stats = []
-        for name in self._names:
-            try:
-                st: HostStatistics = await self._call(name, "statistics", {}, None)
-                self._last_stats[name] = st
-            except GymInstanceDead:
-                st = dead_statistics(name, self._last_stats.get(name))
-            stats.append(st)
-        return GymStatistics(instances=tuple(stats), faults_fired=self._plan.fired)
-
     def __repr__(self) -> str:
         kind = "spawned" if self._supervisor is not None else "external"
         return (
             f"<HttpGym {kind} instances={len(self._names)} "
-            f"dead={self._generations.dead_count} faults={self._plan!r}>"
+            f"dead={self._incarnations.dead_count} faults={self._plan!r}>"
         )
 
 
 if TYPE_CHECKING:  # mypy checks that HttpGym implements the contract
 
-    def _is_a_backend(gym: HttpGym) -> ReplaceableGym:
+    def _can_replace(gym: HttpGym) -> ReplaceableGym:
+        return gym
+
+    def _is_trainer_aware(gym: HttpGym) -> TrainerAware:
         return gym

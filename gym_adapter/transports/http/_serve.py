@@ -157,23 +157,7 @@ async def serve_gym(
     try:
         root, token_path, token = _prepare_dirs(work_dir, state_root, token_file)
         incarnation = secrets.token_hex(16)
-        if not is_loopback(host):
-            LOG.warning(
-                "gymckpt serve: binding %s, reachable from other machines: the bearer token is all "
-                "that guards the control plane%s",
-                host,
-                "" if certfile else "; without TLS (--certfile/--keyfile) it crosses in clear",
-            )
-
-        cfg = Config()
-        cfg.bind = [_bind(host, port)]
-        cfg.accesslog = None
-        cfg.errorlog = LOG.getChild("hypercorn")
-        cfg.graceful_timeout = graceful_timeout_s
-        if certfile is not None and keyfile is not None:
-            cfg.certfile = str(certfile)
-            cfg.keyfile = str(keyfile)
-
+        cfg = _hypercorn_config(host, port, certfile, keyfile, graceful_timeout_s)
         signals = (
             trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) if handle_signals else None
         )
@@ -208,6 +192,29 @@ async def serve_gym(
                         stop.set()
     finally:
         lock.release()
+
+
+def _hypercorn_config(
+    host: str, port: int, certfile: Path | None, keyfile: Path | None, graceful_timeout_s: float
+) -> Config:
+    """hypercorn's configuration for binding ``host:port`` (HTTPS with ``certfile`` and
+    ``keyfile``); warns when the bind reaches other machines."""
+    if not is_loopback(host):
+        LOG.warning(
+            "gymckpt serve: binding %s, reachable from other machines: the bearer token is all "
+            "that guards the control plane%s",
+            host,
+            "" if certfile else "; without TLS (--certfile/--keyfile) it crosses in clear",
+        )
+    cfg = Config()
+    cfg.bind = [_bind(host, port)]
+    cfg.accesslog = None
+    cfg.errorlog = LOG.getChild("hypercorn")
+    cfg.graceful_timeout = graceful_timeout_s
+    if certfile is not None and keyfile is not None:
+        cfg.certfile = str(certfile)
+        cfg.keyfile = str(keyfile)
+    return cfg
 
 
 async def _serve_app(

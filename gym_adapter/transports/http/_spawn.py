@@ -9,7 +9,7 @@ journals under ``work_dir/<instance>/``, as embedded and on Ray) and one bearer 
 inside ``state_root``, with the host's ``HostConfig`` in ``work_dir/host-config.json`` (when it
 is not the default) and ``--allow-faults`` when the deployment has a fault plan. A replacement
 runs the same command with ``--recover``. The supervisor holds each instance's process and the
-generation it serves, and a watcher task per process (in the deployment's nursery) copies its
+incarnation it serves, and a watcher task per process (in the deployment's nursery) copies its
 log and reports its exit (``on_exit``), so a server that dies is known dead before any call
 finds out.
 """
@@ -17,7 +17,7 @@ finds out.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, final
 
@@ -27,6 +27,7 @@ import trio
 from gymckpt.runtime.lowlevel import write_atomic
 
 from ...host._host import HostConfig
+from .._errors import as_if_no_nursery
 from .._wire import encode
 from ._process import Ready, ServerProcess
 
@@ -103,7 +104,7 @@ class ServeSpec:
 
 @final
 class Supervisor:
-    """The spawned servers of one deployment: each process, the generation it serves, and a
+    """The spawned servers of one deployment: each process, the incarnation it serves, and a
     watcher task (in the deployment's nursery) that copies its log and reports its exit."""
 
     def __init__(self, nursery: trio.Nursery, spec: ServeSpec) -> None:
@@ -111,13 +112,13 @@ class Supervisor:
         self.spec = spec
         self._procs: dict[str, tuple[int, ServerProcess]] = {}
         self._all: list[ServerProcess] = []
-        self.on_exit: Callable[[str, int], None] = lambda _name, _generation: None
+        self.on_exit: Callable[[str, int], None] = lambda _name, _incarnation: None
 
     def process(self, name: str) -> ServerProcess | None:
         entry = self._procs.get(name)
         return entry[1] if entry is not None else None
 
-    async def start(self, name: str, generation: int, deadline_ts: float, recover: bool) -> Ready:
+    async def start(self, name: str, incarnation: int, deadline_ts: float, recover: bool) -> Ready:
         log = self.spec.work_dir / f"{name}.serve.log"
         proc, ready = await ServerProcess.start(
             self.spec.command(name, recover), log, deadline_ts, dict(self.spec.environ)
@@ -127,20 +128,33 @@ class Supervisor:
             with trio.CancelScope(shield=True):
                 await proc.kill()
             raise RuntimeError(f"gymckpt serve started as instance {ready.name!r}, not {name!r}")
-        self._procs[name] = (generation, proc)
-        self._nursery.start_soon(self._watch, name, generation, proc)
+        self._procs[name] = (incarnation, proc)
+        self._nursery.start_soon(self._watch, name, incarnation, proc)
         return ready
 
-    async def _watch(self, name: str, generation: int, proc: ServerProcess) -> None:
+    async def start_all(self, names: Sequence[str], deadline_ts: float) -> dict[str, Ready]:
+        """Start the first incarnation of every instance in ``names`` at once."""
+        readies: dict[str, Ready] = {}
+
+        async def start(name: str) -> None:
+            readies[name] = await self.start(name, 0, deadline_ts, recover=False)
+
+        with as_if_no_nursery():
+            async with trio.open_nursery() as starting:
+                for name in names:
+                    starting.start_soon(start, name)
+        return readies
+
+    async def _watch(self, name: str, incarnation: int, proc: ServerProcess) -> None:
         await proc.drain()
         await proc.wait()
-        self.on_exit(name, generation)
+        self.on_exit(name, incarnation)
 
-    async def exited(self, name: str, generation: int, within_s: float) -> bool:
-        """Has incarnation ``generation``'s process of ``name`` exited (waiting up to
-        ``within_s`` for it)? True too for a generation that was replaced since."""
+    async def exited(self, name: str, incarnation: int, within_s: float) -> bool:
+        """Has incarnation ``incarnation``'s process of ``name`` exited (waiting up to
+        ``within_s`` for it)? True too for an incarnation that was replaced since."""
         entry = self._procs.get(name)
-        if entry is None or entry[0] != generation:
+        if entry is None or entry[0] != incarnation:
             return True
         proc = entry[1]
         with trio.move_on_after(within_s):

@@ -1,9 +1,9 @@
 """``HttpReplyStream``: the consumer's side of one ``POST /run`` (a ``ReplyStream``).
 
-The response body is NDJSON (``_http_wire``): line 1 the admission header (``HttpGym.run``
+The response body is NDJSON (``http/_wire``): line 1 the admission header (``HttpGym.run``
 returns once it is read, so a checkpoint never overtakes a submission the ledger counts, S1),
 then one ``ReplyBatch`` per line, then the end line ``{"end": true}``. Replies stay *on the
-wire* until the consumer asks for the next batch, exactly as on Ray (``_transport_acks``):
+wire* until the consumer asks for the next batch, exactly as on Ray (``_acks``):
 ``__anext__`` records the acknowledgement of the batch it returned last time in the deployment's
 ``AckBook`` (the instance's next control or ``/run`` request carries it), and every
 ``ACK_INTERVAL_S`` at most also sends it on its own (``ack``, not awaited).
@@ -46,19 +46,19 @@ dispatcher: keep it bounded)."""
 
 
 class StreamPeer(Protocol):
-    """What a stream may use of its deployment (``HttpGym``), for incarnation ``generation``
+    """What a stream may use of its deployment (``HttpGym``), for incarnation ``incarnation``
     of ``instance``."""
 
     @property
     def acks(self) -> AckBook: ...
 
-    def serving(self, instance: str, generation: int) -> bool: ...
+    def serving(self, instance: str, incarnation: int) -> bool: ...
 
-    def send_ack(self, instance: str, generation: int, sid: int, upto: int) -> None:
+    def send_ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
         """Send ``ack(sid, upto)`` without waiting for it (lost if the server is gone)."""
         ...
 
-    async def close_stream(self, instance: str, generation: int, sid: int, upto: int) -> bool:
+    async def close_stream(self, instance: str, incarnation: int, sid: int, upto: int) -> bool:
         """``close_stream(sid, upto)``, bounded by the caller; whether the server answered."""
         ...
 
@@ -72,7 +72,7 @@ class StreamPeer(Protocol):
         ...
 
     async def broken(
-        self, instance: str, generation: int, exc: BaseException | None
+        self, instance: str, incarnation: int, exc: BaseException | None
     ) -> BaseException | None:
         """The body of a stream ended without its end line (``exc``: the transport's error,
         None if the body just stopped): the error to raise (the instance is dead), or None
@@ -95,7 +95,7 @@ class HttpReplyStream:
         "_chunks",
         "_closed",
         "_ended",
-        "_generation",
+        "_incarnation",
         "_instance",
         "_natural_end",
         "_peer",
@@ -108,13 +108,13 @@ class HttpReplyStream:
         self,
         peer: StreamPeer,
         instance: str,
-        generation: int,
+        incarnation: int,
         sid: int,
         response: httpx.Response,
     ) -> None:
         self._peer = peer
         self._instance = instance
-        self._generation = generation
+        self._incarnation = incarnation
         self._sid = sid
         self._response = response
         # no chunk size: a chunk size makes httpx wait until that many bytes arrived
@@ -163,7 +163,7 @@ class HttpReplyStream:
             raise
         if line is None:
             self._ended = True
-            error = await self._peer.broken(self._instance, self._generation, failure)
+            error = await self._peer.broken(self._instance, self._incarnation, failure)
             if error is not None:
                 raise error from None
             raise StopAsyncIteration
@@ -211,8 +211,8 @@ class HttpReplyStream:
 
     def _send_ack(self) -> None:
         seq = self._acks.mark_sent(time.monotonic())
-        if self._peer.serving(self._instance, self._generation):
-            self._peer.send_ack(self._instance, self._generation, self._sid, seq)
+        if self._peer.serving(self._instance, self._incarnation):
+            self._peer.send_ack(self._instance, self._incarnation, self._sid, seq)
 
     def _stop(self) -> None:
         """Nothing more is delivered: the book forgets the stream once a call carried it."""
@@ -256,10 +256,10 @@ class HttpReplyStream:
         self._closed = self._ended = True
         self._stop()
         try:
-            if not self._natural_end and self._peer.serving(self._instance, self._generation):
+            if not self._natural_end and self._peer.serving(self._instance, self._incarnation):
                 with trio.move_on_after(CLOSE_TIMEOUT_S):
                     if await self._peer.close_stream(
-                        self._instance, self._generation, self._sid, self._acks.delivered
+                        self._instance, self._incarnation, self._sid, self._acks.delivered
                     ):
                         self._peer.acks.closed(self._instance, self._sid)
             else:

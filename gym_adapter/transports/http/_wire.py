@@ -1,7 +1,7 @@
 """The HTTP wire of one Gym instance (``gymckpt-http/2``): request and response bodies as bytes.
 
 Both sides of ``gymckpt serve`` build on this module and nothing else of the HTTP transport:
-the server (``_http_app``) decodes requests and encodes replies with it, the client (``HttpGym``)
+the server (``http/_app``) decodes requests and encodes replies with it, the client (``HttpGym``)
 the other way round. Everything goes through the strict wire converter (``_wire``): unknown keys,
 missing keys, values of the wrong type and bytes that are not JSON raise ``WireFormatError``
 naming the body and the field. ``docs/http-wire.md`` is the contract in prose.

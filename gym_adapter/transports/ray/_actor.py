@@ -3,11 +3,11 @@
 This module runs inside a Ray worker process. Ray calls the actor's methods on its asyncio
 loop; the instance itself runs under trio, in a trio run hosted on that same loop (trio's guest
 mode, ``_trio_guest.TrioGuest``, started by ``start``): the host runs user code under trio
-everywhere, so an environment may call trio, anyio or asyncio (``_user_calls``) and runs the
+everywhere, so an environment may call trio, anyio or asyncio (``host/_user_calls``) and runs the
 same embedded and on Ray. Every method body that touches the instance runs in that trio run
 (``TrioGuest.call``; acknowledgements without a reply through ``TrioGuest.soon``); a Ray
 cancellation of a call cancels its trio task and returns once the task has ended. (The trio side
-of the driver waits on Ray through ``_ray_bridge``, which with ``_ray`` is all that touches
+of the driver waits on Ray through ``ray/_bridge``, which with ``ray/_gym`` is all that touches
 trio-asyncio; no trio-asyncio here.) The driver decides everything deployment-wide (the
 ``FaultPlan`` counts, dead instances, stream ids); the actor executes: it re-anchors each
 deadline on the trio run's clock, applies the fault it was handed for real, runs the call on its
@@ -18,7 +18,7 @@ environment is pickled and every environment, the calendar workplace too, is hos
 Data plane and acknowledgement
 ------------------------------
 ``run`` is a Ray streaming generator. Its first object is the admission header
-(``_transport_admission``): the rows' fate (admitted, refused, fenced) is decided before the
+(``_admission``): the rows' fate (admitted, refused, fenced) is decided before the
 driver's ``run`` returns, as it is in-process (S1: a checkpoint must never overtake a submission
 the ledger counts). Then every object is one ``ReplyBatch``: whatever the instance's flusher
 has produced by the time the generator looks (several of its timer-flushed batches coalesce into
@@ -26,7 +26,7 @@ one Ray object, up to
 ``max_replies``), because Ray charges a fixed cost per streamed object.
 
 The generator reads the instance's batches *without* acknowledging them (``Outbox``,
-``_transport_outbox``, shared with the HTTP server): a reply stays on the wire (listed by
+``_outbox``, shared with the HTTP server): a reply stays on the wire (listed by
 ``commit``) after it entered Ray and until the consumer asks for the batch after the one that
 carried it. The consumer says so with ``ack(sid, seq)`` (every batch up to ``seq``), and the
 driver repeats its latest acknowledgements with every control and view call, which apply them
@@ -50,7 +50,7 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -59,7 +59,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from gymckpt.runtime import CheckpointMode, TrainerTerm
+from gymckpt.runtime import TrainerTerm
 from gymckpt.runtime.lowlevel import crossing_boundary
 
 from ..._contract import RunReply, RunRow
@@ -70,12 +70,10 @@ from .._admission import HEADER_SEQ, ReplyBatch, RunShape, admission_header
 from .._deadlines import WireDeadline
 from .._outbox import Outbox, Outboxes
 from .._trio_guest import TrioGuest
+from .._verbs import CONTROL_VERBS, call_host
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
-_CONTROL_OPS: Final = frozenset(
-    {"prepare", "commit", "resume", "retire", "retire_restored", "restore", "attach", "release"}
-)
 _VIEWS: Final = frozenset(
     {"topology", "inventory", "session_states", "retained_sessions", "statistics"}
 )
@@ -195,69 +193,59 @@ class GymActor:
     async def control(
         self,
         op: str,
-        args: tuple[Any, ...],
+        args: Mapping[str, Any],
         deadline: WireDeadline,
         fault: FaultSpec | None,
         acks: dict[int, int],
-        options: dict[str, str] | None = None,
+        trainer: str | None = None,
     ) -> Any:
-        """Run control call ``op`` by ``deadline`` (re-anchored on the trio run's clock), once
-        the stream acknowledgements ``acks`` (sid -> seq) are applied. ``options``: the call's
-        keyword options as strings (``prepare``'s ``mode`` and ``alignment_timeout_s``;
-        ``trainer``, the caller's term as ``TrainerTerm.header`` gives it, checked before the
-        acknowledgements act)."""
+        """Run control call ``op`` with its named ``args`` (``RemoteGym``'s) by ``deadline``
+        (re-anchored on the trio run's clock), once the stream acknowledgements ``acks``
+        (sid -> seq) are applied. ``trainer``: the caller's term as ``TrainerTerm.header``
+        gives it, checked before the acknowledgements act."""
         with self._track(op), crossing_boundary(self.name, op):
             return await self._in_trio().call(
-                self._control, op, args, deadline, fault, acks, options or {}
+                self._control, op, args, deadline, fault, acks, trainer
             )
 
     async def _control(
         self,
         op: str,
-        args: tuple[Any, ...],
+        args: Mapping[str, Any],
         deadline: WireDeadline,
         fault: FaultSpec | None,
         acks: dict[int, int],
-        options: dict[str, str],
+        trainer_header: str | None,
     ) -> Any:
-        trainer = TrainerTerm.parse(options["trainer"]) if "trainer" in options else None
+        trainer = None if trainer_header is None else TrainerTerm.parse(trainer_header)
         if op != "attach":  # an attach is the takeover itself (``GymHost.attach``)
             self._sim.check_trainer(trainer, op)
         self._apply_acks(acks)
         deadline_ts = deadline.local(anyio.current_time(), time.time())
         if fault is not None:
             await self._inject(fault, op)
-        if op not in _CONTROL_OPS:
+        if op not in CONTROL_VERBS:
             raise ValueError(f"unknown control operation {op!r}")
-        if op == "attach":
-            reply = await self._sim.attach(args[0], deadline_ts)
-            if reply.took_over:  # the older term's streams are gone with its episodes
-                self._streams.forget_all()
-            return reply
-        call: Callable[..., Any] = getattr(self._sim, op)
-        if op == "prepare" and "mode" in options:
-            mode = CheckpointMode(options["mode"])
-            alignment = options.get("alignment_timeout_s")
-            timeout_s = None if alignment is None else float(alignment)
-            return await call(*args, deadline_ts, mode, timeout_s, trainer=trainer)
-        if op == "release":
-            return await self._sim.release(args[0], deadline_ts)
-        return await call(*args, deadline_ts, trainer=trainer)
+        reply = await call_host(self._sim, op, args, deadline_ts, trainer)
+        if op == "attach" and reply.took_over:  # the older term's streams are gone with them
+            self._streams.forget_all()
+        return reply
 
-    async def view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
-        """``topology``, ``inventory``, ``session_states(participant)`` or ``statistics`` of the
-        instance, once the stream acknowledgements ``acks`` are applied."""
+    async def view(self, what: str, acks: dict[int, int], args: Mapping[str, Any]) -> Any:
+        """``topology``, ``inventory``, ``session_states(participant)``, ``retained_sessions``
+        or ``statistics`` of the instance with its named ``args``, once the stream
+        acknowledgements ``acks`` are applied."""
         with self._track(what):
             if what not in _VIEWS:
                 self._in_trio().soon(self._apply_acks, acks)
                 raise ValueError(f"unknown view {what!r}")
             with crossing_boundary(self.name, what):
-                return await self._in_trio().call(self._view, what, acks, *args)
+                return await self._in_trio().call(self._view, what, acks, args)
 
-    async def _view(self, what: str, acks: dict[int, int], *args: Any) -> Any:
+    async def _view(self, what: str, acks: dict[int, int], args: Mapping[str, Any]) -> Any:
         self._apply_acks(acks)
         await anyio.lowlevel.checkpoint()
-        return getattr(self._sim, what)(*args)
+        return getattr(self._sim, what)(**args)
 
     # -- data plane ------------------------------------------------------------------------------
 

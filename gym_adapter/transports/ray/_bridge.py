@@ -5,7 +5,7 @@
 asyncio task on that loop (``Bridge``), never from trio directly: an ``ObjectRef`` awaited
 outside an asyncio loop has no loop to wrap its future in, and one awaited on some other loop
 resolves there. The task returns an ``outcome`` (errors of the Ray task are values), so the only
-thing that can interrupt the wait is the trio side. This module and the deployment (``_ray``,
+thing that can interrupt the wait is the trio side. This module and the deployment (``ray/_gym``,
 which opens the loop) are the only places that touch trio-asyncio.
 
 **Cancellation is real.** The runtime bounds every control call by its deadline plus reply grace

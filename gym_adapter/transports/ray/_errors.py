@@ -1,7 +1,7 @@
-"""Ray's errors, classified for the transport-neutral translation (``_transport_errors``).
+"""Ray's errors, classified for the transport-neutral translation (``_errors``).
 
 A dead actor (``ActorDiedError``, its node gone) is the instance gone for good: it marks the
-incarnation dead (``Generations``) and raises ``GymInstanceDead``; an unavailable actor, a
+incarnation dead (``Incarnations``) and raises ``GymInstanceDead``; an unavailable actor, a
 cancelled task or any other Ray failure is a retryable ``GymCheckpointUnavailable``; a Gym error
 carried by a ``RayTaskError`` crosses as itself when it pickles, else as
 ``GymCheckpointUnavailable`` (the actor replaces it before it crosses; if Ray itself cannot
@@ -21,7 +21,7 @@ from ray.exceptions import (
 )
 
 from .._errors import TransportFailure, first_line, remote_error, transport_error
-from .._generations import Generations
+from .._incarnations import Incarnations
 
 __all__ = ["actor_gone", "stream_ends", "translate"]
 
@@ -55,14 +55,14 @@ def _failure(exc: BaseException) -> TransportFailure | None:
 
 
 def translate(
-    generations: Generations, instance: str, op: str, exc: BaseException, generation: int
+    incarnations: Incarnations, instance: str, op: str, exc: BaseException, incarnation: int
 ) -> BaseException:
     """The error the runtime sees for ``exc``, raised by Ray for ``op`` on incarnation
-    ``generation`` of ``instance``. An actor or node that is gone marks that incarnation dead:
+    ``incarnation`` of ``instance``. An actor or node that is gone marks that incarnation dead:
     Ray will not bring it back (actors never restart by themselves here); ``replace`` does."""
     failure = _failure(exc)
     if failure is TransportFailure.GONE:
-        generations.mark_dead(instance, generation)
+        incarnations.mark_dead(instance, incarnation)
     if failure is not None:
         return transport_error(failure, instance, op, exc, transport="Ray", peer="actor")
     if isinstance(exc, RayTaskError):

@@ -1,27 +1,27 @@
 """RayGym: the Gym deployment on a Ray cluster, one transport of the Gym contract.
 
-Each instance is a Ray **async actor** (``_ray_actor.GymActor``) hosting the same ``GymHost``
+Each instance is a Ray **async actor** (``_actor.GymActor``) hosting the same ``GymHost``
 the embedded Gym runs, under trio as embedded: in a trio run the actor hosts on its asyncio loop
 (trio's guest mode), so a user's environment may call trio, anyio or asyncio on both
-deployments (``_user_calls``). The control plane is actor methods; the data plane is one Ray
+deployments (``host/_user_calls``). The control plane is actor methods; the data plane is one Ray
 streaming generator per ``run``. The trainer is trio.
 
-What crossing a process means is written once, beside the backends, and Ray uses it:
-acknowledgement on the next call (``_transport_acks``), the admission header
-(``_transport_admission``), generations (``_transport_generations``), deadlines sent as the time
-left and re-anchored on the actor's clock (``_transport_deadlines``), error translation
-(``_transport_errors``), and the JSON wire form of every record and error (``_wire``; Ray itself
-passes Python objects). Ray's own parts are each a module: the cluster connection
-(``_ray_cluster``), the trio→asyncio→Ray bridge (``_ray_bridge``), Ray's errors classified
-(``_ray_errors``), the reply stream (``_ray_stream``), the actor (``_ray_actor``) and this
-deployment.
+What crossing a process means is written once, beside the backends, and Ray uses it: the
+contract's verbs over one call primitive (``RemoteGym``, ``transports/_remote.py``; the actor
+runs them with ``_verbs.call_host``), acknowledgement on the next call (``_acks``), the
+admission header (``_admission``), incarnations (``_incarnations``), deadlines sent as the time
+left and re-anchored on the actor's clock (``_deadlines``), error translation (``_errors``), and
+the JSON wire form of every record and error (``_wire``; Ray itself passes Python objects).
+Ray's own parts are each a module of ``transports/ray/``: the cluster connection
+(``_cluster``), the trio→asyncio→Ray bridge (``_bridge``), Ray's errors classified
+(``_errors``), the reply stream (``_stream``), the actor (``_actor``) and this deployment.
 
 **Errors crossing Ray** (S6): a dead actor marks the instance dead and raises
 ``GymInstanceDead`` (its streams end early; later calls fail without reaching Ray); every other
-Ray failure is retryable (``_ray_errors``). Every replacement is raised ``from None``.
+Ray failure is retryable (``ray/_errors``). Every replacement is raised ``from None``.
 
 **Faults** (C3): one ``FaultPlan`` in the driver counts calls across the deployment, exactly as
-the embedded Gym does; the actor executes the fault for real (see ``_ray_actor``).
+the embedded Gym does; the actor executes the fault for real (see ``ray/_actor``).
 
 **Placement**: instances spread over the cluster's nodes (``SPREAD``), ask for no GPU and
 ``num_cpus`` (0.1 by default) so a 2-core machine runs several. A process already connected to
@@ -37,7 +37,7 @@ import functools
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
@@ -48,37 +48,17 @@ import ray
 import trio
 import trio_asyncio
 
-from gymckpt.runtime import (
-    CheckpointMode,
-    EpisodeRecord,
-    GymCallTimeout,
-    GymInstanceDead,
-    InstanceRecord,
-    TrainerTerm,
-)
+from gymckpt.runtime import GymCallTimeout, GymInstanceDead
 
-from ..._contract import (
-    AttachReply,
-    CommitReply,
-    GymBackend,
-    InstanceInventory,
-    PrepareReply,
-    RestoreReply,
-    RetireReply,
-    RunRow,
-    Topology,
-)
+from ..._contract import ReplaceableGym, RunRow, TrainerAware
 from ..._faults import FaultPlan, FaultSpec
-from ...host._host import HostConfig, HostStatistics, SessionView
+from ...host._host import HostConfig, SessionView
 from ...host._load import EnvironmentRef, load_environment
-from ...host._views import RetainedSession
-from .._acks import AckBook
 from .._admission import RunShape
 from .._deadlines import WireDeadline
-from .._deployment import instance_names, per_instance
+from .._deployment import Replacement, instance_names, per_instance
 from .._errors import first_line
-from .._generations import Generations
-from .._statistics import GymStatistics
+from .._remote import RemoteGym
 from ._actor import ActorCallStatistics, GymActor
 from ._bridge import Bridge, BridgeStatistics
 from ._cluster import (
@@ -97,7 +77,6 @@ __all__ = [
     "BridgeStatistics",
     "RayGym",
     "RayReplyStream",
-    "Replacement",
     "local_cluster_options",
 ]
 
@@ -128,34 +107,17 @@ class _Spawn:
     stuck_loop_s: float
 
 
-@attrs.frozen
-class Replacement:
-    """One replacement of a dead instance by ``RayGym.replace``."""
-
-    instance: str
-    old_node: str
-    """The Ray node ID the dead actor was placed on."""
-    new_node: str
-    """The Ray node ID the replacement was placed on."""
-    fence_s: float
-    """Killing the old actor until Ray confirmed it gone (nothing of it can act any more)."""
-    start_s: float
-    """Creating the replacement until it serves (placed, constructed, its state replayed)."""
-
-    @property
-    def total_s(self) -> float:
-        return self.fence_s + self.start_s
-
-
 @final
-class RayGym:
+class RayGym(RemoteGym):
     """The Gym deployment on Ray. Build it with ``RayGym.host(...)``.
 
     Each instance name has one live incarnation at a time: ``replace`` ends the dead one's
-    actor and starts a new one under the same name (its *generation* goes up,
-    ``Generations``). Every call and stream remembers the generation it went to, so a late
+    actor and starts a new one under the same name (its *incarnation* goes up,
+    ``Incarnations``). Every call and stream remembers the incarnation it went to, so a late
     failure of the old incarnation never marks the new one dead, and nothing is sent to an
-    actor that was replaced.
+    actor that was replaced. The contract's verbs are ``RemoteGym``'s; this class is the
+    primitive (``_call``: an actor method through the bridge), the stream, the actors and
+    ``replace``.
     """
 
     def __init__(
@@ -170,23 +132,15 @@ class RayGym:
         max_batch_replies: int,
         num_cpus: float = 0.1,
     ) -> None:
+        super().__init__(plan, tuple(actors))
         self._bridge = bridge
         self._actors = actors
         self._spawns = spawns
         self._placement = placement
-        self._names = tuple(actors)
-        self._plan = plan
         self._num_cpus = num_cpus
-        self._generations = Generations.of(self._names)
-        self._replacements: list[Replacement] = []
         self._sids = itertools.count(1)
         self._batch_replies = batch_replies
         self._max_batch_replies = max_batch_replies
-        self._last_stats: dict[str, HostStatistics] = {}
-        self._acks = AckBook.of(self._names)
-        """Acknowledgements recorded per instance, handed to its next call."""
-        self._trainer: TrainerTerm | None = None
-        """The trainer term every call carries once it attached (``attach``)."""
 
     @classmethod
     @asynccontextmanager
@@ -311,14 +265,6 @@ class RayGym:
     # -- plumbing ----------------------------------------------------------------------------
 
     @property
-    def instances(self) -> tuple[str, ...]:
-        return self._names
-
-    @property
-    def faults(self) -> FaultPlan:
-        return self._plan
-
-    @property
     def placement(self) -> dict[str, str]:
         """The Ray node ID each instance's actor was placed on."""
         return dict(self._placement)
@@ -331,88 +277,64 @@ class RayGym:
                 f"unknown instance {instance!r} (instances: {', '.join(self._names)})"
             ) from None
 
-    @property
-    def replacements(self) -> tuple[Replacement, ...]:
-        """Every replacement so far, oldest first."""
-        return tuple(self._replacements)
-
     def _live(self, instance: str, op: str) -> tuple[Any, int]:
-        """``instance``'s actor and generation; ``GymInstanceDead`` if it is dead."""
+        """``instance``'s actor and incarnation; ``GymInstanceDead`` if it is dead."""
         actor = self._actor(instance)
-        return actor, self._generations.live(instance, op)
+        return actor, self._incarnations.live(instance, op)
 
     def _translate(
-        self, instance: str, op: str, exc: BaseException, generation: int | None = None
+        self, instance: str, op: str, exc: BaseException, incarnation: int | None = None
     ) -> BaseException:
         """The error the runtime sees for ``exc`` raised by Ray for ``op`` on incarnation
-        ``generation`` (default: the live one) of ``instance`` (``_ray_errors.translate``)."""
-        if generation is None:
-            generation = self._generations.current(instance)
-        return translate(self._generations, instance, op, exc, generation)
+        ``incarnation`` (default: the live one) of ``instance`` (``ray/_errors.translate``)."""
+        if incarnation is None:
+            incarnation = self._incarnations.current(instance)
+        return translate(self._incarnations, instance, op, exc, incarnation)
 
-    async def _wait(self, instance: str, op: str, ref: Any, generation: int) -> Any:
+    async def _wait(self, instance: str, op: str, ref: Any, incarnation: int) -> Any:
         result = await self._bridge.resolve(ref)
         if isinstance(result, outcome.Error):
-            raise self._translate(instance, op, result.error, generation) from None
+            raise self._translate(instance, op, result.error, incarnation) from None
         return result.value
 
-    async def _control(
+    async def _call(
         self,
         instance: str,
         op: str,
-        args: tuple[Any, ...],
-        deadline_ts: float,
-        options: dict[str, str] | None = None,
+        args: Mapping[str, Any],
+        deadline_ts: float | None,
+        fault: FaultSpec | None = None,
     ) -> Any:
-        actor, generation = self._live(instance, op)
-        spec = self._plan.check(op)
+        """The primitive (``RemoteGym``): actor method ``control`` (with the deadline as the
+        time left and the trainer's term) or, without a deadline, ``view``, bounded here by
+        ``VIEW_TIMEOUT_S``; either carries the instance's recorded acknowledgements."""
+        actor, incarnation = self._live(instance, op)
         acks = self._acks.outgoing(instance)
+        if deadline_ts is None:
+            with trio.move_on_after(VIEW_TIMEOUT_S):
+                ref = actor.view.remote(op, acks, dict(args))
+                reply = await self._wait(instance, op, ref, incarnation)
+                if self._incarnations.serving(instance, incarnation):
+                    self._acks.carried(instance, acks)
+                return reply
+            raise GymCallTimeout(
+                f"instance {instance} did not answer {op} within {VIEW_TIMEOUT_S:g}s", instance, op
+            )
         deadline = WireDeadline.send(deadline_ts, trio.current_time(), time.time())
-        options = dict(options or {})
-        if self._trainer is not None:
-            options["trainer"] = self._trainer.header()
-        ref = actor.control.remote(op, args, deadline, spec, acks, options)
-        reply = await self._wait(instance, op, ref, generation)
-        if self._generations.serving(instance, generation):
+        trainer = None if self._trainer is None else self._trainer.header()
+        ref = actor.control.remote(op, dict(args), deadline, fault, acks, trainer)
+        reply = await self._wait(instance, op, ref, incarnation)
+        if self._incarnations.serving(instance, incarnation):
             self._acks.carried(instance, acks)
         return reply
 
-    async def _view(self, instance: str, what: str, *args: Any) -> Any:
-        actor, generation = self._live(instance, what)
-        acks = self._acks.outgoing(instance)
-        with trio.move_on_after(VIEW_TIMEOUT_S):
-            reply = await self._wait(
-                instance, what, actor.view.remote(what, acks, *args), generation
-            )
-            if self._generations.serving(instance, generation):
-                self._acks.carried(instance, acks)
-            return reply
-        raise GymCallTimeout(
-            f"instance {instance} did not answer {what} within {VIEW_TIMEOUT_S:g}s", instance, what
-        )
-
-    # -- GymBackend ----------------------------------------------------------------------------
-
-    async def topology(self) -> Topology:
-        """Every instance's topology, asked of all actors at once (each within
-        ``VIEW_TIMEOUT_S``), so one busy actor does not delay the question to the others."""
-        for name in self._names:
-            self._live(name, "topology")
-        got: dict[str, Any] = {}
-
-        async def one(name: str) -> None:
-            got[name] = await self._view(name, "topology")
-
-        async with trio.open_nursery() as nursery:
-            for name in self._names:
-                nursery.start_soon(one, name)
-        return Topology(tuple(got[n] for n in self._names))
+    # -- the data plane ----------------------------------------------------------------------
 
     async def run(self, instance: str, rows: Sequence[RunRow]) -> RayReplyStream:
         """Submit ``rows`` and wait for their admission; a ``refuse`` fault refuses them all
         (``admission_closed``), a ``drop`` fault ends the stream after ``len(rows) // 2``
         replies."""
-        actor, generation = self._live(instance, "run")
+        actor, incarnation = self._live(instance, "run")
         shape = RunShape.of(self._plan.check("run"), rows)
         sid = next(self._sids)
         backpressure = BACKPRESSURE_OBJECTS if self._batch_replies else -1
@@ -426,81 +348,12 @@ class RayGym:
             self._max_batch_replies,
             None if self._trainer is None else self._trainer.header(),
         )
-        link = StreamLink(instance, generation, self._bridge, self._acks, self._generations)
+        link = StreamLink(instance, incarnation, self._bridge, self._acks, self._incarnations)
         stream = RayReplyStream(link, actor, sid, gen)
         await stream.admitted()
         return stream
 
-    async def prepare(
-        self,
-        instance: str,
-        checkpoint_id: str,
-        deadline_ts: float,
-        mode: CheckpointMode = CheckpointMode.ALIGNED,
-        alignment_timeout_s: float | None = None,
-    ) -> PrepareReply:
-        options = {"mode": mode.value}
-        if alignment_timeout_s is not None:
-            options["alignment_timeout_s"] = repr(float(alignment_timeout_s))
-        reply: PrepareReply = await self._control(
-            instance, "prepare", (checkpoint_id,), deadline_ts, options
-        )
-        return reply
-
-    async def commit(
-        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
-    ) -> CommitReply:
-        reply: CommitReply = await self._control(
-            instance, "commit", (checkpoint_id, state_root), deadline_ts
-        )
-        return reply
-
-    async def resume(self, instance: str, checkpoint_id: str, deadline_ts: float) -> None:
-        await self._control(instance, "resume", (checkpoint_id,), deadline_ts)
-
-    async def retire(
-        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
-    ) -> RetireReply:
-        reply: RetireReply = await self._control(
-            instance, "retire", (tuple(rollout_ids),), deadline_ts
-        )
-        return reply
-
-    async def restore(
-        self,
-        instance: str,
-        state_root: str,
-        record: InstanceRecord,
-        episodes: Sequence[EpisodeRecord],
-        deadline_ts: float,
-    ) -> RestoreReply:
-        reply: RestoreReply = await self._control(
-            instance, "restore", (state_root, record, tuple(episodes)), deadline_ts
-        )
-        return reply
-
-    async def retire_restored(
-        self, instance: str, rollout_ids: Sequence[str], deadline_ts: float
-    ) -> RetireReply:
-        reply: RetireReply = await self._control(
-            instance, "retire_restored", (tuple(rollout_ids),), deadline_ts
-        )
-        return reply
-
-    async def attach(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> AttachReply:
-        """``trainer`` takes ``instance`` over (``GymHost.attach`` in the actor); every later
-        call to every actor carries it."""
-        self._trainer = trainer
-        reply: AttachReply = await self._control(instance, "attach", (trainer,), deadline_ts)
-        return reply
-
-    async def release(self, instance: str, trainer: TrainerTerm, deadline_ts: float) -> None:
-        """``trainer``'s run is done with ``instance`` (``GymHost.release`` in the actor)."""
-        await self._control(instance, "release", (trainer,), deadline_ts)
-
-    async def inventory(self, instance: str) -> InstanceInventory:
-        inv: InstanceInventory = await self._view(instance, "inventory")
-        return inv
+    # -- replacement ------------------------------------------------------------------------
 
     async def replace(self, instance: str, deadline_ts: float) -> None:
         """Bring up a fresh actor under ``instance``'s name, in place of its dead one.
@@ -514,7 +367,7 @@ class RayGym:
         from their journal in ``work_dir`` (``GymHost(recover=True)``).
 
         From the first line on, the instance counts as dead (no call reaches either actor) and
-        its generation is new (a late error of the old actor or its streams marks nothing).
+        its incarnation is new (a late error of the old actor or its streams marks nothing).
         Raises ``GymCallTimeout`` if the old actor is not confirmed gone, or the new one does not
         serve, by ``deadline_ts``; ``GymInstanceDead`` if the new one dies while starting; the
         instance then stays dead and ``replace`` may be called again. Cancellation cancels the
@@ -522,7 +375,7 @@ class RayGym:
         """
         old = self._actor(instance)
         t0 = trio.current_time()
-        generation = self._generations.begin_replacement(instance)
+        incarnation = self._incarnations.begin_replacement(instance)
         self._cancel_quietly_kill(old)
         with trio.move_on_at(deadline_ts):
             await self._confirm_gone(old)
@@ -537,17 +390,17 @@ class RayGym:
         new = _spawn(self._spawns[instance], num_cpus=self._num_cpus, recover=True)
         installed = False
         try:
-            node = await self._start_replacement(instance, new, generation, deadline_ts)
+            node = await self._start_replacement(instance, new, incarnation, deadline_ts)
             self._actors[instance] = new
             self._placement[instance], old_node = node, self._placement.get(instance, "")
             self._acks.reset(instance)
-            self._generations.installed(instance, generation)
+            self._incarnations.installed(instance, incarnation)
             installed = True
         finally:
             if not installed:
                 self._cancel_quietly_kill(new)
         t2 = trio.current_time()
-        self._replacements.append(Replacement(instance, old_node, node, t1 - t0, t2 - t1))
+        self._log_replacement(Replacement(instance, t1 - t0, t2 - t1, old_node, node))
 
     async def _confirm_gone(self, actor: Any) -> None:
         """Wait until a call to the killed ``actor`` fails the way a dead actor's calls do
@@ -560,7 +413,7 @@ class RayGym:
             await trio.sleep(REPLACE_POLL_S)
 
     async def _start_replacement(
-        self, instance: str, actor: Any, generation: int, deadline_ts: float
+        self, instance: str, actor: Any, incarnation: int, deadline_ts: float
     ) -> str:
         """Start the replacement ``actor``; the Ray node ID it serves on."""
         with trio.move_on_at(deadline_ts):
@@ -569,7 +422,7 @@ class RayGym:
                 exc = result.error
                 if actor_gone(exc):
                     raise GymInstanceDead(instance, "replace") from None
-                raise self._translate(instance, "replace", exc, generation) from None
+                raise self._translate(instance, "replace", exc, incarnation) from None
             node: str = result.value
             return node
         raise GymCallTimeout(
@@ -584,36 +437,17 @@ class RayGym:
     async def session_states(self, instance: str, participant: str) -> dict[str, SessionView]:
         """``GymHost.session_states(participant)`` of ``instance``: every slot's live session
         of that participant (the states as the actor holds them, pickled across)."""
-        views: dict[str, SessionView] = await self._view(instance, "session_states", participant)
-        return views
-
-    async def retained_sessions(self, instance: str) -> dict[str, dict[str, RetainedSession]]:
-        """``GymHost.retained_sessions()`` of ``instance``: every retained participant's
-        session per slot, as plain data (exported in the actor, so any state crosses)."""
-        views: dict[str, dict[str, RetainedSession]] = await self._view(
-            instance, "retained_sessions"
+        views: dict[str, SessionView] = await self._view(
+            instance, "session_states", {"participant": participant}
         )
         return views
-
-    async def statistics(self) -> GymStatistics:
-        """Per-instance counts and the faults that fired. A dead instance reports the counts
-        last seen (zeros if none) with ``dead`` set: its actor is gone."""
-        stats = []
-        for name in self._names:
-            try:
-                st: HostStatistics = await self._view(name, "statistics")
-                self._last_stats[name] = st
-            except GymInstanceDead:
-                st = _dead_statistics(name, self._last_stats.get(name))
-            stats.append(st)
-        return GymStatistics(instances=tuple(stats), faults_fired=self._plan.fired)
 
     async def calls(self, instance: str) -> ActorCallStatistics:
         """What ``instance``'s actor is running right now (proof that cancelled calls left
         nothing behind)."""
-        actor, generation = self._live(instance, "calls")
+        actor, incarnation = self._live(instance, "calls")
         calls: ActorCallStatistics = await self._wait(
-            instance, "calls", actor.calls.remote(), generation
+            instance, "calls", actor.calls.remote(), incarnation
         )
         return calls
 
@@ -648,7 +482,7 @@ class RayGym:
 
     def __repr__(self) -> str:
         return (
-            f"<RayGym instances={len(self._names)} dead={self._generations.dead_count} "
+            f"<RayGym instances={len(self._names)} dead={self._incarnations.dead_count} "
             f"faults={self._plan!r}>"
         )
 
@@ -732,16 +566,10 @@ async def _stop_all(bridge: Bridge, actors: dict[str, Any]) -> None:
             nursery.start_soon(stop, actor)
 
 
-def _dead_statistics(name: str, last: HostStatistics | None) -> HostStatistics:
-    if last is not None:
-        return attrs.evolve(last, dead=True, admission_open=False, prepared=False)
-    zeros: dict[str, Any] = {f.name: 0 for f in attrs.fields(HostStatistics)}
-    zeros["counters"] = {}
-    zeros.update(instance=name, dead=True, admission_open=False, prepared=False)
-    return HostStatistics(**zeros)
-
-
 if TYPE_CHECKING:  # mypy checks that RayGym implements the contract
 
-    def _is_a_backend(gym: RayGym) -> GymBackend:
+    def _can_replace(gym: RayGym) -> ReplaceableGym:
+        return gym
+
+    def _is_trainer_aware(gym: RayGym) -> TrainerAware:
         return gym

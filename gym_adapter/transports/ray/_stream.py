@@ -1,17 +1,17 @@
 """``RayReplyStream``: the consumer's side of one ``run`` on Ray (a ``ReplyStream``).
 
-The actor's streaming generator yields the admission header first (``_transport_admission``),
+The actor's streaming generator yields the admission header first (``_admission``),
 then one ``ReplyBatch`` per object (several timer-flushed batches of the instance coalesce into
 one object, because Ray charges about 0.4 ms per streamed object). Replies stay *on the wire*
 until the consumer asks for the next batch: ``__anext__`` then acknowledges the batch it
-returned last time (``_transport_acks``): it records the acknowledgement in the deployment's
+returned last time (``_acks``): it records the acknowledgement in the deployment's
 ``AckBook``, which hands it to the instance's next control or view call, and every
 ``ACK_INTERVAL_S`` it also sends its latest one on its own (an ``ack`` call, not awaited), so the
 actor frees what was delivered; no batch costs a round trip. ``aclose`` acknowledges what was
 received, and Gym discards what was not.
 
 The stream reaches the deployment only through its ``StreamLink``: the bridge, the
-acknowledgement book and the generations, for its own instance and incarnation.
+acknowledgement book and the incarnations, for its own instance and incarnation.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gymckpt.runtime import GymCheckpointUnavailable, GymInstanceDead
 from ..._contract import RunReply
 from .._acks import AckBook, StreamAcks
 from .._admission import ReplyBatch
-from .._generations import Generations
+from .._incarnations import Incarnations
 from ._bridge import END, Bridge, GeneratorCursor
 from ._errors import actor_gone, stream_ends, translate
 
@@ -45,23 +45,23 @@ CLOSE_TIMEOUT_S: Final = 2.0
 @final
 @attrs.frozen
 class StreamLink:
-    """What a stream may use of its deployment: incarnation ``generation`` of ``instance``."""
+    """What a stream may use of its deployment: incarnation ``incarnation`` of ``instance``."""
 
     instance: str
-    generation: int
+    incarnation: int
     bridge: Bridge
     acks: AckBook
-    generations: Generations
+    incarnations: Incarnations
 
     def serving(self) -> bool:
         """Is the stream's incarnation still the live one?"""
-        return self.generations.serving(self.instance, self.generation)
+        return self.incarnations.serving(self.instance, self.incarnation)
 
     def mark_dead(self) -> None:
-        self.generations.mark_dead(self.instance, self.generation)
+        self.incarnations.mark_dead(self.instance, self.incarnation)
 
     def translate(self, op: str, exc: BaseException) -> BaseException:
-        return translate(self.generations, self.instance, op, exc, self.generation)
+        return translate(self.incarnations, self.instance, op, exc, self.incarnation)
 
 
 @final
