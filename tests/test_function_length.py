@@ -23,7 +23,6 @@ KNOWN_LONG: frozenset[tuple[str, str]] = frozenset(
         ("app/demo/phase.py", "run_phase"),
         ("gym_adapter/host/_control.py", "_rebuild"),
         ("gym_adapter/host/_records.py", "build_records"),
-        ("gym_adapter/transports/http/_serve.py", "serve_gym"),
         ("nurseries/_dispatcher.py", "_apply"),
         ("nurseries/_dispatcher.py", "_submit_planned"),
         ("nurseries/_restore.py", "restore_latest"),
