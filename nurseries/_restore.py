@@ -68,7 +68,7 @@ from gymckpt.runtime import (
     rollout_id_for,
     verify_snapshot,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     DATASET_FILE,
     GYM_STATE_DIR,
     LEDGER_FILE,

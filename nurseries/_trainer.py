@@ -42,7 +42,7 @@ from gymckpt.runtime import (
     TaskDataset,
     WorkDirLock,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     RESTORED_DIR,
     SNAPSHOTS_DIR,
     STEP_FILE,

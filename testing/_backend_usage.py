@@ -48,7 +48,7 @@ from gymckpt.gym_adapter import (
     can_attach,
 )
 from gymckpt.runtime import CompletedGroup, GymInUse, TrainerTerm, rollout_id_for
-from gymckpt.runtime.lowlevel import RowOrder
+from gymckpt.runtime._shared import RowOrder
 
 from ._report import Checks
 

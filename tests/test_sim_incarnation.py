@@ -15,7 +15,7 @@ from gymckpt.app.simulation.incarnation import Incarnation
 from gymckpt.app.simulation.scenario import Crash, Scenario
 from gymckpt.app.simulation.state import ScenarioRun, judge_scenario, verify_offline
 from gymckpt.runtime import SnapshotStore
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.runtime._shared import SNAPSHOTS_DIR
 
 SC = Scenario(seed=2, rows=8, group_size=2, instances=2, groups_per_step=2)
 

@@ -26,7 +26,7 @@ import attrs
 from gymckpt.gym_adapter import EnvironmentSpecError
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime import SnapshotStore
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.runtime._shared import SNAPSHOTS_DIR
 
 from .options import DemoOptions
 from .phase import PUBLISHED, phase_error

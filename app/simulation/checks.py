@@ -32,7 +32,7 @@ from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunRow
 from gymckpt.gym_adapter.environments.calendar import calendar_state
 from gymckpt.nurseries import Rollouts
 from gymckpt.runtime import ADMISSION_CLOSED_ROWS
-from gymckpt.runtime.lowlevel import LEDGER_FILE, load_ledger_snapshot
+from gymckpt.runtime._shared import LEDGER_FILE, load_ledger_snapshot
 from gymckpt.testing.hostile import HostileActs
 
 from .gym import generations, installs

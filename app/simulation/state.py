@@ -17,7 +17,7 @@ import attrs
 from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import snapshot_problems
 from gymckpt.runtime import ManifestError, SnapshotStore, TopologyMismatch, load_snapshot
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR, TERM_FILE, RowOrder
+from gymckpt.runtime._shared import SNAPSHOTS_DIR, TERM_FILE, RowOrder
 from gymckpt.testing.hostile import HostileActs
 
 from ..verdict import judge

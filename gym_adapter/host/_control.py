@@ -43,13 +43,8 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime.lowlevel import (
-    AgentRecords,
-    CommittedRecords,
-    SessionRecords,
-    StagedRecords,
-    promote_survivors,
-)
+from gymckpt.runtime._shared import AgentRecords, CommittedRecords, SessionRecords, StagedRecords
+from gymckpt.runtime.lowlevel import promote_survivors
 
 from .._contract import (
     AgentSession,

@@ -26,7 +26,7 @@ import orjson
 import sniffio
 
 from gymckpt.runtime import InstanceRecord, ManifestError, NotPlainData
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     RECORDS_FILE,
     AgentRecords,
     CommittedRecords,
@@ -34,16 +34,14 @@ from gymckpt.runtime.lowlevel import (
     StagedRecords,
     agent_records_plain,
     all_finite,
-    checked_json,
     dump_records,
     load_records,
     participant_differences,
     participant_state_problem,
-    plain_problem,
     session_records_plain,
     staged_records_plain,
-    write_atomic,
 )
+from gymckpt.runtime.lowlevel import checked_json, plain_problem, write_atomic
 
 from ._episode import to_plain
 from ._log import episode_label
