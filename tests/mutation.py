@@ -885,7 +885,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sim-liveness-watch-not-bounding",
         "liveness",
-        "app/simulation/incarnation.py",
+        "app/simulation/life.py",
         "                self.liveness.scope,",
         "",
         ("tests/test_sim_usage.py",),
