@@ -1444,6 +1444,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_function_length.py",),
         sim_seeds=0,
     ),
+    # -- issue 32, names: our packages share plumbing through a package's _shared only -------
+    Mutant(
+        "layers-private-module-beside-the-shared-door",
+        "layers",
+        "app/snapshots.py",
+        "from gymckpt.runtime._shared import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR, tree_size",
+        "from gymckpt.runtime._store import tree_size; "
+        "from gymckpt.runtime._shared import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR",
+        ("tests/test_layers.py",),
+        keyword="layers_hold",
+        sim_seeds=0,
+    ),
 )
 
 

@@ -447,6 +447,23 @@ def test_each_lowlevel_namespace_is_one_namespace_down() -> None:
         assert not [n for n in low if hasattr(package, n)], module  # not re-exported on top
 
 
+def test_the_runtime_lowlevel_is_documented_backend_author_api() -> None:
+    """``gymckpt.runtime.lowlevel`` is public API for backend authors, not the runtime's
+    plumbing: a handful of names, each documented in its module docstring; what gymckpt's
+    own packages share besides is in ``gymckpt.runtime._shared``."""
+    import gymckpt.runtime._shared as shared
+    import gymckpt.runtime.lowlevel as lowlevel
+
+    doc = lowlevel.__doc__ or ""
+    assert "backend author" in doc
+    undocumented = [n for n in lowlevel.__all__ if f"``{n}``" not in doc]
+    assert not undocumented, (
+        f"document these in gymckpt.runtime.lowlevel's docstring: {undocumented}"
+    )
+    assert len(lowlevel.__all__) < 15, lowlevel.__all__
+    assert not set(lowlevel.__all__) & set(shared.__all__)
+
+
 def test_known_exceptions_are_still_needed() -> None:
     """Each known exception names something still in the tree (else remove the entry)."""
     known = library_modules()
