@@ -30,7 +30,7 @@ from gymckpt.runtime import (
     WorkDirLocked,
     load_snapshot,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     COMMIT_MARKER,
     LEDGER_FILE,
     MANIFEST_NAME,
@@ -378,7 +378,7 @@ def _demo_file_defaults(path: str) -> dict[str, Any]:
     the demo's flags."""
     import attrs
 
-    from gymckpt.runtime.lowlevel import load_toml_table, structure_table
+    from gymckpt.runtime._shared import load_toml_table, structure_table
 
     from .demo.main import DemoOptions
 
@@ -394,7 +394,7 @@ def _demo_file_runtime(path: str | None) -> tuple[tuple[str, Any], ...]:
     """Table ``[runtime]`` of the demo's ``--config`` file (checked by the demo's options)."""
     if not path:
         return ()
-    from gymckpt.runtime.lowlevel import load_toml_table
+    from gymckpt.runtime._shared import load_toml_table
 
     return tuple(load_toml_table(path, "runtime").items())
 

@@ -177,7 +177,7 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The options: the command line, then ``--config``'s ``[serve]`` table, then defaults."""
-    from gymckpt.runtime.lowlevel import load_toml_table
+    from gymckpt.runtime._shared import load_toml_table
 
     table = load_toml_table(args.config, "serve", list(_DEFAULTS)) if args.config else {}
     unknown = set(table) - set(_DEFAULTS)

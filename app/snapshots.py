@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from gymckpt.runtime import ManifestError, SnapshotInfo, SnapshotStore, WorkDirLock, workdir_of
-from gymckpt.runtime.lowlevel import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR, tree_size
+from gymckpt.runtime._shared import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR, tree_size
 
 __all__ = ["list_snapshots", "prune_snapshots"]
 

@@ -22,7 +22,7 @@ import attrs
 
 from gymckpt.gym_adapter.environments.calendar import SimConfig, plan_episode, sentinel
 from gymckpt.runtime import load_snapshot
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     LEDGER_FILE,
     RECORDS_FILE,
     SessionRecords,

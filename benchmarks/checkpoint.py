@@ -83,7 +83,7 @@ import trio.testing
 
 from gymckpt.gym_adapter.environments.calendar import calendar_embedded
 from gymckpt.nurseries import ExitCode
-from gymckpt.runtime.lowlevel import LEDGER_FILE
+from gymckpt.runtime._shared import LEDGER_FILE
 
 from ._common import GcMonitor, LoopStallMonitor, Progress, SchedulerBatchMonitor, label
 from ._heavy import PauseSource, TurnTimes, all_moving_at, heavy_refs, host_config, pauses_in

@@ -36,7 +36,7 @@ import trio
 from gymckpt.gym_adapter import Completed, EmbeddedGym, GymHost, RunReply, RunRow
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
-from gymckpt.runtime.lowlevel import converter
+from gymckpt.runtime._shared import converter
 
 from ._common import Progress
 

@@ -1,7 +1,7 @@
 """gymckpt orchestration: dispatcher, checkpoint coordinator, restore, trainer facade.
 
-The work directory's file names are the runtime's (``gymckpt.runtime.lowlevel``); the few
-helpers the application and the tests share are in ``gymckpt.nurseries.lowlevel``.
+The work directory's file names are the runtime's (``gymckpt.runtime._shared``); the few
+helpers the application and the tests share are in the private ``gymckpt.nurseries._shared``.
 """
 
 from ._coordinator import (

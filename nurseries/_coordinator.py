@@ -86,14 +86,8 @@ from gymckpt.runtime import (
     SnapshotStore,
     wait_drained,
 )
-from gymckpt.runtime.lowlevel import (
-    LEDGER_FILE,
-    MANIFEST_VERSION,
-    GymManifest,
-    collector_paused,
-    promote_survivors,
-    tree_size,
-)
+from gymckpt.runtime._shared import LEDGER_FILE, MANIFEST_VERSION, GymManifest, tree_size
+from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
 from ._calls import bounded_call, classify, fan_out
 from ._checkpoint_stats import CheckpointStatsTracker

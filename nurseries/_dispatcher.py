@@ -120,6 +120,17 @@ class DispatcherStatistics:
     """Submissions in progress: waiting at the gate, or admitted and inside ``gym.run``."""
 
 
+def _finite_reward(reward: object) -> float | None:
+    """A ``Completed`` reply's reward as the ledger takes it: a finite float (an int or a
+    float subclass as a float), or None for anything else (NaN, an infinity, a bool, a
+    string: the wire is not trusted)."""
+    if type(reward) is float and math.isfinite(reward):
+        return reward
+    if isinstance(reward, (float, int)) and not isinstance(reward, bool) and math.isfinite(reward):
+        return float(reward)  # an int, a float subclass: as a float
+    return None
+
+
 @attrs.define(eq=False, slots=True)
 class Dispatcher:
     """Feeds the positions ``rows`` (ascending positions of the run's row order) to Gym,
@@ -321,29 +332,7 @@ class Dispatcher:
                 streams.start_soon(self._requeue_refused, refused, gate_id)
                 return
             except (trio.TooSlowError, GymCallTimeout):
-                # Gym may or may not run these rows: treat them as dispatched and lost, like an
-                # early stream end (S3): abandon, queue for retirement, re-send fresh.
-                self.metrics.inc("rollout/run_submit_timeouts_total")
-                lost = ledger.sendable(r.rollout_id for r in rows)[0]
-                lost_touched = list(lost)
-                # A lost claim of a restored episode (S11) may not have reached Gym, which then
-                # still holds the exported episode unclaimed under its old ID: queue that for
-                # ``retire_restored`` too (unknown if the claim did arrive). Otherwise the next
-                # checkpoint would abort: Gym would export an episode the ledger does not hold.
-                origins = [
-                    r.restored_from
-                    for r in rows
-                    if r.rollout_id in lost and r.restored_from is not None
-                ]
-
-                def submitted_and_lost() -> list[Attempt]:
-                    ledger.mark_dispatched(lost, instance, gate_id)
-                    if origins:
-                        ledger.record_orphans(origins, instance, restored=True)
-                    return self._abandon(lost, lost_touched)
-
-                fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
-                self.enqueue(a.rollout_id for a in fresh)
+                self._submission_timed_out(instance, gate_id, rows)
                 return
             except GymUnavailable as exc:
                 # Gym's control plane failed the submission (C3 ``run:error`` /
@@ -355,26 +344,60 @@ class Dispatcher:
                 delay = self.outage.down(f"gym instance {instance}: run failed: {exc}")
                 streams.start_soon(self._resend_after, delay, [r.rollout_id for r in rows])
                 return
-            # the same mutation as the submission, nothing in between but the submission (S1);
-            # rows the ledger dropped while Gym accepted them are queued for retirement (S4)
-            ids: list[str] = []
-
-            def dispatched() -> list[str]:
-                sent, orphans = ledger.dispatch_sendable(
-                    [r.rollout_id for r in rows], instance, gate_id
-                )
-                if orphans:
-                    ledger.record_orphans(orphans, instance)
-                ids.extend(sent)
-                return orphans
-
-            orphans = ledger.barrier.mutate_nowait(dispatched, ids)
+            # the same mutation as the submission, nothing in between but the submission (S1)
+            ids, orphans = self._dispatched(instance, gate_id, rows)
         if self.on_dispatch is not None:
             gone = set(orphans)
             self.on_dispatch(instance, [r for r in rows if r.rollout_id not in gone])
         self._sent += len(ids)
         self.metrics.inc("rollout/rows_dispatched_total", len(ids))
         streams.start_soon(self._consume, instance, gate_id, stream, ids, generation)
+
+    def _submission_timed_out(self, instance: str, gate_id: int, rows: Sequence[RunRow]) -> None:
+        """A submission that did not return in time: Gym may or may not run these rows, so
+        they are treated as dispatched and lost, like an early stream end (S3): abandoned,
+        queued for retirement, re-sent fresh."""
+        ledger = self.ledger
+        self.metrics.inc("rollout/run_submit_timeouts_total")
+        lost = ledger.sendable(r.rollout_id for r in rows)[0]
+        lost_touched = list(lost)
+        # A lost claim of a restored episode (S11) may not have reached Gym, which then
+        # still holds the exported episode unclaimed under its old ID: queue that for
+        # ``retire_restored`` too (unknown if the claim did arrive). Otherwise the next
+        # checkpoint would abort: Gym would export an episode the ledger does not hold.
+        origins = [
+            r.restored_from for r in rows if r.rollout_id in lost and r.restored_from is not None
+        ]
+
+        def submitted_and_lost() -> list[Attempt]:
+            ledger.mark_dispatched(lost, instance, gate_id)
+            if origins:
+                ledger.record_orphans(origins, instance, restored=True)
+            return self._abandon(lost, lost_touched)
+
+        fresh = ledger.barrier.mutate_nowait(submitted_and_lost, lost_touched)
+        self.enqueue(a.rollout_id for a in fresh)
+
+    def _dispatched(
+        self, instance: str, gate_id: int, rows: Sequence[RunRow]
+    ) -> tuple[list[str], list[str]]:
+        """Mark the rows Gym accepted dispatched, in one mutation (called right after the
+        submission, in the same gate admission: S1): the ids sent, and the rows the ledger
+        dropped while Gym accepted them, queued for retirement (S4)."""
+        ledger = self.ledger
+        ids: list[str] = []
+
+        def dispatched() -> list[str]:
+            sent, orphans = ledger.dispatch_sendable(
+                [r.rollout_id for r in rows], instance, gate_id
+            )
+            if orphans:
+                ledger.record_orphans(orphans, instance)
+            ids.extend(sent)
+            return orphans
+
+        orphans = ledger.barrier.mutate_nowait(dispatched, ids)
+        return ids, orphans
 
     async def _consume(
         self,
@@ -466,20 +489,14 @@ class Dispatcher:
                 touched.append(rid)
                 failure: tuple[Literal["infra", "data"], str] | None = None
                 if isinstance(reply, Completed):
-                    reward = reply.reward
-                    if type(reward) is float and math.isfinite(reward):
+                    reward = _finite_reward(reply.reward)
+                    if reward is not None:
                         complete(rid, gate_id, reward, reply.turns, reply.payload)
-                    elif (
-                        isinstance(reward, (float, int))
-                        and not isinstance(reward, bool)
-                        and math.isfinite(reward)
-                    ):  # an int, a float subclass: as a float
-                        complete(rid, gate_id, float(reward), reply.turns, reply.payload)
                     else:  # the wire is not trusted: never a non-finite reward in the ledger
                         failure = (
                             "data",
                             f"episode {rid}: Gym replied Completed with reward "
-                            f"{reward!r}, not a finite number",
+                            f"{reply.reward!r}, not a finite number",
                         )
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)

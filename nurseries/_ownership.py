@@ -29,7 +29,7 @@ from gymckpt.runtime import (
     RecoveryLedger,
     StrandedSessionError,
 )
-from gymckpt.runtime.lowlevel import GYM_STATE_DIR, sample_ids, state_dir_problem
+from gymckpt.runtime._shared import GYM_STATE_DIR, sample_ids, state_dir_problem
 
 __all__ = ["Cut", "Ownership", "check_replies", "cut", "ownership"]
 

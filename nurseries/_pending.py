@@ -43,7 +43,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     failure_kind,
 )
-from gymckpt.runtime.lowlevel import GYM_STATE_DIR, TRAINER_FILES_DIR, GymManifest
+from gymckpt.runtime._shared import GYM_STATE_DIR, TRAINER_FILES_DIR, GymManifest
 
 from ._calls import fan_out
 from ._offload import offload

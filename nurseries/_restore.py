@@ -68,7 +68,7 @@ from gymckpt.runtime import (
     rollout_id_for,
     verify_snapshot,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     DATASET_FILE,
     GYM_STATE_DIR,
     LEDGER_FILE,
@@ -327,6 +327,23 @@ async def restore_latest(
     if trainer is not None:
         await attach_trainer(gym, trainer, config)
     state_root = str(await offload(pinned.path.resolve))
+    await _install_all_or_nothing(gym, snap, state_root, episodes_by_replica, ledger, config)
+    rows = () if record is None else record[0].rows
+    return RestoredRun(info, pinned, ledger, summary, dict(snap.files), rows)
+
+
+async def _install_all_or_nothing(
+    gym: GymBackend,
+    snap: LoadedSnapshot,
+    state_root: str,
+    episodes_by_replica: Mapping[str, Sequence[EpisodeRecord]],
+    ledger: RecoveryLedger,
+    config: RuntimeConfig,
+) -> None:
+    """Step 4 and the retirement of the dropped attempts the snapshot carries, on every
+    instance, all or nothing: an instance found dead is replaced (when the backend can, at
+    most ``max_replacements`` times) and installed again, the others kept; any other failure
+    rolls every instance back (shielded) and raises the restore's error."""
     records = {rec.name: rec for rec in snap.manifest.instances}
     installed: set[str] = set()
     replaced = 0
@@ -358,9 +375,7 @@ async def restore_latest(
             with trio.CancelScope(shield=True):
                 await _roll_back(gym, snap.manifest, episodes_by_replica, config)
             raise
-        break
-    rows = () if record is None else record[0].rows
-    return RestoredRun(info, pinned, ledger, summary, dict(snap.files), rows)
+        return
 
 
 async def _live_topology(gym: GymBackend, config: RuntimeConfig) -> Topology:

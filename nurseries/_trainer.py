@@ -42,7 +42,7 @@ from gymckpt.runtime import (
     TaskDataset,
     WorkDirLock,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     RESTORED_DIR,
     SNAPSHOTS_DIR,
     STEP_FILE,
@@ -417,25 +417,10 @@ async def open_rollouts(
     await offload(lock.acquire)  # one trainer per work directory; raises WorkDirLocked
     try:
         with contextlib.ExitStack() as stack:
-            inbox = None
-            if handle_signals and threading.current_thread() is threading.main_thread():
-                # installed first: a signal during the restore is kept, and handed to the
-                # Rollouts before the trainer's body can take a step
-                inbox = _SignalInbox(trio.lowlevel.current_trio_token())
-                stack.enter_context(inbox.installed())
-            tasks = None if dataset is None else await offload(lambda: TaskDataset.of(dataset))
-            order = await offload(
-                functools.partial(
-                    RowOrder.of,
-                    rows,
-                    None if tasks is None else len(tasks),
-                    epochs=epochs,
-                    shuffle_seed=shuffle_seed,
-                    source="" if tasks is None else tasks.source,
-                )
-            )
-            if tasks is not None:
-                await offload(functools.partial(tasks.check, order.rows))
+            # installed first: a signal during the restore is kept, and handed to the
+            # Rollouts before the trainer's body can take a step
+            inbox = _signal_inbox(stack) if handle_signals else None
+            tasks, order = await _row_plan(dataset, rows, epochs, shuffle_seed)
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
             # this process's term of the work directory's lineage, attached to every instance
@@ -456,96 +441,196 @@ async def open_rollouts(
                 )
             if restored is None:  # a fresh start: nothing attached yet
                 await attach_trainer(gym, trainer, config)
-            if restored is not None:
-                ledger = restored.ledger
-            else:
-                ledger = RecoveryLedger(
-                    group_size=group_size,
-                    max_row_attempts=config.max_row_attempts,
-                    data_failure_budget=config.data_failure_budget,
-                )
-            # positions are reserved in ascending order: the cursor is where the order stands
-            remaining = iter(range(ledger.next_row, len(order)))
-            cut_files = order.files
-            if tasks is not None:
-                covered = () if restored is None else restored.dataset_rows
-                identity = DatasetIdentity(tasks, covered, order.rows_used)
-                cut_files = functools.partial(_cut_files, order, identity)
-            metrics = Metrics()
-            for name, value in (extra_metrics or {}).items():
-                metrics.set(name, value)
-            gate = DispatchGate()
-            deadlines = DeadlineRegistry()
-            replacer = InstanceReplacer(gym, ledger, config, metrics)
-            dispatcher = Dispatcher(
-                gym,
-                ledger,
-                gate,
-                deadlines,
-                config,
-                metrics,
-                remaining,
-                replacer,
+            parts = _Parts(gym, store, config, restored, tasks, order, group_size, extra_metrics)
+            rollouts, replacer = parts.assemble(
                 max_rows_in_flight=max_rows_in_flight,
                 batch_size=batch_size,
                 on_dispatch=on_dispatch,
-                row_of=None if order.is_identity else order.row_at,
-                tasks=None if tasks is None else tasks.task,
-            )
-            replacer.on_released = dispatcher.enqueue
-            replacer.on_up = lambda _instance: dispatcher.poke()
-            coordinator = CheckpointCoordinator(
-                gym,
-                ledger,
-                gate,
-                deadlines,
-                store,
-                config,
-                metrics,
                 run_id=run_id,
-                replacer=replacer,
-                cut_files=cut_files,
+                keep_snapshots=keep_snapshots,
+                checkpoint_every=checkpoint_every,
+                preempt_timeout_s=preempt_timeout_s,
             )
-            rollouts = Rollouts(
-                ledger,
-                dispatcher,
-                coordinator,
-                store,
-                metrics,
-                restored,
-                keep_snapshots,
-                checkpoint_every,
-                preempt_timeout_s,
-                order,
-            )
-            if restored is not None and ledger.next_row >= len(order) and not ledger.rows():
-                logger.warning(
-                    "gymckpt: nothing left to do: every row of the dataset was trained "
-                    "(restored %s, checkpoint %s)",
-                    restored.snapshot.path,
-                    restored.snapshot.checkpoint_id,
-                )
-            if restored is not None:
-                metrics.inc("rollout/restores_total")
-                metrics.inc("checkpoint/restored_total")
-                rollouts._first_step = restored.step
-                # before anything is dispatched: every call after the restore carries it
-                dispatcher.policy_version = restored.policy_version
-                _log_restore(restored, ledger, rollouts._first_step)
-                dispatcher.enqueue_reserved()
-            async with trio.open_nursery() as nursery:
-                await nursery.start(replacer.run)  # replacements live as long as the run
-                await nursery.start(dispatcher.run)
-                if inbox is not None:
-                    inbox.attach(rollouts)  # synchronous: signals so far preempt it now
-                try:
-                    yield rollouts
-                finally:
-                    nursery.cancel_scope.cancel()
+            async with _running(rollouts, replacer, inbox):
+                yield rollouts
             if rollouts.finished:  # the run is done: another run may take its Gym instances
                 await release_trainer(gym, trainer, config)
     finally:
         lock.release()
+
+
+def _signal_inbox(stack: contextlib.ExitStack) -> _SignalInbox | None:
+    """SIGTERM and SIGINT kept from now on, in an inbox installed for as long as ``stack``
+    holds (only in the main thread: None elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    inbox = _SignalInbox(trio.lowlevel.current_trio_token())
+    stack.enter_context(inbox.installed())
+    return inbox
+
+
+async def _row_plan(
+    dataset: object, rows: int | Iterable[int] | None, epochs: int, shuffle_seed: int | None
+) -> tuple[TaskDataset | None, RowOrder]:
+    """The trainer's tasks (None without a dataset) and the run's row order, every row the
+    run will use checked (``DatasetError`` otherwise), before anything else happens."""
+    tasks = None if dataset is None else await offload(lambda: TaskDataset.of(dataset))
+    order = await offload(
+        functools.partial(
+            RowOrder.of,
+            rows,
+            None if tasks is None else len(tasks),
+            epochs=epochs,
+            shuffle_seed=shuffle_seed,
+            source="" if tasks is None else tasks.source,
+        )
+    )
+    if tasks is not None:
+        await offload(functools.partial(tasks.check, order.rows))
+    return tasks, order
+
+
+@attrs.frozen
+class _Parts:
+    """What ``open_rollouts`` has once the restore (or the attach) is done, from which it
+    builds the run's parts: the ledger (restored or fresh), the dispatcher, the checkpoint
+    coordinator and the instance replacer around it, and the ``Rollouts`` over them."""
+
+    gym: GymBackend
+    store: SnapshotStore
+    config: RuntimeConfig
+    restored: RestoredRun | None
+    tasks: TaskDataset | None
+    order: RowOrder
+    group_size: int
+    extra_metrics: Mapping[str, float] | None
+
+    def ledger(self) -> RecoveryLedger:
+        if self.restored is not None:
+            return self.restored.ledger
+        return RecoveryLedger(
+            group_size=self.group_size,
+            max_row_attempts=self.config.max_row_attempts,
+            data_failure_budget=self.config.data_failure_budget,
+        )
+
+    def cut_files(self) -> Callable[[int], dict[str, bytes]]:
+        """The files a cut at a row position adds: the order's, and the dataset's with one."""
+        if self.tasks is None:
+            return self.order.files
+        covered = () if self.restored is None else self.restored.dataset_rows
+        identity = DatasetIdentity(self.tasks, covered, self.order.rows_used)
+        return functools.partial(_cut_files, self.order, identity)
+
+    def metrics(self) -> Metrics:
+        metrics = Metrics()
+        for name, value in (self.extra_metrics or {}).items():
+            metrics.set(name, value)
+        return metrics
+
+    def assemble(
+        self,
+        *,
+        max_rows_in_flight: int,
+        batch_size: int,
+        on_dispatch: Callable[[str, Sequence[RunRow]], None] | None,
+        run_id: str,
+        keep_snapshots: int,
+        checkpoint_every: int | None,
+        preempt_timeout_s: float,
+    ) -> tuple[Rollouts, InstanceReplacer]:
+        """The ``Rollouts`` and the replacer its run starts beside the dispatcher; after a
+        restore, resumed where the snapshot stands."""
+        gym, config, order, tasks = self.gym, self.config, self.order, self.tasks
+        ledger = self.ledger()
+        # positions are reserved in ascending order: the cursor is where the order stands
+        remaining = iter(range(ledger.next_row, len(order)))
+        cut_files = self.cut_files()
+        metrics = self.metrics()
+        gate = DispatchGate()
+        deadlines = DeadlineRegistry()
+        replacer = InstanceReplacer(gym, ledger, config, metrics)
+        dispatcher = Dispatcher(
+            gym,
+            ledger,
+            gate,
+            deadlines,
+            config,
+            metrics,
+            remaining,
+            replacer,
+            max_rows_in_flight=max_rows_in_flight,
+            batch_size=batch_size,
+            on_dispatch=on_dispatch,
+            row_of=None if order.is_identity else order.row_at,
+            tasks=None if tasks is None else tasks.task,
+        )
+        replacer.on_released = dispatcher.enqueue
+        replacer.on_up = lambda _instance: dispatcher.poke()
+        coordinator = CheckpointCoordinator(
+            gym,
+            ledger,
+            gate,
+            deadlines,
+            self.store,
+            config,
+            metrics,
+            run_id=run_id,
+            replacer=replacer,
+            cut_files=cut_files,
+        )
+        rollouts = Rollouts(
+            ledger,
+            dispatcher,
+            coordinator,
+            self.store,
+            metrics,
+            self.restored,
+            keep_snapshots,
+            checkpoint_every,
+            preempt_timeout_s,
+            order,
+        )
+        if self.restored is not None:
+            _resume(rollouts, self.restored, order)
+        return rollouts, replacer
+
+
+def _resume(rollouts: Rollouts, restored: RestoredRun, order: RowOrder) -> None:
+    """A restored run goes on where its snapshot stands: its step, its policy version (before
+    anything is dispatched: every call after the restore carries it), the restored rows queued
+    for dispatch; the restore is logged, and so is a dataset with nothing left to do."""
+    ledger, metrics, dispatcher = rollouts.ledger, rollouts.metrics, rollouts.dispatcher
+    if ledger.next_row >= len(order) and not ledger.rows():
+        logger.warning(
+            "gymckpt: nothing left to do: every row of the dataset was trained "
+            "(restored %s, checkpoint %s)",
+            restored.snapshot.path,
+            restored.snapshot.checkpoint_id,
+        )
+    metrics.inc("rollout/restores_total")
+    metrics.inc("checkpoint/restored_total")
+    rollouts._first_step = restored.step
+    dispatcher.policy_version = restored.policy_version
+    _log_restore(restored, ledger, rollouts._first_step)
+    dispatcher.enqueue_reserved()
+
+
+@asynccontextmanager
+async def _running(
+    rollouts: Rollouts, replacer: InstanceReplacer, inbox: _SignalInbox | None
+) -> AsyncIterator[None]:
+    """The run's tasks, the replacer and the dispatcher, in a nursery the block's exit
+    cancels: no task outlives it. Signals kept so far preempt the run before the block runs."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(replacer.run)  # replacements live as long as the run
+        await nursery.start(rollouts.dispatcher.run)
+        if inbox is not None:
+            inbox.attach(rollouts)  # synchronous: signals so far preempt it now
+        try:
+            yield
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 def _cut_files(order: RowOrder, identity: DatasetIdentity, next_row: int) -> dict[str, bytes]:

@@ -3,10 +3,12 @@
 What a trainer or a backend author needs is re-exported here: the primitives and their
 statistics, the ledger and its records, the records a backend returns (``InstanceRecord``,
 ``ParticipantRecord``, ``EpisodeRecord``, ``records_digest``), the snapshot store, the
-configuration, the failure classification and the error family. The plumbing gymckpt's other
-packages share (the work directory's file names, atomic writes, the manifest and ledger
-snapshot formats, the garbage collector around a checkpoint, the converter) is one namespace
-down, in ``gymckpt.runtime.lowlevel``. The modules behind both are private.
+configuration, the failure classification and the error family. The runtime's tools a backend
+author may also use (errors made to cross a process, plain-data checks, atomic writes, the
+garbage collector around a checkpoint) are one namespace down, in ``gymckpt.runtime.lowlevel``.
+The modules behind both are private; the plumbing gymckpt's own packages share (the work
+directory's file names, the manifest and ledger snapshot formats, the converter) goes through
+one of them, ``gymckpt.runtime._shared``.
 """
 
 from ._barrier import ANY, BarrierStatistics, MutationBarrier

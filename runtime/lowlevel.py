@@ -1,168 +1,43 @@
-"""gymckpt.runtime.lowlevel: the runtime's plumbing that gymckpt's other packages share.
+"""gymckpt.runtime.lowlevel: what a backend author may use beyond ``gymckpt.runtime``.
 
-Not what a trainer or a backend author needs (that is ``gymckpt.runtime``), but what the Gym
-host, the coordinator, the restore, the CLI and the benchmarks build on: the snapshot's file
-names and versions and the functions that read and write its files atomically, the manifest
-the ledger snapshot, the Gym host's participant records and the step record, the garbage
-collector held still around a checkpoint, the project's converter, plain-data checks, errors
-prepared to cross a process, and topology comparison.
-The layer test lets every package import this module, as trio's own packages use
-``trio.lowlevel``; nothing here is re-exported by ``gymckpt.runtime``.
+A backend author writes a ``GymBackend`` (a deployment of Gym instances) or an environment
+that runs on one. Beside the records a backend returns and the error family (in
+``gymckpt.runtime``), such code may need the runtime's own tools, and these are public,
+documented API, stable like the front door (as ``trio.lowlevel`` is trio's):
+
+- errors that cross a process: ``crossable_error`` (an error as it may leave a backend:
+  itself if it pickles, else a retryable ``GymCheckpointUnavailable`` naming it),
+  ``crossing_boundary`` (a block every ``Exception`` leaves pickle-safe) and
+  ``unpicklable_error`` (what stands in for an error the other side could not send);
+- plain data: ``checked_json`` (the canonical JSON bytes of a state or reply, or
+  ``NotPlainData`` naming the first value that is not plain) and ``plain_problem`` (that
+  problem as text, or None);
+- files a commit writes: ``write_atomic`` (a file that is either old or new after a crash)
+  and ``fsync_dir`` (a directory's entries made durable);
+- the garbage collector around a checkpoint: ``collector_paused`` (full collections deferred
+  while a checkpoint runs) and ``promote_survivors`` (what survived moved out of the
+  collector's generations).
+
+Nothing here is needed by a trainer, and nothing here is re-exported by ``gymckpt.runtime``.
+The plumbing gymckpt's own packages share (the work directory's file names, the snapshot's
+records and their readers, the converter) is private: ``gymckpt.runtime._shared``.
 """
 
 from __future__ import annotations
 
-from ._collector import (
-    FULL_COLLECTION_EVERY,
-    collector_paused,
-    freeze_startup_objects,
-    promote_survivors,
-)
-from ._config_file import load_toml_table, structure_table
-from ._converter import converter, dumps_chunked, structure
-from ._dataset import row_ranges
-from ._dataset_record import (
-    DATASET_FILE,
-    DATASET_ROWS_FILE,
-    DatasetIdentity,
-    DatasetRecord,
-    check_dataset,
-    load_dataset_record,
-    merge_ranges,
-)
-from ._errors import crossable_error, crossing_boundary, sample_ids, unpicklable_error
-from ._plain import all_finite, checked_json, plain_problem
-from ._row_order import ORDER_FILE, OrderRecord, RowOrder, check_order, load_order_record
-from ._snapshot_format import (
-    COMMIT_MARKER,
-    GYM_STATE_DIR,
-    LEDGER_FILE,
-    LOCK_FILE,
-    MANIFEST_NAME,
-    MANIFEST_VERSION,
-    PARTICIPANT_KIND_RE,
-    PARTICIPANT_KINDS,
-    RECORDS_FILE,
-    RESTORED_DIR,
-    SNAPSHOTS_DIR,
-    STEP_FILE,
-    TRAINER_FILES_DIR,
-    TRAINER_STATE_FILE,
-    AgentRecords,
-    AgentSession,
-    AttemptRow,
-    CommittedRecords,
-    GymManifest,
-    LedgerSnapshot,
-    SessionRecord,
-    SessionRecords,
-    StagedCall,
-    StagedEpisode,
-    StagedRecords,
-    StepRecord,
-    agent_records_plain,
-    dump_ledger_snapshot,
-    dump_manifest,
-    dump_records,
-    dump_step,
-    load_ledger_snapshot,
-    load_manifest,
-    load_records,
-    load_step,
-    records_to_plain,
-    session_records_plain,
-    staged_records_plain,
-)
-from ._store import (
-    CommitMarker,
-    check_snapshot,
-    fsync_dir,
-    participant_state_problem,
-    state_dir_problem,
-    tree_size,
-    write_atomic,
-)
-from ._topology import LiveTopology, participant_differences, topology_differences
-from ._trainer_term import TERM_FILE, next_term
+from ._collector import collector_paused, promote_survivors
+from ._errors import crossable_error, crossing_boundary, unpicklable_error
+from ._plain import checked_json, plain_problem
+from ._store import fsync_dir, write_atomic
 
 __all__ = [
-    "COMMIT_MARKER",
-    "DATASET_FILE",
-    "DATASET_ROWS_FILE",
-    "FULL_COLLECTION_EVERY",
-    "GYM_STATE_DIR",
-    "LEDGER_FILE",
-    "LOCK_FILE",
-    "MANIFEST_NAME",
-    "MANIFEST_VERSION",
-    "ORDER_FILE",
-    "PARTICIPANT_KINDS",
-    "PARTICIPANT_KIND_RE",
-    "RECORDS_FILE",
-    "RESTORED_DIR",
-    "SNAPSHOTS_DIR",
-    "STEP_FILE",
-    "TERM_FILE",
-    "TRAINER_FILES_DIR",
-    "TRAINER_STATE_FILE",
-    "AgentRecords",
-    "AgentSession",
-    "AttemptRow",
-    "CommitMarker",
-    "CommittedRecords",
-    "DatasetIdentity",
-    "DatasetRecord",
-    "GymManifest",
-    "LedgerSnapshot",
-    "LiveTopology",
-    "OrderRecord",
-    "RowOrder",
-    "SessionRecord",
-    "SessionRecords",
-    "StagedCall",
-    "StagedEpisode",
-    "StagedRecords",
-    "StepRecord",
-    "agent_records_plain",
-    "all_finite",
-    "check_dataset",
-    "check_order",
-    "check_snapshot",
     "checked_json",
     "collector_paused",
-    "converter",
     "crossable_error",
     "crossing_boundary",
-    "dump_ledger_snapshot",
-    "dump_manifest",
-    "dump_records",
-    "dump_step",
-    "dumps_chunked",
-    "freeze_startup_objects",
     "fsync_dir",
-    "load_dataset_record",
-    "load_ledger_snapshot",
-    "load_manifest",
-    "load_order_record",
-    "load_records",
-    "load_step",
-    "load_toml_table",
-    "merge_ranges",
-    "next_term",
-    "participant_differences",
-    "participant_state_problem",
     "plain_problem",
     "promote_survivors",
-    "records_to_plain",
-    "row_ranges",
-    "sample_ids",
-    "session_records_plain",
-    "staged_records_plain",
-    "state_dir_problem",
-    "structure",
-    "structure_table",
-    "topology_differences",
-    "tree_size",
     "unpicklable_error",
     "write_atomic",
 ]

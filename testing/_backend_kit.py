@@ -56,7 +56,7 @@ from gymckpt.runtime import (
     records_digest,
     rollout_id_for,
 )
-from gymckpt.runtime.lowlevel import state_dir_problem
+from gymckpt.runtime._shared import state_dir_problem
 
 from ._backend_usage import check_usage
 from ._report import Checks, ConformanceReport

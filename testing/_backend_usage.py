@@ -48,7 +48,7 @@ from gymckpt.gym_adapter import (
     can_attach,
 )
 from gymckpt.runtime import CompletedGroup, GymInUse, TrainerTerm, rollout_id_for
-from gymckpt.runtime.lowlevel import RowOrder
+from gymckpt.runtime._shared import RowOrder
 
 from ._report import Checks
 
@@ -166,27 +166,9 @@ async def _restart(
             "term 1 read no reply: a reply must wait on the wire until its trainer asks for it"
         )
     async with trio.open_nursery() as nursery:
-        for inst in names:
-            reply = await gym.attach(inst, new, deadline)
-            if not reply.took_over or reply.previous != old:
-                problems.append(
-                    f"{inst}: term 2's attach took_over={reply.took_over} from "
-                    f"{reply.previous}, expected a takeover from term {old.term}"
-                )
-            if prepared and reply.aborted != checkpoint_id:
-                problems.append(
-                    f"{inst}: term 2's attach aborted {reply.aborted!r}, not term 1's open "
-                    f"checkpoint {checkpoint_id!r}"
-                )
-        for inst in names:
-            inv = await gym.inventory(inst)
-            left = (*inv.running, *inv.parked, *inv.unclaimed, *inv.on_wire)
-            if left or inv.prepared or not inv.admission_open:
-                problems.append(
-                    f"{inst}: after term 2 attached, term 1's episodes {sorted(left)} are still "
-                    f"there, prepared={inv.prepared}, admission_open={inv.admission_open}: the "
-                    "attach must end every episode and abort any checkpoint an older term started"
-                )
+        opened = checkpoint_id if prepared else None
+        problems += await _takeovers(gym, names, old, new, deadline, opened)
+        problems += await _term_one_gone(gym, names)
         for inst, stream in streams.items():  # what term 1's streams still deliver
             nursery.start_soon(_collect, stream, old_replies, ended[inst])
         with trio.move_on_after(_DEADLINE_S) as waited:
@@ -199,24 +181,11 @@ async def _restart(
                 f"within {_DEADLINE_S:.0f} s of term 2's attach"
             )
             nursery.cancel_scope.cancel()
-    try:
-        await gym.attach(names[0], old, trio.current_time() + _DEADLINE_S)
-    except GymInUse:
-        pass
-    else:
-        problems.append(f"{names[0]}: term 1's late attach was accepted after term 2's")
-    for inst in names:  # this facade carries term 2 again (the holder's attach changes nothing)
-        await gym.attach(inst, new, trio.current_time() + _DEADLINE_S)
+    problems += await _late_attach_refused(gym, names, old, new)
     rerun = _rows(names, rows, slot, 1)
     rows_of = _ids(first, rerun)
     done = _finals(old_replies, rows_of)
-    new_replies: list[RunReply] = []
-    async with trio.open_nursery() as nursery:
-        for inst in names:
-            again = [r for r in rerun[inst] if r.row not in done]
-            if again:
-                stream = await gym.run(inst, again)
-                nursery.start_soon(_collect, stream, new_replies, trio.Event())
+    new_replies = await _run_unfinished(gym, names, rerun, done)
     counts = _finals(old_replies + new_replies, rows_of)
     want = {r.row: 1 for inst in names for r in first[inst]}
     if counts != want:
@@ -225,6 +194,79 @@ async def _restart(
         problems.append(f"rows ended twice {twice}, rows never ended {never}")
     checks.check(name, not problems, "; ".join(problems))
     return len(counts)
+
+
+async def _takeovers(
+    gym: Any,
+    names: tuple[str, ...],
+    old: TrainerTerm,
+    new: TrainerTerm,
+    deadline: float,
+    opened: str | None,
+) -> list[str]:
+    """Term ``new`` attaches to every instance: each attach must take over from ``old`` (and
+    abort its open checkpoint ``opened``, if any). The problems found."""
+    problems: list[str] = []
+    for inst in names:
+        reply = await gym.attach(inst, new, deadline)
+        if not reply.took_over or reply.previous != old:
+            problems.append(
+                f"{inst}: term 2's attach took_over={reply.took_over} from "
+                f"{reply.previous}, expected a takeover from term {old.term}"
+            )
+        if opened is not None and reply.aborted != opened:
+            problems.append(
+                f"{inst}: term 2's attach aborted {reply.aborted!r}, not term 1's open "
+                f"checkpoint {opened!r}"
+            )
+    return problems
+
+
+async def _term_one_gone(gym: Any, names: tuple[str, ...]) -> list[str]:
+    """After the takeover, no instance holds an episode of the older term, a checkpoint it
+    opened, or closed admission. The problems found."""
+    problems: list[str] = []
+    for inst in names:
+        inv = await gym.inventory(inst)
+        left = (*inv.running, *inv.parked, *inv.unclaimed, *inv.on_wire)
+        if left or inv.prepared or not inv.admission_open:
+            problems.append(
+                f"{inst}: after term 2 attached, term 1's episodes {sorted(left)} are still "
+                f"there, prepared={inv.prepared}, admission_open={inv.admission_open}: the "
+                "attach must end every episode and abort any checkpoint an older term started"
+            )
+    return problems
+
+
+async def _late_attach_refused(
+    gym: Any, names: tuple[str, ...], old: TrainerTerm, new: TrainerTerm
+) -> list[str]:
+    """Term ``old`` attaching again after ``new`` is refused (``GymInUse``); then the facade
+    carries ``new`` again. The problems found."""
+    problems: list[str] = []
+    try:
+        await gym.attach(names[0], old, trio.current_time() + _DEADLINE_S)
+    except GymInUse:
+        pass
+    else:
+        problems.append(f"{names[0]}: term 1's late attach was accepted after term 2's")
+    for inst in names:  # this facade carries term 2 again (the holder's attach changes nothing)
+        await gym.attach(inst, new, trio.current_time() + _DEADLINE_S)
+    return problems
+
+
+async def _run_unfinished(
+    gym: Any, names: tuple[str, ...], rerun: dict[str, list[RunRow]], done: dict[int, int]
+) -> list[RunReply]:
+    """Run again, to their ends, the rows of ``rerun`` not in ``done``; their replies."""
+    replies: list[RunReply] = []
+    async with trio.open_nursery() as nursery:
+        for inst in names:
+            again = [r for r in rerun[inst] if r.row not in done]
+            if again:
+                stream = await gym.run(inst, again)
+                nursery.start_soon(_collect, stream, replies, trio.Event())
+    return replies
 
 
 async def _second_trainer(

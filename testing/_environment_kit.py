@@ -42,6 +42,7 @@ import anyio.to_thread
 import attrs
 
 from gymckpt.gym_adapter import (
+    CommitReply,
     Completed,
     Environment,
     EnvironmentSpecError,
@@ -295,24 +296,7 @@ async def _park_and_restore(
         await anyio.sleep(0.05)  # let replies produced before the park reach the reader
         tg.cancel_scope.cancel()
     held = [s.rollout_id for s in commit.sessions]
-    record = InstanceRecord(
-        _INSTANCE,
-        tuple(
-            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
-            for p in commit.participants
-        ),
-    )
-    owners = {e.rollout_id: e for e in commit.exported}
-    agent_sessions = {s.rollout_id: s for s in commit.sessions}
-    episodes = [  # what the coordinator records: the exporter's, else the agent session's
-        EpisodeRecord(
-            rid,
-            owners[rid].owner if rid in owners else env.agent.name,
-            _INSTANCE,
-            (owners[rid] if rid in owners else agent_sessions[rid]).capture_keys,
-        )
-        for rid in held
-    ]
+    record, episodes = _manifest_of(commit, env.agent.name)
     second_env, second_model = _with_counter(env)
     async with GymHost(_INSTANCE, second_env, seed, where) as fresh:
         await fresh.restore("snapshot", record, episodes, anyio.current_time() + 60)
@@ -345,7 +329,38 @@ async def _park_and_restore(
             f"{calls} model calls across park and restore, {ref_calls} uninterrupted",
         )
         return
-    # unaligned: a call in flight at the cut is asked again; one the snapshot captured is not
+    _check_captured_calls_once(checks, label, second_model, episodes)
+
+
+def _manifest_of(commit: CommitReply, agent: str) -> tuple[InstanceRecord, list[EpisodeRecord]]:
+    """The instance's record and its episodes' records as the coordinator writes them into
+    the manifest after ``commit`` (an episode's owner: its exporter's, else the agent's)."""
+    record = InstanceRecord(
+        _INSTANCE,
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in commit.participants
+        ),
+    )
+    owners = {e.rollout_id: e for e in commit.exported}
+    agent_sessions = {s.rollout_id: s for s in commit.sessions}
+    episodes = [  # what the coordinator records: the exporter's, else the agent session's
+        EpisodeRecord(
+            rid,
+            owners[rid].owner if rid in owners else agent,
+            _INSTANCE,
+            (owners[rid] if rid in owners else agent_sessions[rid]).capture_keys,
+        )
+        for rid in (s.rollout_id for s in commit.sessions)
+    ]
+    return record, episodes
+
+
+def _check_captured_calls_once(
+    checks: Checks, label: str, second_model: _CountingModel, episodes: Sequence[EpisodeRecord]
+) -> None:
+    """After an unaligned cut's restore, a call in flight at the cut is asked again; one the
+    snapshot captured is not, and none is asked twice."""
     captured = {  # (slot, call id): the call ids of every attempt of a slot are the same
         ("-".join(e.rollout_id.split("-")[:2]), split_capture_key(key)[1])
         for e in episodes

@@ -885,7 +885,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sim-liveness-watch-not-bounding",
         "liveness",
-        "app/simulation/incarnation.py",
+        "app/simulation/life.py",
         "                self.liveness.scope,",
         "",
         ("tests/test_sim_usage.py",),
@@ -1488,6 +1488,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "return sum(1 for r in self._replacements if r.instance == instance)",
         "return len(self._replacements)",
         ("tests/test_remote_gym.py", "tests/test_embedded.py"),
+        sim_seeds=0,
+    ),
+    # -- issue 32, names: our packages share plumbing through a package's _shared only -------
+    Mutant(
+        "layers-private-module-beside-the-shared-door",
+        "layers",
+        "app/snapshots.py",
+        "from gymckpt.runtime._shared import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR, tree_size",
+        "from gymckpt.runtime._store import tree_size; "
+        "from gymckpt.runtime._shared import COMMIT_MARKER, RESTORED_DIR, SNAPSHOTS_DIR",
+        ("tests/test_layers.py",),
+        keyword="layers_hold",
         sim_seeds=0,
     ),
 )

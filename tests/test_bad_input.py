@@ -29,7 +29,7 @@ from gymckpt.gym_adapter.environments.calendar import (
 )
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
-from gymckpt.runtime.lowlevel import COMMIT_MARKER, MANIFEST_NAME
+from gymckpt.runtime._shared import COMMIT_MARKER, MANIFEST_NAME
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)

@@ -128,7 +128,8 @@ def test_promote_survivors_freezes_and_every_nth_unfreezes(collector_on: None) -
     FULL_COLLECTION_EVERY-th promotion unfreezes instead, so garbage cycles among frozen
     objects are freed by a later full collection; a disabled collector is left alone."""
     import gymckpt.runtime._collector as collector
-    from gymckpt.runtime.lowlevel import FULL_COLLECTION_EVERY, promote_survivors
+    from gymckpt.runtime._shared import FULL_COLLECTION_EVERY
+    from gymckpt.runtime.lowlevel import promote_survivors
 
     class Node:
         def __init__(self) -> None:

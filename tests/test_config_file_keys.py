@@ -21,7 +21,7 @@ from gymckpt.app.demo.main import DemoOptions
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import ManifestError, RuntimeConfig, runtime_config_from_toml
 from gymckpt.runtime._config_file import TRAINER_ARGUMENTS
-from gymckpt.runtime.lowlevel import load_toml_table
+from gymckpt.runtime._shared import load_toml_table
 
 CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "howto" / "configuration.md"
 

@@ -34,7 +34,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     TrainerFilesRefused,
 )
-from gymckpt.runtime.lowlevel import MANIFEST_VERSION, GymManifest
+from gymckpt.runtime._shared import MANIFEST_VERSION, GymManifest
 
 NAMES = ("gym-0", "gym-1")
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5)

@@ -17,7 +17,7 @@ from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import DatasetMismatch, ManifestError, RuntimeConfig, load_snapshot
 from gymckpt.runtime._dataset import TaskDataset
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     COMMIT_MARKER,
     DATASET_FILE,
     DATASET_ROWS_FILE,
@@ -174,7 +174,7 @@ async def test_a_damaged_dataset_file_is_a_manifest_error(
 def test_check_dataset_names_the_first_difference_among_many_rows() -> None:
     tasks = [{"i": i} for i in range(10_000)]
     ds = TaskDataset.of(tasks)
-    from gymckpt.runtime.lowlevel import DatasetIdentity
+    from gymckpt.runtime._shared import DatasetIdentity
 
     files = DatasetIdentity(ds, [], lambda cursor: [(0, cursor)]).files(9_000)
     found = load_dataset_record(files)

@@ -11,7 +11,7 @@ import pytest
 from gymckpt.app.demo import crash as demo_crash
 from gymckpt.app.demo.crash import CrashingStore, install_crash
 from gymckpt.app.demo.options import MID_PUBLISH, DemoOptions
-from gymckpt.runtime.lowlevel import MANIFEST_NAME
+from gymckpt.runtime._shared import MANIFEST_NAME
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ from gymckpt.runtime import (
     load_snapshot,
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
-from gymckpt.runtime.lowlevel import COMMIT_MARKER
+from gymckpt.runtime._shared import COMMIT_MARKER
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.9, lease_s=60.0)
 CONFIG = RuntimeConfig(

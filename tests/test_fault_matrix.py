@@ -3,9 +3,9 @@ Gym under the autojump clock, plus the trainer process SIGKILLed at each checkpo
 in both checkpoint modes (``CheckpointMode``: aligned parks every episode at a step boundary,
 unaligned takes them as they are, mid-turn ones at their last boundary).
 
-Each in-process case runs a scenario through the simulation harness (``nurseries._simulate``):
-the first incarnation runs with the fault; if it aborts the way the contract says (exit 4), the
-next incarnation restores the latest complete snapshot into a fresh Gym and finishes. The
+Each in-process case runs a scenario through the simulation harness (``gymckpt.app.simulation``):
+the first life runs with the fault; if it aborts the way the contract says (exit 4), the
+next life restores the latest complete snapshot into a fresh Gym and finishes. The
 harness checks, for every case, that nothing was lost or duplicated, every step and every
 sentinel is there once, budgets add up, admission reopened, the deadline pause was released,
 no task was left behind, and Gym was not parked beyond its lease. Each case then asserts its
@@ -40,7 +40,7 @@ from gymckpt.app.demo.main import (
 )
 from gymckpt.app.simulation.main import (
     Crash,
-    IncarnationReport,
+    LifeReport,
     Scenario,
     ScenarioReport,
     run_scenario,
@@ -131,11 +131,11 @@ def _scenario(op: str, kind: str, first_only: bool, mode: CheckpointMode) -> Sce
     return attrs.evolve(base, faults=(spec,))
 
 
-def _fired(inc: IncarnationReport, op: str) -> list[str]:
+def _fired(inc: LifeReport, op: str) -> list[str]:
     return [spec for spec, _ in inc.faults_fired if spec.startswith(op + ":")]
 
 
-def _all_ok(inc: IncarnationReport) -> bool:
+def _all_ok(inc: LifeReport) -> bool:
     return all(ok for _, ok, _ in inc.checkpoints)
 
 
@@ -152,14 +152,14 @@ async def test_fault(
     expect = _expected(op, kind, first_only)
     report: ScenarioReport = await run_scenario(_scenario(op, kind, first_only, mode), tmp_path)
     assert report.ok, report.violations
-    assert {i.checkpoint_mode for i in report.incarnations} == {mode.value}
-    mid_turn = sum(i.episodes_mid_turn for i in report.incarnations)
-    taken = sum(i.episodes_taken for i in report.incarnations)
+    assert {i.checkpoint_mode for i in report.lives} == {mode.value}
+    mid_turn = sum(i.episodes_mid_turn for i in report.lives)
+    taken = sum(i.episodes_taken for i in report.lives)
     if mode is CheckpointMode.ALIGNED:
         assert mid_turn == 0  # aligned: every episode parked at a boundary
     elif taken:  # unaligned: the calendar agent is inside a turn nearly all the time
         assert mid_turn > 0, (taken, mid_turn)
-    incs = report.incarnations
+    incs = report.lives
     planted = incs[1] if op == "restore" else incs[0]
     assert _fired(planted, op), f"{_spec(op, kind, first_only)} never fired: {planted}"
     assert report.rows_trained + report.rows_failed == BASE.rows  # the final verdict holds
@@ -489,7 +489,7 @@ async def test_lost_claim_of_a_restored_episode_is_retired(
     )
     report = await run_scenario(sc, tmp_path)
     assert report.ok, report.violations
-    restored = report.incarnations[1]
+    restored = report.lives[1]
     assert restored.end == "finished" and restored.restored_from == "i0-0001"
     assert _all_ok(restored) and restored.faults_fired == (("run:hang@1", 1),)
     assert restored.metrics["rollout/run_submit_timeouts_total"] == 1

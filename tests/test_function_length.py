@@ -19,16 +19,9 @@ LIMIT = 80
 
 KNOWN_LONG: frozenset[tuple[str, str]] = frozenset(
     {
-        ("app/demo/parent.py", "run_demo"),
-        ("app/demo/phase.py", "run_phase"),
-        ("gym_adapter/host/_control.py", "_rebuild"),
-        ("gym_adapter/host/_records.py", "build_records"),
-        ("nurseries/_dispatcher.py", "_apply"),
-        ("nurseries/_dispatcher.py", "_submit_planned"),
-        ("nurseries/_restore.py", "restore_latest"),
+        # 22 lines of signature and 56 of docstring (the reference of the trainer API) over 34
+        # of code
         ("nurseries/_trainer.py", "open_rollouts"),
-        ("testing/_backend_usage.py", "_restart"),
-        ("testing/_environment_kit.py", "_park_and_restore"),
     }
 )
 """``(file, function)`` pairs still over the limit, being shortened: only those let through."""

@@ -58,7 +58,7 @@ from gymckpt.runtime import (
     records_digest,
     rollout_id_for,
 )
-from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecords, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, load_records
 
 Factory = Callable[..., AbstractAsyncContextManager[Any]]
 

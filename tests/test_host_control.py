@@ -35,7 +35,7 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecords, dump_records, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, dump_records, load_records
 
 
 @attrs.define

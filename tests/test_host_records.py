@@ -18,7 +18,7 @@ from gymckpt.gym_adapter.host._records import (
     write_records,
 )
 from gymckpt.runtime import InstanceRecord, ParticipantRecord, records_digest
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     RECORDS_FILE,
     AgentRecords,
     AgentSession,

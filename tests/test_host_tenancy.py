@@ -250,7 +250,7 @@ async def test_a_fenced_trainer_stops_at_its_next_checkpoint_with_exit_2(
     does not know of) stops, with ``GymInUse`` (exit code 2), at its next checkpoint: it
     neither retries nor aborts as an invariant violation."""
     from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
-    from gymckpt.runtime.lowlevel import next_term
+    from gymckpt.runtime._shared import next_term
 
     async with trio.open_nursery() as nursery:
         hosts = [GymHost(f"gym-{n}", environment()) for n in range(2)]
@@ -326,7 +326,7 @@ async def test_an_instance_found_dead_by_the_attach_is_replaced_and_attached(
 def next_term_lineage(workdir: Path) -> str:
     import orjson
 
-    from gymckpt.runtime.lowlevel import TERM_FILE
+    from gymckpt.runtime._shared import TERM_FILE
 
     lineage: str = orjson.loads((workdir / TERM_FILE).read_bytes())["lineage"]
     return lineage

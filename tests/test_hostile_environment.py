@@ -48,7 +48,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
 )
 from gymckpt.runtime._ledger import dump_ledger_snapshot
-from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecords, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, load_records
 
 FAR = 1e9
 NAN, INF = float("nan"), float("inf")

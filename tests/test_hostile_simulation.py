@@ -21,7 +21,7 @@ import trio.testing
 
 from gymckpt.app.cli import main as cli_main
 from gymckpt.app.simulation.main import (
-    IncarnationReport,
+    LifeReport,
     Scenario,
     draw_scenario,
     main_simulate,
@@ -70,8 +70,8 @@ def test_a_hostile_seed_replays_exactly(tmp_path: Path) -> None:
     first, second = run_seed(3, tmp_path, hostile=True), run_seed(3, tmp_path, hostile=True)
     assert first.scenario.hostile and first.fingerprint == second.fingerprint
     assert first.task_steps == second.task_steps
-    struck = [dict(i.hostile_fired) for i in first.incarnations]
-    assert struck == [dict(i.hostile_fired) for i in second.incarnations] and any(struck)
+    struck = [dict(i.hostile_fired) for i in first.lives]
+    assert struck == [dict(i.hostile_fired) for i in second.lives] and any(struck)
 
 
 def _one_act(act: HostileAct, mode: CheckpointMode, **overrides: object) -> Scenario:
@@ -110,26 +110,26 @@ def _one_act(act: HostileAct, mode: CheckpointMode, **overrides: object) -> Scen
 def test_a_hostile_act_strikes_and_nothing_is_lost_or_repeated(
     tmp_path: Path, act: HostileAct, mode: CheckpointMode
 ) -> None:
-    """Each act strikes the first incarnation; the run finishes, exactly once, with no data
+    """Each act strikes the first life; the run finishes, exactly once, with no data
     failure beyond what the act accounts for and no invariant abort."""
     sc = _one_act(act, mode)
     if act.kind in EPISODE_ACTS:  # strike an episode that ends: give it enough turns
         sc = attrs.evolve(sc, turns=(3, 3), hostile=(attrs.evolve(act, turn=min(act.turn, 3)),))
     report = run_seed(sc.seed, tmp_path, scenario=sc)
-    struck = dict(report.incarnations[0].hostile_fired)
-    assert struck.get(act.kind, 0) >= 1, report.incarnations[0]
+    struck = dict(report.lives[0].hostile_fired)
+    assert struck.get(act.kind, 0) >= 1, report.lives[0]
     assert report.ok, report.violations
-    _took_mid_turn_as(report.incarnations, mode)
+    _took_mid_turn_as(report.lives, mode)
 
 
-def _took_mid_turn_as(incarnations: Sequence[IncarnationReport], mode: CheckpointMode) -> None:
+def _took_mid_turn_as(lives: Sequence[LifeReport], mode: CheckpointMode) -> None:
     """Aligned checkpoints took episodes mid-turn only past the alignment timeout (the
     simulation's ``ModeWatch`` holds each commit to its prepare: the report is ok); unaligned
     ones that took episodes took some mid-turn (the calendar agent is inside a turn nearly all
     the time)."""
-    assert {i.checkpoint_mode for i in incarnations} == {mode.value}
-    mid_turn = sum(i.episodes_mid_turn for i in incarnations)
-    taken = sum(i.episodes_taken for i in incarnations)
+    assert {i.checkpoint_mode for i in lives} == {mode.value}
+    mid_turn = sum(i.episodes_mid_turn for i in lives)
+    taken = sum(i.episodes_taken for i in lives)
     if mode is CheckpointMode.ALIGNED:
         assert mid_turn <= taken
     elif taken:
@@ -143,11 +143,11 @@ def test_a_hanging_step_does_not_hang_the_run(tmp_path: Path, mode: CheckpointMo
     deadline abandons the attempt, and a fresh attempt trains the row."""
     sc = _one_act(HostileAct(kind="hang", row=0, slot=0, turn=1), mode, max_consecutive_failures=3)
     report = run_seed(sc.seed, tmp_path, scenario=sc)
-    first = report.incarnations[0]
+    first = report.lives[0]
     assert dict(first.hostile_fired).get("hang") == 1
     assert report.ok, report.violations
     assert report.rows_trained + report.rows_failed == sc.rows
-    _took_mid_turn_as(report.incarnations, mode)
+    _took_mid_turn_as(report.lives, mode)
     if mode is CheckpointMode.UNALIGNED:  # nothing waits for the hung turn
         assert all(ok for _, ok, _ in first.checkpoints), first.checkpoints
 
@@ -170,9 +170,9 @@ def test_a_journal_fault_keeps_every_mutation_once(
     end of the run, and every sentinel once."""
     sc = _one_act(act, mode, stage_deaths=((2, "before_prepare"),))  # a replacement replays it
     report = run_seed(sc.seed, tmp_path, scenario=sc)
-    assert dict(report.incarnations[0].hostile_fired).get(act.kind, 0) >= 1
+    assert dict(report.lives[0].hostile_fired).get(act.kind, 0) >= 1
     assert report.ok, report.violations
-    _took_mid_turn_as(report.incarnations, mode)
+    _took_mid_turn_as(report.lives, mode)
 
 
 @pytest.mark.subprocess
@@ -244,7 +244,7 @@ def test_journal_faults_strike_only_journal_writes_and_are_undone(tmp_path: Path
 async def test_the_hostile_calendar_is_the_calendar_when_inactive(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Inactive (the last incarnation), the hostile workplace plays the plain calendar's
+    """Inactive (the last life), the hostile workplace plays the plain calendar's
     episodes: the same rewards and sentinels, nothing struck."""
     cfg = SimConfig(turns=(2, 3), mutation_p=1.0)
     acts = HostileActs(
@@ -278,7 +278,7 @@ async def test_the_kit_names_what_a_hostile_environment_does_wrong(
 
 
 def test_a_dataset_whose_every_row_failed_still_leaves_a_final_snapshot(tmp_path: Path) -> None:
-    """Seed 606: every submission dropped, every row fails for good in the first incarnation
+    """Seed 606: every submission dropped, every row fails for good in the first life
     (``BudgetExhausted`` from ``batches``); the restored run finds them failed, and the
     simulated trainer still leaves a final snapshot that judges every row failed."""
     report = run_seed(606, tmp_path)

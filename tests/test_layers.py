@@ -5,7 +5,15 @@ Dependencies point one way: ``runtime`` <- ``gym_adapter`` <- ``nurseries`` <- t
 functions count like the others. Checked:
 
 - no upward import;
-- no private module or name (``_x``) of another package imported;
+- no private module or name (``_x``) of another package imported, except that package's
+  ``_shared`` module (``SHARED_DOOR``): the one private door through which gymckpt's own
+  packages share plumbing, importable only where the package itself is (by the package and
+  the ones above it), and only for the names in its ``__all__``. A package's ``lowlevel`` is
+  public API for backend authors (as ``trio.lowlevel`` is trio's), so the plumbing is not
+  there; and one named door, not "any private module from above", keeps every other private
+  module free to move or change, keeps what the packages share listed in one ``__all__``
+  that the front-door check reads, and keeps the upward check and the one-home check
+  (a name is in a package's front door, its ``lowlevel`` or its ``_shared``, never two);
 - no import cycle between modules, counting the imports under ``if TYPE_CHECKING:`` too (a
   cycle that only type checkers see is still two modules that cannot be read apart);
 - no private attribute (``obj._x``) of another package's code used: every private name a
@@ -66,10 +74,28 @@ REEXPORTS: frozenset[tuple[str, str]] = frozenset(
 LOWLEVEL = (
     "gymckpt.runtime.lowlevel",
     "gymckpt.gym_adapter.lowlevel",
-    "gymckpt.nurseries.lowlevel",
 )
-"""The declared low-level namespaces: plumbing that gymckpt's own packages share (as
-``trio.lowlevel``), importable across packages like a front door, re-exported by none."""
+"""The declared low-level namespaces: public API for backend authors (people writing a
+``GymBackend`` or an environment) beyond the front door, as ``trio.lowlevel`` is trio's;
+importable across packages like a front door, re-exported by none."""
+
+SHARED_DOOR = "_shared"
+"""The one private module of a package that gymckpt's other packages may import (see the
+module docstring): ``gymckpt.<package>._shared``, at the package's top level."""
+
+
+def is_shared_door(module: str) -> bool:
+    """``gymckpt.runtime._shared`` (a package's shared door), not ``gymckpt.runtime._store``
+    nor a ``_shared`` deeper down."""
+    parts = module.split(".")
+    return len(parts) == 3 and parts[1] in TOP_FOLDERS and parts[2] == SHARED_DOOR
+
+
+def private_parts(module: str) -> list[str]:
+    """The private parts of a module's dotted name, a package's shared door not counted."""
+    if is_shared_door(module):
+        return []
+    return [p for p in module.split(".")[1:] if p.startswith("_") and p != "__version__"]
 
 
 def library_files(root: Path = ROOT) -> Iterator[Path]:
@@ -218,8 +244,7 @@ def violations(root: Path = ROOT) -> list[str]:
             tpkg = package_of(target)
             if tpkg not in ALLOWED[pkg]:
                 found.append(f"{where}:{line}: upward import of {target} ({pkg} -> {tpkg})")
-            private = [p for p in target.split(".")[1:] if p.startswith("_") and p != "__version__"]
-            if private and tpkg != pkg:
+            if private_parts(target) and tpkg != pkg:
                 found.append(f"{where}:{line}: private {target} of package {tpkg} imported")
             if target in known and target != module:
                 typing_graph[module].add(target)
@@ -274,13 +299,14 @@ def front_door_violations(
     module: str, where: str, module_nodes: list[ast.AST], nodes: Mapping[str, list[ast.AST]]
 ) -> Iterator[str]:
     """A name imported from another package's public module that the module does not export:
-    a package's front door is its ``__all__`` (and its low-level namespace's)."""
+    a package's front door is its ``__all__`` (and its low-level namespace's and its shared
+    door's)."""
     pkg = package_of(module)
     for node in module_nodes:
         if not (isinstance(node, ast.ImportFrom) and not node.level and node.module in nodes):
             continue
         target = node.module
-        if package_of(target) == pkg or any(p.startswith("_") for p in target.split(".")[1:]):
+        if package_of(target) == pkg or private_parts(target):
             continue
         exported = exports(nodes[target])
         if exported is None:
@@ -318,14 +344,14 @@ def origin(
 
 
 def exported_twice(nodes: Mapping[str, list[ast.AST]], packages: set[str]) -> list[str]:
-    """One object in the ``__all__`` of two public modules of the library's packages: give it
-    one home (the root package gathers the trainer API from all of them; ``REEXPORTS``
-    declares the deliberate re-exports)."""
+    """One object in the ``__all__`` of two public modules (or shared doors) of the library's
+    packages: give it one home (the root package gathers the trainer API from all of them;
+    ``REEXPORTS`` declares the deliberate re-exports)."""
     homes: dict[tuple[str, str], list[str]] = {}
     for module, module_nodes in sorted(nodes.items()):
         if package_of(module) not in {"runtime", "gym_adapter", "nurseries", "testing"}:
             continue
-        if any(p.startswith("_") for p in module.split(".")[1:]):
+        if private_parts(module):
             continue
         for name in exports(module_nodes) or set():
             if (module, name) not in REEXPORTS:
@@ -421,6 +447,23 @@ def test_each_lowlevel_namespace_is_one_namespace_down() -> None:
         assert not [n for n in low if hasattr(package, n)], module  # not re-exported on top
 
 
+def test_the_runtime_lowlevel_is_documented_backend_author_api() -> None:
+    """``gymckpt.runtime.lowlevel`` is public API for backend authors, not the runtime's
+    plumbing: a handful of names, each documented in its module docstring; what gymckpt's
+    own packages share besides is in ``gymckpt.runtime._shared``."""
+    import gymckpt.runtime._shared as shared
+    import gymckpt.runtime.lowlevel as lowlevel
+
+    doc = lowlevel.__doc__ or ""
+    assert "backend author" in doc
+    undocumented = [n for n in lowlevel.__all__ if f"``{n}``" not in doc]
+    assert not undocumented, (
+        f"document these in gymckpt.runtime.lowlevel's docstring: {undocumented}"
+    )
+    assert len(lowlevel.__all__) < 15, lowlevel.__all__
+    assert not set(lowlevel.__all__) & set(shared.__all__)
+
+
 def test_known_exceptions_are_still_needed() -> None:
     """Each known exception names something still in the tree (else remove the entry)."""
     known = library_modules()
@@ -508,13 +551,33 @@ def _copy_tree(dest: Path) -> None:
         ),
         (
             "benchmarks/_common.py",
-            "    from gymckpt.nurseries.lowlevel import STAGES\n",
-            "STAGES is not exported by gymckpt.nurseries.lowlevel",
+            "    from gymckpt.nurseries._shared import STAGES\n",
+            "STAGES is not exported by gymckpt.nurseries._shared",
         ),
         (
-            "nurseries/lowlevel.py",
+            "nurseries/_shared.py",
             "from ._coordinator import STAGES\n__all__ = ['PAUSE_HOLDER', 'READY', 'STAGES']\n",
-            "STAGES is exported by gymckpt.nurseries and gymckpt.nurseries.lowlevel",
+            "STAGES is exported by gymckpt.nurseries and gymckpt.nurseries._shared",
+        ),
+        (
+            "runtime/_shared.py",
+            "from ._store import write_atomic\n__all__ = ['write_atomic']\n",
+            "write_atomic is exported by gymckpt.runtime._shared and gymckpt.runtime.lowlevel",
+        ),
+        (
+            "app/snapshots.py",
+            "from gymckpt.runtime._store import tree_size\n",
+            "private gymckpt.runtime._store of package runtime imported",
+        ),
+        (
+            "gym_adapter/host/_records.py",
+            "from gymckpt.nurseries._shared import leaf_errors\n",
+            "upward import of gymckpt.nurseries._shared (gym_adapter -> nurseries)",
+        ),
+        (
+            "app/demo/main.py",
+            "from gymckpt.gym_adapter.host._shared import X\n",
+            "private gymckpt.gym_adapter.host._shared of package gym_adapter imported",
         ),
         ("nurseries/_restore.py", "    RecoveryLedger()._row_block\n", "nurseries/_restore.py:"),
     ],

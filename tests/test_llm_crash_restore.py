@@ -19,7 +19,7 @@ import pytest
 
 from gymckpt.gym_adapter import split_capture_key
 from gymckpt.runtime import SnapshotStore, load_snapshot
-from gymckpt.runtime.lowlevel import RECORDS_FILE, AgentRecords, StagedRecords, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, AgentRecords, StagedRecords, load_records
 from gymckpt.testing.openai_server import OpenAITestServer, open_openai_test_server
 
 pytestmark = pytest.mark.subprocess

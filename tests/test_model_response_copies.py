@@ -16,7 +16,7 @@ import trio
 from gymckpt.gym_adapter import Done, Environment, GymHost, RunRow
 from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.runtime import CheckpointMode
-from gymckpt.runtime.lowlevel import RECORDS_FILE, StagedRecords, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, StagedRecords, load_records
 
 pytestmark = pytest.mark.trio
 

@@ -29,7 +29,7 @@ from gymckpt.gym_adapter.environments.openai_model import (
     openai_model,
 )
 from gymckpt.runtime import CheckpointMode
-from gymckpt.runtime.lowlevel import RECORDS_FILE, StagedRecords, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, StagedRecords, load_records
 from gymckpt.testing.openai_examples import ToolAgent, first_request
 from gymckpt.testing.openai_server import (
     OpenAITestServer,

@@ -32,7 +32,7 @@ from gymckpt.gym_adapter.environments.openspiel import (  # noqa: E402
     openspiel_environment,
     reference_trajectory,
 )
-from gymckpt.runtime.lowlevel import converter  # noqa: E402
+from gymckpt.runtime._shared import converter  # noqa: E402
 
 # deterministic, explicit chance at the start (cards), chance mid-game (leduc's public card,
 # backgammon's and pig's dice every turn), simultaneous moves (goofspiel)

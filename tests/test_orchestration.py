@@ -19,7 +19,7 @@ import trio.testing
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow
 from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_state
 from gymckpt.nurseries import CheckpointCoordinator, Rollouts, open_rollouts, snapshot_problems
-from gymckpt.nurseries.lowlevel import PAUSE_HOLDER
+from gymckpt.nurseries._shared import PAUSE_HOLDER
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     AttemptState,

@@ -29,7 +29,7 @@ import pytest
 
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime import SnapshotStore
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.runtime._shared import SNAPSHOTS_DIR
 
 pytestmark = [pytest.mark.ray, pytest.mark.subprocess, pytest.mark.timeout(300)]
 

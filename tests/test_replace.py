@@ -260,7 +260,7 @@ async def test_death_between_checkpoint_stages_is_survived_exactly_once(
     sc = attrs.evolve(BASE, stage_deaths=((2, point),))
     report = await run_scenario(sc, tmp_path)
     assert report.ok, report.violations
-    first = report.incarnations[0]
+    first = report.lives[0]
     assert first.end == "finished" and first.replacements == 1, first
     assert all(r == "gym_unavailable" for _, ok, r in first.checkpoints if not ok)
     failed = [cid for cid, ok, _ in first.checkpoints if not ok]
@@ -284,7 +284,7 @@ async def test_restored_episodes_of_a_dead_instance_are_rerun_fresh_never_claime
     )
     report = await run_scenario(sc, tmp_path)
     assert report.ok, report.violations
-    restored = report.incarnations[1]
+    restored = report.lives[1]
     assert restored.restored_from == "i0-0002" and restored.end == "finished", restored
     assert restored.replacements == 1 and restored.claims == 0, restored
     assert restored.metrics["rollout/attempts_lost_to_dead_instances_total"] > 0

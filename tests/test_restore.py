@@ -26,7 +26,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     TopologyMismatch,
 )
-from gymckpt.runtime.lowlevel import STEP_FILE, StepRecord, dump_step
+from gymckpt.runtime._shared import STEP_FILE, StepRecord, dump_step
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)

@@ -26,7 +26,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
     load_snapshot,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     LEDGER_FILE,
     ORDER_FILE,
     RowOrder,

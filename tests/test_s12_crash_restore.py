@@ -17,7 +17,7 @@ from gymckpt.app.demo.main import (
     verdict,
 )
 from gymckpt.runtime import SnapshotStore, load_snapshot
-from gymckpt.runtime.lowlevel import RECORDS_FILE, SessionRecord, SessionRecords, load_records
+from gymckpt.runtime._shared import RECORDS_FILE, SessionRecord, SessionRecords, load_records
 
 pytestmark = pytest.mark.subprocess
 

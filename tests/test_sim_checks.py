@@ -1,4 +1,4 @@
-"""The invariants the simulation checks live (``sim_checks``): each reports what differs, one
+"""The invariants the simulation checks live (``checks``): each reports what differs, one
 line per finding, and never raises; the livelock budget and the census of trio tasks."""
 
 from __future__ import annotations

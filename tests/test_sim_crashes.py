@@ -1,4 +1,4 @@
-"""Crash control of one incarnation (``sim_crashes``): the crash's cancel scope, and the stream
+"""Crash control of one life (``crashes``): the crash's cancel scope, and the stream
 drops and instance deaths the scenario draws between checkpoint stages."""
 
 from __future__ import annotations

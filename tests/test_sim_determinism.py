@@ -1,4 +1,4 @@
-"""The simulation's deterministic scheduling (``sim_determinism``): switched on only for a trio it
+"""The simulation's deterministic scheduling (``determinism``): switched on only for a trio it
 was written for, put back as it was, refused clearly otherwise."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from gymckpt.app.cli import main as cli_main
-from gymckpt.app.simulation import determinism as sim_determinism
+from gymckpt.app.simulation import determinism
 from gymckpt.app.simulation.determinism import (
     TRIO_VERSIONS,
     SchedulingHookUnavailable,
@@ -98,7 +98,7 @@ def test_a_random_of_another_kind_is_refused(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_simulation_refuses_before_any_seed_and_the_cli_says_why(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sim_determinism.trio, "__version__", "0.99.0")
+    monkeypatch.setattr(determinism.trio, "__version__", "0.99.0")
 
     def no_seed(*_args: object, **_kw: object) -> None:
         pytest.fail("a seed ran on a trio the hook was not written for")

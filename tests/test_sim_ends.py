@@ -1,4 +1,4 @@
-"""How an incarnation of a simulated scenario ended (``sim_ends``): told from the error that
+"""How a life of a simulated scenario ended (``ends``): told from the error that
 stopped it, by the exit code it maps to; which ends are documented aborts, which violations."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gymckpt.app.simulation.ends import (
-    IncarnationEnd,
+    LifeEnd,
     failed_end,
     restore_may_retry,
     single_error,
@@ -30,15 +30,15 @@ def group(*errors: Exception) -> ExceptionGroup[Exception]:
 @pytest.mark.parametrize(
     ("error", "opened", "end"),
     [
-        (CheckpointsFailed("3 in a row"), True, IncarnationEnd.CHECKPOINTS_FAILED),
-        (group(GymInstanceDead("gym-0", "run")), True, IncarnationEnd.GYM_DEAD),
-        (GymUnavailable("restore: no"), False, IncarnationEnd.RESTORE_FAILED),
-        (CheckpointsFailed("3 in a row"), False, IncarnationEnd.RESTORE_FAILED),
-        (ReplacementsExhausted("gym-1", 3, 600.0), True, IncarnationEnd.REPLACEMENTS_EXHAUSTED),
+        (CheckpointsFailed("3 in a row"), True, LifeEnd.CHECKPOINTS_FAILED),
+        (group(GymInstanceDead("gym-0", "run")), True, LifeEnd.GYM_DEAD),
+        (GymUnavailable("restore: no"), False, LifeEnd.RESTORE_FAILED),
+        (CheckpointsFailed("3 in a row"), False, LifeEnd.RESTORE_FAILED),
+        (ReplacementsExhausted("gym-1", 3, 600.0), True, LifeEnd.REPLACEMENTS_EXHAUSTED),
     ],
 )
 def test_documented_aborts_are_ends_not_violations(
-    error: Exception, opened: bool, end: IncarnationEnd
+    error: Exception, opened: bool, end: LifeEnd
 ) -> None:
     failed = failed_end(error, opened=opened)
     assert failed.end is end and end.documented_abort
@@ -51,25 +51,25 @@ def test_documented_aborts_are_ends_not_violations(
     [
         (
             group(CheckpointInvariantError("owner differs"), CheckpointsFailed("x")),
-            IncarnationEnd.INVARIANT,
+            LifeEnd.INVARIANT,
             "run aborted by an invariant violation: CheckpointInvariantError: owner differs",
         ),
         (
             ManifestError("bad key 'x'"),
-            IncarnationEnd.BAD_SNAPSHOT,
+            LifeEnd.BAD_SNAPSHOT,
             "our own snapshot was refused: ManifestError: bad key 'x'",
         ),
         (
             group(group(KeyError("k"))),
-            IncarnationEnd.ERROR,
+            LifeEnd.ERROR,
             "unexpected error KeyError: 'k'",
         ),
-        (GymConnectionLost("gone", "gcs:6379"), IncarnationEnd.ERROR, "unexpected error"),
-        (BudgetExhausted("row 3"), IncarnationEnd.ERROR, "unexpected error BudgetExhausted"),
+        (GymConnectionLost("gone", "gcs:6379"), LifeEnd.ERROR, "unexpected error"),
+        (BudgetExhausted("row 3"), LifeEnd.ERROR, "unexpected error BudgetExhausted"),
     ],
 )
 def test_other_ends_are_violations_whatever_the_scenario(
-    error: Exception, end: IncarnationEnd, line: str
+    error: Exception, end: LifeEnd, line: str
 ) -> None:
     failed = failed_end(error, opened=True)
     assert failed.end is end and not end.documented_abort
@@ -77,10 +77,10 @@ def test_other_ends_are_violations_whatever_the_scenario(
 
 
 def test_an_end_reads_as_its_report_string() -> None:
-    assert IncarnationEnd.CHECKPOINTS_FAILED == "checkpoints_failed"
-    assert f"{IncarnationEnd.GYM_DEAD}" == "gym_dead"
-    assert not IncarnationEnd.FINISHED.documented_abort
-    assert not IncarnationEnd.CRASHED.documented_abort
+    assert LifeEnd.CHECKPOINTS_FAILED == "checkpoints_failed"
+    assert f"{LifeEnd.GYM_DEAD}" == "gym_dead"
+    assert not LifeEnd.FINISHED.documented_abort
+    assert not LifeEnd.CRASHED.documented_abort
 
 
 def test_single_error_unwraps_single_groups_only() -> None:

@@ -1,4 +1,4 @@
-"""The scenario's Gym (``sim_gym``): host generations told apart, what each installed, stream
+"""The scenario's Gym (``gym``): host generations told apart, what each installed, stream
 ends delivered late, and the embedded Gym a scenario opens."""
 
 from __future__ import annotations

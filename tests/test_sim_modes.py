@@ -1,4 +1,4 @@
-"""The checkpoint mode of a simulated scenario (``sim_modes``): what each incarnation's
+"""The checkpoint mode of a simulated scenario (``modes``): what each life's
 checkpoints took mid-turn is counted and reported, and ``ModeWatch`` finds an unaligned
 checkpoint that parks an episode, a prepare that asks for the wrong mode and an aligned commit
 that takes an episode mid-turn — in the real runtime and Gym with the rule broken, and against
@@ -32,22 +32,22 @@ async def test_each_mode_is_counted_and_unaligned_takes_episodes_mid_turn(
 ) -> None:
     report = await run_scenario(attrs.evolve(SC, checkpoint_mode=mode), tmp_path)
     assert report.ok, report.violations
-    (inc,) = report.incarnations
-    assert inc.checkpoint_mode == mode.value and inc.episodes_taken > 0
+    (life,) = report.lives
+    assert life.checkpoint_mode == mode.value and life.episodes_taken > 0
     if mode is ALIGNED:
-        assert inc.episodes_mid_turn == 0
+        assert life.episodes_mid_turn == 0
     else:  # the calendar agent awaits its model call, then sleeps its turn: always in a turn
-        assert 0 < inc.episodes_mid_turn <= inc.episodes_taken
+        assert 0 < life.episodes_mid_turn <= life.episodes_taken
     out = report.to_json()
     assert out["checkpoint_mode"] == mode.value
-    assert out["episodes_mid_turn"] == inc.episodes_mid_turn
-    assert out["incarnations"][0]["episodes_taken"] == inc.episodes_taken
+    assert out["episodes_mid_turn"] == life.episodes_mid_turn
+    assert out["incarnations"][0]["episodes_taken"] == life.episodes_taken
     tally = Tally()
     tally.add(report)
     summary = _json_summary(tally, 1, SC.seed, 1.0, False, [report])
     assert summary["seeds_by_mode"] == {mode.value: 1}
-    assert summary["checkpoints_by_mode"] == {mode.value: inc.checkpoints_ok}
-    assert summary["episodes_mid_turn"] == inc.episodes_mid_turn
+    assert summary["checkpoints_by_mode"] == {mode.value: life.checkpoints_ok}
+    assert summary["episodes_mid_turn"] == life.episodes_mid_turn
 
 
 async def test_an_unaligned_checkpoint_that_parks_is_a_violation(

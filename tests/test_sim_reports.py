@@ -1,14 +1,14 @@
-"""What a scenario left (``sim_reports``): the JSON form of a seed's report."""
+"""What a scenario left (``reports``): the JSON form of a seed's report."""
 
 from __future__ import annotations
 
-from gymckpt.app.simulation.reports import IncarnationReport, ScenarioReport
+from gymckpt.app.simulation.reports import LifeReport, ScenarioReport
 from gymckpt.app.simulation.scenario import Scenario
 from gymckpt.testing.hostile import HostileAct
 
 
 def report(hostile: bool = False) -> ScenarioReport:
-    inc = IncarnationReport(
+    inc = LifeReport(
         0,
         ("run:drop@2",),
         "crashed",
@@ -32,7 +32,7 @@ def report(hostile: bool = False) -> ScenarioReport:
         scenario=Scenario(seed=5, hostile=acts),
         ok=False,
         violations=("v",),
-        incarnations=(inc,),
+        lives=(inc,),
         rows_trained=10,
         rows_failed=2,
         steps=4,

@@ -1,4 +1,4 @@
-"""What a seed draws (``sim_scenario``): a pure function of the seed, within the bounds a
+"""What a seed draws (``scenario``): a pure function of the seed, within the bounds a
 runtime can finish, each dimension from a generator of its own."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import attrs
 
 from gymckpt.app.simulation.scenario import (
-    MAX_INCARNATIONS,
+    MAX_LIVES,
     Crash,
     Scenario,
     draw_scenario,
@@ -21,7 +21,7 @@ EVERY_CALL = re.compile(r"^(\w+):(\w+)(:[\d.]+)?$")  # a spec without @N: every 
 
 def test_a_scenario_is_a_pure_function_of_its_seed() -> None:
     assert draw_scenario(9) == draw_scenario(9) != draw_scenario(10)
-    assert draw_scenario(9).seed == 9 and draw_scenario(9).max_incarnations == MAX_INCARNATIONS
+    assert draw_scenario(9).seed == 9 and draw_scenario(9).max_lives == MAX_LIVES
 
 
 def test_draws_stay_within_what_a_runtime_can_finish() -> None:

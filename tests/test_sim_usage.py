@@ -1,5 +1,5 @@
-"""The simulation's real-usage dimension (``sim_usage``, ``sim_usage_env``) and its liveness
-check (``sim_liveness``): draws that are a function of the seed, each sub-dimension from its own
+"""The simulation's real-usage dimension (``usage``, ``usage_env``) and its liveness
+check (``liveness``): draws that are a function of the seed, each sub-dimension from its own
 generator; each sub-dimension exercising what it says; a stalled run reported as a liveness
 violation with its replay command.
 
@@ -72,7 +72,7 @@ def test_the_draws_are_a_function_of_the_seed() -> None:
 def test_each_sub_dimension_has_a_generator_of_its_own() -> None:
     """Switching one sub-dimension on or off leaves every other draw of the seed as it was,
     and none of them changes the scenario's other dimensions (but the crash a live restart
-    adds when the first incarnation had none)."""
+    adds when the first life had none)."""
     fields = {
         "shuffle": "order",
         "calls": "calls",
@@ -179,7 +179,7 @@ def test_shuffled_epochs_train_every_row_once_per_epoch_across_a_crash(tmp_path:
     sc = attrs.evolve(sc, usage=RealUsage(names=ALL, order=order))
     report = run_seed(sc.seed, tmp_path, scenario=sc)
     assert report.ok, report.violations
-    assert report.rows_trained == 15 and report.incarnations[0].end == "crashed"
+    assert report.rows_trained == 15 and report.lives[0].end == "crashed"
     assert report.sentinels > 0
 
 
@@ -246,9 +246,9 @@ def test_an_outage_over_the_budget_ends_with_exit_8_then_the_run_comes_back(
 ) -> None:
     report = run(tmp_path, outage=Outage(start_s=0.0, length_s=OVER_BUDGET_S))
     assert report.ok, report.violations
-    first = report.incarnations[0]
+    first = report.lives[0]
     assert first.end == "infra_outage" and "outage_budget_s=300" in (first.error or "")
-    assert report.incarnations[-1].end == "finished" and report.rows_trained == 6
+    assert report.lives[-1].end == "finished" and report.rows_trained == 6
 
 
 def test_a_live_restart_restores_into_the_running_gym(tmp_path: Path) -> None:
@@ -263,7 +263,7 @@ def test_a_live_restart_restores_into_the_running_gym(tmp_path: Path) -> None:
     )
     report = run_seed(sc.seed, tmp_path, scenario=sc)
     assert counts(report)["live_restarts"] == 1
-    first, second = report.incarnations[:2]
+    first, second = report.lives[:2]
     assert first.end == "crashed" and second.end != "crashed"
 
 
@@ -301,7 +301,7 @@ def test_a_stalled_run_is_a_liveness_violation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every episode's turn waits forever: nothing is trained, no checkpoint is taken, no
-    attempt resolves. Each incarnation is cut at the liveness bound (virtual time: this runs
+    attempt resolves. Each life is cut at the liveness bound (virtual time: this runs
     in milliseconds), reported with the seed's replay command."""
 
     async def stuck(self: Any, ctx: Any, state: Any) -> None:
@@ -309,10 +309,10 @@ def test_a_stalled_run_is_a_liveness_violation(
 
     monkeypatch.setattr(CalendarAgent, "step", stuck)
     sc = Scenario(seed=9, rows=3, group_size=1, instances=1, max_rows_in_flight=3)
-    sc = attrs.evolve(sc, groups_per_step=1, max_incarnations=2)
+    sc = attrs.evolve(sc, groups_per_step=1, max_lives=2)
     report = run_seed(sc.seed, tmp_path, scenario=sc)
     assert not report.ok
-    assert [i.end for i in report.incarnations] == ["no_progress", "no_progress"]
+    assert [i.end for i in report.lives] == ["no_progress", "no_progress"]
     assert report.violations[0] == (
         f"incarnation 0: liveness: nothing moved for {LIVENESS_S:g} virtual s (no row "
         "trained, no checkpoint, no attempt resolved) since the open (and restore) at "

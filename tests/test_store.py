@@ -25,7 +25,7 @@ from gymckpt.runtime import (
     records_digest,
     verify_snapshot,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
     MANIFEST_NAME,
@@ -33,8 +33,8 @@ from gymckpt.runtime.lowlevel import (
     CommitMarker,
     GymManifest,
     check_snapshot,
-    write_atomic,
 )
+from gymckpt.runtime.lowlevel import write_atomic
 
 TOPOLOGY = {
     "gym-0": [
@@ -614,7 +614,7 @@ def test_dumps_chunked_is_orjson_byte_for_byte(chunk: int) -> None:
     the chunk size, nested values untouched."""
     import orjson
 
-    from gymckpt.runtime.lowlevel import dumps_chunked
+    from gymckpt.runtime._shared import dumps_chunked
 
     rng = random.Random(chunk)
     for n in (0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk + 1, 50):

@@ -11,7 +11,7 @@ import pytest
 
 from gymckpt.nurseries import ExitCode, run_exit
 from gymckpt.runtime import ManifestError, TrainerTerm
-from gymckpt.runtime.lowlevel import TERM_FILE, next_term
+from gymckpt.runtime._shared import TERM_FILE, next_term
 
 
 def test_a_lineage_is_kept_and_every_start_takes_the_next_term(tmp_path: Path) -> None:

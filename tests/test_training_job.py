@@ -42,7 +42,7 @@ from gymckpt.runtime import (
     load_snapshot,
     runtime_config_from_toml,
 )
-from gymckpt.runtime.lowlevel import COMMIT_MARKER, STEP_FILE
+from gymckpt.runtime._shared import COMMIT_MARKER, STEP_FILE
 
 SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(

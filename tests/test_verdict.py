@@ -16,7 +16,7 @@ from gymckpt.runtime import (
     SnapshotStore,
     records_digest,
 )
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     GYM_STATE_DIR,
     LEDGER_FILE,
     MANIFEST_VERSION,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gymckpt.runtime import SnapshotInfo, SnapshotStore
-from gymckpt.runtime.lowlevel import MANIFEST_NAME, GymManifest
+from gymckpt.runtime._shared import MANIFEST_NAME, GymManifest
 
 from .options import MID_PUBLISH, DemoOptions
 

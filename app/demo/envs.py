@@ -222,6 +222,6 @@ def trajectory_verdict(
 
 
 def _plain_trajectory(traj: Any) -> Any:
-    from gymckpt.runtime.lowlevel import converter
+    from gymckpt.runtime._shared import converter
 
     return converter.unstructure(traj)

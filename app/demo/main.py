@@ -33,7 +33,7 @@ processes, SIGKILL, preemption), ``demo_verdict`` (the verdict from files), ``de
 from __future__ import annotations
 
 from gymckpt.nurseries import run_exit
-from gymckpt.nurseries.lowlevel import leaf_errors
+from gymckpt.nurseries._shared import leaf_errors
 
 from ..simulation.ends import single_error
 from ..toy_trainer import ToyTrainer

@@ -12,7 +12,7 @@ import attrs
 from gymckpt.gym_adapter.environments.calendar import SimConfig
 from gymckpt.nurseries import HOOK_POINTS
 from gymckpt.runtime import CheckpointMode, ManifestError, RuntimeConfig
-from gymckpt.runtime.lowlevel import structure_table
+from gymckpt.runtime._shared import structure_table
 
 from .envs import EnvChoice, env_choice
 

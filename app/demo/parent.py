@@ -26,7 +26,7 @@ import attrs
 from gymckpt.gym_adapter import EnvironmentSpecError
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime import SnapshotStore
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.runtime._shared import SNAPSHOTS_DIR
 
 from .options import DemoOptions
 from .phase import PUBLISHED, phase_error
@@ -102,6 +102,10 @@ class Preemption:
 PREEMPTION = Preemption()
 
 
+PHASE_TIMEOUT_S = 600.0
+"""Seconds a phase process may take before the demo kills it."""
+
+
 def run_until_published(cmd: list[str], timeout_s: float) -> tuple[int, bool]:
     """Run phase 1; SIGKILL it as soon as it reports its checkpoint. (returncode, killed)."""
     proc = PREEMPTION.start(cmd, stdout=subprocess.PIPE)
@@ -135,6 +139,8 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
     os.environ[PROGRESS_ENV] = "1" if progress.enabled else "0"  # for the phase processes
     t0 = time.monotonic()
     problem = environment_problem(opts)
+    if problem is None and opts.workdir:
+        problem = _workdir_problem(Path(opts.workdir))
     if problem is not None:  # before any process starts or any directory is made
         print(f"gymckpt: error: {problem}", file=sys.stderr)
         if as_json:
@@ -142,22 +148,72 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         return ExitCode.BAD_INPUT
     if opts.workdir:
         workdir = Path(opts.workdir)
-        if workdir.exists() and any(workdir.iterdir()):
-            error = f"--workdir {workdir} is not empty; give a new or empty directory"
-            print(f"gymckpt: error: {error}", file=sys.stderr)
-            if as_json:
-                print(json.dumps(error_report(error, ExitCode.BAD_INPUT, opts), sort_keys=True))
-            return ExitCode.BAD_INPUT
         workdir.mkdir(parents=True, exist_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="gymckpt-demo-"))
-    killed = False
+    demo = _Demo(opts, as_json, workdir, t0)
+    PREEMPTION.install()
+    if opts.crash_after_checkpoint:
+        return demo.crash_and_restore(progress)
+    rc = PREEMPTION.run(phase_cmd(opts, workdir, 1, 0), PHASE_TIMEOUT_S, stdout=phase_stdout())
+    if PREEMPTION.received is not None:
+        return demo.finish(*preempted(workdir, rc))
+    if rc != 0:
+        return demo.finish(rc, phase=1)
+    return demo.finish(0)
 
-    def finish(rc: int, error: str | None = None, phase: int | None = None) -> int:
+
+def _workdir_problem(workdir: Path) -> str | None:
+    """Why ``--workdir`` cannot take the demo (it is not empty), or None."""
+    if workdir.exists() and any(workdir.iterdir()):
+        return f"--workdir {workdir} is not empty; give a new or empty directory"
+    return None
+
+
+@attrs.define(eq=False, slots=True)
+class _Demo:
+    """One run of the demo in ``workdir``, from ``t0``: its phases, and its report."""
+
+    opts: DemoOptions
+    as_json: bool
+    workdir: Path
+    t0: float
+    killed: bool = False
+    """Phase 1 was killed with SIGKILL (by the demo, or by itself at its crash stage)."""
+
+    def crash_and_restore(self, progress: Progress) -> int:
+        """Phase 1 until its checkpoint is published, SIGKILLed; then phase 2 restores."""
+        opts, workdir = self.opts, self.workdir
+        progress(
+            f"phase 1: trainer process, SIGKILL after checkpoint "
+            f"{opts.crash_after_checkpoint} (workdir {workdir})"
+        )
+        rc, self.killed = run_until_published(
+            phase_cmd(opts, workdir, 1, opts.crash_after_checkpoint), PHASE_TIMEOUT_S
+        )
+        if opts.crash_stage is not None and rc == -signal.SIGKILL:
+            self.killed = True  # phase 1 killed itself at its crash stage
+        if PREEMPTION.received is not None:
+            return self.finish(*preempted(workdir, rc))
+        if not self.killed:
+            if rc != 0:
+                return self.finish(rc, phase=1)
+            progress("phase 1 finished before its checkpoint was published; no crash")
+            return self.finish(0)
+        progress(f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
+        rc = PREEMPTION.run(phase_cmd(opts, workdir, 2, 0), PHASE_TIMEOUT_S, stdout=phase_stdout())
+        if PREEMPTION.received is not None:
+            return self.finish(*preempted(workdir, rc))
+        if rc != 0:
+            return self.finish(rc, phase=2)
+        return self.finish(0)
+
+    def finish(self, rc: int, error: str | None = None, phase: int | None = None) -> int:
         """Report the run (finished or not) and return its exit code."""
+        opts, workdir = self.opts, self.workdir
         if error is None and rc != 0 and phase is not None:
             error = phase_error(workdir, phase, rc)
-        report = run_report(opts, workdir, killed, t0)
+        report = run_report(opts, workdir, self.killed, self.t0)
         if error is not None:
             report.update(exactly_once=False, error=error, exit_code=int(rc))
         else:
@@ -168,44 +224,11 @@ def run_demo(opts: DemoOptions, as_json: bool) -> int:
         if not kept:
             shutil.rmtree(workdir, ignore_errors=True)
         report["workdir_kept"] = kept
-        if as_json:
+        if self.as_json:
             print(json.dumps(report, sort_keys=True))
         elif error is None:
             print_report(report)
         return rc
-
-    timeout = 600.0
-    PREEMPTION.install()
-    if opts.crash_after_checkpoint:
-        progress(
-            f"phase 1: trainer process, SIGKILL after checkpoint "
-            f"{opts.crash_after_checkpoint} (workdir {workdir})"
-        )
-        rc, killed = run_until_published(
-            phase_cmd(opts, workdir, 1, opts.crash_after_checkpoint), timeout
-        )
-        if opts.crash_stage is not None and rc == -signal.SIGKILL:
-            killed = True  # phase 1 killed itself at its crash stage
-        if PREEMPTION.received is not None:
-            return finish(*preempted(workdir, rc))
-        if not killed:
-            if rc != 0:
-                return finish(rc, phase=1)
-            progress("phase 1 finished before its checkpoint was published; no crash")
-        else:
-            progress(f"phase 1: killed with SIGKILL (exit {rc}); phase 2 restores")
-            rc = PREEMPTION.run(phase_cmd(opts, workdir, 2, 0), timeout, stdout=phase_stdout())
-            if PREEMPTION.received is not None:
-                return finish(*preempted(workdir, rc))
-            if rc != 0:
-                return finish(rc, phase=2)
-    else:
-        rc = PREEMPTION.run(phase_cmd(opts, workdir, 1, 0), timeout, stdout=phase_stdout())
-        if PREEMPTION.received is not None:
-            return finish(*preempted(workdir, rc))
-        if rc != 0:
-            return finish(rc, phase=1)
-    return finish(0)
 
 
 def environment_problem(opts: DemoOptions) -> str | None:

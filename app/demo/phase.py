@@ -26,7 +26,7 @@ import trio
 
 from gymckpt.gym_adapter import GymBackend, RunRow
 from gymckpt.gym_adapter.environments.calendar import calendar_embedded, calendar_http, calendar_ray
-from gymckpt.nurseries import ExitCode, open_rollouts, run_exit
+from gymckpt.nurseries import CheckpointOutcome, ExitCode, Rollouts, open_rollouts, run_exit
 from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted
 from gymckpt.runtime.lowlevel import write_atomic
 
@@ -111,22 +111,7 @@ async def run_phase(
     """Run one trainer process's worth of the demo; returns its result record."""
     default = "1" if sys.stderr.isatty() else "0"
     progress = Progress(enabled=os.environ.get(PROGRESS_ENV, default) == "1")
-    journal = Journal(workdir / JOURNAL)
-    total_steps = -(-opts.rows // opts.groups_per_step)
-    outcomes = []
-
-    def audit(instance: str, rows: Sequence[RunRow]) -> None:
-        for r in rows:
-            if r.restored_from is not None:  # a restored episode's one dispatch (S11)
-                journal.append(
-                    {
-                        "phase": phase,
-                        "dispatch": r.rollout_id,
-                        "instance": instance,
-                        "restored_from": r.restored_from,
-                    }
-                )
-
+    run = _Phase(opts, phase, crash_after, Journal(workdir / JOURNAL), progress)
     async with (
         open_gym(opts, workdir) as gym,
         open_rollouts(
@@ -137,92 +122,148 @@ async def run_phase(
             config=opts.runtime_config(),
             max_rows_in_flight=opts.max_rows_in_flight,
             run_id=f"p{phase}",
-            on_dispatch=audit,
+            on_dispatch=run.audit,
         ) as rollouts,
     ):
         if crash_after and opts.crash_stage is not None:
             install_crash(opts, phase, crash_after, rollouts)
-        trainer = ToyTrainer()
         if rollouts.trainer_state is not None:
-            trainer = ToyTrainer.from_bytes(rollouts.trainer_state)
+            run.trainer = ToyTrainer.from_bytes(rollouts.trainer_state)
         if rollouts.restored is not None:
-            summary = rollouts.restore_summary
-            journal.append(
-                {
-                    "phase": phase,
-                    "restore_to_step": trainer.step,
-                    "snapshot": rollouts.restored.snapshot.checkpoint_id,
-                }
-            )
-            assert summary is not None
-            progress(
-                f"[phase {phase}] restored {rollouts.restored.snapshot.checkpoint_id}"
-                f" at step {trainer.step}: {summary.restored} episodes parked in Gym, "
-                f"{summary.completed_untrained} completed but untrained, "
-                f"{summary.reserved + summary.redispatched_fresh} to dispatch again"
-            )
-        published = 0
-        # an async generator (annotated as an iterator): close it here, not at garbage collection
-        batches = cast(
-            AsyncGenerator[list[CompletedGroup], None],
-            rollouts.batches(opts.groups_per_step, state=lambda: trainer.to_bytes()),
-        )
-        async with aclosing(batches):  # an abort mid-loop finalises the generator here
-            try:
-                async for batch in batches:
-                    rewards = [r.reward for g in batch for r in g.results]
-                    trainer = trainer.train(rewards, len(batch))
-                    record: dict[str, Any] = {
-                        "phase": phase,
-                        "step": trainer.step,
-                        "rows": [g.row for g in batch],
-                    }
-                    if opts.env_choice is not None:
-                        record["episodes"] = journal_episodes(batch)
-                    journal.append(record)
-                    progress(
-                        f"[phase {phase}] step {trainer.step}/{total_steps} "
-                        f"rows {trainer.rows_trained}/{opts.rows} "
-                        f"reward≈{trainer.reward_ema:.3f}",
-                        frequent=True,
-                    )
-                    if trainer.step % opts.checkpoint_every == 0:
-                        outcome = await rollouts.checkpoint(trainer.to_bytes())
-                        outcomes.append(outcome)
-                        journal.append(checkpoint_record(phase, outcome))
-                        progress(
-                            f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
-                            f"{'ok' if outcome.ok else outcome.reason} "
-                            f"({outcome.episodes} episodes parked, "
-                            f"{outcome.drained} drained)",
-                            frequent=published > 0 or not outcome.ok,
-                        )  # the first is shown
-                        if outcome.ok:
-                            published += 1
-                            if crash_after and published == crash_after:
-                                print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
-            except Preempted:
-                pass  # its final checkpoint is taken (or tried): the record below says which
-        # a last checkpoint saves the environment state the verdict reads
-        final = rollouts.outcomes[-1] if rollouts.final_snapshot is not None else None  # preempted
-        for _ in range(
-            0 if final is not None else opts.runtime_config().max_consecutive_failures + 1
-        ):
-            final = await rollouts.checkpoint(trainer.to_bytes())
-            outcomes.append(final)
-            journal.append(checkpoint_record(phase, final))
-            if final.ok:
-                break
-        assert final is not None
+            run.journal_restore(rollouts)
+        await run.train(rollouts)
+        final = await run.final_checkpoint(rollouts)
         metrics = rollouts.metrics.snapshot()
         restore_summary = rollouts.restore_summary
     return {
         "phase": phase,
-        "steps": trainer.step,
+        "steps": run.trainer.step,
         "final_snapshot": str(final.snapshot.path) if final.snapshot else None,
         "restored": attrs.asdict(restore_summary) if restore_summary else None,
         "metrics": metrics,
     }
+
+
+@attrs.define(eq=False, slots=True)
+class _Phase:
+    """One phase's trainer and what it journals: restored dispatches, the restore, every
+    step and checkpoint; ``PUBLISHED`` once its ``crash_after``-th checkpoint is published."""
+
+    opts: DemoOptions
+    phase: int
+    crash_after: int
+    journal: Journal
+    progress: Progress
+    trainer: ToyTrainer = attrs.field(factory=ToyTrainer)
+    outcomes: list[CheckpointOutcome] = attrs.field(factory=list)
+    published: int = 0
+    """Checkpoints this phase published in its loop."""
+
+    def audit(self, instance: str, rows: Sequence[RunRow]) -> None:
+        """``open_rollouts``' ``on_dispatch``: a restored episode's one dispatch (S11)."""
+        for r in rows:
+            if r.restored_from is not None:
+                self.journal.append(
+                    {
+                        "phase": self.phase,
+                        "dispatch": r.rollout_id,
+                        "instance": instance,
+                        "restored_from": r.restored_from,
+                    }
+                )
+
+    def journal_restore(self, rollouts: Rollouts) -> None:
+        """The restore this phase started from, journaled and shown."""
+        restored, summary = rollouts.restored, rollouts.restore_summary
+        assert restored is not None
+        phase, trainer = self.phase, self.trainer
+        self.journal.append(
+            {
+                "phase": phase,
+                "restore_to_step": trainer.step,
+                "snapshot": restored.snapshot.checkpoint_id,
+            }
+        )
+        assert summary is not None
+        self.progress(
+            f"[phase {phase}] restored {restored.snapshot.checkpoint_id}"
+            f" at step {trainer.step}: {summary.restored} episodes parked in Gym, "
+            f"{summary.completed_untrained} completed but untrained, "
+            f"{summary.reserved + summary.redispatched_fresh} to dispatch again"
+        )
+
+    async def train(self, rollouts: Rollouts) -> None:
+        """Train on every batch, journal each step, checkpoint every ``checkpoint_every``
+        steps; a preemption ends the loop after its final checkpoint."""
+        # an async generator (annotated as an iterator): close it here, not at garbage collection
+        batches = cast(
+            AsyncGenerator[list[CompletedGroup], None],
+            rollouts.batches(self.opts.groups_per_step, state=lambda: self.trainer.to_bytes()),
+        )
+        async with aclosing(batches):  # an abort mid-loop finalises the generator here
+            try:
+                async for batch in batches:
+                    self.trained(batch)
+                    if self.trainer.step % self.opts.checkpoint_every == 0:
+                        await self.checkpoint(rollouts)
+            except Preempted:
+                pass  # its final checkpoint is taken (or tried): the record below says which
+
+    def trained(self, batch: Sequence[CompletedGroup]) -> None:
+        """One step on ``batch``, journaled and shown."""
+        opts, phase = self.opts, self.phase
+        rewards = [r.reward for g in batch for r in g.results]
+        trainer = self.trainer = self.trainer.train(rewards, len(batch))
+        record: dict[str, Any] = {
+            "phase": phase,
+            "step": trainer.step,
+            "rows": [g.row for g in batch],
+        }
+        if opts.env_choice is not None:
+            record["episodes"] = journal_episodes(batch)
+        self.journal.append(record)
+        total_steps = -(-opts.rows // opts.groups_per_step)
+        self.progress(
+            f"[phase {phase}] step {trainer.step}/{total_steps} "
+            f"rows {trainer.rows_trained}/{opts.rows} "
+            f"reward≈{trainer.reward_ema:.3f}",
+            frequent=True,
+        )
+
+    async def checkpoint(self, rollouts: Rollouts) -> None:
+        """A periodic checkpoint, journaled and shown (the first one, and any failed one,
+        even when progress is sparse); ``PUBLISHED`` on stdout at the ``crash_after``-th."""
+        phase = self.phase
+        outcome = await rollouts.checkpoint(self.trainer.to_bytes())
+        self.outcomes.append(outcome)
+        self.journal.append(checkpoint_record(phase, outcome))
+        self.progress(
+            f"[phase {phase}] checkpoint {outcome.checkpoint_id}: "
+            f"{'ok' if outcome.ok else outcome.reason} "
+            f"({outcome.episodes} episodes parked, "
+            f"{outcome.drained} drained)",
+            frequent=self.published > 0 or not outcome.ok,
+        )  # the first is shown
+        if outcome.ok:
+            self.published += 1
+            if self.crash_after and self.published == self.crash_after:
+                print(f"{PUBLISHED} {outcome.checkpoint_id}", flush=True)
+
+    async def final_checkpoint(self, rollouts: Rollouts) -> CheckpointOutcome:
+        """A last checkpoint, which saves the environment state the verdict reads (a
+        preempted run's final one, when it published), retried up to
+        ``max_consecutive_failures`` + 1 times."""
+        final = rollouts.outcomes[-1] if rollouts.final_snapshot is not None else None  # preempted
+        for _ in range(
+            0 if final is not None else self.opts.runtime_config().max_consecutive_failures + 1
+        ):
+            final = await rollouts.checkpoint(self.trainer.to_bytes())
+            self.outcomes.append(final)
+            self.journal.append(checkpoint_record(self.phase, final))
+            if final.ok:
+                break
+        assert final is not None
+        return final
 
 
 def phase_main(opts: DemoOptions, workdir: Path, phase: int, crash_after: int) -> int:

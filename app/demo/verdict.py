@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gymckpt.runtime import SnapshotStore
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR
+from gymckpt.runtime._shared import SNAPSHOTS_DIR
 
 from ..verdict import judge
 from .envs import trajectory_verdict

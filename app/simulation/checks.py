@@ -1,12 +1,12 @@
-"""The invariants the simulation checks, during and after each incarnation, and the guards of a
+"""The invariants the simulation checks, during and after each life, and the guards of a
 whole scenario (a livelock budget in task steps, trio tasks left behind).
 
 Every check reports what it found through ``violation`` (one line naming what differs) and
 never raises: a scenario collects every violation, so one seed's report says all that went
 wrong. The final verdict over a scenario's lineage and final snapshot is ``verdict.judge``;
-what is checked here is what only a live incarnation can see:
+what is checked here is what only a running life can see:
 
-* after every incarnation, crashed or not: admission open, the deadline pause released, the
+* after every life, crashed or not: admission open, the deadline pause released, the
   barrier free, no reply stream left open (``check_released``);
 * budgets: every row attempt spent is a failed or abandoned attempt (refusals and instance
   deaths cost nothing), no data failure beyond what the environment's hostile acts account
@@ -32,7 +32,7 @@ from gymckpt.gym_adapter import EmbeddedGym, GymStatistics, RunRow
 from gymckpt.gym_adapter.environments.calendar import calendar_state
 from gymckpt.nurseries import Rollouts
 from gymckpt.runtime import ADMISSION_CLOSED_ROWS
-from gymckpt.runtime.lowlevel import LEDGER_FILE, load_ledger_snapshot
+from gymckpt.runtime._shared import LEDGER_FILE, load_ledger_snapshot
 from gymckpt.testing.hostile import HostileActs
 
 from .gym import generations, installs
@@ -92,7 +92,7 @@ def all_tasks() -> set[trio.lowlevel.Task]:
 
 
 def check_released(violation: Violation, ro: Rollouts) -> None:
-    """Whatever ended the incarnation: admission open, pause released, barrier free."""
+    """Whatever ended the life: admission open, pause released, barrier free."""
     gate = ro.coordinator.gate.statistics()
     if not gate.open:
         violation(f"admission left closed by {gate.closed_by}")

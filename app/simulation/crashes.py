@@ -1,12 +1,12 @@
-"""Crash control of one incarnation: where it is abandoned, and what Gym does between two
+"""Crash control of one life: where it is abandoned, and what Gym does between two
 checkpoint stages.
 
-A crash abandons the whole runtime and its embedded Gym: ``scope`` is the incarnation's cancel
+A crash abandons the whole runtime and its embedded Gym: ``scope`` is the life's cancel
 scope, cancelled ``Crash.at_s`` virtual seconds after ``arm`` or at a coordinator hook point of
-one of its checkpoints. At the hook points, the scenario's races strike too (every incarnation
+one of its checkpoints. At the hook points, the scenario's races strike too (every life
 but the last): Gym ends one open reply stream (``Scenario.stage_drops``), or one live instance
-dies (``Scenario.stage_deaths``) and is replaced. Checkpoints are counted per incarnation, in
-the order their hook points are first reached (their ids go on across incarnations).
+dies (``Scenario.stage_deaths``) and is replaced. Checkpoints are counted per life, in
+the order their hook points are first reached (their ids go on across lives).
 
 Which instance is struck, and where in its streams, is drawn from the scenario's own
 ``random.Random``, in the order the hook points are reached: deterministic under the
@@ -29,17 +29,17 @@ __all__ = ["CrashControl"]
 
 @attrs.define(eq=False, slots=True)
 class CrashControl:
-    """The crash and the stage races of one incarnation; ``gym`` is set once it is open."""
+    """The crash and the stage races of one life; ``gym`` is set once it is open."""
 
     scenario: Scenario
     rng: random.Random
     crash: Crash | None
     races: bool
-    """Whether the scenario's stage drops and deaths strike (every incarnation but the last)."""
+    """Whether the scenario's stage drops and deaths strike (every life but the last)."""
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     gym: EmbeddedGym | None = attrs.field(default=None, init=False)
     checkpoint_ids: list[str] = attrs.field(factory=list, init=False)
-    """This incarnation's checkpoints, in the order their first hook point was reached."""
+    """This life's checkpoints, in the order their first hook point was reached."""
 
     def arm(self) -> None:
         """Start the crash's clock (a crash ``at_s`` after now), if it has one."""

@@ -1,11 +1,11 @@
-"""How an incarnation of a simulated scenario ended (``IncarnationEnd``), told from what stopped
+"""How a life of a simulated scenario ended (``LifeEnd``), told from what stopped
 it: the error its trainer's run raised, classified by its kind of failure
 (``gymckpt.nurseries.run_failure`` over ``gymckpt.runtime.FailureKind``: the same
 classification as the coordinator, ``gymckpt.run`` and the demo).
 
 Some ends are aborts the contract documents (checkpoints failing too often, every instance
 dead, a restore Gym could not serve, an instance dying past its replacement budget): the next
-incarnation restores, as after a crash; they are violations only when nothing in the scenario
+life restores, as after a crash; they are violations only when nothing in the scenario
 could have caused them. The others are violations whatever the scenario: an invariant abort,
 one of our own snapshots refused, no progress, any other error.
 """
@@ -20,11 +20,11 @@ from gymckpt.gym_adapter import GymInstanceDead
 from gymckpt.nurseries import run_failure
 from gymckpt.runtime import FailureKind
 
-__all__ = ["FailedEnd", "IncarnationEnd", "failed_end", "restore_may_retry", "single_error"]
+__all__ = ["FailedEnd", "LifeEnd", "failed_end", "restore_may_retry", "single_error"]
 
 
-class IncarnationEnd(enum.StrEnum):
-    """``IncarnationReport.end``: what ended one incarnation."""
+class LifeEnd(enum.StrEnum):
+    """``LifeReport.end``: what ended one life."""
 
     FINISHED = "finished"
     """The dataset is done and the final snapshot published."""
@@ -46,9 +46,9 @@ class IncarnationEnd(enum.StrEnum):
     BAD_SNAPSHOT = "bad_snapshot"
     """One of our own snapshots did not load (exit 2): a violation."""
     NO_PROGRESS = "no_progress"
-    """Nothing moved within the liveness bound (``sim_liveness``): a violation."""
+    """Nothing moved within the liveness bound (``liveness``): a violation."""
     STALLED = "stalled"
-    """Moved, but did not end within the incarnation's total-time cap: a violation."""
+    """Moved, but did not end within the life's total-time cap: a violation."""
     ERROR = "error"
     """Anything else: a violation."""
 
@@ -60,11 +60,11 @@ class IncarnationEnd(enum.StrEnum):
 
 _DOCUMENTED_ABORTS = frozenset(
     {
-        IncarnationEnd.CHECKPOINTS_FAILED,
-        IncarnationEnd.GYM_DEAD,
-        IncarnationEnd.RESTORE_FAILED,
-        IncarnationEnd.REPLACEMENTS_EXHAUSTED,
-        IncarnationEnd.INFRA_OUTAGE,
+        LifeEnd.CHECKPOINTS_FAILED,
+        LifeEnd.GYM_DEAD,
+        LifeEnd.RESTORE_FAILED,
+        LifeEnd.REPLACEMENTS_EXHAUSTED,
+        LifeEnd.INFRA_OUTAGE,
     }
 )
 
@@ -89,40 +89,38 @@ def single_error(exc: BaseException) -> BaseException:
 
 @attrs.frozen
 class FailedEnd:
-    """An incarnation's end by an error: the end, the error (``Type: message``) and, when the
+    """A life's end by an error: the end, the error (``Type: message``) and, when the
     end is a violation whatever the scenario, the violation's line."""
 
-    end: IncarnationEnd
+    end: LifeEnd
     error: str
     violation: str | None = None
 
 
 def failed_end(exc: BaseException, *, opened: bool) -> FailedEnd:
-    """Classify the error that ended an incarnation (``opened``: ``open_rollouts`` had
+    """Classify the error that ended a life (``opened``: ``open_rollouts`` had
     yielded, so the restore, if any, succeeded)."""
     decided = run_failure(exc)
     err = decided[1] if decided is not None else single_error(exc)
     error = f"{type(err).__name__}: {err}"
     kind = decided[0] if decided is not None else None
     if kind is FailureKind.REPLACEMENTS_EXHAUSTED:
-        return FailedEnd(IncarnationEnd.REPLACEMENTS_EXHAUSTED, error)
+        return FailedEnd(LifeEnd.REPLACEMENTS_EXHAUSTED, error)
     if kind is FailureKind.INFRA_OUTAGE:
-        return FailedEnd(IncarnationEnd.INFRA_OUTAGE, error)
+        return FailedEnd(LifeEnd.INFRA_OUTAGE, error)
     if kind in _GYM_GAVE_UP:
         if not opened:  # open_rollouts never yielded: the restore gave up
-            return FailedEnd(IncarnationEnd.RESTORE_FAILED, error)
+            return FailedEnd(LifeEnd.RESTORE_FAILED, error)
         if isinstance(err, GymInstanceDead):
-            return FailedEnd(IncarnationEnd.GYM_DEAD, error)
-        return FailedEnd(IncarnationEnd.CHECKPOINTS_FAILED, error)
+            return FailedEnd(LifeEnd.GYM_DEAD, error)
+        return FailedEnd(LifeEnd.CHECKPOINTS_FAILED, error)
     if kind is FailureKind.INVARIANT:
         return FailedEnd(
-            IncarnationEnd.INVARIANT, error, f"run aborted by an invariant violation: {error}"
+            LifeEnd.INVARIANT, error, f"run aborted by an invariant violation: {error}"
         )
     if kind in _REFUSED:
-        return FailedEnd(
-            IncarnationEnd.BAD_SNAPSHOT, error, f"our own snapshot was refused: {error}"
-        )
-    return FailedEnd(IncarnationEnd.ERROR, error, f"unexpected error {error}")
+        return FailedEnd(LifeEnd.BAD_SNAPSHOT, error, f"our own snapshot was refused: {error}")
+    return FailedEnd(LifeEnd.ERROR, error, f"unexpected error {error}")
 
 
 def restore_may_retry(exc: BaseException) -> bool:

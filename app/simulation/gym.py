@@ -1,7 +1,7 @@
-"""The scenario's Gym: the embedded deployment a scenario's incarnation runs on, the transport
+"""The scenario's Gym: the embedded deployment a scenario's life runs on, the transport
 latency it may add (stream ends delivered late), and how its instance generations are counted.
 
-Every incarnation opens a fresh embedded Gym in its own work directory; with hostile acts, the
+Every life opens a fresh embedded Gym in its own work directory; with hostile acts, the
 same calendar workplace doing them. A Gym instance that dies is replaced under the same name;
 ``generations`` tells the hosts apart (name, how many of that name were replaced before), so
 the simulation can count what each generation installed from a restore.

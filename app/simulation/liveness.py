@@ -1,11 +1,11 @@
 """Liveness: a run makes progress or ends with its exit code (``Liveness``).
 
 Exactly once is a safety property: a run that hangs forever never violates it. So the
-simulation checks liveness too. An incarnation *moves* when a row is trained (the trainer gets
+simulation checks liveness too. A life *moves* when a row is trained (the trainer gets
 a step), a checkpoint ends (either way), an attempt is resolved (Gym replies with a completed
 or failed episode), or the restore is done. Nothing moving for ``bound_s`` virtual seconds is
-a violation, ``liveness``, with the seed's replay command like every other: the incarnation is
-cut there (``IncarnationEnd.NO_PROGRESS``) and the next one restores, as after a crash.
+a violation, ``liveness``, with the seed's replay command like every other: the life is
+cut there (``LifeEnd.NO_PROGRESS``) and the next one restores, as after a crash.
 
 The bound is derived from the scenario (``liveness_bound_s``): ``LIVENESS_S`` (far above the
 longest gap a healthy seed shows: a hung attempt abandoned at the dispatcher's request
@@ -14,11 +14,11 @@ legitimately take with nothing moving: the longest drawn long turn and the drawn
 outage.
 
 Before this check existed, a run that hung (rows failed for good with nothing left in flight,
-issue 31 finding 6) was only cut by the incarnation's total-time cap (``STALL_S``, 5000
+issue 31 finding 6) was only cut by the life's total-time cap (``STALL_S``, 5000
 virtual seconds); that cap stays, for a run that moves but never ends.
 
 The watch adds no task and no scheduling point: moving pushes the deadline of a cancel scope
-(``scope``) the incarnation runs in, so a seed's run is the same run with or without it until
+(``scope``) the life runs in, so a seed's run is the same run with or without it until
 the bound is hit. ``Moving`` is the Gym as the runtime sees it, with every reply batch
 counted as a move.
 """
@@ -50,7 +50,7 @@ def liveness_bound_s(longest_wait_s: float) -> float:
 
 @attrs.define(eq=False, slots=True)
 class Liveness:
-    """The liveness watch of one incarnation: ``arm`` once inside the trio run, ``moved`` on
+    """The liveness watch of one life: ``arm`` once inside the trio run, ``moved`` on
     every move; ``stalled`` once the scope was cut by the bound."""
 
     bound_s: float
@@ -76,7 +76,7 @@ class Liveness:
 
     def still(self) -> float:
         """How long nothing has moved now; kept in ``longest_still_s`` (call it at the end
-        too: the stretch before the incarnation ended counts)."""
+        too: the stretch before the life ended counts)."""
         gap = trio.current_time() - self.last_at
         self.longest_still_s = max(self.longest_still_s, gap)
         return gap

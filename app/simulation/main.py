@@ -21,7 +21,7 @@ on after every scenario:
   exceed ``max_consecutive_failures`` in a row;
 * every restored episode dispatched once, on its original replica; Gym installed exactly what
   the ledger restored;
-* after every incarnation, crashed or not: admission open, the deadline pause released, the
+* after every life, crashed or not: admission open, the deadline pause released, the
   barrier free, no stream left open; Gym not parked beyond its lease;
 * every published snapshot verifies offline; no trio task is left behind.
 
@@ -35,7 +35,7 @@ durable log, and the dead attempts' sessions are freed there). After each restor
 anything is dispatched, no instance may hold the state of an attempt the snapshot's ledger
 dropped.
 
-Real usage (``--real-usage``, ``sim_usage``; all of it by default on the command line, none for
+Real usage (``--real-usage``, ``usage``; all of it by default on the command line, none for
 in-process callers) draws the workload the way people run RL, each sub-dimension from its own
 generator and switchable on its own: ``shuffle`` (rows in a shuffled order), ``calls`` (two or
 three concurrent model calls in one turn, in a trio nursery), ``long-turns`` (turns longer than
@@ -43,16 +43,16 @@ the control timeout and the lease), ``outages`` (the model server down for a dra
 virtual time, calls raising ``ModelUnavailable``), ``live-restart`` (the first trainer dies and
 its Gym keeps running: the next restores into it) and ``second-trainer`` (another trainer opens
 the same Gym: it must be refused, the first run unaffected). The same invariants hold, and
-two more: no row given up for a model-server outage, and *liveness* (``sim_liveness``): an
-incarnation in which nothing moves (no row trained, no checkpoint, no attempt resolved) for
+two more: no row given up for a model-server outage, and *liveness* (``liveness``): a
+life in which nothing moves (no row trained, no checkpoint, no attempt resolved) for
 the scenario's bound of virtual time is a violation, replayable like every other.
 
 A *crash* abandons the whole runtime and its embedded Gym at a random virtual time or at a
-coordinator hook point (the incarnation's cancel scope is cancelled), and the next incarnation
+coordinator hook point (the life's cancel scope is cancelled), and the next life
 restores the latest complete snapshot into a fresh embedded Gym in the same trio run — or, with
 ``rollback``, an older snapshot copied into a fresh work directory. Aborts the contract documents
 (checkpoints failing too often, every instance dead, a restore Gym cannot serve) end an
-incarnation the same way. The last incarnation runs without faults or crashes, so every scenario
+life the same way. The last life runs without faults or crashes, so every scenario
 must end with the whole dataset judged.
 
 Determinism (each seed replays exactly)
@@ -64,7 +64,7 @@ Determinism (each seed replays exactly)
   Hypothesis plugin flips, so each batch is first sorted by task creation order and then
   shuffled by that seeded Random: the order does not depend on the order in which wakeups
   were issued (e.g. iterating a set of objects hashed by ``id``). Both names are trio's
-  privates: ``sim_determinism`` checks that the installed trio is one the hook was written for
+  privates: ``determinism`` checks that the installed trio is one the hook was written for
   (``TRIO_VERSIONS``) and refuses to simulate on any other (``gymckpt simulate`` exits 2 with
   one line saying which trio it found).
 * String hashing: set iteration order of strings depends on ``PYTHONHASHSEED``; the CLI
@@ -76,13 +76,13 @@ The replay command of a failing seed is ``gymckpt simulate --seeds 1 --start SEE
 
 Layout
 ------
-``sim_scenario`` (what a seed draws), ``sim_determinism`` (the guarded scheduling hook),
-``sim_gym`` (the scenario's Gym), ``sim_crashes`` (crash control and stage races),
-``sim_usage`` (the real-usage draws), ``sim_usage_env`` (the workplace used that way and what
-it counted), ``sim_liveness`` (the liveness watch), ``sim_incarnation`` (one trainer
-incarnation), ``sim_ends`` (how an incarnation ended),
-``sim_checks`` (the invariants checked live), ``sim_state`` (the scenario across incarnations
-and its final verdict), ``sim_reports`` (reports and their JSON), ``sim_runner`` (a scenario,
+``scenario`` (what a seed draws), ``determinism`` (the guarded scheduling hook),
+``gym`` (the scenario's Gym), ``crashes`` (crash control and stage races),
+``usage`` (the real-usage draws), ``usage_env`` (the workplace used that way and what
+it counted), ``liveness`` (the liveness watch), ``life`` (one trainer
+life), ``ends`` (how a life ended),
+``checks`` (the invariants checked live), ``state`` (the scenario across lives
+and its final verdict), ``reports`` (reports and their JSON), ``runner`` (a scenario,
 a seed); this module is ``gymckpt simulate``: seeds in a row, progress, the summary.
 """
 
@@ -102,7 +102,7 @@ import attrs
 from gymckpt.nurseries import ExitCode
 
 from .determinism import SchedulingHookUnavailable, check_scheduling_hook
-from .reports import IncarnationReport, ScenarioReport
+from .reports import LifeReport, ScenarioReport
 from .runner import run_scenario, run_seed
 from .scenario import Crash, Scenario, draw_scenario, replay_command
 from .usage import USAGE_NAMES, parse_real_usage, usage_flag
@@ -110,7 +110,7 @@ from .usage import USAGE_NAMES, parse_real_usage, usage_flag
 __all__ = [
     "USAGE_NAMES",
     "Crash",
-    "IncarnationReport",
+    "LifeReport",
     "Scenario",
     "ScenarioReport",
     "SchedulingHookUnavailable",
@@ -132,7 +132,7 @@ class Tally:
 
     failed: list[ScenarioReport] = attrs.field(factory=list)
     ends: Counter[str] = attrs.field(factory=Counter)
-    """Incarnations by how they ended."""
+    """Lives by how they ended."""
     faults_fired: int = 0
     restores: int = 0
     rollbacks: int = 0
@@ -166,15 +166,15 @@ class Tally:
         self.seeds_by_mode[report.scenario.checkpoint_mode.value] += 1
         self.episodes_mid_turn += report.episodes_mid_turn
         self.seeds_mid_turn += report.episodes_mid_turn > 0
-        for inc in report.incarnations:
-            self.struck.update(dict(inc.hostile_fired))
-            self.checkpoints_by_mode[inc.checkpoint_mode] += inc.checkpoints_ok
-            self.taken_by_mode[inc.checkpoint_mode] += inc.episodes_taken
-        self.ends.update(inc.end for inc in report.incarnations)
-        self.faults_fired += sum(len(inc.faults_fired) for inc in report.incarnations)
-        self.restores += sum(inc.restored_from is not None for inc in report.incarnations)
+        for life in report.lives:
+            self.struck.update(dict(life.hostile_fired))
+            self.checkpoints_by_mode[life.checkpoint_mode] += life.checkpoints_ok
+            self.taken_by_mode[life.checkpoint_mode] += life.episodes_taken
+        self.ends.update(life.end for life in report.lives)
+        self.faults_fired += sum(len(life.faults_fired) for life in report.lives)
+        self.restores += sum(life.restored_from is not None for life in report.lives)
         self.rollbacks += report.rolled_back
-        self.replacements += sum(inc.replacements for inc in report.incarnations)
+        self.replacements += sum(life.replacements for life in report.lives)
         self.virtual_s += report.virtual_s
         if not report.ok:
             self.failed.append(report)
@@ -182,7 +182,7 @@ class Tally:
 
 
 def violation_rule(violation: str) -> str:
-    """A violation's rule, for the summary: its line without the incarnation and the
+    """A violation's rule, for the summary: its line without the life and the
     specifics (numbers, ids, what followed a colon)."""
     text = violation.split(": ", 1)[1] if violation.startswith("incarnation ") else violation
     head = text.split(":", 1)[0] if text.startswith(("liveness", "second trainer")) else text
@@ -345,28 +345,28 @@ def _fired_summary(fired: Sequence[tuple[str, int]]) -> str:
     return ", ".join(f"{spec} x{n}" if n > 1 else spec for spec, n in counts.items()) or "none"
 
 
-def _incarnation_line(inc: IncarnationReport) -> str:
+def _life_line(life: LifeReport) -> str:
     return (
-        f"  incarnation {inc.index}: {inc.end}"
-        + (f" ({inc.error})" if inc.error else "")
-        + (f", restored {inc.restored_from}" if inc.restored_from else "")
-        + f", {inc.steps_trained} steps, {len(inc.checkpoints)} checkpoints "
-        f"({inc.checkpoints_ok} ok, {inc.checkpoint_mode}: {inc.episodes_taken} episodes "
-        f"taken, {inc.episodes_mid_turn} mid-turn), faults fired "
-        f"{_fired_summary(inc.faults_fired)}"
+        f"  incarnation {life.index}: {life.end}"
+        + (f" ({life.error})" if life.error else "")
+        + (f", restored {life.restored_from}" if life.restored_from else "")
+        + f", {life.steps_trained} steps, {len(life.checkpoints)} checkpoints "
+        f"({life.checkpoints_ok} ok, {life.checkpoint_mode}: {life.episodes_taken} episodes "
+        f"taken, {life.episodes_mid_turn} mid-turn), faults fired "
+        f"{_fired_summary(life.faults_fired)}"
         + (
-            ", hostile acts " + ", ".join(f"{k} x{n}" for k, n in inc.hostile_fired)
-            if inc.hostile_fired
+            ", hostile acts " + ", ".join(f"{k} x{n}" for k, n in life.hostile_fired)
+            if life.hostile_fired
             else ""
         )
     )
 
 
 def _print_seed(r: ScenarioReport) -> None:
-    """A single seed's run in detail: its scenario, each incarnation, its violations."""
+    """A single seed's run in detail: its scenario, each life, its violations."""
     print(f"seed {r.seed}: {r.scenario.describe()}")
-    for inc in r.incarnations:
-        print(_incarnation_line(inc))
+    for life in r.lives:
+        print(_life_line(life))
     for v in r.violations:
         print(f"  VIOLATION: {v}")
     print(

@@ -1,9 +1,10 @@
-"""What a scenario left: one ``IncarnationReport`` per trainer incarnation, one
+"""What a scenario left: one ``LifeReport`` per trainer life, one
 ``ScenarioReport`` per seed, and the report's JSON form (``gymckpt simulate --json``).
 
-Reports are plain frozen records, built once an incarnation or a scenario has ended; the
-fingerprint of a scenario hashes its lineage, its incarnations' reports, its virtual time and
+Reports are plain frozen records, built once a life or a scenario has ended; the
+fingerprint of a scenario hashes its lineage, its lives' reports, its virtual time and
 its violations, so two runs of a seed are the same run exactly when their fingerprints match.
+The JSON form names the lives ``incarnations`` (an output key kept as it was; see ``life``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import attrs
 
 from .scenario import Scenario, replay_command
 
-__all__ = ["IncarnationReport", "ScenarioReport"]
+__all__ = ["LifeReport", "ScenarioReport"]
 
 
 @attrs.frozen
-class IncarnationReport:
-    """How one incarnation (one trainer process's worth of the run) ended.
+class LifeReport:
+    """How one life (one trainer process's worth of the run) ended.
 
     ``end``: ``finished`` (dataset done, final snapshot published), ``crashed`` (abandoned by
     the scenario), ``checkpoints_failed`` (exit 4), ``gym_dead`` (every instance dead),
@@ -39,7 +40,7 @@ class IncarnationReport:
     claims: int
     lease_reopened: int
     metrics: dict[str, float] = attrs.field(factory=dict)
-    """The runtime's metrics when the incarnation ended (C5)."""
+    """The runtime's metrics when the life ended (C5)."""
     replacements: int = 0
     """Gym instances replaced after they died."""
     hostile_fired: tuple[tuple[str, int], ...] = ()
@@ -65,7 +66,7 @@ class ScenarioReport:
     scenario: Scenario
     ok: bool
     violations: tuple[str, ...]
-    incarnations: tuple[IncarnationReport, ...]
+    lives: tuple[LifeReport, ...]
     rows_trained: int
     rows_failed: int
     steps: int
@@ -107,7 +108,7 @@ class ScenarioReport:
                     "episodes_mid_turn": i.episodes_mid_turn,
                     "episodes_taken": i.episodes_taken,
                 }
-                for i in self.incarnations
+                for i in self.lives
             ],
             "rows_trained": self.rows_trained,
             "rows_failed": self.rows_failed,
@@ -124,4 +125,4 @@ class ScenarioReport:
     @property
     def episodes_mid_turn(self) -> int:
         """Episodes the scenario's published checkpoints took mid-turn."""
-        return sum(i.episodes_mid_turn for i in self.incarnations)
+        return sum(i.episodes_mid_turn for i in self.lives)

@@ -1,13 +1,13 @@
-"""Running one scenario: its incarnations in one trio run, then its verdict (``run_scenario``);
+"""Running one scenario: its lives in one trio run, then its verdict (``run_scenario``);
 one seed in a trio run of its own, deterministic (``run_seed``).
 
-A scenario runs at most ``Scenario.max_incarnations`` incarnations: the first with the
+A scenario runs at most ``Scenario.max_lives`` lives: the first with the
 scenario's faults, the second with its restore faults, the last without faults, crashes or
 races, so every scenario must end with the whole dataset judged. After a crash or a documented
-abort, the next incarnation restores the latest complete snapshot (after the first one, with
+abort, the next life restores the latest complete snapshot (after the first one, with
 ``rollback``, an older one). With a live restart (``RealUsage.live_restart``) the first
-incarnation's Gym is opened here, outside its cancel scope, so its crash leaves the Gym running
-for the second incarnation to restore into; it is closed when the second ends. The whole
+life's Gym is opened here, outside its cancel scope, so its crash leaves the Gym running
+for the second life to restore into; it is closed when the second ends. The whole
 scenario is bounded by a budget of task steps
 (``STEP_BUDGET``: a livelock spins in zero virtual time, which no stall budget sees), and must
 leave no trio task behind.
@@ -16,7 +16,7 @@ Determinism (each seed replays exactly)
 ---------------------------------------
 * Time: ``trio.testing.MockClock(autojump_threshold=0)``; ``offload`` runs inline under a
   MockClock, so no thread and no wall-clock time enters the run.
-* Scheduling: ``sim_determinism.deterministic_scheduling`` (a guarded use of trio's private
+* Scheduling: ``determinism.deterministic_scheduling`` (a guarded use of trio's private
   scheduler switch; it refuses a trio it was not written for).
 * String hashing: set iteration order of strings depends on ``PYTHONHASHSEED``; the CLI
   re-executes itself with ``PYTHONHASHSEED=0`` so a replay in another process sees the same
@@ -42,9 +42,9 @@ from gymckpt.testing.hostile import HostileActs
 
 from .checks import StepBudget, all_tasks
 from .determinism import deterministic_scheduling
-from .ends import IncarnationEnd, single_error
+from .ends import LifeEnd, single_error
 from .gym import open_gym
-from .incarnation import Incarnation
+from .life import TrainerLife
 from .reports import ScenarioReport
 from .scenario import Scenario, draw_scenario
 from .state import LiveGym, ScenarioRun, judge_scenario
@@ -55,17 +55,17 @@ STEP_BUDGET = 3_000_000
 """Task steps a scenario may take before it counts as a livelock (zero virtual time spin)."""
 
 
-def _incarnation_faults(sc: Scenario, inc: int) -> tuple[str, ...]:
-    """Gym faults of incarnation ``inc``: the scenario's, then its restore faults, then none
+def _life_faults(sc: Scenario, index: int) -> tuple[str, ...]:
+    """Gym faults of life ``index``: the scenario's, then its restore faults, then none
     (and none in the last)."""
-    if inc == sc.max_incarnations - 1:
+    if index == sc.max_lives - 1:
         return ()
-    return sc.faults if inc == 0 else sc.restore_faults if inc == 1 else ()
+    return sc.faults if index == 0 else sc.restore_faults if index == 1 else ()
 
 
 def _live_restart(sc: Scenario) -> bool:
-    """The first incarnation's Gym outlives it (never into the last incarnation)."""
-    return sc.usage.live_restart and sc.max_incarnations > 2
+    """The first life's Gym outlives it (never into the last life)."""
+    return sc.usage.live_restart and sc.max_lives > 2
 
 
 async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
@@ -84,29 +84,29 @@ async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
     try:
         with budget_scope:
             async with AsyncExitStack() as live_gym:
-                for inc in range(sc.max_incarnations):
-                    last = inc == sc.max_incarnations - 1
-                    crash = None if last or inc >= len(sc.crashes) else sc.crashes[inc]
-                    faults = _incarnation_faults(sc, inc)
+                for index in range(sc.max_lives):
+                    last = index == sc.max_lives - 1
+                    crash = None if last or index >= len(sc.crashes) else sc.crashes[index]
+                    faults = _life_faults(sc, index)
                     if run.live is not None:  # restored into the previous Gym: its faults
                         faults = run.live.faults
-                    if inc == 0 and _live_restart(sc):
+                    if index == 0 and _live_restart(sc):
                         acts = HostileActs(sc.hostile) if sc.hostile else None
                         usage = (run.counts, run.t0)
                         gym = await live_gym.enter_async_context(
                             open_gym(sc, root / "gym-0", faults, acts, usage)
                         )
                         run.live = LiveGym(gym, acts, faults)
-                    incarnation = Incarnation(run, inc, faults, crash, not last)
-                    report = await incarnation.run_to_end()
+                    life = TrainerLife(run, index, faults, crash, not last)
+                    report = await life.run_to_end()
                     run.reports.append(report)
-                    if run.live is not None and (inc > 0 or report.end != IncarnationEnd.CRASHED):
+                    if run.live is not None and (index > 0 or report.end != LifeEnd.CRASHED):
                         run.live = None
                         await live_gym.aclose()
-                    if report.end == IncarnationEnd.FINISHED:
+                    if report.end == LifeEnd.FINISHED:
                         break
                     if sc.rollback and not run.rolled_back:
-                        run.rollback(inc)
+                        run.rollback(index)
     finally:
         trio.lowlevel.remove_instrument(budget)
     if budget.exceeded:
@@ -134,7 +134,7 @@ async def run_scenario(sc: Scenario, root: Path) -> ScenarioReport:
         scenario=sc,
         ok=not run.violations,
         violations=tuple(run.violations),
-        incarnations=tuple(run.reports),
+        lives=tuple(run.reports),
         rows_trained=rows_trained,
         rows_failed=rows_failed,
         steps=len(run.lineage),
@@ -156,7 +156,7 @@ def run_seed(
     usage: frozenset[str] = frozenset(),
 ) -> ScenarioReport:
     """Run the scenario of ``seed`` (``hostile``: with the environment's hostile acts;
-    ``usage``: the real-usage sub-dimensions drawn, ``sim_usage``) in its own trio run under a
+    ``usage``: the real-usage sub-dimensions drawn, of module ``usage``) in its own trio run under a
     MockClock; deterministic.
 
     Schedules trio's tasks as a function of the seed (``deterministic_scheduling``, which
@@ -177,7 +177,7 @@ def run_seed(
                     scenario=sc,
                     ok=False,
                     violations=(f"simulator crashed: {type(err).__name__}: {err}",),
-                    incarnations=(),
+                    lives=(),
                     rows_trained=0,
                     rows_failed=0,
                     steps=0,

@@ -6,10 +6,10 @@ points, sometimes a rollback to an older snapshot. Races (stream drops and insta
 between checkpoint stages, late stream ends, a restore retried into the same Gym) and the
 environment's hostile acts are drawn from generators of their own, so adding a dimension leaves
 the draws of the others as they were: a seed's replay command keeps reproducing the same run.
-So is the real-usage dimension (``sim_usage``: shuffled row orders, concurrent model calls, long
+So is the real-usage dimension (``usage``: shuffled row orders, concurrent model calls, long
 turns, model-server outages, a restart into a live Gym, a second trainer), each of its
 sub-dimensions from a generator of its own; a live restart that finds no crash of the first
-incarnation adds one (the only draw of another dimension it touches).
+life adds one (the only draw of another dimension it touches).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from gymckpt.testing.hostile import HostileAct, acts_summary, draw_hostile
 
 from .usage import USAGE_NAMES, RealUsage, draw_usage, live_restart_crash_at, usage_flag
 
-__all__ = ["MAX_INCARNATIONS", "Crash", "Scenario", "draw_scenario", "replay_command"]
+__all__ = ["MAX_LIVES", "Crash", "Scenario", "draw_scenario", "replay_command"]
 
-MAX_INCARNATIONS = 4
-"""Incarnations per scenario; the last one runs without faults or crashes."""
+MAX_LIVES = 4
+"""Lives per scenario; the last one runs without faults or crashes."""
 
 # (op, kind) pairs a fault schedule may use every call (no @N) without stalling the run for
 # good: the rest would refuse or fail every submission forever, which no runtime can finish.
@@ -56,7 +56,7 @@ def replay_command(seed: int, hostile: bool = False, usage: frozenset[str] | Non
 
 @attrs.frozen(kw_only=True)
 class Crash:
-    """Abandon an incarnation ``at_s`` virtual seconds after it starts, or at hook ``point`` of
+    """Abandon a life ``at_s`` virtual seconds after it starts, or at hook ``point`` of
     its checkpoint number ``checkpoint`` (1-based, counting attempts)."""
 
     at_s: float | None = None
@@ -92,33 +92,33 @@ class Scenario:
     max_consecutive_failures: int = 2
     lease_s: float = 30.0
     faults: tuple[str, ...] = ()
-    """C3 specs of the first incarnation's Gym."""
+    """C3 specs of the first life's Gym."""
     restore_faults: tuple[str, ...] = ()
-    """C3 specs of the second incarnation's Gym (the one restored into after a crash)."""
+    """C3 specs of the second life's Gym (the one restored into after a crash)."""
     crashes: tuple[Crash | None, ...] = ()
-    """Per incarnation (index), where it is abandoned; None or absent: no crash."""
+    """Per life (index), where it is abandoned; None or absent: no crash."""
     rollback: bool = False
     """After the first crash or abort, restore an older snapshot than the latest, if any."""
     stage_drops: tuple[tuple[int, str], ...] = ()
-    """(checkpoint number within an incarnation, hook point): Gym ends one open reply stream
-    there (its rows run on), between two checkpoint stages. Every incarnation but the last."""
+    """(checkpoint number within a life, hook point): Gym ends one open reply stream
+    there (its rows run on), between two checkpoint stages. Every life but the last."""
     stage_deaths: tuple[tuple[int, str], ...] = ()
-    """(checkpoint number within an incarnation, hook point): one live Gym instance dies there
-    (and is replaced). Every incarnation but the last."""
+    """(checkpoint number within a life, hook point): one live Gym instance dies there
+    (and is replaced). Every life but the last."""
     late_end_s: float = 0.0
     """Every stream's end reaches the consumer this many seconds after Gym ended it."""
     restore_retry: bool = False
     """A restore Gym could not serve is retried once, into the same Gym (all-or-nothing)."""
-    max_incarnations: int = MAX_INCARNATIONS
+    max_lives: int = MAX_LIVES
     checkpoint_mode: CheckpointMode = CheckpointMode.ALIGNED
-    """How every incarnation's checkpoints take episodes in the middle of a turn."""
+    """How every life's checkpoints take episodes in the middle of a turn."""
     hostile: tuple[HostileAct, ...] = ()
     """What the environment does wrong (``gymckpt.testing.hostile``): episodes that raise
     after a mutation, end with non-finite or non-JSON values, hang; exports that return such
-    values or raise; journal writes that are short, torn or hit a full disk. Every incarnation
+    values or raise; journal writes that are short, torn or hit a full disk. Every life
     but the last."""
     usage: RealUsage = attrs.field(factory=RealUsage)
-    """The real-usage dimension's draws (``sim_usage``; in every incarnation: it is the
+    """The real-usage dimension's draws (``usage``; in every life: it is the
     workload, not a fault)."""
 
     @property

@@ -1,9 +1,9 @@
-"""The state of one scenario across its incarnations (``ScenarioRun``), and its final verdict.
+"""The state of one scenario across its lives (``ScenarioRun``), and its final verdict.
 
-Incarnations come and go; what outlives them is here: the lineage of the final model (the
-trained steps the latest restore kept), the work directory the next incarnation restores
+Lives come and go; what outlives them is here: the lineage of the final model (the
+trained steps the latest restore kept), the work directory the next life restores
 from (a fresh one after a rollback), the latest published snapshot, and every violation found
-so far. ``judge_scenario`` judges the whole scenario once the last incarnation has ended.
+so far. ``judge_scenario`` judges the whole scenario once the last life has ended.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import attrs
 from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.nurseries import snapshot_problems
 from gymckpt.runtime import ManifestError, SnapshotStore, TopologyMismatch, load_snapshot
-from gymckpt.runtime.lowlevel import SNAPSHOTS_DIR, TERM_FILE, RowOrder
+from gymckpt.runtime._shared import SNAPSHOTS_DIR, TERM_FILE, RowOrder
 from gymckpt.testing.hostile import HostileActs
 
 from ..verdict import judge
-from .reports import IncarnationReport
+from .reports import LifeReport
 from .scenario import Scenario
 from .usage_env import UsageCounts
 
@@ -30,10 +30,10 @@ __all__ = ["LiveGym", "ScenarioRun", "judge_scenario", "verify_offline"]
 
 @attrs.frozen
 class LiveGym:
-    """A Gym that outlives the incarnation that opened it (``RealUsage.live_restart``): the
-    next incarnation restores into it while it still runs the dead one's episodes. ``acts``:
+    """A Gym that outlives the life that opened it (``RealUsage.live_restart``): the
+    next life restores into it while it still runs the dead one's episodes. ``acts``:
     the hostile acts its environment does, ``faults`` its fault schedule (the opening
-    incarnation's)."""
+    life's)."""
 
     gym: EmbeddedGym
     acts: HostileActs | None
@@ -42,7 +42,7 @@ class LiveGym:
 
 @attrs.define(eq=False)
 class ScenarioRun:
-    """State of one scenario across its incarnations."""
+    """State of one scenario across its lives."""
 
     sc: Scenario
     root: Path
@@ -55,27 +55,27 @@ class ScenarioRun:
     is a row in the default order; ``RowOrder``)."""
     rows_of: dict[int, int] = attrs.field(factory=dict)
     """position -> the dataset row its trained group said it trained (``CompletedGroup.row``),
-    for every group any incarnation trained."""
+    for every group any life trained."""
     violations: list[str] = attrs.field(factory=list)
-    reports: list[IncarnationReport] = attrs.field(factory=list)
+    reports: list[LifeReport] = attrs.field(factory=list)
     final_snapshot: Path | None = None
-    """The snapshot the current incarnation published last (None until it published one)."""
+    """The snapshot the current life published last (None until it published one)."""
     rolled_back: bool = False
     t0: float = 0.0
     """When the scenario started, in trio's clock (the real-usage outage window counts from
     it)."""
     counts: UsageCounts = attrs.field(factory=UsageCounts)
-    """What the real-usage dimension exercised (every incarnation)."""
+    """What the real-usage dimension exercised (every life)."""
     live: LiveGym | None = None
     longest_still_s: float = 0.0
-    """The longest stretch of virtual time any incarnation spent with nothing moving
+    """The longest stretch of virtual time any life spent with nothing moving
     (``Liveness.longest_still_s``): what the liveness bound must stay far above."""
-    """The Gym the current incarnation runs on when it outlives it (a live restart)."""
+    """The Gym the current life runs on when it outlives it (a live restart)."""
 
-    def violation(self, inc: int, text: str) -> None:
-        self.violations.append(f"incarnation {inc}: {text}")
+    def violation(self, index: int, text: str) -> None:
+        self.violations.append(f"incarnation {index}: {text}")
 
-    def rollback(self, inc: int) -> None:
+    def rollback(self, index: int) -> None:
         """Restore an older snapshot next: copy it, with the run's lineage (``TERM_FILE``), alone
         into a fresh work directory (with fewer than two complete snapshots, the latest is
         restored as usual)."""
@@ -83,7 +83,7 @@ class ScenarioRun:
         if len(complete) < 2:
             return
         chosen = complete[self.rng.randrange(len(complete) - 1)]
-        fresh = self.root / f"work-{inc + 1}"
+        fresh = self.root / f"work-{index + 1}"
         shutil.copytree(chosen.path, fresh / SNAPSHOTS_DIR / chosen.path.name, symlinks=True)
         # the same run, rolled back: its lineage goes along (a Gym still running it, a live
         # restart's, takes the rolled-back trainer as the next term, not as another run)

@@ -13,11 +13,11 @@ really are, which no fault schedule covers:
   generation, a test suite run (``LongTurn``);
 * ``outages``: the model server down for a drawn window of virtual time, every call in it
   raising ``ModelUnavailable`` (the OpenAI client's infrastructure error; ``Outage``);
-* ``live-restart``: the first incarnation's trainer dies and its Gym is *not* torn down: the
-  next incarnation restores into the same live Gym, which still runs the dead trainer's
+* ``live-restart``: the first life's trainer dies and its Gym is *not* torn down: the
+  next life restores into the same live Gym, which still runs the dead trainer's
   episodes and maybe holds its checkpoint open;
 * ``second-trainer``: a second trainer (another work directory) attaches to the Gym the first
-  one drives, ``at_s`` virtual seconds into the first incarnation (``SecondTrainer``): it must
+  one drives, ``at_s`` virtual seconds into the first life (``SecondTrainer``): it must
   be refused, and the first run must not notice.
 
 Each sub-dimension is drawn from a generator of its own (``random.Random("usage:NAME:SEED")``):
@@ -155,7 +155,7 @@ class Outage:
     """The model server is down from ``start_s`` for ``length_s`` virtual seconds after the
     scenario starts: every model call asked then raises ``ModelUnavailable``. Within the
     outage budget (``OUTAGE_BUDGET_S``) the run waits it out; over it (``over_budget``) an
-    incarnation may stop with ``InfraOutage`` (exit code 8) and one line, an expected end, and
+    life may stop with ``InfraOutage`` (exit code 8) and one line, an expected end, and
     the next restores after it."""
 
     start_s: float
@@ -172,7 +172,7 @@ class Outage:
 @attrs.frozen(kw_only=True)
 class SecondTrainer:
     """A second trainer (a work directory of its own) opens the Gym ``at_s`` virtual seconds
-    into the first incarnation and tries to train one step within ``window_s``."""
+    into the first life and tries to train one step within ``window_s``."""
 
     at_s: float
     window_s: float = 30.0
@@ -192,7 +192,7 @@ class RealUsage:
     long_turns: tuple[LongTurn, ...] = ()
     outage: Outage | None = None
     live_restart: bool = False
-    """The first incarnation's crash leaves its Gym running; the second restores into it."""
+    """The first life's crash leaves its Gym running; the second restores into it."""
     second_trainer: SecondTrainer | None = None
 
     @property
@@ -240,7 +240,7 @@ def draw_usage(
     """The real-usage draws of ``seed`` for the sub-dimensions ``names``: a pure function of
     its arguments, each sub-dimension from its own generator (module docstring). ``rows``,
     ``group_size`` and ``config`` are the scenario's workload; ``lease_s`` its lease (long turns
-    outlast it); ``first_crash``: the scenario crashes its first incarnation already (a live
+    outlast it); ``first_crash``: the scenario crashes its first life already (a live
     restart then keeps that crash's Gym; else it draws a crash of its own)."""
     chosen = frozenset(names)
     unknown = chosen - frozenset(USAGE_NAMES)
@@ -287,7 +287,7 @@ def draw_usage(
             out["outage"] = Outage(start_s=start, length_s=length)
     if "live-restart" in chosen:
         r = rng("live-restart")
-        # a crash of the first incarnation keeps its Gym (drawn below when it has none)
+        # a crash of the first life keeps its Gym (drawn below when it has none)
         out["live_restart"] = r.random() < (0.6 if first_crash else 0.25)
     if "second-trainer" in chosen:
         r = rng("second-trainer")
@@ -298,7 +298,7 @@ def draw_usage(
 
 def live_restart_crash_at(seed: int) -> float:
     """Where a live restart's own crash strikes when the scenario drew none for its first
-    incarnation: ``at_s`` virtual seconds in (from the live-restart generator, after its
+    life: ``at_s`` virtual seconds in (from the live-restart generator, after its
     draw in ``draw_usage``)."""
     r = random.Random(f"usage:live-restart:{seed}")
     r.random()  # draw_usage's

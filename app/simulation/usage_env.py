@@ -14,7 +14,7 @@ The wrapper goes through the public episode API only, like ``gymckpt.testing.hos
   time since the scenario started) raises ``ModelUnavailable``, as the OpenAI client does
   once its retries are spent; a replayed (captured) call never reaches the model.
 
-Everything it counts goes to one ``UsageCounts`` per scenario (across incarnations and
+Everything it counts goes to one ``UsageCounts`` per scenario (across lives and
 instances): what the report says each sub-dimension exercised.
 """
 
@@ -35,7 +35,7 @@ __all__ = ["UsageCounts", "usage_environment"]
 
 @attrs.define(eq=False, slots=True)
 class UsageCounts:
-    """What the real-usage dimension exercised in one scenario (every incarnation)."""
+    """What the real-usage dimension exercised in one scenario (every life)."""
 
     concurrent_turns: int = 0
     """Turns (of any attempt) that made concurrent model calls."""
@@ -51,7 +51,7 @@ class UsageCounts:
     """(position, slot) -> the attempts the outage refused a call of (a position is the
     ledger's row: the dataset row once per epoch, ``EpisodeInfo.session_key``)."""
     live_restarts: int = 0
-    """Incarnations that restored into the previous one's still running Gym."""
+    """Lives that restored into the previous one's still running Gym."""
     second_refused: int = 0
     """Second trainers refused (the expected outcome)."""
     second_let_in: int = 0

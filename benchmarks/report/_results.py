@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 
-from gymckpt.runtime.lowlevel import converter, write_atomic
+from gymckpt.runtime._shared import converter
+from gymckpt.runtime.lowlevel import write_atomic
 
 from .._common import finite
 from ._records import (

@@ -43,13 +43,8 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime.lowlevel import (
-    AgentRecords,
-    CommittedRecords,
-    SessionRecords,
-    StagedRecords,
-    promote_survivors,
-)
+from gymckpt.runtime._shared import AgentRecords, CommittedRecords, SessionRecords, StagedRecords
+from gymckpt.runtime.lowlevel import promote_survivors
 
 from .._contract import (
     AgentSession,
@@ -635,6 +630,27 @@ class ControlPlane:
                 )
         return kept
 
+    def _exported(
+        self, loaded: _Committed, agent_records: AgentRecords, diffs: list[str]
+    ) -> frozenset[str] | None:
+        """The episodes the owner's committed records list as exported (empty for a legacy
+        environment, which exports none); None, and the problem into diffs, when they list
+        none."""
+        if self.roles.legacy:
+            return frozenset()
+        owner = self.roles.owner
+        owned = (
+            agent_records.exported
+            if owner == self.environment.agent.name
+            else loaded.sessions(owner).exported
+        )
+        if owned is None:
+            diffs.append(
+                f"instance {self.name}: committed records of {owner} list no exported episodes"
+            )
+            return None
+        return frozenset(owned)
+
     def _rebuild(
         self,
         loaded: _Committed,
@@ -652,17 +668,9 @@ class ControlPlane:
             p.name: {s.rollout_id: s for s in loaded.sessions(p.name).sessions}
             for p in env.participants
         }
-        exported: frozenset[str] = frozenset()
-        if not self.roles.legacy:
-            owned = (
-                agent_records.exported if owner == agent.name else loaded.sessions(owner).exported
-            )
-            if owned is None:
-                diffs.append(
-                    f"instance {self.name}: committed records of {owner} list no exported episodes"
-                )
-                return out
-            exported = frozenset(owned)
+        exported = self._exported(loaded, agent_records, diffs)
+        if exported is None:
+            return out
         staged = (
             {e.rollout_id: e.calls for e in loaded.staged(MODEL_PROXY).staged}
             if env.model is not None

@@ -76,7 +76,7 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from gymckpt.runtime import BadInput
-from gymckpt.runtime.lowlevel import PARTICIPANT_KIND_RE, converter, structure
+from gymckpt.runtime._shared import PARTICIPANT_KIND_RE, converter, structure
 
 __all__ = [
     "CALL_DIGEST_HEX",

@@ -26,7 +26,7 @@ import orjson
 import sniffio
 
 from gymckpt.runtime import InstanceRecord, ManifestError, NotPlainData
-from gymckpt.runtime.lowlevel import (
+from gymckpt.runtime._shared import (
     RECORDS_FILE,
     AgentRecords,
     CommittedRecords,
@@ -34,16 +34,14 @@ from gymckpt.runtime.lowlevel import (
     StagedRecords,
     agent_records_plain,
     all_finite,
-    checked_json,
     dump_records,
     load_records,
     participant_differences,
     participant_state_problem,
-    plain_problem,
     session_records_plain,
     staged_records_plain,
-    write_atomic,
 )
+from gymckpt.runtime.lowlevel import checked_json, plain_problem, write_atomic
 
 from ._episode import to_plain
 from ._log import episode_label
@@ -173,24 +171,61 @@ def build_records(
         else _export_columns(every, held)
     )
     if columns is None:  # an export raised: find whose, per episode
-        states: dict[str, dict[str, Any]] = {}
-        for ep in held:
-            try:
-                states[ep.rollout_id] = {
-                    p.name: to_plain(p.export(ep.sessions[p.name])) for p in every
-                }
-            except Exception as exc:
-                _refuse(
-                    ep,
-                    f"{episode_label(ep.info)}: exporting its session state at "
-                    f"checkpoint {checkpoint_id} raised {exc!r}",
-                    exc,
-                    failable,
-                    refused,
-                )
-        held = [ep for ep in held if ep.rollout_id in states]
-        columns = {p.name: [states[ep.rollout_id][p.name] for ep in held] for p in every}
-    kept_states: list[tuple[str, str, int, dict[str, Any]]] = []
+        held, columns = _export_each(every, held, checkpoint_id, failable, refused)
+    kept_states = _export_kept(kept, retained_participants)
+    records = _records(
+        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
+    )
+    data = _dumps_all(records)
+    if data is not None:
+        return data, refused
+    # something is not finite plain data: find each state that is not, refuse its episode
+    held, columns = _without_unplain(held, columns, kept_states, checkpoint_id, failable, refused)
+    records = _records(
+        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
+    )
+    data = _dumps_all(records)
+    if data is None:
+        problems = [
+            f"{server}: {_state_problem(r, server)}"
+            for server, r in records.items()
+            if _state_problem(r, server) is not None
+        ]
+        raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
+    return data, refused
+
+
+def _export_each(
+    every: Sequence[Any],
+    held: Sequence[Episode],
+    checkpoint_id: str,
+    failable: Callable[[Episode], bool],
+    refused: list[Refusal],
+) -> tuple[list[Episode], dict[str, list[Any]]]:
+    """The held episodes whose every participant exported, and their states by participant,
+    exported one episode at a time (an export raised for some): each of the others refused
+    into ``refused`` (or ``KeptExportError`` if the host cannot fail it)."""
+    states: dict[str, dict[str, Any]] = {}
+    for ep in held:
+        try:
+            states[ep.rollout_id] = {p.name: to_plain(p.export(ep.sessions[p.name])) for p in every}
+        except Exception as exc:
+            _refuse(
+                ep,
+                f"{episode_label(ep.info)}: exporting its session state at "
+                f"checkpoint {checkpoint_id} raised {exc!r}",
+                exc,
+                failable,
+                refused,
+            )
+    exported = [ep for ep in held if ep.rollout_id in states]
+    return exported, {p.name: [states[ep.rollout_id][p.name] for ep in exported] for p in every}
+
+
+def _export_kept(kept: Sequence[Kept], retained_participants: Sequence[Any]) -> list[Kept]:
+    """The retained slots with each retained participant's exported state; an export that
+    raises fails the commit (``KeptExportError``): the host cannot fail an ended episode."""
+    kept_states: list[Kept] = []
     for key, rid, attempt, sessions in kept:
         try:
             kept_states.append(
@@ -205,13 +240,20 @@ def build_records(
             raise KeptExportError(
                 f"retained session {key} of {rid} attempt {attempt}: export raised {exc!r}"
             ) from exc
-    records = _records(
-        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
-    )
-    data = _dumps_all(records)
-    if data is not None:
-        return data, refused
-    # something is not finite plain data: find each state that is not, refuse its episode
+    return kept_states
+
+
+def _without_unplain(
+    held: Sequence[Episode],
+    columns: Mapping[str, Sequence[Any]],
+    kept_states: Sequence[Kept],
+    checkpoint_id: str,
+    failable: Callable[[Episode], bool],
+    refused: list[Refusal],
+) -> tuple[list[Episode], dict[str, list[Any]]]:
+    """The held episodes and their states without each episode one of whose states is not
+    finite plain data (refused into ``refused``); such a state of a retained slot raises
+    ``KeptExportError``."""
     bad: set[int] = set()
     for i, ep in enumerate(held):
         for name, column in columns.items():
@@ -233,22 +275,9 @@ def build_records(
                 raise KeptExportError(
                     f"retained session {key} of {rid} attempt {attempt}: {problem}"
                 )
-    held = [ep for i, ep in enumerate(held) if i not in bad]
-    columns = {
+    return [ep for i, ep in enumerate(held) if i not in bad], {
         name: [x for i, x in enumerate(column) if i not in bad] for name, column in columns.items()
     }
-    records = _records(
-        env, owner, retained_participants, checkpoint_id, held, columns, kept_states, stranded
-    )
-    data = _dumps_all(records)
-    if data is None:
-        problems = [
-            f"{server}: {_state_problem(r, server)}"
-            for server, r in records.items()
-            if _state_problem(r, server) is not None
-        ]
-        raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
-    return data, refused
 
 
 def _export_columns(

@@ -48,7 +48,7 @@ from gymckpt.runtime import (
     TopologyMismatch,
     TrainerTerm,
 )
-from gymckpt.runtime.lowlevel import converter
+from gymckpt.runtime._shared import converter
 
 from .._contract import (
     AgentSession,

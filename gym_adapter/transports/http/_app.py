@@ -51,7 +51,7 @@ import attrs
 import trio
 
 from gymckpt.runtime import GymInUse, GymUnavailable, TrainerTerm
-from gymckpt.runtime.lowlevel import RECORDS_FILE
+from gymckpt.runtime._shared import RECORDS_FILE
 
 from ..._faults import FaultSpec, inject_fault
 from ...host._host import GymHost

@@ -1,25 +1,32 @@
-"""One incarnation of a simulated scenario: one trainer process's worth of the run.
+"""One life of a simulated scenario: one trainer process's worth of the run.
 
-An ``Incarnation`` opens a fresh embedded Gym, opens the runtime on the scenario's work
+A *life* runs from the trainer's start (restoring the latest snapshot, if any) to its crash or
+end; a scenario runs several (``Scenario.max_lives``). The word is the simulation's own: in
+gymckpt an *incarnation* is one life of a Gym server (``HttpGym``), so the simulated trainer's
+lives are not called that; only the simulation's output keeps the older word, unchanged
+(``incarnations`` and ``incarnation_ends`` in ``--json``, ``incarnation N:`` in its lines
+and violations), so outputs and fingerprints stay what they were.
+
+A ``TrainerLife`` opens a fresh embedded Gym, opens the runtime on the scenario's work
 directory (restoring its latest complete snapshot, if any), trains the toy trainer on the
 batches it is handed, checkpoints every ``checkpoint_every`` steps, and at the end of the
 dataset takes a final checkpoint (retried up to ``max_consecutive_failures`` + 1 times). Then
-it checks what only a live incarnation can see (``sim_checks``), waits out the lease, and
-reports how it ended (``IncarnationReport``).
+it checks what only a running life can see (``checks``), waits out the lease, and
+reports how it ended (``LifeReport``).
 
 Its cancel scope (``CrashControl.scope``) is the crash: cancelled at a virtual time or at a
 hook point of one of its checkpoints, it abandons the runtime and its Gym mid-flight, and the
-next incarnation restores what the last one published. A stall budget (``STALL_S``) bounds it
-in virtual time, and its liveness watch (``sim_liveness``) cuts it when nothing moves within
+next life restores what the last one published. A stall budget (``STALL_S``) bounds it
+in virtual time, and its liveness watch (``liveness``) cuts it when nothing moves within
 the scenario's liveness bound (a violation). An error out of the run ends it too
-(``sim_ends.failed_end``); a restore Gym could not serve is retried once into the same Gym
+(``ends.failed_end``); a restore Gym could not serve is retried once into the same Gym
 when the scenario says so (``Scenario.restore_retry``), which must then restore cleanly
 (all-or-nothing across instances).
 
-Real usage (``sim_usage``): the rows go in the drawn order; a live restart runs the first
-incarnation on a Gym that outlives it (``ScenarioRun.live``), which the second restores into
+Real usage (``usage``): the rows go in the drawn order; a live restart runs the first
+life on a Gym that outlives it (``ScenarioRun.live``), which the second restores into
 while it still runs the dead trainer's episodes; a second trainer opens the first
-incarnation's Gym at a drawn time and must be refused (``_second_trainer``); rows the model
+life's Gym at a drawn time and must be refused (``_second_trainer``); rows the model
 server's outage struck must never be given up for it.
 
 The lineage of the final model is kept in ``ScenarioRun.lineage``: on every restore, the
@@ -58,26 +65,26 @@ from .checks import (
     check_restored_installs,
 )
 from .crashes import CrashControl
-from .ends import IncarnationEnd, failed_end, restore_may_retry, single_error
+from .ends import LifeEnd, failed_end, restore_may_retry, single_error
 from .gym import LateEnds, installs, open_gym
 from .liveness import Liveness, Moving, liveness_bound_s
 from .modes import ModeWatch
-from .reports import IncarnationReport
+from .reports import LifeReport
 from .scenario import Crash, Scenario
 from .state import ScenarioRun
 from .usage import SecondTrainer
 
-__all__ = ["STALL_S", "Incarnation"]
+__all__ = ["STALL_S", "TrainerLife"]
 
 STALL_S = 5_000.0
-"""Virtual seconds an incarnation may take before it counts as stalled (a violation)."""
+"""Virtual seconds a life may take before it counts as stalled (a violation)."""
 
 
 @attrs.define(eq=False)
-class Incarnation:
-    """Incarnation ``index`` of ``run``'s scenario, with Gym ``faults``; ``crash``: where it is
+class TrainerLife:
+    """Life ``index`` of ``run``'s scenario, with Gym ``faults``; ``crash``: where it is
     abandoned; ``races``: whether the scenario's races and hostile acts strike (every
-    incarnation but the last). ``await run_to_end()`` once; it returns the report."""
+    life but the last). ``await run_to_end()`` once; it returns the report."""
 
     run: ScenarioRun
     index: int
@@ -87,7 +94,7 @@ class Incarnation:
     config: RuntimeConfig = attrs.field(init=False)
     control: CrashControl = attrs.field(init=False)
     acts: HostileActs | None = attrs.field(init=False)
-    end: IncarnationEnd = attrs.field(default=IncarnationEnd.FINISHED, init=False)
+    end: LifeEnd = attrs.field(default=LifeEnd.FINISHED, init=False)
     error: str | None = attrs.field(default=None, init=False)
     restored_from: str | None = attrs.field(default=None, init=False)
     """The checkpoint id the runtime restored, if it restored one."""
@@ -104,18 +111,18 @@ class Incarnation:
     installed_before: dict[tuple[str, int], int] = attrs.field(factory=dict, init=False)
     """Restores each instance generation had made when a failed restore rolled back."""
     mid_turn: int = attrs.field(default=0, init=False)
-    """Episodes this incarnation's published checkpoints took mid-turn
+    """Episodes this life's published checkpoints took mid-turn
     (``CheckpointOutcome.mid_turn``)."""
     taken: int = attrs.field(default=0, init=False)
-    """Episodes in this incarnation's published checkpoints (``CheckpointOutcome.episodes``)."""
+    """Episodes in this life's published checkpoints (``CheckpointOutcome.episodes``)."""
     watch: ModeWatch | None = attrs.field(default=None, init=False)
     liveness: Liveness = attrs.field(init=False)
     live_restart: bool = attrs.field(default=False, init=False)
-    """This incarnation restores into the previous one's Gym, still running."""
+    """This life restores into the previous one's Gym, still running."""
     claimed_before: int = attrs.field(default=0, init=False)
-    """Restored episodes the Gym had continued before this incarnation (a live Gym's)."""
+    """Restored episodes the Gym had continued before this life (a live Gym's)."""
     fired_before: int = attrs.field(default=0, init=False)
-    """Faults the Gym had fired before this incarnation (a live Gym's)."""
+    """Faults the Gym had fired before this life (a live Gym's)."""
 
     def __attrs_post_init__(self) -> None:
         sc = self.run.sc
@@ -137,8 +144,8 @@ class Incarnation:
     def violation(self, text: str) -> None:
         self.run.violation(self.index, text)
 
-    async def run_to_end(self) -> IncarnationReport:
-        """Run the incarnation until it finishes, crashes, stalls or fails; report it."""
+    async def run_to_end(self) -> LifeReport:
+        """Run the life until it finishes, crashes, stalls or fails; report it."""
         acts = self.acts
         try:
             with (
@@ -149,12 +156,12 @@ class Incarnation:
             ):
                 await self._serve()
             if self.control.scope.cancelled_caught:
-                self.end = IncarnationEnd.CRASHED
+                self.end = LifeEnd.CRASHED
             elif self.liveness.stalled:
-                self.end = IncarnationEnd.NO_PROGRESS
+                self.end = LifeEnd.NO_PROGRESS
                 self.violation(self.liveness.violation())
             elif stall_scope.cancelled_caught:
-                self.end = IncarnationEnd.STALLED
+                self.end = LifeEnd.STALLED
                 self.violation(f"moved but did not end within {STALL_S:g} virtual seconds")
         except Exception as exc:
             failed = failed_end(exc, opened=self.rollouts is not None)
@@ -190,8 +197,8 @@ class Incarnation:
 
     @asynccontextmanager
     async def _gym(self) -> AsyncIterator[EmbeddedGym]:
-        """This incarnation's Gym: a fresh one, closed when it ends, or the live Gym the
-        scenario run holds (a live restart: the previous incarnation's, still running)."""
+        """This life's Gym: a fresh one, closed when it ends, or the live Gym the
+        scenario run holds (a live restart: the previous life's, still running)."""
         live = self.run.live
         if live is None:
             usage = (self.run.counts, self.run.t0)
@@ -200,7 +207,7 @@ class Incarnation:
                 yield gym
             return
         gs = await live.gym.statistics()
-        if self.index > 0:  # restored into the dead incarnation's running Gym
+        if self.index > 0:  # restored into the dead life's running Gym
             self.live_restart = True
             self.run.counts.live_restarts += 1
             self.installed_before.update(installs(gs))
@@ -331,7 +338,7 @@ class Incarnation:
 
     async def _second_trainer(self, gym: EmbeddedGym, second: SecondTrainer) -> None:
         """A second trainer, with a work directory and a facade of its own, opens the Gym this
-        incarnation drives ``second.at_s`` in and tries to train one step within
+        life drives ``second.at_s`` in and tries to train one step within
         ``second.window_s``.
 
         Expected (one trainer per Gym): ``GymInUse`` out of ``open_rollouts`` (its attach),
@@ -400,7 +407,7 @@ class Incarnation:
         self.run.counts.second_let_in += 1
 
     def _deaths(self) -> int:
-        """Faults that killed an instance of this incarnation's Gym so far."""
+        """Faults that killed an instance of this life's Gym so far."""
         gym = self.control.gym
         if gym is None:
             return 0
@@ -447,26 +454,26 @@ class Incarnation:
         return outcome.ok
 
     def _faulty(self) -> bool:
-        """Whether anything in this incarnation can fail rows or abort the run: Gym faults,
+        """Whether anything in this life can fail rows or abort the run: Gym faults,
         instance deaths between checkpoint stages, the environment's hostile acts."""
         return bool(
             self.faults or (self.races and self.scenario.stage_deaths) or self.acts is not None
         )
 
-    def _report(self) -> IncarnationReport:
+    def _report(self) -> LifeReport:
         self.liveness.still()
         self.run.longest_still_s = max(self.run.longest_still_s, self.liveness.longest_still_s)
         acts, gym, ro = self.acts, self.control.gym, self.rollouts
         hostile_fired = tuple(sorted(acts.fired.items())) if acts is not None else ()
         outage = self.scenario.usage.outage
-        if self.end is IncarnationEnd.INFRA_OUTAGE and outage is not None and outage.over_budget:
+        if self.end is LifeEnd.INFRA_OUTAGE and outage is not None and outage.over_budget:
             if self.error is None or "\n" in self.error:  # the expected end: exit 8, one line
                 self.violation(
                     f"an outage over the budget ended the run without one line: {self.error!r}"
                 )
         elif (
             self.end.documented_abort
-            and not (self.live_restart and self.end is IncarnationEnd.RESTORE_FAILED)
+            and not (self.live_restart and self.end is LifeEnd.RESTORE_FAILED)
             and not self.faults
             and not (self.races and self.scenario.stage_deaths)
             and not hostile_fired
@@ -476,7 +483,7 @@ class Incarnation:
             check_released(self.violation, ro)
         if (
             self.live_restart
-            and self.end is IncarnationEnd.RESTORE_FAILED
+            and self.end is LifeEnd.RESTORE_FAILED
             and gym is not None
             and sum(n for _, n in gym.faults.fired) == self.fired_before
             and not hostile_fired
@@ -492,7 +499,7 @@ class Incarnation:
             fired = gym.faults.fired
             replacements = sum(gym.replacement_count(n) for n in gym.instances)
         metrics = ro.metrics.snapshot(ages=False) if ro is not None else {}  # replayable
-        return IncarnationReport(
+        return LifeReport(
             self.index,
             self.faults,
             self.end.value,
