@@ -18,14 +18,12 @@ A transport to instances in other processes:
 - ``serve_gym`` (with ``Limits``, ``Serving`` and ``DEFAULT_PORT``) serves one instance over
   HTTP, as ``gymckpt serve`` does.
 
-``JOURNAL_FILE`` (the session journal's file name inside an instance's state) is here for
-readers of a Gym's state directory (``gymckpt.testing``); it is not a backend author's and will
-move.
+The plumbing our own packages share (the session journal's file name, which the conformance
+kits read) is in the private ``gymckpt.gym_adapter._shared``, not here.
 """
 
 from __future__ import annotations
 
-from .host._journal import JOURNAL_FILE
 from .transports._acks import AckBook
 from .transports._admission import RunShape
 from .transports._deadlines import WireDeadline
@@ -40,7 +38,6 @@ from .transports.http._serve import DEFAULT_PORT, Serving, serve_gym
 
 __all__ = [
     "DEFAULT_PORT",
-    "JOURNAL_FILE",
     "AckBook",
     "Deployment",
     "Incarnations",

@@ -53,8 +53,8 @@ import anyio
 import attrs
 
 from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter._shared import JOURNAL_FILE
 from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_environment, plan_episode
-from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 
 from .examples import Game, Player, _bisect
 

@@ -29,8 +29,8 @@ from gymckpt.app.simulation.main import (
     run_seed,
 )
 from gymckpt.gym_adapter import GymHost, RunRow
+from gymckpt.gym_adapter._shared import JOURNAL_FILE
 from gymckpt.gym_adapter.environments.calendar import SimConfig
-from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.runtime import CheckpointMode
 from gymckpt.testing import ConformanceError, check_environment
 from gymckpt.testing.hostile import (

@@ -25,8 +25,8 @@ import trio
 import trio.testing
 
 from gymckpt.app.verdict import judge
+from gymckpt.gym_adapter._shared import JOURNAL_FILE
 from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
-from gymckpt.gym_adapter.lowlevel import JOURNAL_FILE
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeConfig
 from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot

@@ -1,0 +1,15 @@
+"""The Gym side's plumbing that gymckpt's own packages share: private, not API.
+
+``JOURNAL_FILE``: the session journal's file name inside an instance's state directory, read
+by the conformance kits that inspect a Gym's state (``gymckpt.testing``).
+
+This is the one private module of ``gymckpt.gym_adapter`` that another gymckpt package may
+import (``tests/test_layers.py``); what a backend author may use is
+``gymckpt.gym_adapter.lowlevel``, and no name is in both. Nothing here is stable.
+"""
+
+from __future__ import annotations
+
+from .host._journal import JOURNAL_FILE
+
+__all__ = ["JOURNAL_FILE"]
