@@ -344,6 +344,17 @@ class Rollouts:
         return outcome
 
 
+async def _take_workdir(workdir: Path | str, config: RuntimeConfig) -> tuple[Path, WorkDirLock]:
+    """The work directory, resolved and locked for this trainer (``WorkDirLocked`` if another
+    holds it), after the startup freeze of the collector where the config asks for it."""
+    if config.freeze_startup_objects:
+        freeze_startup_objects()  # once per process: a full collection, then a freeze
+    resolved = await offload(Path(workdir).resolve)
+    lock = WorkDirLock(resolved)
+    await offload(lock.acquire)  # one trainer per work directory; raises WorkDirLocked
+    return resolved, lock
+
+
 @asynccontextmanager
 async def open_rollouts(
     gym: GymBackend,
@@ -368,64 +379,29 @@ async def open_rollouts(
 ) -> AsyncIterator[Rollouts]:
     """Open the rollout runtime on ``gym`` with snapshots under ``workdir/snapshots``.
 
-    ``dataset`` is the trainer's dataset of tasks: a sequence or an iterable (materialised
-    once) of JSON tasks, the path of a JSONL file (one task a line), or anything with
-    ``__len__`` and ``__getitem__``, such as a Hugging Face ``datasets.Dataset``. Each
-    attempt of row ``i`` carries row ``i``'s task to Gym (``EpisodeInfo.task``: a fresh copy
-    of its JSON value, keys sorted), fresh, retried and restored attempts alike. Every row
-    the run will use is checked here, before anything else: one that is not finite plain
-    JSON raises ``DatasetError`` (exit code 2) naming the row and the place in it.
+    ``dataset``: the tasks (a sequence or iterable of JSON values, a JSONL file's path, or
+    anything with ``__len__`` and ``__getitem__`` such as a ``datasets.Dataset``); every row the
+    run uses is checked here (``DatasetError``, exit 2). ``rows``: a count or row indices in any
+    order, each once (default: every dataset row). ``epochs`` and ``shuffle_seed``: that many
+    passes, each in its own seeded shuffle; a restore resumes at the order's cursor and refuses
+    another order (``DatasetMismatch``, exit 2). ``restore``: restore the latest complete
+    snapshot first. ``on_dispatch(instance, rows)``: called after each admission.
 
-    ``rows`` says which rows to train, in order: a count (rows ``0..rows-1``) or row indices in
-    any order, each once. With a dataset it defaults to every row, and a row outside the
-    dataset is refused (``DatasetError``); without one it is required, and environments read
-    their data by row index (task None). A repeated row is refused (``DatasetError`` naming
-    both indices). ``epochs`` trains the rows that many times; with ``shuffle_seed`` (an int)
-    each epoch goes through them in its own seeded shuffle, a pure function of (the rows, the
-    seed, the epoch), like ``DistributedSampler(seed=...).set_epoch(e)``. Each row of each
-    epoch is a row of the run of its own (``CompletedGroup.position``; ``.row`` is the dataset
-    row). A snapshot records where the order stands, and a restore resumes exactly there; one
-    with other ``rows``, ``epochs`` or ``shuffle_seed`` is refused (``DatasetMismatch``, exit
-    code 2, saying what differs). With ``restore`` (default) the latest complete snapshot is
-    restored first.
-    ``on_dispatch(instance, rows)`` is called after each admission (for audit trails).
-
-    One trainer holds ``workdir`` at a time: a second one raises ``WorkDirLocked`` here, naming
-    the holder's pid (an OS lock, released when the holder exits or is killed).
-
-    Each start takes the next *term* of the work directory's *lineage* (``TrainerTerm``, kept
-    in ``workdir/trainer_term.json``) and attaches it to every Gym instance first
-    (``attach_trainer``): servers that outlived an earlier trainer of this work directory
-    fence what it left running there (its episodes, its open checkpoint) and the run proceeds;
-    a server that serves another run (another work directory) refuses, ``GymInUse`` (exit 2).
-
-    With ``handle_signals`` (default; only in the main thread) SIGTERM and SIGINT received while
-    the block is open preempt the run (``Rollouts.preempt``) instead of killing the process or
-    raising ``KeyboardInterrupt``: the current step finishes, ``batches`` takes a final
-    checkpoint bounded by ``preempt_timeout_s``, a line naming the snapshot is logged (logger
-    ``gymckpt``, WARNING) and ``batches`` raises ``Preempted``. A signal that arrives during
-    the restore preempts the run before the block's body starts: no step is handed out.
-
-    A restore logs a WARNING naming the snapshot and the step it resumed at, so a rerun that
-    resumed never looks like a fresh one.
+    On entry: one trainer per ``workdir`` (``WorkDirLocked``); this start's trainer term fences
+    what an older term left on the instances (another run's refuse: ``GymInUse``); with
+    ``handle_signals`` SIGTERM/SIGINT preempt the run after a final checkpoint (``Preempted``).
+    In full: the trainer loop's reference page (``docs/reference/trainer.md``).
     """
     config = config or RuntimeConfig()
-    if config.freeze_startup_objects:
-        freeze_startup_objects()  # once per process: a full collection, then a freeze
-    workdir = await offload(Path(workdir).resolve)
-    lock = WorkDirLock(workdir)
-    await offload(lock.acquire)  # one trainer per work directory; raises WorkDirLocked
+    workdir, lock = await _take_workdir(workdir, config)
     try:
         with contextlib.ExitStack() as stack:
-            # installed first: a signal during the restore is kept, and handed to the
-            # Rollouts before the trainer's body can take a step
+            # installed first: a signal during the restore is kept for the Rollouts
             inbox = _signal_inbox(stack) if handle_signals else None
             tasks, order = await _row_plan(dataset, rows, epochs, shuffle_seed)
             store = SnapshotStore(workdir / SNAPSHOTS_DIR)
             await offload(lambda: store.root.mkdir(parents=True, exist_ok=True))
-            # this process's term of the work directory's lineage, attached to every instance
-            # before anything changes there (the restore attaches once its checks passed): it
-            # fences what an older term left running there
+            # this start's term, attached before anything changes (by the restore once checked)
             trainer = await offload(lambda: next_term(workdir))
             restored = None
             if restore:
