@@ -68,6 +68,32 @@ def test_the_stand_in_trains_the_same_weights_under_sigkills(tmp_path: Path) -> 
     assert "verdict: identical" in err or "identical" in err
 
 
+def _processes_naming(path: Path) -> list[str]:
+    """Command lines of the live processes that name ``path`` (a run's leftovers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(path) in cmd and _alive(int(entry.name)):
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.http
+def test_gym_servers_may_be_victims_and_none_outlives_the_runs(tmp_path: Path) -> None:
+    """The stand-in on spawned ``gymckpt serve`` processes: a kill picks the trainer (with its
+    process group) or one server (replaced, the run goes on); same weights, no leftovers."""
+    rc, out, err = chaos(
+        tmp_path, "--seeds", "2", "--kills", "2", "--json", "--", *TRAINER, "--http"
+    )
+    assert rc == 0, err[-3000:]
+    result = json.loads(out)
+    assert result["identical"] == 2 and sum(s["kills_landed"] for s in result["seeds"]) >= 2
+    assert _processes_naming(tmp_path) == []
+
+
 @pytest.mark.parametrize("broken", ["drop", "duplicate"])
 def test_a_trainer_not_exactly_once_after_a_restore_is_caught(tmp_path: Path, broken: str) -> None:
     """Seed 2's first kill is aimed at the third checkpoint's after_commit stage (pinned in
@@ -91,8 +117,9 @@ def test_no_command_or_no_workdir_is_bad_input(tmp_path: Path) -> None:
     assert rc == 2 and "no COMMAND" in err
     rc, _, err = chaos(tmp_path, "--", sys.executable, str(STAND_IN), "/tmp/x")
     assert rc == 2 and "COMMAND has no {workdir}" in err
-    rc, _, err = chaos(tmp_path, "--seeds", "0", "--", *TRAINER)
+    rc, out, err = chaos(tmp_path, "--seeds", "0", "--json", "--", *TRAINER)
     assert rc == 2 and "--seeds 0" in err
+    assert json.loads(out)["exit_code"] == 2 and json.loads(out)["baseline_sha256"] is None
 
 
 def test_a_failing_baseline_is_bad_input_with_its_stderr(tmp_path: Path) -> None:

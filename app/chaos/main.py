@@ -93,15 +93,13 @@ def main_chaos(args: argparse.Namespace) -> int:
     """``gymckpt chaos`` with the parsed ``args``; its exit code."""
     problem = _problem(args)
     if problem is not None:
-        print(f"gymckpt chaos: error: {problem}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
+        return _refuse(problem, args.json)
     root = Path(tempfile.mkdtemp(prefix="gymckpt-chaos-"))
     try:
         code, out = chaos(args.command, root, args.seeds, args.kills, args.timeout)
     except BadBaseline as exc:
-        print(f"gymckpt chaos: error: {exc}", file=sys.stderr)
         print(f"gymckpt chaos: the runs are kept in {root}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
+        return _refuse(str(exc), args.json)
     except KeyboardInterrupt:  # every start's process group is killed on the way out
         print(f"gymckpt chaos: interrupted; the runs are kept in {root}", file=sys.stderr)
         return ExitCode.INTERRUPTED
@@ -114,6 +112,15 @@ def main_chaos(args: argparse.Namespace) -> int:
     else:
         print(report(out))
     return code
+
+
+def _refuse(problem: str, as_json: bool) -> int:
+    """Bad input: the error on stderr (and, with ``--json``, an object saying it); exit 2."""
+    print(f"gymckpt chaos: error: {problem}", file=sys.stderr)
+    if as_json:
+        refused = {"runs": 0, "identical": 0, "all_identical": False, "baseline_sha256": None}
+        print(json.dumps({**refused, "error": problem, "exit_code": int(ExitCode.BAD_INPUT)}))
+    return ExitCode.BAD_INPUT
 
 
 def _say(text: str) -> None:

@@ -111,9 +111,10 @@ class Start:
         if victim == self.proc.pid:
             self.kill_group()
             return "program"
+        name = _name(victim)
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
-        return f"descendant {_name(victim)}"
+        return f"descendant {name}"
 
     def kill_group(self) -> None:
         """SIGKILL the program's process group (and so every child that stayed in it)."""

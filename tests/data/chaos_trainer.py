@@ -2,7 +2,10 @@
 public trainer API (``open_rollouts`` on the embedded calendar Gym), whose "model" is a list of
 floats updated from each row's results in slot order, rows trained in dataset order.
 
-    python tests/data/chaos_trainer.py WORKDIR [--rows N] [--break-after-restore drop|duplicate]
+    python tests/data/chaos_trainer.py WORKDIR [--rows N] [--http]
+        [--break-after-restore drop|duplicate]
+
+``--http`` serves the Gym from spawned ``gymckpt serve`` processes (children chaos may kill).
 
 Deterministic: the calendar's reward is a function of (seed, row, slot); the program trains
 the rows in dataset order whatever order their groups complete in, holding the groups that
@@ -27,7 +30,7 @@ from typing import Any
 
 import gymckpt
 from gymckpt.app.chaos import arm_kill_points
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_http
 
 DIM = 8
 WEIGHTS = "weights.json"
@@ -75,8 +78,10 @@ class Model:
 async def main(args: argparse.Namespace) -> None:
     model = Model()
     work = Path(args.workdir)
+    open_gym = calendar_http if args.http else calendar_embedded
+    extra: dict[str, Any] = {"state_root": work} if args.http else {}
     async with (
-        calendar_embedded(instances=2, seed=0, work_dir=work / "gym-live", config=SIM) as gym,
+        open_gym(instances=2, seed=0, work_dir=work / "gym-live", config=SIM, **extra) as gym,
         gymckpt.open_rollouts(
             gym, work, rows=args.rows, group_size=2, checkpoint_every=1, max_rows_in_flight=6
         ) as rollouts,
@@ -106,6 +111,7 @@ def parse(argv: list[str] | None = None) -> Any:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir")
     parser.add_argument("--rows", type=int, default=12)
+    parser.add_argument("--http", action="store_true")
     parser.add_argument("--break-after-restore", choices=["drop", "duplicate"])
     return parser.parse_args(argv)
 
