@@ -142,7 +142,10 @@ def test_a_baseline_past_its_timeout_is_killed_with_its_children(tmp_path: Path)
     assert not _alive(int(pidfile.read_text()))
 
 
-def test_ctrl_c_kills_the_running_program_and_its_children(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_kills_the_running_program_and_its_children(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
     pidfile = tmp_path / "child.pid"
     script = (
         f"sleep 60 & echo $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; echo {{workdir}}; wait"
@@ -159,7 +162,7 @@ def test_ctrl_c_kills_the_running_program_and_its_children(tmp_path: Path) -> No
         while not pidfile.exists():  # the program's child is running
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         assert proc.wait(timeout=30) == 130
     finally:
         proc.kill()

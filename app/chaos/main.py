@@ -9,7 +9,8 @@ and every other ``NAME sha256: HEX`` line the program prints (a training journal
 is compared with the baseline's. Exit codes: 0 every run identical; 3 a run differs (an
 invariant violation: a rollout lost, duplicated, reordered or altered changes the weights);
 2 bad input (no COMMAND, no ``{workdir}`` in it, a flag, a baseline that fails); 130
-interrupted. Progress lines on stderr; the table (or ``--json``'s one object) on stdout.
+interrupted (SIGINT or SIGTERM: the running program's process group is killed first).
+Progress lines on stderr; the table (or ``--json``'s one object) on stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -95,12 +97,13 @@ def main_chaos(args: argparse.Namespace) -> int:
     if problem is not None:
         return _refuse(problem, args.json)
     root = Path(tempfile.mkdtemp(prefix="gymckpt-chaos-"))
+    signal.signal(signal.SIGTERM, _interrupt)  # the same clean-up as Ctrl-C
     try:
         code, out = chaos(args.command, root, args.seeds, args.kills, args.timeout)
     except BadBaseline as exc:
         print(f"gymckpt chaos: the runs are kept in {root}", file=sys.stderr)
         return _refuse(str(exc), args.json)
-    except KeyboardInterrupt:  # every start's process group is killed on the way out
+    except KeyboardInterrupt:  # every start's process group is killed on the way out (Start)
         print(f"gymckpt chaos: interrupted; the runs are kept in {root}", file=sys.stderr)
         return ExitCode.INTERRUPTED
     if code == ExitCode.OK and not args.keep:
@@ -112,6 +115,10 @@ def main_chaos(args: argparse.Namespace) -> int:
     else:
         print(report(out))
     return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _refuse(problem: str, as_json: bool) -> int:

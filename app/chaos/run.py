@@ -201,17 +201,13 @@ def _one_start(
             return None
         pending.pop(0)
         victim = start.kill(rng)
-        run.kills.append(
-            {
-                "kind": kill.kind,
-                "aim": kill.describe(),
-                "landed": True,
-                "victim": victim,
-                "start": run.starts,
-            }
-        )
+        record = {"kind": kill.kind, "aim": kill.describe(), "landed": True, "victim": victim}
+        run.kills.append({**record, "start": run.starts})
         if victim == "program":
-            return start.wait(max(0.0, deadline - time.monotonic())) or -signal.SIGKILL
+            rc = start.wait(max(0.0, deadline - time.monotonic()))
+            if rc == 0:  # it had just ended: the kill found nothing to kill
+                run.kills[-1]["landed"] = False
+            return rc
         mark = time.monotonic()
     rc = start.wait(deadline - time.monotonic())
     if pending and pending[0].stage is not None and rc is not None:
