@@ -161,6 +161,7 @@ def chaos(
             "digests": baseline.digests,
             "wall_s": round(baseline.wall_s, 3),
             "stage_marks": len(baseline.marks),
+            "armed_s": None if baseline.armed_s is None else round(baseline.armed_s, 3),
         },
         "command": list(command),
         "kills": kills,
@@ -172,7 +173,10 @@ def chaos(
 def _marks(baseline: Run) -> str:
     if not baseline.marks:
         return "no checkpoint stage marks (kills are timed only)"
-    return f"{len(baseline.marks)} checkpoint stage marks (kills aimed at stages too)"
+    return (
+        f"{len(baseline.marks)} checkpoint stage marks (kills aimed at stages too), kill points "
+        f"armed {baseline.armed_s or 0:.2f}s after the start"
+    )
 
 
 def _run_json(run: Run, baseline: Run) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 stages. Nothing happens unless ``gymckpt chaos`` runs the program.
 
 A program calls ``arm_kill_points(rollouts)`` once ``open_rollouts`` has opened. Under chaos
-(environment variable ``GYMCKPT_CHAOS_MARKS`` set) it then prints one line on stderr at each
-stage of each checkpoint of this process, ``gymckpt-chaos-mark: STAGE N`` (``N`` counts this
-process's checkpoints from 1), which is how chaos learns, from the uninterrupted run, which
-stages the program reaches and how often; and with ``GYMCKPT_CHAOS_KILL_AT=STAGE@N`` it
+(environment variable ``GYMCKPT_CHAOS_MARKS`` set) it prints ``ARMED`` on stderr at once (the
+program is past its start-up and restore: timed kills are drawn after that moment), then one
+line at each stage of each checkpoint of this process, ``gymckpt-chaos-mark: STAGE N`` (``N``
+counts this process's checkpoints from 1): that is how chaos learns, from the uninterrupted
+run, which stages the program reaches and how often. With ``GYMCKPT_CHAOS_KILL_AT=STAGE@N`` it
 SIGKILLs itself at that stage of its ``N``-th checkpoint. The stages are the coordinator's hook
 points (``HOOK_POINTS``) and ``mid_publish``: the snapshot's files and manifest written, its
 commit marker not yet.
@@ -26,6 +27,7 @@ from gymckpt.runtime import SnapshotInfo, SnapshotStore
 from gymckpt.runtime._shared import MANIFEST_NAME, GymManifest
 
 __all__ = [
+    "ARMED",
     "KILL_AT_ENV",
     "MARK",
     "MARKS_ENV",
@@ -45,6 +47,9 @@ MARK = "gymckpt-chaos-mark:"
 MID_PUBLISH = "mid_publish"
 STAGES = (*HOOK_POINTS, MID_PUBLISH)
 """Every stage a kill can be aimed at, in the order a checkpoint passes them."""
+
+ARMED = f"{MARK} armed"
+"""The line ``arm_kill_points`` prints at once: the program's runtime is open (restored)."""
 
 _MARK_LINE = re.compile(rf"^{re.escape(MARK)} (\w+) (\d+)$")
 
@@ -96,6 +101,7 @@ def arm_kill_points(rollouts: Rollouts, environ: Mapping[str, str] = os.environ)
     if not environ.get(MARKS_ENV):
         return
     kill_at = parse_kill_at(environ[KILL_AT_ENV]) if environ.get(KILL_AT_ENV) else None
+    print(ARMED, file=sys.stderr, flush=True)
     coordinator = rollouts.coordinator
     inner_hook = coordinator.on_stage
     ordinals: dict[str, int] = {}

@@ -98,6 +98,19 @@ class Start:
                 if time.monotonic() >= deadline:
                     return None
 
+    def wait_for_line(self, path: Path, line: str, timeout_s: float) -> float | None:
+        """Seconds from the start until ``line`` appeared in the file ``path`` (the program's
+        output), or None if the program ended or ``timeout_s`` passed first (looked at every
+        ``wait`` slice, 50 ms)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if line in path.read_text(errors="replace").splitlines():
+                    return time.monotonic() - self.started
+            if self.wait(min(0.05, deadline - time.monotonic())) is not None:
+                return None
+        return None
+
     def victims(self) -> list[int]:
         """The processes a kill may pick: the program itself, then its live descendants."""
         return [self.proc.pid, *descendants(self.proc.pid)]

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from .plan import Kill, plan_kills
-from .points import KILL_AT_ENV, MARKS_ENV, read_marks
+from .points import ARMED, KILL_AT_ENV, MARKS_ENV, read_marks
 from .process import Start
 
 __all__ = [
@@ -82,6 +82,8 @@ class Run:
     digests: dict[str, str] = attrs.field(factory=dict)
     wall_s: float = 0.0
     marks: list[tuple[str, int]] = attrs.field(factory=list)
+    armed_s: float | None = None
+    """When the program armed its kill points (its runtime open), seconds after its start."""
     error: str | None = None
 
     @property
@@ -113,7 +115,8 @@ def run_baseline(
     t0 = time.monotonic()
     logs = root / "baseline" / "start-1"
     with Start.spawn(_argv(command, run.workdir), logs, {**env, MARKS_ENV: "1"}) as start:
-        rc = start.wait(timeout_s)
+        run.armed_s = start.wait_for_line(logs / "stderr", ARMED, timeout_s)
+        rc = start.wait(timeout_s - (time.monotonic() - t0))
     run.starts, run.wall_s = 1, time.monotonic() - t0
     stderr = _tail(logs / "stderr")
     if rc is None:
@@ -146,7 +149,7 @@ def run_seed(
 ) -> Run:
     """Seed ``seed``'s run: start, kill as planned, restart on the same work directory until
     a start exits 0 (the kills spent), within ``timeout_s`` in all."""
-    rng, plan = plan_kills(seed, kills, baseline.wall_s, baseline.marks)
+    rng, plan = plan_kills(seed, kills, baseline.wall_s, baseline.marks, baseline.armed_s)
     run = Run(seed, root / f"seed-{seed}" / "work", kills_planned=list(plan))
     run.workdir.mkdir(parents=True)
     argv = _argv(command, run.workdir)
