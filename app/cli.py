@@ -45,6 +45,8 @@ from gymckpt.runtime._shared import (
     tree_size,
 )
 
+from .chaos import add_chaos_parser
+
 __all__ = ["build_parser", "main"]
 
 
@@ -117,6 +119,7 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     add_serve_parser(sub)
     # A subcommand of its own module registers here, one line: ``add_X_parser(sub)`` adds its
     # parser and sets ``handler=main_X`` (``main_X(args) -> int``), which ``main`` calls.
+    add_chaos_parser(sub)
     _add_bench_parser(sub)
     return parser
 

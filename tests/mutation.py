@@ -1502,6 +1502,36 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="layers_hold",
         sim_seeds=0,
     ),
+    # -- issue 33, chaos: a crash changes nothing, and chaos notices when it does ------------
+    Mutant(
+        "chaos-digests-never-compared",
+        "chaos",
+        "app/chaos/run.py",
+        "return {name: self.digests.get(name) == hex for name, hex in baseline.digests.items()}",
+        "return {name: True for name, hex in baseline.digests.items()}",
+        ("tests/test_chaos.py",),
+        keyword="not_exactly_once",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "chaos-stage-kill-never-lands",
+        "chaos",
+        "app/chaos/points.py",
+        "if kill_at == (stage, n):",
+        "if kill_at == (stage, -n):",
+        ("tests/test_chaos.py",),
+        keyword="not_exactly_once",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "demo-verdict-counts-steps-before-a-fresh-start",
+        "S12",
+        "app/demo/journal.py",
+        "            steps = []",
+        "            pass",
+        ("tests/test_demo_crash.py", "tests/test_demo_journal.py"),
+        sim_seeds=0,
+    ),
 )
 
 

@@ -3,6 +3,10 @@ checkpoint, or between a snapshot's manifest and its commit marker."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -55,3 +59,30 @@ def test_mid_publish_kills_after_the_manifest_of_that_checkpoint_only(kills: lis
     assert kills == []
     store.publish(None, SimpleNamespace(checkpoint_id="p2-0001"), {})  # type: ignore[arg-type]
     assert kills == ["SIGKILL"]
+
+
+@pytest.mark.subprocess
+def test_a_kill_before_the_first_snapshot_commits_judges_the_fresh_restart(
+    tmp_path: Path,
+) -> None:
+    """Phase 1 SIGKILLs itself mid-publish of its first checkpoint: no complete snapshot, so
+    phase 2 starts over from the beginning (the runtime's correct behaviour). The verdict
+    judges against that point, not against phase 1's discarded steps: exactly once, no
+    restore, no duplicate (it reported 8 duplicates and exit 3 before the fresh start was
+    journaled)."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "gymckpt", "demo", "--rows", "16", "--json"),
+            *("--crash-after-checkpoint", "1", "--crash-at-stage", MID_PUBLISH),
+            *("--workdir", str(tmp_path / "work")),
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    report = json.loads(done.stdout)
+    assert report["killed_with_sigkill"] and report["restores"] == 0, report
+    assert (report["duplicates"], report["steps_trained_twice"], report["lost"]) == (0, 0, 0)
+    assert report["exactly_once"] is True and done.returncode == 0, done.stderr[-2000:]

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import attrs
 
-from gymckpt.app.demo.journal import JOURNAL, Journal, checkpoint_record, read_journal
+from gymckpt.app.demo.journal import (
+    FRESH_START,
+    JOURNAL,
+    Journal,
+    checkpoint_record,
+    read_journal,
+)
 from gymckpt.nurseries import CheckpointOutcome
 
 
@@ -33,3 +39,16 @@ def test_a_checkpoints_line_counts_the_episodes_it_took_mid_turn() -> None:
     line = checkpoint_record(1, outcome)
     assert line["mid_turn"] == 4 and line["checkpoint"] == "p1-0002" and line["ok"] is True
     assert checkpoint_record(1, attrs.evolve(outcome, mid_turn=0))["mid_turn"] == 0
+
+
+def test_a_fresh_start_discards_every_step_before_it(tmp_path: Path) -> None:
+    """Phase 2 found no complete snapshot (phase 1 died mid-publish of its first one): its
+    trainer starts from its initial state, so phase 1's steps are not in the final lineage."""
+    journal = Journal(tmp_path / JOURNAL)
+    journal.append({"phase": 1, FRESH_START: True})
+    for step in (1, 2):
+        journal.append({"phase": 1, "step": step, "rows": [step]})
+    journal.append({"phase": 2, FRESH_START: True})
+    journal.append({"phase": 2, "step": 1, "rows": [1]})
+    steps, _ = read_journal(tmp_path / JOURNAL)
+    assert [(s["phase"], s["step"]) for s in steps] == [(2, 1)]

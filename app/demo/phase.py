@@ -34,7 +34,7 @@ from ..toy_trainer import ToyTrainer
 from .crash import install_crash
 from .envs import open_demo_gym
 from .gymnasium import journal_episodes
-from .journal import JOURNAL, Journal, checkpoint_record
+from .journal import FRESH_START, JOURNAL, Journal, checkpoint_record
 from .options import DemoOptions
 from .progress import PROGRESS_ENV, Progress
 
@@ -131,6 +131,8 @@ async def run_phase(
             run.trainer = ToyTrainer.from_bytes(rollouts.trainer_state)
         if rollouts.restored is not None:
             run.journal_restore(rollouts)
+        else:
+            run.journal_fresh_start()
         await run.train(rollouts)
         final = await run.final_checkpoint(rollouts)
         metrics = rollouts.metrics.snapshot()
@@ -171,6 +173,12 @@ class _Phase:
                         "restored_from": r.restored_from,
                     }
                 )
+
+    def journal_fresh_start(self) -> None:
+        """This phase found no complete snapshot: its trainer starts from its initial state,
+        so every step an earlier phase trained is discarded from the lineage (journaled as a
+        ``fresh_start`` line; phase 2 after a kill before any snapshot was committed)."""
+        self.journal.append({"phase": self.phase, FRESH_START: True})
 
     def journal_restore(self, rollouts: Rollouts) -> None:
         """The restore this phase started from, journaled and shown."""

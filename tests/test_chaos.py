@@ -1,0 +1,234 @@
+"""``gymckpt chaos`` (``app/chaos``) with real processes and real SIGKILLs: the stand-in
+trainer (``tests/data/chaos_trainer.py``, a real program on the public trainer API) trains the
+same weights and journal under kills; a trainer that drops or duplicates a row after a restore
+is caught (exit 3); bad input is exit 2 with a message; nothing outlives a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymckpt.app.chaos.main import report
+from gymckpt.app.chaos.plan import plan_kills
+from gymckpt.app.chaos.points import MARK, STAGES, parse_kill_at, read_marks
+from gymckpt.app.chaos.process import Start
+from gymckpt.app.chaos.run import read_digests
+
+STAND_IN = Path(__file__).resolve().parent / "data" / "chaos_trainer.py"
+TRAINER = [sys.executable, str(STAND_IN), "{workdir}"]
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(120)]
+
+
+def chaos(tmp_path: Path, *args: str, timeout: float = 100) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "gymckpt", "chaos", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def test_the_stand_in_trains_the_same_weights_under_sigkills(tmp_path: Path) -> None:
+    rc, out, err = chaos(tmp_path, "--seeds", "3", "--kills", "2", "--json", "--", *TRAINER)
+    assert rc == 0, err[-3000:]
+    result = json.loads(out)
+    assert (result["runs"], result["identical"], result["all_identical"]) == (3, 3, True)
+    assert result["baseline_sha256"] == result["baseline"]["digests"]["weights"]
+    assert set(result["baseline"]["digests"]) == {"weights", "journal"}
+    assert result["baseline"]["stage_marks"] > 0  # the stand-in arms its kill points
+    landed = [s["kills_landed"] for s in result["seeds"]]
+    assert sum(landed) >= 3, result["seeds"]  # the kills were real
+    for s in result["seeds"]:
+        program_kills = sum(1 for k in s["kill_log"] if k.get("victim") == "program")
+        assert s["restarts"] >= program_kills and s["matched"] == {"weights": True, "journal": True}
+        assert s["digests"]["weights"] == result["baseline_sha256"]
+    assert not list(tmp_path.glob("gymckpt-chaos-*"))  # removed: every run identical
+    assert "verdict: identical" in err or "identical" in err
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """Command lines of the live processes that name ``path`` (a run's leftovers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(path) in cmd and _alive(int(entry.name)):
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.http
+def test_gym_servers_may_be_victims_and_none_outlives_the_runs(tmp_path: Path) -> None:
+    """The stand-in on spawned ``gymckpt serve`` processes: a kill picks the trainer (with its
+    process group) or one server (replaced, the run goes on); same weights, no leftovers."""
+    rc, out, err = chaos(
+        tmp_path, "--seeds", "2", "--kills", "2", "--json", "--", *TRAINER, "--http"
+    )
+    assert rc == 0, err[-3000:]
+    result = json.loads(out)
+    assert result["identical"] == 2 and sum(s["kills_landed"] for s in result["seeds"]) >= 2
+    assert _processes_naming(tmp_path) == []
+
+
+@pytest.mark.parametrize("broken", ["drop", "duplicate"])
+def test_a_trainer_not_exactly_once_after_a_restore_is_caught(tmp_path: Path, broken: str) -> None:
+    """Seed 2's first kill is aimed at the third checkpoint's after_commit stage (pinned in
+    ``test_the_kill_plan_is_seeded``), so its run restores for sure; the broken stand-in then
+    drops (or trains twice) one row: the weights and the journal differ, exit 3."""
+    rc, out, err = chaos(
+        tmp_path,
+        *("--seeds", "2", "--kills", "1", "--"),
+        *TRAINER,
+        *("--break-after-restore", broken),
+    )
+    assert rc == 3, err[-3000:]
+    assert "verdict: DIFFERENT" in out and "2" in out.splitlines()[-1]
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:4]}
+    assert rows["2"][3:5] == ["NO", "NO"], out  # weights and journal of seed 2 differ
+    assert list(tmp_path.glob("gymckpt-chaos-*"))  # kept for a look
+
+
+def test_no_command_or_no_workdir_is_bad_input(tmp_path: Path) -> None:
+    rc, _, err = chaos(tmp_path)
+    assert rc == 2 and "no COMMAND" in err
+    rc, _, err = chaos(tmp_path, "--", sys.executable, str(STAND_IN), "/tmp/x")
+    assert rc == 2 and "COMMAND has no {workdir}" in err
+    rc, out, err = chaos(tmp_path, "--seeds", "0", "--json", "--", *TRAINER)
+    assert rc == 2 and "--seeds 0" in err
+    assert json.loads(out)["exit_code"] == 2 and json.loads(out)["baseline_sha256"] is None
+
+
+def test_a_failing_baseline_is_bad_input_with_its_stderr(tmp_path: Path) -> None:
+    script = "echo {workdir} >/dev/null; echo the-reason-it-failed >&2; exit 5"
+    rc, _, err = chaos(tmp_path, "--", "sh", "-c", script)
+    assert rc == 2
+    assert "the uninterrupted run exited with code 5" in err and "the-reason-it-failed" in err
+
+
+def test_a_baseline_without_a_weights_line_is_bad_input(tmp_path: Path) -> None:
+    rc, _, err = chaos(tmp_path, "--", "sh", "-c", "echo {workdir}; echo loss sha256: 00")
+    assert rc == 2 and "printed no 'weights sha256: HEX' line" in err
+
+
+def test_a_baseline_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {pidfile}; echo {{workdir}}; wait"
+    rc, _, err = chaos(tmp_path, "--timeout", "1", "--", "sh", "-c", script)
+    assert rc == 2 and "did not end within --timeout 1s" in err
+    assert not _alive(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_kills_the_running_program_and_its_children(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = (
+        f"sleep 60 & echo $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; echo {{workdir}}; wait"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gymckpt", "chaos", "--", "sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists():  # the program's child is running
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_a_kill_picks_the_program_with_its_group_or_one_descendant(tmp_path: Path) -> None:
+    script = "sleep 60 & sleep 60 & wait"
+    with Start.spawn(["sh", "-c", script], tmp_path / "a", os.environ) as start:
+        deadline = time.monotonic() + 10
+        while len(start.victims()) < 3:
+            assert time.monotonic() < deadline
+            start.wait(0.02)
+        children = start.victims()[1:]
+        rng = random.Random(0)
+        while (what := start.kill(rng)) == "program":  # rng.choice: a descendant eventually
+            pytest.fail("seed 0 picks a descendant first")  # pragma: no cover
+        assert what.startswith("descendant") and start.wait(0.2) is None  # the program lives
+        assert sum(map(_alive, children)) == 1
+        start.kill_group()
+        assert start.wait(10) == -signal.SIGKILL
+    assert not any(map(_alive, children))
+
+
+def test_the_kill_plan_is_seeded() -> None:
+    # the stand-in's uninterrupted run: 12 checkpoints, each through every stage
+    marks = [(s, n) for n in range(1, 13) for s in STAGES]
+    _, first = plan_kills(2, 1, 1.0, marks)
+    _, again = plan_kills(2, 1, 1.0, marks)
+    assert first == again and first[0].stage == "after_commit@3"
+    _, timed = plan_kills(1, 3, 2.0, [])
+    assert all(k.stage is None and 0 <= (k.delay_s or 0) <= 2.0 for k in timed)
+    assert timed[0].kind == "anytime"  # a first kill never aims at a restore
+
+
+def test_digests_marks_and_kill_points_are_read_strictly() -> None:
+    hex64 = "ab" * 32
+    out = f"step 3\nweights sha256: {'00' * 32}\nweights sha256: {hex64}\njournal sha256: {hex64}\n"
+    assert read_digests(out + "loss sha256: 12\n") == {"weights": hex64, "journal": hex64}
+    assert read_marks(f"x\n{MARK} after_commit 2\n{MARK} bogus\n") == [("after_commit", 2)]
+    assert parse_kill_at("mid_publish@3") == ("mid_publish", 3)
+    with pytest.raises(ValueError, match="expected STAGE@N"):
+        parse_kill_at("after_lunch@1")
+
+
+def test_the_table_says_what_matched() -> None:
+    run: dict[str, Any] = {
+        "seed": 1,
+        "kills_landed": 1,
+        "kills_planned": 2,
+        "restarts": 1,
+        "matched": {"weights": True, "journal": False},
+        "identical": False,
+        "error": None,
+        "wall_s": 1.5,
+    }
+    out = {
+        "runs": 1,
+        "identical": 0,
+        "all_identical": False,
+        "baseline_sha256": "ab" * 32,
+        "baseline": {"digests": {"journal": "x", "weights": "y"}, "wall_s": 1.0},
+        "seeds": [run],
+    }
+    lines = report(out).splitlines()
+    assert lines[0].split() == ["seed", "kills", "restarts", "weights", "journal", "wall_s"]
+    assert lines[2].split() == ["1", "1/2", "1", "yes", "NO", "1.50"]
+    assert lines[-1].startswith("verdict: DIFFERENT: 0/1 runs identical") and "seeds 1" in lines[-1]
