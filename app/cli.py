@@ -302,7 +302,9 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     from .serve import add_serve_parser
 
     add_serve_parser(sub)
+    from .train.command import add_train_parser
 
+    add_train_parser(sub)
     bench = sub.add_parser(
         "bench", help="run benchmarks (see gymckpt bench --help)", add_help=False
     )
@@ -583,6 +585,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return prune_snapshots(args.dir, args.keep, args.json, every=args.all)
         if args.command == "simulate":
             return _simulate(args, reexec=as_program)
+        if args.command == "train":
+            from .train.command import run_train
+
+            return run_train(args)
         if args.command == "serve":
             from .serve import main_serve
 
