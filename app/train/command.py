@@ -24,7 +24,7 @@ LEARNERS: dict[str, str] = {
 }
 """The built-in learners, by name."""
 
-DEFAULT_STEPS = {"cartpole": 40}
+DEFAULT_STEPS = {"cartpole": 20}
 
 
 def add_train_parser(subparsers: Any) -> None:
@@ -44,7 +44,7 @@ def add_train_parser(subparsers: Any) -> None:
     train.add_argument("name", metavar="NAME", choices=list(LEARNERS), help="the learner")
     train.add_argument("workdir", metavar="WORKDIR", help="the run's work directory")
     train.add_argument("--seed", type=int, default=0, help="seed of the run (default 0)")
-    train.add_argument("--steps", type=int, help="training steps (cartpole: 40)")
+    train.add_argument("--steps", type=int, help="training steps (cartpole: 20)")
     train.add_argument(
         "--deterministic",
         action="store_true",
