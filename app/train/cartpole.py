@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import gymnasium
 import numpy as np
 import torch
 from torch import nn
@@ -23,10 +22,7 @@ from gymckpt.gym_adapter import Environment, EpisodeInfo
 from gymckpt.gym_adapter.environments.gymnasium import (
     GymnasiumAgent,
     GymnasiumParticipant,
-    GymSession,
-    codec_for,
-    episode_seed,
-    plain,
+    gymnasium_environment,
 )
 from gymckpt.runtime import CompletedGroup
 
@@ -51,10 +47,8 @@ class RowStart(GymnasiumParticipant):
     """CartPole reset from the row's seed alone: a group's rollouts share their start, as the
     completions of one prompt do."""
 
-    def open(self, info: EpisodeInfo) -> GymSession:
-        env = gymnasium.make(self.env_id)
-        obs, _ = env.reset(seed=episode_seed(info.seed, info.row, 0))
-        return GymSession(env, plain(obs))
+    def open(self, info: EpisodeInfo) -> Any:
+        return super().open(attrs.evolve(info, slot=0))  # reset seeded by (seed, row, 0)
 
 
 def _policy(seed: int) -> nn.Module:
@@ -84,8 +78,7 @@ class CartPoleLearner:
         self.generator = torch.Generator().manual_seed(self.seed + 1)
 
     def environment(self, model: Callable[[str, Any, EpisodeInfo], Any]) -> Environment:
-        codec = codec_for(ENV_ID)
-        assert codec is not None  # built in
+        codec = gymnasium_environment(ENV_ID).participants[0].codec  # the built-in one
         return Environment(
             agent=GymnasiumAgent(), participants=(RowStart(ENV_ID, codec),), model=model
         )
