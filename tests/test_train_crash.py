@@ -97,3 +97,19 @@ def test_a_sigkill_after_a_checkpoint_changes_no_weight(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from snapshot" in resumed.stderr
     assert _sha(resumed.stdout) == _sha(baseline.stdout)
+
+
+@pytest.mark.slow
+def test_cartpole_learns_from_about_20_to_150(tmp_path: Path) -> None:
+    """The documented curve, short: seed 0 goes from ~23 to >= 150 within 10 steps."""
+    done = subprocess.run(
+        [*_cmd(tmp_path / "w", "--curve", str(tmp_path / "c.csv")), "--steps", "10"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    returns = [float(r.split(",")[1]) for r in (tmp_path / "c.csv").read_text().split()[1:]]
+    assert returns[0] < 40 and max(returns[-3:]) >= 150, returns
