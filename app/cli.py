@@ -46,6 +46,7 @@ from gymckpt.runtime._shared import (
 )
 
 from .chaos import add_chaos_parser
+from .train.command import add_train_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -120,6 +121,7 @@ def build_parser(demo_defaults: dict[str, Any] | None = None) -> argparse.Argume
     # A subcommand of its own module registers here, one line: ``add_X_parser(sub)`` adds its
     # parser and sets ``handler=main_X`` (``main_X(args) -> int``), which ``main`` calls.
     add_chaos_parser(sub)
+    add_train_parser(sub)
     _add_bench_parser(sub)
     return parser
 

@@ -1532,6 +1532,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_demo_crash.py", "tests/test_demo_journal.py"),
         sim_seeds=0,
     ),
+    # -- gymckpt train: deterministic training (issue 33) ----------------------------------------
+    Mutant(
+        "train-batch-in-completion-order",
+        "train-deterministic",
+        "app/train/loop.py",
+        "return sorted(batch, key=lambda group: group.position)",
+        "return list(batch)",
+        ("tests/test_train_crash.py",),
+    ),
+    Mutant(
+        "train-sampling-seeded-by-attempt",
+        "train-deterministic",
+        "app/train/loop.py",
+        "rng = sampling_rng(options.seed, info.session_key, call.turn, call.occurrence)",
+        "rng = sampling_rng(options.seed, info.rollout_id, call.turn, call.occurrence)",
+        ("tests/test_train_crash.py",),
+    ),
 )
 
 

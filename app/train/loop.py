@@ -1,0 +1,284 @@
+"""The trainer loop every built-in learner runs on: gymckpt's runtime as a user would drive it.
+
+    async with EmbeddedGym.host(env, instances=2, seed=S) as gym:
+        async with gymckpt.open_rollouts(gym, workdir, rows=steps * groups, group_size=G) as ro:
+            restore the learner from ro.trainer_state and ro.trainer_files, if any
+            async for batch in ro.batches(groups, state=..., files=...):   # checkpoints
+                learner.update(batch); ro.set_policy_version(learner.version)
+            a final checkpoint, so a rerun of a finished run restores the final weights
+
+The policy runs inside the Gym (the environment's model, called per decision through the
+host's model proxy, so every decision is captured). Its sampling is seeded from the call's
+place in the episode — the slot (``"{position}-{slot}"``), the turn and the call's occurrence —
+never the attempt, which a retry or a restore advances: an episode played again after a crash
+draws what the uninterrupted run drew.
+
+Deterministic mode (``TrainOptions.deterministic``) makes the final weights a function of the
+program, the seed and the step count alone, bit for bit:
+
+- a step's rollouts all run under one policy version: the runtime keeps exactly one step's
+  rows in flight (``max_rows_in_flight = groups_per_step``), and the model of a row of step
+  ``k`` waits until the learner has made ``k`` updates (``VersionGate``), so no rollout of
+  step ``k + 1`` samples before step ``k``'s update, however the dispatcher is scheduled;
+- batches in dataset order: groups sorted by their position in the run's row order, results in
+  slot order (as the runtime hands them), whatever order they completed in;
+- torch's deterministic algorithms, one thread.
+
+Outside it, rows run ahead (two steps in flight, off-policy by one version) and batches are
+trained in completion order; every rollout is still trained exactly once.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+import orjson
+import torch
+import trio
+
+import gymckpt
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+    Environment,
+    EpisodeInfo,
+    parse_call_id,
+    split_capture_key,
+)
+from gymckpt.runtime import BadInput, CompletedGroup
+
+__all__ = [
+    "Learner",
+    "StepReport",
+    "TrainMismatch",
+    "TrainOptions",
+    "VersionGate",
+    "generator_state",
+    "ordered_batch",
+    "sampling_rng",
+    "set_generator_state",
+    "train",
+]
+
+INSTANCES = 2
+"""Gym instances the built-in learners run on (embedded, in the trainer's process)."""
+
+
+class TrainMismatch(BadInput, ValueError):
+    """The work directory holds a run of other options (learner, seed, steps, mode): a rerun
+    resumes a run, it does not change it (exit code 2)."""
+
+
+@attrs.frozen(kw_only=True)
+class TrainOptions:
+    """One training run. ``steps`` updates of ``groups_per_step`` groups each; a checkpoint
+    every ``checkpoint_every`` steps and one after the last."""
+
+    name: str
+    seed: int = 0
+    steps: int
+    deterministic: bool = False
+    checkpoint_every: int = 5
+
+    def __attrs_post_init__(self) -> None:
+        if type(self.seed) is not int or self.seed < 0:
+            raise ValueError(f"--seed must be an int >= 0, got {self.seed!r}")
+        if self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run in its work directory."""
+        return {
+            "learner": self.name,
+            "seed": self.seed,
+            "steps": self.steps,
+            "deterministic": self.deterministic,
+        }
+
+
+@attrs.frozen
+class StepReport:
+    """One trained step: the run's step number (1-based), the batch's mean return and the
+    policy version after the update."""
+
+    step: int
+    mean_return: float
+    policy_version: int
+
+
+Act = Callable[[Any, np.random.Generator], Any]
+
+
+class Learner(Protocol):
+    """A built-in learner: a torch policy, its optimizer and its RNG.
+
+    ``version`` counts the updates made (the policy version); ``update`` trains one batch
+    (groups in the order given, results in slot order) and adds one. ``act(request, rng)`` is
+    the policy's decision for one model call, drawing its randomness from ``rng`` only.
+    ``state``/``load`` round-trip everything but the files (``save_files``: weights and
+    optimizer), bit for bit."""
+
+    group_size: int
+    groups_per_step: int
+    version: int
+
+    def environment(self, model: Callable[[str, Any, EpisodeInfo], Any]) -> Environment: ...
+
+    def act(self, request: Any, rng: np.random.Generator) -> Any: ...
+
+    def update(self, batch: Sequence[CompletedGroup]) -> float: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load(self, state: Mapping[str, Any], files: Path) -> None: ...
+
+    def save_files(self, directory: Path) -> None: ...
+
+    def weights(self) -> Mapping[str, torch.Tensor]: ...
+
+
+def sampling_rng(seed: int, session_key: str, turn: int, occurrence: int) -> np.random.Generator:
+    """The generator of one policy decision: a function of the run's seed and the call's place
+    in the episode (slot, turn, occurrence of the request in the turn), never the attempt."""
+    material = f"gymckpt-train:{seed}:{session_key}/t{turn}/c{occurrence}".encode()
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(material).digest()[:16], "little"))
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """A torch generator's state as text (base64 of its state bytes), for the trainer state."""
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode()
+
+
+def set_generator_state(generator: torch.Generator, text: str) -> None:
+    raw = np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy()
+    generator.set_state(torch.from_numpy(raw))
+
+
+def ordered_batch(batch: Sequence[CompletedGroup]) -> list[CompletedGroup]:
+    """The batch in dataset order: groups by their position in the run's row order (results
+    are in slot order already), whatever order they completed in."""
+    return sorted(batch, key=lambda group: group.position)
+
+
+@attrs.define(eq=False, slots=True)
+class VersionGate:
+    """Holds a decision of step ``k`` until the learner has made ``k`` updates. A decision of an
+    older step after a newer update cannot happen in deterministic mode (a step's groups are
+    all trained together) and is refused, naming both."""
+
+    version: int = 0
+    _waiting: dict[int, trio.Event] = attrs.field(factory=dict)
+
+    def advance(self, version: int) -> None:
+        self.version = version
+        for wanted in [v for v in self._waiting if v <= version]:
+            self._waiting.pop(wanted).set()
+
+    async def reach(self, step: int) -> None:
+        if step < self.version:
+            raise RuntimeError(
+                f"a decision of step {step} asked after update {self.version}: a step's "
+                "rollouts must all run under one policy version"
+            )
+        if step > self.version:
+            event = self._waiting.setdefault(step, trio.Event())
+            await event.wait()
+
+
+def _step_of(info: EpisodeInfo, groups_per_step: int) -> int:
+    return int(info.session_key.split("-", 1)[0]) // groups_per_step
+
+
+def deterministic_torch() -> None:
+    """Torch's deterministic algorithms, one thread (the process's setting)."""
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+
+
+async def train(
+    learner: Learner,
+    workdir: Path,
+    options: TrainOptions,
+    on_step: Callable[[StepReport], None] = lambda report: None,
+) -> list[float]:
+    """Run ``options`` with ``learner`` in ``workdir`` (resuming the run there, if any) and
+    return the per-step mean returns of the whole run (restored steps included)."""
+    gate = VersionGate()
+    gps = learner.groups_per_step
+
+    async def model(key: str, request: Any, info: EpisodeInfo) -> Any:
+        if options.deterministic:
+            await gate.reach(_step_of(info, gps))
+        call = parse_call_id(split_capture_key(key)[1])
+        rng = sampling_rng(options.seed, info.session_key, call.turn, call.occurrence)
+        return learner.act(request, rng)
+
+    curve: list[float] = []
+    env = learner.environment(model)
+    async with EmbeddedGym.host(env, instances=INSTANCES, seed=options.seed) as gym:
+        async with gymckpt.open_rollouts(
+            gym,
+            workdir,
+            rows=options.steps * gps,
+            group_size=learner.group_size,
+            max_rows_in_flight=gps if options.deterministic else 2 * gps,
+            checkpoint_every=options.checkpoint_every,
+        ) as rollouts:
+
+            def state() -> bytes:
+                run = {**options.identity(), "curve": curve, "learner_state": learner.state()}
+                return orjson.dumps(run)
+
+            if rollouts.trainer_state is not None:
+                saved = orjson.loads(rollouts.trainer_state)
+                mine = options.identity()
+                theirs = {k: saved.get(k) for k in mine}
+                if theirs != mine:
+                    differ = ", ".join(
+                        f"{k} {theirs[k]!r} (now {mine[k]!r})" for k in mine if theirs[k] != mine[k]
+                    )
+                    raise TrainMismatch(
+                        f"{workdir} holds a run with other options: {differ}; rerun it with "
+                        "its own options to resume it, or use a fresh work directory"
+                    )
+                files = rollouts.trainer_files
+                if files is None:
+                    raise TrainMismatch(f"{workdir}: the restored snapshot has no weights")
+                learner.load(saved["learner_state"], files)
+                curve.extend(float(r) for r in saved["curve"])
+                if learner.version != rollouts.step or learner.version != rollouts.policy_version:
+                    raise TrainMismatch(
+                        f"{workdir}: the snapshot's learner made {learner.version} updates but "
+                        f"the runtime restored step {rollouts.step}, policy version "
+                        f"{rollouts.policy_version}"
+                    )
+            gate.advance(learner.version)
+            trained = 0
+            async for batch in rollouts.batches(gps, state=state, files=learner.save_files):
+                if options.deterministic:
+                    batch = ordered_batch(batch)
+                mean = learner.update(batch)
+                rollouts.set_policy_version(learner.version)
+                gate.advance(learner.version)
+                curve.append(mean)
+                trained += 1
+                on_step(StepReport(learner.version, mean, learner.version))
+            if trained or rollouts.restored is None:
+                outcome = await rollouts.checkpoint(state(), files=learner.save_files)
+                if not outcome.ok:  # retried once: the final weights must be in a snapshot
+                    await rollouts.checkpoint(state(), files=learner.save_files)
+    return curve
+
+
+def mean_return(batch: Sequence[CompletedGroup]) -> float:
+    """The batch's mean episode return (every result of every group)."""
+    rewards = [r.reward for group in batch for r in group.results]
+    return math.fsum(rewards) / len(rewards)
