@@ -45,7 +45,7 @@ from gymckpt.gym_adapter import (
     RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_http,
     calendar_ray,
@@ -292,7 +292,7 @@ async def test_the_alignment_timeout_reaches_a_gym_in_another_process(
     episodes are inside a turn of 8 s; the aligned prepare returns after the 0.5 s alignment
     timeout with neither parked (without it the host would wait for them to end their turn and
     park both), and the commit takes both mid-turn, at their first step boundary."""
-    config = SimConfig(turns=(2, 2), turn_s=(8.0, 8.0), mutation_p=1.0)
+    config = CalendarConfig(turns=(2, 2), turn_s=(8.0, 8.0), mutation_p=1.0)
     gym_at = (
         calendar_http(work_dir=tmp_path / "gym", seed=5, config=config, state_root=tmp_path)
         if backend == "http"
@@ -391,7 +391,7 @@ async def test_the_backend_kit_names_a_prepare_that_takes_no_alignment_timeout(
 ) -> None:
     """The trainer passes the alignment timeout to every prepare: ``check_backend`` says so
     before a run would abort on the ``TypeError``."""
-    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+    async with calendar_embedded(work_dir=tmp_path / "live", config=CalendarConfig()) as gym:
         with pytest.raises(ConformanceError) as info:
             await check_backend(_NoAlignmentTimeout(gym), tmp_path)  # type: ignore[arg-type]
     text = str(info.value)

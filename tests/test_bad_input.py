@@ -23,7 +23,7 @@ import trio.testing
 from gymckpt.app.cli import main
 from gymckpt.app.demo.main import DemoOptions
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_sessions_of,
 )
@@ -31,7 +31,7 @@ from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
 from gymckpt.runtime._shared import COMMIT_MARKER, MANIFEST_NAME
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 ROWS, GROUP = 40, 2
 

@@ -1,6 +1,6 @@
 """Tests of ``gym_adapter.environments.calendar``: ``calendar_embedded``, ``calendar_sessions_of``,
 ``plan_episode`` and ``sentinel`` (an episode's plan is a function of (seed, row, slot) only),
-and what ``SimConfig`` and the workplace builders refuse.
+and what ``CalendarConfig`` and the workplace builders refuse.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gymckpt.gym_adapter.environments.calendar import (
     CalendarEvent,
     CalendarServer,
     CalendarState,
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_environment,
     calendar_sessions_of,
@@ -31,14 +31,14 @@ from gymckpt.gym_adapter.environments.calendar import (
     session_key,
 )
 
-FAST = SimConfig(turns=(2, 4), turn_s=(0.01, 0.02), mutation_p=0.5)
+FAST = CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.02), mutation_p=0.5)
 
 
 async def drain(stream: ReplyStream) -> list[RunReply]:
     return [reply async for batch in stream for reply in batch]
 
 
-def planned_sentinels(seed: int, row: int, slot: int, config: SimConfig) -> tuple[str, ...]:
+def planned_sentinels(seed: int, row: int, slot: int, config: CalendarConfig) -> tuple[str, ...]:
     plan = plan_episode(seed, row, slot, config)
     return tuple(sentinel(row, slot, t) for t in range(plan.turns) if plan.mutates[t])
 
@@ -60,19 +60,19 @@ def test_a_plan_is_the_same_in_another_process() -> None:
     """No hash randomisation or process state enters a plan: a restored run in a new process
     checks the same sentinels."""
     code = (
-        "from gymckpt.gym_adapter.environments.calendar import SimConfig, plan_episode\n"
-        "print(repr(plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))))"
+        "from gymckpt.gym_adapter.environments.calendar import CalendarConfig, plan_episode\n"
+        "print(repr(plan_episode(9, 4, 1, CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.02)))))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
-    here = plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))
+    here = plan_episode(9, 4, 1, CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.02)))
     assert out == repr(here)
 
 
 def test_a_plan_keeps_within_its_config() -> None:
-    cfg = SimConfig(turns=(3, 6), turn_s=(0.5, 0.75), mutation_p=0.5)
+    cfg = CalendarConfig(turns=(3, 6), turn_s=(0.5, 0.75), mutation_p=0.5)
     plans = [plan_episode(1, row, 0, cfg) for row in range(200)]
     assert {p.turns for p in plans} == {3, 4, 5, 6}
     for row, p in enumerate(plans):
@@ -81,11 +81,11 @@ def test_a_plan_keeps_within_its_config() -> None:
         assert all(pl.startswith(f"{row}-0/t{t}:") for t, pl in enumerate(p.payloads))
         assert 0.0 <= p.reward < 1.0
     assert 0.3 < sum(m for p in plans for m in p.mutates) / sum(p.turns for p in plans) < 0.7
-    never = SimConfig(turns=(2, 2), mutation_p=0.0)
-    always = SimConfig(turns=(2, 2), mutation_p=1.0)
+    never = CalendarConfig(turns=(2, 2), mutation_p=0.0)
+    always = CalendarConfig(turns=(2, 2), mutation_p=1.0)
     assert all(not any(plan_episode(1, r, 0, never).mutates) for r in range(20))
     assert all(all(plan_episode(1, r, 0, always).mutates) for r in range(20))
-    fixed = SimConfig(turns=(1, 1), turn_s=(0.25, 0.25))
+    fixed = CalendarConfig(turns=(1, 1), turn_s=(0.25, 0.25))
     assert plan_episode(1, 0, 0, fixed).durations == (0.25,)
 
 
@@ -115,7 +115,7 @@ def test_sentinels_session_keys_and_capture_keys_name_their_turn() -> None:
 )
 def test_sim_config_refuses_bad_knobs(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SimConfig(**kwargs)
+        CalendarConfig(**kwargs)
 
 
 def test_the_calendar_server_exports_and_restores_its_events() -> None:

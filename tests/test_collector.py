@@ -10,12 +10,12 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.runtime.lowlevel import collector_paused
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 
 
 @pytest.fixture

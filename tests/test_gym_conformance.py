@@ -40,7 +40,7 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.gym_adapter.environments.calendar import (
     EpisodePlan,
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_sessions_of,
     capture_key,
@@ -77,7 +77,7 @@ BACKENDS = [
 ]
 
 SEED = 7
-FAST = SimConfig(turns=(2, 5), turn_s=(0.01, 0.05), mutation_p=1.0)
+FAST = CalendarConfig(turns=(2, 5), turn_s=(0.01, 0.05), mutation_p=1.0)
 ALIGNED, UNALIGNED = CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED
 
 REAL_TIME_UNALIGNED = frozenset(
@@ -141,11 +141,11 @@ def make_rows(n: int, *, attempt: int = 0, start: int = 0, slot: int = 0) -> lis
     ]
 
 
-def plan_of(row: int, slot: int = 0, config: SimConfig = FAST) -> EpisodePlan:
+def plan_of(row: int, slot: int = 0, config: CalendarConfig = FAST) -> EpisodePlan:
     return plan_episode(SEED, row, slot, config)
 
 
-def key_of(row: int, slot: int, turn: int, config: SimConfig = FAST) -> str:
+def key_of(row: int, slot: int, turn: int, config: CalendarConfig = FAST) -> str:
     """The capture key of turn ``turn``'s model call of slot ``row``-``slot`` (attempt 0)."""
     return capture_key(row, slot, turn, plan_of(row, slot, config).payloads[turn])
 
@@ -162,7 +162,7 @@ async def timed_batches(stream: ReplyStream) -> list[tuple[float, tuple[RunReply
     return [(trio.current_time() - start, tuple(batch)) async for batch in stream]
 
 
-def expected_sentinels(row: int, slot: int = 0, config: SimConfig = FAST) -> list[str]:
+def expected_sentinels(row: int, slot: int = 0, config: CalendarConfig = FAST) -> list[str]:
     plan = plan_of(row, slot, config)
     return [sentinel(row, slot, t) for t in range(plan.turns) if plan.mutates[t]]
 
@@ -244,7 +244,7 @@ async def test_run_completes_every_row_once(
 async def test_replies_are_batched_per_flush_interval_and_max_batch(
     open_gym: Factory, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.01, 0.01), mutation_p=0.0, max_batch=4)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.01, 0.01), mutation_p=0.0, max_batch=4)
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(10))
         batches = await timed_batches(stream)
@@ -379,7 +379,7 @@ async def test_prepare_parks_at_the_next_step_boundary(
 async def test_prepare_past_its_deadline_times_out_naming_the_instance(
     open_gym: Factory, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_gym(config=SimConfig(turn_s=(5.0, 5.0))) as gym:
+    async with open_gym(config=CalendarConfig(turn_s=(5.0, 5.0))) as gym:
         await gym.run("gym-0", make_rows(2))
         await trio.sleep(0.1)
         with pytest.raises(GymCallTimeout, match="gym-0"):
@@ -480,7 +480,7 @@ async def test_legacy_agent_sessions_own_their_episodes(
 async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
     open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
-    config = SimConfig(mutation_p=1.0, strand_legacy_session=True)
+    config = CalendarConfig(mutation_p=1.0, strand_legacy_session=True)
     async with checkpointed(
         open_gym, tmp_path / "snap", agent_kinds="legacy_agent", config=config, mode=mode
     ) as (reply, _gym):
@@ -492,7 +492,7 @@ async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
 
 # -- unaligned -----------------------------------------------------------------------------------
 
-LONG = SimConfig(turns=(2, 2), turn_s=(2.0, 2.0), mutation_p=1.0)
+LONG = CalendarConfig(turns=(2, 2), turn_s=(2.0, 2.0), mutation_p=1.0)
 """Turns long enough (2 s; 10 s on Ray) that every checkpoint lands inside one."""
 
 
@@ -540,7 +540,7 @@ async def test_unaligned_replies_after_the_cut_wait_for_the_resume(
     tmp_path: Path,
     unaligned: CheckpointMode,
 ) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.2, 0.2), mutation_p=1.0)  # 1 s on Ray
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.2, 0.2), mutation_p=1.0)  # 1 s on Ray
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(3))
         await trio.sleep(0.1)  # every episode inside its one turn (0.2 s; 1 s on Ray)
@@ -628,7 +628,7 @@ async def test_retire_refused_while_prepared_then_accepted(
 async def test_lease_reopens_when_no_resume_arrives(
     open_gym: Factory, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_gym(config=SimConfig(mutation_p=1.0, lease_s=2.0)) as gym:
+    async with open_gym(config=CalendarConfig(mutation_p=1.0, lease_s=2.0)) as gym:
         stream = await gym.run("gym-0", make_rows(3))
         await trio.sleep(0.02)
         await gym.prepare("gym-0", "c", deadline())
@@ -646,7 +646,7 @@ async def test_lease_reopens_when_no_resume_arrives(
 async def test_commit_renews_the_lease(
     open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
-    async with open_gym(config=SimConfig(lease_s=2.0)) as gym:
+    async with open_gym(config=CalendarConfig(lease_s=2.0)) as gym:
         await gym.prepare("gym-0", "c", deadline(), mode)
         await trio.sleep(1.5)
         await gym.commit("gym-0", "c", "s", deadline())
@@ -926,7 +926,7 @@ async def test_a_fresh_attempt_fences_an_unclaimed_restored_one(
 async def test_hold_after_first_mutation_parks_that_episode(
     open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    config = SimConfig(mutation_p=0.5, hold_after_first_mutation=True)
+    config = CalendarConfig(mutation_p=0.5, hold_after_first_mutation=True)
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(6))
         first = min(

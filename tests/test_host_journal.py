@@ -30,7 +30,7 @@ import trio.testing
 from gymckpt.app.verdict import judge
 from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_host,
     calendar_state,
@@ -54,7 +54,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.testing.hostile import HostileAct, HostileActs, hostile_calendar_environment
 
-CAL = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+CAL = CalendarConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
 EV = {"turn": 0, "title": "m", "sentinel": "s0"}
 
 
@@ -388,7 +388,7 @@ async def test_a_retire_the_journal_cannot_record_reports_a_dead_instance(
 async def _committed(tmp_path: Path) -> tuple[InstanceRecord, list[EpisodeRecord]]:
     """One calendar episode committed mid-run under ``tmp_path/snap`` (with the sentinels of
     its first turns in its retained calendar): the records a restore takes."""
-    sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+    sim = CalendarConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as host:
         stream = await host.run([RunRow("3-1", 3, 1, 0)])
         await trio.sleep(1.5)
@@ -415,7 +415,7 @@ async def test_a_claim_the_journal_cannot_record_stops_the_instance_never_a_data
     the slot as the restore journaled it, owned by the restored attempt (which the runtime
     then retires there, as for any dead instance)."""
     record, episodes = await _committed(tmp_path)
-    sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+    sim = CalendarConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as fresh:
         assert (
             await fresh.restore("snap", record, episodes, trio.current_time() + 5)
@@ -457,7 +457,7 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
     """Mid-run, one journal append is cut short by a filling disk and its rest fails with
     ENOSPC (then space is freed). The instance stops and is replaced; the run trains every
     row, spends no row attempt and no data budget, and every sentinel is kept once."""
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
         reply_grace_s=0.5,
@@ -518,7 +518,7 @@ async def test_a_disk_that_stays_full_ends_the_run_past_the_outage_budget(
     a backoff — until ``outage_budget_s`` ends the run with exit 8 naming the instance (and
     the log says why it kept dying), never a bare OSError, never a data failure, never a row
     given up."""
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
         reply_grace_s=0.5,
@@ -567,7 +567,7 @@ async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
     before it served back off (0.1, 0.2, 0.4, 0.8 s ...) and are not charged to
     ``max_replacements``: the run trains every row once, spends nothing, and is exactly
     once. (Before: three replacements in a few milliseconds, then exit 5.)"""
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
         reply_grace_s=0.5,

@@ -36,7 +36,7 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.gym_adapter.environments.calendar import (
     CONFIG_ENV,
-    SimConfig,
+    CalendarConfig,
     calendar_http,
     calendar_sessions_of,
 )
@@ -61,13 +61,13 @@ assertion and widens the margins (as on Ray)."""
 
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
     """``calendar_http`` with the simulated turns ``HTTP_TIME_SCALE`` times slower."""
-    config: SimConfig = kwargs.pop("config", None) or SimConfig()
+    config: CalendarConfig = kwargs.pop("config", None) or CalendarConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * HTTP_TIME_SCALE, hi * HTTP_TIME_SCALE))
     return calendar_http(**kwargs)
 
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
 ENVIRONMENT = "gymckpt.gym_adapter.environments.calendar:calendar_from_environ_simple_agent"
 
 
@@ -147,7 +147,7 @@ async def test_a_run_that_finds_every_stream_connection_held_fails_naming_the_li
     """Each open ``/run`` stream holds a connection until its episodes end: with all
     ``max_streams`` held, the next run waits ``pool_timeout_s`` for one and then fails as a
     timeout saying which limit to raise (it once waited without end)."""
-    long = SimConfig(turns=(40, 40), turn_s=(0.5, 0.5))  # 20 s per episode
+    long = CalendarConfig(turns=(40, 40), turn_s=(0.5, 0.5))  # 20 s per episode
     async with http_gym(tmp_path, config=long, max_streams=1, pool_timeout_s=0.5) as gym:
         held = await gym.run("gym-0", rows(1))
         with trio.fail_after(20), pytest.raises(GymCallTimeout, match=r"max_streams=1 is held"):

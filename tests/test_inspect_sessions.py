@@ -25,7 +25,7 @@ from gymckpt.gym_adapter import (
     RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_ray,
     calendar_sessions_of,
@@ -34,7 +34,7 @@ from gymckpt.gym_adapter.environments.calendar import (
 from gymckpt.nurseries import open_rollouts
 from gymckpt.testing.examples import guess_the_number
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.01, 0.05), mutation_p=1.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.05), mutation_p=1.0)
 
 
 @attrs.define

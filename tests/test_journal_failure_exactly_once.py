@@ -26,12 +26,12 @@ import trio.testing
 
 from gymckpt.app.verdict import judge
 from gymckpt.gym_adapter._shared import JOURNAL_FILE
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeConfig
 from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
 
-SIM = SimConfig(turns=(3, 4), turn_s=(0.5, 1.0), mutation_p=1.0, lease_s=30.0)
+SIM = CalendarConfig(turns=(3, 4), turn_s=(0.5, 1.0), mutation_p=1.0, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,

@@ -10,7 +10,7 @@ import pytest
 from gymckpt.gym_adapter import Environment, EnvironmentRef, load_environment
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarAgent,
-    SimConfig,
+    CalendarConfig,
     calendar_environment,
     calendar_workplace,
 )
@@ -18,7 +18,7 @@ from gymckpt.testing.examples import guess_the_number
 
 
 def test_a_ref_names_a_factory_and_its_arguments_and_builds_it() -> None:
-    config = SimConfig(turns=(3, 3))
+    config = CalendarConfig(turns=(3, 3))
     ref = EnvironmentRef.to(calendar_environment, agent_kind="legacy_agent", config=config)
     assert ref.path == "gymckpt.gym_adapter.environments.calendar:calendar_environment"
     env = load_environment(ref)
@@ -66,7 +66,7 @@ def test_a_ref_with_a_malformed_path_is_refused_on_construction() -> None:
 
 
 def test_the_calendar_workplace_is_environments_like_any_other() -> None:
-    config = SimConfig(lease_s=7.0)
+    config = CalendarConfig(lease_s=7.0)
     workplace = calendar_workplace(3, ["simple_agent", "legacy_agent", "simple_agent"], config)
     kinds = [load_environment(ref).agent.kind for ref in workplace.environments]
     assert kinds == ["simple_agent", "legacy_agent", "simple_agent"]

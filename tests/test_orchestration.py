@@ -17,7 +17,11 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_state
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_embedded,
+    calendar_state,
+)
 from gymckpt.nurseries import CheckpointCoordinator, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._shared import PAUSE_HOLDER
 from gymckpt.runtime import (
@@ -37,7 +41,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -55,7 +59,7 @@ async def running(
     group_size: int = 2,
     instances: int = 2,
     faults: Sequence[str] = (),
-    sim: SimConfig = SIM,
+    sim: CalendarConfig = SIM,
     config: RuntimeConfig = CONFIG,
     agent_kinds: str = "simple_agent",
     **kw: Any,
@@ -470,7 +474,7 @@ async def test_s8_changed_topology_is_refused(
 async def test_s9_checkpoints_drain_replies_on_the_wire(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    sim = SimConfig(turns=(1, 2), turn_s=(0.05, 0.2), lease_s=30.0, flush_interval_s=0.5)
+    sim = CalendarConfig(turns=(1, 2), turn_s=(0.05, 0.2), lease_s=30.0, flush_interval_s=0.5)
     trained: list[int] = []
     async with running(tmp_path, rows=400, sim=sim) as (_gym, ro):
 
@@ -512,7 +516,7 @@ async def test_s10_legacy_sessions_own_their_episodes(
 async def test_s10_stranded_legacy_session_fails_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    sim = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), lease_s=30.0, strand_legacy_session=True)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), lease_s=30.0, strand_legacy_session=True)
     async with running(tmp_path, agent_kinds="legacy_agent", sim=sim) as (_gym, ro):
         await trio.sleep(1)
         t0 = trio.current_time()

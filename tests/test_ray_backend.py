@@ -31,7 +31,7 @@ from gymckpt.gym_adapter import (
     RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
+    CalendarConfig,
     calendar_ray,
     calendar_sessions_of,
     plan_episode,
@@ -55,13 +55,13 @@ few ms each way. Stretching the turns keeps every assertion and widens the margi
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
     """``calendar_ray`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
 
-    config: SimConfig = kwargs.pop("config", None) or SimConfig()
+    config: CalendarConfig = kwargs.pop("config", None) or CalendarConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * RAY_TIME_SCALE, hi * RAY_TIME_SCALE))
     return calendar_ray(**kwargs)
 
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.01, 0.03), mutation_p=0.5)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.03), mutation_p=0.5)
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:
@@ -176,7 +176,7 @@ async def test_four_instances_fit_on_two_cores_spread_and_answer(tmp_path: Path)
 
 @pytest.mark.ray
 async def test_replies_coalesce_into_few_objects_for_a_slow_consumer(tmp_path: Path) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.02), mutation_p=0.0, max_batch=4)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.02), mutation_p=0.0, max_batch=4)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(200))
         # every row replies while nobody consumes: all 200 on the wire (yielded into Ray or
@@ -204,7 +204,7 @@ async def test_one_object_per_row_mode_delivers_every_row_once(tmp_path: Path) -
 
 @pytest.mark.ray
 async def test_acks_travel_with_the_next_call_and_free_the_actor(tmp_path: Path) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.2), mutation_p=0.0, max_batch=2)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.2), mutation_p=0.0, max_batch=2)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(40))
         got = 0
@@ -226,7 +226,7 @@ async def test_acks_travel_with_the_next_call_and_free_the_actor(tmp_path: Path)
 
 @pytest.mark.ray
 async def test_aclose_discards_replies_still_in_ray(tmp_path: Path) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.01), mutation_p=0.0, max_batch=2)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.01), mutation_p=0.0, max_batch=2)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(12))
         first = await stream.__anext__()

@@ -18,13 +18,13 @@ import attrs
 import pytest
 import trio
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_ray
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 pytestmark = pytest.mark.ray
 
-SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=3.0)
+SIM = CalendarConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=3.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=1.0,
     alignment_timeout_s=0.5,
@@ -46,7 +46,7 @@ async def running(
     stuck_loop_s: float = 0.0,
     max_rows_in_flight: int = 6,
     restore: bool = True,
-    sim: SimConfig = SIM,
+    sim: CalendarConfig = SIM,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
     async with calendar_ray(
         instances=2,

@@ -18,7 +18,7 @@ import trio
 
 from gymckpt.app.verdict import judge
 from gymckpt.gym_adapter import GymInstanceDead, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_ray
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
 from gymckpt.runtime import GymUnavailable, RuntimeConfig, rollout_id_for
 
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 log = logging.getLogger(__name__)
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:
@@ -98,7 +98,7 @@ async def test_a_lost_node_kills_its_instances_and_replace_lands_on_a_live_node(
 
 
 ROWS = 48
-SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=10.0)
+SIM = CalendarConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=10.0)
 RUN = RuntimeConfig(
     control_timeout_s=3.0,
     reply_grace_s=0.5,

@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import GymInstanceDead, InstanceInventory, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_ray
 from gymckpt.runtime import GymCallTimeout, rollout_id_for
 
 pytestmark = pytest.mark.ray
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:

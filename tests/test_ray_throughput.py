@@ -22,11 +22,15 @@ import pytest
 import trio
 
 from gymckpt.gym_adapter import RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_ray
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_embedded,
+    calendar_ray,
+)
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, rollout_id_for
 
-FREE = SimConfig(turns=(1, 1), turn_s=(0.0, 0.0), mutation_p=0.0)
+FREE = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.0), mutation_p=0.0)
 
 
 def _rows(n: int) -> list[RunRow]:

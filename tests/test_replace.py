@@ -33,7 +33,7 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarServer,
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_environment,
     calendar_host,
@@ -51,7 +51,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
 )
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -494,7 +494,7 @@ def test_journal_replays_slots_and_ignores_only_a_torn_last_line() -> None:
 async def test_journal_fresh_instance_starts_empty_and_recovers_only_when_asked(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+    cfg = CalendarConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=cfg, recover=False) as sim:
         stream = await sim.run([RunRow("0-0", 0, 0, 0)])
         assert [r.rollout_id async for batch in stream for r in batch] == ["0-0"]
@@ -694,7 +694,7 @@ async def test_a_fresh_attempt_whose_sessions_fail_to_open_frees_the_slot_in_the
 ) -> None:
     """The old attempt was fenced and its session dropped; a replacement replaying the journal
     must not bring the old session back."""
-    cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+    cfg = CalendarConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
     env = attrs.evolve(calendar_environment(config=cfg), participants=(_FailingCalendar(),))
     _FailingCalendar.failing = False
     async with GymHost("gym-0", env, work_dir=tmp_path) as host:

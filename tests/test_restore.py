@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, RestoreReply, RetireReply, Topology
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
 from gymckpt.nurseries import SnapshotProblems, open_rollouts, restore_latest
 from gymckpt.nurseries._restore import saved_step
 from gymckpt.runtime import (
@@ -28,7 +28,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime._shared import STEP_FILE, StepRecord, dump_step
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 

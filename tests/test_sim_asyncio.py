@@ -14,7 +14,7 @@ import sniffio
 
 from gymckpt.gym_adapter import Completed, Refused, ReplyStream, RunReply, RunRow
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
+    CalendarConfig,
     calendar_embedded,
     calendar_host,
     calendar_sessions_of,
@@ -24,7 +24,7 @@ from gymckpt.gym_adapter.environments.calendar import (
 )
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
-CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
+CONFIG = CalendarConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
 SEED = 11
 
 
@@ -142,7 +142,7 @@ def test_episodes_run_as_plain_asyncio_tasks_of_a_task_group() -> None:
     from gymckpt.gym_adapter import GymHost
 
     code = GymHost._episode_main.__code__
-    slow = SimConfig(turns=(2, 2), turn_s=(5.0, 5.0), flush_interval_s=0.001)
+    slow = CalendarConfig(turns=(2, 2), turn_s=(5.0, 5.0), flush_interval_s=0.001)
 
     def episode_tasks() -> int:
         return sum(1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "cr_code", None) is code)

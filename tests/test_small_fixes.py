@@ -18,12 +18,12 @@ import trio.testing
 
 from gymckpt.app.cli import main as cli_main
 from gymckpt.gym_adapter import EnvironmentSpecError
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 REPO = Path(__file__).resolve().parent.parent
-SIM = SimConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 

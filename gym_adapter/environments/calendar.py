@@ -24,13 +24,13 @@ nothing of it); ``CalendarConfig.host_config()`` is every deployment's ``config`
     EmbeddedGym.host(calendar_environment(config=cfg), instances=2, config=cfg.host_config())
     RayGym.host(EnvironmentRef.to(calendar_environment, config=cfg), instances=2,
                 config=cfg.host_config())
-    HttpGym.spawn(CALENDAR_FROM_ENVIRON, instances=2, work_dir=".",
+    HttpGym.spawn(calendar_from_environ_path(), instances=2, work_dir=".",
                   config=cfg.host_config(), environ=cfg.environ())
 
 (one agent kind per instance: a list of environments, ``EnvironmentRef.to(calendar_environment,
-agent_kind=kind, config=cfg)`` each; over HTTP, ``CALENDAR_FROM_ENVIRON_LEGACY`` serves the
-legacy agent). Nothing here is private to gymckpt: this module uses only what
-``gymckpt.gym_adapter`` and ``gymckpt.runtime`` export.
+agent_kind=kind, config=cfg)`` or ``calendar_from_environ_path(kind)`` each). Nothing here is
+private to gymckpt: this module uses only what ``gymckpt.gym_adapter`` and ``gymckpt.runtime``
+export.
 """
 
 from __future__ import annotations
@@ -60,8 +60,6 @@ from gymckpt.gym_adapter import (
 __all__ = [
     "AGENT_KINDS",
     "CALENDAR",
-    "CALENDAR_FROM_ENVIRON",
-    "CALENDAR_FROM_ENVIRON_LEGACY",
     "CONFIG_ENV",
     "CalendarAgent",
     "CalendarConfig",
@@ -72,6 +70,7 @@ __all__ = [
     "EpisodePlan",
     "calendar_environment",
     "calendar_from_environ",
+    "calendar_from_environ_path",
     "calendar_host",
     "calendar_model",
     "calendar_sessions",
@@ -86,11 +85,7 @@ AGENT_KINDS: Final = ("simple_agent", "legacy_agent")
 CONFIG_ENV: Final = "GYMCKPT_CALENDAR_CONFIG"
 """The environment variable a spawned ``gymckpt serve`` reads the workplace's ``CalendarConfig``
 from (JSON of its fields, ``CalendarConfig.environ``; read by ``calendar_from_environ``)."""
-CALENDAR_FROM_ENVIRON: Final = f"{__name__}:calendar_from_environ_simple_agent"
-"""The import path ``gymckpt serve`` (``HttpGym.spawn``) loads the workplace with the simple
-agent from, its config from ``CONFIG_ENV``."""
-CALENDAR_FROM_ENVIRON_LEGACY: Final = f"{__name__}:calendar_from_environ_legacy_agent"
-"""``CALENDAR_FROM_ENVIRON`` with the legacy agent."""
+
 AGENT: Final = "agent"
 CALENDAR: Final = "calendar"
 
@@ -336,6 +331,14 @@ def calendar_from_environ(agent_kind: str = "simple_agent") -> Environment:
     except (TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{CONFIG_ENV} is not a CalendarConfig: {exc}") from None
     return calendar_environment(agent_kind, config)
+
+
+def calendar_from_environ_path(agent_kind: str = "simple_agent") -> str:
+    """The import path a ``gymckpt serve`` process (``HttpGym.spawn``) loads the workplace with
+    ``agent_kind`` from, its config from ``CONFIG_ENV`` (``CalendarConfig.environ``)."""
+    if agent_kind not in AGENT_KINDS:
+        raise ValueError(f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {agent_kind!r}")
+    return f"{__name__}:calendar_from_environ_{agent_kind}"
 
 
 def calendar_from_environ_simple_agent() -> Environment:
