@@ -18,7 +18,10 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym
-from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 
@@ -37,8 +40,13 @@ ROWS = 12
 async def running(
     workdir: Path, faults: Sequence[str] = ()
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=workdir / "gym", config=SIM, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=workdir / "gym",
+        faults=faults,
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym, workdir, rows=ROWS, group_size=2, config=CONFIG, max_rows_in_flight=6

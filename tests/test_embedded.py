@@ -27,8 +27,8 @@ from gymckpt.gym_adapter import (
 from gymckpt.gym_adapter._faults import FaultPlan
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarAgent,
-    CalendarServer,
     CalendarConfig,
+    CalendarServer,
     calendar_environment,
     calendar_host,
 )

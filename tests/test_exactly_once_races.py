@@ -38,7 +38,7 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarConfig,
-    calendar_embedded,
+    calendar_environment,
     calendar_state,
 )
 from gymckpt.nurseries import Rollouts, open_rollouts
@@ -83,8 +83,13 @@ class Wrapped:
 async def gym_at(
     tmp_path: Path, name: str, faults: Sequence[str] = (), instances: int = 2
 ) -> AsyncIterator[EmbeddedGym]:
-    async with calendar_embedded(
-        instances=instances, seed=3, work_dir=tmp_path / name, config=SIM, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=instances,
+        seed=3,
+        work_dir=tmp_path / name,
+        faults=faults,
+        config=SIM.host_config(),
     ) as gym:
         yield gym
 

@@ -45,7 +45,12 @@ from gymckpt.app.simulation.main import (
     ScenarioReport,
     run_scenario,
 )
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    calendar_environment,
+)
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     CheckpointMode,
@@ -440,7 +445,13 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
     from gymckpt.nurseries import open_rollouts
 
     sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-    async with calendar_embedded(instances=1, seed=3, work_dir=tmp_path / "gym", config=sim) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=sim),
+        instances=1,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=sim.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=8, group_size=2, config=BASE.runtime_config()
         ) as ro:

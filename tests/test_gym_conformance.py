@@ -5,8 +5,9 @@ timings are virtual and exact. A test that checkpoints takes the ``mode`` fixtur
 both ``CheckpointMode``s (on Ray and HTTP the unaligned mode only in the cases
 ``REAL_TIME_UNALIGNED`` names: their time is real time); the ``unaligned`` section holds the
 cases of that mode alone. A factory
-is called like ``calendar_embedded`` (keyword arguments ``instances``, ``agent_kinds``, ``seed``,
-``work_dir``, ``config``, ``faults``) and yields a backend that also offers
+is called like ``open_embedded`` (keyword arguments ``instances``, ``agent_kinds``, ``seed``,
+``work_dir``, ``config``, ``faults``: the calendar workplace on the deployment's own
+constructor) and yields a backend that also offers
 ``session_states(instance, participant)`` or ``retained_sessions(instance)`` (the calendar's
 sessions are read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray
 deployment is one line in ``BACKENDS``, and so is the HTTP one (``gymckpt serve`` processes,
@@ -15,12 +16,14 @@ real time like Ray).
 
 from __future__ import annotations
 
+import hashlib
 import pickle
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -29,6 +32,9 @@ from gymckpt.gym_adapter import (
     ADMISSION_CLOSED,
     CommitReply,
     Completed,
+    EmbeddedGym,
+    EnvironmentRef,
+    EpisodeInfo,
     Failed,
     GymControlError,
     GymInstanceDead,
@@ -39,14 +45,14 @@ from gymckpt.gym_adapter import (
     can_replace,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    EpisodePlan,
     CalendarConfig,
-    calendar_embedded,
+    EpisodePlan,
+    calendar_environment,
     calendar_sessions_of,
-    capture_key,
     plan_episode,
     sentinel,
 )
+from gymckpt.gym_adapter.lowlevel import host_capture_key
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -63,7 +69,7 @@ from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, load_records
 Factory = Callable[..., AbstractAsyncContextManager[Any]]
 
 BACKENDS = [
-    pytest.param(calendar_embedded, id="embedded"),
+    pytest.param(lambda **kw: open_embedded(**kw), id="embedded"),
     pytest.param(
         lambda **kw: __import__("test_ray_backend").open_for_conformance(**kw),
         id="ray",
@@ -145,9 +151,35 @@ def plan_of(row: int, slot: int = 0, config: CalendarConfig = FAST) -> EpisodePl
     return plan_episode(SEED, row, slot, config)
 
 
+def agent_kinds_of(instances: int, agent_kinds: str | Sequence[str]) -> list[str]:
+    """The agent kind of each instance: one for all, or one each."""
+    return [agent_kinds] * instances if isinstance(agent_kinds, str) else list(agent_kinds)
+
+
+def open_embedded(
+    *,
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    seed: int = 0,
+    work_dir: Path | None = None,
+    config: CalendarConfig | None = None,
+    faults: Sequence[str] = (),
+) -> AbstractAsyncContextManager[Any]:
+    """The calendar workplace on ``EmbeddedGym.host``, one agent kind per instance."""
+    cfg = config if config is not None else CalendarConfig()
+    environments = [
+        EnvironmentRef.to(calendar_environment, agent_kind=kind, config=cfg)
+        for kind in agent_kinds_of(instances, agent_kinds)
+    ]
+    return EmbeddedGym.host(environments, instances, seed, work_dir, cfg.host_config(), faults)
+
+
 def key_of(row: int, slot: int, turn: int, config: CalendarConfig = FAST) -> str:
-    """The capture key of turn ``turn``'s model call of slot ``row``-``slot`` (attempt 0)."""
-    return capture_key(row, slot, turn, plan_of(row, slot, config).payloads[turn])
+    """The capture key of turn ``turn``'s model call of slot ``row``-``slot`` (attempt 0): the
+    host's key of the call of the turn's plan payload."""
+    request = plan_of(row, slot, config).payloads[turn]
+    info = EpisodeInfo(rollout_id_for(row, slot, 0), row, slot, 0, 0, "")
+    return host_capture_key(info, turn, hashlib.sha256(orjson.dumps(request)).hexdigest(), 0)
 
 
 async def drain(stream: ReplyStream) -> list[RunReply]:

@@ -28,10 +28,15 @@ import trio
 import trio.testing
 
 from gymckpt.app.verdict import judge
-from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+    GymHost,
+    GymInstanceDead,
+    RunRow,
+)
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarConfig,
-    calendar_embedded,
+    calendar_environment,
     calendar_host,
     calendar_state,
 )
@@ -466,7 +471,13 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
         max_consecutive_failures=2,
     )
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=sim),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=sim.host_config(),
+        ) as gym,
         open_rollouts(
             gym,
             tmp_path,
@@ -531,7 +542,13 @@ async def test_a_disk_that_stays_full_ends_the_run_past_the_outage_budget(
     data_failures = rows_failed = -1
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
-            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+            EmbeddedGym.host(
+                calendar_environment(config=sim),
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "gym",
+                config=sim.host_config(),
+            ) as gym,
             open_rollouts(
                 gym,
                 tmp_path,
@@ -583,7 +600,13 @@ async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
         return os.write(fd, data)
 
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=sim),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=sim.host_config(),
+        ) as gym,
         open_rollouts(
             gym,
             tmp_path,

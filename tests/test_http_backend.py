@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from gymckpt.gym_adapter import (
 from gymckpt.gym_adapter.environments.calendar import (
     CONFIG_ENV,
     CalendarConfig,
-    calendar_http,
+    calendar_from_environ_path,
     calendar_sessions_of,
 )
 from gymckpt.gym_adapter.transports.http._process import ServerExited, ServerProcess
@@ -59,12 +59,35 @@ socket and a JSON codec each way on a shared 2-core machine. Stretching the turn
 assertion and widens the margins (as on Ray)."""
 
 
+def calendar_on_http(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    config: CalendarConfig | None = None,
+    work_dir: str | Path = ".",
+    **kwargs: Any,
+) -> AbstractAsyncContextManager[HttpGym]:
+    """The calendar workplace on ``HttpGym.spawn`` (one agent kind per instance, the config in
+    the servers' environment); ``kwargs`` are ``HttpGym.spawn``'s."""
+    from test_gym_conformance import agent_kinds_of
+
+    cfg = config if config is not None else CalendarConfig()
+    paths = [calendar_from_environ_path(k) for k in agent_kinds_of(instances, agent_kinds)]
+    return HttpGym.spawn(
+        paths,
+        instances,
+        work_dir=work_dir,
+        config=cfg.host_config(),
+        environ=cfg.environ(),
+        **kwargs,
+    )
+
+
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
-    """``calendar_http`` with the simulated turns ``HTTP_TIME_SCALE`` times slower."""
+    """``calendar_on_http`` with the simulated turns ``HTTP_TIME_SCALE`` times slower."""
     config: CalendarConfig = kwargs.pop("config", None) or CalendarConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * HTTP_TIME_SCALE, hi * HTTP_TIME_SCALE))
-    return calendar_http(**kwargs)
+    return calendar_on_http(**kwargs)
 
 
 CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
@@ -87,7 +110,7 @@ async def drain(stream: ReplyStream) -> list[RunReply]:
 async def http_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[HttpGym]:
     kwargs.setdefault("config", CONFIG)
     kwargs.setdefault("state_root", tmp_path)
-    async with calendar_http(work_dir=tmp_path / "gym", seed=5, **kwargs) as gym:
+    async with calendar_on_http(work_dir=tmp_path / "gym", seed=5, **kwargs) as gym:
         yield gym
 
 
@@ -375,10 +398,13 @@ async def test_the_servers_die_with_a_sigkilled_trainer(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, trio
-        from gymckpt.gym_adapter.environments.calendar import calendar_http
+        from gymckpt.gym_adapter import HttpGym
+        from gymckpt.gym_adapter.environments.calendar import calendar_from_environ_path
 
         async def main():
-            async with calendar_http(instances=2, work_dir={str(tmp_path / "gym")!r}) as gym:
+            async with HttpGym.spawn(
+                calendar_from_environ_path(), 2, work_dir={str(tmp_path / "gym")!r}
+            ) as gym:
                 print(*(gym.pid(n) for n in gym.instances), flush=True)
                 await trio.sleep_forever()
 

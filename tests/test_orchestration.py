@@ -19,7 +19,7 @@ import trio.testing
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarConfig,
-    calendar_embedded,
+    calendar_environment,
     calendar_state,
 )
 from gymckpt.nurseries import CheckpointCoordinator, Rollouts, open_rollouts, snapshot_problems
@@ -64,13 +64,13 @@ async def running(
     agent_kinds: str = "simple_agent",
     **kw: Any,
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with calendar_embedded(
+    async with EmbeddedGym.host(
+        calendar_environment(agent_kinds, config=sim),
         instances=instances,
         seed=3,
         work_dir=tmp_path / "gym",
-        config=sim,
         faults=faults,
-        agent_kinds=agent_kinds,
+        config=sim.host_config(),
     ) as gym:
         async with open_rollouts(
             gym,
@@ -331,8 +331,12 @@ class ForeignEpisodeGym:
 async def test_s6_ownership_mismatch_aborts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(
-        instances=1, seed=1, work_dir=tmp_path / "gym", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=1,
+        seed=1,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
     ) as inner:
         gym = ForeignEpisodeGym(inner)
         async with open_rollouts(
@@ -437,8 +441,12 @@ async def test_s8_tampered_state_is_refused_and_gym_untouched(
     data = bytearray(records.read_bytes())
     data[len(data) // 2] ^= 0x01
     records.write_bytes(bytes(data))
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         with pytest.raises(TopologyMismatch, match="gym-1: participant calendar digest"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
@@ -454,14 +462,22 @@ async def test_s8_changed_topology_is_refused(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     await _one_snapshot(tmp_path)
-    async with calendar_embedded(
-        instances=3, seed=3, work_dir=tmp_path / "gym3", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=3,
+        seed=3,
+        work_dir=tmp_path / "gym3",
+        config=SIM.host_config(),
     ) as gym:
         with pytest.raises(TopologyMismatch, match="gym-2"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym4", config=SIM, agent_kinds="legacy_agent"
+    async with EmbeddedGym.host(
+        calendar_environment("legacy_agent", config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym4",
+        config=SIM.host_config(),
     ) as gym:
         with pytest.raises(TopologyMismatch, match="legacy_agent"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
@@ -537,8 +553,12 @@ async def test_s11_restored_episodes_dispatched_once_on_their_replica(
     path = await _one_snapshot(tmp_path, after_s=3.0)
     exported = {e.rollout_id: e.replica for e in load_snapshot(path).manifest.episodes}
     claims: list[tuple[str, RunRow]] = []
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym,
@@ -569,8 +589,12 @@ async def test_s11_unclaimed_restored_episodes_are_retired(
     ledger, summary = RecoveryLedger.from_snapshot(
         load_ledger_snapshot(snap.files["ledger.json"]), snap.manifest.episodes
     )
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         for rec in snap.manifest.instances:
             eps = [e for e in snap.manifest.episodes if e.replica == rec.name]
@@ -609,8 +633,12 @@ async def test_s13_snapshot_chosen_for_restore_outlives_pruning(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     original = await _one_snapshot(tmp_path)
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=40, group_size=2, config=CONFIG, keep_snapshots=1

@@ -18,7 +18,10 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend
-from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import Preempted, RuntimeConfig
 
@@ -62,8 +65,13 @@ async def running(
     wrap: Any = None,
     **kw: Any,
 ) -> AsyncIterator[Rollouts]:
-    async with calendar_embedded(
-        instances=2, seed=5, work_dir=gym_dir, config=sim, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=sim),
+        instances=2,
+        seed=5,
+        work_dir=gym_dir,
+        faults=faults,
+        config=sim.host_config(),
     ) as gym:
         backend: GymBackend = gym if wrap is None else wrap(gym)
         async with open_rollouts(

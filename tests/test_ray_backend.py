@@ -13,10 +13,10 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -24,6 +24,7 @@ import trio
 
 from gymckpt.gym_adapter import (
     Completed,
+    EnvironmentRef,
     GymControlError,
     GymInstanceDead,
     ReplyStream,
@@ -32,11 +33,14 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarConfig,
-    calendar_ray,
+    calendar_environment,
     calendar_sessions_of,
     plan_episode,
     sentinel,
 )
+
+if TYPE_CHECKING:
+    from gymckpt.gym_adapter import RayGym
 from gymckpt.nurseries._calls import bounded_call, classify
 from gymckpt.runtime import (
     GymCallTimeout,
@@ -52,13 +56,33 @@ for a virtual clock (turns of 10-50 ms, events a few ms apart), and on Ray real 
 few ms each way. Stretching the turns keeps every assertion and widens the margins."""
 
 
+def calendar_on_ray(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    config: CalendarConfig | None = None,
+    **kwargs: Any,
+) -> AbstractAsyncContextManager[RayGym]:
+    """The calendar workplace on ``RayGym.host`` (one agent kind per instance); ``kwargs`` are
+    ``RayGym.host``'s."""
+    from test_gym_conformance import agent_kinds_of
+
+    from gymckpt.gym_adapter import RayGym  # Ray only when a test asks for it
+
+    cfg = config if config is not None else CalendarConfig()
+    environments = [
+        EnvironmentRef.to(calendar_environment, agent_kind=kind, config=cfg)
+        for kind in agent_kinds_of(instances, agent_kinds)
+    ]
+    return RayGym.host(environments, instances, config=cfg.host_config(), **kwargs)
+
+
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
-    """``calendar_ray`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
+    """``calendar_on_ray`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
 
     config: CalendarConfig = kwargs.pop("config", None) or CalendarConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * RAY_TIME_SCALE, hi * RAY_TIME_SCALE))
-    return calendar_ray(**kwargs)
+    return calendar_on_ray(**kwargs)
 
 
 CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.03), mutation_p=0.5)
@@ -79,7 +103,7 @@ async def drain(stream: ReplyStream) -> list[RunReply]:
 @asynccontextmanager
 async def ray_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[Any]:
     kwargs.setdefault("config", CONFIG)
-    async with calendar_ray(work_dir=tmp_path, seed=5, **kwargs) as gym:
+    async with calendar_on_ray(work_dir=tmp_path, seed=5, **kwargs) as gym:
         yield gym
 
 

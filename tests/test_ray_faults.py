@@ -18,7 +18,14 @@ import attrs
 import pytest
 import trio
 
-from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_ray
+from gymckpt.gym_adapter import (
+    EnvironmentRef,
+    RayGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
@@ -48,13 +55,14 @@ async def running(
     restore: bool = True,
     sim: CalendarConfig = SIM,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
-    async with calendar_ray(
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=sim),
         instances=2,
         seed=3,
         work_dir=tmp_path / "gym",
-        config=sim,
         faults=faults,
         stuck_loop_s=stuck_loop_s,
+        config=sim.host_config(),
     ) as gym:
         async with open_rollouts(
             gym,

@@ -20,7 +20,13 @@ import trio
 import trio.testing
 
 from gymckpt.app.cli import main as cli_main
-from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, WorkDirLock, workdir_of
 
@@ -43,8 +49,12 @@ def make_workdir(workdir: Path) -> None:
 
     async def run() -> None:
         for gym_dir in ("gym", "gym2"):
-            async with calendar_embedded(
-                instances=2, seed=3, work_dir=workdir.parent / gym_dir, config=SIM
+            async with EmbeddedGym.host(
+                calendar_environment(config=SIM),
+                instances=2,
+                seed=3,
+                work_dir=workdir.parent / gym_dir,
+                config=SIM.host_config(),
             ) as gym:
                 async with open_rollouts(
                     gym,
