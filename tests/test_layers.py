@@ -23,8 +23,8 @@ functions count like the others. Checked:
 - the rooms of ``gym_adapter`` (``ROOMS``): the host imports no transport and no environment,
   a transport imports no environment, and an environment imports only the public episode API
   (``ENVIRONMENT_MAY_IMPORT``: ``gymckpt.gym_adapter``'s front door, the runtime's public
-  names) and its own room. ``gym_adapter``'s top-level modules (``_contract``, ``_faults``,
-  ``lowlevel``) are shared by the host and the transports. The host names the Gymnasium adapter
+  names) and its own room. ``gym_adapter``'s top-level modules ``_contract`` and ``_faults``
+  are shared by the host and the transports. The host names the Gymnasium adapter
   by import path for ``gymnasium:ID`` (``host/_load.GYMNASIUM_FACTORY``), which is no import.
 """
 
