@@ -52,7 +52,7 @@ from gymckpt.gym_adapter.environments.calendar import (
     plan_episode,
     sentinel,
 )
-from gymckpt.gym_adapter.lowlevel import host_capture_key
+from gymckpt.gym_adapter.host._episodes import capture_key as host_capture_key
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,

@@ -652,7 +652,7 @@ def _copy_tree(dest: Path) -> None:
         ),
         (
             "gym_adapter/environments/textarena.py",
-            "    from gymckpt.gym_adapter.lowlevel import call_id\n",
+            "    from gymckpt.gym_adapter.lowlevel import RemoteGym\n",
             "environment imports gymckpt.gym_adapter.lowlevel: an environment uses only",
         ),
     ],
