@@ -4,9 +4,11 @@ exactly once after a crash.
 What a trainer needs is importable from here::
 
     import gymckpt
-    from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+    from gymckpt.gym_adapter.environments.calendar import calendar_environment
 
-    async with calendar_embedded(instances=2, seed=0, work_dir="gym-live") as gym:
+    async with gymckpt.EmbeddedGym.host(
+        calendar_environment(), instances=2, work_dir="gym-live"
+    ) as gym:
         async with gymckpt.open_rollouts(gym, "work", rows=32, group_size=4) as rollouts:
             ...
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, plan_episode, sentinel
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, plan_episode, sentinel
 from gymckpt.runtime import load_snapshot
 from gymckpt.runtime._shared import (
     LEDGER_FILE,
@@ -111,7 +111,7 @@ def judge(
     final_snapshot: Path | None,
     *,
     seed: int,
-    config: SimConfig,
+    config: CalendarConfig,
     group_size: int,
     calendar: bool = True,
     row_at: Callable[[int], int] | None = None,
@@ -186,7 +186,7 @@ def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[st
 
 def expected_sentinels(
     seed: int,
-    config: SimConfig,
+    config: CalendarConfig,
     positions: Iterable[int],
     group_size: int,
     *,

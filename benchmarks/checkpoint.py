@@ -81,7 +81,7 @@ import attrs
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime._shared import LEDGER_FILE
 
@@ -871,7 +871,7 @@ DISPATCH_ENVIRONMENTS = ("one_step", "calendar")
 
 async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) -> dict[str, Any]:
     from gymckpt.gym_adapter import EmbeddedGym, Environment, HostConfig
-    from gymckpt.gym_adapter.environments.calendar import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import CalendarConfig
     from gymckpt.nurseries import open_rollouts
 
     g = cfg.group_size
@@ -886,9 +886,13 @@ async def _dispatch_main(cfg: CheckpointConfig, batch: int, environment: str) ->
                 config=HostConfig(max_batch=batch),
             )
         else:
-            sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
-            opened = calendar_embedded(
-                instances=cfg.instances, seed=cfg.seed, work_dir=Path(tmp) / "gym", config=sim
+            sim = CalendarConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=batch)
+            opened = EmbeddedGym.host(
+                calendar_environment(config=sim),
+                instances=cfg.instances,
+                seed=cfg.seed,
+                work_dir=Path(tmp) / "gym",
+                config=sim.host_config(),
             )
         async with opened as gym:
             t0 = perf_ns()

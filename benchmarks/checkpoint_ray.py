@@ -341,10 +341,10 @@ def _shutdown_and_exit(ray_started: bool) -> None:
 
 def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
     """Start the local cluster on this (the main) thread, as ``benchmarks.fanout`` does (its
-    start-up is then timed on its own), then measure; ``calendar_ray`` uses the connection it
+    start-up is then timed on its own), then measure; ``RayGym.host`` uses the connection it
     finds.
 
-    Left to ``calendar_ray``, ``ray.init`` runs on a trio worker thread, and Ray binds the GCS
+    Left to ``RayGym.host``, ``ray.init`` runs on a trio worker thread, and Ray binds the GCS
     and raylet it starts to the starting thread (``PR_SET_PDEATHSIG``), which trio's thread
     cache retires after 10 s idle. Three 200k fills started that way lost their GCS and raylet
     (SIGKILL, nothing in their logs) 25 to 40 s in. But in a direct test that thread's

@@ -51,6 +51,7 @@ import trio.testing
 from gymckpt.gym_adapter import (
     CommitReply,
     Completed,
+    EmbeddedGym,
     GymBackend,
     InstanceInventory,
     PrepareReply,
@@ -60,7 +61,7 @@ from gymckpt.gym_adapter import (
     RunRow,
     Topology,
 )
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.runtime import DispatchGate, EpisodeRecord, InstanceRecord, RecoveryLedger
 
 from ._common import Progress, label
@@ -276,11 +277,17 @@ async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
 
 
 async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
-    from gymckpt.gym_adapter.environments.calendar import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import CalendarConfig
 
-    sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch)
-    async with calendar_embedded(
-        instances=cfg.instances_loop, seed=cfg.seed, work_dir=work / "gym", config=sim
+    sim = CalendarConfig(
+        turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5, max_batch=cfg.loop_batch
+    )
+    async with EmbeddedGym.host(
+        calendar_environment(config=sim),
+        instances=cfg.instances_loop,
+        seed=cfg.seed,
+        work_dir=work / "gym",
+        config=sim.host_config(),
     ) as gym:
         return await _loop_once(gym, work / "run", cfg.loop_attempts, cfg.loop_batch)
 

@@ -4,7 +4,7 @@ instances grow, on both transports in the same run.
 For K = 1, 2, 4, 8, 16 instances (``--quick``: 1 and 2) and each backend (``--backend
 ray|http|both``, default both; both alternate per size, Ray first): on Ray, on one local Ray
 cluster started for the sweep (``address="local"``: never another process's cluster),
-``calendar_ray`` starts K simulated Gym instances as Ray actors; over HTTP, ``calendar_http``
+``RayGym.host`` starts K simulated Gym instances as Ray actors; over HTTP, ``HttpGym.spawn``
 spawns K ``gymckpt serve`` processes on loopback (stopped when the size is done). Then
 ``open_rollouts`` runs the trainer facade on them. A few short
 rows go through first (so every instance holds sessions and records to export), then the
@@ -57,7 +57,12 @@ from typing import Any, cast
 import attrs
 import trio
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_http, calendar_ray
+from gymckpt.gym_adapter import EnvironmentRef, HttpGym
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+    calendar_from_environ_path,
+)
 from gymckpt.nurseries import ExitCode
 
 from ._common import Progress, describe_error, median
@@ -157,21 +162,29 @@ class _CallTimer:
 
 
 def _deployment(
-    backend: str, k: int, sim: SimConfig, work: Path, cfg: FanoutConfig
+    backend: str, k: int, sim: CalendarConfig, work: Path, cfg: FanoutConfig
 ) -> AbstractAsyncContextManager[Any]:
     """K calendar instances on ``backend``: Ray actors on the cluster this process started, or
     spawned ``gymckpt serve`` processes (journals under ``work/gym``, every path the trainer
     names inside ``work``)."""
     if backend == "ray":
-        return calendar_ray(
-            instances=k, config=sim, work_dir=work / "gym", startup_timeout_s=cfg.startup_timeout_s
+        from gymckpt.gym_adapter import RayGym
+
+        return RayGym.host(
+            EnvironmentRef.to(calendar_environment, config=sim),
+            instances=k,
+            work_dir=work / "gym",
+            config=sim.host_config(),
+            startup_timeout_s=cfg.startup_timeout_s,
         )
     if backend == "http":
-        return calendar_http(
-            instances=k,
-            config=sim,
+        return HttpGym.spawn(
+            calendar_from_environ_path(),
+            k,
             work_dir=work / "gym",
+            config=sim.host_config(),
             state_root=work,
+            environ=sim.environ(),
             startup_timeout_s=cfg.startup_timeout_s,
         )
     raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
@@ -183,7 +196,7 @@ async def _measure(
     from gymckpt.nurseries import open_rollouts
     from gymckpt.runtime import RuntimeConfig
 
-    sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005))
+    sim = CalendarConfig(turns=(1, 2), turn_s=(0.001, 0.005))
     rc = RuntimeConfig(control_timeout_s=45.0, drain_timeout_s=45.0)
     t0 = perf()
     async with _deployment(backend, k, sim, work, cfg) as gym:
@@ -259,7 +272,7 @@ async def _dispatch(cfg: FanoutConfig, work: Path, backend: str = "ray") -> dict
     from gymckpt.nurseries import open_rollouts
 
     g, batch = 8, cfg.dispatch_batch
-    sim = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), max_batch=batch)
+    sim = CalendarConfig(turns=(1, 1), turn_s=(0.01, 0.02), max_batch=batch)
     async with _deployment(backend, 2, sim, work, cfg) as gym:
         trained = 0
         t0 = perf()

@@ -189,9 +189,9 @@ async def _calendar(
 ) -> tuple[float, int, float]:
     """(wall seconds, steps, CPU seconds) of ``episodes`` calendar episodes of ``turns``
     turns, each creating an event, with no turn time."""
-    from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_environment
+    from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 
-    cfg = SimConfig(turns=(turns, turns), turn_s=(0.0, 0.0), mutation_p=1.0)
+    cfg = CalendarConfig(turns=(turns, turns), turn_s=(0.0, 0.0), mutation_p=1.0)
     env = attrs.evolve(calendar_environment(config=cfg), unaligned=marks)
     async with GymHost("bench-0", env, seed, work, cfg.host_config()) as host:
         rows = [RunRow(f"{r}-0", r, 0, 0) for r in range(episodes)]

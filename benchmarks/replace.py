@@ -37,13 +37,13 @@ from typing import Any
 
 import trio
 
-from gymckpt.gym_adapter import GymInstanceDead, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter import EnvironmentRef, GymInstanceDead, RunRow
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 from gymckpt.runtime import GymUnavailable, rollout_id_for
 
 __all__ = ["main", "measure"]
 
-SIM = SimConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.0, lease_s=10.0)
+SIM = CalendarConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.0, lease_s=10.0)
 DETECT_TIMEOUT_S = 60.0
 
 
@@ -71,7 +71,15 @@ async def _serving(gym: Any, instance: str) -> None:
 
 async def _once(nodes: Any, work_dir: Path, kind: str) -> dict[str, float]:
     faults = ["prepare:dead@1"] if kind == "actor_death" else []
-    async with calendar_ray(instances=3, work_dir=work_dir, config=SIM, faults=faults) as gym:
+    from gymckpt.gym_adapter import RayGym
+
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=SIM),
+        instances=3,
+        work_dir=work_dir,
+        config=SIM.host_config(),
+        faults=faults,
+    ) as gym:
         victim = "gym-0"
         t0 = trio.current_time()
         if kind == "actor_death":

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 import trio
 import trio_asyncio
 
-from gymckpt.gym_adapter import EmbeddedGym, GymBackend
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+from gymckpt.gym_adapter import EmbeddedGym, Environment, EnvironmentRef, GymBackend
+from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.runtime import CompletedGroup
 
 from ._coordinator import CheckpointOutcome
@@ -86,9 +86,13 @@ async def _hold_open(enter: Callable[[], AbstractAsyncContextManager[T]]) -> Asy
         await holder
 
 
-def open_embedded_gym(**kw: Any) -> AbstractAsyncContextManager[EmbeddedGym]:
-    """``calendar_embedded(**kw)`` (the built-in calendar workplace) from asyncio code."""
-    return _hold_open(lambda: calendar_embedded(**kw))
+def open_embedded_gym(
+    environment: Environment | EnvironmentRef | str | None = None, **kw: Any
+) -> AbstractAsyncContextManager[EmbeddedGym]:
+    """``EmbeddedGym.host(environment, **kw)`` from asyncio code; without ``environment``, the
+    built-in calendar workplace (``calendar_environment()``)."""
+    env = environment if environment is not None else calendar_environment()
+    return _hold_open(lambda: EmbeddedGym.host(env, **kw))
 
 
 def open_gym(enter: Callable[[], AbstractAsyncContextManager[G]]) -> AbstractAsyncContextManager[G]:

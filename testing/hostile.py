@@ -54,7 +54,11 @@ import attrs
 
 from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
 from gymckpt.gym_adapter._shared import JOURNAL_FILE
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_environment, plan_episode
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+    plan_episode,
+)
 
 from .examples import Game, Player, _bisect
 
@@ -161,7 +165,7 @@ class HostileActs:
 
 
 def draw_hostile(
-    seed: int, rows: int, group_size: int, config: SimConfig
+    seed: int, rows: int, group_size: int, config: CalendarConfig
 ) -> tuple[HostileAct, ...]:
     """The acts of ``seed`` (its own generator: a pure function of these arguments). About
     two seeds in three get one to three acts."""
@@ -284,7 +288,7 @@ class _HostileServer:
 
 
 def hostile_calendar_environment(
-    agent_kind: str, config: SimConfig, acts: HostileActs
+    agent_kind: str, config: CalendarConfig, acts: HostileActs
 ) -> Environment:
     """The calendar workplace (``calendar_environment``) doing ``acts``: the same sessions,
     plans and sentinels, so the simulation's judge applies unchanged."""

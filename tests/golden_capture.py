@@ -79,6 +79,7 @@ import httpx
 import trio
 import trio.testing
 
+from gymckpt.gym_adapter import EmbeddedGym, EnvironmentRef
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import CheckpointMode, RuntimeConfig
 
@@ -118,8 +119,15 @@ def _module(name: str) -> ModuleType:
     raise ImportError(f"none of {_MODULES[name]} in this tree")
 
 
+def _calendar_config(**knobs: Any) -> Any:
+    """The calendar's config (``CalendarConfig``; ``SimConfig`` before issue 32's rename)."""
+    cal = _module("calendar")
+    config = getattr(cal, "CalendarConfig", None) or cal.SimConfig
+    return config(**knobs)
+
+
 def _calendar_factory() -> str:
-    """The import path of the calendar whose ``SimConfig`` is read from ``CONFIG_ENV``."""
+    """The import path of the calendar whose config is read from ``CONFIG_ENV``."""
     return f"{_module('calendar').__name__}:calendar_from_environ"
 
 
@@ -153,9 +161,12 @@ class _Scrub:
 
 async def _rollout_run(workdir: Path, gym_dir: Path, mode: CheckpointMode) -> None:
     cal = _module("calendar")
-    sim = cal.SimConfig(turns=(2, 3), turn_s=(0.5, 1.5), mutation_p=1.0)
+    sim = _calendar_config(turns=(2, 3), turn_s=(0.5, 1.5), mutation_p=1.0)
     config = RuntimeConfig(checkpoint_mode=mode)
-    async with cal.calendar_embedded(instances=2, seed=SEED, work_dir=gym_dir, config=sim) as gym:
+    environment = EnvironmentRef.to(cal.calendar_environment, config=sim)
+    async with EmbeddedGym.host(
+        [environment, environment], 2, SEED, gym_dir, sim.host_config()
+    ) as gym:
         async with open_rollouts(
             gym,
             workdir,
@@ -303,7 +314,7 @@ async def _wire_session(scratch: Path, log: list[tuple[int, str, bytes]], scrub:
         return await c.post(path, content=body)
 
     cal = _module("calendar")
-    held = cal.SimConfig(mutation_p=1.0, hold_after_first_mutation=True)
+    held = _calendar_config(mutation_p=1.0, hold_after_first_mutation=True)
     async with contextlib.AsyncExitStack() as stack:
         with _environ(cal.CONFIG_ENV, json.dumps(attrs.asdict(held))):
             proc = await stack.enter_async_context(serve_process(scratch / "a", factory, *common))
@@ -344,7 +355,7 @@ async def _wire_session(scratch: Path, log: list[tuple[int, str, bytes]], scrub:
     episodes = tuple(
         EpisodeRecord(e.rollout_id, e.owner, "gym-0", e.capture_keys) for e in reply.exported
     )
-    plain_config = cal.SimConfig(mutation_p=1.0)  # the same workplace, no episode held
+    plain_config = _calendar_config(mutation_p=1.0)  # the same workplace, no episode held
     async with contextlib.AsyncExitStack() as stack:
         with _environ(cal.CONFIG_ENV, json.dumps(attrs.asdict(plain_config))):
             proc = await stack.enter_async_context(serve_process(scratch / "b", factory, *common))

@@ -38,17 +38,18 @@ from gymckpt.gym_adapter import (
     Done,
     EmbeddedGym,
     Environment,
+    EnvironmentRef,
     GymHost,
     HostConfig,
+    HttpGym,
     InstanceInventory,
     PrepareReply,
     RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
-    calendar_embedded,
-    calendar_http,
-    calendar_ray,
+    CalendarConfig,
+    calendar_environment,
+    calendar_from_environ_path,
 )
 from gymckpt.gym_adapter.host._episode import EpisodeInfo, parse_call_id, split_capture_key
 from gymckpt.gym_adapter.host._episodes import BOUNDARY, MOVING, Episode
@@ -292,12 +293,25 @@ async def test_the_alignment_timeout_reaches_a_gym_in_another_process(
     episodes are inside a turn of 8 s; the aligned prepare returns after the 0.5 s alignment
     timeout with neither parked (without it the host would wait for them to end their turn and
     park both), and the commit takes both mid-turn, at their first step boundary."""
-    config = SimConfig(turns=(2, 2), turn_s=(8.0, 8.0), mutation_p=1.0)
-    gym_at = (
-        calendar_http(work_dir=tmp_path / "gym", seed=5, config=config, state_root=tmp_path)
-        if backend == "http"
-        else calendar_ray(work_dir=tmp_path / "gym", seed=5, config=config)
-    )
+    config = CalendarConfig(turns=(2, 2), turn_s=(8.0, 8.0), mutation_p=1.0)
+    if backend == "http":
+        gym_at = HttpGym.spawn(
+            calendar_from_environ_path(),
+            work_dir=tmp_path / "gym",
+            seed=5,
+            state_root=tmp_path,
+            config=config.host_config(),
+            environ=config.environ(),
+        )
+    else:
+        from gymckpt.gym_adapter import RayGym  # Ray only when the ray case runs
+
+        gym_at = RayGym.host(
+            EnvironmentRef.to(calendar_environment, config=config),
+            work_dir=tmp_path / "gym",
+            seed=5,
+            config=config.host_config(),
+        )
     async with gym_at as gym:
         await gym.run("gym-0", [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in (0, 1)])
         with trio.fail_after(30):  # another process: nothing to wait on but its counts
@@ -391,7 +405,7 @@ async def test_the_backend_kit_names_a_prepare_that_takes_no_alignment_timeout(
 ) -> None:
     """The trainer passes the alignment timeout to every prepare: ``check_backend`` says so
     before a run would abort on the ``TypeError``."""
-    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+    async with EmbeddedGym.host(calendar_environment(), work_dir=tmp_path / "live") as gym:
         with pytest.raises(ConformanceError) as info:
             await check_backend(_NoAlignmentTimeout(gym), tmp_path)  # type: ignore[arg-type]
     text = str(info.value)

@@ -22,23 +22,32 @@ import trio.testing
 
 from gymckpt.app.cli import main
 from gymckpt.app.demo.main import DemoOptions
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
-    calendar_embedded,
+    CalendarConfig,
+    calendar_environment,
     calendar_sessions_of,
 )
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
 from gymckpt.runtime._shared import COMMIT_MARKER, MANIFEST_NAME
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 ROWS, GROUP = 40, 2
 
 
 async def _make_snapshots(workdir: Path, count: int) -> list[Path]:
     paths = []
-    async with calendar_embedded(instances=2, seed=3, work_dir=workdir / "gym", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=workdir / "gym",
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(gym, workdir, rows=ROWS, group_size=GROUP, config=CONFIG) as ro:
             for step in range(count):
                 await trio.sleep(1)
@@ -236,7 +245,13 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
 
 async def _restore_attempt(workdir: Path, error: type[Exception], message: str) -> None:
     """A restore through the facade fails with ``message`` and leaves the fresh Gym idle."""
-    async with calendar_embedded(instances=2, seed=3, work_dir=workdir / "gym2", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=workdir / "gym2",
+        config=SIM.host_config(),
+    ) as gym:
         with pytest.raises(error) as raised:
             async with open_rollouts(gym, workdir, rows=ROWS, group_size=GROUP, config=CONFIG):
                 pytest.fail("restored a damaged snapshot")

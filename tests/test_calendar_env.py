@@ -1,6 +1,7 @@
-"""Tests of ``gym_adapter.environments.calendar``: ``calendar_embedded``, ``calendar_sessions_of``,
-``plan_episode`` and ``sentinel`` (an episode's plan is a function of (seed, row, slot) only),
-and what ``SimConfig`` and the workplace builders refuse.
+"""Tests of ``gym_adapter.environments.calendar``: the workplace on ``EmbeddedGym.host`` (as
+on any deployment's own constructor), ``calendar_sessions_of``, ``plan_episode`` and
+``sentinel`` (an episode's plan is a function of (seed, row, slot) only), and what
+``CalendarConfig`` and the workplace builders refuse.
 """
 
 from __future__ import annotations
@@ -14,31 +15,37 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import ReplyStream, RunReply, RunRow
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+    ReplyStream,
+    RunReply,
+    RunRow,
+    load_environment,
+)
 from gymckpt.gym_adapter.environments.calendar import (
     CALENDAR,
+    CONFIG_ENV,
+    CalendarConfig,
     CalendarEvent,
     CalendarServer,
     CalendarState,
-    SimConfig,
-    calendar_embedded,
     calendar_environment,
+    calendar_from_environ,
+    calendar_from_environ_path,
     calendar_sessions_of,
-    calendar_workplace,
-    capture_key,
     plan_episode,
     sentinel,
     session_key,
 )
 
-FAST = SimConfig(turns=(2, 4), turn_s=(0.01, 0.02), mutation_p=0.5)
+FAST = CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.02), mutation_p=0.5)
 
 
 async def drain(stream: ReplyStream) -> list[RunReply]:
     return [reply async for batch in stream for reply in batch]
 
 
-def planned_sentinels(seed: int, row: int, slot: int, config: SimConfig) -> tuple[str, ...]:
+def planned_sentinels(seed: int, row: int, slot: int, config: CalendarConfig) -> tuple[str, ...]:
     plan = plan_episode(seed, row, slot, config)
     return tuple(sentinel(row, slot, t) for t in range(plan.turns) if plan.mutates[t])
 
@@ -60,19 +67,19 @@ def test_a_plan_is_the_same_in_another_process() -> None:
     """No hash randomisation or process state enters a plan: a restored run in a new process
     checks the same sentinels."""
     code = (
-        "from gymckpt.gym_adapter.environments.calendar import SimConfig, plan_episode\n"
-        "print(repr(plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))))"
+        "from gymckpt.gym_adapter.environments.calendar import CalendarConfig, plan_episode\n"
+        "print(repr(plan_episode(9, 4, 1, CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.02)))))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
-    here = plan_episode(9, 4, 1, SimConfig(turns=(2, 4), turn_s=(0.01, 0.02)))
+    here = plan_episode(9, 4, 1, CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.02)))
     assert out == repr(here)
 
 
 def test_a_plan_keeps_within_its_config() -> None:
-    cfg = SimConfig(turns=(3, 6), turn_s=(0.5, 0.75), mutation_p=0.5)
+    cfg = CalendarConfig(turns=(3, 6), turn_s=(0.5, 0.75), mutation_p=0.5)
     plans = [plan_episode(1, row, 0, cfg) for row in range(200)]
     assert {p.turns for p in plans} == {3, 4, 5, 6}
     for row, p in enumerate(plans):
@@ -81,21 +88,17 @@ def test_a_plan_keeps_within_its_config() -> None:
         assert all(pl.startswith(f"{row}-0/t{t}:") for t, pl in enumerate(p.payloads))
         assert 0.0 <= p.reward < 1.0
     assert 0.3 < sum(m for p in plans for m in p.mutates) / sum(p.turns for p in plans) < 0.7
-    never = SimConfig(turns=(2, 2), mutation_p=0.0)
-    always = SimConfig(turns=(2, 2), mutation_p=1.0)
+    never = CalendarConfig(turns=(2, 2), mutation_p=0.0)
+    always = CalendarConfig(turns=(2, 2), mutation_p=1.0)
     assert all(not any(plan_episode(1, r, 0, never).mutates) for r in range(20))
     assert all(all(plan_episode(1, r, 0, always).mutates) for r in range(20))
-    fixed = SimConfig(turns=(1, 1), turn_s=(0.25, 0.25))
+    fixed = CalendarConfig(turns=(1, 1), turn_s=(0.25, 0.25))
     assert plan_episode(1, 0, 0, fixed).durations == (0.25,)
 
 
-def test_sentinels_session_keys_and_capture_keys_name_their_turn() -> None:
+def test_sentinels_and_session_keys_name_their_turn() -> None:
     assert sentinel(12, 3, 4) == "sentinel:12-3:t4"
     assert session_key(12, 3) == "12-3"
-    keys = {capture_key(12, 3, t, "p") for t in range(5)} | {capture_key(12, 4, 0, "p")}
-    assert len(keys) == 6 and capture_key(12, 3, 1, "p") == capture_key(12, 3, 1, "p")
-    assert capture_key(12, 3, 1, "p") != capture_key(12, 3, 1, "q")  # the call id names it
-    assert capture_key(12, 3, 1, "p", attempt=2).startswith("12-3-a2:t1-")
 
 
 @pytest.mark.parametrize(
@@ -115,7 +118,7 @@ def test_sentinels_session_keys_and_capture_keys_name_their_turn() -> None:
 )
 def test_sim_config_refuses_bad_knobs(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SimConfig(**kwargs)
+        CalendarConfig(**kwargs)
 
 
 def test_the_calendar_server_exports_and_restores_its_events() -> None:
@@ -131,9 +134,7 @@ def test_the_calendar_server_exports_and_restores_its_events() -> None:
     ("call", "message"),
     [
         (lambda: calendar_environment("robot"), "agent kind must be one of simple_agent"),
-        (lambda: calendar_workplace(0), "instances must be >= 1, got 0"),
-        (lambda: calendar_workplace(2, ["simple_agent"]), "got 1 agent kinds for 2 instances"),
-        (lambda: calendar_workplace(2, ["simple_agent", "robot"]), "got 'robot'"),
+        (lambda: calendar_from_environ_path("robot"), "legacy_agent, got 'robot'"),
     ],
 )
 def test_the_workplace_builders_refuse_bad_kinds_and_counts(call: object, message: str) -> None:
@@ -141,14 +142,35 @@ def test_the_workplace_builders_refuse_bad_kinds_and_counts(call: object, messag
         call()  # type: ignore[operator]
 
 
-# -- calendar_embedded and calendar_sessions_of -------------------------------------------------
+def test_the_config_crosses_to_a_server_process_in_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HttpGym.spawn(calendar_from_environ_path(kind), environ=cfg.environ())``: the server
+    loads the workplace with that agent kind and an equal config."""
+    ((name, value),) = FAST.environ().items()
+    assert name == CONFIG_ENV
+    for kind in ("simple_agent", "legacy_agent"):
+        monkeypatch.setenv(name, value)
+        env = load_environment(calendar_from_environ_path(kind))
+        assert env.agent == calendar_environment(kind, FAST).agent
+        monkeypatch.setenv(name, '{"turns": 3}')
+        with pytest.raises(ValueError, match="is not a CalendarConfig"):
+            calendar_from_environ(kind)
 
 
-async def test_calendar_embedded_serves_the_workplace_with_its_agent_kinds(
+# -- the workplace on a deployment and calendar_sessions_of ----------------------------------
+
+
+async def test_the_workplace_serves_with_its_agent_kinds(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kinds = ["legacy_agent", "simple_agent"]
-    async with calendar_embedded(instances=2, agent_kinds=kinds, seed=5, config=FAST) as gym:
+    async with EmbeddedGym.host(
+        [calendar_environment(kind, FAST) for kind in kinds],
+        instances=2,
+        seed=5,
+        config=FAST.host_config(),
+    ) as gym:
         assert gym.instances == ("gym-0", "gym-1")
         topo = await gym.topology()
         assert [i.participants for i in topo.instances] == [
@@ -163,16 +185,16 @@ async def test_calendar_embedded_serves_the_workplace_with_its_agent_kinds(
     ("kwargs", "message"),
     [
         ({"instances": 0}, "instances must be >= 1"),
-        ({"agent_kinds": "robot"}, "agent kind must be one of"),
-        ({"instances": 2, "agent_kinds": ["simple_agent"]}, "got 1 agent kinds for 2"),
+        ({"instances": 2, "environment": [calendar_environment()]}, "got 1 environments for 2"),
         ({"faults": ["commit:vanish"]}, "vanish"),
     ],
 )
-async def test_calendar_embedded_refuses_bad_input_before_serving(
+async def test_the_workplace_on_a_deployment_refuses_bad_input_before_serving(
     kwargs: dict, message: str
 ) -> None:
+    kwargs.setdefault("environment", calendar_environment())
     with pytest.raises(ValueError, match=message):
-        async with calendar_embedded(**kwargs):
+        async with EmbeddedGym.host(**kwargs):
             pytest.fail("served bad input")
 
 
@@ -180,7 +202,13 @@ async def test_calendar_sessions_hold_exactly_the_planned_sentinels(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     seed = 7
-    async with calendar_embedded(instances=2, seed=seed, work_dir=tmp_path, config=FAST) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=FAST),
+        instances=2,
+        seed=seed,
+        work_dir=tmp_path,
+        config=FAST.host_config(),
+    ) as gym:
         assert await calendar_sessions_of(gym, "gym-0") == {}
         rows = [RunRow(f"{r}-{s}", r, s, 0) for r in range(6) for s in range(2)]
         replies = await drain(await gym.run("gym-0", rows))
@@ -208,7 +236,9 @@ async def test_the_same_seed_plays_the_same_calendar(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async def play(seed: int) -> dict[str, tuple[str, ...]]:
-        async with calendar_embedded(seed=seed, config=FAST) as gym:
+        async with EmbeddedGym.host(
+            calendar_environment(config=FAST), seed=seed, config=FAST.host_config()
+        ) as gym:
             await drain(await gym.run("gym-0", [RunRow(f"{r}-0", r, 0, 0) for r in range(8)]))
             return {k: s.sentinels for k, s in (await calendar_sessions_of(gym, "gym-0")).items()}
 

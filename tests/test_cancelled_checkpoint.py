@@ -18,11 +18,14 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import HOOK_POINTS, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, SnapshotStore, load_snapshot
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -37,8 +40,13 @@ ROWS = 12
 async def running(
     workdir: Path, faults: Sequence[str] = ()
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=workdir / "gym", config=SIM, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=workdir / "gym",
+        faults=faults,
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym, workdir, rows=ROWS, group_size=2, config=CONFIG, max_rows_in_flight=6

@@ -12,11 +12,17 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts, snapshot_problems
 from gymckpt.runtime import RuntimeConfig, load_snapshot
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -30,7 +36,13 @@ ROWS = 12
 async def test_two_concurrent_checkpoints_serialize(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym,
             tmp_path,
@@ -85,7 +97,13 @@ async def test_two_concurrent_checkpoints_serialize(
 async def test_a_checkpoint_waiting_for_another_can_be_cancelled(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym,
             tmp_path,

@@ -10,12 +10,18 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.runtime.lowlevel import collector_paused
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 
 
 @pytest.fixture
@@ -61,7 +67,13 @@ async def test_a_checkpoint_runs_without_the_collector(
         lease_s=30.0,
         pause_collector=pause,
     )
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=8, group_size=2, config=config, max_rows_in_flight=6
         ) as ro:
@@ -78,13 +90,14 @@ async def test_a_checkpoint_runs_without_the_collector(
 _PROBE = """
 import gc, sys, tempfile
 import trio
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+from gymckpt.gym_adapter import EmbeddedGym
+from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 async def main(freeze):
     with tempfile.TemporaryDirectory() as tmp:
-        async with calendar_embedded(instances=1, work_dir=tmp + "/g") as gym:
+        async with EmbeddedGym.host(calendar_environment(), work_dir=tmp + "/g") as gym:
             before = gc.get_freeze_count()
             cfg = RuntimeConfig(freeze_startup_objects=freeze)
             async with open_rollouts(gym, tmp + "/w", rows=1, group_size=1, config=cfg) as ro:

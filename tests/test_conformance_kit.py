@@ -19,9 +19,8 @@ from gymckpt.gym_adapter import (
     HostConfig,
 )
 from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
     CalendarServer,
-    SimConfig,
-    calendar_embedded,
     calendar_environment,
 )
 from gymckpt.testing import ConformanceError, check_backend, check_environment, examples
@@ -126,7 +125,7 @@ async def test_kit_on_the_calendar_workplace(
     """The built-in calendar is an Environment like any user's: the same kit passes it, its
     retained calendar sessions included."""
     env = calendar_environment(
-        agent_kind, SimConfig(turns=(3, 5), turn_s=(0.01, 0.03), mutation_p=0.7)
+        agent_kind, CalendarConfig(turns=(3, 5), turn_s=(0.01, 0.03), mutation_p=0.7)
     )
     report = await check_environment(env, tmp_path, park_after=(1, 2))
     assert {"restore_equivalence[2]", "model_calls_once[2]", "fencing", "retained_journal"} <= set(
@@ -144,7 +143,9 @@ class _Forgetful(CalendarServer):
 async def test_kit_rejects_retained_sessions_a_replacement_would_lose(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    env = calendar_environment(config=SimConfig(turns=(2, 3), turn_s=(0.01, 0.02), mutation_p=1.0))
+    env = calendar_environment(
+        config=CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.02), mutation_p=1.0)
+    )
     env = attrs.evolve(env, participants=(_Forgetful(),))
     with pytest.raises(ConformanceError, match="retained_journal"):
         await check_environment(env, tmp_path, park_after=(1,))
@@ -162,8 +163,10 @@ USAGE_CHECKS = (
 async def test_backend_kit_on_the_embedded_calendar(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    async with calendar_embedded(
-        instances=2, work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
+    async with EmbeddedGym.host(
+        calendar_environment(config=CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.03))),
+        instances=2,
+        work_dir=tmp_path / "live",
     ) as gym:
         report = await check_backend(gym, tmp_path)
     assert {"commit[aligned]", "cut[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
@@ -207,7 +210,7 @@ class _NoMode:
 async def test_backend_kit_names_a_prepare_that_takes_no_mode(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+    async with EmbeddedGym.host(calendar_environment(), work_dir=tmp_path / "live") as gym:
         with pytest.raises(ConformanceError) as info:
             await check_backend(_NoMode(gym), tmp_path)  # type: ignore[arg-type]
     text = str(info.value)
@@ -245,8 +248,9 @@ class _LeakyCut(_NoMode):
 async def test_backend_kit_rejects_replies_after_the_cut_before_the_resume(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    async with calendar_embedded(
-        work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
+    async with EmbeddedGym.host(
+        calendar_environment(config=CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.03))),
+        work_dir=tmp_path / "live",
     ) as gym:
         with pytest.raises(ConformanceError, match=r"cut\[unaligned\]: replies \['1-2', "):
             await check_backend(_LeakyCut(gym), tmp_path)  # type: ignore[arg-type]
@@ -297,7 +301,7 @@ class _NoTerms(_NoMode):
 async def test_backend_kit_names_a_backend_without_trainer_terms(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+    async with EmbeddedGym.host(calendar_environment(), work_dir=tmp_path / "live") as gym:
         with pytest.raises(ConformanceError) as info:
             await check_backend(_NoTerms(gym), tmp_path)  # type: ignore[arg-type]
     text = str(info.value)
@@ -330,8 +334,10 @@ async def test_backend_kit_rejects_a_restart_that_fences_nothing(
     """Term 2 of a run attaching while term 1's episodes run or its checkpoint is open (the
     trainer was SIGKILLed): a backend whose instances never see the attach leaves them there,
     and lets a second run in."""
-    async with calendar_embedded(
-        instances=2, work_dir=tmp_path / "live", config=SimConfig(turns=(2, 4), turn_s=(0.01, 0.03))
+    async with EmbeddedGym.host(
+        calendar_environment(config=CalendarConfig(turns=(2, 4), turn_s=(0.01, 0.03))),
+        instances=2,
+        work_dir=tmp_path / "live",
     ) as gym:
         with pytest.raises(ConformanceError) as info:
             await check_backend(_AttachNotForwarded(gym), tmp_path)  # type: ignore[arg-type]
@@ -349,7 +355,7 @@ async def test_backend_kit_on_instances_another_run_holds_fails_by_name(
     them, and the kit says so instead of raising out of ``check_backend``."""
     from gymckpt.runtime import TrainerTerm
 
-    async with calendar_embedded(work_dir=tmp_path / "live", config=SimConfig()) as gym:
+    async with EmbeddedGym.host(calendar_environment(), work_dir=tmp_path / "live") as gym:
         holder = TrainerTerm("0123456789abcdef0123456789abcdef", 1, "/runs/unfinished")
         for name in gym.instances:
             await gym.sim(name).attach(holder, 1e9)

@@ -27,14 +27,14 @@ from gymckpt.gym_adapter import (
 from gymckpt.gym_adapter._faults import FaultPlan
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarAgent,
+    CalendarConfig,
     CalendarServer,
-    SimConfig,
     calendar_environment,
     calendar_host,
 )
 from gymckpt.runtime import GymCallTimeout
 
-FAST = SimConfig(turns=(2, 3), turn_s=(0.01, 0.02), mutation_p=1.0)
+FAST = CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.02), mutation_p=1.0)
 
 
 def deadline(seconds: float = 5.0) -> float:

@@ -36,7 +36,11 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_state
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+    calendar_state,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
@@ -52,7 +56,7 @@ from gymckpt.runtime import (
 from gymckpt.runtime._ledger import load_ledger_snapshot
 from gymckpt.runtime._shared import COMMIT_MARKER
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.9, lease_s=60.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.9, lease_s=60.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -79,8 +83,13 @@ class Wrapped:
 async def gym_at(
     tmp_path: Path, name: str, faults: Sequence[str] = (), instances: int = 2
 ) -> AsyncIterator[EmbeddedGym]:
-    async with calendar_embedded(
-        instances=instances, seed=3, work_dir=tmp_path / name, config=SIM, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=instances,
+        seed=3,
+        work_dir=tmp_path / name,
+        faults=faults,
+        config=SIM.host_config(),
     ) as gym:
         yield gym
 

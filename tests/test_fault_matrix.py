@@ -45,7 +45,12 @@ from gymckpt.app.simulation.main import (
     ScenarioReport,
     run_scenario,
 )
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    calendar_environment,
+)
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     CheckpointMode,
@@ -436,11 +441,17 @@ async def test_stream_dropped_during_a_checkpoint_is_not_an_ownership_violation(
     """An early stream end applied between commit and the cut (simulation seed 1716): Gym
     exported the dropped episode, the ledger no longer holds it. The checkpoint succeeds, the
     manifest leaves it out, the next checkpoint retires it, and every row is trained once."""
-    from gymckpt.gym_adapter.environments.calendar import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import CalendarConfig
     from gymckpt.nurseries import open_rollouts
 
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
-    async with calendar_embedded(instances=1, seed=3, work_dir=tmp_path / "gym", config=sim) as gym:
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    async with EmbeddedGym.host(
+        calendar_environment(config=sim),
+        instances=1,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=sim.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=8, group_size=2, config=BASE.runtime_config()
         ) as ro:

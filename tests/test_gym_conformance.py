@@ -5,8 +5,9 @@ timings are virtual and exact. A test that checkpoints takes the ``mode`` fixtur
 both ``CheckpointMode``s (on Ray and HTTP the unaligned mode only in the cases
 ``REAL_TIME_UNALIGNED`` names: their time is real time); the ``unaligned`` section holds the
 cases of that mode alone. A factory
-is called like ``calendar_embedded`` (keyword arguments ``instances``, ``agent_kinds``, ``seed``,
-``work_dir``, ``config``, ``faults``) and yields a backend that also offers
+is called like ``open_embedded`` (keyword arguments ``instances``, ``agent_kinds``, ``seed``,
+``work_dir``, ``config``, ``faults``: the calendar workplace on the deployment's own
+constructor) and yields a backend that also offers
 ``session_states(instance, participant)`` or ``retained_sessions(instance)`` (the calendar's
 sessions are read through it, ``calendar_sessions_of``) and ``statistics()``. Adding the Ray
 deployment is one line in ``BACKENDS``, and so is the HTTP one (``gymckpt serve`` processes,
@@ -15,12 +16,14 @@ real time like Ray).
 
 from __future__ import annotations
 
+import hashlib
 import pickle
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -29,6 +32,9 @@ from gymckpt.gym_adapter import (
     ADMISSION_CLOSED,
     CommitReply,
     Completed,
+    EmbeddedGym,
+    EnvironmentRef,
+    EpisodeInfo,
     Failed,
     GymControlError,
     GymInstanceDead,
@@ -39,14 +45,14 @@ from gymckpt.gym_adapter import (
     can_replace,
 )
 from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
     EpisodePlan,
-    SimConfig,
-    calendar_embedded,
+    calendar_environment,
     calendar_sessions_of,
-    capture_key,
     plan_episode,
     sentinel,
 )
+from gymckpt.gym_adapter.host._episodes import capture_key as host_capture_key
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -63,7 +69,7 @@ from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, load_records
 Factory = Callable[..., AbstractAsyncContextManager[Any]]
 
 BACKENDS = [
-    pytest.param(calendar_embedded, id="embedded"),
+    pytest.param(lambda **kw: open_embedded(**kw), id="embedded"),
     pytest.param(
         lambda **kw: __import__("test_ray_backend").open_for_conformance(**kw),
         id="ray",
@@ -77,7 +83,7 @@ BACKENDS = [
 ]
 
 SEED = 7
-FAST = SimConfig(turns=(2, 5), turn_s=(0.01, 0.05), mutation_p=1.0)
+FAST = CalendarConfig(turns=(2, 5), turn_s=(0.01, 0.05), mutation_p=1.0)
 ALIGNED, UNALIGNED = CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED
 
 REAL_TIME_UNALIGNED = frozenset(
@@ -141,13 +147,39 @@ def make_rows(n: int, *, attempt: int = 0, start: int = 0, slot: int = 0) -> lis
     ]
 
 
-def plan_of(row: int, slot: int = 0, config: SimConfig = FAST) -> EpisodePlan:
+def plan_of(row: int, slot: int = 0, config: CalendarConfig = FAST) -> EpisodePlan:
     return plan_episode(SEED, row, slot, config)
 
 
-def key_of(row: int, slot: int, turn: int, config: SimConfig = FAST) -> str:
-    """The capture key of turn ``turn``'s model call of slot ``row``-``slot`` (attempt 0)."""
-    return capture_key(row, slot, turn, plan_of(row, slot, config).payloads[turn])
+def agent_kinds_of(instances: int, agent_kinds: str | Sequence[str]) -> list[str]:
+    """The agent kind of each instance: one for all, or one each."""
+    return [agent_kinds] * instances if isinstance(agent_kinds, str) else list(agent_kinds)
+
+
+def open_embedded(
+    *,
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    seed: int = 0,
+    work_dir: Path | None = None,
+    config: CalendarConfig | None = None,
+    faults: Sequence[str] = (),
+) -> AbstractAsyncContextManager[Any]:
+    """The calendar workplace on ``EmbeddedGym.host``, one agent kind per instance."""
+    cfg = config if config is not None else CalendarConfig()
+    environments = [
+        EnvironmentRef.to(calendar_environment, agent_kind=kind, config=cfg)
+        for kind in agent_kinds_of(instances, agent_kinds)
+    ]
+    return EmbeddedGym.host(environments, instances, seed, work_dir, cfg.host_config(), faults)
+
+
+def key_of(row: int, slot: int, turn: int, config: CalendarConfig = FAST) -> str:
+    """The capture key of turn ``turn``'s model call of slot ``row``-``slot`` (attempt 0): the
+    host's key of the call of the turn's plan payload."""
+    request = plan_of(row, slot, config).payloads[turn]
+    info = EpisodeInfo(rollout_id_for(row, slot, 0), row, slot, 0, 0, "")
+    return host_capture_key(info, turn, hashlib.sha256(orjson.dumps(request)).hexdigest(), 0)
 
 
 async def drain(stream: ReplyStream) -> list[RunReply]:
@@ -162,7 +194,7 @@ async def timed_batches(stream: ReplyStream) -> list[tuple[float, tuple[RunReply
     return [(trio.current_time() - start, tuple(batch)) async for batch in stream]
 
 
-def expected_sentinels(row: int, slot: int = 0, config: SimConfig = FAST) -> list[str]:
+def expected_sentinels(row: int, slot: int = 0, config: CalendarConfig = FAST) -> list[str]:
     plan = plan_of(row, slot, config)
     return [sentinel(row, slot, t) for t in range(plan.turns) if plan.mutates[t]]
 
@@ -244,7 +276,7 @@ async def test_run_completes_every_row_once(
 async def test_replies_are_batched_per_flush_interval_and_max_batch(
     open_gym: Factory, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.01, 0.01), mutation_p=0.0, max_batch=4)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.01, 0.01), mutation_p=0.0, max_batch=4)
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(10))
         batches = await timed_batches(stream)
@@ -379,7 +411,7 @@ async def test_prepare_parks_at_the_next_step_boundary(
 async def test_prepare_past_its_deadline_times_out_naming_the_instance(
     open_gym: Factory, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_gym(config=SimConfig(turn_s=(5.0, 5.0))) as gym:
+    async with open_gym(config=CalendarConfig(turn_s=(5.0, 5.0))) as gym:
         await gym.run("gym-0", make_rows(2))
         await trio.sleep(0.1)
         with pytest.raises(GymCallTimeout, match="gym-0"):
@@ -480,7 +512,7 @@ async def test_legacy_agent_sessions_own_their_episodes(
 async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
     open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
 ) -> None:
-    config = SimConfig(mutation_p=1.0, strand_legacy_session=True)
+    config = CalendarConfig(mutation_p=1.0, strand_legacy_session=True)
     async with checkpointed(
         open_gym, tmp_path / "snap", agent_kinds="legacy_agent", config=config, mode=mode
     ) as (reply, _gym):
@@ -492,7 +524,7 @@ async def test_stranded_legacy_session_has_no_boundary_and_no_owner(
 
 # -- unaligned -----------------------------------------------------------------------------------
 
-LONG = SimConfig(turns=(2, 2), turn_s=(2.0, 2.0), mutation_p=1.0)
+LONG = CalendarConfig(turns=(2, 2), turn_s=(2.0, 2.0), mutation_p=1.0)
 """Turns long enough (2 s; 10 s on Ray) that every checkpoint lands inside one."""
 
 
@@ -540,7 +572,7 @@ async def test_unaligned_replies_after_the_cut_wait_for_the_resume(
     tmp_path: Path,
     unaligned: CheckpointMode,
 ) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.2, 0.2), mutation_p=1.0)  # 1 s on Ray
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.2, 0.2), mutation_p=1.0)  # 1 s on Ray
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(3))
         await trio.sleep(0.1)  # every episode inside its one turn (0.2 s; 1 s on Ray)
@@ -628,7 +660,7 @@ async def test_retire_refused_while_prepared_then_accepted(
 async def test_lease_reopens_when_no_resume_arrives(
     open_gym: Factory, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_gym(config=SimConfig(mutation_p=1.0, lease_s=2.0)) as gym:
+    async with open_gym(config=CalendarConfig(mutation_p=1.0, lease_s=2.0)) as gym:
         stream = await gym.run("gym-0", make_rows(3))
         await trio.sleep(0.02)
         await gym.prepare("gym-0", "c", deadline())
@@ -646,7 +678,7 @@ async def test_lease_reopens_when_no_resume_arrives(
 async def test_commit_renews_the_lease(
     open_gym: Factory, autojump_clock: trio.testing.MockClock, mode: CheckpointMode
 ) -> None:
-    async with open_gym(config=SimConfig(lease_s=2.0)) as gym:
+    async with open_gym(config=CalendarConfig(lease_s=2.0)) as gym:
         await gym.prepare("gym-0", "c", deadline(), mode)
         await trio.sleep(1.5)
         await gym.commit("gym-0", "c", "s", deadline())
@@ -926,7 +958,7 @@ async def test_a_fresh_attempt_fences_an_unclaimed_restored_one(
 async def test_hold_after_first_mutation_parks_that_episode(
     open_gym: Factory, autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    config = SimConfig(mutation_p=0.5, hold_after_first_mutation=True)
+    config = CalendarConfig(mutation_p=0.5, hold_after_first_mutation=True)
     async with open_gym(config=config) as gym:
         stream = await gym.run("gym-0", make_rows(6))
         first = min(

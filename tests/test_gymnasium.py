@@ -100,6 +100,15 @@ def test_restore_without_the_rng_state_would_diverge() -> None:
     assert _rollout(twin, actions) != _rollout(env, actions)
 
 
+@pytest.fixture
+def codecs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test's registrations (``register_state_codec``) end with it: the table is a copy."""
+    from gymckpt.gym_adapter.environments import _codecs
+
+    monkeypatch.setattr(_codecs, "_CODECS", dict(_codecs._CODECS))
+
+
+@pytest.mark.usefixtures("codecs")
 def test_environment_without_codec_fails_at_start_naming_the_hook() -> None:
     gymnasium.register("GymckptGuess-v0", entry_point="gymnasium.envs.toy_text:FrozenLakeEnv")
     try:
@@ -112,6 +121,7 @@ def test_environment_without_codec_fails_at_start_naming_the_hook() -> None:
         gymnasium.registry.pop("GymckptGuess-v0", None)
 
 
+@pytest.mark.usefixtures("codecs")
 def test_unknown_id_fails_at_start() -> None:
     register_state_codec("NoSuchEnv", AttributeCodec(()))
     with pytest.raises(EnvironmentSpecError, match="NoSuchEnv-v0"):

@@ -28,10 +28,15 @@ import trio
 import trio.testing
 
 from gymckpt.app.verdict import judge
-from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+    GymHost,
+    GymInstanceDead,
+    RunRow,
+)
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
-    calendar_embedded,
+    CalendarConfig,
+    calendar_environment,
     calendar_host,
     calendar_state,
 )
@@ -54,7 +59,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.testing.hostile import HostileAct, HostileActs, hostile_calendar_environment
 
-CAL = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+CAL = CalendarConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
 EV = {"turn": 0, "title": "m", "sentinel": "s0"}
 
 
@@ -388,7 +393,7 @@ async def test_a_retire_the_journal_cannot_record_reports_a_dead_instance(
 async def _committed(tmp_path: Path) -> tuple[InstanceRecord, list[EpisodeRecord]]:
     """One calendar episode committed mid-run under ``tmp_path/snap`` (with the sentinels of
     its first turns in its retained calendar): the records a restore takes."""
-    sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+    sim = CalendarConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as host:
         stream = await host.run([RunRow("3-1", 3, 1, 0)])
         await trio.sleep(1.5)
@@ -415,7 +420,7 @@ async def test_a_claim_the_journal_cannot_record_stops_the_instance_never_a_data
     the slot as the restore journaled it, owned by the restored attempt (which the runtime
     then retires there, as for any dead instance)."""
     record, episodes = await _committed(tmp_path)
-    sim = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+    sim = CalendarConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=sim) as fresh:
         assert (
             await fresh.restore("snap", record, episodes, trio.current_time() + 5)
@@ -457,7 +462,7 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
     """Mid-run, one journal append is cut short by a filling disk and its rest fails with
     ENOSPC (then space is freed). The instance stops and is replaced; the run trains every
     row, spends no row attempt and no data budget, and every sentinel is kept once."""
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
         reply_grace_s=0.5,
@@ -466,7 +471,13 @@ async def test_a_disk_full_for_a_moment_costs_one_replacement_and_the_run_goes_o
         max_consecutive_failures=2,
     )
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=sim),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=sim.host_config(),
+        ) as gym,
         open_rollouts(
             gym,
             tmp_path,
@@ -518,7 +529,7 @@ async def test_a_disk_that_stays_full_ends_the_run_past_the_outage_budget(
     a backoff — until ``outage_budget_s`` ends the run with exit 8 naming the instance (and
     the log says why it kept dying), never a bare OSError, never a data failure, never a row
     given up."""
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
         reply_grace_s=0.5,
@@ -531,7 +542,13 @@ async def test_a_disk_that_stays_full_ends_the_run_past_the_outage_budget(
     data_failures = rows_failed = -1
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
-            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+            EmbeddedGym.host(
+                calendar_environment(config=sim),
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "gym",
+                config=sim.host_config(),
+            ) as gym,
             open_rollouts(
                 gym,
                 tmp_path,
@@ -567,7 +584,7 @@ async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
     before it served back off (0.1, 0.2, 0.4, 0.8 s ...) and are not charged to
     ``max_replacements``: the run trains every row once, spends nothing, and is exactly
     once. (Before: three replacements in a few milliseconds, then exit 5.)"""
-    sim = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
     config = RuntimeConfig(
         control_timeout_s=2.0,
         reply_grace_s=0.5,
@@ -583,7 +600,13 @@ async def test_a_disk_full_for_1_5_s_is_waited_out_by_spaced_replacements(
         return os.write(fd, data)
 
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=sim) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=sim),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=sim.host_config(),
+        ) as gym,
         open_rollouts(
             gym,
             tmp_path,

@@ -30,7 +30,7 @@ from gymckpt.app.simulation.main import (
 )
 from gymckpt.gym_adapter import GymHost, RunRow
 from gymckpt.gym_adapter._shared import JOURNAL_FILE
-from gymckpt.gym_adapter.environments.calendar import SimConfig
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig
 from gymckpt.runtime import CheckpointMode
 from gymckpt.testing import ConformanceError, check_environment
 from gymckpt.testing.hostile import (
@@ -246,7 +246,7 @@ async def test_the_hostile_calendar_is_the_calendar_when_inactive(
 ) -> None:
     """Inactive (the last life), the hostile workplace plays the plain calendar's
     episodes: the same rewards and sentinels, nothing struck."""
-    cfg = SimConfig(turns=(2, 3), mutation_p=1.0)
+    cfg = CalendarConfig(turns=(2, 3), mutation_p=1.0)
     acts = HostileActs(
         (HostileAct(kind="raise_after_mutation", row=0, slot=0, turn=0),), active=False
     )

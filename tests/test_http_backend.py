@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,8 @@ from gymckpt.gym_adapter import (
 )
 from gymckpt.gym_adapter.environments.calendar import (
     CONFIG_ENV,
-    SimConfig,
-    calendar_http,
+    CalendarConfig,
+    calendar_from_environ_path,
     calendar_sessions_of,
 )
 from gymckpt.gym_adapter.transports.http._process import ServerExited, ServerProcess
@@ -59,15 +59,38 @@ socket and a JSON codec each way on a shared 2-core machine. Stretching the turn
 assertion and widens the margins (as on Ray)."""
 
 
+def calendar_on_http(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    config: CalendarConfig | None = None,
+    work_dir: str | Path = ".",
+    **kwargs: Any,
+) -> AbstractAsyncContextManager[HttpGym]:
+    """The calendar workplace on ``HttpGym.spawn`` (one agent kind per instance, the config in
+    the servers' environment); ``kwargs`` are ``HttpGym.spawn``'s."""
+    from test_gym_conformance import agent_kinds_of
+
+    cfg = config if config is not None else CalendarConfig()
+    paths = [calendar_from_environ_path(k) for k in agent_kinds_of(instances, agent_kinds)]
+    return HttpGym.spawn(
+        paths,
+        instances,
+        work_dir=work_dir,
+        config=cfg.host_config(),
+        environ=cfg.environ(),
+        **kwargs,
+    )
+
+
 def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
-    """``calendar_http`` with the simulated turns ``HTTP_TIME_SCALE`` times slower."""
-    config: SimConfig = kwargs.pop("config", None) or SimConfig()
+    """``calendar_on_http`` with the simulated turns ``HTTP_TIME_SCALE`` times slower."""
+    config: CalendarConfig = kwargs.pop("config", None) or CalendarConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * HTTP_TIME_SCALE, hi * HTTP_TIME_SCALE))
-    return calendar_http(**kwargs)
+    return calendar_on_http(**kwargs)
 
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.02, 0.05), mutation_p=1.0)
 ENVIRONMENT = "gymckpt.gym_adapter.environments.calendar:calendar_from_environ_simple_agent"
 
 
@@ -87,7 +110,7 @@ async def drain(stream: ReplyStream) -> list[RunReply]:
 async def http_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[HttpGym]:
     kwargs.setdefault("config", CONFIG)
     kwargs.setdefault("state_root", tmp_path)
-    async with calendar_http(work_dir=tmp_path / "gym", seed=5, **kwargs) as gym:
+    async with calendar_on_http(work_dir=tmp_path / "gym", seed=5, **kwargs) as gym:
         yield gym
 
 
@@ -147,7 +170,7 @@ async def test_a_run_that_finds_every_stream_connection_held_fails_naming_the_li
     """Each open ``/run`` stream holds a connection until its episodes end: with all
     ``max_streams`` held, the next run waits ``pool_timeout_s`` for one and then fails as a
     timeout saying which limit to raise (it once waited without end)."""
-    long = SimConfig(turns=(40, 40), turn_s=(0.5, 0.5))  # 20 s per episode
+    long = CalendarConfig(turns=(40, 40), turn_s=(0.5, 0.5))  # 20 s per episode
     async with http_gym(tmp_path, config=long, max_streams=1, pool_timeout_s=0.5) as gym:
         held = await gym.run("gym-0", rows(1))
         with trio.fail_after(20), pytest.raises(GymCallTimeout, match=r"max_streams=1 is held"):
@@ -375,10 +398,13 @@ async def test_the_servers_die_with_a_sigkilled_trainer(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, trio
-        from gymckpt.gym_adapter.environments.calendar import calendar_http
+        from gymckpt.gym_adapter import HttpGym
+        from gymckpt.gym_adapter.environments.calendar import calendar_from_environ_path
 
         async def main():
-            async with calendar_http(instances=2, work_dir={str(tmp_path / "gym")!r}) as gym:
+            async with HttpGym.spawn(
+                calendar_from_environ_path(), 2, work_dir={str(tmp_path / "gym")!r}
+            ) as gym:
                 print(*(gym.pid(n) for n in gym.instances), flush=True)
                 await trio.sleep_forever()
 

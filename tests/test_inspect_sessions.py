@@ -18,6 +18,7 @@ from gymckpt.gym_adapter import (
     Done,
     EmbeddedGym,
     Environment,
+    EnvironmentRef,
     EpisodeContext,
     EpisodeInfo,
     GymHost,
@@ -25,16 +26,15 @@ from gymckpt.gym_adapter import (
     RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
-    calendar_embedded,
-    calendar_ray,
+    CalendarConfig,
+    calendar_environment,
     calendar_sessions_of,
     sentinel,
 )
 from gymckpt.nurseries import open_rollouts
 from gymckpt.testing.examples import guess_the_number
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.01, 0.05), mutation_p=1.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.05), mutation_p=1.0)
 
 
 @attrs.define
@@ -122,7 +122,13 @@ async def test_an_environment_without_retained_participants_has_none(
 async def _checkpointed_run(workdir: Path, gym_dir: Path) -> dict[str, Any]:
     """Train every row, then checkpoint with nothing running: the live retained sessions
     (instance -> participant -> slot -> dict) at that checkpoint."""
-    async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=CONFIG) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=CONFIG),
+        instances=2,
+        seed=3,
+        work_dir=gym_dir,
+        config=CONFIG.host_config(),
+    ) as gym:
         async with open_rollouts(gym, workdir, rows=6, group_size=2) as ro:
             async for _batch in ro.batches(groups_per_step=2):
                 pass
@@ -202,7 +208,15 @@ def test_inspect_names_an_unreadable_record(
 
 @pytest.mark.ray
 async def test_ray_retained_sessions_cross_as_plain_data(tmp_path: Path) -> None:
-    async with calendar_ray(work_dir=tmp_path, seed=5, instances=1, config=CONFIG) as gym:
+    from gymckpt.gym_adapter import RayGym  # Ray only when the ray case runs
+
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=CONFIG),
+        work_dir=tmp_path,
+        seed=5,
+        instances=1,
+        config=CONFIG.host_config(),
+    ) as gym:
         stream = await gym.run("gym-0", [RunRow(f"{r}-0", r, 0, 0) for r in range(2)])
         async for _ in stream:
             pass

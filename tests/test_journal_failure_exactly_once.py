@@ -25,13 +25,14 @@ import trio
 import trio.testing
 
 from gymckpt.app.verdict import judge
+from gymckpt.gym_adapter import EmbeddedGym
 from gymckpt.gym_adapter._shared import JOURNAL_FILE
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import EpisodeRecord, RecoveryLedger, RetireItem, RuntimeConfig
 from gymckpt.runtime._ledger import dump_ledger_snapshot, load_ledger_snapshot
 
-SIM = SimConfig(turns=(3, 4), turn_s=(0.5, 1.0), mutation_p=1.0, lease_s=30.0)
+SIM = CalendarConfig(turns=(3, 4), turn_s=(0.5, 1.0), mutation_p=1.0, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -121,7 +122,13 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
     work = tmp_path / "work"
     with trio.CancelScope() as crash:
         async with (
-            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-a", config=SIM) as gym,
+            EmbeddedGym.host(
+                calendar_environment(config=SIM),
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "gym-a",
+                config=SIM.host_config(),
+            ) as gym,
             open_rollouts(
                 gym,
                 work,
@@ -145,7 +152,13 @@ async def test_a_claim_the_journal_cannot_record_is_not_kept_beside_its_rerun(
     failed: list[str] = []
     with _claims_cannot_be_journaled(failed):
         async with (
-            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym-b", config=SIM) as gym,
+            EmbeddedGym.host(
+                calendar_environment(config=SIM),
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "gym-b",
+                config=SIM.host_config(),
+            ) as gym,
             open_rollouts(
                 gym,
                 work,

@@ -19,7 +19,13 @@ functions count like the others. Checked:
 - no private attribute (``obj._x``) of another package's code used: every private name a
   package defines (``def _x``, ``class _X``, ``self._x = …``, an attrs field ``_x``, a private
   module-level or class-level assignment) is that package's own; ``x._name`` in another
-  package that does not define ``_name`` itself is a violation. Dunder names are public.
+  package that does not define ``_name`` itself is a violation. Dunder names are public;
+- the rooms of ``gym_adapter`` (``ROOMS``): the host imports no transport and no environment,
+  a transport imports no environment, and an environment imports only the public episode API
+  (``ENVIRONMENT_MAY_IMPORT``: ``gymckpt.gym_adapter``'s front door, the runtime's public
+  names) and its own room. ``gym_adapter``'s top-level modules ``_contract`` and ``_faults``
+  are shared by the host and the transports. The host names the Gymnasium adapter
+  by import path for ``gymnasium:ID`` (``host/_load.GYMNASIUM_FACTORY``), which is no import.
 """
 
 from __future__ import annotations
@@ -50,6 +56,23 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 }
 """Package -> the packages its modules may import (``gymckpt`` is the root package: the trainer
 API, which imports no application module; ``python -m gymckpt`` is the one entry into the app)."""
+
+ROOMS: Mapping[str, frozenset[str]] = {
+    "gymckpt.gym_adapter.host": frozenset(
+        {"gymckpt.gym_adapter.transports", "gymckpt.gym_adapter.environments"}
+    ),
+    "gymckpt.gym_adapter.transports": frozenset({"gymckpt.gym_adapter.environments"}),
+}
+"""A room of ``gym_adapter`` -> the rooms its modules must not import (the host is below the
+transports, and environments are above both: they are what a deployment serves)."""
+
+ENVIRONMENTS = "gymckpt.gym_adapter.environments"
+ENVIRONMENT_MAY_IMPORT: frozenset[str] = frozenset(
+    {"gymckpt.gym_adapter", "gymckpt.runtime", "gymckpt.runtime.lowlevel"}
+)
+"""What an environment module may import besides its own room: the public episode API
+(``gymckpt.gym_adapter``'s front door) and the runtime's public names (``checked_json``, the
+model client's request check, is in the runtime's documented low-level namespace)."""
 
 KNOWN_TYPING_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 """Cycles through ``TYPE_CHECKING`` imports still being taken apart, each exactly as
@@ -228,6 +251,30 @@ def private_uses(nodes: list[ast.AST]) -> Iterator[tuple[str, int]]:
                 yield node.attr, node.lineno
 
 
+def _in(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def room_violations(module: str, where: str, target: str, line: int) -> Iterator[str]:
+    """An import across the rooms of ``gym_adapter`` that ``ROOMS`` and
+    ``ENVIRONMENT_MAY_IMPORT`` forbid."""
+    for room, forbidden in ROOMS.items():
+        if _in(module, room):
+            for other in forbidden:
+                if _in(target, other):
+                    yield f"{where}:{line}: {room} imports {target} (a room it must not import)"
+    if (
+        _in(module, ENVIRONMENTS)
+        and target.split(".")[0] == "gymckpt"
+        and not _in(target, ENVIRONMENTS)
+        and target not in ENVIRONMENT_MAY_IMPORT
+    ):
+        yield (
+            f"{where}:{line}: environment imports {target}: an environment uses only the "
+            f"public episode API ({', '.join(sorted(ENVIRONMENT_MAY_IMPORT))})"
+        )
+
+
 def violations(root: Path = ROOT) -> list[str]:
     known = library_modules(root)
     graph: dict[str, set[str]] = {m: set() for m in known}
@@ -246,6 +293,7 @@ def violations(root: Path = ROOT) -> list[str]:
                 found.append(f"{where}:{line}: upward import of {target} ({pkg} -> {tpkg})")
             if private_parts(target) and tpkg != pkg:
                 found.append(f"{where}:{line}: private {target} of package {tpkg} imported")
+            found += [v for v in room_violations(module, where, target, line) if v not in found]
             if target in known and target != module:
                 typing_graph[module].add(target)
                 if not typing:
@@ -416,17 +464,14 @@ def test_the_layers_hold() -> None:
     assert violations() == []
 
 
-@pytest.mark.parametrize(
-    "deployment",
-    ["gymckpt.gym_adapter.transports._embedded", "gymckpt.gym_adapter.transports.ray._gym"],
-)
-def test_the_deployments_know_nothing_of_the_calendar(deployment: str) -> None:
-    """A deployment hosts any environment: the calendar workplace serves itself on them
-    (``calendar_env.calendar_embedded``, ``calendar_ray``), never the other way round."""
-    known = library_modules()
-    imported = {target for target, _line, _typing in imports(deployment, known[deployment], known)}
-    assert imported, deployment  # its imports are seen at all
-    assert "gymckpt.gym_adapter.environments.calendar" not in imported, imported
+def test_the_host_names_the_gymnasium_adapter_without_importing_it() -> None:
+    """The one reference from the host to an environment is an import path, resolved when a
+    ``gymnasium:ID`` source is loaded: it names a factory that exists."""
+    from gymckpt.gym_adapter.host._load import GYMNASIUM_FACTORY
+
+    module, _, name = GYMNASIUM_FACTORY.partition(":")
+    assert module in library_modules() and module.startswith(ENVIRONMENTS + ".")
+    assert f"def {name}(" in library_modules()[module].read_text()
 
 
 def test_each_lowlevel_namespace_is_one_namespace_down() -> None:
@@ -580,6 +625,36 @@ def _copy_tree(dest: Path) -> None:
             "private gymckpt.gym_adapter.host._shared of package gym_adapter imported",
         ),
         ("nurseries/_restore.py", "    RecoveryLedger()._row_block\n", "nurseries/_restore.py:"),
+        (
+            "gym_adapter/host/_load.py",
+            "    from ..transports._embedded import EmbeddedGym\n",
+            "gymckpt.gym_adapter.host imports gymckpt.gym_adapter.transports._embedded",
+        ),
+        (
+            "gym_adapter/host/_cut.py",
+            "    from gymckpt.gym_adapter.environments import calendar\n",
+            "gymckpt.gym_adapter.host imports gymckpt.gym_adapter.environments.calendar",
+        ),
+        (
+            "gym_adapter/transports/ray/_actor.py",
+            "    from ...environments.calendar import CalendarConfig\n",
+            "gymckpt.gym_adapter.transports imports gymckpt.gym_adapter.environments.calendar",
+        ),
+        (
+            "gym_adapter/environments/calendar.py",
+            "    from ..host._episodes import request_digest\n",
+            "environment imports gymckpt.gym_adapter.host._episodes: an environment uses only",
+        ),
+        (
+            "gym_adapter/environments/openspiel.py",
+            "from gymckpt.gym_adapter.transports._embedded import EmbeddedGym\n",
+            "environment imports gymckpt.gym_adapter.transports._embedded",
+        ),
+        (
+            "gym_adapter/environments/textarena.py",
+            "    from gymckpt.gym_adapter.lowlevel import RemoteGym\n",
+            "environment imports gymckpt.gym_adapter.lowlevel: an environment uses only",
+        ),
     ],
 )
 def test_a_violation_is_caught(tmp_path: Path, where: str, line: str, says: str) -> None:

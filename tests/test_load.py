@@ -10,15 +10,15 @@ import pytest
 from gymckpt.gym_adapter import Environment, EnvironmentRef, load_environment
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarAgent,
-    SimConfig,
+    CalendarConfig,
     calendar_environment,
-    calendar_workplace,
+    calendar_from_environ_path,
 )
 from gymckpt.testing.examples import guess_the_number
 
 
 def test_a_ref_names_a_factory_and_its_arguments_and_builds_it() -> None:
-    config = SimConfig(turns=(3, 3))
+    config = CalendarConfig(turns=(3, 3))
     ref = EnvironmentRef.to(calendar_environment, agent_kind="legacy_agent", config=config)
     assert ref.path == "gymckpt.gym_adapter.environments.calendar:calendar_environment"
     env = load_environment(ref)
@@ -65,16 +65,26 @@ def test_a_ref_with_a_malformed_path_is_refused_on_construction() -> None:
         EnvironmentRef("calendar_environment")
 
 
-def test_the_calendar_workplace_is_environments_like_any_other() -> None:
-    config = SimConfig(lease_s=7.0)
-    workplace = calendar_workplace(3, ["simple_agent", "legacy_agent", "simple_agent"], config)
-    kinds = [load_environment(ref).agent.kind for ref in workplace.environments]
+def test_the_calendar_workplace_is_named_like_any_other_environment() -> None:
+    """No factory per deployment: a reference per instance (embedded, Ray), an import path
+    (``gymckpt serve``, its config in the server's environment)."""
+    config = CalendarConfig(lease_s=7.0)
+    refs = [
+        EnvironmentRef.to(calendar_environment, agent_kind=kind, config=config)
+        for kind in ("simple_agent", "legacy_agent", "simple_agent")
+    ]
+    kinds = [load_environment(ref).agent.kind for ref in refs]
     assert kinds == ["simple_agent", "legacy_agent", "simple_agent"]
-    assert workplace.host_config == config.host_config()
-    assert calendar_workplace(2).environments[0] == calendar_workplace(2).environments[1]
-    with pytest.raises(ValueError, match="got 1 agent kinds for 2 instances"):
-        calendar_workplace(2, ["simple_agent"])
-    with pytest.raises(ValueError, match="agent kind must be one of"):
-        calendar_workplace(1, "robot")
-    with pytest.raises(ValueError, match="instances must be >= 1"):
-        calendar_workplace(0)
+    assert refs[0] == refs[2]
+    assert load_environment(calendar_from_environ_path("legacy_agent")).agent.kind == (
+        "legacy_agent"
+    )
+
+
+def test_a_gymnasium_id_loads_the_adapter_named_by_its_import_path() -> None:
+    """``gymnasium:ID`` is ``GYMNASIUM_FACTORY`` called with ``ID``: the host names the adapter,
+    it does not import it (``test_layers``)."""
+    gymnasium_env = pytest.importorskip("gymckpt.gym_adapter.environments.gymnasium")
+    env = load_environment("gymnasium:CartPole-v1")
+    assert isinstance(env.participants[0], gymnasium_env.GymnasiumParticipant)
+    assert env.participants[0].env_id == "CartPole-v1"

@@ -17,7 +17,11 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import CommitReply, EmbeddedGym, ExportedEpisode, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_state
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+    calendar_state,
+)
 from gymckpt.nurseries import CheckpointCoordinator, Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._shared import PAUSE_HOLDER
 from gymckpt.runtime import (
@@ -37,7 +41,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -55,18 +59,18 @@ async def running(
     group_size: int = 2,
     instances: int = 2,
     faults: Sequence[str] = (),
-    sim: SimConfig = SIM,
+    sim: CalendarConfig = SIM,
     config: RuntimeConfig = CONFIG,
     agent_kinds: str = "simple_agent",
     **kw: Any,
 ) -> AsyncIterator[tuple[EmbeddedGym, Rollouts]]:
-    async with calendar_embedded(
+    async with EmbeddedGym.host(
+        calendar_environment(agent_kinds, config=sim),
         instances=instances,
         seed=3,
         work_dir=tmp_path / "gym",
-        config=sim,
         faults=faults,
-        agent_kinds=agent_kinds,
+        config=sim.host_config(),
     ) as gym:
         async with open_rollouts(
             gym,
@@ -327,8 +331,12 @@ class ForeignEpisodeGym:
 async def test_s6_ownership_mismatch_aborts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(
-        instances=1, seed=1, work_dir=tmp_path / "gym", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=1,
+        seed=1,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
     ) as inner:
         gym = ForeignEpisodeGym(inner)
         async with open_rollouts(
@@ -433,8 +441,12 @@ async def test_s8_tampered_state_is_refused_and_gym_untouched(
     data = bytearray(records.read_bytes())
     data[len(data) // 2] ^= 0x01
     records.write_bytes(bytes(data))
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         with pytest.raises(TopologyMismatch, match="gym-1: participant calendar digest"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
@@ -450,14 +462,22 @@ async def test_s8_changed_topology_is_refused(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     await _one_snapshot(tmp_path)
-    async with calendar_embedded(
-        instances=3, seed=3, work_dir=tmp_path / "gym3", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=3,
+        seed=3,
+        work_dir=tmp_path / "gym3",
+        config=SIM.host_config(),
     ) as gym:
         with pytest.raises(TopologyMismatch, match="gym-2"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
                 pass
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym4", config=SIM, agent_kinds="legacy_agent"
+    async with EmbeddedGym.host(
+        calendar_environment("legacy_agent", config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym4",
+        config=SIM.host_config(),
     ) as gym:
         with pytest.raises(TopologyMismatch, match="legacy_agent"):
             async with open_rollouts(gym, tmp_path, rows=40, group_size=2, config=CONFIG):
@@ -470,7 +490,7 @@ async def test_s8_changed_topology_is_refused(
 async def test_s9_checkpoints_drain_replies_on_the_wire(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    sim = SimConfig(turns=(1, 2), turn_s=(0.05, 0.2), lease_s=30.0, flush_interval_s=0.5)
+    sim = CalendarConfig(turns=(1, 2), turn_s=(0.05, 0.2), lease_s=30.0, flush_interval_s=0.5)
     trained: list[int] = []
     async with running(tmp_path, rows=400, sim=sim) as (_gym, ro):
 
@@ -512,7 +532,7 @@ async def test_s10_legacy_sessions_own_their_episodes(
 async def test_s10_stranded_legacy_session_fails_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    sim = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), lease_s=30.0, strand_legacy_session=True)
+    sim = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), lease_s=30.0, strand_legacy_session=True)
     async with running(tmp_path, agent_kinds="legacy_agent", sim=sim) as (_gym, ro):
         await trio.sleep(1)
         t0 = trio.current_time()
@@ -533,8 +553,12 @@ async def test_s11_restored_episodes_dispatched_once_on_their_replica(
     path = await _one_snapshot(tmp_path, after_s=3.0)
     exported = {e.rollout_id: e.replica for e in load_snapshot(path).manifest.episodes}
     claims: list[tuple[str, RunRow]] = []
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym,
@@ -565,8 +589,12 @@ async def test_s11_unclaimed_restored_episodes_are_retired(
     ledger, summary = RecoveryLedger.from_snapshot(
         load_ledger_snapshot(snap.files["ledger.json"]), snap.manifest.episodes
     )
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         for rec in snap.manifest.instances:
             eps = [e for e in snap.manifest.episodes if e.replica == rec.name]
@@ -605,8 +633,12 @@ async def test_s13_snapshot_chosen_for_restore_outlives_pruning(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     original = await _one_snapshot(tmp_path)
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=40, group_size=2, config=CONFIG, keep_snapshots=1

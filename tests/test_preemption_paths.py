@@ -18,7 +18,10 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, GymBackend
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import Preempted, RuntimeConfig
 
@@ -37,8 +40,8 @@ def _leaf(info: Any) -> Preempted:
     return exc
 
 
-QUICK = SimConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=300.0)
-LONG = SimConfig(turns=(50, 50), turn_s=(1.0, 1.0), mutation_p=0.0, lease_s=300.0)
+QUICK = CalendarConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=300.0)
+LONG = CalendarConfig(turns=(50, 50), turn_s=(1.0, 1.0), mutation_p=0.0, lease_s=300.0)
 """Episodes of 50 one-second turns: no group completes for 50 s, but every turn ends at a
 step boundary within a second, so a checkpoint parks them quickly."""
 SLOW_CALLS = RuntimeConfig(
@@ -56,14 +59,19 @@ second signal) is what ends it sooner."""
 async def running(
     workdir: Path,
     gym_dir: Path,
-    sim: SimConfig = QUICK,
+    sim: CalendarConfig = QUICK,
     faults: tuple[str, ...] = (),
     config: RuntimeConfig = SLOW_CALLS,
     wrap: Any = None,
     **kw: Any,
 ) -> AsyncIterator[Rollouts]:
-    async with calendar_embedded(
-        instances=2, seed=5, work_dir=gym_dir, config=sim, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=sim),
+        instances=2,
+        seed=5,
+        work_dir=gym_dir,
+        faults=faults,
+        config=sim.host_config(),
     ) as gym:
         backend: GymBackend = gym if wrap is None else wrap(gym)
         async with open_rollouts(

@@ -13,10 +13,10 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -24,6 +24,7 @@ import trio
 
 from gymckpt.gym_adapter import (
     Completed,
+    EnvironmentRef,
     GymControlError,
     GymInstanceDead,
     ReplyStream,
@@ -31,12 +32,15 @@ from gymckpt.gym_adapter import (
     RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
-    calendar_ray,
+    CalendarConfig,
+    calendar_environment,
     calendar_sessions_of,
     plan_episode,
     sentinel,
 )
+
+if TYPE_CHECKING:
+    from gymckpt.gym_adapter import RayGym
 from gymckpt.nurseries._calls import bounded_call, classify
 from gymckpt.runtime import (
     GymCallTimeout,
@@ -52,16 +56,36 @@ for a virtual clock (turns of 10-50 ms, events a few ms apart), and on Ray real 
 few ms each way. Stretching the turns keeps every assertion and widens the margins."""
 
 
-def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
-    """``calendar_ray`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
+def calendar_on_ray(
+    instances: int = 1,
+    agent_kinds: str | Sequence[str] = "simple_agent",
+    config: CalendarConfig | None = None,
+    **kwargs: Any,
+) -> AbstractAsyncContextManager[RayGym]:
+    """The calendar workplace on ``RayGym.host`` (one agent kind per instance); ``kwargs`` are
+    ``RayGym.host``'s."""
+    from test_gym_conformance import agent_kinds_of
 
-    config: SimConfig = kwargs.pop("config", None) or SimConfig()
+    from gymckpt.gym_adapter import RayGym  # Ray only when a test asks for it
+
+    cfg = config if config is not None else CalendarConfig()
+    environments = [
+        EnvironmentRef.to(calendar_environment, agent_kind=kind, config=cfg)
+        for kind in agent_kinds_of(instances, agent_kinds)
+    ]
+    return RayGym.host(environments, instances, config=cfg.host_config(), **kwargs)
+
+
+def open_for_conformance(**kwargs: Any) -> AbstractAsyncContextManager[Any]:
+    """``calendar_on_ray`` with the simulated turns ``RAY_TIME_SCALE`` times slower."""
+
+    config: CalendarConfig = kwargs.pop("config", None) or CalendarConfig()
     lo, hi = config.turn_s
     kwargs["config"] = attrs.evolve(config, turn_s=(lo * RAY_TIME_SCALE, hi * RAY_TIME_SCALE))
-    return calendar_ray(**kwargs)
+    return calendar_on_ray(**kwargs)
 
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.01, 0.03), mutation_p=0.5)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.01, 0.03), mutation_p=0.5)
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:
@@ -79,7 +103,7 @@ async def drain(stream: ReplyStream) -> list[RunReply]:
 @asynccontextmanager
 async def ray_gym(tmp_path: Path, **kwargs: Any) -> AsyncIterator[Any]:
     kwargs.setdefault("config", CONFIG)
-    async with calendar_ray(work_dir=tmp_path, seed=5, **kwargs) as gym:
+    async with calendar_on_ray(work_dir=tmp_path, seed=5, **kwargs) as gym:
         yield gym
 
 
@@ -176,7 +200,7 @@ async def test_four_instances_fit_on_two_cores_spread_and_answer(tmp_path: Path)
 
 @pytest.mark.ray
 async def test_replies_coalesce_into_few_objects_for_a_slow_consumer(tmp_path: Path) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.02), mutation_p=0.0, max_batch=4)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.02), mutation_p=0.0, max_batch=4)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(200))
         # every row replies while nobody consumes: all 200 on the wire (yielded into Ray or
@@ -204,7 +228,7 @@ async def test_one_object_per_row_mode_delivers_every_row_once(tmp_path: Path) -
 
 @pytest.mark.ray
 async def test_acks_travel_with_the_next_call_and_free_the_actor(tmp_path: Path) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.2), mutation_p=0.0, max_batch=2)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.2), mutation_p=0.0, max_batch=2)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(40))
         got = 0
@@ -226,7 +250,7 @@ async def test_acks_travel_with_the_next_call_and_free_the_actor(tmp_path: Path)
 
 @pytest.mark.ray
 async def test_aclose_discards_replies_still_in_ray(tmp_path: Path) -> None:
-    config = SimConfig(turns=(1, 1), turn_s=(0.0, 0.01), mutation_p=0.0, max_batch=2)
+    config = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.01), mutation_p=0.0, max_batch=2)
     async with ray_gym(tmp_path, config=config) as gym:
         stream = await gym.run("gym-0", rows(12))
         first = await stream.__anext__()

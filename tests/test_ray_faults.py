@@ -18,13 +18,20 @@ import attrs
 import pytest
 import trio
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter import (
+    EnvironmentRef,
+    RayGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 pytestmark = pytest.mark.ray
 
-SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=3.0)
+SIM = CalendarConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=3.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=1.0,
     alignment_timeout_s=0.5,
@@ -46,15 +53,16 @@ async def running(
     stuck_loop_s: float = 0.0,
     max_rows_in_flight: int = 6,
     restore: bool = True,
-    sim: SimConfig = SIM,
+    sim: CalendarConfig = SIM,
 ) -> AsyncIterator[tuple[Any, Rollouts]]:
-    async with calendar_ray(
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=sim),
         instances=2,
         seed=3,
         work_dir=tmp_path / "gym",
-        config=sim,
         faults=faults,
         stuck_loop_s=stuck_loop_s,
+        config=sim.host_config(),
     ) as gym:
         async with open_rollouts(
             gym,

@@ -17,8 +17,16 @@ import pytest
 import trio
 
 from gymckpt.app.verdict import judge
-from gymckpt.gym_adapter import GymInstanceDead, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter import (
+    EnvironmentRef,
+    GymInstanceDead,
+    RayGym,
+    RunRow,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import CheckpointOutcome, open_rollouts
 from gymckpt.runtime import GymUnavailable, RuntimeConfig, rollout_id_for
 
@@ -26,7 +34,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 log = logging.getLogger(__name__)
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:
@@ -52,7 +60,13 @@ async def seen_dead(gym: Any, instance: str, timeout_s: float = 30.0) -> None:
 async def test_a_lost_node_kills_its_instances_and_replace_lands_on_a_live_node(
     ray_nodes: Any, tmp_path: Path
 ) -> None:
-    async with calendar_ray(instances=3, seed=2, work_dir=tmp_path, config=CONFIG) as gym:
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=CONFIG),
+        instances=3,
+        seed=2,
+        work_dir=tmp_path,
+        config=CONFIG.host_config(),
+    ) as gym:
         before = gym.placement
         assert set(before.values()) <= set(ray_nodes.workers)  # none on the CPU-less head
         assert len(set(before.values())) >= 2  # spread
@@ -98,7 +112,7 @@ async def test_a_lost_node_kills_its_instances_and_replace_lands_on_a_live_node(
 
 
 ROWS = 48
-SIM = SimConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=10.0)
+SIM = CalendarConfig(turns=(2, 3), turn_s=(0.05, 0.15), mutation_p=0.5, lease_s=10.0)
 RUN = RuntimeConfig(
     control_timeout_s=3.0,
     reply_grace_s=0.5,
@@ -120,7 +134,13 @@ async def test_the_run_goes_on_exactly_once_across_a_node_lost_mid_run_and_mid_c
     lineage: list[tuple[int, list[int]]] = []
     outcomes: list[CheckpointOutcome] = []
     lost: dict[str, tuple[str, str]] = {}  # when -> (instance, node)
-    async with calendar_ray(instances=3, seed=5, work_dir=tmp_path / "gym-live", config=SIM) as gym:
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=SIM),
+        instances=3,
+        seed=5,
+        work_dir=tmp_path / "gym-live",
+        config=SIM.host_config(),
+    ) as gym:
         assert len(set(gym.placement.values())) >= 2  # spread (SPREAD is best effort)
 
         def lose_node_of(instance: str, when: str) -> None:
@@ -194,7 +214,13 @@ async def test_soak_many_node_losses_with_nodes_joining_back(
     outcomes: list[CheckpointOutcome] = []
     lost: list[tuple[str, str, str]] = []  # (when, instance, node)
     due_in_checkpoint = False
-    async with calendar_ray(instances=3, seed=7, work_dir=tmp_path / "gym-live", config=SIM) as gym:
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=SIM),
+        instances=3,
+        seed=7,
+        work_dir=tmp_path / "gym-live",
+        config=SIM.host_config(),
+    ) as gym:
 
         def lose(when: str) -> None:
             live = [n for n in gym.instances if gym.placement[n] in ray_nodes.workers]

@@ -13,13 +13,22 @@ from pathlib import Path
 import pytest
 import trio
 
-from gymckpt.gym_adapter import GymInstanceDead, InstanceInventory, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_ray
+from gymckpt.gym_adapter import (
+    EnvironmentRef,
+    GymInstanceDead,
+    InstanceInventory,
+    RayGym,
+    RunRow,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.runtime import GymCallTimeout, rollout_id_for
 
 pytestmark = pytest.mark.ray
 
-CONFIG = SimConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
+CONFIG = CalendarConfig(turns=(2, 3), turn_s=(0.2, 0.3), mutation_p=0.5, lease_s=10.0)
 
 
 def rows(n: int, start: int = 0) -> list[RunRow]:
@@ -33,8 +42,13 @@ def holds_nothing(inv: InstanceInventory) -> bool:
 async def test_replace_serves_the_name_again_and_the_old_incarnation_marks_nothing(
     tmp_path: Path,
 ) -> None:
-    async with calendar_ray(
-        instances=2, seed=1, work_dir=tmp_path, config=CONFIG, faults=["prepare:dead@1"]
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=CONFIG),
+        instances=2,
+        seed=1,
+        work_dir=tmp_path,
+        faults=["prepare:dead@1"],
+        config=CONFIG.host_config(),
     ) as gym:
         before = await gym.topology()
         old_stream = await gym.run("gym-0", rows(3))  # in flight when the actor dies
@@ -65,8 +79,13 @@ async def test_replace_serves_the_name_again_and_the_old_incarnation_marks_nothi
 
 
 async def test_replace_past_its_deadline_leaves_the_instance_dead(tmp_path: Path) -> None:
-    async with calendar_ray(
-        instances=1, seed=1, work_dir=tmp_path, config=CONFIG, faults=["prepare:dead@1"]
+    async with RayGym.host(
+        EnvironmentRef.to(calendar_environment, config=CONFIG),
+        instances=1,
+        seed=1,
+        work_dir=tmp_path,
+        faults=["prepare:dead@1"],
+        config=CONFIG.host_config(),
     ) as gym:
         with pytest.raises(GymInstanceDead):
             await gym.prepare("gym-0", "c1", trio.current_time() + 10)

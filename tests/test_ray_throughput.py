@@ -21,16 +21,30 @@ from typing import Any
 import pytest
 import trio
 
-from gymckpt.gym_adapter import RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_ray
+from gymckpt.gym_adapter import EmbeddedGym, EnvironmentRef, RunRow
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, rollout_id_for
 
-FREE = SimConfig(turns=(1, 1), turn_s=(0.0, 0.0), mutation_p=0.0)
+FREE = CalendarConfig(turns=(1, 1), turn_s=(0.0, 0.0), mutation_p=0.0)
 
 
 def _rows(n: int) -> list[RunRow]:
     return [RunRow(rollout_id_for(r, 0, 0), r, 0, 0) for r in range(n)]
+
+
+def on_embedded(*, config: CalendarConfig, instances: int = 1, **kw: Any) -> Any:
+    """The calendar workplace on ``EmbeddedGym.host``; ``kw`` are its."""
+    env = calendar_environment(config=config)
+    return EmbeddedGym.host(env, instances, config=config.host_config(), **kw)
+
+
+def on_ray(*, config: CalendarConfig, instances: int = 1, **kw: Any) -> Any:
+    """The calendar workplace on ``RayGym.host``; ``kw`` are its."""
+    from gymckpt.gym_adapter import RayGym  # Ray only when a test asks for it
+
+    env = EnvironmentRef.to(calendar_environment, config=config)
+    return RayGym.host(env, instances, config=config.host_config(), **kw)
 
 
 async def stream_rate(opener: Any, rows: int, work_dir: Path, **kwargs: Any) -> float:
@@ -75,15 +89,13 @@ async def dispatch_rate(opener: Any, rows: int, work_dir: Path, **kwargs: Any) -
 
 async def measure(rows: int, work_dir: Path) -> dict[str, float]:
     out = {
-        "stream/embedded": await stream_rate(calendar_embedded, rows, work_dir / "e"),
-        "stream/ray-batched": await stream_rate(calendar_ray, rows, work_dir / "b"),
-        "stream/ray-per-row": await stream_rate(
-            calendar_ray, rows, work_dir / "r", batch_replies=False
-        ),
-        "dispatch/embedded": await dispatch_rate(calendar_embedded, rows, work_dir / "de"),
-        "dispatch/ray-batched": await dispatch_rate(calendar_ray, rows, work_dir / "db"),
+        "stream/embedded": await stream_rate(on_embedded, rows, work_dir / "e"),
+        "stream/ray-batched": await stream_rate(on_ray, rows, work_dir / "b"),
+        "stream/ray-per-row": await stream_rate(on_ray, rows, work_dir / "r", batch_replies=False),
+        "dispatch/embedded": await dispatch_rate(on_embedded, rows, work_dir / "de"),
+        "dispatch/ray-batched": await dispatch_rate(on_ray, rows, work_dir / "db"),
         "dispatch/ray-per-row": await dispatch_rate(
-            calendar_ray, rows, work_dir / "dr", batch_replies=False
+            on_ray, rows, work_dir / "dr", batch_replies=False
         ),
     }
     return out
@@ -91,8 +103,8 @@ async def measure(rows: int, work_dir: Path) -> dict[str, float]:
 
 @pytest.mark.ray
 async def test_batching_beats_one_object_per_row(tmp_path: Path) -> None:
-    batched = await stream_rate(calendar_ray, 3000, tmp_path / "b")
-    per_row = await stream_rate(calendar_ray, 3000, tmp_path / "r", batch_replies=False)
+    batched = await stream_rate(on_ray, 3000, tmp_path / "b")
+    per_row = await stream_rate(on_ray, 3000, tmp_path / "r", batch_replies=False)
     assert batched > 2 * per_row, (batched, per_row)
 
 

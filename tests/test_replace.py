@@ -32,9 +32,8 @@ from gymckpt.gym_adapter import (
     can_replace,
 )
 from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
     CalendarServer,
-    SimConfig,
-    calendar_embedded,
     calendar_environment,
     calendar_host,
     calendar_state,
@@ -51,7 +50,7 @@ from gymckpt.runtime import (
     RuntimeConfig,
 )
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -123,7 +122,13 @@ async def test_instance_dying_mid_run_is_replaced_and_costs_no_row_attempt(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=SIM.host_config(),
+        ) as gym,
         open_rollouts(
             gym,
             tmp_path,
@@ -205,7 +210,13 @@ async def test_a_late_reply_of_the_dead_instance_is_rejected(
             return getattr(self.gym, name)
 
     async with (
-        calendar_embedded(instances=2, seed=4, work_dir=tmp_path / "gym", config=SIM) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=4,
+            work_dir=tmp_path / "gym",
+            config=SIM.host_config(),
+        ) as gym,
         open_rollouts(
             LateGym(gym),
             tmp_path,
@@ -301,7 +312,13 @@ async def test_an_instance_that_crashes_after_serving_spends_its_budget_and_stop
     kills = 0
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
-            calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+            EmbeddedGym.host(
+                calendar_environment(config=SIM),
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "gym",
+                config=SIM.host_config(),
+            ) as gym,
             open_rollouts(
                 gym, tmp_path, rows=200, group_size=2, config=config, handle_signals=False
             ) as ro,
@@ -346,8 +363,13 @@ async def test_an_instance_that_dies_before_it_serves_is_an_outage_bounded_by_ti
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
         async with (
-            calendar_embedded(
-                instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM, faults=["run:dead"]
+            EmbeddedGym.host(
+                calendar_environment(config=SIM),
+                instances=2,
+                seed=3,
+                work_dir=tmp_path / "gym",
+                faults=["run:dead"],
+                config=SIM.host_config(),
             ) as gym,
             open_rollouts(
                 gym, tmp_path, rows=12, group_size=2, config=config, handle_signals=False
@@ -386,8 +408,13 @@ async def test_a_backend_that_cannot_replace_keeps_the_instance_dead(
 
     caplog.set_level(logging.ERROR, logger="gymckpt")
     with pytest.raises(BaseException) as caught:  # a nursery's exception group
-        async with calendar_embedded(
-            instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM, faults=["run:dead@1"]
+        async with EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            faults=["run:dead@1"],
+            config=SIM.host_config(),
         ) as gym:
             backend = NoReplace(gym)
             assert not can_replace(backend)
@@ -410,7 +437,13 @@ async def test_a_report_about_an_older_generation_is_ignored(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=SIM.host_config(),
+        ) as gym,
         open_rollouts(
             gym, tmp_path, rows=4, group_size=2, config=CONFIG, handle_signals=False
         ) as ro,
@@ -458,7 +491,9 @@ async def test_a_hosted_user_environment_is_replaced_too(
 async def test_replace_kills_a_live_instance_and_times_out_past_its_deadline(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with calendar_embedded(instances=1, work_dir=tmp_path, config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM), instances=1, work_dir=tmp_path, config=SIM.host_config()
+    ) as gym:
         old = gym.sim("gym-0")
         await gym.replace("gym-0", trio.current_time() + 1.0)
         assert old.dead and gym.sim("gym-0") is not old and not gym.sim("gym-0").dead
@@ -494,7 +529,7 @@ def test_journal_replays_slots_and_ignores_only_a_torn_last_line() -> None:
 async def test_journal_fresh_instance_starts_empty_and_recovers_only_when_asked(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+    cfg = CalendarConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
     async with calendar_host("gym-0", work_dir=tmp_path, config=cfg, recover=False) as sim:
         stream = await sim.run([RunRow("0-0", 0, 0, 0)])
         assert [r.rollout_id async for batch in stream for r in batch] == ["0-0"]
@@ -651,7 +686,13 @@ async def test_the_next_checkpoint_waits_for_a_slow_replacement(
             return getattr(self.gym, name)
 
     async with (
-        calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym,
+        EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=SIM.host_config(),
+        ) as gym,
         open_rollouts(
             SlowReplace(gym),
             tmp_path,
@@ -694,7 +735,7 @@ async def test_a_fresh_attempt_whose_sessions_fail_to_open_frees_the_slot_in_the
 ) -> None:
     """The old attempt was fenced and its session dropped; a replacement replaying the journal
     must not bring the old session back."""
-    cfg = SimConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
+    cfg = CalendarConfig(turns=(2, 2), turn_s=(0.01, 0.01), mutation_p=1.0)
     env = attrs.evolve(calendar_environment(config=cfg), participants=(_FailingCalendar(),))
     _FailingCalendar.failing = False
     async with GymHost("gym-0", env, work_dir=tmp_path) as host:

@@ -13,7 +13,10 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import EmbeddedGym, RestoreReply, RetireReply, Topology
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import SnapshotProblems, open_rollouts, restore_latest
 from gymckpt.nurseries._restore import saved_step
 from gymckpt.runtime import (
@@ -28,7 +31,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime._shared import STEP_FILE, StepRecord, dump_step
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 
@@ -75,7 +78,13 @@ class RecordingGym:
 
 async def one_snapshot(tmp_path: Path) -> SnapshotStore:
     """A run that checkpoints with episodes in flight on both instances, then stops."""
-    async with calendar_embedded(instances=2, seed=3, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym, tmp_path, rows=40, group_size=2, config=CONFIG, max_rows_in_flight=6
         ) as ro:
@@ -86,7 +95,13 @@ async def one_snapshot(tmp_path: Path) -> SnapshotStore:
 
 
 def fresh_gym(tmp_path: Path, name: str) -> EmbeddedGym:
-    return calendar_embedded(instances=2, seed=3, work_dir=tmp_path / name, config=SIM)
+    return EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=tmp_path / name,
+        config=SIM.host_config(),
+    )
 
 
 async def test_no_snapshot_restores_nothing_and_asks_gym_nothing(

@@ -12,10 +12,17 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-from gymckpt.gym_adapter import Completed, Refused, ReplyStream, RunReply, RunRow
+from gymckpt.gym_adapter import (
+    Completed,
+    EmbeddedGym,
+    Refused,
+    ReplyStream,
+    RunReply,
+    RunRow,
+)
 from gymckpt.gym_adapter.environments.calendar import (
-    SimConfig,
-    calendar_embedded,
+    CalendarConfig,
+    calendar_environment,
     calendar_host,
     calendar_sessions_of,
     calendar_state,
@@ -24,7 +31,7 @@ from gymckpt.gym_adapter.environments.calendar import (
 )
 from gymckpt.runtime import EpisodeRecord, InstanceRecord, ParticipantRecord, records_digest
 
-CONFIG = SimConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
+CONFIG = CalendarConfig(turns=(2, 4), turn_s=(0.001, 0.003), mutation_p=1.0, flush_interval_s=0.001)
 SEED = 11
 
 
@@ -63,7 +70,12 @@ def test_runs_to_completion_under_asyncio() -> None:
 
 def test_prepare_commit_resume_under_asyncio(tmp_path: Path) -> None:
     async def main() -> None:
-        async with calendar_embedded(seed=SEED, config=CONFIG, work_dir=tmp_path) as gym:
+        async with EmbeddedGym.host(
+            calendar_environment(config=CONFIG),
+            seed=SEED,
+            work_dir=tmp_path,
+            config=CONFIG.host_config(),
+        ) as gym:
             stream = await gym.run("gym-0", rows(4))
             await anyio.sleep(0.002)
             prep = await gym.prepare("gym-0", "c", deadline())
@@ -85,7 +97,9 @@ def test_restore_and_claim_under_asyncio(tmp_path: Path) -> None:
     root = tmp_path / "snap"
 
     async def main() -> None:
-        async with calendar_embedded(seed=SEED, config=CONFIG) as gym:
+        async with EmbeddedGym.host(
+            calendar_environment(config=CONFIG), seed=SEED, config=CONFIG.host_config()
+        ) as gym:
             stream = await gym.run("gym-0", rows(4))
             with anyio.fail_after(5):
                 await gym.prepare("gym-0", "c", deadline())
@@ -102,7 +116,9 @@ def test_restore_and_claim_under_asyncio(tmp_path: Path) -> None:
         episodes = [
             EpisodeRecord(e.rollout_id, e.owner, "gym-0", e.capture_keys) for e in reply.exported
         ]
-        async with calendar_embedded(seed=SEED, config=CONFIG) as gym:
+        async with EmbeddedGym.host(
+            calendar_environment(config=CONFIG), seed=SEED, config=CONFIG.host_config()
+        ) as gym:
             await gym.restore("gym-0", str(root), record, episodes, deadline())
             claims = [
                 RunRow(f"{e.rollout_id}-a1", int(e.rollout_id.split("-")[0]), 0, 1, e.rollout_id)
@@ -142,7 +158,7 @@ def test_episodes_run_as_plain_asyncio_tasks_of_a_task_group() -> None:
     from gymckpt.gym_adapter import GymHost
 
     code = GymHost._episode_main.__code__
-    slow = SimConfig(turns=(2, 2), turn_s=(5.0, 5.0), flush_interval_s=0.001)
+    slow = CalendarConfig(turns=(2, 2), turn_s=(5.0, 5.0), flush_interval_s=0.001)
 
     def episode_tasks() -> int:
         return sum(1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "cr_code", None) is code)

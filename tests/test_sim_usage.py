@@ -45,7 +45,7 @@ from gymckpt.app.simulation.usage import (
     usage_flag,
 )
 from gymckpt.app.verdict import expected_sentinels, judge
-from gymckpt.gym_adapter.environments.calendar import CalendarAgent, SimConfig
+from gymckpt.gym_adapter.environments.calendar import CalendarAgent, CalendarConfig
 from gymckpt.runtime import RuntimeConfig
 
 ALL = frozenset(USAGE_NAMES)
@@ -104,7 +104,7 @@ def test_the_long_turns_outlast_every_timeout() -> None:
             {"long-turns"},
             rows=8,
             group_size=2,
-            config=SimConfig(),
+            config=CalendarConfig(),
             lease_s=sc.lease_s,
             first_crash=False,
         )
@@ -142,7 +142,7 @@ def test_a_drawn_order_opens_the_runs_epochs_with_their_shuffle_seed() -> None:
 def test_the_verdict_counts_positions_and_each_row_once_per_epoch() -> None:
     """Two epochs of two rows: four positions, each with sentinels of its own (the same row's
     plan in both epochs), and an order that puts one row twice in an epoch is a violation."""
-    config = SimConfig(mutation_p=1.0)
+    config = CalendarConfig(mutation_p=1.0)
     swap = {0: 1, 1: 0, 2: 0, 3: 1}.__getitem__
     first, again = (expected_sentinels(5, config, [p], 1, row_at=swap) for p in (1, 2))
     assert first and len(first) == len(again) and not first & again  # row 0, two epochs

@@ -17,26 +17,42 @@ import trio
 import trio.testing
 
 from gymckpt.app.cli import main as cli_main
-from gymckpt.gym_adapter import EnvironmentSpecError
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+    EnvironmentSpecError,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 
 REPO = Path(__file__).resolve().parent.parent
-SIM = SimConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(1, 2), turn_s=(0.5, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 
 async def _two_incarnations(tmp_path: Path, rows: int = 48) -> tuple[str, str]:
-    async with calendar_embedded(instances=2, seed=1, work_dir=tmp_path / "gym", config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=1,
+        work_dir=tmp_path / "gym",
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym, tmp_path / "w", rows=rows, group_size=2, config=CONFIG, max_rows_in_flight=48
         ) as ro:
             await trio.sleep(5)  # every episode completes: 48 untrained groups in the snapshot
             outcome = await ro.checkpoint(b"x" * 10_000)
             assert outcome.ok and outcome.snapshot is not None
-    async with calendar_embedded(
-        instances=2, seed=1, work_dir=tmp_path / "gym2", config=SIM
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=1,
+        work_dir=tmp_path / "gym2",
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(gym, tmp_path / "w", rows=rows, group_size=2, config=CONFIG) as ro:
             assert ro.restored is not None
@@ -67,10 +83,12 @@ async def test_a_resumed_run_says_so_at_warning(
 
 RERUN = textwrap.dedent("""
     import gymckpt
-    from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+    from gymckpt.gym_adapter.environments.calendar import calendar_environment
 
     async def main() -> None:
-        async with calendar_embedded(instances=2, seed=0, work_dir="gym-live") as gym:
+        async with gymckpt.EmbeddedGym.host(
+            calendar_environment(), instances=2, work_dir="gym-live"
+        ) as gym:
             async with gymckpt.open_rollouts(gym, "work", rows=8, group_size=2) as rollouts:
                 async for _batch in rollouts.batches(groups_per_step=2):
                     await rollouts.checkpoint()

@@ -20,11 +20,17 @@ import trio
 import trio.testing
 
 from gymckpt.app.cli import main as cli_main
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig, WorkDirLock, workdir_of
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
 
 HOLDER = """
@@ -43,8 +49,12 @@ def make_workdir(workdir: Path) -> None:
 
     async def run() -> None:
         for gym_dir in ("gym", "gym2"):
-            async with calendar_embedded(
-                instances=2, seed=3, work_dir=workdir.parent / gym_dir, config=SIM
+            async with EmbeddedGym.host(
+                calendar_environment(config=SIM),
+                instances=2,
+                seed=3,
+                work_dir=workdir.parent / gym_dir,
+                config=SIM.host_config(),
             ) as gym:
                 async with open_rollouts(
                     gym,

@@ -26,10 +26,10 @@ import trio
 import trio.testing
 
 from gymckpt.gym_adapter import GymHost, GymInstanceDead, RunRow
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_host, calendar_state
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_host, calendar_state
 from gymckpt.gym_adapter.host._journal import JOURNAL_FILE
 
-SIM = SimConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
+SIM = CalendarConfig(turns=(4, 4), turn_s=(1.0, 1.0), mutation_p=1.0)
 
 
 @contextmanager

@@ -22,12 +22,18 @@ import trio
 import trio.testing
 
 from gymckpt.app.cli import main as cli_main
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts
 from gymckpt.runtime import RuntimeConfig, TopologyMismatch, load_snapshot, records_digest
 from gymckpt.runtime._shared import COMMIT_MARKER
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -39,7 +45,13 @@ CONFIG = RuntimeConfig(
 
 @asynccontextmanager
 async def running(workdir: Path, gym_dir: Path, **kw: Any) -> AsyncIterator[Rollouts]:
-    async with calendar_embedded(instances=2, seed=3, work_dir=gym_dir, config=SIM) as gym:
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=gym_dir,
+        config=SIM.host_config(),
+    ) as gym:
         async with open_rollouts(
             gym, workdir, rows=12, group_size=2, config=CONFIG, max_rows_in_flight=6, **kw
         ) as ro:

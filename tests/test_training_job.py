@@ -28,7 +28,13 @@ import trio.testing
 
 from gymckpt.app.cli import main as cli_main
 from gymckpt.app.demo.main import DemoOptions
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+)
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+)
 from gymckpt.nurseries import Rollouts, open_rollouts, snapshot_problems
 from gymckpt.nurseries._calls import classify
 from gymckpt.runtime import (
@@ -44,7 +50,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime._shared import COMMIT_MARKER, STEP_FILE
 
-SIM = SimConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
+SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.5, lease_s=30.0)
 CONFIG = RuntimeConfig(
     control_timeout_s=2.0,
     reply_grace_s=0.5,
@@ -58,8 +64,13 @@ CONFIG = RuntimeConfig(
 async def running(
     workdir: Path, gym_dir: Path, rows: int = 12, faults: tuple[str, ...] = (), **kw: Any
 ) -> AsyncIterator[Rollouts]:
-    async with calendar_embedded(
-        instances=2, seed=3, work_dir=gym_dir, config=SIM, faults=faults
+    async with EmbeddedGym.host(
+        calendar_environment(config=SIM),
+        instances=2,
+        seed=3,
+        work_dir=gym_dir,
+        faults=faults,
+        config=SIM.host_config(),
     ) as gym:
         async with open_rollouts(
             gym, workdir, rows=rows, group_size=2, config=CONFIG, max_rows_in_flight=6, **kw
@@ -201,9 +212,13 @@ def test_a_small_file_system_filling_mid_run(small_tmpfs: Path, tmp_path: Path) 
 
     async def main() -> list[int]:
         trained: list[int] = []
-        sim = SimConfig(turns=(1, 2), turn_s=(0.001, 0.005), mutation_p=1.0)
-        async with calendar_embedded(
-            instances=2, seed=1, work_dir=tmp_path / "gym", config=sim
+        sim = CalendarConfig(turns=(1, 2), turn_s=(0.001, 0.005), mutation_p=1.0)
+        async with EmbeddedGym.host(
+            calendar_environment(config=sim),
+            instances=2,
+            seed=1,
+            work_dir=tmp_path / "gym",
+            config=sim.host_config(),
         ) as gym:
             async with open_rollouts(
                 gym, workdir, rows=40, group_size=2, config=CONFIG, max_rows_in_flight=8
@@ -251,15 +266,15 @@ TRAINER = textwrap.dedent("""
     import json, os, sys
     import trio
     import gymckpt
-    from gymckpt.gym_adapter.environments.calendar import SimConfig
-    from gymckpt.gym_adapter.environments.calendar import calendar_embedded
+    from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 
     WORK, ROWS, HOLD = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"
-    SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
+    SIM = CalendarConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
 
     async def main() -> None:
-        async with calendar_embedded(instances=2, seed=0, work_dir=WORK + "-gym",
-                                            config=SIM) as gym:
+        async with gymckpt.EmbeddedGym.host(calendar_environment(config=SIM), instances=2,
+                                            work_dir=WORK + "-gym",
+                                            config=SIM.host_config()) as gym:
             async with gymckpt.open_rollouts(gym, WORK, rows=ROWS, group_size=2,
                                              checkpoint_every=3) as rollouts:
                 state = json.loads(rollouts.trainer_state or b'{"step": 0}')
@@ -284,14 +299,15 @@ TRAINER = textwrap.dedent("""
 TRAINER_ASYNCIO = textwrap.dedent("""
     import asyncio, json, os, sys
     import gymckpt.aio
-    from gymckpt.gym_adapter.environments.calendar import SimConfig
+    from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 
     WORK, ROWS = sys.argv[1], int(sys.argv[2])
-    SIM = SimConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
+    SIM = CalendarConfig(turns=(1, 2), turn_s=(0.005, 0.02), mutation_p=0.5)
 
     async def main() -> None:
-        async with gymckpt.aio.open_embedded_gym(instances=2, seed=0, work_dir=WORK + "-gym",
-                                                 config=SIM) as gym:
+        async with gymckpt.aio.open_embedded_gym(calendar_environment(config=SIM), instances=2,
+                                                 seed=0, work_dir=WORK + "-gym",
+                                                 config=SIM.host_config()) as gym:
             async with gymckpt.aio.open_rollouts(gym, WORK, rows=ROWS, group_size=2,
                                                  checkpoint_every=3) as rollouts:
                 state = json.loads(rollouts.trainer_state or b'{"step": 0}')

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gymckpt.app.verdict import judge, snapshot_sentinels
-from gymckpt.gym_adapter.environments.calendar import SimConfig
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig
 from gymckpt.runtime import (
     InstanceRecord,
     ManifestError,
@@ -29,7 +29,7 @@ from gymckpt.runtime._shared import (
     dump_records,
 )
 
-CONFIG = SimConfig(turns=(2, 3), mutation_p=0.0)
+CONFIG = CalendarConfig(turns=(2, 3), mutation_p=0.0)
 
 
 def test_a_clean_lineage_is_exactly_once() -> None:
@@ -51,7 +51,7 @@ def test_duplicates_losses_and_repeated_steps_are_each_named() -> None:
 
 
 def test_sentinels_are_judged_against_the_plans() -> None:
-    mutating = SimConfig(turns=(2, 3), mutation_p=1.0)
+    mutating = CalendarConfig(turns=(2, 3), mutation_p=1.0)
     v = judge([(1, [0])], 1, None, seed=0, config=mutating, group_size=2)
     assert v.sentinels_expected > 0 and len(v.sentinels_missing) == v.sentinels_expected
     assert not v.ok and "sentinels missing" in "\n".join(v.violations())

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig
 from gymckpt.nurseries import HOOK_POINTS
 from gymckpt.runtime import CheckpointMode, ManifestError, RuntimeConfig
 from gymckpt.runtime._shared import structure_table
@@ -114,8 +114,8 @@ class DemoOptions:
         """The family and id of ``env``; None for the calendar."""
         return env_choice(self.env)
 
-    def sim_config(self) -> SimConfig:
-        return SimConfig(
+    def sim_config(self) -> CalendarConfig:
+        return CalendarConfig(
             turns=(2, 4),
             turn_s=TURN_S[self.checkpoint_mode],
             mutation_p=0.5,

@@ -24,8 +24,11 @@ import attrs
 import orjson
 import trio
 
-from gymckpt.gym_adapter import GymBackend, RunRow
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded, calendar_http, calendar_ray
+from gymckpt.gym_adapter import EmbeddedGym, EnvironmentRef, GymBackend, HttpGym, RunRow
+from gymckpt.gym_adapter.environments.calendar import (
+    calendar_environment,
+    calendar_from_environ_path,
+)
 from gymckpt.nurseries import CheckpointOutcome, ExitCode, Rollouts, open_rollouts, run_exit
 from gymckpt.runtime import CompletedGroup, GymUnavailable, Preempted
 from gymckpt.runtime.lowlevel import write_atomic
@@ -68,39 +71,40 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
         ) as gym:
             yield gym
         return
+    config = opts.sim_config()
+    work_dir = workdir / "gym-live"
     if opts.backend == "http":
         # the servers accept commit and restore paths inside the work directory, where the
         # trainer's snapshots are
-        async with calendar_http(
-            instances=opts.instances,
-            agent_kinds=opts.agent_kind,
-            seed=opts.seed,
-            work_dir=workdir / "gym-live",
-            config=opts.sim_config(),
+        async with HttpGym.spawn(
+            calendar_from_environ_path(opts.agent_kind),
+            opts.instances,
+            work_dir=work_dir,
+            config=config.host_config(),
             faults=opts.faults,
+            seed=opts.seed,
             state_root=workdir,
+            environ=config.environ(),
         ) as gym:
             yield gym
         return
+    environment = EnvironmentRef.to(calendar_environment, agent_kind=opts.agent_kind, config=config)
     if opts.backend == "ray":
-        async with calendar_ray(
-            instances=opts.instances,
-            agent_kinds=opts.agent_kind,
-            seed=opts.seed,
-            work_dir=workdir / "gym-live",
-            config=opts.sim_config(),
-            faults=opts.faults,
-            address=opts.ray_address,
+        from gymckpt.gym_adapter import RayGym  # Ray, an optional extra, only when asked for
+
+        async with RayGym.host(
+            environment,
+            opts.instances,
+            opts.seed,
+            work_dir,
+            config.host_config(),
+            opts.faults,
+            opts.ray_address,
         ) as gym:
             yield gym
         return
-    async with calendar_embedded(
-        instances=opts.instances,
-        agent_kinds=opts.agent_kind,
-        seed=opts.seed,
-        work_dir=workdir / "gym-live",
-        config=opts.sim_config(),
-        faults=opts.faults,
+    async with EmbeddedGym.host(
+        environment, opts.instances, opts.seed, work_dir, config.host_config(), opts.faults
     ) as gym:
         yield gym
 

@@ -19,6 +19,7 @@ import trio
 
 from gymckpt.gym_adapter import (
     EmbeddedGym,
+    EnvironmentRef,
     FaultPlan,
     GymHost,
     GymStatistics,
@@ -26,7 +27,7 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter.environments.calendar import calendar_embedded, calendar_environment
+from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.testing.hostile import HostileActs, hostile_calendar_environment
 
 from .scenario import Scenario
@@ -48,18 +49,18 @@ async def open_gym(
     ``usage`` (where it counts, the scenario's start in trio's clock) and real-usage draws
     that change the environment, used as ``Scenario.usage`` says (``usage_environment``)."""
     wraps = sc.usage.calls is not None or sc.usage.long_turns or sc.usage.outage is not None
+    cfg = sc.sim_config()
     if acts is None and (usage is None or not wraps):
-        async with calendar_embedded(
-            instances=sc.instances,
-            agent_kinds=sc.kinds(),
-            seed=sc.seed,
-            work_dir=work_dir,
-            config=sc.sim_config(),
-            faults=faults,
+        async with EmbeddedGym.host(
+            [EnvironmentRef.to(calendar_environment, agent_kind=k, config=cfg) for k in sc.kinds()],
+            sc.instances,
+            sc.seed,
+            work_dir,
+            cfg.host_config(),
+            faults,
         ) as gym:
             yield gym
         return
-    cfg = sc.sim_config()
     envs = {
         kind: hostile_calendar_environment(kind, cfg, acts)
         if acts is not None

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from gymckpt.gym_adapter import FAULT_KINDS
-from gymckpt.gym_adapter.environments.calendar import SimConfig
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig
 from gymckpt.nurseries import HOOK_POINTS
 from gymckpt.runtime import CheckpointMode, RuntimeConfig
 from gymckpt.testing.hostile import HostileAct, acts_summary, draw_hostile
@@ -126,8 +126,8 @@ class Scenario:
         """Positions of the run's row order: ``rows`` once per epoch drawn (``RowOrder``)."""
         return self.usage.order.positions if self.usage.order is not None else self.rows
 
-    def sim_config(self) -> SimConfig:
-        return SimConfig(
+    def sim_config(self) -> CalendarConfig:
+        return CalendarConfig(
             turns=self.turns,
             turn_s=self.turn_s,
             mutation_p=self.mutation_p,

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import attrs
 
-from gymckpt.gym_adapter.environments.calendar import SimConfig, plan_episode
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, plan_episode
 from gymckpt.runtime import RuntimeConfig
 
 __all__ = [
@@ -233,7 +233,7 @@ def draw_usage(
     *,
     rows: int,
     group_size: int,
-    config: SimConfig,
+    config: CalendarConfig,
     lease_s: float,
     first_crash: bool,
 ) -> RealUsage:

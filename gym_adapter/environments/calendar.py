@@ -16,9 +16,21 @@ Every instance hosts the same ``Environment`` a user would write:
 
 What an episode does is a function of (seed, row, slot) only (``plan_episode``), so a run can
 be checked against its plans: every sentinel a plan calls for must be in the final calendar
-exactly once (the exactly-once verdict). ``calendar_embedded`` and ``calendar_ray`` serve it on
-either deployment (which know nothing of it). Nothing here is private to gymckpt: this module uses
-only what ``gymckpt.gym_adapter`` exports.
+exactly once (the exactly-once verdict).
+
+It is served like any other environment, by each deployment's own constructor (which knows
+nothing of it); ``CalendarConfig.host_config()`` is every deployment's ``config``::
+
+    EmbeddedGym.host(calendar_environment(config=cfg), instances=2, config=cfg.host_config())
+    RayGym.host(EnvironmentRef.to(calendar_environment, config=cfg), instances=2,
+                config=cfg.host_config())
+    HttpGym.spawn(calendar_from_environ_path(), instances=2, work_dir=".",
+                  config=cfg.host_config(), environ=cfg.environ())
+
+(one agent kind per instance: a list of environments, ``EnvironmentRef.to(calendar_environment,
+agent_kind=kind, config=cfg)`` or ``calendar_from_environ_path(kind)`` each). Nothing here is
+private to gymckpt: this module uses only what ``gymckpt.gym_adapter`` and ``gymckpt.runtime``
+export.
 """
 
 from __future__ import annotations
@@ -26,54 +38,44 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 import attrs
-import orjson
 
-from gymckpt.runtime import rollout_id_for
-
-from .._faults import FaultSpec
-from ..host._environment import Environment
-from ..host._episode import Done, EpisodeContext, EpisodeFenced, EpisodeInfo
-from ..host._episodes import capture_key as host_capture_key
-from ..host._episodes import request_digest
-from ..host._host import GymHost, HostConfig, SessionView
-from ..host._load import EnvironmentRef
-from ..host._views import RetainedSession
-from ..transports._embedded import EmbeddedGym
-
-if TYPE_CHECKING:
-    from ..transports.http._gym import HttpGym
-    from ..transports.ray._gym import RayGym
+from gymckpt.gym_adapter import (
+    Done,
+    Environment,
+    EpisodeContext,
+    EpisodeFenced,
+    EpisodeInfo,
+    GymHost,
+    HostConfig,
+    RetainedSession,
+    SessionView,
+)
 
 __all__ = [
     "AGENT_KINDS",
     "CALENDAR",
+    "CONFIG_ENV",
     "CalendarAgent",
+    "CalendarConfig",
     "CalendarEvent",
     "CalendarServer",
     "CalendarSession",
     "CalendarState",
-    "CalendarWorkplace",
     "EpisodePlan",
-    "SimConfig",
-    "calendar_embedded",
     "calendar_environment",
     "calendar_from_environ",
+    "calendar_from_environ_path",
     "calendar_host",
-    "calendar_http",
     "calendar_model",
-    "calendar_ray",
     "calendar_sessions",
     "calendar_sessions_of",
     "calendar_state",
-    "calendar_workplace",
-    "capture_key",
     "plan_episode",
     "sentinel",
     "session_key",
@@ -81,8 +83,9 @@ __all__ = [
 
 AGENT_KINDS: Final = ("simple_agent", "legacy_agent")
 CONFIG_ENV: Final = "GYMCKPT_CALENDAR_CONFIG"
-"""The environment variable a spawned ``gymckpt serve`` reads the workplace's ``SimConfig`` from
-(JSON, ``calendar_from_environ``)."""
+"""The environment variable a spawned ``gymckpt serve`` reads the workplace's ``CalendarConfig``
+from (JSON of its fields, ``CalendarConfig.environ``; read by ``calendar_from_environ``)."""
+
 AGENT: Final = "agent"
 CALENDAR: Final = "calendar"
 
@@ -90,13 +93,6 @@ CALENDAR: Final = "calendar"
 def session_key(row: int, slot: int) -> str:
     """The environment session of a generation slot: ``"{row}-{slot}"``."""
     return f"{row}-{slot}"
-
-
-def capture_key(row: int, slot: int, turn: int, request: str, attempt: int = 0) -> str:
-    """The key turn ``turn``'s model call, of ``request`` (the plan's payload of the turn), is
-    staged under by attempt ``attempt`` of the slot (one call per turn)."""
-    info = EpisodeInfo(rollout_id_for(row, slot, attempt), row, slot, attempt, 0, "")
-    return host_capture_key(info, turn, request_digest(orjson.dumps(request)), 0)
 
 
 def sentinel(position: int, slot: int, turn: int) -> str:
@@ -128,7 +124,7 @@ _probability = attrs.validators.and_(attrs.validators.ge(0.0), attrs.validators.
 
 
 @attrs.frozen(kw_only=True)
-class SimConfig:
+class CalendarConfig:
     """Knobs of the calendar workplace (picklable; the same config goes to every instance).
 
     ``turns`` and ``turn_s`` are inclusive (low, high) ranges; ``mutation_p`` is the chance a
@@ -152,8 +148,14 @@ class SimConfig:
         if self.turns[0] < 1:
             raise ValueError(f"turns must be at least 1, got {self.turns!r}")
 
+    def environ(self) -> dict[str, str]:
+        """This config as the environment of a ``gymckpt serve`` process (``HttpGym.spawn``'s
+        ``environ``): its fields as JSON in ``CONFIG_ENV``, which ``calendar_from_environ``
+        reads back to an equal config."""
+        return {CONFIG_ENV: json.dumps(attrs.asdict(self))}
+
     def host_config(self) -> HostConfig:
-        """The host's part of this config."""
+        """The host's part of this config (every deployment's ``config``)."""
         return HostConfig(
             lease_s=self.lease_s,
             flush_interval_s=self.flush_interval_s,
@@ -173,7 +175,7 @@ class EpisodePlan:
     reward: float
 
 
-def plan_episode(seed: int, row: int, slot: int, config: SimConfig) -> EpisodePlan:
+def plan_episode(seed: int, row: int, slot: int, config: CalendarConfig) -> EpisodePlan:
     """The plan of slot ``slot`` of row ``row``: a function of (seed, row, slot) only."""
     rng = random.Random(f"gymckpt-sim:{seed}:{row}:{slot}")
     turns = rng.randint(*config.turns)
@@ -263,7 +265,7 @@ def calendar_model(key: str, request: Any, info: EpisodeInfo) -> Any:
 class CalendarAgent:
     """The agent (``simple_agent`` or ``legacy_agent``) playing each episode's plan."""
 
-    config: SimConfig
+    config: CalendarConfig
     kind: str = "simple_agent"
     name: str = AGENT
 
@@ -302,12 +304,12 @@ class CalendarAgent:
 
 
 def calendar_environment(
-    agent_kind: str = "simple_agent", config: SimConfig | None = None
+    agent_kind: str = "simple_agent", config: CalendarConfig | None = None
 ) -> Environment:
     """The calendar workplace as an ``Environment``: agent, calendar, model proxy."""
     if agent_kind not in AGENT_KINDS:
         raise ValueError(f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {agent_kind!r}")
-    cfg = config if config is not None else SimConfig()
+    cfg = config if config is not None else CalendarConfig()
     return Environment(
         agent=CalendarAgent(cfg, agent_kind),
         participants=(CalendarServer(),),
@@ -315,161 +317,28 @@ def calendar_environment(
     )
 
 
-@attrs.frozen
-class CalendarWorkplace:
-    """A deployment of the calendar workplace as any deployment's ``host`` takes it: one
-    environment per instance (by reference, so an instance in another process builds its own)
-    and the host's part of the config."""
-
-    environments: tuple[EnvironmentRef, ...]
-    host_config: HostConfig
-
-
-def calendar_workplace(
-    instances: int = 1,
-    agent_kinds: str | Sequence[str] = "simple_agent",
-    config: SimConfig | None = None,
-) -> CalendarWorkplace:
-    """The calendar workplace on ``instances`` instances: ``agent_kinds`` is one kind for all
-    of them or one per instance. Raises ``ValueError`` naming a bad count or kind."""
-    if instances < 1:
-        raise ValueError(f"instances must be >= 1, got {instances!r}")
-    kinds = (agent_kinds,) * instances if isinstance(agent_kinds, str) else tuple(agent_kinds)
-    if len(kinds) != instances:
-        raise ValueError(f"got {len(kinds)} agent kinds for {instances} instances")
-    for kind in kinds:
-        if kind not in AGENT_KINDS:
-            raise ValueError(f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {kind!r}")
-    cfg = config if config is not None else SimConfig()
-    return CalendarWorkplace(
-        tuple(
-            EnvironmentRef.to(calendar_environment, agent_kind=kind, config=cfg) for kind in kinds
-        ),
-        cfg.host_config(),
-    )
-
-
-@asynccontextmanager
-async def calendar_embedded(
-    instances: int = 1,
-    agent_kinds: str | Sequence[str] = "simple_agent",
-    seed: int = 0,
-    work_dir: str | Path | None = None,
-    config: SimConfig | None = None,
-    faults: Sequence[str | FaultSpec] = (),
-) -> AsyncIterator[EmbeddedGym]:
-    """The calendar workplace (``calendar_workplace``: ``agent_kinds`` one kind for all
-    instances or one per instance, ``config`` its knobs) served on ``instances`` embedded
-    instances until the context exits: ``EmbeddedGym.host`` with its environments.
-
-    ``faults`` are C3 specs (strings or ``FaultSpec``); a bad spec raises ``ValueError``
-    before anything runs. With ``work_dir``, each instance keeps its calendar sessions in a
-    durable log there, which a replacement (``replace``) continues.
-    """
-    workplace = calendar_workplace(instances, agent_kinds, config)
-    async with EmbeddedGym.host(
-        workplace.environments, instances, seed, work_dir, workplace.host_config, faults
-    ) as gym:
-        yield gym
-
-
-@asynccontextmanager
-async def calendar_ray(
-    instances: int = 1,
-    agent_kinds: str | Sequence[str] = "simple_agent",
-    seed: int = 0,
-    work_dir: str | Path | None = None,
-    config: SimConfig | None = None,
-    faults: Sequence[str | FaultSpec] = (),
-    address: str | None = None,
-    *,
-    num_cpus: float = 0.1,
-    stuck_loop_s: float = 0.0,
-    batch_replies: bool = True,
-    max_batch_replies: int = 1024,
-    startup_timeout_s: float = 60.0,
-    cluster_loss_s: float | None = None,
-) -> AsyncIterator[RayGym]:
-    """The calendar workplace served on ``instances`` Ray actors until the context exits:
-    ``RayGym.host`` with its environments. The arguments up to ``faults`` are
-    ``calendar_embedded``'s, the rest ``RayGym.host``'s (``cluster_loss_s=None``: its default).
-
-    Ray is imported only here, when called: Ray is an optional extra, and this module is
-    imported with ``gym_adapter``.
-    """
-    from ..transports.ray._gym import RayGym
-
-    workplace = calendar_workplace(instances, agent_kinds, config)
-    loss = {} if cluster_loss_s is None else {"cluster_loss_s": cluster_loss_s}
-    async with RayGym.host(
-        workplace.environments,
-        instances,
-        seed,
-        work_dir,
-        workplace.host_config,
-        faults,
-        address,
-        num_cpus=num_cpus,
-        stuck_loop_s=stuck_loop_s,
-        batch_replies=batch_replies,
-        max_batch_replies=max_batch_replies,
-        startup_timeout_s=startup_timeout_s,
-        **loss,
-    ) as gym:
-        yield gym
-
-
-@asynccontextmanager
-async def calendar_http(
-    instances: int = 1,
-    agent_kinds: str | Sequence[str] = "simple_agent",
-    seed: int = 0,
-    work_dir: str | Path | None = None,
-    config: SimConfig | None = None,
-    faults: Sequence[str | FaultSpec] = (),
-    *,
-    state_root: str | Path | None = None,
-    **options: Any,
-) -> AsyncIterator[HttpGym]:
-    """The calendar workplace served by ``instances`` spawned ``gymckpt serve`` processes until
-    the context exits: ``HttpGym.spawn`` of ``calendar_from_environ`` (one agent kind per
-    instance), the config handed over in ``CONFIG_ENV``. The arguments up to ``faults`` are
-    ``calendar_embedded``'s (``work_dir`` default: the current directory), the rest
-    ``HttpGym.spawn``'s."""
-    from ..transports.http._gym import HttpGym
-
-    workplace = calendar_workplace(instances, agent_kinds, config)
-    cfg = config if config is not None else SimConfig()
-    kinds = [dict(ref.kwargs)["agent_kind"] for ref in workplace.environments]
-    environments = [f"{__name__}:calendar_from_environ_{kind}" for kind in kinds]
-    async with HttpGym.spawn(
-        environments,
-        instances,
-        work_dir=work_dir if work_dir is not None else os.curdir,
-        config=workplace.host_config,
-        faults=faults,
-        seed=seed,
-        state_root=state_root,
-        environ={CONFIG_ENV: json.dumps(attrs.asdict(cfg))},
-        **options,
-    ) as gym:
-        yield gym
-
-
 def calendar_from_environ(agent_kind: str = "simple_agent") -> Environment:
-    """The calendar workplace with the ``SimConfig`` in ``CONFIG_ENV`` (JSON of its fields;
-    the defaults without it): how a ``gymckpt serve`` process started by ``calendar_http``
-    builds its environment. ``ValueError`` names a malformed config."""
+    """The calendar workplace with the ``CalendarConfig`` in ``CONFIG_ENV`` (JSON of its fields;
+    the defaults without it): how a ``gymckpt serve`` process started by ``HttpGym.spawn`` with
+    ``CalendarConfig.environ()`` builds its environment. ``ValueError`` names a malformed config."""
     text = os.environ.get(CONFIG_ENV)
     if not text:
         return calendar_environment(agent_kind)
     try:
         raw = json.loads(text)
         fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
-        config = SimConfig(**fields)
+        config = CalendarConfig(**fields)
     except (TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{CONFIG_ENV} is not a calendar SimConfig: {exc}") from None
+        raise ValueError(f"{CONFIG_ENV} is not a CalendarConfig: {exc}") from None
     return calendar_environment(agent_kind, config)
+
+
+def calendar_from_environ_path(agent_kind: str = "simple_agent") -> str:
+    """The import path a ``gymckpt serve`` process (``HttpGym.spawn``) loads the workplace with
+    ``agent_kind`` from, its config from ``CONFIG_ENV`` (``CalendarConfig.environ``)."""
+    if agent_kind not in AGENT_KINDS:
+        raise ValueError(f"agent kind must be one of {', '.join(AGENT_KINDS)}, got {agent_kind!r}")
+    return f"{__name__}:calendar_from_environ_{agent_kind}"
 
 
 def calendar_from_environ_simple_agent() -> Environment:
@@ -487,12 +356,12 @@ def calendar_host(
     agent_kind: str = "simple_agent",
     seed: int = 0,
     work_dir: str | Path | None = None,
-    config: SimConfig | None = None,
+    config: CalendarConfig | None = None,
     *,
     recover: bool = False,
 ) -> GymHost:
     """One calendar workplace instance: a ``GymHost`` serving ``calendar_environment``."""
-    cfg = config if config is not None else SimConfig()
+    cfg = config if config is not None else CalendarConfig()
     return GymHost(
         name,
         calendar_environment(agent_kind, cfg),

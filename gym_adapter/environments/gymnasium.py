@@ -19,7 +19,6 @@ stochastic policy is reproducible too.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -28,15 +27,17 @@ import attrs
 import gymnasium
 import numpy as np
 
-from ..host._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
-from ..host._episode import (
+from gymckpt.gym_adapter import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     Done,
+    Environment,
     EnvironmentSpecError,
     EpisodeContext,
     EpisodeInfo,
     parse_call_id,
     split_capture_key,
 )
+
 from ._codecs import (
     AttributeCodec,
     StateCodec,
@@ -44,6 +45,7 @@ from ._codecs import (
     codec_for,
     register_state_codec,
 )
+from ._seeding import derive_seed
 
 __all__ = [
     "ENV_PARTICIPANT",
@@ -80,14 +82,9 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _derive(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def episode_seed(seed: int, row: int, slot: int) -> int:
     """The ``reset`` seed of the episode of (row, slot) under deployment ``seed``."""
-    return _derive("gymckpt-gymnasium", seed, row, slot) % (2**31)
+    return derive_seed("gymckpt-gymnasium", seed, row, slot) % (2**31)
 
 
 def random_policy(observation: Any, rng: np.random.Generator, space: gymnasium.Space[Any]) -> Any:
@@ -213,7 +210,9 @@ def _model(env_id: str, policy: Policy) -> Callable[[str, Any, EpisodeInfo], Any
     space = gymnasium.make(env_id).action_space
 
     def model(key: str, observation: Any, info: EpisodeInfo) -> Any:
-        rng = np.random.default_rng(_derive("gymckpt-policy", info.seed, _policy_key(key, info)))
+        rng = np.random.default_rng(
+            derive_seed("gymckpt-policy", info.seed, _policy_key(key, info))
+        )
         return plain(policy(observation, rng, space))
 
     return model
@@ -281,7 +280,7 @@ def reference_trajectory(
     turn = 0
     while True:
         key = f"{info.session_key}/t{turn}/c0"
-        rng = np.random.default_rng(_derive("gymckpt-policy", seed, key))
+        rng = np.random.default_rng(derive_seed("gymckpt-policy", seed, key))
         action = plain(policy(traj.observations[-1], rng, env.action_space))
         obs, reward, terminated, truncated, _ = env.step(_to_action(action, env.action_space))
         traj.actions.append(action)

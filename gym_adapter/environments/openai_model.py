@@ -55,9 +55,8 @@ import orjson
 import sniffio
 import trio
 
+from gymckpt.gym_adapter import EpisodeInfo, ModelUnavailable
 from gymckpt.runtime.lowlevel import checked_json
-
-from ..host._episode import EpisodeInfo, ModelUnavailable
 
 __all__ = [
     "CAPTURE_KEY_HEADER",

@@ -31,7 +31,6 @@ player, so a stochastic policy answers the same question the same way after a re
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -43,8 +42,16 @@ import attrs
 import numpy as np
 import pyspiel
 
-from ..host._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
-from ..host._episode import Done, EnvironmentSpecError, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Done,
+    Environment,
+    EnvironmentSpecError,
+    EpisodeContext,
+    EpisodeInfo,
+)
+
+from ._seeding import derive_seed
 
 __all__ = [
     "ENV_PARTICIPANT",
@@ -66,18 +73,15 @@ PROBE_DECISIONS: Final = 40
 """How many decisions the start check plays (from the initial state, chance sampled)."""
 
 
-def _derive(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def episode_rng(seed: int, row: int, slot: int) -> np.random.Generator:
     """The chance RNG of episode (row, slot) under deployment ``seed``, as it starts."""
-    return np.random.Generator(np.random.PCG64(_derive("gymckpt-openspiel", seed, row, slot)))
+    return np.random.Generator(np.random.PCG64(derive_seed("gymckpt-openspiel", seed, row, slot)))
 
 
 def _policy_rng(seed: int, row: int, slot: int, turn: int, player: int) -> np.random.Generator:
-    return np.random.default_rng(_derive("gymckpt-openspiel-policy", seed, row, slot, turn, player))
+    return np.random.default_rng(
+        derive_seed("gymckpt-openspiel-policy", seed, row, slot, turn, player)
+    )
 
 
 def random_legal_policy(

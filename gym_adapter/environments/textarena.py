@@ -59,8 +59,16 @@ import anyio
 import attrs
 import textarena
 
-from ..host._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
-from ..host._episode import Done, EnvironmentSpecError, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Done,
+    Environment,
+    EnvironmentSpecError,
+    EpisodeContext,
+    EpisodeInfo,
+)
+
+from ._seeding import derive_seed
 
 __all__ = [
     "ENV_PARTICIPANT",
@@ -85,14 +93,9 @@ LegalMoves = Callable[[Any], list[str]]
 Policy = Callable[[str, Sequence[str], random.Random], str]
 
 
-def _derive(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def episode_seed(seed: int, row: int, slot: int) -> int:
     """The ``reset`` seed of the episode of (row, slot) under deployment ``seed``."""
-    return _derive("gymckpt-textarena", seed, row, slot) % (2**31)
+    return derive_seed("gymckpt-textarena", seed, row, slot) % (2**31)
 
 
 def random_legal_policy(observation: str, legal_moves: Sequence[str], rng: random.Random) -> str:
@@ -101,7 +104,7 @@ def random_legal_policy(observation: str, legal_moves: Sequence[str], rng: rando
 
 
 def _policy_rng(seed: int, row: int, slot: int, turn: int) -> random.Random:
-    return random.Random(_derive("gymckpt-textarena-policy", seed, row, slot, turn))
+    return random.Random(derive_seed("gymckpt-textarena-policy", seed, row, slot, turn))
 
 
 # -- the supported games: how many seats, which moves are legal ---------------------------------

@@ -6,22 +6,29 @@ path, or an ``EnvironmentRef`` (the path of a factory and the arguments to call 
 must pickle or be plain data). The receiving process imports and builds it itself, so user code
 is never pickled. Every environment, the calendar workplace included, is named this way.
 
-Its own module so that ``_environment`` and ``gymnasium_env`` (which builds on it, and needs
-the optional ``gymnasium`` extra, so it is imported only for a ``gymnasium:`` id) do not import
-each other: ``load_environment`` sits above both.
+Its own module so that ``_environment`` stays below everything that builds environments.
+
+The host imports no environment. A ``gymnasium:ID`` source names the Gymnasium adapter's
+factory by import path (``GYMNASIUM_FACTORY``), resolved only when such a source is loaded, as
+any user environment is: the adapter needs the optional ``gymnasium`` extra, and it builds on
+the public episode API, which sits above this module.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
 from ._environment import Environment
 
-__all__ = ["EnvironmentRef", "EnvironmentSource", "load_environment"]
+__all__ = ["GYMNASIUM_FACTORY", "EnvironmentRef", "EnvironmentSource", "load_environment"]
+
+GYMNASIUM_FACTORY: Final = "gymckpt.gym_adapter.environments.gymnasium:gymnasium_environment"
+"""The factory ``load_environment("gymnasium:ID")`` calls with ``ID``, named by import path: the
+host's one reference to an environment, and not an import (``tests/test_layers.py``)."""
 
 
 def _frozen_kwargs(kwargs: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -81,9 +88,10 @@ def load_environment(path: EnvironmentSource) -> Environment:
             raise ValueError(f"environment path {path.path!r} names no factory")
         env: Any = factory(**dict(path.kwargs))
     elif isinstance(path, str) and path.startswith("gymnasium:"):
-        from ..environments.gymnasium import gymnasium_environment  # the optional gymnasium extra
-
-        return gymnasium_environment(path.removeprefix("gymnasium:"))
+        module_name, attr = _split(GYMNASIUM_FACTORY)
+        # the optional gymnasium extra: a missing one raises ModuleNotFoundError naming it
+        factory = getattr(importlib.import_module(module_name), attr)
+        return factory(path.removeprefix("gymnasium:"))
     elif callable(path):
         env = path()
     elif isinstance(path, str):
