@@ -30,11 +30,16 @@ from typing import Any
 
 import gymckpt
 from gymckpt.app.chaos import arm_kill_points
-from gymckpt.gym_adapter.environments.calendar import SimConfig, calendar_embedded, calendar_http
+from gymckpt.gym_adapter import EmbeddedGym, HttpGym
+from gymckpt.gym_adapter.environments.calendar import (
+    CalendarConfig,
+    calendar_environment,
+    calendar_from_environ_path,
+)
 
 DIM = 8
 WEIGHTS = "weights.json"
-SIM = SimConfig(turns=(1, 2), turn_s=(0.002, 0.01), mutation_p=0.5)
+SIM = CalendarConfig(turns=(1, 2), turn_s=(0.002, 0.01), mutation_p=0.5)
 
 
 class Model:
@@ -78,10 +83,23 @@ class Model:
 async def main(args: argparse.Namespace) -> None:
     model = Model()
     work = Path(args.workdir)
-    open_gym = calendar_http if args.http else calendar_embedded
-    extra: dict[str, Any] = {"state_root": work} if args.http else {}
+    live = work / "gym-live"
+    if args.http:
+        gym_context: Any = HttpGym.spawn(
+            calendar_from_environ_path(),
+            2,
+            work_dir=live,
+            config=SIM.host_config(),
+            seed=0,
+            state_root=work,
+            environ=SIM.environ(),
+        )
+    else:
+        gym_context = EmbeddedGym.host(
+            calendar_environment(config=SIM), 2, 0, live, SIM.host_config()
+        )
     async with (
-        open_gym(instances=2, seed=0, work_dir=work / "gym-live", config=SIM, **extra) as gym,
+        gym_context as gym,
         gymckpt.open_rollouts(
             gym, work, rows=args.rows, group_size=2, checkpoint_every=1, max_rows_in_flight=6
         ) as rollouts,
