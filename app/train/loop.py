@@ -44,6 +44,7 @@ import torch
 import trio
 
 import gymckpt
+from gymckpt.app.chaos import arm_kill_points
 from gymckpt.gym_adapter import (
     EmbeddedGym,
     Environment,
@@ -232,6 +233,7 @@ async def train(
             max_rows_in_flight=gps if options.deterministic else 2 * gps,
             checkpoint_every=options.checkpoint_every,
         ) as rollouts:
+            arm_kill_points(rollouts)  # under gymckpt chaos: kills aimed at checkpoint stages
 
             def state() -> bytes:
                 run = {**options.identity(), "curve": curve, "learner_state": learner.state()}
