@@ -19,7 +19,7 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -376,6 +376,7 @@ async def open_rollouts(
     on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None,
     handle_signals: bool = True,
     preempt_timeout_s: float = 60.0,
+    on_restore: Callable[[int, Path | None], Awaitable[None]] | None = None,
 ) -> AsyncIterator[Rollouts]:
     """Open the rollout runtime on ``gym`` with snapshots under ``workdir/snapshots``.
 
@@ -386,6 +387,10 @@ async def open_rollouts(
     passes, each in its own seeded shuffle; a restore resumes at the order's cursor and refuses
     another order (``DatasetMismatch``, exit 2). ``restore``: restore the latest complete
     snapshot first. ``on_dispatch(instance, rows)``: called after each admission.
+    ``await on_restore(policy_version, files)``: after a restore, before any row is dispatched
+    (so before any episode calls the model), with the snapshot's policy version and its trainer
+    files directory (or None): the trainer brings a model server that outlived it back to the
+    snapshot's weights there (a weight push to vLLM or SGLang); an error out of it ends the open.
 
     On entry: one trainer per ``workdir`` (``WorkDirLocked``); this start's trainer term fences
     what an older term left on the instances (another run's refuse: ``GymInUse``); with
@@ -417,6 +422,9 @@ async def open_rollouts(
                 )
             if restored is None:  # a fresh start: nothing attached yet
                 await attach_trainer(gym, trainer, config)
+            elif on_restore is not None:  # the model server back at the snapshot's weights
+                files = restored.pinned.path / TRAINER_FILES_DIR
+                await on_restore(restored.policy_version, files if files.is_dir() else None)
             parts = _Parts(gym, store, config, restored, tasks, order, group_size, extra_metrics)
             rollouts, replacer = parts.assemble(
                 max_rows_in_flight=max_rows_in_flight,
