@@ -17,7 +17,8 @@ model, the messages and the seed. Each response has ``usage``, ``logprobs`` when
 (``top_logprobs`` too), and with ``return_token_ids: true`` vLLM's ``prompt_token_ids`` and
 per-choice ``token_ids``. ``GET /v1/models`` lists the model. ``GET /stats`` (authenticated):
 ``requests``, ``max_concurrent``, ``in_flight``, ``by_capture_key`` (from
-``X-Gymckpt-Capture-Key``), ``statuses``; ``POST /stats/reset`` zeroes them.
+``X-Gymckpt-Capture-Key``), ``statuses``, ``weight_versions`` (completions answered per
+reported weight version); ``POST /stats/reset`` zeroes them.
 
 Faults, per server flag or per request header: ``--latency-s`` / ``X-Test-Latency-S``;
 ``--fail-first N`` / ``X-Test-Fail-First: N`` (the first N requests of each capture key answer
@@ -273,6 +274,8 @@ class _Stats:
     max_concurrent: int = 0
     by_key: dict[str, int] = attrs.field(factory=dict)
     statuses: dict[str, int] = attrs.field(factory=dict)
+    weight_versions: dict[str, int] = attrs.field(factory=dict)
+    """Completions answered per reported weight version."""
     down_until: float = 0.0
     """``time.monotonic()`` until which completions answer 503 (``POST /test/outage``)."""
     weight_version: str | None = None
@@ -286,6 +289,7 @@ class _Stats:
                 "max_concurrent": self.max_concurrent,
                 "by_capture_key": dict(self.by_key),
                 "statuses": dict(self.statuses),
+                "weight_versions": dict(self.weight_versions),
             }
 
     def reset(self) -> None:
@@ -293,6 +297,7 @@ class _Stats:
             self.requests = self.max_concurrent = 0
             self.by_key.clear()
             self.statuses.clear()
+            self.weight_versions.clear()
 
 
 class _Server(ThreadingHTTPServer):
@@ -460,6 +465,9 @@ class _Handler(BaseHTTPRequestHandler):
             version = self.server.stats.weight_version
             if version is not None:
                 response["metadata"] = {"weight_version": version}
+                with self.server.stats.lock:
+                    counts = self.server.stats.weight_versions
+                    counts[version] = counts.get(version, 0) + 1
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self._send(400, _error(400, f"bad request: {exc}"))
             return 400

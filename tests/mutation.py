@@ -1502,8 +1502,47 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="layers_hold",
         sim_seeds=0,
     ),
+    # -- issue 33, weights: the model server's weights across a trainer crash; require= ------
+    Mutant(
+        "weights-version-check-skipped",
+        "weights",
+        "gym_adapter/environments/openai_model.py",
+        "if expected is None or served == str(expected):",
+        "if True:",
+        ("tests/test_model_weight_sync.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "weights-restore-hook-not-called",
+        "weights",
+        "nurseries/_trainer.py",
+        "await on_restore(restored.policy_version, files if files.is_dir() else None)",
+        "pass",
+        ("tests/test_model_weight_sync.py",),
+        keyword="resynced",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "weights-require-ignored",
+        "weights",
+        "gym_adapter/environments/openai_model.py",
+        "            if not _has_field(response, name):",
+        "            if False:",
+        ("tests/test_model_weight_sync.py",),
+        keyword="require",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "weights-422-a-data-failure",
+        "weights",
+        "gym_adapter/environments/openai_model.py",
+        "                if status == 422:",
+        "                if False:",
+        ("tests/test_model_weight_sync.py",),
+        keyword="422",
+        sim_seeds=0,
+    ),
 )
-
 
 def _copy_tree(dest: Path) -> Path:
     """Copy the tracked and untracked-but-not-ignored files to ``dest/gymckpt``."""

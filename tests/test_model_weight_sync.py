@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -55,11 +56,14 @@ def test_server_left_at_newer_weights_by_a_killed_trainer_is_resynced(tmp_path: 
             proc.wait(60)
             assert proc.stdout is not None
             proc.stdout.close()
+        while server.stats()["in_flight"]:  # the killed trainer's calls end (test timeout)
+            time.sleep(0.01)
+        server.reset_stats()
         done = subprocess.run(
             _trainer(work, server.base_url),
             capture_output=True,
             text=True,
-            timeout=240,
+            timeout=60,
             check=False,
         )
         assert done.returncode == 0, done.stderr[-3000:]
@@ -69,6 +73,8 @@ def test_server_left_at_newer_weights_by_a_killed_trainer_is_resynced(tmp_path: 
         wrong = [c for c in calls if c["served_version"] != str(c["policy_version"])]
         assert not wrong, f"calls recorded under another version than answered them: {wrong}"
         assert all(c["served_version"] != "99" for c in calls)
+        # the restore pushed the snapshot's weights before any episode asked the server
+        assert "99" not in server.stats()["weight_versions"]
 
 
 async def _ask(model, request, version=None):  # type: ignore[no-untyped-def]
