@@ -1516,7 +1516,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "weights-restore-hook-not-called",
         "weights",
         "nurseries/_trainer.py",
-        "await on_restore(restored.policy_version, files if files.is_dir() else None)",
+        "await on_restore(restored.policy_version, files if is_dir else None)",
         "pass",
         ("tests/test_model_weight_sync.py",),
         keyword="resynced",
@@ -1543,6 +1543,7 @@ MUTANTS: tuple[Mutant, ...] = (
         sim_seeds=0,
     ),
 )
+
 
 def _copy_tree(dest: Path) -> Path:
     """Copy the tracked and untracked-but-not-ignored files to ``dest/gymckpt``."""

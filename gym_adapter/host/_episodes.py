@@ -30,12 +30,12 @@ from .._contract import Completed, Failed, RunReply
 from ._episode import (
     CALL_DIGEST_HEX,
     KEY_SEPARATOR,
+    POLICY_VERSION,
     Done,
     EpisodeFenced,
     EpisodeInfo,
     Model,
     ModelCall,
-    POLICY_VERSION,
     call_id,
     parse_call_id,
     split_capture_key,
