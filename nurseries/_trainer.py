@@ -19,7 +19,15 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -376,6 +384,7 @@ async def open_rollouts(
     on_dispatch: Callable[[str, Sequence[RunRow]], None] | None = None,
     handle_signals: bool = True,
     preempt_timeout_s: float = 60.0,
+    on_restore: Callable[[int, Path | None], Awaitable[None]] | None = None,
 ) -> AsyncIterator[Rollouts]:
     """Open the rollout runtime on ``gym`` with snapshots under ``workdir/snapshots``.
 
@@ -386,6 +395,7 @@ async def open_rollouts(
     passes, each in its own seeded shuffle; a restore resumes at the order's cursor and refuses
     another order (``DatasetMismatch``, exit 2). ``restore``: restore the latest complete
     snapshot first. ``on_dispatch(instance, rows)``: called after each admission.
+    ``on_restore``: the trainer's hook run after a restore, before any row (``_after_restore``).
 
     On entry: one trainer per ``workdir`` (``WorkDirLocked``); this start's trainer term fences
     what an older term left on the instances (another run's refuse: ``GymInUse``); with
@@ -417,6 +427,7 @@ async def open_rollouts(
                 )
             if restored is None:  # a fresh start: nothing attached yet
                 await attach_trainer(gym, trainer, config)
+            await _after_restore(restored, on_restore)
             parts = _Parts(gym, store, config, restored, tasks, order, group_size, extra_metrics)
             rollouts, replacer = parts.assemble(
                 max_rows_in_flight=max_rows_in_flight,
@@ -433,6 +444,22 @@ async def open_rollouts(
                 await release_trainer(gym, trainer, config)
     finally:
         lock.release()
+
+
+async def _after_restore(
+    restored: RestoredRun | None,
+    on_restore: Callable[[int, Path | None], Awaitable[None]] | None,
+) -> None:
+    """After a restore (nothing on a fresh start), before any row is dispatched (so before any
+    episode calls the model): ``await on_restore(policy_version, files)`` with the snapshot's
+    policy version and its trainer files directory (None without files), where the trainer
+    brings a model server that outlived it back to the snapshot's weights (a weight push to
+    vLLM or SGLang). An error out of the hook ends the open."""
+    if restored is None or on_restore is None:
+        return
+    files = restored.pinned.path / TRAINER_FILES_DIR
+    is_dir = await offload(files.is_dir)
+    await on_restore(restored.policy_version, files if is_dir else None)
 
 
 def _signal_inbox(stack: contextlib.ExitStack) -> _SignalInbox | None:

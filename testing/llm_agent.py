@@ -2,7 +2,7 @@
 that runs it, for the crash tests (and as a fuller version of the README's LLM example):
 
     python -m gymckpt.testing.llm_agent --workdir W --base-url URL [--api-key K] [--rows N]
-                                        [--changed-request] [--parallel]
+                                        [--changed-request] [--parallel] [--weight-sync]
 
 Each row of the dataset is a question (``{"q": ..., "a": ..., "b": ...}``); the agent asks the
 model with an ``add`` tool, runs every tool call the model makes against the ``calculator``
@@ -21,6 +21,11 @@ a system message to every request: a restored episode's staged calls then no lon
 their requests and fail closed. ``--parallel`` makes each turn ask three calls at once in a trio
 nursery (parallel tool calls, as agents make them): the turn's request twice (identical
 requests) and a ``judge`` request; the first answer drives the conversation.
+``--weight-sync`` runs the model server as an engine holding the policy's weights: the trainer
+pushes each new policy version to it (``POST /update_weights``), brings it back to the
+snapshot's version on restore (``open_rollouts(on_restore=...)``), and the client checks the
+version each response reports (``check_weight_version``); each payload call records the
+version the server reported (``served_version``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import hashlib
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -135,7 +141,7 @@ class ToolAgent:
         if message.get("tool_calls") and ctx.turn + 1 < MAX_TURNS:
             return None
         seen: dict[str, list[str]] = {}
-        for request_digest, got in state["seen"]:
+        for request_digest, *got in state["seen"]:
             seen.setdefault(request_digest, []).append(got)
         calls = [
             {
@@ -143,9 +149,11 @@ class ToolAgent:
                 "request_digest": c.request_digest,
                 "policy_version": c.policy_version,
                 "replayed": c.replayed,
-                "response_digest": seen[c.request_digest].pop(0),
+                "response_digest": got[0],
+                "served_version": got[1] if len(got) > 1 else None,
             }
             for c in ctx.calls
+            for got in [seen[c.request_digest].pop(0)]
         ]
         return Done(reward=1.0, payload={"rollout_id": ctx.info.rollout_id, "calls": calls})
 
@@ -160,7 +168,9 @@ class ToolAgent:
         """Ask ``request``; record (its digest, the response's) in ``seen``, which the payload
         pairs with ``ctx.calls`` by request (calls made at once complete in any order)."""
         reply = await ctx.model(request)
-        state["seen"].append([response_digest(request), response_digest(reply)])
+        metadata = reply.get("metadata") or {}
+        served = metadata.get("weight_version")
+        state["seen"].append([response_digest(request), response_digest(reply), served])
         if into is not None:
             into[i] = reply
         return reply
@@ -173,13 +183,38 @@ def tool_environment(
     *,
     changed_request: bool = False,
     parallel: bool = False,
+    weight_sync: bool = False,
 ) -> Environment:
-    """The agent and its calculator, calling ``model`` at ``base_url``."""
-    return Environment(
-        agent=ToolAgent(changed_request, parallel),
-        participants=(Calculator(),),
-        model=openai_model(base_url=base_url, model=model, api_key=api_key, timeout_s=30.0),
+    """The agent and its calculator, calling ``model`` at ``base_url`` (checking the weight
+    version of each response with ``weight_sync``)."""
+    client = openai_model(
+        base_url=base_url,
+        model=model,
+        api_key=api_key,
+        timeout_s=30.0,
+        backoff_s=0.05,
+        max_backoff_s=0.5,
+        max_retries=8,
+        check_weight_version=weight_sync,
     )
+    return Environment(
+        agent=ToolAgent(changed_request, parallel), participants=(Calculator(),), model=client
+    )
+
+
+def push_weights(base_url: str, api_key: str | None, version: int) -> None:
+    """Load policy version ``version`` into the test server (``POST /update_weights``), as a
+    trainer pushes its weights to vLLM or SGLang."""
+    req = urllib.request.Request(
+        base_url.removesuffix("/v1") + "/update_weights",
+        method="POST",
+        data=orjson.dumps({"version": version}),
+        headers={"Content-Type": "application/json"},
+    )
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
 
 
 def _journal(path: Path, record: dict[str, Any]) -> None:
@@ -199,8 +234,18 @@ async def _train(opts: argparse.Namespace) -> None:
         opts.api_key,
         changed_request=opts.changed_request,
         parallel=opts.parallel,
+        weight_sync=opts.weight_sync,
     )
+
+    async def push(version: int) -> None:
+        if opts.weight_sync:
+            await trio.to_thread.run_sync(push_weights, opts.base_url, opts.api_key, version)
+
+    async def on_restore(version: int, _files: Path | None) -> None:
+        await push(version)  # the server back at the snapshot's weights
+
     config = gymckpt.RuntimeConfig(checkpoint_mode="unaligned")
+    await push(0)  # a fresh start's weights (a restore pushes the snapshot's: on_restore)
     async with EmbeddedGym.host(env, instances=2, seed=0, work_dir=workdir / "gym-live") as gym:
         async with gymckpt.open_rollouts(
             gym,
@@ -209,11 +254,13 @@ async def _train(opts: argparse.Namespace) -> None:
             group_size=2,
             config=config,
             max_rows_in_flight=4,
+            on_restore=on_restore,
         ) as rollouts:
             async for batch in rollouts.batches(groups_per_step=2):
                 payloads = [r.payload for g in batch for r in g.results]
                 _journal(workdir / "journal.jsonl", {"step": rollouts.step, "payloads": payloads})
                 rollouts.set_policy_version(rollouts.step + 1)
+                await push(rollouts.step + 1)
                 outcome = await rollouts.checkpoint()
                 print("checkpoint", outcome.checkpoint_id, outcome.ok, outcome.mid_turn, flush=True)
 
@@ -232,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--changed-request", action="store_true")
     parser.add_argument("--parallel", action="store_true")
+    parser.add_argument("--weight-sync", action="store_true")
     opts = parser.parse_args(argv)
     gymckpt.run(lambda: _train(opts))
 

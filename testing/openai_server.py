@@ -17,7 +17,8 @@ model, the messages and the seed. Each response has ``usage``, ``logprobs`` when
 (``top_logprobs`` too), and with ``return_token_ids: true`` vLLM's ``prompt_token_ids`` and
 per-choice ``token_ids``. ``GET /v1/models`` lists the model. ``GET /stats`` (authenticated):
 ``requests``, ``max_concurrent``, ``in_flight``, ``by_capture_key`` (from
-``X-Gymckpt-Capture-Key``), ``statuses``; ``POST /stats/reset`` zeroes them.
+``X-Gymckpt-Capture-Key``), ``statuses``, ``weight_versions`` (completions answered per
+reported weight version); ``POST /stats/reset`` zeroes them.
 
 Faults, per server flag or per request header: ``--latency-s`` / ``X-Test-Latency-S``;
 ``--fail-first N`` / ``X-Test-Fail-First: N`` (the first N requests of each capture key answer
@@ -31,6 +32,14 @@ for the next S seconds, as a server restarting for a weight update does; and
 answers every error in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``),
 or in FastAPI's (``{"detail": "…"}``) to a request with ``X-Test-Error-Shape: fastapi``.
 The process exits when its parent dies, so a killed test leaves no server behind.
+
+Weights, as an engine holds them: ``--weight-version V`` (or ``POST /update_weights`` with
+``{"version": V}``, authenticated; ``OpenAITestServer.update_weights(V)``) makes every
+completion report ``metadata.weight_version`` (SGLang's field) as ``str(V)``; without either,
+responses carry no ``metadata`` (byte for byte as before). ``--reject-field NAME`` answers a
+request carrying field NAME with 422 in FastAPI's validation shape (``{"detail": [{"loc":
+["body", NAME], "msg": ...}]}``), as ``transformers serve`` answers vLLM's
+``return_token_ids``.
 """
 
 from __future__ import annotations
@@ -265,8 +274,12 @@ class _Stats:
     max_concurrent: int = 0
     by_key: dict[str, int] = attrs.field(factory=dict)
     statuses: dict[str, int] = attrs.field(factory=dict)
+    weight_versions: dict[str, int] = attrs.field(factory=dict)
+    """Completions answered per reported weight version."""
     down_until: float = 0.0
     """``time.monotonic()`` until which completions answer 503 (``POST /test/outage``)."""
+    weight_version: str | None = None
+    """The weight version the server reports (``POST /update_weights``); None: none."""
 
     def view(self) -> dict[str, Any]:
         with self.lock:
@@ -276,6 +289,7 @@ class _Stats:
                 "max_concurrent": self.max_concurrent,
                 "by_capture_key": dict(self.by_key),
                 "statuses": dict(self.statuses),
+                "weight_versions": dict(self.weight_versions),
             }
 
     def reset(self) -> None:
@@ -283,6 +297,7 @@ class _Stats:
             self.requests = self.max_concurrent = 0
             self.by_key.clear()
             self.statuses.clear()
+            self.weight_versions.clear()
 
 
 class _Server(ThreadingHTTPServer):
@@ -307,6 +322,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, value: Any, close: bool = False) -> None:
         if status >= 400 and self.headers.get("X-Test-Error-Shape") == "fastapi":
             value = {"detail": value["error"]["message"]}  # FastAPI's HTTPException body
+        self._send_json(status, value, close)
+
+    def _send_json(self, status: int, value: Any, close: bool = False) -> None:
         data = json.dumps(value).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -347,6 +365,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/stats/reset":
             self.server.stats.reset()
             self._send(200, {"ok": True})
+            return
+        if self.path == "/update_weights":
+            try:
+                length = int(self.headers.get("Content-Length", "0") or 0)
+                version = json.loads(self.rfile.read(length))["version"]
+            except (ValueError, KeyError, TypeError) as exc:
+                self._send(400, _error(400, f'/update_weights takes {{"version": V}}: {exc}'))
+                return
+            with self.server.stats.lock:
+                self.server.stats.weight_version = str(version)
+            self._send(200, {"ok": True, "weight_version": str(version)})
             return
         if self.path == "/test/outage":
             try:
@@ -423,10 +452,22 @@ class _Handler(BaseHTTPRequestHandler):
         if request.get("stream"):
             self._send(400, _error(400, "streaming is not supported by this test server"))
             return 400
+        for name in opts.reject_field:
+            if name in request:
+                item = {"type": "extra_forbidden", "loc": ["body", name]}
+                item |= {"msg": "Extra inputs are not permitted", "input": request[name]}
+                self._send_json(422, {"detail": [item]})
+                return 422
         try:
             response = chat_completion(request, opts.model)
             if responses:
                 response = _as_response(response)
+            version = self.server.stats.weight_version
+            if version is not None:
+                response["metadata"] = {"weight_version": version}
+                with self.server.stats.lock:
+                    counts = self.server.stats.weight_versions
+                    counts[version] = counts.get(version, 0) + 1
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self._send(400, _error(400, f"bad request: {exc}"))
             return 400
@@ -463,9 +504,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument("--max-hang-s", type=float, default=60.0)
     p.add_argument("--exit-with-parent", action="store_true")
+    p.add_argument("--weight-version", default=None, help="report this weight version")
+    p.add_argument("--reject-field", action="append", default=[], help="422 a request with it")
     opts = p.parse_args(argv)
     server = _Server((opts.host, opts.port), _Handler)
-    server.options, server.stats = opts, _Stats()
+    server.options, server.stats = opts, _Stats(weight_version=opts.weight_version)
     if opts.exit_with_parent:
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     if opts.port_file is not None:
@@ -564,6 +607,10 @@ class OpenAITestServer:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
+
+    def update_weights(self, version: int | str) -> None:
+        """``POST /update_weights``: report weight version ``version`` from now on."""
+        self._request("POST", "/update_weights", {"version": version})
 
     def stats(self) -> dict[str, Any]:
         """``GET /stats``: requests, max_concurrent, in_flight, by_capture_key, statuses."""

@@ -66,6 +66,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the long soaks (marked slow); CI runs their short versions",
     )
+    parser.addoption(
+        "--real-engine",
+        action="store_true",
+        help="also run the tests against a real engine (marked real_engine: transformers serve)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -73,6 +78,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("slow") is not None:
                 item.add_marker(pytest.mark.skip(reason="a long soak: run with --slow"))
+    if not config.getoption("--real-engine"):
+        for item in items:
+            if item.get_closest_marker("real_engine") is not None:
+                reason = "a real engine (transformers serve): run with --real-engine"
+                item.add_marker(pytest.mark.skip(reason=reason))
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("open_gym") is None:

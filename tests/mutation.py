@@ -1598,6 +1598,46 @@ MUTANTS: tuple[Mutant, ...] = (
         "rng = sampling_rng(options.seed, info.rollout_id, call.turn, call.occurrence)",
         ("tests/test_train_crash.py",),
     ),
+    # -- issue 33, weights: the model server's weights across a trainer crash; require= ------
+    Mutant(
+        "weights-version-check-skipped",
+        "weights",
+        "gym_adapter/environments/openai_model.py",
+        "if expected is None or served == str(expected):",
+        "if True:",
+        ("tests/test_model_weight_sync.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "weights-restore-hook-not-called",
+        "weights",
+        "nurseries/_trainer.py",
+        "await on_restore(restored.policy_version, files if is_dir else None)",
+        "pass",
+        ("tests/test_model_weight_sync.py",),
+        keyword="resynced",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "weights-require-ignored",
+        "weights",
+        "gym_adapter/environments/openai_model.py",
+        "            if not _has_field(response, name):",
+        "            if False:",
+        ("tests/test_model_weight_sync.py",),
+        keyword="require",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "weights-422-a-data-failure",
+        "weights",
+        "gym_adapter/environments/openai_model.py",
+        "                if status == 422:",
+        "                if False:",
+        ("tests/test_model_weight_sync.py",),
+        keyword="422",
+        sim_seeds=0,
+    ),
 )
 
 

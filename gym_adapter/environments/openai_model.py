@@ -26,6 +26,23 @@ Rules (the invariants the host relies on):
   flight per event loop; a call waiting for a slot waits for calls that are each bounded.
 - **Identified.** Every request carries the capture key in ``X-Gymckpt-Capture-Key``, so a
   server can log which call it answers.
+- **Required fields.** ``require=("logprobs", "token_ids")`` makes a 2xx response without
+  them raise ``ModelResponseIncomplete`` (data), naming the server, the model and the field:
+  ``"logprobs"`` wants each choice's ``logprobs`` not null (``transformers serve`` ignores the
+  request's ``logprobs``), ``"token_ids"`` each choice's ``token_ids`` and the response's
+  ``prompt_token_ids`` (vLLM's, with ``return_token_ids: true``), any other name a top-level
+  key. A 422 (the server does not know a field, as FastAPI-based servers answer vLLM's
+  ``return_token_ids``) raises ``ModelServerIncompatible`` (a ``ModelRequestRejected``) whose
+  message says which field and what to do.
+- **Weight version.** With ``check_weight_version=True`` each response must report the
+  serving engine's weight version (SGLang's ``metadata.weight_version``, or a top-level
+  ``weight_version``) equal to the trainer's policy version the call was asked under (the
+  host's, ``policy_version_in_force()``). A response answered by another version is never
+  returned (so never captured): the call is asked again with backoff, at most ``max_retries``
+  times within ``timeout_s`` (``statistics().version_mismatches`` counts them, each logged),
+  while the trainer brings the server back in sync (the ``on_restore`` hook of
+  ``open_rollouts``); then it raises ``ModelVersionMismatch``, a ``ModelUnavailable`` (infra:
+  the row is retried). A response reporting no version raises ``ModelResponseIncomplete``.
 
 ``api="responses"`` POSTs to ``{base_url}/responses`` (the Responses API) instead, by the
 same rules; the request is then a JSON object of Responses parameters (``input``, ...).
@@ -55,13 +72,16 @@ import orjson
 import sniffio
 import trio
 
-from gymckpt.gym_adapter import EpisodeInfo, ModelUnavailable
+from gymckpt.gym_adapter import EpisodeInfo, ModelUnavailable, policy_version_in_force
 from gymckpt.runtime.lowlevel import checked_json
 
 __all__ = [
     "CAPTURE_KEY_HEADER",
     "ModelRequestRejected",
+    "ModelResponseIncomplete",
     "ModelResponseInvalid",
+    "ModelServerIncompatible",
+    "ModelVersionMismatch",
     "OpenAIModel",
     "OpenAIModelStatistics",
     "openai_model",
@@ -95,11 +115,28 @@ class ModelResponseInvalid(ValueError):
     ``max_response_bytes``). The episode fails as data."""
 
 
+class ModelResponseIncomplete(ModelResponseInvalid):
+    """A 2xx response lacks a field the participant was told to require (``require=``, or the
+    weight version with ``check_weight_version``). The episode fails as data."""
+
+
+class ModelServerIncompatible(ModelRequestRejected):
+    """The server answered 422: it does not accept the request's shape (a field it does not
+    know, such as vLLM's ``return_token_ids`` on ``transformers serve``). A configuration
+    error: every request of that shape is refused, so the message says what to change."""
+
+
+class ModelVersionMismatch(ModelUnavailable):
+    """Every attempt was answered by another weight version than the policy version in force
+    (the server was not brought back in sync); infra, so the row is retried."""
+
+
 @attrs.frozen
 class OpenAIModelStatistics:
     """Counts since the participant was made: ``calls`` asked, ``attempts`` sent (a retry is
     an attempt), ``retries``, ``unavailable`` (raised ``ModelUnavailable``), ``rejected``
-    (``ModelRequestRejected`` or ``ModelResponseInvalid``), ``in_flight`` now."""
+    (``ModelRequestRejected`` or ``ModelResponseInvalid``), ``in_flight`` now,
+    ``version_mismatches`` (responses refused for their weight version)."""
 
     calls: int
     attempts: int
@@ -107,6 +144,7 @@ class OpenAIModelStatistics:
     unavailable: int
     rejected: int
     in_flight: int
+    version_mismatches: int = 0
 
 
 @attrs.define(eq=False, slots=True)
@@ -145,6 +183,8 @@ class OpenAIModel:
     max_response_bytes: int = attrs.field(default=64 << 20, validator=_positive)
     api: str = attrs.field(default="chat", validator=attrs.validators.in_(("chat", "responses")))
     headers: dict[str, str] = attrs.field(factory=dict, converter=dict)
+    require: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    check_weight_version: bool = False
     _trio_clients: trio.lowlevel.RunVar[_LoopClient | None] = attrs.field(init=False)
     _asyncio_clients: weakref.WeakKeyDictionary[Any, _LoopClient] = attrs.field(
         init=False, factory=weakref.WeakKeyDictionary
@@ -155,11 +195,15 @@ class OpenAIModel:
     def __attrs_post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"openai_model: base_url must be http(s)://…, got {self.base_url!r}")
+        for name in self.require:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"openai_model: require names fields, got {name!r}")
         self._trio_clients = trio.lowlevel.RunVar(f"gymckpt_openai_{id(self)}", default=None)
 
     def statistics(self) -> OpenAIModelStatistics:
         c = self._counts
         names = ("calls", "attempts", "retries", "unavailable", "rejected", "in_flight")
+        names += ("version_mismatches",)
         return OpenAIModelStatistics(*(c.get(n, 0) for n in names))
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -209,13 +253,62 @@ class OpenAIModel:
     async def _bounded(self, client: httpx.AsyncClient, key: str, body: bytes) -> dict[str, Any]:
         last: list[str] = ["no attempt finished"]
         with anyio.move_on_after(self.timeout_s) as scope:
-            return await self._attempts(client, key, body, last)
+            if not self.check_weight_version:
+                return self._required(key, await self._attempts(client, key, body, last))
+            return await self._in_version(client, key, body, last)
         assert scope.cancelled_caught
         self._count("unavailable")
+        if last[0].startswith("weight version"):
+            raise ModelVersionMismatch(
+                f"model {self.model!r} at {self.base_url}: call {key}: {last[0]} until "
+                f"timeout_s={self.timeout_s:g}s: bring the server to the trainer's weights "
+                "(open_rollouts(on_restore=...) after a restore)"
+            )
         raise ModelUnavailable(
             f"model {self.model!r} at {self.base_url}: call {key} got no answer within "
             f"timeout_s={self.timeout_s:g}s (last: {last[0]})"
         )
+
+    async def _in_version(
+        self, client: httpx.AsyncClient, key: str, body: bytes, last: list[str]
+    ) -> dict[str, Any]:
+        """The response answered by the policy version in force; a response of another
+        version is dropped (never returned, so never captured) and the call asked again."""
+        expected = policy_version_in_force()
+        for attempt in range(self.max_retries + 1):
+            response = self._required(key, await self._attempts(client, key, body, last))
+            served = _weight_version(response)
+            if served is None:
+                self._count("rejected")
+                raise ModelResponseIncomplete(
+                    f"model {self.model!r} at {self.base_url}: call {key}: the response reports "
+                    "no weight version (metadata.weight_version), and check_weight_version is "
+                    "on: serve with an engine that reports it, or turn the check off"
+                )
+            if expected is None or served == str(expected):
+                return response
+            self._count("version_mismatches")
+            last[0] = f"weight version {served} answered, policy version {expected} in force"
+            LOGGER.warning("model call %s: %s, asking again", key, last[0])
+            await anyio.sleep(self._backoff(attempt, None))
+        self._count("unavailable")
+        raise ModelVersionMismatch(
+            f"model {self.model!r} at {self.base_url}: call {key}: {last[0]} in "
+            f"{self.max_retries + 1} attempts: bring the server to the trainer's weights "
+            "(open_rollouts(on_restore=...) after a restore)"
+        )
+
+    def _required(self, key: str, response: dict[str, Any]) -> dict[str, Any]:
+        """``response`` if it has every ``require``d field, else ``ModelResponseIncomplete``."""
+        for name in self.require:
+            if not _has_field(response, name):
+                self._count("rejected")
+                raise ModelResponseIncomplete(
+                    f"model {self.model!r} at {self.base_url}: call {key}: the response has no "
+                    f"{name!r} (required by require={self.require!r}); this server does not "
+                    f"return it: ask for it in the request, or serve with an engine that does"
+                )
+        return response
 
     async def _attempts(
         self, client: httpx.AsyncClient, key: str, body: bytes, last: list[str]
@@ -247,6 +340,15 @@ class OpenAIModel:
             if not 200 <= status < 300:
                 self._count("rejected")
                 message = _server_message(data)
+                if status == 422:
+                    raise ModelServerIncompatible(
+                        f"model {self.model!r} at {url} refused call {key}: HTTP 422: {message}: "
+                        "the server does not accept this request's shape (a field it does not "
+                        "know, such as vLLM's 'return_token_ids'): leave that field out for "
+                        "this server, or serve with an engine that takes it",
+                        status,
+                        message,
+                    )
                 raise ModelRequestRejected(
                     f"model {self.model!r} at {url} refused call {key}: HTTP {status}: {message}",
                     status,
@@ -365,6 +467,28 @@ class OpenAIModel:
         await self.aclose()
 
 
+def _weight_version(response: dict[str, Any]) -> str | None:
+    """The weight version a response reports (SGLang's ``metadata.weight_version``, else a
+    top-level ``weight_version``) as a string; None when it reports none."""
+    metadata = response.get("metadata")
+    value = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    if value is None:
+        value = response.get("weight_version")
+    return None if value is None else str(value)
+
+
+def _has_field(response: dict[str, Any], name: str) -> bool:
+    """Whether ``response`` carries required field ``name`` (see the module docstring)."""
+    choices = response.get("choices")
+    if name in ("logprobs", "token_ids"):
+        if not isinstance(choices, list) or not choices:
+            return False
+        if not all(isinstance(c, dict) and c.get(name) is not None for c in choices):
+            return False
+        return name != "token_ids" or response.get("prompt_token_ids") is not None
+    return response.get(name) is not None
+
+
 def _server_message(data: bytes) -> str:
     """The server's error message: OpenAI's ``{"error": {"message": …}}``, FastAPI's
     ``{"detail": "…"}`` or its validation errors ``{"detail": [{"loc": […], "msg": "…"}, …]}``
@@ -412,7 +536,7 @@ def _detail_message(detail: object) -> str | None:
 openai_model: Final = OpenAIModel
 """``openai_model(base_url=..., model=..., api_key=None, timeout_s=120, max_concurrency=64,
 max_retries=4, backoff_s=0.5, max_backoff_s=8, max_response_bytes=64 MiB, headers={},
-api="chat")``: the
+api="chat", require=(), check_weight_version=False)``: the
 ``model`` of an ``Environment`` served by an OpenAI-compatible server at ``base_url``
 (``http://127.0.0.1:8000/v1`` for ``vllm serve MODEL --port 8000``). ``api_key`` is sent as a
 bearer token (default ``$OPENAI_API_KEY``; none when that is unset too, as local servers want);

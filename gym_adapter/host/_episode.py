@@ -69,6 +69,7 @@ Why it is shaped like this
 
 from __future__ import annotations
 
+import contextvars
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
@@ -99,6 +100,7 @@ __all__ = [
     "is_retained",
     "parse_call_id",
     "participant_kinds",
+    "policy_version_in_force",
     "register_participant_kind",
     "split_capture_key",
     "to_plain",
@@ -153,6 +155,20 @@ class ModelUnavailable(RuntimeError):
     out, or answered 5xx after every retry). Raised from ``ctx.model``, it fails the episode as
     **infra**: the trainer retries the row on a fresh attempt. Any other exception out of
     ``step`` fails it as data."""
+
+
+POLICY_VERSION: Final[contextvars.ContextVar[int | None]] = contextvars.ContextVar(
+    "gymckpt_policy_version", default=None
+)
+"""The trainer's policy version a model call is asked under, set by the host around the
+call of the model (``policy_version_in_force``)."""
+
+
+def policy_version_in_force() -> int | None:
+    """Inside a model's call: the trainer's policy version the host records the call under
+    (``ModelCall.policy_version``), so a model can check the weights that answer it; None
+    outside a call made by the host."""
+    return POLICY_VERSION.get()
 
 
 class PayloadTooLarge(ValueError):

@@ -30,6 +30,7 @@ from .._contract import Completed, Failed, RunReply
 from ._episode import (
     CALL_DIGEST_HEX,
     KEY_SEPARATOR,
+    POLICY_VERSION,
     Done,
     EpisodeFenced,
     EpisodeInfo,
@@ -374,10 +375,14 @@ class StepContext:
             return _copy(staged.response)
         key = capture_key(ep.info, ep.turn, digest, calls.occurrence(digest))
         version = host.policy_version
-        response = model(key, request, ep.info)
-        if inspect.isawaitable(response):
-            response = await response
-            self._check_owner()  # still the owner after the wait
+        token = POLICY_VERSION.set(version)  # the version the model may check its answer by
+        try:
+            response = model(key, request, ep.info)
+            if inspect.isawaitable(response):
+                response = await response
+        finally:
+            POLICY_VERSION.reset(token)
+        self._check_owner()  # still the owner after the wait
         response = to_plain(response)
         if type(response) in _SCALARS:  # an int or a str needs no look, nor a copy
             ep.staged.append(StagedModelCall(key, response, digest, version))

@@ -1,0 +1,135 @@
+"""The model server across a trainer crash: a server left at a newer weight version by a
+SIGKILLed trainer is brought back to the snapshot's version by the trainer's
+``open_rollouts(on_restore=...)`` hook before any episode calls it, and no captured call is
+recorded under another version than the one that answered it (``check_weight_version``).
+Also the client's ``require=`` and its 422 configuration error, against the test server."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import trio
+
+from gymckpt.gym_adapter.environments.openai_model import (
+    ModelResponseIncomplete,
+    ModelServerIncompatible,
+    ModelVersionMismatch,
+    openai_model,
+)
+from gymckpt.gym_adapter.host._episode import POLICY_VERSION
+from gymckpt.testing.openai_server import open_openai_test_server
+
+KEY = "sk-test"
+
+
+def _trainer(workdir: Path, base_url: str) -> list[str]:
+    args = [sys.executable, "-m", "gymckpt.testing.llm_agent", "--workdir", str(workdir)]
+    return [*args, "--base-url", base_url, "--api-key", KEY, "--rows", "8", "--weight-sync"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_server_left_at_newer_weights_by_a_killed_trainer_is_resynced(tmp_path: Path) -> None:
+    with open_openai_test_server(api_key=KEY, latency_s=0.05) as server:
+        work = tmp_path / "work"
+        proc = subprocess.Popen(
+            _trainer(work, server.base_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # the first checkpoint, at policy version v = 1
+            assert line.startswith("checkpoint") and line.split()[2] == "True", line
+            # the trainer had pushed newer weights to the server when it died
+            server.update_weights(99)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(60)
+            assert proc.stdout is not None
+            proc.stdout.close()
+        while server.stats()["in_flight"]:  # the killed trainer's calls end (test timeout)
+            time.sleep(0.01)
+        server.reset_stats()
+        done = subprocess.run(
+            _trainer(work, server.base_url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        journal = [orjson.loads(x) for x in (work / "journal.jsonl").read_bytes().splitlines()]
+        calls = [c for step in journal for p in step["payloads"] for c in p["calls"]]
+        assert calls
+        wrong = [c for c in calls if c["served_version"] != str(c["policy_version"])]
+        assert not wrong, f"calls recorded under another version than answered them: {wrong}"
+        assert all(c["served_version"] != "99" for c in calls)
+        # the restore pushed the snapshot's weights before any episode asked the server
+        assert "99" not in server.stats()["weight_versions"]
+
+
+async def _ask(model, request, version=None):  # type: ignore[no-untyped-def]
+    token = POLICY_VERSION.set(version)
+    try:
+        return await model("0-0:t0-0000000000000000-c0", request, None)
+    finally:
+        POLICY_VERSION.reset(token)
+
+
+HELLO = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_a_response_of_another_weight_version_is_never_returned() -> None:
+    async with open_openai_test_server(extra_args=("--weight-version", "3")) as server:
+        model = openai_model(
+            base_url=server.base_url,
+            model=server.model,
+            check_weight_version=True,
+            backoff_s=0.01,
+            max_backoff_s=0.02,
+            max_retries=2,
+        )
+        got = await _ask(model, HELLO, 3)
+        assert got["metadata"] == {"weight_version": "3"}
+        with pytest.raises(ModelVersionMismatch, match="weight version 3 answered, policy"):
+            await _ask(model, HELLO, 4)
+        assert model.statistics().version_mismatches == 3
+        await trio.to_thread.run_sync(server.update_weights, 4)
+        assert (await _ask(model, HELLO, 4))["metadata"] == {"weight_version": "4"}
+        await model.aclose()
+
+
+async def test_require_names_the_server_and_the_missing_field() -> None:
+    async with open_openai_test_server() as server:
+        model = openai_model(
+            base_url=server.base_url, model=server.model, require=("logprobs", "token_ids")
+        )
+        with pytest.raises(ModelResponseIncomplete, match=r"at http://127.*'logprobs'"):
+            await _ask(model, HELLO)
+        with pytest.raises(ModelResponseIncomplete, match="'token_ids'"):
+            await _ask(model, {**HELLO, "logprobs": True})
+        got = await _ask(model, {**HELLO, "logprobs": True, "return_token_ids": True})
+        assert got["choices"][0]["token_ids"] and got["prompt_token_ids"]
+        await model.aclose()
+
+
+async def test_a_422_for_an_unknown_field_is_a_configuration_error() -> None:
+    args = ("--reject-field", "return_token_ids")
+    async with open_openai_test_server(extra_args=args) as server:
+        model = openai_model(base_url=server.base_url, model=server.model)
+        with pytest.raises(ModelServerIncompatible) as caught:
+            await _ask(model, {**HELLO, "return_token_ids": True})
+        text = str(caught.value)
+        assert "HTTP 422: body.return_token_ids: Extra inputs are not permitted" in text
+        assert "leave that field out" in text
+        assert caught.value.status == 422
+        await model.aclose()
