@@ -1,12 +1,14 @@
-"""gymckpt Gym adapter: the Gym contract, the Gym host for environments (the calendar
-workplace among them), the embedded deployment, the Ray deployment and the HTTP deployment
-(``HttpGym``: ``gymckpt serve`` processes, given or spawned).
+"""gymckpt's Gym side, in three rooms: the host (``host/``: one instance's state and its
+episodes, and the episode API environments are written against), the transports
+(``transports/``: embedded, Ray and HTTP, under the one contract in ``_contract``) and the
+environments (``environments/``: calendar, Gymnasium, TextArena, OpenSpiel, the model client).
+This module is the front door: the contract's records, the episode API and the three backends.
 
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
-The calendar workplace's names are its module's (``gymckpt.gym_adapter.environments.calendar``), as
-the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``). What a backend
+The calendar workplace's names are its module's
+(``gymckpt.gym_adapter.environments.calendar``), as the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``). What a backend
 author needs beyond these names (the remote transport's base class, ``RemoteGym``, and what it
 stands on; serving an instance over HTTP) is in ``gymckpt.gym_adapter.lowlevel``.
 
