@@ -7,10 +7,10 @@ This module is the front door: the contract's records, the episode API and the t
 ``GymControlError`` and ``GymInstanceDead`` live in ``gymckpt.runtime`` with the rest of the
 ``GymUnavailable`` family; they are re-exported here, where backends raise them.
 
-The calendar workplace's names are its module's
-(``gymckpt.gym_adapter.environments.calendar``), as the Gymnasium adapter's are (``gymckpt.gym_adapter.environments.gymnasium``). What a backend
-author needs beyond these names (the remote transport's base class, ``RemoteGym``, and what it
-stands on; serving an instance over HTTP) is in ``gymckpt.gym_adapter.lowlevel``.
+The environments' names are their modules' (``gymckpt.gym_adapter.environments.calendar``,
+``gymckpt.gym_adapter.environments.gymnasium`` ...). What a backend author needs beyond
+these names (the remote transport's base class, ``RemoteGym``, and what it stands on; serving
+an instance over HTTP) is in ``gymckpt.gym_adapter.lowlevel``.
 
 ``RayGym`` and ``local_cluster_options`` are exported lazily (and left out of ``__all__``): Ray
 is an optional extra, so ``import gym_adapter`` does not import it; ``gym_adapter.RayGym`` (or
