@@ -74,7 +74,9 @@ class FakeTransport(RemoteGym):
 
 
 def _stats(name: str, completed: int) -> HostStatistics:
-    counts = {f.name: 0 for f in attrs.fields(HostStatistics) if f.type == "int"}
+    # ``f.type`` is the string "int", or ``int`` once something resolved the class's types
+    # (the converter does): either way a count
+    counts = {f.name: 0 for f in attrs.fields(HostStatistics) if f.type in ("int", int)}
     return HostStatistics(
         **{
             **counts,
