@@ -6,7 +6,7 @@ environment state holds every sentinel the trained positions' episodes call for 
 sentinel twice is an environment mutation repeated by a restore; one missing is a mutation
 lost). A position is a row in the default order (every row once, ascending); a run of several
 epochs trains each dataset row once per epoch, each time at a position of its own (``row_at``
-says which row; its sentinels are the position's, ``calendar_env.sentinel``), and each epoch's
+says which row; its sentinels are the position's, ``calendar.sentinel``), and each epoch's
 positions must cover its rows once each. The lineage is what the trainer kept: ``(step,
 positions)`` pairs, after any rollback to a restored step. The final snapshot gives the
 positions failed for good (its ledger) and the sentinels (its committed calendar records).
