@@ -209,7 +209,7 @@ async def warp_driver(clock: WarpClock) -> None:
 
 
 class _TimedGym:
-    """Delegates to a Gym deployment (embedded or Ray); records the wall time of each control
+    """Delegates to a Gym deployment (embedded, Ray or HTTP); records the wall time of each control
     call: ``spans`` (op, start, end) and ``calls`` (op, instance, start, end), where the
     instance is the call's first argument (every control call takes it first; none for
     ``topology``, which the coordinator asks once, at its first checkpoint, before closing
