@@ -268,7 +268,8 @@ def _as_response(chat: dict[str, Any]) -> dict[str, Any]:
 
 @attrs.define(eq=False, slots=True)
 class _Stats:
-    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    lock: threading.Condition = attrs.field(factory=threading.Condition)
+    """Guards every count; notified when ``in_flight`` drops (``wait_idle``)."""
     requests: int = 0
     in_flight: int = 0
     max_concurrent: int = 0
@@ -291,6 +292,11 @@ class _Stats:
                 "statuses": dict(self.statuses),
                 "weight_versions": dict(self.weight_versions),
             }
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no completion is in flight; False if ``timeout_s`` passed first."""
+        with self.lock:
+            return self.lock.wait_for(lambda: self.in_flight == 0, timeout_s)
 
     def reset(self) -> None:
         with self.lock:
@@ -356,6 +362,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [model]})
         elif self.path == "/stats":
             self._send(200, self.server.stats.view())
+        elif self.path.startswith("/stats/idle?timeout="):  # a long poll: no sleeping client
+            try:
+                timeout_s = min(float(self.path.partition("=")[2]), 60.0)
+            except ValueError as exc:
+                self._send(400, _error(400, f"/stats/idle?timeout=SECONDS: {exc}"))
+                return
+            self._send(200, {"idle": self.server.stats.wait_idle(timeout_s)})
         else:
             self._send(404, _error(404, f"no route GET {self.path}"))
 
@@ -404,6 +417,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with stats.lock:
                 stats.in_flight -= 1
+                stats.lock.notify_all()
                 stats.statuses[str(status)] = stats.statuses.get(str(status), 0) + 1
 
     def _complete(self, asked: int) -> int:
@@ -599,13 +613,13 @@ class OpenAITestServer:
         """Answer every completion 503 for the next ``seconds`` (the process keeps running)."""
         self._request("POST", "/test/outage", {"seconds": seconds})
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
+    def _request(self, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
         url = self.base_url.removesuffix("/v1") + path
         data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
         req = urllib.request.Request(url, method=method, data=data)
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
     def update_weights(self, version: int | str) -> None:
@@ -615,6 +629,13 @@ class OpenAITestServer:
     def stats(self) -> dict[str, Any]:
         """``GET /stats``: requests, max_concurrent, in_flight, by_capture_key, statuses."""
         return dict(self._request("GET", "/stats"))
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Return once the server has no completion in flight (``GET /stats/idle``, a long
+        poll); ``TimeoutError`` if one is still in flight after ``timeout_s``."""
+        answer = self._request("GET", f"/stats/idle?timeout={timeout_s}", timeout=timeout_s + 10)
+        if not answer["idle"]:
+            raise TimeoutError(f"the test server still had calls in flight after {timeout_s} s")
 
     def reset_stats(self) -> None:
         self._request("POST", "/stats/reset")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -146,10 +147,9 @@ def test_a_baseline_past_its_timeout_is_killed_with_its_children(tmp_path: Path)
 def test_ctrl_c_kills_the_running_program_and_its_children(
     tmp_path: Path, signum: signal.Signals
 ) -> None:
-    pidfile = tmp_path / "child.pid"
-    script = (
-        f"sleep 60 & echo $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; echo {{workdir}}; wait"
-    )
+    fifo = tmp_path / "child.pid"
+    os.mkfifo(fifo)  # the program's child is running once its pid comes through: an event
+    script = f"sleep 60 & echo $! > {fifo}; echo {{workdir}}; wait"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gymckpt", "chaos", "--", "sh", "-c", script],
         stdin=subprocess.DEVNULL,
@@ -158,16 +158,24 @@ def test_ctrl_c_kills_the_running_program_and_its_children(
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
-        deadline = time.monotonic() + 30
-        while not pidfile.exists():  # the program's child is running
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
+        child = _read_pid(fifo, timeout_s=30)
         proc.send_signal(signum)
         assert proc.wait(timeout=30) == 130
     finally:
         proc.kill()
         proc.wait()
-    assert not _alive(int(pidfile.read_text()))
+    assert not _alive(child)
+
+
+def _read_pid(fifo: Path, timeout_s: float) -> int:
+    """The pid a program writes into ``fifo``: waits for it (no polling), at most ``timeout_s``."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout_s)
+        assert readable, f"no pid came through {fifo} in {timeout_s} s"
+        return int(os.read(fd, 64).decode().strip())
+    finally:
+        os.close(fd)
 
 
 def test_a_kill_picks_the_program_with_its_group_or_one_descendant(tmp_path: Path) -> None:

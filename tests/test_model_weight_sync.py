@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -56,8 +55,7 @@ def test_server_left_at_newer_weights_by_a_killed_trainer_is_resynced(tmp_path: 
             proc.wait(60)
             assert proc.stdout is not None
             proc.stdout.close()
-        while server.stats()["in_flight"]:  # the killed trainer's calls end (test timeout)
-            time.sleep(0.01)
+        server.wait_idle(30.0)  # the killed trainer's calls end (a long poll, not a sleep)
         server.reset_stats()
         done = subprocess.run(
             _trainer(work, server.base_url),
