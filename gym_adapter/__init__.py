@@ -51,6 +51,7 @@ from .host._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
 from .host._episode import (
     ROLES,
     AgentParticipant,
+    AgentWrapper,
     CallId,
     Done,
     EnvironmentSpecError,
@@ -110,6 +111,7 @@ __all__ = [
     "ROLES",
     "AgentParticipant",
     "AgentSession",
+    "AgentWrapper",
     "AttachReply",
     "CallId",
     "CommitReply",

@@ -52,7 +52,7 @@ from typing import Any, Final
 import anyio
 import attrs
 
-from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter import AgentWrapper, Done, Environment, EpisodeContext, EpisodeInfo
 from gymckpt.gym_adapter._shared import JOURNAL_FILE
 from gymckpt.gym_adapter.environments.calendar import (
     CalendarConfig,
@@ -201,24 +201,8 @@ def draw_hostile(
 
 
 @attrs.frozen
-class _HostileAgent:
-    inner: Any
-    acts: HostileActs
-    name: str = attrs.field(
-        init=False, default=attrs.Factory(lambda s: s.inner.name, takes_self=True)
-    )
-    kind: str = attrs.field(
-        init=False, default=attrs.Factory(lambda s: s.inner.kind, takes_self=True)
-    )
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return self.inner.open(info)
-
-    def export(self, state: Any) -> Any:
-        return self.inner.export(state)
-
-    def restore(self, data: Any) -> Any:
-        return self.inner.restore(data)
+class _HostileAgent(AgentWrapper):
+    acts: HostileActs = attrs.field(kw_only=True)
 
     async def step(self, ctx: EpisodeContext, state: Any) -> Done | None:
         act = self.acts.episode_act(ctx.info, ctx.turn)
@@ -294,7 +278,7 @@ def hostile_calendar_environment(
     plans and sentinels, so the simulation's judge applies unchanged."""
     env = calendar_environment(agent_kind, config)
     return Environment(
-        agent=_HostileAgent(env.agent, acts),
+        agent=_HostileAgent(env.agent, acts=acts),
         participants=tuple(_HostileServer(p, acts) for p in env.participants),
         model=env.model,
     )

@@ -26,7 +26,14 @@ from typing import Any
 import attrs
 import trio
 
-from gymckpt.gym_adapter import Done, Environment, EpisodeContext, EpisodeInfo, ModelUnavailable
+from gymckpt.gym_adapter import (
+    AgentWrapper,
+    Done,
+    Environment,
+    EpisodeContext,
+    EpisodeInfo,
+    ModelUnavailable,
+)
 
 from .usage import RealUsage
 
@@ -77,25 +84,9 @@ class UsageCounts:
 
 
 @attrs.frozen
-class _UsageAgent:
-    inner: Any
-    usage: RealUsage
-    counts: UsageCounts
-    name: str = attrs.field(
-        init=False, default=attrs.Factory(lambda s: s.inner.name, takes_self=True)
-    )
-    kind: str = attrs.field(
-        init=False, default=attrs.Factory(lambda s: s.inner.kind, takes_self=True)
-    )
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return self.inner.open(info)
-
-    def export(self, state: Any) -> Any:
-        return self.inner.export(state)
-
-    def restore(self, data: Any) -> Any:
-        return self.inner.restore(data)
+class _UsageAgent(AgentWrapper):
+    usage: RealUsage = attrs.field(kw_only=True)
+    counts: UsageCounts = attrs.field(kw_only=True)
 
     async def step(self, ctx: EpisodeContext, state: Any) -> Done | None:
         info, turn = ctx.info, ctx.turn
@@ -152,5 +143,5 @@ def usage_environment(
         model = _OutageModel(model, start, start + usage.outage.length_s, counts)
     agent = env.agent
     if usage.calls is not None or usage.long_turns:
-        agent = _UsageAgent(agent, usage, counts)
+        agent = _UsageAgent(agent, usage=usage, counts=counts)
     return attrs.evolve(env, agent=agent, model=model)

@@ -84,6 +84,7 @@ __all__ = [
     "KEY_SEPARATOR",
     "ROLES",
     "AgentParticipant",
+    "AgentWrapper",
     "CallId",
     "Done",
     "EnvironmentSpecError",
@@ -311,6 +312,38 @@ class AgentParticipant(Participant, Protocol):
     boundaries) and returns ``Done`` to finish it, or None to go on."""
 
     async def step(self, ctx: EpisodeContext, state: Any) -> Done | None: ...
+
+
+@attrs.frozen
+class AgentWrapper:
+    """An agent that wraps another (``inner``): the same name, kind and session state (``open``,
+    ``export`` and ``restore`` are the inner agent's), and by default the same ``step``. A
+    subclass overrides ``step`` to act around the inner agent's turn (fan calls out, inject a
+    fault, log) and adds its own fields as keyword-only ones."""
+
+    inner: AgentParticipant
+    name: str = attrs.field(init=False)
+    kind: str = attrs.field(init=False)
+
+    @name.default
+    def _inner_name(self) -> str:
+        return self.inner.name
+
+    @kind.default
+    def _inner_kind(self) -> str:
+        return self.inner.kind
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return self.inner.open(info)
+
+    def export(self, state: Any) -> Any:
+        return self.inner.export(state)
+
+    def restore(self, data: Any) -> Any:
+        return self.inner.restore(data)
+
+    async def step(self, ctx: EpisodeContext, state: Any) -> Done | None:
+        return await self.inner.step(ctx, state)
 
 
 @attrs.frozen
