@@ -1598,6 +1598,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "rng = sampling_rng(options.seed, info.rollout_id, call.turn, call.occurrence)",
         ("tests/test_train_crash.py",),
     ),
+    # A runtime bug only the learner's weights expose: an episode restored from a checkpoint
+    # resumes one turn late, so its decisions sample other actions (an altered rollout). The
+    # weights after a SIGKILL differ; `gymckpt chaos` on CartPole reports DIFFERS (issue 33).
+    Mutant(
+        "train-restored-episode-resumes-a-turn-late",
+        "train-deterministic",
+        "gym_adapter/host/_host.py",
+        "            turn=old.turn,",
+        "            turn=old.turn + 1,",
+        ("tests/test_train_crash.py",),
+        keyword="sigkill",
+        sim_seeds=0,
+    ),
     # -- issue 33, weights: the model server's weights across a trainer crash; require= ------
     Mutant(
         "weights-version-check-skipped",
