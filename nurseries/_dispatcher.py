@@ -32,7 +32,10 @@ Invariants
   ``rollout/episode_failures_{data,infra}_total``. A ``Completed`` whose reward is not a finite
   number (an int is taken as a float; a bool, ``nan`` or ``inf`` is not) is a data failure of
   that attempt (Gym's replies are not trusted: a ``nan`` in the ledger would make a snapshot
-  that cannot be read back).
+  that cannot be read back). A config failure (an ``EpisodeConfigError`` in the episode: the
+  configuration is wrong for every row) stops the run at once (``EpisodeConfigFailed``, exit
+  code 2): its row is neither failed nor re-sent (it stays in flight in the ledger, so a rerun
+  resumes it from the last snapshot), and no further row is dispatched into the same failure.
 * Restored attempts go to their original replica with ``restored_from`` set, once (S11).
 * A dead instance (``GymInstanceDead`` from a submission or a stream) is reported to the
   ``InstanceReplacer``; nothing is sent or retired there until its replacement serves. A
@@ -72,6 +75,7 @@ from gymckpt.runtime import (
     DeadlineExpired,
     DeadlineRegistry,
     DispatchGate,
+    EpisodeConfigFailed,
     GymAdmissionClosed,
     GymCallTimeout,
     GymInstanceDead,
@@ -426,8 +430,9 @@ class Dispatcher:
             elif isinstance(exc, GymUnavailable):
                 unreachable = exc
             self.metrics.inc("rollout/stream_errors_total")
-        except (BudgetExhausted, InfraOutage):
-            # prompt-group recovery (S3), or an outage past its budget: the run cannot go on.
+        except (BudgetExhausted, InfraOutage, EpisodeConfigFailed):
+            # prompt-group recovery (S3), an outage past its budget, or a configuration wrong
+            # for every row: the run cannot go on.
             # Retire what Gym still runs or holds for us, so nothing goes on mutating
             # environment state for a run that ends, then re-raise: the caller's retry (a
             # restart from the last snapshot) takes over.
@@ -466,13 +471,15 @@ class Dispatcher:
         """Apply one batch (of ``instance``) in one mutation. Re-sends are scheduled, never
         awaited here: the consumer asks for the next batch at once, so replies leave the wire
         promptly (S9). Raises ``InfraOutage`` when an infra failure comes past the outage
-        budget."""
+        budget, ``EpisodeConfigFailed`` (after applying the rest of the batch) when a reply
+        failed as config: that row is left in flight, not failed."""
         ledger = self.ledger
         refused: list[str] = []
         touched: list[str] = []
         resend: list[str] = []
         backoff: list[str] = []
         infra: list[str] = []
+        config: list[Failed] = []
         answered = False
 
         complete = ledger.complete_with
@@ -498,6 +505,9 @@ class Dispatcher:
                             f"episode {rid}: Gym replied Completed with reward "
                             f"{reply.reward!r}, not a finite number",
                         )
+                elif isinstance(reply, Failed) and reply.failure_class == "config":
+                    config.append(reply)  # wrong for every row: stops the run, fails no row
+                    continue
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)
                 if failure is None or failure[0] == "data":
@@ -521,6 +531,8 @@ class Dispatcher:
                 touched.append(READY)  # a group is ready: the trainer looks
 
         await ledger.barrier.mutate(self._rows_may_end(apply, touched), touched)
+        if config:
+            raise EpisodeConfigFailed(config[0].rollout_id, instance, config[0].message)
         if answered:  # an episode ended on its own: its infrastructure works
             self.outage.up()
             self.replacer.served(instance)
