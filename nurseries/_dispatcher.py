@@ -124,6 +124,18 @@ class DispatcherStatistics:
     """Submissions in progress: waiting at the gate, or admitted and inside ``gym.run``."""
 
 
+def _stop_on_config(
+    replies: Sequence[RunReply], instance: str, outstanding: dict[str, None]
+) -> None:
+    """``EpisodeConfigFailed`` for the first reply of ours (in ``outstanding``) that failed
+    as config: the configuration is wrong for every row, so the run stops rather than fail
+    this row and send the next one into the same failure."""
+    for reply in replies:
+        config = isinstance(reply, Failed) and reply.failure_class == "config"
+        if config and reply.rollout_id in outstanding:
+            raise EpisodeConfigFailed(reply.rollout_id, instance, reply.message)  # type: ignore[union-attr]
+
+
 def _finite_reward(reward: object) -> float | None:
     """A ``Completed`` reply's reward as the ledger takes it: a finite float (an int or a
     float subclass as a float), or None for anything else (NaN, an infinity, a bool, a
@@ -471,15 +483,15 @@ class Dispatcher:
         """Apply one batch (of ``instance``) in one mutation. Re-sends are scheduled, never
         awaited here: the consumer asks for the next batch at once, so replies leave the wire
         promptly (S9). Raises ``InfraOutage`` when an infra failure comes past the outage
-        budget, ``EpisodeConfigFailed`` (after applying the rest of the batch) when a reply
-        failed as config: that row is left in flight, not failed."""
+        budget, ``EpisodeConfigFailed`` (before applying anything) when a reply of ours
+        failed as config: nothing is failed, the rows stay in flight for a rerun."""
+        _stop_on_config(replies, instance, outstanding)
         ledger = self.ledger
         refused: list[str] = []
         touched: list[str] = []
         resend: list[str] = []
         backoff: list[str] = []
         infra: list[str] = []
-        config: list[Failed] = []
         answered = False
 
         complete = ledger.complete_with
@@ -505,9 +517,6 @@ class Dispatcher:
                             f"episode {rid}: Gym replied Completed with reward "
                             f"{reply.reward!r}, not a finite number",
                         )
-                elif isinstance(reply, Failed) and reply.failure_class == "config":
-                    config.append(reply)  # wrong for every row: stops the run, fails no row
-                    continue
                 elif isinstance(reply, Failed):
                     failure = (reply.failure_class, reply.message)
                 if failure is None or failure[0] == "data":
@@ -531,8 +540,6 @@ class Dispatcher:
                 touched.append(READY)  # a group is ready: the trainer looks
 
         await ledger.barrier.mutate(self._rows_may_end(apply, touched), touched)
-        if config:
-            raise EpisodeConfigFailed(config[0].rollout_id, instance, config[0].message)
         if answered:  # an episode ended on its own: its infrastructure works
             self.outage.up()
             self.replacer.served(instance)

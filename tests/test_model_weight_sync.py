@@ -219,7 +219,7 @@ async def test_the_engine_weight_version_is_read_before_and_after_the_call() -> 
             max_backoff_s=0.02,
             max_retries=0,
         )
-        with pytest.raises(ModelVersionMismatch, match="3 then 5 .an update during the call"):
+        with pytest.raises(ModelVersionMismatch, match=r"3 then 5 \(an update during the call\)"):
             await _ask(during, HELLO, 3)
         await trio.to_thread.run_sync(server.update_weights, 4)
         assert (await _ask(model, HELLO, 4))["metadata"] == {"weight_version": "4"}
