@@ -131,9 +131,10 @@ def _stop_on_config(
     as config: the configuration is wrong for every row, so the run stops rather than fail
     this row and send the next one into the same failure."""
     for reply in replies:
-        config = isinstance(reply, Failed) and reply.failure_class == "config"
-        if config and reply.rollout_id in outstanding:
-            raise EpisodeConfigFailed(reply.rollout_id, instance, reply.message)  # type: ignore[union-attr]
+        if not isinstance(reply, Failed) or reply.failure_class != "config":
+            continue
+        if reply.rollout_id in outstanding:
+            raise EpisodeConfigFailed(reply.rollout_id, instance, reply.message)
 
 
 def _finite_reward(reward: object) -> float | None:
