@@ -518,8 +518,8 @@ class Dispatcher:
                             f"episode {rid}: Gym replied Completed with reward "
                             f"{reply.reward!r}, not a finite number",
                         )
-                elif isinstance(reply, Failed):
-                    failure = (reply.failure_class, reply.message)
+                elif isinstance(reply, Failed):  # config stopped the run (_stop_on_config)
+                    failure = ("infra" if reply.failure_class == "infra" else "data", reply.message)
                 if failure is None or failure[0] == "data":
                     answered = answered or not isinstance(reply, Refused)
                 if failure is not None:

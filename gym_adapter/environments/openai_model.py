@@ -235,8 +235,8 @@ class OpenAIModel:
 
     def statistics(self) -> OpenAIModelStatistics:
         c = self._counts
-        names = ("calls", "attempts", "retries", "unavailable", "rejected", "in_flight")
-        names += ("version_mismatches",)
+        names: tuple[str, ...] = ("calls", "attempts", "retries", "unavailable", "rejected")
+        names += ("in_flight", "version_mismatches")
         return OpenAIModelStatistics(*(c.get(n, 0) for n in names))
 
     def _count(self, name: str, n: int = 1) -> None:
