@@ -394,10 +394,12 @@ class EpisodeConfigFailed(BadInput, RuntimeError):
         self.message = message
 
     def __str__(self) -> str:
+        where = "" if self.rollout_id in self.message else f"episode {self.rollout_id} on "
+        where += f"{self.instance}: " if where else ""
         return (
-            f"episode {self.rollout_id} on {self.instance}: {self.message}; the configuration "
-            "is wrong for every row, so the run stopped at the first such failure: fix it and "
-            "run again (it resumes from the last snapshot; no row was failed)"
+            f"{where}{self.message}; the configuration is wrong for every row, so the run "
+            "stopped at the first such failure: fix it and run again (it resumes from the "
+            "last snapshot; no row was failed)"
         )
 
 

@@ -136,3 +136,12 @@ def test_a_config_failure_crosses_both_wires_as_itself() -> None:
     assert raw["failure"]["failure_kind"] == http_wire.KIND_CONFIG == "gymckpt:config"
     assert raw["failure"]["terminal"] is True and raw["failure"]["stage"] == "agent"
     assert http_wire._reply_from_raw(raw) == reply
+
+
+def test_the_run_ending_line_names_the_episode_once() -> None:
+    """Gym's message names the episode already (the host's label); another producer's may
+    not, and then the line says where it was met."""
+    ours = EpisodeConfigFailed("3-0", "gym-1", "episode 3-0 (row 3 slot 0) on gym-1: bad")
+    assert str(ours).startswith("episode 3-0 (row 3 slot 0) on gym-1: bad; the configuration")
+    theirs = EpisodeConfigFailed("3-0", "gym-1", "no such tool")
+    assert str(theirs).startswith("episode 3-0 on gym-1: no such tool; the configuration")
