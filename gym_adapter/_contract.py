@@ -144,8 +144,13 @@ class Completed:
 
 @attrs.frozen
 class Failed:
+    """A failed episode. ``failure_class``: ``"data"`` (the episode's own problem: the
+    attempt is spent), ``"infra"`` (a model server or the instance was down: the row is
+    retried at no cost) or ``"config"`` (an ``EpisodeConfigError``: the configuration is
+    wrong for every row, and the trainer stops the run without failing the row)."""
+
     rollout_id: str
-    failure_class: Literal["infra", "data"]
+    failure_class: Literal["infra", "data", "config"]
     message: str
 
 

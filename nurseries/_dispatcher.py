@@ -32,7 +32,10 @@ Invariants
   ``rollout/episode_failures_{data,infra}_total``. A ``Completed`` whose reward is not a finite
   number (an int is taken as a float; a bool, ``nan`` or ``inf`` is not) is a data failure of
   that attempt (Gym's replies are not trusted: a ``nan`` in the ledger would make a snapshot
-  that cannot be read back).
+  that cannot be read back). A config failure (an ``EpisodeConfigError`` in the episode: the
+  configuration is wrong for every row) stops the run at once (``EpisodeConfigFailed``, exit
+  code 2): its row is neither failed nor re-sent (it stays in flight in the ledger, so a rerun
+  resumes it from the last snapshot), and no further row is dispatched into the same failure.
 * Restored attempts go to their original replica with ``restored_from`` set, once (S11).
 * A dead instance (``GymInstanceDead`` from a submission or a stream) is reported to the
   ``InstanceReplacer``; nothing is sent or retired there until its replacement serves. A
@@ -72,6 +75,7 @@ from gymckpt.runtime import (
     DeadlineExpired,
     DeadlineRegistry,
     DispatchGate,
+    EpisodeConfigFailed,
     GymAdmissionClosed,
     GymCallTimeout,
     GymInstanceDead,
@@ -118,6 +122,19 @@ class DispatcherStatistics:
     dead_instances: tuple[str, ...]
     submissions: int = 0
     """Submissions in progress: waiting at the gate, or admitted and inside ``gym.run``."""
+
+
+def _stop_on_config(
+    replies: Sequence[RunReply], instance: str, outstanding: dict[str, None]
+) -> None:
+    """``EpisodeConfigFailed`` for the first reply of ours (in ``outstanding``) that failed
+    as config: the configuration is wrong for every row, so the run stops rather than fail
+    this row and send the next one into the same failure."""
+    for reply in replies:
+        if not isinstance(reply, Failed) or reply.failure_class != "config":
+            continue
+        if reply.rollout_id in outstanding:
+            raise EpisodeConfigFailed(reply.rollout_id, instance, reply.message)
 
 
 def _finite_reward(reward: object) -> float | None:
@@ -426,8 +443,9 @@ class Dispatcher:
             elif isinstance(exc, GymUnavailable):
                 unreachable = exc
             self.metrics.inc("rollout/stream_errors_total")
-        except (BudgetExhausted, InfraOutage):
-            # prompt-group recovery (S3), or an outage past its budget: the run cannot go on.
+        except (BudgetExhausted, InfraOutage, EpisodeConfigFailed):
+            # prompt-group recovery (S3), an outage past its budget, or a configuration wrong
+            # for every row: the run cannot go on.
             # Retire what Gym still runs or holds for us, so nothing goes on mutating
             # environment state for a run that ends, then re-raise: the caller's retry (a
             # restart from the last snapshot) takes over.
@@ -466,7 +484,9 @@ class Dispatcher:
         """Apply one batch (of ``instance``) in one mutation. Re-sends are scheduled, never
         awaited here: the consumer asks for the next batch at once, so replies leave the wire
         promptly (S9). Raises ``InfraOutage`` when an infra failure comes past the outage
-        budget."""
+        budget, ``EpisodeConfigFailed`` (before applying anything) when a reply of ours
+        failed as config: nothing is failed, the rows stay in flight for a rerun."""
+        _stop_on_config(replies, instance, outstanding)
         ledger = self.ledger
         refused: list[str] = []
         touched: list[str] = []
@@ -498,8 +518,8 @@ class Dispatcher:
                             f"episode {rid}: Gym replied Completed with reward "
                             f"{reply.reward!r}, not a finite number",
                         )
-                elif isinstance(reply, Failed):
-                    failure = (reply.failure_class, reply.message)
+                elif isinstance(reply, Failed):  # config stopped the run (_stop_on_config)
+                    failure = ("infra" if reply.failure_class == "infra" else "data", reply.message)
                 if failure is None or failure[0] == "data":
                     answered = answered or not isinstance(reply, Refused)
                 if failure is not None:

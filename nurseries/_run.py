@@ -50,7 +50,8 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 2
     """gymckpt refused its input (``BadInput``): a bad flag, manifest, configuration file,
     topology or digest; a work directory in use; a Gym server that serves another training run
-    (``GymInUse``)."""
+    (``GymInUse``); an episode's configuration wrong for every row (``EpisodeConfigFailed``:
+    a model server refusing a request field, say)."""
     INVARIANT = 3
     """The run aborted on an invariant violation (or a simulated seed violated one)."""
     CHECKPOINTS_FAILED = 4

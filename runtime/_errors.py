@@ -26,6 +26,7 @@ __all__ = [
     "DatasetMismatch",
     "DeadlineExpired",
     "DrainTimeout",
+    "EpisodeConfigFailed",
     "GymAdmissionClosed",
     "GymCallTimeout",
     "GymCheckpointUnavailable",
@@ -374,6 +375,31 @@ class InfraOutage(RuntimeError):
             f"{self.what} down for {self.down_s:.0f}s, past outage_budget_s="
             f"{self.budget_s:g}{tail}: bring it back and run again (it resumes from the last "
             "snapshot), or raise outage_budget_s"
+        )
+
+
+class EpisodeConfigFailed(BadInput, RuntimeError):
+    """An episode failed with an ``EpisodeConfigError`` (Gym's ``Failed(..., "config", ...)``):
+    the configuration is wrong for every row (a model server that refuses a request field,
+    or never returns a required one), so the run stops at the first such failure (exit code
+    2) rather than failing every row. ``rollout_id`` and ``instance`` say where it was met,
+    ``message`` is Gym's (it names what is wrong and what to change). No row was failed for
+    it: the rows are in the ledger, and a rerun after fixing the configuration resumes from
+    the last snapshot."""
+
+    def __init__(self, rollout_id: str, instance: str, message: str) -> None:
+        super().__init__(rollout_id, instance, message)
+        self.rollout_id = rollout_id
+        self.instance = instance
+        self.message = message
+
+    def __str__(self) -> str:
+        where = "" if self.rollout_id in self.message else f"episode {self.rollout_id} on "
+        where += f"{self.instance}: " if where else ""
+        return (
+            f"{where}{self.message}; the configuration is wrong for every row, so the run "
+            "stopped at the first such failure: fix it and run again (it resumes from the "
+            "last snapshot; no row was failed)"
         )
 
 

@@ -3,6 +3,9 @@ that runs it, for the crash tests (and as a fuller version of the README's LLM e
 
     python -m gymckpt.testing.llm_agent --workdir W --base-url URL [--api-key K] [--rows N]
                                         [--changed-request] [--parallel] [--weight-sync]
+                                        [--weight-version-source response|engine]
+                                        [--return-token-ids] [--group-size G]
+                                        [--rows-in-flight R] [--http]
 
 Each row of the dataset is a question (``{"q": ..., "a": ..., "b": ...}``); the agent asks the
 model with an ``add`` tool, runs every tool call the model makes against the ``calculator``
@@ -25,7 +28,12 @@ requests) and a ``judge`` request; the first answer drives the conversation.
 pushes each new policy version to it (``POST /update_weights``), brings it back to the
 snapshot's version on restore (``open_rollouts(on_restore=...)``), and the client checks the
 version each response reports (``check_weight_version``); each payload call records the
-version the server reported (``served_version``).
+version the server reported (``served_version``). ``--weight-version-source engine`` reads
+the version from the engine instead, as vLLM reports it (``GET /weight_info``).
+``--return-token-ids`` adds vLLM's ``return_token_ids: true`` to every request (a server
+that does not know it answers 422: the run stops with exit code 2). ``--group-size`` and
+``--rows-in-flight`` size the run (default 2 and 4). ``--http`` serves Gym from ``gymckpt
+serve`` processes (``HttpGym.spawn`` of ``environment_from_environ``) instead of embedded.
 """
 
 from __future__ import annotations
@@ -44,10 +52,26 @@ import anyio
 import orjson
 import trio
 
-from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, EpisodeContext, EpisodeInfo
+from gymckpt.gym_adapter import (
+    Done,
+    EmbeddedGym,
+    Environment,
+    EpisodeContext,
+    EpisodeInfo,
+    HttpGym,
+)
 from gymckpt.gym_adapter.environments.openai_model import openai_model
 
-__all__ = ["MAX_TURNS", "TOOLS", "Calculator", "ToolAgent", "dataset", "main", "tool_environment"]
+__all__ = [
+    "MAX_TURNS",
+    "TOOLS",
+    "Calculator",
+    "ToolAgent",
+    "dataset",
+    "environment_from_environ",
+    "main",
+    "tool_environment",
+]
 
 MAX_TURNS: Final = 4
 TOOL_LATENCY_S: Final = 0.1
@@ -101,9 +125,12 @@ class ToolAgent:
 
     name, kind = "agent", "simple_agent"
 
-    def __init__(self, changed_request: bool = False, parallel: bool = False) -> None:
+    def __init__(
+        self, changed_request: bool = False, parallel: bool = False, token_ids: bool = False
+    ) -> None:
         self.changed_request = changed_request
         self.parallel = parallel
+        self.token_ids = token_ids
 
     def open(self, info: EpisodeInfo) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": info.task["q"]}], "seen": []}
@@ -119,6 +146,8 @@ class ToolAgent:
         if self.changed_request:
             messages = [{"role": "system", "content": "be brief"}, *messages]
         request = {"messages": messages, "tools": TOOLS, "logprobs": True}
+        if self.token_ids:
+            request["return_token_ids"] = True
         if self.parallel:
             judge = {"messages": [*messages, {"role": "user", "content": "judge"}]}
             replies: list[Any] = [None] * 3
@@ -184,9 +213,12 @@ def tool_environment(
     changed_request: bool = False,
     parallel: bool = False,
     weight_sync: bool = False,
+    weight_version_source: str = "response",
+    token_ids: bool = False,
 ) -> Environment:
     """The agent and its calculator, calling ``model`` at ``base_url`` (checking the weight
-    version of each response with ``weight_sync``)."""
+    version that answers each call with ``weight_sync``, read where
+    ``weight_version_source`` says; asking vLLM's token ids with ``token_ids``)."""
     client = openai_model(
         base_url=base_url,
         model=model,
@@ -196,10 +228,24 @@ def tool_environment(
         max_backoff_s=0.5,
         max_retries=8,
         check_weight_version=weight_sync,
+        weight_version_source=weight_version_source,
     )
     return Environment(
-        agent=ToolAgent(changed_request, parallel), participants=(Calculator(),), model=client
+        agent=ToolAgent(changed_request, parallel, token_ids),
+        participants=(Calculator(),),
+        model=client,
     )
+
+
+ENVIRON_OPTIONS: Final = "GYMCKPT_LLM_AGENT"
+"""The environment variable ``environment_from_environ`` reads: ``tool_environment``'s
+arguments as a JSON object."""
+
+
+def environment_from_environ() -> Environment:
+    """``tool_environment(**json($GYMCKPT_LLM_AGENT))``: the environment a ``gymckpt serve``
+    process loads (``--http``)."""
+    return tool_environment(**orjson.loads(os.environ[ENVIRON_OPTIONS]))
 
 
 def push_weights(base_url: str, api_key: str | None, version: int) -> None:
@@ -228,14 +274,16 @@ async def _train(opts: argparse.Namespace) -> None:
     import gymckpt
 
     workdir = Path(opts.workdir)
-    env = tool_environment(
-        opts.base_url,
-        opts.model,
-        opts.api_key,
-        changed_request=opts.changed_request,
-        parallel=opts.parallel,
-        weight_sync=opts.weight_sync,
-    )
+    options = {
+        "base_url": opts.base_url,
+        "model": opts.model,
+        "api_key": opts.api_key,
+        "changed_request": opts.changed_request,
+        "parallel": opts.parallel,
+        "weight_sync": opts.weight_sync,
+        "weight_version_source": opts.weight_version_source,
+        "token_ids": opts.return_token_ids,
+    }
 
     async def push(version: int) -> None:
         if opts.weight_sync:
@@ -246,14 +294,27 @@ async def _train(opts: argparse.Namespace) -> None:
 
     config = gymckpt.RuntimeConfig(checkpoint_mode="unaligned")
     await push(0)  # a fresh start's weights (a restore pushes the snapshot's: on_restore)
-    async with EmbeddedGym.host(env, instances=2, seed=0, work_dir=workdir / "gym-live") as gym:
+    gym_at = (
+        HttpGym.spawn(
+            "gymckpt.testing.llm_agent:environment_from_environ",
+            2,
+            work_dir=workdir / "gym-live",
+            state_root=workdir,
+            environ={ENVIRON_OPTIONS: orjson.dumps(options).decode()},
+        )
+        if opts.http
+        else EmbeddedGym.host(
+            tool_environment(**options), instances=2, seed=0, work_dir=workdir / "gym-live"
+        )
+    )
+    async with gym_at as gym:
         async with gymckpt.open_rollouts(
             gym,
             workdir,
             dataset=dataset(opts.rows),
-            group_size=2,
+            group_size=opts.group_size,
             config=config,
-            max_rows_in_flight=4,
+            max_rows_in_flight=opts.rows_in_flight,
             on_restore=on_restore,
         ) as rollouts:
             async for batch in rollouts.batches(groups_per_step=2):
@@ -280,6 +341,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--changed-request", action="store_true")
     parser.add_argument("--parallel", action="store_true")
     parser.add_argument("--weight-sync", action="store_true")
+    parser.add_argument(
+        "--weight-version-source", choices=("response", "engine"), default="response"
+    )
+    parser.add_argument("--return-token-ids", action="store_true")
+    parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--rows-in-flight", type=int, default=4)
+    parser.add_argument("--http", action="store_true")
     opts = parser.parse_args(argv)
     gymckpt.run(lambda: _train(opts))
 

@@ -36,7 +36,12 @@ The process exits when its parent dies, so a killed test leaves no server behind
 Weights, as an engine holds them: ``--weight-version V`` (or ``POST /update_weights`` with
 ``{"version": V}``, authenticated; ``OpenAITestServer.update_weights(V)``) makes every
 completion report ``metadata.weight_version`` (SGLang's field) as ``str(V)``; without either,
-responses carry no ``metadata`` (byte for byte as before). ``--reject-field NAME`` answers a
+responses carry no ``metadata`` (byte for byte as before). The engine reports its version as
+vLLM does, at ``GET /weight_info`` (``{"weight_version": V}``, null when none; ``POST
+/update_weight_version`` with ``{"new_version": V}`` sets it, as vLLM's dev-mode route does);
+``--engine-version-only`` leaves ``metadata`` out of responses (vLLM reports no version per
+response), and ``X-Test-Set-Version-During: V`` sets the version to V while that completion
+is answered (an update landing during the call). ``--reject-field NAME`` answers a
 request carrying field NAME with 422 in FastAPI's validation shape (``{"detail": [{"loc":
 ["body", NAME], "msg": ...}]}``), as ``transformers serve`` answers vLLM's
 ``return_token_ids``.
@@ -362,6 +367,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [model]})
         elif self.path == "/stats":
             self._send(200, self.server.stats.view())
+        elif self.path == "/weight_info":  # vLLM's dev-mode route
+            with self.server.stats.lock:
+                version = self.server.stats.weight_version
+            self._send(200, {"weight_version": version})
         elif self.path.startswith("/stats/idle?timeout="):  # a long poll: no sleeping client
             try:
                 timeout_s = min(float(self.path.partition("=")[2]), 60.0)
@@ -379,12 +388,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats.reset()
             self._send(200, {"ok": True})
             return
-        if self.path == "/update_weights":
+        if self.path in ("/update_weights", "/update_weight_version"):
+            field = "version" if self.path == "/update_weights" else "new_version"
             try:
                 length = int(self.headers.get("Content-Length", "0") or 0)
-                version = json.loads(self.rfile.read(length))["version"]
+                version = json.loads(self.rfile.read(length))[field]
             except (ValueError, KeyError, TypeError) as exc:
-                self._send(400, _error(400, f'/update_weights takes {{"version": V}}: {exc}'))
+                self._send(400, _error(400, f'{self.path} takes {{"{field}": V}}: {exc}'))
                 return
             with self.server.stats.lock:
                 self.server.stats.weight_version = str(version)
@@ -476,9 +486,15 @@ class _Handler(BaseHTTPRequestHandler):
             response = chat_completion(request, opts.model)
             if responses:
                 response = _as_response(response)
-            version = self.server.stats.weight_version
-            if version is not None:
+            during = self.headers.get("X-Test-Set-Version-During")
+            with self.server.stats.lock:
+                answered_by = self.server.stats.weight_version
+                if during is not None:  # an update lands while this call is answered
+                    self.server.stats.weight_version = during
+            version = answered_by
+            if version is not None and not opts.engine_version_only:
                 response["metadata"] = {"weight_version": version}
+            if version is not None:
                 with self.server.stats.lock:
                     counts = self.server.stats.weight_versions
                     counts[version] = counts.get(version, 0) + 1
@@ -520,6 +536,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--exit-with-parent", action="store_true")
     p.add_argument("--weight-version", default=None, help="report this weight version")
     p.add_argument("--reject-field", action="append", default=[], help="422 a request with it")
+    p.add_argument(
+        "--engine-version-only",
+        action="store_true",
+        help="report the weight version at GET /weight_info only, not in responses (vLLM)",
+    )
     opts = p.parse_args(argv)
     server = _Server((opts.host, opts.port), _Handler)
     server.options, server.stats = opts, _Stats(weight_version=opts.weight_version)

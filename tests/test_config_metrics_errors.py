@@ -109,6 +109,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "TopologyMismatch": (("instance gym-2: missing from the live deployment",),),
     "DeadlineExpired": ("row-1", "generate", 3.0),
     "BudgetExhausted": ("row 4 ran out of attempts",),
+    "EpisodeConfigFailed": ("4-0", "gym-0", "the model server refuses 'return_token_ids'"),
     "CheckpointsFailed": ("3 consecutive failures",),
     "WorkDirLocked": ("/data/work", 4242),
     "GymInUse": ("gym-0", "attach", "the instance serves another training run"),

@@ -26,23 +26,37 @@ Rules (the invariants the host relies on):
   flight per event loop; a call waiting for a slot waits for calls that are each bounded.
 - **Identified.** Every request carries the capture key in ``X-Gymckpt-Capture-Key``, so a
   server can log which call it answers.
+- **Configuration errors stop the run.** ``ModelServerIncompatible`` and
+  ``ModelResponseIncomplete`` are ``EpisodeConfigError`` errors: the server is wrong for every
+  row, not for this one (a server that refuses a field, or never returns one, does so for
+  every request), so the trainer stops the run at the first one (exit code 2, no row failed)
+  instead of failing every row as data.
 - **Required fields.** ``require=("logprobs", "token_ids")`` makes a 2xx response without
-  them raise ``ModelResponseIncomplete`` (data), naming the server, the model and the field:
+  them raise ``ModelResponseIncomplete`` (config), naming the server, the model and the field:
   ``"logprobs"`` wants each choice's ``logprobs`` not null (``transformers serve`` ignores the
   request's ``logprobs``), ``"token_ids"`` each choice's ``token_ids`` and the response's
   ``prompt_token_ids`` (vLLM's, with ``return_token_ids: true``), any other name a top-level
   key. A 422 (the server does not know a field, as FastAPI-based servers answer vLLM's
-  ``return_token_ids``) raises ``ModelServerIncompatible`` (a ``ModelRequestRejected``) whose
-  message says which field and what to do.
-- **Weight version.** With ``check_weight_version=True`` each response must report the
-  serving engine's weight version (SGLang's ``metadata.weight_version``, or a top-level
-  ``weight_version``) equal to the trainer's policy version the call was asked under (the
-  host's, ``policy_version_in_force()``). A response answered by another version is never
+  ``return_token_ids``) raises ``ModelServerIncompatible`` (a ``ModelRequestRejected``,
+  config) whose message says which field and what to do.
+- **Weight version.** With ``check_weight_version=True`` a response is accepted only when it
+  was answered by the weight version equal to the trainer's policy version the call was asked
+  under (the host's, ``policy_version_in_force()``), read from where ``weight_version_source``
+  says: ``"response"`` (SGLang: each response reports ``metadata.weight_version``, or a
+  top-level ``weight_version``) or ``"engine"`` (vLLM: the engine reports its version at
+  ``GET {server root}/weight_info``, ``{"weight_version": V}``, a route vLLM serves with
+  ``VLLM_SERVER_DEV_MODE=1``; ``weight_info_url`` overrides where): the version is read
+  before and after the call and both must equal the version in force (a call that an update
+  overlapped is a mismatch), and a response that reports none of its own gets the version in
+  ``metadata.weight_version``, so each captured call records the version that answered it
+  either way. A response answered by another version is never
   returned (so never captured): the call is asked again with backoff, at most ``max_retries``
   times within ``timeout_s`` (``statistics().version_mismatches`` counts them, each logged),
   while the trainer brings the server back in sync (the ``on_restore`` hook of
   ``open_rollouts``); then it raises ``ModelVersionMismatch``, a ``ModelUnavailable`` (infra:
-  the row is retried). A response reporting no version raises ``ModelResponseIncomplete``.
+  the row is retried). A response (or ``/weight_info``) reporting no version raises
+  ``ModelResponseIncomplete``; a server without the ``/weight_info`` route (a 4xx there)
+  raises ``ModelServerIncompatible``.
 
 ``api="responses"`` POSTs to ``{base_url}/responses`` (the Responses API) instead, by the
 same rules; the request is then a JSON object of Responses parameters (``input``, ...).
@@ -72,7 +86,12 @@ import orjson
 import sniffio
 import trio
 
-from gymckpt.gym_adapter import EpisodeInfo, ModelUnavailable, policy_version_in_force
+from gymckpt.gym_adapter import (
+    EpisodeConfigError,
+    EpisodeInfo,
+    ModelUnavailable,
+    policy_version_in_force,
+)
 from gymckpt.runtime.lowlevel import checked_json
 
 __all__ = [
@@ -115,15 +134,19 @@ class ModelResponseInvalid(ValueError):
     ``max_response_bytes``). The episode fails as data."""
 
 
-class ModelResponseIncomplete(ModelResponseInvalid):
+class ModelResponseIncomplete(ModelResponseInvalid, EpisodeConfigError):
     """A 2xx response lacks a field the participant was told to require (``require=``, or the
-    weight version with ``check_weight_version``). The episode fails as data."""
+    weight version with ``check_weight_version``). A configuration error
+    (``EpisodeConfigError``): a server that does not return the field returns it for no
+    request, so the run stops at the first one; the message names the server and the field."""
 
 
-class ModelServerIncompatible(ModelRequestRejected):
-    """The server answered 422: it does not accept the request's shape (a field it does not
-    know, such as vLLM's ``return_token_ids`` on ``transformers serve``). A configuration
-    error: every request of that shape is refused, so the message says what to change."""
+class ModelServerIncompatible(ModelRequestRejected, EpisodeConfigError):
+    """The server does not serve what this participant is configured to ask: it answered 422
+    (a field it does not know, such as vLLM's ``return_token_ids`` on ``transformers
+    serve``), or a 4xx at its ``/weight_info`` route (``weight_version_source="engine"``). A
+    configuration error (``EpisodeConfigError``): every such request is refused, so the run
+    stops at the first one, and the message says what to change."""
 
 
 class ModelVersionMismatch(ModelUnavailable):
@@ -185,6 +208,10 @@ class OpenAIModel:
     headers: dict[str, str] = attrs.field(factory=dict, converter=dict)
     require: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     check_weight_version: bool = False
+    weight_version_source: str = attrs.field(
+        default="response", validator=attrs.validators.in_(("response", "engine"))
+    )
+    weight_info_url: str | None = None
     _trio_clients: trio.lowlevel.RunVar[_LoopClient | None] = attrs.field(init=False)
     _asyncio_clients: weakref.WeakKeyDictionary[Any, _LoopClient] = attrs.field(
         init=False, factory=weakref.WeakKeyDictionary
@@ -198,12 +225,18 @@ class OpenAIModel:
         for name in self.require:
             if not isinstance(name, str) or not name:
                 raise ValueError(f"openai_model: require names fields, got {name!r}")
+        if self.weight_info_url is not None and not str(self.weight_info_url).startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(
+                f"openai_model: weight_info_url must be http(s)://…, got {self.weight_info_url!r}"
+            )
         self._trio_clients = trio.lowlevel.RunVar(f"gymckpt_openai_{id(self)}", default=None)
 
     def statistics(self) -> OpenAIModelStatistics:
         c = self._counts
-        names = ("calls", "attempts", "retries", "unavailable", "rejected", "in_flight")
-        names += ("version_mismatches",)
+        names: tuple[str, ...] = ("calls", "attempts", "retries", "unavailable", "rejected")
+        names += ("in_flight", "version_mismatches")
         return OpenAIModelStatistics(*(c.get(n, 0) for n in names))
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -276,16 +309,8 @@ class OpenAIModel:
         version is dropped (never returned, so never captured) and the call asked again."""
         expected = policy_version_in_force()
         for attempt in range(self.max_retries + 1):
-            response = self._required(key, await self._attempts(client, key, body, last))
-            served = _weight_version(response)
-            if served is None:
-                self._count("rejected")
-                raise ModelResponseIncomplete(
-                    f"model {self.model!r} at {self.base_url}: call {key}: the response reports "
-                    "no weight version (metadata.weight_version), and check_weight_version is "
-                    "on: serve with an engine that reports it, or turn the check off"
-                )
-            if expected is None or served == str(expected):
+            response, served = await self._versioned(client, key, body, last, expected)
+            if response is not None and (expected is None or served == str(expected)):
                 return response
             self._count("version_mismatches")
             last[0] = f"weight version {served} answered, policy version {expected} in force"
@@ -297,6 +322,56 @@ class OpenAIModel:
             f"{self.max_retries + 1} attempts: bring the server to the trainer's weights "
             "(open_rollouts(on_restore=...) after a restore)"
         )
+
+    async def _versioned(
+        self,
+        client: httpx.AsyncClient,
+        key: str,
+        body: bytes,
+        last: list[str],
+        expected: int | None,
+    ) -> tuple[dict[str, Any] | None, str]:
+        """One try: the response (None: not asked, the engine holds another version) and the
+        version that answered it, read where ``weight_version_source`` says."""
+        if self.weight_version_source == "response":
+            response = self._required(key, await self._attempts(client, key, body, last))
+            served = _weight_version(response)
+            if served is None:
+                self._count("rejected")
+                raise ModelResponseIncomplete(
+                    f"model {self.model!r} at {self.base_url}: call {key}: the response reports "
+                    "no weight version (metadata.weight_version), and check_weight_version is "
+                    "on: serve with an engine that reports it, use "
+                    'weight_version_source="engine" for vLLM, or turn the check off'
+                )
+            return response, served
+        before = await self._engine_version(client, key, last)
+        if expected is not None and before != str(expected):
+            return None, before  # not asked: the engine holds other weights
+        response = self._required(key, await self._attempts(client, key, body, last))
+        after = await self._engine_version(client, key, last)
+        if after != before:
+            return response, f"{before} then {after} (an update during the call)"
+        if _weight_version(response) is None:  # the captured call records who answered
+            metadata = response.setdefault("metadata", {})
+            if isinstance(metadata, dict):
+                metadata["weight_version"] = after
+        return response, after
+
+    async def _engine_version(self, client: httpx.AsyncClient, key: str, last: list[str]) -> str:
+        """The engine's weight version now (``GET weight_info_url``, retried as a call is)."""
+        url = self.weight_info_url or f"{self.base_url.removesuffix('/v1')}/weight_info"
+        info = await self._attempts(client, key, None, last, url=url)
+        value = info.get("weight_version")
+        if value is None:
+            self._count("rejected")
+            raise ModelResponseIncomplete(
+                f"model {self.model!r}: GET {url} reports no weight_version ({info!r}), and "
+                'check_weight_version is on with weight_version_source="engine": serve vLLM '
+                "with VLLM_SERVER_DEV_MODE=1, or set weight_info_url to where the engine "
+                "reports its version"
+            )
+        return str(value)
 
     def _required(self, key: str, response: dict[str, Any]) -> dict[str, Any]:
         """``response`` if it has every ``require``d field, else ``ModelResponseIncomplete``."""
@@ -311,9 +386,18 @@ class OpenAIModel:
         return response
 
     async def _attempts(
-        self, client: httpx.AsyncClient, key: str, body: bytes, last: list[str]
+        self,
+        client: httpx.AsyncClient,
+        key: str,
+        body: bytes | None,
+        last: list[str],
+        url: str | None = None,
     ) -> dict[str, Any]:
-        url = f"{self.base_url}/{'responses' if self.api == 'responses' else 'chat/completions'}"
+        """POST ``body`` to the API (or GET ``url`` when ``body`` is None), retried by the
+        rules of the module docstring; the response's JSON object."""
+        if url is None:
+            path = "responses" if self.api == "responses" else "chat/completions"
+            url = f"{self.base_url}/{path}"
         headers = {**self.headers, "Content-Type": "application/json", CAPTURE_KEY_HEADER: key}
         token = self.api_key if self.api_key is not None else os.environ.get("OPENAI_API_KEY")
         if token:
@@ -340,6 +424,16 @@ class OpenAIModel:
             if not 200 <= status < 300:
                 self._count("rejected")
                 message = _server_message(data)
+                if body is None:
+                    raise ModelServerIncompatible(
+                        f"model {self.model!r}: GET {url} (call {key}) answered HTTP {status}: "
+                        f"{message}: the server does not report its engine's weight version "
+                        'there (weight_version_source="engine"): serve vLLM with '
+                        "VLLM_SERVER_DEV_MODE=1, set weight_info_url, or use "
+                        'weight_version_source="response" with an engine that reports it',
+                        status,
+                        message,
+                    )
                 if status == 422:
                     raise ModelServerIncompatible(
                         f"model {self.model!r} at {url} refused call {key}: HTTP 422: {message}: "
@@ -362,11 +456,12 @@ class OpenAIModel:
         )
 
     async def _send(
-        self, client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes
+        self, client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes | None
     ) -> tuple[int, bytes, float | None]:
-        """One attempt: the status, the body (at most ``max_response_bytes`` + 1 read) and the
-        server's ``Retry-After`` in seconds."""
-        async with client.stream("POST", url, content=body, headers=headers) as response:
+        """One attempt (a POST of ``body``, a GET when it is None): the status, the body (at
+        most ``max_response_bytes`` + 1 read) and the server's ``Retry-After`` in seconds."""
+        method = "GET" if body is None else "POST"
+        async with client.stream(method, url, content=body, headers=headers) as response:
             chunks, size = [], 0
             async for chunk in response.aiter_bytes():
                 chunks.append(chunk)
@@ -536,7 +631,8 @@ def _detail_message(detail: object) -> str | None:
 openai_model: Final = OpenAIModel
 """``openai_model(base_url=..., model=..., api_key=None, timeout_s=120, max_concurrency=64,
 max_retries=4, backoff_s=0.5, max_backoff_s=8, max_response_bytes=64 MiB, headers={},
-api="chat", require=(), check_weight_version=False)``: the
+api="chat", require=(), check_weight_version=False, weight_version_source="response",
+weight_info_url=None)``: the
 ``model`` of an ``Environment`` served by an OpenAI-compatible server at ``base_url``
 (``http://127.0.0.1:8000/v1`` for ``vllm serve MODEL --port 8000``). ``api_key`` is sent as a
 bearer token (default ``$OPENAI_API_KEY``; none when that is unset too, as local servers want);

@@ -88,6 +88,7 @@ __all__ = [
     "CallId",
     "Done",
     "EnvironmentSpecError",
+    "EpisodeConfigError",
     "EpisodeContext",
     "EpisodeFenced",
     "EpisodeInfo",
@@ -149,6 +150,21 @@ class EnvironmentSpecError(BadInput, ValueError):
 class EpisodeFenced(RuntimeError):
     """This attempt no longer owns its sessions (a newer attempt of the slot exists); the host
     stops the episode and drops its reply."""
+
+
+class EpisodeConfigError(Exception):
+    """The run is configured wrong for every row, not for this one: raised from an episode
+    (``step``, a model, a tool, a participant's ``open``), the host answers the row
+    ``Failed(..., "config", ...)`` and the trainer stops the run at the first such failure
+    (``EpisodeConfigFailed``, exit code 2 under ``gymckpt.run``) with this error's message,
+    which names what is wrong and what to change. No row is failed for it: the rows stay in
+    the ledger, and a rerun after fixing the configuration resumes from the last snapshot.
+
+    For errors every attempt of every row would meet (a model server that refuses a request
+    field, or never returns a field the trainer requires); an error of one row's data is a
+    plain exception (data), a server that is down ``ModelUnavailable`` (infra). The model
+    client's ``ModelServerIncompatible`` and ``ModelResponseIncomplete`` are ones. A mixin:
+    a subclass may also derive from the built-in error it is (``ValueError`` ...)."""
 
 
 class ModelUnavailable(RuntimeError):

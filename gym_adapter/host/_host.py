@@ -101,7 +101,7 @@ from ._parking import RESUME_CHUNK, Parking
 from ._slots import SlotTable
 from ._streams import HostReplyStream, ReplyStreams, RunStream
 from ._tenancy import Tenancy
-from ._turns import Turns
+from ._turns import Turns, failure_class_of
 from ._user_calls import UserCalls
 from ._views import HostCounts, HostStatistics, HostViews, RetainedSession, SessionView
 
@@ -469,7 +469,8 @@ class GymHost:
                 slots.release(key, current[0])
             message = f"{episode_label(info)}: opening its sessions raised {exc!r}"
             self.failure_log.warn(message, exc)
-            return Failed(rid, "data", message)
+            config = failure_class_of(exc)[0] == "config"  # wrong for every row: stops the run
+            return Failed(rid, "config" if config else "data", message)
         self._start(Episode(info, sessions, MOVING, stream=st))
         self.count.episodes_started += 1
         return None

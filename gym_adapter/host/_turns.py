@@ -7,7 +7,9 @@ meanwhile raises ``EpisodeFenced`` (its caller drops the episode and its reply).
 the user's code (``step`` raising, a bad ``Done``, a journaled state that cannot export, a
 restored turn that did not ask again every model call staged for it: ``ModelRequestChanged``,
 ``TurnCalls``) ends
-the episode ``Failed`` (data), logged rate-limited; it never ends the instance.
+the episode ``Failed`` (data), logged rate-limited; it never ends the instance. A step that
+raised ``ModelUnavailable`` fails it as infra, one that raised ``EpisodeConfigError`` as config
+(``failure_class_of``).
 
 ``Turns`` is also what each turn's ``StepContext`` reaches (the ``TurnHost`` protocol), and
 the only writer of the environment's own counters (``EpisodeContext.count``).
@@ -15,14 +17,14 @@ the only writer of the environment's own counters (``EpisodeContext.count``).
 
 from __future__ import annotations
 
-from typing import Any, final
+from typing import Any, Literal, final
 
 import attrs
 
 from .._contract import Failed, RunReply
 from ._cut import mark_boundary
 from ._environment import Environment
-from ._episode import EpisodeFenced, Model, ModelUnavailable
+from ._episode import EpisodeConfigError, EpisodeFenced, Model, ModelUnavailable
 from ._episodes import Episode, ModelRequestChanged, StepContext, completed_reply
 from ._log import FailureLog, episode_label
 from ._parking import Parking
@@ -30,7 +32,7 @@ from ._slots import SlotTable
 from ._user_calls import UserCalls
 from ._views import HostCounts
 
-__all__ = ["Turns", "model_unavailable"]
+__all__ = ["Turns", "failure_class_of", "model_unavailable"]
 
 
 @final
@@ -120,12 +122,14 @@ class Turns:
             except Exception as exc:
                 if fenced_in(exc):  # the agent's own nursery or task group wrapped the fence
                     raise EpisodeFenced(rid) from exc
-                # the model's infrastructure failing is not the episode's data: retried as infra
-                unavailable = model_unavailable(exc)
-                infra = unavailable is not None
+                # the model's infrastructure failing is not the episode's data: retried as
+                # infra; a configuration wrong for every row stops the run (config)
+                failure_class, cause = failure_class_of(exc)
                 what = (
-                    f"model unavailable: {unavailable}"
-                    if infra
+                    f"model unavailable: {cause}"
+                    if failure_class == "infra"
+                    else f"configuration error: {cause}"
+                    if failure_class == "config"
                     else str(exc)
                     if isinstance(exc, ModelRequestChanged)
                     else f"step raised {exc!r}"
@@ -135,7 +139,8 @@ class Turns:
                 problem = self.slots.journal_turn(ep, ctx.touched)
                 if problem is not None:
                     self.failure_log.warn(problem)
-                return Failed(rid, "infra" if infra else "data", problem or failed)
+                    failure_class = "data"
+                return Failed(rid, failure_class, problem or failed)
             finally:
                 ep.stepping = False
             if self.slots.fenced(ep):
@@ -166,6 +171,30 @@ def fenced_in(exc: BaseException) -> bool:
     The fence wins over whatever else the group holds: the attempt owns nothing any more, so
     neither a reply nor a journal record of it may follow."""
     return isinstance(exc, BaseExceptionGroup) and exc.subgroup(EpisodeFenced) is not None
+
+
+FailureClass = Literal["infra", "data", "config"]
+
+
+def failure_class_of(exc: BaseException) -> tuple[FailureClass, BaseException]:
+    """How an episode that raised ``exc`` failed, with the error that decides it: ``"config"``
+    when ``exc`` is, or an exception group holds, an ``EpisodeConfigError`` (wrong for every
+    row, whatever failed beside it); ``"infra"`` for a ``ModelUnavailable``
+    (``model_unavailable``); else ``"data"`` (``exc`` itself)."""
+    config = _leaves(exc, EpisodeConfigError)
+    if config:
+        return "config", config[0]
+    unavailable = model_unavailable(exc)
+    if unavailable is not None:
+        return "infra", unavailable
+    return "data", exc
+
+
+def _leaves(exc: BaseException, cls: type[BaseException]) -> list[BaseException]:
+    """The errors of type ``cls`` in ``exc`` or its (nested) exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e, cls)]
+    return [exc] if isinstance(exc, cls) else []
 
 
 def model_unavailable(exc: BaseException) -> ModelUnavailable | None:

@@ -31,7 +31,8 @@ field; ``tests/data/nemo_gym_0.7.0_episode_types.json`` holds their JSON schemas
   Completed: ``result`` ``{"reward", "turns", "payload"}`` (NeMo Gym's ``EpisodeResultT`` is
   the environment's). Failed and refused: ``failure`` is an ``EpisodeFailure``
   ``{"failure_reason", "terminal", "failure_kind"?, "stage"?}`` (``failure_of``): gymckpt's
-  class is the namespaced ``failure_kind`` ``gymckpt:infra`` or ``gymckpt:data``, and a
+  class is the namespaced ``failure_kind`` ``gymckpt:infra``, ``gymckpt:data`` or
+  ``gymckpt:config`` (terminal, stage ``agent``: the trainer stops the run), and a
   refused row (a sidecar row) is ``gymckpt:admission_closed`` at stage ``admission``, not
   terminal. A decoder takes the class from the kind; another producer's kind is a data failure
   if ``terminal``, else infra.
@@ -82,6 +83,7 @@ __all__ = [
     "FAILURE_REASON_MAX",
     "INCARNATION_HEADER",
     "INSTANCE_HEADER",
+    "KIND_CONFIG",
     "KIND_DATA",
     "KIND_INFRA",
     "KIND_PREFIX",
@@ -128,6 +130,10 @@ KIND_INFRA: Final = "gymckpt:infra"
 """``failure_kind`` of an infra failure (the instance, a model server): not the row's fault."""
 KIND_DATA: Final = "gymckpt:data"
 """``failure_kind`` of a data failure: the episode's own problem."""
+KIND_CONFIG: Final = "gymckpt:config"
+"""``failure_kind`` of a configuration failure (an ``EpisodeConfigError``: wrong for every row,
+the trainer stops the run); terminal, as a data failure is."""
+_CLASS_OF_KIND: Final = {KIND_INFRA: "infra", KIND_DATA: "data", KIND_CONFIG: "config"}
 REFUSAL_CODES: Final = frozenset({ADMISSION_CLOSED})
 """The codes a refused row (a sidecar row) may carry, as ``failure_kind`` ``gymckpt:<code>``."""
 FAILURE_REASON_MAX: Final = 2000
@@ -317,7 +323,8 @@ def _row_of(task_id: _TaskId, what: str) -> int:
 def failure_of(reply: Failed | Refused) -> tuple[str, bool, str, FailureStage | None]:
     """``(failure_reason, terminal, failure_kind, stage)``: NeMo Gym's failure record of a
     failed or refused reply. A data failure (the episode's own problem) is terminal (this
-    attempt is not run again), kind ``gymckpt:data``, stage ``agent``; an infra failure (the
+    attempt is not run again), kind ``gymckpt:data``, stage ``agent``; a config failure
+    likewise, kind ``gymckpt:config``; an infra failure (the
     instance, a model server) is not, kind ``gymckpt:infra``, stage unknown (omitted); a
     refused row (a sidecar row) is not terminal either, kind ``gymckpt:<code>``, stage
     ``admission``. A reason over NeMo Gym's 2000 characters is cut, ending in '…'."""
@@ -329,7 +336,7 @@ def failure_of(reply: Failed | Refused) -> tuple[str, bool, str, FailureStage | 
         message = message[: FAILURE_REASON_MAX - 1] + "\u2026"
     if reply.failure_class == "infra":
         return message, False, KIND_INFRA, None
-    return message, True, KIND_DATA, "agent"
+    return message, True, KIND_CONFIG if reply.failure_class == "config" else KIND_DATA, "agent"
 
 
 def _episode_id_of_row(row: RunRow) -> _EpisodeId:
@@ -411,15 +418,16 @@ def _reply_from_raw(raw: Any) -> RunReply:
     f = w.failure
     assert f is not None  # _exactly_one
     kind = f.failure_kind
-    if kind in (KIND_INFRA, KIND_DATA):
-        return Failed(rid, "infra" if kind == KIND_INFRA else "data", f.failure_reason)
+    failure_class = _CLASS_OF_KIND.get(kind or "")
+    if failure_class is not None:
+        return Failed(rid, failure_class, f.failure_reason)  # type: ignore[arg-type]
     if kind is not None and kind.startswith(KIND_PREFIX):
         code = kind[len(KIND_PREFIX) :]
         if code in REFUSAL_CODES and f.stage == "admission" and not f.terminal:
             return Refused(rid, code)
         raise WireFormatError(
             f"{what}: failure_kind {kind!r} (stage {f.stage!r}, terminal {f.terminal}) is not "
-            f"one of gymckpt's ({KIND_INFRA}, {KIND_DATA}, or a refusal "
+            f"one of gymckpt's ({KIND_INFRA}, {KIND_DATA}, {KIND_CONFIG}, or a refusal "
             f"{', '.join(KIND_PREFIX + c for c in sorted(REFUSAL_CODES))} at stage admission)"
         )
     # another producer's kind: terminal is all NeMo Gym says about running it again
