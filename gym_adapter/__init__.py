@@ -47,6 +47,7 @@ from ._contract import (
     can_replace,
 )
 from ._faults import FAULT_GRAMMAR, FAULT_KINDS, FAULT_OPS, FaultPlan, FaultSpec
+from .host._captured import CapturedStepChanged, NotExactJSON
 from .host._environment import DEFAULT_MAX_PAYLOAD_BYTES, Environment
 from .host._episode import (
     ROLES,
@@ -115,6 +116,7 @@ __all__ = [
     "AgentWrapper",
     "AttachReply",
     "CallId",
+    "CapturedStepChanged",
     "CommitReply",
     "Completed",
     "Done",
@@ -142,6 +144,7 @@ __all__ = [
     "InstanceTopology",
     "ModelCall",
     "ModelUnavailable",
+    "NotExactJSON",
     "Participant",
     "ParticipantInfo",
     "PayloadTooLarge",

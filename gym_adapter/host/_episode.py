@@ -46,6 +46,12 @@ Why it is shaped like this
   without asking again every call staged for it fails the episode (data,
   ``ModelRequestChanged``), naming them. ``ctx.calls`` lists the episode's calls
   (``ModelCall``).
+- **Any side effect can be captured.** ``await ctx.captured_step(name, args, fn)`` runs
+  ``fn(args)`` (a web search, a remote tool) once across any crash: its result is staged with
+  the model calls under a key of the step's place in the turn, with a digest of its
+  arguments, and replayed after a restore without calling ``fn``; changed arguments fail
+  closed (``CapturedStepChanged``). Commands in a sandbox need no capture: they run again
+  against the restored tree.
 - **Plain data only.** ``export`` returns JSON values (dicts, lists, str, int, float, bool,
   None), or an attrs instance which the host unstructures through the project's strict cattrs
   converter; ``restore`` gets the JSON value back. Nothing is ever pickled. ``StateParticipant``
@@ -423,6 +429,18 @@ class EpisodeContext(Protocol):
         """Call the environment's model under this request's capture key in the turn; after a
         restore, a response staged for the same request in this turn is returned without
         calling it. Concurrent calls are fine: their keys do not depend on start order."""
+        ...
+
+    async def captured_step(self, name: str, args: Any, fn: Callable[[Any], Any]) -> Any:
+        """``fn(args)`` (awaited if it returns an awaitable), its result captured like a model
+        call: staged under the capture key of (this turn, ``name``, its occurrence among the
+        turn's steps of that name) with the sha256 of its arguments, committed with the
+        episode, and after a restore returned without calling ``fn`` again. Arguments that
+        differ from the staged ones fail closed (``CapturedStepChanged``, naming the key and
+        both digests). ``args`` and the result must round-trip exactly through JSON, else
+        ``NotExactJSON`` names the place. Steps of one name in a turn are matched in the order
+        they are asked: give concurrent steps distinct names. Needs the environment's model
+        proxy (``Environment(model=...)``): the captures are its records."""
         ...
 
     @property

@@ -18,7 +18,7 @@ import hashlib
 import inspect
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple, Protocol, final
 
 import attrs
@@ -27,6 +27,13 @@ import orjson
 from gymckpt.runtime.lowlevel import checked_json
 
 from .._contract import Completed, Failed, RunReply
+from ._captured import (
+    CapturedStepChanged,
+    arguments_digest,
+    exact_json,
+    is_step,
+    step_identity,
+)
 from ._episode import (
     CALL_DIGEST_HEX,
     KEY_SEPARATOR,
@@ -247,6 +254,9 @@ class TurnCalls:
     """Occurrences taken in this turn, by the call id's digest part."""
     unreplayed: dict[str, list[StagedModelCall]] = attrs.field(factory=dict)
     """Staged calls of this turn not yet answered again, by full request digest."""
+    steps: dict[str, list[StagedModelCall]] = attrs.field(factory=dict)
+    """Captured steps staged for this turn not yet answered again, by the call id's digest
+    part (the step's name), lowest occurrence first (``_captured``)."""
     asked: list[str] = attrs.field(factory=list)
     """Digests this turn asked of the model while calls were still to be replayed."""
 
@@ -263,7 +273,12 @@ class TurnCalls:
             call = parse_call_id(split_capture_key(c.key)[1])
             if call.turn == ep.turn:
                 calls.taken.setdefault(call.request, set()).add(call.occurrence)
-                calls.unreplayed.setdefault(c.request_digest, []).append(c)
+                if is_step(call.request, c.request_digest):
+                    calls.steps.setdefault(call.request, []).append(c)
+                else:
+                    calls.unreplayed.setdefault(c.request_digest, []).append(c)
+        for staged in calls.steps.values():
+            staged.sort(key=lambda c: parse_call_id(split_capture_key(c.key)[1]).occurrence)
         return calls
 
     def replay(self, digest: str) -> StagedModelCall | None:
@@ -279,6 +294,19 @@ class TurnCalls:
             del self.unreplayed[digest]
         return call
 
+    def replay_step(self, identity: str) -> StagedModelCall | None:
+        """The staged captured step of ``identity`` (its name's digest) with the lowest
+        occurrence not yet answered again, now replayed, or None (the step runs)."""
+        staged = self.steps.get(identity[:CALL_DIGEST_HEX])
+        if not staged:
+            if self.unreplayed or self.steps:
+                self.asked.append(identity)
+            return None
+        call = staged.pop(0)
+        if not staged:
+            del self.steps[identity[:CALL_DIGEST_HEX]]
+        return call
+
     def occurrence(self, digest: str) -> int:
         """Take the lowest free occurrence of a request of ``digest`` in this turn."""
         taken = self.taken.setdefault(digest[:CALL_DIGEST_HEX], set())
@@ -291,13 +319,13 @@ class TurnCalls:
     def check_replayed(self, ep: Episode) -> None:
         """At the end of the turn: ``ModelRequestChanged`` if a staged call of it was not
         asked again (see the class docstring)."""
-        if not self.unreplayed:
+        if not self.unreplayed and not self.steps:
             return
-        left = [c for staged in self.unreplayed.values() for c in staged]
+        left = [c for staged in (*self.unreplayed.values(), *self.steps.values()) for c in staged]
         asked = f"; it asked {sorted(set(self.asked))} instead" if self.asked else ""
         raise ModelRequestChanged(
             f"{episode_label(ep.info)}: restored turn {self.turn} ended without asking again "
-            f"{len(left)} model call(s) captured for it before the checkpoint "
+            f"{len(left)} model call(s) or captured step(s) staged for it before the checkpoint "
             f"({', '.join(f'{c.key} for request digest {c.request_digest}' for c in left)})"
             f"{asked}: the episode does not replay as it ran (is the agent's code or its input "
             "different from the run that made the snapshot?); a capture only answers its own "
@@ -401,12 +429,47 @@ class StepContext:
             self._calls = TurnCalls.of(self._ep)
         return self._calls
 
+    async def captured_step(self, name: str, args: Any, fn: Callable[[Any], Any]) -> Any:
+        host, ep = self._host, self._ep
+        if host.model is None:
+            raise RuntimeError(
+                "captured steps are committed with the model proxy's records, which an "
+                "environment has only with a model: give Environment(model=...) (any model, "
+                "also one the agent never asks)"
+            )
+        self._check_owner()
+        identity = step_identity(name)
+        where = f"{episode_label(ep.info)}: captured step {name!r} of turn {ep.turn}"
+        args_json = exact_json(args, f"{where}: args")
+        digest = arguments_digest(name, args_json)
+        calls = self.turn_calls()
+        staged = calls.replay_step(identity)
+        if staged is not None:
+            if staged.request_digest != digest:
+                raise CapturedStepChanged(
+                    f"{where}: capture key {staged.key} was staged before the checkpoint with "
+                    f"arguments digest {staged.request_digest}, and is asked now with "
+                    f"{digest}: the arguments differ, so the captured result does not answer "
+                    "them (is the agent's code or its input different from the run that made "
+                    "the snapshot?)"
+                )
+            return _copy(staged.response)
+        key = capture_key(ep.info, ep.turn, identity, calls.occurrence(identity))
+        result = fn(orjson.loads(args_json))
+        if inspect.isawaitable(result):
+            result = await result
+        self._check_owner()  # still the owner after the wait
+        data = exact_json(result, f"{where}: result under capture key {key}")
+        ep.staged.append(StagedModelCall(key, orjson.loads(data), digest, host.policy_version))
+        return orjson.loads(data)
+
     @property
     def calls(self) -> tuple[ModelCall, ...]:
         ep = self._ep
         return tuple(
             ModelCall(c.key, c.request_digest, c.policy_version, i < ep.inherited)
             for i, c in enumerate(ep.staged)
+            if not is_step(parse_call_id(split_capture_key(c.key)[1]).request, c.request_digest)
         )
 
     def _check_owner(self) -> None:
