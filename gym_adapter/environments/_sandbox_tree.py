@@ -231,7 +231,7 @@ class TreeScanner:
                     entries[rel] = {"kind": "dir", "mode": st.st_mode & _MODE_BITS}
                     stack.append(rel)
                 elif stat.S_ISREG(st.st_mode):
-                    digest = self._digest(rel, Path(entry.path), st, start, known)
+                    digest, st = self._digest(rel, Path(entry.path), st, start, known)
                     total += st.st_size
                     entries[rel] = {
                         "kind": "file",
@@ -269,7 +269,9 @@ class TreeScanner:
         st: os.stat_result,
         start: int,
         known: dict[str, tuple[StatKey, str]],
-    ) -> str:
+    ) -> tuple[str, os.stat_result]:
+        """The digest of file ``rel`` and the stat it is the digest of (``st`` unless it
+        changed while it was hashed)."""
         if st.st_size > self.limits.max_file_bytes:
             raise TreeChanged(
                 f"sandbox file {rel} is {st.st_size} bytes, over the limit of "
@@ -279,13 +281,13 @@ class TreeScanner:
         cached = self.known.get(rel)
         if cached is not None and cached[0] == key:
             known[rel] = cached
-            return cached[1]
+            return cached[1], st
         digest, after = self.blobs.put(path, st, self.limits.max_file_bytes)
         self.hashed += 1
         key = _stat_key(after)
         if max(key[1], key[2]) < start - RACY_NS:  # not racily clean: trusted next scan
             known[rel] = (key, digest)
-        return digest
+        return digest, after
 
 
 def check_relative(rel: object) -> str:
