@@ -47,6 +47,7 @@ API_MODULES = (
     "gymckpt.gym_adapter.environments.textarena",
     "gymckpt.gym_adapter.environments.openspiel",
     "gymckpt.gym_adapter.environments.openai_model",
+    "gymckpt.gym_adapter.environments.sandbox",
     "gymckpt.testing",
 )
 """The modules whose public names the reference documents, in this order: an object exported
