@@ -137,7 +137,7 @@ async def _read(stream: trio.abc.ReceiveStream, limit: int, out: list[bytes]) ->
             dropped = True
             chunk = chunk[:room]
         if chunk:
-            out.append(chunk)
+            out.append(bytes(chunk))
             kept += len(chunk)
     return dropped
 

@@ -34,9 +34,11 @@ refuses any that leaves the tree, also through a symlink. Commands: ``_sandbox_c
 
 from __future__ import annotations
 
+import builtins
 import os
 import secrets
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -145,7 +147,7 @@ class SandboxSession:
         with open(path, "ab") as f:
             f.write(raw)
 
-    def list(self, rel: str = "") -> list[str]:
+    def list(self, rel: str = "") -> builtins.list[str]:
         """The names in directory ``rel`` (the tree's top for ``""``), sorted."""
         path = self.root.resolve() if rel == "" else self._inside(rel)
         if not path.is_dir():
@@ -161,10 +163,10 @@ class SandboxSession:
         else:
             path.unlink()
 
-    async def run(self, argv: list[str], timeout_s: float | None = None) -> CommandResult:
+    async def run(self, argv: Sequence[str], timeout_s: float | None = None) -> CommandResult:
         """Run ``argv`` in the tree under the sandbox's limits (``timeout_s`` overrides the
         deadline); see ``CommandResult``."""
-        if not argv or not all(isinstance(a, str) for a in argv):
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError(f"a command is a non-empty list of strings, got {argv!r}")
         limits = self.commands
         if timeout_s is not None:
