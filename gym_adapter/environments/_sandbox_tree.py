@@ -129,7 +129,9 @@ class BlobStore:
         """Store the bytes of regular file ``source`` (``before``: its ``lstat``); its digest
         and the stat its bytes are of. ``TreeChanged`` when its stat key moved while it was
         read, every retry."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(self.root.parent)
         for _ in range(CHANGE_RETRIES + 1):
             tmp = self.root / f".in.{secrets.token_hex(8)}.tmp"
             try:
@@ -142,7 +144,9 @@ class BlobStore:
                 if final.exists():
                     tmp.unlink()
                 else:
-                    final.parent.mkdir(exist_ok=True)
+                    if not final.parent.is_dir():  # a new fan-out directory: its entry too
+                        final.parent.mkdir(exist_ok=True)
+                        _fsync_dir(self.root)
                     os.replace(tmp, final)
                     _fsync_dir(final.parent)
                 return digest, after
