@@ -110,9 +110,10 @@ def _fsync_dir(path: Path) -> None:
 @attrs.define(eq=False, slots=True)
 class BlobStore:
     """File contents by sha256: ``root/<first two hex digits>/<digest>``. ``put`` copies a file
-    in while hashing it and makes the blob durable (fsync of the file, atomic rename, fsync of
-    its directory) before it returns. A blob is immutable once renamed into place; none is ever
-    deleted."""
+    in while hashing it, fsyncs it and renames it into place; the directories whose entries
+    changed are added to ``dirty``, for the caller to fsync (``sync``) once per directory
+    before it hands out a manifest naming the blob. A blob is immutable once renamed into
+    place; none is ever deleted."""
 
     root: Path = attrs.field(converter=Path)
 
@@ -125,7 +126,9 @@ class BlobStore:
         except FileNotFoundError:
             return False
 
-    def put(self, source: Path, before: os.stat_result, limit: int) -> tuple[str, os.stat_result]:
+    def put(
+        self, source: Path, before: os.stat_result, limit: int, dirty: set[Path]
+    ) -> tuple[str, os.stat_result]:
         """Store the bytes of regular file ``source`` (``before``: its ``lstat``); its digest
         and the stat its bytes are of. ``TreeChanged`` when its stat key moved while it was
         read, every retry."""
@@ -146,9 +149,9 @@ class BlobStore:
                 else:
                     if not final.parent.is_dir():  # a new fan-out directory: its entry too
                         final.parent.mkdir(exist_ok=True)
-                        _fsync_dir(self.root)
+                        dirty.add(self.root)
                     os.replace(tmp, final)
-                    _fsync_dir(final.parent)
+                    dirty.add(final.parent)
                 return digest, after
             except BaseException:
                 tmp.unlink(missing_ok=True)
@@ -214,6 +217,7 @@ class TreeScanner:
     def scan(self) -> dict[str, dict[str, Any]]:
         """The tree's manifest now, every new blob durable in the store."""
         start = time.time_ns()
+        dirty: set[Path] = set()
         entries: dict[str, dict[str, Any]] = {}
         known: dict[str, tuple[StatKey, str]] = {}
         total = 0
@@ -235,7 +239,7 @@ class TreeScanner:
                     entries[rel] = {"kind": "dir", "mode": st.st_mode & _MODE_BITS}
                     stack.append(rel)
                 elif stat.S_ISREG(st.st_mode):
-                    digest, st = self._digest(rel, Path(entry.path), st, start, known)
+                    digest, st = self._digest(rel, Path(entry.path), st, start, known, dirty)
                     total += st.st_size
                     entries[rel] = {
                         "kind": "file",
@@ -263,6 +267,8 @@ class TreeScanner:
                 f"sandbox tree {self.root} holds {total} bytes, over the limit of "
                 f"{self.limits.max_tree_bytes}"
             )
+        for directory in dirty:  # every new blob's entry durable before the manifest is out
+            _fsync_dir(directory)
         self.known = known
         return entries
 
@@ -273,6 +279,7 @@ class TreeScanner:
         st: os.stat_result,
         start: int,
         known: dict[str, tuple[StatKey, str]],
+        dirty: set[Path],
     ) -> tuple[str, os.stat_result]:
         """The digest of file ``rel`` and the stat it is the digest of (``st`` unless it
         changed while it was hashed)."""
@@ -286,7 +293,7 @@ class TreeScanner:
         if cached is not None and cached[0] == key:
             known[rel] = cached
             return cached[1], st
-        digest, after = self.blobs.put(path, st, self.limits.max_file_bytes)
+        digest, after = self.blobs.put(path, st, self.limits.max_file_bytes, dirty)
         self.hashed += 1
         key = _stat_key(after)
         if max(key[1], key[2]) < start - RACY_NS:  # not racily clean: trusted next scan
