@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import select
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import trio.testing
 
 from gymckpt.gym_adapter import EpisodeInfo
 from gymckpt.gym_adapter.environments import _sandbox_tree
+from gymckpt.gym_adapter.environments._sandbox_commands import bwrap_argv
 from gymckpt.gym_adapter.environments.sandbox import (
     CommandLimits,
     ManifestRefused,
@@ -31,11 +33,12 @@ INFO = EpisodeInfo("3-1", 3, 1, 0, 7, "gym-0")
 
 def template(root: Path) -> Path:
     t = root / "template"
-    (t / "src").mkdir(parents=True)
+    (t / "src").mkdir(parents=True, exist_ok=True)
     (t / "README").write_text("read me\n")
     (t / "src" / "main.sh").write_text("echo hi\n")
     os.chmod(t / "src" / "main.sh", 0o755)
-    os.symlink("src/main.sh", t / "run")
+    if not (t / "run").is_symlink():
+        os.symlink("src/main.sh", t / "run")
     return t
 
 
@@ -250,6 +253,17 @@ def test_bad_configuration_is_refused_where_it_enters(tmp_path: Path) -> None:
         sandbox(tmp_path, isolation="docker")
     with pytest.raises(ValueError, match="is not a directory"):
         Sandbox(tmp_path / "nope", tmp_path / "work")
+    if shutil.which("bwrap") is None:
+        with pytest.raises(ValueError, match="bwrap is not on PATH"):
+            sandbox(tmp_path, isolation="bwrap")
+
+
+def test_bwrap_binds_only_the_tree_writable_and_unshares_everything(tmp_path: Path) -> None:
+    argv = bwrap_argv(tmp_path, ["make", "test"])
+    assert argv[:5] == ["bwrap", "--ro-bind", "/", "/", "--dev"]
+    assert ["--bind", str(tmp_path), str(tmp_path)] == argv[argv.index("--bind") :][:3]
+    assert {"--unshare-all", "--die-with-parent", "--new-session"} <= set(argv)
+    assert argv[-3:] == ["--", "make", "test"]
 
 
 # -- commands ---------------------------------------------------------------------------------

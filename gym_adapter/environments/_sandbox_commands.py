@@ -1,9 +1,12 @@
 """One command in a sandbox: a subprocess with the tree as its working directory, a deadline,
 bounded output and resource limits.
 
-Every command is its own process group (``start_new_session``); when it ends, or its deadline
-passes (a trio cancel scope), the whole group is killed with ``SIGKILL``, so nothing it started
-in the background keeps changing the tree into the next step boundary. Output beyond
+A command's environment is ``PATH``, ``HOME`` (the tree), ``LANG``, ``PWD`` and
+``PYTHONDONTWRITEBYTECODE`` (a compiled ``.pyc`` records its source's mtime, so a tree would
+depend on when it was restored). Every command is its own process group
+(``start_new_session``); when it ends, or its deadline passes (a trio cancel scope), the whole
+group is killed with ``SIGKILL``, so nothing it started in the background keeps changing the
+tree into the next step boundary. Output beyond
 ``CommandLimits.max_output_bytes`` per stream is read and dropped, and the result says so
 (``stdout_truncated``). ``resource.setrlimit`` in the child before ``exec`` bounds CPU seconds,
 the size of any file it writes, its address space and (optionally) the processes of its user.
@@ -150,7 +153,13 @@ async def run_command(
     if isolation == "auto":
         isolation = "bwrap" if shutil.which("bwrap") else "none"
     full = bwrap_argv(tree, argv) if isolation == "bwrap" else list(argv)
-    env = {"PATH": _DEFAULT_PATH, "HOME": str(tree), "LANG": "C.UTF-8", "PWD": str(tree)}
+    env = {
+        "PATH": _DEFAULT_PATH,
+        "HOME": str(tree),
+        "LANG": "C.UTF-8",
+        "PWD": str(tree),
+        "PYTHONDONTWRITEBYTECODE": "1",  # a .pyc holds its source's mtime: trees would differ
+    }
     proc = await trio.lowlevel.open_process(
         full,
         stdin=subprocess.DEVNULL,
