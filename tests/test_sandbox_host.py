@@ -1,7 +1,8 @@
 """The sandbox on the Gym host, under trio's autojump clock: an unaligned cut takes an episode
 in the middle of a turn at its step boundary's tree (the mark), and the restored turn runs again
 against it, so its line is in the tree once; a tree a restore would refuse fails its episode
-(data) at the commit, naming the path, and the other episodes commit and restore."""
+(data) at the commit, naming the path, and the other episodes commit and restore; a retained
+sandbox is journaled, and an instance's replacement continues its tree."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import trio
 import trio.testing
 
@@ -134,3 +136,21 @@ async def test_a_tree_with_a_symlink_out_fails_its_episode_at_the_commit_naming_
         await _collect(await fresh.run([RunRow("1-0-a1", 1, 0, 1, "1-0")]), again)
     [done] = again
     assert isinstance(done, Completed) and done.payload["log"] == "turn 0\nturn 1\nturn 2\n"
+
+
+async def test_a_retained_sandbox_is_journaled_and_a_replacement_continues_its_tree(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A retained sandbox (a workspace the world keeps) outlives its episode; the host journals
+    its manifest after every turn, and the replacement of the instance (``recover=True``)
+    materialises the same tree from the blob store."""
+    env = environment(tmp_path)
+    env = attrs.evolve(env, participants=(attrs.evolve(env.participants[0], retained=True),))
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        got: list[RunReply] = []
+        await _collect(await host.run([RunRow("0-0", 0, 0, 0)]), got)
+        [kept] = host.retained_sessions()["sandbox"].values()
+    async with GymHost("gym-0", env, work_dir=tmp_path, recover=True) as again:
+        [view] = again.session_states("sandbox").values()
+        assert view.state.read("log") == b"turn 0\nturn 1\nturn 2\n"
+        assert view.state.manifest() == kept.state
