@@ -149,26 +149,27 @@ class ControlPlane:
         gen = parking.prepare(checkpoint_id, park=park)
         parking.arm_lease(self._lease_expired)
         if not parking.parks:
+            await self._wait_marked(checkpoint_id, gen, deadline_ts)
             await anyio.lowlevel.checkpoint()
-            if self.host.dead:
-                raise GymInstanceDead(self.name, "prepare")
+            self._check_prepared(checkpoint_id, gen)
             return PrepareReply(self.name, checkpoint_id, 0, len(self.streams.on_wire))
         aligned_by = deadline_ts
         if alignment_timeout_s is not None and self.environment.unaligned:
             aligned_by = min(deadline_ts, anyio.current_time() + alignment_timeout_s)
         in_time = await parking.wait_parked(gen, aligned_by)
         await anyio.lowlevel.checkpoint()
-        if self.host.dead:
-            raise GymInstanceDead(self.name, "prepare")
-        if not parking.prepared or parking.generation != gen:
-            raise GymControlError(
-                self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
-            )
+        self._check_prepared(checkpoint_id, gen)
         if (not in_time or parking.moving) and aligned_by < deadline_ts:
-            # the alignment timeout ran out, not the call: the rest are the commit's to cut
-            parking.time_out_alignment(gen)
-            parked = len(self.table.active) - parking.moving
-            return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
+            # the alignment timeout ran out, not the call: the rest are the commit's to cut,
+            # once each has a mark of its boundary (or parked meanwhile)
+            await self._wait_marked(checkpoint_id, gen, deadline_ts)
+            await anyio.lowlevel.checkpoint()
+            self._check_prepared(checkpoint_id, gen)
+            in_time = True
+            if parking.moving:
+                parking.time_out_alignment(gen)
+                parked = len(self.table.active) - parking.moving
+                return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
         if not in_time or parking.moving:
             raise GymCallTimeout(
                 f"instance {self.name} prepare: {parking.moving} episodes did not reach a step "
@@ -180,6 +181,32 @@ class ControlPlane:
             promote_survivors()
         parked = len(self.table.active)  # nothing moves: every running episode is parked
         return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
+
+    def _check_prepared(self, checkpoint_id: str, generation: int) -> None:
+        """After a prepare waited: the instance is alive and still prepared in ``generation``
+        (``GymInstanceDead``, ``GymControlError`` if it reopened meanwhile)."""
+        if self.host.dead:
+            raise GymInstanceDead(self.name, "prepare")
+        if not self.parking.prepared or self.parking.generation != generation:
+            raise GymControlError(
+                self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
+            )
+
+    async def _wait_marked(self, checkpoint_id: str, generation: int, deadline_ts: float) -> None:
+        """Before a cut: arm the boundary marks (``Parking.marks``) and wait until every turn
+        in flight has a mark of its boundary: the turns that started before they were armed
+        end (or, aligned, every episode parked). Past ``deadline_ts``: ``GymCallTimeout``."""
+        parking = self.parking
+        parking.arm_marks()
+        if not await parking.wait_marked(generation, deadline_ts):
+            raise GymCallTimeout(
+                f"instance {self.name} prepare of {checkpoint_id}: {parking.unmarked} turns "
+                "that started before this instance took boundary marks (its first checkpoint "
+                "that may cut) did not end before the deadline; the checkpoint is retried, and "
+                "every turn started since has its mark",
+                self.name,
+                "prepare",
+            )
 
     async def commit(self, checkpoint_id: str, state_root: str) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
@@ -253,8 +280,8 @@ class ControlPlane:
             for ep in self.table.active.values()
             if ep.state != DONE and not self.slots.fenced(ep)
         ]
-        for ep in live:  # a task that has not reached its first boundary
-            if ep.mark is None:
+        for ep in live:  # at a boundary without its mark (parked, or not stepping yet)
+            if not ep.stepping and (ep.mark is None or ep.mark.turn != ep.turn):
                 ep.mark = mark_boundary(self.roles.sessions, ep)
         taken, bad = take_cut(live)
         for ep in bad:

@@ -103,13 +103,16 @@ class Turns:
                     ),
                 )
         agent = self.environment.agent
-        marks = self.environment.unaligned
+        parking = self.parking
         while True:
-            if marks and (ep.mark is None or ep.mark.turn != ep.turn):
+            if parking.marks and (ep.mark is None or ep.mark.turn != ep.turn):
                 ep.mark = mark_boundary(self.sessions, ep)  # before any scheduling point
-            if not await self.parking.boundary(ep, self.fenced):
+            if not await parking.boundary(ep, self.fenced):
                 return None
             ctx = StepContext(self, ep)
+            if parking.marks and (ep.mark is None or ep.mark.turn != ep.turn):  # armed meanwhile
+                ep.mark = mark_boundary(self.sessions, ep)
+            marked = parking.unmarked_turn_started()  # no scheduling point since the line above
             ep.stepping = True
             try:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
@@ -138,6 +141,8 @@ class Turns:
                 return Failed(rid, "infra" if infra else "data", problem or failed)
             finally:
                 ep.stepping = False
+                if not marked:
+                    parking.unmarked_turn_ended()
             if self.slots.fenced(ep):
                 raise EpisodeFenced(rid)
             problem = self.slots.journal_turn(ep, ctx.touched)
