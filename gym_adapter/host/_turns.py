@@ -105,12 +105,13 @@ class Turns:
         agent = self.environment.agent
         parking = self.parking
         while True:
-            if parking.marks and (ep.mark is None or ep.mark.turn != ep.turn):
+            armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
+            if armed and (ep.mark is None or ep.mark.turn != ep.turn):
                 ep.mark = mark_boundary(self.sessions, ep)  # before any scheduling point
             if not await parking.boundary(ep, self.fenced):
                 return None
             ctx = StepContext(self, ep)
-            if parking.marks and (ep.mark is None or ep.mark.turn != ep.turn):  # armed meanwhile
+            if not armed and parking.marks:  # armed while it waited at the boundary
                 ep.mark = mark_boundary(self.sessions, ep)
             marked = parking.unmarked_turn_started()  # no scheduling point since the line above
             ep.stepping = True
