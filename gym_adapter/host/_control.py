@@ -282,7 +282,7 @@ class ControlPlane:
         ]
         for ep in live:  # at a boundary without its mark (parked, or not stepping yet)
             if not ep.stepping and (ep.mark is None or ep.mark.turn != ep.turn):
-                ep.mark = mark_boundary(self.roles.sessions, ep)
+                ep.mark = mark_boundary(self.roles.sessions, ep, self.roles.versions)
         taken, bad = take_cut(live)
         for ep in bad:
             assert ep.mark is not None and ep.mark.problem is not None

@@ -219,6 +219,7 @@ class GymHost:
             user_calls=self.user_calls,
             failure_log=self.failure_log,
             sessions=roles.sessions,
+            versions=roles.versions,
         )
         self._control = ControlPlane(
             host=self,
