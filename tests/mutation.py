@@ -1666,6 +1666,33 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_host_marks_on_demand.py",),
         sim_seeds=0,
     ),
+    Mutant(
+        "marks-version-reuse-ignores-the-version",
+        "marks",
+        "gym_adapter/host/_cut.py",
+        "and prev.versions[i] == version",
+        "and True",
+        ("tests/test_host_mark_versions.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "marks-version-reuse-ignores-a-replaced-state",
+        "marks",
+        "gym_adapter/host/_cut.py",
+        "and prev.objects[i] is state",
+        "and True",
+        ("tests/test_host_mark_versions.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "marks-versions-never-reused",
+        "marks",
+        "gym_adapter/host/_cut.py",
+        "        return _mark_parts(participants, ep, versions)",
+        "        pass",
+        ("tests/test_host_mark_versions.py",),
+        sim_seeds=0,
+    ),
 )
 
 
