@@ -1,10 +1,11 @@
 """Boundary marks on demand (``HostConfig(boundary_marks="on_demand")``): a run that never cuts
-exports nothing at its step boundaries, and the first prepare that may cut arms the marks and
-waits for the turns that started without one, so the cut still takes every episode at a
-boundary it has a mark of and a restore replays each mutation exactly once.
+exports nothing at its step boundaries; the first prepare that may cut arms the marks, and its
+cut, which has no mark for a turn that started before, retries that episode from its start
+(failed as infrastructure, its reply drained), while every later turn is marked and taken at
+its boundary, restoring exactly once.
 
 The environment: each turn appends its number to the ``tally`` participant's session and, for a
-gated (row, turn), waits on a ``trio.Event`` the test sets, so a prepare lands inside a turn.
+gated (row, turn), waits on a ``trio.Event`` the test sets, so a checkpoint lands inside a turn.
 Every ``export`` is counted. Virtual time throughout (trio's ``MockClock``).
 """
 
@@ -23,7 +24,6 @@ from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
-    GymCallTimeout,
     InstanceRecord,
     ParticipantRecord,
     rollout_id_for,
@@ -140,38 +140,44 @@ async def test_an_aligned_run_exports_nothing_at_its_step_boundaries(
         assert boundary_exports > at_prepare
 
 
-async def test_the_first_unaligned_prepare_waits_for_turns_started_unmarked_and_restores_exactly(
+async def test_the_first_cut_retries_a_turn_started_unmarked_and_the_next_restores_exactly(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    """Row 0 is inside turn 1 (its tally holds turn 1's mutation) when the first unaligned
-    prepare comes: no mark of boundary 1 exists, so the prepare waits (nothing parks) until
-    that turn ends; turn 2 starts marked and waits at its gate. The cut takes the episode at
-    boundary 2, and a restore replays turn 2 with each turn's mutation once."""
+    """Row 0 is inside turn 1 when the first unaligned checkpoint comes: no mark of boundary
+    1 exists, so the cut cannot take it. The prepare returns at once (nothing parks, no wait);
+    the commit ends row 0 failed as infrastructure (retried from its start, spending nothing),
+    its reply on the wire for the drain, and exports nothing of it. Row 1, started after, is
+    marked at every boundary: the next cut takes it inside turn 1 at boundary 1, and a restore
+    replays turn 1 with each turn's mutation once."""
     world = World()
     world.gate(0, 1)
-    world.gate(0, 2)
+    world.gate(1, 1)
     root = tmp_path / "snap"
     async with host(world, tmp_path, "on_demand") as h:
-        await h.run([row(0)])
+        first = await h.run([row(0)])
         await world.reached[(0, 1)].wait()
         assert world.exports == 0
-        prepared: list[Any] = []
-
-        async def prepare() -> None:
-            prepared.append(await h.prepare("c1", deadline(), CheckpointMode.UNALIGNED))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(prepare)
-            await trio.sleep(5.0)
-            assert prepared == [], "the prepare did not wait for a turn that has no mark"
-            world.gates[(0, 1)].set()
-            await world.reached[(0, 2)].wait()
-        assert prepared[0].parked == 0
-        reply = await h.commit("c1", str(root), deadline())
-        assert reply.mid_turn == 1
-        assert [(s.rollout_id, s.step_boundary) for s in reply.sessions] == [("0-0", 2)]
-        world.gates[(0, 2)].set()
+        prepared = await h.prepare("c1", deadline(), CheckpointMode.UNALIGNED)
+        assert prepared.parked == 0
+        reply = await h.commit("c1", str(root / "c1"), deadline())
+        assert reply.exported == () and reply.mid_turn == 0
+        assert reply.on_wire == ("0-0",), "the retried episode's reply is not for the drain"
+        with trio.fail_after(30):
+            got = [x async for batch in first for x in batch]
+        assert [(type(x).__name__, getattr(x, "failure_class", None)) for x in got] == [
+            ("Failed", "infra")
+        ]
         await h.resume("c1", deadline())
+
+        await h.run([row(1)])
+        await world.reached[(1, 1)].wait()
+        assert world.exports == 2 * 2  # boundaries 0 and 1 of row 1, two participants
+        await h.prepare("c2", deadline(), CheckpointMode.UNALIGNED)
+        reply = await h.commit("c2", str(root / "c2"), deadline())
+        assert reply.mid_turn == 1
+        assert [(s.rollout_id, s.step_boundary) for s in reply.sessions] == [("1-0", 1)]
+        world.gates[(1, 1)].set()
+        await h.resume("c2", deadline())
     record = InstanceRecord(
         reply.instance,
         tuple(
@@ -184,29 +190,36 @@ async def test_the_first_unaligned_prepare_waits_for_turns_started_unmarked_and_
     ]
     again = World()
     async with host(again, tmp_path, "on_demand", name="b") as h:
-        restored = await h.restore(str(root), record, episodes, deadline())
-        assert "0-0" in restored.restored
-        assert h.session_states("tally")["0-0"].state == {"turns": [0, 1]}
-        stream = await h.run([RunRow("0-0-a1", 0, 0, 1, restored_from="0-0")])
+        restored = await h.restore(str(root / "c2"), record, episodes, deadline())
+        assert "1-0" in restored.restored
+        assert h.session_states("tally")["1-0"].state == {"turns": [0]}, "not boundary 1's"
+        stream = await h.run([RunRow("1-0-a1", 1, 0, 1, restored_from="1-0")])
         with trio.fail_after(60):
             got = [x async for batch in stream for x in batch]
         assert len(got) == 1 and isinstance(got[0], Completed), got
         assert got[0].payload == TURNS, "a turn replayed twice, or one lost"
 
 
-async def test_a_turn_started_unmarked_past_the_deadline_fails_the_prepare_retryably(
+async def test_an_alignment_timeout_arms_the_marks(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    """The first unaligned prepare gives up at its deadline while a turn that started without
-    a mark still runs (``GymCallTimeout``, retried by the trainer); the next turn is marked."""
+    """An aligned run exports nothing until its alignment timeout runs out with a turn still
+    in flight; that cut retries the turn (infra), and every boundary after is marked."""
     world = World()
     world.gate(0, 1)
     async with host(world, tmp_path, "on_demand") as h:
-        await h.run([row(0)])
+        first = await h.run([row(0)])
         await world.reached[(0, 1)].wait()
-        with pytest.raises(GymCallTimeout, match="started before this instance took boundary"):
-            await h.prepare("c1", deadline(5.0), CheckpointMode.UNALIGNED)
+        await h.prepare("c1", deadline(), CheckpointMode.ALIGNED, alignment_timeout_s=1.0)
+        reply = await h.commit("c1", str(tmp_path / "snap"), deadline())
+        assert reply.exported == () and reply.on_wire == ("0-0",)
+        assert world.exports == 0
         await h.resume("c1", deadline())
-        world.gates[(0, 1)].set()
-        await trio.sleep(1.0)
-        assert world.exports >= 2, "the turn after the first prepare took no mark"
+        with trio.fail_after(30):
+            got = [x async for batch in first for x in batch]
+        assert [getattr(x, "failure_class", None) for x in got] == ["infra"]
+        second = await h.run([row(1)])
+        with trio.fail_after(30):
+            got = [x async for batch in second for x in batch]
+        assert isinstance(got[0], Completed)
+        assert world.exports == TURNS * 2, "the boundaries after the arming cut were not marked"

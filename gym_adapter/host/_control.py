@@ -143,33 +143,37 @@ class ControlPlane:
 
         ``alignment_timeout_s`` (and an environment that does not opt out): after that long,
         it returns with the episodes that have not parked still moving, for the commit's cut
-        (``Parking.alignment_timed_out``); ``parked`` then counts fewer than run."""
+        (``Parking.alignment_timed_out``); ``parked`` then counts fewer than run.
+
+        Either way a prepare whose commit will cut arms the boundary marks
+        (``Parking.arm_marks``; a no-op where they are armed from the start)."""
         parking = self.parking
         park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned
         gen = parking.prepare(checkpoint_id, park=park)
         parking.arm_lease(self._lease_expired)
         if not parking.parks:
-            await self._wait_marked(checkpoint_id, gen, deadline_ts)
+            parking.arm_marks()
             await anyio.lowlevel.checkpoint()
-            self._check_prepared(checkpoint_id, gen)
+            if self.host.dead:
+                raise GymInstanceDead(self.name, "prepare")
             return PrepareReply(self.name, checkpoint_id, 0, len(self.streams.on_wire))
         aligned_by = deadline_ts
         if alignment_timeout_s is not None and self.environment.unaligned:
             aligned_by = min(deadline_ts, anyio.current_time() + alignment_timeout_s)
         in_time = await parking.wait_parked(gen, aligned_by)
         await anyio.lowlevel.checkpoint()
-        self._check_prepared(checkpoint_id, gen)
+        if self.host.dead:
+            raise GymInstanceDead(self.name, "prepare")
+        if not parking.prepared or parking.generation != gen:
+            raise GymControlError(
+                self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
+            )
         if (not in_time or parking.moving) and aligned_by < deadline_ts:
-            # the alignment timeout ran out, not the call: the rest are the commit's to cut,
-            # once each has a mark of its boundary (or parked meanwhile)
-            await self._wait_marked(checkpoint_id, gen, deadline_ts)
-            await anyio.lowlevel.checkpoint()
-            self._check_prepared(checkpoint_id, gen)
-            in_time = True
-            if parking.moving:
-                parking.time_out_alignment(gen)
-                parked = len(self.table.active) - parking.moving
-                return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
+            # the alignment timeout ran out, not the call: the rest are the commit's to cut
+            parking.arm_marks()
+            parking.time_out_alignment(gen)
+            parked = len(self.table.active) - parking.moving
+            return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
         if not in_time or parking.moving:
             raise GymCallTimeout(
                 f"instance {self.name} prepare: {parking.moving} episodes did not reach a step "
@@ -181,32 +185,6 @@ class ControlPlane:
             promote_survivors()
         parked = len(self.table.active)  # nothing moves: every running episode is parked
         return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
-
-    def _check_prepared(self, checkpoint_id: str, generation: int) -> None:
-        """After a prepare waited: the instance is alive and still prepared in ``generation``
-        (``GymInstanceDead``, ``GymControlError`` if it reopened meanwhile)."""
-        if self.host.dead:
-            raise GymInstanceDead(self.name, "prepare")
-        if not self.parking.prepared or self.parking.generation != generation:
-            raise GymControlError(
-                self.name, "prepare", f"checkpoint {checkpoint_id} reopened before it parked"
-            )
-
-    async def _wait_marked(self, checkpoint_id: str, generation: int, deadline_ts: float) -> None:
-        """Before a cut: arm the boundary marks (``Parking.marks``) and wait until every turn
-        in flight has a mark of its boundary: the turns that started before they were armed
-        end (or, aligned, every episode parked). Past ``deadline_ts``: ``GymCallTimeout``."""
-        parking = self.parking
-        parking.arm_marks()
-        if not await parking.wait_marked(generation, deadline_ts):
-            raise GymCallTimeout(
-                f"instance {self.name} prepare of {checkpoint_id}: {parking.unmarked} turns "
-                "that started before this instance took boundary marks (its first checkpoint "
-                "that may cut) did not end before the deadline; the checkpoint is retried, and "
-                "every turn started since has its mark",
-                self.name,
-                "prepare",
-            )
 
     async def commit(self, checkpoint_id: str, state_root: str) -> CommitReply:
         """Write every participant's records under ``state_root/<instance>/<server_name>/`` and
@@ -280,9 +258,17 @@ class ControlPlane:
             for ep in self.table.active.values()
             if ep.state != DONE and not self.slots.fenced(ep)
         ]
-        for ep in live:  # at a boundary without its mark (parked, or not stepping yet)
-            if not ep.stepping and (ep.mark is None or ep.mark.turn != ep.turn):
-                ep.mark = mark_boundary(self.roles.sessions, ep, self.roles.versions)
+        unmarked: list[Episode] = []
+        for ep in live:
+            if ep.mark is None or ep.mark.turn != ep.turn:
+                if ep.stepping:  # its turn started before the marks were armed
+                    unmarked.append(ep)
+                else:  # at a boundary (parked, or not stepping yet): marked where it is
+                    ep.mark = mark_boundary(self.roles.sessions, ep, self.roles.versions)
+        if unmarked:
+            retried = {ep.rollout_id for ep in unmarked}
+            live = [ep for ep in live if ep.rollout_id not in retried]
+            self._retry_unmarked(checkpoint_id, unmarked)
         taken, bad = take_cut(live)
         for ep in bad:
             assert ep.mark is not None and ep.mark.problem is not None
@@ -312,6 +298,32 @@ class ControlPlane:
             sessions,
             mid_turn=sum(1 for c in taken if c.mid_turn),
         )
+
+    def _retry_unmarked(self, checkpoint_id: str, unmarked: Sequence[Episode]) -> None:
+        """The episodes inside a turn that started before the boundary marks were armed
+        (``HostConfig.boundary_marks="on_demand"``: this is the instance's first cut): no
+        state of their last boundary exists, so the cut cannot take them. Each ends now,
+        failed as infrastructure (its row loses nothing: the trainer starts the slot's next
+        attempt from the row's start once the checkpoint resumes), before the cut lists the
+        replies on the wire, so the checkpoint drains its reply; what it mutated in a retained
+        session is freed with it, as for any failed attempt."""
+        self.failure_log.warn(
+            f"instance {self.name} checkpoint {checkpoint_id}: {len(unmarked)} episodes inside "
+            "a turn that started before this instance took boundary marks (boundary_marks="
+            "'on_demand'; its first cut) are retried from their start"
+        )
+        for ep in unmarked:
+            ep.stop()
+            self.host.end_episode(
+                ep,
+                Failed(
+                    ep.rollout_id,
+                    "infra",
+                    f"{self.name}: checkpoint {checkpoint_id} cut the episode inside turn "
+                    f"{ep.turn}, which started before the instance took boundary marks: "
+                    "retried from its start",
+                ),
+            )
 
     def _check_exported(
         self, checkpoint_id: str, generation: int, problem: Exception | None

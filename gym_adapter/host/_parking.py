@@ -24,15 +24,12 @@ to park, and a lease timer, act only for their own generation, so a reopen follo
 prepare never lets a stale one through. The lease: a prepared instance reopens by itself after
 ``lease_s`` without a resume (a trainer that died mid-checkpoint never holds Gym forever).
 
-Boundary marks (``_cut``) are taken only once a prepare that may end in a cut armed them
-(``arm_marks``: an unaligned one, or an aligned one whose alignment timeout ran out); a turn
-that started before then has no mark of its boundary (``unmarked`` counts those in flight), so
-such a prepare first waits for them to end (``wait_marked``), parking nothing it would not
-park otherwise.
+Boundary marks (``_cut``) are taken only once armed (``arm_marks``): from the start, or by the
+first prepare that may end in a cut (``HostConfig.boundary_marks``).
 
 ``Parking`` is the only writer of admission, the prepared flag, the checkpoint ID, the
 generation, whether its alignment timed out, the count of moving episodes, the parked list,
-whether marks are armed and the count of unmarked turns, and the lease; the episodes it moves
+whether marks are armed, and the lease; the episodes it moves
 between ``MOVING`` and ``BOUNDARY`` are the host's.
 """
 
@@ -87,12 +84,6 @@ class Parking:
     """Whether episodes take a boundary mark at each step boundary (``_cut``): armed by the
     first prepare that may end in a cut (``arm_marks``), never disarmed. Before that no
     boundary exports anything: a run that never cuts pays nothing for marks."""
-    unmarked: int = attrs.field(default=0, init=False)
-    """Turns in flight that started without a mark of their boundary (before ``marks`` was
-    armed): a cut cannot take those episodes until the turn ends (``wait_marked``)."""
-    _marked: anyio.Event | None = attrs.field(default=None, init=False)
-    """Set when ``unmarked`` drops to 0, nothing moves any more, or the instance reopens or
-    shuts down (wakes ``wait_marked``)."""
     _parked: list[Episode] = attrs.field(factory=list, init=False)
     _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
     """Set when a checkpoint is prepared (wakes episodes held by ``ctx.hold()``)."""
@@ -116,7 +107,6 @@ class Parking:
         self.closing = True
         self.admission_open = False
         self._cancel_lease()
-        self._wake_marked()
 
     def release_all(self) -> None:
         """After shutdown: the parked list is dropped (the host ended those episodes) and a
@@ -147,49 +137,12 @@ class Parking:
     def _check_parked(self) -> None:
         if self.prepared and self.moving == 0 and self._all_parked is not None:
             self._all_parked.set()
-            self._wake_marked()
 
     # -- boundary marks ------------------------------------------------------------------------
 
     def arm_marks(self) -> None:
         """From now on every step boundary takes a mark (``marks``)."""
         self.marks = True
-
-    def unmarked_turn_started(self) -> bool:
-        """A turn starts: False (and counted in ``unmarked``) unless marks are armed."""
-        if self.marks:
-            return True
-        self.unmarked += 1
-        return False
-
-    def unmarked_turn_ended(self) -> None:
-        """A turn counted in ``unmarked`` ended (its episode is at a boundary, or gone)."""
-        self.unmarked -= 1
-        if self.unmarked == 0:
-            self._wake_marked()
-
-    def _wake_marked(self) -> None:
-        if self._marked is not None:
-            self._marked.set()
-            self._marked = None
-
-    async def wait_marked(self, generation: int, deadline_ts: float) -> bool:
-        """Wait until no turn in flight lacks a mark (``unmarked`` is 0), nothing moves any
-        more (an aligned generation: all parked, no cut needed), or the instance reopens (or
-        re-prepares) or shuts down; False if ``deadline_ts`` passed first. Call after
-        ``arm_marks``: no turn joins ``unmarked`` from then on."""
-        with anyio.move_on_at(deadline_ts) as scope:
-            while (
-                self.unmarked
-                and not (self.parks and self.moving == 0)
-                and self.prepared
-                and self.generation == generation
-                and not self.closing
-            ):
-                if self._marked is None:
-                    self._marked = anyio.Event()
-                await self._marked.wait()
-        return not scope.cancelled_caught
 
     async def boundary(self, ep: Episode, fenced: Callable[[Episode], bool]) -> bool:
         """Pass step boundary ``ep.turn`` (True), or park there while a checkpoint is prepared
@@ -283,7 +236,6 @@ class Parking:
         self._prepared_evt = anyio.Event()
         self._unpark_all()
         self._all_parked.set()
-        self._wake_marked()
 
     def _unpark_all(self) -> None:
         parked, self._parked = self._parked, []

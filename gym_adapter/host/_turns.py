@@ -117,7 +117,6 @@ class Turns:
             ctx = StepContext(self, ep)
             if not armed and parking.marks:  # armed while it waited at the boundary
                 ep.mark = mark_boundary(self.sessions, ep, self.versions)
-            marked = parking.unmarked_turn_started()  # no scheduling point since the line above
             ep.stepping = True
             try:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
@@ -146,8 +145,6 @@ class Turns:
                 return Failed(rid, "infra" if infra else "data", problem or failed)
             finally:
                 ep.stepping = False
-                if not marked:
-                    parking.unmarked_turn_ended()
             if self.slots.fenced(ep):
                 raise EpisodeFenced(rid)
             problem = self.slots.journal_turn(ep, ctx.touched)
