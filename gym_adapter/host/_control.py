@@ -11,7 +11,10 @@ same checkpoint, which first puts what it held on the wire). Nothing waits for a
 Aligned with an alignment timeout (Flink's aligned-checkpoint timeout): ``prepare`` waits that
 long for the episodes to park, then returns with the rest still moving, and the commit is a cut
 as above (a parked episode taken at the boundary it waits at, the others at their last one): no
-turn, however long, fails a checkpoint. An environment that opts out of unaligned cuts has no
+turn, however long, fails a checkpoint. A prepare whose commit cuts arms the boundary marks
+(``Parking.arm_marks``) where they are taken on demand; that first cut retries the episodes
+inside a turn that started before (``_retry_unmarked``). An environment that opts out of
+unaligned cuts has no
 marks to cut at: its prepare waits for every episode until the call's deadline. An attempt
 fenced inside its turn (a newer attempt owns its slot) is not taken, as an aligned
 commit never holds one. In either mode, a checkpoint that reopens while its commit writes the

@@ -9,9 +9,12 @@ completed up to the cut (``ep.staged`` is append-only: a copy of it at the cut i
 calls); a call in progress at the cut is not among them, so a restore asks it again. The worker
 thread that writes the records reads only what the cut copied.
 
-Invariant: an episode that has a mark has one of its current boundary (``ep.mark.turn ==
-ep.turn``: the turn counter moves on only where the next mark is made, with no scheduling point
-between); an episode inside a turn (``ep.stepping``) always has one.
+Marks are taken once armed (``Parking.marks``: from the start, or from the first prepare that
+may cut, ``HostConfig.boundary_marks``). Invariant, while armed: an episode that has a mark has
+one of its current boundary (``ep.mark.turn == ep.turn``: the turn counter moves on only where
+the next mark is made, with no scheduling point between), and an episode inside a turn
+(``ep.stepping``) that started after the arming always has one; one whose turn started before
+has none, and the cut retries it (``ControlPlane._retry_unmarked``).
 A mark whose states could not be exported or are not finite plain data carries the problem
 instead (``problem``); the cut fails that episode (data), as an aligned commit fails a parked
 episode whose export fails.
@@ -209,8 +212,9 @@ def take_cut(episodes: Iterable[Episode]) -> tuple[list[CutEpisode], list[Episod
     """(the episodes taken, those whose mark holds a problem): on the loop, at the cut.
 
     Every episode must have a mark of its current boundary (``Turns`` makes one at each
-    boundary; the caller marks an episode whose task has not reached its first); ``staged`` is
-    copied here, so a capture made after the cut is not in it."""
+    boundary once armed; the caller marks an episode at a boundary that has none, and leaves
+    out one inside a turn that has none); ``staged`` is copied here, so a capture made after
+    the cut is not in it."""
     taken: list[CutEpisode] = []
     refused: list[Episode] = []
     for ep in episodes:

@@ -138,8 +138,8 @@ class HostConfig:
     mid-turn at): ``"always"``, from the start, so every cut, the first included, takes every
     episode; ``"on_demand"``, only once a prepare that may cut came (an unaligned one, or an
     aligned one whose alignment timeout ran out): a run that never cuts pays nothing for marks,
-    and the prepare that arms them first waits (until its deadline) for the turns in flight,
-    which started without a mark, to end."""
+    and that first cut retries (fails as infrastructure, spending nothing of the row) each
+    episode inside a turn that started before, which has no mark to be taken at."""
     freeze_survivors: bool = True
     """Once every episode is parked, once a resume has started them all again, and every
     ``PROMOTE_EVERY`` episodes started, move what the process holds into the permanent
