@@ -16,8 +16,9 @@ turn, however long, fails a checkpoint. A prepare whose commit cuts arms the bou
 inside a turn that started before (``_retry_unmarked``). An environment that opts out of
 unaligned cuts has no marks to cut at: its prepare waits for every episode until the call's
 deadline. An attempt fenced inside its turn (a newer attempt owns its slot) is not taken, as an
-aligned commit never holds one. In either mode, a checkpoint that reopens while its commit writes the
-records (the lease ran out) fails that commit: what it wrote is no cut of the instance.
+aligned commit never holds one. In either mode, a checkpoint that reopens while its commit
+writes the records (the lease ran out) fails that commit: what it wrote is no cut of the
+instance.
 
 ``ControlPlane`` drives the host's parts through a checkpoint: ``Parking`` (admission, parking,
 the lease), the ``SlotTable`` (ownership and retained sessions), the ``EpisodeTable`` and the
