@@ -7,7 +7,9 @@
    step boundary, the agent's ``step``, a model call through the model proxy (captured under its
    capture key), the environment's session lookup (fenced), and per episode the payload check
    and the reply stream. Both produce the same trajectories (checked). Reported: µs per step of
-   each (medians over trials), the host's overhead per step and the ratio.
+   each (medians over trials), the host's overhead per step and the ratio; and the same host
+   with ``HostConfig(boundary_marks="on_demand")`` in the same trials (``host_on_demand_*``:
+   what an aligned run that never cuts costs, no boundary marks).
 2. **Episodes per second through the whole loop** (``open_rollouts``: dispatcher, ledger,
    streams, trainer batches; no checkpoints), embedded with 2 instances vs Ray with 2 actors,
    same rows. Ray's cluster and actor start-up are outside the timed part.
@@ -33,7 +35,7 @@ from typing import Any
 import attrs
 import trio
 
-from gymckpt.gym_adapter import Completed, EmbeddedGym, GymHost, RunReply, RunRow
+from gymckpt.gym_adapter import Completed, EmbeddedGym, GymHost, HostConfig, RunReply, RunRow
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import RuntimeConfig
 from gymckpt.runtime._shared import converter
@@ -79,14 +81,16 @@ def _plain(episodes: int, seed: int) -> tuple[float, int, list[Any]]:
 
 
 async def _hosted(
-    episodes: int, seed: int, work: Path, marks: bool = True
+    episodes: int, seed: int, work: Path, marks: bool = True, boundary_marks: str = "always"
 ) -> tuple[float, int, dict[int, Any], float]:
-    """(wall seconds, steps, payload per row, CPU seconds) of one run of ``episodes`` rows."""
+    """(wall seconds, steps, payload per row, CPU seconds) of one run of ``episodes`` rows
+    (``boundary_marks`` as ``HostConfig``'s: ``"on_demand"`` is an aligned run's host)."""
     from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
 
     env = attrs.evolve(gymnasium_environment(ENV_ID), unaligned=marks)
     got: dict[int, Any] = {}
-    async with GymHost("bench-0", env, seed, work) as host:
+    config = HostConfig(boundary_marks=boundary_marks)
+    async with GymHost("bench-0", env, seed, work, config=config) as host:
         rows = [RunRow(f"{r}-0", r, 0, 0) for r in range(episodes)]
         t0, c0 = time.perf_counter(), time.process_time()
         replies: list[RunReply] = []
@@ -102,6 +106,7 @@ async def _hosted(
 def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
     plain_us: list[float] = []
     host_us: list[float] = []
+    on_demand_us: list[float] = []
     steps = 0
     _plain(4, 99)  # warm-up, not counted: imports, converter hooks built on first use
     with TemporaryDirectory() as tmp:
@@ -109,20 +114,26 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
     for trial in range(cfg.trials):
         seed = 100 + trial
         p_s, p_steps, trajs = _plain(cfg.episodes, seed)
-        with TemporaryDirectory() as tmp:
-            h_s, h_steps, got, _cpu = trio.run(_hosted, cfg.episodes, seed, Path(tmp))
-        if p_steps != h_steps or any(
-            converter.unstructure(t) != got[row] for row, t in enumerate(trajs)
-        ):
-            raise AssertionError("hosted trajectories differ from plain Gymnasium's")
+        runs: dict[str, tuple[float, int, dict[int, Any], float]] = {}
+        for marks in ("always", "on_demand") if trial % 2 == 0 else ("on_demand", "always"):
+            with TemporaryDirectory() as tmp:
+                runs[marks] = trio.run(_hosted, cfg.episodes, seed, Path(tmp), True, marks)
+        for _wall, h_steps, got, _cpu in runs.values():
+            if p_steps != h_steps or any(
+                converter.unstructure(t) != got[row] for row, t in enumerate(trajs)
+            ):
+                raise AssertionError("hosted trajectories differ from plain Gymnasium's")
         steps = p_steps
         plain_us.append(p_s / p_steps * 1e6)
-        host_us.append(h_s / h_steps * 1e6)
+        host_us.append(runs["always"][0] / steps * 1e6)
+        on_demand_us.append(runs["on_demand"][0] / steps * 1e6)
         progress(
             f"host overhead trial {trial + 1}/{cfg.trials}: plain {plain_us[-1]:.1f} "
-            f"µs/step, host {host_us[-1]:.1f} µs/step"
+            f"µs/step, host {host_us[-1]:.1f} µs/step, host with marks on demand (an "
+            f"aligned run) {on_demand_us[-1]:.1f} µs/step"
         )
     plain_med, host_med = statistics.median(plain_us), statistics.median(host_us)
+    on_demand_med = statistics.median(on_demand_us)
     return {
         "env": ENV_ID,
         "episodes": cfg.episodes,
@@ -131,6 +142,9 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         "host_us_per_step_median": round(host_med, 2),
         "host_overhead_us_per_step": round(host_med - plain_med, 2),
         "host_over_plain_ratio": round(host_med / plain_med, 3),
+        "host_on_demand_us_per_step_median": round(on_demand_med, 2),
+        "host_on_demand_over_plain_ratio": round(on_demand_med / plain_med, 3),
+        "marks_in_an_aligned_run_us_per_step": round(host_med - on_demand_med, 2),
     }
 
 

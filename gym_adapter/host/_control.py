@@ -11,11 +11,14 @@ same checkpoint, which first puts what it held on the wire). Nothing waits for a
 Aligned with an alignment timeout (Flink's aligned-checkpoint timeout): ``prepare`` waits that
 long for the episodes to park, then returns with the rest still moving, and the commit is a cut
 as above (a parked episode taken at the boundary it waits at, the others at their last one): no
-turn, however long, fails a checkpoint. An environment that opts out of unaligned cuts has no
-marks to cut at: its prepare waits for every episode until the call's deadline. An attempt
-fenced inside its turn (a newer attempt owns its slot) is not taken, as an aligned
-commit never holds one. In either mode, a checkpoint that reopens while its commit writes the
-records (the lease ran out) fails that commit: what it wrote is no cut of the instance.
+turn, however long, fails a checkpoint. A prepare whose commit cuts arms the boundary marks
+(``Parking.arm_marks``) where they are taken on demand; that first cut retries the episodes
+inside a turn that started before (``_retry_unmarked``). An environment that opts out of
+unaligned cuts has no marks to cut at: its prepare waits for every episode until the call's
+deadline. An attempt fenced inside its turn (a newer attempt owns its slot) is not taken, as an
+aligned commit never holds one. In either mode, a checkpoint that reopens while its commit
+writes the records (the lease ran out) fails that commit: what it wrote is no cut of the
+instance.
 
 ``ControlPlane`` drives the host's parts through a checkpoint: ``Parking`` (admission, parking,
 the lease), the ``SlotTable`` (ownership and retained sessions), the ``EpisodeTable`` and the
@@ -143,12 +146,16 @@ class ControlPlane:
 
         ``alignment_timeout_s`` (and an environment that does not opt out): after that long,
         it returns with the episodes that have not parked still moving, for the commit's cut
-        (``Parking.alignment_timed_out``); ``parked`` then counts fewer than run."""
+        (``Parking.alignment_timed_out``); ``parked`` then counts fewer than run.
+
+        Either way a prepare whose commit will cut arms the boundary marks
+        (``Parking.arm_marks``; a no-op where they are armed from the start)."""
         parking = self.parking
         park = mode is CheckpointMode.ALIGNED or not self.environment.unaligned
         gen = parking.prepare(checkpoint_id, park=park)
         parking.arm_lease(self._lease_expired)
         if not parking.parks:
+            parking.arm_marks()
             await anyio.lowlevel.checkpoint()
             if self.host.dead:
                 raise GymInstanceDead(self.name, "prepare")
@@ -166,6 +173,7 @@ class ControlPlane:
             )
         if (not in_time or parking.moving) and aligned_by < deadline_ts:
             # the alignment timeout ran out, not the call: the rest are the commit's to cut
+            parking.arm_marks()
             parking.time_out_alignment(gen)
             parked = len(self.table.active) - parking.moving
             return PrepareReply(self.name, checkpoint_id, parked, len(self.streams.on_wire))
@@ -253,9 +261,17 @@ class ControlPlane:
             for ep in self.table.active.values()
             if ep.state != DONE and not self.slots.fenced(ep)
         ]
-        for ep in live:  # a task that has not reached its first boundary
-            if ep.mark is None:
-                ep.mark = mark_boundary(self.roles.sessions, ep)
+        unmarked: list[Episode] = []
+        for ep in live:
+            if ep.mark is None or ep.mark.turn != ep.turn:
+                if ep.stepping:  # its turn started before the marks were armed
+                    unmarked.append(ep)
+                else:  # at a boundary (parked, or not stepping yet): marked where it is
+                    ep.mark = mark_boundary(self.roles.sessions, ep, self.roles.versions)
+        if unmarked:
+            retried = {ep.rollout_id for ep in unmarked}
+            live = [ep for ep in live if ep.rollout_id not in retried]
+            self._retry_unmarked(checkpoint_id, unmarked)
         taken, bad = take_cut(live)
         for ep in bad:
             assert ep.mark is not None and ep.mark.problem is not None
@@ -285,6 +301,32 @@ class ControlPlane:
             sessions,
             mid_turn=sum(1 for c in taken if c.mid_turn),
         )
+
+    def _retry_unmarked(self, checkpoint_id: str, unmarked: Sequence[Episode]) -> None:
+        """The episodes inside a turn that started before the boundary marks were armed
+        (``HostConfig.boundary_marks="on_demand"``: this is the instance's first cut): no
+        state of their last boundary exists, so the cut cannot take them. Each ends now,
+        failed as infrastructure (its row loses nothing: the trainer starts the slot's next
+        attempt from the row's start once the checkpoint resumes), before the cut lists the
+        replies on the wire, so the checkpoint drains its reply; what it mutated in a retained
+        session is freed with it, as for any failed attempt."""
+        self.failure_log.warn(
+            f"instance {self.name} checkpoint {checkpoint_id}: {len(unmarked)} episodes inside "
+            "a turn that started before this instance took boundary marks (boundary_marks="
+            "'on_demand'; its first cut) are retried from their start"
+        )
+        for ep in unmarked:
+            ep.stop()
+            self.host.end_episode(
+                ep,
+                Failed(
+                    ep.rollout_id,
+                    "infra",
+                    f"{self.name}: checkpoint {checkpoint_id} cut the episode inside turn "
+                    f"{ep.turn}, which started before the instance took boundary marks: "
+                    "retried from its start",
+                ),
+            )
 
     def _check_exported(
         self, checkpoint_id: str, generation: int, problem: Exception | None

@@ -9,9 +9,12 @@ completed up to the cut (``ep.staged`` is append-only: a copy of it at the cut i
 calls); a call in progress at the cut is not among them, so a restore asks it again. The worker
 thread that writes the records reads only what the cut copied.
 
-Invariant: an episode that has a mark has one of its current boundary (``ep.mark.turn ==
-ep.turn``: the turn counter moves on only where the next mark is made, with no scheduling point
-between); an episode inside a turn (``ep.stepping``) always has one.
+Marks are taken once armed (``Parking.marks``: from the start, or from the first prepare that
+may cut, ``HostConfig.boundary_marks``). Invariant, while armed: an episode that has a mark has
+one of its current boundary (``ep.mark.turn == ep.turn``: the turn counter moves on only where
+the next mark is made, with no scheduling point between), and an episode inside a turn
+(``ep.stepping``) that started after the arming always has one; one whose turn started before
+has none, and the cut retries it (``ControlPlane._retry_unmarked``).
 A mark whose states could not be exported or are not finite plain data carries the problem
 instead (``problem``); the cut fails that episode (data), as an aligned commit fails a parked
 episode whose export fails.
@@ -46,6 +49,14 @@ class BoundaryMark:
     states: bytes | None
     problem: str | None = None
     exc: BaseException | None = None
+    parts: tuple[bytes, ...] | None = None
+    """Each state's own JSON bytes (``states`` is their array), kept only where some
+    participant declares ``state_version``: what the next mark reuses."""
+    versions: tuple[Any, ...] | None = None
+    """Each participant's ``state_version`` of its state here (None where it declares none)."""
+    objects: tuple[Any, ...] | None = None
+    """The session state objects ``versions`` are of: a state replaced since
+    (``ctx.replace_session``) is exported again whatever its version says."""
 
 
 _EXACT: Final = (
@@ -84,13 +95,21 @@ def _finite_json(states: list[Any]) -> bytes | None:
     return data
 
 
-def mark_boundary(participants: Sequence[Any], ep: Episode) -> BoundaryMark:
+def mark_boundary(
+    participants: Sequence[Any], ep: Episode, versions: Sequence[Any] | None = None
+) -> BoundaryMark:
     """``ep``'s mark at its current step boundary (``participants``: ``Roles.sessions``).
 
     One ``export`` per participant and one ``orjson.dumps`` of them all; a failure is kept in
     the mark, naming the participant whose state it is, never raised (the episode runs on;
     only a cut that needs the mark fails it). States that pass one by one but not together (a
-    nesting one level short of orjson's limit) are a problem of the whole."""
+    nesting one level short of orjson's limit) are a problem of the whole.
+
+    ``versions`` (``Roles.versions``): a participant that declares ``state_version(state)``
+    and gives the same value, not None, for the same state object as at ``ep``'s previous
+    mark is not exported again: that mark's bytes of its state are reused (``_mark_parts``)."""
+    if versions is not None:
+        return _mark_parts(participants, ep, versions)
     turn = ep.turn
     states: list[Any] = []
     for p in participants:
@@ -122,6 +141,61 @@ def mark_boundary(participants: Sequence[Any], ep: Episode) -> BoundaryMark:
         )
 
 
+def _mark_parts(participants: Sequence[Any], ep: Episode, versions: Sequence[Any]) -> BoundaryMark:
+    """``mark_boundary`` state by state: each state's bytes on their own, those of a state
+    whose declared version is unchanged since ``ep``'s previous mark taken from it."""
+    turn = ep.turn
+    prev = ep.mark
+    reuse = prev is not None and prev.parts is not None and prev.versions is not None
+    parts: list[bytes] = []
+    now: list[Any] = []
+    objects: list[Any] = []
+    for i, (p, version_of) in enumerate(zip(participants, versions, strict=True)):
+        state = ep.sessions[p.name]
+        objects.append(state)
+        try:
+            version = version_of(state) if version_of is not None else None
+            if (
+                version is not None
+                and reuse
+                and prev.objects[i] is state  # type: ignore[union-attr,index]
+                and prev.versions[i] == version  # type: ignore[union-attr,index]
+            ):
+                parts.append(prev.parts[i])  # type: ignore[union-attr,index]
+                now.append(version)
+                continue
+            plain = to_plain(p.export(state))
+        except Exception as exc:
+            return BoundaryMark(
+                turn,
+                None,
+                f"{episode_label(ep.info)}: exporting its {p.name} session state at step "
+                f"boundary {turn} raised {exc!r}",
+                exc,
+            )
+        # dumped one level down, as in the whole array: a state that fits here fits there
+        data = _finite_json([plain])
+        if data is not None:
+            parts.append(data[1:-1])  # the state's own bytes, out of its one-element array
+        else:
+            try:
+                parts.append(checked_json([plain], f"{p.name} session state")[1:-1])
+            except NotPlainData:
+                try:
+                    checked_json(plain, f"{p.name} session state")  # what is wrong, and where
+                    problem = f"{p.name} session state nests too deep"
+                except NotPlainData as bad:
+                    problem = str(bad)
+                return BoundaryMark(
+                    turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {problem}"
+                )
+        now.append(version)
+    states = b"[" + b",".join(parts) + b"]"
+    return BoundaryMark(
+        turn, states, parts=tuple(parts), versions=tuple(now), objects=tuple(objects)
+    )
+
+
 @final
 @attrs.define(slots=True, eq=False)
 class CutEpisode:
@@ -138,8 +212,9 @@ def take_cut(episodes: Iterable[Episode]) -> tuple[list[CutEpisode], list[Episod
     """(the episodes taken, those whose mark holds a problem): on the loop, at the cut.
 
     Every episode must have a mark of its current boundary (``Turns`` makes one at each
-    boundary; the caller marks an episode whose task has not reached its first); ``staged`` is
-    copied here, so a capture made after the cut is not in it."""
+    boundary once armed; the caller marks an episode at a boundary that has none, and leaves
+    out one inside a turn that has none); ``staged`` is copied here, so a capture made after
+    the cut is not in it."""
     taken: list[CutEpisode] = []
     refused: list[Episode] = []
     for ep in episodes:

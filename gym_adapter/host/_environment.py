@@ -8,7 +8,7 @@ crosses Ray as a string and the actor imports it, so the environment need not pi
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -74,13 +74,16 @@ class Roles:
     ``retained``: those whose sessions outlive their episode (``retained = True``).
     ``legacy``: the agent has the ``legacy_agent`` role (its sessions own their episodes).
     ``owner``: the participant that exports parked episodes: the first environment, else
-    the agent."""
+    the agent.
+    ``versions``: each of ``sessions``' ``state_version`` method (None where it declares
+    none), or None if none declares one: what a boundary mark may skip exporting."""
 
     sessions: tuple[Participant, ...]
     retained: tuple[Participant, ...]
     retained_names: frozenset[str]
     legacy: bool
     owner: str
+    versions: tuple[Any, ...] | None = None
 
     @classmethod
     def of(cls, environment: Environment) -> Roles:
@@ -93,8 +96,11 @@ class Roles:
                 owner,
             )
         retained = tuple(p for p in environment.participants if is_retained(p))
+        sessions = (environment.agent, *environment.participants)
+        found = tuple(getattr(p, "state_version", None) for p in sessions)
         return cls(
-            sessions=(environment.agent, *environment.participants),
+            sessions=sessions,
+            versions=found if any(v is not None for v in found) else None,
             retained=retained,
             retained_names=frozenset(p.name for p in retained),
             legacy=legacy,

@@ -308,6 +308,14 @@ class Participant(Protocol):
     ``export``/``restore`` turn it into plain data and back (the host checks the round trip
     is JSON). ``name`` is the server name, ``kind`` a registered participant kind. An optional
     class attribute ``retained = True`` keeps its sessions after the episode (module docstring).
+
+    An optional method ``state_version(state) -> int | str | None`` lets the host skip
+    exporting a state that did not change: the host takes an episode's boundary mark (what an
+    unaligned cut takes it at) at every step boundary, and a state whose version equals, not
+    None, the one at the episode's previous mark (the same state object, not replaced
+    meanwhile) is not exported again; its bytes from that mark are reused. The version must
+    change whenever what ``export`` would return changes (a counter bumped on every
+    mutation); None means "unknown: export it". Without the method every mark exports.
     """
 
     @property

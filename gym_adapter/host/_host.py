@@ -130,6 +130,16 @@ class HostConfig:
     flush_interval_s: float = attrs.field(default=0.005, validator=attrs.validators.gt(0.0))
     max_batch: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     strand_legacy_session: bool = False
+    boundary_marks: str = attrs.field(
+        default="always", validator=attrs.validators.in_(("always", "on_demand"))
+    )
+    """When an environment that takes unaligned cuts marks its episodes' step boundaries (an
+    export and serialisation of every session state at each one, what a cut takes an episode
+    mid-turn at): ``"always"``, from the start, so every cut, the first included, takes every
+    episode; ``"on_demand"``, only once a prepare that may cut came (an unaligned one, or an
+    aligned one whose alignment timeout ran out): a run that never cuts pays nothing for marks,
+    and that first cut retries (fails as infrastructure, spending nothing of the row) each
+    episode inside a turn that started before, which has no mark to be taken at."""
     freeze_survivors: bool = True
     """Once every episode is parked, once a resume has started them all again, and every
     ``PROMOTE_EVERY`` episodes started, move what the process holds into the permanent
@@ -196,6 +206,8 @@ class GymHost:
         self._streams = ReplyStreams(config.flush_interval_s, config.max_batch)
         self._slots = SlotTable(self.name, roles.retained)
         self._parking = Parking(config.lease_s, config.freeze_survivors)
+        if config.boundary_marks == "always" and self.environment.unaligned:
+            self._parking.arm_marks()
         self._tenancy = Tenancy(self.name)
         self._turns = Turns(
             name=self.name,
@@ -207,6 +219,7 @@ class GymHost:
             user_calls=self.user_calls,
             failure_log=self.failure_log,
             sessions=roles.sessions,
+            versions=roles.versions,
         )
         self._control = ControlPlane(
             host=self,

@@ -24,9 +24,13 @@ to park, and a lease timer, act only for their own generation, so a reopen follo
 prepare never lets a stale one through. The lease: a prepared instance reopens by itself after
 ``lease_s`` without a resume (a trainer that died mid-checkpoint never holds Gym forever).
 
+Boundary marks (``_cut``) are taken only once armed (``arm_marks``): from the start, or by the
+first prepare that may end in a cut (``HostConfig.boundary_marks``).
+
 ``Parking`` is the only writer of admission, the prepared flag, the checkpoint ID, the
-generation, whether its alignment timed out, the count of moving episodes, the parked list and
-the lease; the episodes it moves between ``MOVING`` and ``BOUNDARY`` are the host's.
+generation, whether its alignment timed out, the count of moving episodes, the parked list,
+whether marks are armed, and the lease; the episodes it moves
+between ``MOVING`` and ``BOUNDARY`` are the host's.
 """
 
 from __future__ import annotations
@@ -76,6 +80,10 @@ class Parking:
     moving: int = attrs.field(default=0, init=False)
     closing: bool = attrs.field(default=False, init=False)
     """Shutting down (or dead): nothing restarts, no lease is armed."""
+    marks: bool = attrs.field(default=False, init=False)
+    """Whether episodes take a boundary mark at each step boundary (``_cut``): armed by the
+    first prepare that may end in a cut (``arm_marks``), never disarmed. Before that no
+    boundary exports anything: a run that never cuts pays nothing for marks."""
     _parked: list[Episode] = attrs.field(factory=list, init=False)
     _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
     """Set when a checkpoint is prepared (wakes episodes held by ``ctx.hold()``)."""
@@ -129,6 +137,12 @@ class Parking:
     def _check_parked(self) -> None:
         if self.prepared and self.moving == 0 and self._all_parked is not None:
             self._all_parked.set()
+
+    # -- boundary marks ------------------------------------------------------------------------
+
+    def arm_marks(self) -> None:
+        """From now on every step boundary takes a mark (``marks``)."""
+        self.marks = True
 
     async def boundary(self, ep: Episode, fenced: Callable[[Episode], bool]) -> bool:
         """Pass step boundary ``ep.turn`` (True), or park there while a checkpoint is prepared

@@ -53,6 +53,8 @@ class Turns:
     sessions: tuple[Any, ...] = ()
     """Every participant that opens a session per episode, the agent first (``Roles``): what a
     boundary mark holds."""
+    versions: tuple[Any, ...] | None = None
+    """``Roles.versions``: the participants' ``state_version`` (what a mark may skip)."""
     user_counts: dict[str, int] = attrs.field(factory=dict)
     policy_version: int = 0
     """The newest trainer policy version the instance has been told (``learn_policy_version``):
@@ -105,13 +107,18 @@ class Turns:
                     ),
                 )
         agent = self.environment.agent
-        marks = self.environment.unaligned
+        parking = self.parking
         while True:
-            if marks and (ep.mark is None or ep.mark.turn != ep.turn):
-                ep.mark = mark_boundary(self.sessions, ep)  # before any scheduling point
-            if not await self.parking.boundary(ep, self.fenced):
+            armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
+            if armed and (ep.mark is None or ep.mark.turn != ep.turn):
+                ep.mark = mark_boundary(
+                    self.sessions, ep, self.versions
+                )  # before any scheduling point
+            if not await parking.boundary(ep, self.fenced):
                 return None
             ctx = StepContext(self, ep)
+            if not armed and parking.marks:  # armed while it waited at the boundary
+                ep.mark = mark_boundary(self.sessions, ep, self.versions)
             ep.stepping = True
             try:
                 done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
