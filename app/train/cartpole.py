@@ -52,7 +52,11 @@ class CartPoleLearner(TorchLearner):
 
     def build_policy(self) -> nn.Module:
         return nn.Sequential(
-            nn.Linear(4, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 2)
+            nn.Linear(4, HIDDEN),
+            nn.Tanh(),
+            nn.Linear(HIDDEN, HIDDEN),
+            nn.Tanh(),
+            nn.Linear(HIDDEN, 2),
         )
 
     def environment(self, model: Callable[[str, Any, EpisodeInfo], Any]) -> Environment:
