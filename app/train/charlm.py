@@ -126,7 +126,7 @@ def written_tokens(move: str, alphabet: str, max_chars: int) -> list[int]:
             f"characters of {alphabet!r})"
         )
     tokens = [alphabet.index(c) for c in move]
-    return tokens + [len(alphabet)] if len(move) < max_chars else tokens
+    return [*tokens, len(alphabet)] if len(move) < max_chars else tokens
 
 
 @attrs.frozen
