@@ -1638,6 +1638,34 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="422",
         sim_seeds=0,
     ),
+    # -- gymckpt train text: the character transformer's token-level GRPO (issue 33) ----------
+    Mutant(
+        "train-text-logprob-without-terminator",
+        "train-text",
+        "app/train/charlm.py",
+        "return [*tokens, len(alphabet)] if len(move) < max_chars else tokens",
+        "return tokens",
+        ("tests/test_train_text.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "train-text-logprob-read-one-position-early",
+        "train-text",
+        "app/train/charlm.py",
+        "logits = model(self.inputs[index])[:, self.prompt_len - 1 :]",
+        "logits = model(self.inputs[index])[:, self.prompt_len - 2 : -1]",
+        ("tests/test_train_text.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "train-text-group-plays-different-games",
+        "train-text",
+        "app/train/text.py",
+        "return super().open(attrs.evolve(info, slot=0))",
+        "return super().open(info)",
+        ("tests/test_train_text.py",),
+        sim_seeds=0,
+    ),
 )
 
 

@@ -23,11 +23,15 @@ OBSERVATION = (
 
 
 def _stepwise_log_prob(learner: TextLearner, observation: str, move: str) -> float:
-    """The sampler's view: one forward pass per written token, on what was written before it."""
+    """The sampler's view: one forward pass per token drawn, on what was written before it:
+    each character, then the terminator unless the move is ``MAX_CHARS`` long."""
     tokens = prompt_tokens(observation, CONTEXT)
+    drawn = [ALPHABET.index(c) for c in move]
+    if len(move) < MAX_CHARS:
+        drawn.append(len(ALPHABET))  # the terminator
     total = 0.0
     with torch.inference_mode():
-        for written in written_tokens(move, ALPHABET, MAX_CHARS):
+        for written in drawn:
             logits = learner.policy(torch.tensor([tokens]))[0, -1]
             total += float(torch.log_softmax(logits.double(), dim=-1)[written])
             if written < len(ALPHABET):
