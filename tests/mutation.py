@@ -1666,6 +1666,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_train_text.py",),
         sim_seeds=0,
     ),
+    Mutant(
+        "train-text-sampling-seeded-by-attempt",
+        "train-text",
+        "app/train/loop.py",
+        "rng = sampling_rng(options.seed, info.session_key, call.turn, call.occurrence)",
+        "rng = sampling_rng(options.seed, info.rollout_id, call.turn, call.occurrence)",
+        ("tests/test_train_text_crash.py",),
+        sim_seeds=0,
+    ),
 )
 
 

@@ -14,9 +14,10 @@ The policy (``charlm.CharTransformer``: 2 layers, d_model 64, 4 heads) reads the
 ``CONTEXT`` bytes of the observation (TextArena's running transcript: the rules, the guesses,
 the hints) and writes its move one character at a time from the digits, up to ``MAX_CHARS``
 characters or until it writes the terminator, each drawn with the call's own generator. Its
-vocabulary is bytes in and digits out: the format (a number, not a word) is learned, and so
-is which number; a from-scratch policy writing any byte would almost never write a number at
-all, and would learn nothing in minutes. The update is GRPO over the batch's groups, a move
+vocabulary is bytes in and digits out: what it learns is the move's length (where to write
+the terminator: ``0``, ``734`` or an empty move are invalid) and which number to write; a
+from-scratch policy writing any byte would almost never write a number at all, and would learn
+nothing in minutes (an untrained one writes a valid guess about one move in ten). The update is GRPO over the batch's groups, a move
 (all its tokens) being one decision: its log probability is the sum of its tokens'
 (``charlm.MoveBatch``), credited with its rollout's advantage.
 """
