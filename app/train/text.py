@@ -17,9 +17,10 @@ characters or until it writes the terminator, each drawn with the call's own gen
 vocabulary is bytes in and digits out: what it learns is the move's length (where to write
 the terminator: ``0``, ``734`` or an empty move are invalid) and which number to write; a
 from-scratch policy writing any byte would almost never write a number at all, and would learn
-nothing in minutes (an untrained one writes a valid guess about one move in ten). The update is GRPO over the batch's groups, a move
-(all its tokens) being one decision: its log probability is the sum of its tokens'
-(``charlm.MoveBatch``), credited with its rollout's advantage.
+nothing in minutes (an untrained one writes a valid guess about one move in ten). The update
+is GRPO over the batch's groups, a move (all its tokens) being one decision: its log
+probability is the sum of its tokens' (``charlm.MoveBatch``), credited with its rollout's
+advantage.
 """
 
 from __future__ import annotations
