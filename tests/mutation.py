@@ -1945,6 +1945,43 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_host_mark_versions.py",),
         sim_seeds=0,
     ),
+    # -- gymckpt train text: the character transformer's token-level GRPO (issue 33) ----------
+    Mutant(
+        "train-text-logprob-without-terminator",
+        "train-text",
+        "app/train/charlm.py",
+        "return [*tokens, len(alphabet)] if len(move) < max_chars else tokens",
+        "return tokens",
+        ("tests/test_train_text.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "train-text-logprob-read-one-position-early",
+        "train-text",
+        "app/train/charlm.py",
+        "logits = model(self.inputs[index])[:, self.prompt_len - 1 :]",
+        "logits = model(self.inputs[index])[:, self.prompt_len - 2 : -1]",
+        ("tests/test_train_text.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "train-text-group-plays-different-games",
+        "train-text",
+        "app/train/text.py",
+        "return super().open(attrs.evolve(info, slot=0))",
+        "return super().open(info)",
+        ("tests/test_train_text.py",),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "train-text-sampling-seeded-by-attempt",
+        "train-text",
+        "app/train/loop.py",
+        "rng = sampling_rng(options.seed, info.session_key, call.turn, call.occurrence)",
+        "rng = sampling_rng(options.seed, info.rollout_id, call.turn, call.occurrence)",
+        ("tests/test_train_text_crash.py",),
+        sim_seeds=0,
+    ),
 )
 
 

@@ -9,8 +9,7 @@ own generator. An update is GRPO over the batch's groups (``grpo``), Adam.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -24,10 +23,8 @@ from gymckpt.gym_adapter.environments.gymnasium import (
     GymnasiumParticipant,
     gymnasium_environment,
 )
-from gymckpt.runtime import CompletedGroup
 
-from .grpo import clipped_update, group_advantages
-from .loop import generator_state, mean_return, set_generator_state
+from .learner import LogProbs, TorchLearner
 
 __all__ = ["CartPoleLearner", "RowStart"]
 
@@ -35,11 +32,6 @@ ENV_ID = "CartPole-v1"
 GROUP_SIZE = 8
 GROUPS_PER_STEP = 8
 HIDDEN = 64
-LEARNING_RATE = 1e-2
-EPOCHS = 2
-MINIBATCHES = 4
-WEIGHTS_FILE = "policy.pt"
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 @attrs.frozen
@@ -51,31 +43,21 @@ class RowStart(GymnasiumParticipant):
         return super().open(attrs.evolve(info, slot=0))  # reset seeded by (seed, row, 0)
 
 
-def _policy(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(4, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 2)
-    )
-
-
 @attrs.define(eq=False, slots=True)
-class CartPoleLearner:
-    """The policy, its Adam optimizer and the learner's generator (minibatch shuffles), with
-    ``version`` updates made. Weights and optimizer are the snapshot's files; the rest is
-    ``state``."""
+class CartPoleLearner(TorchLearner):
+    """The 4-64-64-2 tanh MLP; a decision is one (observation, action) of a rollout."""
 
-    seed: int
-    policy: nn.Module = attrs.field(init=False)
-    optimizer: torch.optim.Optimizer = attrs.field(init=False)
-    generator: torch.Generator = attrs.field(init=False)
-    version: int = attrs.field(default=0, init=False)
     group_size: int = GROUP_SIZE
     groups_per_step: int = GROUPS_PER_STEP
 
-    def __attrs_post_init__(self) -> None:
-        self.policy = _policy(self.seed)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=LEARNING_RATE)
-        self.generator = torch.Generator().manual_seed(self.seed + 1)
+    def build_policy(self) -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(4, HIDDEN),
+            nn.Tanh(),
+            nn.Linear(HIDDEN, HIDDEN),
+            nn.Tanh(),
+            nn.Linear(HIDDEN, 2),
+        )
 
     def environment(self, model: Callable[[str, Any, EpisodeInfo], Any]) -> Environment:
         codec = gymnasium_environment(ENV_ID).participants[0].codec  # the built-in one
@@ -89,48 +71,16 @@ class CartPoleLearner:
             probs = torch.softmax(logits.double(), dim=-1).numpy()
         return int(min(np.searchsorted(np.cumsum(probs), rng.random(), side="right"), 1))
 
-    def update(self, batch: Sequence[CompletedGroup]) -> float:
-        obs: list[list[float]] = []
-        actions: list[int] = []
-        credit: list[float] = []
-        advantages = group_advantages([[r.reward for r in g.results] for g in batch])
-        for group, group_adv in zip(batch, advantages, strict=True):
-            for result, adv in zip(group.results, group_adv, strict=True):
-                payload = result.payload
-                steps = len(payload["actions"])
-                obs.extend(payload["observations"][:steps])
-                actions.extend(payload["actions"])
-                credit.extend([adv] * steps)
-        x = torch.tensor(obs, dtype=torch.float32)
-        a = torch.tensor(actions, dtype=torch.int64)
+    def decisions(self, payload: Any) -> list[Any]:
+        steps = len(payload["actions"])
+        return list(zip(payload["observations"][:steps], payload["actions"], strict=True))
+
+    def log_probs(self, decisions: Sequence[Any]) -> LogProbs:
+        x = torch.tensor([obs for obs, _ in decisions], dtype=torch.float32)
+        a = torch.tensor([action for _, action in decisions], dtype=torch.int64)
 
         def log_probs(index: torch.Tensor) -> torch.Tensor:
             logp = torch.log_softmax(self.policy(x[index]), dim=-1)
             return logp.gather(1, a[index].unsqueeze(1)).squeeze(1)
 
-        clipped_update(
-            log_probs,
-            torch.tensor(credit, dtype=torch.float32),
-            self.optimizer,
-            self.generator,
-            epochs=EPOCHS,
-            minibatches=MINIBATCHES,
-        )
-        self.version += 1
-        return mean_return(batch)
-
-    def state(self) -> dict[str, Any]:
-        return {"version": self.version, "generator": generator_state(self.generator)}
-
-    def load(self, state: Mapping[str, Any], files: Path) -> None:
-        self.version = int(state["version"])
-        set_generator_state(self.generator, state["generator"])
-        self.policy.load_state_dict(torch.load(files / WEIGHTS_FILE, weights_only=True))
-        self.optimizer.load_state_dict(torch.load(files / OPTIMIZER_FILE, weights_only=True))
-
-    def save_files(self, directory: Path) -> None:
-        torch.save(self.policy.state_dict(), directory / WEIGHTS_FILE)
-        torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
-
-    def weights(self) -> Mapping[str, torch.Tensor]:
-        return self.policy.state_dict()
+        return log_probs

@@ -20,11 +20,13 @@ from gymckpt.nurseries import ExitCode
 __all__ = ["LEARNERS", "add_train_parser", "run_train"]
 
 LEARNERS: dict[str, str] = {
-    "cartpole": "an MLP policy on Gymnasium CartPole-v1 (GRPO; return ~20 to >= 150)",
+    "cartpole": "an MLP policy on Gymnasium CartPole-v1, GRPO; return ~20 to >= 150",
+    "text": "a character-level transformer trained from scratch, writing its guesses as text "
+    "in TextArena's GuessTheNumber-v0, token-level GRPO; mean reward ~0.2 to ~0.8",
 }
 """The built-in learners, by name."""
 
-DEFAULT_STEPS = {"cartpole": 20}
+DEFAULT_STEPS = {"cartpole": 20, "text": 30}
 
 
 def add_train_parser(subparsers: Any) -> None:
@@ -44,7 +46,13 @@ def add_train_parser(subparsers: Any) -> None:
     train.add_argument("name", metavar="NAME", choices=list(LEARNERS), help="the learner")
     train.add_argument("workdir", metavar="WORKDIR", help="the run's work directory")
     train.add_argument("--seed", type=int, default=0, help="seed of the run (default 0)")
-    train.add_argument("--steps", type=int, help="training steps (cartpole: 20)")
+    train.add_argument(
+        "--steps",
+        type=int,
+        help="training steps ("
+        + ", ".join(f"{name}: {steps}" for name, steps in DEFAULT_STEPS.items())
+        + ")",
+    )
     train.add_argument(
         "--deterministic",
         action="store_true",
@@ -85,7 +93,15 @@ def run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # small models: one thread is the fastest, and kind to neighbours
     if options.deterministic:
         deterministic_torch()
-    learner = _learner(options)
+    try:
+        learner = _learner(options)
+    except ImportError as exc:
+        print(
+            f"gymckpt: error: gymckpt train {options.name} needs {exc.name}: pip install "
+            "'gymckpt[train]'",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
 
     def progress(report: StepReport) -> None:
         print(
@@ -109,6 +125,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _learner(options: Any) -> Any:
+    if options.name == "text":
+        from .text import TextLearner
+
+        return TextLearner(options.seed)
     from .cartpole import CartPoleLearner
 
     return CartPoleLearner(options.seed)

@@ -11,7 +11,10 @@ The policy runs inside the Gym (the environment's model, called per decision thr
 host's model proxy, so every decision is captured). Its sampling is seeded from the call's
 place in the episode — the slot (``"{position}-{slot}"``), the turn and the call's occurrence —
 never the attempt, which a retry or a restore advances: an episode played again after a crash
-draws what the uninterrupted run drew.
+draws what the uninterrupted run drew. A decision yields to the scheduler before it computes,
+as a call to a model server would: a checkpoint then cuts through a step's rollouts rather
+than after them, even when an episode's turns are quicker than the checkpoint (the text
+learner's are), so a restore resumes parked episodes there too.
 
 Deterministic mode (``TrainOptions.deterministic``) makes the final weights a function of the
 program, the seed and the step count alone, bit for bit:
@@ -220,6 +223,7 @@ async def train(
             await gate.reach(_step_of(info, gps))
         call = parse_call_id(split_capture_key(key)[1])
         rng = sampling_rng(options.seed, info.session_key, call.turn, call.occurrence)
+        await trio.lowlevel.checkpoint()  # a decision yields, as a call to a model server does
         return learner.act(request, rng)
 
     curve: list[float] = []
