@@ -1611,6 +1611,26 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="sigkill",
         sim_seeds=0,
     ),
+    Mutant(
+        "train-journal-not-restored",
+        "train-deterministic",
+        "app/train/loop.py",
+        'journal = str(saved.get("journal", EMPTY_JOURNAL))',
+        "journal = EMPTY_JOURNAL",
+        ("tests/test_train_crash.py",),
+        keyword="sigkill",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "train-journal-ignores-results",
+        "train-deterministic",
+        "app/train/loop.py",
+        "[[float(r.reward).hex(), r.turns] for r in g.results]",
+        "len(g.results)",
+        ("tests/test_train.py",),
+        keyword="journal",
+        sim_seeds=0,
+    ),
     # -- issue 33, weights: the model server's weights across a trainer crash; require= ------
     Mutant(
         "weights-version-check-skipped",

@@ -13,7 +13,14 @@ import trio
 
 from gymckpt.app.cli import main
 from gymckpt.app.train.grpo import group_advantages
-from gymckpt.app.train.loop import VersionGate, ordered_batch, sampling_rng
+from gymckpt.app.train.loop import (
+    EMPTY_JOURNAL,
+    VersionGate,
+    chain_journal,
+    journal_entry,
+    ordered_batch,
+    sampling_rng,
+)
 from gymckpt.app.train.weights import weights_sha256
 from gymckpt.runtime import CompletedGroup, EpisodeResult
 
@@ -92,3 +99,23 @@ def test_bad_numbers_are_exit_2(
     assert main(["train", "cartpole", str(tmp_path / "w"), *flags]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "w").exists()  # refused before anything ran
+
+
+def test_the_journal_digest_changes_with_any_lost_duplicated_reordered_or_altered_rollout() -> None:
+    def digest(*steps: list[CompletedGroup]) -> str:
+        out = EMPTY_JOURNAL
+        for k, batch in enumerate(steps, start=1):
+            out = chain_journal(out, journal_entry(k, batch, k))
+        return out
+
+    a, b, c = _group(0), _group(1), _group(2)
+    base = digest([a, b], [c])
+    assert digest([a, b], [c]) == base  # a function of what was trained alone
+    assert digest([a], [c]) != base  # lost
+    assert digest([a, b], [c, c]) != base  # duplicated
+    assert digest([b, a], [c]) != base  # reordered inside a step
+    assert digest([a], [b, c]) != base  # trained in another step
+    altered = CompletedGroup(1, (EpisodeResult(1.0 + 2**-40, 1),), ("1-0",), 1)
+    assert digest([a, altered], [c]) != base  # a result altered in its last bit
+    more_turns = CompletedGroup(1, (EpisodeResult(1.0, 2),), ("1-0",), 1)
+    assert digest([a, more_turns], [c]) != base

@@ -1,6 +1,6 @@
 """``gymckpt train cartpole --deterministic`` as real processes: the same seed trains the same
 weights bit for bit, and a run SIGKILLed after a checkpoint and rerun (same command, same
-work directory: it resumes from the snapshot) ends with the same weights sha256."""
+work directory: it resumes from the snapshot) ends with the same training journal and weights sha256."""
 
 from __future__ import annotations
 
@@ -47,10 +47,13 @@ def _train(workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _sha(out: str) -> str:
-    match = re.fullmatch(r"weights sha256: ([0-9a-f]{64})", out.strip().splitlines()[-1])
-    assert match, out
-    return match.group(1)
+def _sha(out: str) -> tuple[str, str]:
+    """The run's (journal, weights) digests: its last two stdout lines."""
+    journal, weights = out.strip().splitlines()[-2:]
+    j = re.fullmatch(r"journal sha256: ([0-9a-f]{64})", journal)
+    w = re.fullmatch(r"weights sha256: ([0-9a-f]{64})", weights)
+    assert j and w, out
+    return j.group(1), w.group(1)
 
 
 def test_same_seed_same_weights_and_a_finished_run_reruns_to_them(tmp_path: Path) -> None:

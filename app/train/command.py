@@ -2,7 +2,9 @@
 learner and print the final weights' digest.
 
 Progress goes to stderr, one line per step (``step 3/40: mean return 41.2, policy version
-3``); the last line on stdout is ``weights sha256: HEX`` (``weights.weights_sha256``). Running
+3``); stdout ends with ``journal sha256: HEX`` (the training journal: every step's groups,
+their rows, results and policy version, chained; ``loop.chain_journal``) and, last,
+``weights sha256: HEX`` (``weights.weights_sha256``). Running
 the same command on a work directory that holds a snapshot resumes the run from it; a finished
 run's rerun prints the same digest. Exit codes are the command line's (2: bad input, an
 unknown NAME listing the known ones, a work directory of another run or in use).
@@ -37,10 +39,11 @@ def add_train_parser(subparsers: Any) -> None:
         help="train a built-in learner (PyTorch, GRPO) on the runtime; print its weights' sha256",
         description=(
             "Trains a built-in learner on Gym through the runtime, with checkpoints that hold "
-            "the weights and the optimizer, and ends with 'weights sha256: HEX' (the final "
-            "weights' tensors in state-dict order, as raw bytes). Run again on the same WORKDIR "
-            f"to resume from its latest snapshot. Learners: {known}. Needs the train extra: "
-            "pip install 'gymckpt[train]'."
+            "the weights and the optimizer, and ends with 'journal sha256: HEX' (every step's "
+            "groups, rows, results and policy version, chained) and 'weights sha256: HEX' (the "
+            "final weights' tensors in state-dict order, as raw bytes). Run again on the same "
+            f"WORKDIR to resume from its latest snapshot. Learners: {known}. Needs the train "
+            "extra: pip install 'gymckpt[train]'."
         ),
     )
     train.add_argument("name", metavar="NAME", choices=list(LEARNERS), help="the learner")
@@ -113,13 +116,16 @@ def run_train(args: argparse.Namespace) -> int:
 
     workdir = Path(args.workdir)
     try:
-        curve = gymckpt.run(lambda: train(learner, workdir, options, progress))
+        trained = gymckpt.run(lambda: train(learner, workdir, options, progress))
     except SystemExit as exc:  # gymckpt.run ended the run with its one line
         return int(exc.code or 0)
     if args.curve:
         from .curve import write_curve
 
-        write_curve(Path(args.curve), curve, f"gymckpt train {options.name} --seed {options.seed}")
+        write_curve(
+            Path(args.curve), trained.curve, f"gymckpt train {options.name} --seed {options.seed}"
+        )
+    print(f"journal sha256: {trained.journal_sha256}", flush=True)
     print(f"weights sha256: {weights_sha256(learner.weights())}", flush=True)
     return ExitCode.OK
 

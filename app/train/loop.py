@@ -62,8 +62,11 @@ __all__ = [
     "StepReport",
     "TrainMismatch",
     "TrainOptions",
+    "Trained",
     "VersionGate",
+    "chain_journal",
     "generator_state",
+    "journal_entry",
     "ordered_batch",
     "sampling_rng",
     "set_generator_state",
@@ -172,6 +175,37 @@ def ordered_batch(batch: Sequence[CompletedGroup]) -> list[CompletedGroup]:
     return sorted(batch, key=lambda group: group.position)
 
 
+def journal_entry(step: int, batch: Sequence[CompletedGroup], policy_version: int) -> bytes:
+    """One trained step as the training journal records it: the step, the policy version it
+    made, and per group (in the order trained) its position, its dataset row and every result's
+    reward (``float.hex``: exact) and turns. What a lost, duplicated, reordered or altered
+    rollout changes."""
+    groups = [
+        [g.position, g.row, [[float(r.reward).hex(), r.turns] for r in g.results]] for g in batch
+    ]
+    return orjson.dumps({"step": step, "policy_version": policy_version, "groups": groups})
+
+
+def chain_journal(previous: str, entry: bytes) -> str:
+    """The journal's digest after ``entry``: sha256 of the previous digest (hex) and the entry.
+    The empty journal's digest is the empty string's sha256."""
+    return hashlib.sha256(previous.encode() + b"\n" + entry).hexdigest()
+
+
+EMPTY_JOURNAL = hashlib.sha256(b"").hexdigest()
+
+
+@attrs.frozen
+class Trained:
+    """A finished run: the per-step mean returns (restored steps included) and the training
+    journal's digest (``chain_journal`` over every step trained, in order). A run resumed after
+    any crash ends with the uninterrupted run's journal digest when every rollout was trained
+    once, in the same step, in the same order, with the same results (deterministic mode)."""
+
+    curve: list[float]
+    journal_sha256: str
+
+
 @attrs.define(eq=False, slots=True)
 class VersionGate:
     """Holds a decision of step ``k`` until the learner has made ``k`` updates. A decision of an
@@ -212,9 +246,9 @@ async def train(
     workdir: Path,
     options: TrainOptions,
     on_step: Callable[[StepReport], None] = lambda report: None,
-) -> list[float]:
+) -> Trained:
     """Run ``options`` with ``learner`` in ``workdir`` (resuming the run there, if any) and
-    return the per-step mean returns of the whole run (restored steps included)."""
+    return its curve and its training journal's digest (restored steps included)."""
     gate = VersionGate()
     gps = learner.groups_per_step
 
@@ -227,6 +261,7 @@ async def train(
         return learner.act(request, rng)
 
     curve: list[float] = []
+    journal = EMPTY_JOURNAL
     env = learner.environment(model)
     async with EmbeddedGym.host(env, instances=INSTANCES, seed=options.seed) as gym:
         async with gymckpt.open_rollouts(
@@ -240,7 +275,12 @@ async def train(
             arm_kill_points(rollouts)  # under gymckpt chaos: kills aimed at checkpoint stages
 
             def state() -> bytes:
-                run = {**options.identity(), "curve": curve, "learner_state": learner.state()}
+                run = {
+                    **options.identity(),
+                    "curve": curve,
+                    "journal": journal,
+                    "learner_state": learner.state(),
+                }
                 return orjson.dumps(run)
 
             if rollouts.trainer_state is not None:
@@ -260,6 +300,7 @@ async def train(
                     raise TrainMismatch(f"{workdir}: the restored snapshot has no weights")
                 learner.load(saved["learner_state"], files)
                 curve.extend(float(r) for r in saved["curve"])
+                journal = str(saved.get("journal", EMPTY_JOURNAL))
                 if learner.version != rollouts.step or learner.version != rollouts.policy_version:
                     raise TrainMismatch(
                         f"{workdir}: the snapshot's learner made {learner.version} updates but "
@@ -272,6 +313,9 @@ async def train(
                 if options.deterministic:
                     batch = ordered_batch(batch)
                 mean = learner.update(batch)
+                journal = chain_journal(
+                    journal, journal_entry(len(curve) + 1, batch, learner.version)
+                )
                 rollouts.set_policy_version(learner.version)
                 gate.advance(learner.version)
                 curve.append(mean)
@@ -281,7 +325,7 @@ async def train(
                 outcome = await rollouts.checkpoint(state(), files=learner.save_files)
                 if not outcome.ok:  # retried once: the final weights must be in a snapshot
                     await rollouts.checkpoint(state(), files=learner.save_files)
-    return curve
+    return Trained(curve, journal)
 
 
 def mean_return(batch: Sequence[CompletedGroup]) -> float:
