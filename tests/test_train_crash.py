@@ -1,6 +1,7 @@
 """``gymckpt train cartpole --deterministic`` as real processes: the same seed trains the same
 weights bit for bit, and a run SIGKILLed after a checkpoint and rerun (same command, same
-work directory: it resumes from the snapshot) ends with the same training journal and weights sha256."""
+work directory: it resumes from the snapshot) ends with the same training journal and
+weights sha256."""
 
 from __future__ import annotations
 
