@@ -241,6 +241,37 @@ def deterministic_torch() -> None:
     torch.set_num_threads(1)
 
 
+def _resume(
+    learner: Learner, workdir: Path, options: TrainOptions, rollouts: gymckpt.Rollouts
+) -> tuple[list[float], str]:
+    """Load the learner from the restored snapshot (refused when the run's options differ or
+    the runtime's step or policy version disagrees with the learner's updates) and return the
+    restored curve and journal digest."""
+    assert rollouts.trainer_state is not None
+    saved = orjson.loads(rollouts.trainer_state)
+    mine = options.identity()
+    theirs = {k: saved.get(k) for k in mine}
+    if theirs != mine:
+        differ = ", ".join(
+            f"{k} {theirs[k]!r} (now {mine[k]!r})" for k in mine if theirs[k] != mine[k]
+        )
+        raise TrainMismatch(
+            f"{workdir} holds a run with other options: {differ}; rerun it with "
+            "its own options to resume it, or use a fresh work directory"
+        )
+    files = rollouts.trainer_files
+    if files is None:
+        raise TrainMismatch(f"{workdir}: the restored snapshot has no weights")
+    learner.load(saved["learner_state"], files)
+    if learner.version != rollouts.step or learner.version != rollouts.policy_version:
+        raise TrainMismatch(
+            f"{workdir}: the snapshot's learner made {learner.version} updates but "
+            f"the runtime restored step {rollouts.step}, policy version "
+            f"{rollouts.policy_version}"
+        )
+    return [float(r) for r in saved["curve"]], str(saved.get("journal", EMPTY_JOURNAL))
+
+
 async def train(
     learner: Learner,
     workdir: Path,
@@ -284,29 +315,8 @@ async def train(
                 return orjson.dumps(run)
 
             if rollouts.trainer_state is not None:
-                saved = orjson.loads(rollouts.trainer_state)
-                mine = options.identity()
-                theirs = {k: saved.get(k) for k in mine}
-                if theirs != mine:
-                    differ = ", ".join(
-                        f"{k} {theirs[k]!r} (now {mine[k]!r})" for k in mine if theirs[k] != mine[k]
-                    )
-                    raise TrainMismatch(
-                        f"{workdir} holds a run with other options: {differ}; rerun it with "
-                        "its own options to resume it, or use a fresh work directory"
-                    )
-                files = rollouts.trainer_files
-                if files is None:
-                    raise TrainMismatch(f"{workdir}: the restored snapshot has no weights")
-                learner.load(saved["learner_state"], files)
-                curve.extend(float(r) for r in saved["curve"])
-                journal = str(saved.get("journal", EMPTY_JOURNAL))
-                if learner.version != rollouts.step or learner.version != rollouts.policy_version:
-                    raise TrainMismatch(
-                        f"{workdir}: the snapshot's learner made {learner.version} updates but "
-                        f"the runtime restored step {rollouts.step}, policy version "
-                        f"{rollouts.policy_version}"
-                    )
+                restored_curve, journal = _resume(learner, workdir, options, rollouts)
+                curve.extend(restored_curve)
             gate.advance(learner.version)
             trained = 0
             async for batch in rollouts.batches(gps, state=state, files=learner.save_files):
