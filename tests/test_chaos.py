@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gymckpt.app.chaos.main import report
-from gymckpt.app.chaos.plan import plan_kills
+from gymckpt.app.chaos.plan import Kill, plan_kills
 from gymckpt.app.chaos.points import MARK, STAGES, parse_kill_at, read_marks
 from gymckpt.app.chaos.process import Start
 from gymckpt.app.chaos.run import read_digests
@@ -205,6 +205,22 @@ def test_the_kill_plan_is_seeded() -> None:
     _, timed = plan_kills(1, 3, 2.0, [])
     assert all(k.stage is None and 0 <= (k.delay_s or 0) <= 2.0 for k in timed)
     assert timed[0].kind == "anytime"  # a first kill never aims at a restore
+
+
+def test_timed_kills_are_anchored_to_the_programs_checkpoints_when_it_marks_them() -> None:
+    # five checkpoints in a run of 11 s, armed after 1 s: one interval is 2 s
+    marks = [(s, n) for n in range(1, 6) for s in STAGES]
+    plans = [plan_kills(seed, 3, 11.0, marks, armed_s=1.0)[1] for seed in range(40)]
+    timed = [k for plan in plans for k in plan if k.kind == "anytime"]
+    assert timed and all(k.after is not None for k in timed)  # after_restart: from the start
+    assert all(0.0 <= (k.delay_s or 0.0) <= 2.0 for k in timed)
+    firsts = [plan[0] for plan in plans if plan[0].kind == "anytime"]
+    anchors = {k.after for k in firsts}
+    assert "before_resume@5" not in anchors  # the last checkpoint ends the run
+    assert {"armed", "before_resume@4"} <= anchors
+    later = {k.after for plan in plans for k in plan[1:] if k.kind == "anytime"}
+    assert later <= {"armed", "before_resume@1", "before_resume@2"}  # a restart's first half
+    assert "after before_resume@2 +" in Kill("anytime", 0.5, after="before_resume@2").describe()
 
 
 def test_digests_marks_and_kill_points_are_read_strictly() -> None:

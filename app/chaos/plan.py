@@ -4,7 +4,13 @@ Kill ``k`` of seed ``s`` is drawn from ``random.Random("gymckpt-chaos:s")`` as o
 
 * ``anytime``: a moment uniform over the uninterrupted run's wall time after the start (mid-turn,
   mid-step, inside a checkpoint: wherever the program is then); when the program armed its kill
-  points, uniform from that moment (its start-up and restore done) to its end instead;
+  points, uniform from that moment (its start-up and restore done) to its end instead. When the
+  uninterrupted run marked its checkpoints, the moment is anchored to the program's progress
+  rather than the clock: a delay uniform over one checkpoint interval (the run's time after
+  arming, divided by its checkpoints) after the program armed its kill points or after it ended
+  one of its checkpoints but the last (``before_resume@N``; after a restart ``N`` from the first
+  half), so the kill lands mid-run however fast or slow the machine runs that day (a plan
+  against the wall clock alone misses when the run goes faster than the uninterrupted one did);
 * ``after_restart`` (not for the first kill): a moment uniform over the start-up and restore
   (until the armed moment, or the first quarter of the run's time) plus a quarter of the rest,
   which is when a restarted program restores and resumes;
@@ -23,8 +29,12 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["Kill", "plan_kills"]
+__all__ = ["ARMED_ANCHOR", "LAST_STAGE", "Kill", "plan_kills"]
 
+ARMED_ANCHOR = "armed"
+"""The anchor of a timed kill counted from the moment the program armed its kill points."""
+LAST_STAGE = "before_resume"
+"""The last stage a checkpoint passes: an anchored kill counts from one's end."""
 AFTER_RESTART_FRACTION = 0.25
 """An ``after_restart`` kill lands within this fraction of the uninterrupted run's time."""
 
@@ -37,9 +47,15 @@ class Kill:
     kind: str
     delay_s: float | None = None
     stage: str | None = None
+    after: str | None = None
+    """A timed kill's anchor: ``ARMED`` or ``STAGE@N``; its delay counts from the moment the
+    program printed that mark (None: from its start)."""
 
     def describe(self) -> str:
-        return f"{self.kind} {self.stage}" if self.stage else f"{self.kind} +{self.delay_s:.3f}s"
+        if self.stage:
+            return f"{self.kind} {self.stage}"
+        anchor = f" after {self.after}" if self.after else ""
+        return f"{self.kind}{anchor} +{self.delay_s:.3f}s"
 
 
 def plan_kills(
@@ -57,6 +73,7 @@ def plan_kills(
     rng = random.Random(f"gymckpt-chaos:{seed}")
     points = sorted(set(marks), key=lambda m: (m[1], m[0]))
     early = [m for m in points if m[1] <= max(1, max((n for _, n in points), default=1) // 2)]
+    ends = sorted({n for stage, n in points if stage == LAST_STAGE})
     plan: list[Kill] = []
     for k in range(kills):
         kinds = ["anytime"] + (["after_restart"] if k else []) + (["stage"] if points else [])
@@ -66,6 +83,17 @@ def plan_kills(
             plan.append(Kill(kind, stage=f"{stage}@{n}"))
         elif kind == "after_restart":
             plan.append(Kill(kind, delay_s=rng.uniform(0.0, restart_window)))
+        elif ends:
+            plan.append(_anchored(rng, kind, ends, baseline_s - ready, first=k == 0))
         else:
             plan.append(Kill(kind, delay_s=rng.uniform(ready, baseline_s)))
     return rng, plan
+
+
+def _anchored(rng: random.Random, kind: str, ends: list[int], run_s: float, first: bool) -> Kill:
+    """A timed kill a delay (uniform over one checkpoint interval) after the program armed or
+    after the end of one of its checkpoints but the last (after a restart: the first half)."""
+    usable = ends[:-1] if first else [n for n in ends[:-1] if n <= max(1, len(ends) // 2)]
+    n = rng.choice([0, *usable])
+    after = ARMED_ANCHOR if n == 0 else f"{LAST_STAGE}@{n}"
+    return Kill(kind, delay_s=rng.uniform(0.0, run_s / len(ends)), after=after)

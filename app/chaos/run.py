@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
-from .plan import Kill, plan_kills
-from .points import ARMED, KILL_AT_ENV, MARKS_ENV, read_marks
+from .plan import ARMED_ANCHOR, Kill, plan_kills
+from .points import ARMED, KILL_AT_ENV, MARK, MARKS_ENV, read_marks
 from .process import Start
 
 __all__ = [
@@ -163,7 +163,7 @@ def run_seed(
         aimed = pending[0].stage if pending and pending[0].stage else None
         start_env = {**env, MARKS_ENV: "1", **({KILL_AT_ENV: aimed} if aimed else {})}
         with Start.spawn(argv, logs, start_env) as start:
-            rc = _one_start(start, pending, run, rng, deadline)
+            rc = _one_start(start, logs / "stderr", pending, run, rng, deadline)
         if rc is not None:
             run.exit_codes.append(rc)
         if rc == 0:
@@ -188,15 +188,30 @@ def run_seed(
     return run
 
 
+def _anchor_line(after: str) -> str:
+    """The stderr line a kill anchored ``after`` (``ARMED_ANCHOR`` or ``STAGE@N``) waits for."""
+    if after == ARMED_ANCHOR:
+        return ARMED
+    stage, _, n = after.partition("@")
+    return f"{MARK} {stage} {n}"
+
+
 def _one_start(
-    start: Start, pending: list[Kill], run: Run, rng: Any, deadline: float
+    start: Start, stderr: Path, pending: list[Kill], run: Run, rng: Any, deadline: float
 ) -> int | None:
     """Run one start, landing the pending timed kills in order (a kill of a descendant lets the
-    program go on, and the next kill's delay counts from then); its exit code, or None at the
-    deadline."""
+    program go on, and the next kill's delay counts from then, or from its anchor's mark); its
+    exit code, or None at the deadline."""
     mark = start.started
     while pending and pending[0].delay_s is not None:
         kill = pending[0]
+        if kill.after is not None:
+            seen = start.wait_for_line(
+                stderr, _anchor_line(kill.after), deadline - time.monotonic()
+            )
+            if seen is None:  # ended (or the deadline) before the anchor: the kill waits
+                return start.wait(max(0.0, deadline - time.monotonic()))
+            mark = time.monotonic()
         rc = start.wait(min(mark + kill.delay_s - time.monotonic(), deadline - time.monotonic()))
         if rc is not None:
             return rc  # ended first: the kill waits for the next start, if any
