@@ -4,22 +4,25 @@ prefix, so a family from another project is one entry here.
 Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
 
 - ``title``, ``extra``, ``example``: the project's name, its optional extra
-  (``pip install -e '.[extra]'``) and an id for the ``--env`` help (``"CartPole-v1"``).
+  (``pip install -e '.[extra]'``; ``""`` when it needs none) and an id for the ``--env`` help (``"CartPole-v1"``).
 - ``model_latency_s``: how long the demo's model takes to answer (``slow_model``); choose it
   with the environment's own per-turn pace so that a checkpoint finds episodes in flight (the
   restore then has parked episodes to install, not only finished ones).
-- ``environment(env_id) -> Environment``: the demo's environment for ``env_id``, with a policy
+- ``environment(env_id, work_dir) -> Environment``: the demo's environment for ``env_id``
+  (``work_dir``: the Gym's work directory, where a sandbox keeps its trees), with a policy
   that plays legal moves and an ``Environment.model`` that answers from the capture key and
   request alone (a call asked again after a restore answers as the first asking did). Import
   the family's adapter inside the function: a missing extra is an ``ImportError`` there
   (reported as one line naming the extra); an id the family cannot run (unknown, no state
   codec, needs the network) is an ``EnvironmentSpecError`` with a one-line message naming the
-  supported ids. The demo calls it once in the parent before any process starts (the check)
-  and once per phase to host the Gym (``open_demo_gym`` wraps the model with ``slow_model``).
+  supported ids. The demo calls it once in the parent before any process starts (the check,
+  with a temporary ``work_dir`` removed after) and once per phase to host the Gym (``open_demo_gym`` wraps the model with ``slow_model``).
 - ``reference(env_id, seed, row, slot) -> payload``: the episode of (row, slot) under
   deployment ``seed`` run uninterrupted with the plain library, the same value the hosted
   episode's ``Done.payload`` is (attrs records are unstructured with the project's converter
   before the digest). ``trajectory_verdict`` compares its digest with every trained one.
+  For ``sandbox:`` the payload holds the final tree's manifest and its ``work.log``: a match
+  means the tree is byte-identical to the uninterrupted run's, each log line once.
 
 Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's process).
 """
@@ -69,12 +72,12 @@ class EnvFamily:
     title: str
     extra: str
     example: str
-    environment: Callable[[str], Environment]
+    environment: Callable[[str, Path], Environment]
     reference: Callable[[str, int, int, int], Any]
     model_latency_s: float = MODEL_LATENCY_S
 
 
-def _gymnasium_environment(env_id: str) -> Environment:
+def _gymnasium_environment(env_id: str, work_dir: Path) -> Environment:
     from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
 
     return gymnasium_environment(env_id, pace_s=PACE_S, max_episode_steps=MAX_EPISODE_STEPS)
@@ -86,7 +89,7 @@ def _gymnasium_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     return reference_trajectory(env_id, seed, row, slot, max_episode_steps=MAX_EPISODE_STEPS)
 
 
-def _textarena_environment(env_id: str) -> Environment:
+def _textarena_environment(env_id: str, work_dir: Path) -> Environment:
     from gymckpt.gym_adapter.environments.textarena import textarena_environment
 
     return textarena_environment(env_id, pace_s=TEXTARENA_PACE_S, max_turns=TEXTARENA_MAX_TURNS)
@@ -106,7 +109,7 @@ OPENSPIEL_MODEL_LATENCY_S: Final = 0.005
 checkpoint at the Gymnasium demo's 1 ms turns: at these, a checkpoint finds them in flight."""
 
 
-def _openspiel_environment(env_id: str) -> Environment:
+def _openspiel_environment(env_id: str, work_dir: Path) -> Environment:
     from gymckpt.gym_adapter.environments.openspiel import openspiel_environment
 
     return openspiel_environment(env_id, pace_s=OPENSPIEL_PACE_S, max_turns=OPENSPIEL_MAX_TURNS)
@@ -116,6 +119,23 @@ def _openspiel_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     from gymckpt.gym_adapter.environments.openspiel import reference_trajectory
 
     return reference_trajectory(env_id, seed, row, slot, max_turns=OPENSPIEL_MAX_TURNS)
+
+
+SANDBOX_MODEL_LATENCY_S: Final = 0.02
+"""A coding turn runs the project's tests (a Python process, tens of ms) after the model's
+answer: at this latency a checkpoint finds turns awaiting the model as well as in a command."""
+
+
+def _sandbox_environment(env_id: str, work_dir: Path) -> Environment:
+    from gymckpt.gym_adapter.environments.coding import coding_environment
+
+    return coding_environment(env_id, work_dir)
+
+
+def _sandbox_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
+    from gymckpt.gym_adapter.environments.coding import reference_result
+
+    return reference_result(env_id, seed, row, slot)
 
 
 FAMILIES: Final[dict[str, EnvFamily]] = {
@@ -146,6 +166,15 @@ FAMILIES: Final[dict[str, EnvFamily]] = {
             _openspiel_environment,
             _openspiel_reference,
             OPENSPIEL_MODEL_LATENCY_S,
+        ),
+        EnvFamily(
+            "sandbox:",
+            "the sandbox",
+            "",
+            "coding",
+            _sandbox_environment,
+            _sandbox_reference,
+            SANDBOX_MODEL_LATENCY_S,
         ),
     )
 }
@@ -185,7 +214,7 @@ async def open_demo_gym(
 ) -> AsyncIterator[GymBackend]:
     """The family's environment for the id, its model answering after the family's
     ``model_latency_s``, hosted in this process."""
-    env = choice.family.environment(choice.env_id)
+    env = choice.family.environment(choice.env_id, work_dir)
     assert env.model is not None
     env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
     async with EmbeddedGym.host(
