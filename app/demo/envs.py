@@ -121,7 +121,7 @@ def _openspiel_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     return reference_trajectory(env_id, seed, row, slot, max_turns=OPENSPIEL_MAX_TURNS)
 
 
-SANDBOX_MODEL_LATENCY_S: Final = 0.02
+SANDBOX_MODEL_LATENCY_S: Final = 0.1
 """A coding turn runs the project's tests (a Python process, tens of ms) after the model's
 answer: at this latency a checkpoint finds turns awaiting the model as well as in a command."""
 
