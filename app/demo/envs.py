@@ -4,7 +4,8 @@ prefix, so a family from another project is one entry here.
 Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
 
 - ``title``, ``extra``, ``example``: the project's name, its optional extra
-  (``pip install -e '.[extra]'``; ``""`` when it needs none) and an id for the ``--env`` help (``"CartPole-v1"``).
+  (``pip install -e '.[extra]'``; ``""`` when it needs none) and an id for the ``--env``
+  help (``"CartPole-v1"``).
 - ``model_latency_s``: how long the demo's model takes to answer (``slow_model``); choose it
   with the environment's own per-turn pace so that a checkpoint finds episodes in flight (the
   restore then has parked episodes to install, not only finished ones).
@@ -16,7 +17,8 @@ Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
   (reported as one line naming the extra); an id the family cannot run (unknown, no state
   codec, needs the network) is an ``EnvironmentSpecError`` with a one-line message naming the
   supported ids. The demo calls it once in the parent before any process starts (the check,
-  with a temporary ``work_dir`` removed after) and once per phase to host the Gym (``open_demo_gym`` wraps the model with ``slow_model``).
+  with a temporary ``work_dir`` removed after) and once per phase to host the Gym
+  (``open_demo_gym`` wraps the model with ``slow_model``).
 - ``reference(env_id, seed, row, slot) -> payload``: the episode of (row, slot) under
   deployment ``seed`` run uninterrupted with the plain library, the same value the hosted
   episode's ``Done.payload`` is (attrs records are unstructured with the project's converter
