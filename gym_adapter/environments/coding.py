@@ -85,6 +85,7 @@ TEMPLATE: Final[dict[str, str]] = {
 CANDIDATES: Final = ("a - b", "b - a", "a * b", "a + b")
 """The fixes the scripted model chooses among (one each turn, never one tried before)."""
 CORRECT: Final = "a + b"
+"""The candidate that makes the test pass."""
 TEST_COMMAND: Final = (sys.executable, "-B", "test_calc.py")
 TEST_TIMEOUT_S: Final = 60.0
 SANDBOX: Final = "sandbox"
