@@ -1,5 +1,6 @@
 """``gymckpt demo --env sandbox:coding``: a coding agent in a sandbox (write a fix, run the tests,
-log a line, rewarded by the tests) through the two-process run, a real SIGKILL after the first
+log a line, rewarded by the tests; its model ``openai_model`` against the project's offline test
+server) through the two-process run, a real SIGKILL after the first
 checkpoint and a restore in a new process, in both checkpoint modes: every trained episode's
 final tree is byte-identical to the uninterrupted run's, each ``work.log`` line once."""
 
@@ -14,11 +15,21 @@ from typing import Any
 
 import orjson
 import pytest
+import trio
 
-from gymckpt.app.demo.envs import env_choice, trajectory_verdict
+from gymckpt.app.demo.envs import FAMILIES, env_choice, trajectory_verdict
 from gymckpt.app.demo.gymnasium import trajectory_digest
 from gymckpt.app.demo.journal import JOURNAL
-from gymckpt.gym_adapter.environments.coding import CORRECT, TEMPLATE, reference_result
+from gymckpt.gym_adapter import EpisodeInfo
+from gymckpt.gym_adapter.environments.coding import (
+    CANDIDATES,
+    CORRECT,
+    TEMPLATE,
+    fix_of,
+    fix_request,
+    reference_result,
+    scripted_model,
+)
 from gymckpt.runtime._shared import converter
 
 
@@ -93,11 +104,52 @@ def test_the_reference_run_fixes_the_bug_or_runs_out_of_turns_logging_each_turn_
 def test_a_trained_episode_whose_tree_differs_is_a_mismatch() -> None:
     choice = env_choice("sandbox:coding")
     assert choice is not None
-    good = trajectory_digest(converter.unstructure(reference_result("coding", 0, 1, 0)))
-    changed = reference_result("coding", 0, 1, 0)
+    reference = FAMILIES["sandbox:"].reference
+    good = trajectory_digest(converter.unstructure(reference("coding", 0, 1, 0)))
+    changed = reference("coding", 0, 1, 0)
     changed.work_log += changed.work_log.splitlines(keepends=True)[-1]  # a line logged twice
     bad = trajectory_digest(converter.unstructure(changed))
     ok = trajectory_verdict(choice, 0, [{"episodes": [[1, 0, good]]}])
     assert ok["trajectories_match"] is True and ok["trajectories_mismatched"] == 0
     verdict = trajectory_verdict(choice, 0, [{"episodes": [[1, 0, good], [1, 0, bad]]}])
     assert verdict["trajectories_match"] is False and verdict["trajectories_mismatched"] == 1
+
+
+def test_the_fix_is_the_tool_call_argument_and_anything_else_fails_as_data() -> None:
+    request = fix_request(0, "3-1", 1, ["a - b"])
+    enum = request["tools"][0]["function"]["parameters"]["properties"]["expression"]["enum"]
+    assert enum == [c for c in CANDIDATES if c != "a - b"]
+    fix = fix_of(scripted_model("k", request, EpisodeInfo("", 3, 1, 0, 0, "")))
+    assert fix in enum
+    with pytest.raises(ValueError, match="no edit_calc call"):
+        fix_of({"choices": [{"message": {"content": "a + b"}}]})
+    with pytest.raises(ValueError, match="not one of"):
+        fix_of(
+            {
+                "choices": [
+                    {
+                        "message": {
+                            "tool_calls": [{"function": {"arguments": '{"expression": "0"}'}}]
+                        }
+                    }
+                ]
+            }
+        )
+
+
+def test_the_demo_asks_the_offline_test_server_which_answers_as_the_reference_assumes() -> None:
+    from gymckpt.gym_adapter.environments.openai_model import openai_model
+    from gymckpt.testing.openai_server import chat_completion, open_openai_test_server
+
+    assert FAMILIES["sandbox:"].model_server
+    info = EpisodeInfo("", 2, 0, 0, 0, "")
+    requests = [fix_request(0, "2-0", t, CANDIDATES[:t]) for t in range(3)]
+
+    async def ask() -> list[Any]:
+        async with open_openai_test_server() as server:
+            model = openai_model(base_url=server.base_url, model=server.model)
+            return [await model(f"k{i}", r, info) for i, r in enumerate(requests)]
+
+    served = trio.run(ask)
+    for request, response in zip(requests, served, strict=True):
+        assert fix_of(response) == fix_of(chat_completion(request, response["model"]))

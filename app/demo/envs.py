@@ -9,6 +9,9 @@ Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
 - ``model_latency_s``: how long the demo's model takes to answer (``slow_model``); choose it
   with the environment's own per-turn pace so that a checkpoint finds episodes in flight (the
   restore then has parked episodes to install, not only finished ones).
+- ``model_server``: the demo hosts the project's offline OpenAI-compatible test server
+  (``gymckpt.testing.openai_server``) for each phase, and the environment's model is
+  ``openai_model`` against it (the family's ``reference`` answers as that server does).
 - ``environment(env_id, work_dir) -> Environment``: the demo's environment for ``env_id``
   (``work_dir``: the Gym's work directory, where a sandbox keeps its trees), with a policy
   that plays legal moves and an ``Environment.model`` that answers from the capture key and
@@ -32,7 +35,7 @@ Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -77,6 +80,7 @@ class EnvFamily:
     environment: Callable[[str, Path], Environment]
     reference: Callable[[str, int, int, int], Any]
     model_latency_s: float = MODEL_LATENCY_S
+    model_server: bool = False
 
 
 def _gymnasium_environment(env_id: str, work_dir: Path) -> Environment:
@@ -136,8 +140,12 @@ def _sandbox_environment(env_id: str, work_dir: Path) -> Environment:
 
 def _sandbox_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     from gymckpt.gym_adapter.environments.coding import reference_result
+    from gymckpt.testing.openai_server import DEFAULT_MODEL, chat_completion
 
-    return reference_result(env_id, seed, row, slot)
+    # the test server's answer is this function of the request: the uninterrupted run asks it
+    return reference_result(
+        env_id, seed, row, slot, lambda request: chat_completion(request, DEFAULT_MODEL)
+    )
 
 
 FAMILIES: Final[dict[str, EnvFamily]] = {
@@ -177,6 +185,7 @@ FAMILIES: Final[dict[str, EnvFamily]] = {
             _sandbox_environment,
             _sandbox_reference,
             SANDBOX_MODEL_LATENCY_S,
+            model_server=True,
         ),
     )
 }
@@ -215,19 +224,34 @@ async def open_demo_gym(
     lease_s: float,
 ) -> AsyncIterator[GymBackend]:
     """The family's environment for the id, its model answering after the family's
-    ``model_latency_s``, hosted in this process."""
+    ``model_latency_s`` (through the offline test server when ``model_server``), hosted in
+    this process."""
     env = choice.family.environment(choice.env_id, work_dir)
-    assert env.model is not None
-    env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
-    async with EmbeddedGym.host(
-        env,
-        instances=instances,
-        seed=seed,
-        work_dir=work_dir,
-        config=HostConfig(lease_s=lease_s),
-        faults=faults,
-    ) as gym:
-        yield gym
+    async with AsyncExitStack() as stack:
+        if choice.family.model_server:
+            env = attrs.evolve(env, model=await stack.enter_async_context(_served_model()))
+        assert env.model is not None
+        env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
+        async with EmbeddedGym.host(
+            env,
+            instances=instances,
+            seed=seed,
+            work_dir=work_dir,
+            config=HostConfig(lease_s=lease_s),
+            faults=faults,
+        ) as gym:
+            yield gym
+
+
+@asynccontextmanager
+async def _served_model() -> AsyncIterator[Any]:
+    """``openai_model`` against a test server process of its own (loopback, no network; it
+    exits with this process, a SIGKILLed phase's included)."""
+    from gymckpt.gym_adapter.environments.openai_model import openai_model
+    from gymckpt.testing.openai_server import open_openai_test_server
+
+    async with open_openai_test_server() as server:
+        yield openai_model(base_url=server.base_url, model=server.model)
 
 
 def trajectory_verdict(

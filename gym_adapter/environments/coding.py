@@ -8,11 +8,12 @@ Every session's tree starts as the project ``TEMPLATE`` (``calc.py``, whose ``ad
 ``a - b``, and ``test_calc.py``, which fails on it), written under ``work_dir`` when the
 environment is made. Each turn the agent:
 
-1. asks the model for a fix (through the model proxy: the call is captured, so a restored turn
-   is answered as the first asking was); the request is the candidates it has tried so far,
-   the answer a ``return`` expression for ``add``, drawn by ``scripted_model`` among the
-   untried ``CANDIDATES`` by a seed drawn from the deployment seed, the slot and the turn
-   (so the first turns are often wrong, and an episode may run out of turns);
+1. asks the model for a fix through the model proxy (the call is captured, so a restored turn
+   is answered as the first asking was): a chat-completions request (``fix_request``: the
+   task, the fixes tried so far, a ``seed`` drawn from the deployment seed, the slot and the
+   turn) offering one tool, ``edit_calc``, whose ``expression`` is an enum of the untried
+   ``CANDIDATES``; the fix is the tool call's argument (``fix_of``). The first turns are often
+   wrong, and an episode may run out of turns;
 2. writes ``calc.py`` with it, and runs ``python -B test_calc.py`` in the tree (a subprocess
    with a deadline; ``-B`` keeps the tree free of bytecode, whose header holds an mtime);
 3. appends one line to ``work.log`` in the tree (the turn, the fix, pass or fail).
@@ -23,12 +24,16 @@ entries (path → sha256, size, mode) and ``work.log``'s text. A restore that re
 against the tree of its step boundary leaves that payload as an uninterrupted run's
 (``reference_result``), bit for bit: each ``work.log`` line once.
 
-The model here is a deterministic script (no network, no weights): a stand-in for an
-``openai_model`` policy, reached the same way (``Environment.model``).
+The model is any ``Environment.model`` answering chat completions with tool calls:
+``openai_model`` against a server (``gymckpt demo --env sandbox:coding`` runs the project's
+offline test server, ``gymckpt.testing.openai_server``, whose answer is a function of the
+request), or by default ``scripted_model``, in process, which picks the enum value from the
+request's seed.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -44,8 +49,6 @@ from gymckpt.gym_adapter import (
     EnvironmentSpecError,
     EpisodeContext,
     EpisodeInfo,
-    parse_call_id,
-    split_capture_key,
 )
 
 from ._seeding import derive_seed
@@ -59,6 +62,8 @@ __all__ = [
     "CodingAgent",
     "CodingResult",
     "coding_environment",
+    "fix_of",
+    "fix_request",
     "reference_result",
     "scripted_model",
     "write_template",
@@ -102,13 +107,57 @@ def write_template(directory: Path) -> Path:
     return directory
 
 
-def scripted_model(seed: int, session_key: str, turn: int, tried: list[str]) -> str:
-    """The fix the model proposes in ``turn`` of slot ``session_key`` after ``tried``: a
-    uniform draw among the untried ``CANDIDATES`` (a function of its arguments alone)."""
-    untried = [c for c in CANDIDATES if c not in tried]
-    if not untried:
-        return CORRECT
-    return untried[derive_seed("gymckpt-coding", seed, session_key, turn) % len(untried)]
+def fix_request(seed: int, session_key: str, turn: int, tried: list[str]) -> dict[str, Any]:
+    """The chat-completions request of ``turn`` of slot ``session_key`` after ``tried``."""
+    untried = [c for c in CANDIDATES if c not in tried] or [CORRECT]
+    source = CALC.format(expr=tried[-1] if tried else "a - b")
+    return {
+        "messages": [
+            {"role": "system", "content": "Fix calc.py so that test_calc.py passes."},
+            {"role": "user", "content": f"calc.py:\n{source}\ntried: {', '.join(tried)}"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "edit_calc",
+                    "description": "Replace the expression add returns.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"expression": {"type": "string", "enum": untried}},
+                        "required": ["expression"],
+                    },
+                },
+            }
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "edit_calc"}},
+        "seed": derive_seed("gymckpt-coding", seed, session_key, turn) % 2**31,
+    }
+
+
+def fix_of(response: Any) -> str:
+    """The expression of the response's ``edit_calc`` call; ValueError (the episode fails as
+    data) when there is none or it is not one of ``CANDIDATES``."""
+    try:
+        call = response["choices"][0]["message"]["tool_calls"][0]["function"]
+        fix = json.loads(call["arguments"])["expression"]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ValueError(f"the model's response has no edit_calc call: {exc!r}") from None
+    if fix not in CANDIDATES:
+        raise ValueError(f"the model's fix {fix!r} is not one of {CANDIDATES}")
+    return str(fix)
+
+
+def scripted_model(key: str, request: Any, info: EpisodeInfo) -> dict[str, Any]:
+    """An ``Environment.model`` without a server: the ``edit_calc`` call whose expression is
+    the enum value the request's ``seed`` picks (a function of the request alone)."""
+    enum = request["tools"][0]["function"]["parameters"]["properties"]["expression"]["enum"]
+    fix = enum[request["seed"] % len(enum)]
+    arguments = json.dumps({"expression": fix})
+    call = {"id": "call_0", "type": "function", "function": {"name": "edit_calc"}}
+    call["function"]["arguments"] = arguments
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
 
 
 @attrs.define(slots=True)
@@ -155,19 +204,14 @@ class CodingAgent:
         return CodingResult(tried=list(data["tried"]), rewards=list(data["rewards"]))
 
     async def step(self, ctx: EpisodeContext, state: CodingResult) -> Done | None:
-        turn = len(state.tried)
-        fix = await ctx.model({"task": "fix add in calc.py", "tried": list(state.tried)})
+        turn, info = len(state.tried), ctx.info
+        fix = fix_of(await ctx.model(fix_request(info.seed, info.session_key, turn, state.tried)))
         reward = await coding_turn(ctx.session(SANDBOX), turn, fix)
         state.tried.append(fix)
         state.rewards.append(reward)
         if reward == 1.0 or len(state.tried) >= self.max_turns:
             return Done(reward, payload=_finish(ctx.session(SANDBOX), state))
         return None
-
-
-def _model(key: str, request: Any, info: EpisodeInfo) -> str:
-    turn = parse_call_id(split_capture_key(key)[1]).turn
-    return scripted_model(info.seed, info.session_key, turn, list(request["tried"]))
 
 
 def _check_task(task: str) -> None:
@@ -182,10 +226,11 @@ def coding_environment(
     work_dir: Path,
     *,
     max_turns: int = 3,
-    model: Callable[[str, Any, EpisodeInfo], Any] = _model,
+    model: Callable[[str, Any, EpisodeInfo], Any] = scripted_model,
 ) -> Environment:
     """The coding task's ``Environment``: ``CodingAgent`` and a ``Sandbox`` whose blobs and
-    trees live under ``work_dir`` (its template written at ``work_dir/coding-template``).
+    trees live under ``work_dir`` (its template written at ``work_dir/coding-template``);
+    ``model`` answers ``fix_request``'s requests (``openai_model``, or ``scripted_model``).
     An unknown ``task`` is an ``EnvironmentSpecError`` naming ``TASKS``."""
     _check_task(task)
     template = write_template(Path(work_dir) / "coding-template")
@@ -196,9 +241,18 @@ def coding_environment(
     )
 
 
-def reference_result(task: str, seed: int, row: int, slot: int, max_turns: int = 3) -> Any:
+def reference_result(
+    task: str,
+    seed: int,
+    row: int,
+    slot: int,
+    answer: Callable[[dict[str, Any]], Any] | None = None,
+    max_turns: int = 3,
+) -> CodingResult:
     """The uninterrupted run of episode (row, slot) under deployment ``seed``, in a temporary
-    sandbox without a host: the payload a hosted episode must equal, crash and restore or not."""
+    sandbox without a host: the payload a hosted episode must equal, crash and restore or not.
+    ``answer(request)``: the model's response (None: ``scripted_model``'s); it must be what the
+    hosted episode's model answers to the same request."""
     _check_task(task)
     info = EpisodeInfo("", row, slot, 0, seed, "")
     with tempfile.TemporaryDirectory(prefix="gymckpt-coding-") as tmp:
@@ -209,7 +263,9 @@ def reference_result(task: str, seed: int, row: int, slot: int, max_turns: int =
         async def play() -> None:
             while len(state.tried) < max_turns and 1.0 not in state.rewards:
                 turn = len(state.tried)
-                fix = scripted_model(seed, info.session_key, turn, state.tried)
+                request = fix_request(seed, info.session_key, turn, state.tried)
+                response = answer(request) if answer else scripted_model("", request, info)
+                fix = fix_of(response)
                 state.rewards.append(await coding_turn(box, turn, fix))
                 state.tried.append(fix)
 
