@@ -153,9 +153,8 @@ def scripted_model(key: str, request: Any, info: EpisodeInfo) -> dict[str, Any]:
     the enum value the request's ``seed`` picks (a function of the request alone)."""
     enum = request["tools"][0]["function"]["parameters"]["properties"]["expression"]["enum"]
     fix = enum[request["seed"] % len(enum)]
-    arguments = json.dumps({"expression": fix})
-    call = {"id": "call_0", "type": "function", "function": {"name": "edit_calc"}}
-    call["function"]["arguments"] = arguments
+    function = {"name": "edit_calc", "arguments": json.dumps({"expression": fix})}
+    call = {"id": "call_0", "type": "function", "function": function}
     message = {"role": "assistant", "content": None, "tool_calls": [call]}
     return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
 
