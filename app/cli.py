@@ -214,7 +214,8 @@ def _add_demo_setup_flags(demo: argparse.ArgumentParser) -> None:
         help="environment: calendar (the simulated workplace, default) or PREFIX:ID of a "
         "family from another project (embedded backend only): "
         + "; ".join(
-            f"{f.prefix}ID (e.g. {f.prefix}{f.example}; needs the {f.extra} extra)"
+            f"{f.prefix}ID (e.g. {f.prefix}{f.example}"
+            + (f"; needs the {f.extra} extra)" if f.extra else ")")
             for f in FAMILIES.values()
         ),
     )

@@ -71,7 +71,13 @@ from typing import Any, Final, final
 
 import attrs
 
-__all__ = ["DEFAULT_MODEL", "OpenAITestServer", "main", "open_openai_test_server"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "OpenAITestServer",
+    "chat_completion",
+    "main",
+    "open_openai_test_server",
+]
 
 DEFAULT_MODEL: Final = "gymckpt-test"
 _CAPTURE_KEY: Final = "X-Gymckpt-Capture-Key"

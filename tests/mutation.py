@@ -2002,6 +2002,37 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_train_text_crash.py",),
         sim_seeds=0,
     ),
+    # -- the coding demo (gymckpt demo --env sandbox:coding) ---------------------------------
+    Mutant(
+        "demo-sandbox-trajectories-always-match",
+        "sandbox",
+        "app/demo/envs.py",
+        "mismatched += sum(1 for d in digests if d != ref)",
+        "mismatched += 0",
+        ("tests/test_demo_sandbox.py",),
+        keyword="mismatch",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "demo-sandbox-restore-forgets-turns-done",
+        "sandbox",
+        "gym_adapter/environments/coding.py",
+        'return {"tried": list(state.tried), "rewards": list(state.rewards)}',
+        'return {"tried": [], "rewards": []}',
+        ("tests/test_demo_sandbox.py",),
+        keyword="exactly_once",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "demo-sandbox-restored-tree-is-the-template",
+        "sandbox",
+        "gym_adapter/environments/sandbox.py",
+        "return self._session(label, tree)",
+        "return self._session(label, self.template_tree())",
+        ("tests/test_demo_sandbox.py",),
+        keyword="exactly_once",
+        sim_seeds=0,
+    ),
 )
 
 

@@ -4,22 +4,30 @@ prefix, so a family from another project is one entry here.
 Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
 
 - ``title``, ``extra``, ``example``: the project's name, its optional extra
-  (``pip install -e '.[extra]'``) and an id for the ``--env`` help (``"CartPole-v1"``).
+  (``pip install -e '.[extra]'``; ``""`` when it needs none) and an id for the ``--env``
+  help (``"CartPole-v1"``).
 - ``model_latency_s``: how long the demo's model takes to answer (``slow_model``); choose it
   with the environment's own per-turn pace so that a checkpoint finds episodes in flight (the
   restore then has parked episodes to install, not only finished ones).
-- ``environment(env_id) -> Environment``: the demo's environment for ``env_id``, with a policy
+- ``model_server``: the demo hosts the project's offline OpenAI-compatible test server
+  (``gymckpt.testing.openai_server``) for each phase, and the environment's model is
+  ``openai_model`` against it (the family's ``reference`` answers as that server does).
+- ``environment(env_id, work_dir) -> Environment``: the demo's environment for ``env_id``
+  (``work_dir``: the Gym's work directory, where a sandbox keeps its trees), with a policy
   that plays legal moves and an ``Environment.model`` that answers from the capture key and
   request alone (a call asked again after a restore answers as the first asking did). Import
   the family's adapter inside the function: a missing extra is an ``ImportError`` there
   (reported as one line naming the extra); an id the family cannot run (unknown, no state
   codec, needs the network) is an ``EnvironmentSpecError`` with a one-line message naming the
-  supported ids. The demo calls it once in the parent before any process starts (the check)
-  and once per phase to host the Gym (``open_demo_gym`` wraps the model with ``slow_model``).
+  supported ids. The demo calls it once in the parent before any process starts (the check,
+  with a temporary ``work_dir`` removed after) and once per phase to host the Gym
+  (``open_demo_gym`` wraps the model with ``slow_model``).
 - ``reference(env_id, seed, row, slot) -> payload``: the episode of (row, slot) under
   deployment ``seed`` run uninterrupted with the plain library, the same value the hosted
   episode's ``Done.payload`` is (attrs records are unstructured with the project's converter
   before the digest). ``trajectory_verdict`` compares its digest with every trained one.
+  For ``sandbox:`` the payload holds the final tree's manifest and its ``work.log``: a match
+  means the tree is byte-identical to the uninterrupted run's, each log line once.
 
 Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's process).
 """
@@ -27,7 +35,7 @@ Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -69,12 +77,13 @@ class EnvFamily:
     title: str
     extra: str
     example: str
-    environment: Callable[[str], Environment]
+    environment: Callable[[str, Path], Environment]
     reference: Callable[[str, int, int, int], Any]
     model_latency_s: float = MODEL_LATENCY_S
+    model_server: bool = False
 
 
-def _gymnasium_environment(env_id: str) -> Environment:
+def _gymnasium_environment(env_id: str, work_dir: Path) -> Environment:
     from gymckpt.gym_adapter.environments.gymnasium import gymnasium_environment
 
     return gymnasium_environment(env_id, pace_s=PACE_S, max_episode_steps=MAX_EPISODE_STEPS)
@@ -86,7 +95,7 @@ def _gymnasium_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     return reference_trajectory(env_id, seed, row, slot, max_episode_steps=MAX_EPISODE_STEPS)
 
 
-def _textarena_environment(env_id: str) -> Environment:
+def _textarena_environment(env_id: str, work_dir: Path) -> Environment:
     from gymckpt.gym_adapter.environments.textarena import textarena_environment
 
     return textarena_environment(env_id, pace_s=TEXTARENA_PACE_S, max_turns=TEXTARENA_MAX_TURNS)
@@ -106,7 +115,7 @@ OPENSPIEL_MODEL_LATENCY_S: Final = 0.005
 checkpoint at the Gymnasium demo's 1 ms turns: at these, a checkpoint finds them in flight."""
 
 
-def _openspiel_environment(env_id: str) -> Environment:
+def _openspiel_environment(env_id: str, work_dir: Path) -> Environment:
     from gymckpt.gym_adapter.environments.openspiel import openspiel_environment
 
     return openspiel_environment(env_id, pace_s=OPENSPIEL_PACE_S, max_turns=OPENSPIEL_MAX_TURNS)
@@ -116,6 +125,27 @@ def _openspiel_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
     from gymckpt.gym_adapter.environments.openspiel import reference_trajectory
 
     return reference_trajectory(env_id, seed, row, slot, max_turns=OPENSPIEL_MAX_TURNS)
+
+
+SANDBOX_MODEL_LATENCY_S: Final = 0.1
+"""A coding turn runs the project's tests (a Python process, tens of ms) after the model's
+answer: at this latency a checkpoint finds turns awaiting the model as well as in a command."""
+
+
+def _sandbox_environment(env_id: str, work_dir: Path) -> Environment:
+    from gymckpt.gym_adapter.environments.coding import coding_environment
+
+    return coding_environment(env_id, work_dir)
+
+
+def _sandbox_reference(env_id: str, seed: int, row: int, slot: int) -> Any:
+    from gymckpt.gym_adapter.environments.coding import reference_result
+    from gymckpt.testing.openai_server import DEFAULT_MODEL, chat_completion
+
+    # the test server's answer is this function of the request: the uninterrupted run asks it
+    return reference_result(
+        env_id, seed, row, slot, lambda request: chat_completion(request, DEFAULT_MODEL)
+    )
 
 
 FAMILIES: Final[dict[str, EnvFamily]] = {
@@ -146,6 +176,16 @@ FAMILIES: Final[dict[str, EnvFamily]] = {
             _openspiel_environment,
             _openspiel_reference,
             OPENSPIEL_MODEL_LATENCY_S,
+        ),
+        EnvFamily(
+            "sandbox:",
+            "the sandbox",
+            "",
+            "coding",
+            _sandbox_environment,
+            _sandbox_reference,
+            SANDBOX_MODEL_LATENCY_S,
+            model_server=True,
         ),
     )
 }
@@ -184,19 +224,34 @@ async def open_demo_gym(
     lease_s: float,
 ) -> AsyncIterator[GymBackend]:
     """The family's environment for the id, its model answering after the family's
-    ``model_latency_s``, hosted in this process."""
-    env = choice.family.environment(choice.env_id)
-    assert env.model is not None
-    env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
-    async with EmbeddedGym.host(
-        env,
-        instances=instances,
-        seed=seed,
-        work_dir=work_dir,
-        config=HostConfig(lease_s=lease_s),
-        faults=faults,
-    ) as gym:
-        yield gym
+    ``model_latency_s`` (through the offline test server when ``model_server``), hosted in
+    this process."""
+    env = choice.family.environment(choice.env_id, work_dir)
+    async with AsyncExitStack() as stack:
+        if choice.family.model_server:
+            env = attrs.evolve(env, model=await stack.enter_async_context(_served_model()))
+        assert env.model is not None
+        env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
+        async with EmbeddedGym.host(
+            env,
+            instances=instances,
+            seed=seed,
+            work_dir=work_dir,
+            config=HostConfig(lease_s=lease_s),
+            faults=faults,
+        ) as gym:
+            yield gym
+
+
+@asynccontextmanager
+async def _served_model() -> AsyncIterator[Any]:
+    """``openai_model`` against a test server process of its own (loopback, no network; it
+    exits with this process, a SIGKILLed phase's included)."""
+    from gymckpt.gym_adapter.environments.openai_model import openai_model
+    from gymckpt.testing.openai_server import open_openai_test_server
+
+    async with open_openai_test_server() as server:
+        yield openai_model(base_url=server.base_url, model=server.model)
 
 
 def trajectory_verdict(

@@ -239,7 +239,8 @@ def environment_problem(opts: DemoOptions) -> str | None:
         return None
     family = choice.family
     try:
-        family.environment(choice.env_id)
+        with tempfile.TemporaryDirectory(prefix="gymckpt-demo-check-") as tmp:
+            family.environment(choice.env_id, Path(tmp))
     except ImportError as exc:
         return (
             f"--env {opts.env} needs {family.title}, an optional extra ({exc}): "

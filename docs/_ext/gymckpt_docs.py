@@ -48,6 +48,7 @@ API_MODULES = (
     "gymckpt.gym_adapter.environments.openspiel",
     "gymckpt.gym_adapter.environments.openai_model",
     "gymckpt.gym_adapter.environments.sandbox",
+    "gymckpt.gym_adapter.environments.coding",
     "gymckpt.testing",
 )
 """The modules whose public names the reference documents, in this order: an object exported
