@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gymckpt.app.chaos.main import report
-from gymckpt.app.chaos.plan import Kill, plan_kills
+from gymckpt.app.chaos.plan import Kill, anchors, plan_kills
 from gymckpt.app.chaos.points import MARK, STAGES, parse_kill_at, read_marks
 from gymckpt.app.chaos.process import Start
 from gymckpt.app.chaos.run import read_digests
@@ -208,19 +208,29 @@ def test_the_kill_plan_is_seeded() -> None:
 
 
 def test_timed_kills_are_anchored_to_the_programs_checkpoints_when_it_marks_them() -> None:
-    # five checkpoints in a run of 11 s, armed after 1 s: one interval is 2 s
+    # armed at 1 s; checkpoint N starts at 2N + 1 s and ends 0.5 s later; the fifth (the
+    # run's final one) follows the fourth at once
     marks = [(s, n) for n in range(1, 6) for s in STAGES]
-    plans = [plan_kills(seed, 3, 11.0, marks, armed_s=1.0)[1] for seed in range(40)]
+    times = {(s, n): 2.0 * n + 1.0 + 0.5 * STAGES.index(s) / len(STAGES) for s, n in marks}
+    times[("before_prepare", 5)] = times[("before_resume", 4)] + 0.01
+    spans = anchors(1.0, times)
+    assert [n for n, _ in spans] == [0, 1, 2, 3, 4]
+    assert spans[0][1] == pytest.approx(2.0) and spans[4][1] == pytest.approx(0.01)
+    plans = [plan_kills(seed, 3, 11.0, marks, 1.0, times)[1] for seed in range(60)]
     timed = [k for plan in plans for k in plan if k.kind == "anytime"]
     assert timed and all(k.after is not None for k in timed)  # after_restart: from the start
-    assert all(0.0 <= (k.delay_s or 0.0) <= 2.0 for k in timed)
-    firsts = [plan[0] for plan in plans if plan[0].kind == "anytime"]
-    anchors = {k.after for k in firsts}
-    assert "before_resume@5" not in anchors  # the last checkpoint ends the run
-    assert {"armed", "before_resume@4"} <= anchors
+    for k in timed:
+        n = 0 if k.after == "armed" else int(str(k.after).split("@")[1])
+        assert 0.0 <= (k.delay_s or 0.0) <= dict(spans)[n]  # within its mark's span
+    assert {k.after for plan in plans for k in plan[:1] if k.kind == "anytime"} >= {
+        "armed",
+        "before_resume@3",
+    }
     later = {k.after for plan in plans for k in plan[1:] if k.kind == "anytime"}
     assert later <= {"armed", "before_resume@1", "before_resume@2"}  # a restart's first half
     assert "after before_resume@2 +" in Kill("anytime", 0.5, after="before_resume@2").describe()
+    _, unanchored = plan_kills(1, 3, 11.0, marks, 1.0)  # no times: against the clock
+    assert all(k.after is None for k in unanchored)
 
 
 def test_digests_marks_and_kill_points_are_read_strictly() -> None:

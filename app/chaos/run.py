@@ -82,6 +82,8 @@ class Run:
     digests: dict[str, str] = attrs.field(factory=dict)
     wall_s: float = 0.0
     marks: list[tuple[str, int]] = attrs.field(factory=list)
+    mark_times: dict[tuple[str, int], float] = attrs.field(factory=dict)
+    """When each stage mark appeared, seconds after the start (the baseline's)."""
     armed_s: float | None = None
     """When the program armed its kill points (its runtime open), seconds after its start."""
     error: str | None = None
@@ -116,7 +118,7 @@ def run_baseline(
     logs = root / "baseline" / "start-1"
     with Start.spawn(_argv(command, run.workdir), logs, {**env, MARKS_ENV: "1"}) as start:
         run.armed_s = start.wait_for_line(logs / "stderr", ARMED, timeout_s)
-        rc = start.wait(timeout_s - (time.monotonic() - t0))
+        rc = _follow_marks(start, logs / "stderr", t0 + timeout_s, run.mark_times)
     run.starts, run.wall_s = 1, time.monotonic() - t0
     stderr = _tail(logs / "stderr")
     if rc is None:
@@ -149,7 +151,9 @@ def run_seed(
 ) -> Run:
     """Seed ``seed``'s run: start, kill as planned, restart on the same work directory until
     a start exits 0 (the kills spent), within ``timeout_s`` in all."""
-    rng, plan = plan_kills(seed, kills, baseline.wall_s, baseline.marks, baseline.armed_s)
+    rng, plan = plan_kills(
+        seed, kills, baseline.wall_s, baseline.marks, baseline.armed_s, baseline.mark_times
+    )
     run = Run(seed, root / f"seed-{seed}" / "work", kills_planned=list(plan))
     run.workdir.mkdir(parents=True)
     argv = _argv(command, run.workdir)
@@ -186,6 +190,27 @@ def run_seed(
     for k in pending:  # the run finished before these
         run.kills.append({"kind": k.kind, "aim": k.describe(), "landed": False})
     return run
+
+
+def _follow_marks(
+    start: Start, stderr: Path, deadline: float, times: dict[tuple[str, int], float]
+) -> int | None:
+    """Wait for ``start`` to end (None at ``deadline``), noting in ``times`` when each stage
+    mark appeared on its ``stderr`` (seconds after the start, to the 50 ms the wait slices)."""
+    while True:
+        rc = start.wait(min(0.05, deadline - time.monotonic()))
+        now = time.monotonic() - start.started
+        for mark in read_marks(_tail_all(stderr)):
+            times.setdefault(mark, now)
+        if rc is not None or time.monotonic() >= deadline:
+            return rc
+
+
+def _tail_all(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _anchor_line(after: str) -> str:
