@@ -7,10 +7,11 @@ Kill ``k`` of seed ``s`` is drawn from ``random.Random("gymckpt-chaos:s")`` as o
   points, uniform from that moment (its start-up and restore done) to its end instead. When the
   uninterrupted run marked its checkpoints, the moment is anchored to the program's progress
   rather than the clock: a delay after the program armed its kill points, or after it ended one
-  of its checkpoints that another follows (``before_resume@N``; after a restart ``N`` from the
-  first half), uniform over the time the uninterrupted run took from that mark to its next
-  checkpoint, so the kill lands mid-run however fast or slow the machine runs that day (a plan
-  against the wall clock alone misses when the run goes faster than the uninterrupted one did);
+  of its checkpoints that another follows (``before_resume@N``; after a restart, or when more
+  kills follow, ``N`` from the first half), uniform over the time the uninterrupted run took
+  from that mark to its next checkpoint, so the kill lands mid-run however fast or slow the
+  machine runs that day (a plan against the wall clock alone misses when the run goes faster
+  than the uninterrupted one did);
 * ``after_restart`` (not for the first kill): a moment uniform over the start-up and restore
   (until the armed moment, or the first quarter of the run's time) plus a quarter of the rest,
   which is when a restarted program restores and resumes;
@@ -33,6 +34,8 @@ __all__ = ["ARMED_ANCHOR", "FIRST_STAGE", "LAST_STAGE", "Kill", "anchors", "plan
 
 ARMED_ANCHOR = "armed"
 """The anchor of a timed kill counted from the moment the program armed its kill points."""
+TINY_SPAN = 0.2
+"""An anchor whose span is under this fraction of the typical one is not used."""
 FIRST_STAGE = "before_prepare"
 """The first stage a checkpoint passes."""
 LAST_STAGE = "before_resume"
@@ -104,17 +107,25 @@ def plan_kills(
         elif kind == "after_restart":
             plan.append(Kill(kind, delay_s=rng.uniform(0.0, restart_window)))
         elif spans:
-            plan.append(_anchored(rng, kind, spans, first=k == 0))
+            plan.append(_anchored(rng, kind, spans, first=k == 0, more=k + 1 < kills))
         else:
             plan.append(Kill(kind, delay_s=rng.uniform(ready, baseline_s)))
     return rng, plan
 
 
-def _anchored(rng: random.Random, kind: str, spans: list[tuple[int, float]], first: bool) -> Kill:
-    """A timed kill a delay after one of ``spans``' anchors (after a restart, the armed moment
-    or a checkpoint of the first half), uniform over its span."""
+def _anchored(
+    rng: random.Random, kind: str, spans: list[tuple[int, float]], first: bool, more: bool
+) -> Kill:
+    """A timed kill a delay after one of ``spans``' anchors, uniform over its span. Spans far
+    shorter than the typical one (a final checkpoint right after the last periodic one) are
+    left out; a kill after a restart, or a first kill that more kills follow, counts from the
+    armed moment or a checkpoint of the first half, so a restarted program (resumed from its
+    last snapshot, its checkpoints counted from 1 again) still runs when the next kill comes."""
     last = max(n for n, _ in spans)
-    usable = spans if first else [(n, g) for n, g in spans if n <= max(1, (last + 1) // 2)]
+    typical = sorted(g for _, g in spans)[len(spans) // 2]
+    spans = [(n, g) for n, g in spans if g >= TINY_SPAN * typical] or spans
+    half = [(n, g) for n, g in spans if n <= max(1, (last + 1) // 2)]
+    usable = half if not first or more else spans
     n, gap = rng.choice(usable)
     after = ARMED_ANCHOR if n == 0 else f"{LAST_STAGE}@{n}"
     return Kill(kind, delay_s=rng.uniform(0.0, gap), after=after)
