@@ -62,7 +62,10 @@ def test_the_stand_in_trains_the_same_weights_under_sigkills(tmp_path: Path) -> 
     landed = [s["kills_landed"] for s in result["seeds"]]
     assert sum(landed) >= 3, result["seeds"]  # the kills were real
     for s in result["seeds"]:
-        program_kills = sum(1 for k in s["kill_log"] if k.get("victim") == "program")
+        # a kill that found the program already exiting (landed false) needs no restart
+        program_kills = sum(
+            1 for k in s["kill_log"] if k.get("victim") == "program" and k["landed"]
+        )
         assert s["restarts"] >= program_kills and s["matched"] == {"weights": True, "journal": True}
         assert s["digests"]["weights"] == result["baseline_sha256"]
     assert not list(tmp_path.glob("gymckpt-chaos-*"))  # removed: every run identical
@@ -156,6 +159,9 @@ def test_ctrl_c_kills_the_running_program_and_its_children(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "TMPDIR": str(tmp_path)},
+        # a suite started in the background inherits SIGINT ignored (and Python then installs
+        # no handler for it): chaos gets Ctrl-C as a terminal would deliver it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         child = _read_pid(fifo, timeout_s=30)

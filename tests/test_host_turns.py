@@ -234,6 +234,7 @@ async def test_each_boundary_leaves_a_mark_of_its_turn_and_a_turn_runs_stepping(
         seen.append((turn, mark.turn, ep.stepping, orjson.loads(mark.states)))
 
     r = rig(Agent(turns=3, on_turn=look))
+    r.parking.arm_marks()  # as a host of the default config does (boundary_marks="always")
     async with trio.open_nursery() as nursery:
         r.parking.open(nursery.start_soon, lambda ep: None)
         ep = started(r)
