@@ -116,13 +116,7 @@ def mark_boundary(
         try:
             states.append(to_plain(p.export(ep.sessions[p.name])))
         except Exception as exc:
-            return BoundaryMark(
-                turn,
-                None,
-                f"{episode_label(ep.info)}: exporting its {p.name} session state at step "
-                f"boundary {turn} raised {exc!r}",
-                exc,
-            )
+            return _export_failed(ep, p.name, turn, exc)
     data = _finite_json(states)
     if data is not None:
         return BoundaryMark(turn, data)
@@ -139,6 +133,17 @@ def mark_boundary(
         return BoundaryMark(
             turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {problem}"
         )
+
+
+def _export_failed(ep: Episode, name: str, turn: int, exc: Exception) -> BoundaryMark:
+    """The mark of a boundary where participant ``name``'s ``export`` raised ``exc``."""
+    return BoundaryMark(
+        turn,
+        None,
+        f"{episode_label(ep.info)}: exporting its {name} session state at step boundary "
+        f"{turn} raised {exc!r}",
+        exc,
+    )
 
 
 def _mark_parts(participants: Sequence[Any], ep: Episode, versions: Sequence[Any]) -> BoundaryMark:
@@ -166,13 +171,7 @@ def _mark_parts(participants: Sequence[Any], ep: Episode, versions: Sequence[Any
                 continue
             plain = to_plain(p.export(state))
         except Exception as exc:
-            return BoundaryMark(
-                turn,
-                None,
-                f"{episode_label(ep.info)}: exporting its {p.name} session state at step "
-                f"boundary {turn} raised {exc!r}",
-                exc,
-            )
+            return _export_failed(ep, p.name, turn, exc)
         # dumped one level down, as in the whole array: a state that fits here fits there
         data = _finite_json([plain])
         if data is not None:
