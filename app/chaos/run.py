@@ -62,8 +62,13 @@ def _argv(command: Sequence[str], workdir: Path) -> list[str]:
 
 
 def _tail(path: Path) -> str:
+    return _read(path)[-TAIL:]
+
+
+def _read(path: Path) -> str:
+    """A start's output file as text ("" while it does not exist)."""
     try:
-        return path.read_text(errors="replace")[-TAIL:]
+        return path.read_text(errors="replace")
     except OSError:
         return ""
 
@@ -200,17 +205,10 @@ def _follow_marks(
     while True:
         rc = start.wait(min(0.05, deadline - time.monotonic()))
         now = time.monotonic() - start.started
-        for mark in read_marks(_tail_all(stderr)):
+        for mark in read_marks(_read(stderr)):
             times.setdefault(mark, now)
         if rc is not None or time.monotonic() >= deadline:
             return rc
-
-
-def _tail_all(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _anchor_line(after: str) -> str:
