@@ -8,6 +8,7 @@ resumes and finishes; and the engine's answers show why ``require=`` exists: it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -100,8 +101,9 @@ def engine(tmp_path: Path):  # type: ignore[no-untyped-def]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break
-            except OSError:
-                time.sleep(0.5)
+            except OSError:  # not listening yet: wait for its exit, at most 0.5 s, then ask again
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.5)
         yield f"http://127.0.0.1:{port}/v1", str(model)
     finally:
         proc.terminate()
