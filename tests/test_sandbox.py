@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -27,6 +28,7 @@ from gymckpt.gym_adapter.environments.sandbox import (
     TreeChanged,
     TreeLimits,
 )
+from gymckpt.runtime.lowlevel import object_ref
 
 INFO = EpisodeInfo("3-1", 3, 1, 0, 7, "gym-0")
 
@@ -56,12 +58,15 @@ def test_a_session_starts_as_the_template_and_exports_a_manifest_of_it(tmp_path:
     assert s.read("README") == b"read me\n" and s.list() == ["README", "run", "src"]
     assert os.readlink(s.root / "run") == "src/main.sh"
     m = box.export(s)
-    assert m["version"] == 1 and m["label"] == "3-1"
-    assert m["tree"]["run"] == {"kind": "symlink", "target": "src/main.sh"}
-    assert m["tree"]["src"] == {"kind": "dir", "mode": 0o755}
-    main = m["tree"]["src/main.sh"]
+    assert m["version"] == 2 and m["label"] == "3-1" and m["changes"] == {}
+    assert m["base"] == box.template_base()[0]  # the template's tree, an object
+    tree = s.tree()
+    assert tree["run"] == {"kind": "symlink", "target": "src/main.sh"}
+    assert tree["src"] == {"kind": "dir", "mode": 0o755}
+    main = tree["src/main.sh"]
     assert main["mode"] == 0o755 and main["size"] == 8
-    assert box.blobs.path(main["digest"]).read_bytes() == b"echo hi\n"  # stored once, by digest
+    assert blob(box, main["digest"]) == b"echo hi\n"  # stored once, by digest
+    assert orjson.loads(box.objects.read(m["base"])) == tree
     assert s.scanner.hashed == 0  # copied from the template's blobs: nothing read again
 
 
@@ -90,7 +95,15 @@ def _sandbox_tree_known(s: SandboxSession) -> dict[str, Any]:
 
 
 def box_manifest(s: SandboxSession) -> dict[str, Any]:
-    return s.manifest()["tree"]
+    return s.tree()
+
+
+def blob(box: Sandbox, digest: str) -> bytes:
+    return box.objects.path(object_ref(digest)).read_bytes()
+
+
+def with_changes(state: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return dict(state, changes=dict(state["changes"], **changes))
 
 
 def test_a_same_size_rewrite_right_after_a_mark_is_still_seen(tmp_path: Path) -> None:
@@ -105,7 +118,7 @@ def test_a_same_size_rewrite_right_after_a_mark_is_still_seen(tmp_path: Path) ->
     os.utime(s.root / "f", ns=(st.st_atime_ns, st.st_mtime_ns))  # the same tick
     assert s.read("f") == b"bbbb"
     m = box.export(s)
-    assert box.blobs.path(m["tree"]["f"]["digest"]).read_bytes() == b"bbbb"
+    assert blob(box, m["changes"]["f"]["digest"]) == b"bbbb"
 
 
 def test_restore_materialises_the_tree_exactly_in_a_new_directory(tmp_path: Path) -> None:
@@ -150,8 +163,7 @@ def test_a_hostile_manifest_is_refused_and_writes_nothing(
 ) -> None:
     box = sandbox(tmp_path)
     m = box.export(box.open(INFO))
-    m["tree"][rel] = entry
-    _refused(box, m, match)
+    _refused(box, with_changes(m, **{rel: entry}), match)
 
 
 def test_a_symlink_out_through_another_symlink_is_refused(tmp_path: Path) -> None:
@@ -159,27 +171,30 @@ def test_a_symlink_out_through_another_symlink_is_refused(tmp_path: Path) -> Non
     first, so ``e`` is the tree's parent."""
     box = sandbox(tmp_path)
     m = box.export(box.open(INFO))
-    m["tree"]["d"] = {"kind": "symlink", "target": "."}
-    m["tree"]["e"] = {"kind": "symlink", "target": "d/.."}
+    m["changes"]["d"] = {"kind": "symlink", "target": "."}
+    m["changes"]["e"] = {"kind": "symlink", "target": "d/.."}
     _refused(box, m, "e: symlink target 'd/..' resolves outside")
-    del m["tree"]["e"]
-    m["tree"]["loop"] = {"kind": "symlink", "target": "loop"}
+    del m["changes"]["e"]
+    m["changes"]["loop"] = {"kind": "symlink", "target": "loop"}
     _refused(box, m, "loop: symlink target 'loop' resolves outside")
 
 
 def test_a_file_over_the_limit_or_a_missing_or_corrupt_blob_is_refused(tmp_path: Path) -> None:
     box = sandbox(tmp_path, limits=TreeLimits(max_file_bytes=100))
     m = box.export(box.open(INFO))
-    big = dict(m, tree=dict(m["tree"], huge={"kind": "file", "mode": 0o644, "size": 1 << 40,
-                                            "digest": "0" * 64}))  # fmt: skip
+    big = with_changes(m, huge={"kind": "file", "mode": 0o644, "size": 1 << 40,
+                                "digest": "0" * 64})  # fmt: skip
     _refused(box, big, "huge: 1099511627776 bytes, over the limit of 100")
-    missing = dict(m, tree=dict(m["tree"], gone={"kind": "file", "mode": 0o644, "size": 3,
-                                                "digest": "1" * 64}))  # fmt: skip
-    _refused(box, missing, f"blob {'1' * 64} of 3 bytes is not in the store")
-    digest = m["tree"]["README"]["digest"]
-    blob = box.blobs.path(digest)
-    os.chmod(blob, 0o644)
-    blob.write_bytes(b"READ ME\n")  # same size, other bytes
+    missing = with_changes(m, gone={"kind": "file", "mode": 0o644, "size": 3,
+                                    "digest": "1" * 64})  # fmt: skip
+    _refused(
+        box, missing, f"object sha256:{'1' * 64} of 3 bytes missing from .*: restore from a "
+        "snapshot that holds it"
+    )  # fmt: skip
+    digest = box.open(INFO).tree()["README"]["digest"]
+    path = box.objects.path(object_ref(digest))
+    os.chmod(path, 0o644)
+    path.write_bytes(b"READ ME\n")  # same size, other bytes
     _refused(box, m, "does not hash to its name")
     for name in os.listdir(box.home / "trees"):
         assert not name.startswith(".")  # the half-built tree was removed
@@ -220,8 +235,8 @@ def test_a_file_changed_while_hashed_is_read_again_then_refused(
 
     monkeypatch.setattr(_sandbox_tree, "_copy_hashing", racing)
     m = box.export(s)  # changed once: read again, the manifest has the bytes as they stand
-    assert box.blobs.path(m["tree"]["log"]["digest"]).read_bytes() == b"start\nmore\n"
-    assert m["tree"]["log"]["size"] == len(b"start\nmore\n")
+    assert blob(box, m["changes"]["log"]["digest"]) == b"start\nmore\n"
+    assert m["changes"]["log"]["size"] == len(b"start\nmore\n")
     writes["left"] = 100
     s.write("log", "again\n")
     with pytest.raises(TreeChanged, match="changed while it was hashed, 4 times"):

@@ -64,7 +64,7 @@ TRAINER = textwrap.dedent(
             box, info, turn = ctx.session("sandbox"), ctx.info, ctx.turn
             if turn == {TURNS}:
                 return Done(1.0, payload={{
-                    "row": info.row, "slot": info.slot, "tree": box.manifest()["tree"],
+                    "row": info.row, "slot": info.slot, "tree": box.tree(),
                     "log": box.read("log.txt").decode(), "ran": box.read("ran.txt").decode(),
                 }})
             args = {{"row": info.row, "slot": info.slot, "turn": turn}}

@@ -1,31 +1,39 @@
 """A sandbox's directory tree as a content-addressed manifest: taken cheaply, restored exactly.
 
-A **manifest** maps each relative path of a tree to its entry: a ``file`` (the sha256 of its
-bytes, its size and its permission bits), a ``dir`` (its permission bits) or a ``symlink``
-(its target, kept as a link). File contents live once in a ``BlobStore``: one file per digest,
-written with fsync and an atomic rename, so a manifest a commit holds never names a blob that a
-crash can lose. Blobs are never deleted (this round): a manifest is valid as long as the store.
+A **tree** maps each relative path to its entry: a ``file`` (the sha256 of its bytes in hex, its
+size and its permission bits), a ``dir`` (its permission bits) or a ``symlink`` (its target,
+kept as a link). File contents are objects of an ``ObjectStore`` (``gymckpt.runtime.lowlevel``;
+the sandbox's is ``work_dir/sandbox/<name>/objects``): one file per digest, written with fsync
+and an atomic rename, so a state a commit holds never names an object that a crash can lose.
+Nothing here deletes an object.
 
-``TreeScanner`` takes a tree's manifest. It keeps, per file, the
-``(size, mtime_ns, ctime_ns, inode)`` it last hashed at (its *stat key*), and hashes (and
-stores) only files whose key changed since, so a mark at every step boundary costs a ``lstat``
-per entry plus the bytes that changed. The ctime is in the key because no tool can set it: a
-rewrite that puts the old mtime back (``touch -d``, an archive extracted) still changes it.
-A file whose mtime or ctime is within ``RACY_NS`` of a scan is hashed again at the next scan
-(a write in the same filesystem-timestamp tick as the scan keeps its size and its times: git's
-"racily clean" entries). A file that changes while it is hashed is read again
-(``CHANGE_RETRIES`` times), then refused (``TreeChanged``).
+A **state** (version ``MANIFEST_VERSION``, 2) does not carry its whole tree: it names a *base*
+tree, itself an object (``tree_bytes``: the tree's canonical JSON; the sandbox's template), and
+carries only the ``changes`` against it (``tree_changes``: path -> entry, or None for a path
+the base has and the tree does not), so a session's state grows with what the agent changed,
+not with the template. ``apply_changes`` rebuilds the tree; a version-1 state holds the whole
+tree inline and still restores.
+
+``TreeScanner`` takes a tree. It keeps, per file, the ``(size, mtime_ns, ctime_ns, inode)`` it
+last hashed at (its *stat key*), and hashes (and stores) only files whose key changed since, so
+a mark at every step boundary costs a ``lstat`` per entry plus the bytes that changed. The
+ctime is in the key because no tool can set it: a rewrite that puts the old mtime back
+(``touch -d``, an archive extracted) still changes it. A file whose mtime or ctime is within
+``RACY_NS`` of a scan is hashed again at the next scan (a write in the same filesystem-timestamp
+tick as the scan keeps its size and its times: git's "racily clean" entries). A file that
+changes while it is hashed is read again (``CHANGE_RETRIES`` times), then refused
+(``TreeChanged``).
 
 Files a restore writes get the fixed mtime ``MTIME_EPOCH``: a tree's bytes and times do not
 depend on when it was restored, and the scanner trusts them from the start (any later write
 sets a current mtime).
 
-``check_manifest`` is every rule a restore needs, applied before anything is written:
-paths relative, normalised and without ``..``; every parent of an entry a ``dir`` entry (so no
-write goes through a link); every symlink's target, followed through the manifest's own links,
-inside the tree; every size within the limits; every blob present with its size. ``materialise``
-then builds the tree in a fresh directory beside the destination and renames it into place: a
-refused manifest, or a blob found corrupt while copied, changes nothing.
+``check_manifest`` is every rule a restore needs, applied to the rebuilt tree before anything
+is written: paths relative, normalised and without ``..``; every parent of an entry a ``dir``
+entry (so no write goes through a link); every symlink's target, followed through the tree's
+own links, inside the tree; every size within the limits; every object present with its size.
+``materialise`` then builds the tree in a fresh directory beside the destination and renames it
+into place: a refused state, or an object found corrupt while copied, changes nothing.
 """
 
 from __future__ import annotations
@@ -43,23 +51,35 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+import orjson
+
+from gymckpt.runtime.lowlevel import ObjectStore, object_ref, parse_object_ref
 
 __all__ = [
     "CHANGE_RETRIES",
     "MANIFEST_VERSION",
     "MTIME_EPOCH",
     "RACY_NS",
-    "BlobStore",
+    "V1_MANIFEST_VERSION",
     "ManifestRefused",
     "TreeChanged",
     "TreeLimits",
     "TreeScanner",
+    "apply_changes",
     "check_manifest",
     "check_relative",
+    "has_blob",
+    "load_tree",
     "materialise",
+    "store_file",
+    "tree_bytes",
+    "tree_changes",
 ]
 
-MANIFEST_VERSION: Final = 1
+MANIFEST_VERSION: Final = 2
+"""A sandbox state's version: a base tree (an object) and the changes against it. Version 1
+(``V1_MANIFEST_VERSION``, the whole tree inline) still restores."""
+V1_MANIFEST_VERSION: Final = 1
 MTIME_EPOCH: Final = 946_684_800_000_000_000
 """2000-01-01T00:00:00Z in ns: the mtime of every file a restore writes."""
 RACY_NS: Final = 1_000_000_000
@@ -99,68 +119,42 @@ class TreeLimits:
                 raise ValueError(f"TreeLimits.{field} must be an int >= 1, got {value!r}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def has_blob(objects: ObjectStore, digest: str, size: int) -> bool:
+    """Whether ``objects`` holds the blob of sha256 ``digest`` (hex) with ``size`` bytes."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return os.stat(objects.path(object_ref(digest))).st_size == size
+    except FileNotFoundError:
+        return False
 
 
-@attrs.define(eq=False, slots=True)
-class BlobStore:
-    """File contents by sha256: ``root/<first two hex digits>/<digest>``. ``put`` copies a file
-    in while hashing it, fsyncs it and renames it into place; the directories whose entries
-    changed are added to ``dirty``, for the caller to fsync (``sync``) once per directory
-    before it hands out a manifest naming the blob. A blob is immutable once renamed into
-    place; none is ever deleted."""
-
-    root: Path = attrs.field(converter=Path)
-
-    def path(self, digest: str) -> Path:
-        return self.root / digest[:2] / digest
-
-    def has(self, digest: str, size: int) -> bool:
+def store_file(
+    objects: ObjectStore, source: Path, before: os.stat_result, limit: int, dirty: set[Path]
+) -> tuple[str, os.stat_result]:
+    """Store the bytes of regular file ``source`` (``before``: its ``lstat``) in ``objects``;
+    their sha256 (hex) and the stat they are of. The bytes are copied while hashed into a
+    private temp file, which ``ObjectStore.put_file`` then places (the tree's file is never
+    linked into the store: an in-place write would change an immutable object). Directories
+    to fsync go in ``dirty``. ``TreeChanged`` when its stat key moved while it was read, every
+    retry."""
+    if not objects.root.is_dir():
+        objects.root.mkdir(parents=True, exist_ok=True)
+        dirty.add(objects.root.parent)
+    for _ in range(CHANGE_RETRIES + 1):
+        tmp = objects.root / f".in.{secrets.token_hex(8)}.tmp"
         try:
-            return os.stat(self.path(digest)).st_size == size
-        except FileNotFoundError:
-            return False
-
-    def put(
-        self, source: Path, before: os.stat_result, limit: int, dirty: set[Path]
-    ) -> tuple[str, os.stat_result]:
-        """Store the bytes of regular file ``source`` (``before``: its ``lstat``); its digest
-        and the stat its bytes are of. ``TreeChanged`` when its stat key moved while it was
-        read, every retry."""
-        if not self.root.is_dir():
-            self.root.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self.root.parent)
-        for _ in range(CHANGE_RETRIES + 1):
-            tmp = self.root / f".in.{secrets.token_hex(8)}.tmp"
-            try:
-                digest, after = _copy_hashing(source, tmp, limit)
-                if _stat_key(after) != _stat_key(before):
-                    tmp.unlink(missing_ok=True)
-                    before = os.lstat(source)
-                    continue
-                final = self.path(digest)
-                if final.exists():
-                    tmp.unlink()
-                else:
-                    if not final.parent.is_dir():  # a new fan-out directory: its entry too
-                        final.parent.mkdir(exist_ok=True)
-                        dirty.add(self.root)
-                    os.replace(tmp, final)
-                    dirty.add(final.parent)
-                return digest, after
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-        raise TreeChanged(
-            f"file {source} changed while it was hashed, {CHANGE_RETRIES + 1} times: is a "
-            "process still writing in the sandbox? (a command's whole process group is killed "
-            "when it ends; one that left its group keeps running)"
-        )
+            digest, after = _copy_hashing(source, tmp, limit)
+            if _stat_key(after) != _stat_key(before):
+                before = os.lstat(source)
+                continue
+            objects.put_file(tmp, object_ref(digest), dirty)
+            return digest, after
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise TreeChanged(
+        f"file {source} changed while it was hashed, {CHANGE_RETRIES + 1} times: is a "
+        "process still writing in the sandbox? (a command's whole process group is killed "
+        "when it ends; one that left its group keeps running)"
+    )
 
 
 def _copy_hashing(source: Path, tmp: Path, limit: int) -> tuple[str, os.stat_result]:
@@ -187,6 +181,8 @@ def _copy_hashing(source: Path, tmp: Path, limit: int) -> tuple[str, os.stat_res
 
 
 StatKey = tuple[int, int, int, int]
+Tree = dict[str, dict[str, Any]]
+"""A tree: relative path -> entry (see the module docstring)."""
 
 
 def _stat_key(st: os.stat_result) -> StatKey:
@@ -200,7 +196,7 @@ class TreeScanner:
     the module docstring). ``hashed`` counts the files read, for tests and metrics."""
 
     root: Path
-    blobs: BlobStore
+    objects: ObjectStore
     limits: TreeLimits
     known: dict[str, tuple[StatKey, str]] = attrs.field(factory=dict)
     """Relative path -> (the stat key it was hashed at, its digest): trusted next scan."""
@@ -267,8 +263,7 @@ class TreeScanner:
                 f"sandbox tree {self.root} holds {total} bytes, over the limit of "
                 f"{self.limits.max_tree_bytes}"
             )
-        for directory in dirty:  # every new blob's entry durable before the manifest is out
-            _fsync_dir(directory)
+        ObjectStore.sync(dirty)  # every new blob durable before the manifest is out
         self.known = known
         return entries
 
@@ -293,7 +288,7 @@ class TreeScanner:
         if cached is not None and cached[0] == key:
             known[rel] = cached
             return cached[1], st
-        digest, after = self.blobs.put(path, st, self.limits.max_file_bytes, dirty)
+        digest, after = store_file(self.objects, path, st, self.limits.max_file_bytes, dirty)
         self.hashed += 1
         key = _stat_key(after)
         if max(key[1], key[2]) < start - RACY_NS:  # not racily clean: trusted next scan
@@ -349,7 +344,7 @@ def _link_escapes(entries: Mapping[str, Any], rel: str) -> bool:
 
 
 def check_manifest(
-    manifest: Any, blobs: BlobStore, limits: TreeLimits
+    manifest: Any, objects: ObjectStore, limits: TreeLimits
 ) -> dict[str, dict[str, Any]]:
     """The entries of ``manifest`` (an exported sandbox state's ``tree``), or
     ``ManifestRefused`` naming every rule it breaks (module docstring). Reads only the blob
@@ -371,7 +366,7 @@ def check_manifest(
             isinstance(manifest.get(parent), Mapping) and manifest[parent].get("kind") == "dir"
         ):
             problems.append(f"{rel}: its parent {parent} is not a directory of the tree")
-        problem = _entry_problem(manifest, rel, entry, blobs, limits)
+        problem = _entry_problem(manifest, rel, entry, objects, limits)
         if problem is not None:
             problems.append(f"{rel}: {problem}")
         elif entry["kind"] == "file":
@@ -384,7 +379,7 @@ def check_manifest(
 
 
 def _entry_problem(
-    manifest: Mapping[str, Any], rel: str, entry: Any, blobs: BlobStore, limits: TreeLimits
+    manifest: Mapping[str, Any], rel: str, entry: Any, objects: ObjectStore, limits: TreeLimits
 ) -> str | None:
     if not isinstance(entry, Mapping):
         return "entry is not an object"
@@ -412,13 +407,16 @@ def _entry_problem(
         return f"size {size!r} is not a count of bytes"
     if size > limits.max_file_bytes:
         return f"{size} bytes, over the limit of {limits.max_file_bytes}"
-    if not blobs.has(digest, size):
-        return f"blob {digest} of {size} bytes is not in the store {blobs.root}"
+    if not has_blob(objects, digest, size):
+        return (
+            f"object sha256:{digest} of {size} bytes missing from {objects.root}: restore "
+            "from a snapshot that holds it"
+        )
     return None
 
 
 def materialise(
-    entries: Mapping[str, Mapping[str, Any]], blobs: BlobStore, dest: Path
+    entries: Mapping[str, Mapping[str, Any]], objects: ObjectStore, dest: Path
 ) -> list[tuple[str, str]]:
     """Build the tree of checked ``entries`` at ``dest`` (which must not exist): in a fresh
     sibling directory, renamed into place when complete; (relative path, digest) of each file.
@@ -439,7 +437,7 @@ def materialise(
             elif kind == "symlink":
                 os.symlink(entry["target"], path)
             else:
-                _copy_out(blobs, entry["digest"], path)
+                _copy_out(objects, entry["digest"], path)
                 os.chmod(path, entry["mode"])
                 os.utime(path, ns=(MTIME_EPOCH, MTIME_EPOCH))
                 files.append((rel, entry["digest"]))
@@ -454,16 +452,17 @@ def materialise(
     return files
 
 
-def _copy_out(blobs: BlobStore, digest: str, path: Path) -> None:
+def _copy_out(objects: ObjectStore, digest: str, path: Path) -> None:
     h = hashlib.sha256()
-    with open(blobs.path(digest), "rb") as src, open(path, "xb") as out:
+    source = objects.path(object_ref(digest))
+    with open(source, "rb") as src, open(path, "xb") as out:
         while chunk := src.read(_CHUNK):
             h.update(chunk)
             out.write(chunk)
     if h.hexdigest() != digest:
         raise ManifestRefused(
-            f"blob {blobs.path(digest)} does not hash to its name (it holds {h.hexdigest()}): "
-            "the blob store is corrupt"
+            f"object {source} does not hash to its name (it holds {h.hexdigest()}): "
+            "the sandbox's object store is corrupt"
         )
 
 
@@ -475,3 +474,62 @@ def _remove_tree(path: Path) -> None:
             if not os.path.islink(p):
                 os.chmod(p, 0o700)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def tree_bytes(tree: Mapping[str, Any]) -> bytes:
+    """The canonical JSON of ``tree`` (keys sorted, no spaces): what a base object holds."""
+    return orjson.dumps(tree, option=orjson.OPT_SORT_KEYS)
+
+
+def tree_changes(base: Mapping[str, Any], tree: Mapping[str, Any]) -> dict[str, Any]:
+    """What turns ``base`` into ``tree``: each path whose entry differs (or is new) -> its
+    entry in ``tree``, each path ``base`` has and ``tree`` has not -> None; in path order.
+    Invariant: ``apply_changes(base, tree_changes(base, tree)) == tree``."""
+    changes: dict[str, Any] = {rel: e for rel, e in tree.items() if base.get(rel) != e}
+    changes.update((rel, None) for rel in base if rel not in tree)
+    return dict(sorted(changes.items()))
+
+
+def apply_changes(base: Mapping[str, Any], changes: Any) -> Tree:
+    """``base`` with ``changes`` applied (see ``tree_changes``), unchecked (``check_manifest``
+    checks the result); ``ManifestRefused`` if ``changes`` is not an object of entries or
+    nulls, or deletes a path ``base`` does not have."""
+    if not isinstance(changes, Mapping):
+        raise ManifestRefused(
+            f"sandbox changes must be an object (path -> entry or null), got "
+            f"{type(changes).__name__}"
+        )
+    tree = dict(base)
+    strays = []
+    for rel, entry in changes.items():
+        if entry is not None:
+            tree[rel] = entry
+        elif tree.pop(rel, None) is None:
+            strays.append(rel)
+    if strays:
+        raise ManifestRefused(
+            f"sandbox changes delete {', '.join(map(repr, strays[:10]))}, which the base tree "
+            "does not hold: the state was not written against this base"
+        )
+    return tree
+
+
+def load_tree(objects: ObjectStore, ref: Any) -> Tree:
+    """The tree that object ``ref`` holds (a base), or ``ManifestRefused`` saying what is
+    wrong: not a reference, missing from ``objects``, changed on disk, or not a JSON object."""
+    try:
+        parse_object_ref(ref)
+    except ValueError as exc:
+        raise ManifestRefused(f"sandbox base: {exc}") from None
+    if not objects.has(ref):
+        raise ManifestRefused(
+            f"sandbox base tree: object {ref} missing from {objects.root}: restore from a "
+            "snapshot that holds it"
+        )
+    try:
+        tree = orjson.loads(objects.read(ref))
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise ManifestRefused(f"sandbox base tree {ref}: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ManifestRefused(f"sandbox base tree {ref} is not a JSON object of entries")
+    return tree

@@ -180,7 +180,7 @@ async def coding_turn(box: SandboxSession, turn: int, fix: str) -> float:
 
 
 def _finish(box: SandboxSession, state: CodingResult) -> CodingResult:
-    state.tree = box.manifest()["tree"]
+    state.tree = box.tree()
     state.work_log = box.read("work.log").decode()
     return state
 
