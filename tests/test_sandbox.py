@@ -28,7 +28,7 @@ from gymckpt.gym_adapter.environments.sandbox import (
     TreeChanged,
     TreeLimits,
 )
-from gymckpt.runtime.lowlevel import object_ref
+from gymckpt.runtime.lowlevel import ObjectStore, object_ref
 
 INFO = EpisodeInfo("3-1", 3, 1, 0, 7, "gym-0")
 
@@ -188,8 +188,8 @@ def test_a_file_over_the_limit_or_a_missing_or_corrupt_blob_is_refused(tmp_path:
     missing = with_changes(m, gone={"kind": "file", "mode": 0o644, "size": 3,
                                     "digest": "1" * 64})  # fmt: skip
     _refused(
-        box, missing, f"object sha256:{'1' * 64} of 3 bytes missing from .*: restore from a "
-        "snapshot that holds it"
+        box, missing, f"object sha256:{'1' * 64} missing: restore from a snapshot that holds it "
+        r"\(3 bytes"
     )  # fmt: skip
     digest = box.open(INFO).tree()["README"]["digest"]
     path = box.objects.path(object_ref(digest))
@@ -331,3 +331,124 @@ async def test_resource_limits_bound_what_a_command_writes(tmp_path: Path) -> No
     r = await s.run(["sh", "-c", "head -c 100000 /dev/zero > big"])
     assert r.returncode != 0  # SIGXFSZ or EFBIG
     assert (s.root / "big").stat().st_size <= 4096
+
+
+# -- the state's format (v2: a base tree object and the changes) and the objects hook ---------
+
+
+def big_template(root: Path, files: int = 200) -> Path:
+    t = root / "template"
+    for i in range(files):
+        f = t / f"pkg{i % 10}" / f"mod{i}.py"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"# module {i}\n" + "x = 1\n" * 50)
+    return t
+
+
+def test_a_state_carries_only_the_changes_against_the_template_deletions_too(
+    tmp_path: Path,
+) -> None:
+    box = Sandbox(big_template(tmp_path), tmp_path / "work")
+    s = box.open(INFO)
+    untouched = orjson.dumps(box.export(s))
+    assert len(untouched) < 200  # no entry of the 200-file template in it
+    s.write("pkg1/mod1.py", "changed\n")
+    s.write("pkg1/new.py", "new\n")
+    s.delete("pkg2/mod2.py")
+    m = box.export(s)
+    assert sorted(m["changes"]) == ["pkg1/mod1.py", "pkg1/new.py", "pkg2/mod2.py"]
+    assert m["changes"]["pkg2/mod2.py"] is None  # a deletion
+    r = box.restore(m)
+    assert r.tree() == s.tree() and box.export(r) == m
+    assert not (r.root / "pkg2" / "mod2.py").exists()  # the deletion holds in the restored tree
+    assert r.read("pkg1/mod1.py") == b"changed\n"
+
+
+def test_a_state_whose_base_object_is_missing_is_refused_naming_it(tmp_path: Path) -> None:
+    box = sandbox(tmp_path)
+    m = box.export(box.open(INFO))
+    fresh = Sandbox(box.template, tmp_path / "elsewhere")  # a store without that object
+    (fresh.home / "trees").mkdir(parents=True)
+    _refused(fresh, m, f"object {m['base']} missing: restore from a snapshot that holds it")
+    _refused(box, dict(m, base="sha256:" + "2" * 64), "missing: restore from a snapshot")
+    _refused(box, dict(m, base="template"), "is not an object reference")
+    gone = with_changes(m, nothere=None)
+    _refused(box, gone, "delete 'nothere', which the base tree does not hold")
+    orphan = with_changes(m, src=None)  # the directory goes, its files stay: refused
+    _refused(box, orphan, "parent src is not a directory")
+
+
+def test_an_unknown_version_or_shape_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    box = sandbox(tmp_path)
+    box.open(INFO)
+    m = box.export(box.open(INFO))
+    _refused(box, dict(m, version=3), "version 3 is not one this gymckpt reads .1, 2.: restore")
+    _refused(box, {"version": 2, "label": "x", "tree": {}}, "keys .'base', 'changes'")
+    _refused(box, dict(m, changes=[]), "changes must be an object")
+
+
+def test_a_version_1_state_with_its_blobs_in_the_old_blob_store_still_restores(
+    tmp_path: Path,
+) -> None:
+    """Releases before the object store exported the whole tree and kept blobs in ``blobs/``."""
+    box = sandbox(tmp_path)
+    s = box.open(INFO)
+    s.write("src/new.txt", "new\n")
+    tree = s.tree()
+    legacy = box.home / "blobs"
+    for entry in tree.values():
+        if entry["kind"] == "file":
+            digest = entry["digest"]
+            (legacy / digest[:2]).mkdir(parents=True, exist_ok=True)
+            (legacy / digest[:2] / digest).write_bytes(blob(box, digest))
+    shutil.rmtree(box.home / "objects")
+    old = {"version": 1, "label": "3-1", "tree": tree}
+    elsewhere = Sandbox(box.template, tmp_path / "work")  # a new process: nothing cached
+    r = elsewhere.restore(old)
+    assert r.tree() == tree and r.read("src/new.txt") == b"new\n"
+    assert elsewhere.export(r)["changes"] == {"src/new.txt": tree["src/new.txt"]}
+    assert sorted(elsewhere.object_refs(old)) == sorted(
+        object_ref(e["digest"]) for e in tree.values() if e["kind"] == "file"
+    )
+
+
+def test_object_refs_names_the_base_its_files_and_the_changed_files_each_once(
+    tmp_path: Path,
+) -> None:
+    box = sandbox(tmp_path)
+    s = box.open(INFO)
+    s.write("src/new.txt", "new\n")
+    s.write("copy", "read me\n")  # the same bytes as README: one object
+    m = box.export(s)
+    refs = list(box.object_refs(m))
+    files = {object_ref(e["digest"]) for e in s.tree().values() if e["kind"] == "file"}
+    assert refs[0] == m["base"] and len(refs) == len(set(refs))
+    assert set(refs[1:]) == files  # README, src/main.sh, src/new.txt
+    assert all(box.objects.has(ref) for ref in refs)
+
+
+def test_a_fresh_store_given_the_objects_the_hook_names_restores_the_state(
+    tmp_path: Path,
+) -> None:
+    """What a host that keeps participant objects with its snapshots does: at restore it puts
+    each named object missing from ``objects`` there (listed as it goes: the base first, then
+    what the base names), then calls ``restore``."""
+    box = sandbox(tmp_path)
+    s = box.open(INFO)
+    s.write("src/data.bin", bytes(range(256)))
+    m = box.export(s)
+    snapshot = ObjectStore(tmp_path / "snapshot-objects")
+    dirty: set[Path] = set()
+    for ref in box.object_refs(m):  # at commit
+        snapshot.put_file(box.objects.path(ref), ref, dirty)
+    other = tmp_path / "other"
+    shutil.copytree(box.template, other / "template", symlinks=True)
+    fresh = Sandbox(other / "template", other / "work")
+    put: list[str] = []
+    for ref in fresh.object_refs(m):  # at restore, on another machine
+        if not fresh.objects.has(ref):
+            fresh.objects.put_file(snapshot.path(ref), ref, dirty)
+            put.append(ref)
+    assert put[0] == m["base"] and len(put) == 4  # the base, README, main.sh, data.bin
+    r = fresh.restore(m)
+    assert r.tree() == s.tree() and r.read("src/data.bin") == bytes(range(256))

@@ -154,3 +154,32 @@ async def test_a_retained_sandbox_is_journaled_and_a_replacement_continues_its_t
         [view] = again.session_states("sandbox").values()
         assert view.state.read("log") == b"turn 0\nturn 1\nturn 2\n"
         assert view.state.manifest() == kept.state
+
+
+async def test_a_snapshot_restores_on_a_host_whose_sandbox_store_is_empty(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The participant-objects hook end to end: the commit keeps the objects the sandbox's
+    states name (``object_refs``) with the snapshot; a host whose sandbox has a fresh, empty
+    ``objects`` store gets them back before ``restore``, and the episode finishes."""
+    env = environment(tmp_path)
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0)])
+        await trio.sleep(1.5)
+        await host.prepare("c1", FAR, CheckpointMode.UNALIGNED)
+        commit = await host.commit("c1", "snap", FAR)
+        await stream.aclose()
+    [exported] = commit.exported
+    moved = Sandbox(tmp_path / "template", tmp_path / "another-machine")
+    assert not moved.objects.root.exists()
+    env2 = attrs.evolve(env, participants=(moved,))
+    async with GymHost("gym-0", env2, work_dir=tmp_path) as fresh:
+        restored = await fresh.restore(
+            "snap", record_of(commit), [EpisodeRecord("0-0", exported.owner, "gym-0")], FAR
+        )
+        assert restored.restored == ("0-0",)
+        got: list[RunReply] = []
+        await _collect(await fresh.run([RunRow("0-0-a1", 0, 0, 1, "0-0")]), got)
+    [done] = got
+    assert isinstance(done, Completed), done
+    assert done.payload["log"] == "turn 0\nturn 1\nturn 2\n"

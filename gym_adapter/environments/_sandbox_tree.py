@@ -409,8 +409,8 @@ def _entry_problem(
         return f"{size} bytes, over the limit of {limits.max_file_bytes}"
     if not has_blob(objects, digest, size):
         return (
-            f"object sha256:{digest} of {size} bytes missing from {objects.root}: restore "
-            "from a snapshot that holds it"
+            f"object sha256:{digest} missing: restore from a snapshot that holds it ({size} "
+            f"bytes expected in {objects.root})"
         )
     return None
 
@@ -523,8 +523,8 @@ def load_tree(objects: ObjectStore, ref: Any) -> Tree:
         raise ManifestRefused(f"sandbox base: {exc}") from None
     if not objects.has(ref):
         raise ManifestRefused(
-            f"sandbox base tree: object {ref} missing from {objects.root}: restore from a "
-            "snapshot that holds it"
+            f"sandbox base tree: object {ref} missing: restore from a snapshot that holds it "
+            f"(the sandbox's objects are in {objects.root})"
         )
     try:
         tree = orjson.loads(objects.read(ref))
