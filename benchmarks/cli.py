@@ -29,6 +29,7 @@ from . import fanout as _fanout_mod
 from . import host as _host_mod
 from . import memory as _memory_mod
 from . import preserved as _preserved_mod
+from . import sandbox as _sandbox_mod
 from ._common import Progress, finite, ints, machine_info, source_info
 
 __all__ = ["build_parser", "main"]
@@ -70,6 +71,10 @@ never means or best cases.
   preserved work preserved across a crash: the fraction of in-flight rollout-seconds redone
             after a real restore, gymckpt (both modes) against a step-boundary baseline, over
             the same 10 kill times; the parked-time fraction each mode costs
+  sandbox   bytes written per checkpoint with 1,000 sandboxes of a ~20 MB template, full
+            (every tree written whole, computed) against incremental (measured on disk), 1 %
+            of the files changed between two checkpoints; the mark's cost against the size of
+            the change; restore time per sandbox (embedded GymHost)
   all       everything (full sweep), then *.json, PNG plots, SUMMARY.md into --out
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
@@ -351,6 +356,38 @@ def _add_gym_benchmarks(sub: Any) -> None:
     pv.add_argument("--kills", type=int, default=None, help="kill times (default 10)")
     _modes_arg(pv)
     _common(pv)
+    sb = sub.add_parser(
+        "sandbox",
+        help="bytes per checkpoint with 1,000 sandboxes, full vs incremental; mark and restore",
+        description=_sandbox_mod.__doc__,
+        formatter_class=raw,
+    )
+    sb.add_argument(
+        "--sessions", type=int, default=None, help="sandbox sessions (default 1000; quick 8)"
+    )
+    sb.add_argument(
+        "--template-mb",
+        type=float,
+        default=None,
+        help="the template's size in MiB (default 20; quick 1)",
+    )
+    sb.add_argument(
+        "--template-files",
+        type=int,
+        default=None,
+        help="the template's files (default 1000; quick 100)",
+    )
+    sb.add_argument(
+        "--restores", type=int, default=None, help="sandboxes restored and timed (default 10)"
+    )
+    sb.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the trees and snapshots go while it runs (default: the temp directory; "
+        "the full run needs sessions x template of free space)",
+    )
+    _common(sb)
 
 
 def _add_all_and_report(sub: Any) -> None:
@@ -361,7 +398,7 @@ def _add_all_and_report(sub: Any) -> None:
         description=(
             "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
             "4 actors and over HTTP with 4 gymckpt serve processes at the same N), fanout (Ray "
-            "and HTTP in the same run) and preserved, "
+            "and HTTP in the same run), preserved and sandbox, "
             "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "committed results (docs/benchmarks/results in a checkout) it refuses to run from a "
@@ -565,6 +602,26 @@ def _preserved_config(args: argparse.Namespace) -> _preserved_mod.PreservedConfi
     return cfg
 
 
+def _sandbox_config(args: argparse.Namespace) -> _sandbox_mod.SandboxBenchConfig:
+    cfg = (
+        _sandbox_mod.SandboxBenchConfig.quick_defaults()
+        if args.quick
+        else _sandbox_mod.SandboxBenchConfig()
+    )
+    if args.bench == "sandbox":
+        if args.sessions is not None:
+            cfg.sessions = args.sessions
+        if args.template_mb is not None:
+            cfg.template_bytes = int(args.template_mb * 2**20)
+        if args.template_files is not None:
+            cfg.template_files = args.template_files
+        if args.restores is not None:
+            cfg.restores = args.restores
+        cfg.work_dir = args.dir
+    cfg.check()
+    return cfg
+
+
 def _want_million(args: argparse.Namespace) -> bool:
     if args.million is not None:
         return bool(args.million)
@@ -640,6 +697,7 @@ class _Configs:
     checkpoint_ray_cfg: _checkpoint_ray_mod.CheckpointRayConfig
     fanout_cfg: _fanout_mod.FanoutConfig
     preserved_cfg: _preserved_mod.PreservedConfig
+    sandbox_cfg: _sandbox_mod.SandboxBenchConfig
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> _Configs:
@@ -652,6 +710,7 @@ class _Configs:
             _checkpoint_ray_config(args),
             _fanout_config(args),
             _preserved_config(args),
+            _sandbox_config(args),
         )
 
 
@@ -686,6 +745,8 @@ def _run_one(
         result = {**_fanout_mod.run_fanout(cfg.fanout_cfg, progress), "meta": meta}
     elif args.bench == "preserved":
         result = {**_preserved_mod.run_preserved(cfg.preserved_cfg, progress), "meta": meta}
+    elif args.bench == "sandbox":
+        result = {**_sandbox_mod.run_sandbox(cfg.sandbox_cfg, progress), "meta": meta}
     else:  # host
         host_cfg = (
             _host_mod.HostBenchConfig.quick_defaults()
@@ -733,6 +794,7 @@ def _run_all(
         if args.no_ray
         else attrs.evolve(cfg.checkpoint_ray_cfg, in_flight=cfg.checkpoint_cfg.in_flight),
         preserved_cfg=cfg.preserved_cfg,
+        sandbox_cfg=cfg.sandbox_cfg,
         out=out,
         meta=meta,
         progress=progress,

@@ -42,6 +42,9 @@ __all__ = [
     "OursDrain",
     "PauseStats",
     "PreservedMode",
+    "SandboxCheckpoint",
+    "SandboxMark",
+    "SandboxResult",
     "StageRow",
     "StallPass",
     "SweepRow",
@@ -575,6 +578,49 @@ class PreservedResult:
     parked_fraction_of_rollout_time: float | None = None
     modes: dict[str, PreservedMode] | None = None
     turn_times: dict[str, Any] | None = None
+
+
+# -- sandboxes: bytes per checkpoint, the mark, the restore (`gymckpt bench sandbox`) ---------
+
+
+@attrs.frozen
+class SandboxCheckpoint:
+    """One checkpoint of ``sandbox.json``: bytes a whole-tree snapshot would write (``full``,
+    computed) and bytes written since the previous checkpoint (``incremental``, measured on
+    disk: ``snapshot_bytes`` under the snapshot root plus ``object_bytes`` in the sandbox's
+    object store)."""
+
+    full_bytes: int
+    incremental_bytes: int
+    snapshot_bytes: int
+    object_bytes: int
+
+
+@attrs.frozen
+class SandboxMark:
+    """The mark's cost with ``changed_files`` changed since the last one, and the files it
+    hashed in each repeat."""
+
+    changed_files: int
+    mark_ms_median: float
+    hashed: list[int]
+
+
+@attrs.frozen
+class SandboxResult:
+    """``sandbox.json``: two checkpoints of ``sessions`` sandboxes, the second after
+    ``changed_fraction`` of each tree's files changed; the mark; the restore per sandbox."""
+
+    sessions: int
+    template_files: int
+    template_bytes: int
+    changed_fraction: float
+    first: SandboxCheckpoint
+    second: SandboxCheckpoint
+    second_incremental_over_first_full: float
+    second_over_first_incremental: float
+    mark: list[SandboxMark]
+    restore_ms_median: float
 
 
 # -- the Gym host on Gymnasium CartPole (`gymckpt bench host`, run on its own) ----------------

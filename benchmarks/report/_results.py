@@ -37,6 +37,7 @@ from ._records import (
     HostResult,
     MemoryResult,
     PreservedResult,
+    SandboxResult,
 )
 
 __all__ = [
@@ -70,6 +71,7 @@ class Results:
     fanout: FanoutResult | None = None
     preserved: PreservedResult | None = None
     checkpoint_ray: CheckpointRayResult | None = None
+    sandbox: SandboxResult | None = None
     host: HostResult | None = None
     """``host.json``, when present (``gymckpt bench host --json``, run on its own)."""
     others: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -139,6 +141,7 @@ OPTIONAL: dict[str, type] = {
     "preserved": PreservedResult,
     "checkpoint_ray": CheckpointRayResult,
     "host": HostResult,
+    "sandbox": SandboxResult,
 }
 """The benchmarks a run may lack (``--no-ray``, an older run, ``host.json`` saved on its own
 or not): each one's ``Results`` field and ``<name>.json`` file, and its record."""

@@ -15,6 +15,7 @@ from ..drain import DrainConfig, run_drain
 from ..fanout import FanoutConfig, run_fanout
 from ..memory import run_memory
 from ..preserved import PreservedConfig, run_preserved
+from ..sandbox import SandboxBenchConfig, run_sandbox
 from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
 from ._results import Result, Results, dump, flat, load_result, other_runs
 from ._summary import results_targets, write_summary
@@ -34,6 +35,7 @@ def run_all(
     meta: dict[str, Any],
     progress: Progress,
     checkpoint_ray_cfg: CheckpointRayConfig | None = None,
+    sandbox_cfg: SandboxBenchConfig | None = None,
     remote_backends: tuple[str, ...] = ("ray", "http"),
 ) -> dict[str, Any]:
     """Every benchmark, then the JSON results, the plots and SUMMARY.md in ``out``.
@@ -55,7 +57,7 @@ def run_all(
     memory = write("memory.json", run_memory(memory_sizes, progress))
     dispatch = write("dispatch.json", run_dispatch(dispatch_cfg, progress))
     checkpoint = write("checkpoint.json", run_checkpoint(checkpoint_cfg, progress))
-    checkpoint_ray = fanout = preserved = None
+    checkpoint_ray = fanout = preserved = sandbox = None
     if checkpoint_ray_cfg is not None:
         checkpoint_ray = write(
             "checkpoint_ray.json",
@@ -65,12 +67,15 @@ def run_all(
         fanout = write("fanout.json", run_fanout(fanout_cfg, progress))
     if preserved_cfg is not None:
         preserved = write("preserved.json", run_preserved(preserved_cfg, progress))
+    if sandbox_cfg is not None:
+        sandbox = write("sandbox.json", run_sandbox(sandbox_cfg, progress))
     stale = {
         "checkpoint_ray.json": checkpoint_ray,
         "fanout.json": fanout,
         "fanout.png": fanout,
         "preserved.json": preserved,
         "preserved_work.png": preserved,
+        "sandbox.json": sandbox,
     }
     for name, result in stale.items():  # results of an earlier run must not pass for this one's
         if result is None:
@@ -86,6 +91,7 @@ def run_all(
         fanout=fanout,
         preserved=preserved,
         checkpoint_ray=checkpoint_ray,
+        sandbox=sandbox,
         host=host,
         others=other_runs(meta, {"host.json": host}),
     )
@@ -98,6 +104,7 @@ def run_all(
         "checkpoint_ray": flat(checkpoint_ray),
         "fanout": flat(fanout),
         "preserved": flat(preserved),
+        "sandbox": flat(sandbox),
         "targets": [t.to_json() for t in results_targets(results)],
         "files": [str(p) for p in files],
         "meta": meta,

@@ -103,6 +103,7 @@ def results_targets(results: Results) -> list[TargetRow]:
         r.preserved,
         r.checkpoint_ray,
         host_marks=None if r.host is None else r.host.marks,
+        sandbox=r.sandbox,
     )
 
 
