@@ -452,3 +452,17 @@ def test_a_fresh_store_given_the_objects_the_hook_names_restores_the_state(
     assert put[0] == m["base"] and len(put) == 4  # the base, README, main.sh, data.bin
     r = fresh.restore(m)
     assert r.tree() == s.tree() and r.read("src/data.bin") == bytes(range(256))
+
+
+def test_an_in_place_write_after_a_mark_leaves_the_marked_state_restorable(
+    tmp_path: Path,
+) -> None:
+    """The store holds a copy of each file, never a link to the tree's file: an append (same
+    inode) after the mark changes the tree, not the object the mark named."""
+    box = sandbox(tmp_path)
+    s = box.open(INFO)
+    s.write("notes", "first\n")
+    marked = box.export(s)
+    s.append("notes", "second\n")  # in place: the same inode
+    assert blob(box, marked["changes"]["notes"]["digest"]) == b"first\n"
+    assert box.restore(marked).read("notes") == b"first\n"
