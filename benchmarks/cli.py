@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_benchmarks(sub)
     _add_checkpoint(sub)
     _add_gym_benchmarks(sub)
+    _add_sandbox(sub)
     _add_all_and_report(sub)
     return parser
 
@@ -356,6 +357,11 @@ def _add_gym_benchmarks(sub: Any) -> None:
     pv.add_argument("--kills", type=int, default=None, help="kill times (default 10)")
     _modes_arg(pv)
     _common(pv)
+
+
+def _add_sandbox(sub: Any) -> None:
+    """``sandbox``: bytes per checkpoint of many sandboxes; the mark; the restore."""
+    raw = argparse.RawDescriptionHelpFormatter
     sb = sub.add_parser(
         "sandbox",
         help="bytes per checkpoint with 1,000 sandboxes, full vs incremental; mark and restore",

@@ -57,8 +57,8 @@ from gymckpt.gym_adapter import (
     GymHost,
     RunRow,
 )
-from gymckpt.gym_adapter.environments._sandbox_tree import RACY_NS, TreeLimits
-from gymckpt.gym_adapter.environments.sandbox import Sandbox, SandboxSession
+from gymckpt.gym_adapter._shared import RACY_NS
+from gymckpt.gym_adapter.environments.sandbox import Sandbox, SandboxSession, TreeLimits
 from gymckpt.runtime import CheckpointMode
 
 from ._common import Progress

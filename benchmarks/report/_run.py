@@ -57,29 +57,18 @@ def run_all(
     memory = write("memory.json", run_memory(memory_sizes, progress))
     dispatch = write("dispatch.json", run_dispatch(dispatch_cfg, progress))
     checkpoint = write("checkpoint.json", run_checkpoint(checkpoint_cfg, progress))
-    checkpoint_ray = fanout = preserved = sandbox = None
+    opt: dict[str, Result | None] = dict.fromkeys(("checkpoint_ray", "fanout", "preserved"))
     if checkpoint_ray_cfg is not None:
-        checkpoint_ray = write(
-            "checkpoint_ray.json",
-            run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress),
-        )
+        remote = run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress)
+        opt["checkpoint_ray"] = write("checkpoint_ray.json", remote)
     if fanout_cfg is not None:
-        fanout = write("fanout.json", run_fanout(fanout_cfg, progress))
+        opt["fanout"] = write("fanout.json", run_fanout(fanout_cfg, progress))
     if preserved_cfg is not None:
-        preserved = write("preserved.json", run_preserved(preserved_cfg, progress))
-    if sandbox_cfg is not None:
-        sandbox = write("sandbox.json", run_sandbox(sandbox_cfg, progress))
-    stale = {
-        "checkpoint_ray.json": checkpoint_ray,
-        "fanout.json": fanout,
-        "fanout.png": fanout,
-        "preserved.json": preserved,
-        "preserved_work.png": preserved,
-        "sandbox.json": sandbox,
-    }
-    for name, result in stale.items():  # results of an earlier run must not pass for this one's
-        if result is None:
-            (out / name).unlink(missing_ok=True)
+        opt["preserved"] = write("preserved.json", run_preserved(preserved_cfg, progress))
+    opt["sandbox"] = (
+        None if sandbox_cfg is None else write("sandbox.json", run_sandbox(sandbox_cfg, progress))
+    )
+    _remove_stale(out, opt)
     progress("writing plots and SUMMARY.md")
     host = load_result(out, "host.json")  # `bench host`, run on its own: kept, and named
     results = Results.of(
@@ -88,12 +77,9 @@ def run_all(
         dispatch=dispatch,
         meta=meta,
         checkpoint=checkpoint,
-        fanout=fanout,
-        preserved=preserved,
-        checkpoint_ray=checkpoint_ray,
-        sandbox=sandbox,
         host=host,
         others=other_runs(meta, {"host.json": host}),
+        **opt,
     )
     files += _render(results, out)
     return {
@@ -101,14 +87,27 @@ def run_all(
         "memory": flat(memory),
         "dispatch": flat(dispatch),
         "checkpoint": flat(checkpoint),
-        "checkpoint_ray": flat(checkpoint_ray),
-        "fanout": flat(fanout),
-        "preserved": flat(preserved),
-        "sandbox": flat(sandbox),
+        **{name: flat(result) for name, result in opt.items()},
         "targets": [t.to_json() for t in results_targets(results)],
         "files": [str(p) for p in files],
         "meta": meta,
     }
+
+
+_PLOTS_OF: dict[str, tuple[str, ...]] = {
+    "fanout": ("fanout.png",),
+    "preserved": ("preserved_work.png",),
+}
+"""The plots drawn from an optional benchmark's result, beside its ``<name>.json``."""
+
+
+def _remove_stale(out: Path, optional: dict[str, Result | None]) -> None:
+    """Remove the JSON result and the plots of each optional benchmark this run did not run
+    (None): results of an earlier run must not pass for this one's."""
+    for name, result in optional.items():
+        if result is None:
+            for file in (f"{name}.json", *_PLOTS_OF.get(name, ())):
+                (out / file).unlink(missing_ok=True)
 
 
 def rerender(out: Path) -> dict[str, Any]:
