@@ -474,3 +474,58 @@ def test_the_results_index_names_every_committed_result() -> None:
         commit = json.loads(path.read_text())["meta"]["source"]["commit"]
         line = next((x for x in index.splitlines() if f"(results/{path.name})" in x), "")
         assert f"`{commit}`" in line, f"{path.name} (commit {commit}) is not in the index"
+
+
+def _sandbox(sessions: int, second_bytes: int) -> dict[str, object]:
+    first_full = sessions * 21 << 20
+    return {
+        "sessions": sessions,
+        "template_files": 1000,
+        "template_bytes": 20 << 20,
+        "changed_fraction": 0.01,
+        "first": {
+            "full_bytes": first_full,
+            "incremental_bytes": 21 << 20,
+            "snapshot_bytes": 1 << 20,
+            "object_bytes": 20 << 20,
+        },
+        "second": {
+            "full_bytes": first_full,
+            "incremental_bytes": second_bytes,
+            "snapshot_bytes": 1 << 20,
+            "object_bytes": second_bytes - (1 << 20),
+        },
+        "second_incremental_over_first_full": second_bytes / first_full,
+        "second_over_first_incremental": second_bytes / (21 << 20),
+        "mark": [{"changed_files": 0, "mark_ms_median": 20.0, "hashed": [0]}],
+        "restore_ms_median": 150.0,
+    }
+
+
+def test_the_sandbox_rows_judge_the_second_checkpoint_against_the_first_written_whole() -> None:
+    """``sandbox_incremental``: second incremental / first full under 5 % at 1,000 sessions
+    (met or MISSED), the ratio to the first's incremental bytes printed beside it; another
+    size is not measured; the mark and the restore are reported."""
+    from gymckpt.benchmarks.report._records import SandboxResult
+    from gymckpt.benchmarks.report._results import read_result
+    from gymckpt.benchmarks.report._targets import _Rows, _sandbox_rows
+
+    def rows(data: dict[str, object]) -> dict[str, TargetRow]:
+        row = _Rows()
+        _sandbox_rows(row, read_result(data, SandboxResult, "sandbox.json"))
+        return {t.key: t for t in row.rows}
+
+    met = rows(_sandbox(1000, 60 << 20))
+    assert met["sandbox_incremental"].status is Status.MET
+    assert "0.286 % of the first written whole" in met["sandbox_incremental"].measured
+    assert "286 % of the first's incremental bytes" in met["sandbox_incremental"].measured
+    assert met["sandbox_mark"].status is Status.REPORTED
+    assert met["sandbox_restore"].status is Status.REPORTED
+    missed = rows(_sandbox(1000, 2 << 30))
+    assert missed["sandbox_incremental"].status is Status.MISSED
+    small = rows(_sandbox(8, 1 << 20))
+    assert small["sandbox_incremental"].status is Status.NOT_MEASURED
+    assert small["sandbox_incremental"].measured.endswith("at 8 sessions")
+    none = _Rows()
+    _sandbox_rows(none, None)
+    assert [(t.key, t.measured) for t in none.rows] == [("sandbox_incremental", "not run")]
