@@ -102,8 +102,9 @@ class SandboxSession:
     """One session's tree at ``root`` and what its exports remember (``scanner``).
 
     Invariant: every path the file API touches resolves inside ``root``; commands run with
-    ``root`` as their working directory. Not safe to use from two tasks at once (a command and
-    a write racing on one file are the agent's own race)."""
+    ``root`` as their working directory; ``base_tree`` with a state's ``changes`` applied is
+    the tree that state was taken of. Not safe to use from two tasks at once (a command and a
+    write racing on one file are the agent's own race)."""
 
     root: Path
     label: str
