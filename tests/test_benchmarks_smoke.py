@@ -112,7 +112,7 @@ def test_dispatch_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_dispatch_loop_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--loop``: every attempt goes through the whole loop on both Gyms and is trained."""
+    """``--loop``: every attempt goes through the whole loop on each Gym and is trained."""
     result = _run(
         capsys,
         "dispatch",
@@ -128,14 +128,16 @@ def test_dispatch_loop_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
         "--loop-runs",
         "2",
     )
-    assert set(result["loop"]) == {"null", "embedded"}
-    for name in ("null", "embedded"):
+    assert set(result["loop"]) == {"null", "bare", "embedded"}
+    for name in ("null", "bare", "embedded"):
         runs = result["loop"][name]
         assert len(runs) == 2
         assert all(r["attempts"] == 512 and r["rows_per_s"] > 0 for r in runs)
         assert all(r["rows_per_cpu_s"] > 0 and r["cpu_s"] > 0 for r in runs)
         rates = sorted(r["rows_per_s"] for r in runs)
         assert rates[0] <= result[f"loop_rows_per_s_{name}"] <= rates[-1]
+    bare_over_null = result["loop_rows_per_s_bare"] / result["loop_rows_per_s_null"]
+    assert result["bare_over_null"] == round(bare_over_null, 3)
     assert (
         _run(capsys, "dispatch", "--quick", "--json", "--rows", "64", "--batch-sizes", "64").get(
             "loop"
