@@ -29,6 +29,7 @@ from gymckpt.app.demo.envs import SERVED_ENV, env_choice, served_environ, served
 from gymckpt.app.demo.journal import JOURNAL, read_journal
 from gymckpt.app.demo.main import PUBLISHED, DemoOptions, _phase_cmd
 from gymckpt.app.demo.verdict import run_report
+from gymckpt.gym_adapter import EpisodeInfo
 from gymckpt.gym_adapter.environments.sandbox import Sandbox
 
 pytestmark = [pytest.mark.http, pytest.mark.subprocess]
@@ -185,6 +186,31 @@ def test_a_served_demo_environment_keeps_its_sandbox_in_the_named_work_directory
     assert isinstance(sandbox, Sandbox)
     assert sandbox.work_dir == (tmp_path / "gym-live").resolve()
     assert sandbox.template == (tmp_path / "gym-live" / "coding-template").resolve()
+
+
+def test_a_restarted_server_builds_a_restored_tree_from_the_manifest_not_the_one_left_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server killed after a checkpoint leaves its trees on disk, later than the snapshot; the
+    server started in its place on the same work directory restores each session into a new
+    tree built from the snapshot's manifest alone."""
+    choice = env_choice("sandbox:coding")
+    assert choice is not None
+    environ = served_environ(choice, tmp_path / "gym-live", None, None)
+    monkeypatch.setenv(SERVED_ENV, environ[SERVED_ENV])
+    (killed,) = served_environment().participants
+    assert isinstance(killed, Sandbox)
+    box = killed.open(EpisodeInfo("", 3, 1, 0, 0, ""))
+    box.append("work.log", "turn 0: return a * b -> fail\n")
+    manifest = json.loads(json.dumps(killed.export(box)))  # what the checkpoint holds
+    box.append("work.log", "turn 1: return a + b -> pass\n")  # work after it, on disk
+    box.write("calc.py", "def add(a, b):\n    return a + b\n")
+    (restarted,) = served_environment().participants  # a new process, the same work directory
+    assert isinstance(restarted, Sandbox)
+    restored = restarted.restore(manifest)
+    assert restored.root != box.root and restored.root.parent == box.root.parent
+    assert restored.read("work.log") == b"turn 0: return a * b -> fail\n"
+    assert restored.manifest()["tree"] == manifest["tree"]
 
 
 @pytest.mark.parametrize(
