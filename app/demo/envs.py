@@ -278,6 +278,9 @@ async def open_demo_gym(
             server = await stack.enter_async_context(open_openai_test_server())
         config = HostConfig(lease_s=lease_s)
         if backend == "http":
+            # the family's files (a sandbox's template) written once, here, before any server
+            # reads them: servers starting at once never write one file together
+            choice.family.environment(choice.env_id, work_dir)
             environ = served_environ(
                 choice,
                 work_dir,
