@@ -36,9 +36,10 @@ Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
 Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's process); a
 family with ``http`` (the sandbox) also on ``--backend http``. There every server's environment
 keeps its files (a sandbox's blobs and trees) in the deployment's work directory, the same one
-embedded uses, which lies inside the state root the servers confine request paths to; a server
-restarted (a new trainer process, or a replacement) builds its sessions from the snapshot's
-manifests, never from a tree an earlier process left there.
+embedded uses, which lies inside the state root the servers confine request paths to. A server
+started there after a kill (the next trainer process's, or a replacement) reuses no tree the
+killed one left: a restored session's tree is built from the snapshot's manifest, an episode
+run again starts from the template.
 """
 
 from __future__ import annotations
