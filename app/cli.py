@@ -212,7 +212,7 @@ def _add_demo_setup_flags(demo: argparse.ArgumentParser) -> None:
         default="calendar",
         metavar="ENV",
         help="environment: calendar (the simulated workplace, default) or PREFIX:ID of a "
-        "family from another project (embedded backend only): "
+        "family from another project (embedded backend; sandbox: also http): "
         + "; ".join(
             f"{f.prefix}ID (e.g. {f.prefix}{f.example}"
             + (f"; needs the {f.extra} extra)" if f.extra else ")")

@@ -2033,6 +2033,40 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="exactly_once",
         sim_seeds=0,
     ),
+    # -- the sandbox demo over HTTP (app/demo/envs.py: served_environment) -----------------
+    Mutant(
+        "demo-http-served-model-is-not-the-trainers-server",
+        "sandbox",
+        "app/demo/envs.py",
+        'model = _openai_model(config["model_url"], config["model"])',
+        "model = None",
+        ("tests/test_demo_sandbox_http.py",),
+        keyword="survives and not unaligned",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "demo-http-served-sandbox-outside-the-work-dir",
+        "sandbox",
+        "app/demo/envs.py",
+        'return demo_environment(choice, Path(config["work_dir"]), model)',
+        'return demo_environment(choice, Path(config["work_dir"]) / str(os.getpid()), model)',
+        ("tests/test_demo_sandbox_http.py",),
+        keyword="not sigkill",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "demo-http-restarted-server-restores-a-stale-tree",
+        "sandbox",
+        "gym_adapter/environments/sandbox.py",
+        "return self._session(label, tree)",
+        'stale = sorted((self.home / "trees").glob(f"{label}-*")); '
+        "return SandboxSession(stale[-1], label, self.limits, self.commands, self.isolation, "
+        "TreeScanner(stale[-1], self.blobs, self.limits)) if stale else "
+        "self._session(label, tree)",
+        ("tests/test_demo_sandbox_http.py",),
+        keyword="not sigkill",
+        sim_seeds=0,
+    ),
 )
 
 
