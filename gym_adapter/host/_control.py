@@ -333,18 +333,21 @@ class ControlPlane:
         streams.hold()
         episodes = list(self.table.active.values())
         cut = _Cut([], on_wire, list(self.table.unclaimed.values()), self.slots.copy(), [])
-        for start in range(0, len(episodes), CUT_SLICE):
+        bound = CUT_SLICE
+        for start in range(0, len(episodes), bound):
             if start:
                 await anyio.lowlevel.checkpoint()
                 if self.host.dead:
                     raise GymInstanceDead(self.name, "commit")
                 self._check_still_prepared(checkpoint_id, generation)
-            self._take_slice(checkpoint_id, episodes[start : start + CUT_SLICE], cut)
+            self._take_slice(checkpoint_id, episodes[start : start + bound], cut)
         return cut
 
     def _take_slice(self, checkpoint_id: str, episodes: Sequence[Episode], cut: _Cut) -> None:
         """Take one slice's episodes into ``cut`` (``_cut_in_slices``). An episode that ended
-        since the instant is taken at its last mark (its final reply is held); one fenced at
+        since the instant is taken at its last mark (its final reply is held), with the calls
+        it completed up to now (a cut of it here: nothing it did since reached the trainer);
+        one fenced at
         the instant is not taken; one whose mark holds a problem fails, or, ended since, has
         its held reply put on the wire: either way listed for the checkpoint to drain."""
         owners = cut.kept.owners  # the slots' owners at the instant
@@ -352,7 +355,7 @@ class ControlPlane:
         for ep in episodes:
             if owners.get(ep.key, ("",))[0] != ep.rollout_id:
                 continue  # fenced at the instant
-            if ep.mark is None or ep.mark.turn != ep.turn:
+            if ep.mark is None or (ep.mark.turn != ep.turn and ep.state != DONE):
                 if ep.state != DONE and not ep.stepping:  # at a boundary: marked where it is
                     ep.mark = mark_boundary(self.roles.sessions, ep, self.roles.versions)
                 elif ep.state != DONE:  # inside a turn with no mark: not after a whole cut

@@ -43,7 +43,7 @@ from gymckpt.runtime import NotPlainData
 from gymckpt.runtime.lowlevel import checked_json
 
 from ._episode import to_plain
-from ._episodes import BOUNDARY, Episode, StagedModelCall
+from ._episodes import BOUNDARY, DONE, Episode, StagedModelCall
 from ._log import episode_label
 
 __all__ = [
@@ -234,13 +234,14 @@ def take_cut(episodes: Iterable[Episode]) -> tuple[list[CutEpisode], list[Episod
 
     Every episode must have a mark of its current boundary (``Turns`` makes one at each
     boundary once armed; the caller marks an episode at a boundary that has none, and leaves
-    out one inside a turn that has none); ``staged`` is copied here, so a capture made after
-    the cut is not in it."""
+    out one inside a turn that has none), or have ended (``DONE``) since its last mark (a
+    sliced cut takes it there: its final turn moved ``turn`` on and made no mark);
+    ``staged`` is copied here, so a capture made after the cut is not in it."""
     taken: list[CutEpisode] = []
     refused: list[Episode] = []
     for ep in episodes:
         mark = ep.mark
-        assert mark is not None and mark.turn == ep.turn, ep.rollout_id
+        assert mark is not None and (mark.turn == ep.turn or ep.state == DONE), ep.rollout_id
         if mark.problem is not None:
             refused.append(ep)
             continue
