@@ -47,7 +47,7 @@ from gymckpt.runtime import (
     records_digest,
 )
 from gymckpt.runtime._shared import AgentRecords, CommittedRecords, SessionRecords, StagedRecords
-from gymckpt.runtime.lowlevel import promote_survivors
+from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
 from .._contract import (
     AgentSession,
@@ -273,14 +273,16 @@ class ControlPlane:
         the boundary where it would park), and its slot is the newer attempt's in the
         records."""
         generation = self.parking.generation
-        if self.parking.unmarked_turns:
-            cut = self._cut_whole(checkpoint_id)
-            self.parking.unmarked_turns = False
-        else:
-            cut = await self._cut_in_slices(checkpoint_id, generation)
-        exported, sessions, participants, _refused, problem = await offload(
-            functools.partial(self._export_cut, checkpoint_id, self._root(state_root), cut)
-        )
+        # no full collection of what the process holds inside the cut (``collector_paused``)
+        with collector_paused(self.freeze_survivors):
+            if self.parking.unmarked_turns:
+                cut = self._cut_whole(checkpoint_id)
+                self.parking.unmarked_turns = False
+            else:
+                cut = await self._cut_in_slices(checkpoint_id, generation)
+            exported, sessions, participants, _refused, problem = await offload(
+                functools.partial(self._export_cut, checkpoint_id, self._root(state_root), cut)
+            )
         self._check_exported(checkpoint_id, generation, problem)
         self.count.commits += 1
         self.parking.arm_lease(self._lease_expired)

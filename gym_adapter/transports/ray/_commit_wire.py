@@ -19,6 +19,8 @@ import anyio.lowlevel
 import attrs
 import orjson
 
+from gymckpt.runtime.lowlevel import collector_paused
+
 from ..._contract import AgentSession, CommitReply, ExportedEpisode, ParticipantInfo
 from ...host._cut import CUT_SLICE
 from ...host._records import offload
@@ -77,17 +79,20 @@ async def pack_commit(box: list[CommitReply]) -> PackedCommit:
 
 
 async def unpack_commit(packed: PackedCommit) -> CommitReply:
-    """The ``CommitReply`` ``packed`` carries, one chunk of records per scheduler step."""
+    """The ``CommitReply`` ``packed`` carries, one chunk of records per scheduler step, with no
+    full collection of what the process holds while its records are made
+    (``collector_paused``)."""
     exported: list[ExportedEpisode] = []
-    for chunk in packed.exported:
-        exported.extend(ExportedEpisode(r, o, tuple(k)) for r, o, k in orjson.loads(chunk))
-        await anyio.lowlevel.checkpoint()
     sessions: list[AgentSession] = []
-    for chunk in packed.sessions:
-        sessions.extend(
-            AgentSession(r, p, kind, b, tuple(k)) for r, p, kind, b, k in orjson.loads(chunk)
-        )
-        await anyio.lowlevel.checkpoint()
+    with collector_paused():
+        for chunk in packed.exported:
+            exported.extend(ExportedEpisode(r, o, tuple(k)) for r, o, k in orjson.loads(chunk))
+            await anyio.lowlevel.checkpoint()
+        for chunk in packed.sessions:
+            sessions.extend(
+                AgentSession(r, p, kind, b, tuple(k)) for r, p, kind, b, k in orjson.loads(chunk)
+            )
+            await anyio.lowlevel.checkpoint()
     return CommitReply(
         packed.instance,
         packed.checkpoint_id,
