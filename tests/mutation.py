@@ -2054,6 +2054,26 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="ending_between",
         sim_seeds=0,
     ),
+    Mutant(
+        "cut-slice-no-yield",
+        "cut",
+        "gym_adapter/host/_control.py",
+        "await anyio.lowlevel.checkpoint()",
+        "pass",
+        ("tests/test_host_cut_slices.py",),
+        nth=3,
+        keyword="no_step",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "ray-commit-reply-crosses-as-objects",
+        "cut",
+        "gym_adapter/transports/ray/_actor.py",
+        "return await pack_commit(box)",
+        "return box[0]",
+        ("tests/test_ray_commit_wire.py",),
+        sim_seeds=0,
+    ),
 )
 
 
