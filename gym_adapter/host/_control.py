@@ -97,8 +97,8 @@ class _Cut:
     on_wire: list[str]
     unclaimed: list[Episode]
     kept: KeptCopy
-    on_wire_sorted: tuple[str, ...] = ()
-    mid_turn: int = 0
+    on_wire_sorted: tuple[str, ...] = attrs.field(default=(), init=False)
+    mid_turn: int = attrs.field(default=0, init=False)
 
 
 @attrs.frozen
@@ -322,7 +322,7 @@ class ControlPlane:
         self.streams.release()  # held since an earlier cut of this checkpoint: before this one
         on_wire = list(self.streams.on_wire)
         self.streams.hold()
-        return _Cut(taken, on_wire, list(self.table.unclaimed.values()), self.slots.copy(), [])
+        return _Cut(taken, on_wire, list(self.table.unclaimed.values()), self.slots.copy())
 
     async def _cut_in_slices(self, checkpoint_id: str, generation: int) -> _Cut:
         """The cut in slices of at most ``CUT_SLICE`` episodes, one scheduler step each
@@ -334,7 +334,7 @@ class ControlPlane:
         on_wire = list(streams.on_wire)
         streams.hold()
         episodes = list(self.table.active.values())
-        cut = _Cut([], on_wire, list(self.table.unclaimed.values()), self.slots.copy(), [])
+        cut = _Cut([], on_wire, list(self.table.unclaimed.values()), self.slots.copy())
         bound = CUT_SLICE
         for start in range(0, len(episodes), bound):
             if start:
