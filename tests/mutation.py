@@ -2067,6 +2067,47 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="not sigkill",
         sim_seeds=0,
     ),
+    # -- the cut in slices (host/_control, host/_cut; issue 34) -----------------------------
+    Mutant(
+        "cut-slice-unbounded",
+        "cut",
+        "gym_adapter/host/_control.py",
+        "bound = CUT_SLICE",
+        "bound = max(len(episodes), 1)",
+        ("tests/test_host_cut_slices.py",),
+        keyword="no_step",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "cut-slice-ended-episode-put-through",
+        "cut",
+        "gym_adapter/host/_control.py",
+        "if ep.mark is None or (ep.mark.turn != ep.turn and ep.state != DONE):",
+        "if ep.mark is None or ep.mark.turn != ep.turn:",
+        ("tests/test_host_cut_slices.py",),
+        keyword="ending_between",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "cut-slice-no-yield",
+        "cut",
+        "gym_adapter/host/_control.py",
+        "await anyio.lowlevel.checkpoint()",
+        "pass",
+        ("tests/test_host_cut_slices.py",),
+        nth=3,
+        keyword="no_step",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "ray-commit-reply-crosses-as-objects",
+        "cut",
+        "gym_adapter/transports/ray/_actor.py",
+        "return await pack_commit(box)",
+        "return box[0]",
+        ("tests/test_ray_commit_wire.py",),
+        sim_seeds=0,
+    ),
 )
 
 
