@@ -19,8 +19,18 @@ directory whose entries changed in the caller's ``dirty`` set; ``sync(dirty)`` f
 directories. A caller names an object in anything it publishes only after ``sync``: so a crash
 never leaves a published reference to an object that is not durable.
 
-Objects are removed only by the snapshot store's sweep, which deletes what no kept snapshot
-references (see ``runtime._store``); nothing here deletes.
+Snapshots link what they reference
+----------------------------------
+``SnapshotObjects`` is how a snapshot being built gets its objects: each goes into the root's
+shared store first (bytes written only if no earlier snapshot stored them: fsynced, renamed),
+then is hard-linked into the snapshot directory's own ``objects/`` (same layout). So a snapshot
+directory holds every object it references (a copy of the directory is complete and verifies
+offline) while the bytes exist once on disk, and the file system's link counts say which
+objects some snapshot still references. Where a link cannot be made (another file system, a
+file system without hard links) the object is copied instead.
+
+Objects are removed only by the snapshot store's sweep, which deletes a shared object no
+snapshot links any more (see ``runtime._store``); nothing here deletes.
 
 All I/O here is blocking; async callers run it in a thread.
 """
@@ -37,7 +47,14 @@ from typing import Final
 
 import attrs
 
-__all__ = ["OBJECTS_DIR", "OBJECT_REF_RE", "ObjectStore", "object_ref", "parse_object_ref"]
+__all__ = [
+    "OBJECTS_DIR",
+    "OBJECT_REF_RE",
+    "ObjectStore",
+    "SnapshotObjects",
+    "object_ref",
+    "parse_object_ref",
+]
 
 OBJECTS_DIR: Final = "objects"
 """The object store's directory in a snapshot root."""
@@ -184,6 +201,77 @@ class ObjectStore:
         dirty.add(final.parent)
         dirty.add(final.parent.parent)  # a new fan-out directory's entry
         dirty.add(self.root)
+
+
+@attrs.define(eq=False, slots=True)
+class SnapshotObjects:
+    """The objects of one snapshot being built (module docstring): ``own`` is the snapshot
+    directory's ``objects/``, ``shared`` the root's store (None: a snapshot outside any
+    store, whose objects are written straight into ``own``).
+
+    Invariant: once ``put_bytes``/``put_file`` returned a reference, ``own`` holds the object
+    (a link to the shared one, or a copy); it is durable once ``sync`` returned. Not
+    thread-safe: one writer per snapshot (the participant records of one instance)."""
+
+    own: ObjectStore
+    shared: ObjectStore | None
+    dirty: set[Path] = attrs.field(factory=set)
+
+    @classmethod
+    def of_snapshot(cls, snapshot: Path, shared: ObjectStore | None) -> SnapshotObjects:
+        """The objects of the snapshot directory ``snapshot``, shared through ``shared``."""
+        return cls(ObjectStore(Path(snapshot) / OBJECTS_DIR), shared)
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data`` as an object of the snapshot; its reference."""
+        if self.shared is None:
+            return self.own.put_bytes(data, self.dirty)
+        for _ in range(_RETRIES):
+            ref = self.shared.put_bytes(data, self.dirty)
+            if self._link(ref):
+                return ref
+        return self.own.put_bytes(data, self.dirty)  # swept each time: a copy of its own
+
+    def put_file(self, source: Path, ref: str) -> str:
+        """Store the file ``source``, which must hold the object ``ref`` (``ValueError`` if
+        it does not), as an object of the snapshot."""
+        if self.shared is None:
+            return self.own.put_file(source, ref, self.dirty)
+        for _ in range(_RETRIES):
+            self.shared.put_file(source, ref, self.dirty)
+            if self._link(ref):
+                return ref
+        return self.own.put_file(source, ref, self.dirty)
+
+    def sync(self) -> None:
+        """fsync every directory the puts changed: what they placed is durable."""
+        ObjectStore.sync(self.dirty)
+
+    def _link(self, ref: str) -> bool:
+        """Link the shared object ``ref`` into ``own`` (or copy it where no link can be
+        made); False if the shared object vanished meanwhile (swept: put it again)."""
+        assert self.shared is not None
+        final = self.own.path(ref)
+        if final.is_file():
+            return True
+        final.parent.mkdir(parents=True, exist_ok=True)
+        source = self.shared.path(ref)
+        try:
+            os.link(source, final, follow_symlinks=False)
+        except FileExistsError:
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:  # EXDEV, EPERM, EMLINK: a copy, checked as it is placed
+            if not source.is_file():
+                return False
+            self.own.put_file(source, ref, self.dirty)
+            return True
+        self.dirty.update((final.parent, final.parent.parent, self.own.root))
+        return True
+
+
+_RETRIES: Final = 3
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -73,8 +73,11 @@ from ._records import (
     KeptExportError,
     Refusal,
     build_records,
+    commit_objects,
     offload,
+    participant_objects,
     read_committed,
+    restore_objects,
     write_records,
 )
 from ._slots import JournalSlot, KeptCopy, SlotTable
@@ -436,9 +439,15 @@ class ControlPlane:
             if stranded in gone:
                 stranded = None
         participants = []
+        objects = commit_objects(root)
+        stores = {p.name: participant_objects(p) for p in self.roles.sessions}
         for server, kind in self.participants:
             directory = root / self.name / server
-            write_records(directory, records[server])
+            who = f"instance {self.name}: participant {server}"
+            try:
+                write_records(directory, records[server], objects, stores.get(server), who)
+            except KeptExportError as exc:  # an object its states name is not in its store
+                return (), (), (), [], exc
             participants.append(
                 ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
             )
@@ -569,6 +578,10 @@ class ControlPlane:
             self.name, self.participants, self._root(state_root), record
         )
         loaded = _Committed(records)
+        if not diffs:  # the objects the states name, back in their stores before any restore
+            diffs += restore_objects(
+                self.roles.sessions, records, self._root(state_root), f"instance {self.name}"
+            )
         restored: dict[str, Episode] = {}
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
         if not diffs:
