@@ -33,7 +33,7 @@ from gymckpt.runtime._shared import (
     load_records,
     records_to_plain,
 )
-from gymckpt.runtime.lowlevel import ObjectStore, SnapshotObjects
+from gymckpt.runtime.lowlevel import SnapshotObjects
 
 
 def inline(chunked: Any) -> bytes:
