@@ -39,7 +39,6 @@ from gymckpt.runtime._shared import (
     RECORDS_FILE,
     SessionRecords,
     dump_records,
-    load_records,
     read_snapshot_records,
 )
 
@@ -365,8 +364,7 @@ async def test_a_cut_takes_an_episode_in_a_model_call_at_its_boundary_without_th
 
 
 def read_sessions(root: Path, name: str) -> Any:
-    path = root / "gym-0" / name / RECORDS_FILE
-    return load_records(path.read_bytes(), str(path), SessionRecords).sessions
+    return read_snapshot_records(root, f"gym-0/{name}", SessionRecords).sessions
 
 
 async def test_a_reply_after_the_cut_waits_for_the_resume(

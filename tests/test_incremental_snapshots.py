@@ -22,8 +22,9 @@ import pytest
 import trio
 import trio.testing
 
-from gymckpt.gym_adapter import Done, Environment, GymHost, RunRow
+from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, EnvironmentRef, GymHost, RunRow
 from gymckpt.gym_adapter._contract import GymControlError
+from gymckpt.gym_adapter.environments.calendar import CalendarConfig, calendar_environment
 from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.runtime import (
     EpisodeRecord,
@@ -354,6 +355,28 @@ def test_a_version_4_snapshot_still_loads_verifies_and_reads(tmp_path: Path) -> 
     assert verify_snapshot(snap) == []
     records = read_snapshot_records(copy, "gym/gym-0/calendar", SessionRecords)
     assert records.sessions and records.retained
+
+
+async def test_a_version_4_snapshot_still_restores_on_todays_host(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The golden run's first snapshot, as the release before chunks wrote it (calendar, two
+    instances, seed 7): every instance restores its episodes from the inline records."""
+    copy = tmp_path / "ckpt-000001"
+    shutil.copytree(V4_SNAPSHOT, copy)
+    snap = load_snapshot(copy)
+    sim = CalendarConfig(turns=(2, 3), turn_s=(0.5, 1.5), mutation_p=1.0)
+    environment = EnvironmentRef.to(calendar_environment, config=sim)
+    async with EmbeddedGym.host(
+        [environment, environment], 2, 7, tmp_path / "gym", sim.host_config()
+    ) as gym:
+        restored = 0
+        for record in snap.manifest.instances:
+            episodes = [e for e in snap.manifest.episodes if e.replica == record.name]
+            reply = await gym.restore(record.name, str(copy), record, episodes, deadline())
+            assert sorted(reply.restored) == sorted(e.rollout_id for e in episodes)
+            restored += len(reply.restored)
+    assert restored == len(snap.manifest.episodes) > 0
 
 
 def test_records_of_a_newer_version_are_refused_saying_what_to_do(tmp_path: Path) -> None:
