@@ -57,27 +57,32 @@ def deadline() -> float:
 # -- the store: chunks shared between snapshots, prune, sweep, verify, copies ----------------
 
 
-def _sessions(n: int, changed: int | None = None) -> dict[str, Any]:
+def _sessions(n: int, changed: int | None = None, inserted: int | None = None) -> dict[str, Any]:
     keys = [f"{row:06d}-0" for row in range(n)]
-    states = [{"events": [row], "note": "x" * 200} for row in range(n)]
+    states: list[Any] = [{"events": [row], "note": "x" * 200} for row in range(n)]
     if changed is not None:
         states[changed] = {"events": [changed, 1], "note": "changed"}
+    if inserted is not None:  # a session between two others, in key order
+        keys.insert(inserted + 1, f"{inserted:06d}-1")
+        states.insert(inserted + 1, {"events": [], "note": "inserted"})
     return session_records_plain(
         "cal",
         "environment",
         "c",
-        (keys, keys, [0] * n, states),
+        (keys, keys, [0] * len(keys), states),
         exported=(),
         retained=True,
     )
 
 
-def _publish(store: SnapshotStore, checkpoint_id: str, changed: int | None = None) -> Any:
+def _publish(
+    store: SnapshotStore, checkpoint_id: str, changed: int | None = None, **edit: Any
+) -> Any:
     """A snapshot of one instance whose participant ``cal`` holds 2,000 sessions (one of them
     ``changed``), written as the host writes records: chunks into the shared store, linked."""
     staging = store.begin(checkpoint_id)
     objects = SnapshotObjects.of_snapshot(staging, ObjectStore.of_snapshot_root(store.root))
-    chunked = chunk_records(_sessions(2000, changed))
+    chunked = chunk_records(_sessions(2000, changed, **edit))
     refs = {k: [objects.put_bytes(c) for c in chunks] for k, chunks in chunked.chunks.items()}
     objects.sync()
     directory = staging / "gym" / "gym-0" / "cal"
@@ -115,6 +120,13 @@ def test_a_second_checkpoint_links_every_unchanged_chunk_and_writes_only_the_cha
     assert second.stats.bytes_written < first.stats.bytes_written / 3
     records = read_snapshot_records(second.path, "gym/gym-0/cal", SessionRecords)
     assert len(records.sessions) == 2000 and records.sessions[1500].state["note"] == "changed"
+    # a session inserted: content-defined boundaries, so only its chunk changes (the ones
+    # after it do not shift)
+    third = _publish(store, "c3", inserted=300)
+    c = _objects_of(third.path)
+    assert len(set(c) - set(a)) == 1 and third.stats.objects_new == 1
+    records = read_snapshot_records(third.path, "gym/gym-0/cal", SessionRecords)
+    assert len(records.sessions) == 2001 and records.sessions[301].state["note"] == "inserted"
 
 
 def test_pruning_the_older_snapshot_keeps_the_newer_verifiable_and_sweeps_what_none_links(
