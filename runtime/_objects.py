@@ -42,6 +42,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -63,6 +64,8 @@ OBJECT_REF_RE: Final = re.compile(r"sha256:([0-9a-f]{64})")
 """A reference to an object: ``sha256:`` and the 64 lowercase hex digits of its digest."""
 _HEX_RE: Final = re.compile(r"[0-9a-f]{64}")
 _CHUNK: Final = 1 << 20
+_SYNC_THREADS: Final = 16
+_PARALLEL_SYNC_MIN: Final = 8
 
 
 def object_ref(hexdigest: str) -> str:
@@ -175,9 +178,20 @@ class ObjectStore:
 
     @staticmethod
     def sync(dirty: set[Path]) -> None:
-        """fsync every directory in ``dirty`` (deepest first) and empty it."""
-        for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
-            _fsync_dir(d)
+        """fsync every directory in ``dirty`` (deepest first: a level's directories together,
+        in a few threads, since a file system commits concurrent fsyncs in one go) and empty
+        it."""
+        levels: dict[int, list[Path]] = {}
+        for d in dirty:
+            levels.setdefault(len(d.parts), []).append(d)
+        for depth in sorted(levels, reverse=True):
+            batch = levels[depth]
+            if len(batch) < _PARALLEL_SYNC_MIN:
+                for d in batch:
+                    _fsync_dir(d)
+                continue
+            with ThreadPoolExecutor(max_workers=_SYNC_THREADS) as pool:
+                list(pool.map(_fsync_dir, batch))  # raises the first error
         dirty.clear()
 
     def _place(self, final: Path, dirty: set[Path], write: object) -> None:
