@@ -46,7 +46,13 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime._shared import AgentRecords, CommittedRecords, SessionRecords, StagedRecords
+from gymckpt.runtime._shared import (
+    AgentRecords,
+    ChunkedRecords,
+    CommittedRecords,
+    SessionRecords,
+    StagedRecords,
+)
 from gymckpt.runtime.lowlevel import promote_survivors
 
 from .._contract import (
@@ -438,19 +444,10 @@ class ControlPlane:
             held = [ep for ep in held if ep.rollout_id not in gone]
             if stranded in gone:
                 stranded = None
-        participants = []
-        objects = commit_objects(root)
-        stores = {p.name: participant_objects(p) for p in self.roles.sessions}
-        for server, kind in self.participants:
-            directory = root / self.name / server
-            who = f"instance {self.name}: participant {server}"
-            try:
-                write_records(directory, records[server], objects, stores.get(server), who)
-            except KeptExportError as exc:  # an object its states name is not in its store
-                return (), (), (), [], exc
-            participants.append(
-                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
-            )
+        try:
+            participants = self._write(root, records)
+        except KeptExportError as exc:  # a state names an object its participant lacks
+            return (), (), (), [], exc
         owner = self.roles.owner
         agent_name, agent_kind = self.environment.agent.name, self.environment.agent.kind
         keys = [ep.capture_keys for ep in held]
@@ -472,6 +469,22 @@ class ControlPlane:
             for ep, k in zip(held, keys, strict=True)
         )
         return episodes, sessions, tuple(participants), refused, None
+
+    def _write(self, root: Path, records: Mapping[str, ChunkedRecords]) -> list[ParticipantInfo]:
+        """Write every participant's records under ``root/<instance>/`` (their objects first,
+        ``write_records``) and report them; ``KeptExportError`` if a committed state names an
+        object its participant does not have."""
+        objects = commit_objects(root)
+        stores = {p.name: participant_objects(p) for p in self.roles.sessions}
+        participants = []
+        for server, kind in self.participants:
+            directory = root / self.name / server
+            who = f"instance {self.name}: participant {server}"
+            write_records(directory, records[server], objects, stores.get(server), who)
+            participants.append(
+                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
+            )
+        return participants
 
     def resume(self, checkpoint_id: str) -> None:
         """Reopen admission, unpark, and put the replies held since a cut on the wire; a no-op
