@@ -142,7 +142,7 @@ def write_records(
             objects.put_file(source, ref)
         except ValueError as exc:
             raise KeptExportError(f"{who}: object {ref} in its store: {exc}") from None
-    refs = {key: [objects.put_bytes(c) for c in chunks] for key, chunks in records.chunks.items()}
+    refs = {key: objects.put_all(chunks) for key, chunks in records.chunks.items()}
     objects.sync()
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / RECORDS_FILE, records.index(refs))
