@@ -40,7 +40,7 @@ from gymckpt.runtime._shared import (
     TRAINER_STATE_FILE,
     SessionRecords,
     load_ledger_snapshot,
-    load_records,
+    read_snapshot_records,
     state_dir_problem,
     tree_size,
 )
@@ -441,7 +441,7 @@ def retained_sessions(snap: LoadedSnapshot) -> dict[str, dict[str, dict[str, Any
                 raise ManifestError(f"{snap.path}: {inst.name}/{p.server_name}: {problem}")
             path = snap.path / p.state_dir / RECORDS_FILE
             try:
-                records = load_records(path.read_bytes(), str(path))
+                records = read_snapshot_records(snap.path, p.state_dir)
             except OSError as exc:
                 raise ManifestError(f"{path}: records unreadable ({exc!r})") from None
             except ManifestError as exc:

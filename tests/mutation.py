@@ -41,6 +41,7 @@ UNALIGNED = "tests/test_unaligned_rules.py"
 ALIGNMENT = "tests/test_alignment_timeout.py"
 HTTP_SECURITY = "tests/test_http_security.py"
 HTTP_SERVER = "tests/test_http_server.py"
+INCR = "tests/test_incremental_snapshots.py"
 TENANCY = "tests/test_host_tenancy.py"
 HTTP_FENCING = "tests/test_http_trainer_fencing.py"
 BACKEND_KIT = "tests/test_conformance_kit.py"
@@ -2106,6 +2107,70 @@ MUTANTS: tuple[Mutant, ...] = (
         "return await pack_commit(box)",
         "return box[0]",
         ("tests/test_ray_commit_wire.py",),
+        sim_seeds=0,
+    ),
+    # -- incremental snapshots (runtime/_store.py docstring) --------------------------------
+    Mutant(
+        "incr-chunk-not-linked-into-snapshot",
+        "incr",
+        "runtime/_objects.py",
+        "ref = self.shared.put_bytes(data, self.dirty)",
+        "return self.shared.put_bytes(data, self.dirty)",
+        (INCR,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "incr-sweep-deletes-linked",
+        "incr",
+        "runtime/_store.py",
+        "if path.lstat().st_nlink <= 1:",
+        "if path.lstat().st_nlink <= 2:",
+        (INCR,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "incr-verify-skips-objects",
+        "incr",
+        "runtime/_store.py",
+        "diffs.extend(object_problems(snapshot.path, trusted))",
+        "diffs.extend([])",
+        (INCR,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "incr-restore-ignores-participant-objects",
+        "incr",
+        "gym_adapter/host/_control.py",
+        "if not diffs:  # the objects the states name, back in their stores before any restore",
+        "if False:",
+        (INCR,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "incr-commit-ignores-a-missing-participant-object",
+        "incr",
+        "gym_adapter/host/_records.py",
+        "if source is None or not source.is_file():",
+        "if source is None:",
+        (INCR,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "incr-chunk-boundaries-by-position",
+        "incr",
+        "runtime/_snapshot_format.py",
+        'if not (int.from_bytes(digest, "little") & _MASK) or i + 1 - start >= CHUNK_MAX:',
+        "if (i + 1 - start) % 256 == 0:",
+        (INCR,),
+        sim_seeds=0,
+    ),
+    Mutant(
+        "incr-version-4-snapshots-refused",
+        "incr",
+        "runtime/_snapshot_format.py",
+        "READ_MANIFEST_VERSIONS: Final = frozenset({4, MANIFEST_VERSION})",
+        "READ_MANIFEST_VERSIONS: Final = frozenset({MANIFEST_VERSION})",
+        (INCR,),
         sim_seeds=0,
     ),
 )

@@ -46,7 +46,13 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime._shared import AgentRecords, CommittedRecords, SessionRecords, StagedRecords
+from gymckpt.runtime._shared import (
+    AgentRecords,
+    ChunkedRecords,
+    CommittedRecords,
+    SessionRecords,
+    StagedRecords,
+)
 from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
 from .._contract import (
@@ -73,8 +79,11 @@ from ._records import (
     KeptExportError,
     Refusal,
     build_records,
+    commit_objects,
     offload,
+    participant_objects,
     read_committed,
+    restore_objects,
     write_records,
 )
 from ._slots import JournalSlot, KeptCopy, SlotTable
@@ -556,13 +565,10 @@ class ControlPlane:
             held = [ep for ep in held if ep.rollout_id not in gone]
             if stranded in gone:
                 stranded = None
-        participants = []
-        for server, kind in self.participants:
-            directory = root / self.name / server
-            write_records(directory, records[server])
-            participants.append(
-                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
-            )
+        try:
+            participants = self._write(root, records)
+        except KeptExportError as exc:  # a state names an object its participant lacks
+            return (), (), (), [], exc
         owner = self.roles.owner
         agent_name, agent_kind = self.environment.agent.name, self.environment.agent.kind
         keys = [ep.capture_keys for ep in held]
@@ -584,6 +590,22 @@ class ControlPlane:
             for ep, k in zip(held, keys, strict=True)
         )
         return episodes, sessions, tuple(participants), refused, None
+
+    def _write(self, root: Path, records: Mapping[str, ChunkedRecords]) -> list[ParticipantInfo]:
+        """Write every participant's records under ``root/<instance>/`` (their objects first,
+        ``write_records``) and report them; ``KeptExportError`` if a committed state names an
+        object its participant does not have."""
+        objects = commit_objects(root)
+        stores = {p.name: participant_objects(p) for p in self.roles.sessions}
+        participants = []
+        for server, kind in self.participants:
+            directory = root / self.name / server
+            who = f"instance {self.name}: participant {server}"
+            write_records(directory, records[server], objects, stores.get(server), who)
+            participants.append(
+                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
+            )
+        return participants
 
     def resume(self, checkpoint_id: str) -> None:
         """Reopen admission, unpark, and put the replies held since a cut on the wire; a no-op
@@ -690,6 +712,10 @@ class ControlPlane:
             self.name, self.participants, self._root(state_root), record
         )
         loaded = _Committed(records)
+        if not diffs:  # the objects the states name, back in their stores before any restore
+            diffs += restore_objects(
+                self.roles.sessions, records, self._root(state_root), f"instance {self.name}"
+            )
         restored: dict[str, Episode] = {}
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
         if not diffs:
