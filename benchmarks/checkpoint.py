@@ -69,6 +69,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,23 @@ MODES = ("unaligned", "aligned")
 """Both checkpoint modes, in the order one run measures them on the same episodes (unaligned
 first: it parks nothing, so the aligned checkpoint after it finds the episodes as they were)."""
 
+ALIGNED_TIMEOUT = "aligned_timeout"
+"""The benchmark's third mode: the default configuration's aligned checkpoint, with its
+alignment timeout (``RuntimeConfig().alignment_timeout_s``) inside its control timeout
+(``RuntimeConfig().control_timeout_s``), where ``aligned`` is the reference protocol (an
+alignment timeout inside a one-hour control bound: it waits for the slowest turn in flight)."""
+
+BENCH_MODES = (*MODES, ALIGNED_TIMEOUT)
+"""The modes ``--modes`` names for ``gymckpt bench checkpoint`` (every backend)."""
+
+EMBEDDED_MODES = ("unaligned", ALIGNED_TIMEOUT, "aligned")
+"""The embedded checkpoint's default modes, in the order it measures them on the same
+episodes: pure unaligned first (parks nothing), the default configuration's aligned checkpoint
+(parks for at most its alignment timeout), then the reference protocol."""
+
+REPEATS = 3
+"""Checkpoints per mode on the embedded Gym, so that "100 % complete" counts more than one."""
+
 TURN_SIGMA, TURN_CAP = 2.0, 21.0
 """The turn lengths' shape: lognormal with sigma 2, capped at 21 times the median (6.4 % of the
 turns at the cap), so the p99 is 21 times the median and an aligned checkpoint's wait — the
@@ -117,7 +135,8 @@ class CheckpointConfig:
     turn_sigma: float = TURN_SIGMA
     turn_cap: float = TURN_CAP
     turn_mean_s: float | None = None  # None: in_flight / TURN_ENDS_PER_S
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = EMBEDDED_MODES
+    repeats: int = REPEATS
     control_s: float = 3.0
     dispatch_rows: int = 16_384
     after_s: float = 2.0
@@ -127,7 +146,9 @@ class CheckpointConfig:
 
     @classmethod
     def quick_defaults(cls) -> CheckpointConfig:
-        return cls(in_flight=2_000, dispatch_rows=512, after_s=0.5, control_s=1.0, quick=True)
+        return cls(
+            in_flight=2_000, dispatch_rows=512, after_s=0.5, control_s=1.0, repeats=2, quick=True
+        )
 
     def times(self) -> TurnTimes:
         """The turn lengths: lognormal, the mean such that the turn ends a real second stay
@@ -360,6 +381,7 @@ async def measure_checkpoint(
     pause_collector: bool,
     after_s: float,
     on_after_prepare: Callable[[], None] | None = None,
+    on_return: Callable[[], None] | None = None,
     say: Callable[[str], None] = lambda _msg: None,
     pauses: PauseSource | None = None,
     moving_timeout_s: float = 300.0,
@@ -373,6 +395,8 @@ async def measure_checkpoint(
     switches its warp clock to real time there; the 1 ms heartbeat starts there too, since
     lateness means nothing in virtual time. Without it (a run in real time throughout) the
     heartbeat covers the whole checkpoint and no stage reports a simulated wait.
+    ``on_return``: called as ``checkpoint()`` returns (the embedded run goes real there too,
+    for a checkpoint that failed before its ``after_prepare``).
 
     ``pauses``: where the episodes' pause records are read (``_heavy``); with it, the
     measurement goes on after ``checkpoint()`` returns until every episode moves again
@@ -396,6 +420,8 @@ async def measure_checkpoint(
         with collector_paused(pause_collector):
             outcome = await ro.checkpoint()
             marks["end"] = perf_ns()
+            if on_return is not None:
+                on_return()
         cpu1 = _cpu_now()
         after = _AfterWindow(stall, gcm, marks["end"])
         mutations["end"] = ledger.barrier.statistics().mutations
@@ -578,10 +604,11 @@ async def _checkpoint_main(
                     modes = await _measure_modes(
                         cfg, ro, timed, rc, clock, top, dispatched, src, say
                     )
-                    first = modes.get("aligned") or modes[cfg.modes[0]]
-                    out.update(first)  # the reference run's figures, where the report has them
+                    ref = reference_mode(modes, cfg.modes)
+                    out.update(modes[ref])  # the reference's figures, where the report has them
                     out.update(
                         {
+                            "reference_mode": ref,
                             "modes": modes,
                             "turn_times": times.describe(),
                             "in_flight": dispatched,
@@ -594,6 +621,14 @@ async def _checkpoint_main(
     return out  # pragma: no cover - the return above always runs
 
 
+def reference_mode(modes: dict[str, Any], order: Sequence[str]) -> str:
+    """The mode whose figures a result's top level holds (what the report's older rows read):
+    ``aligned`` if it completed, else the first mode that completed, else the first mode."""
+    if "aligned" in modes and modes["aligned"]["checkpoint_ok"]:
+        return "aligned"
+    return next((m for m in order if modes[m]["checkpoint_ok"]), order[0])
+
+
 def measured_runtime_config() -> Any:
     """The runtime's configuration for a measured checkpoint (embedded, Ray, HTTP): the
     aligned row measures the reference protocol (every episode parked until the slowest turn
@@ -601,6 +636,7 @@ def measured_runtime_config() -> Any:
     from gymckpt.runtime import RuntimeConfig
 
     return RuntimeConfig(
+        max_consecutive_failures=1000,  # a failed checkpoint is a figure, not the end
         control_timeout_s=3600.0,
         alignment_timeout_s=3599.0,
         reply_grace_s=5.0,
@@ -635,38 +671,133 @@ async def _measure_modes(
     src: PauseSource,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """One measured checkpoint per mode, in ``cfg.modes``' order, on the same episodes."""
+    """``cfg.repeats`` measured checkpoints per mode, in ``cfg.modes``' order, on the same
+    episodes; each mode's figures are its median completed checkpoint's (``repeats_summary``),
+    with every checkpoint's outcome beside them and the cost against pure unaligned."""
     from gymckpt.nurseries import STAGES
 
     modes: dict[str, Any] = {}
-    for k, mode in enumerate(cfg.modes):
-        if k and not clock.realtime:  # pragma: no cover - each mode ends real
-            raise AssertionError("the clock is virtual after a checkpoint")
-        if k:
-            clock.go_virtual()
-            top.start_soon(warp_driver, clock, name="warp-clock")
-        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
-        # aligned: the wait for the turns to end is simulated (virtual until
-        # Gym is prepared); unaligned: nothing waits, real time throughout
-        if mode != "aligned":
-            clock.go_realtime()
-        say(f"{mode} checkpoint")
-        modes[mode] = await measure_checkpoint(
-            ro,
-            timed.spans,
-            STAGES,
-            nursery=top,
-            dispatched=dispatched,
-            pause_collector=rc.pause_collector,
-            after_s=cfg.after_s,
-            on_after_prepare=clock.go_realtime,
-            say=say,
-            pauses=src,
-            control_s=cfg.control_s,
-        )
-        modes[mode]["checkpoint_mode"] = mode
-        timed.spans.clear()
+    for mode in cfg.modes:
+        runs: list[dict[str, Any]] = []
+        for k in range(cfg.repeats):
+            if clock.realtime:  # every checkpoint but the run's first starts virtual again
+                clock.go_virtual()
+                top.start_soon(warp_driver, clock, name="warp-clock")
+            config = mode_config(rc, mode)
+            ro.coordinator.config = config
+            # aligned: the wait for the turns to end is simulated (virtual until Gym is
+            # prepared, or the checkpoint failed); unaligned: nothing waits, real throughout
+            if config.checkpoint_mode.value != "aligned":
+                clock.go_realtime()
+            say(f"{mode} checkpoint {k + 1}/{cfg.repeats}")
+            r = await measure_checkpoint(
+                ro,
+                timed.spans,
+                STAGES,
+                nursery=top,
+                dispatched=dispatched,
+                pause_collector=rc.pause_collector,
+                after_s=cfg.after_s,
+                on_after_prepare=clock.go_realtime,
+                on_return=clock.go_realtime,
+                say=say,
+                pauses=src,
+                control_s=cfg.control_s if k == 0 else 0.0,
+            )
+            r["checkpoint_mode"] = mode
+            runs.append(r)
+            timed.spans.clear()
+        modes[mode] = repeats_summary(runs, config)
+    against_unaligned(modes)
     return modes
+
+
+def mode_config(base: Any, mode: str) -> Any:
+    """The runtime configuration a measured checkpoint in ``mode`` (``BENCH_MODES``) runs with:
+    ``base`` in that checkpoint mode; ``aligned_timeout`` with the default configuration's
+    control and alignment timeouts (every other bound ``base``'s)."""
+    from gymckpt.runtime import RuntimeConfig
+
+    if mode != ALIGNED_TIMEOUT:
+        return attrs.evolve(base, checkpoint_mode=mode)
+    default = RuntimeConfig()
+    return attrs.evolve(
+        base,
+        checkpoint_mode="aligned",
+        control_timeout_s=default.control_timeout_s,
+        alignment_timeout_s=default.alignment_timeout_s,
+    )
+
+
+RUN_KEYS = (
+    "checkpoint_ok",
+    "checkpoint_error",
+    "until_all_moving_s",
+    "checkpoint_wall_s",
+    "e2e_s",
+    "turn_time_simulated_s",
+    "mid_turn",
+    "episodes_exported",
+    "max_loop_stall_ms",
+)
+"""What ``repeats`` keeps of each checkpoint of a mode (beside its pauses' p50 / p99)."""
+
+
+def _median_by(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose ``key`` is the (lower) median of ``runs``."""
+    ranked = sorted(runs, key=lambda r: r.get(key) or 0.0)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def repeats_summary(runs: Sequence[dict[str, Any]], config: Any) -> dict[str, Any]:
+    """One mode's figures from its checkpoints: the median completed checkpoint's (by time
+    until every episode moves; the first checkpoint's when none completed), with how many
+    completed (``complete_pct``: a failed checkpoint, e.g. ``gym_unavailable`` when a turn
+    outlasts the control timeout, counts as not complete), the episodes each took mid-turn,
+    and the median of each completed checkpoint's pause p50 / p99. Invariant: ``checkpoints``
+    is ``len(runs)`` and ``completed`` counts those with ``checkpoint_ok``."""
+    done = [r for r in runs if r["checkpoint_ok"]]
+    out = dict(_median_by(done, "until_all_moving_s") if done else runs[0])
+    out["repeats"] = [
+        {
+            **{k: r.get(k) for k in RUN_KEYS},
+            "pause_p50_ms": (r.get("pauses") or {}).get("pause_p50_ms"),
+            "pause_p99_ms": (r.get("pauses") or {}).get("pause_p99_ms"),
+        }
+        for r in runs
+    ]
+    out["checkpoints"] = len(runs)
+    out["completed"] = len(done)
+    out["complete_pct"] = round(100.0 * len(done) / max(1, len(runs)), 1)
+    out["mid_turn_median"] = (
+        statistics.median(int(r.get("mid_turn") or 0) for r in done) if done else None
+    )
+    for q in ("p50", "p99"):
+        vals = [r["pauses"][f"pause_{q}_ms"] for r in done if r.get("pauses")]
+        out[f"pause_{q}_ms_median"] = round(statistics.median(vals), 3) if vals else None
+    out["control_timeout_s"] = config.control_timeout_s
+    out["alignment_timeout_s"] = config.alignment_timeout_s
+    return out
+
+
+RATIO_KEYS = ("until_all_moving_s", "pause_p50_ms_median", "pause_p99_ms_median")
+"""The figures ``against_unaligned`` divides by pure unaligned's, in the same run."""
+
+
+def against_unaligned(modes: dict[str, Any]) -> None:
+    """Each mode's cost against pure unaligned's in the same run (``vs_unaligned``: ratios of
+    ``RATIO_KEYS``, None where either side is missing, failed or zero)."""
+    u = modes.get("unaligned")
+    if u is None or not u["checkpoint_ok"]:
+        return
+    for name, m in modes.items():
+        if name == "unaligned":
+            continue
+        ratios: dict[str, float | None] = {}
+        for key in RATIO_KEYS:
+            a, b = m.get(key) if m["checkpoint_ok"] else None, u.get(key)
+            ratios[key] = round(a / b, 3) if a is not None and b else None
+        m["vs_unaligned"] = ratios
 
 
 def _checkpoint_report(
@@ -724,6 +855,8 @@ def _checkpoint_report(
         "checkpoint_ok": bool(outcome.ok),
         "checkpoint_error": outcome.error,
         "episodes_exported": outcome.episodes,
+        "mid_turn": outcome.mid_turn,
+        "checkpoint_failure": None if outcome.reason is None else str(outcome.reason.value),
         "pending_drained": outcome.drained,
         "checkpoint_wall_s": round(checkpoint_wall_s, 3),
         "coordinator_stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},

@@ -77,6 +77,7 @@ from .checkpoint import (
     _TimedGym,
     measure_checkpoint,
     measured_runtime_config,
+    mode_config,
 )
 
 __all__ = [
@@ -303,7 +304,7 @@ async def _measure_modes(
 
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
-        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
+        ro.coordinator.config = mode_config(rc, mode)
         say(f"{mode} checkpoint")
         calls0 = len(timed.calls)
         r = await measure_checkpoint(

@@ -29,6 +29,7 @@ from . import fanout as _fanout_mod
 from . import host as _host_mod
 from . import memory as _memory_mod
 from . import preserved as _preserved_mod
+from . import trainer_side as _trainer_side_mod
 from ._common import Progress, finite, ints, machine_info, source_info
 
 __all__ = ["build_parser", "main"]
@@ -255,7 +256,8 @@ def _add_checkpoint(sub: Any) -> None:
         "checkpoint",
         help="whole checkpoint at 200k on the embedded Gym or on Ray, by stage",
         description=f"{_checkpoint_mod.__doc__}\n--backend ray\n------------\n"
-        f"{_checkpoint_ray_mod.__doc__}",
+        f"{_checkpoint_ray_mod.__doc__}\n--backend null\n-------------\n"
+        f"{_trainer_side_mod.__doc__}",
         formatter_class=raw,
     )
     c.add_argument(
@@ -264,16 +266,19 @@ def _add_checkpoint(sub: Any) -> None:
         dest="in_flight",
         type=int,
         default=None,
-        help="episodes in flight (default 200000; quick 2000)",
+        help="episodes in flight (default 200000, 1000000 with --backend null; quick 2000, "
+        "20000 with --backend null)",
     )
     c.add_argument(
         "--backend",
-        choices=("embedded", "ray", "http", "both"),
+        choices=("embedded", "ray", "http", "both", "null"),
         default="embedded",
         help="the Gym deployment: embedded (in this process, warp clock), ray "
         "(--actors Ray actors on a local cluster, real time), http (--actors spawned "
         "gymckpt serve processes, real time), or both: Ray then HTTP in the same run, "
-        "HTTP's figures as ratios of Ray's",
+        "HTTP's figures as ratios of Ray's; null: the trainer side alone, one checkpoint "
+        "against a Gym that answers at once (--instances instances; default 1M in flight, "
+        "quick 20k)",
     )
     c.add_argument("--instances", type=int, default=None, help="embedded Gym instances (default 4)")
     c.add_argument(
@@ -291,7 +296,15 @@ def _add_checkpoint(sub: Any) -> None:
         "default: what the Gym keeps up with, max(20, N / 200) embedded and "
         "max(20, N / 2,500) on Ray; quick on Ray 2)",
     )
-    _modes_arg(c)
+    c.add_argument(
+        "--checkpoints",
+        dest="repeats",
+        type=int,
+        default=None,
+        help="checkpoints per mode on the embedded Gym, for the share that completes "
+        "(default 3; quick 2)",
+    )
+    _modes_arg(c, checkpoint=True)
     _common(c)
 
 
@@ -403,11 +416,8 @@ def _add_all_and_report(sub: Any) -> None:
     _common(a)
 
 
-def _modes(text: str) -> tuple[str, ...]:
-    from gymckpt.runtime import CheckpointMode
-
+def _modes(text: str, known: tuple[str, ...]) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
-    known = [m.value for m in CheckpointMode]
     bad = [n for n in names if n not in known]
     if bad or not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(
@@ -416,13 +426,30 @@ def _modes(text: str) -> tuple[str, ...]:
     return names
 
 
-def _modes_arg(p: argparse.ArgumentParser) -> None:
+def _checkpoint_modes(text: str) -> tuple[str, ...]:
+    """``--modes`` of ``checkpoint``: the checkpoint modes and ``aligned_timeout``."""
+    return _modes(text, _checkpoint_mod.BENCH_MODES)
+
+
+def _runtime_modes(text: str) -> tuple[str, ...]:
+    """``--modes`` of ``preserved``: the runtime's checkpoint modes."""
+    from gymckpt.runtime import CheckpointMode
+
+    return _modes(text, tuple(m.value for m in CheckpointMode))
+
+
+def _modes_arg(p: argparse.ArgumentParser, checkpoint: bool = False) -> None:
     p.add_argument(
         "--modes",
-        type=_modes,
+        type=_checkpoint_modes if checkpoint else _runtime_modes,
         default=None,
-        help="checkpoint modes measured side by side in one run, in this order "
-        "(default unaligned,aligned)",
+        help="checkpoint modes measured side by side in one run, in this order (default "
+        + (
+            "unaligned,aligned_timeout,aligned embedded, unaligned,aligned on Ray and over "
+            "HTTP; aligned_timeout: the default configuration's control and alignment timeouts)"
+            if checkpoint
+            else "unaligned,aligned)"
+        ),
     )
 
 
@@ -495,6 +522,10 @@ def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointCo
             cfg.modes = args.modes
         if args.turn_mean_s is not None:
             cfg.turn_mean_s = args.turn_mean_s
+        if args.repeats is not None:
+            cfg.repeats = args.repeats
+    if cfg.repeats < 1:
+        raise ValueError(f"--checkpoints must be >= 1, got {cfg.repeats}")
     if cfg.in_flight < cfg.group_size or cfg.instances < 1:
         raise ValueError("--in-flight must be >= the group size and --instances >= 1")
     return cfg
@@ -521,10 +552,35 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
             raise ValueError(
                 "--actors is for --backend ray, http or both (the embedded Gym takes --instances)"
             )
-        if args.backend != "embedded" and args.instances is not None:
+        if args.backend != "embedded" and args.repeats is not None:
+            raise ValueError("--checkpoints is for the embedded Gym (one checkpoint per mode)")
+        if args.backend == "null" and args.actors is not None:
+            raise ValueError("--actors is for --backend ray, http or both (null takes --instances)")
+        if args.backend not in ("embedded", "null") and args.instances is not None:
             raise ValueError("--instances is for the embedded Gym (Ray and HTTP take --actors)")
     if cfg.in_flight < cfg.group_size or cfg.actors < 1:
         raise ValueError("--in-flight must be >= the group size and --actors >= 1")
+    return cfg
+
+
+def _trainer_side_config(args: argparse.Namespace) -> _trainer_side_mod.TrainerSideConfig:
+    """The trainer side's configuration (``checkpoint --backend null``): 1M in flight unless
+    ``--rollouts`` says otherwise; it measures no mode side by side and has no turns."""
+    mod = _trainer_side_mod.TrainerSideConfig
+    cfg = mod.quick_defaults() if args.quick else mod()
+    if args.bench == "checkpoint" and args.backend == "null":
+        for flag, value in (
+            ("--modes", args.modes),
+            ("--turn-mean", args.turn_mean_s),
+        ):
+            if value is not None:
+                raise ValueError(f"{flag} is not for --backend null (one checkpoint, no turns)")
+        if args.in_flight is not None:
+            cfg.in_flight = args.in_flight
+        if args.instances is not None:
+            cfg.instances = args.instances
+    if cfg.in_flight < cfg.group_size or cfg.instances < 1:
+        raise ValueError("--in-flight must be >= the group size and --instances >= 1")
     return cfg
 
 
@@ -638,6 +694,7 @@ class _Configs:
     memory_sizes: tuple[int, ...]
     checkpoint_cfg: _checkpoint_mod.CheckpointConfig
     checkpoint_ray_cfg: _checkpoint_ray_mod.CheckpointRayConfig
+    trainer_side_cfg: _trainer_side_mod.TrainerSideConfig
     fanout_cfg: _fanout_mod.FanoutConfig
     preserved_cfg: _preserved_mod.PreservedConfig
 
@@ -650,6 +707,7 @@ class _Configs:
             _memory_sizes(args),
             _checkpoint_config(args),
             _checkpoint_ray_config(args),
+            _trainer_side_config(args),
             _fanout_config(args),
             _preserved_config(args),
         )
@@ -674,6 +732,11 @@ def _run_one(
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
+    elif args.bench == "checkpoint" and args.backend == "null":
+        result = {
+            **_trainer_side_mod.run_trainer_side(cfg.trainer_side_cfg, progress),
+            "meta": meta,
+        }
     elif args.bench == "checkpoint" and args.backend != "embedded":
         remote = _backends(args.backend)
         result = {
