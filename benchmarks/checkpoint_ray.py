@@ -61,7 +61,7 @@ import trio
 
 from gymckpt.nurseries import ExitCode
 
-from ._common import Progress, describe_error, label
+from ._common import Progress, describe_error, label, open_sockets
 from ._heavy import (
     HEAVY_FROM_ENVIRON,
     PauseSource,
@@ -244,8 +244,10 @@ async def _remote_main(
                     handle_signals=False,
                 ) as ro:
                     dispatched, finished, fill_s = await _fill(cfg, ro.ledger, say)
+                    sockets = [await trio.to_thread.run_sync(open_sockets)]  # at the peak
                     src = PauseSource(records, in_process=False, episodes=dispatched)
                     modes = await _measure_modes(cfg, ro, timed, rc, top, dispatched, src, say)
+                    sockets.append(await trio.to_thread.run_sync(open_sockets))
                     out = dict(modes.get("aligned") or modes[cfg.modes[0]])
                     out.update(
                         {
@@ -258,6 +260,9 @@ async def _remote_main(
                             "actors_start_s": round(started_s, 2),
                             "fill_wall_s": round(fill_s, 2),
                             "fill_rows_per_s": round(dispatched / fill_s),
+                            "client_sockets_max": max(
+                                (c for c in sockets if c is not None), default=None
+                            ),
                         }
                     )
                     finish(out)

@@ -103,6 +103,9 @@ def results_targets(results: Results) -> list[TargetRow]:
         r.preserved,
         r.checkpoint_ray,
         host_marks=None if r.host is None else r.host.marks,
+        dispatch=r.dispatch,
+        host=r.host,
+        trainer_side=r.trainer_side,
     )
 
 
