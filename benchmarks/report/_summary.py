@@ -19,6 +19,7 @@ from ._per_step import host_miss_lines, host_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
+from ._scale_misses import scale_miss_lines
 from ._targets import Status, TargetRow, targets
 
 __all__ = ["NOT_MEASURED", "results_targets", "write_summary"]
@@ -56,6 +57,10 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     missed = {t.key for t in rows if t.status is Status.MISSED}
     misses += mode_miss_lines(missed, r.checkpoint, r.preserved)
     misses += host_miss_lines(missed, r.host)
+    measured = {t.key: t.measured for t in rows}
+    misses += scale_miss_lines(
+        missed, measured, r.checkpoint, r.checkpoint_ray, r.dispatch, r.host, r.trainer_side
+    )
     for text in misses:
         add(text)
     if not misses:
