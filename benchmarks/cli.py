@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ never means or best cases.
             after a real restore, gymckpt (both modes) against a step-boundary baseline, over
             the same 10 kill times; the parked-time fraction each mode costs
   all       everything (full sweep), then *.json, PNG plots, SUMMARY.md into --out
+  issue34   exactly what the targets at scale need (trainer side at 1M, dispatch --loop,
+            host, checkpoint embedded and on Ray and HTTP at 200k), in one run, with the
+            verdicts in ISSUE34.md (about 50 min on a quiet machine; --quick for a smoke run)
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
 
@@ -216,7 +220,54 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint(sub)
     _add_gym_benchmarks(sub)
     _add_all_and_report(sub)
+    _add_issue34(sub)
     return parser
+
+
+def _add_issue34(sub: Any) -> None:
+    """``issue34``: the targets at scale, one command."""
+    from .report import STEPS
+
+    total = sum(m for _n, _w, m in STEPS)
+    steps = "\n".join(
+        f"  {k}. {what} (~{minutes} min) -> {name}.json"
+        for k, (name, what, minutes) in enumerate(STEPS, 1)
+    )
+    i = sub.add_parser(
+        "issue34",
+        help="the targets at scale: every figure issue 34 asks for, one run (~50 min)",
+        description=textwrap.fill(
+            "Runs, in this order, every measurement the targets at scale need, at the issue's "
+            f"sizes (200k in flight; 1M for the trainer side), about {total} min in all on a "
+            "quiet 2-core machine:"
+        )
+        + f"\n\n{steps}\n\n"
+        + textwrap.fill(
+            "then writes each result into --out, the verdicts (met, MISSED, not measured, with "
+            "what a miss would take) into ISSUE34.md and issue34.json, and re-renders "
+            "SUMMARY.md when --out also holds a `bench all` run (drain.json, memory.json). A "
+            "step that fails is reported and the run goes on. Progress lines name each step "
+            "with the time left. --quick: the same steps at small sizes (a few minutes)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    i.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output directory (default ./{DEFAULT_OUT}; quick: ./{DEFAULT_OUT}/quick)",
+    )
+    i.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="skip the checkpoint on Ray and over HTTP and the host's Ray run",
+    )
+    i.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write into the committed results although the tree has uncommitted changes",
+    )
+    _common(i)
 
 
 def _add_runtime_benchmarks(sub: Any) -> None:
@@ -763,6 +814,37 @@ def _run_one(
     return result
 
 
+def _out_dir(args: argparse.Namespace, meta: dict[str, Any]) -> Path | None:
+    """``--out`` of ``all`` and ``issue34`` (its default when not given); None (said on
+    stderr) when it is the committed results and the tree has uncommitted changes."""
+    out: Path = args.out
+    if out is None:
+        out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
+    dirty = meta["source"].get("uncommitted_changes")
+    if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
+        print(
+            f"gymckpt bench {args.bench}: error: the tree has uncommitted changes "
+            f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
+            f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
+            "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
+            file=sys.stderr,
+        )
+        return None
+    return out
+
+
+def _run_issue34(
+    args: argparse.Namespace, cfg: _Configs, meta: dict[str, Any], progress: Progress
+) -> dict[str, Any] | int:
+    """``issue34``: the targets at scale into ``--out`` (``report.run_scale``)."""
+    from .report import ScaleConfigs, run_scale
+
+    out = _out_dir(args, meta)
+    if out is None:
+        return ExitCode.BAD_INPUT
+    return run_scale(ScaleConfigs.of(args.quick, not args.no_ray), out, meta, progress)
+
+
 def _run_all(
     args: argparse.Namespace, cfg: _Configs, meta: dict[str, Any], progress: Progress
 ) -> dict[str, Any] | int:
@@ -770,18 +852,8 @@ def _run_all(
     (uncommitted changes, into the committed results)."""
     from .report import run_all
 
-    out = args.out
+    out = _out_dir(args, meta)
     if out is None:
-        out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
-    dirty = meta["source"].get("uncommitted_changes")
-    if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
-        print(
-            f"gymckpt bench all: error: the tree has uncommitted changes "
-            f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
-            f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
-            "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
-            file=sys.stderr,
-        )
         return ExitCode.BAD_INPUT
     if _want_million(args):
         cfg.drain_cfg = attrs.evolve(cfg.drain_cfg, sweep=(*cfg.drain_cfg.sweep, 1_000_000))
@@ -830,7 +902,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"gymckpt bench {args.bench}: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    run = _run_all if args.bench == "all" else _run_one
+    run = {"all": _run_all, "issue34": _run_issue34}.get(args.bench, _run_one)
     result = run(args, cfg, meta, progress)
     if isinstance(result, int):
         return result
