@@ -423,9 +423,10 @@ def _add_all_and_report(sub: Any) -> None:
         "all",
         help="everything; writes --out (JSON, PNG plots, SUMMARY.md)",
         description=(
-            "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
-            "4 actors and over HTTP with 4 gymckpt serve processes at the same N), fanout (Ray "
-            "and HTTP in the same run) and preserved, "
+            "Runs drain (full sweep), memory, dispatch (with the whole loop), checkpoint "
+            "(embedded, then on Ray with 4 actors and over HTTP with 4 gymckpt serve processes "
+            "at the same N), the trainer side alone (with the 1M sizes), fanout (Ray and HTTP "
+            "in the same run) and preserved, "
             "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "committed results (docs/benchmarks/results in a checkout) it refuses to run from a "
@@ -855,9 +856,11 @@ def _run_all(
     out = _out_dir(args, meta)
     if out is None:
         return ExitCode.BAD_INPUT
-    if _want_million(args):
+    million = _want_million(args)
+    if million:
         cfg.drain_cfg = attrs.evolve(cfg.drain_cfg, sweep=(*cfg.drain_cfg.sweep, 1_000_000))
         cfg.dispatch_cfg.in_flight = (*cfg.dispatch_cfg.in_flight, 1_000_000)
+    cfg.dispatch_cfg.loop = True  # the whole loop's share of the runtime alone, same run
     result = run_all(
         drain_cfg=cfg.drain_cfg,
         memory_sizes=cfg.memory_sizes,
@@ -868,6 +871,7 @@ def _run_all(
         if args.no_ray
         else attrs.evolve(cfg.checkpoint_ray_cfg, in_flight=cfg.checkpoint_cfg.in_flight),
         preserved_cfg=cfg.preserved_cfg,
+        trainer_side_cfg=cfg.trainer_side_cfg if million or args.quick else None,
         out=out,
         meta=meta,
         progress=progress,
