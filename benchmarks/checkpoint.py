@@ -761,10 +761,14 @@ def repeats_summary(runs: Sequence[dict[str, Any]], config: Any) -> dict[str, An
     until every episode moves; the first checkpoint's when none completed), with how many
     completed (``complete_pct``: a failed checkpoint, e.g. ``gym_unavailable`` when a turn
     outlasts the control timeout, counts as not complete), the episodes each took mid-turn,
-    and the median of each completed checkpoint's pause p50 / p99. Invariant: ``checkpoints``
+    and the median of each completed checkpoint's pause p50 / p99; the window of no
+    checkpoint is the first checkpoint's (the only one measured). Invariant: ``checkpoints``
     is ``len(runs)`` and ``completed`` counts those with ``checkpoint_ok``."""
     done = [r for r in runs if r["checkpoint_ok"]]
     out = dict(_median_by(done, "until_all_moving_s") if done else runs[0])
+    # the window of no checkpoint is measured once per mode, after its first checkpoint
+    for key in ("control_window_s", "control_pauses"):
+        out.setdefault(key, next((r[key] for r in runs if key in r), None))
     out["repeats"] = [
         {
             **{k: r.get(k) for k in RUN_KEYS},

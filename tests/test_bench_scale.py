@@ -100,6 +100,7 @@ def test_embedded_checkpoint_measures_three_modes(capsys: pytest.CaptureFixture[
         assert m["checkpoint_mode"] == name
         assert (m["checkpoints"], len(m["repeats"])) == (2, 2)
         assert m["complete_pct"] == 100.0, m["repeats"]
+        assert m["control_pauses"]["episodes"] == 800  # measured after its first checkpoint
     t = modes["aligned_timeout"]
     assert (t["control_timeout_s"], t["alignment_timeout_s"]) == (10.0, 1.0)
     assert r["turn_times"]["p99_s"] > 10 * t["control_timeout_s"]
