@@ -2067,6 +2067,47 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="not sigkill",
         sim_seeds=0,
     ),
+    # -- the benchmarks of the targets at scale (bench checkpoint's modes, issue34) -----------
+    Mutant(
+        "bench-failed-checkpoint-counts-as-complete",
+        "bench",
+        "benchmarks/checkpoint.py",
+        'done = [r for r in runs if r["checkpoint_ok"]]',
+        "done = list(runs)",
+        ("tests/test_bench_scale.py",),
+        keyword="not_complete",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "bench-aligned-timeout-keeps-the-measured-bounds",
+        "bench",
+        "benchmarks/checkpoint.py",
+        "alignment_timeout_s=default.alignment_timeout_s,",
+        "alignment_timeout_s=base.alignment_timeout_s,",
+        ("tests/test_bench_scale.py",),
+        keyword="default_configurations or three_modes",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "bench-null-gym-exports-nothing",
+        "bench",
+        "benchmarks/trainer_side.py",
+        "exported = tuple(self.held[instance].values())",
+        "exported = ()",
+        ("tests/test_bench_scale.py",),
+        keyword="trainer_side",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "bench-sockets-row-ignores-the-bound",
+        "bench",
+        "benchmarks/report/_scale_targets.py",
+        'None if sockets is None else sockets <= SCALE_TARGETS["http_sockets"],',
+        "None if sockets is None else True,",
+        ("tests/test_bench_scale.py",),
+        keyword="issue34",
+        sim_seeds=0,
+    ),
 )
 
 
