@@ -447,14 +447,18 @@ async def measure_checkpoint(
     out.update(batches.report())
     out.update(moving)
     if moving:
-        # the whole checkpoint as the episodes see it: from its start until every episode
-        # moves again; aligned, less the prepare stage's wall time (the Gym running the turns
-        # in flight to their ends, whose length is the environment's)
-        turn = out["turn_time_wall_s"] if outcome_mode(ro) == "aligned" else 0.0
-        out["until_all_moving_excluding_turn_s"] = round(moving["until_all_moving_s"] - turn, 3)
+        out["until_all_moving_excluding_turn_s"] = _excluding_turn(ro, out)
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
     out.update(snapshot)
     return out
+
+
+def _excluding_turn(ro: Any, out: dict[str, Any]) -> float:
+    """The whole checkpoint as the episodes see it, from its start until every episode moves
+    again; aligned, less the prepare stage's wall time (the Gym running the turns in flight to
+    their ends, whose length is the environment's)."""
+    turn = out["turn_time_wall_s"] if outcome_mode(ro) == "aligned" else 0.0
+    return round(out["until_all_moving_s"] - turn, 3)
 
 
 def _cpu_now() -> tuple[float, float]:

@@ -44,8 +44,7 @@ def run_all(
     at the same size). A remote checkpoint that cannot run (Ray does not start, the worker
     dies) is a result (``checkpoint_ok`` false, with the error), not the end of the run. A
     ``host.json`` already in ``out`` (``gymckpt bench host --json``, never run by ``all``) is
-    read into the report and named as another run's. ``trainer_side_cfg`` None skips the
-    trainer side alone (``all`` runs it with 1M in flight when it runs the 1M sizes)."""
+    read into the report and named as another run's. ``trainer_side_cfg`` None: no trainer side."""
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
 
@@ -70,17 +69,8 @@ def run_all(
         fanout = write("fanout.json", run_fanout(fanout_cfg, progress))
     if preserved_cfg is not None:
         preserved = write("preserved.json", run_preserved(preserved_cfg, progress))
-    stale = {
-        "checkpoint_ray.json": checkpoint_ray,
-        "fanout.json": fanout,
-        "fanout.png": fanout,
-        "preserved.json": preserved,
-        "preserved_work.png": preserved,
-        "trainer_side.json": trainer_side,
-    }
-    for name, result in stale.items():  # results of an earlier run must not pass for this one's
-        if result is None:
-            (out / name).unlink(missing_ok=True)
+    skipped = {"checkpoint_ray": checkpoint_ray, "fanout": fanout, "preserved": preserved}
+    _forget_stale(out, {**skipped, "trainer_side": trainer_side})
     progress("writing plots and SUMMARY.md")
     host = load_result(out, "host.json")  # `bench host`, run on its own: kept, and named
     results = Results.of(
@@ -97,19 +87,40 @@ def run_all(
         others=other_runs(meta, {"host.json": host}),
     )
     files += _render(results, out)
+    written = {
+        "drain": drain,
+        "memory": memory,
+        "dispatch": dispatch,
+        "checkpoint": checkpoint,
+        "checkpoint_ray": checkpoint_ray,
+        "fanout": fanout,
+        "preserved": preserved,
+        "trainer_side": trainer_side,
+    }
     return {
-        "drain": flat(drain),
-        "memory": flat(memory),
-        "dispatch": flat(dispatch),
-        "checkpoint": flat(checkpoint),
-        "checkpoint_ray": flat(checkpoint_ray),
-        "fanout": flat(fanout),
-        "preserved": flat(preserved),
-        "trainer_side": flat(trainer_side),
+        **{name: flat(result) for name, result in written.items()},
         "targets": [t.to_json() for t in results_targets(results)],
         "files": [str(p) for p in files],
         "meta": meta,
     }
+
+
+STALE_FILES = {
+    "checkpoint_ray": ("checkpoint_ray.json",),
+    "fanout": ("fanout.json", "fanout.png"),
+    "preserved": ("preserved.json", "preserved_work.png"),
+    "trainer_side": ("trainer_side.json",),
+}
+"""The files of each benchmark ``all`` may skip (its JSON result and its plot)."""
+
+
+def _forget_stale(out: Path, results: dict[str, Result | None]) -> None:
+    """Remove the files (``STALE_FILES``) of each benchmark this run skipped (None): results
+    of an earlier run must not pass for this one's."""
+    for name, result in results.items():
+        if result is None:
+            for file in STALE_FILES[name]:
+                (out / file).unlink(missing_ok=True)
 
 
 def rerender(out: Path) -> dict[str, Any]:
