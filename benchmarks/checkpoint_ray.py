@@ -310,6 +310,7 @@ async def _measure_modes(
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
         ro.coordinator.config = mode_config(rc, mode)
+        timed.reference_protocol = mode == "aligned"
         say(f"{mode} checkpoint")
         calls0 = len(timed.calls)
         r = await measure_checkpoint(

@@ -112,6 +112,36 @@ def test_embedded_checkpoint_measures_three_modes(capsys: pytest.CaptureFixture[
     assert r["reference_mode"] == "aligned"
 
 
+@pytest.mark.timeout(300)
+def test_the_reference_protocol_fails_where_the_alignment_timeout_completes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Turns whose p99 outlasts every timeout, the reference protocol's one-hour bound
+    included: its checkpoint fails (gym_unavailable), counted 0 % complete rather than ending
+    the run, while the default alignment timeout's completes with the rest taken mid-turn."""
+    r = _run(
+        capsys,
+        "checkpoint",
+        "--quick",
+        "--rollouts",
+        "400",
+        "--turn-mean",
+        "2000",
+        "--modes",
+        "aligned_timeout,aligned",
+        "--checkpoints",
+        "1",
+        "--json",
+    )
+    assert r["turn_times"]["p99_s"] > 3 * 3600
+    t, a = r["modes"]["aligned_timeout"], r["modes"]["aligned"]
+    assert (t["complete_pct"], t["checkpoint_ok"]) == (100.0, True)
+    assert t["mid_turn_median"] > 0
+    assert (a["complete_pct"], a["checkpoint_ok"]) == (0.0, False)
+    assert a["checkpoint_failure"] == "gym_unavailable", a["checkpoint_error"]
+    assert r["reference_mode"] == "aligned_timeout"  # the top level is a checkpoint that completed
+
+
 def test_checkpoint_modes_are_checked_where_they_enter(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["checkpoint", "--modes", "aligned,sideways"]) == 2
     assert "aligned_timeout" in capsys.readouterr().err  # the choices are named
@@ -148,6 +178,10 @@ def test_issue34_quick_runs_every_step(capsys: pytest.CaptureFixture[str], tmp_p
         "checkpoint": True,
         "checkpoint_ray": None,
     }
+    ck = json.loads((tmp_path / "checkpoint.json").read_text())
+    # the turns outlast every timeout: the reference protocol fails, the timeout completes
+    assert ck["modes"]["aligned"]["complete_pct"] == 0.0
+    assert ck["modes"]["aligned_timeout"]["complete_pct"] == 100.0
     keys = [t["key"] for t in r["targets"]]
     assert keys == [
         "unaligned_pause_p99",
@@ -171,7 +205,6 @@ def test_issue34_quick_runs_every_step(capsys: pytest.CaptureFixture[str], tmp_p
     report = (tmp_path / "ISSUE34.md").read_text()
     assert "issue34 --quick" in report and "| figure | target | measured | |" in report
     # the same results at the targets' sizes, with two misses
-    ck = json.loads((tmp_path / "checkpoint.json").read_text())
     ck["in_flight"] = 200_000
     t = ck["modes"]["aligned_timeout"]
     t["repeats"].append(

@@ -162,7 +162,7 @@ def _completion_rows(add: Add, modes: Mapping[str, ModeCheckpoint]) -> None:
     add(
         "Several checkpoints per mode on the same episodes (`aligned_timeout`: the default "
         "configuration's control and alignment timeouts; `aligned`: the reference protocol, "
-        "its alignment timeout inside a one-hour control bound). Medians over the checkpoints "
+        "no alignment timeout, within a one-hour control bound). Medians over the checkpoints "
         "that completed; *with its wait*: the aligned prepare's simulated wait included; "
         "ratios over pure unaligned's in the same run."
     )
