@@ -13,8 +13,9 @@ start Ray and server processes), each with its rough time on a quiet 2-core mach
 4. the embedded checkpoint at 200k, three modes, three checkpoints each (``checkpoint``,
    turns of mean ``TURN_MEAN_S``: their p99 far above every timeout, the reference protocol's
    one-hour bound included), ~15 min;
-5. the unaligned (and aligned) checkpoint at 200k on Ray with 4 actors then over HTTP with 4
-   servers (``checkpoint --backend both``; skipped with ``--no-ray``), ~25 min.
+5. the checkpoint at 200k on Ray with 4 actors then over HTTP with 4 servers, unaligned and
+   ``aligned_timeout`` (``checkpoint --backend both --modes unaligned,aligned_timeout``; skipped
+   with ``--no-ray``), ~25 min.
 
 Each step writes its JSON result into ``--out`` as ``bench all`` names it (``trainer_side.json``,
 ``dispatch.json``, ``host.json``, ``checkpoint.json``, ``checkpoint_ray.json``); a step that
@@ -38,6 +39,7 @@ from ..checkpoint_ray import CheckpointRayConfig, run_remote_checkpoints
 from ..dispatch import DispatchConfig, run_dispatch
 from ..host import HostBenchConfig, run_host
 from ..trainer_side import TrainerSideConfig, run_trainer_side
+from ._checkpoint import trainer_side_section
 from ._format import Add
 from ._modes import mode_miss_lines
 from ._records import (
@@ -72,6 +74,12 @@ bound and the host's one-hour lease), as the target asks; and 100 turn ends a re
 200k, light for the unaligned checkpoint's real-time figures."""
 
 
+REMOTE_MODES = ("unaligned", "aligned_timeout")
+"""The modes measured on Ray and over HTTP here: the targets' unaligned checkpoint, and the
+default configuration's aligned one (the reference protocol's wait for the slowest turn, minutes
+in real time, is not among the targets)."""
+
+
 @attrs.define
 class ScaleConfigs:
     """Each step's configuration; None skips it (``--no-ray``: the remote checkpoints)."""
@@ -93,6 +101,7 @@ class ScaleConfigs:
         ck = CheckpointConfig.quick_defaults() if quick else CheckpointConfig()
         ck.turn_mean_s = TURN_MEAN_S
         cr = CheckpointRayConfig.quick_defaults() if quick else CheckpointRayConfig()
+        cr.modes = REMOTE_MODES
         return cls(ts, dp, host, ck, attrs.evolve(cr, in_flight=ck.in_flight) if remote else None)
 
 
@@ -131,7 +140,8 @@ def run_scale(
         steps[name]["seconds"] = round(time.monotonic() - t0, 1)
         left -= minutes
     rows, misses = scale_verdicts(out)
-    write_scale_report(out / "ISSUE34.md", rows, misses, meta, steps)
+    trainer_side = _read(out, "trainer_side", TrainerSideResult)
+    write_scale_report(out / "ISSUE34.md", rows, misses, meta, steps, trainer_side)
     files = [str(out / f"{n}.json") for n, s in steps.items() if s.get("ok")]
     files.append(str(out / "ISSUE34.md"))
     if all((out / f"{n}.json").exists() for n in ("drain", "memory", "dispatch")):
@@ -180,8 +190,10 @@ def write_scale_report(
     misses: list[str],
     meta: dict[str, Any],
     steps: dict[str, Any],
+    trainer_side: TrainerSideResult | None = None,
 ) -> None:
-    """``ISSUE34.md``: the command, the steps, the targets table, the misses."""
+    """``ISSUE34.md``: the command, the steps, the targets table, the misses, and the trainer
+    side's stages."""
     lines: list[str] = []
     add: Add = lines.append
     src = meta.get("source") or {}
@@ -213,4 +225,6 @@ def write_scale_report(
     add("")
     lines.extend(misses or ["- Nothing measured is missed."])
     add("")
+    if trainer_side is not None:
+        trainer_side_section(add, trainer_side)
     write_atomic(path, "\n".join(lines).encode())

@@ -9,7 +9,12 @@ from typing import Any
 
 from gymckpt.runtime.lowlevel import write_atomic
 
-from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_section
+from ._checkpoint import (
+    checkpoint_keys,
+    checkpoint_ray_section,
+    checkpoint_section,
+    trainer_side_section,
+)
 from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
@@ -73,6 +78,8 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
         preserved_section(add, r.preserved)
     if r.checkpoint is not None:
         checkpoint_section(add, r.checkpoint)
+    if r.trainer_side is not None:
+        trainer_side_section(add, r.trainer_side)
     if r.checkpoint_ray is not None:
         checkpoint_ray_section(add, r.checkpoint_ray)
         if r.checkpoint_ray.http is not None:
