@@ -2099,6 +2099,16 @@ MUTANTS: tuple[Mutant, ...] = (
         sim_seeds=0,
     ),
     Mutant(
+        "bench-reference-protocol-keeps-the-alignment-timeout",
+        "bench",
+        "benchmarks/checkpoint.py",
+        'timed.reference_protocol = mode == "aligned"',
+        "timed.reference_protocol = False",
+        ("tests/test_bench_scale.py",),
+        keyword="reference_protocol",
+        sim_seeds=0,
+    ),
+    Mutant(
         "bench-sockets-row-ignores-the-bound",
         "bench",
         "benchmarks/report/_scale_targets.py",
