@@ -149,6 +149,8 @@ def run_scale(
 
         files += rerender(out)["files"]
     result = {
+        "report": str(out / "ISSUE34.md"),
+        "verdicts": [f"{t.status.value}: {t.key}: {t.measured}" for t in rows],
         "steps": steps,
         "targets": [t.to_json() for t in rows],
         "files": files,
