@@ -430,6 +430,8 @@ class DispatchResult:
     results: list[DispatchRow]
     loop_rows_per_s_null: int | None = None
     loop_rows_per_s_embedded: int | None = None
+    loop_rows_per_s_bare: int | None = None
+    """The embedded host with episodes that end at their first step: the host's own cost."""
     config: dict[str, Any] | None = None
     """The run's ``DispatchConfig`` (``loop_attempts``: attempts per whole-loop run)."""
 

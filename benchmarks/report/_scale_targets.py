@@ -184,7 +184,7 @@ def _dispatch_rows(row: Row, dispatch: DispatchResult | None) -> None:
         "≥ 40 %",
         "not run (`bench dispatch --loop`)"
         if share is None
-        else f"{fmt(100 * share, ' %', 1)} ({emb:,} of {null:,} rows/s)" + size,
+        else f"{fmt(100 * share, ' %', 1)} ({emb:,} of {null:,} rows/s{_bare(dispatch)})" + size,
         None if share is None else share >= SCALE_TARGETS["dispatch_share"],
         full,
     )
@@ -195,6 +195,19 @@ def _dispatch_rows(row: Row, dispatch: DispatchResult | None) -> None:
         "not run (`bench dispatch --loop`)" if emb is None else f"{emb:,} rows/s" + size,
         None if emb is None else emb >= SCALE_TARGETS["dispatch_rows_per_s"],
         full,
+    )
+
+
+def _bare(dispatch: DispatchResult | None) -> str:
+    """The host alone beside (episodes that end at their first step), when measured."""
+    bare = None if dispatch is None else dispatch.loop_rows_per_s_bare
+    null = None if dispatch is None else dispatch.loop_rows_per_s_null
+    if bare is None:
+        return ""
+    share = ratio(bare, null)
+    return (
+        f"; the host alone, episodes that end at their first step: {bare:,}, "
+        f"{fmt(None if share is None else 100 * share, ' %', 1)}"
     )
 
 
