@@ -1,6 +1,6 @@
-"""Checkpoint end to end on the embedded Gym, both modes, and dispatch throughput through it.
+"""Checkpoint end to end on the embedded Gym, in three modes, and dispatch throughput through it.
 
-Checkpoint at N in flight (default 200k), aligned and unaligned
+Checkpoint at N in flight (default 200k): unaligned, aligned_timeout, aligned
 ---------------------------------------------------------------
 The trainer facade ``nurseries.open_rollouts`` runs on ``gym_adapter.EmbeddedGym`` (K = 4
 instances) with ``max_rows_in_flight = N / group_size``, so the dispatcher fills Gym with N
@@ -8,9 +8,15 @@ episodes of the heavy-tailed workplace (``benchmarks._heavy``: 40 to 60 turns, e
 length lognormal with sigma 2, capped at 21 times its median, so its p99 is 21 times the
 median; the mean is ``max(20, N / 200)`` s, 1,000 s at 200k, so the turns that end in real time
 stay well within what the embedded Gym keeps up with on the trainer's core: none finishes
-during the measurement). Then, on the same episodes, one ``Rollouts.checkpoint()`` per mode
-(``MODES``: unaligned first, since it parks nothing; then aligned), each with its whole
-protocol (close, retire, prepare, commit, ownership, drain, snapshot, publish, resume).
+during the measurement). Then, on the same episodes, ``--checkpoints`` (3) measured
+``Rollouts.checkpoint()`` per mode (``EMBEDDED_MODES``: pure unaligned first, since it parks
+nothing; then ``aligned_timeout``, the default configuration's control and alignment timeouts;
+then ``aligned``, the reference protocol: no alignment timeout, within a one-hour bound), each
+with its whole protocol (close, retire, prepare, commit, ownership, drain, snapshot, publish,
+resume). A checkpoint that fails (the reference protocol when a turn in flight outlasts its
+bound: ``gym_unavailable``) is a figure: each mode reports how many of its checkpoints
+completed (``complete_pct``), the episodes they took mid-turn, the median completed one's
+figures, and its cost against pure unaligned as ratios (``vs_unaligned``).
 
 Time. 200k simulated episodes cannot tick in real time on one core, so the run starts on a
 *warp clock*: virtual time that jumps to the next deadline whenever every task is blocked (what

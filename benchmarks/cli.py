@@ -57,12 +57,14 @@ never means or best cases.
   dispatch  rows/s through DispatchGate.admit + ledger.mark_dispatched + completion mutation,
             batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit); with
             --loop also through the whole loop (open_rollouts) on a null and the embedded Gym
-  checkpoint  one whole checkpoint per mode (unaligned, aligned; --modes) at 200k in flight
-            on the embedded Gym, heavy-tailed turns: until every episode moves again, CPU
-            beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
+  checkpoint  whole checkpoints per mode (unaligned, aligned_timeout, aligned; --modes,
+            --checkpoints) at 200k in flight on the embedded Gym, heavy-tailed turns: the
+            share that completes, episodes taken mid-turn, until every episode moves again,
+            CPU beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
             batches, snapshot size on disk; and rows/s on the embedded Gym;
             --backend ray: the same on Ray with --actors actors (default 4), real time;
-            --backend http: on --actors gymckpt serve processes; both: Ray, then HTTP
+            --backend http: on --actors gymckpt serve processes; both: Ray, then HTTP;
+            --backend null: the trainer side alone at 1M against a Gym that answers at once
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
   fanout    control fan-out on Ray and over HTTP (gymckpt serve processes) in the same run,
