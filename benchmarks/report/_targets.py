@@ -553,7 +553,13 @@ def _unaligned_embedded_rows(row: _Rows, checkpoint: CheckpointResult | None) ->
     """The unaligned checkpoint at 200k on the embedded Gym: pause p99, until every episode
     moves, loop stall (the aligned mode's beside)."""
     emb = (checkpoint.modes or {}) if checkpoint is not None else {}
-    u, a = emb.get("unaligned"), emb.get("aligned")
+    u = emb.get("unaligned")
+    # beside: an aligned checkpoint that completed (the reference protocol's, else the
+    # alignment timeout's: the reference fails when a turn outlasts its bound)
+    a = next(
+        (emb[m] for m in ("aligned", "aligned_timeout") if m in emb and emb[m].checkpoint_ok),
+        None,
+    )
     n_c = checkpoint.in_flight if checkpoint is not None else None
     full = n_c is not None and n_c >= 200_000
     if u is None:
