@@ -37,6 +37,7 @@ from ._records import (
     HostResult,
     MemoryResult,
     PreservedResult,
+    TrainerSideResult,
 )
 
 __all__ = [
@@ -70,6 +71,8 @@ class Results:
     fanout: FanoutResult | None = None
     preserved: PreservedResult | None = None
     checkpoint_ray: CheckpointRayResult | None = None
+    trainer_side: TrainerSideResult | None = None
+    """``trainer_side.json`` (``bench checkpoint --backend null --json``, or ``issue34``)."""
     host: HostResult | None = None
     """``host.json``, when present (``gymckpt bench host --json``, run on its own)."""
     others: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -139,6 +142,7 @@ OPTIONAL: dict[str, type] = {
     "preserved": PreservedResult,
     "checkpoint_ray": CheckpointRayResult,
     "host": HostResult,
+    "trainer_side": TrainerSideResult,
 }
 """The benchmarks a run may lack (``--no-ray``, an older run, ``host.json`` saved on its own
 or not): each one's ``Results`` field and ``<name>.json`` file, and its record."""
