@@ -40,7 +40,7 @@ from gymckpt.runtime._shared import (
     TRAINER_STATE_FILE,
     SessionRecords,
     load_ledger_snapshot,
-    load_records,
+    read_snapshot_records,
     state_dir_problem,
     tree_size,
 )
@@ -212,7 +212,7 @@ def _add_demo_setup_flags(demo: argparse.ArgumentParser) -> None:
         default="calendar",
         metavar="ENV",
         help="environment: calendar (the simulated workplace, default) or PREFIX:ID of a "
-        "family from another project (embedded backend only): "
+        "family from another project (embedded backend; sandbox: also http): "
         + "; ".join(
             f"{f.prefix}ID (e.g. {f.prefix}{f.example}"
             + (f"; needs the {f.extra} extra)" if f.extra else ")")
@@ -441,7 +441,7 @@ def retained_sessions(snap: LoadedSnapshot) -> dict[str, dict[str, dict[str, Any
                 raise ManifestError(f"{snap.path}: {inst.name}/{p.server_name}: {problem}")
             path = snap.path / p.state_dir / RECORDS_FILE
             try:
-                records = load_records(path.read_bytes(), str(path))
+                records = read_snapshot_records(snap.path, p.state_dir)
             except OSError as exc:
                 raise ManifestError(f"{path}: records unreadable ({exc!r})") from None
             except ManifestError as exc:

@@ -24,10 +24,9 @@ from gymckpt.gym_adapter.environments.calendar import CalendarConfig, plan_episo
 from gymckpt.runtime import load_snapshot
 from gymckpt.runtime._shared import (
     LEDGER_FILE,
-    RECORDS_FILE,
     SessionRecords,
     load_ledger_snapshot,
-    load_records,
+    read_snapshot_records,
 )
 
 __all__ = ["ExactlyOnce", "expected_sentinels", "judge", "snapshot_sentinels"]
@@ -174,11 +173,7 @@ def snapshot_sentinels(path: Path, *, calendar: bool = True) -> tuple[Counter[st
         for part in inst.participants:
             if part.kind != "environment":
                 continue
-            records = load_records(
-                (snap.path / part.state_dir / RECORDS_FILE).read_bytes(),
-                f"{part.state_dir}/{RECORDS_FILE}",
-                SessionRecords,
-            )
+            records = read_snapshot_records(snap.path, part.state_dir, SessionRecords)
             for sess in records.sessions:  # the calendar's state: its events, each a sentinel
                 sentinel_counts.update(e["sentinel"] for e in sess.state["events"])
     return sentinel_counts, failed_rows

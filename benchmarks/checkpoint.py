@@ -1,6 +1,6 @@
-"""Checkpoint end to end on the embedded Gym, both modes, and dispatch throughput through it.
+"""Checkpoint end to end on the embedded Gym, in three modes, and dispatch throughput through it.
 
-Checkpoint at N in flight (default 200k), aligned and unaligned
+Checkpoint at N in flight (default 200k): unaligned, aligned_timeout, aligned
 ---------------------------------------------------------------
 The trainer facade ``nurseries.open_rollouts`` runs on ``gym_adapter.EmbeddedGym`` (K = 4
 instances) with ``max_rows_in_flight = N / group_size``, so the dispatcher fills Gym with N
@@ -8,9 +8,15 @@ episodes of the heavy-tailed workplace (``benchmarks._heavy``: 40 to 60 turns, e
 length lognormal with sigma 2, capped at 21 times its median, so its p99 is 21 times the
 median; the mean is ``max(20, N / 200)`` s, 1,000 s at 200k, so the turns that end in real time
 stay well within what the embedded Gym keeps up with on the trainer's core: none finishes
-during the measurement). Then, on the same episodes, one ``Rollouts.checkpoint()`` per mode
-(``MODES``: unaligned first, since it parks nothing; then aligned), each with its whole
-protocol (close, retire, prepare, commit, ownership, drain, snapshot, publish, resume).
+during the measurement). Then, on the same episodes, ``--checkpoints`` (3) measured
+``Rollouts.checkpoint()`` per mode (``EMBEDDED_MODES``: pure unaligned first, since it parks
+nothing; then ``aligned_timeout``, the default configuration's control and alignment timeouts;
+then ``aligned``, the reference protocol: no alignment timeout, within a one-hour bound), each
+with its whole protocol (close, retire, prepare, commit, ownership, drain, snapshot, publish,
+resume). A checkpoint that fails (the reference protocol when a turn in flight outlasts its
+bound: ``gym_unavailable``) is a figure: each mode reports how many of its checkpoints
+completed (``complete_pct``), the episodes they took mid-turn, the median completed one's
+figures, and its cost against pure unaligned as ratios (``vs_unaligned``).
 
 Time. 200k simulated episodes cannot tick in real time on one core, so the run starts on a
 *warp clock*: virtual time that jumps to the next deadline whenever every task is blocked (what
@@ -69,6 +75,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +103,24 @@ MODES = ("unaligned", "aligned")
 """Both checkpoint modes, in the order one run measures them on the same episodes (unaligned
 first: it parks nothing, so the aligned checkpoint after it finds the episodes as they were)."""
 
+ALIGNED_TIMEOUT = "aligned_timeout"
+"""The benchmark's third mode: the default configuration's aligned checkpoint, with its
+alignment timeout (``RuntimeConfig().alignment_timeout_s``) inside its control timeout
+(``RuntimeConfig().control_timeout_s``), where ``aligned`` is the reference protocol: no
+alignment timeout (``_TimedGym.reference_protocol``), within a one-hour control bound, so it
+waits for the slowest turn in flight and fails (``gym_unavailable``) if one outlasts the bound."""
+
+BENCH_MODES = (*MODES, ALIGNED_TIMEOUT)
+"""The modes ``--modes`` names for ``gymckpt bench checkpoint`` (every backend)."""
+
+EMBEDDED_MODES = ("unaligned", ALIGNED_TIMEOUT, "aligned")
+"""The embedded checkpoint's default modes, in the order it measures them on the same
+episodes: pure unaligned first (parks nothing), the default configuration's aligned checkpoint
+(parks for at most its alignment timeout), then the reference protocol."""
+
+REPEATS = 3
+"""Checkpoints per mode on the embedded Gym, so that "100 % complete" counts more than one."""
+
 TURN_SIGMA, TURN_CAP = 2.0, 21.0
 """The turn lengths' shape: lognormal with sigma 2, capped at 21 times the median (6.4 % of the
 turns at the cap), so the p99 is 21 times the median and an aligned checkpoint's wait — the
@@ -117,7 +142,8 @@ class CheckpointConfig:
     turn_sigma: float = TURN_SIGMA
     turn_cap: float = TURN_CAP
     turn_mean_s: float | None = None  # None: in_flight / TURN_ENDS_PER_S
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = EMBEDDED_MODES
+    repeats: int = REPEATS
     control_s: float = 3.0
     dispatch_rows: int = 16_384
     after_s: float = 2.0
@@ -127,7 +153,9 @@ class CheckpointConfig:
 
     @classmethod
     def quick_defaults(cls) -> CheckpointConfig:
-        return cls(in_flight=2_000, dispatch_rows=512, after_s=0.5, control_s=1.0, quick=True)
+        return cls(
+            in_flight=2_000, dispatch_rows=512, after_s=0.5, control_s=1.0, repeats=2, quick=True
+        )
 
     def times(self) -> TurnTimes:
         """The turn lengths: lognormal, the mean such that the turn ends a real second stay
@@ -213,12 +241,17 @@ class _TimedGym:
     call: ``spans`` (op, start, end) and ``calls`` (op, instance, start, end), where the
     instance is the call's first argument (every control call takes it first; none for
     ``topology``, which the coordinator asks once, at its first checkpoint, before closing
-    admission)."""
+    admission).
+
+    ``reference_protocol``: while set, every ``prepare`` goes without an alignment timeout
+    (``alignment_timeout_s=None``: Gym waits for every episode to park until the call's
+    deadline), the protocol as it was before the timeout, whatever the configuration says."""
 
     def __init__(self, gym: Any) -> None:
         self._gym = gym
         self.spans: list[tuple[str, int, int]] = []
         self.calls: list[tuple[str, str, int, int]] = []
+        self.reference_protocol = False
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._gym, name)
@@ -226,6 +259,8 @@ class _TimedGym:
             return attr
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
+            if name == "prepare" and self.reference_protocol:
+                kwargs["alignment_timeout_s"] = None
             t0 = perf_ns()
             try:
                 return await attr(*args, **kwargs)
@@ -360,6 +395,7 @@ async def measure_checkpoint(
     pause_collector: bool,
     after_s: float,
     on_after_prepare: Callable[[], None] | None = None,
+    on_return: Callable[[], None] | None = None,
     say: Callable[[str], None] = lambda _msg: None,
     pauses: PauseSource | None = None,
     moving_timeout_s: float = 300.0,
@@ -373,6 +409,8 @@ async def measure_checkpoint(
     switches its warp clock to real time there; the 1 ms heartbeat starts there too, since
     lateness means nothing in virtual time. Without it (a run in real time throughout) the
     heartbeat covers the whole checkpoint and no stage reports a simulated wait.
+    ``on_return``: called as ``checkpoint()`` returns (the embedded run goes real there too,
+    for a checkpoint that failed before its ``after_prepare``).
 
     ``pauses``: where the episodes' pause records are read (``_heavy``); with it, the
     measurement goes on after ``checkpoint()`` returns until every episode moves again
@@ -396,6 +434,8 @@ async def measure_checkpoint(
         with collector_paused(pause_collector):
             outcome = await ro.checkpoint()
             marks["end"] = perf_ns()
+            if on_return is not None:
+                on_return()
         cpu1 = _cpu_now()
         after = _AfterWindow(stall, gcm, marks["end"])
         mutations["end"] = ledger.barrier.statistics().mutations
@@ -421,14 +461,18 @@ async def measure_checkpoint(
     out.update(batches.report())
     out.update(moving)
     if moving:
-        # the whole checkpoint as the episodes see it: from its start until every episode
-        # moves again; aligned, less the prepare stage's wall time (the Gym running the turns
-        # in flight to their ends, whose length is the environment's)
-        turn = out["turn_time_wall_s"] if outcome_mode(ro) == "aligned" else 0.0
-        out["until_all_moving_excluding_turn_s"] = round(moving["until_all_moving_s"] - turn, 3)
+        out["until_all_moving_excluding_turn_s"] = _excluding_turn(ro, out)
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
     out.update(snapshot)
     return out
+
+
+def _excluding_turn(ro: Any, out: dict[str, Any]) -> float:
+    """The whole checkpoint as the episodes see it, from its start until every episode moves
+    again; aligned, less the prepare stage's wall time (the Gym running the turns in flight to
+    their ends, whose length is the environment's)."""
+    turn = out["turn_time_wall_s"] if outcome_mode(ro) == "aligned" else 0.0
+    return round(out["until_all_moving_s"] - turn, 3)
 
 
 def _cpu_now() -> tuple[float, float]:
@@ -578,10 +622,11 @@ async def _checkpoint_main(
                     modes = await _measure_modes(
                         cfg, ro, timed, rc, clock, top, dispatched, src, say
                     )
-                    first = modes.get("aligned") or modes[cfg.modes[0]]
-                    out.update(first)  # the reference run's figures, where the report has them
+                    ref = reference_mode(modes, cfg.modes)
+                    out.update(modes[ref])  # the reference's figures, where the report has them
                     out.update(
                         {
+                            "reference_mode": ref,
                             "modes": modes,
                             "turn_times": times.describe(),
                             "in_flight": dispatched,
@@ -594,13 +639,23 @@ async def _checkpoint_main(
     return out  # pragma: no cover - the return above always runs
 
 
+def reference_mode(modes: dict[str, Any], order: Sequence[str]) -> str:
+    """The mode whose figures a result's top level holds (what the report's older rows read):
+    ``aligned`` if it completed, else the first mode that completed, else the first mode."""
+    if "aligned" in modes and modes["aligned"]["checkpoint_ok"]:
+        return "aligned"
+    return next((m for m in order if modes[m]["checkpoint_ok"]), order[0])
+
+
 def measured_runtime_config() -> Any:
     """The runtime's configuration for a measured checkpoint (embedded, Ray, HTTP): the
     aligned row measures the reference protocol (every episode parked until the slowest turn
-    in flight ends), so an alignment timeout inside the control bound never cuts it short."""
+    in flight ends: its prepare goes without an alignment timeout, ``_TimedGym``), bounded by
+    the one-hour control timeout; ``mode_config`` gives ``aligned_timeout`` the defaults'."""
     from gymckpt.runtime import RuntimeConfig
 
     return RuntimeConfig(
+        max_consecutive_failures=1000,  # a failed checkpoint is a figure, not the end
         control_timeout_s=3600.0,
         alignment_timeout_s=3599.0,
         reply_grace_s=5.0,
@@ -635,38 +690,150 @@ async def _measure_modes(
     src: PauseSource,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """One measured checkpoint per mode, in ``cfg.modes``' order, on the same episodes."""
+    """``cfg.repeats`` measured checkpoints per mode, in ``cfg.modes``' order, on the same
+    episodes; each mode's figures are its median completed checkpoint's (``repeats_summary``),
+    with every checkpoint's outcome beside them and the cost against pure unaligned."""
     from gymckpt.nurseries import STAGES
 
     modes: dict[str, Any] = {}
-    for k, mode in enumerate(cfg.modes):
-        if k and not clock.realtime:  # pragma: no cover - each mode ends real
-            raise AssertionError("the clock is virtual after a checkpoint")
-        if k:
-            clock.go_virtual()
-            top.start_soon(warp_driver, clock, name="warp-clock")
-        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
-        # aligned: the wait for the turns to end is simulated (virtual until
-        # Gym is prepared); unaligned: nothing waits, real time throughout
-        if mode != "aligned":
-            clock.go_realtime()
-        say(f"{mode} checkpoint")
-        modes[mode] = await measure_checkpoint(
-            ro,
-            timed.spans,
-            STAGES,
-            nursery=top,
-            dispatched=dispatched,
-            pause_collector=rc.pause_collector,
-            after_s=cfg.after_s,
-            on_after_prepare=clock.go_realtime,
-            say=say,
-            pauses=src,
-            control_s=cfg.control_s,
-        )
-        modes[mode]["checkpoint_mode"] = mode
-        timed.spans.clear()
+    for mode in cfg.modes:
+        runs: list[dict[str, Any]] = []
+        for k in range(cfg.repeats):
+            if clock.realtime:  # every checkpoint but the run's first starts virtual again
+                clock.go_virtual()
+                top.start_soon(warp_driver, clock, name="warp-clock")
+            config = mode_config(rc, mode)
+            ro.coordinator.config = config
+            timed.reference_protocol = mode == "aligned"
+            # aligned: the wait for the turns to end is simulated (virtual until Gym is
+            # prepared, or the checkpoint failed); unaligned: nothing waits, real throughout
+            if config.checkpoint_mode.value != "aligned":
+                clock.go_realtime()
+            say(f"{mode} checkpoint {k + 1}/{cfg.repeats}")
+            r = await measure_checkpoint(
+                ro,
+                timed.spans,
+                STAGES,
+                nursery=top,
+                dispatched=dispatched,
+                pause_collector=rc.pause_collector,
+                after_s=cfg.after_s,
+                on_after_prepare=clock.go_realtime,
+                on_return=clock.go_realtime,
+                say=say,
+                pauses=src,
+                control_s=cfg.control_s if k == 0 else 0.0,
+            )
+            r["checkpoint_mode"] = mode
+            # what the episodes waited, the simulated wait of an aligned prepare included
+            wait = (
+                r.get("turn_time_simulated_s") if config.checkpoint_mode.value == "aligned" else 0
+            )
+            r["until_all_moving_with_wait_s"] = round(r["until_all_moving_s"] + (wait or 0.0), 3)
+            runs.append(r)
+            timed.spans.clear()
+        modes[mode] = repeats_summary(runs, config)
+    against_unaligned(modes)
     return modes
+
+
+def mode_config(base: Any, mode: str) -> Any:
+    """The runtime configuration a measured checkpoint in ``mode`` (``BENCH_MODES``) runs with:
+    ``base`` in that checkpoint mode; ``aligned_timeout`` with the default configuration's
+    control and alignment timeouts (every other bound ``base``'s)."""
+    from gymckpt.runtime import RuntimeConfig
+
+    if mode != ALIGNED_TIMEOUT:
+        return attrs.evolve(base, checkpoint_mode=mode)
+    default = RuntimeConfig()
+    return attrs.evolve(
+        base,
+        checkpoint_mode="aligned",
+        control_timeout_s=default.control_timeout_s,
+        alignment_timeout_s=default.alignment_timeout_s,
+    )
+
+
+RUN_KEYS = (
+    "checkpoint_ok",
+    "checkpoint_error",
+    "checkpoint_failure",
+    "until_all_moving_s",
+    "until_all_moving_with_wait_s",
+    "checkpoint_wall_s",
+    "e2e_s",
+    "turn_time_simulated_s",
+    "mid_turn",
+    "episodes_exported",
+    "max_loop_stall_ms",
+)
+"""What ``repeats`` keeps of each checkpoint of a mode (beside its pauses' p50 / p99)."""
+
+
+def _median_by(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose ``key`` is the (lower) median of ``runs``."""
+    ranked = sorted(runs, key=lambda r: r.get(key) or 0.0)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def repeats_summary(runs: Sequence[dict[str, Any]], config: Any) -> dict[str, Any]:
+    """One mode's figures from its checkpoints: the median completed checkpoint's (by time
+    until every episode moves; the first checkpoint's when none completed), with how many
+    completed (``complete_pct``: a failed checkpoint, e.g. ``gym_unavailable`` when a turn
+    outlasts the control timeout, counts as not complete), the episodes each took mid-turn,
+    and the median of each completed checkpoint's pause p50 / p99; the window of no
+    checkpoint is the first checkpoint's (the only one measured). Invariant: ``checkpoints``
+    is ``len(runs)`` and ``completed`` counts those with ``checkpoint_ok``."""
+    done = [r for r in runs if r["checkpoint_ok"]]
+    out = dict(_median_by(done, "until_all_moving_s") if done else runs[0])
+    # the window of no checkpoint is measured once per mode, after its first checkpoint
+    for key in ("control_window_s", "control_pauses"):
+        out.setdefault(key, next((r[key] for r in runs if key in r), None))
+    out["repeats"] = [
+        {
+            **{k: r.get(k) for k in RUN_KEYS},
+            "pause_p50_ms": (r.get("pauses") or {}).get("pause_p50_ms"),
+            "pause_p99_ms": (r.get("pauses") or {}).get("pause_p99_ms"),
+        }
+        for r in runs
+    ]
+    out["checkpoints"] = len(runs)
+    out["completed"] = len(done)
+    out["complete_pct"] = round(100.0 * len(done) / max(1, len(runs)), 1)
+    out["mid_turn_median"] = (
+        statistics.median(int(r.get("mid_turn") or 0) for r in done) if done else None
+    )
+    for q in ("p50", "p99"):
+        vals = [r["pauses"][f"pause_{q}_ms"] for r in done if r.get("pauses")]
+        out[f"pause_{q}_ms_median"] = round(statistics.median(vals), 3) if vals else None
+    out["control_timeout_s"] = config.control_timeout_s
+    out["alignment_timeout_s"] = config.alignment_timeout_s
+    return out
+
+
+RATIO_KEYS = (
+    "until_all_moving_s",
+    "until_all_moving_with_wait_s",
+    "pause_p50_ms_median",
+    "pause_p99_ms_median",
+)
+"""The figures ``against_unaligned`` divides by pure unaligned's, in the same run."""
+
+
+def against_unaligned(modes: dict[str, Any]) -> None:
+    """Each mode's cost against pure unaligned's in the same run (``vs_unaligned``: ratios of
+    ``RATIO_KEYS``, None where either side is missing, failed or zero)."""
+    u = modes.get("unaligned")
+    if u is None or not u["checkpoint_ok"]:
+        return
+    for name, m in modes.items():
+        if name == "unaligned":
+            continue
+        ratios: dict[str, float | None] = {}
+        for key in RATIO_KEYS:
+            a, b = m.get(key) if m["checkpoint_ok"] else None, u.get(key)
+            ratios[key] = round(a / b, 3) if a is not None and b else None
+        m["vs_unaligned"] = ratios
 
 
 def _checkpoint_report(
@@ -724,6 +891,8 @@ def _checkpoint_report(
         "checkpoint_ok": bool(outcome.ok),
         "checkpoint_error": outcome.error,
         "episodes_exported": outcome.episodes,
+        "mid_turn": outcome.mid_turn,
+        "checkpoint_failure": None if outcome.reason is None else str(outcome.reason.value),
         "pending_drained": outcome.drained,
         "checkpoint_wall_s": round(checkpoint_wall_s, 3),
         "coordinator_stage_s": {k: round(v, 4) for k, v in s.items() if k in stages},

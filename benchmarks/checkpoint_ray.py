@@ -61,7 +61,7 @@ import trio
 
 from gymckpt.nurseries import ExitCode
 
-from ._common import Progress, describe_error, label
+from ._common import Progress, describe_error, label, open_sockets
 from ._heavy import (
     HEAVY_FROM_ENVIRON,
     PauseSource,
@@ -77,6 +77,7 @@ from .checkpoint import (
     _TimedGym,
     measure_checkpoint,
     measured_runtime_config,
+    mode_config,
 )
 
 __all__ = [
@@ -243,8 +244,10 @@ async def _remote_main(
                     handle_signals=False,
                 ) as ro:
                     dispatched, finished, fill_s = await _fill(cfg, ro.ledger, say)
+                    sockets = [await trio.to_thread.run_sync(open_sockets)]  # at the peak
                     src = PauseSource(records, in_process=False, episodes=dispatched)
                     modes = await _measure_modes(cfg, ro, timed, rc, top, dispatched, src, say)
+                    sockets.append(await trio.to_thread.run_sync(open_sockets))
                     out = dict(modes.get("aligned") or modes[cfg.modes[0]])
                     out.update(
                         {
@@ -257,6 +260,9 @@ async def _remote_main(
                             "actors_start_s": round(started_s, 2),
                             "fill_wall_s": round(fill_s, 2),
                             "fill_rows_per_s": round(dispatched / fill_s),
+                            "client_sockets_max": max(
+                                (c for c in sockets if c is not None), default=None
+                            ),
                         }
                     )
                     finish(out)
@@ -303,7 +309,8 @@ async def _measure_modes(
 
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
-        ro.coordinator.config = attrs.evolve(rc, checkpoint_mode=mode)
+        ro.coordinator.config = mode_config(rc, mode)
+        timed.reference_protocol = mode == "aligned"
         say(f"{mode} checkpoint")
         calls0 = len(timed.calls)
         r = await measure_checkpoint(

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from . import host as _host_mod
 from . import memory as _memory_mod
 from . import preserved as _preserved_mod
 from . import sandbox as _sandbox_mod
+from . import trainer_side as _trainer_side_mod
 from ._common import Progress, finite, ints, machine_info, source_info
 
 __all__ = ["build_parser", "main"]
@@ -56,12 +58,14 @@ never means or best cases.
   dispatch  rows/s through DispatchGate.admit + ledger.mark_dispatched + completion mutation,
             batches of 1, 64, 512, with 200k already in flight (no Gym: no-op submit); with
             --loop also through the whole loop (open_rollouts) on a null and the embedded Gym
-  checkpoint  one whole checkpoint per mode (unaligned, aligned; --modes) at 200k in flight
-            on the embedded Gym, heavy-tailed turns: until every episode moves again, CPU
-            beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
+  checkpoint  whole checkpoints per mode (unaligned, aligned_timeout, aligned; --modes,
+            --checkpoints) at 200k in flight on the embedded Gym, heavy-tailed turns: the
+            share that completes, episodes taken mid-turn, until every episode moves again,
+            CPU beside wall, per-episode pause, per-stage wall time, loop stall and scheduler
             batches, snapshot size on disk; and rows/s on the embedded Gym;
             --backend ray: the same on Ray with --actors actors (default 4), real time;
-            --backend http: on --actors gymckpt serve processes; both: Ray, then HTTP
+            --backend http: on --actors gymckpt serve processes; both: Ray, then HTTP;
+            --backend null: the trainer side alone at 1M against a Gym that answers at once
   host      the Gym host on Gymnasium CartPole: per-step overhead against plain Gymnasium
             stepping (same policy, same run), and episodes/s embedded vs Ray with 2 actors
   fanout    control fan-out on Ray and over HTTP (gymckpt serve processes) in the same run,
@@ -76,6 +80,9 @@ never means or best cases.
             of the files changed between two checkpoints; the mark's cost against the size of
             the change; restore time per sandbox (embedded GymHost)
   all       everything (full sweep), then *.json, PNG plots, SUMMARY.md into --out
+  issue34   exactly what the targets at scale need (trainer side at 1M, dispatch --loop,
+            host, checkpoint embedded and on Ray and HTTP at 200k), in one run, with the
+            verdicts in ISSUE34.md (about 50 min on a quiet machine; --quick for a smoke run)
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
 
@@ -221,7 +228,54 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gym_benchmarks(sub)
     _add_sandbox(sub)
     _add_all_and_report(sub)
+    _add_issue34(sub)
     return parser
+
+
+def _add_issue34(sub: Any) -> None:
+    """``issue34``: the targets at scale, one command."""
+    from .report import STEPS
+
+    total = sum(m for _n, _w, m in STEPS)
+    steps = "\n".join(
+        f"  {k}. {what} (~{minutes} min) -> {name}.json"
+        for k, (name, what, minutes) in enumerate(STEPS, 1)
+    )
+    i = sub.add_parser(
+        "issue34",
+        help="the targets at scale: every figure issue 34 asks for, one run (~50 min)",
+        description=textwrap.fill(
+            "Runs, in this order, every measurement the targets at scale need, at the issue's "
+            f"sizes (200k in flight; 1M for the trainer side), about {total} min in all on a "
+            "quiet 2-core machine:"
+        )
+        + f"\n\n{steps}\n\n"
+        + textwrap.fill(
+            "then writes each result into --out, the verdicts (met, MISSED, not measured, with "
+            "what a miss would take) into ISSUE34.md and issue34.json, and re-renders "
+            "SUMMARY.md when --out also holds a `bench all` run (drain.json, memory.json). A "
+            "step that fails is reported and the run goes on. Progress lines name each step "
+            "with the time left. --quick: the same steps at small sizes (a few minutes)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    i.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output directory (default ./{DEFAULT_OUT}; quick: ./{DEFAULT_OUT}/quick)",
+    )
+    i.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="skip the checkpoint on Ray and over HTTP and the host's Ray run",
+    )
+    i.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write into the committed results although the tree has uncommitted changes",
+    )
+    _common(i)
 
 
 def _add_runtime_benchmarks(sub: Any) -> None:
@@ -261,7 +315,8 @@ def _add_checkpoint(sub: Any) -> None:
         "checkpoint",
         help="whole checkpoint at 200k on the embedded Gym or on Ray, by stage",
         description=f"{_checkpoint_mod.__doc__}\n--backend ray\n------------\n"
-        f"{_checkpoint_ray_mod.__doc__}",
+        f"{_checkpoint_ray_mod.__doc__}\n--backend null\n-------------\n"
+        f"{_trainer_side_mod.__doc__}",
         formatter_class=raw,
     )
     c.add_argument(
@@ -270,16 +325,19 @@ def _add_checkpoint(sub: Any) -> None:
         dest="in_flight",
         type=int,
         default=None,
-        help="episodes in flight (default 200000; quick 2000)",
+        help="episodes in flight (default 200000, 1000000 with --backend null; quick 2000, "
+        "20000 with --backend null)",
     )
     c.add_argument(
         "--backend",
-        choices=("embedded", "ray", "http", "both"),
+        choices=("embedded", "ray", "http", "both", "null"),
         default="embedded",
         help="the Gym deployment: embedded (in this process, warp clock), ray "
         "(--actors Ray actors on a local cluster, real time), http (--actors spawned "
         "gymckpt serve processes, real time), or both: Ray then HTTP in the same run, "
-        "HTTP's figures as ratios of Ray's",
+        "HTTP's figures as ratios of Ray's; null: the trainer side alone, one checkpoint "
+        "against a Gym that answers at once (--instances instances; default 1M in flight, "
+        "quick 20k)",
     )
     c.add_argument("--instances", type=int, default=None, help="embedded Gym instances (default 4)")
     c.add_argument(
@@ -297,7 +355,15 @@ def _add_checkpoint(sub: Any) -> None:
         "default: what the Gym keeps up with, max(20, N / 200) embedded and "
         "max(20, N / 2,500) on Ray; quick on Ray 2)",
     )
-    _modes_arg(c)
+    c.add_argument(
+        "--checkpoints",
+        dest="repeats",
+        type=int,
+        default=None,
+        help="checkpoints per mode on the embedded Gym, for the share that completes "
+        "(default 3; quick 2)",
+    )
+    _modes_arg(c, checkpoint=True)
     _common(c)
 
 
@@ -402,9 +468,10 @@ def _add_all_and_report(sub: Any) -> None:
         "all",
         help="everything; writes --out (JSON, PNG plots, SUMMARY.md)",
         description=(
-            "Runs drain (full sweep), memory, dispatch, checkpoint (embedded, then on Ray with "
-            "4 actors and over HTTP with 4 gymckpt serve processes at the same N), fanout (Ray "
-            "and HTTP in the same run), preserved and sandbox, "
+            "Runs drain (full sweep), memory, dispatch (with the whole loop), checkpoint "
+            "(embedded, then on Ray with 4 actors and over HTTP with 4 gymckpt serve processes "
+            "at the same N), the trainer side alone (with the 1M sizes), fanout (Ray and HTTP "
+            "in the same run), preserved and sandbox, "
             "then writes their JSON, the plots and SUMMARY.md (the project's targets, each met or "
             "MISSED, the commit measured and whether its tree was clean) into --out. Into the "
             "committed results (docs/benchmarks/results in a checkout) it refuses to run from a "
@@ -446,11 +513,8 @@ def _add_all_and_report(sub: Any) -> None:
     _common(a)
 
 
-def _modes(text: str) -> tuple[str, ...]:
-    from gymckpt.runtime import CheckpointMode
-
+def _modes(text: str, known: tuple[str, ...]) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
-    known = [m.value for m in CheckpointMode]
     bad = [n for n in names if n not in known]
     if bad or not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(
@@ -459,13 +523,30 @@ def _modes(text: str) -> tuple[str, ...]:
     return names
 
 
-def _modes_arg(p: argparse.ArgumentParser) -> None:
+def _checkpoint_modes(text: str) -> tuple[str, ...]:
+    """``--modes`` of ``checkpoint``: the checkpoint modes and ``aligned_timeout``."""
+    return _modes(text, _checkpoint_mod.BENCH_MODES)
+
+
+def _runtime_modes(text: str) -> tuple[str, ...]:
+    """``--modes`` of ``preserved``: the runtime's checkpoint modes."""
+    from gymckpt.runtime import CheckpointMode
+
+    return _modes(text, tuple(m.value for m in CheckpointMode))
+
+
+def _modes_arg(p: argparse.ArgumentParser, checkpoint: bool = False) -> None:
     p.add_argument(
         "--modes",
-        type=_modes,
+        type=_checkpoint_modes if checkpoint else _runtime_modes,
         default=None,
-        help="checkpoint modes measured side by side in one run, in this order "
-        "(default unaligned,aligned)",
+        help="checkpoint modes measured side by side in one run, in this order (default "
+        + (
+            "unaligned,aligned_timeout,aligned embedded, unaligned,aligned on Ray and over "
+            "HTTP; aligned_timeout: the default configuration's control and alignment timeouts)"
+            if checkpoint
+            else "unaligned,aligned)"
+        ),
     )
 
 
@@ -538,6 +619,10 @@ def _checkpoint_config(args: argparse.Namespace) -> _checkpoint_mod.CheckpointCo
             cfg.modes = args.modes
         if args.turn_mean_s is not None:
             cfg.turn_mean_s = args.turn_mean_s
+        if args.repeats is not None:
+            cfg.repeats = args.repeats
+    if cfg.repeats < 1:
+        raise ValueError(f"--checkpoints must be >= 1, got {cfg.repeats}")
     if cfg.in_flight < cfg.group_size or cfg.instances < 1:
         raise ValueError("--in-flight must be >= the group size and --instances >= 1")
     return cfg
@@ -564,10 +649,35 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
             raise ValueError(
                 "--actors is for --backend ray, http or both (the embedded Gym takes --instances)"
             )
-        if args.backend != "embedded" and args.instances is not None:
+        if args.backend != "embedded" and args.repeats is not None:
+            raise ValueError("--checkpoints is for the embedded Gym (one checkpoint per mode)")
+        if args.backend == "null" and args.actors is not None:
+            raise ValueError("--actors is for --backend ray, http or both (null takes --instances)")
+        if args.backend not in ("embedded", "null") and args.instances is not None:
             raise ValueError("--instances is for the embedded Gym (Ray and HTTP take --actors)")
     if cfg.in_flight < cfg.group_size or cfg.actors < 1:
         raise ValueError("--in-flight must be >= the group size and --actors >= 1")
+    return cfg
+
+
+def _trainer_side_config(args: argparse.Namespace) -> _trainer_side_mod.TrainerSideConfig:
+    """The trainer side's configuration (``checkpoint --backend null``): 1M in flight unless
+    ``--rollouts`` says otherwise; it measures no mode side by side and has no turns."""
+    mod = _trainer_side_mod.TrainerSideConfig
+    cfg = mod.quick_defaults() if args.quick else mod()
+    if args.bench == "checkpoint" and args.backend == "null":
+        for flag, value in (
+            ("--modes", args.modes),
+            ("--turn-mean", args.turn_mean_s),
+        ):
+            if value is not None:
+                raise ValueError(f"{flag} is not for --backend null (one checkpoint, no turns)")
+        if args.in_flight is not None:
+            cfg.in_flight = args.in_flight
+        if args.instances is not None:
+            cfg.instances = args.instances
+    if cfg.in_flight < cfg.group_size or cfg.instances < 1:
+        raise ValueError("--in-flight must be >= the group size and --instances >= 1")
     return cfg
 
 
@@ -701,6 +811,7 @@ class _Configs:
     memory_sizes: tuple[int, ...]
     checkpoint_cfg: _checkpoint_mod.CheckpointConfig
     checkpoint_ray_cfg: _checkpoint_ray_mod.CheckpointRayConfig
+    trainer_side_cfg: _trainer_side_mod.TrainerSideConfig
     fanout_cfg: _fanout_mod.FanoutConfig
     preserved_cfg: _preserved_mod.PreservedConfig
     sandbox_cfg: _sandbox_mod.SandboxBenchConfig
@@ -714,6 +825,7 @@ class _Configs:
             _memory_sizes(args),
             _checkpoint_config(args),
             _checkpoint_ray_config(args),
+            _trainer_side_config(args),
             _fanout_config(args),
             _preserved_config(args),
             _sandbox_config(args),
@@ -739,6 +851,11 @@ def _run_one(
         except ValueError as exc:
             print(f"gymckpt bench report: error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT
+    elif args.bench == "checkpoint" and args.backend == "null":
+        result = {
+            **_trainer_side_mod.run_trainer_side(cfg.trainer_side_cfg, progress),
+            "meta": meta,
+        }
     elif args.bench == "checkpoint" and args.backend != "embedded":
         remote = _backends(args.backend)
         result = {
@@ -767,6 +884,37 @@ def _run_one(
     return result
 
 
+def _out_dir(args: argparse.Namespace, meta: dict[str, Any]) -> Path | None:
+    """``--out`` of ``all`` and ``issue34`` (its default when not given); None (said on
+    stderr) when it is the committed results and the tree has uncommitted changes."""
+    out: Path = args.out
+    if out is None:
+        out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
+    dirty = meta["source"].get("uncommitted_changes")
+    if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
+        print(
+            f"gymckpt bench {args.bench}: error: the tree has uncommitted changes "
+            f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
+            f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
+            "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
+            file=sys.stderr,
+        )
+        return None
+    return out
+
+
+def _run_issue34(
+    args: argparse.Namespace, cfg: _Configs, meta: dict[str, Any], progress: Progress
+) -> dict[str, Any] | int:
+    """``issue34``: the targets at scale into ``--out`` (``report.run_scale``)."""
+    from .report import ScaleConfigs, run_scale
+
+    out = _out_dir(args, meta)
+    if out is None:
+        return ExitCode.BAD_INPUT
+    return run_scale(ScaleConfigs.of(args.quick, not args.no_ray), out, meta, progress)
+
+
 def _run_all(
     args: argparse.Namespace, cfg: _Configs, meta: dict[str, Any], progress: Progress
 ) -> dict[str, Any] | int:
@@ -774,22 +922,14 @@ def _run_all(
     (uncommitted changes, into the committed results)."""
     from .report import run_all
 
-    out = args.out
+    out = _out_dir(args, meta)
     if out is None:
-        out = DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT
-    dirty = meta["source"].get("uncommitted_changes")
-    if dirty and out.resolve() == COMMITTED_RESULTS.resolve() and not args.allow_dirty:
-        print(
-            f"gymckpt bench all: error: the tree has uncommitted changes "
-            f"({', '.join(dirty[:8])}{', ...' if len(dirty) > 8 else ''}); the results in "
-            f"{COMMITTED_RESULTS} must come from a clean commit. Commit or stash them, or pass "
-            "--out elsewhere (or --allow-dirty, marked in SUMMARY.md).",
-            file=sys.stderr,
-        )
         return ExitCode.BAD_INPUT
-    if _want_million(args):
+    million = _want_million(args)
+    if million:
         cfg.drain_cfg = attrs.evolve(cfg.drain_cfg, sweep=(*cfg.drain_cfg.sweep, 1_000_000))
         cfg.dispatch_cfg.in_flight = (*cfg.dispatch_cfg.in_flight, 1_000_000)
+    cfg.dispatch_cfg.loop = True  # the whole loop's share of the runtime alone, same run
     result = run_all(
         drain_cfg=cfg.drain_cfg,
         memory_sizes=cfg.memory_sizes,
@@ -801,6 +941,7 @@ def _run_all(
         else attrs.evolve(cfg.checkpoint_ray_cfg, in_flight=cfg.checkpoint_cfg.in_flight),
         preserved_cfg=cfg.preserved_cfg,
         sandbox_cfg=cfg.sandbox_cfg,
+        trainer_side_cfg=cfg.trainer_side_cfg if million or args.quick else None,
         out=out,
         meta=meta,
         progress=progress,
@@ -835,7 +976,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"gymckpt bench {args.bench}: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    run = _run_all if args.bench == "all" else _run_one
+    run = {"all": _run_all, "issue34": _run_issue34}.get(args.bench, _run_one)
     result = run(args, cfg, meta, progress)
     if isinstance(result, int):
         return result

@@ -23,13 +23,20 @@ trainer taking groups), ``--loop-attempts`` attempts per run, dispatcher batch 5
 * ``null``: a Gym that admits at once and answers every row ``Completed`` in reply batches of
   64, with no episode and no task of its own. This is the runtime's own cost per row through
   the whole loop (plus the Gym contract's objects, ``RunRow`` and ``Completed``).
+* ``bare``: the embedded Gym host with episodes of one turn whose agent ends the episode at
+  once (``Done`` at its first step: no participant, no model call, no sleep). This is the
+  host's own cost per episode (its task and cancel scope, admission, sessions, boundary mark,
+  the value checks of the result, the reply stream) on top of the runtime's.
 * ``embedded``: the embedded simulated Gym with one-turn episodes of 10-20 ms, as
-  ``gymckpt bench checkpoint`` measures it (every row is an episode task on the same loop).
+  ``gymckpt bench checkpoint`` measures it (every row is an episode task on the same loop; the
+  calendar's turn is three agent steps with two sleeps and a model call, so this adds the
+  environment's own cost).
 
-Each is run ``--loop-runs`` times; the medians are ``loop_rows_per_s_null`` and
-``loop_rows_per_s_embedded`` (wall), and ``loop_rows_per_cpu_s_*`` per second of the process's
-CPU time (steadier than wall time on a shared machine: time the loop waited for the CPU while
-other processes ran is not counted).
+Each is run ``--loop-runs`` times; the medians are ``loop_rows_per_s_null``,
+``loop_rows_per_s_bare`` and ``loop_rows_per_s_embedded`` (wall), ``bare_over_null`` the
+host's throughput as a fraction of the runtime alone (medians, same run), and
+``loop_rows_per_cpu_s_*`` per second of the process's CPU time (steadier than wall time on a
+shared machine: time the loop waited for the CPU while other processes ran is not counted).
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ import trio.testing
 from gymckpt.gym_adapter import (
     CommitReply,
     Completed,
+    Done,
     EmbeddedGym,
+    Environment,
     GymBackend,
     InstanceInventory,
     PrepareReply,
@@ -276,6 +285,36 @@ async def _loop_null(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
     return await _loop_once(NullGym(cfg.instances_loop), work, cfg.loop_attempts, cfg.loop_batch)
 
 
+@attrs.define
+class _EndAtOnce:
+    """An agent whose episodes end at their first step: what is left is the host's cost."""
+
+    name: str = "agent"
+    kind: str = "simple_agent"
+
+    def open(self, info: Any) -> int:
+        return 0
+
+    def export(self, state: int) -> int:
+        return state
+
+    def restore(self, data: Any) -> int:
+        return int(data)
+
+    async def step(self, ctx: Any, state: int) -> Done:
+        return Done(1.0)
+
+
+async def _loop_bare(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
+    async with EmbeddedGym.host(
+        Environment(agent=_EndAtOnce()),
+        instances=cfg.instances_loop,
+        seed=cfg.seed,
+        work_dir=work / "gym",
+    ) as gym:
+        return await _loop_once(gym, work / "run", cfg.loop_attempts, cfg.loop_batch)
+
+
 async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
     from gymckpt.gym_adapter.environments.calendar import CalendarConfig
 
@@ -293,10 +332,12 @@ async def _loop_embedded(cfg: DispatchConfig, work: Path) -> dict[str, Any]:
 
 
 def run_loop(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
-    """The whole loop on the null and the embedded Gym, ``loop_runs`` times each, alternating."""
-    runs: dict[str, list[dict[str, Any]]] = {"null": [], "embedded": []}
+    """The whole loop on the null, the bare and the embedded Gym, ``loop_runs`` times each,
+    alternating."""
+    runs: dict[str, list[dict[str, Any]]] = {"null": [], "bare": [], "embedded": []}
+    gyms = (("null", _loop_null), ("bare", _loop_bare), ("embedded", _loop_embedded))
     for i in range(cfg.loop_runs):
-        for name, fn in (("null", _loop_null), ("embedded", _loop_embedded)):
+        for name, fn in gyms:
             gc.collect()
             with tempfile.TemporaryDirectory(prefix="gymckpt-bench-loop-") as tmp:
                 r = trio.run(fn, cfg, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
@@ -311,6 +352,7 @@ def run_loop(cfg: DispatchConfig, progress: Progress) -> dict[str, Any]:
         out[f"loop_rows_per_cpu_s_{name}"] = round(
             statistics.median(r["rows_per_cpu_s"] for r in rs)
         )
+    out["bare_over_null"] = round(out["loop_rows_per_s_bare"] / out["loop_rows_per_s_null"], 3)
     return out
 
 

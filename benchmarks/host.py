@@ -9,7 +9,10 @@
    and the reply stream. Both produce the same trajectories (checked). Reported: µs per step of
    each (medians over trials), the host's overhead per step and the ratio; and the same host
    with ``HostConfig(boundary_marks="on_demand")`` in the same trials (``host_on_demand_*``:
-   what an aligned run that never cuts costs, no boundary marks).
+   what an aligned run that never cuts costs, no boundary marks), and the same environment
+   opted out of unaligned cuts (``Environment(unaligned=False)``, no marks ever) in the same
+   trials: ``marks_on_demand_us_per_step`` is what marks cost a step of the on-demand host in
+   an aligned run (the issue's "marks in aligned mode": 0 when none is taken).
 2. **Episodes per second through the whole loop** (``open_rollouts``: dispatcher, ledger,
    streams, trainer batches; no checkpoints), embedded with 2 instances vs Ray with 2 actors,
    same rows. Ray's cluster and actor start-up are outside the timed part.
@@ -107,6 +110,7 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
     plain_us: list[float] = []
     host_us: list[float] = []
     on_demand_us: list[float] = []
+    opted_out_us: list[float] = []
     steps = 0
     _plain(4, 99)  # warm-up, not counted: imports, converter hooks built on first use
     with TemporaryDirectory() as tmp:
@@ -115,9 +119,17 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         seed = 100 + trial
         p_s, p_steps, trajs = _plain(cfg.episodes, seed)
         runs: dict[str, tuple[float, int, dict[int, Any], float]] = {}
-        for marks in ("always", "on_demand") if trial % 2 == 0 else ("on_demand", "always"):
+        order = ("always", "on_demand", "opted_out")
+        for marks in order if trial % 2 == 0 else order[::-1]:
             with TemporaryDirectory() as tmp:
-                runs[marks] = trio.run(_hosted, cfg.episodes, seed, Path(tmp), True, marks)
+                runs[marks] = trio.run(
+                    _hosted,
+                    cfg.episodes,
+                    seed,
+                    Path(tmp),
+                    marks != "opted_out",
+                    "on_demand" if marks == "opted_out" else marks,
+                )
         for _wall, h_steps, got, _cpu in runs.values():
             if p_steps != h_steps or any(
                 converter.unstructure(t) != got[row] for row, t in enumerate(trajs)
@@ -127,6 +139,7 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         plain_us.append(p_s / p_steps * 1e6)
         host_us.append(runs["always"][0] / steps * 1e6)
         on_demand_us.append(runs["on_demand"][0] / steps * 1e6)
+        opted_out_us.append(runs["opted_out"][0] / steps * 1e6)
         progress(
             f"host overhead trial {trial + 1}/{cfg.trials}: plain {plain_us[-1]:.1f} "
             f"µs/step, host {host_us[-1]:.1f} µs/step, host with marks on demand (an "
@@ -134,6 +147,7 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         )
     plain_med, host_med = statistics.median(plain_us), statistics.median(host_us)
     on_demand_med = statistics.median(on_demand_us)
+    opted_med = statistics.median(opted_out_us)
     return {
         "env": ENV_ID,
         "episodes": cfg.episodes,
@@ -145,6 +159,8 @@ def _overhead(cfg: HostBenchConfig, progress: Progress) -> dict[str, Any]:
         "host_on_demand_us_per_step_median": round(on_demand_med, 2),
         "host_on_demand_over_plain_ratio": round(on_demand_med / plain_med, 3),
         "marks_in_an_aligned_run_us_per_step": round(host_med - on_demand_med, 2),
+        "opted_out_us_per_step_median": round(opted_med, 2),
+        "marks_on_demand_us_per_step": round(on_demand_med - opted_med, 2),
     }
 
 

@@ -65,6 +65,7 @@ from ._plain import NotPlainData
 from ._snapshot_format import EpisodeRecord, InstanceRecord, ParticipantRecord
 from ._store import (
     LoadedSnapshot,
+    PublishStats,
     SnapshotInfo,
     SnapshotStore,
     load_snapshot,
@@ -118,6 +119,7 @@ __all__ = [
     "NotPlainData",
     "ParticipantRecord",
     "Preempted",
+    "PublishStats",
     "RecoveryLedger",
     "ReplacementsExhausted",
     "RestoreSummary",

@@ -19,8 +19,18 @@ directory whose entries changed in the caller's ``dirty`` set; ``sync(dirty)`` f
 directories. A caller names an object in anything it publishes only after ``sync``: so a crash
 never leaves a published reference to an object that is not durable.
 
-Objects are removed only by the snapshot store's sweep, which deletes what no kept snapshot
-references (see ``runtime._store``); nothing here deletes.
+Snapshots link what they reference
+----------------------------------
+``SnapshotObjects`` is how a snapshot being built gets its objects: each goes into the root's
+shared store first (bytes written only if no earlier snapshot stored them: fsynced, renamed),
+then is hard-linked into the snapshot directory's own ``objects/`` (same layout). So a snapshot
+directory holds every object it references (a copy of the directory is complete and verifies
+offline) while the bytes exist once on disk, and the file system's link counts say which
+objects some snapshot still references. Where a link cannot be made (another file system, a
+file system without hard links) the object is copied instead.
+
+Objects are removed only by the snapshot store's sweep, which deletes a shared object no
+snapshot links any more (see ``runtime._store``); nothing here deletes.
 
 All I/O here is blocking; async callers run it in a thread.
 """
@@ -31,13 +41,21 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
 import attrs
 
-__all__ = ["OBJECTS_DIR", "OBJECT_REF_RE", "ObjectStore", "object_ref", "parse_object_ref"]
+__all__ = [
+    "OBJECTS_DIR",
+    "OBJECT_REF_RE",
+    "ObjectStore",
+    "SnapshotObjects",
+    "object_ref",
+    "parse_object_ref",
+]
 
 OBJECTS_DIR: Final = "objects"
 """The object store's directory in a snapshot root."""
@@ -46,6 +64,8 @@ OBJECT_REF_RE: Final = re.compile(r"sha256:([0-9a-f]{64})")
 """A reference to an object: ``sha256:`` and the 64 lowercase hex digits of its digest."""
 _HEX_RE: Final = re.compile(r"[0-9a-f]{64}")
 _CHUNK: Final = 1 << 20
+_SYNC_THREADS: Final = 16
+_PARALLEL_SYNC_MIN: Final = 8
 
 
 def object_ref(hexdigest: str) -> str:
@@ -158,9 +178,20 @@ class ObjectStore:
 
     @staticmethod
     def sync(dirty: set[Path]) -> None:
-        """fsync every directory in ``dirty`` (deepest first) and empty it."""
-        for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
-            _fsync_dir(d)
+        """fsync every directory in ``dirty`` (deepest first: a level's directories together,
+        in a few threads, since a file system commits concurrent fsyncs in one go) and empty
+        it."""
+        levels: dict[int, list[Path]] = {}
+        for d in dirty:
+            levels.setdefault(len(d.parts), []).append(d)
+        for depth in sorted(levels, reverse=True):
+            batch = levels[depth]
+            if len(batch) < _PARALLEL_SYNC_MIN:
+                for d in batch:
+                    _fsync_dir(d)
+                continue
+            with ThreadPoolExecutor(max_workers=_SYNC_THREADS) as pool:
+                list(pool.map(_fsync_dir, batch))  # raises the first error
         dirty.clear()
 
     def _place(self, final: Path, dirty: set[Path], write: object) -> None:
@@ -184,6 +215,95 @@ class ObjectStore:
         dirty.add(final.parent)
         dirty.add(final.parent.parent)  # a new fan-out directory's entry
         dirty.add(self.root)
+
+
+@attrs.define(eq=False, slots=True)
+class SnapshotObjects:
+    """The objects of one snapshot being built (module docstring): ``own`` is the snapshot
+    directory's ``objects/``, ``shared`` the root's store (None: a snapshot outside any
+    store, whose objects are written straight into ``own``).
+
+    Invariant: once ``put_bytes``/``put_file`` returned a reference, ``own`` holds the object
+    (a link to the shared one, or a copy); it is durable once ``sync`` returned. Not
+    thread-safe: one caller per writer (the participant records of one instance); ``put_all``
+    uses threads of its own."""
+
+    own: ObjectStore
+    shared: ObjectStore | None
+    dirty: set[Path] = attrs.field(factory=set)
+
+    @classmethod
+    def of_snapshot(cls, snapshot: Path, shared: ObjectStore | None) -> SnapshotObjects:
+        """The objects of the snapshot directory ``snapshot``, shared through ``shared``."""
+        return cls(ObjectStore(Path(snapshot) / OBJECTS_DIR), shared)
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data`` as an object of the snapshot; its reference."""
+        if self.shared is None:
+            return self.own.put_bytes(data, self.dirty)
+        for _ in range(_RETRIES):
+            ref = self.shared.put_bytes(data, self.dirty)
+            if self._link(ref):
+                return ref
+        return self.own.put_bytes(data, self.dirty)  # swept each time: a copy of its own
+
+    def put_all(self, datas: Sequence[bytes]) -> list[str]:
+        """``put_bytes`` of each of ``datas``, in order; their references. Many are placed
+        together in a few threads: each new object is fsynced before its rename, and a file
+        system commits concurrent fsyncs in one go."""
+        if len(datas) < _PARALLEL_SYNC_MIN:
+            return [self.put_bytes(d) for d in datas]
+        with ThreadPoolExecutor(max_workers=_SYNC_THREADS) as pool:
+            placed = list(pool.map(self._put_alone, datas))  # raises the first error
+        for _, dirty in placed:
+            self.dirty |= dirty
+        return [ref for ref, _ in placed]
+
+    def _put_alone(self, data: bytes) -> tuple[str, set[Path]]:
+        """``put_bytes`` with a ``dirty`` set of its own (one per thread)."""
+        alone = SnapshotObjects(self.own, self.shared)
+        return alone.put_bytes(data), alone.dirty
+
+    def put_file(self, source: Path, ref: str) -> str:
+        """Store the file ``source``, which must hold the object ``ref`` (``ValueError`` if
+        it does not), as an object of the snapshot."""
+        if self.shared is None:
+            return self.own.put_file(source, ref, self.dirty)
+        for _ in range(_RETRIES):
+            self.shared.put_file(source, ref, self.dirty)
+            if self._link(ref):
+                return ref
+        return self.own.put_file(source, ref, self.dirty)
+
+    def sync(self) -> None:
+        """fsync every directory the puts changed: what they placed is durable."""
+        ObjectStore.sync(self.dirty)
+
+    def _link(self, ref: str) -> bool:
+        """Link the shared object ``ref`` into ``own`` (or copy it where no link can be
+        made); False if the shared object vanished meanwhile (swept: put it again)."""
+        assert self.shared is not None
+        final = self.own.path(ref)
+        if final.is_file():
+            return True
+        final.parent.mkdir(parents=True, exist_ok=True)
+        source = self.shared.path(ref)
+        try:
+            os.link(source, final, follow_symlinks=False)
+        except FileExistsError:
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:  # EXDEV, EPERM, EMLINK: a copy, checked as it is placed
+            if not source.is_file():
+                return False
+            self.own.put_file(source, ref, self.dirty)
+            return True
+        self.dirty.update((final.parent, final.parent.parent, self.own.root))
+        return True
+
+
+_RETRIES: Final = 3
 
 
 def _write_all(fd: int, data: bytes) -> None:

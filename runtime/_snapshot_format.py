@@ -12,7 +12,9 @@ under ``gym/``::
     trainer.json              the trainer's state: opaque bytes, not a record of ours
     trainer/                  the trainer's files: opaque, digested in the marker
     gym/<instance>/<participant>/records.json
-                              AgentRecords | SessionRecords | StagedRecords
+                              AgentRecords | SessionRecords | StagedRecords, as an index
+                              of chunks (RECORDS_VERSION)
+    objects/sha256/<aa>/<hex> the snapshot's objects: record chunks, participants' objects
 
 Every record is a frozen attrs class structured through the library's strict converter
 (``_converter``): a missing, extra or wrongly typed key, a value out of range or an unsupported
@@ -25,6 +27,7 @@ restore; this module only says what each file is.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,10 +39,13 @@ import orjson
 from ._converter import JSON_CHUNK, converter, dumps, dumps_chunked, loads, structure
 from ._errors import ManifestError
 from ._ledger_records import EpisodeResult, RestoredGymState, RetireItem
+from ._objects import OBJECT_REF_RE, ObjectStore
 from ._plain import NotPlainData, checked_json
 
 __all__ = [
     "CHECKPOINT_SEQ_FILE",
+    "CHUNK_BITS",
+    "CHUNK_MAX",
     "COMMIT_MARKER",
     "GYM_STATE_DIR",
     "LEDGER_FILE",
@@ -48,11 +54,15 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "MARKER_VERSION",
+    "NEWER_MANIFEST_ADVICE",
+    "OBJECTS_KEY",
     "PARTICIPANT_KINDS",
     "PARTICIPANT_KIND_RE",
     "PIN_TMP_PREFIX",
     "PRUNING_PREFIX",
+    "READ_MANIFEST_VERSIONS",
     "RECORDS_FILE",
+    "RECORDS_VERSION",
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
     "SNAPSHOT_PREFIX",
@@ -64,6 +74,7 @@ __all__ = [
     "AgentRecords",
     "AgentSession",
     "AttemptRow",
+    "ChunkedRecords",
     "CommitMarker",
     "CommittedRecords",
     "EpisodeRecord",
@@ -78,6 +89,7 @@ __all__ = [
     "StagedRecords",
     "StepRecord",
     "agent_records_plain",
+    "chunk_records",
     "dump_ledger_snapshot",
     "dump_manifest",
     "dump_marker",
@@ -88,8 +100,11 @@ __all__ = [
     "load_marker",
     "load_records",
     "load_step",
+    "read_chunk",
+    "records_chunk_refs",
     "records_to_plain",
     "session_records_plain",
+    "split_chunks",
     "staged_records_plain",
 ]
 
@@ -135,14 +150,19 @@ CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 
 # -- versions ------------------------------------------------------------------------------
 
-MANIFEST_VERSION: Final = 4
-"""The ``version`` of ``gym_checkpoint.json`` this runtime writes and reads. Version 2 gave
-every staged model call its request digest and policy version (``StagedCall``); version 3 gave
-capture keys NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``, was
-``"{row}-{slot}/t{turn}/c{n}"``); version 4 made the call id say which request it is
-(``"t{turn}-{request digest}-c{occurrence}"``, was ``"t{turn}-c{n}"`` numbered in the order
-calls started, which concurrent calls do not keep). An older snapshot is refused
-(``OLD_MANIFEST_HINTS``)."""
+MANIFEST_VERSION: Final = 5
+"""The ``version`` of ``gym_checkpoint.json`` this runtime writes. Version 2 gave every staged
+model call its request digest and policy version (``StagedCall``); version 3 gave capture keys
+NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``, was ``"{row}-{slot}/t{turn}/c{n}"``);
+version 4 made the call id say which request it is (``"t{turn}-{request digest}-c{occurrence}"``,
+was ``"t{turn}-c{n}"`` numbered in the order calls started, which concurrent calls do not
+keep); version 5 snapshots keep their participant records in chunks, objects of the snapshot's
+``objects/`` (``RECORDS_VERSION``), and the objects participants name. A version 4 snapshot
+is read as it was written (``READ_MANIFEST_VERSIONS``); an older one is refused
+(``OLD_MANIFEST_HINTS``), a newer one too (``NEWER_MANIFEST_ADVICE``)."""
+READ_MANIFEST_VERSIONS: Final = frozenset({4, MANIFEST_VERSION})
+"""The manifest versions this runtime reads (and restores): 4's records are inline, which the
+records reader still takes (``load_records``)."""
 OLD_MANIFEST_HINTS: Final[Mapping[int, str]] = {
     1: (
         "a version 1 snapshot's model calls carry no request digest or policy version, so a "
@@ -164,21 +184,30 @@ OLD_MANIFEST_ADVICE: Final = (
     "finish that run with the gymckpt release that wrote it, or start this one fresh "
     "(restore=False, or another work directory)"
 )
+NEWER_MANIFEST_ADVICE: Final = (
+    "it was written by a newer gymckpt release: restore it with that release (or a newer "
+    "one), or start this run fresh (restore=False, or another work directory)"
+)
 MARKER_VERSION: Final = 1
 """The ``version`` of ``COMMITTED`` this runtime writes and reads."""
 
 
-def _check_version(what: str, raw: object, supported: int) -> None:
-    """Refuse a JSON object whose ``version`` is present and not ``supported`` (before its
-    structure: a record of another version may well have other fields)."""
-    if isinstance(raw, dict) and "version" in raw and raw["version"] != supported:
-        old = raw["version"]
-        known = supported == MANIFEST_VERSION and type(old) is int
-        why = OLD_MANIFEST_HINTS.get(old) if known else None
-        hint = f": {why}; {OLD_MANIFEST_ADVICE}" if why is not None else ""
+def _check_version(what: str, raw: object) -> None:
+    """Refuse a manifest whose ``version`` is present and not one this runtime reads (before
+    its structure: a manifest of another version may well have other fields), saying why and
+    what to do for one it knows of."""
+    if not isinstance(raw, dict) or "version" not in raw:
+        return
+    version = raw["version"]
+    if type(version) is not int or version not in READ_MANIFEST_VERSIONS:
+        hint = ""
+        if type(version) is int and version in OLD_MANIFEST_HINTS:
+            hint = f": {OLD_MANIFEST_HINTS[version]}; {OLD_MANIFEST_ADVICE}"
+        elif type(version) is int and version > MANIFEST_VERSION:
+            hint = f": {NEWER_MANIFEST_ADVICE}"
         raise ManifestError(
-            f"{what}: version {raw['version']!r} is not supported "
-            f"(this runtime reads version {supported}){hint}"
+            f"{what}: version {version!r} is not supported "
+            f"(this runtime reads version {MANIFEST_VERSION}){hint}"
         )
 
 
@@ -233,7 +262,8 @@ class EpisodeRecord:
 
 @attrs.frozen
 class GymManifest:
-    """The whole manifest. ``version`` must equal ``MANIFEST_VERSION``."""
+    """The whole manifest. ``version`` is one of ``READ_MANIFEST_VERSIONS``
+    (``MANIFEST_VERSION`` for what this runtime writes)."""
 
     version: int
     checkpoint_id: str
@@ -322,7 +352,7 @@ def load_manifest(data: bytes) -> GymManifest:
 
     Structure only: ``load_snapshot`` also checks names, kinds, digests and paths."""
     raw = _json_object(data, MANIFEST_NAME)
-    _check_version(MANIFEST_NAME, raw, MANIFEST_VERSION)
+    _check_version(MANIFEST_NAME, raw)
     return structure(raw, GymManifest, MANIFEST_NAME)
 
 
@@ -668,16 +698,192 @@ def _role(raw: Mapping[str, Any]) -> type[CommittedRecords]:
 
 
 @overload
-def load_records(data: bytes, what: str) -> CommittedRecords: ...
+def load_records(
+    data: bytes, what: str, *, objects: ObjectStore | None = None
+) -> CommittedRecords: ...
 @overload
-def load_records(data: bytes, what: str, expect: type[R]) -> R: ...
-def load_records(data: bytes, what: str, expect: type[Any] | None = None) -> CommittedRecords:
+def load_records(
+    data: bytes, what: str, expect: type[R], *, objects: ObjectStore | None = None
+) -> R: ...
+def load_records(
+    data: bytes,
+    what: str,
+    expect: type[Any] | None = None,
+    *,
+    objects: ObjectStore | None = None,
+) -> CommittedRecords:
     """Parse one participant's ``records.json`` strictly, as ``expect`` or (without it) as the
     role its keys say: ``staged`` is the model proxy's, ``retained`` another participant's,
-    else the agent's. Anything else (not JSON, a missing, extra or wrongly typed key) is a
+    else the agent's. An index of chunks (``RECORDS_VERSION``) is read whole first, each chunk
+    from ``objects`` (the snapshot's ``objects/``) checked against its reference; records
+    written before chunks (no ``version``) are read as they are. Anything else (not JSON, a
+    missing, extra or wrongly typed key, a missing or changed chunk, a newer version) is a
     ``ManifestError`` starting with ``what`` (the file, as the caller names it)."""
     raw = _json_object(data, what)
+    if "version" in raw or "chunks" in raw:
+        raw = _inline_chunks(raw, what, objects)
     return structure(raw, expect if expect is not None else _role(raw), what)
+
+
+# -- records in chunks (RECORDS_VERSION 2) -------------------------------------------------
+#
+# A participant's records.json is a small index: every key of the records but the long list
+# (``sessions``, or the model proxy's ``staged``), a ``version``, and ``chunks``: for that list,
+# and for ``objects`` (the sorted references of the objects the participant's states name), the
+# references of the chunk objects holding it, in order. A chunk is a JSON array of consecutive
+# entries. Boundaries are content-defined: a chunk ends after an entry whose key's hash has its
+# low ``CHUNK_BITS`` bits zero (or at ``CHUNK_MAX`` entries), so a chunk is ~256 entries, and an
+# entry added, changed or removed changes only its own chunk: the others keep their bytes, so
+# their objects are already in the shared store and are only linked, never written again. The
+# manifest's records digest covers records.json, whose references cover the chunks.
+
+RECORDS_VERSION: Final = 2
+"""The ``version`` of a participant's ``records.json`` index this runtime writes and reads.
+Records without ``version`` (version 1, inline, what a version 4 manifest's snapshot holds)
+are read as they are."""
+CHUNK_BITS: Final = 8
+"""A chunk ends after an entry whose key's blake2b hash has these low bits zero (~256 a chunk)."""
+CHUNK_MAX: Final = 4096
+"""No chunk holds more entries (a run of unlucky keys is still cut)."""
+OBJECTS_KEY: Final = "objects"
+"""In an index's ``chunks``: the references of the objects the participant's states name."""
+_CHUNKED: Final = ("sessions", "staged")
+_MASK: Final = (1 << CHUNK_BITS) - 1
+_CHUNK_OPTS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _entry_key(entry: Any) -> bytes:
+    if isinstance(entry, str):
+        return entry.encode()
+    key = entry.get("key", entry.get("rollout_id", ""))
+    return str(key).encode()
+
+
+def split_chunks(entries: Sequence[Any]) -> list[Sequence[Any]]:
+    """``entries`` cut into chunks at content-defined boundaries (module section above)."""
+    chunks: list[Sequence[Any]] = []
+    start = 0
+    for i, entry in enumerate(entries):
+        digest = hashlib.blake2b(_entry_key(entry), digest_size=4).digest()
+        if not (int.from_bytes(digest, "little") & _MASK) or i + 1 - start >= CHUNK_MAX:
+            chunks.append(entries[start : i + 1])
+            start = i + 1
+    if start < len(entries):
+        chunks.append(entries[start:])
+    return chunks
+
+
+@attrs.frozen
+class ChunkedRecords:
+    """One participant's records ready to write: ``head`` (the index but its references) and
+    each chunked list's chunks as JSON bytes; ``object_refs``: the objects the participant's
+    states name, sorted (chunked too, as ``objects``)."""
+
+    head: dict[str, Any]
+    chunks: dict[str, list[bytes]]
+    object_refs: tuple[str, ...] = ()
+
+    def with_objects(self, refs: Iterable[str]) -> ChunkedRecords:
+        """These records naming the objects ``refs`` too."""
+        ordered = tuple(sorted(set(refs)))
+        chunks = {k: v for k, v in self.chunks.items() if k != OBJECTS_KEY}
+        if ordered:
+            chunks[OBJECTS_KEY] = [orjson.dumps(list(c)) for c in split_chunks(ordered)]
+        return ChunkedRecords(self.head, chunks, ordered)
+
+    def index(self, refs: Mapping[str, Sequence[str]]) -> bytes:
+        """``records.json``: the head, ``version`` and ``refs`` (each list's chunk refs)."""
+        return orjson.dumps(
+            {
+                **self.head,
+                "version": RECORDS_VERSION,
+                "chunks": {k: list(v) for k, v in refs.items()},
+            },
+            option=orjson.OPT_SORT_KEYS,
+        )
+
+
+def chunk_records(plain: Mapping[str, Any]) -> ChunkedRecords:
+    """``plain`` (``records_to_plain``'s form) as chunks. Raises ``TypeError`` /
+    ``orjson.JSONEncodeError`` for what is not JSON."""
+    head = {k: v for k, v in plain.items() if k not in _CHUNKED}
+    chunks = {
+        k: [orjson.dumps(list(c), option=_CHUNK_OPTS) for c in split_chunks(plain[k])]
+        for k in _CHUNKED
+        if k in plain
+    }
+    return ChunkedRecords(head, chunks)
+
+
+def records_chunk_refs(data: bytes, what: str) -> dict[str, list[str]]:
+    """The chunk references of a ``records.json`` index by list (empty for inline records);
+    ``ManifestError`` if the index is not one."""
+    raw = _json_object(data, what)
+    if "version" not in raw and "chunks" not in raw:
+        return {}
+    return _chunk_refs(raw, what)
+
+
+def _chunk_refs(raw: Mapping[str, Any], what: str) -> dict[str, list[str]]:
+    _check_records_version(raw, what)
+    chunks = raw.get("chunks")
+    if not isinstance(chunks, dict) or not set(chunks) <= {*_CHUNKED, OBJECTS_KEY}:
+        raise ManifestError(
+            f"{what}: chunks must map {', '.join((*_CHUNKED, OBJECTS_KEY))} to references"
+        )
+    out: dict[str, list[str]] = {}
+    for key, refs in chunks.items():
+        if not isinstance(refs, list) or not all(
+            isinstance(r, str) and OBJECT_REF_RE.fullmatch(r) for r in refs
+        ):
+            raise ManifestError(f"{what}: chunks.{key} must be a list of object references")
+        out[key] = refs
+    return out
+
+
+def read_chunk(objects: ObjectStore | None, ref: str, what: str) -> list[Any]:
+    """The entries of chunk ``ref`` from ``objects``, checked (``ManifestError`` naming the
+    object's path if it is missing, changed or not a JSON array)."""
+    if objects is None:
+        raise ManifestError(f"{what}: its chunks are objects, but no objects/ was given")
+    path = objects.path(ref)
+    try:
+        data = objects.read(ref)
+    except FileNotFoundError:
+        raise ManifestError(f"{what}: chunk {ref} missing ({path})") from None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{what}: chunk {ref} at {path} unreadable: {exc}") from None
+    try:
+        entries = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        entries = None
+    if not isinstance(entries, list):
+        raise ManifestError(f"{what}: chunk {ref} at {path} is not a JSON array")
+    return entries
+
+
+def _check_records_version(raw: Mapping[str, Any], what: str) -> None:
+    version = raw.get("version")
+    if version != RECORDS_VERSION:
+        newer = type(version) is int and version > RECORDS_VERSION
+        raise ManifestError(
+            f"{what}: records version {version!r} is not supported (this runtime reads "
+            f"version {RECORDS_VERSION})" + (f": {NEWER_MANIFEST_ADVICE}" if newer else "")
+        )
+
+
+def _inline_chunks(raw: dict[str, Any], what: str, objects: ObjectStore | None) -> dict[str, Any]:
+    """The records ``raw`` (an index) names, with its chunked lists read back inline."""
+    refs = _chunk_refs(raw, what)
+    out = {k: v for k, v in raw.items() if k not in ("version", "chunks")}
+    for key, chunk_refs in refs.items():
+        if key == OBJECTS_KEY:
+            continue
+        entries: list[Any] = []
+        for ref in chunk_refs:
+            entries.extend(read_chunk(objects, ref, what))
+        out[key] = entries
+    return out
 
 
 # -- the ledger (ledger.json) --------------------------------------------------------------

@@ -8,11 +8,41 @@ A rollout snapshot is one self-contained directory ``<root>/ckpt-NNNNNN``::
     ledger.json, ...         other top-level files, given to ``publish`` as bytes
     gym/<instance>/<participant>/...
                              each participant's committed state, written there by Gym
+    objects/sha256/<aa>/<hex>
+                             the objects the snapshot references: its records' chunks and
+                             the objects participants' states name (``runtime._objects``)
     COMMITTED                the commit marker: a JSON CommitMarker naming every top-level
                              file with its sha256
 
 Every path in the manifest is relative to the directory, so a snapshot can be copied, moved and
 verified offline.
+
+Incremental snapshots: shared objects, links as reference counts
+----------------------------------------------------------------
+A checkpoint writes what changed, not everything. A participant's records are chunks, each an
+object (``_snapshot_format``: content-defined boundaries, so an unchanged run of sessions makes
+the same chunk bytes again), and a participant may keep objects of its own that its states
+name (a sandbox's file blobs). Every object goes first into the root's shared store
+``<root>/objects/`` (bytes written, fsynced and renamed only if no snapshot stored them
+before), then is hard-linked into the staging snapshot's own ``objects/`` (copied where a link
+cannot be made). So:
+
+- a snapshot directory holds every object it references: ``cp -r``, ``pin`` and
+  ``shutil.copytree`` copy them, and it verifies and restores offline, anywhere;
+- the bytes of an object exist once on the file system, however many snapshots link it;
+- pruning deletes snapshot directories; the link counts are the reference counts. After a
+  prune, the sweep deletes each shared object whose link count is 1 (no snapshot links it).
+  The sweep runs in the store's lock, and only when this store has no staging directory
+  open (``begin`` adds one under the same lock, ``publish``/``abort`` remove it): nothing is
+  being linked meanwhile. An object already linked into a staging directory has a link count
+  of 2 and is never swept whatever happens; one put into the shared store but not linked yet
+  (a Gym outliving its trainer, a prune by another process) is put again if it vanished
+  (``SnapshotObjects``). A shared object that a participant's own store links too (its link
+  count stays above 1) is kept until the participant drops it.
+
+``publish`` reports what the checkpoint wrote (``PublishStats``): bytes of the files only this
+snapshot has (its own files, and objects no other snapshot or store links), and how many
+objects it links that were there before.
 
 What "complete" means
 ---------------------
@@ -25,9 +55,11 @@ Pruning renames a snapshot out of the ``ckpt-`` namespace before deleting it, fo
 reason.
 
 The chain of trust on load: the marker's sha256 covers every top-level file, including the
-manifest; the manifest's records digests cover each participant's state. ``load_snapshot``
-checks the first link and the manifest's structure; ``verify_snapshot`` the second, and the live
-topology. Snapshot data is JSON through the library's converter, never pickle.
+manifest; the manifest's records digests cover each participant's ``records.json``, whose
+references name its chunks (and the objects its states name) by their sha256. ``load_snapshot``
+checks the first link and the manifest's structure; ``verify_snapshot`` the others (every
+reference present, every object holding the bytes its name says), and the live topology.
+Snapshot data is JSON through the library's converter, never pickle.
 
 All I/O here is blocking; async callers run it with ``trio.to_thread.run_sync``.
 """
@@ -44,11 +76,12 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Final, final
+from typing import Final, TypeVar, final
 
 import attrs
 
 from ._errors import ManifestError, TopologyMismatch, TrainerFilesRefused
+from ._objects import OBJECT_REF_RE, OBJECTS_DIR, ObjectStore
 from ._snapshot_format import (
     CHECKPOINT_SEQ_FILE,
     COMMIT_MARKER,
@@ -56,21 +89,28 @@ from ._snapshot_format import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     MARKER_VERSION,
+    OBJECTS_KEY,
     PARTICIPANT_KIND_RE,
     PARTICIPANT_KINDS,
     PIN_TMP_PREFIX,
     PRUNING_PREFIX,
+    READ_MANIFEST_VERSIONS,
+    RECORDS_FILE,
     SNAPSHOT_PREFIX,
     SNAPSHOT_RE,
     STAGING_PREFIX,
     TRAINER_FILES_DIR,
     CommitMarker,
+    CommittedRecords,
     GymManifest,
     ParticipantRecord,
     dump_manifest,
     dump_marker,
     load_manifest,
     load_marker,
+    load_records,
+    read_chunk,
+    records_chunk_refs,
 )
 from ._topology import topology_differences
 
@@ -81,13 +121,16 @@ __all__ = [
     "TRAINER_FILES_DIR",
     "CommitMarker",
     "LoadedSnapshot",
+    "PublishStats",
     "SnapshotInfo",
     "SnapshotStore",
     "check_snapshot",
     "fsync_dir",
     "load_snapshot",
+    "object_problems",
     "own_trainer_files",
     "participant_state_problem",
+    "read_snapshot_records",
     "records_digest",
     "trainer_entries_problems",
     "trainer_files_problems",
@@ -96,8 +139,11 @@ __all__ = [
     "write_atomic",
 ]
 
+R = TypeVar("R", bound=CommittedRecords)
 _DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
-_RESERVED_NAMES: Final = frozenset({COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR, TRAINER_FILES_DIR})
+_RESERVED_NAMES: Final = frozenset(
+    {COMMIT_MARKER, MANIFEST_NAME, GYM_STATE_DIR, TRAINER_FILES_DIR, OBJECTS_DIR}
+)
 _CHUNK: Final = 1 << 20
 
 
@@ -297,6 +343,20 @@ def participant_state_problem(root: Path, participant: ParticipantRecord, where:
     return None
 
 
+def read_snapshot_records(
+    snapshot: Path, state_dir: str, expect: type[R] | None = None
+) -> CommittedRecords:
+    """The records of the participant whose state directory is ``state_dir`` in the snapshot
+    directory ``snapshot`` (``load_records``, its chunks from the snapshot's own
+    ``objects/``); ``OSError`` if the file is missing, ``ManifestError`` if it is bad."""
+    what = f"{state_dir}/{RECORDS_FILE}"
+    data = (Path(snapshot) / what).read_bytes()
+    own = ObjectStore(Path(snapshot) / OBJECTS_DIR)
+    if expect is None:
+        return load_records(data, what, objects=own)
+    return load_records(data, what, expect, objects=own)
+
+
 def _short(hexdigest: str) -> str:
     """``sha256:0123456789ab…`` / ``0123456789ab…``: enough to tell two digests apart."""
     head, sep, tail = hexdigest.rpartition(":")
@@ -344,12 +404,29 @@ def records_digest(state_dir: Path) -> str:
 
 
 @attrs.frozen
+class PublishStats:
+    """What one checkpoint wrote into the snapshot root (``SnapshotStore.publish``).
+
+    ``bytes_written``: bytes of the snapshot's files that no other snapshot or store on the
+    file system links (its top-level files, records, trainer files, and the objects that are
+    new with it: their bytes were written for this checkpoint); ``objects_linked``: objects it
+    links that another snapshot (or a participant's own store) held already, no bytes written;
+    ``objects_new``: objects whose bytes are new with it."""
+
+    bytes_written: int
+    objects_linked: int
+    objects_new: int
+
+
+@attrs.frozen
 class SnapshotInfo:
-    """A complete snapshot on disk: where it is, which checkpoint, its sequence number."""
+    """A complete snapshot on disk: where it is, which checkpoint, its sequence number.
+    ``stats``: what its checkpoint wrote, on the one ``publish`` returned (None when listed)."""
 
     path: Path
     checkpoint_id: str
     seq: int
+    stats: PublishStats | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -510,7 +587,7 @@ class SnapshotStore:
             fsync_dir(self.root)
             self._last_seq = seq
             self._staging.discard(staging)
-        return SnapshotInfo(final_path, manifest.checkpoint_id, seq)
+        return SnapshotInfo(final_path, manifest.checkpoint_id, seq, _publish_stats(final_path))
 
     def seal_trainer_files(self, staging: Path, *, remember: bool = True) -> str:
         """fsync and digest ``staging/trainer`` now; ``publish`` then reuses the digest.
@@ -701,7 +778,26 @@ class SnapshotStore:
                     elif entry.name.startswith(STAGING_PREFIX) and path not in self._staging:
                         _remove(path)
                         removed.append(path)
+            if not self._staging:  # nothing is being linked: the sweep (module docstring)
+                self._sweep()
         return removed
+
+    def _sweep(self) -> int:
+        """Delete every shared object no snapshot links (link count 1) and the temp files of
+        interrupted writes; how many objects went. Called in the lock, no staging open."""
+        shared = ObjectStore.of_snapshot_root(self.root)
+        swept = 0
+        for ref in list(shared.refs()):
+            path = shared.path(ref)
+            with contextlib.suppress(FileNotFoundError):
+                if path.lstat().st_nlink <= 1:
+                    path.unlink()
+                    swept += 1
+        top = shared.root / "sha256"
+        if top.is_dir():
+            for tmp in top.glob("*/.in.*.tmp"):
+                tmp.unlink(missing_ok=True)
+        return swept
 
     def prune_copies(self, pin_dir: Path) -> list[Path]:
         """Remove the restore copies under ``pin_dir`` this store does not pin; return them.
@@ -731,6 +827,27 @@ class SnapshotStore:
             f"<SnapshotStore root={str(self.root)!r} staging={len(self._staging)} "
             f"pinned={len(self._pinned)} last_seq={self._last_seq}>"
         )
+
+
+def _publish_stats(snapshot: Path) -> PublishStats:
+    """``PublishStats`` of the snapshot directory ``snapshot``, from its files' link counts:
+    an object linked by the shared store only (2 links) or by nothing else (a copy, 1) is new
+    with it; one with more links was there before."""
+    written = linked = new = 0
+    objects = snapshot / OBJECTS_DIR
+    for dirpath, _dirnames, filenames in os.walk(snapshot):
+        is_object = Path(dirpath).is_relative_to(objects)
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if is_object and st.st_nlink > 2:
+                    linked += 1
+                    continue
+                new += is_object
+                written += st.st_size
+    return PublishStats(written, linked, new)
 
 
 def _remove(path: Path) -> None:
@@ -803,7 +920,7 @@ def load_snapshot(path: Path) -> LoadedSnapshot:
 def _validate_manifest(manifest: GymManifest, base: Path) -> None:
     """Structural checks of a manifest whose state directories are relative to ``base``."""
     bad = f"{MANIFEST_NAME}:"
-    if manifest.version != MANIFEST_VERSION:
+    if manifest.version not in READ_MANIFEST_VERSIONS:
         raise ManifestError(
             f"{bad} version {manifest.version} is not supported "
             f"(this runtime reads version {MANIFEST_VERSION})"
@@ -931,22 +1048,75 @@ def verify_snapshot(
     """Every difference between the snapshot's manifest and the disk (and ``live``), one line each.
 
     Always recomputes ``records_digest`` of each participant's state directory and of the
-    trainer's files, and compares them with the committed digests. If ``live`` (instance
+    trainer's files, and compares them with the committed digests, and checks every object
+    reference and every object (``object_problems``). If ``live`` (instance
     name → ``[(server_name, kind)]`` in topology order) is given, the live deployment must
     match the recorded topology exactly:
     same instances, same participants in the same order, same kinds. An empty list means the
     snapshot may be installed.
     """
     diffs = trainer_files_problems(snapshot)
+    trusted: list[ParticipantRecord] = []
     for instance in snapshot.manifest.instances:
         for p in instance.participants:
             where = f"instance {instance.name}: participant {p.server_name}"
             problem = participant_state_problem(snapshot.path, p, where)
             if problem is not None:
                 diffs.append(problem)
+            else:
+                trusted.append(p)
+    diffs.extend(object_problems(snapshot.path, trusted))
     if live is not None:
         diffs.extend(topology_differences(snapshot.manifest, live))
     return diffs
+
+
+def object_problems(snapshot: Path, participants: Iterable[ParticipantRecord]) -> list[str]:
+    """Every missing or changed object of the snapshot directory ``snapshot``, one line each
+    naming its path: each chunk the ``participants``' ``records.json`` (digests checked
+    already; a state directory without one holds no references) name,
+    each object their states name (the index's ``objects`` list), and every object under
+    ``objects/``, hashed against its name."""
+    own = ObjectStore(Path(snapshot) / OBJECTS_DIR)
+    problems: list[str] = []
+    checked: set[str] = set()
+
+    def check(ref: str, what: str) -> None:
+        if ref in checked:
+            return
+        checked.add(ref)
+        problem = own.problem(ref)
+        if problem is not None:
+            problems.append(f"{what}: {problem}")
+
+    for p in participants:
+        what = f"{p.state_dir}/{RECORDS_FILE}"
+        try:
+            refs = records_chunk_refs((Path(snapshot) / what).read_bytes(), what)
+        except FileNotFoundError:
+            continue  # a Gym whose state is other files: its digest covers them
+        except (OSError, ManifestError) as exc:
+            problems.append(f"{what}: {exc}")
+            continue
+        for key, chunk_refs in refs.items():
+            for ref in chunk_refs:
+                check(ref, f"{what} chunk of {key}")
+        for ref in refs.get(OBJECTS_KEY, ()):
+            if own.problem(ref) is not None:
+                continue  # reported above
+            try:
+                named = read_chunk(own, ref, what)
+            except ManifestError as exc:
+                problems.append(str(exc))
+                continue
+            for obj in named:
+                if not isinstance(obj, str) or not OBJECT_REF_RE.fullmatch(obj):
+                    problems.append(f"{what}: {obj!r} in its objects list is not a reference")
+                    continue
+                check(obj, f"{what} object named by a state")
+    for ref in own.refs():
+        check(ref, OBJECTS_DIR)
+    return problems
 
 
 def check_snapshot(

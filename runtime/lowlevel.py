@@ -15,8 +15,9 @@ documented API, stable like the front door (as ``trio.lowlevel`` is trio's):
 - files a commit writes: ``write_atomic`` (a file that is either old or new after a crash)
   and ``fsync_dir`` (a directory's entries made durable);
 - objects shared between snapshots: ``ObjectStore`` (content-addressed, immutable files in a
-  snapshot root's ``objects/``), ``object_ref`` and ``parse_object_ref`` (the
-  ``sha256:<hex>`` strings that name them);
+  snapshot root's ``objects/``), ``SnapshotObjects`` (a snapshot's own objects, linked from
+  the shared store), ``object_ref`` and ``parse_object_ref`` (the ``sha256:<hex>`` strings
+  that name them);
 - the garbage collector around a checkpoint: ``collector_paused`` (full collections deferred
   while a checkpoint runs) and ``promote_survivors`` (what survived moved out of the
   collector's generations).
@@ -30,12 +31,13 @@ from __future__ import annotations
 
 from ._collector import collector_paused, promote_survivors
 from ._errors import crossable_error, crossing_boundary, unpicklable_error
-from ._objects import ObjectStore, object_ref, parse_object_ref
+from ._objects import ObjectStore, SnapshotObjects, object_ref, parse_object_ref
 from ._plain import checked_json, plain_problem
 from ._store import fsync_dir, write_atomic
 
 __all__ = [
     "ObjectStore",
+    "SnapshotObjects",
     "checked_json",
     "collector_paused",
     "crossable_error",

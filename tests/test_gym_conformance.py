@@ -64,7 +64,11 @@ from gymckpt.runtime import (
     records_digest,
     rollout_id_for,
 )
-from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, load_records
+from gymckpt.runtime._shared import (
+    RECORDS_FILE,
+    SessionRecords,
+    read_snapshot_records,
+)
 
 Factory = Callable[..., AbstractAsyncContextManager[Any]]
 
@@ -224,7 +228,7 @@ def manifest_parts(
 def read_records(root: Path, state_dir: str) -> Any:
     """A participant's committed records, typed (``AgentRecords``, ``SessionRecords``,
     ``StagedRecords`` by the role its keys say)."""
-    return load_records((root / state_dir / RECORDS_FILE).read_bytes(), state_dir)
+    return read_snapshot_records(root, state_dir)
 
 
 @asynccontextmanager
@@ -837,7 +841,7 @@ async def test_restore_refuses_a_tampered_state_file_and_changes_nothing(
         pass
     record, episodes = manifest_parts(reply)
     path = root / "gym-0" / "calendar" / RECORDS_FILE
-    path.write_bytes(path.read_bytes().replace(b"sentinel:", b"sentinel:X"))
+    path.write_bytes(path.read_bytes().replace(b'"kind":', b'"kind" :'))
     async with open_gym() as gym:
         with pytest.raises(TopologyMismatch) as info:
             await gym.restore("gym-0", str(root), record, episodes, deadline())
@@ -846,6 +850,15 @@ async def test_restore_refuses_a_tampered_state_file_and_changes_nothing(
         assert "on disk" in str(info.value) and "committed" in str(info.value)
         assert await calendar_sessions_of(gym, "gym-0") == {}
         assert (await gym.inventory("gym-0")).unclaimed == ()
+        # a changed chunk of the records (an object of the snapshot) is one too, named
+        path.write_bytes(path.read_bytes().replace(b'"kind" :', b'"kind":'))
+        [chunk] = orjson.loads(path.read_bytes())["chunks"]["sessions"]
+        chunk_path = root / "objects" / "sha256" / chunk[7:9] / chunk[7:]
+        chunk_path.chmod(0o644)
+        chunk_path.write_bytes(chunk_path.read_bytes().replace(b"sentinel:", b"sentinel:X"))
+        with pytest.raises(TopologyMismatch, match=rf"chunk {chunk} at {chunk_path}.*changed"):
+            await gym.restore("gym-0", str(root), record, episodes, deadline())
+        assert await calendar_sessions_of(gym, "gym-0") == {}
         # a missing participant directory is a difference too
         (root / "gym-0" / "model_proxy" / RECORDS_FILE).unlink()
         (root / "gym-0" / "model_proxy").rmdir()

@@ -35,7 +35,12 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, dump_records, load_records
+from gymckpt.runtime._shared import (
+    RECORDS_FILE,
+    SessionRecords,
+    dump_records,
+    read_snapshot_records,
+)
 
 
 @attrs.define
@@ -134,7 +139,7 @@ def rewrite(root: Path, record: InstanceRecord, name: str, change: Any) -> Insta
     for p in record.participants:
         if p.server_name == name:
             path = root / p.state_dir / RECORDS_FILE
-            records = load_records(path.read_bytes(), str(path), SessionRecords)
+            records = read_snapshot_records(root, p.state_dir, SessionRecords)
             path.write_bytes(dump_records(change(records)))
             p = attrs.evolve(p, records_digest=records_digest(root / p.state_dir))
         parts.append(p)
@@ -347,11 +352,11 @@ async def test_a_cut_takes_an_episode_in_a_model_call_at_its_boundary_without_th
         assert host.session_states("ledger")["1-0"].state == [0, 1]  # live: mutated in turn 1
         ledger = {s.rollout_id: s.state for s in read_sessions(root, "ledger")}
         assert ledger == {"1-0": [0]}  # the cut: as it was at boundary 1
-        agent = load_records((root / "gym-0/agent" / RECORDS_FILE).read_bytes(), "agent")
+        agent = read_snapshot_records(root, "gym-0/agent")
         assert [s.state for s in agent.sessions] == [
             {"answers": [{"key": call_key("1-0", 0, 0)}, {"key": call_key("1-0", 0, 1)}]}
         ]
-        proxy = load_records((root / "gym-0/model_proxy" / RECORDS_FILE).read_bytes(), "proxy")
+        proxy = read_snapshot_records(root, "gym-0/model_proxy")
         assert [c.key for c in proxy.staged[0].calls] == list(exported.capture_keys)
         assert trio.current_time() == start + 4.75  # nothing waited for the turn
         await host.resume("c1", deadline())
@@ -359,8 +364,7 @@ async def test_a_cut_takes_an_episode_in_a_model_call_at_its_boundary_without_th
 
 
 def read_sessions(root: Path, name: str) -> Any:
-    path = root / "gym-0" / name / RECORDS_FILE
-    return load_records(path.read_bytes(), str(path), SessionRecords).sessions
+    return read_snapshot_records(root, f"gym-0/{name}", SessionRecords).sessions
 
 
 async def test_a_reply_after_the_cut_waits_for_the_resume(

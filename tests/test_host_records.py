@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from gymckpt.gym_adapter.host._episodes import StagedModelCall
@@ -27,9 +28,20 @@ from gymckpt.runtime._shared import (
     StagedCall,
     StagedEpisode,
     StagedRecords,
+    chunk_records,
     dump_records,
     load_records,
+    records_to_plain,
 )
+from gymckpt.runtime.lowlevel import SnapshotObjects
+
+
+def inline(chunked: Any) -> bytes:
+    """The records ``chunked`` holds, as one inline ``records.json`` (version 1) reads them."""
+    plain = dict(chunked.head)
+    for key, chunks in chunked.chunks.items():
+        plain[key] = [e for c in chunks for e in orjson.loads(c)]
+    return dump_records(plain)
 
 
 def S(key: str, response: object) -> StagedModelCall:
@@ -87,16 +99,16 @@ def test_each_role_gets_its_own_records_and_the_owner_exports_the_held_episodes(
     kept = (("0-5", "0-5-a1", 1, {"calendar": {"events": [9]}}),)
     data, refused = build(held, kept, stranded="1-0-a0")
     assert refused == [] and sorted(data) == ["agent", "calendar", "model_proxy", "tool"]
-    agent = load_records(data["agent"], RECORDS_FILE, AgentRecords)
+    agent = load_records(inline(data["agent"]), RECORDS_FILE, AgentRecords)
     assert [s.step_boundary for s in agent.sessions] == [2, None]  # stranded: no boundary
     assert agent.exported is None  # an environment owns the episodes
-    calendar = load_records(data["calendar"], RECORDS_FILE, SessionRecords)
+    calendar = load_records(inline(data["calendar"]), RECORDS_FILE, SessionRecords)
     assert calendar.exported == ("0-0-a0", "1-0-a0") and calendar.retained
     assert [s.key for s in calendar.sessions] == ["0-0", "0-5", "1-0"]  # kept slots, by key
     assert calendar.sessions[1].state == {"events": [9]}
-    tool = load_records(data["tool"], RECORDS_FILE, SessionRecords)
+    tool = load_records(inline(data["tool"]), RECORDS_FILE, SessionRecords)
     assert tool.exported == () and not tool.retained and len(tool.sessions) == 2
-    staged = load_records(data["model_proxy"], RECORDS_FILE, StagedRecords)
+    staged = load_records(inline(data["model_proxy"]), RECORDS_FILE, StagedRecords)
     assert staged.staged[0].calls == (StagedCall("0-0:t0-c0", {"text": "hi"}, "0" * 64, 0),)
 
 
@@ -110,7 +122,7 @@ def test_a_held_episode_whose_state_is_not_plain_data_is_refused_and_left_out() 
     why = {r.rollout_id: r.message for r in refused}
     assert sorted(why) == ["1-0-a0", "2-0-a0"]
     assert "nan" in why["1-0-a0"] and "raised ValueError('no export')" in why["2-0-a0"]
-    agent = load_records(data["agent"], RECORDS_FILE, AgentRecords)
+    agent = load_records(inline(data["agent"]), RECORDS_FILE, AgentRecords)
     assert [s.rollout_id for s in agent.sessions] == ["0-0-a0"]
 
 
@@ -122,8 +134,9 @@ def test_a_retained_session_that_cannot_be_exported_fails_the_commit() -> None:
 def _commit(tmp_path: Path) -> InstanceRecord:
     data, _ = build([episode(0, 2, {"r": [1.0]}, {"events": [1]})])
     participants = []
+    objects = SnapshotObjects.of_snapshot(tmp_path, None)  # a commit's state root: its objects/
     for server, kind in LIVE:
-        write_records(tmp_path / "gym-0" / server, data[server])
+        write_records(tmp_path / "gym-0" / server, data[server], objects, None, server)
         participants.append(
             ParticipantRecord(
                 server, kind, f"gym-0/{server}", records_digest(tmp_path / "gym-0" / server)
@@ -239,5 +252,5 @@ def test_the_records_built_from_columns_are_the_typed_records_bytes(n: int) -> N
     data, refused = build(held, kept, stranded)
     assert refused == []
     for server, record in typed_records(held, kept, stranded).items():
-        assert data[server] == dump_records(record), server
-        assert load_records(data[server], RECORDS_FILE, type(record)) == record
+        assert data[server] == chunk_records(records_to_plain(record)), server
+        assert load_records(inline(data[server]), RECORDS_FILE, type(record)) == record

@@ -48,7 +48,10 @@ from gymckpt.runtime import (
     RuntimeConfig,
 )
 from gymckpt.runtime._ledger import dump_ledger_snapshot
-from gymckpt.runtime._shared import RECORDS_FILE, SessionRecords, load_records
+from gymckpt.runtime._shared import (
+    SessionRecords,
+    read_snapshot_records,
+)
 
 FAR = 1e9
 NAN, INF = float("nan"), float("inf")
@@ -376,8 +379,9 @@ async def test_a_failed_attempts_retained_mutation_is_not_kept_beside_its_retry(
         for host in (a, b):
             await host.prepare("c1", FAR)
             commit = await host.commit("c1", "snap", FAR)
-            file = tmp_path / "snap" / host.name / "calendar" / RECORDS_FILE
-            records = load_records(file.read_bytes(), str(file), SessionRecords)
+            records = read_snapshot_records(
+                tmp_path / "snap", f"{host.name}/calendar", SessionRecords
+            )
             sentinels += [e for s in records.sessions for e in s.state["events"]]
             assert commit.exported == ()
         assert a.session_states("calendar") == {}

@@ -19,7 +19,11 @@ import pytest
 
 from gymckpt.gym_adapter import split_capture_key
 from gymckpt.runtime import SnapshotStore, load_snapshot
-from gymckpt.runtime._shared import RECORDS_FILE, AgentRecords, StagedRecords, load_records
+from gymckpt.runtime._shared import (
+    AgentRecords,
+    StagedRecords,
+    read_snapshot_records,
+)
 from gymckpt.testing.openai_server import OpenAITestServer, open_openai_test_server
 
 pytestmark = pytest.mark.subprocess
@@ -51,8 +55,7 @@ def _staged(snapshot: Path) -> dict[str, list[Any]]:
     for inst in snap.manifest.instances:
         for part in inst.participants:
             if part.kind == "model_proxy":
-                file = snap.path / part.state_dir / RECORDS_FILE
-                records = load_records(file.read_bytes(), str(file), StagedRecords)
+                records = read_snapshot_records(snap.path, part.state_dir, StagedRecords)
                 for e in records.staged:
                     out[e.rollout_id] = list(e.calls)
     return out
@@ -70,8 +73,8 @@ def _reasked(workdir: Path) -> set[str]:
     for inst in snap.manifest.instances:
         for part in inst.participants:
             if part.kind == "simple_agent":
-                file = snap.path / part.state_dir / RECORDS_FILE
-                for s in load_records(file.read_bytes(), str(file), AgentRecords).sessions:
+                agent = read_snapshot_records(snap.path, part.state_dir, AgentRecords)
+                for s in agent.sessions:
                     if s.step_boundary is not None:
                         boundary[s.rollout_id] = s.step_boundary
     return {

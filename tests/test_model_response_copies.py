@@ -16,7 +16,7 @@ import trio
 from gymckpt.gym_adapter import Done, Environment, GymHost, RunRow
 from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.runtime import CheckpointMode
-from gymckpt.runtime._shared import RECORDS_FILE, StagedRecords, load_records
+from gymckpt.runtime._shared import StagedRecords, read_snapshot_records
 
 pytestmark = pytest.mark.trio
 
@@ -60,7 +60,6 @@ async def test_the_committed_response_is_the_one_the_model_gave(
         reply = await host.commit("c1", str(root), trio.current_time() + 30.0)
         await stream.aclose()
     proxy = next(p for p in reply.participants if p.server_name == "model_proxy")
-    path = root / proxy.state_dir / RECORDS_FILE
-    staged = load_records(path.read_bytes(), str(path), StagedRecords).staged
+    staged = read_snapshot_records(root, proxy.state_dir, StagedRecords).staged
     calls = [(c.key, c.response) for e in staged for c in e.calls]
     assert calls and all(response == {"tokens": [key]} for key, response in calls), calls

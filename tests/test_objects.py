@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gymckpt.runtime.lowlevel import ObjectStore, object_ref, parse_object_ref
+from gymckpt.runtime.lowlevel import ObjectStore, SnapshotObjects, object_ref, parse_object_ref
 
 
 def test_put_bytes_places_the_bytes_under_their_digest_once(tmp_path: Path) -> None:
@@ -56,3 +56,19 @@ def test_put_file_checks_what_it_places(tmp_path: Path) -> None:
 def test_a_reference_that_is_not_one_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="not an object reference"):
         parse_object_ref(bad)
+
+
+def test_put_all_places_many_objects_in_order_each_linked_from_the_shared_store(
+    tmp_path: Path,
+) -> None:
+    shared = ObjectStore.of_snapshot_root(tmp_path)
+    objects = SnapshotObjects.of_snapshot(tmp_path / ".staging-c1", shared)
+    datas = [b"chunk %d" % i for i in range(20)] + [b"chunk 3"]  # threads, and a duplicate
+    refs = objects.put_all(datas)
+    assert refs == [object_ref(hashlib.sha256(d).hexdigest()) for d in datas]
+    assert objects.dirty  # the directories to fsync, gathered from every thread
+    objects.sync()
+    assert not objects.dirty
+    for ref, data in zip(refs, datas, strict=True):
+        assert objects.own.read(ref) == data
+        assert objects.own.path(ref).stat().st_ino == shared.path(ref).stat().st_ino

@@ -29,7 +29,7 @@ from gymckpt.gym_adapter.environments.openai_model import (
     openai_model,
 )
 from gymckpt.runtime import CheckpointMode
-from gymckpt.runtime._shared import RECORDS_FILE, StagedRecords, load_records
+from gymckpt.runtime._shared import StagedRecords, read_snapshot_records
 from gymckpt.testing.openai_examples import ToolAgent, first_request
 from gymckpt.testing.openai_server import (
     OpenAITestServer,
@@ -101,8 +101,7 @@ async def test_the_capture_holds_the_response_with_token_ids_and_logprobs(
         gate.set()
         await stream.aclose()
     proxy = next(p for p in reply.participants if p.server_name == "model_proxy")
-    path = tmp_path / proxy.state_dir / RECORDS_FILE
-    staged = load_records(path.read_bytes(), str(path), StagedRecords).staged
+    staged = read_snapshot_records(tmp_path, proxy.state_dir, StagedRecords).staged
     responses = [c.response for e in staged for c in e.calls]
     want = expected(first_request(5), server)
     assert want in responses, responses

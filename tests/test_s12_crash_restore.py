@@ -17,7 +17,11 @@ from gymckpt.app.demo.main import (
     verdict,
 )
 from gymckpt.runtime import SnapshotStore, load_snapshot
-from gymckpt.runtime._shared import RECORDS_FILE, SessionRecord, SessionRecords, load_records
+from gymckpt.runtime._shared import (
+    SessionRecord,
+    SessionRecords,
+    read_snapshot_records,
+)
 
 pytestmark = pytest.mark.subprocess
 
@@ -28,8 +32,7 @@ def _calendar_sessions(snapshot_path: Path) -> dict[str, tuple[str, SessionRecor
     for inst in snap.manifest.instances:
         for part in inst.participants:
             if part.kind == "environment":
-                file = snap.path / part.state_dir / RECORDS_FILE
-                records = load_records(file.read_bytes(), str(file), SessionRecords)
+                records = read_snapshot_records(snap.path, part.state_dir, SessionRecords)
                 for sess in records.sessions:
                     out[sess.rollout_id] = (inst.name, sess)
     return out

@@ -367,7 +367,10 @@ def test_a_state_carries_only_the_changes_against_the_template_deletions_too(
 def test_a_state_whose_base_object_is_missing_is_refused_naming_it(tmp_path: Path) -> None:
     box = sandbox(tmp_path)
     m = box.export(box.open(INFO))
-    fresh = Sandbox(box.template, tmp_path / "elsewhere")  # a store without that object
+    other = tmp_path / "other-template"
+    other.mkdir()
+    (other / "README").write_text("another project\n")
+    fresh = Sandbox(other, tmp_path / "elsewhere")  # a store without that base object
     (fresh.home / "trees").mkdir(parents=True)
     _refused(fresh, m, f"object {m['base']} missing: restore from a snapshot that holds it")
     _refused(box, dict(m, base="sha256:" + "2" * 64), "missing: restore from a snapshot")

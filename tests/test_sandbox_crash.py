@@ -19,7 +19,7 @@ import pytest
 
 from gymckpt.gym_adapter.host._captured import arguments_digest
 from gymckpt.runtime import SnapshotStore, load_snapshot
-from gymckpt.runtime._shared import RECORDS_FILE, StagedRecords, load_records
+from gymckpt.runtime._shared import StagedRecords, read_snapshot_records
 
 pytestmark = pytest.mark.subprocess
 
@@ -143,8 +143,8 @@ def _staged_digests(snapshot: Path) -> list[str]:
     for inst in snap.manifest.instances:
         for part in inst.participants:
             if part.kind == "model_proxy":
-                file = snap.path / part.state_dir / RECORDS_FILE
-                for e in load_records(file.read_bytes(), str(file), StagedRecords).staged:
+                records = read_snapshot_records(snap.path, part.state_dir, StagedRecords)
+                for e in records.staged:
                     out += [c.request_digest for c in e.calls]
     return out
 

@@ -151,7 +151,10 @@ def test_prune_through_the_snapshot_root_once_the_trainer_is_gone(
         ("ckpt-000004", False),
         ("ckpt-000003", True),
     ]  # the pinned copy is listed and kept
-    assert [n for n in snapshot_names(workdir) if not n.startswith(".")] == ["ckpt-000004"]
+    assert [n for n in snapshot_names(workdir) if not n.startswith(".")] == [
+        "ckpt-000004",
+        "objects",  # the objects the snapshots share
+    ]
     assert ".staging-run-0099" not in snapshot_names(workdir)
     assert not (workdir / "snapshots" / ".gymckpt.lock").exists()  # the work directory's lock
     # the lock is free again: a trainer can take it

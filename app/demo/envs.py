@@ -21,7 +21,11 @@ Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
   codec, needs the network) is an ``EnvironmentSpecError`` with a one-line message naming the
   supported ids. The demo calls it once in the parent before any process starts (the check,
   with a temporary ``work_dir`` removed after) and once per phase to host the Gym
-  (``open_demo_gym`` wraps the model with ``slow_model``).
+  (``open_demo_gym`` wraps the model with ``slow_model``), or, on ``--backend http``, once in
+  each ``gymckpt serve`` process (``served_environment``).
+- ``http``: the family also runs on ``--backend http``: each instance a ``gymckpt serve``
+  process loading ``SERVED_FACTORY``, which builds the family's environment from what the
+  trainer puts in ``SERVED_ENV`` (the id, the Gym's work directory, the model server's URL).
 - ``reference(env_id, seed, row, slot) -> payload``: the episode of (row, slot) under
   deployment ``seed`` run uninterrupted with the plain library, the same value the hosted
   episode's ``Done.payload`` is (attrs records are unstructured with the project's converter
@@ -29,11 +33,19 @@ Interface. ``FAMILIES`` maps a prefix (``"gymnasium:"``) to an ``EnvFamily``:
   For ``sandbox:`` the payload holds the final tree's manifest and its ``work.log``: a match
   means the tree is byte-identical to the uninterrupted run's, each log line once.
 
-Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's process).
+Every family runs on ``--backend embedded`` (its Gym is hosted in the trainer's process); a
+family with ``http`` (the sandbox) also on ``--backend http``. There every server's environment
+keeps its files (a sandbox's blobs and trees) in the deployment's work directory, the same one
+embedded uses, which lies inside the state root the servers confine request paths to. A server
+started there after a kill (the next trainer process's, or a replacement) reuses no tree the
+killed one left: a restored session's tree is built from the snapshot's manifest, an episode
+run again starts from the template.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -41,7 +53,14 @@ from typing import Any, Final
 
 import attrs
 
-from gymckpt.gym_adapter import EmbeddedGym, Environment, GymBackend, HostConfig
+from gymckpt.gym_adapter import (
+    EmbeddedGym,
+    Environment,
+    EpisodeInfo,
+    GymBackend,
+    HostConfig,
+    HttpGym,
+)
 
 from .gymnasium import (
     MAX_EPISODE_STEPS,
@@ -53,10 +72,15 @@ from .gymnasium import (
 
 __all__ = [
     "FAMILIES",
+    "SERVED_ENV",
+    "SERVED_FACTORY",
     "EnvChoice",
     "EnvFamily",
+    "demo_environment",
     "env_choice",
     "open_demo_gym",
+    "served_environ",
+    "served_environment",
     "trajectory_verdict",
 ]
 
@@ -81,6 +105,7 @@ class EnvFamily:
     reference: Callable[[str, int, int, int], Any]
     model_latency_s: float = MODEL_LATENCY_S
     model_server: bool = False
+    http: bool = False
 
 
 def _gymnasium_environment(env_id: str, work_dir: Path) -> Environment:
@@ -186,6 +211,7 @@ FAMILIES: Final[dict[str, EnvFamily]] = {
             _sandbox_reference,
             SANDBOX_MODEL_LATENCY_S,
             model_server=True,
+            http=True,
         ),
     )
 }
@@ -214,6 +240,19 @@ def env_choice(env: str) -> EnvChoice | None:
     raise ValueError(f"--env must be calendar or {ids}, got {env!r}")
 
 
+def demo_environment(
+    choice: EnvChoice, work_dir: Path, model: Callable[[str, Any, EpisodeInfo], Any] | None = None
+) -> Environment:
+    """The family's environment for the id (its files under ``work_dir``), its model
+    (``model`` when given, else the family's own) answering after the family's
+    ``model_latency_s``."""
+    env = choice.family.environment(choice.env_id, work_dir)
+    if model is not None:
+        env = attrs.evolve(env, model=model)
+    assert env.model is not None
+    return attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
+
+
 @asynccontextmanager
 async def open_demo_gym(
     choice: EnvChoice,
@@ -222,36 +261,111 @@ async def open_demo_gym(
     work_dir: Path,
     faults: Sequence[str],
     lease_s: float,
+    *,
+    backend: str = "embedded",
+    state_root: Path | None = None,
 ) -> AsyncIterator[GymBackend]:
-    """The family's environment for the id, its model answering after the family's
-    ``model_latency_s`` (through the offline test server when ``model_server``), hosted in
-    this process."""
-    env = choice.family.environment(choice.env_id, work_dir)
+    """The family's Gym (``demo_environment``, through the offline test server when
+    ``model_server``): hosted in this process, or on ``backend`` ``"http"`` served by
+    ``instances`` spawned ``gymckpt serve`` processes (loopback, one bearer token, request
+    paths confined to ``state_root``) that load ``SERVED_FACTORY``. The test server, a child
+    of this process, lives as long as the Gym: a replaced server asks the same one."""
     async with AsyncExitStack() as stack:
+        server = None
         if choice.family.model_server:
-            env = attrs.evolve(env, model=await stack.enter_async_context(_served_model()))
-        assert env.model is not None
-        env = attrs.evolve(env, model=slow_model(env.model, choice.family.model_latency_s))
-        async with EmbeddedGym.host(
-            env,
-            instances=instances,
-            seed=seed,
-            work_dir=work_dir,
-            config=HostConfig(lease_s=lease_s),
-            faults=faults,
-        ) as gym:
-            yield gym
+            from gymckpt.testing.openai_server import open_openai_test_server
+
+            # loopback, no network; it exits with this process, a SIGKILLed phase's included
+            server = await stack.enter_async_context(open_openai_test_server())
+        config = HostConfig(lease_s=lease_s)
+        if backend == "http":
+            # the family's files (a sandbox's template) written once, here, before any server
+            # reads them: servers starting at once never write one file together
+            choice.family.environment(choice.env_id, work_dir)
+            environ = served_environ(
+                choice,
+                work_dir,
+                server.base_url if server else None,
+                server.model if server else None,
+            )
+            gym: GymBackend = await stack.enter_async_context(
+                HttpGym.spawn(
+                    SERVED_FACTORY,
+                    instances,
+                    work_dir=work_dir,
+                    config=config,
+                    faults=faults,
+                    seed=seed,
+                    state_root=state_root,
+                    environ=environ,
+                )
+            )
+        else:
+            model = _openai_model(server.base_url, server.model) if server else None
+            env = demo_environment(choice, work_dir, model)
+            gym = await stack.enter_async_context(
+                EmbeddedGym.host(
+                    env,
+                    instances=instances,
+                    seed=seed,
+                    work_dir=work_dir,
+                    config=config,
+                    faults=faults,
+                )
+            )
+        yield gym
 
 
-@asynccontextmanager
-async def _served_model() -> AsyncIterator[Any]:
-    """``openai_model`` against a test server process of its own (loopback, no network; it
-    exits with this process, a SIGKILLed phase's included)."""
+def _openai_model(base_url: str, model: str) -> Callable[[str, Any, EpisodeInfo], Any]:
     from gymckpt.gym_adapter.environments.openai_model import openai_model
-    from gymckpt.testing.openai_server import open_openai_test_server
 
-    async with open_openai_test_server() as server:
-        yield openai_model(base_url=server.base_url, model=server.model)
+    return openai_model(base_url=base_url, model=model)
+
+
+SERVED_ENV: Final = "GYMCKPT_DEMO_ENV"
+"""The environment variable a ``gymckpt serve`` process of the demo reads its environment from
+(JSON: ``env``, ``work_dir``, ``model_url``, ``model``; written by ``served_environ``)."""
+SERVED_FACTORY: Final = f"{__name__}:served_environment"
+"""The import path every ``gymckpt serve`` process of ``--backend http`` loads."""
+_SERVED_KEYS: Final = frozenset({"env", "work_dir", "model_url", "model"})
+
+
+def served_environ(
+    choice: EnvChoice, work_dir: Path, model_url: str | None, model: str | None
+) -> dict[str, str]:
+    """What ``served_environment`` reads: ``SERVED_ENV`` naming the family and id, the Gym's
+    work directory (absolute: a server may run elsewhere) and the model server, if any."""
+    config = {
+        "env": choice.label,
+        "work_dir": str(Path(work_dir).resolve()),
+        "model_url": model_url,
+        "model": model,
+    }
+    return {SERVED_ENV: json.dumps(config, sort_keys=True)}
+
+
+def served_environment() -> Environment:
+    """``demo_environment`` of the family and id ``SERVED_ENV`` names, its files under the
+    work directory named there, its model ``openai_model`` against the named server (the
+    family's own without one): the factory a demo's ``gymckpt serve`` loads. A missing or
+    malformed ``SERVED_ENV``, or a family that does not run over HTTP, is a ``ValueError``
+    naming it (``gymckpt serve`` exits 2 with it)."""
+    text = os.environ.get(SERVED_ENV)
+    if text is None:
+        raise ValueError(f"{SERVED_ENV} is not set: gymckpt demo --backend http sets it")
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{SERVED_ENV} is not JSON: {exc}") from None
+    if not isinstance(config, dict) or set(config) != _SERVED_KEYS:
+        raise ValueError(f"{SERVED_ENV} must be an object with keys {sorted(_SERVED_KEYS)}")
+    choice = env_choice(config["env"])
+    if choice is None or not choice.family.http:
+        raise ValueError(f"{SERVED_ENV}: --env {config['env']} does not run on --backend http")
+    model = None
+    if config["model_url"] is not None:
+        model = _openai_model(config["model_url"], config["model"])
+    return demo_environment(choice, Path(config["work_dir"]), model)
 
 
 def trajectory_verdict(

@@ -60,7 +60,8 @@ class DemoOptions:
     next step boundary until a checkpoint parks it."""
     env: str = "calendar"
     """The environment: the calendar workplace, or ``PREFIX:ID`` of a family in
-    ``demo_envs.FAMILIES`` (``gymnasium:ID``, ``textarena:ID``)."""
+    ``demo_envs.FAMILIES`` (``gymnasium:ID``, ``textarena:ID``); only a family with ``http``
+    (``sandbox:ID``) runs on ``--backend http``, none on ray."""
     crash_stage: str | None = None
     """Fault matrix: phase 1 SIGKILLs itself at this point (one of ``CRASH_STAGES``) of its
     checkpoint number ``crash_after_checkpoint`` (counting attempts, 1-based), instead of the
@@ -107,7 +108,12 @@ class DemoOptions:
             )
         choice = env_choice(self.env)
         if choice is not None and self.backend != "embedded":
-            raise ValueError(f"--env {choice.family.prefix}ID runs on --backend embedded")
+            if not choice.family.http:
+                raise ValueError(f"--env {choice.family.prefix}ID runs on --backend embedded")
+            if self.backend != "http":
+                raise ValueError(
+                    f"--env {choice.family.prefix}ID runs on --backend embedded or http"
+                )
 
     @property
     def env_choice(self) -> EnvChoice | None:

@@ -68,6 +68,8 @@ async def open_gym(opts: DemoOptions, workdir: Path) -> AsyncIterator[GymBackend
             workdir / "gym-live",
             opts.faults,
             opts.runtime_config().lease_s,
+            backend=opts.backend,
+            state_root=workdir,  # the servers accept snapshot paths inside the work directory
         ) as gym:
             yield gym
         return

@@ -25,10 +25,12 @@ from ._records import (
 )
 from ._results import Results, read_result
 from ._run import rerender, run_all
+from ._scale_run import STEPS, ScaleConfigs, run_scale
 from ._summary import write_summary
 from ._targets import TARGETS, Status, TargetRow, targets
 
 __all__ = [
+    "STEPS",
     "TARGETS",
     "CheckpointRayResult",
     "CheckpointResult",
@@ -38,6 +40,7 @@ __all__ = [
     "MemoryResult",
     "PreservedResult",
     "Results",
+    "ScaleConfigs",
     "Status",
     "TargetRow",
     "checkpoint_ray_section",
@@ -49,6 +52,7 @@ __all__ = [
     "read_result",
     "rerender",
     "run_all",
+    "run_scale",
     "targets",
     "write_summary",
 ]

@@ -5,9 +5,20 @@ and median actor per Gym call)."""
 from __future__ import annotations
 
 from ._format import Add, fmt, stall, turns_text
-from ._records import CheckpointRayResult, CheckpointRemoteResult, CheckpointResult, StageRow
+from ._records import (
+    CheckpointRayResult,
+    CheckpointRemoteResult,
+    CheckpointResult,
+    StageRow,
+    TrainerSideResult,
+)
 
-__all__ = ["checkpoint_keys", "checkpoint_ray_section", "checkpoint_section"]
+__all__ = [
+    "checkpoint_keys",
+    "checkpoint_ray_section",
+    "checkpoint_section",
+    "trainer_side_section",
+]
 
 
 def _late(row: StageRow) -> str:
@@ -162,6 +173,30 @@ def checkpoint_ray_section(add: Add, cr: CheckpointRemoteResult) -> None:
         + ("servers" if http else "actors and Ray's own processes")
         + " share this machine's cores."
     )
+    add("")
+
+
+def trainer_side_section(add: Add, ts: TrainerSideResult) -> None:
+    """The trainer side alone (``bench checkpoint --backend null``): close to resume and each
+    stage, against a Gym that answers at once."""
+    add(f"## The trainer side alone ({ts.in_flight:,} in flight, a Gym that answers at once)")
+    add("")
+    add(
+        f"One whole checkpoint (`gymckpt bench checkpoint --backend null`, {ts.instances} "
+        "instances that hold every row in flight and answer every control call at once): "
+        f"**{fmt(ts.close_to_resume_s, ' s', 2)} close to resume**"
+        + ("" if ts.checkpoint_ok else f" (failed: {ts.checkpoint_error})")
+        + f", longest loop stall of all causes {fmt(ts.stall_all_causes_ms, ' ms', 1)} "
+        f"(`{ts.max_loop_stall_task}`), longest GC pause {fmt(ts.gc_max_pause_ms, ' ms', 1)}."
+    )
+    add("")
+    add("| stage | wall | longest task step | heartbeat late | in Gym's calls |")
+    add("| --- | ---: | ---: | ---: | ---: |")
+    for r in ts.stages:
+        add(
+            f"| {r.stage} | {fmt(r.wall_ms, ' ms', 1)} | {stall(r.max_loop_stall_ms)} | "
+            f"{_late(r)} | {fmt(r.in_gym_calls_ms, ' ms', 1)} |"
+        )
     add("")
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "StageRow",
     "StallPass",
     "SweepRow",
+    "TrainerSideResult",
     "WakeByPending",
     "WakeMs",
     "WakeUs",
@@ -115,6 +116,9 @@ class ModeCheckpoint:
     turn_time_wall_s: float | None = None
     turn_time_simulated_s: float | None = None
     until_all_moving_excluding_turn_s: float | None = None
+    until_all_moving_with_wait_s: float | None = None
+    """Aligned on the embedded Gym: the wall time plus the simulated wait of its prepare
+    (what the episodes waited in all); unaligned, the wall time."""
     moving_after_return_s: float | None = None
     checkpoint_loop_cpu_s: float | None = None
     checkpoint_process_cpu_s: float | None = None
@@ -129,6 +133,21 @@ class ModeCheckpoint:
     episodes_exported: int | None = None
     control_pauses: PauseStats | None = None
     checkpoint_error: str | None = None
+    mid_turn: int | None = None
+    checkpoint_failure: str | None = None
+    checkpoints: int | None = None
+    """Checkpoints measured in this mode (``bench checkpoint --checkpoints``, embedded); the
+    other figures are the median completed one's. None: one checkpoint (an older result)."""
+    completed: int | None = None
+    complete_pct: float | None = None
+    mid_turn_median: float | None = None
+    pause_p50_ms_median: float | None = None
+    pause_p99_ms_median: float | None = None
+    vs_unaligned: dict[str, float | None] | None = None
+    """This mode's figures over pure unaligned's in the same run (``checkpoint.RATIO_KEYS``)."""
+    control_timeout_s: float | None = None
+    alignment_timeout_s: float | None = None
+    repeats: list[dict[str, Any]] | None = None
 
     def stall_all_causes_ms(self) -> float:
         """The longest time the loop could not run a task: a task step (GC in it included)
@@ -225,6 +244,9 @@ class CheckpointRemoteResult:
     modes: dict[str, ModeCheckpoint] | None = None
     turn_times: dict[str, Any] | None = None
     backend: str | None = None
+    client_sockets_max: int | None = None
+    """The trainer process's open sockets at their peak (``/proc/self/fd``), sampled from the
+    fill to the last checkpoint; None where not measured (an older result, no ``/proc``)."""
 
 
 @attrs.frozen
@@ -403,10 +425,38 @@ class DispatchRow:
 
 @attrs.frozen
 class DispatchResult:
-    """``dispatch.json``: dispatch throughput through the gate and the ledger, no Gym."""
+    """``dispatch.json``: dispatch throughput through the gate and the ledger, no Gym; with
+    ``--loop`` (``bench issue34``), rows/s through the whole loop on a null Gym (the runtime
+    alone) and on the embedded Gym (one-turn episodes), medians of the same run's runs."""
 
     rows_per_config: int
     results: list[DispatchRow]
+    loop_rows_per_s_null: int | None = None
+    loop_rows_per_s_embedded: int | None = None
+    loop_rows_per_s_bare: int | None = None
+    """The embedded host with episodes that end at their first step: the host's own cost."""
+    config: dict[str, Any] | None = None
+    """The run's ``DispatchConfig`` (``loop_attempts``: attempts per whole-loop run)."""
+
+
+# -- the trainer side alone (`bench checkpoint --backend null`) ------------------------------
+
+
+@attrs.frozen
+class TrainerSideResult:
+    """``trainer_side.json``: one whole checkpoint with ``in_flight`` rollouts in flight
+    against a Gym that answers at once; ``close_to_resume_s`` is the checkpoint's wall time."""
+
+    in_flight: int
+    checkpoint_ok: bool
+    close_to_resume_s: float
+    stall_all_causes_ms: float
+    stages: list[StageRow]
+    stage_s: dict[str, float] | None = None
+    checkpoint_error: str | None = None
+    gc_max_pause_ms: float | None = None
+    max_loop_stall_task: str | None = None
+    instances: int | None = None
 
 
 # -- fan-out on Ray ---------------------------------------------------------------------------
@@ -638,6 +688,13 @@ class HostPerStep:
     host_us_per_step_median: float
     host_overhead_us_per_step: float
     host_over_plain_ratio: float
+    host_on_demand_us_per_step_median: float | None = None
+    host_on_demand_over_plain_ratio: float | None = None
+    marks_on_demand_us_per_step: float | None = None
+    """What boundary marks cost a step in an aligned run of a host with
+    ``boundary_marks="on_demand"`` (that host against the same environment opted out, same
+    trials); 0 when no mark is taken. None in results from before it was measured."""
+    opted_out_us_per_step_median: float | None = None
 
 
 @attrs.frozen

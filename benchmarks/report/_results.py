@@ -38,6 +38,7 @@ from ._records import (
     MemoryResult,
     PreservedResult,
     SandboxResult,
+    TrainerSideResult,
 )
 
 __all__ = [
@@ -72,6 +73,8 @@ class Results:
     preserved: PreservedResult | None = None
     checkpoint_ray: CheckpointRayResult | None = None
     sandbox: SandboxResult | None = None
+    trainer_side: TrainerSideResult | None = None
+    """``trainer_side.json`` (``bench checkpoint --backend null --json``, or ``issue34``)."""
     host: HostResult | None = None
     """``host.json``, when present (``gymckpt bench host --json``, run on its own)."""
     others: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -142,6 +145,7 @@ OPTIONAL: dict[str, type] = {
     "checkpoint_ray": CheckpointRayResult,
     "host": HostResult,
     "sandbox": SandboxResult,
+    "trainer_side": TrainerSideResult,
 }
 """The benchmarks a run may lack (``--no-ray``, an older run, ``host.json`` saved on its own
 or not): each one's ``Results`` field and ``<name>.json`` file, and its record."""

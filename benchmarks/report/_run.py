@@ -16,6 +16,7 @@ from ..fanout import FanoutConfig, run_fanout
 from ..memory import run_memory
 from ..preserved import PreservedConfig, run_preserved
 from ..sandbox import SandboxBenchConfig, run_sandbox
+from ..trainer_side import TrainerSideConfig, run_trainer_side
 from ._plots import plot_checkpoint, plot_drain, plot_fanout, plot_preserved
 from ._results import Result, Results, dump, flat, load_result, other_runs
 from ._summary import results_targets, write_summary
@@ -35,8 +36,9 @@ def run_all(
     meta: dict[str, Any],
     progress: Progress,
     checkpoint_ray_cfg: CheckpointRayConfig | None = None,
-    sandbox_cfg: SandboxBenchConfig | None = None,
     remote_backends: tuple[str, ...] = ("ray", "http"),
+    trainer_side_cfg: TrainerSideConfig | None = None,
+    sandbox_cfg: SandboxBenchConfig | None = None,
 ) -> dict[str, Any]:
     """Every benchmark, then the JSON results, the plots and SUMMARY.md in ``out``.
     ``fanout_cfg`` and ``checkpoint_ray_cfg`` None skip the Ray parts (``--no-ray``); both
@@ -44,7 +46,7 @@ def run_all(
     at the same size). A remote checkpoint that cannot run (Ray does not start, the worker
     dies) is a result (``checkpoint_ok`` false, with the error), not the end of the run. A
     ``host.json`` already in ``out`` (``gymckpt bench host --json``, never run by ``all``) is
-    read into the report and named as another run's."""
+    read into the report and named as another run's. ``trainer_side_cfg`` None: no trainer side."""
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
 
@@ -57,18 +59,23 @@ def run_all(
     memory = write("memory.json", run_memory(memory_sizes, progress))
     dispatch = write("dispatch.json", run_dispatch(dispatch_cfg, progress))
     checkpoint = write("checkpoint.json", run_checkpoint(checkpoint_cfg, progress))
-    opt: dict[str, Result | None] = dict.fromkeys(("checkpoint_ray", "fanout", "preserved"))
+    checkpoint_ray = fanout = preserved = trainer_side = None
+    if trainer_side_cfg is not None:
+        trainer_side = write("trainer_side.json", run_trainer_side(trainer_side_cfg, progress))
     if checkpoint_ray_cfg is not None:
-        remote = run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress)
-        opt["checkpoint_ray"] = write("checkpoint_ray.json", remote)
+        checkpoint_ray = write(
+            "checkpoint_ray.json",
+            run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress),
+        )
     if fanout_cfg is not None:
-        opt["fanout"] = write("fanout.json", run_fanout(fanout_cfg, progress))
+        fanout = write("fanout.json", run_fanout(fanout_cfg, progress))
     if preserved_cfg is not None:
-        opt["preserved"] = write("preserved.json", run_preserved(preserved_cfg, progress))
-    opt["sandbox"] = (
+        preserved = write("preserved.json", run_preserved(preserved_cfg, progress))
+    sandbox = (
         None if sandbox_cfg is None else write("sandbox.json", run_sandbox(sandbox_cfg, progress))
     )
-    _remove_stale(out, opt)
+    skipped = {"checkpoint_ray": checkpoint_ray, "fanout": fanout, "preserved": preserved}
+    _forget_stale(out, {**skipped, "trainer_side": trainer_side, "sandbox": sandbox})
     progress("writing plots and SUMMARY.md")
     host = load_result(out, "host.json")  # `bench host`, run on its own: kept, and named
     results = Results.of(
@@ -77,36 +84,50 @@ def run_all(
         dispatch=dispatch,
         meta=meta,
         checkpoint=checkpoint,
+        fanout=fanout,
+        preserved=preserved,
+        checkpoint_ray=checkpoint_ray,
+        trainer_side=trainer_side,
+        sandbox=sandbox,
         host=host,
         others=other_runs(meta, {"host.json": host}),
-        **opt,
     )
     files += _render(results, out)
+    written = {
+        "drain": drain,
+        "memory": memory,
+        "dispatch": dispatch,
+        "checkpoint": checkpoint,
+        "checkpoint_ray": checkpoint_ray,
+        "fanout": fanout,
+        "preserved": preserved,
+        "trainer_side": trainer_side,
+        "sandbox": sandbox,
+    }
     return {
-        "drain": flat(drain),
-        "memory": flat(memory),
-        "dispatch": flat(dispatch),
-        "checkpoint": flat(checkpoint),
-        **{name: flat(result) for name, result in opt.items()},
+        **{name: flat(result) for name, result in written.items()},
         "targets": [t.to_json() for t in results_targets(results)],
         "files": [str(p) for p in files],
         "meta": meta,
     }
 
 
-_PLOTS_OF: dict[str, tuple[str, ...]] = {
-    "fanout": ("fanout.png",),
-    "preserved": ("preserved_work.png",),
+STALE_FILES = {
+    "checkpoint_ray": ("checkpoint_ray.json",),
+    "fanout": ("fanout.json", "fanout.png"),
+    "preserved": ("preserved.json", "preserved_work.png"),
+    "trainer_side": ("trainer_side.json",),
+    "sandbox": ("sandbox.json",),
 }
-"""The plots drawn from an optional benchmark's result, beside its ``<name>.json``."""
+"""The files of each benchmark ``all`` may skip (its JSON result and its plot)."""
 
 
-def _remove_stale(out: Path, optional: dict[str, Result | None]) -> None:
-    """Remove the JSON result and the plots of each optional benchmark this run did not run
-    (None): results of an earlier run must not pass for this one's."""
-    for name, result in optional.items():
+def _forget_stale(out: Path, results: dict[str, Result | None]) -> None:
+    """Remove the files (``STALE_FILES``) of each benchmark this run skipped (None): results
+    of an earlier run must not pass for this one's."""
+    for name, result in results.items():
         if result is None:
-            for file in (f"{name}.json", *_PLOTS_OF.get(name, ())):
+            for file in STALE_FILES[name]:
                 (out / file).unlink(missing_ok=True)
 
 

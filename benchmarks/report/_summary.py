@@ -9,7 +9,12 @@ from typing import Any
 
 from gymckpt.runtime.lowlevel import write_atomic
 
-from ._checkpoint import checkpoint_keys, checkpoint_ray_section, checkpoint_section
+from ._checkpoint import (
+    checkpoint_keys,
+    checkpoint_ray_section,
+    checkpoint_section,
+    trainer_side_section,
+)
 from ._drain import drain_method_section, drain_section
 from ._fanout import fanout_section
 from ._format import Add
@@ -19,6 +24,7 @@ from ._per_step import host_miss_lines, host_section
 from ._preserved import preserved_section
 from ._results import Results
 from ._runtime_tables import dispatch_section, memory_section
+from ._scale_misses import scale_miss_lines
 from ._targets import Status, TargetRow, targets
 
 __all__ = ["NOT_MEASURED", "results_targets", "write_summary"]
@@ -56,6 +62,10 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
     missed = {t.key for t in rows if t.status is Status.MISSED}
     misses += mode_miss_lines(missed, r.checkpoint, r.preserved)
     misses += host_miss_lines(missed, r.host)
+    measured = {t.key: t.measured for t in rows}
+    misses += scale_miss_lines(
+        missed, measured, r.checkpoint, r.checkpoint_ray, r.dispatch, r.host, r.trainer_side
+    )
     for text in misses:
         add(text)
     if not misses:
@@ -68,6 +78,8 @@ def write_summary(path: Path, results: Results, plots: list[Path]) -> None:
         preserved_section(add, r.preserved)
     if r.checkpoint is not None:
         checkpoint_section(add, r.checkpoint)
+    if r.trainer_side is not None:
+        trainer_side_section(add, r.trainer_side)
     if r.checkpoint_ray is not None:
         checkpoint_ray_section(add, r.checkpoint_ray)
         if r.checkpoint_ray.http is not None:
@@ -104,6 +116,9 @@ def results_targets(results: Results) -> list[TargetRow]:
         r.checkpoint_ray,
         host_marks=None if r.host is None else r.host.marks,
         sandbox=r.sandbox,
+        dispatch=r.dispatch,
+        host=r.host,
+        trainer_side=r.trainer_side,
     )
 
 

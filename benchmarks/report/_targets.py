@@ -13,13 +13,17 @@ from ._records import (
     CheckpointRayResult,
     CheckpointRemoteResult,
     CheckpointResult,
+    DispatchResult,
     DrainResult,
     FanoutResult,
     HostMarksResult,
+    HostResult,
     MemoryResult,
     PreservedResult,
     SandboxResult,
+    TrainerSideResult,
 )
+from ._scale_targets import scale_rows
 
 __all__ = ["TARGETS", "Status", "TargetRow", "targets"]
 
@@ -84,12 +88,17 @@ def targets(
     preserved: PreservedResult | None,
     checkpoint_ray: CheckpointRayResult | None = None,
     host_marks: HostMarksResult | None = None,
+    *,
+    dispatch: DispatchResult | None = None,
+    host: HostResult | None = None,
+    trainer_side: TrainerSideResult | None = None,
     sandbox: SandboxResult | None = None,
 ) -> list[TargetRow]:
     """The project's targets, each with the figure measured and its ``Status``: met,
     missed or not measured (a figure measured at another size than the target's counts as
     not measured; the figure is still shown); a figure to be reported only (no threshold)
-    is ``REPORTED`` once measured at its size, ``MISSED`` if the run failed."""
+    is ``REPORTED`` once measured at its size, ``MISSED`` if the run failed. The targets at
+    scale (``_scale_targets``) come last."""
     row = _Rows()
     _memory_rows(row, memory)
     _drain_rows(row, drain)
@@ -100,6 +109,7 @@ def targets(
     _mode_rows(row, checkpoint, checkpoint_ray, preserved)
     _preserved_row(row, preserved)
     _host_marks_row(row, host_marks)
+    scale_rows(row, checkpoint, checkpoint_ray, dispatch, host, trainer_side)
     _sandbox_rows(row, sandbox)
     return row.rows
 
@@ -547,7 +557,13 @@ def _unaligned_embedded_rows(row: _Rows, checkpoint: CheckpointResult | None) ->
     """The unaligned checkpoint at 200k on the embedded Gym: pause p99, until every episode
     moves, loop stall (the aligned mode's beside)."""
     emb = (checkpoint.modes or {}) if checkpoint is not None else {}
-    u, a = emb.get("unaligned"), emb.get("aligned")
+    u = emb.get("unaligned")
+    # beside: an aligned checkpoint that completed (the reference protocol's, else the
+    # alignment timeout's: the reference fails when a turn outlasts its bound)
+    a = next(
+        (emb[m] for m in ("aligned", "aligned_timeout") if m in emb and emb[m].checkpoint_ok),
+        None,
+    )
     n_c = checkpoint.in_flight if checkpoint is not None else None
     full = n_c is not None and n_c >= 200_000
     if u is None:

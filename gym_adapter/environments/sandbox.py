@@ -327,6 +327,7 @@ class Sandbox:
             self._import_legacy_blobs(data["tree"])
             tree = check_manifest(data["tree"], self.objects, self.limits)
         else:
+            self.template_base()  # the local template's files: present when it is the same
             base, base_tree = data["base"], self._base(data["base"])
             tree = apply_changes(base_tree, data["changes"])
             tree = check_manifest(tree, self.objects, self.limits)

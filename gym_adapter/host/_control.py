@@ -46,8 +46,14 @@ from gymckpt.runtime import (
     TopologyMismatch,
     records_digest,
 )
-from gymckpt.runtime._shared import AgentRecords, CommittedRecords, SessionRecords, StagedRecords
-from gymckpt.runtime.lowlevel import promote_survivors
+from gymckpt.runtime._shared import (
+    AgentRecords,
+    ChunkedRecords,
+    CommittedRecords,
+    SessionRecords,
+    StagedRecords,
+)
+from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
 from .._contract import (
     AgentSession,
@@ -62,7 +68,7 @@ from .._contract import (
     RetireReply,
     RunReply,
 )
-from ._cut import CutEpisode, mark_boundary, stand_ins, take_cut
+from ._cut import CUT_SLICE, CutEpisode, mark_boundary, stand_ins, take_cut
 from ._environment import Environment, Roles
 from ._episode import EpisodeInfo
 from ._episodes import BOUNDARY, DONE, UNCLAIMED, Episode, EpisodeTable, StagedModelCall
@@ -73,8 +79,11 @@ from ._records import (
     KeptExportError,
     Refusal,
     build_records,
+    commit_objects,
     offload,
+    participant_objects,
     read_committed,
+    restore_objects,
     write_records,
 )
 from ._slots import JournalSlot, KeptCopy, SlotTable
@@ -84,6 +93,21 @@ from ._views import HostCounts
 __all__ = ["ControlHost", "ControlPlane"]
 
 MODEL_PROXY = "model_proxy"
+
+
+@attrs.define(slots=True, eq=False)
+class _Cut:
+    """What a cut took on the loop, for the worker thread that writes its records: the
+    episodes taken, the replies listed on the wire, the unclaimed restored episodes and the
+    slots at the instant. The thread sorts the list (``on_wire_sorted``), counts ``mid_turn``
+    and frees ``taken`` there, not on the loop."""
+
+    taken: list[CutEpisode]
+    on_wire: list[str]
+    unclaimed: list[Episode]
+    kept: KeptCopy
+    on_wire_sorted: tuple[str, ...] = attrs.field(default=(), init=False)
+    mid_turn: int = attrs.field(default=0, init=False)
 
 
 @attrs.frozen
@@ -247,15 +271,44 @@ class ControlPlane:
 
     async def _commit_cut(self, checkpoint_id: str, state_root: str) -> CommitReply:
         """An unaligned commit, or an aligned one whose alignment timed out: the cut on the
-        loop, the records off it (module docstring). A parked episode is taken at the boundary
-        it waits at (its mark's), one still moving at its last one.
+        loop (in slices of ``CUT_SLICE`` episodes, ``_cut``), the records off it (module
+        docstring). A parked episode is taken at the boundary it waits at (its mark's), one
+        still moving at its last one.
 
-        An episode whose boundary mark holds a problem fails (data) before the cut lists the
-        replies on the wire, so its reply is among them and the checkpoint drains it. An
-        attempt fenced inside its turn (a newer attempt owns its slot; it ends at its next
-        context call or boundary, its reply dropped) is not taken: an aligned commit never
-        holds one either (it ends at the boundary where it would park), and its slot is the
-        newer attempt's in the records."""
+        An episode whose boundary mark holds a problem fails (data) with its reply listed on
+        the wire, so the checkpoint drains it. An attempt fenced inside its turn at the
+        instant (a newer attempt owns its slot; it ends at its next context call or boundary,
+        its reply dropped) is not taken: an aligned commit never holds one either (it ends at
+        the boundary where it would park), and its slot is the newer attempt's in the
+        records."""
+        generation = self.parking.generation
+        # no full collection of what the process holds inside the cut (``collector_paused``)
+        with collector_paused(self.freeze_survivors):
+            if self.parking.unmarked_turns:
+                cut = self._cut_whole(checkpoint_id)
+                self.parking.unmarked_turns = False
+            else:
+                cut = await self._cut_in_slices(checkpoint_id, generation)
+            exported, sessions, participants, _refused, problem = await offload(
+                functools.partial(self._export_cut, checkpoint_id, self._root(state_root), cut)
+            )
+        self._check_exported(checkpoint_id, generation, problem)
+        self.count.commits += 1
+        self.parking.arm_lease(self._lease_expired)
+        return CommitReply(
+            self.name,
+            checkpoint_id,
+            participants,
+            exported,
+            cut.on_wire_sorted,
+            sessions,
+            mid_turn=cut.mid_turn,
+        )
+
+    def _cut_whole(self, checkpoint_id: str) -> _Cut:
+        """The first cut after marks were armed on demand, in one step: an episode inside a
+        turn that started before the arming has no mark and is retried, its reply listed on
+        the wire before the hold (``_retry_unmarked``)."""
         live = [
             ep
             for ep in self.table.active.values()
@@ -274,32 +327,117 @@ class ControlPlane:
             self._retry_unmarked(checkpoint_id, unmarked)
         taken, bad = take_cut(live)
         for ep in bad:
-            assert ep.mark is not None and ep.mark.problem is not None
-            self.failure_log.warn(ep.mark.problem, ep.mark.exc)
-            ep.stop()
-            self.host.end_episode(ep, Failed(ep.rollout_id, "data", ep.mark.problem))
+            self._fail_marked(ep)
         self.streams.release()  # held since an earlier cut of this checkpoint: before this one
-        on_wire = tuple(sorted(self.streams.on_wire))
+        on_wire = list(self.streams.on_wire)
         self.streams.hold()
-        unclaimed = list(self.table.unclaimed.values())
-        kept = self.slots.copy()
-        generation = self.parking.generation
-        exported, sessions, participants, _refused, problem = await offload(
-            functools.partial(
-                self._export_cut, checkpoint_id, self._root(state_root), taken, unclaimed, kept
-            )
-        )
-        self._check_exported(checkpoint_id, generation, problem)
-        self.count.commits += 1
-        self.parking.arm_lease(self._lease_expired)
-        return CommitReply(
-            self.name,
-            checkpoint_id,
-            participants,
-            exported,
-            on_wire,
-            sessions,
-            mid_turn=sum(1 for c in taken if c.mid_turn),
+        return _Cut(taken, on_wire, list(self.table.unclaimed.values()), self.slots.copy())
+
+    async def _cut_in_slices(self, checkpoint_id: str, generation: int) -> _Cut:
+        """The cut in slices of at most ``CUT_SLICE`` episodes, one scheduler step each
+        (``_cut``): the instant lists the replies on the wire, holds the rest and copies the
+        tables (C-level copies); each slice then takes its episodes as they are now. Raises
+        as a commit does if the instance dies or the checkpoint reopens between two slices."""
+        streams = self.streams
+        streams.release()  # held since an earlier cut of this checkpoint: before this one
+        on_wire = list(streams.on_wire)
+        streams.hold()
+        episodes = list(self.table.active.values())
+        cut = _Cut([], on_wire, list(self.table.unclaimed.values()), self.slots.copy())
+        bound = CUT_SLICE
+        for start in range(0, len(episodes), bound):
+            if start:
+                await anyio.lowlevel.checkpoint()
+                if self.host.dead:
+                    raise GymInstanceDead(self.name, "commit")
+                self._check_still_prepared(checkpoint_id, generation)
+            self._take_slice(checkpoint_id, episodes[start : start + bound], cut)
+        return cut
+
+    def _take_slice(self, checkpoint_id: str, episodes: Sequence[Episode], cut: _Cut) -> None:
+        """Take one slice's episodes into ``cut`` (``_cut_in_slices``). An episode that ended
+        since the instant is taken at its last mark (its final reply is held), with the calls
+        it completed up to now (a cut of it here: nothing it did since reached the trainer);
+        one fenced at
+        the instant is not taken; one whose mark holds a problem fails, or, ended since, has
+        its held reply put on the wire: either way listed for the checkpoint to drain."""
+        owners = cut.kept.owners  # the slots' owners at the instant
+        live: list[Episode] = []
+        for ep in episodes:
+            if owners.get(ep.key, ("",))[0] != ep.rollout_id:
+                continue  # fenced at the instant
+            if ep.mark is None or (ep.mark.turn != ep.turn and ep.state != DONE):
+                if ep.state != DONE and not ep.stepping:  # at a boundary: marked where it is
+                    ep.mark = mark_boundary(self.roles.sessions, ep, self.roles.versions)
+                elif ep.state != DONE:  # inside a turn with no mark: not after a whole cut
+                    retried = self._retried(checkpoint_id, ep)
+                    self.failure_log.warn(retried.message)
+                    self._end_on_wire(ep, retried, cut.on_wire)
+                    continue
+                else:
+                    self._put_through(ep, cut.on_wire)
+                    continue
+            live.append(ep)
+        taken, bad = take_cut(live)
+        cut.taken.extend(taken)
+        for ep in bad:
+            if ep.state == DONE:
+                self._put_through(ep, cut.on_wire)
+            else:
+                self._fail_marked(ep, cut.on_wire)
+
+    def _fail_marked(self, ep: Episode, on_wire: list[str] | None = None) -> None:
+        """Fail ``ep``, whose boundary mark holds a problem (data); ``on_wire``: the hold is on,
+        its reply goes on the wire past it and is listed there."""
+        mark = ep.mark
+        assert mark is not None and mark.problem is not None
+        self.failure_log.warn(mark.problem, mark.exc)
+        reply = Failed(ep.rollout_id, "data", mark.problem)
+        if on_wire is None:
+            ep.stop()
+            self.host.end_episode(ep, reply)
+        else:
+            self._end_on_wire(ep, reply, on_wire)
+
+    def _end_on_wire(self, ep: Episode, reply: Failed, on_wire: list[str]) -> None:
+        """End ``ep`` with ``reply`` on the wire though the cut holds replies, listed in
+        ``on_wire`` (the checkpoint drains it: the episode ended before its cut)."""
+        ep.stop()
+        streams = self.streams
+        streams.holding = False
+        try:
+            self.host.end_episode(ep, reply)
+        finally:
+            streams.holding = True
+        if ep.rollout_id in streams.on_wire:
+            on_wire.append(ep.rollout_id)
+
+    def _put_through(self, ep: Episode, on_wire: list[str]) -> None:
+        """``ep`` ended since the instant and cannot be taken: its held final reply (if any)
+        goes on the wire, listed in ``on_wire``, as if it had ended before the cut."""
+        st = ep.stream
+        if st is None:
+            return
+        for i, reply in enumerate(st.held):
+            if reply.rollout_id == ep.rollout_id:
+                del st.held[i]
+                streams = self.streams
+                streams.holding = False
+                try:
+                    streams.push(st, reply)
+                finally:
+                    streams.holding = True
+                on_wire.append(ep.rollout_id)
+                return
+
+    def _retried(self, checkpoint_id: str, ep: Episode) -> Failed:
+        """The reply of ``ep``, cut inside a turn that started before marks were armed."""
+        return Failed(
+            ep.rollout_id,
+            "infra",
+            f"{self.name}: checkpoint {checkpoint_id} cut the episode inside turn "
+            f"{ep.turn}, which started before the instance took boundary marks: "
+            "retried from its start",
         )
 
     def _retry_unmarked(self, checkpoint_id: str, unmarked: Sequence[Episode]) -> None:
@@ -317,16 +455,7 @@ class ControlPlane:
         )
         for ep in unmarked:
             ep.stop()
-            self.host.end_episode(
-                ep,
-                Failed(
-                    ep.rollout_id,
-                    "infra",
-                    f"{self.name}: checkpoint {checkpoint_id} cut the episode inside turn "
-                    f"{ep.turn}, which started before the instance took boundary marks: "
-                    "retried from its start",
-                ),
-            )
+            self.host.end_episode(ep, self._retried(checkpoint_id, ep))
 
     def _check_exported(
         self, checkpoint_id: str, generation: int, problem: Exception | None
@@ -358,12 +487,7 @@ class ControlPlane:
             )
 
     def _export_cut(
-        self,
-        checkpoint_id: str,
-        root: Path,
-        taken: list[CutEpisode],
-        unclaimed: list[Episode],
-        kept: KeptCopy,
+        self, checkpoint_id: str, root: Path, cut: _Cut
     ) -> tuple[
         tuple[ExportedEpisode, ...],
         tuple[AgentSession, ...],
@@ -371,19 +495,25 @@ class ControlPlane:
         list[Refusal],
         Exception | None,
     ]:
-        """The records of a cut (in a worker thread): what ``take_cut`` copied, and the
-        unclaimed restored episodes and kept sessions, which nothing moves meanwhile (admission
-        is closed and retire refused while prepared)."""
+        """The records of a cut (in a worker thread): what the cut copied, and the unclaimed
+        restored episodes and kept sessions, which nothing moves meanwhile (admission is
+        closed and retire refused while prepared). Sorts the cut's list of replies on the
+        wire, counts its mid-turn episodes and frees what it took, all here: none of it is
+        the loop's work."""
+        cut.on_wire_sorted = tuple(sorted(set(cut.on_wire)))
+        cut.mid_turn = sum(1 for c in cut.taken if c.mid_turn)
+        taken, cut.taken = cut.taken, []
         try:
-            held = stand_ins(self.roles.sessions, taken, unclaimed)
+            held = stand_ins(self.roles.sessions, taken, cut.unclaimed)
         except Exception as exc:  # an unclaimed episode's export raised
             problem = KeptExportError(f"exporting an unclaimed restored episode raised {exc!r}")
             problem.__cause__ = exc
             return (), (), (), [], problem
+        del taken
         return self._export(
             checkpoint_id,
             root,
-            _Tables(held, [], kept),
+            _Tables(held, [], cut.kept),
             exported=True,
         )
 
@@ -435,13 +565,10 @@ class ControlPlane:
             held = [ep for ep in held if ep.rollout_id not in gone]
             if stranded in gone:
                 stranded = None
-        participants = []
-        for server, kind in self.participants:
-            directory = root / self.name / server
-            write_records(directory, records[server])
-            participants.append(
-                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
-            )
+        try:
+            participants = self._write(root, records)
+        except KeptExportError as exc:  # a state names an object its participant lacks
+            return (), (), (), [], exc
         owner = self.roles.owner
         agent_name, agent_kind = self.environment.agent.name, self.environment.agent.kind
         keys = [ep.capture_keys for ep in held]
@@ -463,6 +590,22 @@ class ControlPlane:
             for ep, k in zip(held, keys, strict=True)
         )
         return episodes, sessions, tuple(participants), refused, None
+
+    def _write(self, root: Path, records: Mapping[str, ChunkedRecords]) -> list[ParticipantInfo]:
+        """Write every participant's records under ``root/<instance>/`` (their objects first,
+        ``write_records``) and report them; ``KeptExportError`` if a committed state names an
+        object its participant does not have."""
+        objects = commit_objects(root)
+        stores = {p.name: participant_objects(p) for p in self.roles.sessions}
+        participants = []
+        for server, kind in self.participants:
+            directory = root / self.name / server
+            who = f"instance {self.name}: participant {server}"
+            write_records(directory, records[server], objects, stores.get(server), who)
+            participants.append(
+                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
+            )
+        return participants
 
     def resume(self, checkpoint_id: str) -> None:
         """Reopen admission, unpark, and put the replies held since a cut on the wire; a no-op
@@ -569,6 +712,10 @@ class ControlPlane:
             self.name, self.participants, self._root(state_root), record
         )
         loaded = _Committed(records)
+        if not diffs:  # the objects the states name, back in their stores before any restore
+            diffs += restore_objects(
+                self.roles.sessions, records, self._root(state_root), f"instance {self.name}"
+            )
         restored: dict[str, Episode] = {}
         kept: dict[str, tuple[str, int, dict[str, Any]]] = {}
         if not diffs:

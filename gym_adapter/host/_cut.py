@@ -3,11 +3,22 @@
 As an episode passes a step boundary (before its next turn starts), the host keeps a
 ``BoundaryMark``: every session state of the episode (agent, participants, retained ones of its
 slot), exported and serialised to JSON bytes there and then, so nothing a later turn does to a
-live state can reach it. An unaligned commit is the instance's *cut*, taken on the event loop
-in one go: each active episode is taken as its mark holds it, with every model call it
-completed up to the cut (``ep.staged`` is append-only: a copy of it at the cut is exactly those
-calls); a call in progress at the cut is not among them, so a restore asks it again. The worker
-thread that writes the records reads only what the cut copied.
+live state can reach it. An unaligned commit is the instance's *cut*: each active episode is
+taken as its mark holds it, with every model call it completed up to the cut (``ep.staged`` is
+append-only: a copy of it at the cut is exactly those calls); a call in progress at the cut is
+not among them, so a restore asks it again. The worker thread that writes the records reads
+only what the cut copied.
+
+The cut runs on the loop in slices of at most ``CUT_SLICE`` episodes, yielding to the loop
+between two (``ControlPlane._commit_cut``), so 200k episodes never hold the loop in one step.
+Its *instant* is the first step: the replies on the wire are listed, and every reply pushed
+from then on is held (``ReplyStreams.hold``). An episode is taken when its slice comes, at the
+mark it has then: whatever it did since the instant produced nothing the trainer saw (its
+replies are held), so each episode's own cut is consistent with the list, and an episode that
+ended since the instant is taken at its last mark as well (its final reply is held: after its
+cut). Only the first cut after marks were armed on demand runs in one step
+(``Parking.unmarked_turns``): the episodes inside a turn that started before the arming fail
+there, and their replies must be listed before the hold.
 
 Marks are taken once armed (``Parking.marks``: from the start, or from the first prepare that
 may cut, ``HostConfig.boundary_marks``). Invariant, while armed: an episode that has a mark has
@@ -32,10 +43,17 @@ from gymckpt.runtime import NotPlainData
 from gymckpt.runtime.lowlevel import checked_json
 
 from ._episode import to_plain
-from ._episodes import BOUNDARY, Episode, StagedModelCall
+from ._episodes import BOUNDARY, DONE, Episode, StagedModelCall
 from ._log import episode_label
 
-__all__ = ["BoundaryMark", "CutEpisode", "mark_boundary", "stand_ins", "take_cut"]
+__all__ = [
+    "CUT_SLICE",
+    "BoundaryMark",
+    "CutEpisode",
+    "mark_boundary",
+    "stand_ins",
+    "take_cut",
+]
 
 
 @final
@@ -65,6 +83,13 @@ _EXACT: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_DATETIME
 )
+
+CUT_SLICE: Final = 1024
+"""The most episodes one step of a sliced cut takes (``ControlPlane._commit_cut``), and the most
+records a chunk of a commit's reply packs (``transports/ray``): bounded loop steps at any scale.
+Taking an episode costs about 1 µs, so a slice about 1 ms; fewer, larger slices would hold the
+loop longer, more, smaller ones would make the cut wait for more scheduler batches of a busy
+loop."""
 
 
 def _finite_json(states: list[Any]) -> bytes | None:
@@ -212,13 +237,14 @@ def take_cut(episodes: Iterable[Episode]) -> tuple[list[CutEpisode], list[Episod
 
     Every episode must have a mark of its current boundary (``Turns`` makes one at each
     boundary once armed; the caller marks an episode at a boundary that has none, and leaves
-    out one inside a turn that has none); ``staged`` is copied here, so a capture made after
-    the cut is not in it."""
+    out one inside a turn that has none), or have ended (``DONE``) since its last mark (a
+    sliced cut takes it there: its final turn moved ``turn`` on and made no mark);
+    ``staged`` is copied here, so a capture made after the cut is not in it."""
     taken: list[CutEpisode] = []
     refused: list[Episode] = []
     for ep in episodes:
         mark = ep.mark
-        assert mark is not None and mark.turn == ep.turn, ep.rollout_id
+        assert mark is not None and (mark.turn == ep.turn or ep.state == DONE), ep.rollout_id
         if mark.problem is not None:
             refused.append(ep)
             continue

@@ -316,6 +316,19 @@ class Participant(Protocol):
     meanwhile) is not exported again; its bytes from that mark are reused. The version must
     change whenever what ``export`` would return changes (a counter bumped on every
     mutation); None means "unknown: export it". Without the method every mark exports.
+
+    Objects (state too large for JSON, such as a sandbox's files): a participant MAY keep them
+    in an attribute ``objects: ObjectStore`` (``gymckpt.runtime.lowlevel``: content-addressed,
+    immutable) and name them in its exported states, with a method ``object_refs(data) ->
+    Iterable[str]`` returning the ``"sha256:<hex>"`` references one exported state names. At a
+    commit the host puts every object the committed states name into the snapshot (shared
+    between snapshots: an object already stored is only linked, never written again); one
+    missing from ``objects`` fails the commit, naming the participant and the reference. At a
+    restore, before ``restore(data)`` is called, every object the committed states name that
+    ``objects`` lacks is put there from the snapshot (checked against its reference), so
+    ``restore`` finds them however fresh the store. The participant keeps each object it named
+    in an exported state (it never deletes or rewrites one): a later commit of an unaligned
+    cut may still name it. Both or neither: with only one of them, the host ignores both.
     """
 
     @property

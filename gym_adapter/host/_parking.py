@@ -84,6 +84,10 @@ class Parking:
     """Whether episodes take a boundary mark at each step boundary (``_cut``): armed by the
     first prepare that may end in a cut (``arm_marks``), never disarmed. Before that no
     boundary exports anything: a run that never cuts pays nothing for marks."""
+    unmarked_turns: bool = attrs.field(default=False, init=False)
+    """Marks were armed while episodes moved, and no cut has run since: an episode may be inside
+    a turn that started before, with no mark to be taken at, so the next cut runs whole, in one
+    step (``ControlPlane._commit_cut``), and clears this; every later cut runs in slices."""
     _parked: list[Episode] = attrs.field(factory=list, init=False)
     _prepared_evt: anyio.Event | None = attrs.field(default=None, init=False)
     """Set when a checkpoint is prepared (wakes episodes held by ``ctx.hold()``)."""
@@ -141,7 +145,10 @@ class Parking:
     # -- boundary marks ------------------------------------------------------------------------
 
     def arm_marks(self) -> None:
-        """From now on every step boundary takes a mark (``marks``)."""
+        """From now on every step boundary takes a mark (``marks``); armed while episodes move,
+        the next cut runs whole (``unmarked_turns``)."""
+        if not self.marks:
+            self.unmarked_turns = self.moving > 0
         self.marks = True
 
     async def boundary(self, ep: Episode, fenced: Callable[[Episode], bool]) -> bool:

@@ -3,8 +3,20 @@ reading them back verified.
 
 Each participant's records are one JSON file (``records.json``) in its own directory, written
 atomically (temp, fsync, rename, fsync dir); its digest goes in the commit reply and the
-manifest. What the file holds is a typed record of the snapshot format (``AgentRecords``,
-``SessionRecords``, ``StagedRecords``), parsed strictly on the way back. Reading back first
+manifest. The file is an index: the sessions are chunks, objects of the snapshot (``runtime.
+_snapshot_format``: content-defined, so a chunk whose sessions did not change is the same
+object as at the last checkpoint, only linked), and it lists the objects the participant's
+states name (a participant with ``objects`` and ``object_refs``: the host puts each into the
+snapshot at commit, and back into the participant's store before ``restore``). Objects are
+written (and fsynced) before the index that names them. What the records hold is a typed
+record of the snapshot format (``AgentRecords``, ``SessionRecords``, ``StagedRecords``),
+parsed strictly on the way back.
+
+Where the objects go: a commit's ``state_root`` is ``<snapshot>/gym`` (what the runtime
+passes) or, when it is not named ``gym``, the snapshot directory itself (a restore's
+``state_root`` always is); the snapshot's objects are its ``objects/``, and when the snapshot is
+a staging directory of a snapshot store (``.staging-…``) they are linked from that store's
+shared ``objects/`` (``SnapshotObjects``). Reading back first
 checks what the runtime checks too (topology equal to the live instance's, state directory
 inside the snapshot, digest as committed) and collects every difference, so a restore refuses
 with the whole list and changes nothing.
@@ -27,21 +39,31 @@ import sniffio
 
 from gymckpt.runtime import InstanceRecord, ManifestError, NotPlainData
 from gymckpt.runtime._shared import (
+    GYM_STATE_DIR,
     RECORDS_FILE,
+    STAGING_PREFIX,
     AgentRecords,
+    ChunkedRecords,
     CommittedRecords,
     SessionRecords,
     StagedRecords,
     agent_records_plain,
     all_finite,
-    dump_records,
+    chunk_records,
     load_records,
     participant_differences,
     participant_state_problem,
     session_records_plain,
     staged_records_plain,
 )
-from gymckpt.runtime.lowlevel import checked_json, plain_problem, write_atomic
+from gymckpt.runtime.lowlevel import (
+    ObjectStore,
+    SnapshotObjects,
+    checked_json,
+    parse_object_ref,
+    plain_problem,
+    write_atomic,
+)
 
 from ._episode import to_plain
 from ._log import episode_label
@@ -56,8 +78,11 @@ __all__ = [
     "KeptExportError",
     "Refusal",
     "build_records",
+    "commit_objects",
     "offload",
+    "participant_objects",
     "read_committed",
+    "restore_objects",
     "topology_differences",
     "write_records",
 ]
@@ -68,11 +93,103 @@ Kept = tuple[str, str, int, dict[str, Any]]
 """A retained slot of an ended episode: (key, rollout ID, attempt, states by participant)."""
 
 
-def write_records(directory: Path, data: bytes) -> None:
-    """Write one participant's records (``build_records``' bytes) as
-    ``directory/records.json`` (atomic)."""
+def snapshot_of(state_root: Path) -> Path:
+    """The snapshot directory of a commit's or restore's ``state_root`` (module docstring)."""
+    return state_root.parent if state_root.name == GYM_STATE_DIR else state_root
+
+
+def commit_objects(state_root: Path) -> SnapshotObjects:
+    """Where a commit under ``state_root`` puts its objects (module docstring)."""
+    snapshot = snapshot_of(state_root)
+    shared = (
+        ObjectStore.of_snapshot_root(snapshot.parent)
+        if snapshot.name.startswith(STAGING_PREFIX)
+        else None
+    )
+    return SnapshotObjects.of_snapshot(snapshot, shared)
+
+
+def participant_objects(participant: Any) -> ObjectStore | None:
+    """The store of a participant that keeps objects (``objects: ObjectStore`` and an
+    ``object_refs`` method), else None."""
+    store = getattr(participant, "objects", None)
+    if isinstance(store, ObjectStore) and callable(getattr(participant, "object_refs", None)):
+        return store
+    return None
+
+
+def write_records(
+    directory: Path,
+    records: ChunkedRecords,
+    objects: SnapshotObjects,
+    store: ObjectStore | None,
+    who: str,
+) -> None:
+    """Write one participant's records (``build_records``' chunks) as ``directory/
+    records.json``: first each object its states name, from its ``store``, and each chunk into
+    ``objects``, all made durable, then the index (atomic). An object the states name that is
+    not in ``store`` (or does not hold its bytes) is ``KeptExportError`` naming ``who`` and
+    the reference: the commit fails."""
+    for ref in records.object_refs:
+        source = store.path(ref) if store is not None else None
+        if source is None or not source.is_file():
+            raise KeptExportError(
+                f"{who}: a committed state names object {ref}, which is not in its object "
+                f"store ({source}); a participant keeps every object its exported states "
+                "name until no snapshot can need it"
+            )
+        try:
+            objects.put_file(source, ref)
+        except ValueError as exc:
+            raise KeptExportError(f"{who}: object {ref} in its store: {exc}") from None
+    refs = {key: objects.put_all(chunks) for key, chunks in records.chunks.items()}
+    objects.sync()
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / RECORDS_FILE, data)
+    write_atomic(directory / RECORDS_FILE, records.index(refs))
+
+
+def restore_objects(
+    participants: Sequence[Any],
+    records: Mapping[str, CommittedRecords],
+    state_root: Path,
+    where: str,
+) -> list[str]:
+    """Put back into each object-keeping participant's store (``participant_objects``) every
+    object its committed states name that it lacks, from the snapshot's ``objects/``, checked
+    against its reference; every problem (an object missing from the snapshot or changed, a
+    reference that is not one, ``object_refs`` raising), one line each. Runs before any
+    ``restore`` is called: a restored state finds its objects. Adding an object changes no
+    participant's state (objects are immutable, named by their content)."""
+    snapshot = ObjectStore.of_snapshot_root(snapshot_of(state_root))
+    problems: list[str] = []
+    for p in participants:
+        store = participant_objects(p)
+        committed = records.get(p.name)
+        if store is None or committed is None or isinstance(committed, StagedRecords):
+            continue
+        dirty: set[Path] = set()
+        try:
+            refs = {ref for s in committed.sessions for ref in p.object_refs(s.state)}
+        except Exception as exc:
+            problems.append(f"{where}: participant {p.name}: object_refs raised {exc!r}")
+            continue
+        for ref in sorted(refs):
+            try:
+                parse_object_ref(ref)
+                if store.has(ref):
+                    continue
+                source = snapshot.path(ref)
+                if not source.is_file():
+                    problems.append(
+                        f"{where}: participant {p.name}: object {ref} is missing from the "
+                        f"snapshot ({source})"
+                    )
+                    continue
+                store.put_file(source, ref, dirty)
+            except ValueError as exc:
+                problems.append(f"{where}: participant {p.name}: {exc}")
+        ObjectStore.sync(dirty)
+    return problems
 
 
 def topology_differences(
@@ -96,8 +213,10 @@ def read_committed(
     snapshot, digest as committed), and parsed strictly in the role its place in the live
     topology gives it: the first participant is the agent (``AgentRecords``), the model proxy
     has ``StagedRecords``, every other ``SessionRecords``. A file that does not parse is one
-    difference naming it and what differs; it is left out of the records."""
+    difference naming it and what differs (a chunk missing from the snapshot's ``objects/``
+    or changed too); it is left out of the records."""
     diffs = topology_differences(instance, live, record)
+    objects = ObjectStore.of_snapshot_root(snapshot_of(root))
     loaded: dict[str, CommittedRecords] = {}
     for i, p in enumerate(record.participants):
         who = f"instance {instance}: participant {p.server_name}"
@@ -115,7 +234,7 @@ def read_committed(
         what = f"{p.state_dir}/{RECORDS_FILE}"
         try:
             loaded[p.server_name] = load_records(
-                (root / p.state_dir / RECORDS_FILE).read_bytes(), what, expect
+                (root / p.state_dir / RECORDS_FILE).read_bytes(), what, expect, objects=objects
             )
         except (OSError, ManifestError) as exc:
             diffs.append(f"{who} records unreadable ({exc})")
@@ -149,8 +268,8 @@ def build_records(
     failable: Callable[[Episode], bool] = lambda ep: True,
     *,
     exported: bool = False,
-) -> tuple[dict[str, bytes], list[Refusal]]:
-    """Every participant's records for a commit, as the JSON bytes to write, by server name,
+) -> tuple[dict[str, ChunkedRecords], list[Refusal]]:
+    """Every participant's records for a commit, as the JSON chunks to write, by server name,
     and the held episodes refused. The records hold: the agent's sessions (with their step
     boundary; None for ``stranded``), each participant's sessions of the held episodes (and,
     for a retained one, of ``kept`` slots), which episodes ``owner`` exports, the model
@@ -162,7 +281,8 @@ def build_records(
     case costs one ``orjson.dumps`` per participant and a search of its output for ``null``.
 
     ``exported``: the held episodes' ``sessions`` hold exported plain states already (an
-    unaligned cut's stand-ins), so no ``export`` is called for them."""
+    unaligned cut's stand-ins), so no ``export`` is called for them. An object-keeping
+    participant's records name the objects its states name (``_with_objects``)."""
     every = (env.agent, *env.participants)
     refused: list[Refusal] = []
     columns = (
@@ -178,7 +298,7 @@ def build_records(
     )
     data = _dumps_all(records)
     if data is not None:
-        return data, refused
+        return _with_objects(data, every, columns, kept_states), refused
     # something is not finite plain data: find each state that is not, refuse its episode
     held, columns = _without_unplain(held, columns, kept_states, checkpoint_id, failable, refused)
     records = _records(
@@ -192,7 +312,30 @@ def build_records(
             if _state_problem(r, server) is not None
         ]
         raise KeptExportError(f"records are not finite plain data ({'; '.join(problems)})")
-    return data, refused
+    return _with_objects(data, every, columns, kept_states), refused
+
+
+def _with_objects(
+    data: dict[str, ChunkedRecords],
+    every: Sequence[Any],
+    columns: Mapping[str, Sequence[Any]],
+    kept: Sequence[Kept],
+) -> dict[str, ChunkedRecords]:
+    """``data`` with each object-keeping participant's records naming the objects its
+    committed states name (``object_refs`` of each; one that raises, or names what is not a
+    reference, is ``KeptExportError``: the commit fails)."""
+    for p in every:
+        if participant_objects(p) is None:
+            continue
+        states = [*columns[p.name], *(by_name[p.name] for *_, by_name in kept if p.name in by_name)]
+        try:
+            refs = {ref for state in states for ref in p.object_refs(state)}
+            for ref in refs:
+                parse_object_ref(ref)
+        except Exception as exc:
+            raise KeptExportError(f"participant {p.name}: object_refs: {exc!r}") from exc
+        data[p.name] = data[p.name].with_objects(refs)
+    return data
 
 
 def _export_each(
@@ -315,18 +458,18 @@ def _state_problem(state: Any, where: str) -> str | None:
     return None
 
 
-def _dumps_all(records: Mapping[str, Mapping[str, Any]]) -> dict[str, bytes] | None:
-    """Each participant's records (as ``_records`` builds them) as JSON, or None if one is not
-    finite plain data (orjson refused it, or its output holds ``null``, which a non-finite
-    float becomes, and one is found: see ``runtime._plain``)."""
-    out: dict[str, bytes] = {}
+def _dumps_all(records: Mapping[str, Mapping[str, Any]]) -> dict[str, ChunkedRecords] | None:
+    """Each participant's records (as ``_records`` builds them) as JSON chunks, or None if one
+    is not finite plain data (orjson refused it, or its output holds ``null``, which a
+    non-finite float becomes, and one is found: see ``runtime._plain``)."""
+    out: dict[str, ChunkedRecords] = {}
     for server, plain in records.items():
         try:
-            data = dump_records(plain)
+            data = chunk_records(plain)
         except (TypeError, orjson.JSONEncodeError):
             return None
         if (
-            b"null" in data
+            any(b"null" in c for chunks in data.chunks.values() for c in chunks)
             and all_finite(plain) is not True
             and (plain_problem(plain, server, types=False) is not None)
         ):

@@ -55,6 +55,7 @@ from gymckpt.runtime._shared import RECORDS_FILE
 
 from ..._faults import FaultSpec, inject_fault
 from ...host._host import GymHost
+from ...host._records import commit_objects
 from .._admission import ReplyBatch, RunShape, admission_header
 from .._outbox import Outbox, Outboxes
 from .._verbs import call_host
@@ -302,6 +303,11 @@ class GymHttpApp:
             for server, _kind in self.host.participants:
                 rel = f"{self.host.name}/{server}/{RECORDS_FILE}"
                 confine_below(root, rel, self.state_root, f"{op} records of {server}")
+        objects = commit_objects(root)  # the snapshot's objects/ (and the shared store's)
+        for store in (objects.own, objects.shared):
+            if store is not None:
+                where = confine(str(store.root), self.state_root, f"{op} objects")
+                confine_below(where, "sha256", self.state_root, f"{op} objects")
         return {**args, "state_root": str(root)}
 
     def _admit_control(self, op: str, body: bytes) -> tuple[ControlRequest, dict[str, Any]]:

@@ -36,6 +36,10 @@ Ray but never read), and ends the stream: its rows keep running. Ray's generator
 stops the generator a couple of objects ahead of the consumer, so a slow consumer gets fewer,
 larger batches.
 
+A commit's reply crosses Ray packed (``_commit_wire``): its per-episode records as JSON chunks,
+packed in a worker thread, so neither Ray's serialiser nor the freeing of 100k record objects
+holds the actor's loop in one piece.
+
 Faults (C3) are executed here for real, in the trio run: ``hang`` never answers (optionally
 after blocking the thread for ``stuck_loop_s`` — a stuck loop: the guest run shares the actor
 loop's thread, so nothing on the instance moves, no other call is served, not even the lease
@@ -71,6 +75,7 @@ from .._deadlines import WireDeadline
 from .._outbox import Outbox, Outboxes
 from .._trio_guest import TrioGuest
 from .._verbs import CONTROL_VERBS, call_host
+from ._commit_wire import pack_commit
 
 __all__ = ["HEADER_SEQ", "ActorCallStatistics", "GymActor"]
 
@@ -229,6 +234,10 @@ class GymActor:
         reply = await call_host(self._sim, op, args, deadline_ts, trainer)
         if op == "attach" and reply.took_over:  # the older term's streams are gone with them
             self._streams.forget_all()
+        if op == "commit":  # its records as JSON chunks, packed and freed off the loop
+            box = [reply]
+            del reply
+            return await pack_commit(box)
         return reply
 
     async def view(self, what: str, acks: dict[int, int], args: Mapping[str, Any]) -> Any:

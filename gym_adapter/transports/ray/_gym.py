@@ -14,7 +14,8 @@ left and re-anchored on the actor's clock (``_deadlines``), error translation (`
 the JSON wire form of every record and error (``_wire``; Ray itself passes Python objects).
 Ray's own parts are each a module of ``transports/ray/``: the cluster connection
 (``_cluster``), the trio→asyncio→Ray bridge (``_bridge``), Ray's errors classified
-(``_errors``), the reply stream (``_stream``), the actor (``_actor``) and this deployment.
+(``_errors``), the reply stream (``_stream``), a commit's reply packed in JSON chunks
+(``_commit_wire``), the actor (``_actor``) and this deployment.
 
 **Errors crossing Ray** (S6): a dead actor marks the instance dead and raises
 ``GymInstanceDead`` (its streams end early; later calls fail without reaching Ray); every other
@@ -50,7 +51,7 @@ import trio_asyncio
 
 from gymckpt.runtime import GymCallTimeout, GymInstanceDead
 
-from ..._contract import ReplaceableGym, RunRow, TrainerAware
+from ..._contract import CommitReply, ReplaceableGym, RunRow, TrainerAware
 from ..._faults import FaultPlan, FaultSpec
 from ...host._host import HostConfig, SessionView
 from ...host._load import EnvironmentRef, load_environment
@@ -69,6 +70,7 @@ from ._cluster import (
     local_cluster_options,
     release_cluster,
 )
+from ._commit_wire import PackedCommit, unpack_commit
 from ._errors import actor_gone, translate
 from ._stream import RayReplyStream, StreamLink
 
@@ -327,6 +329,15 @@ class RayGym(RemoteGym):
         if self._incarnations.serving(instance, incarnation):
             self._acks.carried(instance, acks)
         return reply
+
+    async def commit(
+        self, instance: str, checkpoint_id: str, state_root: str, deadline_ts: float
+    ) -> CommitReply:
+        """``RemoteGym.commit``, its reply unpacked from the chunks the actor packed it in
+        (``_commit_wire``), one chunk per scheduler step of the trainer's loop."""
+        args = {"checkpoint_id": checkpoint_id, "state_root": str(state_root)}
+        packed: PackedCommit = await self._control(instance, "commit", args, deadline_ts)
+        return await unpack_commit(packed)
 
     # -- the data plane ----------------------------------------------------------------------
 
