@@ -19,7 +19,9 @@ Bytes written per checkpoint, two figures for each:
   the snapshot root (``snaps/``: records, and the objects a host that keeps participant objects
   links or writes) and under the sandbox's object store (new file contents and base trees,
   written by the marks and the commit's export). A hard link to an inode that was there before
-  writes nothing and counts nothing.
+  writes nothing and counts nothing: an object the host links from the sandbox's store into
+  the snapshot counts once, as the store's (``object_bytes``); ``snapshot_bytes`` is then the
+  records (their index and chunks).
 
 The target's ratio is ``second incremental / first full``; ``second / first incremental`` is
 reported beside it (the first checkpoint's incremental figure holds the template once, so with
@@ -225,8 +227,10 @@ async def _checkpoint(
     reply = await host.commit(name, f"snaps/{name}", _FAR)
     wall = time.perf_counter() - t0
     await host.resume(name, _FAR)
-    snap, snap_files = _new_bytes([work / "snaps"], seen)
+    # the sandbox's store first: an object the host links into the snapshot is counted once,
+    # where its bytes were written
     objects, object_files = _new_bytes([sandbox.objects.root], seen)
+    snap, snap_files = _new_bytes([work / "snaps"], seen)
     return {
         "episodes": len(reply.exported),
         "commit_s": wall,
