@@ -59,23 +59,20 @@ def run_all(
     memory = write("memory.json", run_memory(memory_sizes, progress))
     dispatch = write("dispatch.json", run_dispatch(dispatch_cfg, progress))
     checkpoint = write("checkpoint.json", run_checkpoint(checkpoint_cfg, progress))
-    checkpoint_ray = fanout = preserved = trainer_side = None
+    opt: dict[str, Result | None] = dict.fromkeys(STALE_FILES)  # the benchmarks all may skip
     if trainer_side_cfg is not None:
-        trainer_side = write("trainer_side.json", run_trainer_side(trainer_side_cfg, progress))
+        trainer_side = run_trainer_side(trainer_side_cfg, progress)
+        opt["trainer_side"] = write("trainer_side.json", trainer_side)
     if checkpoint_ray_cfg is not None:
-        checkpoint_ray = write(
-            "checkpoint_ray.json",
-            run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress),
-        )
+        remote = run_remote_checkpoints(checkpoint_ray_cfg, remote_backends, progress)
+        opt["checkpoint_ray"] = write("checkpoint_ray.json", remote)
     if fanout_cfg is not None:
-        fanout = write("fanout.json", run_fanout(fanout_cfg, progress))
+        opt["fanout"] = write("fanout.json", run_fanout(fanout_cfg, progress))
     if preserved_cfg is not None:
-        preserved = write("preserved.json", run_preserved(preserved_cfg, progress))
-    sandbox = (
-        None if sandbox_cfg is None else write("sandbox.json", run_sandbox(sandbox_cfg, progress))
-    )
-    skipped = {"checkpoint_ray": checkpoint_ray, "fanout": fanout, "preserved": preserved}
-    _forget_stale(out, {**skipped, "trainer_side": trainer_side, "sandbox": sandbox})
+        opt["preserved"] = write("preserved.json", run_preserved(preserved_cfg, progress))
+    if sandbox_cfg is not None:
+        opt["sandbox"] = write("sandbox.json", run_sandbox(sandbox_cfg, progress))
+    _forget_stale(out, opt)
     progress("writing plots and SUMMARY.md")
     host = load_result(out, "host.json")  # `bench host`, run on its own: kept, and named
     results = Results.of(
@@ -84,26 +81,13 @@ def run_all(
         dispatch=dispatch,
         meta=meta,
         checkpoint=checkpoint,
-        fanout=fanout,
-        preserved=preserved,
-        checkpoint_ray=checkpoint_ray,
-        trainer_side=trainer_side,
-        sandbox=sandbox,
         host=host,
         others=other_runs(meta, {"host.json": host}),
+        **opt,
     )
     files += _render(results, out)
-    written = {
-        "drain": drain,
-        "memory": memory,
-        "dispatch": dispatch,
-        "checkpoint": checkpoint,
-        "checkpoint_ray": checkpoint_ray,
-        "fanout": fanout,
-        "preserved": preserved,
-        "trainer_side": trainer_side,
-        "sandbox": sandbox,
-    }
+    written = {"drain": drain, "memory": memory, "dispatch": dispatch, "checkpoint": checkpoint}
+    written.update(opt)
     return {
         **{name: flat(result) for name, result in written.items()},
         "targets": [t.to_json() for t in results_targets(results)],
