@@ -3,6 +3,9 @@ and on a broken environment it must reject."""
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +367,125 @@ async def test_backend_kit_on_instances_another_run_holds_fails_by_name(
     text = str(info.value)
     assert "trainer_restart: instance gym-0 attach: the instance serves another training" in text
     assert "/runs/unfinished" in text and "run it on instances no unfinished run holds" in text
+
+
+# -- a participant that keeps files in a tree, and captured steps ---------------------------------
+
+TREE_CHECKS = ("export_round_trip[1]", "restore_equivalence[1]", "restore_equivalence[2,unaligned]")
+STEP_CHECKS = ("captured_steps_once[1]", "captured_steps_once[2,unaligned]")
+
+
+async def test_kit_on_the_sandbox_with_commands_and_a_captured_step(tmp_path: Path) -> None:
+    """The sandbox participant (real processes for its commands, so real time) and an agent
+    whose side effect is a captured step pass every check in both modes, on both loops."""
+    report = await check_environment(
+        examples.sandbox_scribe(tmp_path), tmp_path / "kit", rows=2, park_after=(1, 2)
+    )
+    checks = set(report.checks)
+    assert {*TREE_CHECKS, *STEP_CHECKS, "fencing"} <= checks
+    assert {f"{c}@asyncio" for c in (*TREE_CHECKS, *STEP_CHECKS)} <= checks
+
+
+async def test_kit_on_the_sandbox_files_and_steps_under_the_autojump_clock(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The same without commands (a real process's wait is no virtual time), in virtual time:
+    each step's function runs as often across a park as uninterrupted, and none the snapshot
+    captured runs again after a cut."""
+    env = examples.sandbox_scribe(tmp_path, commands=False)
+    report = await check_environment(env, tmp_path / "kit", park_after=(1, 2))
+    assert {*TREE_CHECKS, *STEP_CHECKS, "export_round_trip[2]"} <= set(report.checks)
+
+
+class LiveSession:
+    """A session's files in a directory of its own (the file API ``Scribe`` uses)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def append(self, rel: str, data: str) -> None:
+        with open(self.root / rel, "a") as f:
+            f.write(data)
+
+    def list(self) -> list[str]:
+        return sorted(os.listdir(self.root))
+
+
+class LiveTree:
+    """A user's participant that keeps a session's files in a directory copied from a
+    template, and exports the directory's name instead of its contents: its restore reopens
+    the live tree, with whatever was written in it after the checkpoint."""
+
+    name, kind = "sandbox", "environment"
+
+    def __init__(self, root: Path, template: Path) -> None:
+        self.root, self.template = root, template
+
+    def open(self, info: EpisodeInfo) -> LiveSession:
+        root = self.root / f"{info.session_key}-{secrets.token_hex(4)}"
+        shutil.copytree(self.template, root, symlinks=True)
+        return LiveSession(root)
+
+    def export(self, state: LiveSession) -> Any:
+        return {"dir": str(state.root)}
+
+    def restore(self, data: Any) -> LiveSession:
+        return LiveSession(Path(data["dir"]))
+
+
+async def test_kit_rejects_a_tree_participant_whose_export_names_its_live_directory(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An unaligned cut takes the episode mid-turn, after its line was appended; the restore
+    reopens the live tree, which holds that line, and the turn runs again: twice."""
+    template = examples.scribe_template(tmp_path)
+    env = examples.sandbox_scribe(
+        tmp_path, commands=False, sandbox=LiveTree(tmp_path / "live", template)
+    )
+    with pytest.raises(ConformanceError, match=r"restore_equivalence\[1,unaligned\]"):
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+
+
+async def test_kit_rejects_a_tree_restore_that_loses_file_modes(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A tree participant whose restore loses the executable bit: the payloads agree, the
+    export of the restored tree does not (``export_round_trip``, naming the difference)."""
+    from gymckpt.gym_adapter.environments.sandbox import Sandbox
+
+    class ModeLoser(Sandbox):
+        def restore(self, data: Any) -> Any:
+            session = super().restore(data)
+            for path in session.root.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    path.chmod(0o644)
+            return session
+
+    box = ModeLoser(examples.scribe_template(tmp_path), tmp_path / "work")
+    env = examples.sandbox_scribe(tmp_path, commands=False, sandbox=box)
+    with pytest.raises(ConformanceError) as info:
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+    text = str(info.value)
+    assert "export_round_trip[1]: " in text and "sandbox/" in text and "493" in text  # 0o755
+    assert "restore_equivalence[1]" not in text  # the payloads agree
+
+
+async def test_kit_rejects_a_captured_step_asked_with_other_arguments_after_a_cut(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A step whose arguments depend on the attempt: the turn a cut took mid-way asks it again
+    with other arguments after the restore, and fails closed (``CapturedStepChanged``)."""
+
+    class Fickle(examples.Scribe):
+        async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+            probe = {"turn": ctx.turn, "attempt": ctx.info.attempt}
+            await ctx.captured_step("probe", probe, lambda a: a["turn"])
+            return await super().step(ctx, state)
+
+    env = attrs.evolve(examples.sandbox_scribe(tmp_path, commands=False), agent=Fickle(False))
+    says = r"(?s)restore_equivalence\[1,unaligned\].*the arguments differ"
+    with pytest.raises(ConformanceError, match=says):
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
