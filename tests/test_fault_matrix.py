@@ -56,6 +56,7 @@ from gymckpt.app.simulation.main import (
     ScenarioReport,
     run_scenario,
 )
+from gymckpt.app.simulation.trees import spawned
 from gymckpt.gym_adapter import (
     Completed,
     Done,
@@ -755,7 +756,7 @@ async def test_sandbox_fault_command_killed_by_its_deadline_with_its_group(
         pgid = int(await trio.to_thread.run_sync(_fifo_read, ready))
         async with trio.open_nursery() as during:
             during.start_soon(checkpoint)
-            await trio.testing.wait_all_tasks_blocked()
+            await spawned()  # the command is inside its deadline's scope
             autojump_clock.jump(5.0)  # the deadline passes
         await host.resume("c1", FAR)
     [commit] = commits
