@@ -14,10 +14,11 @@ trees, each striking one row at one turn (every attempt of it: a restored turn d
   written (no temporary file, nothing over the limit).
 * ``endless_command``: a real command that never ends and starts another in the background
   is killed at its deadline with its whole process group (no process of it left running).
-* ``changes_once``, ``changes_always``: the tree's next export finds a file changing while it
-  is read (``os.read`` appends to it on the first read of each open: once, or at every
-  retry). Once: the export reads it again and succeeds; always: it reports ``TreeChanged``
-  and the episode fails as data.
+* ``changes_once``, ``changes_always``: a file of the tree changes while an export reads it
+  (``os.read`` appends to it on the first read of an open). Once: the next export meets one
+  change, reads the file again and succeeds. Always (a process that keeps writing): every
+  export from then on meets a change at every retry and reports ``TreeChanged``; a checkpoint
+  that needs the tree fails the episode as data.
 
 The lane runs the workload on one embedded host, takes the checkpoint at its time, resumes
 and lets the host finish; then a second host restores the snapshot and plays every episode it
@@ -401,7 +402,9 @@ class _ChangingSandbox:
         return self.inner.open(info)
 
     def export(self, state: Any) -> Any:
-        kind = self.world.armed.pop(str(state.root), None)
+        kind = self.world.armed.get(str(state.root))
+        if kind == "changes_once":
+            del self.world.armed[str(state.root)]
         if kind is None:
             return self.inner.export(state)
         self.world.fired[f"{kind}:export"] += 1
