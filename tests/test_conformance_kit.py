@@ -489,3 +489,28 @@ async def test_kit_rejects_a_captured_step_asked_with_other_arguments_after_a_cu
     says = r"(?s)restore_equivalence\[1,unaligned\].*the arguments differ"
     with pytest.raises(ConformanceError, match=says):
         await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+
+
+async def test_kit_rejects_a_host_that_runs_a_captured_step_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host whose captured steps run their function even when the capture answers them
+    (every restored turn asks its side effect again): the payloads still agree, the step
+    counts do not, in both modes."""
+    from gymckpt.gym_adapter.host._episodes import StepContext
+
+    real = StepContext.captured_step
+
+    async def runs_it_anyway(self: Any, name: str, args: Any, fn: Any) -> Any:
+        if self.info.attempt > 0:
+            fn(args)
+        return await real(self, name, args, fn)
+
+    monkeypatch.setattr(StepContext, "captured_step", runs_it_anyway)
+    env = examples.sandbox_scribe(tmp_path, commands=False)
+    with pytest.raises(ConformanceError) as info:
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+    text = str(info.value)
+    assert "captured_steps_once[1]: captured steps' functions ran " in text
+    assert "captured_steps_once[1,unaligned]: " in text and "ran again after the restore" in text
+    assert "restore_equivalence" not in text
