@@ -25,6 +25,12 @@ The kit hosts the environment on an in-process ``GymHost`` and checks, with real
    (the agent's too) exported, serialised as a commit does, restored and exported again gives
    the same data: a state that keeps files in a tree (a sandbox) must restore the whole tree —
    modes, links, contents — not only what the payload shows.
+4'''. ``restore_refuses_bad_data[k]``: at each aligned park with episodes, the fresh host is
+   first asked to restore while the environment's first participant refuses the first session
+   state it is given (as its ``restore`` must refuse data it cannot take: a tree whose link
+   leaves it, a file over its limit). The host raises ``TopologyMismatch`` naming it and holds
+   nothing after (no session, no unclaimed episode); the restore that follows, in the same
+   host, is the one ``restore_equivalence[k]`` judges.
 5. ``fencing``: a fresh attempt of a slot silences the older one (no reply from it) and
    completes.
 6. ``retained_journal`` (only with ``retained`` participants): the sessions that outlive their
@@ -74,6 +80,7 @@ from gymckpt.runtime import (
     EpisodeRecord,
     InstanceRecord,
     ParticipantRecord,
+    TopologyMismatch,
     rollout_id_for,
 )
 
@@ -164,6 +171,29 @@ class _TurnWatch:
             self.turns += 1
             if self.turns >= self.target:
                 self.reached.set()
+
+
+class KitRefusal(ValueError):
+    """What the kit's refusing participant raises for the session state it refuses."""
+
+
+@attrs.define(eq=False)
+class _RefuseOnce:
+    """A participant as it is, except that while ``armed`` its ``restore`` refuses the first
+    state it is given (``KitRefusal``) and disarms. Every other attribute is the participant's
+    own (hooks a host may look for included)."""
+
+    inner: Any
+    armed: bool = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def restore(self, data: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise KitRefusal(f"the kit's {self.inner.name} refuses this state")
+        return self.inner.restore(data)
 
 
 def _with_counter(env: Environment) -> tuple[Environment, _CountingModel | None]:
@@ -349,7 +379,13 @@ async def _park_and_restore(
     second_env, second_model = _with_counter(env)
     second_watch = _TurnWatch(second_env.agent, math.inf)
     second_env = attrs.evolve(second_env, agent=second_watch)
+    refusing = None
+    if aligned and held and env.participants:
+        refusing = _RefuseOnce(second_env.participants[0])
+        second_env = attrs.evolve(second_env, participants=(refusing, *second_env.participants[1:]))
     async with GymHost(_INSTANCE, second_env, seed, where) as fresh:
+        if refusing is not None:
+            await _check_refused_restore(checks, label, fresh, refusing, record, episodes)
         await fresh.restore("snapshot", record, episodes, anyio.current_time() + 60)
         claims = []
         for rid in held:
@@ -526,3 +562,34 @@ _MISSING: Any = "<missing>"
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+async def _check_refused_restore(
+    checks: Checks,
+    label: str,
+    host: GymHost,
+    refusing: _RefuseOnce,
+    record: InstanceRecord,
+    episodes: Sequence[EpisodeRecord],
+) -> None:
+    """A restore one participant refuses raises ``TopologyMismatch`` naming the refusal and
+    leaves ``host`` holding nothing (``restore_refuses_bad_data[k]``)."""
+    refusing.armed = True
+    raised: BaseException | None = None
+    try:
+        await host.restore("snapshot", record, episodes, anyio.current_time() + 60)
+    except Exception as exc:  # TopologyMismatch is the contract; another error the finding
+        raised = exc
+    refusing.armed = False
+    inv = host.inventory()
+    held = {p.name: list(host.session_states(p.name)) for p in host.environment.participants}
+    leftover = {name: keys for name, keys in held.items() if keys}
+    checks.check(
+        f"restore_refuses_bad_data{label}",
+        isinstance(raised, TopologyMismatch)
+        and "refuses this state" in str(raised)
+        and not inv.unclaimed
+        and not leftover,
+        f"a restore whose {refusing.inner.name} refused a session state raised {raised!r}; "
+        f"the host then held unclaimed episodes {list(inv.unclaimed)} and sessions {leftover}",
+    )

@@ -2066,6 +2066,16 @@ MUTANTS: tuple[Mutant, ...] = (
         sim_seeds=0,
     ),
     Mutant(
+        "kits-refused-restore-installs-the-rest",
+        "kits",
+        "gym_adapter/host/_control.py",
+        "raise TopologyMismatch(diffs)",
+        "pass",
+        (BACKEND_KIT,),
+        keyword="files_and_steps_under_the_autojump_clock",
+        sim_seeds=0,
+    ),
+    Mutant(
         "kits-host-runs-a-restored-step-again",
         "kits",
         "gym_adapter/host/_episodes.py",

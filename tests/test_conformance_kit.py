@@ -371,7 +371,12 @@ async def test_backend_kit_on_instances_another_run_holds_fails_by_name(
 
 # -- a participant that keeps files in a tree, and captured steps ---------------------------------
 
-TREE_CHECKS = ("export_round_trip[1]", "restore_equivalence[1]", "restore_equivalence[2,unaligned]")
+TREE_CHECKS = (
+    "export_round_trip[1]",
+    "restore_refuses_bad_data[1]",
+    "restore_equivalence[1]",
+    "restore_equivalence[2,unaligned]",
+)
 STEP_CHECKS = ("captured_steps_once[1]", "captured_steps_once[2,unaligned]")
 
 
