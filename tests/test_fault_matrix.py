@@ -700,7 +700,8 @@ def _fifo_write(path: Path, text: str) -> None:
 
 def _group_alive(pgid: int) -> list[int]:
     """The processes of group ``pgid`` still running (zombies are dead), each waited for
-    first with a real-time bound (a SIGKILLed process takes a moment to die)."""
+    first with a real-time bound (a SIGKILLed process takes a moment to die), then killed so
+    a failing test leaves none behind."""
     alive = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -718,6 +719,7 @@ def _group_alive(pgid: int) -> list[int]:
         try:
             if not select.select([fd], [], [], 20.0)[0]:
                 alive.append(int(entry))
+                os.kill(int(entry), signal.SIGKILL)  # reported; not left behind
         finally:
             os.close(fd)
     return alive

@@ -44,6 +44,7 @@ import os
 import random
 import select
 import shutil
+import signal
 import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -336,7 +337,8 @@ def _read_fifo(path: Path) -> str:
 
 def _group_alive(pgid: int) -> list[int]:
     """The processes of group ``pgid`` still running, each waited for first within a
-    real-time bound (a SIGKILLed process takes a moment to die; a zombie is dead)."""
+    real-time bound (a SIGKILLed process takes a moment to die; a zombie is dead), then
+    killed: reported, never left behind."""
     alive = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -354,6 +356,7 @@ def _group_alive(pgid: int) -> list[int]:
         try:
             if not select.select([fd], [], [], 20.0)[0]:
                 alive.append(int(entry))
+                os.kill(int(entry), signal.SIGKILL)  # reported; not left behind
         finally:
             os.close(fd)
     return alive
