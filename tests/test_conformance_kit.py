@@ -519,3 +519,17 @@ async def test_kit_rejects_a_host_that_runs_a_captured_step_again(
     assert "captured_steps_once[1]: captured steps' functions ran " in text
     assert "captured_steps_once[1,unaligned]: " in text and "ran again after the restore" in text
     assert "restore_equivalence" not in text
+
+
+async def test_backend_kit_on_an_embedded_gym_of_sandboxes(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The backend kit drives a Gym whose sessions are sandbox trees and whose agent runs
+    captured steps like any other: commits, cuts in both modes, restores, trainer restarts."""
+    env = examples.sandbox_scribe(tmp_path, commands=False)
+    async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "live") as gym:
+        report = await check_backend(gym, tmp_path / "kit")
+    assert {"commit[aligned]", "cut[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
+        report.checks
+    )
+    assert {"restore_refuses_mismatch", *USAGE_CHECKS} <= set(report.checks)
