@@ -582,6 +582,13 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
     except ValueError as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    if args.trees and (args.hostile or args.real_usage != "all"):
+        print(
+            "gymckpt: error: --trees runs the hostile-tree lane alone: drop --hostile and "
+            "--real-usage (they draw the calendar scenarios' dimensions)",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
     tmp = Path(args.tmp) if args.tmp else None
     if tmp is None and os.access("/dev/shm", os.W_OK):
         tmp = Path("/dev/shm")

@@ -118,3 +118,5 @@ def test_the_cli_runs_the_tree_lane(tmp_path: Path, capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         cli_main(["simulate", "--help"])
     assert "--trees" in capsys.readouterr().out
+    assert cli_main(["simulate", "--trees", "--hostile", "--seeds", "1"]) == 2
+    assert "--trees runs the hostile-tree lane alone" in capsys.readouterr().err
