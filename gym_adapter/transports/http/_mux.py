@@ -46,6 +46,10 @@ DECODE_SLICE: Final = 128
 """The most replies converted in one step of the trainer's loop (then a checkpoint)."""
 
 
+_between_slices = trio.lowlevel.checkpoint
+"""Where a conversion lets the loop run other tasks (a name of its own, for the tests)."""
+
+
 class _End:
     """A stream's end line was read."""
 
@@ -298,7 +302,7 @@ class MuxChannel:
             piece = raw[start : start + DECODE_SLICE]
             replies.extend(decode_reply(r) for r in piece)
             self.largest_step = max(self.largest_step, len(piece))
-            await trio.lowlevel.checkpoint()
+            await _between_slices()
         stream = self._streams.get(item.sid)  # looked up after the slices: it may have closed
         if stream is not None:
             stream.put((item.seq, tuple(replies)))
