@@ -2033,6 +2033,47 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="exactly_once",
         sim_seeds=0,
     ),
+    # -- HTTP reply channels (/mux/v1) -----------------------------------------------------------
+    Mutant(
+        "httpmux-reply-routed-to-wrong-group",
+        "C7",
+        "gym_adapter/transports/http/_mux.py",
+        "stream = self._streams.get(item.sid)  # looked up after the slices: it may have closed",
+        "stream = next(iter(self._streams.values()), None)",
+        ("tests/test_http_mux.py",),
+        keyword="bounded",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "httpmux-ack-skips-multiplexed",
+        "C7",
+        "gym_adapter/transports/http/_mux.py",
+        "if self._acks.on_ask(self._peer.acks, self._instance, self._sid, time.monotonic()):",
+        "if False:",
+        ("tests/test_http_mux.py",),
+        keyword="bounded",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "httpmux-decode-in-one-step",
+        "C7",
+        "gym_adapter/transports/http/_mux.py",
+        "piece = raw[start : start + DECODE_SLICE]",
+        "piece = raw[start:] if start == 0 else ()",
+        ("tests/test_http_mux.py",),
+        keyword="slice",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "httpmux-health-does-not-advertise",
+        "C7",
+        "gym_adapter/transports/http/_app.py",
+        "headers.append((FEATURES_HEADER.lower().encode(), MUX_FEATURE.encode()))",
+        "pass",
+        ("tests/test_http_mux.py",),
+        keyword="bounded or advertises",
+        sim_seeds=0,
+    ),
 )
 
 
