@@ -132,7 +132,7 @@ from ._wire import (
     encode_run_request,
 )
 
-__all__ = ["HttpGym", "HttpMuxStream", "HttpReplyStream"]
+__all__ = ["ChannelStatistics", "HttpGym", "HttpMuxStream", "HttpReplyStream"]
 
 CONTROL_GRACE_S: Final = 1.0
 """A control call is given up this long after its deadline if the server has not answered (the
@@ -166,6 +166,18 @@ class _Endpoint:
     """Another incarnation seen answering at ``url`` (the server was restarted)."""
     mux: bool = False
     """The server advertised ``MUX_FEATURE`` (reply channels) in its ``GET /health``."""
+
+
+@attrs.frozen
+class ChannelStatistics:
+    """An ``HttpGym``'s reply channels (``channel_statistics``)."""
+
+    opened: int
+    """Channels opened since the deployment opened."""
+    alive: int
+    """Channels open now (at most ``channels_per_instance`` per live incarnation)."""
+    largest_step: int
+    """The most replies converted in one step of the loop (at most ``DECODE_SLICE``)."""
 
 
 # -- the deployment -------------------------------------------------------------------------
@@ -235,6 +247,7 @@ class HttpGym(RemoteGym):
         """Each instance's reply channels, alive or ended but not yet let go."""
         self._channel_locks: dict[str, trio.Lock] = {}
         self._cids = itertools.count(1)
+        self._channels_opened = 0
         self._channel_client: httpx.AsyncClient | None = None
         self._verify = verify
         self._supervisor = _supervisor
@@ -816,12 +829,17 @@ class HttpGym(RemoteGym):
                 await channel.close()
             raise
         nursery.start_soon(channel.read)
+        self._channels_opened += 1
         return channel
 
-    def channel_statistics(self) -> tuple[int, int]:
-        """``(reply channels alive, the most replies one loop step converted on any)``."""
+    def channel_statistics(self) -> ChannelStatistics:
+        """What the reply channels did so far (for tests and benchmarks)."""
         channels = [c for cs in self._channels.values() for c in cs]
-        return sum(c.alive for c in channels), max((c.largest_step for c in channels), default=0)
+        return ChannelStatistics(
+            self._channels_opened,
+            sum(c.alive for c in channels),
+            max((c.largest_step for c in channels), default=0),
+        )
 
     # -- replacement -----------------------------------------------------------------------------
 

@@ -946,7 +946,8 @@ class Refusal:
     """A request the server refused before it reached the instance (4xx): ``type`` is the
     reason (``Unauthorized``, ``BodyTooLarge``, ``TooManyRows``, ``TooManyStreams``,
     ``BadRequest``, ``PathOutsideStateRoot``, ``FaultsNotAllowed``, ``NotFound``,
-    ``MethodNotAllowed``), ``message`` says what differs and what to do. Nothing changed."""
+    ``MethodNotAllowed``, ``UnknownChannel``), ``message`` says what differs and what to do.
+    Nothing changed."""
 
     type: str
     message: str
