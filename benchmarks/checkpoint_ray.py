@@ -183,9 +183,8 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
     if cfg.backend == "http":
         from gymckpt.gym_adapter import HttpGym
 
-        # every /run stream holds a connection until its episodes end, and the dispatcher
-        # sends what is ready, a group (group_size rows) at the least: size the pool for that
-        streams = cfg.in_flight // cfg.group_size + 64
+        # the streams share each server's reply channels (http-wire.md section 7): the
+        # client's default pools bound its sockets whatever the number in flight
         return HttpGym.spawn(
             HEAVY_FROM_ENVIRON,
             cfg.actors,
@@ -195,8 +194,6 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
             state_root=tmp,
             environ=heavy_environ(cfg.turns, times, str(records)),
             startup_timeout_s=cfg.startup_timeout_s,
-            extra_args=("--max-streams", str(streams)),
-            max_streams=streams,
         )
     raise ValueError(f"unknown backend {cfg.backend!r} (ray or http)")
 
@@ -243,6 +240,7 @@ async def _remote_main(
                     handle_signals=False,
                 ) as ro:
                     dispatched, finished, fill_s = await _fill(cfg, ro.ledger, say)
+                    sockets_at_fill = _sockets()
                     src = PauseSource(records, in_process=False, episodes=dispatched)
                     modes = await _measure_modes(cfg, ro, timed, rc, top, dispatched, src, say)
                     out = dict(modes.get("aligned") or modes[cfg.modes[0]])
@@ -257,9 +255,19 @@ async def _remote_main(
                             "actors_start_s": round(started_s, 2),
                             "fill_wall_s": round(fill_s, 2),
                             "fill_rows_per_s": round(dispatched / fill_s),
+                            "client_sockets": {"at_fill": sockets_at_fill, "after": _sockets()},
                         }
                     )
                     finish(out)
+
+
+def _sockets() -> int:
+    """The sockets this (the trainer's) process has open now."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
 
 
 async def _fill(
