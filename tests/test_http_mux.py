@@ -303,3 +303,29 @@ async def test_no_loop_step_converts_more_than_a_slice_of_a_large_batch() -> Non
     deltas = [b - a for a, b in itertools.pairwise([0, *steps])]
     assert max(deltas) <= DECODE_SLICE, max(deltas)
     assert channel.largest_step == DECODE_SLICE
+
+
+async def test_a_large_control_answer_is_decoded_in_a_worker_thread_to_the_same_value() -> None:
+    """A commit's answer for thousands of episodes is decoded off the loop: the same value
+    as decoded inline."""
+    from gymckpt.gym_adapter import InstanceInventory
+    from gymckpt.gym_adapter.transports.http._wire import decode_result, encode_result
+
+    ids = tuple(rollout_id_for(i, 0, 0) for i in range(40_000))
+    inv = InstanceInventory("gym-0", True, False, (), (), (), ids, 0)
+    data = encode_result("inventory", inv)
+    assert len(data) >= http_gym_module.THREAD_DECODE_BYTES
+    threads: list[Any] = []
+    real = trio.to_thread.run_sync
+
+    async def spy(fn: Any, *args: Any) -> Any:
+        threads.append(fn)
+        return await real(fn, *args)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(trio.to_thread, "run_sync", spy)
+    try:
+        got = await http_gym_module._decode_result("inventory", data)
+    finally:
+        mp.undo()
+    assert threads and got == decode_result("inventory", data) == inv

@@ -152,6 +152,9 @@ ACK_TIMEOUT_S: Final = 2.0
 """Bound on an acknowledgement sent on its own (it is repeated by the next call anyway)."""
 REPLACE_POLL_S: Final = 0.1
 """How often ``replace`` asks an external server again whether it serves a new incarnation."""
+THREAD_DECODE_BYTES: Final = 256 * 1024
+"""A control answer at least this large (a commit of thousands of episodes) is decoded in a
+worker thread, so the trainer's loop runs meanwhile (the GIL is handed over every few ms)."""
 STARTUP_TIMEOUT_S: Final = 60.0
 """Default bound on starting spawned servers (each must log its readiness line by then)."""
 
@@ -166,6 +169,13 @@ class _Endpoint:
     """Another incarnation seen answering at ``url`` (the server was restarted)."""
     mux: bool = False
     """The server advertised ``MUX_FEATURE`` (reply channels) in its ``GET /health``."""
+
+
+async def _decode_result(op: str, content: bytes) -> Any:
+    """``decode_result``; a large answer in a worker thread (``THREAD_DECODE_BYTES``)."""
+    if len(content) < THREAD_DECODE_BYTES:
+        return decode_result(op, content)
+    return await trio.to_thread.run_sync(decode_result, op, content)
 
 
 @attrs.frozen
@@ -626,7 +636,7 @@ class HttpGym(RemoteGym):
         if response.status_code != 200:
             raise self._error_response(instance, op, response, incarnation)
         try:
-            result = decode_result(op, response.content)
+            result = await _decode_result(op, response.content)
         except WireFormatError as exc:
             raise GymCheckpointUnavailable(
                 f"instance {instance} {op}: the server's answer is not the wire form ({exc})",
