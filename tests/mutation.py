@@ -2065,6 +2065,16 @@ MUTANTS: tuple[Mutant, ...] = (
         sim_seeds=0,
     ),
     Mutant(
+        "httpmux-acks-not-coalesced",
+        "C7",
+        "gym_adapter/transports/http/_gym.py",
+        "if instance in self._acking:",
+        "if False:",
+        ("tests/test_http_mux.py",),
+        keyword="bounded",
+        sim_seeds=0,
+    ),
+    Mutant(
         "httpmux-health-does-not-advertise",
         "C7",
         "gym_adapter/transports/http/_app.py",

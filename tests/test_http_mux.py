@@ -74,12 +74,13 @@ def sockets_to(port: int) -> int:
 
 
 async def test_many_groups_in_flight_over_one_server_use_a_bounded_number_of_sockets(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """48 groups of 4 in flight on one server, with at most 2 submission and 2 control
     connections and 2 reply channels: the client never holds more than 2 + 2 + 2 * 2 sockets
     to the server (a ``/run`` per group held 48), every stream gets exactly its own group's
-    replies, and once drained every reply is acknowledged (nothing on the wire)."""
+    replies, and once drained every reply is acknowledged (nothing on the wire), with at most
+    one ``ack`` call on its way at a time (it carries every acknowledgement recorded)."""
     groups, size = 48, 4
     bound = 2 + 2 + 2 * 2
     async with http_gym(
@@ -90,6 +91,20 @@ async def test_many_groups_in_flight_over_one_server_use_a_bounded_number_of_soc
         channels_per_instance=2,
     ) as gym:
         port = int(gym.url("gym-0").rsplit(":", 1)[1])
+        acks_on_their_way = most_acks = sent_acks = 0
+        real_ack = gym._ack
+
+        async def ack(*args: Any) -> None:
+            nonlocal acks_on_their_way, most_acks, sent_acks
+            acks_on_their_way += 1
+            sent_acks += 1
+            most_acks = max(most_acks, acks_on_their_way)
+            try:
+                await real_ack(*args)
+            finally:
+                acks_on_their_way -= 1
+
+        monkeypatch.setattr(gym, "_ack", ack)
         streams: list[Any] = []
         most = 0
         with trio.fail_after(60):
@@ -112,6 +127,7 @@ async def test_many_groups_in_flight_over_one_server_use_a_bounded_number_of_soc
                 for g, stream in enumerate(streams):
                     nursery.start_soon(consume, g, stream)
         assert most <= bound, f"{most} sockets to the server, bound {bound}"
+        assert sent_acks >= 1 and most_acks == 1  # one ack on its way at a time, carrying all
         channels = gym.channel_statistics()
         assert channels.opened == 2 and channels.alive == 2
         assert 0 < channels.largest_step <= DECODE_SLICE

@@ -258,6 +258,8 @@ class HttpGym(RemoteGym):
         self._channel_locks: dict[str, trio.Lock] = {}
         self._cids = itertools.count(1)
         self._channels_opened = 0
+        self._acking: dict[str, tuple[int, int, int] | None] = {}
+        """Instances with an ``ack`` on its way, and the one to send after it (if any)."""
         self._channel_client: httpx.AsyncClient | None = None
         self._verify = verify
         self._supervisor = _supervisor
@@ -650,8 +652,29 @@ class HttpGym(RemoteGym):
     # -- StreamPeer (for HttpReplyStream) ----------------------------------------------------------
 
     def send_ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
-        if self._nursery is not None:
-            self._nursery.start_soon(self._ack, instance, incarnation, sid, upto)
+        """Send ``ack(sid, upto)`` in the background. At most one is on its way per instance:
+        one asked for meanwhile is sent once it is back, and carries (in its ``acks``) every
+        acknowledgement recorded by then, so thousands of streams cost a few calls, not one
+        connection each."""
+        if self._nursery is None:
+            return
+        if instance in self._acking:
+            self._acking[instance] = (incarnation, sid, upto)
+            return
+        self._acking[instance] = None
+        self._nursery.start_soon(self._acks_out, instance, incarnation, sid, upto)
+
+    async def _acks_out(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
+        try:
+            while True:
+                await self._ack(instance, incarnation, sid, upto)
+                again = self._acking.get(instance)
+                if again is None:
+                    return
+                self._acking[instance] = None
+                incarnation, sid, upto = again
+        finally:
+            self._acking.pop(instance, None)
 
     async def _ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
         if not self._incarnations.serving(instance, incarnation):
