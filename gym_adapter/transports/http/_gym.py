@@ -828,7 +828,15 @@ class HttpGym(RemoteGym):
             channels = self._channels.setdefault(instance, [])
             channels[:] = [c for c in channels if c.alive and c.incarnation == incarnation]
             if len(channels) < self._channels_per_instance:
-                channels.append(await self._open_channel(instance, incarnation, endpoint))
+                with trio.move_on_after(self._view_timeout_s) as opening:
+                    channels.append(await self._open_channel(instance, incarnation, endpoint))
+                if opening.cancelled_caught:
+                    raise GymCallTimeout(
+                        f"instance {instance} run: no reply channel opened at {endpoint.url} "
+                        f"within {self._view_timeout_s:g} s",
+                        instance,
+                        "run",
+                    )
             return min(channels, key=lambda c: c.load)
 
     async def _open_channel(
