@@ -345,3 +345,19 @@ async def test_a_large_control_answer_is_decoded_in_a_worker_thread_to_the_same_
     finally:
         mp.undo()
     assert threads and got == decode_result("inventory", data) == inv
+
+
+def test_the_client_lets_go_of_an_idle_connection_well_before_the_server_does() -> None:
+    """A request sent on a pooled connection the server is closing fails as "Server
+    disconnected without sending a response" (one such failure of a ``/mux/v1/run`` ended a 50k
+    benchmark run as an infra outage): the client's expiry is well under the server's
+    keep-alive timeout (both were 5 s, httpx's and hypercorn's defaults)."""
+    from gymckpt.gym_adapter.transports.http import _serve
+
+    cfg = _serve._hypercorn_config("127.0.0.1", 0, None, None, 1.0)
+    assert cfg.keep_alive_timeout == _serve.KEEP_ALIVE_TIMEOUT_S
+    assert http_gym_module.KEEPALIVE_EXPIRY_S * 5 <= _serve.KEEP_ALIVE_TIMEOUT_S
+    gym = http_gym_module.HttpGym(["http://127.0.0.1:1"], token="t")
+    client = gym._client(4)
+    pool = client._transport._pool  # type: ignore[attr-defined]
+    assert pool._keepalive_expiry == http_gym_module.KEEPALIVE_EXPIRY_S

@@ -152,6 +152,11 @@ ACK_TIMEOUT_S: Final = 2.0
 """Bound on an acknowledgement sent on its own (it is repeated by the next call anyway)."""
 REPLACE_POLL_S: Final = 0.1
 """How often ``replace`` asks an external server again whether it serves a new incarnation."""
+KEEPALIVE_EXPIRY_S: Final = 2.0
+"""An idle pooled connection is closed by the client after this long, well before a server
+closes it (``gymckpt serve`` after 30 s, hypercorn by default after 5 s): a request is never
+sent on a connection the server is closing (it would fail as "Server disconnected without
+sending a response", not knowing whether the server acted)."""
 THREAD_DECODE_BYTES: Final = 256 * 1024
 """A control answer at least this large (a commit of thousands of episodes) is decoded in a
 worker thread, so the trainer's loop runs meanwhile (the GIL is handed over every few ms)."""
@@ -280,6 +285,7 @@ class HttpGym(RemoteGym):
             limits=httpx.Limits(
                 max_connections=max_connections,
                 max_keepalive_connections=min(max_connections, 32),
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
             timeout=httpx.Timeout(None, connect=self._connect_timeout_s, pool=self._pool_timeout_s),
             verify=self._verify,
