@@ -333,6 +333,13 @@ def _add_simulate_parser(sub: Any) -> None:
         "disk (drawn by seed, in every incarnation but the last; off by default)",
     )
     sim.add_argument(
+        "--trees",
+        action="store_true",
+        help="the hostile-tree lane instead: agents in sandbox trees that plant a symlink out, "
+        "an enormous file, a command that never ends, a file changing while it is exported; "
+        "each seed checkpoints, restores and checks every rule (drawn by seed)",
+    )
+    sim.add_argument(
         "--real-usage",
         default="all",
         metavar="WHICH",
@@ -575,10 +582,21 @@ def _simulate(args: argparse.Namespace, reexec: bool) -> int:
     except ValueError as exc:
         print(f"gymckpt: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    if args.trees and (args.hostile or args.real_usage != "all"):
+        print(
+            "gymckpt: error: --trees runs the hostile-tree lane alone: drop --hostile and "
+            "--real-usage (they draw the calendar scenarios' dimensions)",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
     tmp = Path(args.tmp) if args.tmp else None
     if tmp is None and os.access("/dev/shm", os.W_OK):
         tmp = Path("/dev/shm")
     try:
+        if args.trees:
+            from .simulation.trees import main_trees
+
+            return main_trees(args.seeds, args.start, args.json, tmp)
         return main_simulate(
             args.seeds, args.start, args.json, tmp, hostile=args.hostile, usage=usage
         )

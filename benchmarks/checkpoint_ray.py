@@ -184,9 +184,8 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
     if cfg.backend == "http":
         from gymckpt.gym_adapter import HttpGym
 
-        # every /run stream holds a connection until its episodes end, and the dispatcher
-        # sends what is ready, a group (group_size rows) at the least: size the pool for that
-        streams = cfg.in_flight // cfg.group_size + 64
+        # the streams share each server's reply channels (http-wire.md section 7): the
+        # client's default pools bound its sockets whatever the number in flight
         return HttpGym.spawn(
             HEAVY_FROM_ENVIRON,
             cfg.actors,
@@ -196,8 +195,6 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
             state_root=tmp,
             environ=heavy_environ(cfg.turns, times, str(records)),
             startup_timeout_s=cfg.startup_timeout_s,
-            extra_args=("--max-streams", str(streams)),
-            max_streams=streams,
         )
     raise ValueError(f"unknown backend {cfg.backend!r} (ray or http)")
 

@@ -1,11 +1,15 @@
 """Small environments on the episode API, importable by path (``gymckpt.testing.examples:NAME``)
 so Ray actors and the conformance kit can load them: the README's guess-the-number game, an
-agent that reads its task from the trainer's dataset, and an agent that makes its model calls
-at once (``parallel_calls``)."""
+agent that reads its task from the trainer's dataset, an agent that makes its model calls
+at once (``parallel_calls``), and an agent that works in a sandbox tree with a captured step
+(``sandbox_scribe``, which takes the directory its template and trees go under)."""
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import anyio
@@ -21,13 +25,17 @@ from gymckpt.gym_adapter import (
 
 __all__ = [
     "PARALLEL_REQUESTS",
+    "SCRIBE_TURNS",
     "Game",
     "Notebook",
     "ParallelAgent",
     "Player",
+    "Scribe",
     "TaskReader",
     "guess_the_number",
     "parallel_calls",
+    "sandbox_scribe",
+    "scribe_template",
     "slow_task_reader",
     "task_reader",
 ]
@@ -198,3 +206,80 @@ async def _answer(key: str, request: Any, info: EpisodeInfo) -> str:
 def parallel_calls() -> Environment:
     """``ParallelAgent`` with its notebook and model: concurrent model calls across a cut."""
     return Environment(agent=ParallelAgent(), participants=(Notebook(),), model=_answer)
+
+
+SCRIBE_TURNS: Final = 3
+
+
+def _lookup(args: dict[str, int]) -> str:
+    """``Scribe``'s side effect (a search, a remote tool): a deterministic answer."""
+    return "r{row}s{slot}t{turn}".format(**args)
+
+
+class Scribe:
+    """An agent that works in a sandbox (participant ``sandbox``): each turn it asks a captured
+    step (``lookup``, or the ``lookup`` given), asks the model, appends a line to ``notes.txt``
+    and (``commands``) runs a real command that appends to ``ran.txt``, then thinks a moment (a
+    cut may land there). After ``SCRIBE_TURNS`` turns its payload is both files and the
+    tree's listing: a line there twice, or missing, is a turn replayed wrong."""
+
+    name, kind = "agent", "simple_agent"
+
+    def __init__(
+        self, commands: bool = True, lookup: Callable[[dict[str, int]], Any] = _lookup
+    ) -> None:
+        self.commands, self.lookup = commands, lookup
+
+    def open(self, info: EpisodeInfo) -> dict[str, Any]:
+        return {}
+
+    def export(self, state: dict[str, Any]) -> Any:
+        return state
+
+    def restore(self, data: Any) -> dict[str, Any]:
+        return dict(data)
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        box, info, turn = ctx.session("sandbox"), ctx.info, ctx.turn
+        if turn == SCRIBE_TURNS:
+            payload = {
+                "notes": box.read("notes.txt").decode(),
+                "ran": box.read("ran.txt").decode(),
+                "files": box.list(),
+            }
+            return Done(reward=1.0, payload=payload)
+        args = {"row": info.row, "slot": info.slot, "turn": turn}
+        hit = await ctx.captured_step("lookup", args, self.lookup)
+        word = await ctx.model({"turn": turn})
+        box.append("notes.txt", f"turn {turn} {hit} {word}\n")
+        if self.commands:
+            done = await box.run(["sh", "-c", "echo ran >> ran.txt"])
+            if done.returncode != 0:
+                raise RuntimeError(f"the command failed: {done.as_plain()}")
+        await anyio.sleep(0.01 * (1 + info.row % 3))
+        return None
+
+
+def scribe_template(root: Path) -> Path:
+    """``Scribe``'s template under ``root``: its two files, an executable and a link to it."""
+    template = root / "template"
+    (template / "bin").mkdir(parents=True, exist_ok=True)
+    (template / "notes.txt").write_text("")
+    (template / "ran.txt").write_text("")
+    (template / "bin" / "tool.sh").write_text("echo tool\n")
+    os.chmod(template / "bin" / "tool.sh", 0o755)
+    if not (template / "tool").is_symlink():
+        os.symlink("bin/tool.sh", template / "tool")
+    return template
+
+
+def sandbox_scribe(root: Path, *, commands: bool = True, sandbox: Any = None) -> Environment:
+    """``Scribe`` in a ``Sandbox`` whose template and trees go under ``root`` (or in
+    ``sandbox``, a participant named ``sandbox``), with a model that answers ``ok``."""
+    from gymckpt.gym_adapter.environments.sandbox import Sandbox
+
+    if sandbox is None:
+        sandbox = Sandbox(scribe_template(root), root / "work")
+    return Environment(
+        agent=Scribe(commands), participants=(sandbox,), model=lambda key, request, info: "ok"
+    )

@@ -3,6 +3,9 @@ and on a broken environment it must reject."""
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +367,169 @@ async def test_backend_kit_on_instances_another_run_holds_fails_by_name(
     text = str(info.value)
     assert "trainer_restart: instance gym-0 attach: the instance serves another training" in text
     assert "/runs/unfinished" in text and "run it on instances no unfinished run holds" in text
+
+
+# -- a participant that keeps files in a tree, and captured steps ---------------------------------
+
+TREE_CHECKS = (
+    "export_round_trip[1]",
+    "restore_refuses_bad_data[1]",
+    "restore_equivalence[1]",
+    "restore_equivalence[2,unaligned]",
+)
+STEP_CHECKS = ("captured_steps_once[1]", "captured_steps_once[2,unaligned]")
+
+
+async def test_kit_on_the_sandbox_with_commands_and_a_captured_step(tmp_path: Path) -> None:
+    """The sandbox participant (real processes for its commands, so real time) and an agent
+    whose side effect is a captured step pass every check in both modes, on both loops."""
+    report = await check_environment(
+        examples.sandbox_scribe(tmp_path), tmp_path / "kit", rows=2, park_after=(1, 2)
+    )
+    checks = set(report.checks)
+    assert {*TREE_CHECKS, *STEP_CHECKS, "fencing"} <= checks
+    assert {f"{c}@asyncio" for c in (*TREE_CHECKS, *STEP_CHECKS)} <= checks
+
+
+async def test_kit_on_the_sandbox_files_and_steps_under_the_autojump_clock(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The same without commands (a real process's wait is no virtual time), in virtual time:
+    each step's function runs as often across a park as uninterrupted, and none the snapshot
+    captured runs again after a cut."""
+    env = examples.sandbox_scribe(tmp_path, commands=False)
+    report = await check_environment(env, tmp_path / "kit", park_after=(1, 2))
+    assert {*TREE_CHECKS, *STEP_CHECKS, "export_round_trip[2]"} <= set(report.checks)
+
+
+class LiveSession:
+    """A session's files in a directory of its own (the file API ``Scribe`` uses)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def append(self, rel: str, data: str) -> None:
+        with open(self.root / rel, "a") as f:
+            f.write(data)
+
+    def list(self) -> list[str]:
+        return sorted(os.listdir(self.root))
+
+
+class LiveTree:
+    """A user's participant that keeps a session's files in a directory copied from a
+    template, and exports the directory's name instead of its contents: its restore reopens
+    the live tree, with whatever was written in it after the checkpoint."""
+
+    name, kind = "sandbox", "environment"
+
+    def __init__(self, root: Path, template: Path) -> None:
+        self.root, self.template = root, template
+
+    def open(self, info: EpisodeInfo) -> LiveSession:
+        root = self.root / f"{info.session_key}-{secrets.token_hex(4)}"
+        shutil.copytree(self.template, root, symlinks=True)
+        return LiveSession(root)
+
+    def export(self, state: LiveSession) -> Any:
+        return {"dir": str(state.root)}
+
+    def restore(self, data: Any) -> LiveSession:
+        return LiveSession(Path(data["dir"]))
+
+
+async def test_kit_rejects_a_tree_participant_whose_export_names_its_live_directory(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An unaligned cut takes the episode mid-turn, after its line was appended; the restore
+    reopens the live tree, which holds that line, and the turn runs again: twice."""
+    template = examples.scribe_template(tmp_path)
+    env = examples.sandbox_scribe(
+        tmp_path, commands=False, sandbox=LiveTree(tmp_path / "live", template)
+    )
+    with pytest.raises(ConformanceError, match=r"restore_equivalence\[1,unaligned\]"):
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+
+
+async def test_kit_rejects_a_tree_restore_that_loses_file_modes(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A tree participant whose restore loses the executable bit: the payloads agree, the
+    export of the restored tree does not (``export_round_trip``, naming the difference)."""
+    from gymckpt.gym_adapter.environments.sandbox import Sandbox
+
+    class ModeLoser(Sandbox):
+        def restore(self, data: Any) -> Any:
+            session = super().restore(data)
+            for path in session.root.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    path.chmod(0o644)
+            return session
+
+    box = ModeLoser(examples.scribe_template(tmp_path), tmp_path / "work")
+    env = examples.sandbox_scribe(tmp_path, commands=False, sandbox=box)
+    with pytest.raises(ConformanceError) as info:
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+    text = str(info.value)
+    assert "export_round_trip[1]: " in text and "sandbox/" in text  # names the session
+    assert "restore_equivalence[1]" not in text  # the payloads agree
+
+
+async def test_kit_rejects_a_captured_step_asked_with_other_arguments_after_a_cut(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A step whose arguments depend on the attempt: the turn a cut took mid-way asks it again
+    with other arguments after the restore, and fails closed (``CapturedStepChanged``)."""
+
+    class Fickle(examples.Scribe):
+        async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+            probe = {"turn": ctx.turn, "attempt": ctx.info.attempt}
+            await ctx.captured_step("probe", probe, lambda a: a["turn"])
+            return await super().step(ctx, state)
+
+    env = attrs.evolve(examples.sandbox_scribe(tmp_path, commands=False), agent=Fickle(False))
+    says = r"(?s)restore_equivalence\[1,unaligned\].*the arguments differ"
+    with pytest.raises(ConformanceError, match=says):
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+
+
+async def test_kit_rejects_a_host_that_runs_a_captured_step_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host whose captured steps run their function even when the capture answers them
+    (every restored turn asks its side effect again): the payloads still agree, the step
+    counts do not, in both modes."""
+    from gymckpt.gym_adapter.host._episodes import StepContext
+
+    real = StepContext.captured_step
+
+    async def runs_it_anyway(self: Any, name: str, args: Any, fn: Any) -> Any:
+        if self.info.attempt > 0:
+            fn(args)
+        return await real(self, name, args, fn)
+
+    monkeypatch.setattr(StepContext, "captured_step", runs_it_anyway)
+    env = examples.sandbox_scribe(tmp_path, commands=False)
+    with pytest.raises(ConformanceError) as info:
+        await check_environment(env, tmp_path / "kit", rows=2, park_after=(1,))
+    text = str(info.value)
+    assert "captured_steps_once[1]: captured steps' functions ran " in text
+    assert "captured_steps_once[1,unaligned]: " in text and "ran again after the restore" in text
+    assert "restore_equivalence" not in text
+
+
+async def test_backend_kit_on_an_embedded_gym_of_sandboxes(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The backend kit drives a Gym whose sessions are sandbox trees and whose agent runs
+    captured steps like any other: commits, cuts in both modes, restores, trainer restarts."""
+    env = examples.sandbox_scribe(tmp_path, commands=False)
+    async with EmbeddedGym.host(env, instances=2, work_dir=tmp_path / "live") as gym:
+        report = await check_backend(gym, tmp_path / "kit")
+    assert {"commit[aligned]", "cut[aligned]", "commit[unaligned]", "cut[unaligned]"} <= set(
+        report.checks
+    )
+    assert {"restore_refuses_mismatch", *USAGE_CHECKS} <= set(report.checks)

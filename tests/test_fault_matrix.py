@@ -11,6 +11,13 @@ sentinel is there once, budgets add up, admission reopened, the deadline pause w
 no task was left behind, and Gym was not parked beyond its lease. Each case then asserts its
 documented outcome and that the fault really fired.
 
+The sandbox and the captured step have their own cases at the end, on one embedded host, each
+in both modes where a checkpoint meets it: a command killed by its deadline with its process
+group, a crash in the middle of a command (the restored turn runs it again on the boundary's
+tree), a captured step whose function raises, a step asked with other arguments after a
+restore (``CapturedStepChanged``, fail closed) and an export that raises (a FIFO in the tree, a
+symlink out of it).
+
 ``test_fault_over_http`` runs the faults that make sense over HTTP through ``gymckpt demo
 --backend http`` (real ``gymckpt serve`` processes executing them), same grammar, same outcomes.
 """
@@ -18,10 +25,14 @@ documented outcome and that the fault really fired.
 from __future__ import annotations
 
 import json
+import math
+import os
+import select
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import orjson
@@ -45,15 +56,30 @@ from gymckpt.app.simulation.main import (
     ScenarioReport,
     run_scenario,
 )
+from gymckpt.app.simulation.trees import spawned
 from gymckpt.gym_adapter import (
+    Completed,
+    Done,
     EmbeddedGym,
+    Environment,
+    EpisodeContext,
+    EpisodeInfo,
+    Failed,
+    GymHost,
+    RunReply,
+    RunRow,
 )
 from gymckpt.gym_adapter.environments.calendar import (
     calendar_environment,
 )
+from gymckpt.gym_adapter.environments.sandbox import CommandLimits, Sandbox
+from gymckpt.gym_adapter.host._captured import arguments_digest
 from gymckpt.runtime import (
     ADMISSION_CLOSED_ROWS,
     CheckpointMode,
+    EpisodeRecord,
+    InstanceRecord,
+    ParticipantRecord,
     RetireItem,
     SnapshotStore,
     load_snapshot,
@@ -595,3 +621,309 @@ def test_fault_over_http(tmp_path: Path, spec: str, expect: str, mode: str) -> N
         assert m["rollout/early_stream_ends_total"] >= 1
     else:  # pragma: no cover
         raise AssertionError(expect)
+
+
+# -- the sandbox and the captured step -------------------------------------------------------------
+# On one embedded host under the autojump clock, each fault in both checkpoint modes where a
+# checkpoint meets it. Commands are real processes: while one must not meet its deadline, the
+# clock stands still (``autojump_threshold = inf``) and the test waits on the command itself
+# (a FIFO outside the tree it writes to, read in a thread), never on a sleep.
+
+FAR = 1e9
+
+
+class Boxed:
+    """An agent in a sandbox whose turns are given as ``plan[turn]``, an async function of
+    (ctx, box, state); it ends after the plan with the tree's files as its payload."""
+
+    name, kind = "agent", "simple_agent"
+
+    def __init__(self, *plan: Any) -> None:
+        self.plan = plan
+
+    def open(self, info: EpisodeInfo) -> dict[str, Any]:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return dict(data)
+
+    async def step(self, ctx: EpisodeContext, state: dict[str, Any]) -> Done | None:
+        box = ctx.session("sandbox")
+        if ctx.turn == len(self.plan):
+            files = {n: box.read(n).decode() for n in box.list() if n.endswith(".txt")}
+            return Done(1.0, payload={"files": files, "state": state})
+        await self.plan[ctx.turn](ctx, box, state)
+        return None
+
+
+def _boxed(tmp_path: Path, agent: Boxed, timeout_s: float = 30.0) -> Environment:
+    template = tmp_path / "template"
+    template.mkdir(exist_ok=True)
+    (template / "log.txt").write_text("")
+    sandbox = Sandbox(template, tmp_path / "gym", commands=CommandLimits(timeout_s=timeout_s))
+    return Environment(agent=agent, participants=(sandbox,), model=lambda k, r, i: "ok")
+
+
+def _record(commit: Any) -> tuple[InstanceRecord, list[EpisodeRecord]]:
+    record = InstanceRecord(
+        commit.instance,
+        tuple(
+            ParticipantRecord(p.server_name, p.kind, p.state_dir, p.records_digest)
+            for p in commit.participants
+        ),
+    )
+    episodes = [
+        EpisodeRecord(e.rollout_id, e.owner, commit.instance, e.capture_keys)
+        for e in commit.exported
+    ]
+    return record, episodes
+
+
+async def _replies(stream: Any, into: list[RunReply]) -> None:
+    async for batch in stream:
+        into.extend(batch)
+
+
+def _fifo_read(path: Path) -> str:
+    """What a command writes to FIFO ``path`` (blocks until it has written and closed it)."""
+    with open(path) as f:
+        return f.read()
+
+
+def _fifo_write(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` still running (zombies are dead), each waited for
+    first with a real-time bound (a SIGKILLed process takes a moment to die), then killed so
+    a failing test leaves none behind."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) != pgid or fields[0] == "Z":
+            continue
+        try:
+            fd = os.pidfd_open(int(entry))
+        except ProcessLookupError:
+            continue
+        try:
+            if not select.select([fd], [], [], 20.0)[0]:
+                alive.append(int(entry))
+                os.kill(int(entry), signal.SIGKILL)  # reported; not left behind
+        finally:
+            os.close(fd)
+    return alive
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+async def test_sandbox_fault_command_killed_by_its_deadline_with_its_group(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
+) -> None:
+    """A command that never ends (and starts another in the background) is killed with its
+    whole process group when its deadline passes; a checkpoint that meets it mid-command
+    parks the episode after the kill (aligned) or takes it at its boundary (unaligned); the
+    episode goes on and completes, the timeout in its state."""
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    endless = f"sleep 1000 & echo $$ > {ready}; while :; do sleep 1; done"
+
+    async def run_forever(ctx: EpisodeContext, box: Any, state: dict[str, Any]) -> None:
+        box.append("log.txt", "before\n")
+        result = await box.run(["sh", "-c", endless])
+        state["command"] = [result.timed_out, result.returncode]
+
+    env = _boxed(tmp_path, Boxed(run_forever), timeout_s=5.0)
+    got: list[RunReply] = []
+    commits: list[Any] = []
+
+    async def checkpoint() -> None:  # aligned: waits for the episode's next boundary
+        await host.prepare("c1", FAR, mode)
+        commits.append(await host.commit("c1", "snap", FAR))
+
+    # Virtual time stands still (a real process's wait must not let the lease pass): the
+    # command's deadline passes when the test moves the clock, once the command is running.
+    autojump_clock.autojump_threshold = math.inf
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host, trio.open_nursery() as nursery:
+        nursery.start_soon(_replies, await host.run([RunRow("0-0", 0, 0, 0)]), got)
+        pgid = int(await trio.to_thread.run_sync(_fifo_read, ready))
+        async with trio.open_nursery() as during:
+            during.start_soon(checkpoint)
+            await spawned()  # the command is inside its deadline's scope
+            autojump_clock.jump(5.0)  # the deadline passes
+        await host.resume("c1", FAR)
+    [commit] = commits
+    assert _group_alive(pgid) == []  # the command, its loop and its background sleep
+    assert commit.mid_turn == (1 if mode is CheckpointMode.UNALIGNED else 0)
+    [done] = got
+    assert isinstance(done, Completed), done
+    assert done.payload["state"] == {"command": [True, None]}  # timed out, no return code
+    assert done.payload["files"] == {"log.txt": "before\n"}
+
+
+async def test_sandbox_fault_crash_mid_command_reruns_the_turn_on_the_boundary_tree(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An unaligned cut takes the episode in the middle of a command that has written half of
+    its work; the host dies (its command with it). The restore materialises the tree of the
+    step boundary, and the turn runs the command again: each of its lines is in the tree once,
+    and the captured step of that turn is answered from the snapshot, not asked again."""
+    ready, gate = tmp_path / "ready", tmp_path / "gate"
+    os.mkfifo(ready)
+    os.mkfifo(gate)
+    command = f"echo start >> cmd.txt; echo $$ > {ready}; read x < {gate}; echo end >> cmd.txt"
+    asked: list[Any] = []
+
+    async def first(ctx: EpisodeContext, box: Any, state: dict[str, Any]) -> None:
+        box.append("log.txt", "turn 0\n")
+
+    async def second(ctx: EpisodeContext, box: Any, state: dict[str, Any]) -> None:
+        state["hit"] = await ctx.captured_step("search", {"q": "x"}, lambda a: asked.append(a))
+        result = await box.run(["sh", "-c", command])
+        assert result.returncode == 0, result
+        box.append("log.txt", "turn 1\n")
+
+    env = _boxed(tmp_path, Boxed(first, second))
+    autojump_clock.autojump_threshold = math.inf  # nothing here waits on virtual time
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0)])
+        pgid = int(await trio.to_thread.run_sync(_fifo_read, ready))  # "start" is written
+        await host.prepare("c1", FAR, CheckpointMode.UNALIGNED)
+        commit = await host.commit("c1", "snap", FAR)
+        await stream.aclose()
+    assert commit.mid_turn == 1 and _group_alive(pgid) == []  # the dead host's command too
+    record, episodes = _record(commit)
+    got: list[RunReply] = []
+    async with GymHost("gym-0", env, work_dir=tmp_path) as fresh, trio.open_nursery() as nursery:
+        await fresh.restore("snap", record, episodes, FAR)
+        nursery.start_soon(_replies, await fresh.run([RunRow("0-0-a1", 0, 0, 1, "0-0")]), got)
+        await trio.to_thread.run_sync(_fifo_read, ready)  # the turn's command, run again
+        await trio.to_thread.run_sync(_fifo_write, gate, "go\n")
+    [done] = got
+    assert isinstance(done, Completed), done
+    assert done.payload["files"] == {
+        "cmd.txt": "start\nend\n",  # once: the restored tree is the boundary's
+        "log.txt": "turn 0\nturn 1\n",
+    }
+    assert asked == [{"q": "x"}]  # the step's function ran once, before the cut
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+async def test_sandbox_fault_captured_step_that_raises_fails_its_attempt_and_stages_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode
+) -> None:
+    """A step whose function raises fails the attempt as data, naming the error; nothing is
+    staged for it, so a checkpoint holds no capture of it and the next attempt asks it again
+    and completes."""
+    asked: list[int] = []
+
+    def search(args: Any) -> Any:
+        asked.append(args["attempt"])
+        if args["attempt"] == 0:
+            raise ConnectionError("search service down")
+        return "found"
+
+    async def ask(ctx: EpisodeContext, box: Any, state: dict[str, Any]) -> None:
+        await trio.sleep(1.0)
+        state["hit"] = await ctx.captured_step("search", {"attempt": ctx.info.attempt}, search)
+
+    env = _boxed(tmp_path, Boxed(ask))
+    got: list[RunReply] = []
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        await _replies(await host.run([RunRow("0-0", 0, 0, 0)]), got)
+        await host.prepare("c1", FAR, mode)
+        commit = await host.commit("c1", "snap", FAR)
+        await host.resume("c1", FAR)
+        assert commit.exported == () and commit.sessions == ()  # nothing of the failed attempt
+        await _replies(await host.run([RunRow("0-0-a1", 0, 0, 1)]), got)
+    failed, done = got
+    assert isinstance(failed, Failed) and failed.failure_class == "data", failed
+    assert "search service down" in failed.message and "turn 0" in failed.message
+    assert isinstance(done, Completed) and done.payload["state"] == {"hit": "found"}
+    assert asked == [0, 1]
+
+
+async def test_sandbox_fault_changed_arguments_after_a_restore_fail_closed(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A cut takes a turn after its step was staged; the restored turn asks the step with
+    other arguments: ``CapturedStepChanged`` fails the episode as data, naming the key and
+    both digests, and the function is not run again."""
+    asked: list[Any] = []
+
+    async def ask(ctx: EpisodeContext, box: Any, state: dict[str, Any]) -> None:
+        await ctx.captured_step("search", {"attempt": ctx.info.attempt}, asked.append)
+        box.append("log.txt", "asked\n")
+        await trio.sleep(1.0)
+
+    env = _boxed(tmp_path, Boxed(ask))
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0)])
+        await trio.sleep(0.5)
+        await host.prepare("c1", FAR, CheckpointMode.UNALIGNED)
+        commit = await host.commit("c1", "snap", FAR)
+        await stream.aclose()
+    assert commit.mid_turn == 1
+    record, episodes = _record(commit)
+    got: list[RunReply] = []
+    async with GymHost("gym-0", env, work_dir=tmp_path) as fresh:
+        await fresh.restore("snap", record, episodes, FAR)
+        await _replies(await fresh.run([RunRow("0-0-a1", 0, 0, 1, "0-0")]), got)
+    [failed] = got
+    assert isinstance(failed, Failed) and failed.failure_class == "data", failed
+    [key] = episodes[0].capture_keys
+    digests = [arguments_digest("search", orjson.dumps({"attempt": a})) for a in (0, 1)]
+    assert key in failed.message and all(d in failed.message for d in digests), failed.message
+    assert "the arguments differ" in failed.message
+    assert asked == [{"attempt": 0}]  # never run for the restored attempt
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+@pytest.mark.parametrize("hostile", ["fifo", "symlink_out"])
+async def test_sandbox_fault_export_raising_fails_its_episode_and_the_others_restore(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, mode: CheckpointMode, hostile: str
+) -> None:
+    """Row 0's tree cannot be exported from turn 1 on (a FIFO in it, or a symlink out of it):
+    the export raises at the commit (aligned) or at the mark of its boundary (unaligned), the
+    episode fails as data naming the path, and the other episode commits and restores."""
+
+    async def work(ctx: EpisodeContext, box: Any, state: dict[str, Any]) -> None:
+        box.append("log.txt", f"turn {ctx.turn}\n")
+        if ctx.turn == 1 and ctx.info.row == 0:
+            if hostile == "fifo":
+                os.mkfifo(box.root / "pipe")
+            else:
+                os.symlink(str(tmp_path), box.root / "out")
+        await trio.sleep(1.0)
+
+    env = _boxed(tmp_path, Boxed(work, work, work))
+    got: list[RunReply] = []
+    async with GymHost("gym-0", env, work_dir=tmp_path) as host, trio.open_nursery() as nursery:
+        for row in (0, 1):
+            nursery.start_soon(_replies, await host.run([RunRow(f"{row}-0", row, 0, 0)]), got)
+        await trio.sleep(2.5)  # inside turn 2: the mark of boundary 2 holds what turn 1 made
+        await host.prepare("c1", FAR, mode)
+        commit = await host.commit("c1", "snap", FAR)
+        await host.resume("c1", FAR)  # row 1 completes, row 0 has failed
+    assert [e.rollout_id for e in commit.exported] == ["1-0"]
+    [failed] = [r for r in got if r.rollout_id == "0-0"]
+    assert isinstance(failed, Failed) and failed.failure_class == "data", failed
+    named = "pipe" if hostile == "fifo" else "out"
+    assert f"{named} " in failed.message or f"{named}:" in failed.message, failed.message
+    record, episodes = _record(commit)
+    again: list[RunReply] = []
+    async with GymHost("gym-0", env, work_dir=tmp_path) as fresh:
+        await fresh.restore("snap", record, episodes, FAR)
+        await _replies(await fresh.run([RunRow("1-0-a1", 1, 0, 1, "1-0")]), again)
+    [done] = again
+    assert isinstance(done, Completed), done
+    assert done.payload["files"] == {"log.txt": "turn 0\nturn 1\nturn 2\n"}

@@ -167,11 +167,14 @@ async def test_an_ack_refused_because_another_run_took_over_is_dropped(tmp_path:
 async def test_a_run_that_finds_every_stream_connection_held_fails_naming_the_limit(
     tmp_path: Path,
 ) -> None:
-    """Each open ``/run`` stream holds a connection until its episodes end: with all
-    ``max_streams`` held, the next run waits ``pool_timeout_s`` for one and then fails as a
-    timeout saying which limit to raise (it once waited without end)."""
+    """Each open ``/run`` stream holds a connection until its episodes end (without reply
+    channels, ``multiplex=False``, or an older server): with all ``max_streams`` held, the next
+    run waits ``pool_timeout_s`` for one and then fails as a timeout saying which limit to raise
+    (it once waited without end)."""
     long = CalendarConfig(turns=(40, 40), turn_s=(0.5, 0.5))  # 20 s per episode
-    async with http_gym(tmp_path, config=long, max_streams=1, pool_timeout_s=0.5) as gym:
+    async with http_gym(
+        tmp_path, config=long, max_streams=1, pool_timeout_s=0.5, multiplex=False
+    ) as gym:
         held = await gym.run("gym-0", rows(1))
         with trio.fail_after(20), pytest.raises(GymCallTimeout, match=r"max_streams=1 is held"):
             await gym.run("gym-0", rows(1, start=1))

@@ -42,18 +42,31 @@ from gymckpt.gym_adapter.transports.http._wire import (
     PROTOCOL,
     ControlRequest,
     Health,
+    MuxLine,
+    MuxOpenRequest,
+    MuxRunRequest,
     Refusal,
     RunRequest,
     WireFormatError,
     decode_control_request,
     decode_error_body,
     decode_health,
+    decode_mux_channel_line,
+    decode_mux_line,
+    decode_mux_open,
+    decode_mux_run_request,
+    decode_reply,
     decode_result,
     decode_run_request,
     decode_stream_line,
     encode_batch_line,
     encode_control_request,
     encode_health,
+    encode_mux_batch_line,
+    encode_mux_channel_line,
+    encode_mux_end_line,
+    encode_mux_open,
+    encode_mux_run_request,
     encode_refusal,
     encode_result,
     encode_run_request,
@@ -615,3 +628,68 @@ def test_malformed_results_and_error_bodies_are_refused() -> None:
             decode_error_body(body)
     with pytest.raises(WireFormatError):
         decode_health(b'{"protocol": "gymckpt-http/2"}')
+
+
+# -- reply channels (/mux/v1) ------------------------------------------------------------------
+
+
+def test_mux_lines_carry_run_lines_replies_in_nemo_shapes_tagged_with_their_stream() -> None:
+    """A channel's batch line is ``/run``'s line with ``sid`` in front: the same NeMo Gym
+    ``BaseEpisodeResponse`` replies, byte for byte, and they decode back to the replies."""
+    batch = ReplyBatch(3, REPLIES)
+    line = encode_mux_batch_line(12, batch, REPLY_ROWS)
+    assert line == b'{"sid":12,' + encode_batch_line(batch, REPLY_ROWS)[1:]
+    item = decode_mux_line(line)
+    assert (item.sid, item.seq, item.end) == (12, 3, False)
+    assert item.raw == tuple(orjson.loads(encode_batch_line(batch, REPLY_ROWS))["replies"])
+    for raw in item.raw:
+        _validate(raw, "BaseEpisodeResponse")
+    assert tuple(decode_reply(r) for r in item.raw) == REPLIES
+    assert decode_mux_line(encode_mux_end_line(12)) == MuxLine(12, end=True)
+    assert decode_mux_channel_line(encode_mux_channel_line(4)) == 4
+
+
+def test_mux_requests_round_trip() -> None:
+    run = RunRequest(7, {3: 2}, RunShape(), False, 16, ROWS)
+    assert decode_mux_run_request(encode_mux_run_request(MuxRunRequest(2, run))) == (
+        MuxRunRequest(2, run)
+    )
+    raw = orjson.loads(encode_mux_run_request(MuxRunRequest(2, run)))
+    assert raw == {"channel": 2, **orjson.loads(encode_run_request(run))}
+    assert decode_mux_open(encode_mux_open(MuxOpenRequest(5))) == MuxOpenRequest(5)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"sid":1,"end":false}',
+        b'{"sid":-1,"end":true}',
+        b'{"sid":1,"end":true,"x":1}',
+        b'{"end":true}',
+        b'{"sid":1,"seq":0,"replies":[]}',
+        b'{"seq":1,"replies":[]}',
+        b'{"sid":1,"seq":1,"replies":[],"x":1}',
+        b'{"sid":"1","seq":1,"replies":[]}',
+        b"[]",
+        b"{",
+    ],
+)
+def test_malformed_mux_line_is_refused(line: bytes) -> None:
+    with pytest.raises(WireFormatError):
+        decode_mux_line(line)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"channel":-1}',
+        b'{"channel":"1"}',
+        b'{"channel":1,"x":1}',
+        b"{}",
+    ],
+)
+def test_malformed_mux_open_is_refused(body: bytes) -> None:
+    with pytest.raises(WireFormatError):
+        decode_mux_open(body)
+    with pytest.raises(WireFormatError):
+        decode_mux_channel_line(body)

@@ -60,6 +60,7 @@ from .._admission import ReplyBatch, RunShape, admission_header
 from .._outbox import Outbox, Outboxes
 from .._verbs import call_host
 from .._wire import WIRE_ERRORS, encode_error
+from ._channels import ReplyChannel
 from ._guard import (
     LOG,
     Limits,
@@ -75,18 +76,27 @@ from ._wire import (
     DEADLINE_OPS,
     END_LINE,
     EXPECT_INCARNATION_HEADER,
+    FEATURES_HEADER,
     INCARNATION_HEADER,
     INSTANCE_HEADER,
+    MUX_FEATURE,
+    MUX_OPEN,
+    MUX_RUN,
     PROTOCOL,
     TRAINER_HEADER,
     ControlRequest,
     Health,
+    MuxOpenRequest,
+    MuxRunRequest,
     RunRequest,
     WireFormatError,
     decode_control_request,
+    decode_mux_open,
+    decode_mux_run_request,
     decode_run_request,
     encode_batch_line,
     encode_health,
+    encode_mux_channel_line,
     encode_refusal,
     encode_result,
 )
@@ -94,6 +104,7 @@ from ._wire import (
 __all__ = ["CONTROL_PREFIX", "GymHttpApp", "HttpAppStatistics"]
 
 CONTROL_PREFIX: Final = "/control/v1/"
+
 _JSON: Final = (b"content-type", b"application/json")
 _NDJSON: Final = (b"content-type", b"application/x-ndjson")
 
@@ -113,6 +124,8 @@ class HttpAppStatistics:
     """Streams still registered (not yet fully acknowledged or closed)."""
     refused: int
     """Requests refused by a security rule since the start."""
+    channels: int = 0
+    """Reply channels open (``/mux/v1/open`` bodies being written)."""
 
 
 def _resolved(path: str | Path) -> Path:
@@ -145,6 +158,7 @@ class GymHttpApp:
     _open_streams: int = attrs.field(default=0, init=False)
     _refused: int = attrs.field(default=0, init=False)
     _stopping: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _channels: dict[int, ReplyChannel] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         if not self.token:
@@ -161,7 +175,9 @@ class GymHttpApp:
         self._stopping.set()
 
     def statistics(self) -> HttpAppStatistics:
-        return HttpAppStatistics(self._open_streams, len(self._outboxes), self._refused)
+        return HttpAppStatistics(
+            self._open_streams, len(self._outboxes), self._refused, len(self._channels)
+        )
 
     # -- ASGI ------------------------------------------------------------------------------------
 
@@ -201,8 +217,12 @@ class GymHttpApp:
                 "instance as replaced",
             )
 
-    async def _respond(self, send: Send, status: int, body: bytes, *, close: bool = False) -> None:
+    async def _respond(
+        self, send: Send, status: int, body: bytes, *, close: bool = False, features: bool = False
+    ) -> None:
         headers = self._headers(_JSON, (b"content-length", str(len(body)).encode()))
+        if features:  # what this server adds to the protocol (GET /health)
+            headers.append((FEATURES_HEADER.lower().encode(), MUX_FEATURE.encode()))
         if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -216,7 +236,7 @@ class GymHttpApp:
             if path == "/health":
                 if method != "GET":
                     raise RefusedRequest(405, "MethodNotAllowed", f"{path} takes GET only")
-                await self._respond(send, 200, self._health())
+                await self._respond(send, 200, self._health(), features=True)
                 return
             headers = {k.lower(): v for k, v in scope["headers"]}
             check_bearer(headers, self.token)
@@ -229,6 +249,12 @@ class GymHttpApp:
             if op == "/run":
                 run = self._admit_run(body)
                 act = partial(self._run, run, trainer, send)
+            elif op == MUX_OPEN:
+                opening = self._admit_mux_open(body)
+                act = partial(self._mux_open, opening, trainer, send)
+            elif op == MUX_RUN:
+                mux = self._admit_mux_run(body)
+                act = partial(self._mux_run, mux, trainer, send)
             else:
                 req, args = self._admit_control(op, body)
                 act = partial(self._control, op, req, args, trainer, send)
@@ -257,15 +283,16 @@ class GymHttpApp:
             )
 
     def _route(self, method: str, path: str) -> str:
-        if path == "/run":
-            op = "/run"
+        if path in ("/run", MUX_OPEN, MUX_RUN):
+            op = path
         elif path.startswith(CONTROL_PREFIX) and path[len(CONTROL_PREFIX) :] in CONTROL_OPS:
             op = path[len(CONTROL_PREFIX) :]
         else:
             raise RefusedRequest(
                 404,
                 "NotFound",
-                f"no route {path}: the routes are GET /health, POST /run and "
+                f"no route {path}: the routes are GET /health, POST /run, POST {MUX_OPEN}, "
+                f"POST {MUX_RUN} and "
                 f"POST {CONTROL_PREFIX}<op> with <op> in {', '.join(CONTROL_OPS)}",
             )
         if method != "POST":
@@ -374,6 +401,9 @@ class GymHttpApp:
         result = await call_host(host, op, args, deadline_ts, trainer)
         if op == "attach" and result.took_over:  # the older term's streams are gone with them
             self._outboxes.forget_all()
+            for channel in list(self._channels.values()):
+                if channel.trainer != trainer:
+                    channel.end()
         return result
 
     # -- data plane ------------------------------------------------------------------------------
@@ -383,6 +413,21 @@ class GymHttpApp:
             req = decode_run_request(body)
         except WireFormatError as exc:
             raise RefusedRequest(400, "BadRequest", str(exc)) from None
+        self._check_run(req)
+        self._check_bodies()
+        return req
+
+    def _check_bodies(self) -> None:
+        """Rule 11: at most ``max_streams`` long-lived bodies (``/run`` and reply channels)."""
+        if self._open_streams + len(self._channels) >= self.limits.max_streams:
+            raise RefusedRequest(
+                429,
+                "TooManyStreams",
+                f"{self._open_streams} /run bodies and {len(self._channels)} reply channels "
+                "open, the server's limit (--max-streams): close a stream or retry later",
+            )
+
+    def _check_run(self, req: RunRequest) -> None:
         if len(req.rows) > self.limits.max_rows:
             raise RefusedRequest(
                 413,
@@ -398,14 +443,85 @@ class GymHttpApp:
             raise RefusedRequest(
                 400, "BadRequest", f"stream id {req.sid} is still open here: use a fresh sid"
             )
-        if self._open_streams >= self.limits.max_streams:
+
+    def _admit_mux_open(self, body: bytes) -> MuxOpenRequest:
+        try:
+            req = decode_mux_open(body)
+        except WireFormatError as exc:
+            raise RefusedRequest(400, "BadRequest", str(exc)) from None
+        if req.channel in self._channels:
             raise RefusedRequest(
-                429,
-                "TooManyStreams",
-                f"{self._open_streams} /run bodies open, the server's limit "
-                f"(--max-streams): close a stream or retry later",
+                400,
+                "BadRequest",
+                f"reply channel {req.channel} is still open here: use a fresh channel id",
+            )
+        self._check_bodies()
+        return req
+
+    def _admit_mux_run(self, body: bytes) -> MuxRunRequest:
+        try:
+            req = decode_mux_run_request(body)
+        except WireFormatError as exc:
+            raise RefusedRequest(400, "BadRequest", str(exc)) from None
+        self._check_run(req.run)
+        channel = self._channels.get(req.channel)
+        if channel is None or not channel.open:
+            raise RefusedRequest(
+                409,
+                "UnknownChannel",
+                f"reply channel {req.channel} is not open here: open one with POST {MUX_OPEN} "
+                "(a channel ends with its connection, a server stop or a newer trainer's attach)",
             )
         return req
+
+    async def _mux_open(self, req: MuxOpenRequest, trainer: TrainerTerm | None, send: Send) -> None:
+        try:
+            self.host.check_trainer(trainer, "mux open")
+        except GymInUse as exc:
+            await self._gym_error(send, exc, "mux open")
+            return
+        channel = ReplyChannel(req.channel, trainer, self.host, self._outboxes)
+        self._channels[req.channel] = channel
+        try:
+            start = {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": self._headers(_NDJSON),
+            }
+            await send(start)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_when, self._stopping.wait, nursery.cancel_scope)
+                await channel.serve(encode_mux_channel_line(req.channel), send)
+                nursery.cancel_scope.cancel()
+        finally:
+            channel.end()
+            del self._channels[req.channel]
+        # ended (a newer term, the instance died, the server stops): no end line
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _mux_run(self, req: MuxRunRequest, trainer: TrainerTerm | None, send: Send) -> None:
+        run = req.run
+        try:
+            self.host.check_trainer(trainer, "run")  # before its acknowledgements act
+            self._outboxes.apply_acks(run.acks)
+            if run.shape.inject is not None:
+                await inject_fault(run.shape.inject, self.name, "run", _die)
+            stream = await self.host.run(
+                run.rows,
+                refuse_all=run.shape.refuse_all,
+                drop_after=run.shape.drop_after,
+                trainer=trainer,
+            )
+        except Exception as exc:
+            await self._gym_error(send, exc, "run")
+            return
+        box = self._outboxes.open(run.sid, self.host, stream)
+        channel = self._channels.get(req.channel)
+        if channel is not None and channel.open:
+            channel.start(run, box)
+        else:  # the channel ended meanwhile: its client sees it end and settles the stream
+            self._outboxes.finish(run.sid, box, completed=False, discard=False)
+        await self._respond(send, 200, encode_batch_line(admission_header(), {}))
 
     async def _run(self, req: RunRequest, trainer: TrainerTerm | None, send: Send) -> None:
         self._open_streams += 1

@@ -21,11 +21,22 @@ HTTP's own parts are each a module, as Ray's are: the wire (``http/_wire``), one
 the error an answer carries (``http/_calls``), the reply stream (``http/_stream``), the spawned
 servers (``http/_spawn``, ``http/_process``) and this deployment.
 
-**Connections.** Two ``httpx.AsyncClient``s with bounded pools: one for ``/run`` streams, which
-hold a connection for as long as their episodes run, and one for the control plane, so a
-control call never waits behind streams for a connection (``max_streams`` and
-``max_control_connections``). A call that finds its pool exhausted waits at most
-``pool_timeout_s`` for a connection, then fails as ``GymCallTimeout`` naming the limit.
+**Connections.** ``httpx.AsyncClient``s with bounded pools: one for the control plane, so a
+control call never waits behind streams for a connection (``max_control_connections``), one for
+submissions (``max_streams``), and one for reply channels. A call that finds its pool exhausted
+waits at most ``pool_timeout_s`` for a connection, then fails as ``GymCallTimeout`` naming the
+limit.
+
+**Reply channels** (``http/_mux``, ``docs/http-wire.md`` section 7). A server whose ``GET
+/health`` advertises ``MUX_FEATURE`` (the ``Gymckpt-Features`` header) is sent each ``run`` as a
+short ``POST /mux/v1/run`` (answered once the rows are admitted) whose replies come on one of at
+most ``channels_per_instance`` long-lived reply channels of that instance (``POST
+/mux/v1/open``, opened when first needed, again after one ends), each line tagged with its
+stream. Sockets are then bounded whatever the number of streams in flight: at most
+``max_control_connections + max_streams + 2 * channels_per_instance * instances`` (a channel
+that ended may still be closing while its successor opens). A server that does not advertise it
+(an older gymckpt) is sent ``POST /run`` as before, one connection per open stream
+(``multiplex=False`` asks for that everywhere).
 
 **Deadlines** (S5): every control call sends its ``deadline_ts`` as the time left
 (``WireDeadline``; the server re-anchors it on its clock and fails a call past it with
@@ -97,21 +108,31 @@ from .._deployment import Replacement, instance_names, per_instance
 from .._errors import TransportFailure, as_if_no_nursery, transport_error
 from .._remote import RemoteGym
 from ._calls import answer_error, post_request
+from ._mux import HttpMuxStream, MuxChannel
 from ._process import Ready, ServerExited
 from ._spawn import ServeSpec, Supervisor
 from ._stream import HttpReplyStream
 from ._wire import (
+    FEATURES_HEADER,
     INCARNATION_HEADER,
+    MUX_FEATURE,
+    MUX_OPEN,
+    MUX_RUN,
     PROTOCOL,
+    MuxOpenRequest,
+    MuxRunRequest,
     RunRequest,
     WireFormatError,
     decode_health,
     decode_result,
+    decode_stream_line,
     encode_control_request,
+    encode_mux_open,
+    encode_mux_run_request,
     encode_run_request,
 )
 
-__all__ = ["HttpGym", "HttpReplyStream"]
+__all__ = ["ChannelStatistics", "HttpGym", "HttpMuxStream", "HttpReplyStream"]
 
 CONTROL_GRACE_S: Final = 1.0
 """A control call is given up this long after its deadline if the server has not answered (the
@@ -131,6 +152,14 @@ ACK_TIMEOUT_S: Final = 2.0
 """Bound on an acknowledgement sent on its own (it is repeated by the next call anyway)."""
 REPLACE_POLL_S: Final = 0.1
 """How often ``replace`` asks an external server again whether it serves a new incarnation."""
+KEEPALIVE_EXPIRY_S: Final = 2.0
+"""An idle pooled connection is closed by the client after this long, well before a server
+closes it (``gymckpt serve`` after 30 s, hypercorn by default after 5 s): a request is never
+sent on a connection the server is closing (it would fail as "Server disconnected without
+sending a response", not knowing whether the server acted)."""
+THREAD_DECODE_BYTES: Final = 256 * 1024
+"""A control answer at least this large (a commit of thousands of episodes) is decoded in a
+worker thread, so the trainer's loop runs meanwhile (the GIL is handed over every few ms)."""
 STARTUP_TIMEOUT_S: Final = 60.0
 """Default bound on starting spawned servers (each must log its readiness line by then)."""
 
@@ -143,6 +172,27 @@ class _Endpoint:
     incarnation_id: str
     seen: str | None = None
     """Another incarnation seen answering at ``url`` (the server was restarted)."""
+    mux: bool = False
+    """The server advertised ``MUX_FEATURE`` (reply channels) in its ``GET /health``."""
+
+
+async def _decode_result(op: str, content: bytes) -> Any:
+    """``decode_result``; a large answer in a worker thread (``THREAD_DECODE_BYTES``)."""
+    if len(content) < THREAD_DECODE_BYTES:
+        return decode_result(op, content)
+    return await trio.to_thread.run_sync(decode_result, op, content)
+
+
+@attrs.frozen
+class ChannelStatistics:
+    """An ``HttpGym``'s reply channels (``channel_statistics``)."""
+
+    opened: int
+    """Channels opened since the deployment opened."""
+    alive: int
+    """Channels open now (at most ``channels_per_instance`` per live incarnation)."""
+    largest_step: int
+    """The most replies converted in one step of the loop (at most ``DECODE_SLICE``)."""
 
 
 # -- the deployment -------------------------------------------------------------------------
@@ -175,6 +225,8 @@ class HttpGym(RemoteGym):
         pool_timeout_s: float = POOL_TIMEOUT_S,
         max_streams: int = 256,
         max_control_connections: int = 64,
+        multiplex: bool = True,
+        channels_per_instance: int = 2,
         verify: bool | str = True,
         _supervisor: Supervisor | None = None,
     ) -> None:
@@ -186,6 +238,8 @@ class HttpGym(RemoteGym):
             raise ValueError("HttpGym needs the servers' bearer token (token=...)")
         if max_batch_replies < 1:
             raise ValueError(f"max_batch_replies must be >= 1, got {max_batch_replies!r}")
+        if channels_per_instance < 1:
+            raise ValueError(f"channels_per_instance must be >= 1, got {channels_per_instance!r}")
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("view_timeout_s", view_timeout_s),
@@ -202,6 +256,16 @@ class HttpGym(RemoteGym):
         self._view_timeout_s = view_timeout_s
         self._pool_timeout_s = pool_timeout_s
         self._limits = (max_streams, max_control_connections)
+        self._multiplex = multiplex
+        self._channels_per_instance = channels_per_instance
+        self._channels: dict[str, list[MuxChannel]] = {}
+        """Each instance's reply channels, alive or ended but not yet let go."""
+        self._channel_locks: dict[str, trio.Lock] = {}
+        self._cids = itertools.count(1)
+        self._channels_opened = 0
+        self._acking: dict[str, tuple[int, int, int] | None] = {}
+        """Instances with an ``ack`` on its way, and the one to send after it (if any)."""
+        self._channel_client: httpx.AsyncClient | None = None
         self._verify = verify
         self._supervisor = _supervisor
         self._endpoints: dict[str, _Endpoint] = {}
@@ -221,6 +285,7 @@ class HttpGym(RemoteGym):
             limits=httpx.Limits(
                 max_connections=max_connections,
                 max_keepalive_connections=min(max_connections, 32),
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
             timeout=httpx.Timeout(None, connect=self._connect_timeout_s, pool=self._pool_timeout_s),
             verify=self._verify,
@@ -246,8 +311,14 @@ class HttpGym(RemoteGym):
     @asynccontextmanager
     async def _open(self) -> AsyncIterator[HttpGym]:
         max_streams, max_control = self._limits
-        async with self._client(max_streams) as data, self._client(max_control) as control:
+        max_channels = 2 * self._channels_per_instance * len(self._urls)
+        async with (
+            self._client(max_streams) as data,
+            self._client(max_control) as control,
+            self._client(max_channels) as channels,
+        ):
             self._run_client, self._control_client = data, control
+            self._channel_client = channels
             try:
                 await self._connect()
                 with as_if_no_nursery():
@@ -265,17 +336,17 @@ class HttpGym(RemoteGym):
     async def _connect(self) -> None:
         """Ask every URL's ``/health`` (concurrently, each within ``connect_timeout_s``), then
         its topology (which needs the token)."""
-        healths: dict[str, Any] = {}
+        healths: dict[str, tuple[Any, bool]] = {}
 
         async def one(url: str) -> None:
-            healths[url] = await self._health(url, self._connect_timeout_s)
+            healths[url] = await self._health_features(url, self._connect_timeout_s)
 
         async with trio.open_nursery() as nursery:
             for url in self._urls:
                 nursery.start_soon(one, url)
         names: list[str] = []
         for url in self._urls:
-            health = healths[url]
+            health, mux = healths[url]
             if health is None:
                 raise GymConnectionLost(
                     f"no gymckpt server answers GET {url}/health within "
@@ -290,7 +361,7 @@ class HttpGym(RemoteGym):
             if not health.serving:
                 raise GymConnectionLost(f"the server at {url} does not serve yet", url)
             names.append(health.instance)
-            self._endpoints[health.instance] = _Endpoint(url, health.incarnation)
+            self._endpoints[health.instance] = _Endpoint(url, health.incarnation, mux=mux)
         if len(set(names)) != len(names):
             served = dict(zip(self._urls, names, strict=True))
             raise ValueError(
@@ -309,19 +380,27 @@ class HttpGym(RemoteGym):
 
     async def _health(self, url: str, timeout_s: float) -> Any:
         """``GET url/health``, or None if nothing answers it within ``timeout_s``."""
+        health, _ = await self._health_features(url, timeout_s)
+        return health
+
+    async def _health_features(self, url: str, timeout_s: float) -> tuple[Any, bool]:
+        """``GET url/health`` and whether it advertises reply channels (``MUX_FEATURE``), or
+        ``(None, False)`` if nothing answers it within ``timeout_s``."""
         assert self._control_client is not None
         with trio.move_on_after(timeout_s):
             try:
                 resp = await self._control_client.get(url + "/health")
             except httpx.HTTPError:
-                return None
+                return None, False
             if resp.status_code != 200:
-                return None
+                return None, False
             try:
-                return decode_health(resp.content)
+                health = decode_health(resp.content)
             except WireFormatError:
-                return None
-        return None
+                return None, False
+            features = resp.headers.get(FEATURES_HEADER, "")
+            return health, MUX_FEATURE in (f.strip() for f in features.split(","))
+        return None, False
 
     async def _close_streams(self) -> None:
         """Close the response of every stream its consumer left open (the deployment ends)."""
@@ -565,7 +644,7 @@ class HttpGym(RemoteGym):
         if response.status_code != 200:
             raise self._error_response(instance, op, response, incarnation)
         try:
-            result = decode_result(op, response.content)
+            result = await _decode_result(op, response.content)
         except WireFormatError as exc:
             raise GymCheckpointUnavailable(
                 f"instance {instance} {op}: the server's answer is not the wire form ({exc})",
@@ -579,8 +658,29 @@ class HttpGym(RemoteGym):
     # -- StreamPeer (for HttpReplyStream) ----------------------------------------------------------
 
     def send_ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
-        if self._nursery is not None:
-            self._nursery.start_soon(self._ack, instance, incarnation, sid, upto)
+        """Send ``ack(sid, upto)`` in the background. At most one is on its way per instance:
+        one asked for meanwhile is sent once it is back, and carries (in its ``acks``) every
+        acknowledgement recorded by then, so thousands of streams cost a few calls, not one
+        connection each."""
+        if self._nursery is None:
+            return
+        if instance in self._acking:
+            self._acking[instance] = (incarnation, sid, upto)
+            return
+        self._acking[instance] = None
+        self._nursery.start_soon(self._acks_out, instance, incarnation, sid, upto)
+
+    async def _acks_out(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
+        try:
+            while True:
+                await self._ack(instance, incarnation, sid, upto)
+                again = self._acking.get(instance)
+                if again is None:
+                    return
+                self._acking[instance] = None
+                incarnation, sid, upto = again
+        finally:
+            self._acking.pop(instance, None)
 
     async def _ack(self, instance: str, incarnation: int, sid: int, upto: int) -> None:
         if not self._incarnations.serving(instance, incarnation):
@@ -621,13 +721,16 @@ class HttpGym(RemoteGym):
 
     # -- GymBackend ------------------------------------------------------------------------------
 
-    async def run(self, instance: str, rows: Sequence[RunRow]) -> HttpReplyStream:
-        """Submit ``rows`` (``POST /run``) and wait for their admission header; a ``refuse``
-        fault refuses them all, a ``drop`` fault ends the stream after ``len(rows) // 2``
-        replies (``RunShape``)."""
+    async def run(self, instance: str, rows: Sequence[RunRow]) -> HttpReplyStream | HttpMuxStream:
+        """Submit ``rows`` and wait until they are admitted: on a reply channel (``POST
+        /mux/v1/run``) if the server offers them and ``multiplex``, else ``POST /run``; a
+        ``refuse`` fault refuses them all, a ``drop`` fault ends the stream after
+        ``len(rows) // 2`` replies (``RunShape``)."""
         incarnation = self._incarnations.live(instance, "run")
         endpoint = self._endpoint(instance)
         shape = RunShape.of(self._plan.check("run"), rows)
+        if self._multiplex and endpoint.mux:
+            return await self._mux_run(instance, incarnation, endpoint, shape, rows)
         sid = next(self._sids)
         acks = self._acks.outgoing(instance)
         body = encode_run_request(
@@ -657,6 +760,133 @@ class HttpGym(RemoteGym):
         if self._incarnations.serving(instance, incarnation):
             self._acks.carried(instance, acks)
         return stream
+
+    async def _mux_run(
+        self,
+        instance: str,
+        incarnation: int,
+        endpoint: _Endpoint,
+        shape: RunShape,
+        rows: Sequence[RunRow],
+    ) -> HttpMuxStream:
+        """``POST /mux/v1/run``: the stream is registered on a reply channel first, then the
+        rows are submitted; returns once the server answered that they are admitted."""
+        channel = await self._channel(instance, incarnation, endpoint)
+        sid = next(self._sids)
+        stream = HttpMuxStream(self, instance, incarnation, sid, channel)
+        channel.register(stream)
+        acks = self._acks.outgoing(instance)
+        run = RunRequest(
+            sid, acks, shape, not self._batch_replies, self._max_batch_replies, tuple(rows)
+        )
+        body = encode_mux_run_request(MuxRunRequest(channel.cid, run))
+        assert self._run_client is not None, "HttpGym is not open (use async with)"
+        request = post_request(
+            self._run_client,
+            f"{endpoint.url}{MUX_RUN}",
+            body,
+            endpoint.incarnation_id,
+            self._trainer,
+        )
+        try:
+            try:
+                response = await self._run_client.send(request)
+            except httpx.HTTPError as exc:
+                raise await self._transport_failure(instance, "run", exc, incarnation) from None
+            self._check_incarnation(instance, "run", endpoint, response, incarnation)
+            if response.status_code == 409 and b"UnknownChannel" in response.content:
+                channel.alive = False  # it ended on the server: a later run opens another
+                raise GymCheckpointUnavailable(
+                    f"instance {instance} run: reply channel {channel.cid} ended before the "
+                    "rows reached it (nothing was admitted); retry",
+                    instance,
+                    "run",
+                )
+            if response.status_code != 200:
+                raise self._error_response(instance, "run", response, incarnation)
+            self._admitted(instance, response.content)
+        except BaseException:
+            channel.forget(sid)
+            raise
+        if self._incarnations.serving(instance, incarnation):
+            self._acks.carried(instance, acks)
+        return stream
+
+    @staticmethod
+    def _admitted(instance: str, content: bytes) -> None:
+        """The answer of a ``/mux/v1/run`` is the admission header line."""
+        try:
+            item = decode_stream_line(content)
+        except WireFormatError as exc:
+            item, problem = None, str(exc)
+        else:
+            problem = "not the admission header"
+        if item is None or not item.is_header:
+            raise GymCheckpointUnavailable(
+                f"instance {instance} run: the answer to {MUX_RUN} is {problem}", instance, "run"
+            )
+
+    async def _channel(self, instance: str, incarnation: int, endpoint: _Endpoint) -> MuxChannel:
+        """The least loaded alive reply channel of ``instance``'s incarnation, opening one
+        first while it has fewer than ``channels_per_instance``."""
+        lock = self._channel_locks.setdefault(instance, trio.Lock())
+        async with lock:
+            channels = self._channels.setdefault(instance, [])
+            channels[:] = [c for c in channels if c.alive and c.incarnation == incarnation]
+            if len(channels) < self._channels_per_instance:
+                with trio.move_on_after(self._view_timeout_s) as opening:
+                    channels.append(await self._open_channel(instance, incarnation, endpoint))
+                if opening.cancelled_caught:
+                    raise GymCallTimeout(
+                        f"instance {instance} run: no reply channel opened at {endpoint.url} "
+                        f"within {self._view_timeout_s:g} s",
+                        instance,
+                        "run",
+                    )
+            return min(channels, key=lambda c: c.load)
+
+    async def _open_channel(
+        self, instance: str, incarnation: int, endpoint: _Endpoint
+    ) -> MuxChannel:
+        """``POST /mux/v1/open`` and read its channel line; its reader runs in the deployment's
+        nursery until the body ends or the deployment closes."""
+        client, nursery = self._channel_client, self._nursery
+        assert client is not None and nursery is not None, "HttpGym is not open (use async with)"
+        cid = next(self._cids)
+        request = post_request(
+            client,
+            f"{endpoint.url}{MUX_OPEN}",
+            encode_mux_open(MuxOpenRequest(cid)),
+            endpoint.incarnation_id,
+            self._trainer,
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise await self._transport_failure(instance, "run", exc, incarnation) from None
+        channel = MuxChannel(instance, incarnation, cid, response)
+        try:
+            self._check_incarnation(instance, "run", endpoint, response, incarnation)
+            if response.status_code != 200:
+                await response.aread()
+                raise self._error_response(instance, "run", response, incarnation)
+            await channel.opened()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await channel.close()
+            raise
+        nursery.start_soon(channel.read)
+        self._channels_opened += 1
+        return channel
+
+    def channel_statistics(self) -> ChannelStatistics:
+        """What the reply channels did so far (for tests and benchmarks)."""
+        channels = [c for cs in self._channels.values() for c in cs]
+        return ChannelStatistics(
+            self._channels_opened,
+            sum(c.alive for c in channels),
+            max((c.largest_step for c in channels), default=0),
+        )
 
     # -- replacement -----------------------------------------------------------------------------
 
@@ -701,7 +931,7 @@ class HttpGym(RemoteGym):
                 ) from None
             except ServerExited:
                 raise GymInstanceDead(instance, "replace") from None
-        self._endpoints[instance] = _Endpoint(ready.url, ready.incarnation)
+        self._endpoints[instance] = _Endpoint(ready.url, ready.incarnation, mux=old.mux)
         self._acks.reset(instance)
         self._incarnations.installed(instance, incarnation)
         self._log_replacement(

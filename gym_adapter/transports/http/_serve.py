@@ -56,6 +56,10 @@ __all__ = ["DEFAULT_PORT", "Serving", "is_loopback", "load_or_create_token", "se
 
 DEFAULT_PORT: Final = 8100
 TOKEN_BYTES: Final = 32
+KEEP_ALIVE_TIMEOUT_S: Final = 30.0
+"""How long the server keeps an idle keep-alive connection open (hypercorn's default is 5 s, the
+same as httpx's expiry: a client could send on a connection the server was closing, which
+fails as "Server disconnected without sending a response")."""
 
 
 @attrs.frozen
@@ -211,6 +215,9 @@ def _hypercorn_config(
     cfg.accesslog = None
     cfg.errorlog = LOG.getChild("hypercorn")
     cfg.graceful_timeout = graceful_timeout_s
+    # an idle connection is kept well past the client's own expiry (``HttpGym``'s
+    # KEEPALIVE_EXPIRY_S): a client never sends on a connection the server is closing
+    cfg.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     if certfile is not None and keyfile is not None:
         cfg.certfile = str(certfile)
         cfg.keyfile = str(keyfile)

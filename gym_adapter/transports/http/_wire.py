@@ -81,12 +81,16 @@ __all__ = [
     "END_LINE",
     "EXPECT_INCARNATION_HEADER",
     "FAILURE_REASON_MAX",
+    "FEATURES_HEADER",
     "INCARNATION_HEADER",
     "INSTANCE_HEADER",
     "KIND_CONFIG",
     "KIND_DATA",
     "KIND_INFRA",
     "KIND_PREFIX",
+    "MUX_FEATURE",
+    "MUX_OPEN",
+    "MUX_RUN",
     "NEMO_GYM_VERSION",
     "PROTOCOL",
     "REFUSAL_CODES",
@@ -94,18 +98,31 @@ __all__ = [
     "TRAINER_HEADER",
     "ControlRequest",
     "Health",
+    "MuxLine",
+    "MuxOpenRequest",
+    "MuxRunRequest",
     "Refusal",
     "RunRequest",
     "WireFormatError",
     "decode_control_request",
     "decode_error_body",
     "decode_health",
+    "decode_mux_channel_line",
+    "decode_mux_line",
+    "decode_mux_open",
+    "decode_mux_run_request",
+    "decode_reply",
     "decode_result",
     "decode_run_request",
     "decode_stream_line",
     "encode_batch_line",
     "encode_control_request",
     "encode_health",
+    "encode_mux_batch_line",
+    "encode_mux_channel_line",
+    "encode_mux_end_line",
+    "encode_mux_open",
+    "encode_mux_run_request",
     "encode_refusal",
     "encode_result",
     "encode_run_request",
@@ -142,6 +159,17 @@ INCARNATION_HEADER: Final = "Gymckpt-Incarnation"
 """Response header on every reply: 32 hex digits, random per server process start."""
 INSTANCE_HEADER: Final = "Gymckpt-Instance"
 """Response header on every reply: the instance's name."""
+FEATURES_HEADER: Final = "Gymckpt-Features"
+"""Response header of ``GET /health``: the additions to ``PROTOCOL`` this server serves, comma
+separated (``MUX_FEATURE``); a server without it serves none (a client falls back to ``/run``).
+A header, not a body field: the health body's keys are pinned (decoders refuse unknown keys)."""
+MUX_FEATURE: Final = "mux/1"
+"""The feature of ``/mux/v1/open`` and ``/mux/v1/run``: many streams' replies over one
+long-lived reply channel, rows submitted by short requests."""
+MUX_OPEN: Final = "/mux/v1/open"
+"""Opens a reply channel (``MUX_FEATURE``): one long-lived body for many streams' replies."""
+MUX_RUN: Final = "/mux/v1/run"
+"""Submits rows whose replies go to an open reply channel; answered once they are admitted."""
 EXPECT_INCARNATION_HEADER: Final = "Gymckpt-Expect-Incarnation"
 """Optional request header: the incarnation the client means. A server of another incarnation
 (restarted under the same name) refuses the request with 409 ``IncarnationMismatch`` before it
@@ -570,6 +598,166 @@ def decode_stream_line(line: bytes) -> ReplyBatch | None:
         raise WireFormatError(f"{what}: {exc}") from None
 
 
+# -- /mux/v1: many streams over one reply channel -------------------------------------------------
+
+
+@attrs.frozen
+class MuxOpenRequest:
+    """One ``POST /mux/v1/open``: open reply channel ``channel`` (the client's id, unique per
+    incarnation while open); its body is NDJSON: the channel line, then ``MuxLine``s."""
+
+    channel: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen
+class MuxRunRequest:
+    """One ``POST /mux/v1/run``: ``run`` (a ``/run`` request's every field) whose replies go
+    to the open reply channel ``channel`` as ``MuxLine``s of stream ``run.sid``; the answer
+    (200, once every row's fate is decided) is the admission header line."""
+
+    channel: int = attrs.field(validator=_non_negative)
+    run: RunRequest
+
+
+@attrs.frozen
+class _WireMuxRunRequest:
+    channel: int
+    sid: int
+    acks: dict[str, int]
+    shape: RunShape
+    per_row: bool
+    max_replies: int
+    rows: tuple[_WireRow, ...]
+
+
+@attrs.frozen
+class _WireMuxBatch:
+    sid: int
+    seq: int
+    replies: tuple[dict[str, Any], ...]
+
+
+@attrs.frozen
+class MuxLine:
+    """One line of a reply channel after its first: batch ``seq`` of stream ``sid`` (its
+    replies still in their JSON form, ``raw``: the client converts them in slices,
+    ``decode_reply``), or ``end``: stream ``sid`` replied every row (its end line)."""
+
+    sid: int
+    seq: int = HEADER_SEQ
+    raw: tuple[dict[str, Any], ...] = ()
+    end: bool = False
+
+
+def encode_mux_open(req: MuxOpenRequest) -> bytes:
+    """The body of a ``POST /mux/v1/open``."""
+    return _dumps({"channel": req.channel}, "mux open request")
+
+
+def decode_mux_open(data: bytes) -> MuxOpenRequest:
+    """A ``POST /mux/v1/open`` body, strictly."""
+    what = "wire mux open request"
+    try:
+        req: MuxOpenRequest = _structure(_loads(data, what), MuxOpenRequest, what)
+    except ValueError as exc:
+        if isinstance(exc, WireFormatError):
+            raise
+        raise WireFormatError(f"{what}: {exc}") from None
+    return req
+
+
+def encode_mux_run_request(req: MuxRunRequest) -> bytes:
+    """The body of a ``POST /mux/v1/run``."""
+    run = req.run
+    wire = _WireMuxRunRequest(
+        req.channel,
+        run.sid,
+        _acks_to_wire(run.acks),
+        run.shape,
+        run.per_row,
+        run.max_replies,
+        tuple(_row_to_wire(r) for r in run.rows),
+    )
+    return _dumps(_unstructure(wire, _WireMuxRunRequest, "mux run request"), "mux run request")
+
+
+def decode_mux_run_request(data: bytes) -> MuxRunRequest:
+    """A ``POST /mux/v1/run`` body, strictly; ``WireFormatError`` says what is wrong."""
+    what = "wire mux run request"
+    wire: _WireMuxRunRequest = _structure(_loads(data, what), _WireMuxRunRequest, what)
+    try:
+        run = RunRequest(
+            wire.sid,
+            _acks_from_wire(wire.acks, what),
+            wire.shape,
+            wire.per_row,
+            wire.max_replies,
+            tuple(_row_from_wire(r, what) for r in wire.rows),
+        )
+        return MuxRunRequest(wire.channel, run)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, WireFormatError):
+            raise
+        raise WireFormatError(f"{what}: {exc}") from None
+
+
+def encode_mux_channel_line(channel: int) -> bytes:
+    """The first line of a reply channel: ``{"channel": <id>}`` (the channel is open)."""
+    return _dumps({"channel": channel}, "mux channel line") + b"\n"
+
+
+def decode_mux_channel_line(line: bytes) -> int:
+    """The channel id of a reply channel's first line, strictly."""
+    what = "wire mux channel line"
+    raw = _loads(line, what)
+    if (
+        not isinstance(raw, dict)
+        or set(raw) != {"channel"}
+        or type(raw["channel"]) is not int
+        or raw["channel"] < 0
+    ):
+        raise WireFormatError(f'{what}: expected {{"channel": <int >= 0>}}, got {raw!r}')
+    return int(raw["channel"])
+
+
+def encode_mux_batch_line(sid: int, batch: ReplyBatch, rows: Mapping[str, int]) -> bytes:
+    """One batch of stream ``sid`` on a reply channel (newline-terminated); ``rows`` as for
+    ``encode_batch_line``. The replies are NeMo Gym's ``BaseEpisodeResponse``, as on ``/run``."""
+    body = encode_batch_line(batch, rows)  # b'{"seq":N,"replies":[...]}\n'
+    return b'{"sid":' + str(int(sid)).encode() + b"," + body[1:]
+
+
+def encode_mux_end_line(sid: int) -> bytes:
+    """Stream ``sid`` replied every row: ``{"sid": <id>, "end": true}``."""
+    return b'{"sid":' + str(int(sid)).encode() + b',"end":true}\n'
+
+
+def decode_mux_line(line: bytes) -> MuxLine:
+    """One line of a reply channel after the first, strictly, its replies left raw (each one is
+    checked when ``decode_reply`` converts it)."""
+    what = "wire mux line"
+    raw = _loads(line, what)
+    if isinstance(raw, dict) and "end" in raw:
+        sid = raw.get("sid")
+        if set(raw) != {"sid", "end"} or raw["end"] is not True or type(sid) is not int or sid < 0:
+            raise WireFormatError(
+                f'{what}: a stream\'s end line is exactly {{"sid": <int>, "end": true}}, '
+                f"got {raw!r}"
+            )
+        return MuxLine(sid, end=True)
+    wire: _WireMuxBatch = _structure(raw, _WireMuxBatch, what)
+    if wire.sid < 0 or wire.seq <= HEADER_SEQ:
+        raise WireFormatError(
+            f"{what}: sid must be >= 0 and seq > {HEADER_SEQ}, got sid {wire.sid} seq {wire.seq}"
+        )
+    return MuxLine(wire.sid, wire.seq, wire.replies)
+
+
+def decode_reply(raw: Any) -> RunReply:
+    """One reply of a ``MuxLine`` (NeMo Gym's ``BaseEpisodeResponse``), strictly."""
+    return _reply_from_raw(raw)
+
+
 # -- /control/v1/<op> -----------------------------------------------------------------------------
 
 
@@ -758,7 +946,8 @@ class Refusal:
     """A request the server refused before it reached the instance (4xx): ``type`` is the
     reason (``Unauthorized``, ``BodyTooLarge``, ``TooManyRows``, ``TooManyStreams``,
     ``BadRequest``, ``PathOutsideStateRoot``, ``FaultsNotAllowed``, ``NotFound``,
-    ``MethodNotAllowed``), ``message`` says what differs and what to do. Nothing changed."""
+    ``MethodNotAllowed``, ``UnknownChannel``), ``message`` says what differs and what to do.
+    Nothing changed."""
 
     type: str
     message: str
