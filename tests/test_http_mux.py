@@ -244,7 +244,7 @@ async def test_the_server_advertises_channels_and_refuses_a_run_to_a_channel_it_
                 seen: list[str] = []
                 with trio.fail_after(30):
                     while True:
-                        line = await channel._next_line()
+                        line = await channel._body.next_line()
                         assert line is not None
                         item = decode_mux_line(line)
                         assert item.sid == 1

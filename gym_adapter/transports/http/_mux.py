@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from contextlib import suppress
+from collections.abc import Sequence
 from typing import Final, final
 
 import httpx
@@ -37,7 +36,7 @@ from gymckpt.runtime import GymCheckpointUnavailable
 
 from ..._contract import RunReply
 from .._acks import StreamAcks
-from ._stream import ACK_INTERVAL_S, CLOSE_TIMEOUT_S, StreamPeer
+from ._stream import ACK_INTERVAL_S, CLOSE_TIMEOUT_S, NdjsonBody, StreamPeer
 from ._wire import WireFormatError, decode_mux_channel_line, decode_mux_line, decode_reply
 
 __all__ = ["DECODE_SLICE", "HttpMuxStream", "MuxChannel"]
@@ -194,10 +193,7 @@ class MuxChannel:
     registered on it was given the body's end (``_Broken``) and nothing more is routed."""
 
     __slots__ = (
-        "_buffer",
-        "_chunks",
-        "_response",
-        "_scanned",
+        "_body",
         "_streams",
         "alive",
         "cid",
@@ -210,11 +206,7 @@ class MuxChannel:
         self.instance = instance
         self.incarnation = incarnation
         self.cid = cid
-        self._response = response
-        # no chunk size: a chunk size makes httpx wait until that many bytes arrived
-        self._chunks: AsyncIterator[bytes] = response.aiter_raw()
-        self._buffer = bytearray()
-        self._scanned = 0
+        self._body = NdjsonBody(response)
         self._streams: dict[int, HttpMuxStream] = {}
         self.alive = True
         self.largest_step = 0
@@ -236,26 +228,11 @@ class MuxChannel:
         """Route nothing more to stream ``sid`` (its lines, if any still come, are dropped)."""
         self._streams.pop(sid, None)
 
-    async def _next_line(self) -> bytes | None:
-        while True:
-            end = self._buffer.find(b"\n", self._scanned)
-            if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
-                self._scanned = 0
-                return line
-            self._scanned = len(self._buffer)
-            try:
-                chunk = await self._chunks.__anext__()
-            except StopAsyncIteration:
-                return None
-            self._buffer += chunk
-
     async def opened(self) -> None:
         """Read the channel line (the first); ``GymCheckpointUnavailable`` if it is not this
         channel's."""
         try:
-            line = await self._next_line()
+            line = await self._body.next_line()
             if line is None or decode_mux_channel_line(line) != self.cid:
                 raise WireFormatError(f"expected the channel line of channel {self.cid}")
         except (WireFormatError, httpx.TransportError) as exc:
@@ -271,7 +248,7 @@ class MuxChannel:
         cancelled; then end every stream still registered and close the response."""
         failure: BaseException | None = None
         try:
-            while (line := await self._next_line()) is not None:
+            while (line := await self._body.next_line()) is not None:
                 await self._route(line)
         except httpx.TransportError as exc:
             failure = exc
@@ -310,14 +287,7 @@ class MuxChannel:
     async def close(self) -> None:
         """Close the response and finish its body's iterator (as ``HttpReplyStream`` does)."""
         self.alive = False
-        with suppress(httpx.HTTPError, RuntimeError):
-            await self._response.aclose()
-        with trio.move_on_after(CLOSE_TIMEOUT_S):
-            while True:
-                try:
-                    await self._chunks.__anext__()
-                except (StopAsyncIteration, httpx.HTTPError, RuntimeError, OSError):
-                    break
+        await self._body.aclose()
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else "ended"

@@ -36,7 +36,7 @@ from .._acks import AckBook, StreamAcks
 from .._admission import ReplyBatch
 from ._wire import WireFormatError, decode_stream_line
 
-__all__ = ["ACK_INTERVAL_S", "CLOSE_TIMEOUT_S", "HttpReplyStream", "StreamPeer"]
+__all__ = ["ACK_INTERVAL_S", "CLOSE_TIMEOUT_S", "HttpReplyStream", "NdjsonBody", "StreamPeer"]
 
 ACK_INTERVAL_S: Final = 0.05
 """A stream sends its latest acknowledgement on its own at most this often."""
@@ -81,60 +81,21 @@ class StreamPeer(Protocol):
 
 
 @final
-class HttpReplyStream:
-    """The consumer's side of one ``/run`` (``ReplyStream``), see the module docstring.
+class NdjsonBody:
+    """The lines of a streamed NDJSON response body, read as its chunks arrive (a ``/run``
+    stream's, a reply channel's). Invariant: ``_buffer[:_scanned]`` holds no newline, so a long
+    line is scanned once."""
 
-    Invariant: once ``_ended``, nothing more is read from the response; once ``_closed``, the
-    response is closed (or being closed) and the server was told how far the consumer got,
-    unless the stream ended naturally or its incarnation is gone.
-    """
+    __slots__ = ("_buffer", "_chunks", "_response", "_scanned")
 
-    __slots__ = (
-        "_acks",
-        "_buffer",
-        "_chunks",
-        "_closed",
-        "_ended",
-        "_incarnation",
-        "_instance",
-        "_natural_end",
-        "_peer",
-        "_response",
-        "_scanned",
-        "_sid",
-    )
-
-    def __init__(
-        self,
-        peer: StreamPeer,
-        instance: str,
-        incarnation: int,
-        sid: int,
-        response: httpx.Response,
-    ) -> None:
-        self._peer = peer
-        self._instance = instance
-        self._incarnation = incarnation
-        self._sid = sid
+    def __init__(self, response: httpx.Response) -> None:
         self._response = response
         # no chunk size: a chunk size makes httpx wait until that many bytes arrived
         self._chunks: AsyncIterator[bytes] = response.aiter_raw()
         self._buffer = bytearray()
         self._scanned = 0
-        """How much of ``_buffer`` holds no newline (a long line is scanned once)."""
-        self._acks = StreamAcks(interval_s=ACK_INTERVAL_S, sent_at=time.monotonic())
-        self._ended = False
-        self._natural_end = False
-        self._closed = False
-        peer.opened(self)
 
-    @property
-    def sid(self) -> int:
-        return self._sid
-
-    # -- reading lines ---------------------------------------------------------------------------
-
-    async def _next_line(self) -> bytes | None:
+    async def next_line(self) -> bytes | None:
         """The next complete line of the body, or None if the body stopped before one."""
         while True:
             end = self._buffer.find(b"\n", self._scanned)
@@ -150,12 +111,74 @@ class HttpReplyStream:
                 return None
             self._buffer += chunk
 
+    async def aclose(self) -> None:
+        """Close the response and finish its body's iterator. httpx reads a body through a chain
+        of async generators: closing the response closes the connection, and advancing the
+        iterator once more then ends every generator of the chain (at the end of the body, or
+        with the closed connection's error), so none is left for the garbage collector to
+        finalise."""
+        with suppress(httpx.HTTPError, RuntimeError):
+            await self._response.aclose()
+        with trio.move_on_after(CLOSE_TIMEOUT_S):
+            while True:
+                try:
+                    await self._chunks.__anext__()
+                except (StopAsyncIteration, httpx.HTTPError, RuntimeError, OSError):
+                    break
+
+
+@final
+class HttpReplyStream:
+    """The consumer's side of one ``/run`` (``ReplyStream``), see the module docstring.
+
+    Invariant: once ``_ended``, nothing more is read from the response; once ``_closed``, the
+    response is closed (or being closed) and the server was told how far the consumer got,
+    unless the stream ended naturally or its incarnation is gone.
+    """
+
+    __slots__ = (
+        "_acks",
+        "_body",
+        "_closed",
+        "_ended",
+        "_incarnation",
+        "_instance",
+        "_natural_end",
+        "_peer",
+        "_sid",
+    )
+
+    def __init__(
+        self,
+        peer: StreamPeer,
+        instance: str,
+        incarnation: int,
+        sid: int,
+        response: httpx.Response,
+    ) -> None:
+        self._peer = peer
+        self._instance = instance
+        self._incarnation = incarnation
+        self._sid = sid
+        self._body = NdjsonBody(response)
+        self._acks = StreamAcks(interval_s=ACK_INTERVAL_S, sent_at=time.monotonic())
+        self._ended = False
+        self._natural_end = False
+        self._closed = False
+        peer.opened(self)
+
+    @property
+    def sid(self) -> int:
+        return self._sid
+
+    # -- reading lines ---------------------------------------------------------------------------
+
     async def _next_item(self) -> ReplyBatch | None:
         """The next line decoded: a batch, or None for the end line. A body that stopped (or a
         transport error) raises what ``StreamPeer.broken`` says, or ``StopAsyncIteration``."""
         failure: BaseException | None = None
         try:
-            line = await self._next_line()
+            line = await self._body.next_line()
         except httpx.TransportError as exc:
             line, failure = None, exc
         except trio.Cancelled:
@@ -269,21 +292,10 @@ class HttpReplyStream:
                 await self.close_response()
 
     async def close_response(self) -> None:
-        """Close the response and finish its body's iterator. httpx reads a body through a chain
-        of async generators: closing the response closes the connection, and advancing the
-        iterator once more then ends every generator of the chain (at the end of the body, or
-        with the closed connection's error), so none is left for the garbage collector to
-        finalise."""
+        """Close the response and finish its body's iterator (``NdjsonBody.aclose``)."""
         self._closed = self._ended = True
         self._peer.released(self)
-        with suppress(httpx.HTTPError, RuntimeError):
-            await self._response.aclose()
-        with trio.move_on_after(CLOSE_TIMEOUT_S):
-            while True:
-                try:
-                    await self._chunks.__anext__()
-                except (StopAsyncIteration, httpx.HTTPError, RuntimeError, OSError):
-                    break
+        await self._body.aclose()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "ended" if self._ended else "open"
