@@ -207,8 +207,14 @@ def _check_version(what: str, raw: object) -> None:
             hint = f": {NEWER_MANIFEST_ADVICE}"
         raise ManifestError(
             f"{what}: version {version!r} is not supported "
-            f"(this runtime reads version {MANIFEST_VERSION}){hint}"
+            f"(this runtime reads versions {_versions(READ_MANIFEST_VERSIONS)}){hint}"
         )
+
+
+def _versions(versions: frozenset[int]) -> str:
+    """``{4, 5}`` as ``"4 and 5"``."""
+    *first, last = sorted(versions)
+    return f"{', '.join(map(str, first))} and {last}" if first else str(last)
 
 
 def _json_object(data: bytes, what: str) -> dict[str, Any]:

@@ -158,15 +158,16 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     ),
     (
         "foreign-version",
-        _edit(lambda m: m.update(version=5)),
-        r"gym_checkpoint.json: version 5 is not supported \(this runtime reads version 4\)",
+        _edit(lambda m: m.update(version=6)),
+        r"gym_checkpoint.json: version 6 is not supported \(this runtime reads versions 4 and 5\)"
+        r": it was written by a newer gymckpt release",
         "",
         ManifestError,
     ),
     (
         "version-1",
         _edit(lambda m: m.update(version=1)),
-        r"gym_checkpoint.json: version 1 is not supported \(this runtime reads version 4\): "
+        r"gym_checkpoint.json: version 1 is not supported \(this runtime reads versions 4 and 5\): "
         r"a version 1 snapshot's model calls carry no request digest",
         "",
         ManifestError,
@@ -174,7 +175,7 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-2",
         _edit(lambda m: m.update(version=2)),
-        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads version 4\): "
+        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads versions 4 and 5\): "
         r"a version 2 snapshot's capture keys have the old shape .*start this one fresh",
         "",
         ManifestError,
@@ -182,7 +183,7 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-3",
         _edit(lambda m: m.update(version=3)),
-        r"gym_checkpoint.json: version 3 is not supported \(this runtime reads version 4\): "
+        r"gym_checkpoint.json: version 3 is not supported \(this runtime reads versions 4 and 5\): "
         r"a version 3 snapshot's call ids .* numbered in the order calls started.*start this "
         r"one fresh",
         "",

@@ -279,7 +279,7 @@ def test_a_bad_step_file_is_refused_naming_it(data: bytes, says: str) -> None:
 
 def test_a_manifest_or_a_marker_of_another_version_is_refused_saying_which_is_read() -> None:
     manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=6, future=True))
-    reads = r"is not supported \(this runtime reads version 5\): it was written by a newer"
+    reads = r"is not supported \(this runtime reads versions 4 and 5\): it was written by a newer"
     with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 6 {reads}.*fresh"):
         load_manifest(manifest)
     marker = _edit(dump_marker(MARKER), lambda r: r.update(version=2))
@@ -305,7 +305,7 @@ def test_a_version_2_snapshot_is_refused_because_its_capture_keys_have_the_old_s
         load_manifest(manifest)
     for odd in ([2], "2", True):  # not a version this runtime ever wrote: no hint, still refused
         bad = _edit(dump_manifest(MANIFEST), lambda r, v=odd: r.update(version=v))
-        reads = r"is not supported \(this runtime reads version 5\)$"
+        reads = r"is not supported \(this runtime reads versions 4 and 5\)$"
         with pytest.raises(ManifestError, match=reads):
             load_manifest(bad)
 

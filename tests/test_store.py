@@ -325,7 +325,7 @@ def test_foreign_version(tmp_path: Path) -> None:
     message = _manifest_error(tmp_path, lambda p: _edit_manifest(p, edit))
     assert message == (
         f"gym_checkpoint.json: version {MANIFEST_VERSION + 1} is not supported "
-        f"(this runtime reads version {MANIFEST_VERSION}): it was written by a newer gymckpt "
+        "(this runtime reads versions 4 and 5): it was written by a newer gymckpt "
         "release: restore it with that release (or a newer one), or start this run fresh "
         "(restore=False, or another work directory)"
     )
