@@ -309,6 +309,8 @@ def _restore_costs(sandbox: Sandbox, states: list[Any]) -> list[float]:
 def run_sandbox(cfg: SandboxBenchConfig, progress: Progress) -> dict[str, Any]:
     """The whole benchmark (module docstring); its result as plain data."""
     cfg.check()
+    if cfg.work_dir is not None:
+        Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)  # --dir: made if missing
     with tempfile.TemporaryDirectory(dir=cfg.work_dir, prefix="gymckpt-bench-sandbox-") as tmp:
         work = Path(tmp)
         template = work / "template"

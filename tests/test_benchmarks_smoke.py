@@ -201,8 +201,10 @@ def _targets_with(host_marks: HostMarksResult) -> list[TargetRow]:
 def test_sandbox_quick_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """``bench sandbox --quick``: two checkpoints through the embedded host; the second writes
     what changed (a file per tree and the records), not the trees; a mark hashes exactly the
-    files changed since the last; every episode completes; nothing is left in ``--dir``."""
-    result = _run(capsys, "sandbox", "--quick", "--json", "--dir", str(tmp_path))
+    files changed since the last; every episode completes; nothing is left in ``--dir`` (made
+    when it does not exist)."""
+    where = tmp_path / "not" / "yet"
+    result = _run(capsys, "sandbox", "--quick", "--json", "--dir", str(where))
     assert result["sessions"] == result["completed"] == 8
     first, second = result["first"], result["second"]
     assert first["episodes"] == second["episodes"] == 8
@@ -217,7 +219,7 @@ def test_sandbox_quick_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
         (10, [10]),
     ]
     assert result["restore_ms_median"] > 0
-    assert list(tmp_path.iterdir()) == []  # the run's directory was removed
+    assert list(where.iterdir()) == []  # the run's directory was removed
 
 
 def test_memory_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
