@@ -57,6 +57,10 @@ def deadline() -> float:
 # -- the store: chunks shared between snapshots, prune, sweep, verify, copies ----------------
 
 
+SESSIONS = 8_000
+"""Sessions of the test participant: several chunks of ~1,024 (``CHUNK_BITS``)."""
+
+
 def _sessions(n: int, changed: int | None = None, inserted: int | None = None) -> dict[str, Any]:
     keys = [f"{row:06d}-0" for row in range(n)]
     states: list[Any] = [{"events": [row], "note": "x" * 200} for row in range(n)]
@@ -78,11 +82,11 @@ def _sessions(n: int, changed: int | None = None, inserted: int | None = None) -
 def _publish(
     store: SnapshotStore, checkpoint_id: str, changed: int | None = None, **edit: Any
 ) -> Any:
-    """A snapshot of one instance whose participant ``cal`` holds 2,000 sessions (one of them
+    """A snapshot of one instance whose participant ``cal`` holds 8,000 sessions (one of them
     ``changed``), written as the host writes records: chunks into the shared store, linked."""
     staging = store.begin(checkpoint_id)
     objects = SnapshotObjects.of_snapshot(staging, ObjectStore.of_snapshot_root(store.root))
-    chunked = chunk_records(_sessions(2000, changed, **edit))
+    chunked = chunk_records(_sessions(SESSIONS, changed, **edit))
     refs = {k: [objects.put_bytes(c) for c in chunks] for k, chunks in chunked.chunks.items()}
     objects.sync()
     directory = staging / "gym" / "gym-0" / "cal"
@@ -109,7 +113,7 @@ def test_a_second_checkpoint_links_every_unchanged_chunk_and_writes_only_the_cha
     first = _publish(store, "c1")
     second = _publish(store, "c2", changed=1500)
     a, b = _objects_of(first.path), _objects_of(second.path)
-    assert len(a) > 3  # ~256 sessions a chunk
+    assert len(a) > 3  # ~1,024 sessions a chunk
     shared = set(a) & set(b)
     assert len(set(b) - shared) == 1 and len(set(a) - shared) == 1  # one chunk changed
     for ref in shared:  # the same file: one inode, linked by the store and both snapshots
@@ -119,14 +123,16 @@ def test_a_second_checkpoint_links_every_unchanged_chunk_and_writes_only_the_cha
     assert second.stats.objects_linked == len(shared) and second.stats.objects_new == 1
     assert second.stats.bytes_written < first.stats.bytes_written / 3
     records = read_snapshot_records(second.path, "gym/gym-0/cal", SessionRecords)
-    assert len(records.sessions) == 2000 and records.sessions[1500].state["note"] == "changed"
+    assert len(records.sessions) == SESSIONS and records.sessions[1500].state["note"] == "changed"
     # a session inserted: content-defined boundaries, so only its chunk changes (the ones
     # after it do not shift)
     third = _publish(store, "c3", inserted=300)
     c = _objects_of(third.path)
     assert len(set(c) - set(a)) == 1 and third.stats.objects_new == 1
     records = read_snapshot_records(third.path, "gym/gym-0/cal", SessionRecords)
-    assert len(records.sessions) == 2001 and records.sessions[301].state["note"] == "inserted"
+    assert (
+        len(records.sessions) == SESSIONS + 1 and records.sessions[301].state["note"] == "inserted"
+    )
 
 
 def test_pruning_the_older_snapshot_keeps_the_newer_verifiable_and_sweeps_what_none_links(
@@ -141,7 +147,7 @@ def test_pruning_the_older_snapshot_keeps_the_newer_verifiable_and_sweeps_what_n
     assert verify_snapshot(load_snapshot(second.path)) == []
     assert [shared.has(ref) for ref in only_first] == [False]  # swept: no snapshot links it
     assert set(shared.refs()) == set(_objects_of(second.path))
-    assert len(read_snapshot_records(second.path, "gym/gym-0/cal").sessions) == 2000
+    assert len(read_snapshot_records(second.path, "gym/gym-0/cal").sessions) == SESSIONS
 
 
 def test_the_sweep_leaves_an_open_staging_directory_s_objects_alone(tmp_path: Path) -> None:
@@ -231,7 +237,7 @@ def test_a_sigkill_between_the_objects_and_the_publish_leaves_a_restorable_store
     latest = fresh.latest_complete()
     assert latest is not None and latest.path == first.path
     assert verify_snapshot(load_snapshot(latest.path)) == []
-    assert len(read_snapshot_records(latest.path, "gym/gym-0/cal").sessions) == 2000
+    assert len(read_snapshot_records(latest.path, "gym/gym-0/cal").sessions) == SESSIONS
     fresh.prune(1)  # the stale staging directory goes, then its object: nothing links it
     assert not shared.has(ref)
     assert verify_snapshot(load_snapshot(latest.path)) == []
