@@ -56,6 +56,7 @@ from gymckpt.runtime._shared import RECORDS_FILE
 from ..._faults import FaultSpec, inject_fault
 from ...host._host import GymHost
 from ...host._records import commit_objects
+from ...host._streams import HostReplyStream
 from .._admission import ReplyBatch, RunShape, admission_header
 from .._outbox import Outbox, Outboxes
 from .._verbs import call_host
@@ -499,19 +500,25 @@ class GymHttpApp:
         # ended (a newer term, the instance died, the server stops): no end line
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _admit(self, req: RunRequest, trainer: TrainerTerm | None) -> HostReplyStream:
+        """A run's rows admitted on the host (``/run`` and ``/mux/v1/run`` alike): the trainer's
+        term checked before its acknowledgements act, then the run's fault shape, then the
+        rows; its reply stream."""
+        self.host.check_trainer(trainer, "run")
+        self._outboxes.apply_acks(req.acks)
+        if req.shape.inject is not None:
+            await inject_fault(req.shape.inject, self.name, "run", _die)
+        return await self.host.run(
+            req.rows,
+            refuse_all=req.shape.refuse_all,
+            drop_after=req.shape.drop_after,
+            trainer=trainer,
+        )
+
     async def _mux_run(self, req: MuxRunRequest, trainer: TrainerTerm | None, send: Send) -> None:
         run = req.run
         try:
-            self.host.check_trainer(trainer, "run")  # before its acknowledgements act
-            self._outboxes.apply_acks(run.acks)
-            if run.shape.inject is not None:
-                await inject_fault(run.shape.inject, self.name, "run", _die)
-            stream = await self.host.run(
-                run.rows,
-                refuse_all=run.shape.refuse_all,
-                drop_after=run.shape.drop_after,
-                trainer=trainer,
-            )
+            stream = await self._admit(run, trainer)
         except Exception as exc:
             await self._gym_error(send, exc, "run")
             return
@@ -527,16 +534,7 @@ class GymHttpApp:
         self._open_streams += 1
         try:
             try:
-                self.host.check_trainer(trainer, "run")  # before its acknowledgements act
-                self._outboxes.apply_acks(req.acks)
-                if req.shape.inject is not None:
-                    await inject_fault(req.shape.inject, self.name, "run", _die)
-                stream = await self.host.run(
-                    req.rows,
-                    refuse_all=req.shape.refuse_all,
-                    drop_after=req.shape.drop_after,
-                    trainer=trainer,
-                )
+                stream = await self._admit(req, trainer)
             except Exception as exc:
                 await self._gym_error(send, exc, "run")
                 return
