@@ -82,7 +82,7 @@ never means or best cases.
   all       everything (full sweep), then *.json, PNG plots, SUMMARY.md into --out
   issue34   exactly what the targets at scale need (trainer side at 1M, dispatch --loop,
             host, checkpoint embedded and on Ray and HTTP at 200k), in one run, with the
-            verdicts in ISSUE34.md (about 50 min on a quiet machine; --quick for a smoke run)
+            verdicts in ISSUE34.md (under 10 min on a quiet machine; --quick for a smoke run)
   report    re-render the plots and SUMMARY.md from the JSON results (no measuring)
 """
 
@@ -243,7 +243,7 @@ def _add_issue34(sub: Any) -> None:
     )
     i = sub.add_parser(
         "issue34",
-        help="the targets at scale: every figure issue 34 asks for, one run (~50 min)",
+        help="the targets at scale: every figure issue 34 asks for, one run (under 10 min)",
         description=textwrap.fill(
             "Runs, in this order, every measurement the targets at scale need, at the issue's "
             f"sizes (200k in flight; 1M for the trainer side), about {total} min in all on a "

@@ -3,19 +3,19 @@ then their verdicts (``ISSUE34.md``) and, when the directory holds a whole ``ben
 SUMMARY.md re-rendered with them.
 
 The steps, in order (the cheap and sensitive ones first; the remote backends last, since they
-start Ray and server processes), each with its rough time on a quiet 2-core machine:
+start Ray and server processes), each with its rough time on a quiet 2-core machine (about 7 minutes in all, measured at 1867141):
 
-1. the trainer side alone at 1M in flight (``checkpoint --backend null``), ~2 min;
+1. the trainer side alone at 1M in flight (``checkpoint --backend null``), ~1 min;
 2. dispatch through the whole loop, null and embedded Gym (``dispatch --loop``, with the gate
-   and ledger table at 200k), ~4 min;
+   and ledger table at 200k), ~1 min;
 3. the host on CartPole (``host``: per step against plain Gymnasium, marks on demand, the
-   loop; Ray's part skipped with ``--no-ray``), ~4 min;
+   loop; Ray's part skipped with ``--no-ray``), ~1 min;
 4. the embedded checkpoint at 200k, three modes, three checkpoints each (``checkpoint``,
    turns of mean ``TURN_MEAN_S``: their p99 far above every timeout, the reference protocol's
-   one-hour bound included), ~15 min;
+   one-hour bound included), ~3 min;
 5. the checkpoint at 200k on Ray with 4 actors then over HTTP with 4 servers, unaligned and
    ``aligned_timeout`` (``checkpoint --backend both --modes unaligned,aligned_timeout``; skipped
-   with ``--no-ray``), ~25 min.
+   with ``--no-ray``), ~3 min.
 
 Each step writes its JSON result into ``--out`` as ``bench all`` names it (``trainer_side.json``,
 ``dispatch.json``, ``host.json``, ``checkpoint.json``, ``checkpoint_ray.json``); a step that
@@ -57,11 +57,11 @@ from ._targets import Status, TargetRow, _Rows, _unaligned_embedded_rows
 __all__ = ["STEPS", "ScaleConfigs", "run_scale"]
 
 STEPS = (
-    ("trainer_side", "trainer side alone at 1M in flight", 2),
-    ("dispatch", "dispatch through the whole loop, null and embedded Gym", 4),
-    ("host", "the host on CartPole", 4),
-    ("checkpoint", "embedded checkpoint at 200k, three modes", 15),
-    ("checkpoint_ray", "checkpoint at 200k on Ray, then over HTTP", 25),
+    ("trainer_side", "trainer side alone at 1M in flight", 1),
+    ("dispatch", "dispatch through the whole loop, null and embedded Gym", 1),
+    ("host", "the host on CartPole", 1),
+    ("checkpoint", "embedded checkpoint at 200k, three modes", 3),
+    ("checkpoint_ray", "checkpoint at 200k on Ray, then over HTTP", 3),
 )
 """(result name, what it measures, rough minutes on a quiet machine), in the order run."""
 
