@@ -3,7 +3,8 @@ then their verdicts (``ISSUE34.md``) and, when the directory holds a whole ``ben
 SUMMARY.md re-rendered with them.
 
 The steps, in order (the cheap and sensitive ones first; the remote backends last, since they
-start Ray and server processes), each with its rough time on a quiet 2-core machine (about 7 minutes in all, measured at 1867141):
+start Ray and server processes), each with its rough time on a quiet 2-core machine (about 7
+minutes in all, measured at 1867141):
 
 1. the trainer side alone at 1M in flight (``checkpoint --backend null``), ~1 min;
 2. dispatch through the whole loop, null and embedded Gym (``dispatch --loop``, with the gate
