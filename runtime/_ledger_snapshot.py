@@ -153,22 +153,9 @@ def ledger_snapshot_bytes(
             next_row=next_row,
         )
     )
-    rows: list[tuple[object, ...]] = []
-    append = rows.append
-    for row, slot, attempt, state, replica, gate_id, restored, unclaimed, result in cols.current():
-        append(
-            (
-                row,
-                slot,
-                attempt,
-                state.value,
-                replica,
-                gate_id,
-                None if restored is None else _conv.unstructure(restored),
-                unclaimed,
-                None if result is None else (result[:2] if result[2] is None else result),
-            )
-        )
+    rows = cols.current_rows()
+    if cols.any_restored:  # rare (a restore's unclaimed attempts): plain data for the writer
+        rows = [r if r[6] is None else (*r[:6], _conv.unstructure(r[6]), *r[7:]) for r in rows]
     out["attempts"] = rows
     return dumps_chunked(out)  # the loop waits one chunk for the GIL, not 200k rows
 

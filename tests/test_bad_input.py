@@ -158,8 +158,9 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     ),
     (
         "foreign-version",
-        _edit(lambda m: m.update(version=6)),
-        r"gym_checkpoint.json: version 6 is not supported \(this runtime reads versions 4 and 5\)"
+        _edit(lambda m: m.update(version=7)),
+        r"gym_checkpoint.json: version 7 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\)"
         r": it was written by a newer gymckpt release",
         "",
         ManifestError,
@@ -167,7 +168,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-1",
         _edit(lambda m: m.update(version=1)),
-        r"gym_checkpoint.json: version 1 is not supported \(this runtime reads versions 4 and 5\): "
+        r"gym_checkpoint.json: version 1 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\): "
         r"a version 1 snapshot's model calls carry no request digest",
         "",
         ManifestError,
@@ -175,7 +177,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-2",
         _edit(lambda m: m.update(version=2)),
-        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads versions 4 and 5\): "
+        r"gym_checkpoint.json: version 2 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\): "
         r"a version 2 snapshot's capture keys have the old shape .*start this one fresh",
         "",
         ManifestError,
@@ -183,7 +186,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-3",
         _edit(lambda m: m.update(version=3)),
-        r"gym_checkpoint.json: version 3 is not supported \(this runtime reads versions 4 and 5\): "
+        r"gym_checkpoint.json: version 3 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\): "
         r"a version 3 snapshot's call ids .* numbered in the order calls started.*start this "
         r"one fresh",
         "",
