@@ -70,6 +70,7 @@ _STATES: tuple[AttemptState, ...] = tuple(AttemptState)
 _RESERVED, _DISPATCHED, _COMPLETED, _FAILED, _ABANDONED = range(5)
 _CODE: Final = {s: i for i, s in enumerate(_STATES)}
 _STATE_VALUES: Final = tuple(s.value for s in _STATES)
+_RESTORED_FIELDS: Final = tuple(attrs.fields_dict(RestoredGymState))
 _NO_GATE = -(1 << 63)  # gate_id None
 _NO_LINK = -1
 
@@ -551,49 +552,72 @@ class LedgerColumns:
                     None if code != _COMPLETED else (reward[s], turns[s], payload.get(s)),
                 )
 
-    def current_rows(self) -> list[tuple[Any, ...]]:
-        """``current()`` as ``ledger.json`` writes it: per attempt ``(row, slot, attempt,
-        state, replica, gate_id, restored, unclaimed, result)`` with ``state`` its value (not
-        the enum: an ``Enum.value`` is a descriptor call), ``restored`` a
-        ``RestoredGymState`` or None and ``result`` ``(reward, turns)`` or ``(reward, turns,
-        payload)``. Rows in reservation order, as ``current()``; one tuple per attempt, no
-        other object."""
+    def _row_runs(self) -> list[tuple[int, int]]:
+        """The slots of the rows in flight, in reservation order, as ``[lo, hi)`` runs of
+        consecutive slots (one run while blocks were handed out in order and none was
+        recycled)."""
         g = self.group_size
-        names = self._inst_names
-        att, state, rep, gate, unclaimed = (
-            self._att,
-            self._state,
-            self._rep,
-            self._gate,
-            self._unclaimed_col,
-        )
-        reward, turns, payload, packed = self._reward, self._turns, self._payload, self._restored
-        values = _STATE_VALUES
-        out: list[tuple[Any, ...]] = []
-        append = out.append
-        for row, b in self._row_block.items():
-            base = b * g
-            for s in range(base, base + g):
-                code, r, gid = state[s], rep[s], gate[s]
-                restored = packed.get(s) if packed else None
-                result = None
-                if code == _COMPLETED:
-                    p = payload.get(s)
-                    result = (reward[s], turns[s]) if p is None else (reward[s], turns[s], p)
-                append(
-                    (
-                        row,
-                        s - base,
-                        att[s],
-                        values[code],
-                        None if r < 0 else names[r],
-                        None if gid == _NO_GATE else gid,
-                        None if restored is None else RestoredGymState(*restored),
-                        unclaimed[s] == 1,
-                        result,
-                    )
-                )
-        return out
+        runs: list[tuple[int, int]] = []
+        lo = hi = 0
+        for b in self._row_block.values():
+            s = b * g
+            if s != hi:
+                if hi > lo:
+                    runs.append((lo, hi))
+                lo = s
+            hi = s + g
+        if hi > lo:
+            runs.append((lo, hi))
+        return runs
+
+    def current_columns(self) -> dict[str, list[Any]]:
+        """Every current attempt as ``ledger.json``'s columns (``LEDGER_COLUMNS``): rows in
+        reservation order, each with its ``group_size`` slots; ``state`` by value, ``replica``
+        by name, ``restored`` and ``result`` sparse as ``[i, value]``.
+
+        Each dense column is slices of the typed columns (``_row_runs``), then one ``map``:
+        no Python step and no container per attempt (a cut of 1M attempts allocates nothing
+        the collector tracks but the lists themselves), except per restored attempt and per
+        completed one."""
+        runs = self._row_runs()
+
+        def column(values: Sequence[int]) -> list[int]:
+            out: list[int] = []
+            for lo, hi in runs:
+                out.extend(values[lo:hi])
+            return out
+
+        codes = column(self._state)
+        names: dict[int, str | None] = dict(enumerate(self._inst_names))
+        names[-1] = None
+        no_gate = _NO_GATE
+        order: list[int] = []
+        if self._restored or self._counts[_COMPLETED]:
+            order = [s for lo, hi in runs for s in range(lo, hi)]
+        packed = self._restored
+        restored = [
+            [i, dict(zip(_RESTORED_FIELDS, packed[s], strict=True))]
+            for i, s in enumerate(order)
+            if s in packed
+        ]
+        reward, turns, payload = self._reward, self._turns, self._payload
+        result = [
+            [i, reward[s], turns[s]]
+            if (p := payload.get(s)) is None
+            else [i, reward[s], turns[s], p]
+            for i, s in enumerate(order)
+            if codes[i] == _COMPLETED
+        ]
+        return {
+            "rows": list(self._row_block),
+            "attempt": column(self._att),
+            "state": list(map(_STATE_VALUES.__getitem__, codes)),
+            "replica": list(map(names.__getitem__, column(self._rep))),
+            "gate_id": [None if x == no_gate else x for x in column(self._gate)],
+            "unclaimed": list(map(bool, column(self._unclaimed_col))),
+            "restored": restored,
+            "result": result,
+        }
 
     def settled_check(
         self, rollout_ids: Iterable[str], is_in_flight: Callable[[str], bool]

@@ -48,6 +48,7 @@ __all__ = [
     "CHUNK_MAX",
     "COMMIT_MARKER",
     "GYM_STATE_DIR",
+    "LEDGER_COLUMNS",
     "LEDGER_FILE",
     "LEDGER_SNAPSHOT_VERSION",
     "LOCK_FILE",
@@ -61,6 +62,7 @@ __all__ = [
     "PARTICIPANT_KIND_RE",
     "PIN_TMP_PREFIX",
     "PRUNING_PREFIX",
+    "READ_LEDGER_VERSIONS",
     "READ_MANIFEST_VERSIONS",
     "RECORDS_FILE",
     "RECORDS_VERSION",
@@ -97,6 +99,7 @@ __all__ = [
     "dump_marker",
     "dump_records",
     "dump_step",
+    "ledger_bytes",
     "load_ledger_snapshot",
     "load_manifest",
     "load_marker",
@@ -331,6 +334,8 @@ class EpisodeColumns:
 
     def without(self, rollout_ids: Collection[str]) -> EpisodeColumns:
         """These columns less the episodes whose ID is in ``rollout_ids`` (self if none is)."""
+        if not rollout_ids:
+            return self
         keep = [i for i, rid in enumerate(self.rollout_id) if rid not in rollout_ids]
         if len(keep) == len(self):
             return self
@@ -1006,12 +1011,31 @@ def _inline_chunks(raw: dict[str, Any], what: str, objects: ObjectStore | None) 
 #
 # The restore rules (what a DISPATCHED attempt becomes, which rows are ready) and the writer
 # that reads the ledger's columns belong to the ledger (``_ledger_snapshot``); this section
-# only says what the file is. An attempt is a JSON array, not an object: a ledger holds up to
-# a million of them.
+# only says what the file is. A ledger holds up to a million attempts: version 2 writes them
+# as columns (``LEDGER_COLUMNS``), version 1 wrote each as a JSON array (still read).
 
-LEDGER_SNAPSHOT_VERSION: Final = 1
-"""The ``version`` of ``ledger.json`` this runtime writes and reads (checked by the restore,
-``RecoveryLedger.from_snapshot``)."""
+LEDGER_SNAPSHOT_VERSION: Final = 2
+"""The ``version`` of ``ledger.json`` this runtime writes (checked by the restore,
+``RecoveryLedger.from_snapshot``). Version 2 writes the attempts as columns: ``rows`` (one
+per row in flight, in reservation order; attempt ``i`` is slot ``i % group_size`` of row
+``rows[i // group_size]``), one list per field, and the sparse fields (``restored``,
+``result``) as ``[i, value]`` pairs; version 1 wrote an array per attempt, 52 MB at 1M in flight
+and a tuple per attempt to build."""
+READ_LEDGER_VERSIONS: Final = frozenset({1, LEDGER_SNAPSHOT_VERSION})
+"""The ``ledger.json`` versions this runtime reads (and restores)."""
+LEDGER_COLUMNS: Final = (
+    "rows",
+    "attempt",
+    "state",
+    "replica",
+    "gate_id",
+    "unclaimed",
+    "restored",
+    "result",
+)
+"""The keys of version 2's ``attempts``: ``rows`` a row per block, five dense columns (an
+entry per attempt), then two sparse ones (``[i, value]`` for the attempts that have one)."""
+_DENSE_COLUMNS: Final = LEDGER_COLUMNS[1:6]
 
 
 @attrs.frozen
@@ -1115,11 +1139,118 @@ converter.register_unstructure_hook(AttemptRow, _unstructure_attempt_row)
 converter.register_structure_hook(AttemptRow, _structure_attempt_row)
 
 
+def ledger_bytes(header: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]) -> bytes:
+    """``ledger.json`` of version 2: ``header`` (every field of ``LedgerSnapshot`` but the
+    attempts, in field order) then ``"attempts"``, the columns (``LEDGER_COLUMNS``), compact;
+    long lists serialised a chunk at a time (``dumps_chunked``)."""
+    head = dumps_chunked({k: v for k, v in header.items() if k != "attempts"})
+    return b"".join((head[:-1], b',"attempts":', dumps_chunked(columns), b"}"))
+
+
+def _attempt_columns(snap: LedgerSnapshot) -> dict[str, list[Any]]:
+    """A snapshot's attempts as version 2's columns; ``ValueError`` if its rows do not each
+    hold slots ``0..group_size-1`` in order (a ledger's never do otherwise)."""
+    g, attempts = snap.group_size, snap.attempts
+    rows = [a.row for a in attempts[::g]]
+    if len(attempts) % g or any(
+        a.slot != i % g or a.row != rows[i // g] for i, a in enumerate(attempts)
+    ):
+        raise ValueError(
+            f"ledger snapshot: its attempts are not {g} slots in order per row; "
+            "version 2 cannot write them"
+        )
+    return {
+        "rows": rows,
+        "attempt": [a.attempt for a in attempts],
+        "state": [a.state for a in attempts],
+        "replica": [a.replica for a in attempts],
+        "gate_id": [a.gate_id for a in attempts],
+        "unclaimed": [a.unclaimed for a in attempts],
+        "restored": [
+            [i, converter.unstructure(a.restored)]
+            for i, a in enumerate(attempts)
+            if a.restored is not None
+        ],
+        "result": [
+            [i, *_unstructure_result(a.result, a)]
+            for i, a in enumerate(attempts)
+            if a.result is not None
+        ],
+    }
+
+
 def dump_ledger_snapshot(snap: LedgerSnapshot) -> bytes:
-    """``ledger.json`` bytes (compact JSON through the library converter)."""
-    return orjson.dumps(converter.unstructure(snap))
+    """``ledger.json`` bytes of version ``LEDGER_SNAPSHOT_VERSION`` (``ledger_bytes``)."""
+    header = converter.unstructure(attrs.evolve(snap, version=LEDGER_SNAPSHOT_VERSION, attempts=()))
+    return ledger_bytes(header, _attempt_columns(snap))
+
+
+def _column_problem(raw: Mapping[str, Any]) -> str | None:
+    """What keeps version 2's ``attempts`` from being columns of this ledger, or None."""
+    columns, g = raw.get("attempts"), raw.get("group_size")
+    if not isinstance(columns, dict):
+        return "attempts: expected an object of columns"
+    if set(columns) != set(LEDGER_COLUMNS):
+        return f"attempts: columns {sorted(columns)}, expected {sorted(LEDGER_COLUMNS)}"
+    if type(g) is not int or g < 1:
+        return "group_size: expected an integer >= 1"
+    for name in LEDGER_COLUMNS:
+        if not isinstance(columns[name], list):
+            return f"attempts.{name}: expected a list"
+    n = len(columns["rows"]) * g
+    for name in _DENSE_COLUMNS:
+        if len(columns[name]) != n:
+            return (
+                f"attempts.{name}: {len(columns[name])} entries, expected {n} "
+                f"({len(columns['rows'])} rows of {g} slots)"
+            )
+    for name, lengths, shape in (
+        ("restored", (2,), "[i, restored]"),
+        ("result", (3, 4), "[i, reward, turns] or [i, reward, turns, payload]"),
+    ):
+        seen: set[int] = set()
+        for entry in columns[name]:
+            if not (
+                isinstance(entry, list)
+                and len(entry) in lengths
+                and type(entry[0]) is int
+                and 0 <= entry[0] < n
+                and entry[0] not in seen
+            ):
+                return f"attempts.{name}: {entry!r} is not {shape} of an attempt i < {n}, once"
+            seen.add(entry[0])
+    return None
+
+
+def _attempt_arrays(raw: Mapping[str, Any]) -> list[list[Any]]:
+    """Version 2's columns as version 1's arrays (one per attempt), for the strict reader."""
+    problem = _column_problem(raw)
+    if problem is not None:
+        raise ManifestError(f"{LEDGER_FILE}: {problem}")
+    columns, g = raw["attempts"], raw["group_size"]
+    rows = columns["rows"]
+    arrays = [
+        [rows[i // g], i % g, attempt, state, replica, gate_id, None, unclaimed, None]
+        for i, (attempt, state, replica, gate_id, unclaimed) in enumerate(
+            zip(*(columns[c] for c in _DENSE_COLUMNS), strict=True)
+        )
+    ]
+    for i, restored in columns["restored"]:
+        arrays[i][6] = restored
+    for i, *result in columns["result"]:
+        arrays[i][8] = result
+    return arrays
 
 
 def load_ledger_snapshot(data: bytes) -> LedgerSnapshot:
-    """Parse ``ledger.json`` strictly; any problem is a ``ManifestError`` naming the field."""
-    return loads(data, LedgerSnapshot, LEDGER_FILE)
+    """Parse ``ledger.json`` strictly, version 2 (columns) or 1 (an array per attempt); a
+    version not read or any problem is a ``ManifestError`` naming the field."""
+    raw = _json_object(data, LEDGER_FILE)
+    version = raw.get("version")
+    if type(version) is not int or version not in READ_LEDGER_VERSIONS:
+        raise ManifestError(
+            f"{LEDGER_FILE}: version {version!r} found, {_versions(READ_LEDGER_VERSIONS)} supported"
+        )
+    if version == LEDGER_SNAPSHOT_VERSION:
+        raw["attempts"] = _attempt_arrays(raw)
+    return structure(raw, LedgerSnapshot, LEDGER_FILE)

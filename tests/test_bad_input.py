@@ -33,6 +33,7 @@ from gymckpt.gym_adapter.environments.calendar import (
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
 from gymckpt.runtime._shared import COMMIT_MARKER, MANIFEST_NAME
+from gymckpt.runtime._snapshot_format import _attempt_arrays
 
 SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
@@ -339,6 +340,8 @@ def _drop_exported_row_from_ledger(snap: Path) -> str:
     """Hand-edit ledger.json (marker re-hashed): the row of an exported episode is marked
     trained and its attempts removed. Returns that episode's rollout ID."""
     ledger = orjson.loads((snap / "ledger.json").read_bytes())
+    # edited in version 1's form (an array per attempt, still read)
+    ledger.update(version=1, attempts=_attempt_arrays(ledger))
     dispatched = next(a for a in ledger["attempts"] if a[3] == "dispatched")
     row = dispatched[0]
     ledger["attempts"] = [a for a in ledger["attempts"] if a[0] != row]
