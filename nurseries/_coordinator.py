@@ -400,6 +400,8 @@ class CheckpointCoordinator:
             instances = check_replies(replies, topology, checkpoint_id)
             mid_turn = sum(r.mid_turn for r in replies.values())
             owned = await offload(functools.partial(ownership, replies, names))
+            if config.pause_collector:  # its columns (1M entries each) live until resume
+                promote_survivors()
 
         with stage("drain"):  # replies on the wire (S9)
             drain_deadline = trio.current_time() + config.drain_timeout_s
@@ -421,6 +423,8 @@ class CheckpointCoordinator:
                 # consumer: transient, it abandons them soon (bounded by the drain)
                 drained += await self._drain(taken.unaccounted, drain_deadline)
             ledger_bytes, episodes = taken.ledger_bytes, taken.episodes
+            if config.pause_collector:  # the cut's columns, likewise
+                promote_survivors()
 
         hook("before_publish")
         with stage("publish"):

@@ -61,6 +61,7 @@ from ._ledger_records import (
     rollout_id_for,
 )
 from ._ledger_views import Attempt, AttemptIndex, RowIndex, RowView, detach
+from ._slices import extend_in_slices, map_in_slices, set_in_slices
 
 __all__ = ["LedgerColumns", "SlotLoad", "SlotValues"]
 
@@ -474,19 +475,16 @@ class LedgerColumns:
 
         Without restored state (every run until a restore's attempts are claimed), an ID is
         ``rollout_id_for`` of the slot, formatted in one comprehension (a cut of 1M in flight
-        builds 1M IDs: no method call each)."""
+        builds 1M IDs: no method call each), the set built in slices (``_slices``)."""
         slots = self.held_slots(instance)
         if self._restored:
             return frozenset([self.gym_id(s) for s in slots])
         g, blk_row, att = self.group_size, self._blk_row, self._att
-        return frozenset(
-            [
-                f"{blk_row[s // g]}-{s % g}"
-                if not att[s]
-                else f"{blk_row[s // g]}-{s % g}-a{att[s]}"
-                for s in slots
-            ]
-        )
+        ids = [
+            f"{blk_row[s // g]}-{s % g}" if not att[s] else f"{blk_row[s // g]}-{s % g}-a{att[s]}"
+            for s in slots
+        ]
+        return frozenset(set_in_slices(ids))
 
     def retire_items(self) -> Iterator[RetireItem]:
         names = self._inst_names
@@ -575,16 +573,17 @@ class LedgerColumns:
         reservation order, each with its ``group_size`` slots; ``state`` by value, ``replica``
         by name, ``restored`` and ``result`` sparse as ``[i, value]``.
 
-        Each dense column is slices of the typed columns (``_row_runs``), then one ``map``:
-        no Python step and no container per attempt (a cut of 1M attempts allocates nothing
-        the collector tracks but the lists themselves), except per restored attempt and per
+        Each dense column is slices of the typed columns (``_row_runs``), then a ``map``, in
+        calls of ``_slices.SLICE`` items (the loop waits one slice for the GIL, not 1M): no
+        Python step and no container per attempt (a cut of 1M attempts allocates nothing the
+        collector tracks but the lists themselves), except per restored attempt and per
         completed one."""
         runs = self._row_runs()
 
         def column(values: Sequence[int]) -> list[int]:
             out: list[int] = []
             for lo, hi in runs:
-                out.extend(values[lo:hi])
+                extend_in_slices(out, values[lo:hi])
             return out
 
         codes = column(self._state)
@@ -611,10 +610,10 @@ class LedgerColumns:
         return {
             "rows": list(self._row_block),
             "attempt": column(self._att),
-            "state": list(map(_STATE_VALUES.__getitem__, codes)),
-            "replica": list(map(names.__getitem__, column(self._rep))),
+            "state": map_in_slices(_STATE_VALUES.__getitem__, codes),
+            "replica": map_in_slices(names.__getitem__, column(self._rep)),
             "gate_id": [None if x == no_gate else x for x in column(self._gate)],
-            "unclaimed": list(map(bool, column(self._unclaimed_col))),
+            "unclaimed": map_in_slices(bool, column(self._unclaimed_col)),
             "restored": restored,
             "result": result,
         }

@@ -34,6 +34,7 @@ from ._dataset_record import (
 from ._errors import sample_ids
 from ._plain import all_finite
 from ._row_order import ORDER_FILE, OrderRecord, RowOrder, check_order, load_order_record
+from ._slices import set_in_slices
 from ._snapshot_format import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
@@ -159,6 +160,7 @@ __all__ = [
     "row_ranges",
     "sample_ids",
     "session_records_plain",
+    "set_in_slices",
     "staged_records_plain",
     "state_dir_problem",
     "structure",

@@ -82,6 +82,7 @@ import attrs
 
 from ._errors import ManifestError, TopologyMismatch, TrainerFilesRefused
 from ._objects import OBJECT_REF_RE, OBJECTS_DIR, ObjectStore
+from ._slices import pairs_in_slices, set_in_slices
 from ._snapshot_format import (
     CHECKPOINT_SEQ_FILE,
     COMMIT_MARKER,
@@ -973,14 +974,14 @@ def _validate_manifest(manifest: GymManifest, base: Path) -> None:
 def _validate_episodes(episodes: EpisodeColumns, participants: Mapping[str, set[str]]) -> None:
     """Every episode listed once, on an instance of the manifest, owned by a participant of
     that instance: checked over the columns (a set per column, a set of ``(replica, owner)``
-    pairs), no step per episode in Python."""
+    pairs, built in slices: ``_slices``), no step per episode in Python."""
     bad = f"{MANIFEST_NAME}:"
     ids = episodes.rollout_id
-    if len(set(ids)) != len(ids):
+    if len(set_in_slices(ids)) != len(ids):
         seen: set[str] = set()
         twice = next(rid for rid in ids if rid in seen or seen.add(rid))  # type: ignore[func-returns-value]
         raise ManifestError(f"{bad} episode {twice} listed twice")
-    for replica, owner in set(zip(episodes.replica, episodes.owner, strict=True)):
+    for replica, owner in pairs_in_slices(episodes.replica, episodes.owner):
         owners = participants.get(replica)
         if owners is not None and owner in owners:
             continue
