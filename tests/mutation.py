@@ -2533,8 +2533,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "nurseries/_ownership.py",
         "if len(owned) != len(got):",
         "if False:",
-        (ORCH, "tests/test_coordinator.py"),
-        keyword="twice or s10",
+        ("tests/test_ownership_columns.py",),
         sim_seeds=0,
     ),
     Mutant(
