@@ -382,7 +382,7 @@ class CheckpointCoordinator:
                 await pending.write_trainer_files(trainer_files)
         with stage("close"):
             await pending.close_admission()
-        pending.pause_deadlines()
+        await pending.pause_deadlines()
 
         with stage("retire"):  # dropped attempts, while Gym is idle (S4)
             await self._retire_dropped()

@@ -2582,6 +2582,27 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="promoted",
         sim_seeds=0,
     ),
+    Mutant(
+        "trainer1m-deadline-pause-in-one-step",
+        "S7",
+        "runtime/_deadlines.py",
+        "            j = i + RETARGET_SLICE",
+        "            j = n",
+        ("tests/test_deadlines.py",),
+        keyword="slices",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "trainer1m-deadline-release-leaves-scopes-paused",
+        "S7",
+        "runtime/_deadlines.py",
+        "            await self._retarget_in_slices()",
+        "            pass",
+        ("tests/test_deadlines.py",),
+        nth=2,
+        keyword="slices",
+        sim_seeds=0,
+    ),
 )
 
 
