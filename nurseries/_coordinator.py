@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -93,7 +93,7 @@ from ._calls import bounded_call, classify, fan_out
 from ._checkpoint_stats import CheckpointStatsTracker
 from ._failure_manager import CheckpointFailureManager
 from ._offload import offload
-from ._ownership import check_replies, cut, ownership
+from ._ownership import Cut, Ownership, check_replies, cut, ownership
 from ._pending import PAUSE_HOLDER, PendingCheckpoint, TrainerFilesFailed
 from ._replace import InstanceReplacer, dead_in
 
@@ -372,7 +372,7 @@ class CheckpointCoordinator:
     ) -> tuple[SnapshotInfo, int, int, int]:
         """The protocol's stages, in order (the module's docstring says why); ``pending``
         records what each takes, and gives it back when the caller's block ends."""
-        checkpoint_id, ledger, config = pending.checkpoint_id, self.ledger, self.config
+        checkpoint_id, config = pending.checkpoint_id, self.config
         stage, hook = pending.stage, pending.hook
         topology = await self._topology_now()
         names = topology.names
@@ -382,7 +382,7 @@ class CheckpointCoordinator:
                 await pending.write_trainer_files(trainer_files)
         with stage("close"):
             await pending.close_admission()
-        pending.pause_deadlines()
+        await pending.pause_deadlines()
 
         with stage("retire"):  # dropped attempts, while Gym is idle (S4)
             await self._retire_dropped()
@@ -400,27 +400,19 @@ class CheckpointCoordinator:
             instances = check_replies(replies, topology, checkpoint_id)
             mid_turn = sum(r.mid_turn for r in replies.values())
             owned = await offload(functools.partial(ownership, replies, names))
+            if config.pause_collector:  # its columns (1M entries each) live until resume
+                promote_survivors()  # out of the young generations, which would walk them
 
         with stage("drain"):  # replies on the wire (S9)
             drain_deadline = trio.current_time() + config.drain_timeout_s
             drained = await self._drain(owned.on_wire, drain_deadline)
 
         with stage("snapshot"):  # a consistent cut under the hold, serialised off the loop
-            while True:
-                async with ledger.barrier.hold(checkpoint_id):
-                    taken = await offload(functools.partial(cut, ledger, owned, names))
-                    next_row = ledger.next_row  # the cut's cursor in the row order
-                if not taken.unaccounted:
-                    break
-                if trio.current_time() >= drain_deadline:
-                    raise DrainTimeout(
-                        [r for ids in taken.unaccounted.values() for r in ids],
-                        config.drain_timeout_s,
-                    )
-                # a stream that ended while its replies were discarded, not yet seen by its
-                # consumer: transient, it abandons them soon (bounded by the drain)
-                drained += await self._drain(taken.unaccounted, drain_deadline)
+            taken, next_row, more = await self._cut(checkpoint_id, owned, names, drain_deadline)
+            drained += more
             ledger_bytes, episodes = taken.ledger_bytes, taken.episodes
+            if config.pause_collector:  # the cut's columns (1M entries each) live until resume
+                promote_survivors()
 
         hook("before_publish")
         with stage("publish"):
@@ -444,6 +436,28 @@ class CheckpointCoordinator:
             if config.pause_collector:  # what survived the checkpoint is long-lived
                 promote_survivors()
         return info, n_episodes, drained, mid_turn
+
+    async def _cut(
+        self, checkpoint_id: str, owned: Ownership, names: Sequence[str], drain_deadline: float
+    ) -> tuple[Cut, int, int]:
+        """The consistent cut under the barrier's hold, serialised off the loop; its cursor in
+        the row order; how many more replies it drained first (episodes whose stream ended
+        unread: ``cut``'s ``unaccounted``, bounded by the drain's deadline)."""
+        ledger, drained = self.ledger, 0
+        while True:
+            async with ledger.barrier.hold(checkpoint_id):
+                taken = await offload(functools.partial(cut, ledger, owned, names))
+                next_row = ledger.next_row  # the cut's cursor in the row order
+            if not taken.unaccounted:
+                return taken, next_row, drained
+            if trio.current_time() >= drain_deadline:
+                raise DrainTimeout(
+                    [r for ids in taken.unaccounted.values() for r in ids],
+                    self.config.drain_timeout_s,
+                )
+            # a stream that ended while its replies were discarded, not yet seen by its
+            # consumer: transient, it abandons them soon (bounded by the drain)
+            drained += await self._drain(taken.unaccounted, drain_deadline)
 
     async def _retire_dropped(self) -> None:
         """Retire the queued dropped attempts (S4), forgetting exactly what Gym retired — on

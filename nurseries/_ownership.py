@@ -23,13 +23,18 @@ import attrs
 from gymckpt.gym_adapter import CommitReply, Topology
 from gymckpt.runtime import (
     CheckpointInvariantError,
-    EpisodeRecord,
     InstanceRecord,
     ParticipantRecord,
     RecoveryLedger,
     StrandedSessionError,
 )
-from gymckpt.runtime._shared import GYM_STATE_DIR, sample_ids, state_dir_problem
+from gymckpt.runtime._shared import (
+    GYM_STATE_DIR,
+    EpisodeColumns,
+    sample_ids,
+    set_in_slices,
+    state_dir_problem,
+)
 
 __all__ = ["Cut", "Ownership", "check_replies", "cut", "ownership"]
 
@@ -38,7 +43,7 @@ __all__ = ["Cut", "Ownership", "check_replies", "cut", "ownership"]
 class Ownership:
     """Who owns each episode of a checkpoint (S10), from the commit replies."""
 
-    episodes: tuple[EpisodeRecord, ...]
+    episodes: EpisodeColumns
     by_instance: Mapping[str, frozenset[str]]
     on_wire: Mapping[str, frozenset[str]]
     """Per instance: replies on the wire for episodes it did not export."""
@@ -49,41 +54,65 @@ class Cut:
     """A consistent cut of the ledger, or what keeps it from being one (``unaccounted``)."""
 
     ledger_bytes: bytes
-    episodes: tuple[EpisodeRecord, ...]
+    episodes: EpisodeColumns
     unaccounted: Mapping[str, frozenset[str]]
     """Per instance: in flight in the ledger, neither exported nor on the wire."""
 
 
 def ownership(replies: Mapping[str, CommitReply], order: Sequence[str]) -> Ownership:
-    """The ownership rule (S10), a pure function of the commit replies (runs off the loop)."""
-    episodes: list[EpisodeRecord] = []
+    """The ownership rule (S10), a pure function of the commit replies (runs off the loop).
+
+    Built as columns (``EpisodeColumns``): a pass per field over each reply's exported
+    episodes, no object per episode; legacy agent sessions (rare) one by one after them."""
+    columns: tuple[list[str], list[str], list[str], list[Sequence[str]]] = ([], [], [], [])
+    ids, owners, replicas, keys = columns
     by_instance: dict[str, frozenset[str]] = {}
     on_wire: dict[str, frozenset[str]] = {}
     for name in order:
         reply = replies[name]
-        owned: dict[str, EpisodeRecord] = {}
-        for ep in reply.exported:
-            if ep.rollout_id in owned:
-                raise CheckpointInvariantError(
-                    f"instance {name}: episode {ep.rollout_id} exported twice"
-                )
-            owned[ep.rollout_id] = EpisodeRecord(ep.rollout_id, ep.owner, name, ep.capture_keys)
-        stranded: list[str] = []
-        for sess in reply.sessions:
-            if sess.rollout_id in owned:
-                continue
-            if sess.kind == "legacy_agent" and sess.step_boundary is not None:
-                owned[sess.rollout_id] = EpisodeRecord(
-                    sess.rollout_id, sess.participant, name, sess.capture_keys
-                )
-            elif sess.rollout_id not in reply.on_wire:
-                stranded.append(sess.rollout_id)
-        if stranded:
-            raise StrandedSessionError(name, stranded)
-        episodes.extend(owned.values())
-        by_instance[name] = frozenset(owned)
-        on_wire[name] = frozenset(reply.on_wire) - by_instance[name]
-    return Ownership(tuple(episodes), by_instance, on_wire)
+        exported = reply.exported
+        got = [ep.rollout_id for ep in exported]
+        owned = frozenset(set_in_slices(got))
+        if len(owned) != len(got):
+            seen: set[str] = set()
+            twice = next(r for r in got if r in seen or seen.add(r))  # type: ignore[func-returns-value]
+            raise CheckpointInvariantError(f"instance {name}: episode {twice} exported twice")
+        ids += got
+        owners += [ep.owner for ep in exported]
+        keys += [ep.capture_keys for ep in exported]
+        replicas += [name] * len(got)
+        if reply.sessions:
+            owned = _legacy_owned(name, reply, owned, columns)
+        by_instance[name] = owned
+        on_wire[name] = frozenset(reply.on_wire) - owned
+    return Ownership(EpisodeColumns(*columns), by_instance, on_wire)
+
+
+def _legacy_owned(
+    name: str,
+    reply: CommitReply,
+    owned: frozenset[str],
+    columns: tuple[list[str], list[str], list[str], list[Sequence[str]]],
+) -> frozenset[str]:
+    """``owned`` plus the episodes of ``reply``'s legacy agent sessions with a step boundary
+    that no participant exported (appended to ``columns``); ``StrandedSessionError`` for a
+    parked session nobody owns whose reply is not on the wire."""
+    legacy: dict[str, None] = {}
+    stranded: list[str] = []
+    for sess in reply.sessions:
+        if sess.rollout_id in owned or sess.rollout_id in legacy:
+            continue
+        if sess.kind == "legacy_agent" and sess.step_boundary is not None:
+            legacy[sess.rollout_id] = None
+            for column, value in zip(
+                columns, (sess.rollout_id, sess.participant, name, sess.capture_keys), strict=True
+            ):
+                column.append(value)  # type: ignore[arg-type]
+        elif sess.rollout_id not in reply.on_wire:
+            stranded.append(sess.rollout_id)
+    if stranded:
+        raise StrandedSessionError(name, stranded)
+    return owned | frozenset(legacy)
 
 
 def check_replies(
@@ -156,8 +185,9 @@ def cut(ledger: RecoveryLedger, owned: Ownership, names: Sequence[str]) -> Cut:
         exported = owned.by_instance.get(name, frozenset())
         gone = exported & {item.rollout_id for item in queued.get(name, ())}
         dropped |= gone
-        missing = held - exported
-        extra = exported - held - gone
+        # comprehensions, not set differences: one C call over 250k IDs would hold the GIL
+        missing = [r for r in held if r not in exported]
+        extra = [r for r in exported if r not in held and r not in gone]
         if extra:
             raise CheckpointInvariantError(
                 f"instance {name}: Gym exported {sample_ids(extra)} episodes the ledger "
@@ -166,6 +196,5 @@ def cut(ledger: RecoveryLedger, owned: Ownership, names: Sequence[str]) -> Cut:
         if missing:
             unaccounted[name] = frozenset(missing)
     if unaccounted:
-        return Cut(b"", (), unaccounted)
-    episodes = tuple(e for e in owned.episodes if e.rollout_id not in dropped)
-    return Cut(ledger.snapshot_bytes(), episodes, {})
+        return Cut(b"", EpisodeColumns((), (), (), ()), unaccounted)
+    return Cut(ledger.snapshot_bytes(), owned.episodes.without(dropped), {})

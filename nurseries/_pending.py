@@ -169,9 +169,10 @@ class PendingCheckpoint:
         await self.gate.close(by=self.checkpoint_id)
         self._closed = True
 
-    def pause_deadlines(self) -> None:
-        """Stop request deadlines while Gym is parked (S7), under this checkpoint's holder."""
-        self.deadlines.pause(PAUSE_HOLDER)
+    async def pause_deadlines(self) -> None:
+        """Stop request deadlines while Gym is parked (S7), under this checkpoint's holder
+        (their cancel scopes retargeted in slices: ``DeadlineRegistry.pause_in_slices``)."""
+        await self.deadlines.pause_in_slices(PAUSE_HOLDER)  # not cancellable: no window
         self._paused = True
 
     async def prepare(self, names: Sequence[str]) -> None:
@@ -230,7 +231,7 @@ class PendingCheckpoint:
                 staging, self._staging = self._staging, None
                 await offload(lambda: self.store.abort(staging))
             if self._paused:
-                self.deadlines.release(PAUSE_HOLDER)
+                await self.deadlines.release_in_slices(PAUSE_HOLDER)
             if self._closed:
                 await self.gate.reopen()
 

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Iterator
 import attrs
 
 from ._converter import converter as _conv
-from ._converter import dumps_chunked
 from ._errors import ManifestError
 from ._ledger_columns import LedgerColumns, SlotLoad
 from ._ledger_records import (
@@ -33,10 +32,12 @@ from ._ledger_records import (
 )
 from ._snapshot_format import (
     LEDGER_SNAPSHOT_VERSION,
+    READ_LEDGER_VERSIONS,
     AttemptRow,
     EpisodeRecord,
     LedgerSnapshot,
     dump_ledger_snapshot,
+    ledger_bytes,
     load_ledger_snapshot,
 )
 
@@ -142,9 +143,9 @@ def ledger_snapshot_bytes(
     data_failures: int,
     next_row: int,
 ) -> bytes:
-    """``dump_ledger_snapshot(ledger_snapshot(...))``, in one pass over the columns: no
-    record per attempt is built."""
-    out = _conv.unstructure(
+    """``dump_ledger_snapshot(ledger_snapshot(...))``, from the store's columns
+    (``LedgerColumns.current_columns``): no record, no tuple per attempt."""
+    header = _conv.unstructure(
         _header(
             cols,
             max_row_attempts=max_row_attempts,
@@ -153,24 +154,7 @@ def ledger_snapshot_bytes(
             next_row=next_row,
         )
     )
-    rows: list[tuple[object, ...]] = []
-    append = rows.append
-    for row, slot, attempt, state, replica, gate_id, restored, unclaimed, result in cols.current():
-        append(
-            (
-                row,
-                slot,
-                attempt,
-                state.value,
-                replica,
-                gate_id,
-                None if restored is None else _conv.unstructure(restored),
-                unclaimed,
-                None if result is None else (result[:2] if result[2] is None else result),
-            )
-        )
-    out["attempts"] = rows
-    return dumps_chunked(out)  # the loop waits one chunk for the GIL, not 200k rows
+    return ledger_bytes(header, cols.current_columns())
 
 
 # -- restoring -----------------------------------------------------------------------------------
@@ -190,14 +174,15 @@ def restore_columns(
       attempt + 1 (counted in ``RestoreSummary.redispatched_fresh``).
     * RESERVED attempts keep their identity (and restored state, if any).
 
-    Raises ``ManifestError`` for a version other than ``LEDGER_SNAPSHOT_VERSION``, an unknown
+    Raises ``ManifestError`` for a version not in ``READ_LEDGER_VERSIONS``, an unknown
     or non-current state, a completed attempt without its result, a row without exactly one
     attempt per slot, spent attempts of a slot out of range, or an attempt queued for
     retirement that is also current.
     """
-    if snap.version != LEDGER_SNAPSHOT_VERSION:
+    if snap.version not in READ_LEDGER_VERSIONS:
         raise ManifestError(
-            f"ledger.json: version {snap.version} found, {LEDGER_SNAPSHOT_VERSION} supported"
+            f"ledger.json: version {snap.version} found, "
+            f"{' and '.join(map(str, sorted(READ_LEDGER_VERSIONS)))} supported"
         )
     by_id = {e.rollout_id: e for e in exported}
     tally = dict.fromkeys(attrs.fields_dict(RestoreSummary), 0)

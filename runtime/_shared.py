@@ -34,6 +34,7 @@ from ._dataset_record import (
 from ._errors import sample_ids
 from ._plain import all_finite
 from ._row_order import ORDER_FILE, OrderRecord, RowOrder, check_order, load_order_record
+from ._slices import set_in_slices
 from ._snapshot_format import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
@@ -55,6 +56,7 @@ from ._snapshot_format import (
     AttemptRow,
     ChunkedRecords,
     CommittedRecords,
+    EpisodeColumns,
     GymManifest,
     LedgerSnapshot,
     SessionRecord,
@@ -117,6 +119,7 @@ __all__ = [
     "CommittedRecords",
     "DatasetIdentity",
     "DatasetRecord",
+    "EpisodeColumns",
     "GymManifest",
     "LedgerSnapshot",
     "LiveTopology",
@@ -157,6 +160,7 @@ __all__ = [
     "row_ranges",
     "sample_ids",
     "session_records_plain",
+    "set_in_slices",
     "staged_records_plain",
     "state_dir_problem",
     "structure",

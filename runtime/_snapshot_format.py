@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeAlias, TypeVar, cast, overload
 
 import attrs
@@ -48,6 +48,7 @@ __all__ = [
     "CHUNK_MAX",
     "COMMIT_MARKER",
     "GYM_STATE_DIR",
+    "LEDGER_COLUMNS",
     "LEDGER_FILE",
     "LEDGER_SNAPSHOT_VERSION",
     "LOCK_FILE",
@@ -56,10 +57,12 @@ __all__ = [
     "MARKER_VERSION",
     "NEWER_MANIFEST_ADVICE",
     "OBJECTS_KEY",
+    "OBJECT_EPISODES_VERSIONS",
     "PARTICIPANT_KINDS",
     "PARTICIPANT_KIND_RE",
     "PIN_TMP_PREFIX",
     "PRUNING_PREFIX",
+    "READ_LEDGER_VERSIONS",
     "READ_MANIFEST_VERSIONS",
     "RECORDS_FILE",
     "RECORDS_VERSION",
@@ -77,6 +80,7 @@ __all__ = [
     "ChunkedRecords",
     "CommitMarker",
     "CommittedRecords",
+    "EpisodeColumns",
     "EpisodeRecord",
     "GymManifest",
     "InstanceRecord",
@@ -95,6 +99,7 @@ __all__ = [
     "dump_marker",
     "dump_records",
     "dump_step",
+    "ledger_bytes",
     "load_ledger_snapshot",
     "load_manifest",
     "load_marker",
@@ -150,19 +155,24 @@ CHECKPOINT_SEQ_FILE: Final = ".checkpoint-seq"
 
 # -- versions ------------------------------------------------------------------------------
 
-MANIFEST_VERSION: Final = 5
+MANIFEST_VERSION: Final = 6
 """The ``version`` of ``gym_checkpoint.json`` this runtime writes. Version 2 gave every staged
 model call its request digest and policy version (``StagedCall``); version 3 gave capture keys
 NeMo Gym's shape (``"{attempt_key}:t{turn}-c{n}"``, was ``"{row}-{slot}/t{turn}/c{n}"``);
 version 4 made the call id say which request it is (``"t{turn}-{request digest}-c{occurrence}"``,
 was ``"t{turn}-c{n}"`` numbered in the order calls started, which concurrent calls do not
 keep); version 5 snapshots keep their participant records in chunks, objects of the snapshot's
-``objects/`` (``RECORDS_VERSION``), and the objects participants name. A version 4 snapshot
-is read as it was written (``READ_MANIFEST_VERSIONS``); an older one is refused
-(``OLD_MANIFEST_HINTS``), a newer one too (``NEWER_MANIFEST_ADVICE``)."""
-READ_MANIFEST_VERSIONS: Final = frozenset({4, MANIFEST_VERSION})
+``objects/`` (``RECORDS_VERSION``), and the objects participants name; version 6 writes the
+episodes as columns (``EpisodeColumns``: one list per field, on one line) instead of an
+indented object per episode — at 1M in flight version 5's episodes were 118 MB, built and
+written in seconds. Versions 4 and 5 are read as they were written (``READ_MANIFEST_VERSIONS``);
+an older one is refused (``OLD_MANIFEST_HINTS``), a newer one too (``NEWER_MANIFEST_ADVICE``)."""
+READ_MANIFEST_VERSIONS: Final = frozenset({4, 5, MANIFEST_VERSION})
 """The manifest versions this runtime reads (and restores): 4's records are inline, which the
-records reader still takes (``load_records``)."""
+records reader still takes (``load_records``); 4's and 5's episodes are objects
+(``OBJECT_EPISODES_VERSIONS``)."""
+OBJECT_EPISODES_VERSIONS: Final = frozenset({4, 5})
+"""Manifest versions whose ``episodes`` are a list of objects, one per episode."""
 OLD_MANIFEST_HINTS: Final[Mapping[int, str]] = {
     1: (
         "a version 1 snapshot's model calls carry no request digest or policy version, so a "
@@ -266,10 +276,89 @@ class EpisodeRecord:
     capture_keys: tuple[str, ...] = ()
 
 
+def _same_length(instance: EpisodeColumns, _attribute: object, value: Sequence[object]) -> None:
+    if len(value) != len(instance.rollout_id):
+        raise ValueError(
+            f"episodes: {_attribute.name} has {len(value)} entries, "  # type: ignore[attr-defined]
+            f"rollout_id {len(instance.rollout_id)}: every column has one per episode"
+        )
+
+
+def _str_tuple(value: Sequence[Any]) -> tuple[Any, ...]:
+    return value if type(value) is tuple else tuple(value)
+
+
+@attrs.frozen
+class EpisodeColumns:
+    """A manifest's episodes as columns: episode ``i`` is ``(rollout_id[i], owner[i],
+    replica[i], capture_keys[i])``. Invariant: every column has one entry per episode.
+
+    A sequence of ``EpisodeRecord`` (``len``, iteration and indexing build the records on
+    demand); what is written is the columns (``MANIFEST_VERSION`` 6), so a checkpoint of 1M
+    episodes builds no object per episode. ``of`` makes columns from records; equality is
+    the columns'."""
+
+    rollout_id: Sequence[str] = attrs.field(converter=_str_tuple)
+    owner: Sequence[str] = attrs.field(converter=_str_tuple, validator=_same_length)
+    replica: Sequence[str] = attrs.field(converter=_str_tuple, validator=_same_length)
+    capture_keys: Sequence[Sequence[str]] = attrs.field(
+        converter=_str_tuple, validator=_same_length
+    )
+
+    @classmethod
+    def of(cls, episodes: Iterable[EpisodeRecord] | EpisodeColumns) -> EpisodeColumns:
+        """``episodes`` as columns (the same object if they are columns already)."""
+        if isinstance(episodes, EpisodeColumns):
+            return episodes
+        records = tuple(episodes)
+        return cls(
+            tuple(e.rollout_id for e in records),
+            tuple(e.owner for e in records),
+            tuple(e.replica for e in records),
+            tuple(tuple(e.capture_keys) for e in records),
+        )
+
+    def __len__(self) -> int:
+        return len(self.rollout_id)
+
+    def __iter__(self) -> Iterator[EpisodeRecord]:
+        for rid, owner, replica, keys in zip(
+            self.rollout_id, self.owner, self.replica, self.capture_keys, strict=True
+        ):
+            yield EpisodeRecord(rid, owner, replica, tuple(keys))
+
+    def __getitem__(self, i: int) -> EpisodeRecord:
+        return EpisodeRecord(
+            self.rollout_id[i], self.owner[i], self.replica[i], tuple(self.capture_keys[i])
+        )
+
+    def without(self, rollout_ids: Collection[str]) -> EpisodeColumns:
+        """These columns less the episodes whose ID is in ``rollout_ids`` (self if none is)."""
+        if not rollout_ids:
+            return self
+        keep = [i for i, rid in enumerate(self.rollout_id) if rid not in rollout_ids]
+        if len(keep) == len(self):
+            return self
+        return EpisodeColumns(
+            *([column[i] for i in keep] for column in attrs.astuple(self, recurse=False))
+        )
+
+
 @attrs.frozen
 class GymManifest:
     """The whole manifest. ``version`` is one of ``READ_MANIFEST_VERSIONS``
-    (``MANIFEST_VERSION`` for what this runtime writes)."""
+    (``MANIFEST_VERSION`` for what this runtime writes); ``episodes`` are held as columns
+    whatever the version read (records given are made columns: ``EpisodeColumns.of``)."""
+
+    version: int
+    checkpoint_id: str
+    instances: tuple[InstanceRecord, ...]
+    episodes: EpisodeColumns = attrs.field(converter=EpisodeColumns.of)
+
+
+@attrs.frozen
+class _ObjectEpisodesManifest:
+    """The shape of a manifest of ``OBJECT_EPISODES_VERSIONS``: an object per episode."""
 
     version: int
     checkpoint_id: str
@@ -307,37 +396,50 @@ def _dumps_indented_chunked(obj: Mapping[str, Any], chunk: int = JSON_CHUNK) -> 
     return b"".join(parts)
 
 
+def _instances_plain(instances: Iterable[InstanceRecord]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": i.name,
+            "participants": [
+                {
+                    "server_name": p.server_name,
+                    "kind": p.kind,
+                    "state_dir": p.state_dir,
+                    "records_digest": p.records_digest,
+                }
+                for p in i.participants
+            ],
+        }
+        for i in instances
+    ]
+
+
+def _episodes_plain(m: GymManifest) -> dict[str, Any] | list[dict[str, Any]]:
+    """The episodes as written: columns (version 6), or an object per episode for a manifest
+    of ``OBJECT_EPISODES_VERSIONS``."""
+    e = m.episodes
+    if m.version not in OBJECT_EPISODES_VERSIONS:
+        return {
+            "rollout_id": e.rollout_id,
+            "owner": e.owner,
+            "replica": e.replica,
+            "capture_keys": e.capture_keys,
+        }
+    return [
+        {"rollout_id": r, "owner": o, "replica": p, "capture_keys": list(k)}
+        for r, o, p, k in zip(e.rollout_id, e.owner, e.replica, e.capture_keys, strict=True)
+    ]
+
+
 def _manifest_plain(m: GymManifest) -> dict[str, Any]:
-    # by hand, one comprehension per list: a manifest holds an episode per rollout in flight
-    # (200k), and the converter's generic hooks cost a call per element and per field;
-    # ``tests/test_snapshot_format.py`` holds this equal to the converter's own unstructuring
+    # by hand: a manifest holds an episode per rollout in flight (1M), and the converter's
+    # generic hooks cost a call per element and per field; ``tests/test_snapshot_format.py``
+    # holds this equal to the converter's own unstructuring (tuples where it writes lists)
     return {
         "version": m.version,
         "checkpoint_id": m.checkpoint_id,
-        "instances": [
-            {
-                "name": i.name,
-                "participants": [
-                    {
-                        "server_name": p.server_name,
-                        "kind": p.kind,
-                        "state_dir": p.state_dir,
-                        "records_digest": p.records_digest,
-                    }
-                    for p in i.participants
-                ],
-            }
-            for i in m.instances
-        ],
-        "episodes": [
-            {
-                "rollout_id": e.rollout_id,
-                "owner": e.owner,
-                "replica": e.replica,
-                "capture_keys": list(e.capture_keys),
-            }
-            for e in m.episodes
-        ],
+        "instances": _instances_plain(m.instances),
+        "episodes": _episodes_plain(m),
     }
 
 
@@ -346,19 +448,28 @@ converter.register_unstructure_hook(GymManifest, _manifest_plain)
 
 def dump_manifest(manifest: GymManifest) -> bytes:
     """The manifest's bytes on disk: JSON indented by two spaces, keys in field order (what
-    ``orjson.dumps(..., option=OPT_INDENT_2)`` writes), its long lists serialised a chunk at a
-    time (``_dumps_indented_chunked``) so a worker thread writing the manifest of 200k episodes
-    never holds the GIL long."""
-    return _dumps_indented_chunked(_manifest_plain(manifest))
+    ``orjson.dumps(..., option=OPT_INDENT_2)`` writes), except the episodes' columns (version
+    6), each compact on one line; the long lists are serialised a chunk at a time
+    (``dumps_chunked``), so a worker thread writing the manifest of 1M episodes never holds
+    the GIL long."""
+    plain = _manifest_plain(manifest)
+    if manifest.version in OBJECT_EPISODES_VERSIONS:
+        return _dumps_indented_chunked(plain)
+    columns = plain.pop("episodes")
+    head = orjson.dumps(plain, option=orjson.OPT_INDENT_2)
+    return b"".join((head[:-2], b',\n  "episodes": ', dumps_chunked(columns), b"\n}"))
 
 
 def load_manifest(data: bytes) -> GymManifest:
-    """Parse ``gym_checkpoint.json`` strictly: a non-empty JSON object of the supported version
+    """Parse ``gym_checkpoint.json`` strictly: a non-empty JSON object of a supported version
     with exactly the known keys, else a ``ManifestError`` naming the file and the field.
 
     Structure only: ``load_snapshot`` also checks names, kinds, digests and paths."""
     raw = _json_object(data, MANIFEST_NAME)
     _check_version(MANIFEST_NAME, raw)
+    if raw.get("version") in OBJECT_EPISODES_VERSIONS:
+        old = structure(raw, _ObjectEpisodesManifest, MANIFEST_NAME)
+        return GymManifest(old.version, old.checkpoint_id, old.instances, old.episodes)
     return structure(raw, GymManifest, MANIFEST_NAME)
 
 
@@ -900,12 +1011,31 @@ def _inline_chunks(raw: dict[str, Any], what: str, objects: ObjectStore | None) 
 #
 # The restore rules (what a DISPATCHED attempt becomes, which rows are ready) and the writer
 # that reads the ledger's columns belong to the ledger (``_ledger_snapshot``); this section
-# only says what the file is. An attempt is a JSON array, not an object: a ledger holds up to
-# a million of them.
+# only says what the file is. A ledger holds up to a million attempts: version 2 writes them
+# as columns (``LEDGER_COLUMNS``), version 1 wrote each as a JSON array (still read).
 
-LEDGER_SNAPSHOT_VERSION: Final = 1
-"""The ``version`` of ``ledger.json`` this runtime writes and reads (checked by the restore,
-``RecoveryLedger.from_snapshot``)."""
+LEDGER_SNAPSHOT_VERSION: Final = 2
+"""The ``version`` of ``ledger.json`` this runtime writes (checked by the restore,
+``RecoveryLedger.from_snapshot``). Version 2 writes the attempts as columns: ``rows`` (one
+per row in flight, in reservation order; attempt ``i`` is slot ``i % group_size`` of row
+``rows[i // group_size]``), one list per field, and the sparse fields (``restored``,
+``result``) as ``[i, value]`` pairs; version 1 wrote an array per attempt, 52 MB at 1M in flight
+and a tuple per attempt to build."""
+READ_LEDGER_VERSIONS: Final = frozenset({1, LEDGER_SNAPSHOT_VERSION})
+"""The ``ledger.json`` versions this runtime reads (and restores)."""
+LEDGER_COLUMNS: Final = (
+    "rows",
+    "attempt",
+    "state",
+    "replica",
+    "gate_id",
+    "unclaimed",
+    "restored",
+    "result",
+)
+"""The keys of version 2's ``attempts``: ``rows`` a row per block, five dense columns (an
+entry per attempt), then two sparse ones (``[i, value]`` for the attempts that have one)."""
+_DENSE_COLUMNS: Final = LEDGER_COLUMNS[1:6]
 
 
 @attrs.frozen
@@ -1009,11 +1139,118 @@ converter.register_unstructure_hook(AttemptRow, _unstructure_attempt_row)
 converter.register_structure_hook(AttemptRow, _structure_attempt_row)
 
 
+def ledger_bytes(header: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]) -> bytes:
+    """``ledger.json`` of version 2: ``header`` (every field of ``LedgerSnapshot`` but the
+    attempts, in field order) then ``"attempts"``, the columns (``LEDGER_COLUMNS``), compact;
+    long lists serialised a chunk at a time (``dumps_chunked``)."""
+    head = dumps_chunked({k: v for k, v in header.items() if k != "attempts"})
+    return b"".join((head[:-1], b',"attempts":', dumps_chunked(columns), b"}"))
+
+
+def _attempt_columns(snap: LedgerSnapshot) -> dict[str, list[Any]]:
+    """A snapshot's attempts as version 2's columns; ``ValueError`` if its rows do not each
+    hold slots ``0..group_size-1`` in order (a ledger's never do otherwise)."""
+    g, attempts = snap.group_size, snap.attempts
+    rows = [a.row for a in attempts[::g]]
+    if len(attempts) % g or any(
+        a.slot != i % g or a.row != rows[i // g] for i, a in enumerate(attempts)
+    ):
+        raise ValueError(
+            f"ledger snapshot: its attempts are not {g} slots in order per row; "
+            "version 2 cannot write them"
+        )
+    return {
+        "rows": rows,
+        "attempt": [a.attempt for a in attempts],
+        "state": [a.state for a in attempts],
+        "replica": [a.replica for a in attempts],
+        "gate_id": [a.gate_id for a in attempts],
+        "unclaimed": [a.unclaimed for a in attempts],
+        "restored": [
+            [i, converter.unstructure(a.restored)]
+            for i, a in enumerate(attempts)
+            if a.restored is not None
+        ],
+        "result": [
+            [i, *_unstructure_result(a.result, a)]
+            for i, a in enumerate(attempts)
+            if a.result is not None
+        ],
+    }
+
+
 def dump_ledger_snapshot(snap: LedgerSnapshot) -> bytes:
-    """``ledger.json`` bytes (compact JSON through the library converter)."""
-    return orjson.dumps(converter.unstructure(snap))
+    """``ledger.json`` bytes of version ``LEDGER_SNAPSHOT_VERSION`` (``ledger_bytes``)."""
+    header = converter.unstructure(attrs.evolve(snap, version=LEDGER_SNAPSHOT_VERSION, attempts=()))
+    return ledger_bytes(header, _attempt_columns(snap))
+
+
+def _column_problem(raw: Mapping[str, Any]) -> str | None:
+    """What keeps version 2's ``attempts`` from being columns of this ledger, or None."""
+    columns, g = raw.get("attempts"), raw.get("group_size")
+    if not isinstance(columns, dict):
+        return "attempts: expected an object of columns"
+    if set(columns) != set(LEDGER_COLUMNS):
+        return f"attempts: columns {sorted(columns)}, expected {sorted(LEDGER_COLUMNS)}"
+    if type(g) is not int or g < 1:
+        return "group_size: expected an integer >= 1"
+    for name in LEDGER_COLUMNS:
+        if not isinstance(columns[name], list):
+            return f"attempts.{name}: expected a list"
+    n = len(columns["rows"]) * g
+    for name in _DENSE_COLUMNS:
+        if len(columns[name]) != n:
+            return (
+                f"attempts.{name}: {len(columns[name])} entries, expected {n} "
+                f"({len(columns['rows'])} rows of {g} slots)"
+            )
+    for name, lengths, shape in (
+        ("restored", (2,), "[i, restored]"),
+        ("result", (3, 4), "[i, reward, turns] or [i, reward, turns, payload]"),
+    ):
+        seen: set[int] = set()
+        for entry in columns[name]:
+            if not (
+                isinstance(entry, list)
+                and len(entry) in lengths
+                and type(entry[0]) is int
+                and 0 <= entry[0] < n
+                and entry[0] not in seen
+            ):
+                return f"attempts.{name}: {entry!r} is not {shape} of an attempt i < {n}, once"
+            seen.add(entry[0])
+    return None
+
+
+def _attempt_arrays(raw: Mapping[str, Any]) -> list[list[Any]]:
+    """Version 2's columns as version 1's arrays (one per attempt), for the strict reader."""
+    problem = _column_problem(raw)
+    if problem is not None:
+        raise ManifestError(f"{LEDGER_FILE}: {problem}")
+    columns, g = raw["attempts"], raw["group_size"]
+    rows = columns["rows"]
+    arrays = [
+        [rows[i // g], i % g, attempt, state, replica, gate_id, None, unclaimed, None]
+        for i, (attempt, state, replica, gate_id, unclaimed) in enumerate(
+            zip(*(columns[c] for c in _DENSE_COLUMNS), strict=True)
+        )
+    ]
+    for i, restored in columns["restored"]:
+        arrays[i][6] = restored
+    for i, *result in columns["result"]:
+        arrays[i][8] = result
+    return arrays
 
 
 def load_ledger_snapshot(data: bytes) -> LedgerSnapshot:
-    """Parse ``ledger.json`` strictly; any problem is a ``ManifestError`` naming the field."""
-    return loads(data, LedgerSnapshot, LEDGER_FILE)
+    """Parse ``ledger.json`` strictly, version 2 (columns) or 1 (an array per attempt); a
+    version not read or any problem is a ``ManifestError`` naming the field."""
+    raw = _json_object(data, LEDGER_FILE)
+    version = raw.get("version")
+    if type(version) is not int or version not in READ_LEDGER_VERSIONS:
+        raise ManifestError(
+            f"{LEDGER_FILE}: version {version!r} found, {_versions(READ_LEDGER_VERSIONS)} supported"
+        )
+    if version == LEDGER_SNAPSHOT_VERSION:
+        raw["attempts"] = _attempt_arrays(raw)
+    return structure(raw, LedgerSnapshot, LEDGER_FILE)

@@ -33,6 +33,7 @@ from gymckpt.gym_adapter.environments.calendar import (
 from gymckpt.nurseries import open_rollouts
 from gymckpt.runtime import ManifestError, RuntimeConfig, TopologyMismatch
 from gymckpt.runtime._shared import COMMIT_MARKER, MANIFEST_NAME
+from gymckpt.runtime._snapshot_format import _attempt_arrays
 
 SIM = CalendarConfig(turns=(2, 4), turn_s=(0.2, 1.0), lease_s=30.0)
 CONFIG = RuntimeConfig(control_timeout_s=2.0, reply_grace_s=0.5, drain_timeout_s=5.0, lease_s=30.0)
@@ -158,8 +159,9 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     ),
     (
         "foreign-version",
-        _edit(lambda m: m.update(version=6)),
-        r"gym_checkpoint.json: version 6 is not supported \(this runtime reads versions 4 and 5\)"
+        _edit(lambda m: m.update(version=7)),
+        r"gym_checkpoint.json: version 7 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\)"
         r": it was written by a newer gymckpt release",
         "",
         ManifestError,
@@ -167,7 +169,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-1",
         _edit(lambda m: m.update(version=1)),
-        r"gym_checkpoint.json: version 1 is not supported \(this runtime reads versions 4 and 5\): "
+        r"gym_checkpoint.json: version 1 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\): "
         r"a version 1 snapshot's model calls carry no request digest",
         "",
         ManifestError,
@@ -175,7 +178,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-2",
         _edit(lambda m: m.update(version=2)),
-        r"gym_checkpoint.json: version 2 is not supported \(this runtime reads versions 4 and 5\): "
+        r"gym_checkpoint.json: version 2 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\): "
         r"a version 2 snapshot's capture keys have the old shape .*start this one fresh",
         "",
         ManifestError,
@@ -183,7 +187,8 @@ CASES: list[tuple[str, Callable[[Path], None], str, str, type[Exception]]] = [
     (
         "version-3",
         _edit(lambda m: m.update(version=3)),
-        r"gym_checkpoint.json: version 3 is not supported \(this runtime reads versions 4 and 5\): "
+        r"gym_checkpoint.json: version 3 is not supported "
+        r"\(this runtime reads versions 4, 5 and 6\): "
         r"a version 3 snapshot's call ids .* numbered in the order calls started.*start this "
         r"one fresh",
         "",
@@ -335,6 +340,8 @@ def _drop_exported_row_from_ledger(snap: Path) -> str:
     """Hand-edit ledger.json (marker re-hashed): the row of an exported episode is marked
     trained and its attempts removed. Returns that episode's rollout ID."""
     ledger = orjson.loads((snap / "ledger.json").read_bytes())
+    # edited in version 1's form (an array per attempt, still read)
+    ledger.update(version=1, attempts=_attempt_arrays(ledger))
     dispatched = next(a for a in ledger["attempts"] if a[3] == "dispatched")
     row = dispatched[0]
     ledger["attempts"] = [a for a in ledger["attempts"] if a[0] != row]

@@ -157,7 +157,7 @@ async def test_failure_after_close_reopens_and_releases_the_pause_without_resumi
         async with p.pending:
             await p.pending.close_admission()
             assert p.gate.statistics().closed_by == "run-0001"
-            p.pending.pause_deadlines()
+            await p.pending.pause_deadlines()
             assert p.deadlines.statistics().holders == frozenset({PAUSE_HOLDER})
             raise Boom  # e.g. the retire stage failed
     p.assert_given_back(gate_id=2)
@@ -169,7 +169,7 @@ async def test_a_failed_prepare_resumes_every_instance(tmp_path: Path) -> None:
     with pytest.raises(GymCheckpointUnavailable, match="gym-1 prepare: refused"):
         async with p.pending:
             await p.pending.close_admission()
-            p.pending.pause_deadlines()
+            await p.pending.pause_deadlines()
             await p.pending.prepare(NAMES)
     assert sorted(c for c in p.gym.calls if c.startswith("resume")) == [
         "resume:gym-0",
@@ -183,7 +183,7 @@ async def test_a_failure_after_commit_removes_the_staging_dir_and_resumes(tmp_pa
     with pytest.raises(Boom):
         async with p.pending:
             await p.pending.close_admission()
-            p.pending.pause_deadlines()
+            await p.pending.pause_deadlines()
             await p.pending.prepare(NAMES)
             replies = await p.pending.commit(NAMES)
             assert sorted(replies) == list(NAMES)
@@ -203,7 +203,7 @@ async def test_a_published_checkpoint_keeps_its_snapshot_and_resumes_once(tmp_pa
     p = parts(tmp_path)
     async with p.pending:
         await p.pending.close_admission()
-        p.pending.pause_deadlines()
+        await p.pending.pause_deadlines()
         await p.pending.prepare(NAMES)
         await p.pending.commit(NAMES)
         digest = "sha256:" + "0" * 64
@@ -239,7 +239,7 @@ async def test_a_resume_cut_short_is_retried_by_the_shielded_release(
     with trio.CancelScope() as scope:
         async with p.pending:
             await p.pending.close_admission()
-            p.pending.pause_deadlines()
+            await p.pending.pause_deadlines()
             await p.pending.prepare(NAMES)
 
             async def cancel_once_hanging() -> None:
@@ -261,7 +261,7 @@ async def test_release_runs_whole_under_cancellation(tmp_path: Path) -> None:
     with trio.CancelScope() as scope:
         async with p.pending:
             await p.pending.close_admission()
-            p.pending.pause_deadlines()
+            await p.pending.pause_deadlines()
             await p.pending.prepare(NAMES)
             await p.pending.commit(NAMES)
             scope.cancel()

@@ -203,3 +203,58 @@ async def test_statistics_and_repr() -> None:
         "<DeadlineRegistry active=1 paused=True holders=checkpoint,refit expired_total=0>"
     )
     assert not math.isinf(reg.remaining("a"))
+
+
+async def test_a_pause_in_slices_lets_the_loop_run_and_is_the_pause(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``pause_in_slices``/``release_in_slices`` (the checkpoint's pause: ~8k scopes at 1M in
+    flight, one step of ~15 ms otherwise): other tasks run between slices of
+    ``RETARGET_SLICE`` scopes, every scope is ``inf`` once the pause returns and none expires
+    while paused, and after the release each expires at its budget plus the pause."""
+    from gymckpt.runtime._deadlines import RETARGET_SLICE
+
+    reg = DeadlineRegistry()
+    n = 2 * RETARGET_SLICE + 7
+    scopes: list[trio.CancelScope] = []
+    expired: list[float] = []
+    steps_between = 0
+    start = trio.current_time()
+
+    async def one(i: int) -> None:
+        try:
+            with reg.scope(f"row-{i}", "generate", 3.0 + i / n):
+                scopes.append(reg._scoped[f"row-{i}"].scope)  # type: ignore[arg-type]
+                await trio.sleep_forever()
+        except DeadlineExpired:
+            expired.append(trio.current_time() - start)
+
+    other_scope = trio.CancelScope()
+
+    async def other() -> None:  # busy: cancelled once the pause returned (autojump needs idle)
+        nonlocal steps_between
+        with other_scope:
+            while True:
+                await trio.lowlevel.checkpoint()
+                steps_between += 1
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+        await trio.sleep(1)
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()
+        before = steps_between
+        await reg.pause_in_slices("checkpoint")
+        assert steps_between > before  # three slices: the loop ran in between
+        other_scope.cancel()
+        assert all(s.deadline == math.inf for s in scopes) and len(scopes) == n
+        await trio.sleep(10)
+        assert expired == []
+        await reg.release_in_slices("checkpoint")
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    # paused from t=1 to t=11: budgets 3 to 4 s end between t=13 and t=14
+    assert len(expired) == n and min(expired) >= 13.0 and max(expired) <= 14.0
+    with pytest.raises(RuntimeError, match="not paused by 'checkpoint'"):
+        await reg.release_in_slices("checkpoint")

@@ -55,6 +55,7 @@ from gymckpt.runtime import (
 )
 from gymckpt.runtime._ledger import load_ledger_snapshot
 from gymckpt.runtime._shared import COMMIT_MARKER
+from gymckpt.runtime._snapshot_format import _attempt_arrays
 
 SIM = CalendarConfig(turns=(2, 4), turn_s=(0.5, 2.0), mutation_p=0.9, lease_s=60.0)
 CONFIG = RuntimeConfig(
@@ -142,6 +143,8 @@ async def test_a_bad_ledger_is_rejected_by_verify_and_before_any_install(
     snap = await one_snapshot(tmp_path)
 
     def change(ledger: dict[str, Any]) -> None:
+        # edited in version 1's form (an array per attempt, still read)
+        ledger.update(version=1, attempts=_attempt_arrays(ledger))
         if forgery == "unknown_state":
             ledger["attempts"][0][3] = "teleported"
         elif forgery == "missing_slot":

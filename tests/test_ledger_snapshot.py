@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 
@@ -26,6 +27,7 @@ from gymckpt.runtime._ledger_snapshot import (
     load_ledger_snapshot,
     restore_columns,
 )
+from gymckpt.runtime._snapshot_format import LEDGER_COLUMNS, _attempt_arrays
 
 R = EpisodeResult(1.0, 2)
 
@@ -86,11 +88,32 @@ def test_the_one_pass_writer_is_the_record_dumped() -> None:
     cols = ledger._cols
     kwargs = {"max_row_attempts": 3, "data_failure_budget": 5, "data_failures": 1, "next_row": 6}
     assert ledger_snapshot_bytes(cols, **kwargs) == dump_ledger_snapshot(ledger.to_snapshot())
-    raw = orjson.loads(ledger.snapshot_bytes())
-    # an attempt is a compact array, rows in reservation order (row 0 was trained); a result
-    # without payload is [reward, turns]
-    assert raw["attempts"][0] == [1, 0, 1, "reserved", None, None, None, False, None]
-    assert raw["attempts"][2] == [2, 0, 0, "completed", "gym-0", 1, None, False, [1.0, 2]]
+    attempts = orjson.loads(ledger.snapshot_bytes())["attempts"]
+    # columns: a row per block in reservation order (row 0 was trained, 4 failed), slots
+    # implied; row 1 slot 0 is its second attempt, reserved; results are sparse [i, reward,
+    # turns] (no payload)
+    assert list(attempts) == list(LEDGER_COLUMNS) and attempts["rows"] == [1, 2, 3, 5]
+    first = [attempts[c][0] for c in ("attempt", "state", "replica", "gate_id", "unclaimed")]
+    assert first == [1, "reserved", None, None, False]
+    assert attempts["state"][2:5] == ["completed", "completed", "dispatched"]
+    assert attempts["result"] == [[2, 1.0, 2], [3, 1.0, 2]] and attempts["restored"] == []
+
+
+def test_a_version_1_ledger_of_an_array_per_attempt_restores_the_same_ledger() -> None:
+    """The ``ledger.json`` a snapshot of the previous release holds (version 1: an array per
+    attempt) restores as version 2's columns do, its row-slot check kept."""
+    ledger = _ledger()
+    raw = _raw(ledger)
+    v1 = dict(raw, version=1, attempts=_attempt_arrays(raw))
+    assert v1["attempts"][0] == [1, 0, 1, "reserved", None, None, None, False, None]
+    assert v1["attempts"][2] == [2, 0, 0, "completed", "gym-0", 1, None, False, [1.0, 2]]
+    old = load_ledger_snapshot(orjson.dumps(v1))
+    assert attrs.evolve(old, version=LEDGER_SNAPSHOT_VERSION) == ledger.to_snapshot()
+    assert RecoveryLedger.from_snapshot(old)[0].snapshot_bytes() == (
+        RecoveryLedger.from_snapshot(ledger.to_snapshot())[0].snapshot_bytes()
+    )
+    v1["attempts"].pop(2)
+    _refused(v1, r"^ledger\.json: row 2 has slots \[1\], expected 0\.\.1")
 
 
 def test_an_exported_attempt_is_restored_unclaimed_and_others_are_re_sent() -> None:
@@ -118,17 +141,19 @@ def _refused(raw: dict[str, Any], message: str) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda r: r.update(version=2), r"^ledger\.json: version 2 found, 1 supported"),
-        (lambda r: r["attempts"][0].__setitem__(3, "parked"), "unknown attempt state 'parked'"),
+        (lambda r: r.update(version=3), r"^ledger\.json: version 3 found, 1 and 2 supported"),
         (
-            lambda r: r["attempts"][2].__setitem__(3, "failed"),
+            lambda r: r["attempts"]["state"].__setitem__(0, "parked"),
+            "unknown attempt state 'parked'",
+        ),
+        (
+            lambda r: r["attempts"]["state"].__setitem__(2, "failed"),
             r"attempt 2-0 is failed; only current attempts are stored",
         ),
         (
-            lambda r: r["attempts"][2].__setitem__(8, None),
+            lambda r: r["attempts"]["result"].pop(0),
             r"completed attempt 2-0 has no result",
         ),
-        (lambda r: r["attempts"].pop(2), r"^ledger\.json: row 2 has slots \[1\], expected 0\.\.1"),
         (lambda r: r.update(trained=[[3, 1]]), r"bad row range \[3, 1\]"),
         (
             lambda r: r.update(spent=[[1, 2, 1]]),
@@ -151,8 +176,15 @@ def test_a_restore_refuses_a_snapshot_that_does_not_fit(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda r: r["attempts"][0].pop(), r"AttemptRow @ \$\.attempts\[0\]"),
-        (lambda r: r["attempts"][2].__setitem__(8, [1.0]), r"AttemptRow @ \$\.attempts\[2\]"),
+        (
+            lambda r: r["attempts"]["attempt"].pop(),
+            r"^ledger\.json: attempts\.attempt: 7 entries, expected 8 \(4 rows of 2 slots\)",
+        ),
+        (lambda r: r["attempts"]["result"][0].pop(), r"attempts\.result: \[2, 1\.0\] is not"),
+        (lambda r: r["attempts"]["result"].append([2, 1.0, 2]), r"attempts\.result: .*, once"),
+        (lambda r: r["attempts"]["restored"].append([8, {}]), r"attempts\.restored: .* i < 8"),
+        (lambda r: r["attempts"].pop("rows"), r"attempts: columns \[.*\], expected"),
+        (lambda r: r["attempts"]["replica"].__setitem__(0, 5), r"AttemptRow @ \$\.attempts\[0\]"),
         (lambda r: r.update(extra=1), "extra"),
         (lambda r: r.pop("next_row"), "next_row"),
     ],

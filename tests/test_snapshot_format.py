@@ -20,6 +20,7 @@ from gymckpt.runtime._snapshot_format import (
     AgentRecords,
     AgentSession,
     CommitMarker,
+    EpisodeColumns,
     EpisodeRecord,
     GymManifest,
     InstanceRecord,
@@ -278,9 +279,11 @@ def test_a_bad_step_file_is_refused_naming_it(data: bytes, says: str) -> None:
 
 
 def test_a_manifest_or_a_marker_of_another_version_is_refused_saying_which_is_read() -> None:
-    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=6, future=True))
-    reads = r"is not supported \(this runtime reads versions 4 and 5\): it was written by a newer"
-    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 6 {reads}.*fresh"):
+    manifest = _edit(dump_manifest(MANIFEST), lambda r: r.update(version=7, future=True))
+    reads = (
+        r"is not supported \(this runtime reads versions 4, 5 and 6\): it was written by a newer"
+    )
+    with pytest.raises(ManifestError, match=rf"^{MANIFEST_NAME}: version 7 {reads}.*fresh"):
         load_manifest(manifest)
     marker = _edit(dump_marker(MARKER), lambda r: r.update(version=2))
     reads = r"is not supported \(this runtime reads version 1\)$"
@@ -305,7 +308,7 @@ def test_a_version_2_snapshot_is_refused_because_its_capture_keys_have_the_old_s
         load_manifest(manifest)
     for odd in ([2], "2", True):  # not a version this runtime ever wrote: no hint, still refused
         bad = _edit(dump_manifest(MANIFEST), lambda r, v=odd: r.update(version=v))
-        reads = r"is not supported \(this runtime reads versions 4 and 5\)$"
+        reads = r"is not supported \(this runtime reads versions 4, 5 and 6\)$"
         with pytest.raises(ManifestError, match=reads):
             load_manifest(bad)
 
@@ -339,20 +342,72 @@ def test_the_store_re_exports_the_marker_it_writes() -> None:
     assert _store.CommitMarker is CommitMarker and _store.MARKER_VERSION is MARKER_VERSION
 
 
-def test_the_manifest_is_written_as_orjson_indents_it_a_chunk_at_a_time() -> None:
+def test_the_manifest_is_written_as_orjson_writes_it_a_chunk_at_a_time() -> None:
+    """Version 6: the header indented as orjson indents it, the episodes' columns compact on one
+    line (one list per field, whatever the episodes); a manifest of version 5 (still read) is
+    written as that version was: an indented object per episode."""
     from gymckpt.runtime._converter import JSON_CHUNK
 
     episodes = tuple(
         EpisodeRecord(f"{i}-0-a0", "calendar", f"gym-{i % 3}", ("k\n1", "k2") if i % 2 else ())
         for i in range(2 * JSON_CHUNK + 5)
     )
-    manifest = attrs.evolve(MANIFEST, episodes=episodes)
-    generic = orjson.dumps(make_converter().unstructure(manifest), option=orjson.OPT_INDENT_2)
-    assert dump_manifest(manifest) == generic
-    assert dump_manifest(MANIFEST) == orjson.dumps(
-        make_converter().unstructure(MANIFEST), option=orjson.OPT_INDENT_2
+    indent = orjson.OPT_INDENT_2
+    for each in (episodes, MANIFEST.episodes):
+        manifest = attrs.evolve(MANIFEST, episodes=each)
+        generic = make_converter().unstructure(manifest)
+        head = {k: v for k, v in generic.items() if k != "episodes"}
+        columns = orjson.dumps(generic["episodes"])
+        assert columns.startswith(b'{"rollout_id":[') and b"\n" not in columns
+        written = dump_manifest(manifest)
+        assert written == orjson.dumps(head, option=indent)[:-2] + (
+            b',\n  "episodes": ' + columns + b"\n}"
+        )
+        assert load_manifest(written) == manifest
+        assert list(load_manifest(written).episodes) == list(each)
+        old = attrs.evolve(manifest, version=5)
+        objects = dict(head, version=5, episodes=[make_converter().unstructure(e) for e in each])
+        assert dump_manifest(old) == orjson.dumps(objects, option=indent)
+        assert load_manifest(dump_manifest(old)) == old
+
+
+def test_a_version_5_manifest_of_an_object_per_episode_is_read_as_columns() -> None:
+    """The manifest a snapshot of the previous release holds (version 5: an object per
+    episode) restores: its episodes are read in order, as the columns version 6 writes."""
+    old = b"""{
+  "version": 5,
+  "checkpoint_id": "c7",
+  "instances": [{"name": "gym-0", "participants": [{"server_name": "calendar",
+    "kind": "environment", "state_dir": "gym/gym-0/calendar", "records_digest": "%s"}]}],
+  "episodes": [
+    {"rollout_id": "0-0-a0", "owner": "calendar", "replica": "gym-0", "capture_keys": ["k"]},
+    {"rollout_id": "1-1-a2", "owner": "calendar", "replica": "gym-0", "capture_keys": []}
+  ]
+}""" % DIGEST.encode()
+    manifest = load_manifest(old)
+    assert manifest.version == 5
+    assert manifest.episodes == EpisodeColumns(
+        ("0-0-a0", "1-1-a2"), ("calendar",) * 2, ("gym-0",) * 2, (("k",), ())
     )
-    assert load_manifest(generic) == manifest
+    assert manifest.episodes[1] == EpisodeRecord("1-1-a2", "calendar", "gym-0")
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda e: e["owner"].pop(), r"owner has 1 entries, rollout_id 2"),
+        (lambda e: e["capture_keys"].append([]), r"capture_keys has 3 entries, rollout_id 2"),
+        (lambda e: e["replica"].__setitem__(0, 7), r"expected str .*\$\.episodes\.replica"),
+        (lambda e: e.pop("owner"), r"required field missing @ \$\.episodes\.owner"),
+        (lambda e: e.update(extra=[]), r"extra fields found \(extra\) @ \$\.episodes"),
+    ],
+)
+def test_episode_columns_of_another_shape_are_refused_naming_the_column(
+    change: Any, says: str
+) -> None:
+    bad = _edit(dump_manifest(MANIFEST), lambda r: change(r["episodes"]))
+    with pytest.raises(ManifestError, match=f"^{MANIFEST_NAME}: .*{says}"):
+        load_manifest(bad)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 1000])

@@ -213,7 +213,7 @@ def test_hand_edited_manifest_names_file_and_both_digests(tmp_path: Path) -> Non
     path = _publish(SnapshotStore(tmp_path))
     committed = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
     raw = json.loads((path / MANIFEST_NAME).read_bytes())
-    raw["episodes"][0]["replica"] = "gym-1"
+    raw["episodes"]["replica"][0] = "gym-1"
     edited = json.dumps(raw).encode()
     (path / MANIFEST_NAME).write_bytes(edited)
     found = hashlib.sha256(edited).hexdigest()
@@ -325,7 +325,7 @@ def test_foreign_version(tmp_path: Path) -> None:
     message = _manifest_error(tmp_path, lambda p: _edit_manifest(p, edit))
     assert message == (
         f"gym_checkpoint.json: version {MANIFEST_VERSION + 1} is not supported "
-        "(this runtime reads versions 4 and 5): it was written by a newer gymckpt "
+        "(this runtime reads versions 4, 5 and 6): it was written by a newer gymckpt "
         "release: restore it with that release (or a newer one), or start this run fresh "
         "(restore=False, or another work directory)"
     )
@@ -398,16 +398,16 @@ def test_missing_key(tmp_path: Path) -> None:
             "not sha256:<64 hex digits>",
         ),
         (
-            lambda raw: raw["episodes"][0].update(replica="gym-9"),
+            lambda raw: raw["episodes"]["replica"].__setitem__(0, "gym-9"),
             "gym_checkpoint.json: episode r-0-1-1: replica 'gym-9' is not an instance",
         ),
         (
-            lambda raw: raw["episodes"][0].update(owner="model_proxy", replica="gym-1"),
+            lambda raw: raw["episodes"].update(owner=["model_proxy"], replica=["gym-1"]),
             "gym_checkpoint.json: episode r-0-1-1: owner 'model_proxy' is not a participant "
             "of instance gym-1",
         ),
         (
-            lambda raw: raw["episodes"].append(raw["episodes"][0]),
+            lambda raw: [column.append(column[0]) for column in raw["episodes"].values()],
             "gym_checkpoint.json: episode r-0-1-1 listed twice",
         ),
         (
