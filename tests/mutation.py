@@ -2488,6 +2488,17 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="version_1",
         sim_seeds=0,
     ),
+    # -- the hosted step path (issue 34, helper hostpath) ------------------------------------
+    Mutant(
+        "host-episodes-start-before-their-nursery-runs",
+        "host step path",
+        "gym_adapter/host/_host.py",
+        "self._spawn, self._new_scope = self._queue_episode, anyio.CancelScope",
+        "self._spawn, self._new_scope = tg.start_soon, anyio.CancelScope",
+        ("tests/test_host_step_path.py",),
+        keyword="episodes_nursery",
+        sim_seeds=0,
+    ),
 )
 
 
