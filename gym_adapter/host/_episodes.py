@@ -406,7 +406,7 @@ class StepContext:
         token = POLICY_VERSION.set(version)  # the version the model may check its answer by
         try:
             response = model(key, request, ep.info)
-            if inspect.isawaitable(response):
+            if type(response) not in _SCALARS and inspect.isawaitable(response):
                 response = await response
         finally:
             POLICY_VERSION.reset(token)
@@ -490,16 +490,26 @@ def _copy(response: Any) -> Any:
     return orjson.loads(orjson.dumps(response))
 
 
+_CANONICAL: Final = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def _check_request(ep: Episode, request: Any) -> bytes:
     """A model call's request must be finite plain data (its digest is staged); its canonical
-    JSON (sorted keys)."""
+    JSON (sorted keys). One ``orjson.dumps`` when it holds no ``null``: ``checked_json`` (which
+    names what is wrong) runs only when that one cannot tell."""
     try:
-        checked_json(request, "request")
-    except ValueError as exc:
-        raise ValueError(
-            f"{episode_label(ep.info)}: model request of turn {ep.turn} is refused: {exc}"
-        ) from None
-    return orjson.dumps(to_plain(request), option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+        data = orjson.dumps(request, option=_CANONICAL)
+    except (TypeError, orjson.JSONEncodeError):
+        data = None
+    if data is None or b"null" in data:
+        try:
+            checked_json(request, "request")
+        except ValueError as exc:
+            raise ValueError(
+                f"{episode_label(ep.info)}: model request of turn {ep.turn} is refused: {exc}"
+            ) from None
+        data = orjson.dumps(to_plain(request), option=_CANONICAL)
+    return data
 
 
 def _check_response(ep: Episode, key: str, response: Any) -> bytes:

@@ -41,6 +41,8 @@ from typing import Any, Final, final
 import anyio
 import anyio.lowlevel
 import attrs
+import sniffio
+import trio
 
 from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
@@ -95,6 +97,9 @@ class Parking:
     _lease: anyio.CancelScope | None = attrs.field(default=None, init=False)
     _start_soon: Callable[..., Any] | None = attrs.field(default=None, init=False)
     _restart_episode: Callable[[Episode], object] | None = attrs.field(default=None, init=False)
+    _checkpoint: Callable[[], Any] = attrs.field(default=anyio.lowlevel.checkpoint, init=False)
+    """The event loop's own checkpoint, taken at every step boundary: under trio, trio's (anyio's
+    looks its backend up at each call, a third of the cost)."""
 
     def open(
         self, start_soon: Callable[..., Any], restart_episode: Callable[[Episode], object]
@@ -102,6 +107,11 @@ class Parking:
         """The instance starts serving."""
         self.closing = False
         self._start_soon, self._restart_episode = start_soon, restart_episode
+        self._checkpoint = (
+            trio.lowlevel.checkpoint
+            if sniffio.current_async_library() == "trio"
+            else anyio.lowlevel.checkpoint
+        )
         self._prepared_evt = anyio.Event()
         self._all_parked = anyio.Event()
 
@@ -166,7 +176,7 @@ class Parking:
             return True
         if fenced(ep):
             raise EpisodeFenced(ep.rollout_id)
-        await anyio.lowlevel.checkpoint()
+        await self._checkpoint()
         if not ((self.prepared and self.parks) or ep.hold):
             return True
         ep.state = BOUNDARY
