@@ -481,6 +481,7 @@ class StepContext:
 
 
 _SCALARS: Final = frozenset({int, str, bool, type(None)})
+"""Types whose every value is finite plain data (a ``float`` may be ``nan``): no look needed."""
 
 
 def _copy(response: Any) -> Any:
@@ -522,12 +523,18 @@ def _check_response(ep: Episode, key: str, response: Any) -> bytes:
         ) from None
 
 
+_CONSTANTS: Final = frozenset({bool, type(None)})
+_CONSTANT_SIZE: Final = {None: 4, True: 4, False: 5}
+"""The JSON size of the payloads that need no ``checked_json``: ``null``, ``true``, ``false``."""
+
+
 def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunReply:
     """The final reply of ``ep`` ending with ``done``: ``Completed``, or ``Failed`` (data) when
     ``done`` is not a ``Done``, its reward is not a finite number, its turns not a count, its
     payload is not finite plain data (a ``nan`` would be written ``null``: refused here, naming
     the place in it), or it is over ``limit`` bytes. One ``orjson.dumps`` of the payload
-    (needed for its size) and a search of it for ``null``."""
+    (needed for its size) and a search of it for ``null``; none for a payload of None, True or
+    False (the episode that returns no trajectory), whose JSON is known."""
     rid = ep.rollout_id
     if not isinstance(done, Done):
         got = type(done).__name__
@@ -545,7 +552,9 @@ def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunRe
             )
     try:
         payload = to_plain(done.payload)
-        size = len(checked_json(payload, "payload"))
+        size = _CONSTANT_SIZE.get(payload) if type(payload) in _CONSTANTS else None
+        if size is None:
+            size = len(checked_json(payload, "payload"))
     except (TypeError, ValueError) as exc:
         return Failed(
             rid, "data", f"{episode_label(ep.info)}: Done.payload is not plain data: {exc}"

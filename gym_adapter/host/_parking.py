@@ -161,10 +161,16 @@ class Parking:
             self.unmarked_turns = self.moving > 0
         self.marks = True
 
-    async def boundary(self, ep: Episode, fenced: Callable[[Episode], bool]) -> bool:
+    async def boundary(
+        self, ep: Episode, fenced: Callable[[Episode], bool], started: bool = False
+    ) -> bool:
         """Pass step boundary ``ep.turn`` (True), or park there while a checkpoint is prepared
         (or, held, until one is): False, and the caller's task ends, leaving ``ep`` parked.
-        ``EpisodeFenced`` if ``fenced(ep)``: a newer attempt owns its slot."""
+        ``EpisodeFenced`` if ``fenced(ep)``: a newer attempt owns its slot.
+
+        A boundary is a scheduling point (other tasks run, a cancel arrives), except the first
+        one of a task (``started``): a task that just started is one the scheduler just ran,
+        so a task per one-turn episode costs one scheduler pass, not two."""
         if ep.state == BOUNDARY:  # restarted by a reopen
             if self.prepared and self.parks:  # prepared again before this task ran: it stays
                 self._parked.append(ep)
@@ -176,7 +182,8 @@ class Parking:
             return True
         if fenced(ep):
             raise EpisodeFenced(ep.rollout_id)
-        await self._checkpoint()
+        if not started:
+            await self._checkpoint()
         if not ((self.prepared and self.parks) or ep.hold):
             return True
         ep.state = BOUNDARY

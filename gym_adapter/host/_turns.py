@@ -108,14 +108,16 @@ class Turns:
                 )
         agent = self.environment.agent
         parking = self.parking
+        started = True  # this task's first boundary: the scheduler just ran it
         while True:
             armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
             if armed and (ep.mark is None or ep.mark.turn != ep.turn):
                 ep.mark = mark_boundary(
                     self.sessions, ep, self.versions
                 )  # before any scheduling point
-            if not await parking.boundary(ep, self.fenced):
+            if not await parking.boundary(ep, self.fenced, started):
                 return None
+            started = False
             ctx = StepContext(self, ep)
             if not armed and parking.marks:  # armed while it waited at the boundary
                 ep.mark = mark_boundary(self.sessions, ep, self.versions)
