@@ -206,8 +206,8 @@ class GymnasiumAgent:
         action = await ctx.model(session.observation)
         if self.pace_s > 0:
             await anyio.sleep(self.pace_s)
-        session = ctx.session(ENV_PARTICIPANT)  # still the owner after the wait
-        env = session.env
+            session = ctx.session(ENV_PARTICIPANT)  # still the owner after the wait
+        env = session.env  # (``ctx.model`` checked it after the model's answer)
         obs, reward, terminated, truncated, _ = env.step(_to_action(action, env.action_space))
         session.observation = plain(obs)
         state.actions.append(action)

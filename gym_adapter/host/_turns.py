@@ -107,7 +107,7 @@ class Turns:
                     ),
                 )
         agent = self.environment.agent
-        parking = self.parking
+        parking, fenced = self.parking, self.slots.fenced
         started = True  # this task's first boundary: the scheduler just ran it
         while True:
             armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
@@ -115,7 +115,7 @@ class Turns:
                 ep.mark = mark_boundary(
                     self.sessions, ep, self.versions
                 )  # before any scheduling point
-            if not await parking.boundary(ep, self.fenced, started):
+            if not await parking.boundary(ep, fenced, started):
                 return None
             started = False
             ctx = StepContext(self, ep)
@@ -152,11 +152,12 @@ class Turns:
                 return Failed(rid, failure_class, problem or failed)
             finally:
                 ep.stepping = False
-            if self.slots.fenced(ep):
+            if fenced(ep):
                 raise EpisodeFenced(rid)
-            problem = self.slots.journal_turn(ep, ctx.touched)
-            if problem is not None:
-                return self._user_failed(ep, Failed(rid, "data", problem))
+            if ctx.touched:  # the retained sessions this turn fetched are journaled
+                problem = self.slots.journal_turn(ep, ctx.touched)
+                if problem is not None:
+                    return self._user_failed(ep, Failed(rid, "data", problem))
             ep.turn += 1
             self.count.turns += 1
             if done is not None:
