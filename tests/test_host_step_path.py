@@ -5,18 +5,30 @@ that plain code would not, pinned by counting rather than timing.
   those of a ``run`` asked for right after entry, before that nursery's task ran: they wait for
   it, never start through anyio's task group (a task handle, a cancel scope and an event more
   per episode, a frame more per step), which trio's scheduler let happen half the time.
+- A step boundary is a scheduling point taken with trio's own checkpoint (anyio's looks its
+  backend up at every call), except the first boundary of a task: the scheduler just ran it,
+  so an episode of N turns that never waits takes N scheduler passes, not N + 1.
+- A model request is serialised once (``checked_json``, which names what is wrong, runs only
+  when that ``orjson.dumps`` cannot tell: it failed or wrote a ``null``); a non-finite request
+  is still refused. A payload of None, True or False is not serialised to be measured.
+- The Gymnasium environment's policy key is parsed by hand (the same key as the regex's) and its
+  payload is the trajectory's plain data (what the converter made of it).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio.lowlevel
 import attrs
+import pytest
 import trio
 
-from gymckpt.gym_adapter import Completed, Done, Environment, GymHost, RunRow
-from gymckpt.gym_adapter.host._episode import EpisodeInfo
+from gymckpt.gym_adapter import Completed, Done, Environment, Failed, GymHost, RunRow
+from gymckpt.gym_adapter.host import _episodes
+from gymckpt.gym_adapter.host._episode import EpisodeInfo, parse_call_id, split_capture_key
 
 
 @attrs.define
@@ -60,3 +72,152 @@ async def test_a_run_asked_right_after_entry_runs_every_episode_in_the_episodes_
     assert {owner.rsplit(".", 1)[-1] for owner in agent.owners} == {"_trio_episodes"}, set(
         agent.owners
     )
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the scheduler's steps of each task whose name ends with ``_episode_main``."""
+
+    def __init__(self) -> None:
+        self.steps: Counter[int] = Counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("_episode_main"):
+            self.steps[id(task)] += 1
+
+
+async def _run(host: GymHost, rows: int, first: int = 0) -> list[Any]:
+    replies: list[Any] = []
+    ids = range(first, first + rows)
+    async for batch in await host.run([RunRow(f"{r}-0", r, 0, 0) for r in ids]):
+        replies.extend(batch)
+    return replies
+
+
+async def test_an_episode_that_never_waits_takes_one_scheduler_pass_per_turn(
+    tmp_path: Path,
+) -> None:
+    steps = TaskSteps()
+    for turns in (1, 3):
+        steps.steps.clear()
+        env = Environment(agent=Agent(turns=turns))
+        async with GymHost(f"g{turns}", env, 0, tmp_path / str(turns)) as host:
+            await _run(host, 1)  # the host's first episode waits for the asyncio loop
+            trio.lowlevel.add_instrument(steps)
+            try:
+                replies = await _run(host, 4, first=1)
+            finally:
+                trio.lowlevel.remove_instrument(steps)
+        assert all(isinstance(r, Completed) for r in replies), replies
+        # main: turns + 1 (the first boundary was a checkpoint of a task that had just started)
+        assert sorted(steps.steps.values()) == [turns] * 4, (turns, steps.steps)
+
+
+async def test_a_step_boundary_takes_trios_checkpoint_not_anyios(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = Counter[str]()
+    real = anyio.lowlevel.checkpoint
+
+    async def counted() -> None:
+        calls["anyio"] += 1
+        await real()
+
+    monkeypatch.setattr(anyio.lowlevel, "checkpoint", counted)
+    async with GymHost("g", Environment(agent=Agent(turns=5)), 0, tmp_path) as host:
+        await trio.lowlevel.checkpoint()
+        before = calls["anyio"]
+        replies = await _run(host, 3)
+        during = calls["anyio"] - before
+    assert all(isinstance(r, Completed) for r in replies), replies
+    # the run call's own, none per step (main: one per boundary, 15 more)
+    assert during <= 1, f"{during} anyio checkpoints for 3 episodes of 5 turns"
+
+
+@attrs.define
+class Asker:
+    """One turn: asks the model ``request``, ends with ``payload``."""
+
+    request: Any
+    payload: Any = None
+    name: str = "agent"
+    kind: str = "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        await ctx.model(self.request)
+        return Done(1.0, payload=self.payload)
+
+
+async def test_a_request_and_a_constant_payload_are_serialised_once_and_still_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[str] = []
+    real = _episodes.checked_json
+
+    def counted(value: Any, where: str) -> bytes:
+        checked.append(where)
+        return real(value, where)
+
+    monkeypatch.setattr(_episodes, "checked_json", counted)
+    asked: list[Any] = []
+
+    def model(key: str, request: Any, info: EpisodeInfo) -> Any:
+        asked.append(request)
+        return 0
+
+    for n, payload in enumerate((None, True, False)):
+        env = Environment(agent=Asker({"b": [1.5, 2], "a": "x"}, payload), model=model)
+        async with GymHost(f"g{n}", env, 0, tmp_path / str(n)) as host:
+            (reply,) = await _run(host, 1)
+        assert isinstance(reply, Completed) and reply.payload is payload, reply
+    # main: a request checked, then serialised again sorted; every payload checked
+    assert checked == [], checked
+    assert len(asked) == 3
+    # what cannot be told from one dumps is still checked, and refused naming why
+    for n, request in enumerate(({"t": float("nan")}, {"t": {1, 2}}, [None, float("inf")])):
+        env = Environment(agent=Asker(request), model=model)
+        async with GymHost(f"bad{n}", env, 0, tmp_path / f"bad{n}") as host:
+            (reply,) = await _run(host, 1)
+        assert isinstance(reply, Failed) and "model request of turn 0 is refused" in reply.message
+    assert len(asked) == 3 and len(checked) == 3
+    # a request holding a null is checked and asked
+    env = Environment(agent=Asker({"t": None}), model=model)
+    async with GymHost("null", env, 0, tmp_path / "null") as host:
+        (reply,) = await _run(host, 1)
+    assert isinstance(reply, Completed) and asked[-1] == {"t": None}
+
+
+def test_the_gymnasium_policy_key_is_the_call_ids_and_a_bad_key_is_refused() -> None:
+    pytest.importorskip("gymnasium")
+    from gymckpt.gym_adapter.environments.gymnasium import _policy_key
+
+    info = EpisodeInfo("3-0-a2", 3, 0, 2, 100, "g")
+    for key in ("3-0-a2:t12-0123456789abcdef-c0", "3-0-a2:t0-0123456789abcdef-c13"):
+        call = parse_call_id(split_capture_key(key)[1])
+        assert _policy_key(key, info) == f"3-0/t{call.turn}/c{call.occurrence}"
+    for bad in (
+        "3-0:t1-c0",
+        "3-0/t1/c0",
+        "3-0:x1-0123456789abcdef-c0",
+        "3-0:t1-0123456789abcdef-cx",
+    ):
+        with pytest.raises(ValueError, match="is not"):
+            _policy_key(bad, info)
+
+
+def test_the_gymnasium_payload_is_what_the_converter_makes_of_the_trajectory() -> None:
+    pytest.importorskip("gymnasium")
+    from gymckpt.gym_adapter.environments.gymnasium import Trajectory, trajectory_data
+    from gymckpt.runtime._shared import converter
+
+    t = Trajectory([[0.5, 1.0], [1.5, 2.0]], [1], [1.0], terminated=True)
+    assert trajectory_data(t) == converter.unstructure(t)
+    assert list(trajectory_data(t)) == list(converter.unstructure(t))
