@@ -107,11 +107,8 @@ class Parking:
         """The instance starts serving."""
         self.closing = False
         self._start_soon, self._restart_episode = start_soon, restart_episode
-        self._checkpoint = (
-            trio.lowlevel.checkpoint
-            if sniffio.current_async_library() == "trio"
-            else anyio.lowlevel.checkpoint
-        )
+        under_trio = sniffio.current_async_library() == "trio"
+        self._checkpoint = trio.lowlevel.checkpoint if under_trio else anyio.lowlevel.checkpoint
         self._prepared_evt = anyio.Event()
         self._all_parked = anyio.Event()
 
