@@ -6,8 +6,10 @@ that plain code would not, pinned by counting rather than timing.
   it, never start through anyio's task group (a task handle, a cancel scope and an event more
   per episode, a frame more per step), which trio's scheduler let happen half the time.
 - A step boundary is a scheduling point taken with trio's own checkpoint (anyio's looks its
-  backend up at every call), except the first boundary of a task: the scheduler just ran it,
-  so an episode of N turns that never waits takes N scheduler passes, not N + 1.
+  backend up at every call), unless the task passed the scheduler since its last boundary (it
+  just started, or its turn waited): then it only raises a cancel that came meanwhile. An
+  episode of N turns that never waits takes N scheduler passes, not N + 1; one whose turns
+  each wait once, N + 1, not 2N + 1; a stopped episode still stops at its next boundary.
 - A model request is serialised once (``checked_json``, which names what is wrong, runs only
   when that ``orjson.dumps`` cannot tell: it failed or wrote a ``null``); a non-finite request
   is still refused. A payload of None, True or False is not serialised to be measured.
@@ -25,8 +27,17 @@ import anyio.lowlevel
 import attrs
 import pytest
 import trio
+import trio.testing
 
-from gymckpt.gym_adapter import Completed, Done, Environment, Failed, GymHost, RunRow
+from gymckpt.gym_adapter import (
+    Completed,
+    Done,
+    Environment,
+    Failed,
+    GymHost,
+    GymInstanceDead,
+    RunRow,
+)
 from gymckpt.gym_adapter.host import _episodes
 from gymckpt.gym_adapter.host._episode import EpisodeInfo, parse_call_id, split_capture_key
 
@@ -36,6 +47,8 @@ class Agent:
     """``turns`` turns; each records the name of the task owning the nursery its task runs in."""
 
     turns: int = 2
+    waits: bool = False
+    """Each turn waits once (a checkpoint)."""
     owners: list[str] = attrs.field(factory=list)
     name: str = "agent"
     kind: str = "simple_agent"
@@ -50,6 +63,8 @@ class Agent:
         return dict(data)
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
+        if self.waits:
+            await trio.lowlevel.checkpoint()
         nursery = trio.lowlevel.current_task().parent_nursery
         assert nursery is not None and nursery.parent_task is not None
         self.owners.append(nursery.parent_task.name)
@@ -93,14 +108,15 @@ async def _run(host: GymHost, rows: int, first: int = 0) -> list[Any]:
     return replies
 
 
-async def test_an_episode_that_never_waits_takes_one_scheduler_pass_per_turn(
+async def test_a_turn_passes_the_scheduler_once_at_least_and_once_only(
     tmp_path: Path,
 ) -> None:
     steps = TaskSteps()
-    for turns in (1, 3):
+    for turns, waits in ((1, False), (3, False), (1, True), (3, True)):
         steps.steps.clear()
-        env = Environment(agent=Agent(turns=turns))
-        async with GymHost(f"g{turns}", env, 0, tmp_path / str(turns)) as host:
+        env = Environment(agent=Agent(turns=turns, waits=waits))
+        name = f"g{turns}{waits}"
+        async with GymHost(name, env, 0, tmp_path / name) as host:
             await _run(host, 1)  # the host's first episode waits for the asyncio loop
             trio.lowlevel.add_instrument(steps)
             try:
@@ -108,8 +124,10 @@ async def test_an_episode_that_never_waits_takes_one_scheduler_pass_per_turn(
             finally:
                 trio.lowlevel.remove_instrument(steps)
         assert all(isinstance(r, Completed) for r in replies), replies
-        # main: turns + 1 (the first boundary was a checkpoint of a task that had just started)
-        assert sorted(steps.steps.values()) == [turns] * 4, (turns, steps.steps)
+        # a turn that waits passes the scheduler there, and not again at its boundary; main:
+        # one pass more per boundary (2 * turns + 1 for a waiting one, turns + 1 otherwise)
+        passes = turns + 1 if waits else turns
+        assert sorted(steps.steps.values()) == [passes] * 4, (turns, waits, steps.steps)
 
 
 async def test_a_step_boundary_takes_trios_checkpoint_not_anyios(
@@ -221,3 +239,47 @@ def test_the_gymnasium_payload_is_what_the_converter_makes_of_the_trajectory() -
     t = Trajectory([[0.5, 1.0], [1.5, 2.0]], [1], [1.0], terminated=True)
     assert trajectory_data(t) == converter.unstructure(t)
     assert list(trajectory_data(t)) == list(converter.unstructure(t))
+
+
+@attrs.define
+class Gated:
+    """Turn 0 waits for ``gate``; every turn records its number in ``ran``."""
+
+    gate: trio.Event = attrs.field(factory=trio.Event)
+    waiting: trio.Event = attrs.field(factory=trio.Event)
+    ran: list[int] = attrs.field(factory=list)
+    name: str = "agent"
+    kind: str = "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        if ctx.turn == 0:
+            self.waiting.set()
+            await self.gate.wait()
+        self.ran.append(ctx.turn)
+        return Done(1.0) if ctx.turn == 3 else None
+
+
+async def test_an_episode_stopped_while_its_waiting_turn_was_let_go_stops_at_its_boundary(
+    tmp_path: Path,
+) -> None:
+    agent = Gated()
+    async with GymHost("g", Environment(agent=agent), 0, tmp_path) as host:
+        stream = await host.run([RunRow("0-0", 0, 0, 0)])
+        await agent.waiting.wait()
+        agent.gate.set()  # the episode's task is runnable: a cancel now waits for a checkpoint
+        host.kill()
+        with pytest.raises(GymInstanceDead):
+            async for _ in stream:
+                pass
+        await trio.testing.wait_all_tasks_blocked()
+    # turn 0 ended (it was let go before the stop); its boundary raised the stop
+    assert agent.ran == [0]

@@ -108,22 +108,22 @@ class Turns:
                 )
         agent = self.environment.agent
         parking, fenced = self.parking, self.slots.fenced
-        started = True  # this task's first boundary: the scheduler just ran it
+        scheduled = True  # this task's first boundary: the scheduler just ran it
         while True:
             armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
             if armed and (ep.mark is None or ep.mark.turn != ep.turn):
                 ep.mark = mark_boundary(
                     self.sessions, ep, self.versions
                 )  # before any scheduling point
-            if not await parking.boundary(ep, fenced, started):
+            if not await parking.boundary(ep, fenced, scheduled):
                 return None
-            started = False
             ctx = StepContext(self, ep)
             if not armed and parking.marks:  # armed while it waited at the boundary
                 ep.mark = mark_boundary(self.sessions, ep, self.versions)
             ep.stepping = True
             try:
-                done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
+                step = agent.step(ctx, ep.sessions[agent.name])
+                done, scheduled = await self.user_calls.wait_waited(step)
                 if ep.inherited:  # a restored turn asked again every call staged for it
                     ctx.turn_calls().check_replayed(ep)
             except EpisodeFenced:
