@@ -124,10 +124,11 @@ class UserCalls:
         return (await self.wait_waited(aw))[0]
 
     async def wait_waited(self, aw: Awaitable[T]) -> tuple[T, bool]:
-        """``wait``, and whether ``aw`` waited (went through the scheduler: False when it
-        returned at its first send; True when that cannot be told, outside trio)."""
+        """``wait``, and whether ``aw`` surely waited (went through the scheduler): True only
+        when it yielded to trio; False when it returned at its first send, and outside trio,
+        where it cannot be told (the caller then takes a checkpoint of its own)."""
         if not self._trio:
-            return await aw, True
+            return await aw, False
         if self._loop is None and self._shared is not None:
             try:
                 await self._shared.ready.wait()
