@@ -2569,6 +2569,16 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="stopped",
         sim_seeds=0,
     ),
+    Mutant(
+        "host-step-outside-trio-taken-as-waited",
+        "host step path",
+        "gym_adapter/host/_user_calls.py",
+        "return await aw, False",
+        "return await aw, True",
+        ("tests/test_host_step_path.py",),
+        keyword="asyncio",
+        sim_seeds=0,
+    ),
 )
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.lowlevel
 import attrs
 import pytest
@@ -283,3 +284,41 @@ async def test_an_episode_stopped_while_its_waiting_turn_was_let_go_stops_at_its
         await trio.testing.wait_all_tasks_blocked()
     # turn 0 ended (it was let go before the stop); its boundary raised the stop
     assert agent.ran == [0]
+
+
+@attrs.define
+class Recorder:
+    """``turns`` turns that never wait; each records (row, turn) in ``order``."""
+
+    turns: int = 3
+    order: list[tuple[int, int]] = attrs.field(factory=list)
+    name: str = "agent"
+    kind: str = "simple_agent"
+
+    def open(self, info: EpisodeInfo) -> Any:
+        return {}
+
+    def export(self, state: Any) -> Any:
+        return state
+
+    def restore(self, data: Any) -> Any:
+        return data
+
+    async def step(self, ctx: Any, state: Any) -> Done | None:
+        self.order.append((ctx.info.row, ctx.turn))
+        return Done(1.0) if ctx.turn == self.turns - 1 else None
+
+
+def test_under_asyncio_a_turn_that_never_waits_still_lets_the_others_run(tmp_path: Path) -> None:
+    agent = Recorder()
+
+    async def main() -> None:
+        async with GymHost("g", Environment(agent=agent), 0, tmp_path) as host:
+            replies = await _run(host, 2)
+        assert all(isinstance(r, Completed) for r in replies), replies
+
+    anyio.run(main, backend="asyncio")
+    # each boundary after a turn is a scheduling point: the two episodes take turns
+    firsts = [row for row, _ in agent.order]
+    assert sorted(agent.order) == [(r, t) for r in (0, 1) for t in range(3)]
+    assert firsts != sorted(firsts), agent.order
