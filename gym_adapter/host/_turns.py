@@ -17,6 +17,7 @@ the only writer of the environment's own counters (``EpisodeContext.count``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, final
 
 import attrs
@@ -59,6 +60,12 @@ class Turns:
     policy_version: int = 0
     """The newest trainer policy version the instance has been told (``learn_policy_version``):
     recorded with every model call asked from now on."""
+    fenced: Callable[[Episode], bool] = attrs.field(init=False)
+    """``TurnHost.fenced``: the slot table's own (no call of ours around it, a few times a
+    step)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.fenced = self.slots.fenced
 
     def learn_policy_version(self, version: int) -> None:
         """The trainer is at ``version`` (or later): versions only move forward."""
@@ -73,9 +80,6 @@ class Turns:
     @property
     def model(self) -> Model | None:
         return self.environment.model
-
-    def fenced(self, ep: Episode) -> bool:
-        return self.slots.fenced(ep)
 
     def add_count(self, name: str, n: int) -> int:
         value = self.user_counts[name] = self.user_counts.get(name, 0) + n
@@ -107,7 +111,7 @@ class Turns:
                     ),
                 )
         agent = self.environment.agent
-        parking, fenced = self.parking, self.slots.fenced
+        parking, fenced = self.parking, self.fenced
         scheduled = True  # this task's first boundary: the scheduler just ran it
         while True:
             armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
