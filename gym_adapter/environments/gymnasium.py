@@ -62,6 +62,7 @@ __all__ = [
     "random_policy",
     "reference_trajectory",
     "register_state_codec",
+    "trajectory_data",
 ]
 
 ENV_PARTICIPANT: Final = "env"
