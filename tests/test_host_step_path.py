@@ -322,3 +322,28 @@ def test_under_asyncio_a_turn_that_never_waits_still_lets_the_others_run(tmp_pat
     firsts = [row for row, _ in agent.order]
     assert sorted(agent.order) == [(r, t) for r in (0, 1) for t in range(3)]
     assert firsts != sorted(firsts), agent.order
+
+
+async def test_an_aligned_run_with_marks_on_demand_calls_no_mark_function_per_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gymckpt.gym_adapter import HostConfig
+    from gymckpt.gym_adapter.host import _turns
+
+    marks = Counter[str]()
+    real = _turns.mark_boundary
+
+    def counted(*args: Any) -> Any:
+        marks["marks"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(_turns, "mark_boundary", counted)
+    for config in ("on_demand", "always"):
+        marks.clear()
+        env = Environment(agent=Agent(turns=5))
+        cfg = HostConfig(boundary_marks=config)
+        async with GymHost(config, env, 0, tmp_path / config, config=cfg) as host:
+            replies = await _run(host, 4)
+        assert all(isinstance(r, Completed) for r in replies), replies
+        # on demand, nothing armed them: no mark at all; always: one at each of the 20 turns
+        assert marks["marks"] == (0 if config == "on_demand" else 20), (config, marks)
