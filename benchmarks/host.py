@@ -12,7 +12,9 @@
    what an aligned run that never cuts costs, no boundary marks), and the same environment
    opted out of unaligned cuts (``Environment(unaligned=False)``, no marks ever) in the same
    trials: ``marks_on_demand_us_per_step`` is what marks cost a step of the on-demand host in
-   an aligned run (the issue's "marks in aligned mode": 0 when none is taken).
+   an aligned run (the issue's "marks in aligned mode": 0 when none is taken). The two do the
+   same work a step (no mark function is called, counted by ``tests/test_host_step_path.py``),
+   so what this difference shows is the noise of two medians.
 2. **Episodes per second through the whole loop** (``open_rollouts``: dispatcher, ledger,
    streams, trainer batches; no checkpoints), embedded with 2 instances vs Ray with 2 actors,
    same rows. Ray's cluster and actor start-up are outside the timed part.

@@ -62,6 +62,7 @@ __all__ = [
     "random_policy",
     "reference_trajectory",
     "register_state_codec",
+    "trajectory_data",
 ]
 
 ENV_PARTICIPANT: Final = "env"
@@ -106,6 +107,19 @@ class Trajectory:
     rewards: list[float] = attrs.field(factory=list)
     terminated: bool = False
     truncated: bool = False
+
+
+def trajectory_data(trajectory: Trajectory) -> dict[str, Any]:
+    """``trajectory`` as plain data, what the converter makes of it (a ``Done`` payload): its
+    own lists, not copies (its episode has ended), with no walk of their entries, which are
+    plain already (``plain``)."""
+    return {
+        "observations": trajectory.observations,
+        "actions": trajectory.actions,
+        "rewards": trajectory.rewards,
+        "terminated": trajectory.terminated,
+        "truncated": trajectory.truncated,
+    }
 
 
 def _make(env_id: str, max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
@@ -193,8 +207,8 @@ class GymnasiumAgent:
         action = await ctx.model(session.observation)
         if self.pace_s > 0:
             await anyio.sleep(self.pace_s)
-        session = ctx.session(ENV_PARTICIPANT)  # still the owner after the wait
-        env = session.env
+            session = ctx.session(ENV_PARTICIPANT)  # still the owner after the wait
+        env = session.env  # (``ctx.model`` checked it after the model's answer)
         obs, reward, terminated, truncated, _ = env.step(_to_action(action, env.action_space))
         session.observation = plain(obs)
         state.actions.append(action)
@@ -202,7 +216,7 @@ class GymnasiumAgent:
         state.observations.append(session.observation)
         if terminated or truncated:
             state.terminated, state.truncated = bool(terminated), bool(truncated)
-            return Done(sum(state.rewards), payload=state)
+            return Done(sum(state.rewards), payload=trajectory_data(state))
         return None
 
 
@@ -224,8 +238,13 @@ def _policy_key(key: str, info: EpisodeInfo) -> str:
     uninterrupted run draws), spelled ``"{row}-{slot}/t{turn}/c{n}"`` as it was before capture
     keys took NeMo Gym's shape (one call a turn: ``n`` is 0), so a seed's trajectories stay what
     they were. The observation is the request: its digest in the call id is not needed."""
-    call = parse_call_id(split_capture_key(key)[1])
-    return f"{info.session_key}/t{call.turn}/c{call.occurrence}"
+    call = split_capture_key(key)[1]  # "t{turn}-{digest}-c{occurrence}", parsed by hand at
+    turn, _, rest = call.partition("-")  # every step (``parse_call_id``'s regex and its
+    occurrence = rest.rpartition("-c")[2]  # ``CallId`` cost a µs a step)
+    if turn[:1] != "t" or not turn[1:].isdigit() or not occurrence.isdigit():
+        parsed = parse_call_id(call)  # raises naming what is wrong with the key
+        turn, occurrence = f"t{parsed.turn}", str(parsed.occurrence)
+    return f"{info.session_key}/t{int(turn[1:])}/c{int(occurrence)}"
 
 
 def gymnasium_environment(

@@ -406,7 +406,7 @@ class StepContext:
         token = POLICY_VERSION.set(version)  # the version the model may check its answer by
         try:
             response = model(key, request, ep.info)
-            if inspect.isawaitable(response):
+            if type(response) not in _SCALARS and inspect.isawaitable(response):
                 response = await response
         finally:
             POLICY_VERSION.reset(token)
@@ -481,6 +481,7 @@ class StepContext:
 
 
 _SCALARS: Final = frozenset({int, str, bool, type(None)})
+"""Types whose every value is finite plain data (a ``float`` may be ``nan``): no look needed."""
 
 
 def _copy(response: Any) -> Any:
@@ -490,16 +491,26 @@ def _copy(response: Any) -> Any:
     return orjson.loads(orjson.dumps(response))
 
 
+_CANONICAL: Final = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def _check_request(ep: Episode, request: Any) -> bytes:
     """A model call's request must be finite plain data (its digest is staged); its canonical
-    JSON (sorted keys)."""
+    JSON (sorted keys). One ``orjson.dumps`` when it holds no ``null``: ``checked_json`` (which
+    names what is wrong) runs only when that one cannot tell."""
     try:
-        checked_json(request, "request")
-    except ValueError as exc:
-        raise ValueError(
-            f"{episode_label(ep.info)}: model request of turn {ep.turn} is refused: {exc}"
-        ) from None
-    return orjson.dumps(to_plain(request), option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+        data = orjson.dumps(request, option=_CANONICAL)
+    except (TypeError, orjson.JSONEncodeError):
+        data = None
+    if data is None or b"null" in data:
+        try:
+            checked_json(request, "request")
+        except ValueError as exc:
+            raise ValueError(
+                f"{episode_label(ep.info)}: model request of turn {ep.turn} is refused: {exc}"
+            ) from None
+        data = orjson.dumps(to_plain(request), option=_CANONICAL)
+    return data
 
 
 def _check_response(ep: Episode, key: str, response: Any) -> bytes:
@@ -512,12 +523,18 @@ def _check_response(ep: Episode, key: str, response: Any) -> bytes:
         ) from None
 
 
+_CONSTANTS: Final = frozenset({bool, type(None)})
+_CONSTANT_SIZE: Final = {None: 4, True: 4, False: 5}
+"""The JSON size of the payloads that need no ``checked_json``: ``null``, ``true``, ``false``."""
+
+
 def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunReply:
     """The final reply of ``ep`` ending with ``done``: ``Completed``, or ``Failed`` (data) when
     ``done`` is not a ``Done``, its reward is not a finite number, its turns not a count, its
     payload is not finite plain data (a ``nan`` would be written ``null``: refused here, naming
     the place in it), or it is over ``limit`` bytes. One ``orjson.dumps`` of the payload
-    (needed for its size) and a search of it for ``null``."""
+    (needed for its size) and a search of it for ``null``; none for a payload of None, True or
+    False (the episode that returns no trajectory), whose JSON is known."""
     rid = ep.rollout_id
     if not isinstance(done, Done):
         got = type(done).__name__
@@ -535,7 +552,9 @@ def completed_reply(instance: str, ep: Episode, done: Done, limit: int) -> RunRe
             )
     try:
         payload = to_plain(done.payload)
-        size = len(checked_json(payload, "payload"))
+        size = _CONSTANT_SIZE.get(payload) if type(payload) in _CONSTANTS else None
+        if size is None:
+            size = len(checked_json(payload, "payload"))
     except (TypeError, ValueError) as exc:
         return Failed(
             rid, "data", f"{episode_label(ep.info)}: Done.payload is not plain data: {exc}"

@@ -177,7 +177,12 @@ class GymHost:
 
     _tg: anyio.abc.TaskGroup | None = attrs.field(default=None, init=False)
     _spawn: Callable[..., Any] = attrs.field(default=None, init=False)
-    """Starts an episode's task (see ``_trio_episodes``)."""
+    """Starts an episode's task (see ``_trio_episodes``); until the episodes' nursery runs, it
+    queues the task in ``_unspawned``."""
+    _unspawned: list[tuple[Callable[..., Any], tuple[Any, ...]]] = attrs.field(
+        factory=list, init=False
+    )
+    """Episode tasks asked for before the episodes' nursery ran: it starts them first."""
     _new_scope: Callable[[], Any] = attrs.field(default=None, init=False)
     _dead: bool = attrs.field(default=False, init=False)
     _own_lock: WorkDirLock | None = attrs.field(default=None, init=False)
@@ -286,7 +291,7 @@ class GymHost:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        self._spawn, self._new_scope = tg.start_soon, anyio.CancelScope
+        self._spawn, self._new_scope = self._queue_episode, anyio.CancelScope
         self._parking.open(tg.start_soon, lambda ep: self._spawn(self._episode_main, ep))
         # no await here: nothing can cancel an entry half done
         if sniffio.current_async_library() == "trio":
@@ -295,15 +300,27 @@ class GymHost:
             tg.start_soon(self._asyncio_episodes)
         return self
 
+    def _queue_episode(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``_spawn`` until the episodes' nursery runs: the task waits in ``_unspawned``."""
+        self._unspawned.append((fn, args))
+
+    def _spawn_queued(self) -> None:
+        queued, self._unspawned = self._unspawned, []
+        for fn, args in queued:
+            self._spawn(fn, *args)
+
     async def _trio_episodes(self) -> None:
         """Under trio, episodes run in a trio nursery of their own, a task of the host's task
         group (cancelled with it), with trio's cancel scopes: a task costs a quarter of what it
-        costs through anyio (whose task handle adds a cancel scope and an event to each), and a
-        host starts one per episode. Until this task runs, episodes start in the task group."""
+        costs through anyio (whose task handle adds a cancel scope and an event to each, and a
+        frame to every step of it), and a host starts one per episode. Every episode runs
+        there: one asked for before this task ran (a ``run`` right after entry, which trio's
+        scheduler lets go first half the time) waits in ``_unspawned`` and starts here."""
         import trio
 
         async with trio.open_nursery() as nursery:
             self._spawn, self._new_scope = nursery.start_soon, trio.CancelScope
+            self._spawn_queued()
             await trio.sleep_forever()
 
     async def _asyncio_episodes(self) -> None:
@@ -317,6 +334,7 @@ class GymHost:
                 group.create_task(fn(*args))
 
             self._spawn = spawn
+            self._spawn_queued()
             await anyio.sleep_forever()
 
     async def __aexit__(

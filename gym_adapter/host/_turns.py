@@ -17,6 +17,7 @@ the only writer of the environment's own counters (``EpisodeContext.count``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, final
 
 import attrs
@@ -59,6 +60,12 @@ class Turns:
     policy_version: int = 0
     """The newest trainer policy version the instance has been told (``learn_policy_version``):
     recorded with every model call asked from now on."""
+    fenced: Callable[[Episode], bool] = attrs.field(init=False)
+    """``TurnHost.fenced``: the slot table's own (no call of ours around it, a few times a
+    step)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.fenced = self.slots.fenced
 
     def learn_policy_version(self, version: int) -> None:
         """The trainer is at ``version`` (or later): versions only move forward."""
@@ -73,9 +80,6 @@ class Turns:
     @property
     def model(self) -> Model | None:
         return self.environment.model
-
-    def fenced(self, ep: Episode) -> bool:
-        return self.slots.fenced(ep)
 
     def add_count(self, name: str, n: int) -> int:
         value = self.user_counts[name] = self.user_counts.get(name, 0) + n
@@ -107,21 +111,23 @@ class Turns:
                     ),
                 )
         agent = self.environment.agent
-        parking = self.parking
+        parking, fenced = self.parking, self.fenced
+        scheduled = True  # this task's first boundary: the scheduler just ran it
         while True:
             armed = parking.marks  # a prepare that may cut armed them (``Parking.marks``)
             if armed and (ep.mark is None or ep.mark.turn != ep.turn):
                 ep.mark = mark_boundary(
                     self.sessions, ep, self.versions
                 )  # before any scheduling point
-            if not await parking.boundary(ep, self.fenced):
+            if not await parking.boundary(ep, fenced, scheduled):
                 return None
             ctx = StepContext(self, ep)
             if not armed and parking.marks:  # armed while it waited at the boundary
                 ep.mark = mark_boundary(self.sessions, ep, self.versions)
             ep.stepping = True
             try:
-                done = await self.user_calls.wait(agent.step(ctx, ep.sessions[agent.name]))
+                step = agent.step(ctx, ep.sessions[agent.name])
+                done, scheduled = await self.user_calls.wait_waited(step)
                 if ep.inherited:  # a restored turn asked again every call staged for it
                     ctx.turn_calls().check_replayed(ep)
             except EpisodeFenced:
@@ -150,11 +156,12 @@ class Turns:
                 return Failed(rid, failure_class, problem or failed)
             finally:
                 ep.stepping = False
-            if self.slots.fenced(ep):
+            if fenced(ep):
                 raise EpisodeFenced(rid)
-            problem = self.slots.journal_turn(ep, ctx.touched)
-            if problem is not None:
-                return self._user_failed(ep, Failed(rid, "data", problem))
+            if ctx.touched:  # the retained sessions this turn fetched are journaled
+                problem = self.slots.journal_turn(ep, ctx.touched)
+                if problem is not None:
+                    return self._user_failed(ep, Failed(rid, "data", problem))
             ep.turn += 1
             self.count.turns += 1
             if done is not None:

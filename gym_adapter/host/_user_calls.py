@@ -121,8 +121,14 @@ class UserCalls:
 
     async def wait(self, aw: Awaitable[T]) -> T:
         """Await the user's ``aw`` (see the module docstring)."""
+        return (await self.wait_waited(aw))[0]
+
+    async def wait_waited(self, aw: Awaitable[T]) -> tuple[T, bool]:
+        """``wait``, and whether ``aw`` surely waited (went through the scheduler): True only
+        when it yielded to trio; False when it returned at its first send, and outside trio,
+        where it cannot be told (the caller then takes a checkpoint of its own)."""
         if not self._trio:
-            return await aw
+            return await aw, False
         if self._loop is None and self._shared is not None:
             try:
                 await self._shared.ready.wait()
@@ -139,9 +145,9 @@ class UserCalls:
                 yielded = it.send(None)
             except StopIteration as stop:  # done without waiting (a short step): no driver
                 done: T = stop.value
-                return done
+                return done, False
             result: T = await _drive(it, yielded, self._token)
-            return result
+            return result, True
         except RuntimeError as exc:
             if _NEEDS_A_TASK.search(str(exc)):
                 exc.add_note(NOT_AN_ASYNCIO_TASK)
