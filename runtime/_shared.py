@@ -75,6 +75,7 @@ from ._snapshot_format import (
     load_step,
     records_to_plain,
     session_records_plain,
+    split_chunks,
     staged_records_plain,
 )
 from ._store import (
@@ -157,6 +158,7 @@ __all__ = [
     "row_ranges",
     "sample_ids",
     "session_records_plain",
+    "split_chunks",
     "staged_records_plain",
     "state_dir_problem",
     "structure",
