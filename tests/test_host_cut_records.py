@@ -93,7 +93,10 @@ def both(
 
 @pytest.mark.parametrize("owner", ["calendar", "agent"])
 @pytest.mark.parametrize("model", [True, False])
-def test_records_from_the_marks_are_the_bytes_build_records_writes(owner: str, model: bool) -> None:
+@pytest.mark.parametrize("with_kept", [True, False])
+def test_records_from_the_marks_are_the_bytes_build_records_writes(
+    owner: str, model: bool, with_kept: bool
+) -> None:
     # enough episodes for several chunks; IDs whose order differs from their keys' order, a
     # non-canonical ID (its key is row-slot), later attempts; kept slots of ended episodes
     rids = [f"{row}-0" if row % 5 else f"{row}-0-a2" for row in range(3000)]
@@ -105,7 +108,8 @@ def test_records_from_the_marks_are_the_bytes_build_records_writes(owner: str, m
         ("17-3", "17-3-a1", 1, {"calendar": {"events": [{"z": 1, "a": 2}]}}),
         ("0-9", "0-9", 0, {"calendar": {}}),
     ]
-    fast, slow = both(episodes, kept, owner, model)
+    # the odd ID sorts last, its key (4000-0) between others: a retained list is by key
+    fast, slow = both(episodes, kept if with_kept else [], owner, model)
     assert fast is not None
     assert sorted(fast) == sorted(slow)
     for server in slow:
@@ -200,3 +204,33 @@ def test_a_list_is_freed_a_slice_at_a_time() -> None:
     # each C call freed at most FREE_SLICE items: as many frees saw each length
     sizes = {n: log.count(n) for n in set(log)}
     assert max(sizes.values()) <= FREE_SLICE and len(sizes) == 4
+
+
+async def test_an_instance_s_writes_run_beside_the_next_instance_s_export() -> None:
+    """Real threads (no MockClock): one export thread per loop, and beside it the writes of
+    the records already built (``offload(..., io=True)``), so one instance's fsyncs overlap
+    the next one's export; the exports themselves stay one at a time."""
+    import threading
+
+    import trio
+
+    release, started, order = threading.Event(), trio.Event(), []
+
+    def export(name: str) -> str:
+        order.append(f"export {name}")
+        trio.from_thread.run_sync(started.set)
+        assert release.wait(10)
+        return name
+
+    def write() -> str:
+        order.append("write")
+        release.set()  # the export holding the export thread ends only once a write ran
+        return "written"
+
+    with trio.fail_after(10):  # a write queued behind the export would never run: a hang
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_records.offload, lambda: export("a"))
+            await started.wait()
+            nursery.start_soon(_records.offload, lambda: export("b"))
+            assert await _records.offload(write, io=True) == "written"
+    assert order == ["export a", "write", "export b"]  # exports one at a time

@@ -124,6 +124,17 @@ _Exported = tuple[
 records, the episodes refused, and the problem that failed it (None if it did not)."""
 
 
+@attrs.frozen
+class _Built:
+    """A cut's records built from its marks, still to write (``ControlPlane._write_built``):
+    under ``root``, with the reply's episodes and agent sessions."""
+
+    root: Path
+    records: Mapping[str, ChunkedRecords]
+    episodes: tuple[ExportedEpisode, ...]
+    sessions: tuple[AgentSession, ...]
+
+
 def _rollout_id(c: CutEpisode) -> str:
     return c.ep.rollout_id
 
@@ -307,9 +318,12 @@ class ControlPlane:
                 self.parking.unmarked_turns = False
             else:
                 cut = await self._cut_in_slices(checkpoint_id, generation)
-            exported, sessions, participants, _refused, problem = await offload(
+            done = await offload(
                 functools.partial(self._export_cut, checkpoint_id, self._root(state_root), cut)
             )
+            if isinstance(done, _Built):  # its writes wait on the disk, not on the GIL
+                done = await offload(functools.partial(self._write_built, done), io=True)
+        exported, sessions, participants, _refused, problem = done
         self._check_exported(checkpoint_id, generation, problem)
         self.count.commits += 1
         self.parking.arm_lease(self._lease_expired)
@@ -504,20 +518,13 @@ class ControlPlane:
                 f"{parking.lease_s} s ran out, or a resume came); retry the checkpoint",
             )
 
-    def _export_cut(
-        self, checkpoint_id: str, root: Path, cut: _Cut
-    ) -> tuple[
-        tuple[ExportedEpisode, ...],
-        tuple[AgentSession, ...],
-        tuple[ParticipantInfo, ...],
-        list[Refusal],
-        Exception | None,
-    ]:
+    def _export_cut(self, checkpoint_id: str, root: Path, cut: _Cut) -> _Exported | _Built:
         """The records of a cut (in a worker thread): what the cut copied, and the unclaimed
         restored episodes and kept sessions, which nothing moves meanwhile (admission is
         closed and retire refused while prepared). Sorts the cut's list of replies on the
         wire, counts its mid-turn episodes and frees what it took, all here: none of it is
-        the loop's work."""
+        the loop's work. Records built from the marks come back ``_Built``, for
+        ``_write_built`` to write in a thread of its own (``offload(..., io=True)``)."""
         cut.on_wire_sorted = tuple(sorted(set(cut.on_wire)))
         cut.mid_turn = sum(1 for c in cut.taken if c.mid_turn)
         taken, cut.taken = cut.taken, []
@@ -547,11 +554,12 @@ class ControlPlane:
         taken: Sequence[CutEpisode],
         kept: KeptCopy,
         unclaimed: Sequence[Episode],
-    ) -> _Exported | None:
-        """``_export`` of a cut straight from its marks (``cut_records``; ``taken`` sorted by
-        rollout ID), or None where the cut is not one to take so (a legacy agent, unclaimed
-        restored episodes, a participant that keeps objects, a state ``cut_records`` leaves to
-        ``build_records``): the caller exports through stand-ins then."""
+    ) -> _Exported | _Built | None:
+        """The records of a cut straight from its marks (``cut_records``; ``taken`` sorted by
+        rollout ID), to write (``_write_built``), or the problem that failed them; None where
+        the cut is not one to take so (a legacy agent, unclaimed restored episodes, a
+        participant that keeps objects, a state ``cut_records`` leaves to ``build_records``):
+        the caller exports through stand-ins then."""
         roles = self.roles
         if roles.legacy or unclaimed or any(participant_objects(p) for p in roles.sessions):
             return None
@@ -572,10 +580,6 @@ class ControlPlane:
             return (), (), (), [], problem
         if records is None:
             return None
-        try:
-            participants = self._write(root, records)
-        except KeptExportError as exc:
-            return (), (), (), [], exc
         owner, agent = roles.owner, self.environment.agent
         keys = [tuple([s.key for s in c.staged]) for c in taken]
         episodes = tuple(
@@ -585,7 +589,15 @@ class ControlPlane:
             AgentSession(c.ep.rollout_id, agent.name, agent.kind, c.mark.turn, k)
             for c, k in zip(taken, keys, strict=True)
         )
-        return episodes, sessions, tuple(participants), [], None
+        return _Built(root, records, episodes, sessions)
+
+    def _write_built(self, built: _Built) -> _Exported:
+        """Write records ``_export_marks`` built (in a worker thread): ``_write``."""
+        try:
+            participants = self._write(built.root, built.records)
+        except KeptExportError as exc:  # a state names an object its participant lacks
+            return (), (), (), [], exc
+        return built.episodes, built.sessions, tuple(participants), [], None
 
     def _export(
         self, checkpoint_id: str, root: Path, tables: _Tables, *, exported: bool = False

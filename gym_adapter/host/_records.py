@@ -620,22 +620,26 @@ def cut_records(
     taken here (the caller asks ``build_records``)."""
     kept_states = _export_kept(kept, retained_participants)
     rids = [c.ep.rollout_id for c in taken]
+    by_rid = _chunk_lengths(rids)
     agent, *columns = _mark_entries(len(env.participants), taken)
     a = env.agent
     plain = agent_records_plain(
         a.name, a.kind, checkpoint_id, ((),) * 6, exported=rids if owner == a.name else None
     )
-    records = {a.name: _joined(plain, "sessions", rids, agent)}
+    records = {a.name: _joined(plain, "sessions", by_rid, agent)}
     retained = {p.name for p in retained_participants}
     keys = [c.ep.key for c in taken]
+    by_key = by_rid if keys == rids else _chunk_lengths(keys)
     for p, column in zip(env.participants, columns, strict=True):
-        order: Sequence[str] = keys
+        lengths = by_key
         if p.name in retained:  # the kept slots too, every session by key (a stable sort)
             rows = _kept_entries(kept_states, p.name)
             if rows is None:
                 return None
-            merged = sorted([*zip(keys, column, strict=True), *rows], key=itemgetter(0))
-            order, column = [k for k, _ in merged], [e for _, e in merged]
+            if rows or keys != sorted(keys):
+                merged = sorted([*zip(keys, column, strict=True), *rows], key=itemgetter(0))
+                lengths = _chunk_lengths([k for k, _ in merged])
+                column = [e for _, e in merged]
         plain = session_records_plain(
             p.name,
             p.kind,
@@ -644,16 +648,16 @@ def cut_records(
             exported=rids if p.name == owner else (),
             retained=p.name in retained,
         )
-        records[p.name] = _joined(plain, "sessions", order, column)
+        records[p.name] = _joined(plain, "sessions", lengths, column)
     if env.model is not None:
         plain = staged_records_plain(
             MODEL_PROXY, MODEL_PROXY, checkpoint_id, [(c.ep.rollout_id, c.staged) for c in taken]
         )
-        staged = _dumps_all({MODEL_PROXY: plain})
+        staged = _plain_chunks(plain, "staged", by_rid)
         free_in_slices(plain["staged"])
         if staged is None:
             return None
-        records[MODEL_PROXY] = staged[MODEL_PROXY]
+        records[MODEL_PROXY] = staged
     return records
 
 
@@ -717,33 +721,71 @@ def _kept_entries(kept: Sequence[Kept], name: str) -> list[tuple[str, bytes]] | 
     return rows
 
 
+def _chunk_lengths(keys: Sequence[str]) -> list[int]:
+    """How many entries each chunk of a list whose entries have these ``keys`` holds
+    (``split_chunks``' boundaries)."""
+    return [len(piece) for piece in split_chunks(keys)]
+
+
 def _joined(
-    plain: Mapping[str, Any], chunked: str, keys: Sequence[str], entries: Sequence[bytes]
+    plain: Mapping[str, Any], chunked: str, lengths: Sequence[int], entries: Sequence[bytes]
 ) -> ChunkedRecords:
     """The records whose head is ``plain`` (its ``chunked`` list empty) and whose ``chunked``
-    list is ``entries`` (bytes), cut where ``split_chunks`` cuts their ``keys``."""
+    list is ``entries`` (bytes), chunks of ``lengths`` entries (``_chunk_lengths``)."""
     head = {k: v for k, v in plain.items() if k != chunked}
     chunks: list[bytes] = []
     start = 0
-    for piece in split_chunks(keys):
-        end = start + len(piece)
-        chunks.append(b"[" + b",".join(entries[start:end]) + b"]")
-        start = end
+    for n in lengths:
+        chunks.append(b"[" + b",".join(entries[start : start + n]) + b"]")
+        start += n
     return ChunkedRecords(head, {chunked: chunks})
+
+
+def _plain_chunks(
+    plain: Mapping[str, Any], chunked: str, lengths: Sequence[int]
+) -> ChunkedRecords | None:
+    """``plain``'s ``chunked`` list serialised in chunks of ``lengths`` entries, as
+    ``chunk_records`` does, or None if it is not finite plain data (orjson refuses it, or a
+    chunk holding ``null`` holds a non-finite number: only that chunk's entries are asked)."""
+    entries = plain[chunked]
+    chunks: list[bytes] = []
+    start = 0
+    for n in lengths:
+        part = entries[start : start + n]
+        start += n
+        try:
+            data = orjson.dumps(part, option=_ENTRY_OPTS)
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        if (
+            b"null" in data
+            and all_finite(part) is not True
+            and plain_problem(part, chunked, types=False) is not None
+        ):
+            return None
+        chunks.append(data)
+    return ChunkedRecords({k: v for k, v in plain.items() if k != chunked}, {chunked: chunks})
 
 
 _EXPORT_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
     "gymckpt_host_export_threads"
 )
+_IO_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+    "gymckpt_host_io_threads"
+)
+IO_THREADS: Final = 4
+"""The most ``offload(..., io=True)`` threads of one event loop at a time."""
 
 
-async def offload(fn: Callable[[], T]) -> T:
+async def offload(fn: Callable[[], T], *, io: bool = False) -> T:
     """``fn()`` in a worker thread; inline under trio's ``MockClock`` (virtual time would leap
     past every deadline while a real thread runs).
 
     One such thread per event loop at a time: instances hosted in one process share one GIL, so
     parallel exports are not faster, and every extra thread wanting the GIL makes the event
-    loop wait longer for it."""
+    loop wait longer for it. ``io``: ``fn`` waits on the disk (writes and fsyncs, which let the
+    GIL go) more than it computes: up to ``IO_THREADS`` of those at a time, beside the export
+    thread, so one instance's records reach the disk while the next one's are built."""
     if sniffio.current_async_library() == "trio":
         import trio
 
@@ -753,9 +795,10 @@ async def offload(fn: Callable[[], T]) -> T:
         if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
             await anyio.lowlevel.checkpoint()
             return fn()
+    threads = _IO_THREADS if io else _EXPORT_THREADS
     try:
-        limiter = _EXPORT_THREADS.get()
+        limiter = threads.get()
     except LookupError:
-        limiter = anyio.CapacityLimiter(1)
-        _EXPORT_THREADS.set(limiter)
+        limiter = anyio.CapacityLimiter(IO_THREADS if io else 1)
+        threads.set(limiter)
     return await anyio.to_thread.run_sync(fn, limiter=limiter)
