@@ -7,10 +7,15 @@ manifest. The file is an index: the sessions are chunks, objects of the snapshot
 _snapshot_format``: content-defined, so a chunk whose sessions did not change is the same
 object as at the last checkpoint, only linked), and it lists the objects the participant's
 states name (a participant with ``objects`` and ``object_refs``: the host puts each into the
-snapshot at commit, and back into the participant's store before ``restore``). Objects are
-written (and fsynced) before the index that names them. What the records hold is a typed
-record of the snapshot format (``AgentRecords``, ``SessionRecords``, ``StagedRecords``),
-parsed strictly on the way back.
+snapshot at commit, and back into the participant's store before ``restore``). Every object
+of an instance's commit is written and made durable before the first index that names one
+(``write_all``). What the records hold is a typed record of the snapshot format
+(``AgentRecords``, ``SessionRecords``, ``StagedRecords``), parsed strictly on the way back.
+
+Two builders, the same bytes: ``build_records`` from episodes (an aligned commit's parked
+ones, exported now; or stand-ins of a cut), and ``cut_records`` from an unaligned cut's
+boundary marks, formatting each session's chunk entry as bytes around the mark's states, with no
+record object per session (what a cut of 50k episodes an instance can afford).
 
 Where the objects go: a commit's ``state_root`` is ``<snapshot>/gym`` (what the runtime
 passes) or, when it is not named ``gym``, the snapshot directory itself (a restore's
