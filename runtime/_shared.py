@@ -77,6 +77,7 @@ from ._snapshot_format import (
     load_step,
     records_to_plain,
     session_records_plain,
+    split_chunks,
     staged_records_plain,
 )
 from ._store import (
@@ -161,6 +162,7 @@ __all__ = [
     "sample_ids",
     "session_records_plain",
     "set_in_slices",
+    "split_chunks",
     "staged_records_plain",
     "state_dir_problem",
     "structure",

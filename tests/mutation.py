@@ -39,6 +39,7 @@ JOURNAL = "tests/test_host_journal.py"
 PREEMPT = "tests/test_preemption_paths.py"
 UNALIGNED = "tests/test_unaligned_rules.py"
 ALIGNMENT = "tests/test_alignment_timeout.py"
+CUT_RECORDS = "tests/test_host_cut_records.py"
 HTTP_SECURITY = "tests/test_http_security.py"
 HTTP_SERVER = "tests/test_http_server.py"
 INCR = "tests/test_incremental_snapshots.py"
@@ -2692,6 +2693,77 @@ MUTANTS: tuple[Mutant, ...] = (
         "return await aw, True",
         ("tests/test_host_step_path.py",),
         keyword="asyncio",
+        sim_seeds=0,
+    ),
+    # -- the embedded host's commit: records from the marks (embcommit) ----------------------
+    Mutant(
+        "embcommit-cut-records-state-keys-unsorted",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        "_ENTRY_OPTS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY",
+        "_ENTRY_OPTS: Final = orjson.OPT_SERIALIZE_NUMPY",
+        (CUT_RECORDS,),
+        keyword="the_bytes_build_records_writes",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit-cut-records-kept-slots-not-by-key",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        "merged = sorted([*zip(keys, column, strict=True), *rows], key=itemgetter(0))",
+        "merged = [*zip(keys, column, strict=True), *rows]",
+        (CUT_RECORDS,),
+        keyword="the_bytes_build_records_writes",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit-cut-records-retained-by-rollout-id",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        "if rows or keys != sorted(keys):",
+        "if rows:",
+        (CUT_RECORDS,),
+        keyword="the_bytes_build_records_writes",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit-cut-records-kept-not-finite-written",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        'if b"null" in data and _state_problem(state, name) is not None:',
+        "if False:",
+        (CUT_RECORDS,),
+        keyword="not_finite",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit-indexes-written-without-a-sync",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        "    objects.sync()",
+        "    pass",
+        (CUT_RECORDS,),
+        keyword="durable_before",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit-writes-queue-behind-the-exports",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        "threads = _IO_THREADS if io else _EXPORT_THREADS",
+        "threads = _EXPORT_THREADS",
+        (CUT_RECORDS,),
+        keyword="beside_the_next",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit-freed-in-one-call",
+        "cut records",
+        "gym_adapter/host/_records.py",
+        "del items[-FREE_SLICE:]",
+        "items.clear()",
+        (CUT_RECORDS,),
+        keyword="slice_at_a_time",
         sim_seeds=0,
     ),
 )

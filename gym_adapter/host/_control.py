@@ -77,14 +77,17 @@ from ._parking import Parking
 from ._records import (
     Kept,
     KeptExportError,
+    RecordsToWrite,
     Refusal,
     build_records,
     commit_objects,
+    cut_records,
+    free_in_slices,
     offload,
     participant_objects,
     read_committed,
     restore_objects,
-    write_records,
+    write_all,
 )
 from ._slots import JournalSlot, KeptCopy, SlotTable
 from ._streams import ReplyStreams
@@ -108,6 +111,32 @@ class _Cut:
     kept: KeptCopy
     on_wire_sorted: tuple[str, ...] = attrs.field(default=(), init=False)
     mid_turn: int = attrs.field(default=0, init=False)
+
+
+_Exported = tuple[
+    tuple[ExportedEpisode, ...],
+    tuple[AgentSession, ...],
+    tuple[ParticipantInfo, ...],
+    list[Refusal],
+    Exception | None,
+]
+"""What an export returns to ``commit``: the episodes, the agent sessions, the participants'
+records, the episodes refused, and the problem that failed it (None if it did not)."""
+
+
+@attrs.frozen
+class _Built:
+    """A cut's records built from its marks, still to write (``ControlPlane._write_built``):
+    under ``root``, with the reply's episodes and agent sessions."""
+
+    root: Path
+    records: Mapping[str, ChunkedRecords]
+    episodes: tuple[ExportedEpisode, ...]
+    sessions: tuple[AgentSession, ...]
+
+
+def _rollout_id(c: CutEpisode) -> str:
+    return c.ep.rollout_id
 
 
 @attrs.frozen
@@ -289,9 +318,12 @@ class ControlPlane:
                 self.parking.unmarked_turns = False
             else:
                 cut = await self._cut_in_slices(checkpoint_id, generation)
-            exported, sessions, participants, _refused, problem = await offload(
+            done = await offload(
                 functools.partial(self._export_cut, checkpoint_id, self._root(state_root), cut)
             )
+            if isinstance(done, _Built):  # its writes wait on the disk, not on the GIL
+                done = await offload(functools.partial(self._write_built, done), io=True)
+        exported, sessions, participants, _refused, problem = done
         self._check_exported(checkpoint_id, generation, problem)
         self.count.commits += 1
         self.parking.arm_lease(self._lease_expired)
@@ -486,36 +518,86 @@ class ControlPlane:
                 f"{parking.lease_s} s ran out, or a resume came); retry the checkpoint",
             )
 
-    def _export_cut(
-        self, checkpoint_id: str, root: Path, cut: _Cut
-    ) -> tuple[
-        tuple[ExportedEpisode, ...],
-        tuple[AgentSession, ...],
-        tuple[ParticipantInfo, ...],
-        list[Refusal],
-        Exception | None,
-    ]:
+    def _export_cut(self, checkpoint_id: str, root: Path, cut: _Cut) -> _Exported | _Built:
         """The records of a cut (in a worker thread): what the cut copied, and the unclaimed
         restored episodes and kept sessions, which nothing moves meanwhile (admission is
         closed and retire refused while prepared). Sorts the cut's list of replies on the
         wire, counts its mid-turn episodes and frees what it took, all here: none of it is
-        the loop's work."""
+        the loop's work. Records built from the marks come back ``_Built``, for
+        ``_write_built`` to write in a thread of its own (``offload(..., io=True)``)."""
         cut.on_wire_sorted = tuple(sorted(set(cut.on_wire)))
         cut.mid_turn = sum(1 for c in cut.taken if c.mid_turn)
         taken, cut.taken = cut.taken, []
+        taken.sort(key=_rollout_id)
+        done = self._export_marks(checkpoint_id, root, taken, cut.kept, cut.unclaimed)
+        if done is not None:
+            free_in_slices(taken)
+            return done
         try:
             held = stand_ins(self.roles.sessions, taken, cut.unclaimed)
         except Exception as exc:  # an unclaimed episode's export raised
             problem = KeptExportError(f"exporting an unclaimed restored episode raised {exc!r}")
             problem.__cause__ = exc
             return (), (), (), [], problem
-        del taken
+        free_in_slices(taken)
         return self._export(
             checkpoint_id,
             root,
             _Tables(held, [], cut.kept),
             exported=True,
         )
+
+    def _export_marks(
+        self,
+        checkpoint_id: str,
+        root: Path,
+        taken: Sequence[CutEpisode],
+        kept: KeptCopy,
+        unclaimed: Sequence[Episode],
+    ) -> _Exported | _Built | None:
+        """The records of a cut straight from its marks (``cut_records``; ``taken`` sorted by
+        rollout ID), to write (``_write_built``), or the problem that failed them; None where
+        the cut is not one to take so (a legacy agent, unclaimed restored episodes, a
+        participant that keeps objects, a state ``cut_records`` leaves to ``build_records``):
+        the caller exports through stand-ins then."""
+        roles = self.roles
+        if roles.legacy or unclaimed or any(participant_objects(p) for p in roles.sessions):
+            return None
+        try:
+            records = cut_records(
+                self.environment,
+                roles.owner,
+                roles.retained,
+                checkpoint_id,
+                taken,
+                kept.sessions(),
+            )
+        except KeptExportError as exc:
+            return (), (), (), [], exc
+        except Exception as exc:  # a bug of ours, not the user's: still only this commit
+            problem = KeptExportError(f"building the records raised {exc!r}")
+            problem.__cause__ = exc
+            return (), (), (), [], problem
+        if records is None:
+            return None
+        owner, agent = roles.owner, self.environment.agent
+        keys = [tuple([s.key for s in c.staged]) for c in taken]
+        episodes = tuple(
+            ExportedEpisode(c.ep.rollout_id, owner, k) for c, k in zip(taken, keys, strict=True)
+        )
+        sessions = tuple(
+            AgentSession(c.ep.rollout_id, agent.name, agent.kind, c.mark.turn, k)
+            for c, k in zip(taken, keys, strict=True)
+        )
+        return _Built(root, records, episodes, sessions)
+
+    def _write_built(self, built: _Built) -> _Exported:
+        """Write records ``_export_marks`` built (in a worker thread): ``_write``."""
+        try:
+            participants = self._write(built.root, built.records)
+        except KeptExportError as exc:  # a state names an object its participant lacks
+            return (), (), (), [], exc
+        return built.episodes, built.sessions, tuple(participants), [], None
 
     def _export(
         self, checkpoint_id: str, root: Path, tables: _Tables, *, exported: bool = False
@@ -592,20 +674,29 @@ class ControlPlane:
         return episodes, sessions, tuple(participants), refused, None
 
     def _write(self, root: Path, records: Mapping[str, ChunkedRecords]) -> list[ParticipantInfo]:
-        """Write every participant's records under ``root/<instance>/`` (their objects first,
-        ``write_records``) and report them; ``KeptExportError`` if a committed state names an
-        object its participant does not have."""
-        objects = commit_objects(root)
+        """Write every participant's records under ``root/<instance>/`` (every object first,
+        made durable together, then the indexes: ``write_all``) and report them;
+        ``KeptExportError`` if a committed state names an object its participant does not
+        have."""
         stores = {p.name: participant_objects(p) for p in self.roles.sessions}
-        participants = []
-        for server, kind in self.participants:
-            directory = root / self.name / server
-            who = f"instance {self.name}: participant {server}"
-            write_records(directory, records[server], objects, stores.get(server), who)
-            participants.append(
-                ParticipantInfo(server, kind, f"{self.name}/{server}", records_digest(directory))
+        write_all(
+            [
+                RecordsToWrite(
+                    root / self.name / server,
+                    records[server],
+                    stores.get(server),
+                    f"instance {self.name}: participant {server}",
+                )
+                for server, _kind in self.participants
+            ],
+            commit_objects(root),
+        )
+        return [
+            ParticipantInfo(
+                server, kind, f"{self.name}/{server}", records_digest(root / self.name / server)
             )
-        return participants
+            for server, kind in self.participants
+        ]
 
     def resume(self, checkpoint_id: str) -> None:
         """Reopen admission, unpark, and put the replies held since a cut on the wire; a no-op

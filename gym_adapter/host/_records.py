@@ -7,10 +7,15 @@ manifest. The file is an index: the sessions are chunks, objects of the snapshot
 _snapshot_format``: content-defined, so a chunk whose sessions did not change is the same
 object as at the last checkpoint, only linked), and it lists the objects the participant's
 states name (a participant with ``objects`` and ``object_refs``: the host puts each into the
-snapshot at commit, and back into the participant's store before ``restore``). Objects are
-written (and fsynced) before the index that names them. What the records hold is a typed
-record of the snapshot format (``AgentRecords``, ``SessionRecords``, ``StagedRecords``),
-parsed strictly on the way back.
+snapshot at commit, and back into the participant's store before ``restore``). Every object
+of an instance's commit is written and made durable before the first index that names one
+(``write_all``). What the records hold is a typed record of the snapshot format
+(``AgentRecords``, ``SessionRecords``, ``StagedRecords``), parsed strictly on the way back.
+
+Two builders, the same bytes: ``build_records`` from episodes (an aligned commit's parked
+ones, exported now; or stand-ins of a cut), and ``cut_records`` from an unaligned cut's
+boundary marks, formatting each session's chunk entry as bytes around the mark's states, with no
+record object per session (what a cut of 50k episodes an instance can afford).
 
 Where the objects go: a commit's ``state_root`` is ``<snapshot>/gym`` (what the runtime
 passes) or, when it is not named ``gym``, the snapshot directory itself (a restore's
@@ -54,6 +59,7 @@ from gymckpt.runtime._shared import (
     participant_differences,
     participant_state_problem,
     session_records_plain,
+    split_chunks,
     staged_records_plain,
 )
 from gymckpt.runtime.lowlevel import (
@@ -69,6 +75,7 @@ from ._episode import to_plain
 from ._log import episode_label
 
 if TYPE_CHECKING:
+    from ._cut import CutEpisode
     from ._environment import Environment
     from ._episodes import Episode
 
@@ -76,14 +83,18 @@ __all__ = [
     "RECORDS_FILE",
     "Kept",
     "KeptExportError",
+    "RecordsToWrite",
     "Refusal",
     "build_records",
     "commit_objects",
+    "cut_records",
+    "free_in_slices",
     "offload",
     "participant_objects",
     "read_committed",
     "restore_objects",
     "topology_differences",
+    "write_all",
     "write_records",
 ]
 
@@ -118,6 +129,59 @@ def participant_objects(participant: Any) -> ObjectStore | None:
     return None
 
 
+@attrs.frozen
+class RecordsToWrite:
+    """One participant's records for ``write_all``: its ``records`` (``build_records``'
+    chunks), where its ``records.json`` goes (``directory``), the store of the objects its
+    states name (``store``; None for a participant that keeps none) and ``who`` it is (for
+    errors)."""
+
+    directory: Path
+    records: ChunkedRecords
+    store: ObjectStore | None
+    who: str
+
+
+def write_all(participants: Sequence[RecordsToWrite], objects: SnapshotObjects) -> None:
+    """Write the records of every participant of a commit: first every object they name
+    (each participant's states' objects, from its ``store``, and every chunk), placed together
+    (``SnapshotObjects.put_all``: one pool of threads, fsyncs overlapping), then made durable
+    with one ``sync``, then each ``records.json`` index (atomic). No index is written before
+    every object of every participant is durable: a reference is published only after its
+    object is (``ObjectStore``'s rule). An object the states name that is not in ``store``
+    (or does not hold its bytes) is ``KeptExportError`` naming ``who`` and the reference:
+    the commit fails, and no index is written."""
+    for p in participants:
+        _put_named_objects(p, objects)
+    order = [(i, key) for i, p in enumerate(participants) for key in p.records.chunks]
+    placed = iter(
+        objects.put_all([c for i, key in order for c in participants[i].records.chunks[key]])
+    )
+    refs: list[dict[str, list[str]]] = [{} for _ in participants]
+    for i, key in order:
+        refs[i][key] = [next(placed) for _ in participants[i].records.chunks[key]]
+    objects.sync()
+    for p, its_refs in zip(participants, refs, strict=True):
+        p.directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(p.directory / RECORDS_FILE, p.records.index(its_refs))
+
+
+def _put_named_objects(p: RecordsToWrite, objects: SnapshotObjects) -> None:
+    """Put each object ``p``'s states name into ``objects``, from its store (``write_all``)."""
+    for ref in p.records.object_refs:
+        source = p.store.path(ref) if p.store is not None else None
+        if source is None or not source.is_file():
+            raise KeptExportError(
+                f"{p.who}: a committed state names object {ref}, which is not in its object "
+                f"store ({source}); a participant keeps every object its exported states "
+                "name until no snapshot can need it"
+            )
+        try:
+            objects.put_file(source, ref)
+        except ValueError as exc:
+            raise KeptExportError(f"{p.who}: object {ref} in its store: {exc}") from None
+
+
 def write_records(
     directory: Path,
     records: ChunkedRecords,
@@ -125,27 +189,8 @@ def write_records(
     store: ObjectStore | None,
     who: str,
 ) -> None:
-    """Write one participant's records (``build_records``' chunks) as ``directory/
-    records.json``: first each object its states name, from its ``store``, and each chunk into
-    ``objects``, all made durable, then the index (atomic). An object the states name that is
-    not in ``store`` (or does not hold its bytes) is ``KeptExportError`` naming ``who`` and
-    the reference: the commit fails."""
-    for ref in records.object_refs:
-        source = store.path(ref) if store is not None else None
-        if source is None or not source.is_file():
-            raise KeptExportError(
-                f"{who}: a committed state names object {ref}, which is not in its object "
-                f"store ({source}); a participant keeps every object its exported states "
-                "name until no snapshot can need it"
-            )
-        try:
-            objects.put_file(source, ref)
-        except ValueError as exc:
-            raise KeptExportError(f"{who}: object {ref} in its store: {exc}") from None
-    refs = {key: objects.put_all(chunks) for key, chunks in records.chunks.items()}
-    objects.sync()
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / RECORDS_FILE, records.index(refs))
+    """``write_all`` of one participant's records, as ``directory/records.json``."""
+    write_all([RecordsToWrite(directory, records, store, who)], objects)
 
 
 def restore_objects(
@@ -547,18 +592,205 @@ def _records(
     return records
 
 
+_AGENT_ENTRY: Final = (
+    b'{"attempt":%d,"rollout_id":%s,"row":%d,"slot":%d,"state":%s,"step_boundary":%d}'
+)
+"""An agent session of ``agent_records_plain`` as its chunk holds it (keys sorted, compact)."""
+_SESSION_ENTRY: Final = b'{"attempt":%d,"key":%s,"rollout_id":%s,"state":%s}'
+"""A session of ``session_records_plain`` as its chunk holds it."""
+_ENTRY_OPTS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+"""As a chunk is serialised (``runtime._snapshot_format``): a state's bytes inside it."""
+
+
+def cut_records(
+    env: Environment,
+    owner: str,
+    retained_participants: Sequence[Any],
+    checkpoint_id: str,
+    taken: Sequence[CutEpisode],
+    kept: Sequence[Kept],
+) -> dict[str, ChunkedRecords] | None:
+    """Every participant's records for an unaligned cut, as ``build_records(...,
+    exported=True)`` writes them, byte for byte, from what the cut's marks hold: ``taken``
+    sorted by rollout ID, ``kept`` the retained slots of ended episodes (exported here). None
+    where that is not the case to take here: a kept state that is not finite plain data, a
+    staged response that is not (``build_records`` says which, and refuses or raises).
+
+    Each session's entry is its chunk's bytes, made from the mark's states (finite plain data,
+    proven when the mark was made) read back and serialised again with keys sorted, and the
+    episode's fields formatted around them (``_AGENT_ENTRY``, ``_SESSION_ENTRY``); a chunk is
+    its entries joined, at the boundaries ``split_chunks`` gives their keys. No record dict per
+    session is built, no state is walked in Python: bytes, which the collector does not track.
+    A legacy agent, unclaimed restored episodes and participants that keep objects are not
+    taken here (the caller asks ``build_records``)."""
+    kept_states = _export_kept(kept, retained_participants)
+    rids = [c.ep.rollout_id for c in taken]
+    by_rid = _chunk_lengths(rids)
+    agent, *columns = _mark_entries(len(env.participants), taken)
+    a = env.agent
+    plain = agent_records_plain(
+        a.name, a.kind, checkpoint_id, ((),) * 6, exported=rids if owner == a.name else None
+    )
+    records = {a.name: _joined(plain, "sessions", by_rid, agent)}
+    retained = {p.name for p in retained_participants}
+    keys = [c.ep.key for c in taken]
+    by_key = by_rid if keys == rids else _chunk_lengths(keys)
+    for p, column in zip(env.participants, columns, strict=True):
+        lengths = by_key
+        if p.name in retained:  # the kept slots too, every session by key (a stable sort)
+            rows = _kept_entries(kept_states, p.name)
+            if rows is None:
+                return None
+            if rows or keys != sorted(keys):
+                merged = sorted([*zip(keys, column, strict=True), *rows], key=itemgetter(0))
+                lengths = _chunk_lengths([k for k, _ in merged])
+                column = [e for _, e in merged]
+        plain = session_records_plain(
+            p.name,
+            p.kind,
+            checkpoint_id,
+            ((), (), (), ()),
+            exported=rids if p.name == owner else (),
+            retained=p.name in retained,
+        )
+        records[p.name] = _joined(plain, "sessions", lengths, column)
+    if env.model is not None:
+        plain = staged_records_plain(
+            MODEL_PROXY, MODEL_PROXY, checkpoint_id, [(c.ep.rollout_id, c.staged) for c in taken]
+        )
+        staged = _plain_chunks(plain, "staged", by_rid)
+        free_in_slices(plain["staged"])
+        if staged is None:
+            return None
+        records[MODEL_PROXY] = staged
+    return records
+
+
+FREE_SLICE: Final = 1024
+"""The most items ``free_in_slices`` frees in one C call."""
+
+
+def free_in_slices(items: list[Any]) -> None:
+    """Empty ``items`` from its end, ``FREE_SLICE`` items at a time. Freeing a list of 200k
+    records is one C call that holds the GIL until the last object is gone (tens of ms, the
+    event loop's thread waiting); freed a slice at a time, the interpreter can hand the GIL
+    over between two slices. What else still refers to an item keeps it."""
+    while items:
+        del items[-FREE_SLICE:]
+
+
+def _mark_entries(participants: int, taken: Sequence[CutEpisode]) -> list[list[bytes]]:
+    """Each session's chunk entry, by participant (the agent first, then ``participants``
+    others, in ``Roles.sessions`` order, as the marks hold them), in ``taken``'s order."""
+    loads, dumps = orjson.loads, orjson.dumps
+    agent: list[bytes] = []
+    others: list[list[bytes]] = [[] for _ in range(participants)]
+    for c in taken:
+        ep, mark = c.ep, c.mark
+        info = ep.info
+        first, *states = loads(mark.states)  # type: ignore[arg-type]
+        rid = dumps(ep.rollout_id)
+        agent.append(
+            _AGENT_ENTRY
+            % (
+                info.attempt,
+                rid,
+                info.row,
+                info.slot,
+                dumps(first, option=_ENTRY_OPTS),
+                mark.turn,
+            )
+        )
+        key = dumps(ep.key)
+        for column, state in zip(others, states, strict=True):
+            column.append(
+                _SESSION_ENTRY % (info.attempt, key, rid, dumps(state, option=_ENTRY_OPTS))
+            )
+    return [agent, *others]
+
+
+def _kept_entries(kept: Sequence[Kept], name: str) -> list[tuple[str, bytes]] | None:
+    """(key, chunk entry) of participant ``name``'s session of each kept slot, or None if one
+    is not finite plain data (``cut_records``)."""
+    rows: list[tuple[str, bytes]] = []
+    for key, rid, attempt, by_name in kept:
+        state = by_name[name]
+        entry = {"attempt": attempt, "key": key, "rollout_id": rid, "state": state}
+        try:
+            data = orjson.dumps(entry, option=_ENTRY_OPTS)
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        if b"null" in data and _state_problem(state, name) is not None:
+            return None
+        rows.append((key, data))
+    return rows
+
+
+def _chunk_lengths(keys: Sequence[str]) -> list[int]:
+    """How many entries each chunk of a list whose entries have these ``keys`` holds
+    (``split_chunks``' boundaries)."""
+    return [len(piece) for piece in split_chunks(keys)]
+
+
+def _joined(
+    plain: Mapping[str, Any], chunked: str, lengths: Sequence[int], entries: Sequence[bytes]
+) -> ChunkedRecords:
+    """The records whose head is ``plain`` (its ``chunked`` list empty) and whose ``chunked``
+    list is ``entries`` (bytes), chunks of ``lengths`` entries (``_chunk_lengths``)."""
+    head = {k: v for k, v in plain.items() if k != chunked}
+    chunks: list[bytes] = []
+    start = 0
+    for n in lengths:
+        chunks.append(b"[" + b",".join(entries[start : start + n]) + b"]")
+        start += n
+    return ChunkedRecords(head, {chunked: chunks})
+
+
+def _plain_chunks(
+    plain: Mapping[str, Any], chunked: str, lengths: Sequence[int]
+) -> ChunkedRecords | None:
+    """``plain``'s ``chunked`` list serialised in chunks of ``lengths`` entries, as
+    ``chunk_records`` does, or None if it is not finite plain data (orjson refuses it, or a
+    chunk holding ``null`` holds a non-finite number: only that chunk's entries are asked)."""
+    entries = plain[chunked]
+    chunks: list[bytes] = []
+    start = 0
+    for n in lengths:
+        part = entries[start : start + n]
+        start += n
+        try:
+            data = orjson.dumps(part, option=_ENTRY_OPTS)
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        if (
+            b"null" in data
+            and all_finite(part) is not True
+            and plain_problem(part, chunked, types=False) is not None
+        ):
+            return None
+        chunks.append(data)
+    return ChunkedRecords({k: v for k, v in plain.items() if k != chunked}, {chunked: chunks})
+
+
 _EXPORT_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
     "gymckpt_host_export_threads"
 )
+_IO_THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+    "gymckpt_host_io_threads"
+)
+IO_THREADS: Final = 4
+"""The most ``offload(..., io=True)`` threads of one event loop at a time."""
 
 
-async def offload(fn: Callable[[], T]) -> T:
+async def offload(fn: Callable[[], T], *, io: bool = False) -> T:
     """``fn()`` in a worker thread; inline under trio's ``MockClock`` (virtual time would leap
     past every deadline while a real thread runs).
 
     One such thread per event loop at a time: instances hosted in one process share one GIL, so
     parallel exports are not faster, and every extra thread wanting the GIL makes the event
-    loop wait longer for it."""
+    loop wait longer for it. ``io``: ``fn`` waits on the disk (writes and fsyncs, which let the
+    GIL go) more than it computes: up to ``IO_THREADS`` of those at a time, beside the export
+    thread, so one instance's records reach the disk while the next one's are built."""
     if sniffio.current_async_library() == "trio":
         import trio
 
@@ -568,9 +800,10 @@ async def offload(fn: Callable[[], T]) -> T:
         if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
             await anyio.lowlevel.checkpoint()
             return fn()
+    threads = _IO_THREADS if io else _EXPORT_THREADS
     try:
-        limiter = _EXPORT_THREADS.get()
+        limiter = threads.get()
     except LookupError:
-        limiter = anyio.CapacityLimiter(1)
-        _EXPORT_THREADS.set(limiter)
+        limiter = anyio.CapacityLimiter(IO_THREADS if io else 1)
+        threads.set(limiter)
     return await anyio.to_thread.run_sync(fn, limiter=limiter)
