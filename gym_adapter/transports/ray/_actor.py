@@ -37,8 +37,8 @@ stops the generator a couple of objects ahead of the consumer, so a slow consume
 larger batches.
 
 A commit's reply crosses Ray packed (``_commit_wire``): its per-episode records as JSON chunks,
-packed in a worker thread, so neither Ray's serialiser nor the freeing of 100k record objects
-holds the actor's loop in one piece.
+packed one chunk per scheduler step, so neither Ray's serialiser nor the freeing of 100k record
+objects holds the actor's loop in one piece.
 
 Faults (C3) are executed here for real, in the trio run: ``hang`` never answers (optionally
 after blocking the thread for ``stuck_loop_s`` — a stuck loop: the guest run shares the actor
@@ -234,7 +234,7 @@ class GymActor:
         reply = await call_host(self._sim, op, args, deadline_ts, trainer)
         if op == "attach" and reply.took_over:  # the older term's streams are gone with them
             self._streams.forget_all()
-        if op == "commit":  # its records as JSON chunks, packed and freed off the loop
+        if op == "commit":  # its records as JSON chunks, packed and freed in slices
             box = [reply]
             del reply
             return await pack_commit(box)
