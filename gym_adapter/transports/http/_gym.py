@@ -97,6 +97,7 @@ from gymckpt.runtime import (
     GymInUse,
     GymUnavailable,
 )
+from gymckpt.runtime.lowlevel import collector_paused
 
 from ..._contract import ReplaceableGym, RunRow, TrainerAware
 from ..._faults import FaultPlan, FaultSpec
@@ -697,10 +698,12 @@ class HttpGym(RemoteGym):
                 await response.aread()
                 return None
             parts = CommitParts()
-            while (line := await body.next_line()) is not None:
-                parts.feed(line)
-                self._largest_commit_step = max(self._largest_commit_step, parts.largest_part)
-                await trio.lowlevel.checkpoint()
+            with collector_paused():  # no full collection while its records are made
+                while (line := await body.next_line()) is not None:
+                    parts.feed(line)
+                    largest = max(self._largest_commit_step, parts.largest_part)
+                    self._largest_commit_step = largest
+                    await trio.lowlevel.checkpoint()
             return parts
         finally:
             await body.aclose()
