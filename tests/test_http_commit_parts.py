@@ -9,6 +9,7 @@ Real time for the servers; every wait is bounded by the call's deadline or ``tri
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -105,6 +106,36 @@ async def test_the_client_decodes_a_commit_part_per_step_and_gets_the_one_piece_
         whole = await gym.commit("gym-0", "c1", str(tmp_path / "s2"), deadline(30))
         assert gym.largest_commit_step == len(whole.exported) + len(whole.sessions)
         assert in_parts == whole
+
+
+async def test_the_client_lets_other_tasks_run_between_two_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between decoding two lines of the answer the trainer's loop runs its other tasks, even
+    for lines that arrived in one read: a task that counts its scheduler steps has moved."""
+    ticks = 0
+    seen: list[int] = []
+    feed = CommitParts.feed
+
+    def counted(self: CommitParts, line: bytes) -> None:
+        seen.append(ticks)
+        feed(self, line)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.lowlevel.checkpoint()
+            ticks += 1
+
+    monkeypatch.setattr(CommitParts, "feed", counted)
+    async with http_gym(tmp_path, config=STILL) as gym:
+        await _prepared(gym)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await gym.commit("gym-0", "c1", str(tmp_path / "s1"), deadline(30))
+            nursery.cancel_scope.cancel()
+    assert len(seen) >= 3
+    assert all(a < b for a, b in itertools.pairwise(seen)), seen
 
 
 async def test_a_server_that_does_not_advertise_parts_is_asked_for_one_piece(

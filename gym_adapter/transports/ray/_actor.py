@@ -72,6 +72,7 @@ from ...host._host import GymHost, HostConfig
 from ...host._load import EnvironmentRef, load_environment
 from .._admission import HEADER_SEQ, ReplyBatch, RunShape, admission_header
 from .._deadlines import WireDeadline
+from .._interpreter import instance_switch_interval
 from .._outbox import Outbox, Outboxes
 from .._trio_guest import TrioGuest
 from .._verbs import CONTROL_VERBS, call_host
@@ -120,6 +121,7 @@ class GymActor:
         stuck_loop_s: float = 0.0,
         recover: bool = False,
     ) -> None:
+        instance_switch_interval()  # this worker process is the instance's own
         wd = Path(work_dir) if work_dir else None
         self._sim = GymHost(name, load_environment(environment), seed, wd, config, recover=recover)
         self._stuck_loop_s = stuck_loop_s
