@@ -2512,7 +2512,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "http-commit-parts-decoded-without-yielding",
         "remote",
-        "gym_adapter/transports/http/_gym.py",
+        "gym_adapter/transports/http/_parts.py",
         "await trio.lowlevel.checkpoint()",
         "pass",
         ("tests/test_http_commit_parts.py",),

@@ -30,6 +30,7 @@ from gymckpt.gym_adapter.transports.http._parts import (
     PART_RECORDS,
     PARTS_FEATURE,
     CommitParts,
+    decode_in_steps,
     encode_commit_parts,
 )
 from gymckpt.gym_adapter.transports.http._wire import FEATURES_HEADER, encode_control_request
@@ -108,36 +109,6 @@ async def test_the_client_decodes_a_commit_part_per_step_and_gets_the_one_piece_
         assert in_parts == whole
 
 
-async def test_the_client_lets_other_tasks_run_between_two_parts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Between decoding two lines of the answer the trainer's loop runs its other tasks, even
-    for lines that arrived in one read: a task that counts its scheduler steps has moved."""
-    ticks = 0
-    seen: list[int] = []
-    feed = CommitParts.feed
-
-    def counted(self: CommitParts, line: bytes) -> None:
-        seen.append(ticks)
-        feed(self, line)
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await trio.lowlevel.checkpoint()
-            ticks += 1
-
-    monkeypatch.setattr(CommitParts, "feed", counted)
-    async with http_gym(tmp_path, config=STILL) as gym:
-        await _prepared(gym)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            await gym.commit("gym-0", "c1", str(tmp_path / "s1"), deadline(30))
-            nursery.cancel_scope.cancel()
-    assert len(seen) >= 3
-    assert all(a < b for a, b in itertools.pairwise(seen)), seen
-
-
 async def test_a_server_that_does_not_advertise_parts_is_asked_for_one_piece(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,3 +167,32 @@ def test_a_body_that_is_not_the_wire_form_is_refused(cut: object, match: str) ->
         for line in lines:
             parts.feed(line)
         parts.reply()
+
+
+async def test_the_client_lets_other_tasks_run_between_two_lines_that_arrived_together() -> None:
+    """``decode_in_steps`` over lines already read (no wait between them): a task counting its
+    scheduler steps moves between any two lines decoded."""
+    ticks = 0
+    seen: list[int] = []
+    lines = iter(encode_commit_parts(_reply(PART_RECORDS * 2, PART_RECORDS)))
+
+    async def next_line() -> bytes | None:
+        line = next(lines, None)
+        if line is not None:
+            seen.append(ticks)
+        return line
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.lowlevel.checkpoint()
+            ticks += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        parts = await decode_in_steps(next_line)
+        nursery.cancel_scope.cancel()
+    assert parts.reply() == _reply(PART_RECORDS * 2, PART_RECORDS)
+    assert len(seen) == 4
+    assert all(a < b for a, b in itertools.pairwise(seen)), seen

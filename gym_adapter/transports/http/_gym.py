@@ -97,7 +97,6 @@ from gymckpt.runtime import (
     GymInUse,
     GymUnavailable,
 )
-from gymckpt.runtime.lowlevel import collector_paused
 
 from ..._contract import ReplaceableGym, RunRow, TrainerAware
 from ..._faults import FaultPlan, FaultSpec
@@ -110,7 +109,7 @@ from .._errors import TransportFailure, as_if_no_nursery, transport_error
 from .._remote import RemoteGym
 from ._calls import answer_error, post_request
 from ._mux import HttpMuxStream, MuxChannel
-from ._parts import NDJSON, PARTS_FEATURE, CommitParts
+from ._parts import NDJSON, PARTS_FEATURE, CommitParts, decode_in_steps
 from ._process import Ready, ServerExited
 from ._spawn import ServeSpec, Supervisor
 from ._stream import HttpReplyStream, NdjsonBody
@@ -697,13 +696,8 @@ class HttpGym(RemoteGym):
             ).startswith(NDJSON):
                 await response.aread()
                 return None
-            parts = CommitParts()
-            with collector_paused():  # no full collection while its records are made
-                while (line := await body.next_line()) is not None:
-                    parts.feed(line)
-                    largest = max(self._largest_commit_step, parts.largest_part)
-                    self._largest_commit_step = largest
-                    await trio.lowlevel.checkpoint()
+            parts = await decode_in_steps(body.next_line)
+            self._largest_commit_step = max(self._largest_commit_step, parts.largest_part)
             return parts
         finally:
             await body.aclose()

@@ -26,14 +26,25 @@ reached, that carries more, or a line out of this order is not the wire form
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, final
+
+import trio
+
+from gymckpt.runtime.lowlevel import collector_paused
 
 from ..._contract import AgentSession, CommitReply, ExportedEpisode, ParticipantInfo
 from .._wire import WireFormatError
 from ._wire import _dumps, _loads, _structure, _unstructure
 
-__all__ = ["NDJSON", "PARTS_FEATURE", "PART_RECORDS", "CommitParts", "encode_commit_parts"]
+__all__ = [
+    "NDJSON",
+    "PARTS_FEATURE",
+    "PART_RECORDS",
+    "CommitParts",
+    "decode_in_steps",
+    "encode_commit_parts",
+]
 
 PARTS_FEATURE: Final = "parts/1"
 """The feature (``Gymckpt-Features`` of ``GET /health``) of a commit answered in parts."""
@@ -150,3 +161,15 @@ class CommitParts:
             tuple(self._records["sessions"]),
             shell.mid_turn,
         )
+
+
+async def decode_in_steps(next_line: Callable[[], Awaitable[bytes | None]]) -> CommitParts:
+    """The body whose lines ``next_line`` gives (None at its end) decoded one line per
+    scheduler step, even for lines that arrived together, with no full collection while its
+    records are made (``collector_paused``). ``WireFormatError`` as ``CommitParts.feed``."""
+    parts = CommitParts()
+    with collector_paused():
+        while (line := await next_line()) is not None:
+            parts.feed(line)
+            await trio.lowlevel.checkpoint()
+    return parts
