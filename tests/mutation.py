@@ -2558,6 +2558,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_instance_switch_interval.py",),
         sim_seeds=0,
     ),
+    Mutant(
+        "ray-local-cluster-workers-niced",
+        "remote",
+        "gym_adapter/transports/ray/_cluster.py",
+        '"_system_config": {"worker_niceness": 0},',
+        "",
+        ("tests/test_ray_cluster.py",),
+        keyword="priority",
+        sim_seeds=0,
+    ),
 )
 
 
