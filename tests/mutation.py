@@ -2516,7 +2516,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "await trio.lowlevel.checkpoint()",
         "pass",
         ("tests/test_http_commit_parts.py",),
-        keyword="other_tasks",
+        keyword="arrived_together",
         sim_seeds=0,
     ),
     Mutant(

@@ -34,7 +34,7 @@ from gymckpt.gym_adapter.transports.http._parts import (
     encode_commit_parts,
 )
 from gymckpt.gym_adapter.transports.http._wire import FEATURES_HEADER, encode_control_request
-from gymckpt.runtime import CheckpointMode
+from gymckpt.runtime import CheckpointMode, GymCallTimeout
 
 pytestmark = [pytest.mark.http, pytest.mark.timeout(240)]
 
@@ -109,6 +109,23 @@ async def test_the_client_decodes_a_commit_part_per_step_and_gets_the_one_piece_
         assert in_parts == whole
 
 
+async def test_a_commit_whose_parts_outlast_its_deadline_times_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts are read within the call's bound: a body still being decoded past the
+    deadline (plus its grace) is ``GymCallTimeout``, as a one-piece answer that never comes."""
+
+    async def never(next_line: object) -> CommitParts:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(http_gym_module, "decode_in_steps", never)
+    async with http_gym(tmp_path, config=STILL) as gym:
+        await _prepared(gym)
+        with trio.fail_after(30), pytest.raises(GymCallTimeout):
+            await gym.commit("gym-0", "c1", str(tmp_path / "s1"), deadline(0.5))
+
+
 async def test_a_server_that_does_not_advertise_parts_is_asked_for_one_piece(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,30 +186,32 @@ def test_a_body_that_is_not_the_wire_form_is_refused(cut: object, match: str) ->
         parts.reply()
 
 
-async def test_the_client_lets_other_tasks_run_between_two_lines_that_arrived_together() -> None:
-    """``decode_in_steps`` over lines already read (no wait between them): a task counting its
-    scheduler steps moves between any two lines decoded."""
-    ticks = 0
+async def test_the_client_decodes_lines_that_arrived_together_in_steps_of_their_own() -> None:
+    """``decode_in_steps`` over lines already read (no wait between them): every line is
+    decoded in a task step of its own (the task yields to the loop between two)."""
+    me = trio.lowlevel.current_task()
+    step = 0
     seen: list[int] = []
     lines = iter(encode_commit_parts(_reply(PART_RECORDS * 2, PART_RECORDS)))
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            nonlocal step
+            if task is me:
+                step += 1
 
     async def next_line() -> bytes | None:
         line = next(lines, None)
         if line is not None:
-            seen.append(ticks)
+            seen.append(step)
         return line
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await trio.lowlevel.checkpoint()
-            ticks += 1
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
-        await trio.lowlevel.checkpoint()
+    instrument = Steps()
+    trio.lowlevel.add_instrument(instrument)
+    try:
         parts = await decode_in_steps(next_line)
-        nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
     assert parts.reply() == _reply(PART_RECORDS * 2, PART_RECORDS)
     assert len(seen) == 4
     assert all(a < b for a, b in itertools.pairwise(seen)), seen

@@ -643,6 +643,8 @@ class HttpGym(RemoteGym):
         response: httpx.Response | None = None
         in_parts = op == "commit" and endpoint.parts
         parts: CommitParts | None = None
+        answered: httpx.Response | None = None
+        # the response once read whole (its parts too) within the bound: else a timeout
         with trio.move_on_at(bound):
             try:
                 request = post_request(
@@ -657,10 +659,12 @@ class HttpGym(RemoteGym):
                 response = await self._control_client.send(request, stream=in_parts)
                 if in_parts:
                     parts = await self._read_in_parts(response)
+                answered = response
             except httpx.HTTPError as exc:
                 raise await self._transport_failure(instance, op, exc, incarnation) from None
             except WireFormatError as exc:
                 raise _not_wire_form(instance, op, exc) from None
+        response = answered
         if response is None:
             raise GymCallTimeout(
                 f"instance {instance} did not answer {op} in time (server {endpoint.url})",
