@@ -21,6 +21,7 @@ from typing import Any, Final
 import trio
 
 from gymckpt.gym_adapter import HostConfig
+from gymckpt.gym_adapter._shared import instance_switch_interval
 from gymckpt.gym_adapter.lowlevel import DEFAULT_PORT, Limits, serve_gym, wire_decode
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime import InstanceDirLocked, ManifestError
@@ -265,6 +266,7 @@ def main_serve(args: argparse.Namespace) -> int:
             )
             print(serving.readiness_line(), file=sys.stderr, flush=True)
 
+    instance_switch_interval()  # this process is the instance's own
     try:
         trio.run(run)
     except BaseException as exc:  # sorted below: bad input, else re-raised

@@ -1,7 +1,10 @@
 """The cluster connection's pure parts: which addresses are probed, and the GCS watch on a
-port nothing listens on (no Ray cluster needed)."""
+port nothing listens on (no Ray cluster needed); the local cluster's workers run at the
+driver's priority (the session's cluster)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import trio
@@ -34,6 +37,28 @@ def test_only_host_port_addresses_are_probed(address: str, expected: object) -> 
 
 def test_the_local_cluster_is_always_a_new_one() -> None:
     assert local_cluster_options()["address"] == "local"
+
+
+def test_the_local_cluster_asks_for_workers_at_the_drivers_priority() -> None:
+    assert local_cluster_options()["_system_config"] == {"worker_niceness": 0}
+
+
+@pytest.mark.ray
+def test_the_local_cluster_runs_its_workers_at_the_drivers_priority() -> None:
+    """The session's cluster is ``local_cluster_options``'s: an actor there (a Gym instance's
+    process) is not niced below the driver (Ray's default is 15)."""
+    import ray
+
+    @ray.remote
+    class Niceness:
+        def get(self) -> int:
+            return os.nice(0)
+
+    actor = Niceness.remote()  # type: ignore[attr-defined]
+    try:
+        assert ray.get(actor.get.remote(), timeout=60) == os.nice(0)
+    finally:
+        ray.kill(actor)
 
 
 def test_one_error_leaves_the_nursery_as_it_went_in() -> None:

@@ -1,8 +1,9 @@
 """A commit's reply as it crosses Ray (``gym_adapter.transports.ray._commit_wire``): packed, it
 carries its per-episode records as JSON chunks of at most ``CUT_SLICE`` records and no record
 object (so Ray's serialiser copies a few buffers, not 100k objects in one piece); unpacked, one
-chunk per scheduler step, it equals the reply the host gave; and the actor hands every commit
-reply to Ray packed. No Ray cluster: the actor's control path runs in this trio run.
+chunk per scheduler step, it equals the reply the host gave; the actor packs one chunk per
+scheduler step on its loop, in no worker thread; and the actor hands every commit reply to Ray
+packed. No Ray cluster: the actor's control path runs in this trio run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import pickle
 import time
 from pathlib import Path
 
+import anyio.to_thread
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -81,6 +84,31 @@ async def test_a_packed_reply_is_json_chunks_and_unpacks_to_the_same_reply(
         trio.lowlevel.remove_instrument(steps)
     assert unpacked == reply
     assert steps.steps >= 2 * math.ceil(n / CUT_SLICE), "unpacking did not yield per chunk"
+
+
+async def test_the_actor_packs_a_chunk_per_step_on_its_loop(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packing yields to the instance's episodes between two chunks (no step encodes more
+    than ``CUT_SLICE`` records), in no worker thread (which would compete with them for the
+    interpreter), and empties the box it was handed."""
+
+    def no_thread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the commit reply was packed in a worker thread")
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", no_thread)
+    monkeypatch.setattr(trio.to_thread, "run_sync", no_thread)
+    n = 3 * CUT_SLICE + 1
+    box = [a_reply(n)]
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        packed = await pack_commit(box)
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert box == []
+    assert len(packed.exported) == len(packed.sessions) == math.ceil(n / CUT_SLICE)
+    assert steps.steps >= 2 * math.ceil(n / CUT_SLICE), "packing did not yield per chunk"
 
 
 async def test_an_empty_and_a_legacy_reply_round_trip(

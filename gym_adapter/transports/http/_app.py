@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Final, final
@@ -72,6 +72,7 @@ from ._guard import (
     content_length,
     read_body,
 )
+from ._parts import NDJSON, PARTS_FEATURE, encode_commit_parts
 from ._wire import (
     CONTROL_OPS,
     DEADLINE_OPS,
@@ -223,7 +224,8 @@ class GymHttpApp:
     ) -> None:
         headers = self._headers(_JSON, (b"content-length", str(len(body)).encode()))
         if features:  # what this server adds to the protocol (GET /health)
-            headers.append((FEATURES_HEADER.lower().encode(), MUX_FEATURE.encode()))
+            features_served = f"{MUX_FEATURE},{PARTS_FEATURE}"
+            headers.append((FEATURES_HEADER.lower().encode(), features_served.encode()))
         if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -258,7 +260,8 @@ class GymHttpApp:
                 act = partial(self._mux_run, mux, trainer, send)
             else:
                 req, args = self._admit_control(op, body)
-                act = partial(self._control, op, req, args, trainer, send)
+                in_parts = op == "commit" and headers.get(b"accept") == NDJSON.encode()
+                act = partial(self._control, op, req, args, trainer, send, in_parts)
             # every check passed: from here on the request acts, until it is done or the client
             # goes away (a hung call, a stream nobody reads: cancelled, as a cancelled Ray call)
             async with trio.open_nursery() as nursery:
@@ -353,7 +356,10 @@ class GymHttpApp:
         args: dict[str, Any],
         trainer: TrainerTerm | None,
         send: Send,
+        in_parts: bool = False,
     ) -> None:
+        """Answer control call ``op``; ``in_parts``: a commit the client asked to have in
+        parts (``http/_parts``), encoded and sent one part per scheduler step."""
         if op != "attach":  # an attach is the takeover itself (``GymHost.attach``)
             try:
                 self.host.check_trainer(trainer, op)
@@ -363,11 +369,38 @@ class GymHttpApp:
             self._outboxes.apply_acks(req.acks)
         try:
             result = await self._call(op, req, args, trainer)
-            data = encode_result(op, result)
+            if in_parts:
+                parts = encode_commit_parts(result)
+                first = next(parts)  # the head: a reply that cannot be encoded fails here
+            else:
+                data = encode_result(op, result)
         except Exception as exc:
             await self._gym_error(send, exc, op)
             return
-        await self._respond(send, 200, data)
+        if in_parts:
+            del result
+            await self._respond_in_parts(send, first, parts)
+        else:
+            await self._respond(send, 200, data)
+
+    async def _respond_in_parts(self, send: Send, first: bytes, parts: Iterator[bytes]) -> None:
+        """A 200 answer whose body is ``first`` and then each of ``parts``, each encoded and
+        sent in a scheduler step of its own, so the instance's episodes step between two. A
+        part that cannot be encoded ends the body short (the client fails the commit)."""
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": self._headers(_NDJSON)}
+        )
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        try:
+            while True:
+                await trio.lowlevel.checkpoint()
+                part = next(parts, None)
+                if part is None:
+                    break
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        except WireFormatError as exc:
+            LOG.warning("gymckpt serve: commit on instance %s: %s", self.name, exc)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _gym_error(self, send: Send, exc: Exception, op: str) -> None:
         refusal = not isinstance(exc, GymUnavailable) and type(exc).__name__ in WIRE_ERRORS

@@ -109,9 +109,10 @@ from .._errors import TransportFailure, as_if_no_nursery, transport_error
 from .._remote import RemoteGym
 from ._calls import answer_error, post_request
 from ._mux import HttpMuxStream, MuxChannel
+from ._parts import NDJSON, PARTS_FEATURE, CommitParts, decode_in_steps
 from ._process import Ready, ServerExited
 from ._spawn import ServeSpec, Supervisor
-from ._stream import HttpReplyStream
+from ._stream import HttpReplyStream, NdjsonBody
 from ._wire import (
     FEATURES_HEADER,
     INCARNATION_HEADER,
@@ -174,6 +175,16 @@ class _Endpoint:
     """Another incarnation seen answering at ``url`` (the server was restarted)."""
     mux: bool = False
     """The server advertised ``MUX_FEATURE`` (reply channels) in its ``GET /health``."""
+    parts: bool = False
+    """The server advertised ``PARTS_FEATURE`` (a commit answered in parts)."""
+
+
+def _not_wire_form(instance: str, op: str, exc: WireFormatError) -> GymCheckpointUnavailable:
+    return GymCheckpointUnavailable(
+        f"instance {instance} {op}: the server's answer is not the wire form ({exc})",
+        instance,
+        op,
+    )
 
 
 async def _decode_result(op: str, content: bytes) -> Any:
@@ -257,6 +268,7 @@ class HttpGym(RemoteGym):
         self._pool_timeout_s = pool_timeout_s
         self._limits = (max_streams, max_control_connections)
         self._multiplex = multiplex
+        self._largest_commit_step = 0
         self._channels_per_instance = channels_per_instance
         self._channels: dict[str, list[MuxChannel]] = {}
         """Each instance's reply channels, alive or ended but not yet let go."""
@@ -336,7 +348,7 @@ class HttpGym(RemoteGym):
     async def _connect(self) -> None:
         """Ask every URL's ``/health`` (concurrently, each within ``connect_timeout_s``), then
         its topology (which needs the token)."""
-        healths: dict[str, tuple[Any, bool]] = {}
+        healths: dict[str, tuple[Any, frozenset[str]]] = {}
 
         async def one(url: str) -> None:
             healths[url] = await self._health_features(url, self._connect_timeout_s)
@@ -346,7 +358,7 @@ class HttpGym(RemoteGym):
                 nursery.start_soon(one, url)
         names: list[str] = []
         for url in self._urls:
-            health, mux = healths[url]
+            health, features = healths[url]
             if health is None:
                 raise GymConnectionLost(
                     f"no gymckpt server answers GET {url}/health within "
@@ -361,7 +373,12 @@ class HttpGym(RemoteGym):
             if not health.serving:
                 raise GymConnectionLost(f"the server at {url} does not serve yet", url)
             names.append(health.instance)
-            self._endpoints[health.instance] = _Endpoint(url, health.incarnation, mux=mux)
+            self._endpoints[health.instance] = _Endpoint(
+                url,
+                health.incarnation,
+                mux=MUX_FEATURE in features,
+                parts=PARTS_FEATURE in features,
+            )
         if len(set(names)) != len(names):
             served = dict(zip(self._urls, names, strict=True))
             raise ValueError(
@@ -383,24 +400,26 @@ class HttpGym(RemoteGym):
         health, _ = await self._health_features(url, timeout_s)
         return health
 
-    async def _health_features(self, url: str, timeout_s: float) -> tuple[Any, bool]:
-        """``GET url/health`` and whether it advertises reply channels (``MUX_FEATURE``), or
-        ``(None, False)`` if nothing answers it within ``timeout_s``."""
+    async def _health_features(self, url: str, timeout_s: float) -> tuple[Any, frozenset[str]]:
+        """``GET url/health`` and the features it advertises (``MUX_FEATURE``,
+        ``PARTS_FEATURE``), or ``(None, frozenset())`` if nothing answers it within
+        ``timeout_s``."""
+        none: frozenset[str] = frozenset()
         assert self._control_client is not None
         with trio.move_on_after(timeout_s):
             try:
                 resp = await self._control_client.get(url + "/health")
             except httpx.HTTPError:
-                return None, False
+                return None, none
             if resp.status_code != 200:
-                return None, False
+                return None, none
             try:
                 health = decode_health(resp.content)
             except WireFormatError:
-                return None, False
+                return None, none
             features = resp.headers.get(FEATURES_HEADER, "")
-            return health, MUX_FEATURE in (f.strip() for f in features.split(","))
-        return None, False
+            return health, frozenset(f.strip() for f in features.split(","))
+        return None, none
 
     async def _close_streams(self) -> None:
         """Close the response of every stream its consumer left open (the deployment ends)."""
@@ -622,6 +641,10 @@ class HttpGym(RemoteGym):
         body = encode_control_request(op, deadline=deadline, acks=acks, fault=fault, args=args)
         assert self._control_client is not None, "HttpGym is not open (use async with)"
         response: httpx.Response | None = None
+        in_parts = op == "commit" and endpoint.parts
+        parts: CommitParts | None = None
+        answered: httpx.Response | None = None
+        # the response once read whole (its parts too) within the bound: else a timeout
         with trio.move_on_at(bound):
             try:
                 request = post_request(
@@ -631,9 +654,17 @@ class HttpGym(RemoteGym):
                     endpoint.incarnation_id,
                     self._trainer,
                 )
-                response = await self._control_client.send(request)
+                if in_parts:
+                    request.headers["Accept"] = NDJSON
+                response = await self._control_client.send(request, stream=in_parts)
+                if in_parts:
+                    parts = await self._read_in_parts(response)
+                answered = response
             except httpx.HTTPError as exc:
                 raise await self._transport_failure(instance, op, exc, incarnation) from None
+            except WireFormatError as exc:
+                raise _not_wire_form(instance, op, exc) from None
+        response = answered
         if response is None:
             raise GymCallTimeout(
                 f"instance {instance} did not answer {op} in time (server {endpoint.url})",
@@ -644,16 +675,43 @@ class HttpGym(RemoteGym):
         if response.status_code != 200:
             raise self._error_response(instance, op, response, incarnation)
         try:
-            result = await _decode_result(op, response.content)
+            if parts is not None:
+                result = parts.reply()
+            else:
+                result = await _decode_result(op, response.content)
+                if op == "commit":
+                    whole = len(result.exported) + len(result.sessions)
+                    self._largest_commit_step = max(self._largest_commit_step, whole)
         except WireFormatError as exc:
-            raise GymCheckpointUnavailable(
-                f"instance {instance} {op}: the server's answer is not the wire form ({exc})",
-                instance,
-                op,
-            ) from None
+            raise _not_wire_form(instance, op, exc) from None
         if self._incarnations.serving(instance, incarnation):
             self._acks.carried(instance, acks)
         return result
+
+    async def _read_in_parts(self, response: httpx.Response) -> CommitParts | None:
+        """A commit's answer in parts (``http/_parts``) read from the streamed ``response``,
+        one line decoded per scheduler step of the trainer's loop; None (the body read whole,
+        for the one-piece path) for any other answer: an error, or a server that answered
+        in one piece. Closes the response."""
+        body = NdjsonBody(response)
+        try:
+            if response.status_code != 200 or not response.headers.get(
+                "content-type", ""
+            ).startswith(NDJSON):
+                await response.aread()
+                return None
+            parts = await decode_in_steps(body.next_line)
+            self._largest_commit_step = max(self._largest_commit_step, parts.largest_part)
+            return parts
+        finally:
+            await body.aclose()
+
+    @property
+    def largest_commit_step(self) -> int:
+        """The most records of a commit's answer decoded in one step of the trainer's loop so
+        far: at most ``PART_RECORDS`` when every server answers in parts (``PARTS_FEATURE``),
+        the whole answer's records when one answered in one piece; 0 before any commit."""
+        return self._largest_commit_step
 
     # -- StreamPeer (for HttpReplyStream) ----------------------------------------------------------
 
@@ -931,7 +989,9 @@ class HttpGym(RemoteGym):
                 ) from None
             except ServerExited:
                 raise GymInstanceDead(instance, "replace") from None
-        self._endpoints[instance] = _Endpoint(ready.url, ready.incarnation, mux=old.mux)
+        self._endpoints[instance] = _Endpoint(
+            ready.url, ready.incarnation, mux=old.mux, parts=old.parts
+        )
         self._acks.reset(instance)
         self._incarnations.installed(instance, incarnation)
         self._log_replacement(

@@ -37,8 +37,8 @@ stops the generator a couple of objects ahead of the consumer, so a slow consume
 larger batches.
 
 A commit's reply crosses Ray packed (``_commit_wire``): its per-episode records as JSON chunks,
-packed in a worker thread, so neither Ray's serialiser nor the freeing of 100k record objects
-holds the actor's loop in one piece.
+packed one chunk per scheduler step, so neither Ray's serialiser nor the freeing of 100k record
+objects holds the actor's loop in one piece.
 
 Faults (C3) are executed here for real, in the trio run: ``hang`` never answers (optionally
 after blocking the thread for ``stuck_loop_s`` — a stuck loop: the guest run shares the actor
@@ -72,6 +72,7 @@ from ...host._host import GymHost, HostConfig
 from ...host._load import EnvironmentRef, load_environment
 from .._admission import HEADER_SEQ, ReplyBatch, RunShape, admission_header
 from .._deadlines import WireDeadline
+from .._interpreter import instance_switch_interval
 from .._outbox import Outbox, Outboxes
 from .._trio_guest import TrioGuest
 from .._verbs import CONTROL_VERBS, call_host
@@ -120,6 +121,7 @@ class GymActor:
         stuck_loop_s: float = 0.0,
         recover: bool = False,
     ) -> None:
+        instance_switch_interval()  # this worker process is the instance's own
         wd = Path(work_dir) if work_dir else None
         self._sim = GymHost(name, load_environment(environment), seed, wd, config, recover=recover)
         self._stuck_loop_s = stuck_loop_s
@@ -234,7 +236,7 @@ class GymActor:
         reply = await call_host(self._sim, op, args, deadline_ts, trainer)
         if op == "attach" and reply.took_over:  # the older term's streams are gone with them
             self._streams.forget_all()
-        if op == "commit":  # its records as JSON chunks, packed and freed off the loop
+        if op == "commit":  # its records as JSON chunks, packed and freed in slices
             box = [reply]
             del reply
             return await pack_commit(box)

@@ -56,12 +56,15 @@ def local_cluster_options() -> dict[str, Any]:
     which ``ray.init()`` would join and then refuse these options, nor one a ``ray start`` or a
     test cluster recorded in Ray's temp directory and that is gone — Ray's client then spends
     60 s failing to reach its GCS and ends the process), no dashboard, a small object store,
-    worker output kept out of the driver's."""
+    worker output kept out of the driver's, and workers at the driver's priority (Ray starts
+    them at niceness 15: its actors are our Gym instances, whose episodes then wait whenever
+    the trainer on the same machine works, a checkpoint's stages included)."""
     return {
         "address": "local",
         "include_dashboard": False,
         "object_store_memory": 100 * 2**20,
         "log_to_driver": False,
+        "_system_config": {"worker_niceness": 0},
     }
 
 

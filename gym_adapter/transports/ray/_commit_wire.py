@@ -5,14 +5,16 @@ A ``CommitReply`` at 50k episodes holds 100k record objects (``ExportedEpisode``
 actor's loop, and the driver unpickles them in one piece, each a step of tens of milliseconds
 that holds the loop it runs on. ``PackedCommit`` carries the same reply as a few fields and
 tuples of ``bytes``: each chunk the JSON of at most ``CUT_SLICE`` records, so pickling it is a
-copy of a few buffers. The actor packs in a worker thread (``pack_commit``: one short
-``orjson.dumps`` per chunk, the reply freed there too); the driver unpacks on its loop, one
-chunk per scheduler step (``unpack_commit``). Unpacked, it equals the reply the host gave.
+copy of a few buffers. The actor packs on its loop, one chunk per scheduler step
+(``pack_commit``: one short ``orjson.dumps`` per chunk, whose records are freed in that step);
+the driver unpacks on its loop, one chunk per scheduler step (``unpack_commit``). Packing in a
+worker thread instead had that thread compete with the instance's episodes for the
+interpreter (each handover of the GIL costs the loop up to the switch interval). Unpacked, it
+equals the reply the host gave.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, final
 
 import anyio.lowlevel
@@ -23,7 +25,6 @@ from gymckpt.runtime.lowlevel import collector_paused
 
 from ..._contract import AgentSession, CommitReply, ExportedEpisode, ParticipantInfo
 from ...host._cut import CUT_SLICE
-from ...host._records import offload
 
 __all__ = ["PackedCommit", "pack_commit", "unpack_commit"]
 
@@ -45,37 +46,45 @@ class PackedCommit:
     mid_turn: int
 
 
-def _chunks(rows: Sequence[Any], fields: Any) -> tuple[bytes, ...]:
-    return tuple(
-        orjson.dumps([fields(r) for r in rows[start : start + CUT_SLICE]])
-        for start in range(0, len(rows), CUT_SLICE)
-    )
-
-
-def _packed(box: list[CommitReply]) -> PackedCommit:
-    """Pack the reply ``box`` holds, taking it out of the box: its last reference dies here,
-    so its records are freed in this (worker) thread, not on the loop."""
-    reply = box.pop()
-    packed = PackedCommit(
-        reply.instance,
-        reply.checkpoint_id,
-        reply.participants,
-        _chunks(reply.exported, lambda e: (e.rollout_id, e.owner, e.capture_keys)),
-        orjson.dumps(reply.on_wire),
-        _chunks(
-            reply.sessions,
-            lambda s: (s.rollout_id, s.participant, s.kind, s.step_boundary, s.capture_keys),
-        ),
-        reply.mid_turn,
-    )
-    del reply
-    return packed
+async def _chunks_in_slices(rows: list[Any], fields: Any) -> tuple[bytes, ...]:
+    """``rows`` as JSON chunks of at most ``CUT_SLICE`` records, one chunk per scheduler step;
+    each chunk's records are taken out of ``rows`` once encoded (``rows`` ends empty), so the
+    last reference to them dies in that step, not all at once."""
+    chunks: list[bytes] = []
+    while rows:
+        chunks.append(orjson.dumps([fields(r) for r in rows[:CUT_SLICE]]))
+        del rows[:CUT_SLICE]
+        await anyio.lowlevel.checkpoint()
+    return tuple(chunks)
 
 
 async def pack_commit(box: list[CommitReply]) -> PackedCommit:
-    """The reply in ``box`` (its only reference: the box is emptied) packed for Ray, in a
-    worker thread (``offload``)."""
-    return await offload(lambda: _packed(box))
+    """The reply in ``box`` (its only reference: the box is emptied) packed for Ray on the
+    calling loop, one chunk of records per scheduler step (``_chunks_in_slices``), so the
+    instance's episodes step between two chunks and no thread competes with them for the
+    interpreter; no full collection runs meanwhile (``collector_paused``)."""
+    reply = box.pop()
+    exported, sessions = list(reply.exported), list(reply.sessions)
+    instance, checkpoint_id = reply.instance, reply.checkpoint_id
+    participants, on_wire, mid_turn = reply.participants, reply.on_wire, reply.mid_turn
+    del reply  # the lists are now the records' only holders
+    with collector_paused():
+        exported_chunks = await _chunks_in_slices(
+            exported, lambda e: (e.rollout_id, e.owner, e.capture_keys)
+        )
+        session_chunks = await _chunks_in_slices(
+            sessions,
+            lambda s: (s.rollout_id, s.participant, s.kind, s.step_boundary, s.capture_keys),
+        )
+    return PackedCommit(
+        instance,
+        checkpoint_id,
+        participants,
+        exported_chunks,
+        orjson.dumps(on_wire),
+        session_chunks,
+        mid_turn,
+    )
 
 
 async def unpack_commit(packed: PackedCommit) -> CommitReply:
