@@ -2846,6 +2846,27 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="priority",
         sim_seeds=0,
     ),
+    # -- calendar: the calendar environment's per-episode path (issue 34) ------------------------
+    Mutant(
+        "calendar-turn-sleeps-through-anyio-under-trio",
+        "calendar",
+        "gym_adapter/environments/calendar.py",
+        'if sniffio.current_async_library() == "trio":',
+        "if False:",
+        ("tests/test_calendar_env.py",),
+        keyword="sleeps",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "calendar-turn-sleeps-by-trio-under-asyncio",
+        "calendar",
+        "gym_adapter/environments/calendar.py",
+        'if sniffio.current_async_library() == "trio":',
+        "if True:",
+        ("tests/test_calendar_env.py",),
+        keyword="sleeps",
+        sim_seeds=0,
+    ),
 )
 
 

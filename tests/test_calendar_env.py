@@ -11,12 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 import trio.testing
 
 from gymckpt.gym_adapter import (
     EmbeddedGym,
+    EpisodeInfo,
     ReplyStream,
     RunReply,
     RunRow,
@@ -25,6 +27,7 @@ from gymckpt.gym_adapter import (
 from gymckpt.gym_adapter.environments.calendar import (
     CALENDAR,
     CONFIG_ENV,
+    CalendarAgent,
     CalendarConfig,
     CalendarEvent,
     CalendarServer,
@@ -245,3 +248,66 @@ async def test_the_same_seed_plays_the_same_calendar(
     first, again, other = await play(1), await play(1), await play(2)
     assert first == again
     assert first != other
+
+
+# -- the turn's sleep ----------------------------------------------------------------------------
+
+
+async def test_a_turn_under_trio_sleeps_by_trio_not_through_anyio(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every deployment hosts episodes under trio: a turn's work sleeps by ``trio.sleep``
+    directly (anyio's backend lookup is not paid per turn), for the plan's duration."""
+    through_anyio: list[float] = []
+    slept: list[float] = []
+    trio_sleep = trio.sleep
+
+    async def anyio_sleep(seconds: float) -> None:
+        through_anyio.append(seconds)
+        await trio_sleep(seconds)
+
+    async def counted(seconds: float) -> None:
+        slept.append(seconds)
+        await trio_sleep(seconds)
+
+    monkeypatch.setattr(anyio, "sleep", anyio_sleep)
+    monkeypatch.setattr(trio, "sleep", counted)
+    cfg = CalendarConfig(turns=(1, 1), turn_s=(0.01, 0.02), mutation_p=0.5)
+    async with EmbeddedGym.host(calendar_environment(config=cfg), seed=3) as gym:
+        replies = await drain(await gym.run("gym-0", [RunRow(f"{r}-0", r, 0, 0) for r in range(4)]))
+    assert len(replies) == 4
+    assert through_anyio == []
+    turns = sorted(s for s in slept if s != float("inf"))  # the host's own waits are endless
+    assert turns == sorted(plan_episode(3, r, 0, cfg).durations[0] for r in range(4))
+
+
+class _Ctx:
+    """The part of an ``EpisodeContext`` a calendar turn reaches."""
+
+    def __init__(self) -> None:
+        self.info = EpisodeInfo("0-0", 0, 0, 0, 3, "gym-0")
+        self.turn = 0
+        self.state = CalendarState()
+
+    async def model(self, request: object) -> object:
+        return request
+
+    def session(self, name: str) -> CalendarState:
+        return self.state
+
+    def count(self, name: str, n: int = 1) -> int:
+        return 1
+
+
+def test_a_turn_under_asyncio_sleeps_through_anyio() -> None:
+    """Under asyncio (a host served by anyio's asyncio backend) the same turn sleeps by anyio:
+    trio's sleep would raise there."""
+    cfg = CalendarConfig(turns=(1, 1), turn_s=(0.001, 0.001), mutation_p=1.0)
+    agent = CalendarAgent(cfg)
+    ctx = _Ctx()
+
+    async def turn() -> object:
+        return await agent.step(ctx, agent.open(ctx.info))  # type: ignore[arg-type]
+
+    assert anyio.run(turn, backend="asyncio") is None
+    assert [e.turn for e in ctx.state.events] == [0]
