@@ -29,8 +29,10 @@ trainer taking groups), ``--loop-attempts`` attempts per run, dispatcher batch 5
   the value checks of the result, the reply stream) on top of the runtime's.
 * ``embedded``: the embedded simulated Gym with one-turn episodes of 10-20 ms, as
   ``gymckpt bench checkpoint`` measures it (every row is an episode task on the same loop; the
-  calendar's turn is three agent steps with two sleeps and a model call, so this adds the
-  environment's own cost).
+  calendar's episode is two agent steps, its one turn with a model call, one sleep and, half the
+  time, a journaled calendar event, then the step that reports the end, so this adds the
+  environment's own cost; each sleep ends at its own virtual instant, one scheduler pass per
+  episode).
 
 Each is run ``--loop-runs`` times; the medians are ``loop_rows_per_s_null``,
 ``loop_rows_per_s_bare`` and ``loop_rows_per_s_embedded`` (wall), ``bare_over_null`` the
