@@ -31,8 +31,8 @@ trainer taking groups), ``--loop-attempts`` attempts per run, dispatcher batch 5
   ``gymckpt bench checkpoint`` measures it (every row is an episode task on the same loop; the
   calendar's episode is two agent steps, its one turn with a model call, one sleep and, half the
   time, a journaled calendar event, then the step that reports the end, so this adds the
-  environment's own cost; each sleep ends at its own virtual instant, one scheduler pass per
-  episode).
+  environment's own cost; each sleep ends at its own virtual instant: two scheduler passes per
+  episode, the first of which only jumps the virtual clock, one under a real clock).
 
 Each is run ``--loop-runs`` times; the medians are ``loop_rows_per_s_null``,
 ``loop_rows_per_s_bare`` and ``loop_rows_per_s_embedded`` (wall), ``bare_over_null`` the
