@@ -980,10 +980,24 @@ def _our_servers(marker: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if marker in line]
 
 
+def _own_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Temporary directories made by this test (and the processes it starts) under its own
+    ``tmp_path``, so ``_our_servers`` finds this test's servers only: another run's benchmark
+    on the machine (same prefix, another temp directory) is not ours."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return str(tmp_path) + "/"
+
+
 @pytest.mark.timeout(300)
-def test_fanout_over_http_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_fanout_over_http_quick_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``fanout --backend http``: the sweep and the whole-loop dispatch on spawned
     ``gymckpt serve`` processes, every control call timed, and no server left running."""
+    ours = _own_temp(tmp_path, monkeypatch)
     result = _run(capsys, "fanout", "--quick", "--backend", "http", "--json")
     assert result["backends"] == ["http"]
     http = result["http"]
@@ -1002,13 +1016,16 @@ def test_fanout_over_http_quick_json(capsys: pytest.CaptureFixture[str]) -> None
     # Ray was not asked for: said, not measured, and no ratio made up
     assert result["results"][0]["ok"] is False and "--backend" in result["results"][0]["error"]
     assert result["http_over_ray"] == {"sizes": {}, "dispatch_rows_per_s": None}
-    assert _our_servers("gymckpt-fanout-") == []
+    assert _our_servers(ours + "gymckpt-fanout-") == []
 
 
 @pytest.mark.timeout(300)
-def test_checkpoint_over_http_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_checkpoint_over_http_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One whole checkpoint at 128 in flight on 2 spawned servers, both modes: every episode
     exported, one prepare/commit/resume per server, and no server left running."""
+    ours = _own_temp(tmp_path, monkeypatch)
     r = _run(
         capsys,
         "checkpoint",
@@ -1036,14 +1053,17 @@ def test_checkpoint_over_http_json(capsys: pytest.CaptureFixture[str]) -> None:
 
     checkpoint_ray_section(lines.append, checkpoint_ray_section_http)
     assert lines[0].startswith("## Checkpoint end to end over HTTP (128 in flight, 2 servers)")
-    assert _our_servers("gymckpt-bench-ray-") == []
+    assert _our_servers(ours + "gymckpt-bench-ray-") == []
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)
-def test_fanout_both_backends_same_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_fanout_both_backends_same_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``fanout --backend both``: Ray and HTTP in one run, each with positive figures, and
     HTTP's as ratios of Ray's."""
+    ours = _own_temp(tmp_path, monkeypatch)
     pytest.importorskip("ray")
     result = _run(capsys, "fanout", "--quick", "--actors", "1", "--checkpoints", "1", "--json")
     assert result["backends"] == ["ray", "http"]
@@ -1054,4 +1074,4 @@ def test_fanout_both_backends_same_run(capsys: pytest.CaptureFixture[str]) -> No
         result["http_2_servers_rows_per_s"] / result["ray_2_actors_rows_per_s"], rel=1e-2
     )
     assert ratios["sizes"]["1"]["commit"]["stage"] > 0
-    assert _our_servers("gymckpt-fanout-") == []
+    assert _our_servers(ours + "gymckpt-fanout-") == []
