@@ -86,7 +86,13 @@ from gymckpt.runtime import (
     SnapshotStore,
     wait_drained,
 )
-from gymckpt.runtime._shared import LEDGER_FILE, MANIFEST_VERSION, GymManifest, tree_size
+from gymckpt.runtime._shared import (
+    LEDGER_FILE,
+    MANIFEST_VERSION,
+    GymManifest,
+    release_in_slices,
+    tree_size,
+)
 from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
 
 from ._calls import bounded_call, classify, fan_out
@@ -432,7 +438,7 @@ class CheckpointCoordinator:
             n_episodes = len(episodes)
             garbage: list[object] = [replies, owned, taken, manifest, episodes]
             del replies, owned, taken, manifest, episodes
-            await offload(garbage.clear)
+            await offload(functools.partial(release_in_slices, garbage))
             if config.pause_collector:  # what survived the checkpoint is long-lived
                 promote_survivors()
         return info, n_episodes, drained, mid_turn

@@ -34,7 +34,7 @@ from ._dataset_record import (
 from ._errors import sample_ids
 from ._plain import all_finite
 from ._row_order import ORDER_FILE, OrderRecord, RowOrder, check_order, load_order_record
-from ._slices import set_in_slices
+from ._slices import release_in_slices, set_in_slices
 from ._snapshot_format import (
     COMMIT_MARKER,
     GYM_STATE_DIR,
@@ -158,6 +158,7 @@ __all__ = [
     "participant_state_problem",
     "read_snapshot_records",
     "records_to_plain",
+    "release_in_slices",
     "row_ranges",
     "sample_ids",
     "session_records_plain",

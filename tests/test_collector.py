@@ -216,3 +216,44 @@ async def test_the_checkpoints_columns_are_promoted_after_ownership_and_after_th
         assert (await ro.checkpoint()).ok
     between = points[points.index("after_commit") + 1 : points.index("before_publish")]
     assert between == (["promote", "promote"] if pause else [])
+
+
+async def test_at_resume_the_checkpoints_records_are_let_go_a_slice_at_a_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once Gym runs again, the coordinator lets go of the checkpoint's per-episode records
+    (commit replies, ownership, the cut, the manifest) through ``release_in_slices`` in a
+    worker thread, the list handed over its only holder: freed in one C call (``list.clear``)
+    they held the GIL, and so the loop, for tens of ms at 200k (the heartbeat 57 ms late in
+    resume)."""
+    import gymckpt.nurseries._coordinator as coordinator
+
+    points: list[str] = []
+    given: list[int] = []
+    real = coordinator.release_in_slices
+
+    def release(items: list[object]) -> None:
+        points.append("release")
+        given.append(len(items))
+        real(items)
+        assert items == []
+
+    monkeypatch.setattr(coordinator, "release_in_slices", release)
+    config = RuntimeConfig(control_timeout_s=2.0, drain_timeout_s=5.0)
+    async with (
+        EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=SIM.host_config(),
+        ) as gym,
+        open_rollouts(
+            gym, tmp_path, rows=8, group_size=2, config=config, max_rows_in_flight=6
+        ) as ro,
+    ):
+        ro.coordinator.on_stage = lambda _cid, point: points.append(point)
+        await trio.sleep(1)
+        assert (await ro.checkpoint()).ok
+    assert points[points.index("before_resume") + 1 :] == ["release"]
+    assert given == [5]
