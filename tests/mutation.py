@@ -2867,6 +2867,36 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="sleeps",
         sim_seeds=0,
     ),
+    Mutant(
+        "embcommit2-resume-garbage-freed-in-one-call",
+        "cut records",
+        "nurseries/_coordinator.py",
+        "await offload(functools.partial(release_in_slices, garbage))",
+        "await offload(garbage.clear)",
+        ("tests/test_collector.py",),
+        keyword="let_go",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit2-release-frees-a-large-container-whole",
+        "cut records",
+        "runtime/_slices.py",
+        "if len(parts) <= _TAKEN_APART:",
+        "if True:",
+        ("tests/test_slices.py",),
+        keyword="garbage",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "embcommit2-release-keeps-small-parts-alive",
+        "cut records",
+        "runtime/_slices.py",
+        "del parts  # else it would keep them alive past their turn on ``stack``",
+        "pass",
+        ("tests/test_slices.py",),
+        keyword="garbage",
+        sim_seeds=0,
+    ),
 )
 
 
