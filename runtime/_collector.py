@@ -43,6 +43,17 @@ unfreezes instead, and the next full collection (at the trainer's pace, at the c
 process would pay without any of this) frees what such cycles hold.
 ``RuntimeConfig.pause_collector = False`` (and ``HostConfig.freeze_survivors = False`` for a
 Gym host) opts out.
+
+Records made in bulk (``records_promoted``). A remote commit's answer becomes 100k record
+objects per instance on the trainer's loop, a part of ~1k records per scheduler step. Each part
+allocates a few thousand tracked objects: several young collections, and each young collection
+walks not only the part but whatever CPython put back in the young generations uncounted since
+the last one (every coroutine resumed, every dict that became tracked again: at 200k in flight,
+the dispatcher's per-episode objects, tens of milliseconds a walk). So a part is made with the
+collector off, and what is young at its end is promoted (``gc.freeze()``, O(1)): no collection
+runs in the step, and the next one walks nothing of it. Records are acyclic; what was young
+beside them is promoted as ``promote_survivors`` promotes it, without counting toward its
+unfreeze cadence (a checkpoint makes hundreds of parts).
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ __all__ = [
     "collector_paused",
     "freeze_startup_objects",
     "promote_survivors",
+    "records_promoted",
 ]
 
 _OUT_OF_REACH = 1 << 30
@@ -120,3 +132,20 @@ def promote_survivors() -> bool:
         return False
     gc.freeze()
     return True
+
+
+@contextmanager
+def records_promoted() -> Iterator[None]:
+    """No collection at all inside the block (meant for one short, synchronous build of
+    acyclic records), then everything young promoted (``gc.freeze()``), so the young
+    generations are empty and their count zero when it ends (module docstring). A collector
+    that was off (the user's, or an outer block's) is left off and nothing is frozen."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()

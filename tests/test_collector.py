@@ -257,3 +257,36 @@ async def test_at_resume_the_checkpoints_records_are_let_go_a_slice_at_a_time(
         assert (await ro.checkpoint()).ok
     assert points[points.index("before_resume") + 1 :] == ["release"]
     assert given == [5]
+
+
+def test_records_promoted_runs_no_collection_and_leaves_the_young_generations_empty(
+    collector_on: None,
+) -> None:
+    """A bulk build of records: no collection inside the block, however much it allocates;
+    at its end everything young is frozen (its count back near zero), so no later young
+    collection walks it; a collector that was off stays off and nothing is frozen."""
+    from gymckpt.runtime.lowlevel import records_promoted
+
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.unfreeze()
+    gc.callbacks.append(seen)
+    try:
+        with records_promoted():
+            made = [(i, [i]) for i in range(20_000)]  # ~28 young collections' worth
+        assert collections == [], "a collection ran while records were made"
+        assert gc.isenabled() and gc.get_count()[0] < 10 and gc.get_freeze_count() > 0
+        assert id(made) not in {id(o) for o in gc.get_objects()}  # promoted: never walked
+        gc.unfreeze()
+        gc.disable()
+        with records_promoted():
+            pass
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.callbacks.remove(seen)
+        gc.enable()
+        gc.unfreeze()

@@ -144,3 +144,34 @@ async def test_the_actor_hands_a_commit_reply_to_ray_packed(
         reply = await unpack_commit(packed)
         assert sorted(s.rollout_id for s in reply.sessions) == [r.rollout_id for r in rows]
         await actor._control("resume", {"checkpoint_id": "c1"}, deadline(), None, {}, None)
+
+
+async def test_no_collection_runs_while_a_commit_reply_is_unpacked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each chunk's records are made with no garbage collection and then promoted
+    (``records_promoted``): on the trainer's loop a young collection walks whatever CPython
+    put back in the young generations uncounted (tens of ms at 200k in flight), several times
+    per chunk on main. The unpacked reply is unchanged."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    reply = a_reply(8 * CUT_SLICE)
+    packed = await pack_commit([reply])
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.enable()
+    gc.set_threshold(700, 10, 10)
+    gc.callbacks.append(seen)
+    try:
+        unpacked = await unpack_commit(packed)
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+    assert collections == [], f"{len(collections)} collections while 16k records were unpacked"
+    assert unpacked == a_reply(8 * CUT_SLICE)

@@ -31,7 +31,7 @@ from typing import Any, Final, final
 
 import trio
 
-from gymckpt.runtime.lowlevel import collector_paused
+from gymckpt.runtime.lowlevel import collector_paused, records_promoted
 
 from ..._contract import AgentSession, CommitReply, ExportedEpisode, ParticipantInfo
 from .._wire import WireFormatError
@@ -166,10 +166,13 @@ class CommitParts:
 async def decode_in_steps(next_line: Callable[[], Awaitable[bytes | None]]) -> CommitParts:
     """The body whose lines ``next_line`` gives (None at its end) decoded one line per
     scheduler step, even for lines that arrived together, with no full collection while its
-    records are made (``collector_paused``). ``WireFormatError`` as ``CommitParts.feed``."""
+    records are made (``collector_paused``) and no collection at all while one line's are
+    (``records_promoted``: the young generations the trainer's loop filled are not walked once
+    per thousand records). ``WireFormatError`` as ``CommitParts.feed``."""
     parts = CommitParts()
     with collector_paused():
         while (line := await next_line()) is not None:
-            parts.feed(line)
+            with records_promoted():
+                parts.feed(line)
             await trio.lowlevel.checkpoint()
     return parts

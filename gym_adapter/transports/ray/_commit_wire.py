@@ -21,7 +21,7 @@ import anyio.lowlevel
 import attrs
 import orjson
 
-from gymckpt.runtime.lowlevel import collector_paused
+from gymckpt.runtime.lowlevel import collector_paused, records_promoted
 
 from ..._contract import AgentSession, CommitReply, ExportedEpisode, ParticipantInfo
 from ...host._cut import CUT_SLICE
@@ -90,17 +90,22 @@ async def pack_commit(box: list[CommitReply]) -> PackedCommit:
 async def unpack_commit(packed: PackedCommit) -> CommitReply:
     """The ``CommitReply`` ``packed`` carries, one chunk of records per scheduler step, with no
     full collection of what the process holds while its records are made
-    (``collector_paused``)."""
+    (``collector_paused``), and no collection at all while one chunk's are
+    (``records_promoted``: the young generations the trainer's loop filled are not walked once
+    per thousand records)."""
     exported: list[ExportedEpisode] = []
     sessions: list[AgentSession] = []
     with collector_paused():
         for chunk in packed.exported:
-            exported.extend(ExportedEpisode(r, o, tuple(k)) for r, o, k in orjson.loads(chunk))
+            with records_promoted():
+                exported.extend(ExportedEpisode(r, o, tuple(k)) for r, o, k in orjson.loads(chunk))
             await anyio.lowlevel.checkpoint()
         for chunk in packed.sessions:
-            sessions.extend(
-                AgentSession(r, p, kind, b, tuple(k)) for r, p, kind, b, k in orjson.loads(chunk)
-            )
+            with records_promoted():
+                sessions.extend(
+                    AgentSession(r, p, kind, b, tuple(k))
+                    for r, p, kind, b, k in orjson.loads(chunk)
+                )
             await anyio.lowlevel.checkpoint()
     return CommitReply(
         packed.instance,
