@@ -2897,6 +2897,39 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="garbage",
         sim_seeds=0,
     ),
+    # -- remote2: commit answers decoded with no collection per part --------------------------
+    Mutant(
+        "http-commit-parts-decoded-with-the-collector-on",
+        "remote2",
+        "gym_adapter/transports/http/_parts.py",
+        "with records_promoted():",
+        "with collector_paused():",
+        ("tests/test_http_commit_parts.py",),
+        keyword="no_collection",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "ray-commit-chunks-unpacked-with-the-collector-on",
+        "remote2",
+        "gym_adapter/transports/ray/_commit_wire.py",
+        "with records_promoted():",
+        "with collector_paused():",
+        ("tests/test_ray_commit_wire.py",),
+        nth=2,
+        keyword="no_collection",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "records-promoted-does-not-freeze",
+        "remote2",
+        "runtime/_collector.py",
+        "gc.freeze()",
+        "pass",
+        ("tests/test_collector.py",),
+        nth=8,
+        keyword="records_promoted",
+        sim_seeds=0,
+    ),
 )
 
 
