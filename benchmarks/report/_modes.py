@@ -281,8 +281,8 @@ def _stall_miss(u: ModeCheckpoint) -> str:
         f"`{late.stage}` ({fmt(late.heartbeat_max_late_ms, ' ms', 1)}), GC pauses up to "
         f"{fmt(u.gc_max_pause_ms, ' ms', 1)}. A stall far above its CPU time is the loop "
         "waiting for the GIL or a core, not working. *What it would take:* the embedded "
-        "Gym's export and the snapshot's long serialisations in chunks or in another "
-        "process, fewer objects freed at once at resume, and a core of its own."
+        "Gym's export (threads that share the loop's GIL) in another process, fewer young "
+        "objects made while it runs, and a core of its own."
     )
 
 
@@ -322,10 +322,12 @@ def mode_miss_lines(
             f"CPU, {fmt(u.until_moving_process_cpu_s, ' s', 2)} of process CPU: a wall time "
             "well above them is the loop waiting for a core). Largest stages: "
             + _stage_text(u, n)
-            + ". *What it would take:* the embedded Gym's commit collecting what its "
-            "episodes' boundary marks already hold instead of rebuilding records (columns, "
-            "one serialiser call per instance), the runtime's stages at a few µs per episode, "
-            "and on this machine a quiet core."
+            + ". The commit already writes its records from the boundary marks (an entry per "
+            "session, every object of an instance synced together) and the runtime's stages "
+            "are a few µs per episode. *What it would take:* the four instances' exports, "
+            "now in threads of one interpreter, in processes of their own (as over Ray and "
+            "HTTP), or each entry kept in its final encoding from its mark (a cost moved onto "
+            "every boundary), and on this machine a quiet core."
         )
     if u is not None and "unaligned_checkpoint_stall" in missed:
         out.append(_stall_miss(u))

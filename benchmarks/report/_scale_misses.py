@@ -65,10 +65,13 @@ def _remote_miss(
         f"{fmt(None if commit is None else commit.in_gym_calls_ms, ' ms', 0)} of `commit`; "
         f"per-episode pause p50 {fmt(u.pauses.pause_p50_ms, ' ms', 1)}, max "
         f"{fmt(u.pauses.pause_max_ms, ' ms', 0)}; longest loop stall in task "
-        f"`{u.max_loop_stall_task}`. *What it would take:* the cut and its commit reply off "
-        "each instance's loop (work in slices, records built off the loop, a reply streamed in "
-        "parts rather than one object through the transport's serialiser), so no episode waits "
-        "for the commit to finish, and replies decoded on the trainer in slices."
+        f"`{u.max_loop_stall_task}`. The cut runs in slices, the reply goes in parts (HTTP) or "
+        "is packed a chunk per step (Ray) and is decoded a part per step on the trainer with "
+        "no collection; most of what is left is each instance's export (its 50k episodes' "
+        "records built in a thread that shares the instance's GIL with its episodes, which "
+        "pause while it runs). *What it would take:* that export in a process of its own or "
+        "done between checkpoints (a session's encoded entry kept from its last mark), and, "
+        "on this 2-core machine, the four instances and the trainer not sharing two cores."
     )
 
 
@@ -107,8 +110,12 @@ def _dispatch_miss(dispatch: DispatchResult, missed: set[str]) -> str:
             if "dispatch_loop_rows_per_s" in missed
             else ""
         )
-        + " (an episode without a task and a cancel scope of its own while it does not wait, "
-        "admission and reply streams per batch, user calls wrapped once)."
+        + ". The step path already takes one scheduler pass per turn; what is left is the "
+        "environment's own turn (the calendar's sleep costs two scheduler passes under the "
+        "benchmark's virtual clock, its retained session a journal write, its marks an "
+        "export), young collections of the episodes that live across a sleep, and a task and "
+        "a cancel scope per episode (an episode without a task of its own while it does not "
+        "wait: one scheduler per instance over ready episodes)."
     )
 
 
@@ -124,9 +131,12 @@ def _host_miss(host: HostResult, missed: set[str]) -> str:
             f"{fmt(ps.plain_us_per_step_median, ' µs')}; with marks on demand "
             f"{fmt(ps.host_on_demand_us_per_step_median, ' µs')}). *What it would take:* the "
             f"host's overhead from {fmt(ps.host_overhead_us_per_step, ' µs')} to "
-            f"{fmt(allowed, ' µs')} a step: no boundary mark where no cut can use it, and "
-            "the step path (boundary, model proxy, session lookup) without per-step "
-            "allocations."
+            f"{fmt(allowed, ' µs')} a step. Marks on demand (nothing per step until a prepare "
+            "that may cut arms them) already take most of the way; the default host takes a "
+            "mark at every boundary of an environment that supports the unaligned cut, since "
+            "the default alignment timeout may end in a cut: the default on demand (its "
+            "first cut then retries the turns in flight), or a mark that exports only what "
+            "changed since the last one."
         )
     if "host_marks_aligned" in missed:
         text += ("\n" if text else "") + (
