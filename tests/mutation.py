@@ -2930,6 +2930,17 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="records_promoted",
         sim_seeds=0,
     ),
+    # chaos: nothing left running when a start is closed
+    Mutant(
+        "chaos-close-returns-before-its-kills-end",
+        "chaos",
+        "app/chaos/process.py",
+        "        _wait_ended(killed, time.monotonic() + GONE_TIMEOUT_S)",
+        "        pass",
+        ("tests/test_chaos.py",),
+        keyword="close_returns",
+        sim_seeds=0,
+    ),
 )
 
 

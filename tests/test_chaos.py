@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,42 @@ def _read_pid(fifo: Path, timeout_s: float) -> int:
         return int(os.read(fd, 64).decode().strip())
     finally:
         os.close(fd)
+
+
+def test_close_returns_once_every_descendant_it_killed_has_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL ends a process only when the kernel next runs it, later on a loaded machine
+    (a CI run saw ``chaos`` exit with its program's child still running): ``close`` returns
+    once every descendant it killed has ended. That delay is made here: the descendant, in a
+    session of its own (so the group's SIGKILL misses it), gets its SIGKILL 0.3 s late."""
+    fifo = tmp_path / "child.pid"
+    os.mkfifo(fifo)
+    script = f"setsid sleep 60 & echo $! > {fifo}; wait"
+    start = Start.spawn(["sh", "-c", script], tmp_path / "log", os.environ)
+    real_kill = os.kill
+    timers: list[threading.Timer] = []
+
+    def late_kill(pid: int, sig: int) -> None:
+        if pid != child:
+            real_kill(pid, sig)
+            return
+        timers.append(threading.Timer(0.3, real_kill, (pid, sig)))
+        timers[-1].start()
+
+    child = _read_pid(fifo, timeout_s=30)
+    try:
+        assert start.wait(0) is None and child in start.seen  # noted as a descendant
+        monkeypatch.setattr(os, "kill", late_kill)
+        start.close()
+        assert timers, "close sent the descendant no SIGKILL"
+        assert not _alive(child)
+    finally:
+        monkeypatch.undo()
+        for t in timers:
+            t.join()
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_a_kill_picks_the_program_with_its_group_or_one_descendant(tmp_path: Path) -> None:

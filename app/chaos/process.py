@@ -12,15 +12,20 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import select
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import attrs
 
-__all__ = ["Start", "descendants"]
+__all__ = ["GONE_TIMEOUT_S", "Start", "descendants"]
+
+GONE_TIMEOUT_S: Final = 10.0
+"""How long ``Start.close`` waits, in all, for the descendants it SIGKILLed to end."""
 
 
 def _parents() -> dict[int, int]:
@@ -135,16 +140,22 @@ class Start:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
-        """SIGKILL the group and every descendant seen, then reap the program."""
+        """SIGKILL the group and every descendant seen, reap the program, and return once every
+        descendant it killed has ended (at most ``GONE_TIMEOUT_S``): a SIGKILL is delivered at
+        once, but a process ends only when the kernel next runs it, later on a loaded
+        machine."""
         if self.proc.poll() is None:
             self._note()
         self.kill_group()
+        killed: dict[int, str] = {}
         for pid, started in self.seen.items():
             if _start_time(pid) == started:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+                    killed[pid] = started
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+        _wait_ended(killed, time.monotonic() + GONE_TIMEOUT_S)
 
     def _note(self) -> None:
         with contextlib.suppress(OSError):
@@ -152,6 +163,38 @@ class Start:
                 started = _start_time(pid)
                 if started is not None:
                     self.seen.setdefault(pid, started)
+
+
+def _wait_ended(pids: Mapping[int, str], deadline: float) -> None:
+    """Until each process of ``pids`` (pid -> its start time) has ended or ``deadline``
+    (``time.monotonic``) passes. A zombie has ended (it runs nothing; its parent or init reaps
+    it). Each end is awaited as an event where the kernel has pidfds (one turns readable when
+    its process ends), else ``/proc`` is read every 10 ms; a pid whose start time differs is
+    another process and is not waited for."""
+    for pid, started in pids.items():
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        except (AttributeError, OSError):  # no pidfds here
+            while _running(pid, started) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            continue
+        try:
+            if _start_time(pid) == started:
+                select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+
+
+def _running(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs (not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] != "Z" and fields[19] == started
 
 
 def _start_time(pid: int) -> str | None:
