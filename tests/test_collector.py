@@ -199,21 +199,7 @@ async def test_the_checkpoints_columns_are_promoted_after_ownership_and_after_th
 
     monkeypatch.setattr(coordinator, "promote_survivors", promote)
     config = RuntimeConfig(control_timeout_s=2.0, drain_timeout_s=5.0, pause_collector=pause)
-    async with (
-        EmbeddedGym.host(
-            calendar_environment(config=SIM),
-            instances=2,
-            seed=3,
-            work_dir=tmp_path / "gym",
-            config=SIM.host_config(),
-        ) as gym,
-        open_rollouts(
-            gym, tmp_path, rows=8, group_size=2, config=config, max_rows_in_flight=6
-        ) as ro,
-    ):
-        ro.coordinator.on_stage = lambda _cid, point: points.append(point)
-        await trio.sleep(1)
-        assert (await ro.checkpoint()).ok
+    await _one_checkpoint(tmp_path, config, points)
     between = points[points.index("after_commit") + 1 : points.index("before_publish")]
     assert between == (["promote", "promote"] if pause else [])
 
@@ -239,22 +225,9 @@ async def test_at_resume_the_checkpoints_records_are_let_go_a_slice_at_a_time(
         assert items == []
 
     monkeypatch.setattr(coordinator, "release_in_slices", release)
-    config = RuntimeConfig(control_timeout_s=2.0, drain_timeout_s=5.0)
-    async with (
-        EmbeddedGym.host(
-            calendar_environment(config=SIM),
-            instances=2,
-            seed=3,
-            work_dir=tmp_path / "gym",
-            config=SIM.host_config(),
-        ) as gym,
-        open_rollouts(
-            gym, tmp_path, rows=8, group_size=2, config=config, max_rows_in_flight=6
-        ) as ro,
-    ):
-        ro.coordinator.on_stage = lambda _cid, point: points.append(point)
-        await trio.sleep(1)
-        assert (await ro.checkpoint()).ok
+    await _one_checkpoint(
+        tmp_path, RuntimeConfig(control_timeout_s=2.0, drain_timeout_s=5.0), points
+    )
     assert points[points.index("before_resume") + 1 :] == ["release"]
     assert given == [5]
 
@@ -290,3 +263,23 @@ def test_records_promoted_runs_no_collection_and_leaves_the_young_generations_em
         gc.callbacks.remove(seen)
         gc.enable()
         gc.unfreeze()
+
+
+async def _one_checkpoint(tmp_path: Path, config: RuntimeConfig, points: list[str]) -> None:
+    """One checkpoint of a small calendar run on 2 embedded instances, a second in, with every
+    stage point the coordinator passes appended to ``points``."""
+    async with (
+        EmbeddedGym.host(
+            calendar_environment(config=SIM),
+            instances=2,
+            seed=3,
+            work_dir=tmp_path / "gym",
+            config=SIM.host_config(),
+        ) as gym,
+        open_rollouts(
+            gym, tmp_path, rows=8, group_size=2, config=config, max_rows_in_flight=6
+        ) as ro,
+    ):
+        ro.coordinator.on_stage = lambda _cid, point: points.append(point)
+        await trio.sleep(1)
+        assert (await ro.checkpoint()).ok
