@@ -9,6 +9,7 @@ synchronous functions.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -980,24 +981,28 @@ def _our_servers(marker: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if marker in line]
 
 
-def _own_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Temporary directories made by this test (and the processes it starts) under its own
-    ``tmp_path``, so ``_our_servers`` finds this test's servers only: another run's benchmark
-    on the machine (same prefix, another temp directory) is not ours."""
+@pytest.fixture
+def own_temp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Temporary directories made by this test (and the processes it starts) under a directory
+    of its own, so ``_our_servers`` finds this test's servers only: another run's benchmark on
+    the machine (same prefix, another temp directory) is not ours. A short path under the
+    system's temp directory (Ray puts Unix sockets under it, whose paths are bounded)."""
+    import shutil
     import tempfile
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return str(tmp_path) + "/"
+    own = tempfile.mkdtemp(prefix="gk-")
+    monkeypatch.setenv("TMPDIR", own)
+    monkeypatch.setattr(tempfile, "tempdir", own)
+    yield own + "/"
+    monkeypatch.undo()
+    shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.mark.timeout(300)
-def test_fanout_over_http_quick_json(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fanout_over_http_quick_json(capsys: pytest.CaptureFixture[str], own_temp: str) -> None:
     """``fanout --backend http``: the sweep and the whole-loop dispatch on spawned
     ``gymckpt serve`` processes, every control call timed, and no server left running."""
-    ours = _own_temp(tmp_path, monkeypatch)
+    ours = own_temp
     result = _run(capsys, "fanout", "--quick", "--backend", "http", "--json")
     assert result["backends"] == ["http"]
     http = result["http"]
@@ -1020,12 +1025,10 @@ def test_fanout_over_http_quick_json(
 
 
 @pytest.mark.timeout(300)
-def test_checkpoint_over_http_json(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_checkpoint_over_http_json(capsys: pytest.CaptureFixture[str], own_temp: str) -> None:
     """One whole checkpoint at 128 in flight on 2 spawned servers, both modes: every episode
     exported, one prepare/commit/resume per server, and no server left running."""
-    ours = _own_temp(tmp_path, monkeypatch)
+    ours = own_temp
     r = _run(
         capsys,
         "checkpoint",
@@ -1058,12 +1061,10 @@ def test_checkpoint_over_http_json(
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)
-def test_fanout_both_backends_same_run(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fanout_both_backends_same_run(capsys: pytest.CaptureFixture[str], own_temp: str) -> None:
     """``fanout --backend both``: Ray and HTTP in one run, each with positive figures, and
     HTTP's as ratios of Ray's."""
-    ours = _own_temp(tmp_path, monkeypatch)
+    ours = own_temp
     pytest.importorskip("ray")
     result = _run(capsys, "fanout", "--quick", "--actors", "1", "--checkpoints", "1", "--json")
     assert result["backends"] == ["ray", "http"]
