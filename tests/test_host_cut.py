@@ -88,16 +88,33 @@ def test_an_export_that_is_not_finite_is_a_problem_naming_the_participant(which:
     )
 
 
-def test_states_that_pass_alone_but_not_together_are_a_problem_not_an_exception() -> None:
+def test_a_state_too_deep_for_the_records_is_a_problem_not_an_exception() -> None:
     deep: list[Any] = []
-    for _ in range(253):  # one level short of orjson's limit: the array of states is too deep
+    for _ in range(252):  # 253 levels: orjson serialises it alone, not where a chunk holds it
         deep = [deep]
+    assert orjson.loads(orjson.dumps([deep])) == [deep]
     ep = episode()
     ep.sessions["cal"] = deep
     mark = mark_boundary((AGENT, CAL), ep)
-    assert mark.states is None
-    assert mark.problem is not None and "Recursion limit reached" in mark.problem
-    assert mark.problem.startswith("episode 3-0 (row 3 slot 0 attempt 0) on gym-0: at step")
+    assert mark.states is None and mark.parts is None
+    assert mark.problem == (
+        "episode 3-0 (row 3 slot 0 attempt 0) on gym-0: at step boundary 2, cal session state "
+        "nests too deep: a snapshot's records hold it 2 levels down, where JSON may nest 254 "
+        "levels; keep its own nesting to at most 252 levels"
+    )
+    ep.sessions["cal"] = deep[0]  # 252 levels: taken
+    assert mark_boundary((AGENT, CAL), ep).problem is None
+
+
+def test_a_mark_holds_each_state_in_the_bytes_its_chunk_entry_needs() -> None:
+    ep = episode()
+    ep.sessions["agent"] = {"z": 1, "a": {"y": [0.5, "é"], "b": None}}
+    mark = mark_boundary((AGENT, CAL), ep)
+    assert mark.parts == (
+        orjson.dumps(ep.sessions["agent"], option=orjson.OPT_SORT_KEYS),
+        b'{"events":["t0","t1"]}',
+    )
+    assert mark.parts[0] == '{"a":{"b":null,"y":[0.5,"é"]},"z":1}'.encode()
 
 
 def test_the_cut_takes_each_episode_at_its_mark_with_the_calls_completed_so_far() -> None:

@@ -1,5 +1,6 @@
-"""Boundary marks (``gym_adapter.host._cut.mark_boundary``) on their fast path: a mark's bytes
-are ``checked_json``'s bytes of the exported states (one JSON array, agent first), and a mark
+"""Boundary marks (``gym_adapter.host._cut.mark_boundary``) on their fast path: a mark holds
+each exported state's bytes as a chunk entry of the records holds them (``checked_json``'s bytes
+read back and serialised with keys sorted, agent first), and a mark
 still refuses what is not finite plain data (``nan`` and ``inf`` anywhere, ``None`` beside them
 or not, inside numpy arrays, and inside a container whose ``__eq__`` would hide them); the
 Gymnasium agent's export is a copy of its history that a later step does not change."""
@@ -54,13 +55,19 @@ class Liar(dict):  # type: ignore[type-arg]
         ([None, "null", {"k": None}], None),
         ({"t": (1, 2.5)}, {"n": None}),  # a tuple: the checked path, the same bytes
         ({"a": np.array([1.5, 2.0])}, {"s": np.float32(0.5), "n": None}),
+        # float32 text (8.7001214e+15) is not the float64 text it reads back as
+        ({"b": np.float32(8.7001214e15), "a": [1]}, {"s": np.array([1e-8], np.float32)}),
     ],
 )
-def test_a_mark_holds_checked_json_bytes(agent: Any, env: Any) -> None:
+def test_a_mark_holds_the_bytes_a_chunk_entry_holds(agent: Any, env: Any) -> None:
     m = mark(agent, env)
     assert m.problem is None and m.turn == 4
-    assert m.states == checked_json([agent, env], "session state")
-    assert orjson.loads(m.states)[0] == orjson.loads(checked_json(agent, "agent"))
+    # checked_json's bytes read back and serialised with keys sorted: what the records hold
+    assert m.parts == tuple(
+        orjson.dumps(orjson.loads(checked_json(x, "state")), option=orjson.OPT_SORT_KEYS)
+        for x in (agent, env)
+    )
+    assert orjson.loads(m.states) == orjson.loads(checked_json([agent, env], "session state"))
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

@@ -23,6 +23,7 @@ from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.gym_adapter.host._episodes import MOVING, Episode, StagedModelCall
 from gymckpt.gym_adapter.host._records import (
     FREE_SLICE,
+    KeptExportError,
     RecordsToWrite,
     build_records,
     cut_records,
@@ -139,6 +140,58 @@ def test_what_is_not_finite_plain_data_is_left_to_build_records(kept: Any, stage
         ep.staged = [StagedModelCall("1-0:t0-c0", staged, "0" * 64, 0)]
     taken, _ = take_cut([ep])
     assert cut_records(environment(), "calendar", (CALENDAR,), "c7", taken, kept) is None
+
+
+def nested(levels: int) -> Any:
+    """A list nested ``levels`` deep."""
+    deep: Any = []
+    for _ in range(levels - 1):
+        deep = [deep]
+    return deep
+
+
+def test_a_state_too_deep_for_a_chunk_is_refused_by_its_mark_and_by_build_records() -> None:
+    # 253 levels: orjson writes it alone and in a mark's array, not where a chunk holds it
+    ep = episode("1-0", 1, 1)
+    ep.sessions["tool"] = nested(253)
+    ep.mark = mark_boundary((AGENT, CALENDAR, TOOL), ep)
+    problem = (
+        "tool session state nests too deep: a snapshot's records hold it 2 levels down, "
+        "where JSON may nest 254 levels; keep its own nesting to at most 252 levels"
+    )
+    assert ep.mark.problem is not None and ep.mark.problem.endswith(problem)
+    # an aligned commit refuses the episode (the host fails it), not the whole commit
+    ok = episode("2-0", 2, 1)
+    records, refused = build_records(
+        environment(), "calendar", (CALENDAR,), "c7", [ep, ok], [], None
+    )
+    assert [(r.rollout_id, r.message.endswith(problem)) for r in refused] == [("1-0", True)]
+    assert [s["rollout_id"] for s in read_sessions(records["tool"])] == ["2-0"]
+
+
+def test_a_kept_state_too_deep_for_a_chunk_is_left_to_build_records() -> None:
+    kept = [("0-9", "0-9", 0, {"calendar": nested(253)})]
+    taken, _ = take_cut([episode("1-0", 1, 1)])
+    assert cut_records(environment(), "calendar", (CALENDAR,), "c7", taken, kept) is None
+    with pytest.raises(KeptExportError, match="calendar session state nests too deep"):
+        build_records(environment(), "calendar", (CALENDAR,), "c7", [], kept, None)
+
+
+def test_a_state_as_deep_as_a_chunk_holds_is_written_alike_and_reads_back() -> None:
+    ep = episode("1-0", 1, 1)
+    ep.sessions["tool"] = nested(252)
+    ep.mark = mark_boundary((AGENT, CALENDAR, TOOL), ep)
+    kept = [("0-9", "0-9", 0, {"calendar": nested(252)})]
+    fast, slow = both([ep], kept)
+    assert fast is not None
+    assert {s: r.chunks for s, r in fast.items()} == {s: r.chunks for s, r in slow.items()}
+    assert read_sessions(fast["tool"])[0]["state"] == nested(252)
+    assert read_sessions(fast["calendar"])[0]["state"] == nested(252)
+
+
+def read_sessions(records: Any) -> list[Any]:
+    """The sessions a participant's chunked records hold, read back."""
+    return [e for chunk in records.chunks["sessions"] for e in orjson.loads(chunk)]
 
 
 def test_every_object_is_durable_before_the_first_index_names_one(

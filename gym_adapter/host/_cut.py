@@ -2,8 +2,10 @@
 
 As an episode passes a step boundary (before its next turn starts), the host keeps a
 ``BoundaryMark``: every session state of the episode (agent, participants, retained ones of its
-slot), exported and serialised to JSON bytes there and then, so nothing a later turn does to a
-live state can reach it. An unaligned commit is the instance's *cut*: each active episode is
+slot), exported and serialised there and then, each in its final encoding (the bytes a chunk
+entry of the records holds: keys sorted), so nothing a later turn does to a live state can
+reach it and a commit formats its entries around those bytes, parsing and serialising nothing
+again (``_records.cut_records``). An unaligned commit is the instance's *cut*: each active episode is
 taken as its mark holds it, with every model call it completed up to the cut (``ep.staged`` is
 append-only: a copy of it at the cut is exactly those calls); a call in progress at the cut is
 not among them, so a restore asks it again. The worker thread that writes the records reads
@@ -26,8 +28,8 @@ one of its current boundary (``ep.mark.turn == ep.turn``: the turn counter moves
 the next mark is made, with no scheduling point between), and an episode inside a turn
 (``ep.stepping``) that started after the arming always has one; one whose turn started before
 has none, and the cut retries it (``ControlPlane._retry_unmarked``).
-A mark whose states could not be exported or are not finite plain data carries the problem
-instead (``problem``); the cut fails that episode (data), as an aligned commit fails a parked
+A mark whose states could not be exported, are not finite plain data or nest too deep for the
+records (``CHUNK_DEPTH``) carries the problem instead (``problem``); the cut fails that episode (data), as an aligned commit fails a parked
 episode whose export fails.
 """
 
@@ -60,30 +62,54 @@ __all__ = [
 @final
 @attrs.define(slots=True, eq=False)
 class BoundaryMark:
-    """An episode's session states as it passed step boundary ``turn``: a JSON array, one
-    state per participant in ``Roles.sessions`` order (agent first), or the ``problem`` that
-    kept them from being taken (and the exception, if one was raised)."""
+    """An episode's session states as it passed step boundary ``turn``: each state's bytes in
+    their final encoding (``parts``, one per participant in ``Roles.sessions`` order, agent
+    first), or the ``problem`` that kept them from being taken (and the exception, if one was
+    raised).
+
+    Invariant: each part is exactly the bytes a chunk entry of the records holds for that state
+    (keys sorted, ``final_state_bytes``), proven finite plain data at the depth a chunk holds
+    it (``CHUNK_DEPTH``), so a commit formats its entries around them and never parses or
+    serialises a state again."""
 
     turn: int
-    states: bytes | None
+    parts: tuple[bytes, ...] | None
     problem: str | None = None
     exc: BaseException | None = None
-    parts: tuple[bytes, ...] | None = None
-    """Each state's own JSON bytes (``states`` is their array), kept only where some
-    participant declares ``state_version``: what the next mark reuses."""
     versions: tuple[Any, ...] | None = None
-    """Each participant's ``state_version`` of its state here (None where it declares none)."""
+    """Each participant's ``state_version`` of its state here (None where it declares none);
+    None when no participant declares ``state_version``."""
     objects: tuple[Any, ...] | None = None
     """The session state objects ``versions`` are of: a state replaced since
     (``ctx.replace_session``) is exported again whatever its version says."""
 
+    @property
+    def states(self) -> bytes | None:
+        """The states as one JSON array (``parts`` joined), or None with a ``problem``."""
+        return None if self.parts is None else b"[" + b",".join(self.parts) + b"]"
 
-_EXACT: Final = (
-    orjson.OPT_SERIALIZE_NUMPY  # as checked_json serialises: the same bytes when both succeed
+
+_FINAL: Final = (
+    orjson.OPT_SORT_KEYS  # as a chunk is serialised (runtime._snapshot_format)
     | orjson.OPT_PASSTHROUGH_SUBCLASS
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_DATETIME
 )
+"""Plain data only: anything else (a subclass, a dataclass, a datetime, a numpy value) raises
+and takes ``final_state_bytes``' read-back path. A numpy float32 is written in its own
+shortest form (``8.7001214e+15``), which differs from the float64 it reads back as
+(``8700121400000000.0``): the records hold the latter, as read back."""
+_ENTRY: Final = orjson.OPT_SORT_KEYS
+
+CHUNK_DEPTH: Final = 2
+"""How many containers a chunk of the records puts around a session state (its list, then the
+state's entry: ``[{..., "state": S}]``). A state is serialised that deep at its mark
+(``final_state_bytes``) and checked that deep where records are built (``_records.
+_state_problem``): orjson's nesting limit is met where the state enters, the same for both
+builders, never in the middle of a commit."""
+
+JSON_DEPTH: Final = 254
+"""The deepest nesting orjson serialises (its limit: 255 levels raise)."""
 
 CUT_SLICE: Final = 1024
 """The most episodes one step of a sliced cut takes (``ControlPlane._commit_cut``), and the most
@@ -93,32 +119,52 @@ loop longer, more, smaller ones would make the cut wait for more scheduler batch
 loop."""
 
 
-def _finite_json(states: list[Any]) -> bytes | None:
-    """``checked_json(states)``'s bytes when they are finite plain data and that is cheap to
-    prove, else None (ask ``checked_json``, which says what is wrong).
+def _proven(state: Any) -> bytes | None:
+    """``state``'s final bytes when it is finite plain data that fits ``CHUNK_DEPTH`` down and
+    that is cheap to prove, else None (``final_state_bytes`` asks ``checked_json``).
 
-    orjson writes ``nan`` and ``inf`` as ``null``: output without ``null`` is finite. Else
-    each state whose own bytes hold a ``null`` must equal them read back (a non-finite float
-    is unequal to the ``None`` read in its place). That equality is the builtin one: under
-    these options orjson raises on subclasses of ``dict``, ``list``, ``str`` and ``int``, on
-    dataclasses and datetimes (whose ``__eq__`` could say anything), and numpy values compare
-    element-wise (an array is never equal to a list, a scalar never to ``None``). No walk in
-    Python, unlike the standard library's encoder that ``checked_json`` asks."""
+    orjson writes ``nan`` and ``inf`` as ``null``: output without ``null`` is finite. Else the
+    state must equal its bytes read back (a non-finite float is unequal to the ``None`` read in
+    its place). That equality is the builtin one: under these options orjson raises on
+    subclasses of ``dict``, ``list``, ``str`` and ``int``, on dataclasses, datetimes (whose
+    ``__eq__`` could say anything) and numpy values (``_FINAL``). No walk in Python, unlike the
+    standard library's encoder that ``checked_json`` asks."""
     try:
-        data = orjson.dumps(states, option=_EXACT)
+        part = orjson.dumps([[state]], option=_FINAL)[CHUNK_DEPTH:-CHUNK_DEPTH]
     except (TypeError, orjson.JSONEncodeError):
         return None
-    if b"null" not in data:
-        return data
-    for state in states:
+    if b"null" in part:
         try:
-            part = orjson.dumps(state, option=_EXACT)
-            same = b"null" not in part or orjson.loads(part) == state
+            same = orjson.loads(part) == state
         except Exception:  # e.g. an array's truth value, asked inside a comparison
             return None
         if same is not True:
             return None
-    return data
+    return part
+
+
+def final_state_bytes(state: Any, where: str) -> bytes:
+    """``state``'s bytes as a chunk entry of the records holds them: ``checked_json``'s bytes
+    read back and serialised with keys sorted, compact (for plain data, ``orjson.dumps(state,
+    option=OPT_SORT_KEYS)``). ``NotPlainData`` naming ``where`` if ``state`` is not finite
+    plain data, or nests too deep for a chunk to hold it (``CHUNK_DEPTH``)."""
+    part = _proven(state)
+    if part is not None:
+        return part
+    data = checked_json(state, where)  # what is wrong, and where; or a value orjson refused
+    try:  # read back: what the passthrough options refused (a subclass) becomes plain
+        return orjson.dumps([[orjson.loads(data)]], option=_ENTRY)[CHUNK_DEPTH:-CHUNK_DEPTH]
+    except orjson.JSONEncodeError:
+        raise NotPlainData(too_deep(where)) from None
+
+
+def too_deep(where: str) -> str:
+    """The problem of a state that is plain data but nests too deep for the records."""
+    return (
+        f"{where} nests too deep: a snapshot's records hold it {CHUNK_DEPTH} levels down, where "
+        f"JSON may nest {JSON_DEPTH} levels; keep its own nesting to at most "
+        f"{JSON_DEPTH - CHUNK_DEPTH} levels"
+    )
 
 
 def mark_boundary(
@@ -126,39 +172,56 @@ def mark_boundary(
 ) -> BoundaryMark:
     """``ep``'s mark at its current step boundary (``participants``: ``Roles.sessions``).
 
-    One ``export`` per participant and one ``orjson.dumps`` of them all; a failure is kept in
-    the mark, naming the participant whose state it is, never raised (the episode runs on;
-    only a cut that needs the mark fails it). States that pass one by one but not together (a
-    nesting one level short of orjson's limit) are a problem of the whole.
+    One ``export`` and one ``orjson.dumps`` per participant, in the state's final encoding
+    (``final_state_bytes``); a failure is kept in the mark, naming the participant whose state
+    it is, never raised (the episode runs on; only a cut that needs the mark fails it).
 
     ``versions`` (``Roles.versions``): a participant that declares ``state_version(state)``
     and gives the same value, not None, for the same state object as at ``ep``'s previous
-    mark is not exported again: that mark's bytes of its state are reused (``_mark_parts``)."""
-    if versions is not None:
-        return _mark_parts(participants, ep, versions)
+    mark is not exported again: that mark's bytes of its state are reused."""
     turn = ep.turn
-    states: list[Any] = []
-    for p in participants:
+    prev = ep.mark
+    reuse = (
+        versions is not None
+        and prev is not None
+        and prev.parts is not None
+        and prev.versions is not None
+    )
+    parts: list[bytes] = []
+    now: list[Any] = []
+    objects: list[Any] = []
+    for i, p in enumerate(participants):
+        state = ep.sessions[p.name]
         try:
-            states.append(to_plain(p.export(ep.sessions[p.name])))
+            version = None
+            if versions is not None:
+                objects.append(state)
+                version_of = versions[i]
+                version = version_of(state) if version_of is not None else None
+                now.append(version)
+                if (
+                    version is not None
+                    and reuse
+                    and prev.objects[i] is state  # type: ignore[union-attr,index]
+                    and prev.versions[i] == version  # type: ignore[union-attr,index]
+                ):
+                    parts.append(prev.parts[i])  # type: ignore[union-attr,index]
+                    continue
+            plain = to_plain(p.export(state))
         except Exception as exc:
             return _export_failed(ep, p.name, turn, exc)
-    data = _finite_json(states)
-    if data is not None:
-        return BoundaryMark(turn, data)
-    try:
-        return BoundaryMark(turn, checked_json(states, "session state"))
-    except NotPlainData as whole:
-        problem = str(whole)
-        for p, state in zip(participants, states, strict=True):
+        part = _proven(plain)
+        if part is None:
             try:
-                checked_json(state, f"{p.name} session state")
-            except NotPlainData as exc:
-                problem = str(exc)
-                break
-        return BoundaryMark(
-            turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {problem}"
-        )
+                part = final_state_bytes(plain, f"{p.name} session state")
+            except NotPlainData as bad:
+                return BoundaryMark(
+                    turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {bad}"
+                )
+        parts.append(part)
+    if versions is None:
+        return BoundaryMark(turn, tuple(parts))
+    return BoundaryMark(turn, tuple(parts), versions=tuple(now), objects=tuple(objects))
 
 
 def _export_failed(ep: Episode, name: str, turn: int, exc: Exception) -> BoundaryMark:
@@ -169,55 +232,6 @@ def _export_failed(ep: Episode, name: str, turn: int, exc: Exception) -> Boundar
         f"{episode_label(ep.info)}: exporting its {name} session state at step boundary "
         f"{turn} raised {exc!r}",
         exc,
-    )
-
-
-def _mark_parts(participants: Sequence[Any], ep: Episode, versions: Sequence[Any]) -> BoundaryMark:
-    """``mark_boundary`` state by state: each state's bytes on their own, those of a state
-    whose declared version is unchanged since ``ep``'s previous mark taken from it."""
-    turn = ep.turn
-    prev = ep.mark
-    reuse = prev is not None and prev.parts is not None and prev.versions is not None
-    parts: list[bytes] = []
-    now: list[Any] = []
-    objects: list[Any] = []
-    for i, (p, version_of) in enumerate(zip(participants, versions, strict=True)):
-        state = ep.sessions[p.name]
-        objects.append(state)
-        try:
-            version = version_of(state) if version_of is not None else None
-            if (
-                version is not None
-                and reuse
-                and prev.objects[i] is state  # type: ignore[union-attr,index]
-                and prev.versions[i] == version  # type: ignore[union-attr,index]
-            ):
-                parts.append(prev.parts[i])  # type: ignore[union-attr,index]
-                now.append(version)
-                continue
-            plain = to_plain(p.export(state))
-        except Exception as exc:
-            return _export_failed(ep, p.name, turn, exc)
-        # dumped one level down, as in the whole array: a state that fits here fits there
-        data = _finite_json([plain])
-        if data is not None:
-            parts.append(data[1:-1])  # the state's own bytes, out of its one-element array
-        else:
-            try:
-                parts.append(checked_json([plain], f"{p.name} session state")[1:-1])
-            except NotPlainData:
-                try:
-                    checked_json(plain, f"{p.name} session state")  # what is wrong, and where
-                    problem = f"{p.name} session state nests too deep"
-                except NotPlainData as bad:
-                    problem = str(bad)
-                return BoundaryMark(
-                    turn, None, f"{episode_label(ep.info)}: at step boundary {turn}, {problem}"
-                )
-        now.append(version)
-    states = b"[" + b",".join(parts) + b"]"
-    return BoundaryMark(
-        turn, states, parts=tuple(parts), versions=tuple(now), objects=tuple(objects)
     )
 
 
@@ -290,7 +304,7 @@ def stand_ins(
             c.ep.info,
             c.ep.rollout_id,
             c.ep.key,
-            dict(zip(names, loads(c.mark.states), strict=True)),  # type: ignore[arg-type]
+            dict(zip(names, map(loads, c.mark.parts), strict=True)),  # type: ignore[arg-type]
             c.mark.turn,
             c.staged,
         )

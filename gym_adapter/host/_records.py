@@ -71,6 +71,7 @@ from gymckpt.runtime.lowlevel import (
     write_atomic,
 )
 
+from ._cut import final_state_bytes
 from ._episode import to_plain
 from ._log import episode_label
 
@@ -496,8 +497,10 @@ def _refuse(
 
 
 def _state_problem(state: Any, where: str) -> str | None:
+    """What keeps ``state`` out of the records (not finite plain data, or nested too deep for
+    the place a chunk holds it: ``final_state_bytes``, as a mark checks it), or None."""
     try:
-        checked_json(state, where)
+        final_state_bytes(state, where)
     except NotPlainData as exc:
         return str(exc)
     return None
@@ -681,43 +684,35 @@ def free_in_slices(items: list[Any]) -> None:
 
 def _mark_entries(participants: int, taken: Sequence[CutEpisode]) -> list[list[bytes]]:
     """Each session's chunk entry, by participant (the agent first, then ``participants``
-    others, in ``Roles.sessions`` order, as the marks hold them), in ``taken``'s order."""
-    loads, dumps = orjson.loads, orjson.dumps
+    others, in ``Roles.sessions`` order, as the marks hold them), in ``taken``'s order: the
+    episode's fields formatted around the state's bytes as its mark holds them (already in
+    their final encoding: ``BoundaryMark``), no state parsed or serialised here."""
+    dumps = orjson.dumps
     agent: list[bytes] = []
     others: list[list[bytes]] = [[] for _ in range(participants)]
     for c in taken:
         ep, mark = c.ep, c.mark
         info = ep.info
-        first, *states = loads(mark.states)  # type: ignore[arg-type]
+        first, *states = mark.parts  # type: ignore[misc]
         rid = dumps(ep.rollout_id)
         agent.append(
-            _AGENT_ENTRY
-            % (
-                info.attempt,
-                rid,
-                info.row,
-                info.slot,
-                dumps(first, option=_ENTRY_OPTS),
-                mark.turn,
-            )
+            _AGENT_ENTRY % (info.attempt, rid, info.row, info.slot, first, mark.turn)
         )
         key = dumps(ep.key)
         for column, state in zip(others, states, strict=True):
-            column.append(
-                _SESSION_ENTRY % (info.attempt, key, rid, dumps(state, option=_ENTRY_OPTS))
-            )
+            column.append(_SESSION_ENTRY % (info.attempt, key, rid, state))
     return [agent, *others]
 
 
 def _kept_entries(kept: Sequence[Kept], name: str) -> list[tuple[str, bytes]] | None:
     """(key, chunk entry) of participant ``name``'s session of each kept slot, or None if one
-    is not finite plain data (``cut_records``)."""
+    is not finite plain data or nests too deep for its chunk (``cut_records``)."""
     rows: list[tuple[str, bytes]] = []
     for key, rid, attempt, by_name in kept:
         state = by_name[name]
         entry = {"attempt": attempt, "key": key, "rollout_id": rid, "state": state}
-        try:
-            data = orjson.dumps(entry, option=_ENTRY_OPTS)
+        try:  # in a list, as its chunk holds it: the same nesting limit as ``chunk_records``
+            data = orjson.dumps([entry], option=_ENTRY_OPTS)[1:-1]
         except (TypeError, orjson.JSONEncodeError):
             return None
         if b"null" in data and _state_problem(state, name) is not None:
