@@ -5,11 +5,11 @@ As an episode passes a step boundary (before its next turn starts), the host kee
 slot), exported and serialised there and then, each in its final encoding (the bytes a chunk
 entry of the records holds: keys sorted), so nothing a later turn does to a live state can
 reach it and a commit formats its entries around those bytes, parsing and serialising nothing
-again (``_records.cut_records``). An unaligned commit is the instance's *cut*: each active episode is
-taken as its mark holds it, with every model call it completed up to the cut (``ep.staged`` is
-append-only: a copy of it at the cut is exactly those calls); a call in progress at the cut is
-not among them, so a restore asks it again. The worker thread that writes the records reads
-only what the cut copied.
+again (``_records.cut_records``). An unaligned commit is the instance's *cut*: each active
+episode is taken as its mark holds it, with every model call it completed up to the cut
+(``ep.staged`` is append-only: a copy of it at the cut is exactly those calls); a call in
+progress at the cut is not among them, so a restore asks it again. The worker thread that
+writes the records reads only what the cut copied.
 
 The cut runs on the loop in slices of at most ``CUT_SLICE`` episodes, yielding to the loop
 between two (``ControlPlane._commit_cut``), so 200k episodes never hold the loop in one step.
@@ -27,10 +27,10 @@ may cut, ``HostConfig.boundary_marks``). Invariant, while armed: an episode that
 one of its current boundary (``ep.mark.turn == ep.turn``: the turn counter moves on only where
 the next mark is made, with no scheduling point between), and an episode inside a turn
 (``ep.stepping``) that started after the arming always has one; one whose turn started before
-has none, and the cut retries it (``ControlPlane._retry_unmarked``).
-A mark whose states could not be exported, are not finite plain data or nest too deep for the
-records (``CHUNK_DEPTH``) carries the problem instead (``problem``); the cut fails that episode (data), as an aligned commit fails a parked
-episode whose export fails.
+has none, and the cut retries it (``ControlPlane._retry_unmarked``). A mark whose states could
+not be exported, are not finite plain data or nest too deep for the records (``CHUNK_DEPTH``)
+carries the problem instead (``problem``); the cut fails that episode (data), as an aligned
+commit fails a parked episode whose export fails.
 """
 
 from __future__ import annotations
