@@ -9,7 +9,10 @@ Episodes are bare records with marks; no host runs (the whole path runs in
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
+from operator import itemgetter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,12 +25,15 @@ from gymckpt.gym_adapter.host._cut import mark_boundary, stand_ins, take_cut
 from gymckpt.gym_adapter.host._episode import EpisodeInfo
 from gymckpt.gym_adapter.host._episodes import MOVING, Episode, StagedModelCall
 from gymckpt.gym_adapter.host._records import (
+    DUMP_SLICE,
     FREE_SLICE,
+    SORT_SLICE,
     KeptExportError,
     RecordsToWrite,
     build_records,
     cut_records,
     free_in_slices,
+    sorted_in_slices,
     write_all,
 )
 from gymckpt.runtime._shared import RECORDS_FILE, chunk_records
@@ -140,6 +146,34 @@ def test_what_is_not_finite_plain_data_is_left_to_build_records(kept: Any, stage
         ep.staged = [StagedModelCall("1-0:t0-c0", staged, "0" * 64, 0)]
     taken, _ = take_cut([ep])
     assert cut_records(environment(), "calendar", (CALENDAR,), "c7", taken, kept) is None
+
+
+def test_the_records_from_the_marks_parse_and_serialise_no_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each entry is formatted around its mark's bytes: no state is read back or serialised
+    again at the commit (only each episode's rollout ID and key are serialised)."""
+    episodes = [episode(f"{row}-0", row, 1) for row in range(50)]
+    expected, _ = both(episodes, [], model=False)
+    taken, _ = take_cut(episodes)
+    taken.sort(key=lambda c: c.ep.rollout_id)
+    dumped: list[Any] = []
+    dumps = orjson.dumps
+
+    def spy(value: Any, *args: Any, **kwargs: Any) -> bytes:
+        dumped.append(value)
+        return dumps(value, *args, **kwargs)
+
+    def no_loads(data: Any) -> Any:
+        raise AssertionError("a state was read back at the commit")
+
+    monkeypatch.setattr(orjson, "dumps", spy)
+    monkeypatch.setattr(orjson, "loads", no_loads)
+    fast = cut_records(environment(model=False), "calendar", (CALENDAR,), "c7", taken, [])
+    monkeypatch.undo()
+    assert fast is not None
+    assert {s: r.chunks for s, r in fast.items()} == {s: r.chunks for s, r in expected.items()}
+    assert all(isinstance(v, str) for v in dumped), [type(v) for v in dumped]
 
 
 def nested(levels: int) -> Any:
@@ -287,3 +321,88 @@ async def test_an_instance_s_writes_run_beside_the_next_instance_s_export() -> N
             nursery.start_soon(_records.offload, lambda: export("b"))
             assert await _records.offload(write, io=True) == "written"
     assert order == ["export a", "write", "export b"]  # exports one at a time
+
+
+def sorts_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Any], Any]]:
+    """Every ``sorted`` call of ``_records`` (``sorted_in_slices``' C calls): (items, key)."""
+    seen: list[tuple[list[Any], Any]] = []
+
+    def spy(items: Any, key: Any = None) -> list[Any]:
+        seen.append((list(items), key))
+        return sorted(items, key=key)
+
+    monkeypatch.setattr(_records, "sorted", spy, raising=False)
+    return seen
+
+
+def runs(items: list[Any], key: Any) -> int:
+    """How many ascending runs ``items`` are (by ``key``)."""
+    keys = [x if key is None else key(x) for x in items]
+    return 1 + sum(1 for a, b in itertools.pairwise(keys) if a > b)
+
+
+def bounded(seen: list[tuple[list[Any], Any]]) -> None:
+    """No call sorted more than ``SORT_SLICE`` items but a merge of two ascending runs."""
+    for items, key in seen:
+        assert len(items) <= SORT_SLICE or runs(items, key) <= 2, (len(items), runs(items, key))
+
+
+def test_sorted_in_slices_is_a_stable_sort_in_calls_of_bounded_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = random.Random(7)
+    items = [(rng.randrange(500), i) for i in range(3 * SORT_SLICE + 17)]  # keys repeat
+    seen = sorts_seen(monkeypatch)
+    assert sorted_in_slices(items, key=itemgetter(0)) == sorted(items, key=itemgetter(0))
+    bounded(seen)
+    slices = sum(1 for items, _ in seen if len(items) <= 2048)
+    assert slices >= 4, slices  # slices of a few thousand
+    assert max(len(items) for items, _ in seen) == len(items)  # the last merge: all of them
+    assert sorted_in_slices([]) == [] and sorted_in_slices(["b", "a"]) == ["a", "b"]
+
+
+def test_a_retained_list_out_of_key_order_is_sorted_in_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # rollout IDs whose order is not their keys' (row-slot): the retained list is by key
+    rows = list(range(SORT_SLICE + 500))
+    random.Random(3).shuffle(rows)
+    episodes = [episode(f"id {i:05}", row, 1) for i, row in enumerate(rows)]
+    kept = [("17-3", "17-3-a1", 1, {"calendar": {"events": []}})]
+    seen = sorts_seen(monkeypatch)
+    fast, slow = both(episodes, kept)
+    assert fast is not None and fast["calendar"].chunks == slow["calendar"].chunks
+    bounded(seen)
+    assert any(len(items) > SORT_SLICE for items, _ in seen)
+
+
+def test_staged_chunks_are_serialised_a_slice_of_entries_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    episodes = [episode(f"{row}-0", row, 3) for row in range(3000)]
+    taken, _ = take_cut(episodes)
+    taken.sort(key=lambda c: c.ep.rollout_id)
+    expected = build_records(
+        environment(),
+        "calendar",
+        (CALENDAR,),
+        "c7",
+        stand_ins((AGENT, CALENDAR, TOOL), taken, []),
+        [],
+        None,
+        exported=True,
+    )[0]["model_proxy"]
+    assert max(len(orjson.loads(c)) for c in expected.chunks["staged"]) > DUMP_SLICE
+    lengths: list[int] = []
+    dumps = orjson.dumps
+
+    def spy(value: Any, *args: Any, **kwargs: Any) -> bytes:
+        if isinstance(value, list):
+            lengths.append(len(value))
+        return dumps(value, *args, **kwargs)
+
+    monkeypatch.setattr(orjson, "dumps", spy)
+    fast = cut_records(environment(), "calendar", (CALENDAR,), "c7", taken, [])
+    monkeypatch.undo()
+    assert fast is not None and fast["model_proxy"].chunks == expected.chunks
+    assert lengths and max(lengths) <= DUMP_SLICE

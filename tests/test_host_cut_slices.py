@@ -32,10 +32,11 @@ from gymckpt.gym_adapter import (
     RunReply,
     RunRow,
 )
-from gymckpt.gym_adapter.host import _control
+from gymckpt.gym_adapter.host import _control, _cut, _records
 from gymckpt.gym_adapter.host._cut import CUT_SLICE
 from gymckpt.gym_adapter.host._episode import EpisodeInfo, call_id
 from gymckpt.gym_adapter.host._episodes import DONE, Episode, request_digest
+from gymckpt.gym_adapter.host._records import SORT_SLICE
 from gymckpt.runtime import (
     CheckpointMode,
     EpisodeRecord,
@@ -185,6 +186,32 @@ async def test_no_step_of_the_cut_takes_more_than_cut_slice_episodes(
     assert len(set(at)) == len(at), f"two slices of the cut ran in one task step ({at})"
     assert reply.mid_turn == n and len(reply.exported) == n
     assert {s.step_boundary for s in reply.sessions} == {1}
+
+
+async def test_the_commit_sorts_the_cut_in_calls_of_bounded_work(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export thread sorts the cut's episodes by rollout ID: never in one C call of all of
+    them (it holds the GIL, which the loop's thread waits for), in ``sorted_in_slices``."""
+    n = SORT_SLICE + 3
+    model = GatedModel(gated={key(r, 1) for r in range(n)})
+    sorts: list[list[Any]] = []
+    real = sorted
+
+    def spy(items: Any, key: Any = None) -> list[Any]:
+        sorts.append(list(items))
+        return real(items, key=key)
+
+    monkeypatch.setattr(_records, "sorted", spy, raising=False)
+    async with host_at(tmp_path, "world-a", model) as host:
+        await host.run(rows(n))
+        await model.all_waiting()
+        await host.prepare("c1", deadline(), UNALIGNED)
+        reply = await host.commit("c1", str(tmp_path / "snap"), deadline())
+    assert [e.rollout_id for e in reply.exported] == real(rollout_id_for(r, 0, 0) for r in range(n))
+    cut = [s for s in sorts if s and isinstance(s[0], _cut.CutEpisode)]
+    assert sum(len(s) for s in cut if len(s) <= SORT_SLICE) == n  # sorted a slice at a time
+    assert max(len(s) for s in cut) == n  # then merged
 
 
 def manifest_parts(reply: CommitReply) -> tuple[InstanceRecord, list[EpisodeRecord]]:

@@ -574,7 +574,7 @@ def _records(
         name = p.name
         cols: tuple[Sequence[Any], ...] = (keys, rids, attempts, columns[name])
         if name in retained:  # the kept slots too, every session by key (a stable sort)
-            rows = sorted(
+            rows = sorted_in_slices(
                 [
                     *zip(*cols, strict=True),
                     *((key, rid, attempt, by_name[name]) for key, rid, attempt, by_name in kept),
