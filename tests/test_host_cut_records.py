@@ -351,7 +351,7 @@ def test_sorted_in_slices_is_a_stable_sort_in_calls_of_bounded_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rng = random.Random(7)
-    items = [(rng.randrange(500), i) for i in range(3 * SORT_SLICE + 17)]  # keys repeat
+    items = [(rng.randrange(500), i) for i in range(3 * 2048 + 17)]  # keys repeat
     seen = sorts_seen(monkeypatch)
     assert sorted_in_slices(items, key=itemgetter(0)) == sorted(items, key=itemgetter(0))
     bounded(seen)
