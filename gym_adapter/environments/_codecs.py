@@ -10,6 +10,10 @@ Values are encoded as JSON with tags for what JSON lacks: ``{"$nd": dtype, "shap
 for arrays, ``{"$np": dtype, "v"}`` for numpy scalars, ``{"$tuple": [...]}``,
 ``{"$dict": {...}}`` and ``{"$int": "..."}`` for integers beyond 64 bits (the PCG64 state).
 Floats round-trip exactly through JSON (shortest repr), float32 through float64.
+``AttributeCodec`` writes ``{"fields": {...}, "unset": [...], "rng": ..., "elapsed_steps": n}``:
+a field whose value is None is named in ``"unset"`` (no JSON ``null``: the host's boundary mark
+of a state without one is finite on sight), ``"unset"`` and ``"elapsed_steps"`` are left out
+when empty or without a ``TimeLimit``; a state written with ``null`` restores the same.
 
 Built-in codecs cover the classic-control (CartPole, MountainCar, MountainCarContinuous,
 Acrobot, Pendulum) and toy-text (FrozenLake, Taxi, CliffWalking, Blackjack) environments; a user
