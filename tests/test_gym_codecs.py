@@ -151,10 +151,13 @@ def test_attribute_codec_continues_a_run_bit_for_bit() -> None:
         env.step(1)
     data = json.loads(json.dumps(codec.export(env)))
     assert data["elapsed_steps"] == 4
-    assert set(data["fields"]) == {"state", "steps_beyond_terminated"}
+    assert set(data["fields"]) == {"state"}
+    assert data["unset"] == ["steps_beyond_terminated"]  # None, named: no JSON null
     twin = _cartpole(seed=99)
+    twin.unwrapped.steps_beyond_terminated = 7  # restored to None, not left as it was
     codec.restore(twin, data)
     assert twin._elapsed_steps == 4  # type: ignore[attr-defined]
+    assert twin.unwrapped.steps_beyond_terminated is None
     for action in (0, 1, 1, 0):
         a, b = env.step(action), twin.step(action)
         assert a[0].tobytes() == b[0].tobytes() and a[1:4] == b[1:4]
@@ -166,10 +169,10 @@ def test_attribute_codec_leaves_out_missing_fields_and_has_no_limit_unwrapped() 
     env = _cartpole().unwrapped
     data = codec.export(env)
     assert set(data["fields"]) == {"state"}
-    assert data["elapsed_steps"] is None
+    assert "elapsed_steps" not in data and "unset" not in data
     wrapped = _cartpole()
     wrapped.step(0)
-    codec.restore(wrapped, data)  # None leaves the wrapper's count alone
+    codec.restore(wrapped, data)  # no count leaves the wrapper's count alone
     assert wrapped._elapsed_steps == 1  # type: ignore[attr-defined]
 
 
@@ -226,3 +229,77 @@ def test_register_state_codec(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(TypeError, match=r"has export\(env\) and restore\(env, data\)"):
             register_state_codec("GymckptT1Bad", bad)  # type: ignore[arg-type]
     assert codec_for("GymckptT1Bad") is None
+
+
+def test_attribute_codec_exports_no_json_null() -> None:
+    """A None field (CartPole's ``steps_beyond_terminated`` until it ends) is named in
+    ``unset``, never written as ``null``: a mark of a state without ``null`` is finite on sight
+    (``host/_cut.py`` ``_finite_json``), one with it pays a second encoding and a decoding."""
+    codec = codec_for("CartPole-v1")
+    assert codec is not None
+    env = _cartpole()
+    env.step(0)
+    assert env.unwrapped.steps_beyond_terminated is None
+    assert "null" not in json.dumps(codec.export(env))
+
+
+def test_attribute_codec_restores_a_state_written_with_null() -> None:
+    """A state exported before ``unset`` (its None fields and a missing count as ``null``)
+    restores the same as today's."""
+    codec = codec_for("CartPole-v1")
+    assert codec is not None
+    env = _cartpole()
+    env.step(1)
+    data = json.loads(json.dumps(codec.export(env)))
+    old = {
+        "fields": {**data["fields"], "steps_beyond_terminated": None},
+        "rng": data["rng"],
+        "elapsed_steps": data["elapsed_steps"],
+    }
+    twin = _cartpole(seed=99)
+    twin.unwrapped.steps_beyond_terminated = 2
+    codec.restore(twin, old)
+    assert twin.unwrapped.steps_beyond_terminated is None
+    assert twin._elapsed_steps == 1  # type: ignore[attr-defined]
+    assert env.step(0)[0].tobytes() == twin.step(0)[0].tobytes()
+    no_count = {**old, "elapsed_steps": None}
+    codec.restore(twin, no_count)  # None leaves the wrapper's count alone
+    assert twin._elapsed_steps == 2  # type: ignore[attr-defined]
+
+
+def test_attribute_codec_refuses_unknown_unset_fields() -> None:
+    env = _cartpole()
+    with pytest.raises(ValueError, match=r"fields this codec does not know: \['x'\]"):
+        AttributeCodec(("state",)).restore(env, {"fields": {}, "unset": ["x"], "rng": None})
+
+
+def test_a_memo_reuses_the_generator_encoding_only_while_its_state_is_unchanged() -> None:
+    """With an ``ExportMemo`` the generator's state is encoded again only when it changed: a
+    draw (``reset``) is seen at the next export, which equals a memo-less one."""
+    codec = AttributeCodec(("state",))
+    env = _cartpole()
+    memo = codec.memo(env)
+    first = codec.export(env, memo)
+    env.step(0)
+    second = codec.export(env, memo)
+    assert second["rng"] is first["rng"]  # unchanged: the same encoding, not a new one
+    assert second == codec.export(env)
+    env.reset()  # draws the initial state from the generator
+    third = codec.export(env, memo)
+    assert third["rng"] != first["rng"]
+    assert third == codec.export(env)
+    twin = _cartpole(seed=99)
+    codec.restore(twin, json.loads(json.dumps(third)))
+    assert twin.unwrapped.np_random.random() == env.unwrapped.np_random.random()
+
+
+def test_a_memo_is_not_used_for_other_generators() -> None:
+    """A generator other than PCG64 (MT19937's state holds an array) is encoded each time."""
+    codec = AttributeCodec(("state",))
+    env = _cartpole()
+    env.unwrapped.np_random = np.random.Generator(np.random.MT19937(5))
+    memo = codec.memo(env)
+    first = codec.export(env, memo)
+    env.unwrapped.np_random.random()
+    second = codec.export(env, memo)
+    assert second["rng"] != first["rng"] and second == codec.export(env)

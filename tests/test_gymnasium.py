@@ -86,6 +86,39 @@ def test_codec_export_restore_continues_bit_identically(name: str) -> None:
     assert _rollout(twin, actions, resets=True) == _rollout(env, actions, resets=True)
 
 
+@pytest.mark.parametrize("name", sorted(BUILTIN_IDS))
+def test_the_participants_export_is_the_codecs_at_every_step(name: str) -> None:
+    """The ``env`` participant exports through its session's ``ExportMemo`` (the generator's
+    encoding reused while unchanged): at every step of a run with resets, slippery FrozenLake's
+    draws included, its export equals the codec's own, and restores to the same continuation.
+    Where the generator did not move, the encoding is the previous export's (not redone)."""
+    from gymckpt.gym_adapter.environments.gymnasium import GymnasiumParticipant, GymSession
+
+    env_id = BUILTIN_IDS[name]
+    codec = codec_for(env_id)
+    assert codec is not None
+    import numpy as np
+
+    participant = GymnasiumParticipant(env_id, codec, 400)
+    env = gymnasium.make(env_id, max_episode_steps=400)
+    session = GymSession(env, plain(env.reset(seed=123)[0]))
+    rng = np.random.default_rng(5)
+    previous, reused = None, 0
+    for _ in range(40):
+        data = participant.export(session)
+        assert data["env"] == codec.export(env)
+        if previous is not None and data["env"]["rng"] == previous["rng"]:
+            reused += data["env"]["rng"] is previous["rng"]
+        previous = data["env"]
+        _rollout(env, [random_policy(None, rng, env.action_space)], resets=True)
+    if name in ("CartPole", "MountainCar", "Acrobot", "Pendulum"):  # draw only at reset
+        assert reused > 0
+    data = orjson.loads(orjson.dumps(participant.export(session)))
+    twin = participant.restore(data)
+    actions = [random_policy(None, rng, env.action_space) for _ in range(30)]
+    assert _rollout(twin.env, actions, resets=True) == _rollout(env, actions, resets=True)
+
+
 def test_restore_without_the_rng_state_would_diverge() -> None:
     """The RNG is part of the state: FrozenLake (slippery) restored without it diverges."""
     fields_only = AttributeCodec(("s", "lastaction"))

@@ -10,6 +10,10 @@ Values are encoded as JSON with tags for what JSON lacks: ``{"$nd": dtype, "shap
 for arrays, ``{"$np": dtype, "v"}`` for numpy scalars, ``{"$tuple": [...]}``,
 ``{"$dict": {...}}`` and ``{"$int": "..."}`` for integers beyond 64 bits (the PCG64 state).
 Floats round-trip exactly through JSON (shortest repr), float32 through float64.
+``AttributeCodec`` writes ``{"fields": {...}, "unset": [...], "rng": ..., "elapsed_steps": n}``:
+a field whose value is None is named in ``"unset"`` (no JSON ``null``: the host's boundary mark
+of a state without one is finite on sight), ``"unset"`` and ``"elapsed_steps"`` are left out
+when empty or without a ``TimeLimit``; a state written with ``null`` restores the same.
 
 Built-in codecs cover the classic-control (CartPole, MountainCar, MountainCarContinuous,
 Acrobot, Pendulum) and toy-text (FrozenLake, Taxi, CliffWalking, Blackjack) environments; a user
@@ -28,6 +32,7 @@ import numpy as np
 
 __all__ = [
     "AttributeCodec",
+    "ExportMemo",
     "StateCodec",
     "builtin_codec_names",
     "codec_for",
@@ -116,33 +121,89 @@ def _time_limit(env: gymnasium.Env[Any, Any]) -> Any:
     return None
 
 
+@attrs.define(slots=True, eq=False)
+class ExportMemo:
+    """What ``AttributeCodec.export`` keeps of one live environment between its exports: the
+    unwrapped environment and its ``TimeLimit`` (fixed for the environment's life), and its
+    generator's last state with that state's encoding (reused while the state is unchanged:
+    a classic-control environment draws only at ``reset``)."""
+
+    unwrapped: Any
+    time_limit: Any
+    rng_state: Any = None
+    rng_data: Any = None
+
+
 @attrs.frozen
 class AttributeCodec:
     """A codec that saves ``fields`` of the unwrapped environment (missing ones as absent),
-    its ``np_random`` state and the ``TimeLimit`` step count."""
+    its ``np_random`` state and the ``TimeLimit`` step count.
+
+    A field whose value is None is named in ``"unset"`` rather than written as JSON ``null``
+    (so the host's mark of the state stays on its fast path: output without ``null`` is
+    finite); ``"elapsed_steps"`` is left out without a ``TimeLimit``. A state written with
+    ``null`` (before this encoding) restores the same."""
 
     fields: tuple[str, ...]
 
-    def export(self, env: gymnasium.Env[Any, Any]) -> Any:
-        u = env.unwrapped
-        tl = _time_limit(env)
-        return {
-            "fields": {f: encode_value(getattr(u, f)) for f in self.fields if hasattr(u, f)},
-            "rng": encode_value(u.np_random.bit_generator.state),
-            "elapsed_steps": None if tl is None else tl._elapsed_steps,
-        }
+    def memo(self, env: gymnasium.Env[Any, Any]) -> ExportMemo:
+        """A fresh ``ExportMemo`` of ``env`` for ``export``."""
+        return ExportMemo(env.unwrapped, _time_limit(env))
+
+    def export(self, env: gymnasium.Env[Any, Any], memo: ExportMemo | None = None) -> Any:
+        """``env``'s state as JSON data. With ``memo`` (of this ``env``, from ``memo``), the
+        generator's encoding is reused while its state is unchanged: the same object, so an
+        export is read-only data (the host serialises it at once)."""
+        if memo is None:
+            memo = self.memo(env)
+        u = memo.unwrapped
+        out: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
+        unset: list[str] = []
+        for f in self.fields:
+            value = getattr(u, f, _ABSENT)
+            if value is None:
+                unset.append(f)
+            elif value is not _ABSENT:
+                fields[f] = encode_value(value)
+        out["fields"] = fields
+        if unset:
+            out["unset"] = unset
+        out["rng"] = _rng_data(u.np_random.bit_generator, memo)
+        tl = memo.time_limit
+        if tl is not None:
+            out["elapsed_steps"] = tl._elapsed_steps
+        return out
 
     def restore(self, env: gymnasium.Env[Any, Any], data: Any) -> None:
         u = env.unwrapped
-        unknown = set(data["fields"]) - set(self.fields)
+        unset = data.get("unset", ())
+        unknown = (set(data["fields"]) | set(unset)) - set(self.fields)
         if unknown:
             raise ValueError(f"state has fields this codec does not know: {sorted(unknown)}")
         for name, value in data["fields"].items():
             setattr(u, name, decode_value(value))
+        for name in unset:
+            setattr(u, name, None)
         u.np_random.bit_generator.state = decode_value(data["rng"])
         tl = _time_limit(env)
-        if tl is not None and data["elapsed_steps"] is not None:
-            tl._elapsed_steps = int(data["elapsed_steps"])
+        elapsed = data.get("elapsed_steps")
+        if tl is not None and elapsed is not None:
+            tl._elapsed_steps = int(elapsed)
+
+
+_ABSENT: Final = object()
+
+
+def _rng_data(bit_generator: Any, memo: ExportMemo) -> Any:
+    """``bit_generator``'s state encoded, reusing ``memo``'s encoding of an equal state (PCG64
+    only: its state is plain ints, compared exactly; another generator is encoded each time)."""
+    state = bit_generator.state
+    if type(bit_generator) is not np.random.PCG64:
+        return encode_value(state)
+    if memo.rng_data is None or state != memo.rng_state:
+        memo.rng_state, memo.rng_data = state, encode_value(state)
+    return memo.rng_data
 
 
 _CODECS: dict[str, StateCodec] = {

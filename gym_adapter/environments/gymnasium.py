@@ -40,6 +40,7 @@ from gymckpt.gym_adapter import (
 
 from ._codecs import (
     AttributeCodec,
+    ExportMemo,
     StateCodec,
     builtin_codec_names,
     codec_for,
@@ -142,6 +143,9 @@ class GymSession:
 
     env: gymnasium.Env[Any, Any]
     observation: Any
+    memo: ExportMemo | None = None
+    """The codec's ``ExportMemo`` of ``env`` (an ``AttributeCodec``'s), made at the first
+    export."""
 
 
 @attrs.frozen
@@ -164,7 +168,13 @@ class GymnasiumParticipant:
         return GymSession(env, plain(obs))
 
     def export(self, state: GymSession) -> Any:
-        return {"observation": state.observation, "env": self.codec.export(state.env)}
+        codec = self.codec
+        if type(codec) is AttributeCodec:  # its memo skips a wrapper walk and the RNG's encoding
+            memo = state.memo
+            if memo is None:
+                memo = state.memo = codec.memo(state.env)
+            return {"observation": state.observation, "env": codec.export(state.env, memo)}
+        return {"observation": state.observation, "env": codec.export(state.env)}
 
     def restore(self, data: Any) -> GymSession:
         env = self._make()
