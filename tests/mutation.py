@@ -3090,6 +3090,27 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="participants_export",
         sim_seeds=0,
     ),
+    # -- review: the trainer's line bound on streamed answers (NdjsonBody) --------------------
+    Mutant(
+        "review-ndjson-line-unbounded",
+        "http line bound",
+        "gym_adapter/transports/http/_stream.py",
+        "            if self._scanned > self._max_line_bytes:",
+        "            if False:",
+        ("tests/test_http_line_bound.py",),
+        keyword="endless_line",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "review-ndjson-complete-line-unbounded",
+        "http line bound",
+        "gym_adapter/transports/http/_stream.py",
+        "                if end > self._max_line_bytes:",
+        "                if False:",
+        ("tests/test_http_line_bound.py",),
+        keyword="ends_over_the_bound or over_the_bound_makes or commit_part",
+        sim_seeds=0,
+    ),
 )
 
 

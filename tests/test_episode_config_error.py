@@ -20,6 +20,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from plain_state import PlainState
 
 from gymckpt.gym_adapter import (
     Done,
@@ -45,7 +46,7 @@ ROWS = 6
 
 
 @attrs.define
-class Agent:
+class Agent(PlainState):
     """One turn per episode; ``broken``: the turn raises ``EpisodeConfigError`` (a user's
     environment finding its configuration wrong); ``open_broken``: opening the session does."""
 
@@ -59,12 +60,6 @@ class Agent:
         if self.open_broken:
             raise EpisodeConfigError("the agent's prompt template names no such file")
         return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         self.steps.append(ctx.info.row)

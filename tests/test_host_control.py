@@ -21,6 +21,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from plain_state import CountState, PlainState
 
 from gymckpt.gym_adapter import Completed, Done, Environment, Failed, GymHost, HostConfig, RunRow
 from gymckpt.gym_adapter._contract import CommitReply, GymControlError
@@ -44,19 +45,13 @@ from gymckpt.runtime._shared import (
 
 
 @attrs.define
-class Cal:
+class Cal(CountState):
     """A retained participant; ``broken``: its restore raises."""
 
     name: str = "cal"
     kind: str = "environment"
     retained: bool = True
     broken: bool = False
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {"n": 0}
-
-    def export(self, state: Any) -> Any:
-        return dict(state)
 
     def restore(self, data: Any) -> Any:
         if self.broken:
@@ -77,19 +72,10 @@ class Notes:
         return list(data)
 
 
-class Agent:
+class Agent(PlainState):
     """Row 0 ends after one turn; any other row runs on (one turn a second)."""
 
     name, kind = "agent", "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         await trio.sleep(1.0)
@@ -556,19 +542,10 @@ class Slow:
         return dict(data)
 
 
-class Quick:
+class Quick(PlainState):
     """Turns of 10 ms; row 0 ends after one, every other row runs on."""
 
     name, kind = "agent", "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         await trio.sleep(0.01)

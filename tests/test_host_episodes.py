@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import orjson
 import pytest
+from plain_state import PlainState
 
 from gymckpt.gym_adapter import Environment, register_participant_kind
 from gymckpt.gym_adapter.host._environment import Roles
@@ -283,18 +284,9 @@ async def test_a_context_without_a_model_says_how_to_give_one() -> None:
 # -- roles ----------------------------------------------------------------------------------
 
 
-class Part:
+class Part(PlainState):
     def __init__(self, name: str, kind: str, *, retained: bool = False) -> None:
         self.name, self.kind, self.retained = name, kind, retained
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
 
 class Agent(Part):

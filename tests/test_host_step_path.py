@@ -29,6 +29,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from plain_state import CountState, PlainState
 
 from gymckpt.gym_adapter import (
     Completed,
@@ -44,7 +45,7 @@ from gymckpt.gym_adapter.host._episode import EpisodeInfo, parse_call_id, split_
 
 
 @attrs.define
-class Agent:
+class Agent(CountState):
     """``turns`` turns; each records the name of the task owning the nursery its task runs in."""
 
     turns: int = 2
@@ -53,15 +54,6 @@ class Agent:
     owners: list[str] = attrs.field(factory=list)
     name: str = "agent"
     kind: str = "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {"n": 0}
-
-    def export(self, state: Any) -> Any:
-        return dict(state)
-
-    def restore(self, data: Any) -> Any:
-        return dict(data)
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         if self.waits:
@@ -153,22 +145,13 @@ async def test_a_step_boundary_takes_trios_checkpoint_not_anyios(
 
 
 @attrs.define
-class Asker:
+class Asker(PlainState):
     """One turn: asks the model ``request``, ends with ``payload``."""
 
     request: Any
     payload: Any = None
     name: str = "agent"
     kind: str = "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         await ctx.model(self.request)
@@ -243,7 +226,7 @@ def test_the_gymnasium_payload_is_what_the_converter_makes_of_the_trajectory() -
 
 
 @attrs.define
-class Gated:
+class Gated(PlainState):
     """Turn 0 waits for ``gate``; every turn records its number in ``ran``."""
 
     gate: trio.Event = attrs.field(factory=trio.Event)
@@ -251,15 +234,6 @@ class Gated:
     ran: list[int] = attrs.field(factory=list)
     name: str = "agent"
     kind: str = "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         if ctx.turn == 0:
@@ -287,22 +261,13 @@ async def test_an_episode_stopped_while_its_waiting_turn_was_let_go_stops_at_its
 
 
 @attrs.define
-class Recorder:
+class Recorder(PlainState):
     """``turns`` turns that never wait; each records (row, turn) in ``order``."""
 
     turns: int = 3
     order: list[tuple[int, int]] = attrs.field(factory=list)
     name: str = "agent"
     kind: str = "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         self.order.append((ctx.info.row, ctx.turn))

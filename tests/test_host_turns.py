@@ -16,6 +16,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from plain_state import CountState, PlainState
 
 from gymckpt.gym_adapter import Done, Environment
 from gymckpt.gym_adapter._contract import Completed, Failed
@@ -36,21 +37,12 @@ def S(key: str, response: object) -> StagedModelCall:
     return StagedModelCall(key, response, "0" * 64, 0)
 
 
-class Cal:
+class Cal(CountState):
     name, kind, retained = "cal", "environment", True
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {"n": 0}
-
-    def export(self, state: Any) -> Any:
-        return dict(state)
-
-    def restore(self, data: Any) -> Any:
-        return dict(data)
 
 
 @attrs.define
-class Agent:
+class Agent(PlainState):
     """``turns`` turns, each adding 1 to the calendar; ``fail_at``: that turn raises;
     ``on_turn``: called with the turn number before it returns."""
 
@@ -60,15 +52,6 @@ class Agent:
     on_turn: Any = None
     name: str = "agent"
     kind: str = "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         await trio.sleep(1.0)

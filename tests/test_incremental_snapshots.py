@@ -21,6 +21,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from plain_state import PlainState
 
 from gymckpt.gym_adapter import Done, EmbeddedGym, Environment, EnvironmentRef, GymHost, RunRow
 from gymckpt.gym_adapter._contract import GymControlError
@@ -273,19 +274,10 @@ class Blobs:
         return [data["ref"]]
 
 
-class Writer:
+class Writer(PlainState):
     """One turn a second, each appending a line to the blob; it never ends."""
 
     name, kind = "agent", "simple_agent"
-
-    def open(self, info: EpisodeInfo) -> Any:
-        return {}
-
-    def export(self, state: Any) -> Any:
-        return state
-
-    def restore(self, data: Any) -> Any:
-        return data
 
     async def step(self, ctx: Any, state: Any) -> Done | None:
         await trio.sleep(1.0)

@@ -32,17 +32,35 @@ import trio
 from gymckpt.runtime import GymCheckpointUnavailable
 
 from ..._contract import RunReply
+from ...host._environment import DEFAULT_MAX_PAYLOAD_BYTES
 from .._acks import AckBook, StreamAcks
 from .._admission import ReplyBatch
 from ._wire import WireFormatError, decode_stream_line
 
-__all__ = ["ACK_INTERVAL_S", "CLOSE_TIMEOUT_S", "HttpReplyStream", "NdjsonBody", "StreamPeer"]
+__all__ = [
+    "ACK_INTERVAL_S",
+    "CLOSE_TIMEOUT_S",
+    "MAX_LINE_BYTES",
+    "HttpReplyStream",
+    "LineTooLong",
+    "NdjsonBody",
+    "StreamPeer",
+]
 
 ACK_INTERVAL_S: Final = 0.05
 """A stream sends its latest acknowledgement on its own at most this often."""
 CLOSE_TIMEOUT_S: Final = 2.0
 """How long ``aclose`` waits for the server's ``close_stream`` answer (it runs shielded in the
 dispatcher: keep it bounded)."""
+MAX_LINE_BYTES: Final = 2 * 1024 * DEFAULT_MAX_PAYLOAD_BYTES
+"""The longest line (newline excluded) a trainer reads from a streamed answer: 2 GiB. The
+longest legitimate line is a batch of replies: at most ``HttpGym(max_batch_replies=...)``
+(1,024 by default) replies, each carrying a payload of at most the server's
+``Environment(max_payload_bytes=...)`` (1 MiB by default) plus a few fields; a commit part
+(``_parts.PART_RECORDS`` records) is smaller than the restore body that must carry those
+records back (``--max-body-bytes``, 64 MiB by default). Twice the default batch leaves room
+for the fields and for JSON escapes; a line past it is refused (``LineTooLong``), never
+buffered further."""
 
 
 class StreamPeer(Protocol):
@@ -80,36 +98,85 @@ class StreamPeer(Protocol):
         ...
 
 
+class LineTooLong(WireFormatError):
+    """A streamed answer's line passed the reader's bound (``MAX_LINE_BYTES``): the server is
+    not speaking the wire form (or is another program). Every reader of a stream handles it as
+    the bad line it is: the instance is unavailable for that stream (``GymUnavailable``), the
+    stream's rows are re-sent after the outage's backoff. ``size``: the bytes of the line read
+    when it was refused (at most ``bound`` plus one chunk); ``bound``: the reader's bound."""
+
+    def __init__(self, message: str, size: int, bound: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.bound = bound
+
+
 @final
 class NdjsonBody:
     """The lines of a streamed NDJSON response body, read as its chunks arrive (a ``/run``
-    stream's, a reply channel's). Invariant: ``_buffer[:_scanned]`` holds no newline, so a long
-    line is scanned once."""
+    stream's, a reply channel's, a commit's parts). Invariants: ``_buffer[:_scanned]`` holds no
+    newline, so a long line is scanned once; the buffer never holds more than ``max_line_bytes``
+    bytes of one line plus one chunk: past that the body is refused (``LineTooLong``), the
+    buffer emptied, and every later ``next_line`` raises the same refusal."""
 
-    __slots__ = ("_buffer", "_chunks", "_response", "_scanned")
+    __slots__ = ("_buffer", "_chunks", "_max_line_bytes", "_refused", "_response", "_scanned")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, max_line_bytes: int | None = None) -> None:
+        """``max_line_bytes``: the bound on one line (default ``MAX_LINE_BYTES``, read when the
+        body is made)."""
+        bound = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+        if bound < 1:
+            raise ValueError(f"max_line_bytes must be >= 1, got {bound!r}")
         self._response = response
         # no chunk size: a chunk size makes httpx wait until that many bytes arrived
         self._chunks: AsyncIterator[bytes] = response.aiter_raw()
         self._buffer = bytearray()
         self._scanned = 0
+        self._max_line_bytes = bound
+        self._refused: LineTooLong | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read but not yet returned as a line."""
+        return len(self._buffer)
 
     async def next_line(self) -> bytes | None:
-        """The next complete line of the body, or None if the body stopped before one."""
+        """The next complete line of the body, or None if the body stopped before one;
+        ``LineTooLong`` once a line passes ``max_line_bytes``."""
+        if self._refused is not None:
+            await trio.lowlevel.checkpoint()
+            raise self._refused
         while True:
             end = self._buffer.find(b"\n", self._scanned)
             if end >= 0:
+                if end > self._max_line_bytes:
+                    raise self._refuse(end)
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
                 self._scanned = 0
                 return line
             self._scanned = len(self._buffer)
+            if self._scanned > self._max_line_bytes:
+                raise self._refuse(self._scanned)
             try:
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
                 return None
             self._buffer += chunk
+
+    def _refuse(self, size: int) -> LineTooLong:
+        request = self._response.request
+        self._refused = LineTooLong(
+            f"a line of the answer to {request.method} {request.url} reached {size} bytes, "
+            f"over the trainer's bound of {self._max_line_bytes} bytes per "
+            "line: the server is not speaking the wire form (check the URL and the server's "
+            "version), or its replies are too large (lower HttpGym(max_batch_replies=...))",
+            size,
+            self._max_line_bytes,
+        )
+        self._buffer = bytearray()  # let go of what was read: the body is not read further
+        self._scanned = 0
+        return self._refused
 
     async def aclose(self) -> None:
         """Close the response and finish its body's iterator. httpx reads a body through a chain
@@ -175,30 +242,31 @@ class HttpReplyStream:
 
     async def _next_item(self) -> ReplyBatch | None:
         """The next line decoded: a batch, or None for the end line. A body that stopped (or a
-        transport error) raises what ``StreamPeer.broken`` says, or ``StopAsyncIteration``."""
+        transport error) raises what ``StreamPeer.broken`` says, or ``StopAsyncIteration``; a
+        line not in the wire form or over the bound (``LineTooLong``) raises
+        ``GymCheckpointUnavailable``."""
         failure: BaseException | None = None
         try:
             line = await self._body.next_line()
+            if line is not None:
+                return decode_stream_line(line)
         except httpx.TransportError as exc:
             line, failure = None, exc
         except trio.Cancelled:
             self._ended = True  # the connection is in an unknown state: read nothing more
             raise
-        if line is None:
-            self._ended = True
-            error = await self._peer.broken(self._instance, self._incarnation, failure)
-            if error is not None:
-                raise error from None
-            raise StopAsyncIteration
-        try:
-            return decode_stream_line(line)
-        except WireFormatError as exc:
+        except WireFormatError as exc:  # a line not in the wire form, or one over the bound
             self._ended = True
             raise GymCheckpointUnavailable(
                 f"instance {self._instance} run: the server sent a bad stream line ({exc})",
                 self._instance,
                 "run",
             ) from None
+        self._ended = True
+        error = await self._peer.broken(self._instance, self._incarnation, failure)
+        if error is not None:
+            raise error from None
+        raise StopAsyncIteration
 
     async def admitted(self) -> None:
         """Read the admission header (``HttpGym.run`` calls this before returning)."""
