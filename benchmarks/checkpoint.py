@@ -900,6 +900,9 @@ def _checkpoint_report(
         # the checkpoint's window only (the seconds after it are reported as after_checkpoint_*)
         "max_loop_stall_ms": _longest_step_ms(stall, marks["start"], marks["end"]),
         "max_loop_stall_task": stall.max_task,
+        "max_loop_stall_run_queue_ms": _longest_step_run_queue_ms(
+            stall, marks["start"], marks["end"]
+        ),
         "max_runtime_stall_excluding_gc_ms": num(worst_rt["max_runtime_stall_excluding_gc_ms"]),
         "max_runtime_stall_cpu_ms": worst_rt["max_runtime_stall_cpu_ms"],
         "max_runtime_stall_stage": worst_rt["stage"],
@@ -917,6 +920,16 @@ def _longest_step_ms(stall: LoopStallMonitor, start: int, end: int) -> float:
         max((min(b, end) - a for a, b, _t, _c in stall.long if start <= a < end), default=0) / 1e6,
         3,
     )
+
+
+def _longest_step_run_queue_ms(stall: LoopStallMonitor, start: int, end: int) -> float:
+    """The loop thread's run-queue wait (runnable, no CPU free) inside the longest task step
+    that began in ``[start, end)``: a stall mostly made of it is the loop starved of a core."""
+    best, wait = 0, 0
+    for i, (a, b, _t, _c) in enumerate(stall.long):
+        if start <= a < end and min(b, end) - a > best and i < len(stall.long_run_queue):
+            best, wait = min(b, end) - a, stall.long_run_queue[i]
+    return round(wait / 1e6, 3)
 
 
 def _stage_windows(marks: dict[str, int], s: dict[str, float]) -> dict[str, tuple[int, int]]:
@@ -955,16 +968,18 @@ def _stage_row(
 ) -> dict[str, Any]:
     """One stage's row: its wall time, its longest task step (and the runtime's own, outside
     the Gym's tasks and calls and the collector's pauses), GC, the heartbeat, Gym calls."""
-    longest = longest_cpu = 0
+    longest = longest_cpu = longest_wait = 0
     who = ""
     over = 0
     runtime_worst = runtime_cpu = 0
     runtime_who = ""
     gc_spans = [(g0, g1) for g0, g1, _ in gcm.pauses]
-    for a, b, task, cpu in stall.long:
+    waits = stall.long_run_queue
+    for i, (a, b, task, cpu) in enumerate(stall.long):
         if w0 <= a < w1:
             if b - a > longest:
                 longest, who = b - a, task
+                longest_wait = waits[i] if i < len(waits) else 0
             longest_cpu = max(longest_cpu, cpu)
             over += (b - a) > 10_000_000
             # the runtime's own work: not a task of the embedded Gym, not inside a Gym
@@ -983,6 +998,8 @@ def _stage_row(
         # null: no interval over 0.1 ms in this stage
         "max_loop_stall_ms": round(longest / 1e6, 3) if longest else None,
         "max_loop_stall_cpu_ms": round(longest_cpu / 1e6, 3) if longest else None,
+        # of the longest stall: the loop thread runnable but waiting for a CPU (schedstat)
+        "max_loop_stall_run_queue_ms": round(longest_wait / 1e6, 3) if longest else None,
         "max_stall_task": who,
         "stalls_over_10ms": over,
         "max_runtime_stall_excluding_gc_ms": (
