@@ -92,7 +92,14 @@ from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime._shared import LEDGER_FILE
 
-from ._common import GcMonitor, LoopStallMonitor, Progress, SchedulerBatchMonitor, label
+from ._common import (
+    GcMonitor,
+    LoopStallMonitor,
+    Progress,
+    SchedulerBatchMonitor,
+    ThreadSchedstat,
+    label,
+)
 from ._heavy import PauseSource, TurnTimes, all_moving_at, heavy_refs, host_config, pauses_in
 
 __all__ = ["CheckpointConfig", "WarpClock", "run_checkpoint"]
@@ -456,6 +463,7 @@ async def measure_checkpoint(
     out = _checkpoint_report(
         outcome, marks, mutations, st.virtual_at, stall, gcm, spans, stages, st.heartbeat
     )
+    _add_heartbeat_run_queue(out, st, _stage_windows(marks, dict(outcome.stage_s)))
     out.update(after.report())
     out.update(cpu)
     out.update(batches.report())
@@ -465,6 +473,25 @@ async def measure_checkpoint(
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
     out.update(snapshot)
     return out
+
+
+def _add_heartbeat_run_queue(
+    out: dict[str, Any], st: _StageHook, windows: dict[str, tuple[int, int]]
+) -> None:
+    """Beside the latest heartbeat, overall and per stage: how much of it the loop thread was
+    runnable but waiting for a CPU (the rest: asleep, e.g. waiting for the GIL)."""
+
+    def latest(w0: int, w1: int) -> float | None:
+        beats = [
+            (late, wait)
+            for (t, late), wait in zip(st.heartbeat, st.heartbeat_run_queue, strict=True)
+            if w0 <= t < w1
+        ]
+        return round(max(beats)[1] / 1e6, 3) if beats else None
+
+    out["heartbeat_max_late_run_queue_ms"] = latest(0, 2**63)
+    for row in out["stages"]:
+        row["heartbeat_max_late_run_queue_ms"] = latest(*windows[row["stage"]])
 
 
 def _excluding_turn(ro: Any, out: dict[str, Any]) -> float:
@@ -536,17 +563,23 @@ class _StageHook:
     mutations: dict[str, int] = attrs.Factory(dict)
     virtual_at: dict[str, float] = attrs.Factory(dict)
     heartbeat: list[tuple[int, int]] = attrs.Factory(list)
+    heartbeat_run_queue: list[int] = attrs.Factory(list)
+    """Beside each late beat: the loop thread's run-queue wait in it (schedstat)."""
     beating: bool = True
 
     async def beat(self) -> None:
         """Lateness of a 1 ms sleep: also catches the loop waiting for the GIL (a worker
-        thread collecting garbage), which task steps cannot show."""
+        thread collecting garbage), which task steps cannot show; and, beside it, how much of
+        the beat the loop thread was runnable but waiting for a CPU."""
+        sched = ThreadSchedstat()
         while self.beating:
             t = perf_ns()
+            wait0 = sched.read()[1]
             await trio.sleep(0.001)
             late = perf_ns() - t - 1_000_000
             if late > 1_000_000:
                 self.heartbeat.append((t, late))
+                self.heartbeat_run_queue.append(sched.read()[1] - wait0)
 
     def hook(self, _cid: str, point: str) -> None:
         """``Coordinator.on_stage``: the heartbeat starts at ``after_prepare`` when the run
