@@ -2979,7 +2979,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "ray.init(**local_cluster_options(instance_niceness))",
         "ray.init(**local_cluster_options())",
         ("tests/test_instance_niceness.py",),
-        keyword="ray",
+        keyword="cluster_we_start",
         sim_seeds=0,
     ),
 )

@@ -111,3 +111,21 @@ def test_a_local_ray_cluster_started_by_raygym_runs_its_workers_the_niceness_bel
         )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"worker {min(19, os.nice(0) + 4)}" in proc.stdout
+
+
+def test_a_cluster_we_start_gets_the_niceness_one_joined_or_connected_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("ray")
+    from gymckpt.gym_adapter.transports.ray import _cluster
+
+    inits: list[dict[str, object]] = []
+    monkeypatch.setattr(_cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(_cluster.ray, "init", lambda **kw: inits.append(kw))
+    assert _cluster._ClusterUse().connect(None, 7)
+    assert inits[-1]["_system_config"] == {"worker_niceness": 7}
+    assert _cluster._ClusterUse().connect("127.0.0.1:6379", 7)  # joined: its workers' own
+    assert "_system_config" not in inits[-1]
+    monkeypatch.setattr(_cluster.ray, "is_initialized", lambda: True)
+    assert not _cluster._ClusterUse().connect(None, 7)  # already connected: kept
+    assert len(inits) == 2
