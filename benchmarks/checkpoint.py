@@ -456,8 +456,7 @@ async def measure_checkpoint(
         if pauses is not None and control_s > 0:
             moving.update(await _control_window(pauses, control_s))
         st.beating = False
-    took = (marks["end"] - marks["start"]) / 1e9
-    say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
+    say(f"checkpoint ok={outcome.ok} in {(marks['end'] - marks['start']) / 1e9:.1f} s")
     cpu = _cpu_figures(cpu0, cpu1, cpu2 if moving else None)
     snapshot = await _snapshot_figures(outcome)
     out = _checkpoint_report(
