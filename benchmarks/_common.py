@@ -34,6 +34,7 @@ __all__ = [
     "LoopStallMonitor",
     "Progress",
     "SchedulerBatchMonitor",
+    "ThreadSchedstat",
     "describe_error",
     "finite",
     "ints",
@@ -91,6 +92,29 @@ def summarize_ns(samples_ns: Sequence[int], unit: str = "us") -> dict[str, float
     }
 
 
+class ThreadSchedstat:
+    """The calling thread's CPU time and run-queue wait, in ns, from the scheduler's own
+    accounting (``/proc/thread-self/schedstat``: time on a CPU, time runnable but waiting for
+    one). One ``pread`` (~1.5 µs) gives both. Opened lazily by the thread that first reads, and
+    only ever read by it; where the file is missing (not Linux, schedstats off) the CPU time
+    comes from ``time.thread_time_ns`` and the wait reads 0."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._missing = False
+
+    def read(self) -> tuple[int, int]:
+        if self._fd is None and not self._missing:
+            try:
+                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError:
+                self._missing = True
+        if self._fd is None:
+            return time.thread_time_ns(), 0
+        fields = os.pread(self._fd, 96, 0).split()
+        return int(fields[0]), int(fields[1])
+
+
 class LoopStallMonitor(trio.abc.Instrument):
     """The longest time the trio loop could not start another task, while ``active``.
 
@@ -113,6 +137,8 @@ class LoopStallMonitor(trio.abc.Instrument):
     ) -> None:
         self.active = False
         self.cpu = cpu
+        self._sched = ThreadSchedstat() if cpu else None
+        self._wait0 = 0
         self.keep_over_ns = keep_over_ns
         self.keep_max = keep_max
         self._wall0 = 0
@@ -131,10 +157,14 @@ class LoopStallMonitor(trio.abc.Instrument):
         self.max_short_ns = 0
         self.max_short_task = ""
         self.long: list[tuple[int, int, str, int]] = []
+        self.long_run_queue: list[int] = []
+        """Beside each of ``long`` (``cpu=True``): the loop thread's run-queue wait in it."""
+        self.max_run_queue_ns = 0
+        """The loop thread's run-queue wait inside the longest interval (``cpu=True``)."""
 
     def _cut(self, who: str | None) -> None:
         wall = time.perf_counter_ns()
-        cpu = time.thread_time_ns() if self.cpu else 0
+        cpu, wait = self._sched.read() if self._sched is not None else (0, 0)
         if self._open and self.active:
             dt = wall - self._wall0
             self.intervals += 1
@@ -143,14 +173,16 @@ class LoopStallMonitor(trio.abc.Instrument):
             if dt > self.keep_over_ns:
                 if len(self.long) < self.keep_max:
                     self.long.append((self._wall0, wall, self._who, cpu - self._cpu0))
+                    self.long_run_queue.append(wait - self._wait0)
             elif dt > self.max_short_ns:
                 self.max_short_ns, self.max_short_task = dt, self._who
             if dt > self.max_ns:
                 self.max_ns, self.max_task = dt, self._who
+                self.max_run_queue_ns = wait - self._wait0
             if self.cpu and cpu - self._cpu0 > self.max_cpu_ns:
                 self.max_cpu_ns, self.max_cpu_task = cpu - self._cpu0, self._who
         self._open = who is not None
-        self._wall0, self._cpu0, self._who = wall, cpu, who or ""
+        self._wall0, self._cpu0, self._wait0, self._who = wall, cpu, wait, who or ""
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._cut(task.name)
@@ -171,6 +203,7 @@ class LoopStallMonitor(trio.abc.Instrument):
         if self.cpu:
             out["max_loop_stall_cpu_ms"] = round(self.max_cpu_ns / 1e6, 3)
             out["max_stall_cpu_task"] = self.max_cpu_task
+            out["max_loop_stall_run_queue_ms"] = round(self.max_run_queue_ns / 1e6, 3)
         return out
 
 

@@ -92,7 +92,14 @@ from gymckpt.gym_adapter.environments.calendar import calendar_environment
 from gymckpt.nurseries import ExitCode
 from gymckpt.runtime._shared import LEDGER_FILE
 
-from ._common import GcMonitor, LoopStallMonitor, Progress, SchedulerBatchMonitor, label
+from ._common import (
+    GcMonitor,
+    LoopStallMonitor,
+    Progress,
+    SchedulerBatchMonitor,
+    ThreadSchedstat,
+    label,
+)
 from ._heavy import PauseSource, TurnTimes, all_moving_at, heavy_refs, host_config, pauses_in
 
 __all__ = ["CheckpointConfig", "WarpClock", "run_checkpoint"]
@@ -449,13 +456,13 @@ async def measure_checkpoint(
         if pauses is not None and control_s > 0:
             moving.update(await _control_window(pauses, control_s))
         st.beating = False
-    took = (marks["end"] - marks["start"]) / 1e9
-    say(f"checkpoint ok={outcome.ok} in {took:.1f} s")
+    say(f"checkpoint ok={outcome.ok} in {(marks['end'] - marks['start']) / 1e9:.1f} s")
     cpu = _cpu_figures(cpu0, cpu1, cpu2 if moving else None)
     snapshot = await _snapshot_figures(outcome)
     out = _checkpoint_report(
         outcome, marks, mutations, st.virtual_at, stall, gcm, spans, stages, st.heartbeat
     )
+    _add_heartbeat_run_queue(out, st, _stage_windows(marks, dict(outcome.stage_s)))
     out.update(after.report())
     out.update(cpu)
     out.update(batches.report())
@@ -465,6 +472,25 @@ async def measure_checkpoint(
     out["bytes_per_attempt"] = round(_ledger_bytes(ledger) / max(1, dispatched), 1)
     out.update(snapshot)
     return out
+
+
+def _add_heartbeat_run_queue(
+    out: dict[str, Any], st: _StageHook, windows: dict[str, tuple[int, int]]
+) -> None:
+    """Beside the latest heartbeat, overall and per stage: how much of it the loop thread was
+    runnable but waiting for a CPU (the rest: asleep, e.g. waiting for the GIL)."""
+
+    def latest(w0: int, w1: int) -> float | None:
+        beats = [
+            (late, wait)
+            for (t, late), wait in zip(st.heartbeat, st.heartbeat_run_queue, strict=True)
+            if w0 <= t < w1
+        ]
+        return round(max(beats)[1] / 1e6, 3) if beats else None
+
+    out["heartbeat_max_late_run_queue_ms"] = latest(0, 2**63)
+    for row in out["stages"]:
+        row["heartbeat_max_late_run_queue_ms"] = latest(*windows[row["stage"]])
 
 
 def _excluding_turn(ro: Any, out: dict[str, Any]) -> float:
@@ -536,17 +562,23 @@ class _StageHook:
     mutations: dict[str, int] = attrs.Factory(dict)
     virtual_at: dict[str, float] = attrs.Factory(dict)
     heartbeat: list[tuple[int, int]] = attrs.Factory(list)
+    heartbeat_run_queue: list[int] = attrs.Factory(list)
+    """Beside each late beat: the loop thread's run-queue wait in it (schedstat)."""
     beating: bool = True
 
     async def beat(self) -> None:
         """Lateness of a 1 ms sleep: also catches the loop waiting for the GIL (a worker
-        thread collecting garbage), which task steps cannot show."""
+        thread collecting garbage), which task steps cannot show; and, beside it, how much of
+        the beat the loop thread was runnable but waiting for a CPU."""
+        sched = ThreadSchedstat()
         while self.beating:
             t = perf_ns()
+            wait0 = sched.read()[1]
             await trio.sleep(0.001)
             late = perf_ns() - t - 1_000_000
             if late > 1_000_000:
                 self.heartbeat.append((t, late))
+                self.heartbeat_run_queue.append(sched.read()[1] - wait0)
 
     def hook(self, _cid: str, point: str) -> None:
         """``Coordinator.on_stage``: the heartbeat starts at ``after_prepare`` when the run
@@ -900,6 +932,9 @@ def _checkpoint_report(
         # the checkpoint's window only (the seconds after it are reported as after_checkpoint_*)
         "max_loop_stall_ms": _longest_step_ms(stall, marks["start"], marks["end"]),
         "max_loop_stall_task": stall.max_task,
+        "max_loop_stall_run_queue_ms": _longest_step_run_queue_ms(
+            stall, marks["start"], marks["end"]
+        ),
         "max_runtime_stall_excluding_gc_ms": num(worst_rt["max_runtime_stall_excluding_gc_ms"]),
         "max_runtime_stall_cpu_ms": worst_rt["max_runtime_stall_cpu_ms"],
         "max_runtime_stall_stage": worst_rt["stage"],
@@ -917,6 +952,16 @@ def _longest_step_ms(stall: LoopStallMonitor, start: int, end: int) -> float:
         max((min(b, end) - a for a, b, _t, _c in stall.long if start <= a < end), default=0) / 1e6,
         3,
     )
+
+
+def _longest_step_run_queue_ms(stall: LoopStallMonitor, start: int, end: int) -> float:
+    """The loop thread's run-queue wait (runnable, no CPU free) inside the longest task step
+    that began in ``[start, end)``: a stall mostly made of it is the loop starved of a core."""
+    best, wait = 0, 0
+    for i, (a, b, _t, _c) in enumerate(stall.long):
+        if start <= a < end and min(b, end) - a > best and i < len(stall.long_run_queue):
+            best, wait = min(b, end) - a, stall.long_run_queue[i]
+    return round(wait / 1e6, 3)
 
 
 def _stage_windows(marks: dict[str, int], s: dict[str, float]) -> dict[str, tuple[int, int]]:
@@ -955,16 +1000,18 @@ def _stage_row(
 ) -> dict[str, Any]:
     """One stage's row: its wall time, its longest task step (and the runtime's own, outside
     the Gym's tasks and calls and the collector's pauses), GC, the heartbeat, Gym calls."""
-    longest = longest_cpu = 0
+    longest = longest_cpu = longest_wait = 0
     who = ""
     over = 0
     runtime_worst = runtime_cpu = 0
     runtime_who = ""
     gc_spans = [(g0, g1) for g0, g1, _ in gcm.pauses]
-    for a, b, task, cpu in stall.long:
+    waits = stall.long_run_queue
+    for i, (a, b, task, cpu) in enumerate(stall.long):
         if w0 <= a < w1:
             if b - a > longest:
                 longest, who = b - a, task
+                longest_wait = waits[i] if i < len(waits) else 0
             longest_cpu = max(longest_cpu, cpu)
             over += (b - a) > 10_000_000
             # the runtime's own work: not a task of the embedded Gym, not inside a Gym
@@ -983,6 +1030,8 @@ def _stage_row(
         # null: no interval over 0.1 ms in this stage
         "max_loop_stall_ms": round(longest / 1e6, 3) if longest else None,
         "max_loop_stall_cpu_ms": round(longest_cpu / 1e6, 3) if longest else None,
+        # of the longest stall: the loop thread runnable but waiting for a CPU (schedstat)
+        "max_loop_stall_run_queue_ms": round(longest_wait / 1e6, 3) if longest else None,
         "max_stall_task": who,
         "stalls_over_10ms": over,
         "max_runtime_stall_excluding_gc_ms": (

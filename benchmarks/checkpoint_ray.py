@@ -126,6 +126,9 @@ class CheckpointRayConfig:
     backend: str = "ray"
     """``ray`` (actors) or ``http`` (spawned ``gymckpt serve`` processes); ``actors`` counts
     either."""
+    instance_niceness: int | None = None
+    """How many steps below the trainer the instance processes run; None: the deployments'
+    default."""
     quick: bool = False
 
     @classmethod
@@ -167,6 +170,7 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
     journals under ``tmp/gym``, the trainer's paths inside ``tmp``."""
     times = cfg.times()
     config = host_config(cfg.dispatch_batch, 0.05)
+    niceness = {} if cfg.instance_niceness is None else {"instance_niceness": cfg.instance_niceness}
     if cfg.backend == "ray":
         from gymckpt.gym_adapter import RayGym
 
@@ -180,6 +184,7 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
             None,
             num_cpus=0.1,
             startup_timeout_s=cfg.startup_timeout_s,
+            **niceness,
         )
     if cfg.backend == "http":
         from gymckpt.gym_adapter import HttpGym
@@ -195,6 +200,7 @@ def _deployment(cfg: CheckpointRayConfig, tmp: Path, records: Path) -> Any:
             state_root=tmp,
             environ=heavy_environ(cfg.turns, times, str(records)),
             startup_timeout_s=cfg.startup_timeout_s,
+            **niceness,
         )
     raise ValueError(f"unknown backend {cfg.backend!r} (ray or http)")
 
@@ -251,6 +257,7 @@ async def _remote_main(
                             "modes": modes,
                             "backend": cfg.backend,
                             "actors": cfg.actors,
+                            "instance_niceness": cfg.instance_niceness,
                             "in_flight": dispatched,
                             "finished_before_checkpoint": finished,
                             "turn_times": times.describe(),
@@ -364,7 +371,10 @@ def _worker(cfg: CheckpointRayConfig, verbose: bool) -> None:
         from gymckpt.gym_adapter import local_cluster_options
 
         t0 = time.perf_counter()
-        ray.init(**local_cluster_options())
+        niceness = (
+            {} if cfg.instance_niceness is None else {"instance_niceness": cfg.instance_niceness}
+        )
+        ray.init(**local_cluster_options(**niceness))
         cluster_s = round(time.perf_counter() - t0, 2)
 
     def finish(result: dict[str, Any]) -> None:

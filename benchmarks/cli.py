@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from gymckpt.gym_adapter._shared import check_instance_niceness
 from gymckpt.nurseries import ExitCode
 
 from . import checkpoint as _checkpoint_mod
@@ -347,6 +348,14 @@ def _add_checkpoint(sub: Any) -> None:
         help="Ray actors or HTTP servers with --backend ray, http or both (default 4)",
     )
     c.add_argument(
+        "--instance-niceness",
+        dest="instance_niceness",
+        type=int,
+        default=None,
+        help="with --backend ray, http or both: how many steps below the trainer the instance "
+        "processes run (default: RayGym.host's and HttpGym.spawn's)",
+    )
+    c.add_argument(
         "--turn-mean",
         dest="turn_mean_s",
         type=float,
@@ -645,6 +654,10 @@ def _checkpoint_ray_config(args: argparse.Namespace) -> _checkpoint_ray_mod.Chec
             cfg.modes = args.modes
         if args.turn_mean_s is not None:
             cfg.turn_mean_s = args.turn_mean_s
+        if args.instance_niceness is not None:
+            if args.backend in ("embedded", "null"):
+                raise ValueError("--instance-niceness is for --backend ray, http or both")
+            cfg.instance_niceness = check_instance_niceness(args.instance_niceness)
         if args.backend == "embedded" and args.actors is not None:
             raise ValueError(
                 "--actors is for --backend ray, http or both (the embedded Gym takes --instances)"

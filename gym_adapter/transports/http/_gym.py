@@ -106,6 +106,7 @@ from .._admission import RunShape
 from .._deadlines import WireDeadline
 from .._deployment import Replacement, instance_names, per_instance
 from .._errors import TransportFailure, as_if_no_nursery, transport_error
+from .._niceness import INSTANCE_NICENESS
 from .._remote import RemoteGym
 from ._calls import answer_error, post_request
 from ._mux import HttpMuxStream, MuxChannel
@@ -454,6 +455,7 @@ class HttpGym(RemoteGym):
         environ: Mapping[str, str] | None = None,
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
         extra_args: Sequence[str] = (),
+        instance_niceness: int = INSTANCE_NICENESS,
         **options: Any,
     ) -> AsyncIterator[HttpGym]:
         """Start ``instances`` local ``gymckpt serve ENVIRONMENT`` processes (instances
@@ -471,7 +473,8 @@ class HttpGym(RemoteGym):
         (mode 0600). ``config`` is every host's ``HostConfig``; ``faults`` are C3 specs (the
         servers then run with ``--allow-faults``). ``options`` go to ``HttpGym``. Raises
         ``TimeoutError`` if a server does not serve within ``startup_timeout_s``; nothing is
-        left running then.
+        left running then. Each server runs ``instance_niceness`` steps below this process
+        (``transports/_niceness``: the trainer's loop first when both want a core).
         """
         names = instance_names(instances)
         sources = per_instance(environment, instances)
@@ -493,6 +496,7 @@ class HttpGym(RemoteGym):
             allow_faults=bool(faults),
             extra_args=tuple(extra_args),
             environ=environ or {},
+            instance_niceness=instance_niceness,
         )
         with as_if_no_nursery():
             async with trio.open_nursery() as nursery:

@@ -12,7 +12,8 @@ thread) with ``PR_SET_PDEATHSIG = SIGKILL`` (Linux): when that thread's process 
 (a SIGKILLed trainer included), the kernel kills the server. (``trio.lowlevel.open_process``
 forks from a worker thread, and the parent-death signal fires when the *forking thread* exits,
 i.e. whenever trio's thread cache retires it: unusable here.) A child whose parent died before
-it set the signal kills itself at once.
+it set the signal kills itself at once. The same ``preexec_fn`` lowers the child's priority
+(``instance_niceness``, ``transports/_niceness``) before it starts any thread.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Final, final
 
 import attrs
 import trio
+
+from .._niceness import lower_this_process
 
 __all__ = ["READY_LINE", "Ready", "ServerExited", "ServerProcess"]
 
@@ -56,10 +59,12 @@ class Ready:
     incarnation: str
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """The ``preexec_fn`` that ties the child's life to this thread's process (Linux)."""
+def _preexec(instance_niceness: int) -> Callable[[], None] | None:
+    """The ``preexec_fn`` that ties the child's life to this thread's process (Linux) and runs
+    it ``instance_niceness`` steps below this one (``transports/_niceness``), before it starts
+    any thread."""
     if not sys.platform.startswith("linux"):
-        return None
+        return (lambda: lower_this_process(instance_niceness)) if instance_niceness else None
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = libc.prctl
     parent = os.getpid()
@@ -68,6 +73,7 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the line above: go now
             os.kill(os.getpid(), signal.SIGKILL)
+        lower_this_process(instance_niceness)
 
     return preexec
 
@@ -109,8 +115,10 @@ class ServerProcess:
         deadline_ts: float,
         environ: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        instance_niceness: int = 0,
     ) -> tuple[ServerProcess, Ready]:
-        """Start ``command`` (in ``cwd``, ``environ`` added to this process's environment) and
+        """Start ``command`` (in ``cwd``, ``environ`` added to this process's environment,
+        ``instance_niceness`` steps below this process) and
         wait, until ``deadline_ts`` (``trio.current_time()``), for its readiness line. Raises
         ``ServerExited`` if it exits first, ``TimeoutError`` if the deadline passes (the process
         is killed then); either way nothing is left running."""
@@ -124,7 +132,7 @@ class ServerProcess:
                 stderr=write_end,
                 env={**os.environ, **environ} if environ else None,
                 cwd=cwd,
-                preexec_fn=_die_with_parent(),  # one prctl, no lock taken
+                preexec_fn=_preexec(instance_niceness),  # a prctl and a nice, no lock taken
             )
         except BaseException:
             os.close(read_end)

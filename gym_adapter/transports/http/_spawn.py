@@ -7,7 +7,8 @@ journals under ``work_dir/<instance>/``, as embedded and on Ray) and one bearer 
 (``work_dir/http-token``, written atomically through a randomly named temporary file created
 ``O_EXCL | O_NOFOLLOW`` with mode 0600: never through a link planted there), accepting paths
 inside ``state_root``, with the host's ``HostConfig`` in ``work_dir/host-config.json`` (when it
-is not the default) and ``--allow-faults`` when the deployment has a fault plan. A replacement
+is not the default) and ``--allow-faults`` when the deployment has a fault plan, each
+``instance_niceness`` steps below the trainer (``transports/_niceness``). A replacement
 runs the same command with ``--recover``. The supervisor holds each instance's process and the
 incarnation it serves, and a watcher task per process (in the deployment's nursery) copies its
 log and reports its exit (``on_exit``), so a server that dies is known dead before any call
@@ -28,6 +29,7 @@ from gymckpt.runtime.lowlevel import write_atomic
 
 from ...host._host import HostConfig
 from .._errors import as_if_no_nursery
+from .._niceness import INSTANCE_NICENESS, check_instance_niceness
 from .._wire import encode
 from ._process import Ready, ServerProcess
 
@@ -51,6 +53,8 @@ class ServeSpec:
     allow_faults: bool
     extra_args: tuple[str, ...]
     environ: tuple[tuple[str, str], ...]
+    instance_niceness: int = INSTANCE_NICENESS
+    """How many steps below the trainer each server runs (``transports/_niceness``)."""
 
     @classmethod
     def prepare(
@@ -65,8 +69,10 @@ class ServeSpec:
         allow_faults: bool,
         extra_args: tuple[str, ...],
         environ: Mapping[str, str],
+        instance_niceness: int = INSTANCE_NICENESS,
     ) -> ServeSpec:
         """The spec, with ``work_dir`` made and the token (and host config) written there."""
+        check_instance_niceness(instance_niceness)
         wd = Path(work_dir).resolve()
         wd.mkdir(parents=True, exist_ok=True)
         root = Path(state_root).resolve() if state_root is not None else wd
@@ -86,6 +92,7 @@ class ServeSpec:
             allow_faults,
             extra_args,
             tuple(sorted(environ.items())),
+            instance_niceness,
         )
 
     def command(self, name: str, recover: bool) -> list[str]:
@@ -121,7 +128,11 @@ class Supervisor:
     async def start(self, name: str, incarnation: int, deadline_ts: float, recover: bool) -> Ready:
         log = self.spec.work_dir / f"{name}.serve.log"
         proc, ready = await ServerProcess.start(
-            self.spec.command(name, recover), log, deadline_ts, dict(self.spec.environ)
+            self.spec.command(name, recover),
+            log,
+            deadline_ts,
+            dict(self.spec.environ),
+            instance_niceness=self.spec.instance_niceness,
         )
         self._all.append(proc)
         if ready.name != name:

@@ -27,6 +27,7 @@ import trio
 from gymckpt.runtime import GymConnectionLost
 
 from .._errors import as_if_no_nursery, first_line
+from .._niceness import INSTANCE_NICENESS, check_instance_niceness
 
 __all__ = [
     "CLUSTER_LOSS_S",
@@ -50,21 +51,21 @@ SHUTDOWN_TIMEOUT_S: Final = 5.0
 """How long leaving a lost cluster may take (``ray.shutdown``)."""
 
 
-def local_cluster_options() -> dict[str, Any]:
+def local_cluster_options(instance_niceness: int = INSTANCE_NICENESS) -> dict[str, Any]:
     """``ray.init`` arguments of the local cluster started when no address is given: always a
     new cluster of our own (``address="local"``: never one that happens to run on this machine,
     which ``ray.init()`` would join and then refuse these options, nor one a ``ray start`` or a
     test cluster recorded in Ray's temp directory and that is gone — Ray's client then spends
     60 s failing to reach its GCS and ends the process), no dashboard, a small object store,
-    worker output kept out of the driver's, and workers at the driver's priority (Ray starts
-    them at niceness 15: its actors are our Gym instances, whose episodes then wait whenever
-    the trainer on the same machine works, a checkpoint's stages included)."""
+    worker output kept out of the driver's, and workers ``instance_niceness`` steps below the
+    driver (``transports/_niceness``; Ray's own default, 15, would make our Gym instances' episodes
+    wait whenever the trainer on the same machine works)."""
     return {
         "address": "local",
         "include_dashboard": False,
         "object_store_memory": 100 * 2**20,
         "log_to_driver": False,
-        "_system_config": {"worker_niceness": 0},
+        "_system_config": {"worker_niceness": check_instance_niceness(instance_niceness)},
     }
 
 
@@ -76,12 +77,12 @@ class _ClusterUse:
     ours: bool = False
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    def connect(self, address: str | None) -> bool:
+    def connect(self, address: str | None, instance_niceness: int) -> bool:
         with self.lock:
             if ray.is_initialized():
                 return False
             if address is None:
-                ray.init(**local_cluster_options())
+                ray.init(**local_cluster_options(instance_niceness))
                 return True
             try:
                 ray.init(address=address, log_to_driver=False)
@@ -95,13 +96,14 @@ class _ClusterUse:
 _CLUSTER = _ClusterUse()
 
 
-async def acquire_cluster(address: str | None) -> None:
-    """Connect this process to Ray (unless it is already), for one more user."""
+async def acquire_cluster(address: str | None, instance_niceness: int = INSTANCE_NICENESS) -> None:
+    """Connect this process to Ray (unless it is already), for one more user; a local cluster
+    started here runs its workers ``instance_niceness`` steps below this process."""
     _CLUSTER.users += 1
     try:
         if address is not None and not ray.is_initialized():
             await _check_reachable(address)
-        if await trio.to_thread.run_sync(_CLUSTER.connect, address):
+        if await trio.to_thread.run_sync(_CLUSTER.connect, address, instance_niceness):
             _CLUSTER.ours = True
     except BaseException:
         _CLUSTER.users -= 1

@@ -59,6 +59,7 @@ from .._admission import RunShape
 from .._deadlines import WireDeadline
 from .._deployment import Replacement, instance_names, per_instance
 from .._errors import first_line
+from .._niceness import INSTANCE_NICENESS, check_instance_niceness
 from .._remote import RemoteGym
 from ._actor import ActorCallStatistics, GymActor
 from ._bridge import Bridge, BridgeStatistics
@@ -162,6 +163,7 @@ class RayGym(RemoteGym):
         max_batch_replies: int = 1024,
         startup_timeout_s: float = 60.0,
         cluster_loss_s: float = CLUSTER_LOSS_S,
+        instance_niceness: int = INSTANCE_NICENESS,
     ) -> AsyncIterator[RayGym]:
         """Serve ``environment`` — an import path (``package.module:name``, an ``Environment``
         or a factory of one), ``gymnasium:ID`` or an ``EnvironmentRef``; or a list or tuple of
@@ -180,7 +182,9 @@ class RayGym(RemoteGym):
         elsewhere. Raises ``TimeoutError`` if an actor is not placed and started within
         ``startup_timeout_s``. The cluster's GCS is watched: ``GymConnectionLost`` if nothing
         answers at ``address``, or (raised out of the context, the body cancelled) once the GCS
-        has not answered for ``cluster_loss_s``.
+        has not answered for ``cluster_loss_s``. A local cluster started here runs its actors
+        ``instance_niceness`` steps below this process (``transports/_niceness``: the trainer's
+        loop first when both want a core); a cluster joined or already connected keeps its own.
         """
         names = instance_names(instances)
         sources: tuple[str | EnvironmentRef, ...] = per_instance(environment, instances)
@@ -209,6 +213,7 @@ class RayGym(RemoteGym):
             max_batch_replies=max_batch_replies,
             startup_timeout_s=startup_timeout_s,
             cluster_loss_s=cluster_loss_s,
+            instance_niceness=instance_niceness,
         ) as gym:
             yield gym
 
@@ -225,6 +230,7 @@ class RayGym(RemoteGym):
         max_batch_replies: int,
         startup_timeout_s: float,
         cluster_loss_s: float,
+        instance_niceness: int = INSTANCE_NICENESS,
     ) -> AsyncIterator[RayGym]:
         if not num_cpus >= 0:
             raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
@@ -233,7 +239,8 @@ class RayGym(RemoteGym):
         plan = FaultPlan(faults)
         if not cluster_loss_s > 0:
             raise ValueError(f"cluster_loss_s must be > 0, got {cluster_loss_s!r}")
-        await acquire_cluster(address)
+        check_instance_niceness(instance_niceness)
+        await acquire_cluster(address, instance_niceness)
         watch = GcsWatch(ray.get_runtime_context().gcs_address, cluster_loss_s)
         try:
             with as_if_no_nursery():
