@@ -322,12 +322,12 @@ def mode_miss_lines(
             f"CPU, {fmt(u.until_moving_process_cpu_s, ' s', 2)} of process CPU: a wall time "
             "well above them is the loop waiting for a core). Largest stages: "
             + _stage_text(u, n)
-            + ". The commit already writes its records from the boundary marks (an entry per "
-            "session, every object of an instance synced together) and the runtime's stages "
+            + ". The commit already formats its records around each mark's bytes, kept in "
+            "their final encoding since the boundary (no state parsed or serialised at the "
+            "commit; every object of an instance synced together), and the runtime's stages "
             "are a few µs per episode. *What it would take:* the four instances' exports, "
             "now in threads of one interpreter, in processes of their own (as over Ray and "
-            "HTTP), or each entry kept in its final encoding from its mark (a cost moved onto "
-            "every boundary), and on this machine a quiet core."
+            "HTTP), and on this machine a quiet core."
         )
     if u is not None and "unaligned_checkpoint_stall" in missed:
         out.append(_stall_miss(u))

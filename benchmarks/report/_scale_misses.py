@@ -67,11 +67,14 @@ def _remote_miss(
         f"{fmt(u.pauses.pause_max_ms, ' ms', 0)}; longest loop stall in task "
         f"`{u.max_loop_stall_task}`. The cut runs in slices, the reply goes in parts (HTTP) or "
         "is packed a chunk per step (Ray) and is decoded a part per step on the trainer with "
-        "no collection; most of what is left is each instance's export (its 50k episodes' "
-        "records built in a thread that shares the instance's GIL with its episodes, which "
-        "pause while it runs). *What it would take:* that export in a process of its own or "
-        "done between checkpoints (a session's encoded entry kept from its last mark), and, "
-        "on this 2-core machine, the four instances and the trainer not sharing two cores."
+        "no collection; each session's entry is kept in its final encoding from its mark, "
+        "the export thread's sorts and dumps run in bounded calls, and the instances run "
+        "`instance_niceness` below the trainer. Most of what is left is each instance's "
+        "export (its 50k episodes' records built in a thread that shares the instance's GIL "
+        "with its episodes, which pause while it runs; on Ray each wake-up of the instance's "
+        "trio run also passes through the actor's asyncio loop). *What it would take:* that "
+        "export in a process of its own, and, on this 2-core machine, the four instances and "
+        "the trainer not sharing two cores."
     )
 
 
@@ -131,12 +134,15 @@ def _host_miss(host: HostResult, missed: set[str]) -> str:
             f"{fmt(ps.plain_us_per_step_median, ' µs')}; with marks on demand "
             f"{fmt(ps.host_on_demand_us_per_step_median, ' µs')}). *What it would take:* the "
             f"host's overhead from {fmt(ps.host_overhead_us_per_step, ' µs')} to "
-            f"{fmt(allowed, ' µs')} a step. Marks on demand (nothing per step until a prepare "
-            "that may cut arms them) already take most of the way; the default host takes a "
-            "mark at every boundary of an environment that supports the unaligned cut, since "
-            "the default alignment timeout may end in a cut: the default on demand (its "
-            "first cut then retries the turns in flight), or a mark that exports only what "
-            "changed since the last one."
+            f"{fmt(allowed, ' µs')} a step. The default host takes a mark at every boundary "
+            "of an environment that supports the unaligned cut, since the default alignment "
+            "timeout may end in a cut; marks on demand are not the default, because a cut's "
+            "first arming retries every turn in flight (a turn longer than the checkpoint "
+            "interval would never finish). A Gymnasium mark already skips an unchanged RNG "
+            "and writes no `null`; what is left is the mark itself (the agent's whole "
+            "trajectory encoded again at every boundary: a mark that encodes only what was "
+            "appended since the last one) and, beside it, one scheduler pass and the model "
+            "proxy's capture per turn."
         )
     if "host_marks_aligned" in missed:
         text += ("\n" if text else "") + (
