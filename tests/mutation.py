@@ -3039,6 +3039,27 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="slice_of_entries",
         sim_seeds=0,
     ),
+    # -- finalenc2: the cut and its records made with no collection (host commit) -------------
+    Mutant(
+        "finalenc2-slice-taken-with-the-collector-on",
+        "cut records",
+        "gym_adapter/host/_control.py",
+        "        with records_promoted():  # a slice's CutEpisodes, walked by no young collection",
+        "        if True:",
+        ("tests/test_host_cut_slices.py",),
+        keyword="no_collection",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "finalenc2-records-built-with-the-collector-on",
+        "cut records",
+        "gym_adapter/host/_control.py",
+        "        with records_promoted():\n            cut.on_wire_sorted",
+        "        if True:\n            cut.on_wire_sorted",
+        ("tests/test_host_cut_slices.py",),
+        keyword="no_collection",
+        sim_seeds=0,
+    ),
 )
 
 
