@@ -53,7 +53,12 @@ the dispatcher's per-episode objects, tens of milliseconds a walk). So a part is
 collector off, and what is young at its end is promoted (``gc.freeze()``, O(1)): no collection
 runs in the step, and the next one walks nothing of it. Records are acyclic; what was young
 beside them is promoted as ``promote_survivors`` promotes it, without counting toward its
-unfreeze cadence (a checkpoint makes hundreds of parts).
+unfreeze cadence (a checkpoint makes hundreds of parts). A Gym host's commit does the same on
+its side: each slice of an unaligned cut (1,024 episodes) and each instance's export of its
+records from the boundary marks (bytes, lists of bytes and the reply's acyclic per-episode
+records) is one such block. The collector is the process's: while one thread's block runs, no
+collection runs in any thread (what they allocate is promoted at its end with the rest), and a
+block that finds it off (another thread's block) leaves it to that one.
 """
 
 from __future__ import annotations
