@@ -3060,6 +3060,15 @@ MUTANTS: tuple[Mutant, ...] = (
         nth=3,
         keyword="no_collection",
         sim_seeds=0,
+    ),    Mutant(
+        "finalenc2-records-promoted-first-block-to-end-switches-on",
+        "cut records",
+        "runtime/_collector.py",
+        "            if _blocks == 0:",
+        "            if True:",
+        ("tests/test_collector.py",),
+        keyword="records_promoted",
+        sim_seeds=0,
     ),
 )
 
