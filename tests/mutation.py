@@ -3060,7 +3060,8 @@ MUTANTS: tuple[Mutant, ...] = (
         nth=3,
         keyword="no_collection",
         sim_seeds=0,
-    ),    Mutant(
+    ),
+    Mutant(
         "finalenc2-records-promoted-first-block-to-end-switches-on",
         "cut records",
         "runtime/_collector.py",
