@@ -53,12 +53,18 @@ the dispatcher's per-episode objects, tens of milliseconds a walk). So a part is
 collector off, and what is young at its end is promoted (``gc.freeze()``, O(1)): no collection
 runs in the step, and the next one walks nothing of it. Records are acyclic; what was young
 beside them is promoted as ``promote_survivors`` promotes it, without counting toward its
-unfreeze cadence (a checkpoint makes hundreds of parts).
+unfreeze cadence (a checkpoint makes hundreds of parts). A Gym host's commit does the same on
+its side: each slice of an unaligned cut (1,024 episodes) and each instance's export of its
+records from the boundary marks (bytes, lists of bytes and the reply's acyclic per-episode
+records) is one such block. The collector is the process's: while one thread's block runs, no
+collection runs in any thread (what they allocate is promoted at its end with the rest), and
+blocks of several threads overlap: the collector stays off until the last one running ends.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -134,18 +140,36 @@ def promote_survivors() -> bool:
     return True
 
 
+_blocks = 0
+"""How many ``records_promoted`` blocks run now, in every thread of the process."""
+_blocks_lock = threading.Lock()
+
+
 @contextmanager
 def records_promoted() -> Iterator[None]:
     """No collection at all inside the block (meant for one short, synchronous build of
     acyclic records), then everything young promoted (``gc.freeze()``), so the young
-    generations are empty and their count zero when it ends (module docstring). A collector
-    that was off (the user's, or an outer block's) is left off and nothing is frozen."""
-    if not gc.isenabled():
+    generations are empty and their count zero when it ends (module docstring).
+
+    Blocks of several threads overlap (a host's export thread beside its loop's cut slices):
+    the collector stays off until the last one running ends, which promotes. A collector the
+    user switched off (off with no block running) is left off and nothing is frozen."""
+    global _blocks
+    with _blocks_lock:
+        if _blocks == 0 and not gc.isenabled():
+            ours = False
+        else:
+            ours = True
+            _blocks += 1
+            gc.disable()
+    if not ours:
         yield
         return
-    gc.disable()
     try:
         yield
     finally:
-        gc.enable()
-        gc.freeze()
+        with _blocks_lock:
+            _blocks -= 1
+            if _blocks == 0:
+                gc.enable()
+                gc.freeze()

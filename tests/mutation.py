@@ -3152,6 +3152,38 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="cluster_we_start",
         sim_seeds=0,
     ),
+    # -- finalenc2: the cut and its records made with no collection (host commit) -------------
+    Mutant(
+        "finalenc2-slice-taken-with-the-collector-on",
+        "cut records",
+        "gym_adapter/host/_control.py",
+        "        with records_promoted():  # a slice's CutEpisodes, walked by no young collection",
+        "        if True:",
+        ("tests/test_host_cut_slices.py",),
+        keyword="no_collection",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "finalenc2-records-built-with-the-collector-on",
+        "cut records",
+        "gym_adapter/host/_control.py",
+        "        with records_promoted():",
+        "        if True:",
+        ("tests/test_host_cut_slices.py",),
+        nth=3,
+        keyword="no_collection",
+        sim_seeds=0,
+    ),
+    Mutant(
+        "finalenc2-records-promoted-first-block-to-end-switches-on",
+        "cut records",
+        "runtime/_collector.py",
+        "            if _blocks == 0:",
+        "            if True:",
+        ("tests/test_collector.py",),
+        keyword="records_promoted",
+        sim_seeds=0,
+    ),
 )
 
 

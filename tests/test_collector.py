@@ -283,3 +283,27 @@ async def _one_checkpoint(tmp_path: Path, config: RuntimeConfig, points: list[st
         ro.coordinator.on_stage = lambda _cid, point: points.append(point)
         await trio.sleep(1)
         assert (await ro.checkpoint()).ok
+
+
+def test_records_promoted_blocks_that_overlap_keep_the_collector_off_until_the_last_ends(
+    collector_on: None,
+) -> None:
+    """A host's export thread and its loop's cut slices run blocks that overlap (entered and
+    left in any order): the collector stays off until the last block ends, which promotes. On
+    main a block that found the collector off (the other's) did nothing, and the first to end
+    switched it on under the other, whose build the collector then walked."""
+    from gymckpt.runtime.lowlevel import records_promoted
+
+    gc.unfreeze()
+    first, second = records_promoted(), records_promoted()
+    try:
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)  # the export thread's block ends first
+        assert not gc.isenabled(), "the collector came back on under a block still running"
+        assert gc.get_freeze_count() == 0
+        second.__exit__(None, None, None)
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -285,3 +285,53 @@ async def test_an_episode_ending_between_two_slices_is_taken_at_its_boundary_exa
         assert [type(r) for r in got] == [Completed]
         assert host.session_states("tally")[f"{n - 1}-0"].state == {"turns": [0, 1]}
     assert again.asked == [], "a call completed before the episode's cut asked again"
+
+
+async def test_no_collection_runs_while_the_cut_is_taken_or_its_records_built(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each slice's ``take_cut`` and the export of the records from the marks (sorts, records,
+    reply objects) run with no garbage collection, then promote what they made
+    (``records_promoted``): a young collection there walks the cut's lists of 50k items and
+    whatever the loop's thread put back in the young generations (gen1 pauses of 50-77 ms at
+    200k on main). Collections are made due every 50 allocations here; none runs inside."""
+    import gc
+
+    n = 2 * CUT_SLICE + 3
+    model = GatedModel(gated={key(r, 1) for r in range(n)})
+    inside: list[str] = []
+    during: list[tuple[str, int]] = []
+
+    def spied(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            inside.append(name)
+            try:
+                return real(*args)
+            finally:
+                inside.pop()
+
+        return call
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and inside:
+            during.append((inside[-1], info["generation"]))
+
+    monkeypatch.setattr(_control, "take_cut", spied("take_cut", _control.take_cut))
+    export = _control.ControlPlane._export_marks
+    monkeypatch.setattr(_control.ControlPlane, "_export_marks", spied("export", export))
+    thresholds = gc.get_threshold()
+    async with host_at(tmp_path, "world-a", model) as host:
+        await host.run(rows(n))
+        await model.all_waiting()
+        await host.prepare("c1", deadline(), UNALIGNED)
+        gc.enable()
+        gc.set_threshold(50, 1, 1)
+        gc.callbacks.append(seen)
+        try:
+            reply = await host.commit("c1", str(tmp_path / "snap"), deadline())
+        finally:
+            gc.callbacks.remove(seen)
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
+    assert during == [], f"{len(during)} collections inside the cut or its export"
+    assert len(reply.exported) == n and reply.mid_turn == n

@@ -54,7 +54,7 @@ from gymckpt.runtime._shared import (
     SessionRecords,
     StagedRecords,
 )
-from gymckpt.runtime.lowlevel import collector_paused, promote_survivors
+from gymckpt.runtime.lowlevel import collector_paused, promote_survivors, records_promoted
 
 from .._contract import (
     AgentSession,
@@ -359,7 +359,8 @@ class ControlPlane:
             retried = {ep.rollout_id for ep in unmarked}
             live = [ep for ep in live if ep.rollout_id not in retried]
             self._retry_unmarked(checkpoint_id, unmarked)
-        taken, bad = take_cut(live)
+        with records_promoted():
+            taken, bad = take_cut(live)
         for ep in bad:
             self._fail_marked(ep)
         self.streams.release()  # held since an earlier cut of this checkpoint: before this one
@@ -412,7 +413,8 @@ class ControlPlane:
                     self._put_through(ep, cut.on_wire)
                     continue
             live.append(ep)
-        taken, bad = take_cut(live)
+        with records_promoted():  # a slice's CutEpisodes, walked by no young collection
+            taken, bad = take_cut(live)
         cut.taken.extend(taken)
         for ep in bad:
             if ep.state == DONE:
@@ -529,11 +531,15 @@ class ControlPlane:
         episodes: the sorts in slices (``sorted_in_slices``), the frees too. Records built from
         the marks come back ``_Built``, for ``_write_built`` to write in a thread of its own
         (``offload(..., io=True)``)."""
-        cut.on_wire_sorted = tuple(sorted_in_slices(list(set(cut.on_wire))))
-        cut.mid_turn = sum(1 for c in cut.taken if c.mid_turn)
-        taken, cut.taken = cut.taken, []
-        taken = sorted_in_slices(taken, key=_rollout_id)
-        done = self._export_marks(checkpoint_id, root, taken, cut.kept, cut.unclaimed)
+        # no collection while the records are made from the marks, then all promoted at once
+        # (``records_promoted``): a young collection here walks the cut's lists and columns of
+        # 50k items and whatever the loop's thread put back in the young generations
+        with records_promoted():
+            cut.on_wire_sorted = tuple(sorted_in_slices(list(set(cut.on_wire))))
+            cut.mid_turn = sum(1 for c in cut.taken if c.mid_turn)
+            taken, cut.taken = cut.taken, []
+            taken = sorted_in_slices(taken, key=_rollout_id)
+            done = self._export_marks(checkpoint_id, root, taken, cut.kept, cut.unclaimed)
         if done is not None:
             free_in_slices(taken)
             return done
