@@ -21,7 +21,7 @@ documented API, stable like the front door (as ``trio.lowlevel`` is trio's):
 - the garbage collector around a checkpoint: ``collector_paused`` (full collections deferred
   while a checkpoint runs) and ``promote_survivors`` (what survived moved out of the
   collector's generations); ``records_promoted`` (records made in bulk with no collection, then
-  promoted); ``promote_young`` (what is young promoted every ``PROMOTE_STEPS`` episode steps).
+  promoted).
 
 Nothing here is needed by a trainer, and nothing here is re-exported by ``gymckpt.runtime``.
 The plumbing gymckpt's own packages share (the work directory's file names, the snapshot's
@@ -30,20 +30,13 @@ records and their readers, the converter) is private: ``gymckpt.runtime._shared`
 
 from __future__ import annotations
 
-from ._collector import (
-    PROMOTE_STEPS,
-    collector_paused,
-    promote_survivors,
-    promote_young,
-    records_promoted,
-)
+from ._collector import collector_paused, promote_survivors, records_promoted
 from ._errors import crossable_error, crossing_boundary, unpicklable_error
 from ._objects import ObjectStore, SnapshotObjects, object_ref, parse_object_ref
 from ._plain import checked_json, plain_problem
 from ._store import fsync_dir, write_atomic
 
 __all__ = [
-    "PROMOTE_STEPS",
     "ObjectStore",
     "SnapshotObjects",
     "checked_json",
@@ -55,7 +48,6 @@ __all__ = [
     "parse_object_ref",
     "plain_problem",
     "promote_survivors",
-    "promote_young",
     "records_promoted",
     "unpicklable_error",
     "write_atomic",

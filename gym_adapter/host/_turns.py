@@ -22,7 +22,7 @@ from typing import Any, Literal, final
 
 import attrs
 
-from gymckpt.runtime.lowlevel import PROMOTE_STEPS, promote_young
+from gymckpt.runtime._shared import PROMOTE_STEPS, promote_young
 
 from .._contract import Failed, RunReply
 from ._cut import mark_boundary
