@@ -59,19 +59,6 @@ records from the boundary marks (bytes, lists of bytes and the reply's acyclic p
 records) is one such block. The collector is the process's: while one thread's block runs, no
 collection runs in any thread (what they allocate is promoted at its end with the rest), and
 blocks of several threads overlap: the collector stays off until the last one running ends.
-
-Steps after a promotion (``promote_young``, ``PROMOTE_STEPS``). CPython counts the young
-generation as allocations *minus deallocations* of tracked objects, whichever generation the
-freed object was in. After a promotion, every in-flight episode's next step frees its previous
-step's objects (frozen now) and allocates as many young ones: the count stays near zero while
-the young list grows by ~30 objects per step, with no collection to bound it (a plain
-reproduction: 600k replacements of frozen objects, count 7, 800k young objects). At 200k in
-flight the first collection that finally runs walks tens of thousands of them, each pointing
-into cold memory: a gen1 pause of 35 to 64 ms right after a checkpoint. So a Gym host promotes
-what is young every ``PROMOTE_STEPS`` steps its episodes take (``gc.freeze()``, O(1)): the
-young generations never hold more than a few thousand objects, whatever the count says. Not
-counted toward ``FULL_COLLECTION_EVERY`` (a host takes thousands of steps a second);
-``HostConfig.freeze_survivors = False`` opts out.
 """
 
 from __future__ import annotations
@@ -83,11 +70,9 @@ from contextlib import contextmanager
 
 __all__ = [
     "FULL_COLLECTION_EVERY",
-    "PROMOTE_STEPS",
     "collector_paused",
     "freeze_startup_objects",
     "promote_survivors",
-    "promote_young",
     "records_promoted",
 ]
 
@@ -103,22 +88,6 @@ once per ``PROMOTE_EVERY`` episodes it starts), so with 4 that is a full collect
 everything about every 28 checkpoints: garbage cycles among frozen objects wait that long, and a
 process holding 200k episodes pays that collection (seconds) that often instead of after every
 checkpoint."""
-
-
-PROMOTE_STEPS = 256
-"""A Gym host promotes what is young every this many episode steps (``promote_young``; module
-docstring): ~30 tracked objects a step, so the young generations hold at most ~8k objects
-(a few ms to walk) where a collection never comes."""
-
-
-def promote_young() -> bool:
-    """Move what is young into the permanent generation (``gc.freeze()``, no walk); True if it
-    froze. Not counted toward ``FULL_COLLECTION_EVERY`` (see the module docstring). A collector
-    that is off (the user's, or a ``records_promoted`` block's) is left alone."""
-    if not gc.isenabled():
-        return False
-    gc.freeze()
-    return True
 
 
 def freeze_startup_objects() -> bool:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from ._collector import (
     FULL_COLLECTION_EVERY,
-    PROMOTE_STEPS,
     freeze_startup_objects,
-    promote_young,
 )
 from ._config_file import load_toml_table, structure_table
 from ._converter import converter, dumps_chunked, structure
@@ -106,7 +104,6 @@ __all__ = [
     "ORDER_FILE",
     "PARTICIPANT_KINDS",
     "PARTICIPANT_KIND_RE",
-    "PROMOTE_STEPS",
     "RECORDS_FILE",
     "RESTORED_DIR",
     "SNAPSHOTS_DIR",
@@ -159,7 +156,6 @@ __all__ = [
     "next_term",
     "participant_differences",
     "participant_state_problem",
-    "promote_young",
     "read_snapshot_records",
     "records_to_plain",
     "release_in_slices",

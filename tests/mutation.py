@@ -3184,27 +3184,6 @@ MUTANTS: tuple[Mutant, ...] = (
         keyword="records_promoted",
         sim_seeds=0,
     ),
-    # -- resumegc: the young generations bounded by episode steps ---------------------------------
-    Mutant(
-        "resumegc-host-steps-never-promote-young",
-        "young generations bounded by steps",
-        "gym_adapter/host/_turns.py",
-        "            promote_young()",
-        "            pass",
-        ("tests/test_collector.py",),
-        keyword="young_generations_bounded",
-        sim_seeds=0,
-    ),
-    Mutant(
-        "resumegc-promote-young-every-million-steps",
-        "young generations bounded by steps",
-        "runtime/_collector.py",
-        "PROMOTE_STEPS = 256",
-        "PROMOTE_STEPS = 1 << 20",
-        ("tests/test_collector.py",),
-        keyword="young_generations_bounded",
-        sim_seeds=0,
-    ),
 )
 
 

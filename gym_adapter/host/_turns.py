@@ -22,8 +22,6 @@ from typing import Any, Literal, final
 
 import attrs
 
-from gymckpt.runtime._shared import PROMOTE_STEPS, promote_young
-
 from .._contract import Failed, RunReply
 from ._cut import mark_boundary
 from ._environment import Environment
@@ -65,22 +63,9 @@ class Turns:
     fenced: Callable[[Episode], bool] = attrs.field(init=False)
     """``TurnHost.fenced``: the slot table's own (no call of ours around it, a few times a
     step)."""
-    steps_since_promotion: int = attrs.field(init=False, default=0)
-    """Steps taken since the last ``promote_young`` (at most ``PROMOTE_STEPS``; counted only
-    when ``parking.freeze_survivors``): the young generations stay bounded where the
-    collector's count stays near zero (``runtime/_collector.py``)."""
 
     def __attrs_post_init__(self) -> None:
         self.fenced = self.slots.fenced
-
-    def _stepped(self) -> None:
-        """Count a step; every ``PROMOTE_STEPS``-th promotes what is young (``promote_young``:
-        each step frees its previous step's objects, often frozen, and allocates as many, so
-        the collector's count stays near zero while the young list grows)."""
-        self.steps_since_promotion += 1
-        if self.steps_since_promotion >= PROMOTE_STEPS:
-            self.steps_since_promotion = 0
-            promote_young()
 
     def learn_policy_version(self, version: int) -> None:
         """The trainer is at ``version`` (or later): versions only move forward."""
@@ -137,8 +122,6 @@ class Turns:
             if not await parking.boundary(ep, fenced, scheduled):
                 return None
             ctx = StepContext(self, ep)
-            if parking.freeze_survivors:
-                self._stepped()
             if not armed and parking.marks:  # armed while it waited at the boundary
                 ep.mark = mark_boundary(self.sessions, ep, self.versions)
             ep.stepping = True
