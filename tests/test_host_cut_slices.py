@@ -21,6 +21,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from collections_seen import collections_seen
 
 from gymckpt.gym_adapter import (
     CommitReply,
@@ -295,12 +296,9 @@ async def test_no_collection_runs_while_the_cut_is_taken_or_its_records_built(
     (``records_promoted``): a young collection there walks the cut's lists of 50k items and
     whatever the loop's thread put back in the young generations (gen1 pauses of 50-77 ms at
     200k on main). Collections are made due every 50 allocations here; none runs inside."""
-    import gc
-
     n = 2 * CUT_SLICE + 3
     model = GatedModel(gated={key(r, 1) for r in range(n)})
     inside: list[str] = []
-    during: list[tuple[str, int]] = []
 
     def spied(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
@@ -312,26 +310,14 @@ async def test_no_collection_runs_while_the_cut_is_taken_or_its_records_built(
 
         return call
 
-    def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and inside:
-            during.append((inside[-1], info["generation"]))
-
     monkeypatch.setattr(_control, "take_cut", spied("take_cut", _control.take_cut))
     export = _control.ControlPlane._export_marks
     monkeypatch.setattr(_control.ControlPlane, "_export_marks", spied("export", export))
-    thresholds = gc.get_threshold()
     async with host_at(tmp_path, "world-a", model) as host:
         await host.run(rows(n))
         await model.all_waiting()
         await host.prepare("c1", deadline(), UNALIGNED)
-        gc.enable()
-        gc.set_threshold(50, 1, 1)
-        gc.callbacks.append(seen)
-        try:
+        with collections_seen((50, 1, 1), lambda: inside[-1] if inside else None) as during:
             reply = await host.commit("c1", str(tmp_path / "snap"), deadline())
-        finally:
-            gc.callbacks.remove(seen)
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
     assert during == [], f"{len(during)} collections inside the cut or its export"
     assert len(reply.exported) == n and reply.mid_turn == n

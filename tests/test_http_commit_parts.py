@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 import trio
+from collections_seen import collections_seen
 from test_http_backend import deadline, http_gym, rows
 
 from gymckpt.gym_adapter import HttpGym
@@ -222,28 +223,13 @@ async def test_no_collection_runs_while_a_commit_answer_is_decoded() -> None:
     (``records_promoted``): a young collection in the trainer's loop walks whatever CPython put
     back in the young generations uncounted (tens of ms at 200k in flight), several times per
     part on main. The decoded reply is unchanged."""
-    import gc
-
-    thresholds = gc.get_threshold()
-    gc.enable()
-    gc.set_threshold(700, 10, 10)
     reply = _reply(PART_RECORDS * 8, PART_RECORDS * 8)
     lines = iter(list(encode_commit_parts(reply)))
-    collections: list[int] = []
-
-    def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
 
     async def next_line() -> bytes | None:
         return next(lines, None)
 
-    gc.callbacks.append(seen)
-    try:
+    with collections_seen() as collections:
         parts = await decode_in_steps(next_line)
-    finally:
-        gc.callbacks.remove(seen)
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
     assert collections == [], f"{len(collections)} collections while 16k records were decoded"
     assert parts.reply() == reply

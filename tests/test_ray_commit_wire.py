@@ -18,6 +18,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from collections_seen import collections_seen
 
 from gymckpt.gym_adapter import EnvironmentRef, RunRow
 from gymckpt.gym_adapter._contract import (
@@ -153,25 +154,9 @@ async def test_no_collection_runs_while_a_commit_reply_is_unpacked(
     (``records_promoted``): on the trainer's loop a young collection walks whatever CPython
     put back in the young generations uncounted (tens of ms at 200k in flight), several times
     per chunk on main. The unpacked reply is unchanged."""
-    import gc
-
-    thresholds = gc.get_threshold()
     reply = a_reply(8 * CUT_SLICE)
     packed = await pack_commit([reply])
-    collections: list[int] = []
-
-    def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
-
-    gc.enable()
-    gc.set_threshold(700, 10, 10)
-    gc.callbacks.append(seen)
-    try:
+    with collections_seen() as collections:
         unpacked = await unpack_commit(packed)
-    finally:
-        gc.callbacks.remove(seen)
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
     assert collections == [], f"{len(collections)} collections while 16k records were unpacked"
     assert unpacked == a_reply(8 * CUT_SLICE)
