@@ -63,9 +63,11 @@ def test_demo_over_http_with_a_server_killed_and_replaced_is_exactly_once(
     assert report["duplicates"] == report["lost"] == report["sentinels_duplicated"] == 0
     logs = {i: serve_log(w, i) for i in ("gym-0", "gym-1")}
     died = [i for i, log in logs.items() if DEAD in log]
-    assert len(died) == 1, logs  # one server of phase 1 died ...
-    (victim,) = died
-    assert logs[victim].count(READY.format(victim)) >= 3, logs  # ... and was replaced
+    # each server process counts its own runs (a plan shipped to a process counts there), so
+    # the 3rd run kills one server of phase 1, or both where both reached a 3rd run first ...
+    assert died, logs
+    for victim in died:  # ... and each one that died was replaced
+        assert logs[victim].count(READY.format(victim)) >= 3, logs
     assert report["rows_trained"] == 32
 
 
